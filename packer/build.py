@@ -1,0 +1,371 @@
+"""``strata-pack build``: GGUF shards -> pack directory.
+
+Flow: open every shard read-only (:func:`gguf_file.open_model`), resolve the geometry
+through the architecture's manifest, lay out the dense tensors in an aligned pool,
+tabulate the routed experts per layer (they stay inside the shards), write everything
+into a temporary directory beside the target, verify it, and only then rename it into
+place. Any failure removes the temporary directory; the sources are never written.
+
+The copy streams: non-BF16 tensors go through ``os.copy_file_range`` (kernel-side, no user
+memory) with a bounded read/write fallback, BF16 tensors are promoted to F32 in chunks of
+:data:`CHUNK_BYTES`, so peak RSS does not grow with the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from strata.manifests.contract import geometry_from_metadata, geometry_params_text, Geometry
+
+from . import quants
+from .gguf_file import ArrayRef, GGUFModel, GGUFError, TensorInfo, open_model, read_array
+from .gguf_file import T_BOOL, T_FLOAT32, T_FLOAT64, T_STRING
+from .packfmt import (
+    EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, MANIFEST_FILE, MERGES_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE,
+    ExpertLayer, IndexEntry, NativeExperts, PackIndex, open_pack, write_experts, write_geometry, write_index,
+    write_metadata,
+)
+
+CHUNK_BYTES = 8 << 20
+DEFAULT_ALIGN = 64
+EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.weight$")
+
+
+class BuildError(ValueError):
+    """The source cannot be packed; the message names the file, the tensor and the numbers."""
+
+
+@dataclass
+class BuildResult:
+    """Summary of a build (sizes in bytes)."""
+
+    pack: Path
+    arch: str
+    shards: list[str]
+    dense_tensors: int
+    pool_bytes: int
+    bf16_promoted: int
+    expert_layers: int
+    expert_total_bytes: int
+    max_blob: int
+    seconds: float
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["pack"] = str(self.pack)
+        return d
+
+
+def is_expert_tensor(name: str) -> bool:
+    """True for routed-expert tensors (``blk.N.ffn_{gate,up,down,gate_up}_exps.weight``);
+    shared experts (``*_shexp``) are dense."""
+    return EXPERT_RE.match(name) is not None
+
+
+def resolve_geometry(model: GGUFModel) -> Geometry:
+    """Geometry of ``model`` from shard 0's metadata through the architecture's manifest."""
+    h = model.shards[0]
+    lengths = {k: v.count for k, v in h.kv.items() if isinstance(v, ArrayRef)}
+    arrays = {}
+    for k, v in h.kv.items():
+        if isinstance(v, ArrayRef) and v.elem_type != T_STRING and v.count < 4096:
+            arrays[k] = read_array(h, k).tolist()
+    return geometry_from_metadata(model.arch, h.kv, lengths, arrays)
+
+
+def layout_pool(model: GGUFModel, align: int) -> PackIndex:
+    """Dense tensors in shard and file order at ``align``-multiple pool offsets (bytes).
+    BF16 sources are laid out as F32 (twice the bytes)."""
+    if align <= 0 or align & (align - 1):
+        raise BuildError(f"pack alignment {align} is not a power of two")
+    entries = []
+    off = 0
+    for name, (k, t) in model.tensors.items():
+        if is_expert_tensor(name):
+            continue
+        pool_type = quants.F32.id if t.type_id == quants.BF16.id else t.type_id
+        nbytes = quants.tensor_nbytes(pool_type, t.ne, tensor=name)
+        off = (off + align - 1) // align * align
+        ne = t.ne4
+        entries.append(IndexEntry(name, pool_type, t.type_id, off, nbytes, *ne, k, t.abs_offset))
+        off += nbytes
+    pool_bytes = (off + align - 1) // align * align
+    return PackIndex([(s.path.name, s.file_size) for s in model.shards], align, pool_bytes, entries)
+
+
+def tabulate_experts(model: GGUFModel, geom: Geometry) -> NativeExperts | None:
+    """Per-layer routed-expert table from the shard tensor tables (None for dense models).
+
+    Per layer: ``gate/up/down`` offsets are absolute in their shard; stride = ``nbytes /
+    n_expert`` (ggml ``nb[2]``); a fused ``ffn_gate_up_exps`` is split into its halves (rows
+    ``0..n_ff-1`` gate, ``n_ff..2n_ff-1`` up, llama.cpp ``llama-graph.cpp`` build_moe_ffn).
+
+    Raises:
+        BuildError: a layer with missing parts, an expert count that disagrees with the
+            geometry, or a tensor whose bytes do not divide into experts.
+    """
+    by_layer: dict[int, dict[str, tuple[int, TensorInfo]]] = {}
+    for name, (k, t) in model.tensors.items():
+        m = EXPERT_RE.match(name)
+        if m:
+            by_layer.setdefault(int(m.group(1)), {})[m.group(2)] = (k, t)
+    if not by_layer:
+        return None
+    n_expert = int(geom["n_expert"]) if "n_expert" in geom else None
+    rows = []
+    arena = 0
+    for il in sorted(by_layer):
+        parts = by_layer[il]
+        path = lambda k: model.shards[k].path  # noqa: E731
+        for p, (k, t) in parts.items():
+            if len(t.ne) != 3:
+                raise BuildError(f"{path(k)}: tensor {t.name} has shape {list(t.ne)}, expected 3 dims [ne0, n_ff, n_expert]")
+            if n_expert is not None and t.ne[2] != n_expert:
+                raise BuildError(
+                    f"{path(k)}: tensor {t.name} holds {t.ne[2]} experts (ne[2]) but the metadata says expert_count {n_expert}"
+                )
+        if "down" not in parts or not ("gate_up" in parts or ("gate" in parts and "up" in parts)):
+            raise BuildError(f"layer {il}: routed experts incomplete, found only {sorted(parts)} (need gate+up or gate_up, and down)")
+        if "gate_up" in parts and ("gate" in parts or "up" in parts):
+            raise BuildError(f"layer {il}: both fused ffn_gate_up_exps and separate gate/up expert tensors")
+        E = parts["down"][1].ne[2]
+
+        def split(part: str):
+            k, t = parts[part]
+            stride = t.nbytes // E
+            if stride * E != t.nbytes:
+                raise BuildError(f"{path(k)}: tensor {t.name}: {t.nbytes} bytes do not divide into {E} experts")
+            return k, t, stride
+
+        if "gate_up" in parts:
+            k, t, stride = split("gate_up")
+            if t.ne[1] % 2:
+                raise BuildError(f"{path(k)}: fused tensor {t.name} has odd ne[1]={t.ne[1]}, cannot split into gate and up")
+            half = stride // 2
+            g = (k, t.type_id, t.abs_offset, stride, half)
+            u = (k, t.type_id, t.abs_offset + half, stride, half)
+        else:
+            k, t, stride = split("gate")
+            g = (k, t.type_id, t.abs_offset, stride, stride)
+            k, t, stride = split("up")
+            u = (k, t.type_id, t.abs_offset, stride, stride)
+        k, t, stride = split("down")
+        d = (k, t.type_id, t.abs_offset, stride, stride)
+        blob = g[4] + u[4] + d[4]
+        rows.append(ExpertLayer(
+            layer=il, gate_type=g[1], up_type=u[1], down_type=d[1], blob_bytes=blob, arena_offset=arena,
+            gate_shard=g[0], gate_off=g[2], gate_stride=g[3], up_shard=u[0], up_off=u[2], up_stride=u[3],
+            down_shard=d[0], down_off=d[2], down_stride=d[3], gate_bytes=g[4], up_bytes=u[4], down_bytes=d[4],
+        ))
+        arena += E * blob
+    counts = {by_layer[r.layer]["down"][1].ne[2] for r in rows}
+    if len(counts) != 1:
+        raise BuildError(f"expert tensors disagree on the expert count across layers: {sorted(counts)}")
+    return NativeExperts(int(counts.pop()), arena, max(r.blob_bytes for r in rows), [s.path.name for s in model.shards], rows)
+
+
+def _metadata_items(model: GGUFModel, src_dir: Path) -> list[tuple[str, str, object]]:
+    h = model.shards[0]
+    items = []
+    for key, v in h.kv.items():
+        if isinstance(v, ArrayRef):
+            continue
+        vt = h.kv_types[key]
+        kind = "str" if vt == T_STRING else "bool" if vt == T_BOOL else "float" if vt in (T_FLOAT32, T_FLOAT64) else "int"
+        items.append((key, kind, v))
+    items.append(("strata.source_dir", "str", str(src_dir)))
+    return items
+
+
+def _write_tokenizer(model: GGUFModel, out: Path) -> None:
+    """vocab.parquet (id, token bytes, score, token_type) and merges.parquet (merge text)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    h = model.shards[0]
+    if "tokenizer.ggml.tokens" not in h.kv:
+        return
+    tokens = read_array(h, "tokenizer.ggml.tokens")
+    n = len(tokens)
+    cols = {"id": pa.array(np.arange(n, dtype=np.int32)), "token": pa.array(tokens, type=pa.binary())}
+    for key, col, dt in (("tokenizer.ggml.scores", "score", np.float32), ("tokenizer.ggml.token_type", "token_type", np.int32)):
+        if key in h.kv:
+            a = read_array(h, key)
+            if len(a) != n:
+                raise BuildError(f"{h.path}: {key} has {len(a)} entries, tokenizer.ggml.tokens has {n}")
+            cols[col] = pa.array(np.asarray(a, dtype=dt))
+    pq.write_table(pa.table(cols), out / VOCAB_FILE)
+    if "tokenizer.ggml.merges" in h.kv:
+        merges = read_array(h, "tokenizer.ggml.merges")
+        pq.write_table(pa.table({"merge": pa.array(merges, type=pa.binary())}), out / MERGES_FILE)
+
+
+def _copy_range(src_fd: int, dst_fd: int, src_off: int, nbytes: int, buf: bytearray) -> None:
+    """Copy ``nbytes`` from ``src_off`` in src to the current position of dst (bounded memory)."""
+    done = 0
+    if hasattr(os, "copy_file_range"):
+        try:
+            while done < nbytes:
+                n = os.copy_file_range(src_fd, dst_fd, nbytes - done, src_off + done)
+                if n == 0:
+                    raise BuildError(f"source ended after {src_off + done} bytes while copying {nbytes} from {src_off}")
+                done += n
+            return
+        except OSError:
+            pass  # e.g. EXDEV on old kernels: fall back to read/write
+    mv = memoryview(buf)
+    while done < nbytes:
+        want = min(len(buf), nbytes - done)
+        n = os.preadv(src_fd, [mv[:want]], src_off + done)
+        if n <= 0:
+            raise BuildError(f"source ended after {src_off + done} bytes while copying {nbytes} from {src_off}")
+        os.write(dst_fd, mv[:n])
+        done += n
+
+
+def _copy_bf16_as_f32(src_fd: int, dst_fd: int, src_off: int, n_elems: int) -> None:
+    """Read BF16 values and write them as F32 (``u32 = u16 << 16``: exact), chunked."""
+    step = CHUNK_BYTES // 4
+    done = 0
+    while done < n_elems:
+        k = min(step, n_elems - done)
+        raw = os.pread(src_fd, 2 * k, src_off + 2 * done)
+        if len(raw) != 2 * k:
+            raise BuildError(f"source ended while reading BF16 data at {src_off + 2 * done}")
+        f32 = np.frombuffer(raw, dtype="<u2").astype("<u4") << 16
+        os.write(dst_fd, f32.tobytes())
+        done += k
+
+
+def write_pool(model: GGUFModel, index: PackIndex, pool_path: Path, progress: bool = True) -> None:
+    """Stream every dense tensor into ``pool_path`` at its index offset, zero padding between."""
+    from tqdm import tqdm
+
+    total = sum(e.nbytes for e in index.entries)
+    fds = [os.open(s.path, os.O_RDONLY) for s in model.shards]
+    buf = bytearray(CHUNK_BYTES)
+    try:
+        with open(pool_path, "wb") as f, tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                                             desc="pool", disable=not progress, leave=False) as bar:
+            dst = f.fileno()
+            pos = 0
+            for e in index.entries:
+                if e.offset > pos:
+                    os.write(dst, bytes(e.offset - pos))
+                    pos = e.offset
+                if e.src_type == quants.BF16.id:
+                    _copy_bf16_as_f32(fds[e.shard], dst, e.src_offset, e.nbytes // 4)
+                else:
+                    _copy_range(fds[e.shard], dst, e.src_offset, e.nbytes, buf)
+                pos += e.nbytes
+                os.lseek(dst, pos, os.SEEK_SET)
+                bar.update(e.nbytes)
+            if index.pool_bytes > pos:
+                os.write(dst, bytes(index.pool_bytes - pos))
+            os.fsync(dst)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _sample_check(model: GGUFModel, pack_dir: Path, index: PackIndex) -> None:
+    """Cheap post-copy check: the first and last 4 KiB of every tensor equal the source
+    (BF16 compared after promotion). The full byte comparison is ``strata-pack verify``."""
+    fds = [os.open(s.path, os.O_RDONLY) for s in model.shards]
+    pfd = os.open(pack_dir / POOL_FILE, os.O_RDONLY)
+    try:
+        for e in index.entries:
+            for rel in {0, max(0, e.nbytes - 4096)}:
+                n = min(4096, e.nbytes - rel)
+                got = os.pread(pfd, n, e.offset + rel)
+                if e.src_type == quants.BF16.id:
+                    raw = os.pread(fds[e.shard], n // 2, e.src_offset + rel // 2)
+                    want = (np.frombuffer(raw, "<u2").astype("<u4") << 16).tobytes()
+                else:
+                    want = os.pread(fds[e.shard], n, e.src_offset + rel)
+                if got != want:
+                    raise BuildError(f"pool check failed: tensor {e.name} bytes at pool offset {e.offset + rel} differ from source")
+    finally:
+        for fd in fds:
+            os.close(fd)
+        os.close(pfd)
+
+
+def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = DEFAULT_ALIGN, force: bool = False,
+               progress: bool = True) -> BuildResult:
+    """Build a pack from ``src`` (a GGUF file or any shard of a split model) into directory ``out``.
+
+    The pack is written into a temporary directory beside ``out`` and renamed into place
+    only after it re-reads cleanly (strict readers, pool layout, sampled bytes).
+
+    Raises:
+        GGUFError: unreadable or inconsistent source (names the file and numbers).
+        BuildError: a pack that cannot be built (target exists without ``force``, bad layer).
+        ManifestError: metadata that does not satisfy the architecture's manifest.
+    """
+    t0 = time.perf_counter()
+    out = Path(out)
+    if out.exists() and not force:
+        raise BuildError(f"{out} already exists; pass --force to replace it")
+    model = open_model(src)
+    geom = resolve_geometry(model)
+    index = layout_pool(model, align)
+    experts = tabulate_experts(model, geom)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a pack is an ordinary directory
+    try:
+        write_pool(model, index, tmp / POOL_FILE, progress=progress)
+        write_index(tmp / INDEX_FILE, index)
+        if experts is not None:
+            write_experts(tmp / EXPERTS_FILE, experts)
+        write_geometry(tmp / GEOMETRY_FILE, geometry_params_text(geom))
+        src_dir = model.shards[0].path.resolve().parent
+        write_metadata(tmp / METADATA_FILE, _metadata_items(model, src_dir))
+        _write_tokenizer(model, tmp)
+        result = BuildResult(
+            pack=out, arch=geom.arch, shards=[str(p.resolve()) for p in model.paths], dense_tensors=len(index.entries),
+            pool_bytes=index.pool_bytes,
+            bf16_promoted=sum(1 for e in index.entries if e.src_type == quants.BF16.id),
+            expert_layers=experts.n_layer if experts else 0, expert_total_bytes=experts.total if experts else 0,
+            max_blob=experts.max_blob if experts else 0, seconds=0.0,
+        )
+        manifest = {"format": "strata pack v1", "arch": geom.arch, "geometry": dict(geometry_params_text(geom)),
+                    "sources": [{"file": s.path.name, "path": str(s.path.resolve()), "bytes": s.file_size} for s in model.shards],
+                    "align": align, "pool_bytes": index.pool_bytes, "dense_tensors": len(index.entries),
+                    "expert_layers": result.expert_layers, "expert_total_bytes": result.expert_total_bytes,
+                    "max_blob": result.max_blob, "bf16_promoted": result.bf16_promoted}
+        with open(tmp / MANIFEST_FILE, "w") as f:
+            json.dump(manifest, f, indent=1)
+        # verify what was written before it becomes visible
+        reread = open_pack(tmp)
+        if reread.index.entries != index.entries or (experts and reread.experts.layers != experts.layers):
+            raise BuildError("re-read of the written index/experts differs from what was meant to be written")
+        _sample_check(model, tmp, index)
+        if out.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.rename(out, trash / "old")
+            os.rename(tmp, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+__all__ = ["BuildError", "BuildResult", "build_pack", "is_expert_tensor", "layout_pool", "resolve_geometry",
+           "tabulate_experts", "write_pool", "GGUFError"]

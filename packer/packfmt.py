@@ -1,0 +1,500 @@
+"""The pack format: the one writer and the one strict reader of ``index.txt``,
+``native_experts.txt``, ``geometry.txt`` and ``metadata.txt``, used by all three tools.
+
+A pack directory holds:
+
+- ``pool.bin``: dense tensors, each at a multiple of the pack alignment; source bytes
+  unchanged except BF16, stored promoted to F32 (``bf16 << 16``, exact).
+- ``index.txt``: one line per dense tensor (columns :data:`INDEX_COLUMNS`).
+- ``native_experts.txt``: one line per MoE layer: types, per-expert blob size, arena
+  offset and absolute byte offsets/strides of the expert weights inside the GGUF shards
+  (columns :data:`EXPERT_COLUMNS`). Expert ``e``'s gate bytes are
+  ``[gate_off + e * gate_stride, + gate_bytes)`` in shard ``gate_shard``; likewise up/down.
+  ``gate_bytes == gate_stride`` except for a fused ``ffn_gate_up_exps`` tensor, whose gate and
+  up halves interleave per expert (stride = both halves, bytes = one half).
+- ``geometry.txt``: ``key value`` lines, every number a kernel depends on (see
+  :mod:`strata.manifests.contract`).
+- ``metadata.txt``: every scalar GGUF key as ``key type value`` (strings escaped), so no
+  tool needs the GGUF metadata after packing.
+- ``vocab.parquet`` / ``merges.parquet``: the tokenizer arrays; ``manifest.json``: a summary
+  for people and Python tools (never read on the weight path).
+
+Readers are strict by design (the engine's lesson: a parser whose failure mode is a wrong
+byte offset decodes to plausible weights): the version line must match, ``# columns``
+must list exactly the expected columns in order, and any other line shape is refused
+with :class:`PackFormatError` naming the file and the line number.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+INDEX_VERSION_LINE = "# strata pack index v1"
+EXPERTS_VERSION_LINE = "# strata native experts v1"
+GEOMETRY_VERSION_LINE = "# strata geometry v1"
+METADATA_VERSION_LINE = "# strata metadata v1"
+
+INDEX_COLUMNS = ("name", "type", "src_type", "offset", "nbytes", "ne0", "ne1", "ne2", "ne3", "shard", "src_offset")
+EXPERT_COLUMNS = (
+    "layer", "gate_type", "up_type", "down_type", "blob_bytes", "arena_offset",
+    "gate_shard", "gate_off", "gate_stride", "up_shard", "up_off", "up_stride",
+    "down_shard", "down_off", "down_stride", "gate_bytes", "up_bytes", "down_bytes",
+)
+
+POOL_FILE = "pool.bin"
+INDEX_FILE = "index.txt"
+EXPERTS_FILE = "native_experts.txt"
+GEOMETRY_FILE = "geometry.txt"
+METADATA_FILE = "metadata.txt"
+VOCAB_FILE = "vocab.parquet"
+MERGES_FILE = "merges.parquet"
+MANIFEST_FILE = "manifest.json"
+
+
+class PackFormatError(ValueError):
+    """A pack file that does not follow the format; names the file, the line and the numbers."""
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One dense tensor in the pool.
+
+    ``type`` is the ggml type id of the pool bytes, ``src_type`` the type in the GGUF;
+    ``offset``/``nbytes`` locate it in pool.bin (bytes); ``ne`` is ggml order padded to 4
+    dims; ``shard`` (0-based) and ``src_offset`` (absolute, bytes) locate the source bytes.
+    """
+
+    name: str
+    type: int
+    src_type: int
+    offset: int
+    nbytes: int
+    ne0: int
+    ne1: int
+    ne2: int
+    ne3: int
+    shard: int
+    src_offset: int
+
+    @property
+    def ne(self) -> tuple[int, int, int, int]:
+        return (self.ne0, self.ne1, self.ne2, self.ne3)
+
+
+@dataclass(frozen=True)
+class ExpertLayer:
+    """One MoE layer's routed experts as they sit in the GGUF shards (all sizes in bytes)."""
+
+    layer: int
+    gate_type: int
+    up_type: int
+    down_type: int
+    blob_bytes: int
+    arena_offset: int
+    gate_shard: int
+    gate_off: int
+    gate_stride: int
+    up_shard: int
+    up_off: int
+    up_stride: int
+    down_shard: int
+    down_off: int
+    down_stride: int
+    gate_bytes: int
+    up_bytes: int
+    down_bytes: int
+
+    def ranges(self, e: int) -> list[tuple[str, int, int, int]]:
+        """``(part, shard, absolute offset, bytes)`` of expert ``e``'s gate, up and down weights."""
+        return [
+            ("gate", self.gate_shard, self.gate_off + e * self.gate_stride, self.gate_bytes),
+            ("up", self.up_shard, self.up_off + e * self.up_stride, self.up_bytes),
+            ("down", self.down_shard, self.down_off + e * self.down_stride, self.down_bytes),
+        ]
+
+
+@dataclass
+class PackIndex:
+    """Contents of index.txt: sources ``(file name, size bytes)`` per shard, alignment, pool bytes, entries."""
+
+    sources: list[tuple[str, int]]
+    align: int
+    pool_bytes: int
+    entries: list[IndexEntry]
+
+    def by_name(self) -> dict[str, IndexEntry]:
+        return {e.name: e for e in self.entries}
+
+
+@dataclass
+class NativeExperts:
+    """Contents of native_experts.txt (sizes in bytes; ``max_blob`` is in source form)."""
+
+    n_expert: int
+    total: int
+    max_blob: int
+    shards: list[str]
+    layers: list[ExpertLayer] = field(default_factory=list)
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.layers)
+
+
+# ------------------------------------------------------------------ writers
+
+def _atomic_text(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+
+
+def write_index(path: Path, index: PackIndex) -> None:
+    """Write index.txt. Raises PackFormatError on a name with whitespace."""
+    lines = [INDEX_VERSION_LINE]
+    for name, size in index.sources:
+        _check_token(name, "source file name")
+        lines.append(f"# source {name} {size}")
+    lines.append(f"# align {index.align} pool {index.pool_bytes} tensors {len(index.entries)}")
+    lines.append("# columns " + " ".join(INDEX_COLUMNS))
+    for e in index.entries:
+        _check_token(e.name, "tensor name")
+        lines.append(" ".join(str(getattr(e, c)) for c in INDEX_COLUMNS))
+    _atomic_text(path, "\n".join(lines) + "\n")
+
+
+def write_experts(path: Path, ne: NativeExperts) -> None:
+    """Write native_experts.txt."""
+    lines = [EXPERTS_VERSION_LINE,
+             f"# n_expert {ne.n_expert} n_layer {ne.n_layer} total {ne.total} max_blob {ne.max_blob}"]
+    for k, name in enumerate(ne.shards):
+        _check_token(name, "shard file name")
+        lines.append(f"# shard {k} {name}")
+    lines.append("# columns " + " ".join(EXPERT_COLUMNS))
+    for row in ne.layers:
+        lines.append(" ".join(str(getattr(row, c)) for c in EXPERT_COLUMNS))
+    _atomic_text(path, "\n".join(lines) + "\n")
+
+
+def write_geometry(path: Path, rows: list[tuple[str, str]]) -> None:
+    """Write geometry.txt from ``(key, value)`` pairs (values already formatted, no whitespace)."""
+    lines = [GEOMETRY_VERSION_LINE]
+    for k, v in rows:
+        _check_token(k, "geometry key")
+        _check_token(v, f"geometry value of {k}")
+        lines.append(f"{k} {v}")
+    _atomic_text(path, "\n".join(lines) + "\n")
+
+
+def _escape(s: str) -> str:
+    if not s:
+        return '""'
+    return s.encode("unicode_escape").decode("ascii").replace(" ", "\\x20").replace('"', "\\x22")
+
+
+def _unescape(s: str) -> str:
+    return "" if s == '""' else codecs.decode(s, "unicode_escape")
+
+
+def write_metadata(path: Path, items: list[tuple[str, str, object]]) -> None:
+    """Write metadata.txt: ``key type value`` per scalar GGUF key; ``type`` is one of
+    int/float/bool/str; strings are escaped (unicode_escape, spaces as ``\\x20``)."""
+    lines = [METADATA_VERSION_LINE]
+    for key, kind, v in items:
+        _check_token(key, "metadata key")
+        if kind == "str":
+            val = _escape(str(v))
+        elif kind == "bool":
+            val = "true" if v else "false"
+        elif kind == "float":
+            val = repr(float(v))
+        else:
+            val = str(int(v))
+        lines.append(f"{key} {kind} {val}")
+    _atomic_text(path, "\n".join(lines) + "\n")
+
+
+def _check_token(s: str, what: str) -> None:
+    if not s or any(c.isspace() for c in s):
+        raise PackFormatError(f"{what} {s!r} is empty or contains whitespace; the pack format cannot hold it")
+
+
+# ------------------------------------------------------------------ readers
+
+def _lines(path: Path) -> list[str]:
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return f.read().split("\n")
+    except FileNotFoundError:
+        raise PackFormatError(f"{path}: missing") from None
+    except UnicodeDecodeError as e:
+        raise PackFormatError(f"{path}: not UTF-8 text ({e})") from None
+
+
+def _int(tok: str, path: Path, lineno: int, col: str) -> int:
+    try:
+        v = int(tok)
+    except ValueError:
+        raise PackFormatError(f"{path}:{lineno}: column {col}: {tok!r} is not an integer") from None
+    if v < 0:
+        raise PackFormatError(f"{path}:{lineno}: column {col}: {v} is negative")
+    return v
+
+
+def _expect_version(lines: list[str], version_line: str, path: Path) -> None:
+    if not lines or lines[0] != version_line:
+        found = lines[0] if lines else ""
+        raise PackFormatError(f"{path}:1: expected {version_line!r}, found {found!r}")
+
+
+def _columns(line: str, expected: tuple[str, ...], path: Path, lineno: int) -> None:
+    cols = tuple(line.split()[2:])
+    if cols != expected:
+        raise PackFormatError(
+            f"{path}:{lineno}: columns are {' '.join(cols)!r}, this reader needs exactly {' '.join(expected)!r}"
+        )
+
+
+def read_index(path: str | os.PathLike) -> PackIndex:
+    """Read index.txt strictly.
+
+    Raises:
+        PackFormatError: wrong version line, unexpected columns, a malformed or unknown
+            line, a duplicate tensor name, or a tensor count that disagrees with the header
+            (each naming the file and line number).
+    """
+    path = Path(path)
+    lines = _lines(path)
+    _expect_version(lines, INDEX_VERSION_LINE, path)
+    sources: list[tuple[str, int]] = []
+    align = pool = count = None
+    cols_seen = False
+    entries: list[IndexEntry] = []
+    names: set[str] = set()
+    for lineno, line in enumerate(lines[1:], start=2):
+        if line == "" and lineno == len(lines):
+            break
+        tok = line.split(" ")
+        if line.startswith("# "):
+            if cols_seen:
+                raise PackFormatError(f"{path}:{lineno}: header line after the columns line: {line!r}")
+            if tok[1] == "source" and len(tok) == 4:
+                sources.append((tok[2], _int(tok[3], path, lineno, "size")))
+            elif tok[1] == "align" and len(tok) == 7 and tok[3] == "pool" and tok[5] == "tensors":
+                align = _int(tok[2], path, lineno, "align")
+                pool = _int(tok[4], path, lineno, "pool")
+                count = _int(tok[6], path, lineno, "tensors")
+            elif tok[1] == "columns":
+                _columns(line, INDEX_COLUMNS, path, lineno)
+                cols_seen = True
+            else:
+                raise PackFormatError(f"{path}:{lineno}: unknown header line {line!r}")
+            continue
+        if not cols_seen or align is None:
+            raise PackFormatError(f"{path}:{lineno}: data line before the '# align' and '# columns' lines: {line!r}")
+        if len(tok) != len(INDEX_COLUMNS):
+            raise PackFormatError(f"{path}:{lineno}: {len(tok)} fields, expected {len(INDEX_COLUMNS)}: {line!r}")
+        name = tok[0]
+        if name in names:
+            raise PackFormatError(f"{path}:{lineno}: duplicate tensor {name!r}")
+        names.add(name)
+        vals = [_int(t, path, lineno, c) for t, c in zip(tok[1:], INDEX_COLUMNS[1:])]
+        entries.append(IndexEntry(name, *vals))
+    if align is None or not cols_seen:
+        raise PackFormatError(f"{path}: missing '# align ...' or '# columns ...' header line")
+    if align == 0 or align & (align - 1):
+        raise PackFormatError(f"{path}: align {align} is not a power of two")
+    if count != len(entries):
+        raise PackFormatError(f"{path}: header says {count} tensors, found {len(entries)} lines")
+    if not sources:
+        raise PackFormatError(f"{path}: no '# source' line")
+    return PackIndex(sources, align, pool, entries)
+
+
+def read_experts(path: str | os.PathLike) -> NativeExperts:
+    """Read native_experts.txt strictly (see :func:`read_index` for the errors)."""
+    path = Path(path)
+    lines = _lines(path)
+    _expect_version(lines, EXPERTS_VERSION_LINE, path)
+    head = None
+    shards: dict[int, str] = {}
+    cols_seen = False
+    rows: list[ExpertLayer] = []
+    for lineno, line in enumerate(lines[1:], start=2):
+        if line == "" and lineno == len(lines):
+            break
+        tok = line.split(" ")
+        if line.startswith("# "):
+            if cols_seen:
+                raise PackFormatError(f"{path}:{lineno}: header line after the columns line: {line!r}")
+            if tok[1] == "n_expert" and len(tok) == 9 and tok[3:9:2] == ["n_layer", "total", "max_blob"]:
+                head = [_int(tok[i], path, lineno, tok[i - 1]) for i in (2, 4, 6, 8)]
+            elif tok[1] == "shard" and len(tok) == 4:
+                k = _int(tok[2], path, lineno, "shard")
+                if k != len(shards):
+                    raise PackFormatError(f"{path}:{lineno}: shard {k} out of order, expected {len(shards)}")
+                shards[k] = tok[3]
+            elif tok[1] == "columns":
+                _columns(line, EXPERT_COLUMNS, path, lineno)
+                cols_seen = True
+            else:
+                raise PackFormatError(f"{path}:{lineno}: unknown header line {line!r}")
+            continue
+        if not cols_seen or head is None:
+            raise PackFormatError(f"{path}:{lineno}: data line before the '# n_expert' and '# columns' lines")
+        if len(tok) != len(EXPERT_COLUMNS):
+            raise PackFormatError(f"{path}:{lineno}: {len(tok)} fields, expected {len(EXPERT_COLUMNS)}: {line!r}")
+        vals = [_int(t, path, lineno, c) for t, c in zip(tok, EXPERT_COLUMNS)]
+        row = ExpertLayer(*vals)
+        if rows and row.layer <= rows[-1].layer:
+            raise PackFormatError(f"{path}:{lineno}: layer {row.layer} after layer {rows[-1].layer}: layers must increase")
+        for part in ("gate", "up", "down"):
+            sh = getattr(row, f"{part}_shard")
+            if sh not in shards:
+                raise PackFormatError(f"{path}:{lineno}: layer {row.layer} {part}_shard {sh} has no '# shard' line")
+        rows.append(row)
+    if head is None or not cols_seen:
+        raise PackFormatError(f"{path}: missing '# n_expert ...' or '# columns ...' header line")
+    n_expert, n_layer, total, max_blob = head
+    if n_layer != len(rows):
+        raise PackFormatError(f"{path}: header says n_layer {n_layer}, found {len(rows)} lines")
+    return NativeExperts(n_expert, total, max_blob, [shards[k] for k in range(len(shards))], rows)
+
+
+def read_kv_text(path: str | os.PathLike, version_line: str) -> dict[str, str]:
+    """Read a ``key value`` file (geometry.txt) strictly: one space-separated pair per line,
+    unique keys. Raises PackFormatError naming file and line."""
+    path = Path(path)
+    lines = _lines(path)
+    _expect_version(lines, version_line, path)
+    out: dict[str, str] = {}
+    for lineno, line in enumerate(lines[1:], start=2):
+        if line == "" and lineno == len(lines):
+            break
+        tok = line.split(" ")
+        if len(tok) != 2 or not tok[0] or not tok[1]:
+            raise PackFormatError(f"{path}:{lineno}: expected 'key value', found {line!r}")
+        if tok[0] in out:
+            raise PackFormatError(f"{path}:{lineno}: duplicate key {tok[0]!r}")
+        out[tok[0]] = tok[1]
+    return out
+
+
+def read_geometry_params(path: str | os.PathLike) -> dict[str, str]:
+    """geometry.txt as ``{key: value-text}`` (``arch`` included)."""
+    d = read_kv_text(path, GEOMETRY_VERSION_LINE)
+    if "arch" not in d:
+        raise PackFormatError(f"{path}: no 'arch' line")
+    return d
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, object]:
+    """metadata.txt as ``{key: value}`` with Python types restored."""
+    path = Path(path)
+    lines = _lines(path)
+    _expect_version(lines, METADATA_VERSION_LINE, path)
+    out: dict[str, object] = {}
+    for lineno, line in enumerate(lines[1:], start=2):
+        if line == "" and lineno == len(lines):
+            break
+        tok = line.split(" ")
+        if len(tok) != 3:
+            raise PackFormatError(f"{path}:{lineno}: expected 'key type value', found {line!r}")
+        key, kind, val = tok
+        try:
+            if kind == "int":
+                out[key] = int(val)
+            elif kind == "float":
+                out[key] = float(val)
+            elif kind == "bool":
+                out[key] = val == "true"
+            elif kind == "str":
+                out[key] = _unescape(val)
+            else:
+                raise ValueError(f"unknown type {kind!r}")
+        except ValueError as e:
+            raise PackFormatError(f"{path}:{lineno}: {e}") from None
+    return out
+
+
+# ------------------------------------------------------------------ whole pack
+
+@dataclass
+class Pack:
+    """A pack directory read through the strict readers. Pool and expert offsets are
+    checked against the files' sizes by :func:`open_pack`; nothing here reads weights."""
+
+    path: Path
+    index: PackIndex
+    experts: NativeExperts | None
+    geometry_params: dict[str, str]
+    metadata: dict[str, object]
+
+    @property
+    def arch(self) -> str:
+        return self.geometry_params["arch"]
+
+    @property
+    def pool_path(self) -> Path:
+        return self.path / POOL_FILE
+
+    def shard_path(self, k: int) -> Path:
+        """Absolute path of expert shard ``k``: a file name in native_experts.txt, beside the pack's
+        recorded source directory (``manifest.json`` keeps it) or resolved relative to the pack."""
+        assert self.experts is not None
+        name = self.experts.shards[k]
+        p = Path(name)
+        if p.is_absolute():
+            return p
+        src_dir = self.metadata.get("strata.source_dir")
+        if isinstance(src_dir, str):
+            return Path(src_dir) / name
+        return self.path / name
+
+
+def check_pool_layout(index: PackIndex, pool_size: int, where: str) -> None:
+    """Pool checks: every offset a multiple of ``align``, ranges inside the pool file,
+    no two tensors overlapping, header pool bytes equal to the file size.
+
+    Raises:
+        PackFormatError: naming the tensor(s) and the numbers.
+    """
+    if index.pool_bytes != pool_size:
+        raise PackFormatError(f"{where}: index says pool {index.pool_bytes} bytes, pool.bin has {pool_size}")
+    prev = None
+    for e in sorted(index.entries, key=lambda e: e.offset):
+        if e.offset % index.align:
+            raise PackFormatError(f"{where}: tensor {e.name} offset {e.offset} is not a multiple of align {index.align}")
+        if e.offset + e.nbytes > pool_size:
+            raise PackFormatError(
+                f"{where}: tensor {e.name} [{e.offset}, {e.offset + e.nbytes}) runs past the end of pool.bin ({pool_size} bytes)"
+            )
+        if prev is not None and prev.offset + prev.nbytes > e.offset:
+            raise PackFormatError(
+                f"{where}: tensor {e.name} at {e.offset} overlaps {prev.name} [{prev.offset}, {prev.offset + prev.nbytes})"
+            )
+        prev = e
+
+
+def open_pack(path: str | os.PathLike) -> Pack:
+    """Open a pack directory: read index.txt, native_experts.txt (if present), geometry.txt
+    and metadata.txt strictly, and check the pool layout against pool.bin's size.
+
+    Raises:
+        PackFormatError: any file missing or malformed, or a pool layout error.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise PackFormatError(f"{path}: not a pack directory")
+    index = read_index(path / INDEX_FILE)
+    pool = path / POOL_FILE
+    if not pool.exists():
+        raise PackFormatError(f"{pool}: missing")
+    check_pool_layout(index, pool.stat().st_size, str(path / INDEX_FILE))
+    experts = read_experts(path / EXPERTS_FILE) if (path / EXPERTS_FILE).exists() else None
+    geometry = read_geometry_params(path / GEOMETRY_FILE)
+    metadata = read_metadata(path / METADATA_FILE)
+    return Pack(path, index, experts, geometry, metadata)
+

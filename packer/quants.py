@@ -1,0 +1,225 @@
+"""The one registry of ggml tensor types used by all three strata tools.
+
+Every ggml type id that exists in ggml master (0..42, minus the removed ids) is a row
+of :data:`QTYPES`: block size in elements, block size in bytes, the byte offsets of
+the fp16 super-scale fields inside a block, and whether the engine widens those
+scales to f32 (an f32 scale plane plus a payload plane) or keeps the native block.
+
+Sources: block structs in llama.cpp ``ggml/src/ggml-common.h`` (lines 180-459 of the
+tree vendored in llama-cpp-python 0.3.36), type ids in ``ggml/include/ggml.h``
+(NVFP4=40, Q1_0=41, Q2_0=42), ``gguf.constants.GGML_QUANT_SIZES`` (gguf 0.19.0), and
+``../shared/FORMATS.md`` section 2. The widening rule comes from the design
+documents (BRIEF.md, "Pack form vs engine form"): types whose block is fp16 scale(s)
+at byte 0 followed by a payload are held by the engine as ``f32 scales + payload``;
+K-quants and IQ grid types stay native blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class GGMLTypeError(ValueError):
+    """A ggml type id that strata does not know (never existed or removed from ggml).
+
+    The message names the tensor, the file and the id when the caller gives them.
+    """
+
+
+class ShapeError(ValueError):
+    """A tensor shape that its type cannot hold (ne[0] not a multiple of the block,
+    negative or overflowing element counts)."""
+
+
+@dataclass(frozen=True)
+class QuantType:
+    """One ggml tensor type.
+
+    Attributes:
+        id: ggml type id (``enum ggml_type``), e.g. 12 for Q4_K.
+        name: ggml name, e.g. ``"Q4_K"``.
+        block_elems: elements per block (1 for plain types, 32 / 64 / 128 / 256 for quants).
+        block_bytes: bytes per block in the GGUF file (ggml ``type_size``).
+        fp16_scale_offsets: byte offsets, inside one block, of every fp16 super-scale
+            field (``d``, ``dmin``, ``m``). Empty for types with no fp16 super-scale
+            (plain types, Q8_K's f32 ``d``, MXFP4/NVFP4's 8-bit scales, IQ1_M's packed scale).
+        widened: True when the engine holds this type as an f32 scale plane plus a
+            payload plane (each fp16 scale widened exactly to f32).
+        engine_supported: True when strata's engine has a kernel for the type.
+    """
+
+    id: int
+    name: str
+    block_elems: int
+    block_bytes: int
+    fp16_scale_offsets: tuple[int, ...] = ()
+    widened: bool = False
+    engine_supported: bool = False
+
+    @property
+    def is_quantized(self) -> bool:
+        """True for block types (block_elems > 1)."""
+        return self.block_elems > 1
+
+    @property
+    def widen_extra_bytes(self) -> int:
+        """Bytes added per block when the engine widens the fp16 scales to f32 (2 per field), 0 if not widened."""
+        return 2 * len(self.fp16_scale_offsets) if self.widened else 0
+
+    @property
+    def engine_block_bytes(self) -> int:
+        """Bytes per block in engine form: ``block_bytes + widen_extra_bytes``."""
+        return self.block_bytes + self.widen_extra_bytes
+
+    @property
+    def payload_block_bytes(self) -> int:
+        """Bytes per block left after removing the fp16 scale fields (widened types only)."""
+        return self.block_bytes - 2 * len(self.fp16_scale_offsets)
+
+
+def _t(id_, name, be, bb, scales=(), widened=False, engine=False):
+    return QuantType(id_, name, be, bb, tuple(scales), widened, engine)
+
+
+#: Every ggml tensor type id that exists, keyed by id. Rows follow FORMATS.md section 2.
+QTYPES: dict[int, QuantType] = {
+    t.id: t
+    for t in (
+        _t(0, "F32", 1, 4, engine=True),
+        _t(1, "F16", 1, 2, engine=True),
+        _t(2, "Q4_0", 32, 18, (0,), widened=True, engine=True),
+        _t(3, "Q4_1", 32, 20, (0, 2), widened=True, engine=True),
+        _t(6, "Q5_0", 32, 22, (0,), widened=True, engine=True),
+        _t(7, "Q5_1", 32, 24, (0, 2), widened=True, engine=True),
+        _t(8, "Q8_0", 32, 34, (0,), widened=True, engine=True),
+        # Q8_1 is an activation-only type: 36 B in ggml master (d, s fp16 + 32 int8);
+        # the gguf 0.19.0 wheel still says 40. It never appears in a model file.
+        _t(9, "Q8_1", 32, 36, (0, 2)),
+        _t(10, "Q2_K", 256, 84, (80, 82), engine=True),
+        _t(11, "Q3_K", 256, 110, (108,), engine=True),
+        _t(12, "Q4_K", 256, 144, (0, 2), engine=True),
+        _t(13, "Q5_K", 256, 176, (0, 2), engine=True),
+        _t(14, "Q6_K", 256, 210, (208,), engine=True),
+        _t(15, "Q8_K", 256, 292),  # d is f32: nothing to widen
+        _t(16, "IQ2_XXS", 256, 66, (0,), engine=True),
+        _t(17, "IQ2_XS", 256, 74, (0,), engine=True),
+        _t(18, "IQ3_XXS", 256, 98, (0,), engine=True),
+        _t(19, "IQ1_S", 256, 50, (0,)),
+        _t(20, "IQ4_NL", 32, 18, (0,), widened=True, engine=True),
+        _t(21, "IQ3_S", 256, 110, (0,)),
+        _t(22, "IQ2_S", 256, 82, (0,)),
+        _t(23, "IQ4_XS", 256, 136, (0,), engine=True),
+        _t(24, "I8", 1, 1),
+        _t(25, "I16", 1, 2),
+        _t(26, "I32", 1, 4),
+        _t(27, "I64", 1, 8),
+        _t(28, "F64", 1, 8),
+        _t(29, "IQ1_M", 256, 56),  # fp16 super-scale packed in nibbles: no field to widen
+        _t(30, "BF16", 1, 2, engine=True),
+        _t(34, "TQ1_0", 256, 54, (52,)),
+        _t(35, "TQ2_0", 256, 66, (64,)),
+        _t(39, "MXFP4", 32, 17),
+        _t(40, "NVFP4", 64, 36),
+        _t(41, "Q1_0", 128, 18, (0,), widened=True),
+        _t(42, "Q2_0", 64, 18, (0,), widened=True),
+    )
+}
+
+#: Ids that ggml once used and removed (Q4_2, Q4_3, Q4_0_4_4, Q4_0_4_8, Q4_0_8_8, IQ4_NL_4_4, ...).
+REMOVED_IDS: frozenset[int] = frozenset({4, 5, 31, 32, 33, 36, 37, 38})
+
+_BY_NAME = {t.name: t for t in QTYPES.values()}
+
+F32 = QTYPES[0]
+F16 = QTYPES[1]
+BF16 = QTYPES[30]
+
+#: Largest element count a ggml tensor may have (ggml uses int64_t ne).
+MAX_ELEMENTS = 2**63 - 1
+
+
+def qtype(type_id: int, *, tensor: str | None = None, file: str | None = None) -> QuantType:
+    """Return the registry row for ``type_id``.
+
+    Raises:
+        GGMLTypeError: the id is unknown or was removed from ggml; the message names
+            the tensor and the file when given.
+    """
+    t = QTYPES.get(type_id)
+    if t is not None:
+        return t
+    where = ""
+    if tensor is not None:
+        where += f" tensor {tensor!r}"
+    if file is not None:
+        where += f" in {file}"
+    why = "was removed from ggml" if type_id in REMOVED_IDS else "is not a ggml type"
+    raise GGMLTypeError(f"{where.strip() or 'tensor'}: type id {type_id} {why} (known ids: 0-42 less {sorted(REMOVED_IDS)})")
+
+
+def by_name(name: str) -> QuantType:
+    """Registry row by ggml name (``"Q4_K"``). Raises KeyError naming the known names."""
+    try:
+        return _BY_NAME[name.upper()]
+    except KeyError:
+        raise KeyError(f"unknown ggml type name {name!r}; known: {', '.join(sorted(_BY_NAME))}") from None
+
+
+def n_elements(ne: tuple[int, ...] | list[int]) -> int:
+    """Product of ``ne`` (ggml order). Raises ShapeError on a negative dim or > 2**63-1 elements."""
+    n = 1
+    for d in ne:
+        d = int(d)
+        if d < 0:
+            raise ShapeError(f"negative dimension in ne={list(ne)}")
+        n *= d
+    if n > MAX_ELEMENTS:
+        raise ShapeError(f"element count {n} of ne={list(ne)} overflows int64 (max {MAX_ELEMENTS})")
+    return n
+
+
+def tensor_nbytes(type_id: int, ne: tuple[int, ...] | list[int], *, tensor: str | None = None) -> int:
+    """Bytes a tensor of this type and shape occupies in a GGUF file (ggml ``ggml_nbytes``).
+
+    ``ne`` is in ggml order (``ne[0]`` = row length). Formula: ``n_elements / block_elems *
+    block_bytes``, valid because ggml requires ``ne[0] % block_elems == 0`` (gguf.cpp checks it).
+
+    Raises:
+        GGMLTypeError: unknown type id.
+        ShapeError: ``ne[0]`` not a multiple of the block size, or element-count overflow.
+    """
+    t = qtype(type_id, tensor=tensor)
+    n = n_elements(ne)
+    ne0 = int(ne[0]) if len(ne) else 1
+    if ne0 % t.block_elems:
+        raise ShapeError(
+            f"{tensor or 'tensor'}: ne[0]={ne0} is not a multiple of the {t.name} block size {t.block_elems}"
+        )
+    return n // t.block_elems * t.block_bytes
+
+
+def row_nbytes(type_id: int, ne0: int) -> int:
+    """Bytes of one row of ``ne0`` elements (ggml ``ggml_row_size``). Raises like :func:`tensor_nbytes`."""
+    return tensor_nbytes(type_id, (ne0,))
+
+
+def engine_nbytes(pool_type: int, src_type: int, ne: tuple[int, ...] | list[int]) -> int:
+    """Bytes a tensor occupies in engine form (what the engine uploads to VRAM).
+
+    - widened types: ``n_blocks * (block_bytes + 2 * n_fp16_fields)`` (f32 scale plane + payload plane);
+    - an F32 pool tensor whose source was BF16: 2 bytes per element (re-rounded to bf16, exact);
+    - everything else: its pool bytes.
+
+    Raises like :func:`tensor_nbytes`.
+    """
+    if pool_type == F32.id and src_type == BF16.id:
+        return 2 * n_elements(ne)
+    t = qtype(pool_type)
+    nb = tensor_nbytes(pool_type, ne)
+    return nb // t.block_bytes * t.engine_block_bytes
+
+
+def widened_extra_nbytes(type_id: int, ne: tuple[int, ...] | list[int]) -> int:
+    """Bytes added to a tensor by widening its fp16 scales to f32 (0 for types not widened)."""
+    t = qtype(type_id)
+    return tensor_nbytes(type_id, ne) // t.block_bytes * t.widen_extra_bytes
