@@ -241,8 +241,7 @@ def _copy_bf16_as_f32(src_fd: int, dst_fd: int, src_off: int, n_elems: int) -> N
         raw = os.pread(src_fd, 2 * k, src_off + 2 * done)
         if len(raw) != 2 * k:
             raise BuildError(f"source ended while reading BF16 data at {src_off + 2 * done}")
-        f32 = np.frombuffer(raw, dtype="<u2").astype("<u4") << 16
-        os.write(dst_fd, f32.tobytes())
+        os.write(dst_fd, quants.bf16_to_f32_bits(np.frombuffer(raw, dtype="<u2")).tobytes())
         done += k
 
 
@@ -289,7 +288,7 @@ def _sample_check(model: GGUFModel, pack_dir: Path, index: PackIndex) -> None:
                 got = os.pread(pfd, n, e.offset + rel)
                 if e.src_type == quants.BF16.id:
                     raw = os.pread(fds[e.shard], n // 2, e.src_offset + rel // 2)
-                    want = (np.frombuffer(raw, "<u2").astype("<u4") << 16).tobytes()
+                    want = quants.bf16_to_f32_bits(np.frombuffer(raw, "<u2")).tobytes()
                 else:
                     want = os.pread(fds[e.shard], n, e.src_offset + rel)
                 if got != want:

@@ -223,3 +223,32 @@ def widened_extra_nbytes(type_id: int, ne: tuple[int, ...] | list[int]) -> int:
     """Bytes added to a tensor by widening its fp16 scales to f32 (0 for types not widened)."""
     t = qtype(type_id)
     return tensor_nbytes(type_id, ne) // t.block_bytes * t.widen_extra_bytes
+
+
+def bf16_to_f32_bits(u16):
+    """BF16 bit patterns (numpy uint16, any shape) -> F32 bit patterns (uint32): ``u16 << 16``.
+
+    Exact for every pattern (ggml ``ggml_compute_bf16_to_fp32``). This is how the pack stores
+    BF16 tensors in the pool."""
+    import numpy as np
+
+    return np.asarray(u16, dtype="<u2").astype("<u4") << 16
+
+
+def f32_to_bf16_rne(u32):
+    """F32 bit patterns (uint32) -> BF16 bit patterns (uint16), round to nearest even.
+
+    Same as ggml ``ggml_compute_fp32_to_bf16`` (ggml-impl.h) except for NaNs whose low 16 bits
+    are zero, which keep their exact upper half instead of being forced quiet: such values
+    came from bf16, so re-rounding a pool tensor to 16 bits is bit-exact for all 65,536
+    patterns (tested). Other NaNs get the quiet bit, as in ggml, so rounding cannot carry a
+    NaN into infinity."""
+    import numpy as np
+
+    u = np.asarray(u32, dtype="<u4")
+    r = ((u.astype(np.uint64) + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    lossy_nan = nan & ((u & 0xFFFF) != 0)
+    r = np.where(nan, (u >> 16).astype("<u2"), r)
+    r = np.where(lossy_nan, r | 0x40, r)
+    return r.astype("<u2")

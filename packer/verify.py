@@ -79,7 +79,7 @@ def verify_pack(pack_dir: str | os.PathLike, progress: bool = False) -> VerifyRe
                     n = min(step, e.nbytes - rel)
                     got = os.pread(pfd, n, e.offset + rel)
                     if bf16:
-                        want = (np.frombuffer(os.pread(fds[k], n // 2, e.src_offset + rel // 2), "<u2").astype("<u4") << 16).tobytes()
+                        want = quants.bf16_to_f32_bits(np.frombuffer(os.pread(fds[k], n // 2, e.src_offset + rel // 2), "<u2")).tobytes()
                     else:
                         want = os.pread(fds[k], n, e.src_offset + rel)
                     if got != want:
