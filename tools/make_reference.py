@@ -158,6 +158,8 @@ def make_reference(model_path: Path, prompts: list[str], steps: int = 24, k: int
         "engine": {
             "name": "llama.cpp via llama-cpp-python",
             "llama_cpp_python": llama_cpp.__version__,
+            # CPU kernels compiled in (e.g. AVX2 vs AVX512): logits depend on them
+            "system_info": llama_cpp.llama_print_system_info().decode().strip(),
             "n_ctx": n_ctx,
             "n_threads": n_threads,
             "logits_all": True,
