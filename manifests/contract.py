@@ -30,7 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MANIFEST_DIR = Path(__file__).resolve().parent
 
@@ -50,6 +50,11 @@ _CMPOPS = {
     ast.Gt: operator.gt, ast.GtE: operator.ge,
 }
 _FUNCS = {"min": min, "max": max, "sqrt": math.sqrt, "int": int, "is_list": lambda x: isinstance(x, list)}
+#: Functions an expression may call only when the caller binds them in ``env``: ``ne(name, d)`` (dim
+#: ``d`` of tensor ``name``, ``{il}`` replaced by the layer) and ``has(name)``, bound by the budget
+#: audit to a pack's tensor shapes for the second, independent derivation of every budget term
+#: (``[state_from_tensors]``).
+_ENV_FUNCS = ("ne", "has")
 
 
 @lru_cache(maxsize=4096)
@@ -65,8 +70,9 @@ def _parse(expr: str) -> ast.Expression:
         )) or type(node) in _BINOPS or type(node) in _CMPOPS
         if not ok:
             raise ManifestError(f"expression {expr!r}: {type(node).__name__} is not allowed")
-        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in (*_FUNCS, "defined")):
-            raise ManifestError(f"expression {expr!r}: only min/max/sqrt/int/is_list/defined may be called")
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name)
+                                               and node.func.id in (*_FUNCS, *_ENV_FUNCS, "defined")):
+            raise ManifestError(f"expression {expr!r}: only min/max/sqrt/int/is_list/defined/ne/has may be called")
     return tree
 
 
@@ -127,6 +133,11 @@ def evaluate(expr: str | int | float, env: dict[str, Any]) -> Any:
             if name == "defined":
                 a = n.args[0]
                 return isinstance(a, ast.Name) and env.get(a.id) is not None
+            if name in _ENV_FUNCS:
+                fn = env.get(name)
+                if not callable(fn):
+                    raise ManifestError(f"expression {expr!r}: {name}() needs tensor shapes, none were bound")
+                return fn(*[ev(a) for a in n.args])
             return _FUNCS[name](*[ev(a) for a in n.args])
         raise ManifestError(f"expression {expr!r}: cannot evaluate {type(n).__name__}")
 
@@ -183,13 +194,22 @@ class LayerSpec(BaseModel):
 
 
 class StateSpec(BaseModel):
-    """Per-token KV and per-sequence recurrent state, as expressions (elements, not bytes)."""
+    """Per-token KV and per-sequence recurrent state, as expressions (elements, not bytes).
+
+    Evaluated per layer, with ``il`` and ``kind`` (the layer's kind) bound: the KV terms on the
+    ``attention_kinds`` layers, the recurrent terms on the ``recurrent_kinds`` layers, the
+    activation and logits terms on every layer (the budget takes the largest). The budget
+    formulas that turn elements into bytes live in ``strata.budget.formulas``.
+    """
 
     model_config = ConfigDict(extra="forbid")
     k_per_token: str = "0"  # elements of K per token per attention layer
     v_per_token: str = "0"
+    indexer_k_per_token: str = "0"  # elements of a sparse-attention indexer's cached key per token (BRIEF round 194)
     conv_state: str = "0"  # f32 elements per sequence per recurrent layer
     ssm_state: str = "0"
+    act_per_token: str = "0"  # f32 activation elements one chunk position keeps live in one layer step
+    logits_per_token: str = "0"  # f32 logits per position that emits logits (the vocabulary)
 
 
 class Manifest(BaseModel):
@@ -202,6 +222,9 @@ class Manifest(BaseModel):
     derived: dict[str, str] = Field(default_factory=dict)
     layers: LayerSpec = Field(default_factory=LayerSpec)
     state: StateSpec = Field(default_factory=StateSpec)
+    # The same terms again, from the pack's tensor shapes (ne()/has()) where a tensor holds the
+    # number; a budget term is only trusted when both derivations agree (BRIEF.md "round 194").
+    state_from_tensors: StateSpec = Field(default_factory=StateSpec)
     tensors: list[TensorSpec]
     choices: list[ChoiceSpec] = Field(default_factory=list)
 
@@ -211,6 +234,15 @@ class Manifest(BaseModel):
         for k, e in v.items():
             _parse(e)
         return v
+
+    @model_validator(mode="after")
+    def _every_term_twice(self) -> "Manifest":
+        for name in StateSpec.model_fields:
+            for spec in (self.state, self.state_from_tensors):
+                _parse(getattr(spec, name))
+            if getattr(self.state, name) != "0" and name not in self.state_from_tensors.model_fields_set:
+                raise ValueError(f"[state] {name} has no [state_from_tensors] twin: every budget term is derived twice")
+        return self
 
 
 @lru_cache(maxsize=None)
@@ -285,7 +317,14 @@ class Geometry:
         return [il for il, k in enumerate(self.layer_kinds) if k in kinds]
 
     def layer_env(self, il: int) -> dict[str, Any]:
-        return {**self.env, "il": il}
+        return {**self.env, "il": il, "kind": self.layer_kinds[il]}
+
+    def layer_window(self, il: int) -> int | None:
+        """KV window of layer ``il`` in tokens from ``[layers] window`` (None: the whole context)."""
+        if self.manifest.layers.window is None:
+            return None
+        w = evaluate(self.manifest.layers.window, self.layer_env(il))
+        return None if w is None else int(w)
 
     def eval(self, expr: str | int, il: int | None = None) -> Any:
         """Evaluate an expression in this geometry (with ``il`` bound when given)."""

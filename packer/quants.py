@@ -189,7 +189,10 @@ def tensor_nbytes(type_id: int, ne: tuple[int, ...] | list[int], *, tensor: str 
         ShapeError: ``ne[0]`` not a multiple of the block size, or element-count overflow.
     """
     t = qtype(type_id, tensor=tensor)
-    n = n_elements(ne)
+    try:
+        n = n_elements(ne)
+    except ShapeError as e:
+        raise ShapeError(f"{tensor or 'tensor'}: {e}") from None
     ne0 = int(ne[0]) if len(ne) else 1
     if ne0 % t.block_elems:
         raise ShapeError(

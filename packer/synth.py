@@ -174,14 +174,18 @@ def make_random_blocks(type_id: int | str, n_elements: int, rng: np.random.Gener
     return blocks.reshape(-1)
 
 
-def _pattern_bytes(type_id: int, ne: Sequence[int], rng: np.random.Generator, pattern_bytes: int = 1 << 20) -> np.ndarray:
-    """Bytes of a whole tensor made by tiling ~1 MiB of valid random blocks: fast for GB-sized files."""
+def _pattern_bytes(type_id: int, ne: Sequence[int], rng: np.random.Generator, pattern_bytes: int = 1 << 16) -> np.ndarray:
+    """Bytes of a whole tensor made by tiling ~64 KiB of valid random blocks: GB-sized files in seconds."""
     t = quants.qtype(type_id)
     nbytes = quants.tensor_nbytes(type_id, ne)
     n_blocks = nbytes // t.block_bytes
     k = max(1, min(n_blocks, pattern_bytes // t.block_bytes))
-    pat = make_random_blocks(type_id, k * t.block_elems, rng).reshape(k, t.block_bytes)
-    return np.resize(pat, (n_blocks, t.block_bytes)).reshape(-1)
+    pat = make_random_blocks(type_id, k * t.block_elems, rng)
+    out = np.empty(nbytes, np.uint8)
+    reps = n_blocks // k
+    out[:reps * pat.size].reshape(reps, pat.size)[:] = pat  # broadcast copy, memcpy speed
+    out[reps * pat.size:] = pat[:nbytes - reps * pat.size]
+    return out
 
 
 # =====================================================================================
@@ -420,7 +424,7 @@ class ModelSpec(BaseModel):
         tied_output: no ``output.weight`` (llama.cpp then uses token_embd); gemma3 default.
         n_shards: number of files; > 1 writes ``NAME-0000i-of-0000N.gguf`` like llama-gguf-split.
         empty_first_shard: the first shard holds the KVs and no tensor (``--no-tensor-first-split``).
-        fill: ``"random"`` (every tensor drawn from its own stream) or ``"pattern"`` (one ~1 MiB random
+        fill: ``"random"`` (every tensor drawn from its own stream) or ``"pattern"`` (one ~64 KiB random
             block pattern per tensor, tiled: GB-sized files in seconds).
         weight_std: std of the normal values behind float / gguf-quantizable weights.
     """
@@ -925,7 +929,7 @@ def write_header_only(path: str | Path, arch: str, kv: Mapping[str, Any], tensor
         data: ``"sparse"``: no tensor bytes are written, the file is extended with ``truncate`` (a hole:
             a 40 GB model costs only its header on disk; reads return zeros). ``"random"``: every
             tensor gets :func:`make_random_blocks` bytes (small files only). ``"pattern"``: a tiled
-            ~1 MiB random block pattern per tensor. A mapping ``name -> bytes`` writes those tensors'
+            ~64 KiB random block pattern per tensor. A mapping ``name -> bytes`` writes those tensors'
             bytes explicitly (length must equal the tensor's nbytes) and leaves the rest sparse.
         seed: root of the random streams for ``"random"`` / ``"pattern"``.
 

@@ -3,7 +3,6 @@
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -32,11 +31,7 @@ def _assert_same_table(path):
 @pytest.mark.parametrize("which", ["gemma_gguf", "qwen05_gguf"])
 def test_header_reader_matches_gguf_reader(which, request):
     path = request.getfixturevalue(which)
-    h = _assert_same_table(path)
-    # the reason for our own reader: the tokenizer arrays are skipped, not parsed
-    t0 = time.perf_counter()
-    read_header(path)
-    assert time.perf_counter() - t0 < 1.0  # generous bound; the benchmark has the real figure (~0.05 s)
+    h = _assert_same_table(path)  # (speed of the header read: bench/bench_pack.py)
     assert len(h.tensors) == {"gemma_gguf": 236, "qwen05_gguf": 291}[which]
 
 

@@ -1,0 +1,301 @@
+"""The budget formulas: the one module that both ``strata-budget`` and the engine's allocator call.
+
+Every function is pure (typed numbers in, bytes out) and says its unit and its source. A VRAM
+plan is these terms summed in the engine's start-up order (BRIEF.md "Start-up order"): CUDA
+context, dense weights in engine form (output head before the expert cache: incident 1), KV
+cache, recurrent state, prefill / activation buffers, then the expert cache takes what is free
+minus the reserve (incident 2), in slots of the largest per-expert blob in engine form.
+
+Sizes are bytes unless a name says ``_mib`` (MiB = 2**20 bytes). "Elements" are tensor values.
+Type sizes come from the one registry, :mod:`strata.packer.quants`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from strata.packer import quants
+
+MIB = 1 << 20
+#: Recurrent state, activations and logits are f32 (llama.cpp llama-memory-recurrent.cpp:76-107
+#: allocates r_l / s_l as GGML_TYPE_F32; the engine computes in f32).
+F32_BYTES = 4
+
+#: ``--kv`` choices -> the ggml type one cached K or V row is stored as. ``f16``: 2 B per element.
+#: ``int8``: ggml Q8_0 blocks (an fp16 scale + 32 int8 = 34 B per 32 elements), the layout of
+#: llama.cpp's ``--cache-type-k/v q8_0``; head_dim must be a multiple of 32.
+KV_CACHE_TYPES: dict[str, int] = {"f16": quants.F16.id, "int8": quants.by_name("Q8_0").id}
+
+#: The documents' engine reserves its prompt path's chunk buffers as
+#: ``prefill_mib = chunk > 0 ? 160 + chunk * 680 / 1024 : 0`` (generate.cpp:2941-2960, BRIEF.md),
+#: constants measured for THEIR model. Kept as the "documents" prefill model.
+DOCUMENTS_PREFILL_BASE_MIB = 160
+DOCUMENTS_PREFILL_KIB_PER_TOKEN = 680
+
+
+def mib(nbytes: int) -> float:
+    """Bytes -> MiB (2**20), for display only; never feed it back into arithmetic."""
+    return nbytes / MIB
+
+
+# ----------------------------------------------------------------------------- KV cache
+
+def kv_row_bytes(elements: int, kv: str) -> int:
+    """Bytes of one token's K (or V) row of ``elements`` values in the cache (``kv``: ``f16`` | ``int8``).
+
+    Raises:
+        KeyError: unknown ``kv``; quants.ShapeError: ``int8`` with ``elements`` not a multiple of 32.
+    """
+    if kv not in KV_CACHE_TYPES:
+        raise KeyError(f"unknown KV cache type {kv!r}; known: {', '.join(KV_CACHE_TYPES)}")
+    if elements == 0:
+        return 0
+    return quants.tensor_nbytes(KV_CACHE_TYPES[kv], (elements,), tensor=f"KV row of {elements} elements")
+
+
+@dataclass(frozen=True)
+class KVLayer:
+    """One attention layer's per-token cache in elements: ``k`` and ``v`` = n_head_kv x head_dim
+    (n_head_kv, never n_head), ``indexer_k`` = a sparse-attention indexer's ONE shared key head
+    (BRIEF.md round 194), ``window`` = sliding window in tokens (None: the whole context)."""
+
+    layer: int
+    k: int
+    v: int
+    indexer_k: int = 0
+    window: int | None = None
+
+
+def kv_bytes_per_token(layer: KVLayer, kv: str) -> int:
+    """Bytes one token adds to one layer's cache: K row + V row (+ the indexer's key row), at ``kv``."""
+    return kv_row_bytes(layer.k, kv) + kv_row_bytes(layer.v, kv) + kv_row_bytes(layer.indexer_k, kv)
+
+
+def kv_tokens(n_ctx: int, window: int | None, chunk: int, kv_resident: int | None = None) -> int:
+    """Tokens one layer's cache holds in VRAM for one sequence.
+
+    - Full-context layer: ``n_ctx``, or ``kv_resident`` if smaller (the documents' ``--kv-resident``:
+      the resident window; older positions stream from the host).
+    - Sliding-window layer: ``min(n_ctx, window + max(chunk, 1) - 1)``: a position p attends to the
+      ``window`` positions ``p - window + 1 .. p`` (llama.cpp ``llama_hparams::is_masked_swa``,
+      LLAMA_SWA_TYPE_STANDARD: masked when ``p1 - p0 >= n_swa``), so a chunk of ``c`` positions starting
+      at p0 needs ``p0 - window + 1 .. p0 + c - 1``: the window plus what the prompt path adds.
+      (llama.cpp allocates a little more, ``n_swa + n_ubatch`` padded; this is the engine's need.)
+    """
+    n = n_ctx if window is None else min(n_ctx, window + max(chunk, 1) - 1)
+    if kv_resident is not None:
+        n = min(n, kv_resident)
+    return max(n, 0)
+
+
+def kv_cache_bytes(layers: Iterable[KVLayer], n_ctx: int, chunk: int, kv: str, batch: int,
+                   kv_resident: int | None = None) -> int:
+    """KV cache for ``batch`` sequences of up to ``n_ctx`` tokens: attention layers only (recurrent
+    layers hold no KV), each at :func:`kv_tokens` tokens x :func:`kv_bytes_per_token`."""
+    per_seq = sum(kv_bytes_per_token(L, kv) * kv_tokens(n_ctx, L.window, chunk, kv_resident) for L in layers)
+    return per_seq * batch
+
+
+# ----------------------------------------------------------------------------- recurrent state
+
+@dataclass(frozen=True)
+class RecurrentLayer:
+    """One recurrent layer's per-sequence state in f32 elements: the conv tail
+    ``(d_conv - 1) x conv channels`` and the SSM / delta-net state ``d_state x d_inner``
+    (llama.cpp ``n_embd_r`` / ``n_embd_s``, llama-hparams.cpp:208-260)."""
+
+    layer: int
+    conv: int
+    ssm: int
+
+
+def recurrent_state_bytes_per_seq(layers: Iterable[RecurrentLayer]) -> int:
+    """Recurrent state of one sequence: ``4 x (conv + ssm)`` per recurrent layer. Independent of the
+    context length (llama-memory-recurrent.cpp:76-107: one row per sequence, no rollback snapshots)."""
+    return sum(F32_BYTES * (L.conv + L.ssm) for L in layers)
+
+
+def recurrent_state_bytes(layers: Iterable[RecurrentLayer], batch: int) -> int:
+    """Recurrent state for ``batch`` sequences (linear in ``batch``, constant in the context)."""
+    return recurrent_state_bytes_per_seq(layers) * batch
+
+
+# ----------------------------------------------------------------------------- activations
+
+def activation_bytes(chunk: int, act_per_token: int, logits_per_token: int, logits_all: bool = False,
+                     batch: int = 1) -> int:
+    """Prompt-path / activation buffers, geometry model.
+
+    ``rows = max(chunk, batch, 1)`` positions (a prompt chunk of ``chunk`` positions, or one decode
+    row per sequence; ``chunk`` 0 = the decode path, one token at a time) times the f32 activations
+    one position keeps live in one layer step (``act_per_token``, the manifest's ``[state]
+    act_per_token``; buffers are reused layer to layer), plus the f32 logits buffer: one vocabulary
+    row per sequence, or one per row when every position emits logits (``logits_all``, e.g. a
+    verifier scoring a drafted window). Attention is assumed fused: no chunk x context score matrix.
+    """
+    rows = max(chunk, batch, 1)
+    logit_rows = rows if logits_all else max(batch, 1)
+    return F32_BYTES * (rows * act_per_token + logit_rows * logits_per_token)
+
+
+def documents_prefill_bytes(chunk: int) -> int:
+    """The documents' engine's prompt-path reserve (generate.cpp:2941-2960, C integer division):
+    ``(160 + chunk * 680 / 1024) MiB`` for ``chunk > 0``, else 0. Measured for the documents' model
+    only; strata uses :func:`activation_bytes` unless ``--prefill-model documents`` asks for this."""
+    if chunk <= 0:
+        return 0
+    return (DOCUMENTS_PREFILL_BASE_MIB + chunk * DOCUMENTS_PREFILL_KIB_PER_TOKEN // 1024) * MIB
+
+
+# ----------------------------------------------------------------------------- weights
+
+@dataclass(frozen=True)
+class EngineForm:
+    """One tensor in pack form and in engine form (bytes).
+
+    ``engine`` = ``payload + scales_f32`` for widened types (f32 scale plane + payload plane),
+    ``2 x elements`` for a BF16-source tensor (pool F32 re-rounded to 16 bits, exact), else the pool
+    bytes. ``widened_extra`` = ``engine - pack`` for widened types (2 B per fp16 field per block,
+    registry ``widen_extra_bytes``); ``bf16_saved`` = ``pack - engine`` for BF16 sources.
+    """
+
+    pack: int
+    engine: int
+    payload: int
+    scales_f32: int
+    widened_extra: int
+    bf16_saved: int
+
+
+def engine_form(pool_type: int, src_type: int, ne: Sequence[int]) -> EngineForm:
+    """Pack vs engine form of one dense tensor (BRIEF.md "Pack form vs engine form", both directions).
+
+    Raises like :func:`quants.tensor_nbytes` (unknown type, ne[0] not a multiple of the block).
+    """
+    t = quants.qtype(pool_type)
+    pack = quants.tensor_nbytes(pool_type, ne)
+    engine = quants.engine_nbytes(pool_type, src_type, ne)
+    if pool_type == quants.F32.id and src_type == quants.BF16.id:
+        return EngineForm(pack, engine, engine, 0, 0, pack - engine)
+    if t.widened:
+        n_blocks = pack // t.block_bytes
+        scales = n_blocks * len(t.fp16_scale_offsets) * F32_BYTES
+        extra = quants.widened_extra_nbytes(pool_type, ne)
+        return EngineForm(pack, engine, engine - scales, scales, extra, 0)
+    return EngineForm(pack, engine, engine, 0, 0, 0)
+
+
+def expert_part_ne(part: str, n_embd: int, n_ff_exp: int) -> tuple[int, int]:
+    """``ne`` of ONE expert's slice of a routed-expert tensor (ggml order): gate/up ``[n_embd, n_ff_exp]``,
+    down ``[n_ff_exp, n_embd]`` (llama.cpp qwen3moe.cpp / qwen3next.cpp, FORMATS.md section 4)."""
+    return (n_ff_exp, n_embd) if part == "down" else (n_embd, n_ff_exp)
+
+
+def expert_blob_bytes(gate_type: int, up_type: int, down_type: int, n_embd: int, n_ff_exp: int,
+                      *, engine: bool = False) -> int:
+    """Bytes of one expert (gate + up + down) in source form, or in engine form (widened types carry
+    f32 scales: what one cache slot holds). Worked example (BRIEF.md): IQ2_XS gate/up + IQ4_NL down at
+    n_embd 2560, n_ff_exp 640: 473,600 + 473,600 + 921,600 = 1,868,800 B source; the IQ4_NL down widens
+    18 -> 20 B per 32: 1,024,000, so 1,971,200 B engine form."""
+    total = 0
+    for part, t in (("gate", gate_type), ("up", up_type), ("down", down_type)):
+        ne = expert_part_ne(part, n_embd, n_ff_exp)
+        total += quants.engine_nbytes(t, t, ne) if engine else quants.tensor_nbytes(t, ne)
+    return total
+
+
+# ----------------------------------------------------------------------------- expert cache
+
+def expert_slots(free_bytes: int, reserve_bytes: int, max_blob: int, cap: int | None = None) -> int:
+    """Automatic expert-cache slot count, as the documents' engine computes it (generate.cpp:2941-2960):
+    ``floor((free - reserve) / max_blob)``, never negative, capped at ``cap`` (the number of profiled
+    (layer, expert) pairs when a profile is given, else every (layer, expert) pair). ``max_blob`` is the
+    largest per-expert blob in engine form: every slot must hold any layer's expert."""
+    if max_blob <= 0:
+        return 0
+    n = max(0, (free_bytes - reserve_bytes) // max_blob)
+    return n if cap is None else min(n, max(cap, 0))
+
+
+@dataclass
+class LayerFill:
+    """One layer's part of the profile fill: its slot range, how many pairs it filled, the routing
+    counts of the filled pairs and of all its profiled pairs."""
+
+    layer: int
+    range: int
+    filled: int = 0
+    hit_count: int = 0
+    total_count: int = 0
+
+
+@dataclass
+class ProfileFill:
+    """Result of :func:`fill_profile`: slots used, per-layer fills, and the expected hit rate
+    (fraction of the profile's routed (layer, expert) evaluations whose expert sits in VRAM)."""
+
+    slots: int
+    used: int
+    pairs: int
+    total_count: int
+    hit_count: int
+    layers: list[LayerFill] = field(default_factory=list)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_count / self.total_count if self.total_count else 0.0
+
+
+def layer_ranges(pairs_per_layer: dict[int, int], slots: int) -> dict[int, int]:
+    """Per-layer slot ranges: all of a layer's pairs when the slots cover every pair, else each
+    layer's share of ``slots`` proportional to its number of profiled pairs (largest remainder,
+    ties to the lower layer), so the ranges sum to ``min(slots, pairs)`` and no range exceeds its
+    layer's pairs."""
+    total = sum(pairs_per_layer.values())
+    if slots >= total:
+        return dict(pairs_per_layer)
+    base = {L: slots * n // total for L, n in pairs_per_layer.items()}
+    rem = sorted(pairs_per_layer, key=lambda L: (-(slots * pairs_per_layer[L] % total), L))
+    for L in rem[: slots - sum(base.values())]:
+        base[L] += 1
+    return base
+
+
+def fill_profile(pairs: Iterable[tuple[int, int, int]], slots: int) -> ProfileFill:
+    """The profile fill as the documents' engine runs it, once, at start-up (generate.cpp:3165, fix #369):
+    pairs ``(layer, expert, count)`` ranked by routing count (descending; ties by layer, then expert),
+    no eviction; a pair whose layer's range is full is skipped and the fill goes on (a full layer
+    skips only its own remaining pairs - the bug was ending the whole fill there).
+
+    Raises:
+        ValueError: a duplicate (layer, expert) pair or a negative count (naming it).
+    """
+    seen: set[tuple[int, int]] = set()
+    rows = []
+    per_layer: dict[int, int] = {}
+    count_per_layer: dict[int, int] = {}
+    for layer, expert, count in pairs:
+        key = (int(layer), int(expert))
+        if key in seen:
+            raise ValueError(f"expert profile: pair (layer {key[0]}, expert {key[1]}) appears twice")
+        if count < 0:
+            raise ValueError(f"expert profile: pair (layer {key[0]}, expert {key[1]}) has negative count {count}")
+        seen.add(key)
+        rows.append((int(count), key[0], key[1]))
+        per_layer[key[0]] = per_layer.get(key[0], 0) + 1
+        count_per_layer[key[0]] = count_per_layer.get(key[0], 0) + int(count)
+    ranges = layer_ranges(per_layer, slots)
+    fills = {L: LayerFill(L, ranges[L], total_count=count_per_layer[L]) for L in sorted(per_layer)}
+    rows.sort(key=lambda r: (-r[0], r[1], r[2]))
+    used = hit = 0
+    for count, layer, _expert in rows:
+        f = fills[layer]
+        if f.filled >= f.range:
+            continue
+        f.filled += 1
+        f.hit_count += count
+        used += 1
+        hit += count
+    total = sum(count_per_layer.values())
+    return ProfileFill(slots, used, len(rows), total, hit, list(fills.values()))
