@@ -1,7 +1,7 @@
 """Benchmark (not a test): `strata-pack build` of a >= 2 GiB synthetic dense GGUF against `cp`.
 
-Writes a synthetic qwen2-shaped GGUF of Q8_0 tensors (one random 32 MiB pattern repeated,
-so writing it is fast), then in one run: `cp` of the file, `strata-pack build` (in a child
+Writes a synthetic qwen2-shaped GGUF of Q8_0 tensors (``synth.write_big_dense``: a tiled
+random block pattern, so writing it is fast), then in one run: `cp` of the file, `strata-pack build` (in a child
 process, so its peak RSS is measured alone), `cp` again. Prints seconds, the build/cp
 ratio and the build's peak RSS. Goals (issue 2): ratio <= 1.5, peak RSS < 300 MB whatever
 the model size.
@@ -22,37 +22,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-
-def write_big_gguf(path: Path, target_bytes: int) -> int:
-    """A dense GGUF of Q8_0 [4096, 4096] tensors (17.0 MiB each) totalling >= target_bytes.
-    Returns the dense bytes."""
-    import gguf
-    from gguf.constants import GGMLQuantizationType as T
-
-    ne0, rows = 4096, 4096
-    nbytes = rows * ne0 // 32 * 34
-    n = -(-target_bytes // nbytes)
-    w = gguf.GGUFWriter(str(path), "qwen2")
-    w.add_block_count(n)
-    w.add_embedding_length(ne0)
-    w.add_context_length(4096)
-    w.add_feed_forward_length(4 * ne0)
-    w.add_head_count(32)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_token_list([f"t{i}" for i in range(256)])
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((rows, ne0), dtype=np.float32)
-    blob = gguf.quants.quantize(x, T.Q8_0)
-    for i in range(n):
-        w.add_tensor_info(f"blk.{i}.ffn_up.weight", blob.shape, np.dtype(np.uint8), nbytes, raw_dtype=T.Q8_0)  # byte shape
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for i in range(n):
-        w.write_tensor_data(blob)
-    w.close()
-    return n * nbytes
 
 
 def timed(cmd: list[str]) -> tuple[float, int]:
@@ -101,10 +70,15 @@ def main() -> None:
     a = ap.parse_args()
     d = Path(tempfile.mkdtemp(prefix="strata-bench-", dir=a.dir))
     try:
-        bench_header(d)
         src = d / "big.gguf"
         t0 = time.perf_counter()
-        dense = write_big_gguf(src, int(a.gib * 2**30))
+        # written by a child process, so this process stays small: a forked child's ru_maxrss
+        # starts from the parent's RSS, which would inflate the build's figure
+        subprocess.run([sys.executable, "-c", "import sys; from strata.packer.synth import write_big_dense; "
+                        f"write_big_dense({str(src)!r}, {int(a.gib * 2**30)})"], check=True)
+        from strata.packer.gguf_file import read_header
+
+        dense = sum(t.nbytes for t in read_header(src).tensors)
         print(f"wrote {src} ({src.stat().st_size / 2**30:.2f} GiB, {dense} dense bytes) in {time.perf_counter() - t0:.1f} s")
         t_cp1, _ = timed(["cp", str(src), str(d / "copy1")])
         os.remove(d / "copy1")
@@ -117,6 +91,7 @@ def main() -> None:
         print(f"cp:    {t_cp1:.2f} s, {t_cp2:.2f} s (best {t_cp:.2f} s, {dense / t_cp / 2**30:.2f} GiB/s)")
         print(f"build: {t_build:.2f} s ({dense / t_build / 2**30:.2f} GiB/s), ratio build/cp = {t_build / t_cp:.2f} (goal <= 1.5)")
         print(f"build peak RSS: {rss / 2**20:.1f} MiB (goal < 300 MB)")
+        bench_header(d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
 

@@ -161,8 +161,8 @@ def make_random_blocks(type_id: int | str, n_elements: int, rng: np.random.Gener
         blocks[:, 0:4] = (np.uint8(2 << 3) | rng.integers(0, 3, size=(n_blocks, 4), dtype=np.uint8))
     else:
         offs = t.fp16_scale_offsets
-        if not offs:
-            raise NotImplementedError(f"no rule for random {t.name} blocks")
+        if not offs:  # a registry type added later without a rule here
+            raise ValueError(f"make_random_blocks has no rule for {t.name} (id {t.id}): no fp16 scale field to set")
         blocks[:, offs[0]:offs[0] + 2] = _f16_bytes(d)
         for o in offs[1:]:
             if span_min:  # dmin of Q2_K / Q4_K / Q5_K
@@ -671,7 +671,10 @@ def write_model(path: str | Path, spec: ModelSpec) -> list[Path]:
     for t in plan:
         # Pass the element shape (numpy order) with a non-uint8 dtype and raw_dtype=type id:
         # gguf then takes the shape as is, which also works for ids the wheel does not know (42).
-        raw = GGMLQuantizationType(t.type_id) if t.type_id in GGMLQuantizationType._value2member_map_ else t.type_id
+        try:
+            raw: GGMLQuantizationType | int = GGMLQuantizationType(t.type_id)
+        except ValueError:
+            raw = t.type_id
         w.add_tensor_info(t.name, tuple(reversed(t.ne)), np.dtype(np.float32), t.nbytes, raw_dtype=raw)
     if spec.n_shards > 1:
         infos = w.tensors[0]

@@ -329,3 +329,21 @@ def test_verify_catches_wrong_expert_offset(moe_split, tmp_path):
     (out / "native_experts.txt").write_text("\n".join(text))
     with pytest.raises(VerifyError, match=r"experts of layer 2: gate_off: pack \d+ source \d+"):
         verify_pack(out)
+
+
+@pytest.mark.parametrize("alignment", [16, 64, 4096])
+def test_custom_alignment(alignment, tmp_path):
+    """general.alignment other than the default 32: offsets follow it, the pack is byte-exact."""
+    src = tmp_path / "a.gguf"
+    kv = {"qwen2.block_count": 1, "qwen2.context_length": 64, "qwen2.embedding_length": 64,
+          "qwen2.feed_forward_length": 128, "qwen2.attention.head_count": 2,
+          "qwen2.attention.layer_norm_rms_epsilon": 1e-6, "tokenizer.ggml.tokens": ["a", "b"]}
+    tensors = [("x.weight", "F32", (3,)), ("y.weight", "Q8_0", (64, 2)), ("z.weight", "F16", (5, 1))]
+    lay = synth.write_header_only(src, "qwen2", kv, tensors, alignment=alignment, data="random")
+    h = read_header(src)
+    assert h.alignment == alignment
+    assert [t.rel_offset for t in h.tensors] == [0, alignment * (-(-12 // alignment)),
+                                                 alignment * (-(-12 // alignment)) + alignment * (-(-136 // alignment))]
+    assert [t.abs_offset for t in h.tensors] == [lay.data_offset + t.rel_offset for t in h.tensors]
+    build_pack(src, tmp_path / "p", progress=False)
+    verify_pack(tmp_path / "p")

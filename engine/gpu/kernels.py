@@ -498,16 +498,21 @@ def _c_array(ctype: str, name: str, values) -> str:
     return f"__device__ const {ctype} {name}[{len(values)}] = {{{vals}}};\n"
 
 
-@functools.lru_cache(maxsize=1)
-def _tables_source() -> str:
-    """ggml's lookup tables as CUDA arrays, built from gguf-py's copies (byte-identical to
-    ``ggml-common.h``: ksigns_iq2xs, kvalues_iq4nl, iq2xxs_grid, iq2xs_grid, iq3xxs_grid)."""
+@functools.lru_cache(maxsize=None)
+def _tables_source(code: str) -> str:
+    """The ggml lookup tables that ``code`` names, as CUDA arrays built from gguf-py's copies
+    (byte-identical to ``ggml-common.h``: ksigns_iq2xs, kvalues_iq4nl, iq2xxs_grid, iq2xs_grid,
+    iq3xxs_grid)."""
     from gguf import quants as gq
 
     src = []
-    src.append(_c_array("u8", "ksigns_iq2xs", np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8)))
-    src.append(_c_array("i8", "kvalues_iq4nl", gq.IQ4_NL.kvalues))
+    if "ksigns_iq2xs" in code:
+        src.append(_c_array("u8", "ksigns_iq2xs", np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8)))
+    if "kvalues_iq4nl" in code:
+        src.append(_c_array("i8", "kvalues_iq4nl", gq.IQ4_NL.kvalues))
     for cls, name in ((gq.IQ2_XXS, "iq2xxs_grid"), (gq.IQ2_XS, "iq2xs_grid"), (gq.IQ3_XXS, "iq3xxs_grid")):
+        if name not in code:
+            continue
         cls.init_grid()
         g = np.asarray(cls.grid, dtype=np.float32).reshape(-1)
         gi = g.astype(np.uint8)
@@ -524,7 +529,7 @@ def source_for(type_id: int) -> str:
     if t.name not in _DEQ:
         raise NotImplementedError(f"no GPU kernel for {t.name} (type {t.id}); have "
                                   f"{sorted(quants.qtype(i).name for i in SUPPORTED_TYPES)}")
-    return _COMMON + _tables_source() + _DEQ[t.name] + _BLOCK_KERNELS + _MATVEC_KERNELS
+    return _COMMON + _tables_source(_DEQ[t.name]) + _DEQ[t.name] + _BLOCK_KERNELS + _MATVEC_KERNELS
 
 
 def gpu_available() -> tuple[bool, str]:

@@ -1,0 +1,201 @@
+"""GPU cards for the VRAM plan: presets from ``manifests/cards.toml``, an explicit size, or a
+measurement of the local GPU.
+
+A card size is never guessed: an unknown preset, a size of zero, or ``measure`` on a machine with
+no GPU is a :class:`CardError` naming what was asked and what exists.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from strata.manifests.contract import MANIFEST_DIR
+
+from .formulas import MIB
+
+CARDS_FILE = MANIFEST_DIR / "cards.toml"
+
+
+class CardError(ValueError):
+    """A card that cannot be planned for (unknown preset, zero size, no GPU to measure)."""
+
+
+class CardPreset(BaseModel):
+    """One row of cards.toml: the representative card, its CUDA-reported total and the source."""
+
+    model_config = ConfigDict(extra="forbid")
+    card: str
+    total_mib: int
+    total_bytes: int
+    source: str
+    cuda_context_mib: int | None = None
+
+    @model_validator(mode="after")
+    def _agree(self) -> "CardPreset":
+        if self.total_bytes <= 0 or self.total_bytes // MIB != self.total_mib:
+            raise ValueError(f"{self.card}: total_bytes {self.total_bytes} is {self.total_bytes / MIB:.2f} MiB, "
+                             f"total_mib says {self.total_mib}")
+        return self
+
+
+class CardDefaults(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cuda_context_mib: int
+    cuda_context_source: str
+
+
+class Card(BaseModel):
+    """The card a plan is made for (bytes).
+
+    ``in_use_bytes`` is memory already taken when the card was measured (other processes, or this
+    process's own CUDA context when it could not be told apart); None for presets and ``--card-mib``.
+    """
+
+    name: str
+    total_bytes: int
+    source: str
+    cuda_context_bytes: int
+    cuda_context_source: str
+    in_use_bytes: int | None = None
+
+
+@lru_cache(maxsize=1)
+def load_cards(path: Path = CARDS_FILE) -> tuple[CardDefaults, dict[str, CardPreset]]:
+    """Read and validate cards.toml. Raises CardError naming the file and the bad entry."""
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    try:
+        defaults = CardDefaults.model_validate(data.pop("defaults"))
+        presets = {name: CardPreset.model_validate(v) for name, v in data.items()}
+    except Exception as e:  # pydantic ValidationError or a missing [defaults]
+        raise CardError(f"{path}: {e}") from None
+    return defaults, presets
+
+
+def known_cards() -> list[str]:
+    return list(load_cards()[1])
+
+
+def _context(defaults: CardDefaults, preset: CardPreset | None, override_mib: int | None) -> tuple[int, str]:
+    if override_mib is not None:
+        if override_mib < 0:
+            raise CardError(f"--cuda-context-mib {override_mib} is negative")
+        return override_mib * MIB, "--cuda-context-mib"
+    if preset is not None and preset.cuda_context_mib is not None:
+        return preset.cuda_context_mib * MIB, f"cards.toml ({preset.card})"
+    return defaults.cuda_context_mib * MIB, "cards.toml [defaults]: " + " ".join(defaults.cuda_context_source.split())
+
+
+def card_preset(name: str, cuda_context_mib: int | None = None) -> Card:
+    """The preset ``name`` (``24G``, ``16G`` ... case-insensitive). Raises CardError listing the presets."""
+    defaults, presets = load_cards()
+    key = {k.upper(): k for k in presets}.get(name.strip().upper())
+    if key is None:
+        raise CardError(f"unknown card {name!r}; presets: {', '.join(presets)} (or --card-mib N, or --card measure)")
+    p = presets[key]
+    ctx, ctx_src = _context(defaults, p, cuda_context_mib)
+    return Card(name=f"{key} ({p.card}, {p.total_mib} MiB)", total_bytes=p.total_bytes,
+                source=" ".join(p.source.split()), cuda_context_bytes=ctx, cuda_context_source=ctx_src)
+
+
+def card_from_mib(total_mib: int, cuda_context_mib: int | None = None) -> Card:
+    """A card of ``total_mib`` MiB as CUDA reports it. Raises CardError for zero or negative sizes."""
+    if total_mib <= 0:
+        raise CardError(f"--card-mib {total_mib}: a card size must be a positive number of MiB")
+    defaults, _ = load_cards()
+    ctx, ctx_src = _context(defaults, None, cuda_context_mib)
+    return Card(name=f"{total_mib} MiB card", total_bytes=total_mib * MIB, source="--card-mib",
+                cuda_context_bytes=ctx, cuda_context_source=ctx_src)
+
+
+# ----------------------------------------------------------------------------- measurement
+
+class _NvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def _nvml_used(device: int) -> tuple[int, int, str] | None:
+    """NVML (through the driver's libnvidia-ml.so.1, no Python package needed): ``(total, used, name)``
+    of ``device`` without creating a CUDA context; None when NVML or the device is not there."""
+    try:
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    if lib.nvmlInit_v2() != 0:
+        return None
+    try:
+        handle = ctypes.c_void_p()
+        if lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(device), ctypes.byref(handle)) != 0:
+            return None
+        mem = _NvmlMemory()
+        if lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) != 0:
+            return None
+        name = ctypes.create_string_buffer(96)
+        lib.nvmlDeviceGetName(handle, name, ctypes.c_uint(96))
+        return int(mem.total), int(mem.used), name.value.decode(errors="replace")
+    finally:
+        lib.nvmlShutdown()
+
+
+def measure_card(device: int = 0, cuda_context_mib: int | None = None) -> Card:
+    """Ask the local GPU: CUDA's (free, total) through CuPy, NVML's used memory before and after the
+    CUDA context is created (the difference is the context's cost on this card and driver).
+
+    - CuPy and NVML: total = CUDA's total; context = NVML used after - before; in use = the rest of
+      what CUDA does not report free (other processes).
+    - CuPy only: total and free from CUDA; in use = total - free, which includes this process's
+      context (the context term is then 0 so it is not counted twice).
+    - NVML only: NVML's total and used (NVML's total is the whole framebuffer, slightly more than
+      CUDA reports); context from cards.toml.
+
+    Raises:
+        CardError: neither CuPy nor NVML can see a GPU (the message says what was tried).
+    """
+    before = _nvml_used(device)
+    why = []
+    try:
+        import cupy  # noqa: F401
+        from cupy.cuda import runtime
+    except ImportError as e:
+        runtime = None
+        why.append(f"CuPy is not importable ({e})")
+    if runtime is not None:
+        try:
+            runtime.setDevice(device)
+            free, total = runtime.memGetInfo()
+            props = runtime.getDeviceProperties(device)
+            name = props["name"].decode(errors="replace") if isinstance(props["name"], bytes) else str(props["name"])
+        except Exception as e:  # cupy raises CUDARuntimeError without a device or driver
+            runtime = None
+            why.append(f"CUDA through CuPy found no device {device} ({e})")
+    if runtime is not None:
+        after = _nvml_used(device)
+        if before is not None and after is not None and cuda_context_mib is None:
+            ctx = max(0, after[1] - before[1])
+            in_use = max(0, total - free - ctx)
+            return Card(name=f"measured: {name} (GPU {device})", total_bytes=int(total),
+                        source="cudaMemGetInfo through CuPy; context = NVML used after - before creating it",
+                        cuda_context_bytes=ctx, cuda_context_source=f"measured (NVML {before[1]} -> {after[1]} B used)",
+                        in_use_bytes=in_use)
+        if cuda_context_mib is not None:
+            ctx = cuda_context_mib * MIB
+            return Card(name=f"measured: {name} (GPU {device})", total_bytes=int(total),
+                        source="cudaMemGetInfo through CuPy", cuda_context_bytes=ctx,
+                        cuda_context_source="--cuda-context-mib", in_use_bytes=max(0, total - free - ctx))
+        return Card(name=f"measured: {name} (GPU {device})", total_bytes=int(total),
+                    source="cudaMemGetInfo through CuPy (NVML unavailable)", cuda_context_bytes=0,
+                    cuda_context_source="included in the measured in-use memory", in_use_bytes=int(total - free))
+    if before is not None:
+        total, used, name = before
+        defaults, _ = load_cards()
+        ctx, ctx_src = _context(defaults, None, cuda_context_mib)
+        return Card(name=f"measured: {name} (GPU {device})", total_bytes=total,
+                    source="NVML nvmlDeviceGetMemoryInfo (whole framebuffer; CuPy unavailable)",
+                    cuda_context_bytes=ctx, cuda_context_source=ctx_src, in_use_bytes=used)
+    why.append("NVML (libnvidia-ml.so.1) is not loadable or sees no device")
+    raise CardError("--card measure: no GPU to measure: " + "; ".join(why) + ". Use --card PRESET or --card-mib N.")

@@ -1,0 +1,172 @@
+"""Routed experts: where they live (the GGUF shards), the resident set, and the hit/miss split.
+
+Three pieces, each replaceable by the GPU path:
+
+- :class:`ShardExperts` - the experts as they sit in the GGUF shards, memory-mapped read-only and
+  located only by ``native_experts.txt`` (expert ``e`` of layer ``il``: ``gate_off + e * gate_stride``
+  for ``gate_bytes`` in shard ``gate_shard``; likewise up and down). ``weights(il, e)`` dequantizes
+  one expert; nothing else is read, so an unused expert's pages are never touched.
+- an :class:`ExpertCache` - the resident set: ``resident(il, e)`` says whether expert ``e`` of
+  layer ``il`` is a hit, ``ffn(il, e, x)`` runs a hit. :class:`CpuExpertCache` is the CPU stand-in
+  (resident experts dequantized once at start-up); the GPU path plugs in its VRAM cache.
+- :class:`ExpertPath` - per MoE layer, sends every selected expert to the cache (hit) or computes it
+  from the shards (miss), then combines the outputs **in selection order**, whatever the split.
+
+The hit path is all or nothing (BRIEF.md): a selected expert runs exactly once, either as a hit or
+as a miss, and both paths compute ``down @ (silu(gate @ x) * (up @ x))`` from the same f32 weights
+(:func:`strata.engine.layers.expert_ffn`), so the tokens cannot depend on which experts are
+resident. ``tests/test_engine_moe.py`` checks all / half / none resident give identical logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Protocol
+
+import numpy as np
+
+from strata.packer.packfmt import ExpertLayer
+
+from . import layers
+from .dequant import dequantize_rows
+from .loader import LoadPlan
+
+
+class ShardExperts:
+    """Routed experts read by offset from the memory-mapped GGUF shards (see the module docstring)."""
+
+    def __init__(self, plan: LoadPlan):
+        self.rows: dict[int, ExpertLayer] = dict(plan.experts)
+        self.shapes = dict(plan.expert_shapes)
+        self._maps = {k: np.memmap(p, dtype=np.uint8, mode="r") for k, p in plan.shard_paths.items()}
+        self.n_expert = None
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self.rows)
+
+    def raw(self, il: int, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Expert ``e`` of layer ``il`` as three read-only byte views ``(gate, up, down)`` of the shards."""
+        out = []
+        for part, shard, off, nbytes in self.rows[il].ranges(e):
+            out.append(self._maps[shard][off:off + nbytes])
+        return out[0], out[1], out[2]
+
+    def weights(self, il: int, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Expert ``e`` of layer ``il`` dequantized: f32 ``gate [n_ff, n_embd]``, ``up [n_ff, n_embd]``,
+        ``down [n_embd, n_ff]`` (numpy order: rows, row length)."""
+        row, shp = self.rows[il], self.shapes[il]
+        g, u, d = self.raw(il, e)
+        out = []
+        for raw, t, (ne0, ne1) in ((g, row.gate_type, shp.gate), (u, row.up_type, shp.up), (d, row.down_type, shp.down)):
+            out.append(dequantize_rows(raw.reshape(ne1, -1), t, ne0, name=f"blk.{il} expert {e}"))
+        return out[0], out[1], out[2]
+
+    def blob_bytes(self, il: int) -> int:
+        """Source bytes of one expert of layer ``il`` (gate + up + down; differs per layer)."""
+        return self.rows[il].blob_bytes
+
+
+class ExpertCache(Protocol):
+    """The resident set the hit path serves (GPU: VRAM slots; CPU: :class:`CpuExpertCache`)."""
+
+    def resident(self, il: int, e: int) -> bool: ...
+
+    def ffn(self, il: int, e: int, x: Any) -> Any: ...
+
+
+class CpuExpertCache:
+    """Resident experts dequantized to f32 once, at start-up (the CPU stand-in for the VRAM cache)."""
+
+    def __init__(self, source: ShardExperts, pairs: Iterable[tuple[int, int]]):
+        self._w: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        for il, e in pairs:
+            self._w[(il, e)] = source.weights(il, e)
+        self.nbytes = sum(a.nbytes for w in self._w.values() for a in w)
+
+    def __len__(self) -> int:
+        return len(self._w)
+
+    def resident(self, il: int, e: int) -> bool:
+        return (il, e) in self._w
+
+    def ffn(self, il: int, e: int, x: np.ndarray) -> np.ndarray:
+        g, u, d = self._w[(il, e)]
+        return layers.expert_ffn(np, g, u, d, x)
+
+
+def resident_pairs(policy: str | float, layers_: list[int], n_expert: int) -> list[tuple[int, int]]:
+    """The (layer, expert) pairs a residency policy marks resident.
+
+    ``"all"``, ``"none"``, ``"half"`` (a checkerboard: expert ``e`` of layer ``il`` iff
+    ``(il + e) % 2 == 0``, so every layer has half its experts resident), or a fraction in
+    ``[0, 1]`` (the first ``round(f * n_expert)`` experts of every layer).
+
+    Raises:
+        ValueError: an unknown policy or a fraction outside [0, 1].
+    """
+    if policy == "all":
+        return [(il, e) for il in layers_ for e in range(n_expert)]
+    if policy == "none":
+        return []
+    if policy == "half":
+        return [(il, e) for il in layers_ for e in range(n_expert) if (il + e) % 2 == 0]
+    try:
+        f = float(policy)
+    except (TypeError, ValueError):
+        raise ValueError(f"expert residency {policy!r}: expected all, none, half or a fraction in [0, 1]") from None
+    if not 0.0 <= f <= 1.0:
+        raise ValueError(f"expert residency fraction {f} is outside [0, 1]")
+    k = round(f * n_expert)
+    return [(il, e) for il in layers_ for e in range(k)]
+
+
+@dataclass
+class ExpertCounts:
+    """Hit/miss counts (experts, not bytes or tokens)."""
+
+    hits: int = 0
+    misses: int = 0
+    per_layer_misses: dict[int, int] = field(default_factory=dict)
+
+
+class ExpertPath:
+    """The hit/miss split of one engine (see the module docstring).
+
+    ``cache`` may be None (every expert a miss). ``counts`` accumulates over the run;
+    ``step_counts()`` returns and resets the counts since the last call (per generated token).
+    """
+
+    def __init__(self, source: ShardExperts, cache: ExpertCache | None, xp=np):
+        self.source = source
+        self.cache = cache
+        self.xp = xp
+        self.counts = ExpertCounts()
+        self._step = [0, 0]
+
+    def miss_ffn(self, il: int, e: int, x):
+        g, u, d = self.source.weights(il, e)
+        return layers.expert_ffn(self.xp, g, u, d, x)
+
+    def __call__(self, il: int, x, ids: list[int], weights) -> Any:
+        """``sum_k weights[k] * expert_{ids[k]}(x)``, summed in selection order (k = 0, 1, ...)."""
+        y = None
+        for k, e in enumerate(ids):
+            if self.cache is not None and self.cache.resident(il, e):
+                ye = self.cache.ffn(il, e, x)
+                self.counts.hits += 1
+                self._step[0] += 1
+            else:
+                ye = self.miss_ffn(il, e, x)
+                self.counts.misses += 1
+                self.counts.per_layer_misses[il] = self.counts.per_layer_misses.get(il, 0) + 1
+                self._step[1] += 1
+            ye = ye * weights[k]
+            y = ye if y is None else y + ye
+        return y
+
+    def step_counts(self) -> tuple[int, int]:
+        """(hits, misses) since the previous call."""
+        h, m = self._step
+        self._step = [0, 0]
+        return h, m

@@ -1,0 +1,97 @@
+"""The GPU kernels' CUDA source, checked WITHOUT a GPU: each type's module is compiled as C++ with
+g++ (``-ffp-contract=off``, the host twin of NVRTC's ``--fmad=false``) behind a few stubs for the
+CUDA keywords, and its ``dequant`` kernel is run thread by thread on the CPU. The output must
+equal ``gguf.quants.dequantize`` bit for bit, like on the device (tests/test_gpu_kernels.py).
+
+This catches indexing, layout and operation-order mistakes in CI, where there is no GPU. It does
+not prove the device's arithmetic (that is what the gpu-marked tests are for). Skips when g++
+is missing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from strata.engine import engine_form as EF
+from strata.engine.gpu import kernels as K
+from strata.packer import quants
+
+from test_gpu_kernels import IDS, TYPES, _pool_and_ref, _random_blocks, _wild_blocks
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to compile the kernel source on the host")
+
+_PRELUDE = r"""
+#include <cstring>
+#include <cmath>
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __restrict__
+struct dim3_ { unsigned x, y, z; };
+static dim3_ blockIdx, threadIdx, blockDim;
+static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
+"""
+
+_DRIVER = r"""
+extern "C" void run_dequant(const u8* base, i64 n_blocks, float* out, i64 n_threads) {
+    blockDim.x = 256;
+    for (i64 t = 0; t < n_threads; ++t) {
+        blockIdx.x = (unsigned)(t / 256); threadIdx.x = (unsigned)(t % 256);
+        dequant(base, n_blocks, out);
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def host_build(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kernel_src")
+    libs = {}
+
+    def build(type_id: int):
+        if type_id not in libs:
+            name = quants.qtype(type_id).name
+            cpp, so = d / f"{name}.cpp", d / f"{name}.so"
+            cpp.write_text(_PRELUDE + K.source_for(type_id).replace('extern "C"', "") + _DRIVER)
+            r = subprocess.run(["g++", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-o", str(so), str(cpp)],
+                               capture_output=True, text=True)
+            assert r.returncode == 0, f"{name}: kernel source does not compile as C++:\n{r.stderr[:4000]}"
+            libs[type_id] = ctypes.CDLL(str(so))
+        return libs[type_id]
+
+    return build
+
+
+@pytest.mark.parametrize("type_id", TYPES, ids=IDS)
+@pytest.mark.parametrize("kind", ["synth", "wild"])
+def test_kernel_source_dequant_bit_exact_on_host(host_build, type_id, kind):
+    t = quants.qtype(type_id)
+    rng = np.random.default_rng([type_id, 17 if kind == "synth" else 18])
+    n = 256 * 128
+    raw = (_random_blocks if kind == "synth" else _wild_blocks)(type_id, n, rng)
+    pool_t, src_t, pool, ref = _pool_and_ref(type_id, raw, (n,))
+    ef = EF.to_engine_form(pool, pool_t, src_t, (n,))
+    lay = EF.engine_layout(pool_t, src_t, (n,))
+    out = np.full(n, np.nan, dtype=np.float32)
+    n_threads = lay.n_elements if t.block_elems == 1 else lay.n_blocks * (t.block_elems // 32)
+    host_build(type_id).run_dequant(ef.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(lay.n_blocks),
+                                    out.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(n_threads))
+    ref = ref.reshape(-1)
+    diff = np.flatnonzero(out.view(np.uint32) != ref.view(np.uint32))
+    assert diff.size == 0, f"{t.name}/{kind}: {diff.size} values differ; first {diff[:4].tolist()}"
+
+
+def test_tables_come_from_gguf():
+    import gguf.quants as gq
+
+    src = K.source_for(quants.by_name("IQ2_XXS").id)
+    assert "ksigns_iq2xs[128]" in src and "iq2xxs_grid[2048]" in src
+    src = K.source_for(quants.by_name("IQ3_XXS").id)
+    assert "iq3xxs_grid[1024]" in src
+    assert ",".join(str(v) for v in gq.IQ4_NL.kvalues) in K.source_for(quants.by_name("IQ4_NL").id)
