@@ -39,7 +39,6 @@ class ShardExperts:
         self.rows: dict[int, ExpertLayer] = dict(plan.experts)
         self.shapes = dict(plan.expert_shapes)
         self._maps = {k: np.memmap(p, dtype=np.uint8, mode="r") for k, p in plan.shard_paths.items()}
-        self.n_expert = None
 
     @property
     def layers(self) -> list[int]:

@@ -1,0 +1,207 @@
+"""Shared layers of the forward passes, written against an array module ``xp`` (numpy or cupy).
+
+Every function takes ``xp`` first and uses only operations both modules have; weights come
+through a :class:`strata.engine.weights.Weights` object, so the same code runs on the CPU
+reference path and the GPU path. No architecture branches here: a model file composes these.
+
+Numerics follow llama.cpp (``ggml/src/ggml-cpu/ops.cpp``) in f32: RMS norm
+``x / sqrt(mean(x^2) + eps) * w``, NEOX rope (rotate pairs ``(i, i + n_rot/2)``), attention
+``softmax(scale * q.k) v`` over the cached positions (a sliding-window layer sees the last
+``window`` positions, llama-hparams.h ``is_masked_swa``: masked iff ``p1 - p0 >= n_swa``),
+SwiGLU / GELU(tanh) MLPs, and MoE routing softmax -> top-k -> renormalise (llama-graph.cpp
+``build_moe_ffn``: weights divided by their sum, clamped below at 6.103515625e-5).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+def rms_norm(xp, x, w, eps: float):
+    """``x / sqrt(mean(x^2, last axis) + eps) * w`` in f32 (ggml_rms_norm then ggml_mul)."""
+    ms = xp.mean(x * x, axis=-1, keepdims=True, dtype=xp.float32)
+    return (x * (xp.float32(1.0) / xp.sqrt(ms + xp.float32(eps)))) * w
+
+
+def silu(xp, x):
+    return x / (xp.float32(1.0) + xp.exp(-x))
+
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def gelu_tanh(xp, x):
+    """GELU, tanh approximation (ggml_gelu): ``0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2)))``."""
+    return xp.float32(0.5) * x * (xp.float32(1.0) + xp.tanh(xp.float32(_GELU_C) * x * (xp.float32(1.0) + xp.float32(0.044715) * x * x)))
+
+
+def softmax(xp, x, axis: int = -1):
+    m = x.max(axis=axis, keepdims=True)
+    p = xp.exp(x - m)
+    return p / p.sum(axis=axis, keepdims=True)
+
+
+class Rope:
+    """NEOX rotary embedding with a precomputed table for positions ``0..n_ctx-1``.
+
+    ``theta_i(p) = p * base^(-2i/n_rot)`` for ``i < n_rot/2``; dims past ``n_rot`` pass through.
+    The table is allocated once per session (the token path allocates nothing of its own).
+    """
+
+    def __init__(self, xp, n_rot: int, base: float, n_ctx: int):
+        inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+        ang = np.arange(n_ctx, dtype=np.float64)[:, None] * inv[None, :]
+        self.n_rot = n_rot
+        self.cos = xp.asarray(np.cos(ang).astype(np.float32))
+        self.sin = xp.asarray(np.sin(ang).astype(np.float32))
+
+    def __call__(self, xp, x, pos: int):
+        """Rotate ``x [n_head, head_dim]`` for position ``pos``."""
+        h = self.n_rot // 2
+        c, s = self.cos[pos], self.sin[pos]
+        x0, x1 = x[:, :h], x[:, h:self.n_rot]
+        r = xp.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+        if self.n_rot < x.shape[-1]:
+            r = xp.concatenate([r, x[:, self.n_rot:]], axis=-1)
+        return r
+
+
+class KVCache:
+    """Static per-layer K/V arrays ``[n_ctx, n_head_kv, head_dim]`` (gpt-fast style: allocated once,
+    written in place at each position)."""
+
+    def __init__(self, xp, n_layer: int, n_ctx: int, n_head_kv: int, head_dim: int, head_dim_v: int):
+        self.n_ctx = n_ctx
+        self.k = [xp.zeros((n_ctx, n_head_kv, head_dim), dtype=xp.float32) for _ in range(n_layer)]
+        self.v = [xp.zeros((n_ctx, n_head_kv, head_dim_v), dtype=xp.float32) for _ in range(n_layer)]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+
+def attend(xp, q, k_cache, v_cache, pos: int, scale: float, window: int | None):
+    """Attention of one query position over cached keys ``0..pos`` (GQA).
+
+    ``q [n_head, hd]``, caches ``[n_ctx, n_head_kv, hd]``; query head ``h`` reads KV head
+    ``h // (n_head / n_head_kv)``. A sliding window keeps keys with ``pos - p < window``.
+    Returns ``[n_head * hd_v]``.
+    """
+    lo = 0 if window is None else max(0, pos + 1 - window)
+    K = k_cache[lo:pos + 1]  # [T, Hkv, hd]
+    V = v_cache[lo:pos + 1]
+    n_head, hd = q.shape
+    n_kv = K.shape[1]
+    qg = q.reshape(n_kv, n_head // n_kv, hd)
+    s = xp.einsum("grd,tgd->grt", qg, K) * xp.float32(scale)
+    p = softmax(xp, s)
+    o = xp.einsum("grt,tgd->grd", p, V)
+    return o.reshape(n_head * V.shape[2])
+
+
+@dataclass
+class AttentionNames:
+    """Tensor names of one attention layer (resolved once; fused qkv and biases optional)."""
+
+    qkv: str | None
+    q: str
+    k: str
+    v: str
+    q_bias: str | None
+    k_bias: str | None
+    v_bias: str | None
+    qkv_bias: str | None
+    out: str
+    out_bias: str | None
+    q_norm: str | None
+    k_norm: str | None
+
+    @classmethod
+    def of(cls, w, il: int, qk_norm: bool) -> "AttentionNames":
+        p = f"blk.{il}."
+        opt = lambda n: n if w.has(n) else None  # noqa: E731
+        return cls(
+            qkv=opt(p + "attn_qkv.weight"), q=p + "attn_q.weight", k=p + "attn_k.weight", v=p + "attn_v.weight",
+            q_bias=opt(p + "attn_q.bias"), k_bias=opt(p + "attn_k.bias"), v_bias=opt(p + "attn_v.bias"),
+            qkv_bias=opt(p + "attn_qkv.bias"), out=p + "attn_output.weight", out_bias=opt(p + "attn_output.bias"),
+            q_norm=p + "attn_q_norm.weight" if qk_norm else None, k_norm=p + "attn_k_norm.weight" if qk_norm else None,
+        )
+
+
+class Attention:
+    """Self-attention of one layer: projections (+ biases), optional q/k RMS norms, rope, cache
+    write, GQA attention with optional sliding window, output projection."""
+
+    def __init__(self, w, il: int, *, n_head: int, n_head_kv: int, head_dim: int, head_dim_v: int,
+                 scale: float, window: int | None, eps: float, qk_norm: bool):
+        self.w, self.il = w, il
+        self.names = AttentionNames.of(w, il, qk_norm)
+        self.n_head, self.n_head_kv, self.hd, self.hd_v = n_head, n_head_kv, head_dim, head_dim_v
+        self.scale, self.window, self.eps = scale, window, eps
+
+    def __call__(self, xp, x, pos: int, cache: KVCache, rope: Rope):
+        w, n = self.w, self.names
+        nq, nk = self.n_head * self.hd, self.n_head_kv * self.hd
+        if n.qkv is not None:
+            qkv = w.matmul(n.qkv, x)
+            if n.qkv_bias is not None:
+                qkv = qkv + w.get(n.qkv_bias)
+            q, k, v = qkv[:nq], qkv[nq:nq + nk], qkv[nq + nk:]
+        else:
+            q, k, v = w.matmul(n.q, x), w.matmul(n.k, x), w.matmul(n.v, x)
+        if n.q_bias is not None:
+            q = q + w.get(n.q_bias)
+        if n.k_bias is not None:
+            k = k + w.get(n.k_bias)
+        if n.v_bias is not None:
+            v = v + w.get(n.v_bias)
+        q = q.reshape(self.n_head, self.hd)
+        k = k.reshape(self.n_head_kv, self.hd)
+        if n.q_norm is not None:
+            q = rms_norm(xp, q, w.get(n.q_norm), self.eps)
+            k = rms_norm(xp, k, w.get(n.k_norm), self.eps)
+        q = rope(xp, q, pos)
+        k = rope(xp, k, pos)
+        cache.k[self.il][pos] = k
+        cache.v[self.il][pos] = v.reshape(self.n_head_kv, self.hd_v)
+        o = attend(xp, q, cache.k[self.il], cache.v[self.il], pos, self.scale, self.window)
+        y = w.matmul(n.out, o)
+        if n.out_bias is not None:
+            y = y + w.get(n.out_bias)
+        return y
+
+
+def gated_mlp(xp, w, il: int, x, act: str):
+    """``down @ (act(gate @ x) * (up @ x))`` (llama.cpp LLM_FFN_PAR) with ``act`` ``silu`` or ``gelu``."""
+    p = f"blk.{il}."
+    g = w.matmul(p + "ffn_gate.weight", x)
+    u = w.matmul(p + "ffn_up.weight", x)
+    h = (silu(xp, g) if act == "silu" else gelu_tanh(xp, g)) * u
+    return w.matmul(p + "ffn_down.weight", h)
+
+
+def expert_ffn(xp, gate, up, down, x):
+    """One routed expert: ``down @ (silu(gate @ x) * (up @ x))`` from f32 matrices (numpy order
+    ``[rows, row length]``). The hit and the miss path both call this, on identical weights."""
+    return down @ (silu(xp, gate @ x) * (up @ x))
+
+
+def route_topk(xp, logits, k: int, norm: bool = True) -> tuple[list[int], Any]:
+    """Softmax over all experts, the ``k`` most probable (ties: lower id first), their
+    probabilities renormalised to sum 1 (sum clamped below at 6.103515625e-5, as llama.cpp)."""
+    probs = softmax(xp, logits)
+    order = xp.argsort(-probs, kind="stable") if xp is np else xp.argsort(-probs)
+    ids = [int(i) for i in order[:k].tolist()]
+    wts = probs[xp.asarray(ids)]
+    if norm:
+        wts = wts / xp.maximum(wts.sum(), xp.float32(6.103515625e-5))
+    return ids, wts
+
+
+def to_host(x) -> np.ndarray:
+    """A device array as a numpy array (identity for numpy)."""
+    return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)

@@ -1,0 +1,93 @@
+"""What every architecture file shares: the session state and the head/embedding bookkeeping.
+
+A model is built from a :class:`~strata.manifests.contract.Geometry` (geometry.txt through the
+architecture's manifest), a :class:`~strata.engine.weights.Weights` store and, for MoE models, an
+:class:`~strata.engine.experts.ExpertPath`. Its one job is ``step(token, pos, state, logits)``:
+one position through every layer, returning the logits when asked (the prompt positions before
+the last need none: their head GEMV is skipped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata.manifests.contract import Geometry
+
+from ..layers import KVCache, Rope
+
+
+class UnsupportedModel(ValueError):
+    """A geometry or metadata feature this engine does not implement (named), refused at load."""
+
+
+@dataclass
+class State:
+    """Per-session buffers, allocated once before the first token: the KV cache and rope tables
+    (keyed by rope base)."""
+
+    n_ctx: int
+    cache: KVCache
+    ropes: dict[float, Rope] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return self.cache.nbytes + sum(r.cos.nbytes + r.sin.nbytes for r in self.ropes.values())
+
+
+class BaseModel:
+    """Common parts: hyperparameters from the geometry, head and embedding names, state allocation."""
+
+    arch = ""
+
+    def __init__(self, g: Geometry, w, experts=None, metadata: dict[str, Any] | None = None):
+        self.g, self.w, self.experts = g, w, experts
+        self.xp = w.xp
+        md = metadata or {}
+        for key in (f"{g.arch}.rope.scaling.type", f"{g.arch}.rope.scaling.factor"):
+            v = md.get(key)
+            if v not in (None, "none", 1.0, 0.0):
+                raise UnsupportedModel(f"metadata {key} = {v!r}: rope scaling is not implemented by strata's engine")
+        self.n_layer = int(g["n_layer"])
+        self.n_embd = int(g["n_embd"])
+        self.n_head, self.n_head_kv = int(g["n_head"]), int(g["n_head_kv"])
+        self.head_dim, self.head_dim_v = int(g["head_dim"]), int(g["head_dim_v"])
+        self.eps = float(g["rms_eps"])
+        self.attn_scale = float(g["attn_scale"])
+        self.n_vocab = int(g["n_vocab"])
+        self.head = "output.weight" if w.has("output.weight") else "token_embd.weight"
+
+    def head_tensors(self) -> list[str]:
+        """Tensors of the output head (loaded at the 'head' checkpoint, before the expert cache)."""
+        names = [self.head]
+        if self.w.has("output.bias"):
+            names.append("output.bias")
+        return names
+
+    def row_tensors(self) -> list[str]:
+        """Tensors read only by rows (embedding lookup): kept quantized unless they are the head."""
+        return [] if self.head == "token_embd.weight" else ["token_embd.weight"]
+
+    def rope_bases(self) -> list[float]:
+        return [float(self.g["rope_base"])]
+
+    def new_state(self, n_ctx: int) -> State:
+        """KV cache for ``n_ctx`` positions and rope tables, allocated once."""
+        st = State(n_ctx, KVCache(self.xp, self.n_layer, n_ctx, self.n_head_kv, self.head_dim, self.head_dim_v))
+        for base in self.rope_bases():
+            st.ropes[base] = Rope(self.xp, self.head_dim, base, n_ctx)
+        return st
+
+    def logits(self, x):
+        """Output norm, head GEMV (+ bias)."""
+        from ..layers import rms_norm
+
+        xp, w = self.xp, self.w
+        x = rms_norm(xp, x, w.get("output_norm.weight"), self.eps)
+        y = w.matmul(self.head, x)
+        if w.has("output.bias"):
+            y = y + w.get("output.bias")
+        return y
+
+    def step(self, token: int, pos: int, state: State, logits: bool = True):  # pragma: no cover - abstract
+        raise NotImplementedError
