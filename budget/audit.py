@@ -37,7 +37,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from strata.manifests.contract import (
-    Geometry, ManifestError, StateSpec, TensorSpec, geometry_from_metadata, geometry_from_params, load_manifest,
+    Geometry, ManifestError, StateSpec, TensorSpec, evaluate, geometry_from_metadata, geometry_from_params, load_manifest,
 )
 from strata.packer import quants
 from strata.packer.build import EXPERT_RE
@@ -88,6 +88,7 @@ class AuditResult(BaseModel):
     pack: str
     arch: str
     errors: list[AuditError] = Field(default_factory=list)
+    warnings: list[AuditError] = Field(default_factory=list)  # not semantic errors (e.g. types with no engine kernel yet)
     checks: list[TermCheck] = Field(default_factory=list)
     facts: ModelFacts | None = None
     dense_tensors: int = 0
@@ -123,6 +124,7 @@ class _Auditor:
         self.path = path
         self.bf16_scan = bf16_scan
         self.errors: list[AuditError] = []
+        self.warnings: list[AuditError] = []
         self.checks: list[TermCheck] = []
         self.seconds: dict[str, float] = {}
 
@@ -280,8 +282,11 @@ class _Auditor:
             elif allowed is not None and t.name not in allowed:
                 self.err(name, t.name, " or ".join(allowed), f"tensor {name}: type {t.name} is not allowed for its role")
             elif allowed is None and not t.engine_supported:
-                self.err(name, t.name, "a type the engine has a kernel for",
-                         f"tensor {name}: type {t.name} has no engine kernel")
+                # the shape and the bytes still mean what they should, so the budget stands; the
+                # engine refuses the type itself at load time
+                self.warnings.append(AuditError(tensor=name, found=t.name, required="a type strata's engine has a kernel for",
+                                                message=f"tensor {name}: type {t.name} has no strata engine kernel yet "
+                                                        f"(registry engine_supported=False)"))
         in_choice = {}
         for ch in g.manifest.choices:
             for opt in ch.options:
@@ -316,7 +321,7 @@ class _Auditor:
         return expected
 
     # ------------------------------------------------------------------ 5. terms twice
-    def terms(self, g: Geometry, present: dict[str, tuple[tuple[int, ...], int]]) -> dict[str, list[int]]:
+    def terms(self, g: Geometry, present: dict[str, tuple[tuple[int, ...], int]], expected) -> dict[str, list[int]]:
         """Evaluate every [state] term per layer both ways; returns the metadata values per layer."""
         m = g.manifest
 
@@ -350,8 +355,6 @@ class _Auditor:
                     continue
                 values[term][il] = a
                 try:
-                    from strata.manifests.contract import evaluate
-
                     b = int(evaluate(e_tens, {**env, "ne": ne, "has": has}))
                 except _MissingTensor as x:
                     self.err(str(x), "absent", f"a tensor to derive {term} of layer {il} from",
@@ -362,7 +365,10 @@ class _Auditor:
                              f"layer {il}: {x}")
                     continue
                 names = [n.replace("{il}", str(il)) for n in _NE_NAME.findall(e_tens)]
-                names = [n for n in names if n in present] or [f"[state] {term}"]
+                names = [n for n in names if n in present]
+                # name the tensor the disagreement comes from: one whose shape is not its role's
+                names = [n for n in names if n in expected and _pad4(present[n][0]) != _pad4(expected[n][1])] + names
+                names = names or [f"[state] {term}"]
                 self.checks.append(TermCheck(term=term, where=f"layer {il}", unit="elements", from_metadata=a, from_tensors=b))
                 if a != b:
                     self.err(names[0], f"{term} = {b} elements per layer {il} (from the tensor shapes: {e_tens})",
@@ -475,6 +481,7 @@ class _Auditor:
         meta_engine = tens_engine = meta_pack = 0
         wid_reg = wid_pack = bf_reg = bf_pack = 0
         out = []
+        differ: list[str] = []  # tensors whose bytes differ between the two derivations
         for e in pack.index.entries:
             ne = _trim(e.ne)
             try:
@@ -488,8 +495,10 @@ class _Auditor:
                 try:
                     meta_pack += quants.tensor_nbytes(e.type, want)
                     meta_engine += quants.engine_nbytes(e.type, e.src_type, want)
+                    if quants.tensor_nbytes(e.type, want) != e.nbytes:
+                        differ.append(e.name)
                 except quants.ShapeError:
-                    pass  # named by the shape check
+                    differ.append(e.name)  # its shape error says why
             t = quants.QTYPES[e.type]
             wid_reg += f.widened_extra
             wid_pack += e.nbytes // t.block_bytes * t.widen_extra_bytes
@@ -510,8 +519,10 @@ class _Auditor:
         ]
         for c in self.checks[-4:]:
             if not c.ok:
-                self.err(f"[{c.term}]", f"{c.from_tensors} B (from index.txt)", f"{c.from_metadata} B (from the registry and the contract)",
-                         f"budget term '{c.term}' disagrees between the contract and the pack")
+                more = f" (tensors that differ: {', '.join(differ[:5])}{' ...' if len(differ) > 5 else ''})" if differ else ""
+                self.err(differ[0] if differ else f"[{c.term}]", f"{c.from_tensors} B (from index.txt)",
+                         f"{c.from_metadata} B (from the registry and the contract)",
+                         f"budget term '{c.term}' disagrees between the contract and the pack{more}")
         return out
 
     def bf16_values(self, pack: Pack) -> tuple[int, int]:
@@ -526,33 +537,45 @@ class _Auditor:
             return len(bf), 0
         size = pool.stat().st_size
         with open(pool, "rb") as fh:
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-            try:
-                for e in bf:
-                    if e.type != quants.F32.id or e.offset + e.nbytes > size or e.offset % 4 or mm is None:
-                        continue
-                    n = e.nbytes // 4
-                    u16 = np.frombuffer(mm, dtype="<u2", count=2 * n, offset=e.offset)
-                    bad = 0
-                    first = None
-                    for s in range(0, n, BF16_SCAN_CHUNK):
-                        low = u16[2 * s:2 * min(n, s + BF16_SCAN_CHUNK):2]  # little-endian: low half first
-                        if low.any():
-                            nz = np.flatnonzero(low)
-                            bad += len(nz)
-                            if first is None:
-                                first = s + int(nz[0])
-                    scanned += n
-                    del u16
-                    if bad:
-                        v = int(np.frombuffer(mm, dtype="<u4", count=1, offset=e.offset + 4 * first)[0])
-                        self.err(e.name, f"{bad} of {n} values with nonzero low 16 bits (first: element {first} = 0x{v:08x})",
-                                 "every value bf16-exact (low 16 bits zero: the pool holds bf16 << 16)",
-                                 f"tensor {e.name}: BF16-source values are not bf16-exact, re-rounding to 16 bits would change them")
-            finally:
-                if mm is not None:
-                    mm.close()
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            for e in bf:
+                if e.type != quants.F32.id or e.offset + e.nbytes > size or e.offset % 4:
+                    continue  # named above or by the pool layout check
+                n = e.nbytes // 4
+                bad, first, first_v = _bf16_scan(mm, e.offset, n)
+                scanned += n
+                if bad:
+                    self.err(e.name, f"{bad} of {n} values with nonzero low 16 bits (first: element {first} = 0x{first_v:08x})",
+                             "every value bf16-exact (low 16 bits zero: the pool holds bf16 << 16)",
+                             f"tensor {e.name}: BF16-source values are not bf16-exact, re-rounding to 16 bits would change them")
+        finally:
+            mm.close()
         return len(bf), scanned
+
+
+_LOW16 = np.uint64(0x0000FFFF0000FFFF)
+
+
+def _bf16_scan(mm: mmap.mmap, offset: int, n: int) -> tuple[int, int | None, int]:
+    """Count the f32 values of ``[offset, offset + 4n)`` whose low 16 bits are not zero; returns
+    ``(bad, first bad element, its bits)``. Two f32 per u64 masked at once, in bounded chunks (the
+    common all-clean case reads each byte once); only a dirty chunk is looked at value by value.
+    Every numpy view of ``mm`` dies with this frame, so the caller can close the map."""
+    bad, first, first_v = 0, None, 0
+    for s in range(0, n, BF16_SCAN_CHUNK):
+        k = min(BF16_SCAN_CHUNK, n - s)
+        pairs = np.frombuffer(mm, dtype="<u8", count=k // 2, offset=offset + 4 * s)
+        dirty = bool(np.bitwise_and(pairs, _LOW16).any())
+        if k % 2:
+            dirty = dirty or bool(np.frombuffer(mm, dtype="<u4", count=1, offset=offset + 4 * (s + k - 1))[0] & 0xFFFF)
+        if dirty:
+            u32 = np.frombuffer(mm, dtype="<u4", count=k, offset=offset + 4 * s)
+            nz = np.flatnonzero(u32 & 0xFFFF)
+            bad += len(nz)
+            if first is None:
+                first, first_v = s + int(nz[0]), int(u32[nz[0]])
+    return bad, first, first_v
 
 
 class _MissingTensor(KeyError):
@@ -583,7 +606,7 @@ def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True) -> AuditResul
     t = a.timed("geometry", t)
     res = AuditResult(pack=str(path), arch=pack.arch, bf16_scan=bf16_scan, dense_tensors=len(pack.index.entries))
     if g is None:
-        res.errors, res.checks, res.seconds = a.errors, a.checks, a.seconds
+        res.errors, res.warnings, res.checks, res.seconds = a.errors, a.warnings, a.checks, a.seconds
         return res
     headers, shard_tensors = a.shards(pack)
     t = a.timed("shard headers", t)
@@ -595,7 +618,7 @@ def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True) -> AuditResul
     expert_seen = pack.experts is None or all(h is not None for h in headers)
     expected = a.shapes(pack, g, present, expert_seen)
     t = a.timed("shapes", t)
-    values = a.terms(g, present)
+    values = a.terms(g, present, expected)
     t = a.timed("terms twice", t)
     expert_facts = a.experts(pack, g, expected, shard_tensors, headers)
     t = a.timed("experts", t)
@@ -618,7 +641,7 @@ def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True) -> AuditResul
         n_expert=int(g.get("n_expert", 0) or 0) if expert_facts else 0, expert_layers=expert_facts,
     )
     res.expert_layers = len(expert_facts)
-    res.errors, res.checks = a.errors, a.checks
+    res.errors, res.warnings, res.checks = a.errors, a.warnings, a.checks
     a.timed("facts", t)
     res.seconds = a.seconds
     return res

@@ -37,7 +37,7 @@ class CardPreset(BaseModel):
 
     @model_validator(mode="after")
     def _agree(self) -> "CardPreset":
-        if self.total_bytes <= 0 or self.total_bytes // MIB != self.total_mib:
+        if self.total_bytes <= 0 or round(self.total_bytes / MIB) != self.total_mib:
             raise ValueError(f"{self.card}: total_bytes {self.total_bytes} is {self.total_bytes / MIB:.2f} MiB, "
                              f"total_mib says {self.total_mib}")
         return self
@@ -89,6 +89,12 @@ def _context(defaults: CardDefaults, preset: CardPreset | None, override_mib: in
     if preset is not None and preset.cuda_context_mib is not None:
         return preset.cuda_context_mib * MIB, f"cards.toml ({preset.card})"
     return defaults.cuda_context_mib * MIB, "cards.toml [defaults]: " + " ".join(defaults.cuda_context_source.split())
+
+
+def short_source(text: str, limit: int = 60) -> str:
+    """First sentence-ish of a source note, for table cells (the full text stays in --json)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
 def card_preset(name: str, cuda_context_mib: int | None = None) -> Card:

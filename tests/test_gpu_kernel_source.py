@@ -1,7 +1,8 @@
-"""The GPU kernels' CUDA source, checked WITHOUT a GPU: each type's module is compiled as C++ with
-g++ (``-ffp-contract=off``, the host twin of NVRTC's ``--fmad=false``) behind a few stubs for the
-CUDA keywords, and its ``dequant`` kernel is run thread by thread on the CPU. The output must
-equal ``gguf.quants.dequantize`` bit for bit, like on the device (tests/test_gpu_kernels.py).
+"""The GPU kernels' per-type CUDA code, checked WITHOUT a GPU: each type's device code
+(``deq_chunk`` / ``load_w``, the tables, ``h2f``'s host twin) is compiled as C++ with g++
+(``-ffp-contract=off``, the host twin of NVRTC's ``--fmad=false``) behind a few stubs for the CUDA
+keywords and run over every chunk of a tensor on the CPU. The output must equal
+``gguf.quants.dequantize`` bit for bit, like on the device (tests/test_gpu_kernels.py).
 
 This catches indexing, layout and operation-order mistakes in CI, where there is no GPU. It does
 not prove the device's arithmetic (that is what the gpu-marked tests are for). Skips when g++
@@ -38,13 +39,19 @@ static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4
 static inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
 """
 
-_DRIVER = r"""
-extern "C" void run_dequant(const u8* base, i64 n_blocks, float* out, i64 n_threads) {
-    blockDim.x = 256;
-    for (i64 t = 0; t < n_threads; ++t) {
-        blockIdx.x = (unsigned)(t / 256); threadIdx.x = (unsigned)(t % 256);
-        dequant(base, n_blocks, out);
+# Same addressing as the device kernels: chunk t of block t / (QK/32); scales at
+# base + 4*NF*blk, payload plane after the scale plane.
+_DRIVER_BLOCK = r"""
+extern "C" void run_dequant(const u8* base, i64 n_blocks, float* out) {
+    for (i64 t = 0; t < n_blocks * (QK / 32); ++t) {
+        const i64 blk = t / (QK / 32);
+        deq_chunk((const float*)base + blk * NF, base + n_blocks * NF * 4 + blk * PB, (int)(t % (QK / 32)), out + t * 32);
     }
+}
+"""
+_DRIVER_PLAIN = r"""
+extern "C" void run_dequant(const u8* base, i64 n, float* out) {
+    for (i64 i = 0; i < n; ++i) out[i] = load_w(base, i);
 }
 """
 
@@ -58,7 +65,8 @@ def host_build(tmp_path_factory):
         if type_id not in libs:
             name = quants.qtype(type_id).name
             cpp, so = d / f"{name}.cpp", d / f"{name}.so"
-            cpp.write_text(_PRELUDE + K.source_for(type_id).replace('extern "C"', "") + _DRIVER)
+            driver = _DRIVER_PLAIN if quants.qtype(type_id).block_elems == 1 else _DRIVER_BLOCK
+            cpp.write_text(_PRELUDE + K.source_for(type_id, with_kernels=False) + driver)
             r = subprocess.run(["g++", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-o", str(so), str(cpp)],
                                capture_output=True, text=True)
             assert r.returncode == 0, f"{name}: kernel source does not compile as C++:\n{r.stderr[:4000]}"
@@ -79,9 +87,8 @@ def test_kernel_source_dequant_bit_exact_on_host(host_build, type_id, kind):
     ef = EF.to_engine_form(pool, pool_t, src_t, (n,))
     lay = EF.engine_layout(pool_t, src_t, (n,))
     out = np.full(n, np.nan, dtype=np.float32)
-    n_threads = lay.n_elements if t.block_elems == 1 else lay.n_blocks * (t.block_elems // 32)
     host_build(type_id).run_dequant(ef.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(lay.n_blocks),
-                                    out.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(n_threads))
+                                    out.ctypes.data_as(ctypes.c_void_p))
     ref = ref.reshape(-1)
     diff = np.flatnonzero(out.view(np.uint32) != ref.view(np.uint32))
     assert diff.size == 0, f"{t.name}/{kind}: {diff.size} values differ; first {diff[:4].tolist()}"

@@ -5,11 +5,13 @@
   scale fields with random sign and exponent, subnormals included) -> engine form -> GPU
   dequantize equals ``gguf.quants.dequantize`` BIT FOR BIT (uint32 views compared; output
   poisoned with NaN first so an unwritten element fails).
-- Matrix-vector product: y = W x against a float64 NumPy reference computed from the same exact
-  f32 weights. Stated tolerance: every output within the rigorous f32 summation bound
-  ``depth * 2**-24 * sum_j |W[r, j] x[j]|`` (``kernels.matvec_error_depth``), and the kernel is
-  deterministic (two runs, same bits).
+- Matrix-vector product: y = W x equals the NumPy replica of the kernel's order
+  (``strata.engine.gpu.reference.matvec``, the CPU side of the hybrid path) BIT FOR BIT, and
+  against a float64 reference from the same exact f32 weights every output is within the
+  rigorous f32 summation bound ``depth * 2**-24 * sum_j |W[r, j] x[j]|``
+  (``kernels.matvec_error_depth``); two runs give the same bits.
 - Batched expert variant: each item equals the single matvec of its weight bit for bit.
+- ``silu_mul`` (the expert activation) equals ``reference.silu_mul`` bit for bit.
 
 CI has no GPU: every test here skips with the reason ``gpu_available()`` gives (CuPy missing /
 no device). Run on a GPU machine with ``pytest -m gpu -rs tests/test_gpu_kernels.py``.
@@ -23,6 +25,7 @@ import pytest
 import gguf
 from strata.engine import engine_form as EF
 from strata.engine.gpu import kernels as K
+from strata.engine.gpu import reference as R
 from strata.packer import quants
 
 GPU_OK, GPU_WHY = K.gpu_available()
@@ -139,6 +142,9 @@ def test_matvec_within_bound_and_deterministic(type_id):
     y1 = cp.asnumpy(y)
     y2 = cp.asnumpy(K.matvec(type_id, buf, rows, ne0, xd))
     assert np.array_equal(y1.view(np.uint32), y2.view(np.uint32)), f"{t.name}: matvec not deterministic"
+    rep = R.matvec(type_id, W, x)
+    nd = np.flatnonzero(rep.view(np.uint32) != y1.view(np.uint32))
+    assert nd.size == 0, f"{t.name}: {nd.size} rows differ from reference.matvec, first {nd[:4].tolist()}"
     Wd = W.astype(np.float64)
     ref = Wd @ x.astype(np.float64)
     mag = np.abs(Wd) @ np.abs(x.astype(np.float64))
@@ -149,7 +155,7 @@ def test_matvec_within_bound_and_deterministic(type_id):
     assert np.all(err <= bound), (f"{t.name}: row {worst} |y-ref|={err[worst]:.3e} > bound {bound[worst]:.3e} "
                                   f"(depth {depth})")
     rel = np.linalg.norm(y1 - ref) / np.linalg.norm(ref)
-    print(f"\n[gpu-matvec] {t.name:8s} [{rows}x{ne0}] ||y-ref||/||ref||={rel:.2e} "
+    print(f"\n[gpu-matvec] {t.name:8s} [{rows}x{ne0}] == reference.matvec bit-exact; vs f64: ||y-ref||/||ref||={rel:.2e} "
           f"max|err|/(u*sum|wx|)={np.max(err / (U * mag)):.2f} (bound {depth})")
 
 
@@ -181,3 +187,16 @@ def test_engine_buffer_size_is_checked():
     buf = cp.zeros(quants.engine_nbytes(2, 2, (n,)) - 4, dtype=cp.uint8)
     with pytest.raises(ValueError, match="engine-form buffer"):
         K.dequantize(2, buf, n)
+
+
+def test_silu_mul_bit_exact():
+    import cupy as cp
+
+    rng = np.random.default_rng(5)
+    g = np.concatenate([rng.standard_normal(1 << 16).astype(np.float32) * 8,
+                        np.linspace(-100, 100, 4001, dtype=np.float32), np.array([0.0, -0.0], np.float32)])
+    u = rng.standard_normal(g.size).astype(np.float32)
+    got = cp.asnumpy(K.silu_mul(cp.asarray(g), cp.asarray(u)))
+    want = R.silu_mul(g, u)
+    nd = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    assert nd.size == 0, f"{nd.size} of {g.size} differ, first g={g[nd[:4]].tolist()}"

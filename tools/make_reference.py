@@ -18,6 +18,14 @@ numpy.argmax does. The run is deterministic: llama.cpp's logits are bit-identica
 across runs and thread counts, so regenerating must give the same file (no timing is
 stored in it; timings go to stderr).
 
+The logits do depend on which CPU kernels llama.cpp was compiled with. On this AMD EPYC
+(AVX512 + VNNI + BF16) a native build (``CMAKE_ARGS="-DGGML_NATIVE=ON"``, the default)
+reproduces the numbers of REAL-MODELS.md; a portable ``-DGGML_NATIVE=OFF`` build (AVX2
+only) gives logits that differ by up to ~0.1-1.2 and a different greedy token for the
+0.5B France prompt at step 2 (margin 0.046). Both are ~0.1 from a float64 NumPy forward
+pass at step 0. The fixture therefore records ``llama_print_system_info()``; the
+committed fixtures under tests/fixtures/reference were made with the native build.
+
 Works with any GGUF llama.cpp can load (real models or synthetic ones with a
 tokenizer). Examples::
 

@@ -18,13 +18,16 @@ The grids and sign table come from gguf-py (``IQ2_XXS.grid``, ``IQ2_XXS.ksigns``
 ``IQ4_NL.kvalues``), byte-identical to ggml's ``ggml-common.h`` tables (FORMATS.md section 1).
 
 **Matrix-vector product** ``y = W x`` for a row-major weight ``[rows, ne0]`` (ggml ``ne =
-(ne0, rows)``) and f32 ``x``: one warp per row; lane ``k`` takes the row's 32-value chunks
-``k, k+32, ...`` in ascending order, dequantizes each chunk exactly as above, accumulates
-``s = fmaf(w[i], x[i], s)`` for ``i = 0..31`` (explicit FMA: ``--fmad=false`` does not touch
-it), adds ``s`` to its partial sum, and the warp combines the 32 partials with a fixed xor
-butterfly (16, 8, 4, 2, 1). The order is fixed by ``(rows, ne0)`` only: same inputs, same bits,
-every run. Error bound per output (Higham, gamma_k): ``|y - y_exact| <= k * u * sum|w x|`` with
-``u = 2**-24`` and depth ``k = 32 + ceil(n_chunks / 32) + 5`` (:func:`matvec_error_depth`).
+(ne0, rows)``) and f32 ``x``: one warp per ``RPW`` rows; lane ``k`` takes the row's 32-value
+chunks ``k, k+32, ...`` in ascending order, dequantizes each chunk exactly as above, computes
+``s = s + w[i] * x[i]`` for ``i = 0..31`` (a rounded product, then a rounded sum: no FMA), adds
+``s`` to its partial sum, and the warp combines the 32 partials with a fixed xor butterfly
+(16, 8, 4, 2, 1); plain types do the same per element (lane ``k`` takes elements ``k, k+32, ...``).
+Every operation is a single IEEE f32 operation in a fixed order, so
+:func:`strata.engine.gpu.reference.matvec` replays it in NumPy BIT FOR BIT: that is how the
+CPU side of the hybrid path (expert misses) agrees exactly with the GPU side (hits). Error bound
+per output (Higham, gamma_k): ``|y - y_exact| <= k * u * sum|w x|``, ``u = 2**-24``, depth
+``k = 33 + ceil(n_chunks / 32) + 5`` (:func:`matvec_error_depth`).
 
 ``matvec_batched`` runs the same product for several weights at once (an array of device
 pointers: e.g. the routed experts found in cache slots), one ``x`` row per item or one ``x`` for
@@ -45,15 +48,17 @@ import numpy as np
 from strata.packer import quants
 
 __all__ = [
-    "SUPPORTED_TYPES", "gpu_available", "kernels_for", "dequantize", "matvec", "matvec_batched",
+    "SUPPORTED_TYPES", "gpu_available", "kernels_for", "dequantize", "matvec", "matvec_batched", "silu_mul",
     "matvec_error_depth", "source_for", "NVRTC_OPTIONS",
 ]
 
 #: NVRTC options for every module: no FMA contraction (bit-exact dequantization vs NumPy).
 NVRTC_OPTIONS = ("--fmad=false", "-std=c++17")
 
-#: Rows per CTA of the matvec kernels (one warp each).
+#: Warps per CTA and rows per warp of the matvec kernels (``WARPS`` / ``RPW`` in the source).
 WARPS_PER_CTA = 4
+ROWS_PER_WARP = 2
+ROWS_PER_CTA = WARPS_PER_CTA * ROWS_PER_WARP
 
 _COMMON = r"""
 typedef unsigned char u8;
@@ -68,7 +73,15 @@ __device__ __forceinline__ u32 ld16(const u8* p) { return (u32)p[0] | ((u32)p[1]
 __device__ __forceinline__ u32 ld32(const u8* p) {
     return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
 }
-// IEEE fp16 -> f32, exact for every pattern (NaN payload kept), no cuda_fp16.h needed.
+// IEEE fp16 -> f32, exact for every finite pattern (subnormals included). On the device the
+// hardware conversion (cvt.f32.f16); the software version is its host twin for the CPU check.
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ float h2f(u32 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+    return f;
+}
+#else
 __device__ __forceinline__ float h2f(u32 h) {
     const u32 sign = (h & 0x8000u) << 16;
     const u32 ex = (h >> 10) & 0x1fu;
@@ -80,6 +93,7 @@ __device__ __forceinline__ float h2f(u32 h) {
     if (ex == 31) return __uint_as_float(sign | 0x7f800000u | (man << 13));
     return __uint_as_float(sign | ((ex + 112u) << 23) | (man << 13));
 }
+#endif
 """
 
 # ---------------------------------------------------------------- per-type device code
@@ -400,42 +414,74 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
 """
 
 _BLOCK_KERNELS = r"""
-// out[32*t .. 32*t+31] for chunk t of the tensor (t = block * (QK/32) + sub).
+#define WARPS 4   // warps per CTA (blockDim.x == 32 * WARPS)
+#define RPW 2     // rows per warp in the matvec kernels (they share one staged slice of x)
+
+// Chunk t = block * (QK/32) + sub holds values [32t, 32t+32) of the tensor. Each warp
+// dequantizes 32 consecutive chunks (one per lane) into a padded shared tile, then writes them
+// out coalesced: lane l stores value l of each chunk (stride 33: no bank conflicts either way).
 extern "C" __global__ void dequant(const u8* __restrict__ base, const i64 n_blocks, float* __restrict__ out) {
-    const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n_blocks * (QK / 32)) return;
-    const i64 blk = t / (QK / 32);
-    const int sub = (int)(t % (QK / 32));
-    const float* scales = (const float*)base;
-    const u8* payload = base + n_blocks * NF * 4;
-    float y[32];
-    deq_chunk(scales + blk * NF, payload + blk * PB, sub, y);
-    float* o = out + t * 32;
+    __shared__ float tile[WARPS][32 * 33];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const i64 n_chunks = n_blocks * (QK / 32);
+    const i64 c0 = ((i64)blockIdx.x * WARPS + warp) * 32;
+    if (c0 >= n_chunks) return;  // whole warp
+    float* tl = tile[warp];
+    const i64 t = c0 + lane;
+    if (t < n_chunks) {
+        const i64 blk = t / (QK / 32);
+        float y[32];
+        deq_chunk((const float*)base + blk * NF, base + n_blocks * NF * 4 + blk * PB, (int)(t % (QK / 32)), y);
 #pragma unroll
-    for (int i = 0; i < 32; ++i) o[i] = y[i];
+        for (int i = 0; i < 32; ++i) tl[lane * 33 + i] = y[i];
+    }
+    __syncwarp();
+    const int nk = (int)min((i64)32, n_chunks - c0);
+    for (int k = 0; k < nk; ++k) out[(c0 + k) * 32 + lane] = tl[k * 33 + lane];
 }
 
-__device__ __forceinline__ float row_dot(const u8* __restrict__ base, const i64 rows, const int ne0, const i64 row,
-                                         const float* __restrict__ x, const int lane) {
+// acc[r] = dot(W[row0 + r, :], x) for r < RPW, on one warp. Lane l takes chunks l, l+32, ... of
+// the row in ascending order: s = s + w[i] * x[i] over the chunk's 32 values, acc += s; then
+// a fixed xor butterfly. x is staged per 32 chunks into a padded shared tile (coalesced global
+// loads, conflict-free reads) and reused for the warp's RPW rows.
+__device__ __forceinline__ void warp_dot(const u8* __restrict__ base, const i64 rows, const int ne0, const i64 row0,
+                                         const float* __restrict__ x, float* __restrict__ xs, const int lane,
+                                         float* acc) {
     const int nb = ne0 / QK;
     const int n_chunk = nb * (QK / 32);
     const i64 n_blocks = rows * nb;
     const float* scales = (const float*)base;
     const u8* payload = base + n_blocks * NF * 4;
-    float acc = 0.0f;
-    for (int c = lane; c < n_chunk; c += 32) {
-        const i64 blk = row * nb + c / (QK / 32);
-        float w[32];
-        deq_chunk(scales + blk * NF, payload + blk * PB, c % (QK / 32), w);
-        const float* xx = x + (i64)c * 32;
-        float s = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 32; ++i) s = fmaf(w[i], xx[i], s);
-        acc += s;
+    for (int r = 0; r < RPW; ++r) acc[r] = 0.0f;
+    for (int c0 = 0; c0 < n_chunk; c0 += 32) {
+        const int nk = min(32, n_chunk - c0);
+        __syncwarp();
+        for (int k = 0; k < nk; ++k) xs[k * 33 + lane] = x[(i64)(c0 + k) * 32 + lane];
+        __syncwarp();
+        const int c = c0 + lane;
+        if (c < n_chunk) {
+            const float* xx = xs + lane * 33;
+            const int jb = c / (QK / 32), sub = c % (QK / 32);
+#pragma unroll
+            for (int r = 0; r < RPW; ++r) {
+                const i64 row = row0 + r;
+                if (row < rows) {
+                    const i64 blk = row * nb + jb;
+                    float w[32];
+                    deq_chunk(scales + blk * NF, payload + blk * PB, sub, w);
+                    float s = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < 32; ++i) s = s + w[i] * xx[i];  // mul then add: --fmad=false keeps them apart
+                    acc[r] += s;
+                }
+            }
+        }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    return acc;
+    for (int r = 0; r < RPW; ++r)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
 }
 """
 
@@ -447,43 +493,65 @@ _PLAIN_LOAD = {
 }
 
 _PLAIN_KERNELS = r"""
+#define WARPS 4
+#define RPW 2
 extern "C" __global__ void dequant(const u8* __restrict__ base, const i64 n, float* __restrict__ out) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = load_w(base, i);
 }
 
-__device__ __forceinline__ float row_dot(const u8* __restrict__ base, const i64 rows, const int ne0, const i64 row,
-                                         const float* __restrict__ x, const int lane) {
-    float acc = 0.0f;
-    const i64 r0 = row * ne0;
-    for (int i = lane; i < ne0; i += 32) acc = fmaf(load_w(base, r0 + i), x[i], acc);
+// acc[r] = dot(W[row0 + r, :], x): lane l takes elements l, l+32, ... (acc = acc + w * x), then
+// the same xor butterfly as the block types.
+__device__ __forceinline__ void warp_dot(const u8* __restrict__ base, const i64 rows, const int ne0, const i64 row0,
+                                         const float* __restrict__ x, float* __restrict__ xs, const int lane,
+                                         float* acc) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    return acc;
+    for (int r = 0; r < RPW; ++r) {
+        float a = 0.0f;
+        const i64 row = row0 + r;
+        if (row < rows) {
+            const i64 r0 = row * ne0;
+            for (int i = lane; i < ne0; i += 32) a = a + load_w(base, r0 + i) * x[i];
+        }
+        acc[r] = a;
+    }
+#pragma unroll
+    for (int r = 0; r < RPW; ++r)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
 }
 """
 
 _MATVEC_KERNELS = r"""
-// y[row] = dot(W[row, :], x); one warp per row.
+// y[row] = dot(W[row, :], x); warp w of CTA b takes rows (b*WARPS + w)*RPW .. +RPW.
 extern "C" __global__ void matvec(const u8* __restrict__ base, const i64 rows, const int ne0,
                                   const float* __restrict__ x, float* __restrict__ y) {
-    const int lane = threadIdx.x & 31;
-    const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;  // whole warp leaves together
-    const float acc = row_dot(base, rows, ne0, row, x, lane);
-    if (lane == 0) y[row] = acc;
+    __shared__ float xs_all[WARPS][32 * 33];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const i64 row0 = ((i64)blockIdx.x * WARPS + warp) * RPW;
+    if (row0 >= rows) return;  // whole warp leaves together
+    float acc[RPW];
+    warp_dot(base, rows, ne0, row0, x, xs_all[warp], lane, acc);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) if (row0 + r < rows) y[row0 + r] = acc[r];
+    }
 }
 
 // Y[item, row] = dot(W_item[row, :], X[item * x_stride + :]); W_item at bases[item] (engine form).
 extern "C" __global__ void matvec_batched(const unsigned long long* __restrict__ bases, const i64 rows, const int ne0,
                                           const float* __restrict__ X, const i64 x_stride, float* __restrict__ Y) {
-    const int lane = threadIdx.x & 31;
-    const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    __shared__ float xs_all[WARPS][32 * 33];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const i64 row0 = ((i64)blockIdx.x * WARPS + warp) * RPW;
     const int item = blockIdx.y;
-    if (row >= rows) return;
-    const u8* base = (const u8*)bases[item];
-    const float acc = row_dot(base, rows, ne0, row, X + (i64)item * x_stride, lane);
-    if (lane == 0) Y[(i64)item * rows + row] = acc;
+    if (row0 >= rows) return;
+    float acc[RPW];
+    warp_dot((const u8*)bases[item], rows, ne0, row0, X + (i64)item * x_stride, xs_all[warp], lane, acc);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) if (row0 + r < rows) Y[(i64)item * rows + row0 + r] = acc[r];
+    }
 }
 """
 
@@ -521,15 +589,69 @@ def _tables_source(code: str) -> str:
     return "".join(src)
 
 
-def source_for(type_id: int) -> str:
-    """The complete CUDA source of one type's module (dequant, matvec, matvec_batched)."""
+def source_for(type_id: int, *, with_kernels: bool = True) -> str:
+    """The CUDA source of one type's module (dequant, matvec, matvec_batched). With
+    ``with_kernels=False`` only the per-type device code (``deq_chunk`` or ``load_w`` and the
+    tables): the part tests/test_gpu_kernel_source.py compiles and runs on the host."""
     t = quants.qtype(type_id)
     if t.name in _PLAIN_LOAD:
-        return _COMMON + _PLAIN_LOAD[t.name] + "\n" + _PLAIN_KERNELS + _MATVEC_KERNELS
+        code = _COMMON + _PLAIN_LOAD[t.name] + "\n"
+        return code + _PLAIN_KERNELS + _MATVEC_KERNELS if with_kernels else code
     if t.name not in _DEQ:
         raise NotImplementedError(f"no GPU kernel for {t.name} (type {t.id}); have "
                                   f"{sorted(quants.qtype(i).name for i in SUPPORTED_TYPES)}")
-    return _COMMON + _tables_source(_DEQ[t.name]) + _DEQ[t.name] + _BLOCK_KERNELS + _MATVEC_KERNELS
+    code = _COMMON + _tables_source(_DEQ[t.name]) + _DEQ[t.name]
+    return code + _BLOCK_KERNELS + _MATVEC_KERNELS if with_kernels else code
+
+
+def _silu_source() -> str:
+    """``silu_mul``: out = (g / (1 + exp_portable(-g))) * u, the exact op sequence of
+    :func:`strata.engine.gpu.reference.silu_mul` (constants embedded by their f32 bits)."""
+    from strata.engine.gpu.reference import EXP_CONSTANTS
+
+    consts = "".join(f"#define {k} __uint_as_float(0x{int(np.float32(v).view(np.uint32)):08x}u)\n"
+                     for k, v in EXP_CONSTANTS.items())
+    return consts + r"""
+extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __restrict__ u,
+                                    float* __restrict__ out, const long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float gi = g[i];
+    float t = fminf(fmaxf(-gi, LO), HI);
+    const float nf = floorf(t * LOG2E + HALF);
+    const float r = (t - nf * LN2_HI) - nf * LN2_LO;
+    float p = r * C7;
+    p = p + C6; p = p * r;
+    p = p + C5; p = p * r;
+    p = p + C4; p = p * r;
+    p = p + C3; p = p * r;
+    p = p + C2; p = p * r;
+    p = p + ONE; p = p * r;
+    p = p + ONE;
+    const float e = p * __uint_as_float((unsigned)((int)nf + 127) << 23);
+    out[i] = (gi / (ONE + e)) * u[i];
+}
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _silu_kernel():
+    import cupy as cp
+
+    return cp.RawKernel(_silu_source(), "silu_mul", options=NVRTC_OPTIONS)
+
+
+def silu_mul(g, u, out=None):
+    """``silu(g) * u`` on the GPU (float32 cupy arrays of one length), bit-identical to
+    :func:`strata.engine.gpu.reference.silu_mul`."""
+    import cupy as cp
+
+    n = int(g.size)
+    if out is None:
+        out = cp.empty(n, dtype=cp.float32)
+    if n:
+        _silu_kernel()(((n + 255) // 256,), (256,), (g, u, out, np.int64(n)))
+    return out
 
 
 def gpu_available() -> tuple[bool, str]:
@@ -595,10 +717,13 @@ def dequantize(type_id: int, buf, n_elements: int, out=None):
     lay = _check_buf(buf, type_id, (int(n_elements),))
     if out is None:
         out = cp.empty(int(n_elements), dtype=cp.float32)
-    threads = 256
-    n_work = lay.n_elements if k.plain else lay.n_blocks * (k.block_elems // 32)
+    if k.plain:
+        n_work, per_cta = lay.n_elements, 256
+    else:  # one warp per 32 chunks of 32 values
+        n_work, per_cta = lay.n_blocks * (k.block_elems // 32), 32 * WARPS_PER_CTA
     if n_work:
-        k.dequant(((n_work + threads - 1) // threads,), (threads,), (buf, np.int64(lay.n_blocks), out))
+        k.dequant(((n_work + per_cta - 1) // per_cta,), (256 if k.plain else 32 * WARPS_PER_CTA,),
+                  (buf, np.int64(lay.n_blocks), out))
     return out
 
 
@@ -621,7 +746,7 @@ def matvec(type_id: int, buf, rows: int, ne0: int, x, out=None):
         _check_buf(buf, type_id, (ne0, rows))
         out = cp.empty(rows, dtype=cp.float32)
     if rows:
-        k.matvec(((rows + WARPS_PER_CTA - 1) // WARPS_PER_CTA,), (32 * WARPS_PER_CTA,),
+        k.matvec(((rows + ROWS_PER_CTA - 1) // ROWS_PER_CTA,), (32 * WARPS_PER_CTA,),
                  (buf, np.int64(rows), np.int32(ne0), x, out))
     return out
 
@@ -646,7 +771,7 @@ def matvec_batched(type_id: int, bases, rows: int, ne0: int, X, out=None, *, x_s
     if out is None:
         out = cp.empty((n, rows), dtype=cp.float32)
     if n and rows:
-        k.matvec_batched(((rows + WARPS_PER_CTA - 1) // WARPS_PER_CTA, n), (32 * WARPS_PER_CTA,),
+        k.matvec_batched(((rows + ROWS_PER_CTA - 1) // ROWS_PER_CTA, n), (32 * WARPS_PER_CTA,),
                          (bases, np.int64(rows), np.int32(ne0), X, np.int64(x_stride), out))
     return out
 
@@ -656,5 +781,5 @@ def matvec_error_depth(type_id: int, ne0: int) -> int:
     is ``depth * 2**-24 * sum_j |W[r, j] * x[j]|`` (plus the tiny gamma_k second-order term)."""
     t = quants.qtype(type_id)
     if t.name in _PLAIN_LOAD:
-        return math.ceil(ne0 / 32) + 5
-    return 32 + math.ceil((ne0 // 32) / 32) + 5
+        return 1 + math.ceil(ne0 / 32) + 5
+    return 33 + math.ceil((ne0 // 32) / 32) + 5

@@ -35,8 +35,33 @@ class State:
         return self.cache.nbytes + sum(r.cos.nbytes + r.sin.nbytes for r in self.ropes.values())
 
 
+@dataclass(frozen=True)
+class Hyper:
+    """Hyperparameters every architecture here has, typed, from geometry.txt via the manifest."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    head_dim_v: int
+    rms_eps: float
+    rope_base: float
+    attn_scale: float
+    n_vocab: int
+
+    @classmethod
+    def from_geometry(cls, g: Geometry, **extra: Any) -> "Hyper":
+        common = dict(
+            n_layer=int(g["n_layer"]), n_embd=int(g["n_embd"]), n_head=int(g["n_head"]), n_head_kv=int(g["n_head_kv"]),
+            head_dim=int(g["head_dim"]), head_dim_v=int(g["head_dim_v"]), rms_eps=float(g["rms_eps"]),
+            rope_base=float(g["rope_base"]), attn_scale=float(g["attn_scale"]), n_vocab=int(g["n_vocab"]),
+        )
+        return cls(**common, **extra)
+
+
 class BaseModel:
-    """Common parts: hyperparameters from the geometry, head and embedding names, state allocation."""
+    """Common parts: head and embedding names, state allocation, the output head."""
 
     arch = ""
 
@@ -48,14 +73,12 @@ class BaseModel:
             v = md.get(key)
             if v not in (None, "none", 1.0, 0.0):
                 raise UnsupportedModel(f"metadata {key} = {v!r}: rope scaling is not implemented by strata's engine")
-        self.n_layer = int(g["n_layer"])
-        self.n_embd = int(g["n_embd"])
-        self.n_head, self.n_head_kv = int(g["n_head"]), int(g["n_head_kv"])
-        self.head_dim, self.head_dim_v = int(g["head_dim"]), int(g["head_dim_v"])
-        self.eps = float(g["rms_eps"])
-        self.attn_scale = float(g["attn_scale"])
-        self.n_vocab = int(g["n_vocab"])
+        self.hp = self.hyper(g)
         self.head = "output.weight" if w.has("output.weight") else "token_embd.weight"
+
+    @classmethod
+    def hyper(cls, g: Geometry) -> Hyper:
+        return Hyper.from_geometry(g)
 
     def head_tensors(self) -> list[str]:
         """Tensors of the output head (loaded at the 'head' checkpoint, before the expert cache)."""
@@ -69,13 +92,14 @@ class BaseModel:
         return [] if self.head == "token_embd.weight" else ["token_embd.weight"]
 
     def rope_bases(self) -> list[float]:
-        return [float(self.g["rope_base"])]
+        return [self.hp.rope_base]
 
     def new_state(self, n_ctx: int) -> State:
         """KV cache for ``n_ctx`` positions and rope tables, allocated once."""
-        st = State(n_ctx, KVCache(self.xp, self.n_layer, n_ctx, self.n_head_kv, self.head_dim, self.head_dim_v))
+        h = self.hp
+        st = State(n_ctx, KVCache(self.xp, h.n_layer, n_ctx, h.n_head_kv, h.head_dim, h.head_dim_v))
         for base in self.rope_bases():
-            st.ropes[base] = Rope(self.xp, self.head_dim, base, n_ctx)
+            st.ropes[base] = Rope(self.xp, h.head_dim, base, n_ctx)
         return st
 
     def logits(self, x):
@@ -83,7 +107,7 @@ class BaseModel:
         from ..layers import rms_norm
 
         xp, w = self.xp, self.w
-        x = rms_norm(xp, x, w.get("output_norm.weight"), self.eps)
+        x = rms_norm(xp, x, w.get("output_norm.weight"), self.hp.rms_eps)
         y = w.matmul(self.head, x)
         if w.has("output.bias"):
             y = y + w.get("output.bias")

@@ -1,0 +1,234 @@
+"""``strata-budget``: the semantic audit of a pack and its VRAM plan for a card (thin click layer
+over :func:`strata.budget.audit.audit_pack` and :func:`strata.budget.plan.make_plan`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from strata.manifests.contract import ManifestError
+from strata.packer.packfmt import PackFormatError
+
+from . import formulas as F
+from .audit import AuditResult, audit_pack
+from .cards import Card, CardError, card_from_mib, card_preset, known_cards, measure_card, short_source
+from .plan import DEFAULT_PREFILL_CHUNK, DEFAULT_RESERVE_MIB, Plan, PlanInputError, PlanOptions, make_plan, read_profile
+
+EXIT_FITS, EXIT_NO_FIT, EXIT_SEMANTIC = 0, 1, 2
+
+
+def _mib(b: int) -> str:
+    return f"{F.mib(b):,.1f}"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="strata")
+def main() -> None:
+    """strata-budget: does every tensor of a pack mean what the kernels assume, and what fits on a card.
+
+    Exit codes of `check`: 0 the plan fits, 1 it does not fit (or --expert-cache N was refused),
+    2 a semantic error in the pack or bad input (unknown card, unreadable pack or profile).
+    """
+
+
+@main.command()
+@click.argument("pack", type=click.Path(file_okay=False))
+@click.option("--card", "card_name", metavar="PRESET|measure",
+              help="Card preset from manifests/cards.toml (24G, 16G, 12G, 8G, 6G) or 'measure' (ask the local GPU).")
+@click.option("--card-mib", type=int, help="Card total in MiB as CUDA reports it (instead of --card).")
+@click.option("--cuda-context-mib", type=int, help="CUDA context cost in MiB [default: the card preset's / cards.toml's].")
+@click.option("--max-context", type=int, help="Tokens per sequence [default: the model's maximum, flagged].")
+@click.option("--kv-resident", type=int, help="Tokens of KV kept in VRAM per full-context layer (the rest streams).")
+@click.option("--kv", type=click.Choice(["f16", "int8"]), default="f16", show_default=True, help="KV cache type (int8 = ggml Q8_0 blocks).")
+@click.option("--batch", type=int, default=1, show_default=True, help="Sequences decoded at once (KV, recurrent state, decode rows).")
+@click.option("--prefill", "prefill", type=int, default=DEFAULT_PREFILL_CHUNK, show_default=True,
+              help="Prompt chunk in tokens (0: the decode path, one token at a time).")
+@click.option("--logits-all", is_flag=True, help="Every chunk position emits logits (logits buffer = chunk x vocab).")
+@click.option("--prefill-model", type=click.Choice(["geometry", "documents"]), default="geometry", show_default=True,
+              help="Activation buffers from the geometry (manifest act_per_token), or the documents' engine's "
+                   "160 + chunk x 680/1024 MiB.")
+@click.option("--embeddings-on-host", is_flag=True, help="Keep token embeddings on the host (not charged to VRAM).")
+@click.option("--vram-reserve-mib", type=int, default=DEFAULT_RESERVE_MIB, show_default=True, help="Memory kept free (never allocated).")
+@click.option("--expert-cache", type=int, help="Expert-cache slots asked [default: automatic, floor((free - reserve) / max_blob)].")
+@click.option("--expert-profile", type=click.Path(dir_okay=False), help="Parquet (layer, expert, count): fill the cache as the engine does.")
+@click.option("--bf16-scan/--no-bf16-scan", default=True, show_default=True, help="Scan every BF16-source value in pool.bin.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+def check(pack, card_name, card_mib, cuda_context_mib, max_context, kv_resident, kv, batch, prefill, logits_all,
+          prefill_model, embeddings_on_host, vram_reserve_mib, expert_cache, expert_profile, bf16_scan, as_json):
+    """Audit PACK and plan its VRAM on a card.
+
+    \b
+    Exit codes:
+      0  the pack passes the audit and the plan fits the card
+      1  the plan does not fit (the output says which terms to shrink and by how much),
+         or --expert-cache N does not fit (refused with N and the most that fits)
+      2  semantic error in the pack (every failure listed: tensor, found, required),
+         or bad input (unknown or zero card size, no GPU for --card measure, unreadable pack/profile)
+    """
+    t0 = time.perf_counter()
+    try:
+        card = _card(card_name, card_mib, cuda_context_mib)
+        audit = audit_pack(pack, bf16_scan=bf16_scan)
+    except (CardError, PackFormatError, ManifestError, FileNotFoundError) as e:
+        _fail(str(e), as_json)
+    plan = None
+    if audit.facts is not None:
+        try:
+            pairs = read_profile(expert_profile) if expert_profile else None
+            opts = PlanOptions(max_context=max_context, kv_resident=kv_resident, kv=kv, batch=batch, prefill=prefill,
+                               logits_all=logits_all, prefill_model=prefill_model, embeddings_on_host=embeddings_on_host,
+                               vram_reserve_mib=vram_reserve_mib, expert_cache=expert_cache, profile_pairs=pairs)
+            plan = make_plan(audit.facts, card, opts)
+        except PlanInputError as e:
+            _fail(str(e), as_json)
+    seconds = time.perf_counter() - t0
+    code = EXIT_SEMANTIC if not audit.ok else (EXIT_FITS if plan is not None and plan.fits else EXIT_NO_FIT)
+    verdict = _verdict(audit, plan)
+    if as_json:
+        click.echo(json.dumps(to_json(audit, plan, verdict, seconds), indent=1))
+    else:
+        _print(audit, plan, verdict, seconds)
+    sys.exit(code)
+
+
+def _card(name: str | None, mib: int | None, ctx: int | None) -> Card:
+    if name is not None and mib is not None:
+        raise CardError("give --card or --card-mib, not both")
+    if name is None and mib is None:
+        raise CardError(f"no card: give --card ({', '.join(known_cards())}, measure) or --card-mib N; a size is never guessed")
+    if mib is not None:
+        return card_from_mib(mib, ctx)
+    if name.strip().lower() == "measure":
+        return measure_card(cuda_context_mib=ctx)
+    return card_preset(name, ctx)
+
+
+def _fail(msg: str, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"verdict": "error", "errors": [{"tensor": "", "found": "", "required": "", "message": msg}]}))
+    click.echo(f"error: {msg}", err=True)
+    sys.exit(EXIT_SEMANTIC)
+
+
+def _verdict(audit: AuditResult, plan: Plan | None) -> str:
+    if not audit.ok:
+        return f"semantic error: {len(audit.errors)} failure(s) in {audit.pack}; first: {audit.errors[0].message}"
+    assert plan is not None
+    c = plan.card
+    if plan.refused:
+        return f"does not fit: {plan.refused}"
+    if not plan.fits:
+        short = plan.reserve_bytes - plan.free_bytes
+        first = next((s for s in plan.suggestions if s.fits_alone), None)
+        hint = f"; e.g. {s_text(first)}" if first else ""
+        return (f"does not fit: {c.name}: the terms leave {_mib(plan.free_bytes)} MiB, "
+                f"{_mib(short)} MiB short of the {plan.options.vram_reserve_mib} MiB reserve{hint}")
+    slots = (f"{plan.slots} expert slots ({_mib(plan.expert_cache_bytes)} MiB"
+             + (f", expected hit rate {plan.profile.expected_hit_rate:.1%}" if plan.profile else "") + ")"
+             if plan.max_blob else "no routed experts")
+    return (f"fits: {c.name}: {_mib(plan.used_bytes)} MiB planned, {slots}, "
+            f"{_mib(plan.left_bytes)} MiB left (reserve {plan.options.vram_reserve_mib} MiB)")
+
+
+def s_text(s) -> str:
+    return f"{s.option} {s.value}".strip() + f" ({s.text})"
+
+
+def to_json(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float) -> dict:
+    """The --json object: the keys the issue lists first, then detail."""
+    d: dict = {
+        "verdict": "semantic error" if not audit.ok else ("fits" if plan and plan.fits else "does not fit"),
+        "verdict_line": verdict,
+        "card_total_bytes": plan.card.total_bytes if plan else None,
+        "terms": [{"name": t.name, "bytes": t.bytes, "detail": t.detail} for t in plan.terms] if plan else [],
+        "free_bytes": plan.free_bytes if plan else None,
+        "reserve_bytes": plan.reserve_bytes if plan else None,
+        "max_blob": plan.max_blob if plan else None,
+        "slots": plan.slots if plan else None,
+        "kv_bytes_per_token": plan.kv_bytes_per_token if plan else None,
+        "recurrent_state_bytes_per_seq": plan.recurrent_state_bytes_per_seq if plan else None,
+        "widened_scale_bytes": plan.widened_scale_bytes if plan else None,
+        "bf16_saved_bytes": plan.bf16_saved_bytes if plan else None,
+        "errors": [e.model_dump() for e in audit.errors],
+    }
+    if plan:
+        d.update({
+            "card": plan.card.model_dump(), "n_ctx": plan.n_ctx, "used_bytes": plan.used_bytes, "left_bytes": plan.left_bytes,
+            "max_blob_source": plan.max_blob_source, "slots_fit": plan.slots_fit, "slots_cap": plan.slots_cap,
+            "expert_cache_bytes": plan.expert_cache_bytes, "refused": plan.refused,
+            "kv_bytes_per_token_window_layers": plan.kv_bytes_per_token_window_layers,
+            "dense_types": [r.model_dump() for r in plan.types],
+            "profile": plan.profile.model_dump() if plan.profile else None,
+            "warnings": plan.warnings, "suggestions": [s.model_dump() for s in plan.suggestions],
+            "options": plan.options.model_dump(exclude={"profile_pairs"}),
+        })
+    d["audit"] = {"pack": audit.pack, "arch": audit.arch, "dense_tensors": audit.dense_tensors,
+                  "expert_layers": audit.expert_layers, "checks": len(audit.checks),
+                  "checks_failed": sum(1 for c in audit.checks if not c.ok), "bf16_tensors": audit.bf16_tensors,
+                  "bf16_values_scanned": audit.bf16_values_scanned, "seconds": audit.seconds}
+    d["seconds"] = seconds
+    return d
+
+
+def _print(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    con = Console(width=None if sys.stdout.isatty() else 160)
+    if audit.errors:
+        t = Table(title=f"semantic audit of {audit.pack}: {len(audit.errors)} failure(s)", show_lines=False)
+        for c in ("tensor", "found", "required", "message"):
+            t.add_column(c, overflow="fold")
+        for e in audit.errors:
+            t.add_row(escape(e.tensor), escape(e.found), escape(e.required), escape(e.message))
+        con.print(t)
+    else:
+        con.print(f"audit: {audit.dense_tensors} dense tensors, {audit.expert_layers} expert layers, "
+                  f"{len(audit.checks)} budget terms derived twice and equal, {audit.bf16_tensors} BF16 tensors "
+                  f"({audit.bf16_values_scanned} values scanned{'' if audit.bf16_scan else ', scan skipped'}): ok")
+    if plan is not None:
+        t = Table(title=f"VRAM plan: {plan.card.name}, context {plan.n_ctx}, {plan.options.kv} KV, batch {plan.options.batch}")
+        t.add_column("term")
+        t.add_column("bytes", justify="right")
+        t.add_column("MiB", justify="right")
+        t.add_column("detail", overflow="fold")
+        for term in plan.terms:
+            t.add_row(term.name, f"{term.bytes:,}", _mib(term.bytes), escape(short_source(term.detail, 90)))
+        t.add_row("= planned", f"{plan.used_bytes:,}", _mib(plan.used_bytes), "")
+        t.add_row("reserve (kept free)", f"{plan.reserve_bytes:,}", _mib(plan.reserve_bytes), "--vram-reserve-mib")
+        t.add_row("card total", f"{plan.card.total_bytes:,}", _mib(plan.card.total_bytes), escape(short_source(plan.card.source, 90)))
+        con.print(t)
+        d = Table(title="dense weights by type (bytes): pack form -> engine form")
+        for c in ("type", "tensors", "pack", "engine", "payload", "f32 scales", "widened +", "bf16 saved"):
+            d.add_column(c, justify="left" if c == "type" else "right")
+        for r in plan.types:
+            d.add_row(r.type, str(r.tensors), f"{r.pack_bytes:,}", f"{r.engine_bytes:,}", f"{r.payload_bytes:,}",
+                      f"{r.scales_f32_bytes:,}", f"{r.widened_extra_bytes:,}", f"{r.bf16_saved_bytes:,}")
+        con.print(d)
+        con.print(f"KV per token (one sequence): {plan.kv_bytes_per_token:,} B on full-context layers, "
+                  f"{plan.kv_bytes_per_token_window_layers:,} B on sliding-window layers; recurrent state "
+                  f"{plan.recurrent_state_bytes_per_seq:,} B per sequence; free when the expert cache opens "
+                  f"{plan.free_bytes:,} B; max_blob {plan.max_blob:,} B engine form ({plan.max_blob_source:,} B source)")
+        if plan.profile:
+            p = plan.profile
+            con.print(f"profile fill (ranked by count, per-layer ranges, a full layer skips only its own pairs): "
+                      f"{p.filled} of {p.pairs} pairs in {p.slots} slots, expected hit rate {p.expected_hit_rate:.2%}")
+        for w in plan.warnings:
+            con.print(f"[yellow]warning:[/yellow] {escape(w)}")
+        if plan.suggestions:
+            s = Table(title="to fit, shrink one of")
+            for c in ("option", "value", "saves MiB", "fits alone", "why"):
+                s.add_column(c)
+            for x in plan.suggestions:
+                s.add_row(x.option, x.value, _mib(x.saves_bytes), "yes" if x.fits_alone else "no", escape(x.text))
+            con.print(s)
+    style = "green" if audit.ok and plan is not None and plan.fits else "red"
+    con.print(f"[{style}]{escape(verdict)}[/{style}]  ({seconds:.2f} s)")
+
+
+if __name__ == "__main__":
+    main()

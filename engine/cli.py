@@ -1,0 +1,160 @@
+"""``strata-engine``: load a pack by byte offset and generate text (thin click layer).
+
+Commands are functions over the library (:mod:`strata.engine.generate`) that return pydantic
+results; this file only parses options and prints. Devices are a table (:data:`LOADERS`): the GPU
+path registers ``"cuda"`` there and ``--device`` offers whatever is registered; further commands
+(``audit``, ``profile``) are added to the :func:`main` group the same way as ``generate``.
+
+Exit codes: 0 success, 2 the pack or the request was refused (the message names the file,
+tensor or numbers).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Callable
+
+import click
+
+from strata.manifests.contract import ManifestError
+from strata.packer.packfmt import PackFormatError
+
+from .checkpoints import Checkpoint
+from .dequant import DequantError
+from .generate import DEFAULT_N_CTX, Engine, GenerateError, GenerationResult, StepStat, generate, load_engine
+from .loader import LoadError
+from .models import UnsupportedModel
+from .sampling import Sampler
+from .tokenizer import TokenizerError
+from .weights import WeightError
+
+REFUSALS = (PackFormatError, ManifestError, LoadError, UnsupportedModel, TokenizerError, GenerateError, DequantError,
+            WeightError, FileNotFoundError, PermissionError)
+
+#: device name -> loader with :func:`load_engine`'s signature.
+LOADERS: dict[str, Callable[..., Engine]] = {"cpu": load_engine}
+
+# The GPU path (strata.engine.gpu, CuPy imported lazily) registers "cuda" here and adds the
+# audit / profile commands at the end of this file.
+from .gpu.cli import add_commands as _gpu_add_commands  # noqa: E402
+from .gpu.cli import register_device as _gpu_register_device  # noqa: E402
+
+_gpu_register_device(LOADERS)
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    click.echo(f"error: {msg}", err=True)
+    sys.exit(code)
+
+
+def _resident(value: str) -> str:
+    if value in ("all", "none", "half"):
+        return value
+    try:
+        f = float(value)
+    except ValueError:
+        raise click.BadParameter("expected all, none, half or a fraction in [0, 1]") from None
+    if not 0.0 <= f <= 1.0:
+        raise click.BadParameter(f"fraction {f} is outside [0, 1]")
+    return value
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="strata")
+def main() -> None:
+    """strata-engine: load a pack by byte offset and generate text (the pack's smoke test).
+
+    Exit codes: 0 ok, 2 the pack or the request was refused.
+    """
+
+
+def print_checkpoint(cp: Checkpoint) -> None:
+    click.echo(cp.line(), err=True)
+
+
+def _stats_header() -> None:
+    click.echo("stats: pos phase token_in -> token_out | forward ms | sample ms | expert hits/misses (counts)", err=True)
+
+
+def _stats_line(engine: Engine) -> Callable[[StepStat], None]:
+    def show(s: StepStat) -> None:
+        out = "" if s.token_out is None else f" -> {s.token_out} {engine.tokenizer.piece(s.token_out)!r}"
+        click.echo(f"stats: pos {s.position:4d} {s.phase:6s} {s.token_in}{out} | forward {s.forward_ms:8.2f} ms | "
+                   f"sample {s.sample_ms:6.2f} ms | experts {s.expert_hits} hits / {s.expert_misses} misses", err=True)
+    return show
+
+
+def _summary(r: GenerationResult) -> str:
+    tps = f"{r.tokens_per_second:.2f} tok/s" if r.tokens_per_second else "n/a (one token)"
+    pps = f"{r.prompt_tokens_per_second:.2f} tok/s" if r.prompt_tokens_per_second else "n/a"
+    line = (f"[{r.arch}, {r.device}] decode: {tps} ({r.n_output_tokens - 1} tokens after the first in "
+            f"{r.decode_seconds:.2f} s, batch 1) | prompt: {r.n_prompt_tokens} tokens in {r.prompt_seconds:.2f} s "
+            f"({pps}, incl. the first generated token) | stop: {r.stop_reason}")
+    if r.expert_hits or r.expert_misses:
+        line += f" | experts: {r.expert_hits} hits / {r.expert_misses} misses (counts)"
+    return line
+
+
+@main.command("generate")
+@click.argument("pack", type=click.Path(file_okay=False))
+@click.option("-p", "--prompt", required=True, help="Prompt text (tokenized like llama.cpp for this model).")
+@click.option("-n", "--n-tokens", "n_tokens", default=32, show_default=True, help="Tokens to generate.")
+@click.option("--temperature", default=0.0, show_default=True, help="0 = greedy (argmax).")
+@click.option("--top-k", "top_k", default=0, show_default=True, help="Keep the k best logits before sampling (0 = all).")
+@click.option("--top-p", "top_p", default=1.0, show_default=True, help="Nucleus mass to keep before sampling.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the sampler's generator.")
+@click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-generation tokens.")
+@click.option("--ctx", "n_ctx", default=DEFAULT_N_CTX, show_default=True,
+              help="Positions the KV cache holds (prompt + generated - 1 must fit).")
+@click.option("--resident", default="all", show_default=True, callback=lambda c, p, v: _resident(v),
+              help="MoE: experts held by the expert cache (all | none | half | fraction); the rest are misses.")
+@click.option("--device", type=click.Choice(sorted(LOADERS)), default="cpu", show_default=True)
+@click.option("--expert-cache", "expert_cache", default="auto", show_default=True,
+              help="cuda: expert cache slots, auto (budget formula on the free VRAM) or N (refused if it does not fit).")
+@click.option("--profile", "profile_path", default=None, type=click.Path(dir_okay=False),
+              help="cuda: expert profile (Parquet layer, expert, count) filling the cache at start-up.")
+@click.option("--vram-reserve-mib", "vram_reserve_mib", default=700, show_default=True,
+              help="cuda: VRAM left free after the expert cache.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (prompt_ids, output_ids, text, "
+              "tokens_per_second, top, ...) instead of text.")
+@click.option("--stats", is_flag=True, help="Per-token timing on stderr.")
+@click.option("-v", "--verbose", is_flag=True, help="Start-up checkpoints (time, memory) on stderr.")
+def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore_eos, n_ctx, resident, device,
+                 expert_cache, profile_path, vram_reserve_mib, as_json, stats, verbose):
+    """Generate text from PACK after --prompt and report tok/s."""
+    try:
+        sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    try:
+        gpu_kw = {}
+        if device != "cpu":
+            from strata.budget.plan import read_profile
+
+            gpu_kw = dict(expert_cache=expert_cache if expert_cache == "auto" else int(expert_cache),
+                          profile=read_profile(profile_path) if profile_path else None,
+                          vram_reserve_mib=vram_reserve_mib)
+        engine = LOADERS[device](pack, n_ctx=n_ctx, resident=resident, on_checkpoint=print_checkpoint if verbose else None,
+                                 **gpu_kw)
+        if stats:
+            _stats_header()
+        r = generate(engine, prompt, n_tokens, sampler=sampler, ignore_eos=ignore_eos,
+                     on_step=_stats_line(engine) if stats else None)
+    except REFUSALS as e:
+        _fail(str(e))
+    if as_json:
+        d = r.model_dump()
+        if not stats:
+            d.pop("steps")
+        click.echo(json.dumps(d))
+        return
+    click.echo(prompt + r.text)
+    click.echo(_summary(r), err=True)
+
+
+_gpu_add_commands(main)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""The device under the GPU engine: CuPy on a CUDA GPU, or a NumPy simulation of it.
+
+Everything the GPU engine does to memory goes through a :class:`Backend`: upload engine-form
+bytes, run the kernels, read ``cudaMemGetInfo`` and the CuPy pool. :class:`CudaBackend` is the
+real thing. :class:`SimBackend` runs the same engine logic on the host (buffers are NumPy arrays,
+``matvec`` is :func:`strata.engine.gpu.reference.matvec` on exactly dequantized weights, memory
+figures come from a simulated card) so start-up order, slot sizing, the profile fill and the
+hit/miss split are tested in CI, which has no GPU. The kernels replicate bit for bit
+(tests/test_gpu_kernels.py), so a sim run's expert outputs equal a CUDA run's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from strata.engine import engine_form as EF
+from strata.packer import quants
+
+from ..generate import GenerateError
+from . import reference as R
+
+
+class GpuUnavailable(GenerateError):
+    """``--device cuda`` without CuPy or a CUDA device (the reason is in the message)."""
+
+
+def _engine_pool_src(type_id: int) -> tuple[int, int]:
+    """(pool type, source type) that put a tensor of kernel type ``type_id`` in engine form."""
+    return (quants.F32.id, quants.BF16.id) if type_id == quants.BF16.id else (type_id, type_id)
+
+
+@dataclass
+class MemInfo:
+    """Device memory as the driver and the allocator see it (bytes)."""
+
+    free: int
+    total: int
+    pool_used: int
+    pool_total: int
+
+
+class Backend:
+    """Interface (see the module docstring). Buffers are 1-D uint8 device arrays; views of them
+    (``buf[a:b]``) are buffers too."""
+
+    name = "abstract"
+    xp: Any = None
+
+    def upload(self, host: np.ndarray) -> Any: ...
+    def empty_bytes(self, n: int) -> Any: ...
+    def empty_f32(self, n: int) -> Any: ...
+    def copy_into(self, dst: Any, host: np.ndarray) -> None: ...
+    def matvec(self, type_id: int, buf: Any, rows: int, ne0: int, x: Any, out: Any = None) -> Any: ...
+    def silu_mul(self, g: Any, u: Any, out: Any = None) -> Any: ...
+    def mem_info(self) -> MemInfo: ...
+    def synchronize(self) -> None: ...
+    def to_host(self, a: Any) -> np.ndarray: ...
+    def device_name(self) -> str: ...
+
+
+class CudaBackend(Backend):
+    """CuPy on the current CUDA device; kernels from :mod:`strata.engine.gpu.kernels`."""
+
+    name = "cuda"
+
+    def __init__(self):
+        from . import kernels
+
+        ok, why = kernels.gpu_available()
+        if not ok:
+            raise GpuUnavailable(f"--device cuda: {why}")
+        import cupy as cp
+
+        self.cp = cp
+        self.xp = cp
+        self.K = kernels
+        self._why = why
+
+    def upload(self, host):
+        return self.cp.asarray(np.ascontiguousarray(host, dtype=np.uint8))
+
+    def empty_bytes(self, n):
+        return self.cp.empty(int(n), dtype=self.cp.uint8)
+
+    def empty_f32(self, n):
+        return self.cp.empty(int(n), dtype=self.cp.float32)
+
+    def copy_into(self, dst, host):
+        dst.set(np.ascontiguousarray(host).reshape(dst.shape).view(dst.dtype) if host.dtype != dst.dtype else
+                np.ascontiguousarray(host).reshape(dst.shape))
+
+    def matvec(self, type_id, buf, rows, ne0, x, out=None):
+        return self.K.matvec(type_id, buf, rows, ne0, x, out=out)
+
+    def silu_mul(self, g, u, out=None):
+        return self.K.silu_mul(g, u, out=out)
+
+    def mem_info(self):
+        free, total = self.cp.cuda.runtime.memGetInfo()
+        pool = self.cp.get_default_memory_pool()
+        return MemInfo(int(free), int(total), int(pool.used_bytes()), int(pool.total_bytes()))
+
+    def synchronize(self):
+        self.cp.cuda.Device().synchronize()
+
+    def to_host(self, a):
+        return self.cp.asnumpy(a)
+
+    def device_name(self):
+        return self._why
+
+
+class SimBackend(Backend):
+    """NumPy stand-in for a GPU of ``total_bytes`` with ``context_bytes`` already used (CUDA
+    context). Memory figures count every buffer this backend handed out (engine-form weights,
+    slots, session arrays), like a CuPy pool with no caching."""
+
+    name = "sim"
+    xp = np
+
+    def __init__(self, total_bytes: int = 24 << 30, context_bytes: int = 500 << 20):
+        self.total = int(total_bytes)
+        self.context = int(context_bytes)
+        self.allocated = 0
+        self._deq: dict[tuple, np.ndarray] = {}
+
+    def _count(self, a: np.ndarray) -> np.ndarray:
+        self.allocated += a.nbytes
+        return a
+
+    def upload(self, host):
+        return self._count(np.array(host, dtype=np.uint8, copy=True).reshape(-1))
+
+    def empty_bytes(self, n):
+        return self._count(np.zeros(int(n), dtype=np.uint8))
+
+    def empty_f32(self, n):
+        return self._count(np.zeros(int(n), dtype=np.float32))
+
+    def copy_into(self, dst, host):
+        dst[...] = np.ascontiguousarray(host).reshape(dst.shape).view(dst.dtype) if host.dtype != dst.dtype else host
+
+    def _weights(self, type_id, buf, rows, ne0):
+        key = (buf.__array_interface__["data"][0], buf.nbytes, type_id, rows, ne0)
+        w = self._deq.get(key)
+        if w is None:
+            pool_t, src_t = _engine_pool_src(type_id)
+            w = EF.dequantize_engine_form(buf, pool_t, src_t, (ne0, rows)).reshape(rows, ne0)
+            self._deq[key] = w
+        return w
+
+    def forget(self, buf) -> None:
+        """Drop the dequantized copies of ``buf`` (a slot that is being overwritten)."""
+        lo = buf.__array_interface__["data"][0]
+        hi = lo + buf.nbytes
+        for k in [k for k in self._deq if lo <= k[0] < hi]:
+            del self._deq[k]
+
+    def matvec(self, type_id, buf, rows, ne0, x, out=None):
+        y = R.matvec(type_id, self._weights(type_id, buf, rows, ne0), x)
+        if out is None:
+            return y
+        out[...] = y
+        return out
+
+    def silu_mul(self, g, u, out=None):
+        y = R.silu_mul(g, u)
+        if out is None:
+            return y
+        out[...] = y
+        return out
+
+    def mem_info(self):
+        used = self.context + self.allocated
+        return MemInfo(max(self.total - used, 0), self.total, self.allocated, self.allocated)
+
+    def synchronize(self):
+        pass
+
+    def to_host(self, a):
+        return np.asarray(a)
+
+    def device_name(self):
+        return f"simulated GPU ({self.total >> 20} MiB, NumPy)"
+
+
+def make_backend(device: str, **kw) -> Backend:
+    """``"cuda"`` -> :class:`CudaBackend`, ``"sim"`` -> :class:`SimBackend` (kw: total_bytes, context_bytes)."""
+    if device == "cuda":
+        return CudaBackend()
+    if device == "sim":
+        return SimBackend(**kw)
+    raise ValueError(f"unknown GPU backend {device!r} (cuda | sim)")

@@ -1,0 +1,67 @@
+"""Choosing the next token from one row of logits (host numpy, f32).
+
+Greedy by default (``temperature == 0``): the argmax, lowest id on ties (what numpy.argmax and
+the reference fixtures do). With a temperature: keep the ``top_k`` highest logits (0 = all), then
+the smallest prefix of them, by probability, whose mass reaches ``top_p`` (1.0 = all), then draw
+from ``softmax(logits / temperature)`` over what is left with a seeded ``numpy.random.Generator``
+(same seed, same tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Sampler:
+    """Sampling settings and the seeded generator (one per generation)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    rng: np.random.Generator = field(init=False, repr=False)
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature {self.temperature} < 0")
+        if self.top_k < 0:
+            raise ValueError(f"top_k {self.top_k} < 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p {self.top_p} is outside (0, 1]")
+        self.rng = np.random.default_rng(self.seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def describe(self) -> dict:
+        return {"mode": "greedy" if self.greedy else "sample", "temperature": self.temperature,
+                "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}
+
+    def __call__(self, logits: np.ndarray) -> int:
+        if self.greedy:
+            return int(np.argmax(logits))
+        x = logits.astype(np.float64)
+        idx = np.argsort(-x, kind="stable")
+        if self.top_k:
+            idx = idx[: self.top_k]
+        z = x[idx] / self.temperature
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        if self.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(p), self.top_p) + 1)
+            idx, p = idx[:keep], p[:keep] / p[:keep].sum()
+        return int(idx[self.rng.choice(len(idx), p=p)])
+
+
+def top_k_pairs(logits: np.ndarray, k: int = 5) -> list[tuple[int, float]]:
+    """The ``k`` highest ``(id, logit)`` pairs, by logit descending then id ascending."""
+    k = min(k, logits.shape[0])
+    part = np.argpartition(-logits, k - 1)[:k]
+    kth = logits[part].min()
+    cand = np.flatnonzero(logits >= kth)
+    order = sorted(cand.tolist(), key=lambda i: (-float(logits[i]), i))[:k]
+    return [(int(i), float(logits[i])) for i in order]
