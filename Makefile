@@ -4,7 +4,7 @@ PIP ?= $(PYTHON) -m pip
 DEMO_MODEL ?= gemma3-270m
 DEMO_DIR ?= demo-out
 
-.PHONY: install demo test test-fast bench bench-gpu clean
+.PHONY: install demo test test-fast bench bench-gpu fetch-models reference clean
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -31,6 +31,16 @@ bench: install
 
 bench-gpu: install
 	$(PYTHON) bench/bench_gpu.py
+
+fetch-models: install
+	$(PYTHON) -m strata.packer.fetch gemma3-270m && $(PYTHON) -m strata.packer.fetch qwen2.5-0.5b
+
+# Regenerate the llama.cpp reference fixtures (needs the `reference` extra built natively:
+#   CMAKE_ARGS="-DGGML_NATIVE=ON" pip install --no-cache-dir llama-cpp-python==0.3.36
+# a -DGGML_NATIVE=OFF (AVX2-only) build differs by up to 0.1 in the 0.5B logits).
+reference: fetch-models
+	$(PYTHON) tools/make_reference.py "$$($(PYTHON) -m strata.packer.fetch -q gemma3-270m)" tests/fixtures/reference/gemma3-270m.json
+	$(PYTHON) tools/make_reference.py "$$($(PYTHON) -m strata.packer.fetch -q qwen2.5-0.5b)" tests/fixtures/reference/qwen2.5-0.5b.json
 
 clean:
 	rm -rf $(DEMO_DIR) build *.egg-info .pytest_cache .hypothesis

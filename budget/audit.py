@@ -55,6 +55,7 @@ STATE_TERMS: dict[str, str] = {
     "k_per_token": "attention", "v_per_token": "attention", "indexer_k_per_token": "attention",
     "conv_state": "recurrent", "ssm_state": "recurrent", "act_per_token": "all", "logits_per_token": "all",
 }
+assert set(STATE_TERMS) == set(StateSpec.model_fields), "every [state] term needs its layer kinds here"
 _NE_NAME = re.compile(r"""ne\(\s*['"]([^'"]+)['"]""")
 BF16_SCAN_CHUNK = 1 << 24  # values per numpy call: bounded memory on multi-GB tensors
 
@@ -647,4 +648,4 @@ def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True) -> AuditResul
     return res
 
 
-__all__ = ["AuditError", "AuditResult", "STATE_TERMS", "StateSpec", "TermCheck", "audit_pack"]
+__all__ = ["AuditError", "AuditResult", "STATE_TERMS", "TermCheck", "audit_pack"]

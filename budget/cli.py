@@ -153,6 +153,7 @@ def to_json(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float)
         "widened_scale_bytes": plan.widened_scale_bytes if plan else None,
         "bf16_saved_bytes": plan.bf16_saved_bytes if plan else None,
         "errors": [e.model_dump() for e in audit.errors],
+        "audit_warnings": [e.model_dump() for e in audit.warnings],
     }
     if plan:
         d.update({
@@ -190,6 +191,8 @@ def _print(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float) 
         con.print(f"audit: {audit.dense_tensors} dense tensors, {audit.expert_layers} expert layers, "
                   f"{len(audit.checks)} budget terms derived twice and equal, {audit.bf16_tensors} BF16 tensors "
                   f"({audit.bf16_values_scanned} values scanned{'' if audit.bf16_scan else ', scan skipped'}): ok")
+    for w in audit.warnings:
+        con.print(f"[yellow]audit warning:[/yellow] {escape(w.message)}")
     if plan is not None:
         t = Table(title=f"VRAM plan: {plan.card.name}, context {plan.n_ctx}, {plan.options.kv} KV, batch {plan.options.batch}")
         t.add_column("term")

@@ -17,8 +17,9 @@ the stage's own ``*_bytes`` figures), in this order (BRIEF.md, "Start-up order")
    refusal with both numbers (never a silently smaller cache). Filled once from a profile (the
    budget module's ranking and per-layer ranges) or from the ``resident`` policy; without a
    profile, free slots also admit experts first-come during decode (no eviction);
-6. ``prompt path`` - kernel compilation and one warm-up step (pool blocks allocated here, so the
-   token loop allocates nothing new: ``decode_pool_growth_bytes`` reports it).
+6. ``prompt path`` - kernel compilation and warm-up steps at positions 0 and ``n_ctx - 1`` (pool
+   blocks of the largest sizes allocated here, so the token loop allocates no new device memory;
+   the benchmark and tests check the pool does not grow during decode).
 
 Hit/miss (all or nothing): a routed expert in a slot runs on the GPU (3 matvecs + ``silu_mul``);
 a miss runs on the CPU from the memory-mapped shard with :func:`strata.engine.gpu.reference.expert_ffn`,
@@ -465,6 +466,10 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
             # compiles every kernel and allocates the pool blocks one step uses; position 0 is
             # overwritten by the first real token
             model.step(0, 0, state, logits=True)
+            if n_ctx > 1:
+                # and at the last position: attention temporaries are largest there, so the pool
+                # holds blocks big enough for every later step (no new device memory in the loop)
+                model.step(0, n_ctx - 1, state, logits=True)
             if experts is not None:
                 experts.step_counts()
                 experts.counts.hits = experts.counts.misses = 0

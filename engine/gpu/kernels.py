@@ -52,8 +52,16 @@ __all__ = [
     "matvec_error_depth", "source_for", "NVRTC_OPTIONS",
 ]
 
-#: NVRTC options for every module: no FMA contraction (bit-exact dequantization vs NumPy).
-NVRTC_OPTIONS = ("--fmad=false", "-std=c++17")
+#: NVRTC options for every module: no FMA contraction, IEEE subnormals, IEEE division (bit-exact
+#: with NumPy). ``cupy.RawModule(code=...)`` appends ``-ftz=true`` after the caller's options
+#: (measured on the H200: a subnormal ``silu_mul`` result flushed to 0), so :func:`_load_module`
+#: compiles with NVRTC itself (cuda-python) and hands CuPy the PTX.
+NVRTC_OPTIONS = ("--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true", "-std=c++17")
+
+#: How the kernels were compiled in this process: "nvrtc" (IEEE, the options above) or
+#: "cupy-ftz" (fallback without cuda-python: subnormal results flush to zero, so the NumPy
+#: replicas can differ from the device for results below 2**-126).
+COMPILE_MODE: str | None = None
 
 #: Warps per CTA and rows per warp of the matvec kernels (``WARPS`` / ``RPW`` in the source).
 WARPS_PER_CTA = 4
@@ -636,9 +644,7 @@ extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __
 
 @functools.lru_cache(maxsize=1)
 def _silu_kernel():
-    import cupy as cp
-
-    return cp.RawKernel(_silu_source(), "silu_mul", options=NVRTC_OPTIONS)
+    return _load_module(_silu_source(), ("silu_mul",))["silu_mul"]
 
 
 def silu_mul(g, u, out=None):
@@ -684,15 +690,72 @@ class TypeKernels:
     matvec_batched: object
 
 
-@functools.lru_cache(maxsize=None)
-def kernels_for(type_id: int) -> TypeKernels:
-    """Compile (once per process; CuPy also caches on disk) the module of ``type_id``."""
+def _load_module(source: str, names: tuple[str, ...]) -> dict:
+    """Compile ``source`` with NVRTC and :data:`NVRTC_OPTIONS` for the current device, load it into
+    CuPy and return its kernels ``names``; falls back to ``cupy.RawModule(code=...)`` (FTZ) when
+    cuda-python is missing or cannot compile."""
+    global COMPILE_MODE
     import cupy as cp
 
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:
+        try:
+            from cuda import nvrtc  # older cuda-python
+        except ImportError:
+            nvrtc = None
+    if nvrtc is not None:
+        try:
+            mod = _nvrtc_module(nvrtc, source)
+            funcs = {n: mod.get_function(n) for n in names}
+            COMPILE_MODE = "nvrtc"
+            return funcs
+        except Exception as e:  # an NVRTC/cuda-python we cannot drive: CuPy's compiler, with FTZ
+            COMPILE_MODE = f"cupy-ftz (own NVRTC failed: {type(e).__name__}: {e})"
+    else:
+        COMPILE_MODE = "cupy-ftz (cuda-python not installed)"
+    mod = cp.RawModule(code=source, options=NVRTC_OPTIONS)
+    return {n: mod.get_function(n) for n in names}
+
+
+def _nvrtc_module(nvrtc, source: str):
+    import os
+    import tempfile
+
+    import cupy as cp
+
+    def check(res, what):
+        err = res[0]
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise RuntimeError(f"NVRTC {what}: {err}")
+        return res[1:]
+
+    (prog,) = check(nvrtc.nvrtcCreateProgram(source.encode(), b"strata_kernels.cu", 0, [], []), "create")
+    cc = cp.cuda.Device().compute_capability
+    opts = [o.encode() for o in NVRTC_OPTIONS] + [f"--gpu-architecture=compute_{cc}".encode()]
+    res = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        (n,) = check(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
+        log = b" " * n
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise RuntimeError(f"NVRTC compile failed: {log.decode(errors='replace')[:4000]}")
+    (n,) = check(nvrtc.nvrtcGetPTXSize(prog), "ptx size")
+    ptx = b" " * n
+    check(nvrtc.nvrtcGetPTX(prog, ptx), "ptx")
+    nvrtc.nvrtcDestroyProgram(prog)
+    # CuPy loads a module from a file; the PTX file stays in the temp folder (a few hundred KB)
+    fd, path = tempfile.mkstemp(suffix=".ptx", prefix="strata_")
+    with os.fdopen(fd, "wb") as f:
+        f.write(ptx.rstrip(b"\x00 ") + b"\n")
+    return cp.RawModule(path=path)
+
+
+@functools.lru_cache(maxsize=None)
+def kernels_for(type_id: int) -> TypeKernels:
+    """Compile (once per process) the module of ``type_id`` (see :func:`_load_module`)."""
     t = quants.qtype(type_id)
-    mod = cp.RawModule(code=source_for(type_id), options=NVRTC_OPTIONS)
-    return TypeKernels(t.id, t.block_elems, t.name in _PLAIN_LOAD, mod.get_function("dequant"),
-                       mod.get_function("matvec"), mod.get_function("matvec_batched"))
+    f = _load_module(source_for(type_id), ("dequant", "matvec", "matvec_batched"))
+    return TypeKernels(t.id, t.block_elems, t.name in _PLAIN_LOAD, f["dequant"], f["matvec"], f["matvec_batched"])
 
 
 def _check_buf(buf, type_id: int, ne: tuple[int, ...]):
