@@ -39,6 +39,13 @@ def gelu_tanh(xp, x):
     return xp.float32(0.5) * x * (xp.float32(1.0) + xp.tanh(xp.float32(_GELU_C) * x * (xp.float32(1.0) + xp.float32(0.044715) * x * x)))
 
 
+def gelu_f16_table(xp, x):
+    """llama.cpp CPU's GELU (``GGML_GELU_FP16``): ``fp16(gelu_tanh(fp16(x)))`` for ``-10 < x < 10``,
+    ``0`` at or below -10, ``x`` at or above 10 (:mod:`strata.engine.numerics`, item 4)."""
+    y = gelu_tanh(xp, x.astype(xp.float16).astype(xp.float32)).astype(xp.float16).astype(xp.float32)
+    return xp.where(x <= -10.0, xp.float32(0.0), xp.where(x >= 10.0, x, y))
+
+
 def softmax(xp, x, axis: int = -1):
     m = x.max(axis=axis, keepdims=True)
     p = xp.exp(x - m)
@@ -72,33 +79,41 @@ class Rope:
 
 class KVCache:
     """Static per-layer K/V arrays ``[n_ctx, n_head_kv, head_dim]`` (gpt-fast style: allocated once,
-    written in place at each position)."""
+    written in place at each position); f16 like llama.cpp's default cache type, or f32."""
 
-    def __init__(self, xp, n_layer: int, n_ctx: int, n_head_kv: int, head_dim: int, head_dim_v: int):
+    def __init__(self, xp, n_layer: int, n_ctx: int, n_head_kv: int, head_dim: int, head_dim_v: int,
+                 f16: bool = True):
         self.n_ctx = n_ctx
-        self.k = [xp.zeros((n_ctx, n_head_kv, head_dim), dtype=xp.float32) for _ in range(n_layer)]
-        self.v = [xp.zeros((n_ctx, n_head_kv, head_dim_v), dtype=xp.float32) for _ in range(n_layer)]
+        dt = xp.float16 if f16 else xp.float32
+        self.k = [xp.zeros((n_ctx, n_head_kv, head_dim), dtype=dt) for _ in range(n_layer)]
+        self.v = [xp.zeros((n_ctx, n_head_kv, head_dim_v), dtype=dt) for _ in range(n_layer)]
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
 
-def attend(xp, q, k_cache, v_cache, pos: int, scale: float, window: int | None):
+def attend(xp, q, k_cache, v_cache, pos: int, scale: float, window: int | None, f16_operands: bool = False):
     """Attention of one query position over cached keys ``0..pos`` (GQA).
 
     ``q [n_head, hd]``, caches ``[n_ctx, n_head_kv, hd]``; query head ``h`` reads KV head
     ``h // (n_head / n_head_kv)``. A sliding window keeps keys with ``pos - p < window``.
-    Returns ``[n_head * hd_v]``.
+    ``f16_operands``: q and the softmax probabilities rounded to f16 before their products, as
+    llama.cpp's non-flash attention does with an F16 cache (:mod:`strata.engine.numerics`, item 3);
+    products accumulate in f32 either way. Returns ``[n_head * hd_v]``.
     """
     lo = 0 if window is None else max(0, pos + 1 - window)
-    K = k_cache[lo:pos + 1]  # [T, Hkv, hd]
-    V = v_cache[lo:pos + 1]
+    K = k_cache[lo:pos + 1].astype(xp.float32)  # [T, Hkv, hd]
+    V = v_cache[lo:pos + 1].astype(xp.float32)
     n_head, hd = q.shape
     n_kv = K.shape[1]
+    if f16_operands:
+        q = q.astype(xp.float16).astype(xp.float32)
     qg = q.reshape(n_kv, n_head // n_kv, hd)
     s = xp.einsum("grd,tgd->grt", qg, K) * xp.float32(scale)
     p = softmax(xp, s)
+    if f16_operands:
+        p = p.astype(xp.float16).astype(xp.float32)
     o = xp.einsum("grt,tgd->grd", p, V)
     return o.reshape(n_head * V.shape[2])
 
@@ -134,14 +149,21 @@ class AttentionNames:
 
 class Attention:
     """Self-attention of one layer: projections (+ biases), optional q/k RMS norms, rope, cache
-    write, GQA attention with optional sliding window, output projection."""
+    write, GQA attention with optional sliding window, output projection.
+
+    ``scale_q``: multiply Q by ``scale`` before attention and use a kq scale of 1 (gemma3's
+    ``ggml_scale(Qcur, f_attention_scale)``) instead of scaling q.k (qwen's ``kq_scale``); the
+    two differ only once q is rounded to f16.
+    """
 
     def __init__(self, w, il: int, *, n_head: int, n_head_kv: int, head_dim: int, head_dim_v: int,
-                 scale: float, window: int | None, eps: float, qk_norm: bool):
+                 scale: float, window: int | None, eps: float, qk_norm: bool, scale_q: bool = False,
+                 f16_operands: bool = False):
         self.w, self.il = w, il
         self.names = AttentionNames.of(w, il, qk_norm)
         self.n_head, self.n_head_kv, self.hd, self.hd_v = n_head, n_head_kv, head_dim, head_dim_v
         self.scale, self.window, self.eps = scale, window, eps
+        self.scale_q, self.f16_operands = scale_q, f16_operands
 
     def __call__(self, xp, x, pos: int, cache: KVCache, rope: Rope):
         w, n = self.w, self.names
@@ -168,7 +190,11 @@ class Attention:
         k = rope(xp, k, pos)
         cache.k[self.il][pos] = k
         cache.v[self.il][pos] = v.reshape(self.n_head_kv, self.hd_v)
-        o = attend(xp, q, cache.k[self.il], cache.v[self.il], pos, self.scale, self.window)
+        if self.scale_q:
+            q, kq_scale = q * xp.float32(self.scale), 1.0
+        else:
+            kq_scale = self.scale
+        o = attend(xp, q, cache.k[self.il], cache.v[self.il], pos, kq_scale, self.window, self.f16_operands)
         y = w.matmul(n.out, o)
         if n.out_bias is not None:
             y = y + w.get(n.out_bias)
@@ -176,18 +202,26 @@ class Attention:
 
 
 def gated_mlp(xp, w, il: int, x, act: str):
-    """``down @ (act(gate @ x) * (up @ x))`` (llama.cpp LLM_FFN_PAR) with ``act`` ``silu`` or ``gelu``."""
+    """``down @ (act(gate @ x) * (up @ x))`` (llama.cpp LLM_FFN_PAR); ``act`` is ``silu``, ``gelu``
+    (exact tanh form) or ``gelu_f16`` (llama.cpp CPU's table)."""
     p = f"blk.{il}."
     g = w.matmul(p + "ffn_gate.weight", x)
     u = w.matmul(p + "ffn_up.weight", x)
-    h = (silu(xp, g) if act == "silu" else gelu_tanh(xp, g)) * u
-    return w.matmul(p + "ffn_down.weight", h)
+    a = silu(xp, g) if act == "silu" else gelu_tanh(xp, g) if act == "gelu" else gelu_f16_table(xp, g)
+    return w.matmul(p + "ffn_down.weight", a * u)
 
 
-def expert_ffn(xp, gate, up, down, x):
+def expert_ffn(xp, gate, up, down, x, types: tuple[int, int, int] | None = None):
     """One routed expert: ``down @ (silu(gate @ x) * (up @ x))`` from f32 matrices (numpy order
-    ``[rows, row length]``). The hit and the miss path both call this, on identical weights."""
-    return down @ (silu(xp, gate @ x) * (up @ x))
+    ``[rows, row length]``). ``types`` (ggml types of gate, up, down) switches on llama.cpp's
+    activation quantization for each product (:func:`strata.engine.numerics.quantize_activation`).
+    The hit and the miss path both call this, on identical weights and types."""
+    if types is None:
+        return down @ (silu(xp, gate @ x) * (up @ x))
+    from .numerics import quantize_activation as qa
+
+    h = silu(xp, gate @ qa(xp, x, types[0])) * (up @ qa(xp, x, types[1]))
+    return down @ qa(xp, h, types[2])
 
 
 def route_topk(xp, logits, k: int, norm: bool = True) -> tuple[list[int], Any]:

@@ -12,8 +12,10 @@ Every kernel reads the layout defined once in :mod:`strata.engine.engine_form`:
 same IEEE f32 operations, in the same order, as ``gguf.quants.dequantize`` (gguf 0.19.0, which
 mirrors ``dequantize_row_*`` in ggml-quants.c; FORMATS.md section 5), e.g. Q4_K
 ``(d*sc)*q - (dmin*m)``, IQ2_XXS ``((d*(0.5+s))*0.25)*grid`` then the sign. The modules are
-compiled with ``--fmad=false`` so NVRTC does not contract ``a*b - c`` into an FMA (NumPy never
-fuses); with that the GPU output equals gguf-py's bit for bit (tests/test_gpu_kernels.py).
+compiled with ``--fmad=false`` (NVRTC would otherwise contract ``a*b - c`` into an FMA; NumPy
+never fuses) and ``--ftz=false`` (IEEE subnormals; CuPy's own compile path forces FTZ, hence
+:func:`_load_module`); with that the GPU output equals gguf-py's bit for bit
+(tests/test_gpu_kernels.py, proven on an H200 for every type here).
 The grids and sign table come from gguf-py (``IQ2_XXS.grid``, ``IQ2_XXS.ksigns``,
 ``IQ4_NL.kvalues``), byte-identical to ggml's ``ggml-common.h`` tables (FORMATS.md section 1).
 
@@ -450,13 +452,32 @@ extern "C" __global__ void dequant(const u8* __restrict__ base, const i64 n_bloc
 
 // acc[r] = dot(W[row0 + r, :], x) for r < RPW, on one warp. Lane l takes chunks l, l+32, ... of
 // the row in ascending order: s = s + w[i] * x[i] over the chunk's 32 values, acc += s; then
-// a fixed xor butterfly. x is staged per 32 chunks into a padded shared tile (coalesced global
-// loads, conflict-free reads) and reused for the warp's RPW rows.
+// a fixed xor butterfly. Per 32 chunks, x is staged into a padded shared tile (coalesced global
+// loads, conflict-free reads) and reused for the warp's RPW rows; each row's block bytes for
+// those chunks (contiguous) are staged into shared memory with coalesced 4- or 2-byte loads, so
+// deq_chunk's byte reads hit shared memory instead of strided global loads. Staging changes
+// where bytes are read from, not the arithmetic.
+#define CPB (QK / 32)                       // chunks per block
+#define BLK_PER_IT (32 / CPB)               // blocks covered by 32 chunks
+#define STAGE_BYTES (((BLK_PER_IT * PB) + 15) / 16 * 16)
+
+__device__ __forceinline__ void stage_bytes(u8* __restrict__ dst, const u8* __restrict__ src, const int nbytes,
+                                            const int lane) {
+    if ((((unsigned long long)src) & 3ull) == 0) {
+        const int n4 = nbytes >> 2;
+        for (int i = lane; i < n4; i += 32) ((u32*)dst)[i] = ((const u32*)src)[i];
+        if ((nbytes & 2) && lane == 0) ((u16*)dst)[2 * n4] = ((const u16*)src)[2 * n4];
+    } else {  // native blocks of 66/74/98/110/210 bytes: only 2-byte aligned
+        const int n2 = nbytes >> 1;
+        for (int i = lane; i < n2; i += 32) ((u16*)dst)[i] = ((const u16*)src)[i];
+    }
+}
+
 __device__ __forceinline__ void warp_dot(const u8* __restrict__ base, const i64 rows, const int ne0, const i64 row0,
-                                         const float* __restrict__ x, float* __restrict__ xs, const int lane,
-                                         float* acc) {
+                                         const float* __restrict__ x, float* __restrict__ xs, u8* __restrict__ wb,
+                                         const int lane, float* acc) {
     const int nb = ne0 / QK;
-    const int n_chunk = nb * (QK / 32);
+    const int n_chunk = nb * CPB;
     const i64 n_blocks = rows * nb;
     const float* scales = (const float*)base;
     const u8* payload = base + n_blocks * NF * 4;
@@ -464,25 +485,28 @@ __device__ __forceinline__ void warp_dot(const u8* __restrict__ base, const i64 
     for (int r = 0; r < RPW; ++r) acc[r] = 0.0f;
     for (int c0 = 0; c0 < n_chunk; c0 += 32) {
         const int nk = min(32, n_chunk - c0);
+        const int jb0 = c0 / CPB;
+        const int nblk = (nk + CPB - 1) / CPB;
         __syncwarp();
         for (int k = 0; k < nk; ++k) xs[k * 33 + lane] = x[(i64)(c0 + k) * 32 + lane];
-        __syncwarp();
         const int c = c0 + lane;
-        if (c < n_chunk) {
-            const float* xx = xs + lane * 33;
-            const int jb = c / (QK / 32), sub = c % (QK / 32);
+        const float* xx = xs + lane * 33;
 #pragma unroll
-            for (int r = 0; r < RPW; ++r) {
-                const i64 row = row0 + r;
-                if (row < rows) {
-                    const i64 blk = row * nb + jb;
-                    float w[32];
-                    deq_chunk(scales + blk * NF, payload + blk * PB, sub, w);
-                    float s = 0.0f;
+        for (int r = 0; r < RPW; ++r) {
+            const i64 row = row0 + r;
+            if (row >= rows) break;  // uniform across the warp
+            __syncwarp();
+            stage_bytes(wb, payload + (row * nb + jb0) * PB, nblk * PB, lane);
+            __syncwarp();
+            if (c < n_chunk) {
+                const int jl = c / CPB - jb0;
+                const i64 blk = row * nb + jb0 + jl;
+                float w[32];
+                deq_chunk(scales + blk * NF, wb + jl * PB, c % CPB, w);
+                float s = 0.0f;
 #pragma unroll
-                    for (int i = 0; i < 32; ++i) s = s + w[i] * xx[i];  // mul then add: --fmad=false keeps them apart
-                    acc[r] += s;
-                }
+                for (int i = 0; i < 32; ++i) s = s + w[i] * xx[i];  // mul then add: --fmad=false keeps them apart
+                acc[r] += s;
             }
         }
     }
@@ -510,9 +534,10 @@ extern "C" __global__ void dequant(const u8* __restrict__ base, const i64 n, flo
 
 // acc[r] = dot(W[row0 + r, :], x): lane l takes elements l, l+32, ... (acc = acc + w * x), then
 // the same xor butterfly as the block types.
+#define STAGE_BYTES 16
 __device__ __forceinline__ void warp_dot(const u8* __restrict__ base, const i64 rows, const int ne0, const i64 row0,
-                                         const float* __restrict__ x, float* __restrict__ xs, const int lane,
-                                         float* acc) {
+                                         const float* __restrict__ x, float* __restrict__ xs, u8* __restrict__ wb,
+                                         const int lane, float* acc) {
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         float a = 0.0f;
@@ -535,11 +560,12 @@ _MATVEC_KERNELS = r"""
 extern "C" __global__ void matvec(const u8* __restrict__ base, const i64 rows, const int ne0,
                                   const float* __restrict__ x, float* __restrict__ y) {
     __shared__ float xs_all[WARPS][32 * 33];
+    __shared__ __align__(16) u8 wb_all[WARPS][STAGE_BYTES];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const i64 row0 = ((i64)blockIdx.x * WARPS + warp) * RPW;
     if (row0 >= rows) return;  // whole warp leaves together
     float acc[RPW];
-    warp_dot(base, rows, ne0, row0, x, xs_all[warp], lane, acc);
+    warp_dot(base, rows, ne0, row0, x, xs_all[warp], wb_all[warp], lane, acc);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < RPW; ++r) if (row0 + r < rows) y[row0 + r] = acc[r];
@@ -550,12 +576,13 @@ extern "C" __global__ void matvec(const u8* __restrict__ base, const i64 rows, c
 extern "C" __global__ void matvec_batched(const unsigned long long* __restrict__ bases, const i64 rows, const int ne0,
                                           const float* __restrict__ X, const i64 x_stride, float* __restrict__ Y) {
     __shared__ float xs_all[WARPS][32 * 33];
+    __shared__ __align__(16) u8 wb_all[WARPS][STAGE_BYTES];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const i64 row0 = ((i64)blockIdx.x * WARPS + warp) * RPW;
     const int item = blockIdx.y;
     if (row0 >= rows) return;
     float acc[RPW];
-    warp_dot((const u8*)bases[item], rows, ne0, row0, X + (i64)item * x_stride, xs_all[warp], lane, acc);
+    warp_dot((const u8*)bases[item], rows, ne0, row0, X + (i64)item * x_stride, xs_all[warp], wb_all[warp], lane, acc);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < RPW; ++r) if (row0 + r < rows) Y[(i64)item * rows + row0 + r] = acc[r];

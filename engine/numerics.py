@@ -1,0 +1,137 @@
+"""Numerics profiles of the forward pass: exact f32, or llama.cpp's CPU arithmetic.
+
+The weights are always dequantized exactly (``gguf.quants``); what differs is what happens to
+the *activations*. llama.cpp's CPU backend (the reference engine of the fixtures, llama-cpp-python
+0.3.36 with its defaults: F16 KV cache, flash attention off) rounds them in four places, and
+Gemma 3 amplifies each of them through its 18 layers into logit differences of up to ~1.2 - far
+above the margins the greedy comparison needs. Emulating the four roundings brings a whole
+forward pass to within ~1e-4 of llama.cpp's logits (measured layer by layer with llama.cpp's
+eval callback; see tests/test_engine_reference.py for the tolerances used):
+
+1. **Activation quantization inside quantized matmuls** (``ggml-cpu.c`` ``type_traits_cpu[].vec_dot_type``):
+   weights of Q4_0/Q5_0/Q8_0/IQ4_NL/Q1_0/Q2_0/MXFP4 meet activations quantized to **Q8_0**
+   (blocks of 32: ``amax``; ``d = fp16(amax / 127)``; ``q = round_half_even(x * (127 / amax))``,
+   the AVX2 ``quantize_row_q8_0`` of ``ggml-cpu/arch/x86/quants.c``); Q4_1/Q5_1 meet Q8_1 (same
+   values; its fp16 sum field is not modelled); K-quants and IQ2/IQ3/IQ1/IQ4_XS meet **Q8_K**
+   (blocks of 256: ``max`` = the element of largest magnitude, first on ties; ``iscale = -127 / max``;
+   ``q = min(127, round_half_even(iscale * x))``; ``d = 1 / iscale`` in f32,
+   ``quantize_row_q8_K_ref`` in ``ggml-quants.c``); F16 weights meet f16 activations, BF16 weights
+   bf16 ones, F32 weights f32. Emulated here as ``x -> d * q`` followed by the same f32 GEMV: the
+   integer dot products of llama.cpp then differ only by float summation order (~1e-7 relative).
+2. **F16 KV cache** (llama.cpp's default ``type_k = type_v = f16``): K and V rounded to f16 when stored.
+3. **Attention in f16 operands** (``build_attn_mha`` without flash attention: ``mul_mat(k, q)`` with
+   an F16 ``k`` converts ``q`` to f16; ``mul_mat(v, kq)`` with an F16 ``v`` converts the softmax
+   probabilities to f16; both accumulate in f32).
+4. **GELU through an fp16 table** (``vec.h`` ``GGML_GELU_FP16``: ``y = table[fp16(x)]`` for
+   ``-10 < x < 10``, ``0`` below, ``x`` above; the table holds ``fp16(gelu_tanh(f))``).
+
+``"f32"`` turns all four off (exact f32 math, f32 KV cache): the numbers the four roundings are
+measured against. ``"llamacpp"`` is the default of the CPU path.
+
+Everything here is written against an array module ``xp`` so the GPU path can use the same
+definitions (BRIEF.md: "GPU and CPU paths must agree").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strata.packer import quants
+
+#: Weight type id -> activation format llama.cpp's CPU backend quantizes the activation to.
+_Q8_0_TYPES = frozenset(quants.by_name(n).id for n in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "Q1_0", "Q2_0", "MXFP4", "NVFP4"))
+_Q8_1_TYPES = frozenset(quants.by_name(n).id for n in ("Q4_1", "Q5_1"))
+_Q8_K_TYPES = frozenset(quants.by_name(n).id for n in (
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+    "IQ4_XS", "TQ1_0", "TQ2_0"))
+
+
+def activation_format(weight_type: int) -> str:
+    """``"q8_0"``, ``"q8_K"``, ``"f16"``, ``"bf16"`` or ``"f32"``: what a weight of ``weight_type``
+    multiplies in llama.cpp's CPU backend (Q8_1 is reported as ``"q8_0"``: identical values)."""
+    if weight_type in _Q8_0_TYPES or weight_type in _Q8_1_TYPES:
+        return "q8_0"
+    if weight_type in _Q8_K_TYPES:
+        return "q8_K"
+    if weight_type == quants.F16.id:
+        return "f16"
+    if weight_type == quants.BF16.id:
+        return "bf16"
+    return "f32"
+
+
+def quantize_q8_0(xp, x):
+    """``x`` (f32, length a multiple of 32) as llama.cpp's AVX2 Q8_0 quantizer leaves it: ``fp16(d) * q``."""
+    b = x.reshape(-1, 32)
+    amax = xp.abs(b).max(axis=1, keepdims=True)
+    nz = amax != 0
+    safe = xp.where(nz, amax, xp.float32(1.0))
+    inv = xp.where(nz, xp.float32(127.0) / safe, xp.float32(0.0))
+    q = xp.rint(b * inv)  # _mm256_round_ps(NEAREST): half to even, like rint
+    d = (amax / xp.float32(127.0)).astype(xp.float16).astype(xp.float32)
+    return (d * q).reshape(x.shape)
+
+
+def quantize_q8_K(xp, x):
+    """``x`` (f32, length a multiple of 256) as ``quantize_row_q8_K_ref`` leaves it: ``d * q``."""
+    b = x.reshape(-1, 256)
+    i = xp.abs(b).argmax(axis=1)
+    mx = xp.take_along_axis(b, i[:, None], axis=1)
+    nz = mx != 0
+    iscale = xp.where(nz, xp.float32(-127.0) / xp.where(nz, mx, xp.float32(1.0)), xp.float32(0.0))
+    # nearest_int() adds 1.5 * 2^23: round half to even, like rint
+    q = xp.minimum(xp.float32(127.0), xp.rint(iscale * b))
+    d = xp.where(nz, xp.float32(1.0) / xp.where(nz, iscale, xp.float32(1.0)), xp.float32(0.0))
+    return (d * q).reshape(x.shape)
+
+
+def _to_bf16(xp, x):
+    u = x.astype(xp.float32).view(xp.uint32)
+    r = (u + xp.uint32(0x7FFF) + ((u >> xp.uint32(16)) & xp.uint32(1))) & xp.uint32(0xFFFF0000)
+    return r.view(xp.float32)
+
+
+def quantize_activation(xp, x, weight_type: int):
+    """The activation a weight of ``weight_type`` actually meets in llama.cpp's CPU backend (f32 array)."""
+    fmt = activation_format(weight_type)
+    if fmt == "q8_0" and x.shape[-1] % 32 == 0:
+        return quantize_q8_0(xp, x)
+    if fmt == "q8_K" and x.shape[-1] % 256 == 0:
+        return quantize_q8_K(xp, x)
+    if fmt == "f16":
+        return x.astype(xp.float16).astype(xp.float32)
+    if fmt == "bf16":
+        return _to_bf16(xp, x)
+    return x
+
+
+def f16_round(xp, x):
+    return x.astype(xp.float16).astype(xp.float32)
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """Which of llama.cpp's activation roundings the forward pass reproduces (module docstring)."""
+
+    name: str
+    act_quant: bool
+    kv_f16: bool
+    attn_f16: bool
+    gelu_f16_table: bool
+
+
+PROFILES: dict[str, Numerics] = {
+    "llamacpp": Numerics("llamacpp", act_quant=True, kv_f16=True, attn_f16=True, gelu_f16_table=True),
+    "f32": Numerics("f32", act_quant=False, kv_f16=False, attn_f16=False, gelu_f16_table=False),
+}
+DEFAULT_NUMERICS = "llamacpp"
+
+
+def numerics(name: str | Numerics) -> Numerics:
+    """A profile by name. Raises ValueError naming the known ones."""
+    if isinstance(name, Numerics):
+        return name
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown numerics profile {name!r}; known: {', '.join(sorted(PROFILES))}") from None
