@@ -1,1 +1,17 @@
-"""strata.engine."""
+"""strata.engine: load a pack by byte offset and generate text (``strata-engine generate``).
+
+Flow, one module each:
+
+- :mod:`~strata.engine.loader` - every tensor the forward pass reads asserted against geometry.txt
+  (name, shape found, shape required) before a weight byte is read;
+- :mod:`~strata.engine.dequant` - gguf-py's dequantizers, bit for bit (CPU reference path);
+- :mod:`~strata.engine.weights` - the ``Weights`` interface (``get`` / ``matmul`` / ``rows``) and the
+  NumPy store; :mod:`~strata.engine.experts` - routed experts from the shards, the resident set
+  (``ExpertCache``) and the hit/miss split (``ExpertPath``);
+- :mod:`~strata.engine.layers` - shared layers over an array module ``xp`` (numpy or cupy);
+  :mod:`~strata.engine.models` - one file per architecture; :mod:`~strata.engine.numerics` - f32
+  or llama.cpp's CPU activation roundings;
+- :mod:`~strata.engine.tokenizer` - Hugging Face ``tokenizers`` built from the pack;
+- :mod:`~strata.engine.generate` - start-up checkpoints and the decode loop;
+  :mod:`~strata.engine.cli` - the click commands. The GPU path lives in :mod:`strata.engine.gpu`.
+"""

@@ -25,6 +25,7 @@ from .dequant import DequantError
 from .generate import DEFAULT_N_CTX, Engine, GenerateError, GenerationResult, StepStat, generate, load_engine
 from .loader import LoadError
 from .models import UnsupportedModel
+from .numerics import DEFAULT_NUMERICS, PROFILES
 from .sampling import Sampler
 from .tokenizer import TokenizerError
 from .weights import WeightError
@@ -32,7 +33,7 @@ from .weights import WeightError
 REFUSALS = (PackFormatError, ManifestError, LoadError, UnsupportedModel, TokenizerError, GenerateError, DequantError,
             WeightError, FileNotFoundError, PermissionError)
 
-#: device name -> loader with :func:`load_engine`'s signature.
+#: device name -> loader with :func:`load_engine`'s signature (``n_ctx``, ``resident``, ``on_checkpoint``).
 LOADERS: dict[str, Callable[..., Engine]] = {"cpu": load_engine}
 
 # The GPU path (strata.engine.gpu, CuPy imported lazily) registers "cuda" here and adds the
@@ -110,6 +111,9 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--resident", default="all", show_default=True, callback=lambda c, p, v: _resident(v),
               help="MoE: experts held by the expert cache (all | none | half | fraction); the rest are misses.")
 @click.option("--device", type=click.Choice(sorted(LOADERS)), default="cpu", show_default=True)
+@click.option("--numerics", "numerics_", type=click.Choice(sorted(PROFILES)), default=DEFAULT_NUMERICS, show_default=True,
+              help="CPU: f32 = exact math; llamacpp = llama.cpp CPU's activation roundings (Q8 activations, "
+                   "f16 KV, f16 attention operands, fp16 GELU table).")
 @click.option("--expert-cache", "expert_cache", default="auto", show_default=True,
               help="cuda: expert cache slots, auto (budget formula on the free VRAM) or N (refused if it does not fit).")
 @click.option("--profile", "profile_path", default=None, type=click.Path(dir_okay=False),
@@ -121,14 +125,14 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--stats", is_flag=True, help="Per-token timing on stderr.")
 @click.option("-v", "--verbose", is_flag=True, help="Start-up checkpoints (time, memory) on stderr.")
 def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore_eos, n_ctx, resident, device,
-                 expert_cache, profile_path, vram_reserve_mib, as_json, stats, verbose):
+                 numerics_, expert_cache, profile_path, vram_reserve_mib, as_json, stats, verbose):
     """Generate text from PACK after --prompt and report tok/s."""
     try:
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     try:
-        gpu_kw = {}
+        gpu_kw = {"numerics": numerics_} if device == "cpu" else {}
         if device != "cpu":
             from strata.budget.plan import read_profile
 

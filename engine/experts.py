@@ -61,6 +61,11 @@ class ShardExperts:
             out.append(dequantize_rows(raw.reshape(ne1, -1), t, ne0, name=f"blk.{il} expert {e}"))
         return out[0], out[1], out[2]
 
+    def types(self, il: int) -> tuple[int, int, int]:
+        """ggml types of layer ``il``'s gate, up and down experts."""
+        r = self.rows[il]
+        return r.gate_type, r.up_type, r.down_type
+
     def blob_bytes(self, il: int) -> int:
         """Source bytes of one expert of layer ``il`` (gate + up + down; differs per layer)."""
         return self.rows[il].blob_bytes
@@ -77,8 +82,10 @@ class ExpertCache(Protocol):
 class CpuExpertCache:
     """Resident experts dequantized to f32 once, at start-up (the CPU stand-in for the VRAM cache)."""
 
-    def __init__(self, source: ShardExperts, pairs: Iterable[tuple[int, int]]):
+    def __init__(self, source: ShardExperts, pairs: Iterable[tuple[int, int]], act_quant: bool = False):
         self._w: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._source = source
+        self._act_quant = act_quant
         for il, e in pairs:
             self._w[(il, e)] = source.weights(il, e)
         self.nbytes = sum(a.nbytes for w in self._w.values() for a in w)
@@ -91,7 +98,7 @@ class CpuExpertCache:
 
     def ffn(self, il: int, e: int, x: np.ndarray) -> np.ndarray:
         g, u, d = self._w[(il, e)]
-        return layers.expert_ffn(np, g, u, d, x)
+        return layers.expert_ffn(np, g, u, d, x, self._source.types(il) if self._act_quant else None)
 
 
 def resident_pairs(policy: str | float, layers_: list[int], n_expert: int) -> list[tuple[int, int]]:
@@ -136,16 +143,17 @@ class ExpertPath:
     ``step_counts()`` returns and resets the counts since the last call (per generated token).
     """
 
-    def __init__(self, source: ShardExperts, cache: ExpertCache | None, xp=np):
+    def __init__(self, source: ShardExperts, cache: ExpertCache | None, xp=np, act_quant: bool = False):
         self.source = source
         self.cache = cache
         self.xp = xp
+        self.act_quant = act_quant
         self.counts = ExpertCounts()
         self._step = [0, 0]
 
     def miss_ffn(self, il: int, e: int, x):
         g, u, d = self.source.weights(il, e)
-        return layers.expert_ffn(self.xp, g, u, d, x)
+        return layers.expert_ffn(self.xp, g, u, d, x, self.source.types(il) if self.act_quant else None)
 
     def __call__(self, il: int, x, ids: list[int], weights) -> Any:
         """``sum_k weights[k] * expert_{ids[k]}(x)``, summed in selection order (k = 0, 1, ...)."""

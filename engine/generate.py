@@ -37,9 +37,11 @@ from .layers import to_host
 from .loader import LoadPlan, check_pack
 from .models import BaseModel as Model
 from .models import State, model_class
+from .numerics import DEFAULT_NUMERICS
+from .numerics import numerics as get_numerics
 from .sampling import Sampler, top_k_pairs
 from .tokenizer import Tokenizer, load_tokenizer
-from .weights import CpuWeights
+from .weights import CpuWeights, Weights
 
 DEFAULT_N_CTX = 1024
 TOP_K_RECORDED = 5
@@ -56,7 +58,7 @@ class Engine:
     pack: Pack
     geometry: Geometry
     plan: LoadPlan
-    weights: CpuWeights
+    weights: Weights  # CpuWeights here; the GPU path's DeviceWeights
     model: Model
     tokenizer: Tokenizer
     state: State
@@ -70,11 +72,13 @@ class Engine:
 
 
 def load_engine(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, resident: str | float = "all",
+                numerics: str = DEFAULT_NUMERICS,
                 on_checkpoint: Callable[[Checkpoint], None] | None = None) -> Engine:
     """Open, check and load the pack at ``pack_dir`` for the CPU (NumPy) path.
 
     ``resident`` picks the experts the expert cache holds (:func:`strata.engine.experts.resident_pairs`):
-    ``all``, ``none``, ``half`` or a fraction; ignored for dense models.
+    ``all``, ``none``, ``half`` or a fraction; ignored for dense models. ``numerics`` is a profile
+    of :mod:`strata.engine.numerics` (``llamacpp``: llama.cpp's CPU activation roundings; ``f32``).
 
     Raises:
         PackFormatError: a pack file that does not follow the format (file and line named).
@@ -85,6 +89,7 @@ def load_engine(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, resident: s
     """
     if n_ctx < 1:
         raise GenerateError(f"n_ctx {n_ctx} < 1")
+    nx = get_numerics(numerics)
     cps = Checkpoints(on_checkpoint)
     with cps.stage("pack") as note:
         pack = open_pack(pack_dir)
@@ -92,11 +97,12 @@ def load_engine(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, resident: s
         cls = model_class(pack.arch)
         plan = check_pack(pack, geom)
         note["arch"] = pack.arch
+        note["numerics"] = nx.name
         note["tensors checked"] = len(plan.dense)
         note["expert layers checked"] = len(plan.experts)
 
-    weights = CpuWeights(pack, plan.dense)
-    experts = ExpertPath(ShardExperts(plan), None) if plan.experts else None
+    weights = CpuWeights(pack, plan.dense, nx)
+    experts = ExpertPath(ShardExperts(plan), None, act_quant=nx.act_quant) if plan.experts else None
     model = cls(geom, weights, experts, pack.metadata)
     head = set(model.head_tensors())
     rows_only = set(model.row_tensors())
@@ -112,7 +118,7 @@ def load_engine(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, resident: s
     with cps.stage("expert cache") as note:
         if experts is not None:
             pairs = resident_pairs(resident, experts.source.layers, int(geom["n_expert"]))
-            experts.cache = CpuExpertCache(experts.source, pairs)
+            experts.cache = CpuExpertCache(experts.source, pairs, act_quant=nx.act_quant)
             note["resident"] = f"{len(pairs)} of {len(experts.source.layers) * int(geom['n_expert'])} experts ({resident})"
             note["f32 MiB"] = round(experts.cache.nbytes / 2**20, 1)
         else:
@@ -223,7 +229,7 @@ def decode(model: Model, state: State, prompt_ids: list[int], n_new: int, pick: 
 
 
 def generate(engine: Engine, prompt: str | None = None, n_tokens: int = 32, *, prompt_ids: list[int] | None = None,
-             sampler: Sampler | None = None, ignore_eos: bool = False,
+             sampler: Sampler | Callable[[np.ndarray], int] | None = None, ignore_eos: bool = False,
              on_step: Callable[[StepStat], None] | None = None) -> GenerationResult:
     """Generate ``n_tokens`` tokens after ``prompt`` (or after ``prompt_ids``, already tokenized).
 
@@ -262,7 +268,7 @@ def generate(engine: Engine, prompt: str | None = None, n_tokens: int = 32, *, p
         n_output_tokens=len(out), prompt_seconds=prompt_s, decode_seconds=decode_s,
         tokens_per_second=(len(out) - 1) / decode_s if len(out) > 1 and decode_s > 0 else None,
         prompt_tokens_per_second=len(ids) / prompt_s if prompt_s > 0 else None,
-        top=top, sampling=sampler.describe(),
+        top=top, sampling=sampler.describe() if hasattr(sampler, "describe") else {"mode": "custom"},
         expert_hits=sum(s.expert_hits for s in steps), expert_misses=sum(s.expert_misses for s in steps),
         steps=steps, checkpoints=list(engine.checkpoints),
     )

@@ -1,12 +1,18 @@
-"""Numerics profiles of the forward pass: exact f32, or llama.cpp's CPU arithmetic.
+"""Numerics profiles of the forward pass: exact f32 (the default), or llama.cpp's CPU arithmetic.
 
 The weights are always dequantized exactly (``gguf.quants``); what differs is what happens to
 the *activations*. llama.cpp's CPU backend (the reference engine of the fixtures, llama-cpp-python
-0.3.36 with its defaults: F16 KV cache, flash attention off) rounds them in four places, and
-Gemma 3 amplifies each of them through its 18 layers into logit differences of up to ~1.2 - far
-above the margins the greedy comparison needs. Emulating the four roundings brings a whole
-forward pass to within ~1e-4 of llama.cpp's logits (measured layer by layer with llama.cpp's
-eval callback; see tests/test_engine_reference.py for the tolerances used):
+0.3.36 with its defaults: F16 KV cache, flash attention off) rounds them in four places, listed
+below. Measured with llama.cpp's eval callback on Gemma 3 270M: with all four emulated, a
+one-token forward pass through all 18 layers agrees with llama.cpp to 2e-5 in the logits (without
+them: 3.6), and layer 0 of a 6-token prompt to 1e-7 relative. Beyond that the agreement stops
+improving: a 1e-6 difference in a sum (SIMD order) moves an activation across a Q8 rounding
+boundary, which costs ~1/254 of that block's range, and Gemma amplifies it through the layers.
+Over the 72 teacher-forced steps of the committed fixtures both profiles land at the same level
+(Gemma: mean |d logit| 0.20 both, max 1.19 f32 / 0.95 llamacpp; Qwen2.5 0.5B: mean 0.057 / 0.060),
+so the reference path stays exact f32, and ``"llamacpp"`` is kept as the executable definition of
+llama.cpp's activation quantizers - the canonical form a GPU kernel that quantizes activations
+must reproduce for CPU and GPU to agree (BRIEF.md, "the hit path is all or nothing").
 
 1. **Activation quantization inside quantized matmuls** (``ggml-cpu.c`` ``type_traits_cpu[].vec_dot_type``):
    weights of Q4_0/Q5_0/Q8_0/IQ4_NL/Q1_0/Q2_0/MXFP4 meet activations quantized to **Q8_0**
@@ -25,8 +31,7 @@ eval callback; see tests/test_engine_reference.py for the tolerances used):
 4. **GELU through an fp16 table** (``vec.h`` ``GGML_GELU_FP16``: ``y = table[fp16(x)]`` for
    ``-10 < x < 10``, ``0`` below, ``x`` above; the table holds ``fp16(gelu_tanh(f))``).
 
-``"f32"`` turns all four off (exact f32 math, f32 KV cache): the numbers the four roundings are
-measured against. ``"llamacpp"`` is the default of the CPU path.
+``"f32"`` (the default) turns all four off: exact f32 math, f32 KV cache.
 
 Everything here is written against an array module ``xp`` so the GPU path can use the same
 definitions (BRIEF.md: "GPU and CPU paths must agree").
@@ -124,7 +129,7 @@ PROFILES: dict[str, Numerics] = {
     "llamacpp": Numerics("llamacpp", act_quant=True, kv_f16=True, attn_f16=True, gelu_f16_table=True),
     "f32": Numerics("f32", act_quant=False, kv_f16=False, attn_f16=False, gelu_f16_table=False),
 }
-DEFAULT_NUMERICS = "llamacpp"
+DEFAULT_NUMERICS = "f32"
 
 
 def numerics(name: str | Numerics) -> Numerics:

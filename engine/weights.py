@@ -22,6 +22,7 @@ are read from that copy.
 
 from __future__ import annotations
 
+import mmap
 from typing import Any, Protocol
 
 import numpy as np
@@ -30,12 +31,14 @@ from strata.packer import quants
 from strata.packer.packfmt import IndexEntry, Pack
 
 from .dequant import dequantize_rows
+from .numerics import Numerics, numerics, quantize_activation
 
 
 class Weights(Protocol):
     """What a forward pass may ask of a weight store (see the module docstring)."""
 
     xp: Any
+    # optional: ``nx`` (a strata.engine.numerics.Numerics); a store without it runs the f32 profile
 
     def has(self, name: str) -> bool: ...
 
@@ -61,17 +64,23 @@ class CpuWeights:
 
     ``load(names)`` dequantizes the named tensors into f32 now; tensors not loaded that way are
     served by ``rows`` straight from the memory-mapped pool (quantized). ``nbytes_f32`` counts
-    the f32 bytes this object holds.
+    the f32 bytes this object holds. With ``numerics.act_quant`` (the ``llamacpp`` profile),
+    ``matmul`` first rounds the activation the way llama.cpp's CPU backend does for
+    the weight's type (:mod:`strata.engine.numerics`).
     """
 
     xp = np
 
-    def __init__(self, pack: Pack, dense: dict[str, IndexEntry]):
-        # read-only map: a stray write is a segfault-free exception, and pages are shared with the page cache
+    def __init__(self, pack: Pack, dense: dict[str, IndexEntry], nx: str | Numerics = "f32"):
+        # read-only map: a stray write raises instead of corrupting the pack
         self._pool = np.memmap(pack.pool_path, dtype=np.uint8, mode="r")
         self._entries = dense
         self._f32: dict[str, np.ndarray] = {}
         self.nbytes_f32 = 0
+        self.nx = numerics(nx)
+        # q/k/v (and gate/up) share one input: quantize it once per weight type
+        self._last_x: np.ndarray | None = None
+        self._last_q: dict[int, np.ndarray] = {}
 
     def has(self, name: str) -> bool:
         return name in self._entries
@@ -104,6 +113,14 @@ class CpuWeights:
             a = dequantize_rows(raw, e.type, e.ne0, name=name).reshape(_mat_shape(e))
             self._f32[name] = a
             self.nbytes_f32 += a.nbytes
+        self._release_pool_pages()
+
+    def _release_pool_pages(self) -> None:
+        # The pool pages just read are clean file cache mapped into this process: drop them from
+        # its RSS so --verbose shows what the engine holds (they are re-read if a row is needed).
+        mm = getattr(self._pool, "_mmap", None)
+        if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            mm.madvise(mmap.MADV_DONTNEED)
 
     def get(self, name: str) -> np.ndarray:
         a = self._f32.get(name)
@@ -113,7 +130,16 @@ class CpuWeights:
         return a
 
     def matmul(self, name: str, x: np.ndarray) -> np.ndarray:
-        return self.get(name) @ x
+        a = self.get(name)
+        if self.nx.act_quant:
+            t = self._entries[name].type
+            if x is not self._last_x:
+                self._last_x, self._last_q = x, {}
+            xq = self._last_q.get(t)
+            if xq is None:
+                xq = self._last_q[t] = quantize_activation(np, x, t)
+            x = xq
+        return a @ x
 
     def rows(self, name: str, ids: list[int]) -> np.ndarray:
         a = self._f32.get(name)

@@ -15,6 +15,7 @@ from typing import Any
 from strata.manifests.contract import Geometry
 
 from ..layers import KVCache, Rope
+from ..numerics import numerics
 
 
 class UnsupportedModel(ValueError):
@@ -68,6 +69,8 @@ class BaseModel:
     def __init__(self, g: Geometry, w, experts=None, metadata: dict[str, Any] | None = None):
         self.g, self.w, self.experts = g, w, experts
         self.xp = w.xp
+        # the numerics profile travels with the weight store (strata.engine.numerics); a store without one is f32
+        self.nx = getattr(w, "nx", None) or numerics("f32")
         md = metadata or {}
         for key in (f"{g.arch}.rope.scaling.type", f"{g.arch}.rope.scaling.factor"):
             v = md.get(key)
@@ -97,7 +100,7 @@ class BaseModel:
     def new_state(self, n_ctx: int) -> State:
         """KV cache for ``n_ctx`` positions and rope tables, allocated once."""
         h = self.hp
-        st = State(n_ctx, KVCache(self.xp, h.n_layer, n_ctx, h.n_head_kv, h.head_dim, h.head_dim_v))
+        st = State(n_ctx, KVCache(self.xp, h.n_layer, n_ctx, h.n_head_kv, h.head_dim, h.head_dim_v, f16=self.nx.kv_f16))
         for base in self.rope_bases():
             st.ropes[base] = Rope(self.xp, h.head_dim, base, n_ctx)
         return st

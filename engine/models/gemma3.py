@@ -45,9 +45,10 @@ class Gemma3(BaseModel):
         self.kinds = list(g.layer_kinds)
         self.attn = [Attention(w, il, n_head=h.n_head, n_head_kv=h.n_head_kv, head_dim=h.head_dim,
                                head_dim_v=h.head_dim_v, scale=h.attn_scale, window=g.layer_window(il),
-                               eps=h.rms_eps, qk_norm=True)
+                               eps=h.rms_eps, qk_norm=True, scale_q=True, f16_operands=self.nx.attn_f16)
                      for il in range(h.n_layer)]
         self.embd_scale = self.xp.float32(math.sqrt(h.n_embd))
+        self.gelu = "gelu_f16" if self.nx.gelu_f16_table else "gelu"
 
     def rope_bases(self) -> list[float]:
         return [self.hp.rope_base, self.hp.rope_base_swa]
@@ -60,7 +61,7 @@ class Gemma3(BaseModel):
             rope = state.ropes[h.rope_base_swa if self.kinds[il] == "swa" else h.rope_base]
             a = self.attn[il](xp, rms_norm(xp, x, w.get(p + "attn_norm.weight"), h.rms_eps), pos, state.cache, rope)
             x = x + rms_norm(xp, a, w.get(p + "post_attention_norm.weight"), h.rms_eps)
-            f = gated_mlp(xp, w, il, rms_norm(xp, x, w.get(p + "ffn_norm.weight"), h.rms_eps), "gelu")
+            f = gated_mlp(xp, w, il, rms_norm(xp, x, w.get(p + "ffn_norm.weight"), h.rms_eps), self.gelu)
             x = x + rms_norm(xp, f, w.get(p + "post_ffw_norm.weight"), h.rms_eps)
         if not logits:
             return None

@@ -22,7 +22,7 @@ class Qwen2(BaseModel):
         h = self.hp
         self.attn = [Attention(w, il, n_head=h.n_head, n_head_kv=h.n_head_kv, head_dim=h.head_dim,
                                head_dim_v=h.head_dim_v, scale=h.attn_scale, window=None, eps=h.rms_eps,
-                               qk_norm=self.qk_norm)
+                               qk_norm=self.qk_norm, f16_operands=self.nx.attn_f16)
                      for il in range(h.n_layer)]
 
     def ffn(self, il: int, x):

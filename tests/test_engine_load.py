@@ -1,0 +1,239 @@
+"""Load-time refusals of strata-engine, each with the message content, and the start-up order.
+
+Every refusal happens in :func:`strata.engine.generate.load_engine` before the first token (and
+before any weight is dequantized: the 'pack' checkpoint), naming the file / tensor and the
+numbers: a wrong shape (name, shape found, shape required), a missing tensor, a bad index line
+(file:line), an unread tensor, a disallowed type, an expert table that disagrees with the
+geometry or runs past its shard.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from test_engine_reference import synthetic_pack
+
+from strata.engine.cli import main
+from strata.engine.generate import load_engine
+from strata.engine.loader import LoadError
+from strata.engine.models import UnsupportedModel
+from strata.packer.packfmt import PackFormatError
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory):
+    return {"qwen2": synthetic_pack(tmp_path_factory, "synthetic-qwen2"),
+            "moe": synthetic_pack(tmp_path_factory, "synthetic-qwen3moe"),
+            "gemma3": synthetic_pack(tmp_path_factory, "synthetic-gemma3")}  # BF16 weights, promoted to F32
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_index(pack: Path, fn) -> None:
+    p = pack / "index.txt"
+    lines = p.read_text().split("\n")
+    p.write_text("\n".join(fn(lines)))
+
+
+def _set_fields(line: str, **cols) -> str:
+    names = ("name", "type", "src_type", "offset", "nbytes", "ne0", "ne1", "ne2", "ne3", "shard", "src_offset")
+    tok = line.split(" ")
+    for k, v in cols.items():
+        tok[names.index(k)] = str(v)
+    return " ".join(tok)
+
+
+def test_wrong_shape_names_tensor_found_and_required(packs, tmp_path):
+    pack = _copy(packs["qwen2"], tmp_path / "p")
+    # attn_k is [n_embd 256, kv_dim 128]; claim [128, 256] (same bytes, so only the shape is wrong)
+    _edit_index(pack, lambda ls: [_set_fields(x, ne0=128, ne1=256) if x.startswith("blk.1.attn_k.weight ") else x for x in ls])
+    with pytest.raises(LoadError) as ei:
+        load_engine(pack)
+    msg = str(ei.value)
+    assert "index.txt: tensor blk.1.attn_k.weight has shape [128, 256], the qwen2 forward pass requires [256, 128]" in msg
+
+
+def test_missing_tensor_is_named(packs, tmp_path):
+    pack = _copy(packs["qwen2"], tmp_path / "p")
+
+    def drop(lines):
+        out = [x for x in lines if not x.startswith("blk.1.ffn_norm.weight ")]
+        return [re.sub(r"tensors (\d+)$", lambda m: f"tensors {int(m.group(1)) - 1}", x) if x.startswith("# align") else x
+                for x in out]
+
+    _edit_index(pack, drop)
+    with pytest.raises(LoadError, match=r"tensor blk\.1\.ffn_norm\.weight is missing; the qwen2 forward pass reads it "
+                                        r"with shape \[256\]"):
+        load_engine(pack)
+
+
+def test_missing_choice_member_is_named(packs, tmp_path):
+    pack = _copy(packs["qwen2"], tmp_path / "p")
+
+    def drop(lines):
+        out = [x for x in lines if not x.startswith("blk.0.attn_v.bias ")]
+        return [re.sub(r"tensors (\d+)$", lambda m: f"tensors {int(m.group(1)) - 1}", x) if x.startswith("# align") else x
+                for x in out]
+
+    _edit_index(pack, drop)
+    with pytest.raises(LoadError, match=r"tensor blk\.0\.attn_v\.bias is missing"):
+        load_engine(pack)
+
+
+def test_bad_index_line_names_file_and_line(packs, tmp_path):
+    pack = _copy(packs["qwen2"], tmp_path / "p")
+    _edit_index(pack, lambda ls: [x + " 7" if x.startswith("blk.0.attn_q.weight ") else x for x in ls])
+    with pytest.raises(PackFormatError, match=r"index\.txt:\d+: 12 fields, expected 11: 'blk\.0\.attn_q\.weight "):
+        load_engine(pack)
+
+
+def test_bad_columns_line_is_refused(packs, tmp_path):
+    pack = _copy(packs["qwen2"], tmp_path / "p")
+    _edit_index(pack, lambda ls: [x.replace(" nbytes ne0", " ne0 nbytes") if x.startswith("# columns") else x for x in ls])
+    with pytest.raises(PackFormatError, match=r"index\.txt:\d+: columns are .* this reader needs exactly"):
+        load_engine(pack)
+
+
+def test_tensor_the_forward_pass_does_not_read_is_refused(packs, tmp_path):
+    pack = _copy(packs["qwen2"], tmp_path / "p")
+    _edit_index(pack, lambda ls: [x.replace("blk.1.ffn_norm.weight ", "blk.1.ffn_nrom.weight ") for x in ls])
+    with pytest.raises(LoadError, match=r"tensor blk\.1\.ffn_nrom\.weight is not read by the qwen2 forward pass"):
+        load_engine(pack)
+
+
+def test_disallowed_type_is_refused(packs, tmp_path):
+    pack = _copy(packs["qwen2"], tmp_path / "p")
+    # a norm weight claimed to be F16 (the manifest allows F32 only); bytes halved to stay consistent
+    _edit_index(pack, lambda ls: [_set_fields(x, type=1, src_type=1, nbytes=512) if x.startswith("blk.0.attn_norm.weight ")
+                                  else x for x in ls])
+    with pytest.raises(LoadError, match=r"tensor blk\.0\.attn_norm\.weight has type F16, manifests/qwen2\.toml allows only F32"):
+        load_engine(pack)
+
+
+def test_byte_count_disagreeing_with_type_and_shape(packs, tmp_path):
+    pack = _copy(packs["qwen2"], tmp_path / "p")
+    _edit_index(pack, lambda ls: [_set_fields(x, type=2, src_type=2) if x.startswith("blk.0.ffn_up.weight ") else x
+                                  for x in ls])  # Q8_0 bytes labelled Q4_0
+    with pytest.raises(LoadError, match=r"tensor blk\.0\.ffn_up\.weight has \d+ bytes, Q4_0 x \[256, 512\] is 73728 bytes"):
+        load_engine(pack)
+
+
+def _edit_experts(pack: Path, fn) -> None:
+    p = pack / "native_experts.txt"
+    p.write_text("\n".join(fn(p.read_text().split("\n"))))
+
+
+def test_expert_bytes_disagreeing_with_geometry(packs, tmp_path):
+    pack = _copy(packs["moe"], tmp_path / "p")
+
+    def bump(lines):
+        out = []
+        for x in lines:
+            tok = x.split(" ")
+            if tok[0] == "1":  # layer 1: gate_bytes (column 16) one block short
+                tok[15] = str(int(tok[15]) - 74)
+            out.append(" ".join(tok))
+        return out
+
+    _edit_experts(pack, bump)
+    with pytest.raises(LoadError, match=r"native_experts\.txt: layer 1 gate: \d+ bytes per expert, IQ2_XS x \[256, 256\] "
+                                        r"\(ggml ne of one expert of blk\.1\.ffn_gate_exps\.weight"):
+        load_engine(pack)
+
+
+def test_expert_range_past_the_shard_is_refused(packs, tmp_path):
+    pack = _copy(packs["moe"], tmp_path / "p")
+    src = pack / "metadata.txt"
+    text = src.read_text()
+    src_dir = re.search(r"strata\.source_dir str (\S+)", text).group(1)
+    gguf = next(Path(src_dir).glob("*.gguf"))
+    short = tmp_path / "src"
+    short.mkdir()
+    data = gguf.read_bytes()
+    (short / gguf.name).write_bytes(data[:-4096])  # the last expert of the last tensor is cut
+    src.write_text(text.replace(src_dir, str(short)))
+    with pytest.raises(LoadError, match=r"(shard .* is \d+ bytes, index\.txt recorded \d+ at pack time)"):
+        load_engine(pack)
+
+
+def test_expert_offset_past_the_shard_is_refused(packs, tmp_path):
+    pack = _copy(packs["moe"], tmp_path / "p")
+
+    def shift(lines):
+        out = []
+        for x in lines:
+            tok = x.split(" ")
+            if tok[0] == "2":  # layer 2: down_off (column 14) moved 1 MB further
+                tok[13] = str(int(tok[13]) + (1 << 20))
+            out.append(" ".join(tok))
+        return out
+
+    _edit_experts(pack, shift)
+    with pytest.raises(LoadError, match=r"native_experts\.txt: layer 2 down: expert 7 ends at byte \d+, past the end of "
+                                        r"shard .*synthetic-qwen3moe\.gguf \(\d+ bytes\)"):
+        load_engine(pack)
+
+
+def test_missing_native_experts_file(packs, tmp_path):
+    pack = _copy(packs["moe"], tmp_path / "p")
+    (pack / "native_experts.txt").unlink()
+    with pytest.raises(LoadError, match=r"native_experts\.txt: missing; the qwen3moe forward pass reads routed experts"):
+        load_engine(pack)
+
+
+def test_bf16_promoted_tensor_that_is_not_bf16_exact_is_refused(packs, tmp_path):
+    from strata.engine.weights import WeightError
+    from strata.packer.packfmt import open_pack
+
+    pack = _copy(packs["gemma3"], tmp_path / "p")
+    e = open_pack(pack).index.by_name()["blk.0.attn_q.weight"]
+    assert (e.type, e.src_type) == (0, 30)  # F32 in the pool, BF16 in the GGUF
+    with open(pack / "pool.bin", "r+b") as f:
+        f.seek(e.offset + 4 * 17)
+        f.write(b"\x01")  # low byte of value 17
+    with pytest.raises(WeightError, match=r"tensor blk\.0\.attn_q\.weight: pool F32 promoted from BF16 has non-zero low "
+                                          r"16 bits \(1 values\)"):
+        load_engine(pack)
+
+
+def test_rope_scaling_is_refused_not_ignored(packs, tmp_path):
+    pack = _copy(packs["qwen2"], tmp_path / "p")
+    with open(pack / "metadata.txt", "a") as f:
+        f.write("qwen2.rope.scaling.factor float 4.0\n")
+    with pytest.raises(UnsupportedModel, match=r"qwen2\.rope\.scaling\.factor = 4\.0: rope scaling is not implemented"):
+        load_engine(pack)
+
+
+def test_refusal_happens_before_any_weight_is_loaded(packs, tmp_path):
+    pack = _copy(packs["qwen2"], tmp_path / "p")
+    _edit_index(pack, lambda ls: [_set_fields(x, ne0=128, ne1=256) if x.startswith("blk.1.attn_k.weight ") else x for x in ls])
+    seen = []
+    with pytest.raises(LoadError):
+        load_engine(pack, on_checkpoint=lambda c: seen.append(c.name))
+    assert seen == []  # not even the 'pack' stage completed; no weights stage ran
+
+
+def test_cli_refusal_exit_code_and_message(packs, tmp_path):
+    pack = _copy(packs["qwen2"], tmp_path / "p")
+    _edit_index(pack, lambda ls: [_set_fields(x, ne0=128, ne1=256) if x.startswith("blk.1.attn_k.weight ") else x for x in ls])
+    r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "2"])
+    assert r.exit_code == 2
+    assert "error:" in r.output and "blk.1.attn_k.weight has shape [128, 256]" in r.output
+
+
+def test_checkpoints_in_order_head_before_expert_cache(packs):
+    names = []
+    eng = load_engine(packs["moe"], n_ctx=32, on_checkpoint=lambda c: names.append(c.name))
+    assert names == ["pack", "weights", "head", "expert cache", "prompt path"]
+    assert [c.name for c in eng.checkpoints] == names
+    cps = {c.name: c for c in eng.checkpoints}
+    assert cps["pack"].extra["tensors checked"] == len(eng.plan.dense)
+    assert cps["expert cache"].extra["resident"].startswith("24 of 24 experts")
+    assert all(c.seconds >= 0 and c.rss_bytes > 0 for c in eng.checkpoints)

@@ -1,0 +1,115 @@
+"""Routed experts on the synthetic qwen3moe fixture: the hit/miss split changes nothing.
+
+BRIEF.md, "The hit path is all or nothing": a selected expert runs exactly once, as a hit (the
+expert cache) or a miss (dequantized from the memory-mapped shard), and the outputs are summed
+in selection order either way - so whichever experts are resident (all, half, none), every
+step's logits are bit-identical and so are the tokens. Also: experts are read only by the
+native_experts.txt offsets, only when selected.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_engine_reference import load_fixture, synthetic_pack
+
+from strata.engine import experts as X
+from strata.engine import layers
+from strata.engine.generate import generate, load_engine
+
+N_STEPS = 16
+
+
+@pytest.fixture(scope="module")
+def moe_pack(tmp_path_factory):
+    return synthetic_pack(tmp_path_factory, "synthetic-qwen3moe")
+
+
+def _run(pack, resident, numerics="f32"):
+    eng = load_engine(pack, n_ctx=128, resident=resident, numerics=numerics)
+    ref = load_fixture("synthetic-qwen3moe")
+    results = [generate(eng, prompt_ids=p["prompt_ids"], n_tokens=N_STEPS, ignore_eos=True) for p in ref["prompts"]]
+    return eng, results
+
+
+@pytest.mark.parametrize("numerics", ["f32", "llamacpp"])
+def test_tokens_and_logits_identical_whatever_is_resident(moe_pack, numerics):
+    runs = {r: _run(moe_pack, r, numerics) for r in ("all", "half", "none")}
+    base = runs["all"][1]
+    for resident in ("half", "none"):
+        for a, b in zip(base, runs[resident][1]):
+            assert a.output_ids == b.output_ids
+            for ta, tb in zip(a.top, b.top):  # bit-identical, not approximately equal
+                assert [i for i, _ in ta] == [i for i, _ in tb]
+                assert np.array_equal(np.float32([v for _, v in ta]).view(np.uint32),
+                                      np.float32([v for _, v in tb]).view(np.uint32))
+    # the split really differed: all hits, a mix, all misses
+    hits = {r: sum(x.expert_hits for x in res) for r, (_, res) in runs.items()}
+    misses = {r: sum(x.expert_misses for x in res) for r, (_, res) in runs.items()}
+    assert misses["all"] == 0 and hits["all"] > 0
+    assert hits["none"] == 0 and misses["none"] == hits["all"]
+    assert hits["half"] > 0 and misses["half"] > 0 and hits["half"] + misses["half"] == hits["all"]
+
+
+def test_every_selection_is_counted_once_per_layer(moe_pack):
+    eng, res = _run(moe_pack, "half")
+    g = eng.geometry
+    n_sel = int(g["n_expert_used"]) * int(g["n_layer"])
+    for r in res:
+        positions = r.n_prompt_tokens + r.n_output_tokens - 1
+        assert r.expert_hits + r.expert_misses == positions * n_sel
+        for s in r.steps:
+            assert s.expert_hits + s.expert_misses == n_sel  # counts per position (experts, not bytes)
+
+
+def test_resident_pairs_policies():
+    assert X.resident_pairs("all", [0, 2], 4) == [(0, 0), (0, 1), (0, 2), (0, 3), (2, 0), (2, 1), (2, 2), (2, 3)]
+    assert X.resident_pairs("none", [0, 2], 4) == []
+    half = X.resident_pairs("half", [0, 1], 4)
+    assert half == [(0, 0), (0, 2), (1, 1), (1, 3)]  # every layer keeps half
+    assert X.resident_pairs("0.25", [5], 8) == [(5, 0), (5, 1)]
+    with pytest.raises(ValueError, match="expected all, none, half or a fraction"):
+        X.resident_pairs("most", [0], 4)
+    with pytest.raises(ValueError, match="outside"):
+        X.resident_pairs(1.5, [0], 4)
+
+
+def test_misses_read_only_the_selected_experts_by_offset(moe_pack, monkeypatch):
+    eng = load_engine(moe_pack, n_ctx=64, resident="none")
+    src = eng.experts.source
+    read: list[tuple[int, int]] = []
+    orig = X.ShardExperts.raw
+
+    def spy(self, il, e):
+        read.append((il, e))
+        return orig(self, il, e)
+
+    monkeypatch.setattr(X.ShardExperts, "raw", spy)
+    selected: list[tuple[int, int]] = []
+    orig_call = X.ExpertPath.__call__
+
+    def record(self, il, x, ids, weights):
+        selected.extend((il, e) for e in ids)
+        return orig_call(self, il, x, ids, weights)
+
+    monkeypatch.setattr(X.ExpertPath, "__call__", record)
+    generate(eng, prompt_ids=[1, 2, 3], n_tokens=2, ignore_eos=True)
+    assert read == selected  # every miss read exactly its expert, nothing else
+    # and the bytes are the ones native_experts.txt points at
+    il, e = read[0]
+    row = src.rows[il]
+    g, _, _ = orig(src, il, e)
+    with open(eng.plan.shard_paths[row.gate_shard], "rb") as f:
+        f.seek(row.gate_off + e * row.gate_stride)
+        assert f.read(row.gate_bytes) == g.tobytes()
+
+
+def test_routing_softmax_topk_renormalised():
+    logits = np.float32([0.0, 2.0, 1.0, 2.0, -1.0])
+    ids, w = layers.route_topk(np, logits, 2)
+    assert ids == [1, 3]  # a tie goes to the lower id
+    assert w.dtype == np.float32 and abs(float(w.sum()) - 1.0) < 1e-6 and w[0] == w[1]
+    ids, w = layers.route_topk(np, logits, 3, norm=False)
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    assert ids == [1, 3, 2] and np.allclose(w, p[[1, 3, 2]])

@@ -1,0 +1,95 @@
+#!/usr/bin/env python
+"""Write llama.cpp reference fixtures for strata's synthetic models (the MoE coverage).
+
+No small real MoE GGUF exists on the registry, so the qwen3moe forward pass is checked against
+llama.cpp on a synthetic file (REAL-MODELS.md, "Synthetic MoE files that llama.cpp accepts"):
+this script writes the file with :func:`strata.packer.synth.write_model` from a preset spec and a
+seed, runs ``tools/make_reference.py``'s greedy recorder on it (llama-cpp-python), and stores the
+full spec beside the reference, so ``tests/test_engine_reference.py`` rebuilds the byte-identical
+GGUF (its sha256 is checked) without llama.cpp or any download.
+
+    python tools/make_synthetic_reference.py                      # all presets below
+    python tools/make_synthetic_reference.py qwen3moe --steps 24
+
+Fixtures: ``tests/fixtures/reference/synthetic-<preset>.json`` (format of make_reference.py plus a
+``synthetic`` object: ``preset``, ``spec`` = ``ModelSpec.model_dump(mode="json")``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "reference"
+
+_WORDS = ("The capital of France is Paris. The capital of Germany is Berlin. A mixture of experts model "
+          "routes every token to a few experts out of many; the router picks the top experts and the layer "
+          "adds their outputs weighted by the router's probabilities. ")
+
+#: preset -> (spec overrides, prompts). Prompts use the synthetic tokenizer's corpus words; the
+#: gemma3 preset's sliding window is 128 tokens, so its last prompt is longer than the window.
+PRESETS: dict[str, tuple[dict, list[str]]] = {
+    "qwen3moe": ({"seed": 7}, ["The capital of France is", "A mixture of experts model routes every token",
+                               "def forward(self, x): return", "1 2 3 4 5 6 7 8 9 10"]),
+    "qwen2": ({"seed": 7}, ["The capital of France is", "The quick brown fox jumps over the lazy dog",
+                            "Numbers like 0 1 2 3"]),
+    "gemma3": ({"seed": 7}, ["The capital of France is", "hello world, model layer token expert",
+                             _WORDS * 2]),
+}
+
+
+def _make_reference_module():
+    spec = importlib.util.spec_from_file_location("make_reference", ROOT / "tools" / "make_reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def build_spec(preset: str, overrides: dict | None = None):
+    """The :class:`~strata.packer.synth.ModelSpec` of ``preset`` with this script's overrides."""
+    from strata.packer import synth
+
+    over, _ = PRESETS[preset]
+    return getattr(synth, f"{preset}_spec")(**{**over, **(overrides or {})})
+
+
+def make_fixture(preset: str, steps: int, out: Path) -> dict:
+    from strata.packer import synth
+
+    mr = _make_reference_module()
+    spec = build_spec(preset)
+    _, prompts = PRESETS[preset]
+    with tempfile.TemporaryDirectory() as d:
+        paths = synth.write_model(Path(d) / f"synthetic-{preset}.gguf", spec)
+        ref = mr.make_reference(paths[0], prompts, steps=steps)
+    ref["synthetic"] = {"preset": preset, "generator": f"strata.packer.synth.{preset}_spec",
+                        "spec": spec.model_dump(mode="json")}
+    text = json.dumps(ref, indent=1, ensure_ascii=False) + "\n"
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, out)
+    return ref
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("presets", nargs="*", default=sorted(PRESETS), help=f"presets (default: {' '.join(sorted(PRESETS))})")
+    ap.add_argument("--steps", type=int, default=24)
+    args = ap.parse_args(argv)
+    for p in args.presets:
+        if p not in PRESETS:
+            ap.error(f"unknown preset {p!r}; known: {', '.join(sorted(PRESETS))}")
+        out = FIXTURES / f"synthetic-{p}.json"
+        make_fixture(p, args.steps, out)
+        print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
