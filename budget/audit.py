@@ -435,7 +435,8 @@ class _Auditor:
             if shards_ok:
                 self._expert_vs_shards(r, shard_tensors, ne_tab.n_expert)
             out.append(ExpertLayerFacts(layer=r.layer, gate_type=r.gate_type, up_type=r.up_type, down_type=r.down_type,
-                                        blob_bytes=blob_meta, blob_engine_bytes=blob_engine))
+                                        blob_bytes=blob_meta, blob_engine_bytes=blob_engine,
+                                        slot_bytes=F.expert_slot_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff)))
         if ne_tab.total != total:
             self.err(f"{EXPERTS_FILE}:total", ne_tab.total, f"{total} (n_expert x sum of recomputed blobs)", "expert total disagrees")
         if ne_tab.max_blob != max_blob:
@@ -640,6 +641,11 @@ def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True) -> AuditResul
                           for il, k in enumerate(g.layer_kinds) if k in rec],
         act_per_token=max(values["act_per_token"], default=0), logits_per_token=max(values["logits_per_token"], default=0),
         n_expert=int(g.get("n_expert", 0) or 0) if expert_facts else 0, expert_layers=expert_facts,
+        n_embd=int(g["n_embd"]), n_ff_exp=int(g.get("n_ff_exp", 0) or 0) if expert_facts else 0,
+        # rope tables: one per distinct rope base the layers use (rope_base, rope_base_swa, ...)
+        rope_dim=int(g.get("rope_dim") or g.get("head_dim") or 0) if any(k in att for k in g.layer_kinds) else 0,
+        rope_tables=len({float(g[n]) for n in m.params if n.startswith("rope_base") and g.get(n) is not None})
+        if any(k in att for k in g.layer_kinds) else 0,
     )
     res.expert_layers = len(expert_facts)
     res.errors, res.warnings, res.checks = a.errors, a.warnings, a.checks

@@ -47,6 +47,8 @@ class CardDefaults(BaseModel):
     model_config = ConfigDict(extra="forbid")
     cuda_context_mib: int
     cuda_context_source: str
+    cuda_runtime_mib: int
+    cuda_runtime_source: str
 
 
 class Card(BaseModel):
@@ -61,6 +63,8 @@ class Card(BaseModel):
     source: str
     cuda_context_bytes: int
     cuda_context_source: str
+    cuda_runtime_bytes: int = 0
+    cuda_runtime_source: str = "not charged"
     in_use_bytes: int | None = None
 
 
@@ -91,13 +95,23 @@ def _context(defaults: CardDefaults, preset: CardPreset | None, override_mib: in
     return defaults.cuda_context_mib * MIB, "cards.toml [defaults]: " + " ".join(defaults.cuda_context_source.split())
 
 
+def runtime_term(cuda_runtime_mib: int | None = None) -> tuple[int, str]:
+    """(bytes, source) of the CUDA runtime's first-use memory: ``--cuda-runtime-mib`` or cards.toml [defaults]."""
+    if cuda_runtime_mib is not None:
+        if cuda_runtime_mib < 0:
+            raise CardError(f"--cuda-runtime-mib {cuda_runtime_mib} is negative")
+        return cuda_runtime_mib * MIB, "--cuda-runtime-mib"
+    defaults, _ = load_cards()
+    return defaults.cuda_runtime_mib * MIB, "cards.toml [defaults]: " + " ".join(defaults.cuda_runtime_source.split())
+
+
 def short_source(text: str, limit: int = 60) -> str:
     """First sentence-ish of a source note, for table cells (the full text stays in --json)."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def card_preset(name: str, cuda_context_mib: int | None = None) -> Card:
+def card_preset(name: str, cuda_context_mib: int | None = None, cuda_runtime_mib: int | None = None) -> Card:
     """The preset ``name`` (``24G``, ``16G`` ... case-insensitive). Raises CardError listing the presets."""
     defaults, presets = load_cards()
     key = {k.upper(): k for k in presets}.get(name.strip().upper())
@@ -105,18 +119,21 @@ def card_preset(name: str, cuda_context_mib: int | None = None) -> Card:
         raise CardError(f"unknown card {name!r}; presets: {', '.join(presets)} (or --card-mib N, or --card measure)")
     p = presets[key]
     ctx, ctx_src = _context(defaults, p, cuda_context_mib)
+    rt, rt_src = runtime_term(cuda_runtime_mib)
     return Card(name=f"{key} ({p.card}, {p.total_mib} MiB)", total_bytes=p.total_bytes,
-                source=" ".join(p.source.split()), cuda_context_bytes=ctx, cuda_context_source=ctx_src)
+                source=" ".join(p.source.split()), cuda_context_bytes=ctx, cuda_context_source=ctx_src,
+                cuda_runtime_bytes=rt, cuda_runtime_source=rt_src)
 
 
-def card_from_mib(total_mib: int, cuda_context_mib: int | None = None) -> Card:
+def card_from_mib(total_mib: int, cuda_context_mib: int | None = None, cuda_runtime_mib: int | None = None) -> Card:
     """A card of ``total_mib`` MiB as CUDA reports it. Raises CardError for zero or negative sizes."""
     if total_mib <= 0:
         raise CardError(f"--card-mib {total_mib}: a card size must be a positive number of MiB")
     defaults, _ = load_cards()
     ctx, ctx_src = _context(defaults, None, cuda_context_mib)
+    rt, rt_src = runtime_term(cuda_runtime_mib)
     return Card(name=f"{total_mib} MiB card", total_bytes=total_mib * MIB, source="--card-mib",
-                cuda_context_bytes=ctx, cuda_context_source=ctx_src)
+                cuda_context_bytes=ctx, cuda_context_source=ctx_src, cuda_runtime_bytes=rt, cuda_runtime_source=rt_src)
 
 
 # ----------------------------------------------------------------------------- measurement
@@ -148,7 +165,7 @@ def _nvml_used(device: int) -> tuple[int, int, str] | None:
         lib.nvmlShutdown()
 
 
-def measure_card(device: int = 0, cuda_context_mib: int | None = None) -> Card:
+def measure_card(device: int = 0, cuda_context_mib: int | None = None, cuda_runtime_mib: int | None = None) -> Card:
     """Ask the local GPU: CUDA's (free, total) through CuPy, NVML's used memory before and after the
     CUDA context is created (the difference is the context's cost on this card and driver).
 
@@ -159,9 +176,18 @@ def measure_card(device: int = 0, cuda_context_mib: int | None = None) -> Card:
     - NVML only: NVML's total and used (NVML's total is the whole framebuffer, slightly more than
       CUDA reports); context from cards.toml.
 
+    The runtime's first-use term cannot be measured before the engine runs: it comes from
+    cards.toml (or ``--cuda-runtime-mib``) in every case.
+
     Raises:
         CardError: neither CuPy nor NVML can see a GPU (the message says what was tried).
     """
+    card = _measure_card(device, cuda_context_mib)
+    rt, rt_src = runtime_term(cuda_runtime_mib)
+    return card.model_copy(update={"cuda_runtime_bytes": rt, "cuda_runtime_source": rt_src})
+
+
+def _measure_card(device: int, cuda_context_mib: int | None) -> Card:
     before = _nvml_used(device)
     why = []
     try:

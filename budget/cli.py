@@ -40,9 +40,12 @@ def main() -> None:
               help="Card preset from manifests/cards.toml (24G, 16G, 12G, 8G, 6G) or 'measure' (ask the local GPU).")
 @click.option("--card-mib", type=int, help="Card total in MiB as CUDA reports it (instead of --card).")
 @click.option("--cuda-context-mib", type=int, help="CUDA context cost in MiB [default: the card preset's / cards.toml's].")
+@click.option("--cuda-runtime-mib", type=int, help="CUDA runtime first-use memory (kernel modules) in MiB [default: cards.toml's].")
 @click.option("--max-context", type=int, help="Tokens per sequence [default: the model's maximum, flagged].")
 @click.option("--kv-resident", type=int, help="Tokens of KV kept in VRAM per full-context layer (the rest streams).")
-@click.option("--kv", type=click.Choice(["f16", "int8"]), default="f16", show_default=True, help="KV cache type (int8 = ggml Q8_0 blocks).")
+@click.option("--kv", type=click.Choice(list(F.KV_CACHE_TYPES)), default="f16", show_default=True,
+              help="KV cache type (f16 = strata's engine and llama.cpp's default; f32; int8 = ggml Q8_0 blocks, "
+                   "llama.cpp's q8_0 cache, not implemented by strata's engine).")
 @click.option("--batch", type=int, default=1, show_default=True, help="Sequences decoded at once (KV, recurrent state, decode rows).")
 @click.option("--prefill", "prefill", type=int, default=DEFAULT_PREFILL_CHUNK, show_default=True,
               help="Prompt chunk in tokens (0: the decode path, one token at a time).")
@@ -56,7 +59,7 @@ def main() -> None:
 @click.option("--expert-profile", type=click.Path(dir_okay=False), help="Parquet (layer, expert, count): fill the cache as the engine does.")
 @click.option("--bf16-scan/--no-bf16-scan", default=True, show_default=True, help="Scan every BF16-source value in pool.bin.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def check(pack, card_name, card_mib, cuda_context_mib, max_context, kv_resident, kv, batch, prefill, logits_all,
+def check(pack, card_name, card_mib, cuda_context_mib, cuda_runtime_mib, max_context, kv_resident, kv, batch, prefill, logits_all,
           prefill_model, embeddings_on_host, vram_reserve_mib, expert_cache, expert_profile, bf16_scan, as_json):
     """Audit PACK and plan its VRAM on a card.
 
@@ -70,7 +73,7 @@ def check(pack, card_name, card_mib, cuda_context_mib, max_context, kv_resident,
     """
     t0 = time.perf_counter()
     try:
-        card = _card(card_name, card_mib, cuda_context_mib)
+        card = _card(card_name, card_mib, cuda_context_mib, cuda_runtime_mib)
         audit = audit_pack(pack, bf16_scan=bf16_scan)
     except (CardError, PackFormatError, ManifestError, FileNotFoundError) as e:
         _fail(str(e), as_json)
@@ -94,16 +97,16 @@ def check(pack, card_name, card_mib, cuda_context_mib, max_context, kv_resident,
     sys.exit(code)
 
 
-def _card(name: str | None, mib: int | None, ctx: int | None) -> Card:
+def _card(name: str | None, mib: int | None, ctx: int | None, runtime: int | None = None) -> Card:
     if name is not None and mib is not None:
         raise CardError("give --card or --card-mib, not both")
     if name is None and mib is None:
         raise CardError(f"no card: give --card ({', '.join(known_cards())}, measure) or --card-mib N; a size is never guessed")
     if mib is not None:
-        return card_from_mib(mib, ctx)
+        return card_from_mib(mib, ctx, runtime)
     if name.strip().lower() == "measure":
-        return measure_card(cuda_context_mib=ctx)
-    return card_preset(name, ctx)
+        return measure_card(cuda_context_mib=ctx, cuda_runtime_mib=runtime)
+    return card_preset(name, ctx, runtime)
 
 
 def _fail(msg: str, as_json: bool) -> None:

@@ -22,10 +22,21 @@ MIB = 1 << 20
 #: allocates r_l / s_l as GGML_TYPE_F32; the engine computes in f32).
 F32_BYTES = 4
 
-#: ``--kv`` choices -> the ggml type one cached K or V row is stored as. ``f16``: 2 B per element.
+#: ``--kv`` choices -> the ggml type one cached K or V row is stored as. ``f16``: 2 B per element
+#: (llama.cpp's default ``--cache-type-k/v f16``, and strata's engine default); ``f32``: 4 B;
 #: ``int8``: ggml Q8_0 blocks (an fp16 scale + 32 int8 = 34 B per 32 elements), the layout of
 #: llama.cpp's ``--cache-type-k/v q8_0``; head_dim must be a multiple of 32.
-KV_CACHE_TYPES: dict[str, int] = {"f16": quants.F16.id, "int8": quants.by_name("Q8_0").id}
+KV_CACHE_TYPES: dict[str, int] = {"f16": quants.F16.id, "int8": quants.by_name("Q8_0").id, "f32": quants.F32.id}
+#: The ``--kv`` choices strata's own engine implements (K/V arrays of float16 or float32; int8 is
+#: budgeted for the documents' engine only).
+ENGINE_KV_TYPES: tuple[str, ...] = ("f16", "f32")
+#: Prompt positions strata's engine processes per step: its prompt path is the decode path, one
+#: position at a time (BRIEF.md "Other lessons"), so a sliding-window layer needs its window only.
+ENGINE_PREFILL_CHUNK = 1
+#: Alignment of every part (gate, up, down) of an expert inside an expert-cache slot, and of the
+#: slot stride: a widened part starts with an f32 scale plane (needs 4), native blocks of 66/98/110 B
+#: leave odd offsets behind them; 256 keeps every part's loads aligned.
+EXPERT_PART_ALIGN = 256
 
 #: The documents' engine reserves its prompt path's chunk buffers as
 #: ``prefill_mib = chunk > 0 ? 160 + chunk * 680 / 1024 : 0`` (generate.cpp:2941-2960, BRIEF.md),
@@ -73,7 +84,9 @@ def kv_bytes_per_token(layer: KVLayer, kv: str) -> int:
 
 
 def kv_tokens(n_ctx: int, window: int | None, chunk: int, kv_resident: int | None = None) -> int:
-    """Tokens one layer's cache holds in VRAM for one sequence.
+    """Tokens one layer's cache holds in VRAM for one sequence. strata's engine sizes its KV arrays
+    with this function (``chunk`` = :data:`ENGINE_PREFILL_CHUNK`): a sliding-window layer is a ring
+    buffer of exactly this many positions (position ``p`` in slot ``p % kv_tokens``).
 
     - Full-context layer: ``n_ctx``, or ``kv_resident`` if smaller (the documents' ``--kv-resident``:
       the resident window; older positions stream from the host).
@@ -203,6 +216,68 @@ def expert_blob_bytes(gate_type: int, up_type: int, down_type: int, n_embd: int,
         ne = expert_part_ne(part, n_embd, n_ff_exp)
         total += quants.engine_nbytes(t, t, ne) if engine else quants.tensor_nbytes(t, ne)
     return total
+
+
+def align_up(n: int, a: int) -> int:
+    """``n`` rounded up to a multiple of ``a``."""
+    return (n + a - 1) // a * a
+
+
+def expert_slot_layout(gate_type: int, up_type: int, down_type: int, n_embd: int, n_ff_exp: int,
+                       ) -> tuple[tuple[tuple[int, int], ...], int]:
+    """Where one expert sits inside an expert-cache slot: ``((offset, nbytes) for gate, up, down)``
+    in engine form, each part at a multiple of :data:`EXPERT_PART_ALIGN`, and the slot stride (the end
+    of ``down`` rounded up to the same alignment). strata's engine lays its slots out with this."""
+    off, parts = 0, []
+    for part, t in (("gate", gate_type), ("up", up_type), ("down", down_type)):
+        nb = quants.engine_nbytes(t, t, expert_part_ne(part, n_embd, n_ff_exp))
+        off = align_up(off, EXPERT_PART_ALIGN)
+        parts.append((off, nb))
+        off += nb
+    return tuple(parts), align_up(off, EXPERT_PART_ALIGN)
+
+
+def expert_slot_bytes(gate_type: int, up_type: int, down_type: int, n_embd: int, n_ff_exp: int) -> int:
+    """Bytes one expert-cache slot must hold for an expert of these types: its engine-form blob
+    (:func:`expert_blob_bytes` ``engine=True``) with each part aligned to :data:`EXPERT_PART_ALIGN`.
+    Equal to the blob whenever every part is a multiple of 256 B (every model in BRIEF.md)."""
+    return expert_slot_layout(gate_type, up_type, down_type, n_embd, n_ff_exp)[1]
+
+
+# ----------------------------------------------------------------------------- engine buffers
+
+def matvec_out_bytes(ne: Sequence[int]) -> int:
+    """strata's engine keeps one f32 output vector per weight matrix it multiplies (a GEMV writes
+    into it; the token path allocates none): 4 x rows (``ne[1] * ne[2] * ne[3]``)."""
+    rows = 1
+    for d in list(ne)[1:]:
+        rows *= int(d)
+    return F32_BYTES * rows
+
+
+def vector_f32_bytes(pool_type: int, src_type: int, ne: Sequence[int]) -> int:
+    """A vector (norm weight, bias) the layers read as f32: 0 extra bytes when its engine form is
+    already F32 (the engine views that buffer), else an f32 copy of 4 x elements (F16, BF16 sources)."""
+    if pool_type == quants.F32.id and src_type == quants.F32.id:
+        return 0
+    return F32_BYTES * quants.n_elements(ne)
+
+
+def rope_table_bytes(n_ctx: int, n_rot: int) -> int:
+    """One rope table: cos and sin of ``n_rot / 2`` angles for positions ``0..n_ctx-1`` in f32:
+    ``2 x n_ctx x n_rot / 2 x 4 = 4 x n_ctx x n_rot`` bytes (one per distinct rope base)."""
+    return 2 * n_ctx * (n_rot // 2) * F32_BYTES
+
+
+def embedding_row_bytes(n_embd: int) -> int:
+    """The f32 row an untied token embedding is looked up into (dequantized on the host, copied up)."""
+    return F32_BYTES * n_embd
+
+
+def expert_hit_buffer_bytes(n_embd: int, n_ff_exp: int) -> int:
+    """The expert hit path's preallocated f32 vectors: gate, up, and silu(gate) * up (``n_ff_exp``
+    each) and the expert's output (``n_embd``)."""
+    return F32_BYTES * (3 * n_ff_exp + n_embd)
 
 
 # ----------------------------------------------------------------------------- expert cache

@@ -2,10 +2,13 @@
 slots are left - a model of what the engine allocates, built only from :mod:`.formulas`.
 
 Terms, in the engine's start-up order (BRIEF.md "Start-up order and the memory plan"): CUDA
-context; memory already in use (``--card measure`` only); dense weights in engine form; the output
+context; the CUDA runtime's first-use memory (kernel modules: a measured constant, cards.toml);
+memory already in use (``--card measure`` only); dense weights in engine form; the output
 head (before the cache: incident 1); token embeddings (unless kept on the host or tied to the
 head); KV cache (attention layers only, sliding-window layers capped at their window); recurrent
-state (per sequence x batch); prefill / activation buffers; then the expert cache gets
+state (per sequence x batch); engine buffers (the f32 vectors strata's engine preallocates: GEMV
+outputs, f32 copies of non-F32 vectors, rope tables, the embedding row, the expert hit path);
+prefill / activation buffers; then the expert cache gets
 ``floor((free - reserve) / max_blob)`` slots (incident 2), or the ``--expert-cache N`` asked, which
 is refused with both numbers when it does not fit. The reserve is never allocated.
 """
@@ -44,7 +47,9 @@ class DenseTensor(BaseModel):
 
 
 class ExpertLayerFacts(BaseModel):
-    """One MoE layer: expert types and one expert's bytes in source and engine form."""
+    """One MoE layer: expert types and one expert's bytes in source and engine form, and the bytes
+    of a cache slot that holds it (engine form, parts aligned: :func:`formulas.expert_slot_bytes`;
+    None = the engine blob)."""
 
     layer: int
     gate_type: int
@@ -52,6 +57,11 @@ class ExpertLayerFacts(BaseModel):
     down_type: int
     blob_bytes: int
     blob_engine_bytes: int
+    slot_bytes: int | None = None
+
+    @property
+    def slot(self) -> int:
+        return self.blob_engine_bytes if self.slot_bytes is None else self.slot_bytes
 
 
 class ModelFacts(BaseModel):
@@ -70,6 +80,11 @@ class ModelFacts(BaseModel):
     logits_per_token: int = 0
     n_expert: int = 0
     expert_layers: list[ExpertLayerFacts] = Field(default_factory=list)
+    # what the engine-buffer term needs (0: not known, nothing charged)
+    n_embd: int = 0
+    n_ff_exp: int = 0
+    rope_dim: int = 0
+    rope_tables: int = 0
 
     @property
     def tied(self) -> bool:
@@ -78,6 +93,11 @@ class ModelFacts(BaseModel):
     @property
     def max_blob_engine(self) -> int:
         return max((L.blob_engine_bytes for L in self.expert_layers), default=0)
+
+    @property
+    def max_slot_bytes(self) -> int:
+        """What one expert-cache slot holds: the largest engine-form blob, parts aligned."""
+        return max((L.slot for L in self.expert_layers), default=0)
 
     @property
     def max_blob_source(self) -> int:
@@ -94,7 +114,7 @@ class PlanOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_context: int | None = None  # None: the model's n_ctx_train, flagged
     kv_resident: int | None = None
-    kv: Literal["f16", "int8"] = "f16"
+    kv: Literal["f16", "int8", "f32"] = "f16"
     batch: int = 1
     prefill: int = DEFAULT_PREFILL_CHUNK
     logits_all: bool = False
@@ -191,6 +211,29 @@ def dense_types(facts: ModelFacts) -> list[TypeRow]:
     return sorted(rows.values(), key=lambda r: -r.engine_bytes)
 
 
+def engine_buffer_bytes(facts: ModelFacts, n_ctx: int) -> int:
+    """The f32 buffers strata's engine preallocates before the first token (each from one function
+    of :mod:`.formulas`, the ones the engine's allocator calls): one GEMV output per matrix it
+    multiplies, an f32 copy of every vector whose engine form is not F32, one rope table per rope
+    base for ``n_ctx`` positions, the row an untied embedding is looked up into, and the expert hit
+    path's vectors. Untied token embeddings are read by rows only (no GEMV output)."""
+    rows_only = {facts.embeddings} if facts.embeddings and not facts.tied else set()
+    total = 0
+    for t in facts.dense:
+        if t.name in rows_only:
+            continue
+        if quants.n_elements(t.ne) == int(t.ne[0]):  # one row: a vector
+            total += F.vector_f32_bytes(t.type, t.src_type, t.ne)
+        else:
+            total += F.matvec_out_bytes(t.ne)
+    if rows_only and facts.n_embd:
+        total += F.embedding_row_bytes(facts.n_embd)
+    total += facts.rope_tables * F.rope_table_bytes(n_ctx, facts.rope_dim)
+    if facts.expert_layers and facts.n_embd:
+        total += F.expert_hit_buffer_bytes(facts.n_embd, facts.n_ff_exp)
+    return total
+
+
 def _engine(facts: ModelFacts, name: str | None) -> int:
     for t in facts.dense:
         if t.name == name:
@@ -215,7 +258,8 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
                       f"{rows if o.logits_all else o.batch} x {facts.logits_per_token} f32 logits")
     n_full = sum(1 for L in facts.kv_layers if L.window is None)
     n_win = len(facts.kv_layers) - n_full
-    terms = [Term(name="CUDA context", bytes=card.cuda_context_bytes, detail=card.cuda_context_source)]
+    terms = [Term(name="CUDA context", bytes=card.cuda_context_bytes, detail=card.cuda_context_source),
+             Term(name="CUDA runtime", bytes=card.cuda_runtime_bytes, detail=card.cuda_runtime_source)]
     if card.in_use_bytes is not None:
         terms.append(Term(name="in use before start", bytes=card.in_use_bytes, detail="measured"))
     terms += [
@@ -227,6 +271,9 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
                                                 f"{n_ctx} tokens x {o.batch} seq"
                                                 + (f", {o.kv_resident} resident" if o.kv_resident else ""))),
         Term(name="recurrent state", bytes=rec, detail=f"{len(facts.recurrent_layers)} layers, f32, x {o.batch} seq"),
+        Term(name="engine buffers", bytes=engine_buffer_bytes(facts, n_ctx),
+             detail=f"f32 GEMV outputs, non-F32 vectors as f32, {facts.rope_tables} rope table(s) of {n_ctx} x "
+                    f"{facts.rope_dim}, embedding row, expert hit path"),
         Term(name="prefill/activations", bytes=act, detail=act_detail),
     ]
     return terms
@@ -250,7 +297,7 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     before = sum(t.bytes for t in terms)
     free = card.total_bytes - before
     reserve = o.vram_reserve_mib * MIB
-    blob = facts.max_blob_engine
+    blob = facts.max_slot_bytes
     profile = None
     cap = facts.expert_pairs if facts.expert_layers else None
     if o.profile_pairs is not None and facts.expert_layers:

@@ -17,12 +17,14 @@ from typing import Callable
 
 import click
 
+from strata.budget.formulas import ENGINE_KV_TYPES
+from strata.budget.plan import PlanInputError
 from strata.manifests.contract import ManifestError
 from strata.packer.packfmt import PackFormatError
 
 from .checkpoints import Checkpoint
 from .dequant import DequantError
-from .generate import DEFAULT_N_CTX, Engine, GenerateError, GenerationResult, StepStat, generate, load_engine
+from .generate import DEFAULT_KV, DEFAULT_N_CTX, Engine, GenerateError, GenerationResult, StepStat, generate, load_engine
 from .loader import LoadError
 from .models import UnsupportedModel
 from .numerics import DEFAULT_NUMERICS, PROFILES
@@ -31,7 +33,7 @@ from .tokenizer import TokenizerError
 from .weights import WeightError
 
 REFUSALS = (PackFormatError, ManifestError, LoadError, UnsupportedModel, TokenizerError, GenerateError, DequantError,
-            WeightError, FileNotFoundError, PermissionError)
+            WeightError, PlanInputError, FileNotFoundError, PermissionError)
 
 #: device name -> loader with :func:`load_engine`'s signature (``n_ctx``, ``resident``, ``on_checkpoint``).
 LOADERS: dict[str, Callable[..., Engine]] = {"cpu": load_engine}
@@ -74,15 +76,45 @@ def print_checkpoint(cp: Checkpoint) -> None:
     click.echo(cp.line(), err=True)
 
 
-def _stats_header() -> None:
-    click.echo("stats: pos phase token_in -> token_out | forward ms | sample ms | expert hits/misses (counts)", err=True)
+STATS_UNITS = ("stats: one line per position. Units: 'ms' = milliseconds; forward/sample/cpu-experts/wait are host "
+               "wall-clock times, gpu is the device time between CUDA events at the step's start and end (it includes "
+               "time the GPU sat idle waiting for the host); 'hits/misses' are COUNTS of routed experts (not ms), per "
+               "MoE layer as layer:hits/misses.")
+
+
+def _stats_header(engine: Engine) -> None:
+    click.echo(STATS_UNITS, err=True)
+    cols = "stats: columns: pos phase token_in -> token_out | forward ms | sample ms"
+    if engine.probe is not None:
+        cols += " | gpu ms | cpu-experts ms | wait ms"
+    if engine.experts is not None:
+        cols += " | expert hits/misses (counts) total and per layer"
+    click.echo(cols, err=True)
+
+
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}"
+
+
+def stats_line(s: StepStat, piece: Callable[[int], str] | None = None, gpu: bool = False, experts: bool = False) -> str:
+    """One ``--stats`` line; every figure says its unit (ms = milliseconds, counts of experts)."""
+    out = "" if s.token_out is None else f" -> {s.token_out}" + (f" {piece(s.token_out)!r}" if piece else "")
+    line = (f"stats: pos {s.position:4d} {s.phase:6s} {s.token_in}{out} | forward {s.forward_ms:.2f} ms (wall) | "
+            f"sample {s.sample_ms:.2f} ms (wall)")
+    if gpu:
+        line += (f" | gpu {_ms(s.gpu_ms)} ms (event span) | cpu-experts {_ms(s.cpu_expert_ms)} ms (wall) | "
+                 f"wait {_ms(s.wait_ms)} ms (wall)")
+    if experts:
+        per = " ".join(f"{il}:{h}/{m}" for il, (h, m) in sorted((s.expert_layers or {}).items()))
+        line += f" | experts {s.expert_hits} hits / {s.expert_misses} misses (counts); per layer hits/misses (counts): {per}"
+    return line
 
 
 def _stats_line(engine: Engine) -> Callable[[StepStat], None]:
+    gpu, experts = engine.probe is not None, engine.experts is not None
+
     def show(s: StepStat) -> None:
-        out = "" if s.token_out is None else f" -> {s.token_out} {engine.tokenizer.piece(s.token_out)!r}"
-        click.echo(f"stats: pos {s.position:4d} {s.phase:6s} {s.token_in}{out} | forward {s.forward_ms:8.2f} ms | "
-                   f"sample {s.sample_ms:6.2f} ms | experts {s.expert_hits} hits / {s.expert_misses} misses", err=True)
+        click.echo(stats_line(s, engine.tokenizer.piece, gpu, experts), err=True)
     return show
 
 
@@ -113,7 +145,10 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--device", type=click.Choice(sorted(LOADERS)), default="cpu", show_default=True)
 @click.option("--numerics", "numerics_", type=click.Choice(sorted(PROFILES)), default=DEFAULT_NUMERICS, show_default=True,
               help="CPU: f32 = exact math; llamacpp = llama.cpp CPU's activation roundings (Q8 activations, "
-                   "f16 KV, f16 attention operands, fp16 GELU table).")
+                   "f16 attention operands, fp16 GELU table).")
+@click.option("--kv", type=click.Choice(list(ENGINE_KV_TYPES)), default=DEFAULT_KV, show_default=True,
+              help="KV cache type: K/V stored as f16 (llama.cpp's default) or f32 and read back as f32; "
+                   "strata-budget check --kv plans the same bytes.")
 @click.option("--expert-cache", "expert_cache", default="auto", show_default=True,
               help="cuda: expert cache slots, auto (budget formula on the free VRAM) or N (refused if it does not fit).")
 @click.option("--profile", "profile_path", default=None, type=click.Path(dir_okay=False),
@@ -122,10 +157,11 @@ def _summary(r: GenerationResult) -> str:
               help="cuda: VRAM left free after the expert cache.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (prompt_ids, output_ids, text, "
               "tokens_per_second, top, ...) instead of text.")
-@click.option("--stats", is_flag=True, help="Per-token timing on stderr.")
+@click.option("--stats", is_flag=True, help="Per-position timing on stderr (units on every line; cuda: gpu, "
+              "cpu-experts and wait ms, and per-layer expert hits/misses; synchronises every step).")
 @click.option("-v", "--verbose", is_flag=True, help="Start-up checkpoints (time, memory) on stderr.")
 def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore_eos, n_ctx, resident, device,
-                 numerics_, expert_cache, profile_path, vram_reserve_mib, as_json, stats, verbose):
+                 numerics_, kv, expert_cache, profile_path, vram_reserve_mib, as_json, stats, verbose):
     """Generate text from PACK after --prompt and report tok/s."""
     try:
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
@@ -136,15 +172,18 @@ def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore
         if device != "cpu":
             from strata.budget.plan import read_profile
 
-            gpu_kw = dict(expert_cache=expert_cache if expert_cache == "auto" else int(expert_cache),
-                          profile=read_profile(profile_path) if profile_path else None,
+            try:
+                ec = expert_cache if expert_cache == "auto" else int(expert_cache)
+            except ValueError:
+                raise click.BadParameter(f"--expert-cache {expert_cache!r}: expected auto or a slot count") from None
+            gpu_kw = dict(expert_cache=ec, profile=read_profile(profile_path) if profile_path else None,
                           vram_reserve_mib=vram_reserve_mib)
-        engine = LOADERS[device](pack, n_ctx=n_ctx, resident=resident, on_checkpoint=print_checkpoint if verbose else None,
-                                 **gpu_kw)
+        engine = LOADERS[device](pack, n_ctx=n_ctx, resident=resident, kv=kv,
+                                 on_checkpoint=print_checkpoint if verbose else None, **gpu_kw)
         if stats:
-            _stats_header()
+            _stats_header(engine)
         r = generate(engine, prompt, n_tokens, sampler=sampler, ignore_eos=ignore_eos,
-                     on_step=_stats_line(engine) if stats else None)
+                     on_step=_stats_line(engine) if stats else None, stats=stats)
     except REFUSALS as e:
         _fail(str(e))
     if as_json:

@@ -235,8 +235,11 @@ def from_engine_form(buf: np.ndarray, pool_type: int, src_type: int, ne: tuple[i
 
 def dequantize_engine_form(buf: np.ndarray, pool_type: int, src_type: int, ne: tuple[int, ...] | list[int]) -> np.ndarray:
     """NumPy reference dequantization of an engine-form buffer: ``float32`` with numpy shape
-    ``reversed(ne)`` (rows of ``ne[0]``), via ``gguf.quants.dequantize`` of the native blocks.
+    ``reversed(ne)`` (rows of ``ne[0]``), via ``gguf.quants.dequantize`` of the native blocks
+    (strata's own for Q1_0 and Q2_0, which gguf-py lacks: :mod:`strata.engine.dequant`).
     The GPU kernels must equal this bit for bit."""
+    from strata.engine.dequant import OWN_DEQUANTIZERS, dequantize_blocks
+
     import gguf
 
     lay = engine_layout(pool_type, src_type, ne)
@@ -246,6 +249,8 @@ def dequantize_engine_form(buf: np.ndarray, pool_type: int, src_type: int, ne: t
         return quants.bf16_to_f32_bits(b.view("<u2")).view("<f4").reshape(shape)
     raw = from_engine_form(buf, pool_type, src_type, ne)
     t = quants.qtype(pool_type)
+    if t.id in OWN_DEQUANTIZERS:
+        return dequantize_blocks(raw, t.id).reshape(shape)
     qt = gguf.GGMLQuantizationType(t.id)
     nb_row = raw.size // max(1, quants.n_elements(ne) // int(ne[0])) if len(ne) else raw.size
     out = gguf.quants.dequantize(raw.reshape(-1, nb_row), qt)

@@ -140,7 +140,7 @@ class ExpertPath:
     """The hit/miss split of one engine (see the module docstring).
 
     ``cache`` may be None (every expert a miss). ``counts`` accumulates over the run;
-    ``step_counts()`` returns and resets the counts since the last call (per generated token).
+    ``take_step()`` returns and resets the per-layer counts since the last call (one position).
     """
 
     def __init__(self, source: ShardExperts, cache: ExpertCache | None, xp=np, act_quant: bool = False):
@@ -149,7 +149,7 @@ class ExpertPath:
         self.xp = xp
         self.act_quant = act_quant
         self.counts = ExpertCounts()
-        self._step = [0, 0]
+        self._step: dict[int, list[int]] = {}
 
     def miss_ffn(self, il: int, e: int, x):
         g, u, d = self.source.weights(il, e)
@@ -158,22 +158,28 @@ class ExpertPath:
     def __call__(self, il: int, x, ids: list[int], weights) -> Any:
         """``sum_k weights[k] * expert_{ids[k]}(x)``, summed in selection order (k = 0, 1, ...)."""
         y = None
+        step = self._step.setdefault(il, [0, 0])
         for k, e in enumerate(ids):
             if self.cache is not None and self.cache.resident(il, e):
                 ye = self.cache.ffn(il, e, x)
                 self.counts.hits += 1
-                self._step[0] += 1
+                step[0] += 1
             else:
                 ye = self.miss_ffn(il, e, x)
                 self.counts.misses += 1
                 self.counts.per_layer_misses[il] = self.counts.per_layer_misses.get(il, 0) + 1
-                self._step[1] += 1
+                step[1] += 1
             ye = ye * weights[k]
             y = ye if y is None else y + ye
         return y
 
+    def take_step(self) -> dict[int, tuple[int, int]]:
+        """Per MoE layer, (hits, misses) since the previous call (counts of routed experts)."""
+        out = {il: (hm[0], hm[1]) for il, hm in sorted(self._step.items())}
+        self._step = {}
+        return out
+
     def step_counts(self) -> tuple[int, int]:
-        """(hits, misses) since the previous call."""
-        h, m = self._step
-        self._step = [0, 0]
-        return h, m
+        """(hits, misses) since the previous call (summed over layers; resets like :meth:`take_step`)."""
+        per = self.take_step()
+        return sum(h for h, _ in per.values()), sum(m for _, m in per.values())

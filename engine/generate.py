@@ -10,7 +10,9 @@ Start-up (:func:`load_engine`), in this order, each stage timed and measured
 3. ``head``: the output head - before the expert cache, so that a cache sized from what is free
    cannot eat the head's memory (BRIEF.md, incident 1);
 4. ``expert cache``: the resident experts (MoE models; :mod:`strata.engine.experts`);
-5. ``prompt path``: tokenizer, KV cache and rope tables for ``n_ctx`` positions (allocated once).
+5. ``prompt path``: tokenizer, KV cache (``kv``: f16 or f32; sliding-window layers as ring buffers
+   of the budget's size, :class:`strata.engine.layers.KVCache`) and rope tables for ``n_ctx``
+   positions (allocated once).
 
 Generation (:func:`decode`) is one loop over positions: the prompt is teacher-forced through the
 same step as generated tokens (BRIEF.md: prefill is the decode path one token at a time), the
@@ -23,11 +25,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 from pydantic import BaseModel, Field
 
+from strata.budget.formulas import ENGINE_KV_TYPES
 from strata.manifests.contract import Geometry, geometry_from_params
 from strata.packer.packfmt import Pack, open_pack
 
@@ -44,6 +47,7 @@ from .tokenizer import Tokenizer, load_tokenizer
 from .weights import CpuWeights, Weights
 
 DEFAULT_N_CTX = 1024
+DEFAULT_KV = "f16"  # llama.cpp's default cache type; the budget's default --kv
 TOP_K_RECORDED = 5
 
 
@@ -65,6 +69,8 @@ class Engine:
     experts: ExpertPath | None
     checkpoints: list[Checkpoint] = field(default_factory=list)
     device: str = "cpu"
+    kv: str = "f16"
+    probe: "StepProbe | None" = None  # per-step device timers (GPU path; used with stats)
 
     @property
     def n_ctx(self) -> int:
@@ -72,13 +78,16 @@ class Engine:
 
 
 def load_engine(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, resident: str | float = "all",
-                numerics: str = DEFAULT_NUMERICS,
+                numerics: str = DEFAULT_NUMERICS, kv: str = DEFAULT_KV, sliding: str = "ring",
                 on_checkpoint: Callable[[Checkpoint], None] | None = None) -> Engine:
     """Open, check and load the pack at ``pack_dir`` for the CPU (NumPy) path.
 
     ``resident`` picks the experts the expert cache holds (:func:`strata.engine.experts.resident_pairs`):
     ``all``, ``none``, ``half`` or a fraction; ignored for dense models. ``numerics`` is a profile
     of :mod:`strata.engine.numerics` (``llamacpp``: llama.cpp's CPU activation roundings; ``f32``).
+    ``kv``: the KV cache type (``f16``, llama.cpp's default, or ``f32``). ``sliding``: ``ring``
+    (sliding-window layers keep their window only) or ``full`` (``n_ctx`` positions everywhere: the
+    reference the ring is tested against).
 
     Raises:
         PackFormatError: a pack file that does not follow the format (file and line named).
@@ -89,6 +98,7 @@ def load_engine(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, resident: s
     """
     if n_ctx < 1:
         raise GenerateError(f"n_ctx {n_ctx} < 1")
+    check_kv(kv)
     nx = get_numerics(numerics)
     cps = Checkpoints(on_checkpoint)
     with cps.stage("pack") as note:
@@ -125,16 +135,31 @@ def load_engine(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, resident: s
             note["resident"] = "none (dense model)"
     with cps.stage("prompt path") as note:
         tokenizer = load_tokenizer(pack)
-        state = model.new_state(n_ctx)
+        state = model.new_state(n_ctx, kv=kv, sliding=sliding)
         note["n_ctx"] = n_ctx
+        note["kv"] = f"{kv}, {sliding}"
         note["kv MiB"] = round(state.cache.nbytes / 2**20, 1)
-    return Engine(pack, geom, plan, weights, model, tokenizer, state, experts, cps.done)
+    return Engine(pack, geom, plan, weights, model, tokenizer, state, experts, cps.done, kv=kv)
+
+
+def check_kv(kv: str) -> None:
+    """Refuse a KV cache type strata's engine does not implement (names the ones it does)."""
+    if kv not in ENGINE_KV_TYPES:
+        raise GenerateError(f"--kv {kv}: strata's engine stores K/V as {' or '.join(ENGINE_KV_TYPES)} "
+                            f"({kv} is budgeted by strata-budget for other engines only)")
 
 
 # ------------------------------------------------------------------ results
 
 class StepStat(BaseModel):
-    """One position of the loop. Times in milliseconds; expert figures are counts of experts."""
+    """One position of the loop. Times in milliseconds; expert figures are counts of experts.
+
+    With a probe (the GPU path with stats): ``gpu_ms`` = device time between CUDA events recorded
+    at the start and the end of the step (the span on the device's clock, including time the device
+    sat idle waiting for the host); ``cpu_expert_ms`` = host wall time computing missed experts;
+    ``wait_ms`` = host wall time blocked in device->host copies (router choices, a missed expert's
+    input, the logits: each waits for the kernels queued before it). ``expert_layers``: per MoE
+    layer, ``[hits, misses]`` at this position (counts of routed experts)."""
 
     position: int
     phase: str  # "prompt" (teacher-forced, no logits), "first" (last prompt position), "decode"
@@ -144,6 +169,19 @@ class StepStat(BaseModel):
     sample_ms: float = 0.0
     expert_hits: int = 0
     expert_misses: int = 0
+    expert_layers: dict[int, list[int]] | None = None
+    gpu_ms: float | None = None
+    cpu_expert_ms: float | None = None
+    wait_ms: float | None = None
+
+
+class StepProbe(Protocol):
+    """Per-step timers a device supplies (``begin`` before the step, ``end`` after it returns
+    ``gpu_ms``, ``cpu_expert_ms``, ``wait_ms``; values may be None where a device cannot measure)."""
+
+    def begin(self) -> None: ...
+
+    def end(self) -> dict[str, float | None]: ...
 
 
 class GenerationResult(BaseModel):
@@ -159,6 +197,7 @@ class GenerationResult(BaseModel):
     pack: str
     arch: str
     device: str
+    kv: str = "f16"
     prompt: str | None
     prompt_ids: list[int]
     output_ids: list[int]
@@ -184,8 +223,11 @@ class GenerationResult(BaseModel):
 
 def decode(model: Model, state: State, prompt_ids: list[int], n_new: int, pick: Callable[[np.ndarray], int], *,
            stop_ids: frozenset[int] = frozenset(), experts: ExpertPath | None = None,
-           on_step: Callable[[StepStat], None] | None = None):
+           on_step: Callable[[StepStat], None] | None = None, probe: StepProbe | None = None):
     """Teacher-force ``prompt_ids`` and generate up to ``n_new`` tokens, one position per step.
+
+    ``probe`` (stats): device timers around every step; the step then ends synchronised, so
+    ``forward_ms`` includes the device's work for prompt positions too.
 
     Returns ``(output_ids, top, steps, stop_reason, t_first_done, t_end)`` where ``top`` holds the
     5 best ``(id, logit)`` of every step that produced a token and the times are ``perf_counter``
@@ -201,12 +243,15 @@ def decode(model: Model, state: State, prompt_ids: list[int], n_new: int, pick: 
     for pos in range(n_prompt + n_new - 1):
         emit = pos >= n_prompt - 1           # the last prompt position and every generated one
         t0 = time.perf_counter()
+        if probe is not None:
+            probe.begin()
         logits = model.step(ids[pos], pos, state, logits=emit)
         if emit:
             row = to_host(logits).astype(np.float32, copy=False)
+        timers = probe.end() if probe is not None else {}
         t1 = time.perf_counter()
         st = StepStat(position=pos, phase="prompt" if not emit else ("first" if pos == n_prompt - 1 else "decode"),
-                      token_in=ids[pos], forward_ms=(t1 - t0) * 1000)
+                      token_in=ids[pos], forward_ms=(t1 - t0) * 1000, **timers)
         if emit:
             tok = pick(row)
             top.append(top_k_pairs(row, TOP_K_RECORDED))
@@ -215,7 +260,10 @@ def decode(model: Model, state: State, prompt_ids: list[int], n_new: int, pick: 
             st.token_out = tok
             st.sample_ms = (time.perf_counter() - t1) * 1000
         if experts is not None:
-            st.expert_hits, st.expert_misses = experts.step_counts()
+            per_layer = experts.take_step()
+            st.expert_layers = {il: list(hm) for il, hm in per_layer.items()}
+            st.expert_hits = sum(h for h, _ in per_layer.values())
+            st.expert_misses = sum(m for _, m in per_layer.values())
         steps.append(st)
         if on_step:
             on_step(st)
@@ -230,10 +278,12 @@ def decode(model: Model, state: State, prompt_ids: list[int], n_new: int, pick: 
 
 def generate(engine: Engine, prompt: str | None = None, n_tokens: int = 32, *, prompt_ids: list[int] | None = None,
              sampler: Sampler | Callable[[np.ndarray], int] | None = None, ignore_eos: bool = False,
-             on_step: Callable[[StepStat], None] | None = None) -> GenerationResult:
+             on_step: Callable[[StepStat], None] | None = None, stats: bool = False) -> GenerationResult:
     """Generate ``n_tokens`` tokens after ``prompt`` (or after ``prompt_ids``, already tokenized).
 
-    Stops early at an end-of-generation token unless ``ignore_eos``.
+    Stops early at an end-of-generation token unless ``ignore_eos``. ``stats``: run the engine's
+    per-step device timers (:class:`StepStat`'s ``gpu_ms``, ``cpu_expert_ms``, ``wait_ms``); they
+    synchronise every step, so leave them off when measuring throughput.
 
     Raises:
         GenerateError: no prompt, an empty prompt, ``n_tokens < 1``, a token id outside the
@@ -256,14 +306,15 @@ def generate(engine: Engine, prompt: str | None = None, n_tokens: int = 32, *, p
     sampler = sampler or Sampler()
     stop_ids = frozenset() if ignore_eos else engine.tokenizer.eog_ids
     if engine.experts is not None:
-        engine.experts.step_counts()  # reset the per-step counters
+        engine.experts.take_step()  # reset the per-step counters
     t0 = time.perf_counter()
     out, top, steps, stop, t_first, t_end = decode(engine.model, engine.state, ids, n_tokens, sampler,
-                                                   stop_ids=stop_ids, experts=engine.experts, on_step=on_step)
+                                                   stop_ids=stop_ids, experts=engine.experts, on_step=on_step,
+                                                   probe=engine.probe if stats else None)
     prompt_s, decode_s = t_first - t0, t_end - t_first
     text_ids = out[:-1] if stop == "eog" else out
     return GenerationResult(
-        pack=str(engine.pack.path), arch=engine.pack.arch, device=engine.device, prompt=prompt, prompt_ids=ids,
+        pack=str(engine.pack.path), arch=engine.pack.arch, device=engine.device, kv=engine.kv, prompt=prompt, prompt_ids=ids,
         output_ids=out, text=engine.tokenizer.decode(text_ids), stop_reason=stop, n_prompt_tokens=len(ids),
         n_output_tokens=len(out), prompt_seconds=prompt_s, decode_seconds=decode_s,
         tokens_per_second=(len(out) - 1) / decode_s if len(out) > 1 and decode_s > 0 else None,

@@ -7,7 +7,8 @@ reference path and the GPU path. No architecture branches here: a model file com
 Numerics follow llama.cpp (``ggml/src/ggml-cpu/ops.cpp``) in f32: RMS norm
 ``x / sqrt(mean(x^2) + eps) * w``, NEOX rope (rotate pairs ``(i, i + n_rot/2)``), attention
 ``softmax(scale * q.k) v`` over the cached positions (a sliding-window layer sees the last
-``window`` positions, llama-hparams.h ``is_masked_swa``: masked iff ``p1 - p0 >= n_swa``),
+``window`` positions, llama-hparams.h ``is_masked_swa``: masked iff ``p1 - p0 >= n_swa``, and
+keeps only those in a ring buffer), K/V stored as f16 (default, like llama.cpp) or f32,
 SwiGLU / GELU(tanh) MLPs, and MoE routing softmax -> top-k -> renormalise (llama-graph.cpp
 ``build_moe_ffn``: weights divided by their sum, clamped below at 6.103515625e-5).
 """
@@ -15,6 +16,7 @@ SwiGLU / GELU(tanh) MLPs, and MoE routing softmax -> top-k -> renormalise (llama
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,44 +79,83 @@ class Rope:
         return r
 
 
-class KVCache:
-    """Static per-layer K/V arrays ``[n_ctx, n_head_kv, head_dim]`` (gpt-fast style: allocated once,
-    written in place at each position); f16 like llama.cpp's default cache type, or f32."""
+#: ``--kv`` choice -> the dtype K and V are stored in (strata.budget.formulas.ENGINE_KV_TYPES).
+KV_DTYPES = {"f16": "float16", "f32": "float32"}
 
-    def __init__(self, xp, n_layer: int, n_ctx: int, n_head_kv: int, head_dim: int, head_dim_v: int,
-                 f16: bool = True):
-        self.n_ctx = n_ctx
-        dt = xp.float16 if f16 else xp.float32
-        self.k = [xp.zeros((n_ctx, n_head_kv, head_dim), dtype=dt) for _ in range(n_layer)]
-        self.v = [xp.zeros((n_ctx, n_head_kv, head_dim_v), dtype=dt) for _ in range(n_layer)]
+
+class KVCache:
+    """Static per-layer K/V arrays ``[size, n_head_kv, head_dim]`` (gpt-fast style: allocated once,
+    written in place), stored as ``kv`` (``f16``, llama.cpp's default cache type, or ``f32``) and
+    read back as f32.
+
+    ``sizes[il]`` positions per layer: ``n_ctx`` for a full-context layer; for a sliding-window layer
+    the budget's :func:`strata.budget.formulas.kv_tokens` (its window, at most ``n_ctx``) - a ring
+    buffer: position ``p`` lives in slot ``p % size``, overwriting the position ``size`` before it,
+    which the window no longer sees. :meth:`read` returns positions in chronological order, so the
+    arithmetic over them is the same as over a full cache.
+
+    Raises:
+        ValueError: an unknown ``kv``.
+    """
+
+    def __init__(self, xp, sizes: list[int], n_head_kv: int, head_dim: int, head_dim_v: int, kv: str = "f16"):
+        if kv not in KV_DTYPES:
+            raise ValueError(f"--kv {kv!r}: strata's engine stores K/V as {' or '.join(KV_DTYPES)}")
+        self.xp, self.kv = xp, kv
+        self.sizes = [int(n) for n in sizes]
+        dt = getattr(xp, KV_DTYPES[kv])
+        self.k = [xp.zeros((n, n_head_kv, head_dim), dtype=dt) for n in self.sizes]
+        self.v = [xp.zeros((n, n_head_kv, head_dim_v), dtype=dt) for n in self.sizes]
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
+    def write(self, il: int, pos: int, k, v) -> None:
+        """Store position ``pos`` of layer ``il`` (rounded to the cache dtype)."""
+        s = pos % self.sizes[il]
+        self.k[il][s] = k
+        self.v[il][s] = v
 
-def attend(xp, q, k_cache, v_cache, pos: int, scale: float, window: int | None, f16_operands: bool = False):
-    """Attention of one query position over cached keys ``0..pos`` (GQA).
+    def read(self, il: int, lo: int, hi: int):
+        """K and V of positions ``lo..hi`` (inclusive) of layer ``il`` as f32 ``[hi - lo + 1, n_head_kv, d]``,
+        oldest first. The positions must all be resident: ``hi - lo < sizes[il]`` (a ring keeps the
+        last ``size`` positions written)."""
+        n = self.sizes[il]
+        if hi - lo >= n or lo < 0:
+            raise IndexError(f"layer {il}: positions {lo}..{hi} do not fit its {n}-position cache")
+        a, b = lo % n, hi % n
+        k, v = self.k[il], self.v[il]
+        if a <= b:
+            K, V = k[a:b + 1], v[a:b + 1]
+        else:  # wrapped: the older part is at the end of the ring
+            K, V = self.xp.concatenate((k[a:], k[:b + 1])), self.xp.concatenate((v[a:], v[:b + 1]))
+        return K.astype(self.xp.float32), V.astype(self.xp.float32)
 
-    ``q [n_head, hd]``, caches ``[n_ctx, n_head_kv, hd]``; query head ``h`` reads KV head
-    ``h // (n_head / n_head_kv)``. A sliding window keeps keys with ``pos - p < window``.
-    ``f16_operands``: q and the softmax probabilities rounded to f16 before their products, as
-    llama.cpp's non-flash attention does with an F16 cache (:mod:`strata.engine.numerics`, item 3);
-    products accumulate in f32 either way. Returns ``[n_head * hd_v]``.
+
+def attend(xp, q, K, V, scale: float, f16_operands: bool = False):
+    """Attention of one query position over the keys ``K`` and values ``V`` it may see (GQA).
+
+    ``q [n_head, hd]``, ``K [T, n_head_kv, hd]``, ``V [T, n_head_kv, hd_v]`` in f32, oldest first;
+    query head ``h`` reads KV head ``h // (n_head / n_head_kv)``. Scores and the weighted sum are
+    elementwise products and sums (no matmul: on the GPU path that would create a cuBLAS handle,
+    ~68 MiB of VRAM outside every budget term). ``f16_operands``: q and the softmax probabilities
+    rounded to f16 before their products, as llama.cpp's non-flash attention does with an F16
+    cache (:mod:`strata.engine.numerics`, item 3); products accumulate in f32 either way.
+    Returns ``[n_head * hd_v]``.
     """
-    lo = 0 if window is None else max(0, pos + 1 - window)
-    K = k_cache[lo:pos + 1].astype(xp.float32)  # [T, Hkv, hd]
-    V = v_cache[lo:pos + 1].astype(xp.float32)
     n_head, hd = q.shape
     n_kv = K.shape[1]
     if f16_operands:
         q = q.astype(xp.float16).astype(xp.float32)
-    qg = q.reshape(n_kv, n_head // n_kv, hd)
-    s = xp.einsum("grd,tgd->grt", qg, K) * xp.float32(scale)
+    qg = q.reshape(n_kv, n_head // n_kv, 1, hd)
+    Kt = K.transpose(1, 0, 2)[:, None]  # [g, 1, T, hd]
+    s = (qg * Kt).sum(axis=-1) * xp.float32(scale)  # [g, r, T]
     p = softmax(xp, s)
     if f16_operands:
         p = p.astype(xp.float16).astype(xp.float32)
-    o = xp.einsum("grt,tgd->grd", p, V)
+    Vt = V.transpose(1, 0, 2)[:, None]  # [g, 1, T, hd_v]
+    o = (p[..., None] * Vt).sum(axis=2)  # [g, r, hd_v]
     return o.reshape(n_head * V.shape[2])
 
 
@@ -188,13 +229,16 @@ class Attention:
             k = rms_norm(xp, k, w.get(n.k_norm), self.eps)
         q = rope(xp, q, pos)
         k = rope(xp, k, pos)
-        cache.k[self.il][pos] = k
-        cache.v[self.il][pos] = v.reshape(self.n_head_kv, self.hd_v)
+        cache.write(self.il, pos, k, v.reshape(self.n_head_kv, self.hd_v))
         if self.scale_q:
             q, kq_scale = q * xp.float32(self.scale), 1.0
         else:
             kq_scale = self.scale
-        o = attend(xp, q, cache.k[self.il], cache.v[self.il], pos, kq_scale, self.window, self.f16_operands)
+        # a sliding window sees positions pos - window + 1 .. pos (llama.cpp is_masked_swa: masked iff
+        # pos - p >= window); a full layer 0 .. pos
+        lo = 0 if self.window is None else max(0, pos + 1 - self.window)
+        K, V = cache.read(self.il, lo, pos)
+        o = attend(xp, q, K, V, kq_scale, self.f16_operands)
         y = w.matmul(n.out, o)
         if n.out_bias is not None:
             y = y + w.get(n.out_bias)
@@ -229,13 +273,34 @@ def route_topk(xp, logits, k: int, norm: bool = True) -> tuple[list[int], Any]:
     probabilities renormalised to sum 1 (sum clamped below at 6.103515625e-5, as llama.cpp)."""
     probs = softmax(xp, logits)
     order = xp.argsort(-probs, kind="stable") if xp is np else xp.argsort(-probs)
-    ids = [int(i) for i in order[:k].tolist()]
-    wts = probs[xp.asarray(ids)]
+    top = order[:k]
+    ids = [int(i) for i in to_host(top).tolist()]  # the host decides hit or miss per expert
+    wts = probs[top]
     if norm:
         wts = wts / xp.maximum(wts.sum(), xp.float32(6.103515625e-5))
     return ids, wts
 
 
+class HostWait:
+    """Host wall milliseconds spent blocked in device->host copies (:func:`to_host`): each copy
+    waits for every kernel queued before it, so this is the time the host waited for the device
+    (``--stats`` "wait"). Process-wide; read and reset with :meth:`take`."""
+
+    ms = 0.0
+
+    @classmethod
+    def take(cls) -> float:
+        v, cls.ms = cls.ms, 0.0
+        return v
+
+
 def to_host(x) -> np.ndarray:
-    """A device array as a numpy array (identity for numpy)."""
-    return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
+    """A device array as a numpy array (identity for numpy); device copies count in :class:`HostWait`."""
+    if isinstance(x, np.ndarray):
+        return x
+    if not hasattr(x, "get"):
+        return np.asarray(x)
+    t0 = time.perf_counter()
+    h = x.get()
+    HostWait.ms += (time.perf_counter() - t0) * 1000
+    return h

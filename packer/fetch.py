@@ -373,8 +373,10 @@ def fetch_cmd(name: str, cache_dir: Path | None, as_json: bool, quiet: bool) -> 
     t0 = time.perf_counter()
     try:
         path = fetch_model(name, cache_dir=cache_dir, progress=not quiet)
-    except FetchError as exc:
-        raise click.ClickException(str(exc)) from None
+    except UnknownModelError as exc:  # bad input: exit 2, like the other strata commands
+        _fetch_fail(str(exc), 2, as_json)
+    except (FetchError, OSError) as exc:  # download or checksum failure, unusable cache dir
+        _fetch_fail(str(exc), 2 if isinstance(exc, OSError) else 1, as_json)
     if as_json:
         spec = _spec(name)
         click.echo(json.dumps({
@@ -383,6 +385,15 @@ def fetch_cmd(name: str, cache_dir: Path | None, as_json: bool, quiet: bool) -> 
         }))
     else:
         click.echo(str(path))
+
+
+def _fetch_fail(msg: str, code: int, as_json: bool) -> None:
+    """Print the error (one line; JSON on stdout too with --json) and exit with ``code``:
+    2 bad input (unknown name, unusable cache directory), 1 download or checksum failure."""
+    if as_json:
+        click.echo(json.dumps({"ok": False, "error": msg}))
+    click.echo(f"error: {msg}", err=True)
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,16 +19,24 @@ def tensor_table(path: str | os.PathLike) -> list[dict]:
     if p.is_dir():
         pack = open_pack(p)
         for e in pack.index.entries:
+            ne = list(e.ne)
+            while len(ne) > 1 and ne[-1] == 1:  # as the GGUF stores it: trailing 1s dropped
+                ne.pop()
             rows.append({"name": e.name, "type": quants.qtype(e.type).name, "src_type": quants.qtype(e.src_type).name,
-                         "shape": [d for d in e.ne], "bytes": e.nbytes, "location": "pool", "offset": e.offset})
+                         "shape": ne, "bytes": e.nbytes, "location": "pool", "offset": e.offset})
         if pack.experts:
             E = pack.experts.n_expert
+            n_embd = int(pack.geometry_params.get("n_embd", 0))
             for r in pack.experts.layers:
                 for part in ("gate", "up", "down"):
-                    t = getattr(r, f"{part}_type")
-                    rows.append({"name": f"blk.{r.layer}.ffn_{part}_exps", "type": quants.qtype(t).name,
-                                 "src_type": quants.qtype(t).name, "shape": [], "bytes": E * getattr(r, f"{part}_bytes"),
-                                 "location": f"shard{getattr(r, f'{part}_shard')}", "offset": getattr(r, f"{part}_off")})
+                    t = quants.qtype(getattr(r, f"{part}_type"))
+                    nbytes = getattr(r, f"{part}_bytes")
+                    # per-expert elements / n_embd = the other dim (n_ff_exp), from the bytes and the type
+                    other = nbytes // t.block_bytes * t.block_elems // n_embd if n_embd else 0
+                    shape = [n_embd, other, E] if part != "down" else [other, n_embd, E]
+                    rows.append({"name": f"blk.{r.layer}.ffn_{part}_exps.weight", "type": t.name, "src_type": t.name,
+                                 "shape": shape, "bytes": E * nbytes, "location": f"shard{getattr(r, f'{part}_shard')}",
+                                 "offset": getattr(r, f"{part}_off")})
         return rows
     model = open_model(p)
     for name, (k, t) in model.tensors.items():

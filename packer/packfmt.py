@@ -225,22 +225,29 @@ def _check_token(s: str, what: str) -> None:
 
 def _lines(path: Path) -> list[str]:
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            return f.read().split("\n")
+        with open(path, "r", encoding="utf-8", newline="") as f:
+            return _check_text(path, f.read())
     except FileNotFoundError:
         raise PackFormatError(f"{path}: missing") from None
     except UnicodeDecodeError as e:
         raise PackFormatError(f"{path}: not UTF-8 text ({e})") from None
 
 
+def _check_text(path: Path, text: str) -> list[str]:
+    """Split into lines; refuse CR characters (CRLF files were edited by another tool) and a missing final newline."""
+    if "\r" in text:
+        lineno = text[: text.index("\r")].count("\n") + 1
+        raise PackFormatError(f"{path}:{lineno}: carriage return (CRLF line ending); pack files use LF only")
+    if text and not text.endswith("\n"):
+        raise PackFormatError(f"{path}: no newline at the end of the last line (truncated file?)")
+    return text.split("\n")
+
+
 def _int(tok: str, path: Path, lineno: int, col: str) -> int:
-    try:
-        v = int(tok)
-    except ValueError:
-        raise PackFormatError(f"{path}:{lineno}: column {col}: {tok!r} is not an integer") from None
-    if v < 0:
-        raise PackFormatError(f"{path}:{lineno}: column {col}: {v} is negative")
-    return v
+    """A non-negative decimal integer exactly as the writer writes it (no sign, '_', leading zero, non-ASCII digit)."""
+    if not tok.isascii() or not tok.isdigit() or (len(tok) > 1 and tok[0] == "0"):
+        raise PackFormatError(f"{path}:{lineno}: column {col}: {tok!r} is not a non-negative decimal integer")
+    return int(tok)
 
 
 def _expect_version(lines: list[str], version_line: str, path: Path) -> None:
@@ -406,9 +413,13 @@ def read_metadata(path: str | os.PathLike) -> dict[str, object]:
         try:
             if kind == "int":
                 out[key] = int(val)
+                if not (val.lstrip("-").isascii() and val.lstrip("-").isdigit()) or val.startswith("+"):
+                    raise ValueError(f"int value {val!r} is not a decimal integer")
             elif kind == "float":
                 out[key] = float(val)
             elif kind == "bool":
+                if val not in ("true", "false"):
+                    raise ValueError(f"bool value {val!r} is not true/false")
                 out[key] = val == "true"
             elif kind == "str":
                 out[key] = _unescape(val)
@@ -440,18 +451,32 @@ class Pack:
     def pool_path(self) -> Path:
         return self.path / POOL_FILE
 
-    def shard_path(self, k: int) -> Path:
-        """Absolute path of expert shard ``k``: a file name in native_experts.txt, beside the pack's
-        recorded source directory (``manifest.json`` keeps it) or resolved relative to the pack."""
-        assert self.experts is not None
-        name = self.experts.shards[k]
+    source_dir_override: Path | None = None
+
+    def source_path(self, name: str) -> Path:
+        """Where the source shard file ``name`` is: in ``source_dir_override`` if set (``--source-dir``),
+        else in the directory recorded at build time (metadata.txt ``strata.source_dir``) if it is
+        there, else beside the pack. Returns the first candidate that exists, or the recorded one
+        (so the caller's "missing" error names the path the pack expects)."""
         p = Path(name)
         if p.is_absolute():
             return p
+        cands = []
+        if self.source_dir_override is not None:
+            cands.append(Path(self.source_dir_override) / name)
         src_dir = self.metadata.get("strata.source_dir")
         if isinstance(src_dir, str):
-            return Path(src_dir) / name
-        return self.path / name
+            cands.append(Path(src_dir) / name)
+        cands.append(self.path / name)
+        for c in cands:
+            if c.exists():
+                return c
+        return cands[0]
+
+    def shard_path(self, k: int) -> Path:
+        """Path of expert shard ``k`` (a file name in native_experts.txt), see :meth:`source_path`."""
+        assert self.experts is not None
+        return self.source_path(self.experts.shards[k])
 
 
 def check_pool_layout(index: PackIndex, pool_size: int, where: str) -> None:
@@ -478,9 +503,10 @@ def check_pool_layout(index: PackIndex, pool_size: int, where: str) -> None:
         prev = e
 
 
-def open_pack(path: str | os.PathLike) -> Pack:
+def open_pack(path: str | os.PathLike, source_dir: str | os.PathLike | None = None) -> Pack:
     """Open a pack directory: read index.txt, native_experts.txt (if present), geometry.txt
     and metadata.txt strictly, and check the pool layout against pool.bin's size.
+    ``source_dir`` overrides where the source shards are looked up (see :meth:`Pack.source_path`).
 
     Raises:
         PackFormatError: any file missing or malformed, or a pool layout error.
@@ -488,6 +514,8 @@ def open_pack(path: str | os.PathLike) -> Pack:
     path = Path(path)
     if not path.is_dir():
         raise PackFormatError(f"{path}: not a pack directory")
+    if not (path / INDEX_FILE).exists():
+        raise PackFormatError(f"{path}: not a strata pack (no {INDEX_FILE})")
     index = read_index(path / INDEX_FILE)
     pool = path / POOL_FILE
     if not pool.exists():
@@ -496,5 +524,5 @@ def open_pack(path: str | os.PathLike) -> Pack:
     experts = read_experts(path / EXPERTS_FILE) if (path / EXPERTS_FILE).exists() else None
     geometry = read_geometry_params(path / GEOMETRY_FILE)
     metadata = read_metadata(path / METADATA_FILE)
-    return Pack(path, index, experts, geometry, metadata)
+    return Pack(path, index, experts, geometry, metadata, Path(source_dir) if source_dir is not None else None)
 

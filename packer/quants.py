@@ -107,7 +107,7 @@ QTYPES: dict[int, QuantType] = {
         _t(19, "IQ1_S", 256, 50, (0,)),
         _t(20, "IQ4_NL", 32, 18, (0,), widened=True, engine=True),
         _t(21, "IQ3_S", 256, 110, (0,)),
-        _t(22, "IQ2_S", 256, 82, (0,)),
+        _t(22, "IQ2_S", 256, 82, (0,), engine=True),
         _t(23, "IQ4_XS", 256, 136, (0,), engine=True),
         _t(24, "I8", 1, 1),
         _t(25, "I16", 1, 2),
@@ -120,8 +120,9 @@ QTYPES: dict[int, QuantType] = {
         _t(35, "TQ2_0", 256, 66, (64,)),
         _t(39, "MXFP4", 32, 17),
         _t(40, "NVFP4", 64, 36),
-        _t(41, "Q1_0", 128, 18, (0,), widened=True),
-        _t(42, "Q2_0", 64, 18, (0,), widened=True),
+        # gguf-py 0.19.0 lacks Q1_0 / Q2_0: strata.engine.dequant defines them after ggml-quants.c
+        _t(41, "Q1_0", 128, 18, (0,), widened=True, engine=True),
+        _t(42, "Q2_0", 64, 18, (0,), widened=True, engine=True),
     )
 }
 

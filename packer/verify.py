@@ -1,125 +1,163 @@
 """``strata-pack verify``: re-read a pack against its sources.
 
-Every dense tensor's pool bytes are compared with its source bytes (BF16 sources after
-promotion to F32), in bounded chunks; every expert layer's offsets, strides and types are
-compared with the shard's own tensor table, re-read from the GGUF headers. The first
-mismatch is reported with the tensor name and both numbers.
+The pack is rebuilt in memory from the source GGUF (same code as ``build``) and compared
+with what is on disk: every index.txt row (pool type, offsets, sizes, alignment, source
+offsets), every native_experts.txt row and shard name, geometry.txt and metadata.txt; then
+every dense tensor's pool bytes are compared with its source bytes (BF16 sources after
+promotion to F32) in bounded chunks. The routed experts are not copied into the pack, so
+their bytes are not compared; a source shard whose size or modification time differs from
+build time is reported (size: an error; mtime: a warning). The first mismatch is reported
+with the tensor (or file) name and both numbers.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from strata.manifests.contract import geometry_params_text
+
 from . import quants
-from .build import CHUNK_BYTES, EXPERT_RE
+from .build import CHUNK_BYTES, layout_pool, metadata_items, resolve_geometry, tabulate_experts
 from .gguf_file import open_model
-from .packfmt import open_pack
+from .packfmt import MANIFEST_FILE, PackFormatError, open_pack, read_kv_text, GEOMETRY_VERSION_LINE
 
 
 class VerifyError(ValueError):
-    """A pack that does not match its sources; names the tensor and both numbers."""
+    """A pack that does not match its sources; names the tensor (or file) and both numbers."""
 
 
 @dataclass
 class VerifyResult:
-    """What was compared: tensors and bytes (dense), layers (experts)."""
+    """What was compared: tensors and bytes (dense), layers (experts); warnings (e.g. mtime)."""
 
     pack: Path
     dense_tensors: int
     dense_bytes: int
     expert_layers: int
+    warnings: list[str] = field(default_factory=list)
 
 
-def _source_path(pack, k: int, name: str) -> Path:
-    src_dir = pack.metadata.get("strata.source_dir")
-    p = Path(src_dir) / name if isinstance(src_dir, str) else pack.path / name
-    if not p.exists():
-        raise VerifyError(f"{pack.path}: source shard {k} {name} not found at {p}")
-    return p
+def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir: str | os.PathLike | None = None) -> VerifyResult:
+    """Compare a pack with its source shards (see module docstring).
 
-
-def verify_pack(pack_dir: str | os.PathLike, progress: bool = False) -> VerifyResult:
-    """Compare a pack with its source shards byte for byte (dense) and offset for offset (experts).
+    Args:
+        source_dir: where the source shards are now, if they moved since the build.
 
     Raises:
-        VerifyError: first mismatch (tensor, pool offset, source offset, sizes).
-        PackFormatError / GGUFError: unreadable pack or source.
+        VerifyError: first mismatch (tensor or file, both numbers); a pack file that does not
+            parse (PackFormatError) is reported the same way.
+        GGUFError: unreadable source.
     """
     from tqdm import tqdm
 
-    pack = open_pack(pack_dir)
-    paths = [_source_path(pack, k, name) for k, (name, _size) in enumerate(pack.index.sources)]
+    try:
+        pack = open_pack(pack_dir, source_dir=source_dir)
+    except PackFormatError as e:
+        raise VerifyError(str(e)) from None
+    warnings: list[str] = []
+    paths = [pack.source_path(name) for name, _size in pack.index.sources]
     for (name, size), p in zip(pack.index.sources, paths):
+        if not p.exists():
+            raise VerifyError(f"{pack.path}: source shard {name} not found at {p} (moved? pass --source-dir)")
         if p.stat().st_size != size:
             raise VerifyError(f"{p}: source is {p.stat().st_size} bytes, the pack was built from {size} bytes")
+    try:
+        recorded = {s["file"]: s.get("mtime_ns") for s in json.loads((pack.path / MANIFEST_FILE).read_text())["sources"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        recorded = {}
+        warnings.append(f"{pack.path / MANIFEST_FILE}: unreadable; source modification times not checked")
+    for (name, _), p in zip(pack.index.sources, paths):
+        if recorded.get(name) is not None and p.stat().st_mtime_ns != recorded[name]:
+            warnings.append(f"{p}: modified since the pack was built (mtime differs); expert bytes are read from it")
+
     model = open_model(paths[0])
-    if [s.path.name for s in model.shards] != [n for n, _ in pack.index.sources]:
-        raise VerifyError(f"{pack.path}: shards {[s.path.name for s in model.shards]} differ from the pack's sources")
+    names = [s.path.name for s in model.shards]
+    if names != [n for n, _ in pack.index.sources]:
+        raise VerifyError(f"index.txt sources {[n for n, _ in pack.index.sources]} differ from the model's shards {names}")
+    want_index = layout_pool(model, pack.index.align)
+    if want_index.pool_bytes != pack.index.pool_bytes or len(want_index.entries) != len(pack.index.entries):
+        raise VerifyError(
+            f"index.txt: pool {pack.index.pool_bytes} B, {len(pack.index.entries)} tensors; the source gives "
+            f"pool {want_index.pool_bytes} B, {len(want_index.entries)} tensors at align {pack.index.align}"
+        )
+    for w, g in zip(want_index.entries, pack.index.entries):
+        if w != g:
+            diffs = [f"{f}: pack {getattr(g, f)} source {getattr(w, f)}" for f in w.__dataclass_fields__
+                     if getattr(w, f) != getattr(g, f)]
+            raise VerifyError(f"index.txt tensor {g.name}: " + "; ".join(diffs))
+
+    geom = resolve_geometry(model)
+    want_geo = dict(geometry_params_text(geom))
+    got_geo = read_kv_text(pack.path / "geometry.txt", GEOMETRY_VERSION_LINE)
+    if want_geo != got_geo:
+        keys = sorted(k for k in set(want_geo) | set(got_geo) if want_geo.get(k) != got_geo.get(k))
+        raise VerifyError("geometry.txt differs from the source: " + "; ".join(
+            f"{k}: pack {got_geo.get(k)} source {want_geo.get(k)}" for k in keys))
+    want_meta = {k: v for k, _kind, v in metadata_items(model, Path("."))}
+    for k in set(want_meta) | set(pack.metadata):
+        if k == "strata.source_dir":
+            continue
+        a, b = pack.metadata.get(k), want_meta.get(k)
+        same = a == b or (isinstance(a, float) and isinstance(b, float) and np.float32(a) == np.float32(b))
+        if not same:
+            raise VerifyError(f"metadata.txt key {k}: pack {a!r} source {b!r}")
+
+    n_layers = 0
+    want_ex = tabulate_experts(model, geom)
+    got_ex = pack.experts
+    if (want_ex is None) != (got_ex is None):
+        raise VerifyError("native_experts.txt " + ("present but the source has no routed experts" if got_ex
+                                                   else "missing but the source has routed experts"))
+    if got_ex is not None:
+        if got_ex.shards != names:
+            raise VerifyError(f"native_experts.txt shards {got_ex.shards} differ from the model's shards {names}")
+        for w, g in zip(want_ex.layers, got_ex.layers):
+            if w != g:
+                diffs = [f"{f}: pack {getattr(g, f)} source {getattr(w, f)}" for f in w.__dataclass_fields__
+                         if getattr(w, f) != getattr(g, f)]
+                raise VerifyError(f"experts of layer {w.layer}: " + "; ".join(diffs))
+        if len(want_ex.layers) != len(got_ex.layers) or (want_ex.total, want_ex.max_blob, want_ex.n_expert) != (
+                got_ex.total, got_ex.max_blob, got_ex.n_expert):
+            raise VerifyError(
+                f"native_experts.txt: {len(got_ex.layers)} layers total {got_ex.total} max_blob {got_ex.max_blob} "
+                f"n_expert {got_ex.n_expert}; source gives {len(want_ex.layers)} layers total {want_ex.total} "
+                f"max_blob {want_ex.max_blob} n_expert {want_ex.n_expert}"
+            )
+        n_layers = len(got_ex.layers)
+
     fds = [os.open(p, os.O_RDONLY) for p in paths]
     pfd = os.open(pack.pool_path, os.O_RDONLY)
     total = sum(e.nbytes for e in pack.index.entries)
     try:
         with tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=not progress, leave=False) as bar:
             for e in pack.index.entries:
-                if e.name not in model.tensors:
-                    raise VerifyError(f"tensor {e.name}: in index.txt but not in the source")
-                k, t = model.tensors[e.name]
-                if (k, t.abs_offset, t.type_id, t.ne4) != (e.shard, e.src_offset, e.src_type, e.ne):
-                    raise VerifyError(
-                        f"tensor {e.name}: index says shard {e.shard} offset {e.src_offset} type {e.src_type} ne {list(e.ne)}, "
-                        f"source has shard {k} offset {t.abs_offset} type {t.type_id} ne {list(t.ne4)}"
-                    )
                 bf16 = e.src_type == quants.BF16.id
-                step = CHUNK_BYTES
-                for rel in range(0, e.nbytes, step):
-                    n = min(step, e.nbytes - rel)
+                for rel in range(0, e.nbytes, CHUNK_BYTES):
+                    n = min(CHUNK_BYTES, e.nbytes - rel)
                     got = os.pread(pfd, n, e.offset + rel)
                     if bf16:
-                        want = quants.bf16_to_f32_bits(np.frombuffer(os.pread(fds[k], n // 2, e.src_offset + rel // 2), "<u2")).tobytes()
+                        raw = os.pread(fds[e.shard], n // 2, e.src_offset + rel // 2)
+                        want = quants.bf16_to_f32_bits(np.frombuffer(raw, "<u2")).tobytes()
                     else:
-                        want = os.pread(fds[k], n, e.src_offset + rel)
+                        want = os.pread(fds[e.shard], n, e.src_offset + rel)
                     if got != want:
                         a = np.frombuffer(got, np.uint8)
                         b = np.frombuffer(want, np.uint8)
                         m = min(len(a), len(b))
                         i = int(np.argmax(a[:m] != b[:m])) if m and (a[:m] != b[:m]).any() else m
+                        src_byte = e.src_offset + (rel + i) // 2 if bf16 else e.src_offset + rel + i
                         raise VerifyError(
                             f"tensor {e.name}: pool byte {e.offset + rel + i} is {a[i] if i < len(a) else 'EOF'}, "
-                            f"source byte {(e.src_offset + (rel + i) // 2) if bf16 else e.src_offset + rel + i} gives "
-                            f"{b[i] if i < len(b) else 'EOF'}"
+                            f"source byte {src_byte} gives {b[i] if i < len(b) else 'EOF'}"
                         )
                     bar.update(n)
-        dense_names = {e.name for e in pack.index.entries}
-        for name in model.tensors:
-            if not EXPERT_RE.match(name) and name not in dense_names:
-                raise VerifyError(f"tensor {name}: in the source but not in index.txt")
-        n_layers = 0
-        if pack.experts is not None:
-            from .build import resolve_geometry, tabulate_experts
-
-            want = tabulate_experts(model, resolve_geometry(model))
-            got = pack.experts
-            if want is None:
-                raise VerifyError("native_experts.txt present but the source has no routed experts")
-            for w, g in zip(want.layers, got.layers):
-                if w != g:
-                    diffs = [f"{f}: pack {getattr(g, f)} source {getattr(w, f)}" for f in w.__dataclass_fields__
-                             if getattr(w, f) != getattr(g, f)]
-                    raise VerifyError(f"experts of layer {w.layer}: " + "; ".join(diffs))
-            if len(want.layers) != len(got.layers) or (want.total, want.max_blob, want.n_expert) != (got.total, got.max_blob, got.n_expert):
-                raise VerifyError(
-                    f"native_experts.txt: {len(got.layers)} layers total {got.total} max_blob {got.max_blob} n_expert {got.n_expert}; "
-                    f"source gives {len(want.layers)} layers total {want.total} max_blob {want.max_blob} n_expert {want.n_expert}"
-                )
-            n_layers = len(got.layers)
-        elif any(EXPERT_RE.match(n) for n in model.tensors):
-            raise VerifyError("the source has routed experts but the pack has no native_experts.txt")
     finally:
         for fd in fds:
             os.close(fd)
         os.close(pfd)
-    return VerifyResult(pack.path, len(pack.index.entries), total, n_layers)
+    return VerifyResult(pack.path, len(pack.index.entries), total, n_layers, warnings)

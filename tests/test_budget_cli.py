@@ -192,3 +192,13 @@ def test_tables_print_and_the_real_command_runs(pack):
     r = subprocess.run([sys.executable, "-m", "strata.budget.cli", "check", str(pack), "--card", "8G", "--max-context", "512",
                         "--json"], capture_output=True, text=True)
     assert r.returncode == 0 and json.loads(r.stdout)["verdict"] == "fits"
+
+
+def test_kv_f32_doubles_the_kv_term_and_runtime_override(pack):
+    _, d16 = run_json(pack, "--card", "24G", "--max-context", 256)
+    _, d32 = run_json(pack, "--card", "24G", "--max-context", 256, "--kv", "f32")
+    kv = {k: next(t["bytes"] for t in d["terms"] if t["name"] == "KV cache") for k, d in (("f16", d16), ("f32", d32))}
+    assert kv["f32"] == 2 * kv["f16"] > 0 and d32["kv_bytes_per_token"] == 2 * d16["kv_bytes_per_token"]
+    _, d0 = run_json(pack, "--card", "24G", "--max-context", 256, "--cuda-runtime-mib", 0)
+    rt = {k: next(t["bytes"] for t in d["terms"] if t["name"] == "CUDA runtime") for k, d in (("default", d16), ("0", d0))}
+    assert rt["0"] == 0 and d16["free_bytes"] - d0["free_bytes"] == rt["default"] > 0

@@ -50,6 +50,8 @@ def test_engine_form_both_directions():
 
 def test_kv_rows_f16_and_int8():
     assert F.kv_row_bytes(128, "f16") == 256
+    assert F.kv_row_bytes(128, "f32") == 512  # strata's engine --kv f32
+    assert F.ENGINE_KV_TYPES == ("f16", "f32") and set(F.ENGINE_KV_TYPES) < set(F.KV_CACHE_TYPES)
     # int8 = Q8_0 blocks: 34 B per 32 values (llama.cpp --cache-type-k q8_0)
     assert F.kv_row_bytes(128, "int8") == 4 * 34
     assert F.kv_bytes_per_token(F.KVLayer(0, 512, 512, indexer_k=128), "f16") == 2 * (512 + 512 + 128)
@@ -290,3 +292,40 @@ def test_quants_registry_agrees_with_engine_form_for_every_widened_type():
             f = F.engine_form(t.id, t.id, ne)
             assert f.engine == quants.engine_nbytes(t.id, t.id, ne)
             assert f.widened_extra == 12 * t.widen_extra_bytes
+
+
+# ----------------------------------------------------------------------------- engine layout
+
+def test_expert_slot_layout_aligns_parts():
+    # the documents' layer 0: every part a multiple of 256 B, so the slot is the engine blob itself
+    parts, stride = F.expert_slot_layout(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640)
+    assert parts == ((0, 473_600), (473_600, 473_600), (947_200, 1_024_000)) and stride == 1_971_200
+    assert F.expert_slot_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640) == F.expert_blob_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640,
+                                                                                        engine=True)
+    # Q3_K (110 B per 256) gate/up at 256 x 3: 330 B each, so up starts at 512 and down (Q8_0 widened,
+    # 3 x 256 / 32 x 36 = 864 B) at 1024; the stride rounds 1888 up to 2048
+    q3k = quants.by_name("Q3_K").id
+    parts, stride = F.expert_slot_layout(q3k, q3k, Q8_0, 256, 3)
+    assert parts == ((0, 330), (512, 330), (1024, 864)) and stride == 2048
+    assert all(off % F.EXPERT_PART_ALIGN == 0 for off, _ in parts)
+
+
+def test_engine_buffer_formulas():
+    assert F.matvec_out_bytes((640, 262144)) == 4 * 262144
+    assert F.vector_f32_bytes(F32, F32, (640,)) == 0  # viewed in place
+    assert F.vector_f32_bytes(F32, BF16, (640,)) == 4 * 640  # engine form is bf16: an f32 copy
+    assert F.vector_f32_bytes(F16, F16, (640,)) == 4 * 640
+    assert F.rope_table_bytes(1024, 256) == 2 * 1024 * 128 * 4
+    assert F.expert_hit_buffer_bytes(2560, 640) == 4 * (3 * 640 + 2560)
+
+
+def test_runtime_term_is_charged_and_can_be_overridden():
+    defaults, _ = load_cards()
+    c = card_preset("24G")
+    assert c.cuda_runtime_bytes == defaults.cuda_runtime_mib * MIB > 0 and "cards.toml" in c.cuda_runtime_source
+    assert card_from_mib(4096, cuda_runtime_mib=0).cuda_runtime_bytes == 0
+    with pytest.raises(CardError, match="--cuda-runtime-mib -1 is negative"):
+        card_preset("24G", cuda_runtime_mib=-1)
+    facts = ModelFacts(arch="x", n_ctx_train=64, n_vocab=10)
+    p = make_plan(facts, card_from_mib(4096, cuda_context_mib=100, cuda_runtime_mib=7), PlanOptions(max_context=64))
+    assert p.term("CUDA runtime") == 7 * MIB and p.term("CUDA context") == 100 * MIB

@@ -128,8 +128,14 @@ def test_cli_text_json_stats_verbose(pack):
     err = r.stderr
     order = [err.index(f"checkpoint {n}:") for n in ("pack", "weights", "head", "expert cache", "prompt path")]
     assert order == sorted(order)
-    assert "expert hits/misses (counts)" in err and "forward ms" in err  # the header says which unit is which
-    assert len([ln for ln in err.splitlines() if ln.startswith("stats: pos")]) >= 3
+    assert "forward ms" in err and "'ms' = milliseconds" in err  # the header says which unit is which
+    lines = [ln for ln in err.splitlines() if ln.startswith("stats: pos")]
+    assert len(lines) >= 3 and all(" ms (wall)" in ln for ln in lines)  # every line labels its units
+    assert "--kv" in runner.invoke(main, ["generate", "--help"]).output
+    r = runner.invoke(main, ["generate", str(pack), "-p", "hello", "-n", "2", "--kv", "f32", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["kv"] == "f32"
+    r = runner.invoke(main, ["generate", str(pack), "-p", "hello", "-n", "2", "--kv", "int8"])
+    assert r.exit_code == 2  # click refuses a choice the engine does not implement
 
     r = runner.invoke(main, ["generate", str(pack), "-p", "hi", "-n", "3", "--temperature", "0.8", "--top-k", "5",
                              "--top-p", "0.9", "--seed", "3", "--json"])

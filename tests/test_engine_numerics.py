@@ -61,7 +61,8 @@ def test_gelu_table_is_fp16_valued_and_saturates():
 
 
 def test_profiles():
-    assert N.numerics("f32").act_quant is False and N.numerics("llamacpp").kv_f16 is True
+    assert N.numerics("f32").act_quant is False and N.numerics("llamacpp").attn_f16 is True
+    assert not hasattr(N.numerics("llamacpp"), "kv_f16")  # the KV type is the engine's --kv option now
     assert N.DEFAULT_NUMERICS == "f32"
     with pytest.raises(ValueError, match="unknown numerics profile 'fp8'; known: f32, llamacpp"):
         N.numerics("fp8")

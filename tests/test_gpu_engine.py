@@ -26,6 +26,10 @@ skip_no_gpu = pytest.mark.skipif(not GPU_OK, reason=f"needs CuPy and a CUDA GPU:
 PROMPT = [1, 2, 3, 4, 5]
 
 
+#: A qwen3moe whose experts use the types the documents' model adds (Q2_0, IQ2_S) and Q1_0.
+NEW_TYPES = [("IQ2_S", "Q2_0"), ("Q1_0", "Q1_0"), ("Q2_0", "IQ2_S")]
+
+
 @pytest.fixture(scope="module")
 def packs(tmp_path_factory):
     from strata.packer import synth
@@ -33,7 +37,8 @@ def packs(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("gpu_packs")
     out = {}
-    for name, spec in (("moe", synth.qwen3moe_spec()), ("qwen2", synth.qwen2_spec()), ("gemma3", synth.gemma3_spec())):
+    for name, spec in (("moe", synth.qwen3moe_spec()), ("qwen2", synth.qwen2_spec()), ("gemma3", synth.gemma3_spec()),
+                       ("moe_new", synth.qwen3moe_spec(expert_types=NEW_TYPES))):
         paths = synth.write_model(d / f"{name}.gguf", spec)
         build_pack(paths[0], d / f"{name}-pack", progress=False)
         out[name] = d / f"{name}-pack"
@@ -54,13 +59,15 @@ def _tops_equal(a, b) -> bool:
 def test_startup_order_and_checkpoint_figures(packs):
     eng = load_engine_gpu(packs["moe"], n_ctx=64, backend=SimBackend())
     names = [c.name for c in eng.checkpoints]
-    assert names == ["pack", "weights", "head", "session", "expert cache", "prompt path"]
+    # everything the engine holds (head: incident 1; session and the prompt path's kernels and
+    # temporaries: incidents 2 and 3) is allocated before the expert cache measures what is free
+    assert names == ["pack", "weights", "head", "session", "prompt path", "expert cache"]
     for c in eng.checkpoints:
         assert {"gpu_free_bytes", "gpu_used_bytes", "pool_used_bytes"} <= set(c.extra)
-    # head before the cache, session before the cache: free memory at the cache is what is left
-    head = eng.checkpoints[names.index("head")].extra
+    warm = eng.checkpoints[names.index("prompt path")].extra
     cache = eng.checkpoints[names.index("expert cache")].extra
-    assert cache["free_at_open_bytes"] <= head["gpu_free_bytes"]
+    assert cache["free_at_open_bytes"] == warm["gpu_free_bytes"]
+    assert cache["gpu_free_bytes"] == warm["gpu_free_bytes"] - cache["cache_bytes"]
 
 
 def test_auto_slots_come_from_the_budget_formula(packs):
@@ -105,6 +112,61 @@ def test_sim_dense_models_match_cpu_tokens(packs, name):
     assert sim.output_ids == cpu.output_ids
 
 
+def test_sim_new_expert_types_hit_and_miss_identical(packs):
+    """Q1_0, Q2_0 and IQ2_S experts (no audit warning any more): all, some or no hits, same logits."""
+    from strata.budget.audit import audit_pack
+
+    res = audit_pack(packs["moe_new"])
+    assert res.errors == [] and res.warnings == []
+    runs = {ec: _run(load_engine_gpu(packs["moe_new"], n_ctx=64, backend=SimBackend(), expert_cache=ec))
+            for ec in (0, 12, "auto")}
+    assert runs[12].expert_hits > 0 and runs[12].expert_misses > 0
+    assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids
+    assert _tops_equal(runs[0], runs[12]) and _tops_equal(runs[0], runs["auto"])
+    assert _run(load_engine(packs["moe_new"], n_ctx=64)).output_ids == runs[0].output_ids
+
+
+def test_sim_stats_per_layer_counts_and_timers(packs):
+    eng = load_engine_gpu(packs["moe"], n_ctx=64, backend=SimBackend(), expert_cache=12)
+    r = generate(eng, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True, stats=True)
+    n_used = int(eng.geometry["n_expert_used"])
+    for s in r.steps:
+        assert sorted(s.expert_layers) == [0, 1, 2]
+        assert all(h + m == n_used for h, m in s.expert_layers.values())
+        assert s.expert_hits == sum(h for h, _ in s.expert_layers.values())
+        assert s.gpu_ms is None and s.cpu_expert_ms is not None and s.wait_ms is not None  # sim: no device clock
+    assert sum(s.cpu_expert_ms for s in r.steps) > 0  # misses ran on the CPU
+    from strata.engine.cli import stats_line
+
+    line = stats_line(r.steps[-1], None, gpu=True, experts=True)
+    assert "ms (wall)" in line and "gpu n/a ms (event span)" in line and "per layer hits/misses (counts): 0:" in line
+
+
+@pytest.mark.parametrize("name", ["moe", "gemma3", "qwen2"])
+def test_sim_audit_exact_terms_equal_the_budget(packs, name):
+    from strata.engine.gpu.cli import run_audit
+
+    a = run_audit(str(packs[name]), n_ctx=200, backend=SimBackend())
+    terms = {t.term: t for t in a.terms}
+    assert a.exact_ok, [(t.term, t.predicted_bytes, t.measured_bytes) for t in a.terms if t.exact and t.diff_bytes]
+    assert terms["KV cache"].measured_bytes > 0 and terms["engine buffers"].measured_bytes > 0
+    assert sum(t.measured_bytes for t in a.terms) == a.measured_total_bytes
+    if name == "gemma3":  # layer 0 slides (window 128) over a 200-position context: a ring of 128
+        assert terms["KV cache"].measured_bytes == 2 * 2 * 64 * (128 + 200)  # K+V, f16, 1 KV head of 64
+    if name == "moe":
+        # the preset's layers: (Q4_K, Q8_0), (IQ2_XS, IQ4_NL), (Q6_K, Q5_0) as (gate/up, down) at 256 x 256
+        slot = max(F.expert_slot_bytes(g, g, d, 256, 256) for g, d in ((12, 8), (17, 20), (14, 6)))
+        assert terms["expert cache"].measured_bytes == a.slots * slot
+
+
+def test_sim_kv_f32_doubles_the_kv_term(packs):
+    from strata.engine.gpu.cli import run_audit
+
+    a16 = {t.term: t for t in run_audit(str(packs["qwen2"]), n_ctx=64, backend=SimBackend()).terms}
+    a32 = {t.term: t for t in run_audit(str(packs["qwen2"]), n_ctx=64, kv="f32", backend=SimBackend()).terms}
+    assert a32["KV cache"].measured_bytes == 2 * a16["KV cache"].measured_bytes == a32["KV cache"].predicted_bytes
+
+
 # ------------------------------------------------------------------ CUDA
 
 @pytest.mark.gpu
@@ -118,6 +180,53 @@ def test_cuda_tokens_match_cpu(packs, name):
     print(f"\n[gpu-engine] {name}: cuda {r.output_ids} cpu {cpu.output_ids} max|top logit diff|={diff:.2e} "
           f"decode {r.tokens_per_second:.1f} tok/s")
     assert r.output_ids == cpu.output_ids
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+def test_cuda_new_expert_types_tokens_identical(packs):
+    runs = {ec: _run(load_engine_gpu(packs["moe_new"], n_ctx=64, device="cuda", expert_cache=ec), 8)
+            for ec in (0, 12, "auto")}
+    cpu = _run(load_engine(packs["moe_new"], n_ctx=64), 8)
+    print(f"\n[gpu-engine] Q1_0/Q2_0/IQ2_S experts: cuda {runs[0].output_ids} cpu {cpu.output_ids}")
+    assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids == cpu.output_ids
+    assert _tops_equal(runs[0], runs[12]) and _tops_equal(runs[0], runs["auto"])
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+def test_cuda_ring_equals_full_cache(packs):
+    """gemma3 (window 128): a 150-position run wraps the ring; logits equal the full cache's bit for bit."""
+    ids = [int(i) for i in np.random.default_rng(3).integers(3, 500, size=142)]
+    tops = {}
+    for sliding in ("ring", "full"):
+        eng = load_engine_gpu(packs["gemma3"], n_ctx=160, device="cuda", sliding=sliding)
+        tops[sliding] = generate(eng, prompt_ids=ids, n_tokens=8, ignore_eos=True)
+    assert tops["ring"].output_ids == tops["full"].output_ids and _tops_equal(tops["ring"], tops["full"])
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+@pytest.mark.parametrize("name,kv", [("moe", "f16"), ("gemma3", "f16"), ("qwen2", "f32")])
+def test_cuda_audit(packs, name, kv):
+    from strata.engine.gpu.cli import _print_audit, run_audit
+
+    a = run_audit(str(packs[name]), n_ctx=256, kv=kv)
+    _print_audit(a)
+    assert a.exact_ok and all("equal" in c for c in a.pool_checks), a.pool_checks
+    assert a.total_ok
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+def test_cuda_stats(packs):
+    eng = load_engine_gpu(packs["moe"], n_ctx=64, device="cuda", expert_cache=12)
+    r = generate(eng, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True, stats=True)
+    from strata.engine.cli import stats_line
+
+    for s in r.steps:
+        print(stats_line(s, None, gpu=True, experts=True))
+        assert s.gpu_ms is not None and s.gpu_ms > 0 and s.wait_ms is not None and s.expert_layers
 
 
 @pytest.mark.gpu

@@ -4,7 +4,9 @@
   (``strata.packer.synth.make_random_blocks``) and "wild" blocks (random payload bytes, fp16
   scale fields with random sign and exponent, subnormals included) -> engine form -> GPU
   dequantize equals ``gguf.quants.dequantize`` BIT FOR BIT (uint32 views compared; output
-  poisoned with NaN first so an unwritten element fails).
+  poisoned with NaN first so an unwritten element fails); for Q1_0 and Q2_0, which gguf-py lacks,
+  the NumPy definition of the CPU engine (``strata.engine.dequant``, itself pinned to hand-computed
+  blocks of ggml's C in tests/test_engine_dequant.py).
 - Matrix-vector product: y = W x equals the NumPy replica of the kernel's order
   (``strata.engine.gpu.reference.matvec``, the CPU side of the hybrid path) BIT FOR BIT, and
   against a float64 reference from the same exact f32 weights every output is within the
@@ -24,6 +26,7 @@ import pytest
 
 import gguf
 from strata.engine import engine_form as EF
+from strata.engine.dequant import OWN_DEQUANTIZERS, dequantize_blocks
 from strata.engine.gpu import kernels as K
 from strata.engine.gpu import reference as R
 from strata.packer import quants
@@ -77,11 +80,15 @@ def _wild_blocks(type_id: int, n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def _pool_and_ref(type_id: int, raw: np.ndarray, ne: tuple[int, ...]):
-    """(pool_type, src_type, pool bytes, gguf reference f32 [rows, ne0]) for source bytes ``raw``."""
+    """(pool_type, src_type, pool bytes, reference f32 [rows, ne0]) for source bytes ``raw``: gguf-py's
+    dequantization, or strata's NumPy definition for the types gguf-py lacks (Q1_0, Q2_0)."""
     t = quants.qtype(type_id)
     shape = tuple(reversed(ne))
     rows = raw.reshape(shape[0] if len(shape) > 1 else 1, -1)
-    ref = np.asarray(gguf.quants.dequantize(rows, gguf.GGMLQuantizationType(type_id)), dtype=np.float32)
+    if type_id in OWN_DEQUANTIZERS:
+        ref = dequantize_blocks(rows, type_id)
+    else:
+        ref = np.asarray(gguf.quants.dequantize(rows, gguf.GGMLQuantizationType(type_id)), dtype=np.float32)
     if t.name == "BF16":  # the pack stores BF16 as F32 (bf16 << 16); the engine re-rounds it
         pool = quants.bf16_to_f32_bits(raw.view("<u2")).astype("<u4").view(np.uint8)
         return quants.F32.id, quants.BF16.id, pool, ref.reshape(shape)
@@ -112,9 +119,9 @@ def test_dequant_bit_exact(type_id, kind):
     got = cp.asnumpy(out)
     ref = ref.reshape(-1)
     diff = np.flatnonzero(got.view(np.uint32) != ref.view(np.uint32))
-    assert diff.size == 0, (f"{t.name}/{kind}: {diff.size} of {n} values differ from gguf.quants.dequantize; first at "
+    assert diff.size == 0, (f"{t.name}/{kind}: {diff.size} of {n} values differ from the reference; first at "
                             f"{diff[:4].tolist()}: gpu {got[diff[:4]].tolist()} ref {ref[diff[:4]].tolist()}")
-    print(f"\n[gpu-dequant] {t.name:8s} {kind:5s} n={n} bit-exact vs gguf.quants.dequantize (max|x|={np.abs(ref).max():.3g})")
+    print(f"\n[gpu-dequant] {t.name:8s} {kind:5s} n={n} bit-exact vs gguf.quants.dequantize or strata.engine.dequant (max|x|={np.abs(ref).max():.3g})")
 
 
 def _shape_for(t) -> tuple[int, int]:

@@ -11,6 +11,7 @@ hit/miss split are tested in CI, which has no GPU. The kernels replicate bit for
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,26 @@ class Backend:
     name = "abstract"
     xp: Any = None
 
+    #: allocations made through this backend: count, bytes asked, bytes rounded to the pool's unit
+    n_allocs = 0
+    alloc_bytes = 0
+    alloc_rounded_bytes = 0
+    #: CuPy's pool rounds every allocation up to a multiple of this (cupy/cuda/memory.pyx)
+    POOL_UNIT = 512
+
+    def _account(self, nbytes: int) -> None:
+        self.n_allocs += 1
+        self.alloc_bytes += int(nbytes)
+        self.alloc_rounded_bytes += -(-int(nbytes) // self.POOL_UNIT) * self.POOL_UNIT
+
+    def prepare(self, type_ids) -> None:
+        """Compile / load the kernels of ``type_ids`` (and the expert activation) now, so their
+        modules are loaded before the expert cache measures free memory."""
+
+    def span_timer(self) -> Any:
+        """An object with ``start()`` and ``stop() -> ms`` timing device work between them, or None."""
+        return None
+
     def upload(self, host: np.ndarray) -> Any: ...
     def empty_bytes(self, n: int) -> Any: ...
     def empty_f32(self, n: int) -> Any: ...
@@ -80,13 +101,25 @@ class CudaBackend(Backend):
         self._why = why
 
     def upload(self, host):
-        return self.cp.asarray(np.ascontiguousarray(host, dtype=np.uint8))
+        a = self.cp.asarray(np.ascontiguousarray(host, dtype=np.uint8))
+        self._account(a.nbytes)
+        return a
 
     def empty_bytes(self, n):
+        self._account(int(n))
         return self.cp.empty(int(n), dtype=self.cp.uint8)
 
     def empty_f32(self, n):
-        return self.cp.empty(int(n), dtype=self.cp.float32)
+        self._account(4 * int(n))
+        return self.cp.zeros(int(n), dtype=self.cp.float32)
+
+    def prepare(self, type_ids):
+        for t in sorted(set(type_ids)):
+            self.K.kernels_for(t)
+        self.K._silu_kernel()
+
+    def span_timer(self):
+        return _CudaSpan(self.cp)
 
     def copy_into(self, dst, host):
         dst.set(np.ascontiguousarray(host).reshape(dst.shape).view(dst.dtype) if host.dtype != dst.dtype else
@@ -107,10 +140,33 @@ class CudaBackend(Backend):
         self.cp.cuda.Device().synchronize()
 
     def to_host(self, a):
-        return self.cp.asnumpy(a)
+        from ..layers import to_host
+
+        return to_host(a)
 
     def device_name(self):
         return self._why
+
+
+class _CudaSpan:
+    """Device time between two CUDA events on the current stream (created once, reused: the token
+    path creates nothing). ``stop`` waits for the end event: the time it blocks counts as host wait."""
+
+    def __init__(self, cp):
+        self.cp = cp
+        self.a, self.b = cp.cuda.Event(), cp.cuda.Event()
+
+    def start(self) -> None:
+        self.a.record()
+
+    def stop(self) -> float:
+        from ..layers import HostWait
+
+        self.b.record()
+        t0 = time.perf_counter()
+        self.b.synchronize()
+        HostWait.ms += (time.perf_counter() - t0) * 1000
+        return float(self.cp.cuda.get_elapsed_time(self.a, self.b))
 
 
 class SimBackend(Backend):
@@ -129,6 +185,7 @@ class SimBackend(Backend):
 
     def _count(self, a: np.ndarray) -> np.ndarray:
         self.allocated += a.nbytes
+        self._account(a.nbytes)
         return a
 
     def upload(self, host):

@@ -16,6 +16,7 @@ import click
 from pydantic import BaseModel, Field
 
 from strata.budget import formulas as F
+from strata.budget.formulas import ENGINE_KV_TYPES
 
 from ..generate import GenerateError
 from .engine import DEFAULT_RESERVE_MIB, load_engine_cuda, load_engine_gpu
@@ -62,95 +63,127 @@ class GpuAudit(BaseModel):
     card_total_bytes: int
     context_bytes: int
     n_ctx: int
+    kv: str
     slots: int
+    slot_mode: str = ""
     terms: list[AuditTerm] = Field(default_factory=list)
     predicted_total_bytes: int = 0
     measured_total_bytes: int = 0  # cudaMemGetInfo used at the end of start-up
-    measured_total_without_runtime_bytes: int = 0
+    pool_checks: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 
     @property
+    def exact_ok(self) -> bool:
+        return all(t.diff_bytes == 0 for t in self.terms if t.exact)
+
+    @property
+    def total_diff_bytes(self) -> int:
+        return self.measured_total_bytes - self.predicted_total_bytes
+
+    @property
     def total_ok(self) -> bool:
-        d = abs(self.measured_total_bytes - self.predicted_total_bytes)
-        return d <= max(0.005 * self.measured_total_bytes, 32 * F.MIB)
+        return abs(self.total_diff_bytes) <= max(0.005 * self.measured_total_bytes, 32 * F.MIB)
 
 
 def run_audit(pack: str, *, n_ctx: int, expert_cache="auto", vram_reserve_mib: int = DEFAULT_RESERVE_MIB,
-              device: str = "cuda", backend=None, resident="all") -> GpuAudit:
-    """Load ``pack`` on the GPU path and compare every budget term with what was allocated."""
+              kv: str = "f16", device: str = "cuda", backend=None, resident="all") -> GpuAudit:
+    """Load ``pack`` on the GPU path and compare every budget term with what was allocated.
+
+    Predicted: :func:`strata.budget.plan.make_plan` on the pack's audit facts, for a card of the
+    measured total with the measured context (used memory before the first allocation) and the
+    cards.toml runtime term, the engine's options (``n_ctx``, ``kv``, one position per step, the
+    untied embeddings on the host) and the slot count the engine chose. Measured: the bytes the
+    engine allocated per term (each a sum of buffer sizes), cross-checked against the CuPy pool's
+    growth per stage (``pool_checks``); the runtime and activation terms from ``cudaMemGetInfo`` and
+    the pool around the warm-up; the total from ``cudaMemGetInfo`` at the end of start-up.
+    """
     from strata.budget.audit import audit_pack
-    from strata.budget.cards import Card
+    from strata.budget.cards import Card, runtime_term
     from strata.budget.plan import PlanOptions, make_plan
 
     eng = load_engine_gpu(pack, n_ctx=n_ctx, expert_cache=expert_cache, vram_reserve_mib=vram_reserve_mib,
-                          device=device, backend=backend, resident=resident)
+                          kv=kv, device=device, backend=backend, resident=resident)
     g = eng.gpu
     marks = g.marks
     ctx = marks["pack"]["gpu_used_bytes"]
     total = marks["pack"]["gpu_total_bytes"]
     res = audit_pack(pack, bf16_scan=False)
     if res.facts is None:
-        raise click.ClickException(f"{pack}: the budget audit found errors: {[e.message for e in res.errors][:3]}")
+        raise GenerateError(f"{pack}: the budget audit found errors: {[e.message for e in res.errors][:3]}")
     facts = res.facts
     slots = g.slot_plan.slots if g.slot_plan else 0
+    rt, rt_src = runtime_term()
     card = Card(name=f"measured ({g.device})", total_bytes=total, source="cudaMemGetInfo",
-                cuda_context_bytes=ctx, cuda_context_source="measured: used before the first allocation")
-    opts = PlanOptions(max_context=n_ctx, prefill=0, batch=1, vram_reserve_mib=vram_reserve_mib,
+                cuda_context_bytes=ctx, cuda_context_source="measured: used before the first allocation",
+                cuda_runtime_bytes=rt, cuda_runtime_source=rt_src)
+    opts = PlanOptions(max_context=n_ctx, prefill=0, batch=1, vram_reserve_mib=vram_reserve_mib, kv=kv,
                        expert_cache=slots if facts.expert_layers else None,
                        embeddings_on_host=not facts.tied)
     plan = make_plan(facts, card, opts, suggest=False)
     pred = {t.name: t.bytes for t in plan.terms}
-    a = GpuAudit(pack=str(pack), device=g.device, card_total_bytes=total, context_bytes=ctx, n_ctx=n_ctx, slots=slots)
-    kv_detail = next((t.detail for t in plan.terms if t.name == "KV cache"), "")
-    act_measured = (g.f32_vector_bytes + g.output_buffer_bytes + g.rope_bytes
-                    + marks["prompt path"]["pool_used_bytes"] - marks["expert cache"]["pool_used_bytes"])
+    a = GpuAudit(pack=str(pack), device=g.device, card_total_bytes=total, context_bytes=ctx, n_ctx=n_ctx, kv=kv,
+                 slots=slots, slot_mode=g.slot_plan.mode if g.slot_plan else "")
+    end = marks["expert cache"]
+    cache_bytes = g.slot_plan.cache_bytes if g.slot_plan else 0
+    exact_alloc = g.weights_engine_bytes + g.head_engine_bytes + g.kv_bytes + g.buffer_bytes + cache_bytes
+    # everything on the device is the context, memory outside the CuPy pool (the runtime's modules)
+    # or the pool's blocks: the exact terms, and the rest the warm-up's temporaries left cached
+    outside_pool = end["gpu_used_bytes"] - ctx - end["pool_total_bytes"]
+    pool_rest = end["pool_total_bytes"] - exact_alloc
     rows = [
-        ("CUDA context", ctx, "cudaMemGetInfo used before the first allocation", True),
+        ("CUDA context", ctx, "cudaMemGetInfo used before the first allocation (the card is planned with it)", True),
+        ("CUDA runtime", outside_pool, "cudaMemGetInfo used - context - CuPy pool total at the end (kernel modules); "
+                                       "predicted: cards.toml cuda_runtime_mib", False),
         ("dense weights", g.weights_engine_bytes, "engine-form bytes uploaded (sum of buffer sizes)", True),
         ("output head", g.head_engine_bytes, "engine-form bytes of the head tensors", True),
         ("token embeddings", 0, "kept on the host (untied) or shared with the head", True),
-        ("KV cache", g.kv_bytes, "KV arrays allocated (f32 K and V per layer)", True),
+        ("KV cache", g.kv_bytes, f"K and V arrays allocated ({kv}; sliding-window layers as rings)", True),
         ("recurrent state", 0, "no recurrent layers on this path", True),
-        ("prefill/activations", act_measured,
-         "f32 norm/bias copies + per-tensor matvec outputs + rope tables + pool growth of the warm-up step", False),
-        ("expert cache", g.slot_plan.cache_bytes if g.slot_plan else 0, "slots x slot bytes (one allocation)", True),
+        ("engine buffers", g.buffer_bytes, "GEMV outputs + f32 vector copies + embedding row + rope tables + "
+                                           "hit-path vectors (sum of buffer sizes)", True),
+        ("prefill/activations", pool_rest, "CuPy pool total - the exact terms above (the warm-up's temporaries "
+                                           "cached in the pool, and the pool's 512 B rounding)", False),
+        ("expert cache", cache_bytes, "slots x slot bytes (one allocation)", True),
     ]
-    pp, ec = marks["prompt path"], marks["expert cache"]
-    runtime = (pp["gpu_used_bytes"] - ec["gpu_used_bytes"]) - (pp["pool_total_bytes"] - ec["pool_total_bytes"])
-    rows.append(("runtime at first use", runtime,
-                 "device memory the warm-up step took outside the CuPy pool (kernel modules, cuBLAS handle and "
-                 "workspace for the attention einsums); no budget term models it", False))
     for name, meas, how, exact in rows:
         a.terms.append(AuditTerm(term=name, predicted_bytes=pred.get(name, 0), measured_bytes=meas,
                                  measured_how=how, exact=exact))
     a.predicted_total_bytes = plan.used_bytes
-    a.measured_total_bytes = marks["prompt path"]["gpu_used_bytes"]
-    if "f16" in kv_detail and g.kv_bytes:
-        a.notes.append("the budget's KV term is f16 (--kv f16|int8); this engine keeps K/V in f32, "
-                       "so the measured KV cache is twice the f16 prediction")
-    if g.slot_plan and g.slot_plan.slot_bytes != g.slot_plan.max_blob_engine:
-        a.notes.append(f"slot stride {g.slot_plan.slot_bytes} B = largest engine-form blob "
-                       f"{g.slot_plan.max_blob_engine} B with each part aligned to 256 B")
-    a.notes.append("measured total = cudaMemGetInfo used after the warm-up step; it includes CuPy pool "
-                   "rounding (512 B per block), the driver's allocation granularity and the runtime-at-first-use line")
-    a.measured_total_without_runtime_bytes = a.measured_total_bytes - runtime
+    a.measured_total_bytes = end["gpu_used_bytes"]
+    assert sum(t.measured_bytes for t in a.terms) == a.measured_total_bytes
+    # the counted bytes are what the device gave: per stage, the pool's used bytes grew by exactly the
+    # engine's allocations, each rounded up to the pool's 512 B unit
+    prev = "pack"
+    for stage in (("weights", "head", "session", "expert cache") if g.backend == "cuda" else ()):
+        grew = marks[stage]["pool_used_bytes"] - marks[prev]["pool_used_bytes"]
+        asked = g.alloc_rounded[stage] - g.alloc_rounded[prev] + (g.session_rounded_bytes if stage == "session" else 0)
+        a.pool_checks.append(f"{stage}: pool used +{grew} B, engine allocations rounded to 512 B: {asked} B "
+                             f"({'equal' if grew == asked else 'DIFFER'})")
+        prev = stage if stage != "session" else "prompt path"
+    if g.slot_plan:
+        sp = g.slot_plan
+        a.notes.append(f"expert cache {sp.mode}: {sp.slots} slots of {sp.slot_bytes} B (budget.formulas.expert_slot_bytes; "
+                       f"largest engine-form blob {sp.max_blob_engine} B) from {sp.free_bytes} B free at the checkpoint "
+                       f"- {sp.reserve_bytes} B reserve" + (f", capped at {sp.cap} pairs" if sp.cap is not None else ""))
+    a.notes.append(f"measured total = cudaMemGetInfo used at the end of start-up = the measured column's sum; "
+                   f"the warm-up alone took {g.runtime_bytes} B outside the pool and grew it by {g.warmup_pool_bytes} B")
     return a
 
 
 def _print_audit(a: GpuAudit) -> None:
-    click.echo(f"audit {a.pack} on {a.device}: card {a.card_total_bytes / F.MIB:.0f} MiB, n_ctx {a.n_ctx}, "
-               f"{a.slots} expert slots (bytes; MiB in brackets)")
+    click.echo(f"audit {a.pack} on {a.device}: card {a.card_total_bytes / F.MIB:.0f} MiB, n_ctx {a.n_ctx}, kv {a.kv}, "
+               f"{a.slots} expert slots ({a.slot_mode or 'no experts'}); every figure in bytes")
     click.echo(f"{'term':22s} {'predicted':>16s} {'measured':>16s} {'diff':>12s}  kind")
     for t in a.terms:
         kind = "exact" if t.exact else "estimate"
         ok = "" if (not t.exact or t.diff_bytes == 0) else "  <-- differs"
         click.echo(f"{t.term:22s} {t.predicted_bytes:16d} {t.measured_bytes:16d} {t.diff_bytes:+12d}  {kind}{ok}")
-    d = a.measured_total_bytes - a.predicted_total_bytes
+    d = a.total_diff_bytes
     click.echo(f"{'total':22s} {a.predicted_total_bytes:16d} {a.measured_total_bytes:16d} {d:+12d}  "
-               f"({d / F.MIB:+.1f} MiB; goal within 0.5% or 32 MiB: {'ok' if a.total_ok else 'MISSED'})")
-    d2 = a.measured_total_without_runtime_bytes - a.predicted_total_bytes
-    click.echo(f"{'total w/o runtime':22s} {a.predicted_total_bytes:16d} {a.measured_total_without_runtime_bytes:16d} "
-               f"{d2:+12d}  ({d2 / F.MIB:+.1f} MiB)")
+               f"(diff {d / F.MIB:+.1f} MiB = {100 * d / max(a.measured_total_bytes, 1):+.2f}%; goal within 0.5% or "
+               f"32 MiB: {'ok' if a.total_ok else 'MISSED'}; exact terms: {'all equal' if a.exact_ok else 'DIFFER'})")
+    for c in a.pool_checks:
+        click.echo(f"pool check: {c}")
     for n in a.notes:
         click.echo(f"note: {n}")
 
@@ -165,6 +198,7 @@ def run_profile(pack: str, prompts: list[str], *, n_tokens: int, n_ctx: int, dev
 
     eng = load_engine(pack, n_ctx=n_ctx, resident="none") if device == "cpu" else \
         load_engine_gpu(pack, n_ctx=n_ctx, device=device, expert_cache=0)
+    kv = eng.kv
     if eng.experts is None:
         raise click.ClickException(f"{pack}: {eng.pack.arch} has no routed experts; nothing to profile")
     counts: dict[tuple[int, int], int] = {}
@@ -179,7 +213,7 @@ def run_profile(pack: str, prompts: list[str], *, n_tokens: int, n_ctx: int, dev
 
     path.__class__ = Counting
     for p in prompts:
-        eng.state = eng.model.new_state(n_ctx)
+        eng.state = eng.model.new_state(n_ctx, kv=kv)
         generate(eng, p, n_tokens, ignore_eos=True)
     return sorted((il, e, c) for (il, e), c in counts.items())
 
@@ -206,19 +240,26 @@ def add_commands(main: click.Group) -> None:
     @click.option("--expert-cache", "expert_cache", default="auto", show_default=True,
                   callback=lambda c, p, v: _expert_cache(v), help="auto or a slot count.")
     @click.option("--vram-reserve-mib", default=DEFAULT_RESERVE_MIB, show_default=True)
+    @click.option("--kv", type=click.Choice(list(ENGINE_KV_TYPES)), default="f16", show_default=True,
+                  help="KV cache type (the budget plans the same).")
     @click.option("--json", "as_json", is_flag=True)
-    def audit_cmd(pack, n_ctx, expert_cache, vram_reserve_mib, as_json):
+    def audit_cmd(pack, n_ctx, expert_cache, vram_reserve_mib, kv, as_json):
         """Load PACK on the GPU and print, per budget term, predicted bytes (strata.budget, on the
-        measured card and context) next to the bytes this engine allocated."""
+        measured card and context) next to the bytes this engine allocated.
+
+        Exit codes: 0 every exact term equal and the total within 0.5% or 32 MiB, 1 not, 2 refused."""
         try:
-            a = run_audit(pack, n_ctx=n_ctx, expert_cache=expert_cache, vram_reserve_mib=vram_reserve_mib)
+            a = run_audit(pack, n_ctx=n_ctx, expert_cache=expert_cache, vram_reserve_mib=vram_reserve_mib, kv=kv)
         except GenerateError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
         if as_json:
-            click.echo(json.dumps(a.model_dump()))
+            d = a.model_dump()
+            d.update(exact_ok=a.exact_ok, total_ok=a.total_ok, total_diff_bytes=a.total_diff_bytes)
+            click.echo(json.dumps(d))
         else:
             _print_audit(a)
+        sys.exit(0 if a.exact_ok and a.total_ok else 1)
 
     @main.command("profile")
     @click.argument("pack", type=click.Path(file_okay=False))

@@ -3,23 +3,29 @@ engine form, a slot-based expert cache sized by the budget module, misses on the
 
 Start-up (:func:`load_engine_gpu`), each stage a checkpoint that records ``cudaMemGetInfo`` and the
 CuPy pool's bytes (``extra``: ``gpu_free_bytes``, ``gpu_used_bytes``, ``pool_used_bytes``, and
-the stage's own ``*_bytes`` figures), in this order (BRIEF.md, "Start-up order"):
+the stage's own ``*_bytes`` figures), in this order (BRIEF.md, "Start-up order"): everything the
+engine will ever hold is allocated before the expert cache measures what is free, so the cache
+takes exactly what is left minus the reserve and nothing allocated later eats the reserve:
 
 1. ``pack`` - the strict readers and every load-time check (:func:`strata.engine.loader.check_pack`);
 2. ``weights`` - dense layer weights uploaded by byte offset from the mapped ``pool.bin``, each
-   converted to engine form (:mod:`strata.engine.engine_form`) on the way;
-3. ``head`` - the output head, BEFORE the expert cache (incident 1: a head loaded after the cache
-   ate the reserve);
-4. ``session`` - KV cache, rope tables, per-tensor output buffers: allocated before the slots, so
-   "free" below is what this process has left (incident 2);
-5. ``expert cache`` - ``--expert-cache auto``: ``budget.formulas.expert_slots(free, reserve,
+   converted to engine form (:mod:`strata.engine.engine_form`) on the way, with one preallocated
+   f32 GEMV output per matrix (:func:`strata.budget.formulas.matvec_out_bytes`);
+3. ``head`` - the output head, before the expert cache (incident 1);
+4. ``session`` - KV cache (``kv`` f16 | f32; sliding-window layers as ring buffers of the budget's
+   size), rope tables, the embedding row, the expert hit path's vectors (incident 2);
+5. ``prompt path`` - every kernel the engine will run is compiled and loaded (dense and expert
+   types), and warm-up steps at positions 0 and ``n_ctx - 1`` put the largest temporaries in the
+   CuPy pool, so the token loop allocates no new device memory (the tests and the benchmark check
+   the pool does not grow during decode). Device memory taken here outside the pool is the CUDA
+   runtime's first-use cost (kernel modules; no cuBLAS: attention is elementwise + reductions),
+   which the budget charges as a measured constant (manifests/cards.toml ``cuda_runtime_mib``);
+6. ``expert cache`` - ``--expert-cache auto``: ``budget.formulas.expert_slots(free, reserve,
    slot_bytes, cap)`` on the free memory measured right there; ``--expert-cache N``: N slots or a
-   refusal with both numbers (never a silently smaller cache). Filled once from a profile (the
-   budget module's ranking and per-layer ranges) or from the ``resident`` policy; without a
-   profile, free slots also admit experts first-come during decode (no eviction);
-6. ``prompt path`` - kernel compilation and warm-up steps at positions 0 and ``n_ctx - 1`` (pool
-   blocks of the largest sizes allocated here, so the token loop allocates no new device memory;
-   the benchmark and tests check the pool does not grow during decode).
+   refusal with both numbers (never a silently smaller cache). Slots are laid out by
+   :func:`strata.budget.formulas.expert_slot_layout`. Filled once from a profile (the budget
+   module's ranking and per-layer ranges) or from the ``resident`` policy; without a profile, free
+   slots also admit experts first-come during decode (no eviction).
 
 Hit/miss (all or nothing): a routed expert in a slot runs on the GPU (3 matvecs + ``silu_mul``);
 a miss runs on the CPU from the memory-mapped shard with :func:`strata.engine.gpu.reference.expert_ffn`,
@@ -42,10 +48,11 @@ from strata.manifests.contract import geometry_from_params
 from strata.packer import quants
 from strata.packer.packfmt import IndexEntry, Pack, open_pack
 
+from .. import layers
 from ..checkpoints import Checkpoint, Checkpoints
 from ..dequant import dequantize_rows
 from ..experts import ExpertPath, ShardExperts, resident_pairs
-from ..generate import DEFAULT_N_CTX, Engine, GenerateError
+from ..generate import DEFAULT_KV, DEFAULT_N_CTX, Engine, GenerateError, check_kv
 from ..loader import check_pack
 from ..models import model_class
 from ..tokenizer import load_tokenizer
@@ -54,16 +61,12 @@ from .backend import Backend, make_backend
 
 #: Default VRAM reserve (MiB) left free after the expert cache (the documents' --vram-reserve-mib).
 DEFAULT_RESERVE_MIB = 700
-#: Alignment of every engine-form buffer inside a slot (f32 scale planes need 4; 256 keeps loads aligned).
-SLOT_ALIGN = 256
+#: Alignment of every engine-form buffer inside a slot (the budget's, so the plan is the layout).
+SLOT_ALIGN = F.EXPERT_PART_ALIGN
 
 
 class ExpertCacheError(GenerateError):
     """An expert cache that cannot be built as asked (both numbers in the message)."""
-
-
-def _align(n: int, a: int = SLOT_ALIGN) -> int:
-    return (n + a - 1) // a * a
 
 
 def _rows_of(e: IndexEntry) -> int:
@@ -76,11 +79,13 @@ class DeviceWeights:
     """The :class:`strata.engine.weights.Weights` interface over VRAM.
 
     Matrices live in engine form (one device buffer each, ``engine_bytes`` counts them exactly);
-    ``matmul`` runs the type's matvec kernel into a buffer preallocated per tensor at upload, so
-    the token loop allocates no output memory. Vectors (norms, biases) are also kept as f32 for
-    ``get`` (``f32_vector_bytes``). Tensors read only by rows (an untied ``token_embd``) stay in
-    the memory-mapped pool on the host: one row is dequantized there per token and copied up into a
-    preallocated buffer (the budget's "embeddings on host").
+    ``matmul`` runs the type's matvec kernel into an f32 output preallocated per tensor at upload
+    (``output_bytes``), so the token loop allocates no output memory. Vectors (norms, biases) are
+    read as f32 by ``get``: an F32 vector's engine-form buffer is viewed as f32 (no copy), others
+    get an f32 copy (``f32_vector_bytes``). Tensors read only by rows (an untied ``token_embd``)
+    stay in the memory-mapped pool on the host: one row is dequantized there per token and copied
+    up into a preallocated buffer (``row_bytes``; the budget's "embeddings on host").
+    Every size is one function of :mod:`strata.budget.formulas` (the budget's "engine buffers").
     """
 
     def __init__(self, pack: Pack, dense: dict[str, IndexEntry], backend: Backend):
@@ -96,6 +101,7 @@ class DeviceWeights:
         self.engine_bytes = 0
         self.f32_vector_bytes = 0
         self.output_bytes = 0
+        self.row_bytes = 0
 
     def has(self, name: str) -> bool:
         return name in self._entries
@@ -106,6 +112,10 @@ class DeviceWeights:
     def _raw(self, e: IndexEntry) -> np.ndarray:
         return self._pool[e.offset:e.offset + e.nbytes]
 
+    def types(self) -> set[int]:
+        """Kernel types of the uploaded tensors."""
+        return set(self._type.values())
+
     def upload(self, names: Iterable[str]) -> int:
         """Upload ``names`` in engine form (by byte offset from the pool); returns engine bytes added."""
         added = 0
@@ -114,19 +124,38 @@ class DeviceWeights:
                 continue
             e = self._entries[name]
             ef = EF.to_engine_form(self._raw(e), e.type, e.src_type, e.ne, name=name)
-            self._buf[name] = self.backend.upload(ef)
+            buf = self.backend.upload(ef)
+            self._buf[name] = buf
             self._type[name] = EF.engine_type(e.type, e.src_type)
             added += ef.size
-            rows = _rows_of(e)
-            if rows == 1:  # a vector: also f32 for get()
-                v = dequantize_rows(np.asarray(self._raw(e)).reshape(1, -1), e.type, e.ne0, name=name)[0]
-                self._f32[name] = self.backend.upload(v.view(np.uint8)).view(self.xp.float32)
-                self.f32_vector_bytes += v.nbytes
+            if _rows_of(e) == 1:  # a vector: f32 for get()
+                extra = F.vector_f32_bytes(e.type, e.src_type, e.ne)
+                if extra == 0:  # engine form is F32 already: view it
+                    self._f32[name] = buf.view(self.xp.float32)
+                else:
+                    v = dequantize_rows(np.asarray(self._raw(e)).reshape(1, -1), e.type, e.ne0, name=name)[0]
+                    self._f32[name] = self.backend.upload(v.view(np.uint8)).view(self.xp.float32)
+                    assert v.nbytes == extra
+                self.f32_vector_bytes += extra
             else:
-                self._out[name] = self.backend.empty_f32(rows)
-                self.output_bytes += 4 * rows
+                nb = F.matvec_out_bytes(e.ne)
+                self._out[name] = self.backend.empty_f32(nb // 4)
+                self.output_bytes += nb
         self.engine_bytes += added
         return added
+
+    def alloc_row_buffer(self, name: str) -> int:
+        """Preallocate the f32 row ``rows(name, [id])`` is looked up into; returns its bytes."""
+        e = self._entries[name]
+        nb = F.embedding_row_bytes(e.ne0)
+        self._row_buf = self.backend.empty_f32(nb // 4)
+        self.row_bytes += nb
+        return nb
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Engine buffers held here: GEMV outputs, f32 vector copies, the embedding row."""
+        return self.output_bytes + self.f32_vector_bytes + self.row_bytes
 
     def get(self, name: str):
         a = self._f32.get(name)
@@ -147,9 +176,7 @@ class DeviceWeights:
         rows = _rows_of(e)
         raw = np.asarray(self._raw(e)).reshape(rows, -1)[np.asarray(ids, dtype=np.int64)]
         host = dequantize_rows(raw, e.type, e.ne0, name=name)
-        if len(ids) == 1:
-            if self._row_buf is None or self._row_buf.size != e.ne0:
-                self._row_buf = self.backend.empty_f32(e.ne0)
+        if len(ids) == 1 and self._row_buf is not None and self._row_buf.size == e.ne0:
             self.backend.copy_into(self._row_buf, host[0])
             return self._row_buf.reshape(1, e.ne0)
         return self.xp.asarray(host)
@@ -183,30 +210,35 @@ class SlotPlan:
 
 
 class SlotCache:
-    """VRAM slots holding experts in engine form (gate | up | down, each at a 256-aligned offset).
+    """VRAM slots holding experts in engine form, laid out by
+    :func:`strata.budget.formulas.expert_slot_layout` (gate | up | down, each part 256-aligned).
 
     One allocation of ``slots * slot_bytes`` bytes, made once. ``fill(pairs)`` loads experts by
     offset from the memory-mapped shards (converted to engine form); ``admit`` takes a free slot at
-    decode time (first-come, no eviction); ``ffn`` runs a resident expert on the device.
+    decode time (first-come, no eviction); ``ffn`` runs a resident expert on the device into the
+    hit path's preallocated vectors (``bufs``: gate, up, act, out).
     """
 
-    def __init__(self, source: ShardExperts, backend: Backend, n_embd: int, n_ff: int, n_slots: int):
+    def __init__(self, source: ShardExperts, backend: Backend, n_embd: int, n_ff: int, n_slots: int,
+                 bufs: tuple[Any, Any, Any, Any] | None = None):
         self.source, self.backend = source, backend
         self.layouts: dict[int, tuple[PartLayout, PartLayout, PartLayout]] = {}
+        stride = 0
         for il in source.layers:
             row, shp = source.rows[il], source.shapes[il]
-            off, parts = 0, []
-            for t, (ne0, rows) in ((row.gate_type, shp.gate), (row.up_type, shp.up), (row.down_type, shp.down)):
-                nb = quants.engine_nbytes(t, t, (ne0, rows))
-                parts.append(PartLayout(t, ne0, rows, off, nb))
-                off = _align(off + nb)
+            ((go, gb), (uo, ub), (do, db)), st = F.expert_slot_layout(row.gate_type, row.up_type, row.down_type, n_embd, n_ff)
+            parts = [PartLayout(t, ne0, rows, off, nb) for t, (ne0, rows), (off, nb) in
+                     ((row.gate_type, shp.gate, (go, gb)), (row.up_type, shp.up, (uo, ub)), (row.down_type, shp.down, (do, db)))]
+            for p in parts:  # the loader's shapes are the budget's expert_part_ne
+                assert p.nbytes == quants.engine_nbytes(p.type_id, p.type_id, (p.ne0, p.rows)), (il, p)
             self.layouts[il] = (parts[0], parts[1], parts[2])
-        self.slot_bytes = max((p[2].offset + p[2].nbytes for p in self.layouts.values()), default=0)
-        self.slot_bytes = _align(self.slot_bytes)
+            stride = max(stride, st)
+        self.slot_bytes = stride
         self.n_slots = int(n_slots)
         self.storage = backend.empty_bytes(self.n_slots * self.slot_bytes) if self.n_slots else None
         self.where: dict[tuple[int, int], int] = {}
         self.n_embd, self.n_ff = n_embd, n_ff
+        self.bufs = bufs
         self.admit_enabled = False
         self.admitted = 0
 
@@ -257,27 +289,39 @@ class SlotCache:
         s = self.where[(il, e)]
         g_l, u_l, d_l = self.layouts[il]
         bk = self.backend
-        g = bk.matvec(g_l.type_id, self._view(s, g_l), g_l.rows, g_l.ne0, x)
-        u = bk.matvec(u_l.type_id, self._view(s, u_l), u_l.rows, u_l.ne0, x)
-        h = bk.silu_mul(g, u)
-        return bk.matvec(d_l.type_id, self._view(s, d_l), d_l.rows, d_l.ne0, h)
+        gb, ub, hb, yb = self.bufs if self.bufs is not None else (None, None, None, None)
+        g = bk.matvec(g_l.type_id, self._view(s, g_l), g_l.rows, g_l.ne0, x, out=gb)
+        u = bk.matvec(u_l.type_id, self._view(s, u_l), u_l.rows, u_l.ne0, x, out=ub)
+        h = bk.silu_mul(g, u, out=hb)
+        return bk.matvec(d_l.type_id, self._view(s, d_l), d_l.rows, d_l.ne0, h, out=yb)
 
 
 class GpuExpertPath(ExpertPath):
     """:class:`strata.engine.experts.ExpertPath` with the CPU miss path made bit-identical to the
     GPU hit path (:func:`strata.engine.gpu.reference.expert_ffn`) and per-token timers
-    (``cpu_expert_ms``: host time spent on misses, incl. the device->host copy of ``x``)."""
+    (``cpu_expert_ms``: host time computing misses and copying their outputs up; the wait for the
+    expert's input to come down counts in :class:`strata.engine.layers.HostWait`)."""
 
     def __init__(self, source: ShardExperts, cache: SlotCache | None, backend: Backend):
         super().__init__(source, cache, xp=backend.xp)
         self.backend = backend
         self.cpu_expert_ms = 0.0
         self._x_host: tuple[int, Any, np.ndarray] | None = None
+        self.bufs: tuple[Any, Any, Any, Any] | None = None
+        self.buffer_bytes = 0
+
+    def alloc_hit_buffers(self, n_embd: int, n_ff: int) -> int:
+        """Preallocate the hit path's f32 vectors (gate, up, act: ``n_ff``; out: ``n_embd``)."""
+        bk = self.backend
+        self.bufs = (bk.empty_f32(n_ff), bk.empty_f32(n_ff), bk.empty_f32(n_ff), bk.empty_f32(n_embd))
+        self.buffer_bytes = F.expert_hit_buffer_bytes(n_embd, n_ff)
+        assert self.buffer_bytes == sum(4 * b.size for b in self.bufs)
+        return self.buffer_bytes
 
     def miss_ffn(self, il: int, e: int, x):
-        t0 = time.perf_counter()
         if self._x_host is None or self._x_host[0] != il or self._x_host[1] is not x:
-            self._x_host = (il, x, self.backend.to_host(x).astype(np.float32, copy=False))
+            self._x_host = (il, x, layers.to_host(x).astype(np.float32, copy=False))
+        t0 = time.perf_counter()
         xh = self._x_host[2]
         g, u, d = self.source.weights(il, e)
         row = self.source.rows[il]
@@ -291,6 +335,28 @@ class GpuExpertPath(ExpertPath):
     def take_cpu_ms(self) -> float:
         v, self.cpu_expert_ms = self.cpu_expert_ms, 0.0
         return v
+
+
+class GpuStepProbe:
+    """``--stats`` timers of one step (:class:`strata.engine.generate.StepProbe`): device span
+    between CUDA events (``gpu_ms``; None on a simulated device), host time on missed experts
+    (``cpu_expert_ms``), host time blocked on device->host copies (``wait_ms``)."""
+
+    def __init__(self, backend: Backend, experts: GpuExpertPath | None):
+        self.experts = experts
+        self.span = backend.span_timer()
+
+    def begin(self) -> None:
+        layers.HostWait.take()
+        if self.experts is not None:
+            self.experts.take_cpu_ms()
+        if self.span is not None:
+            self.span.start()
+
+    def end(self) -> dict[str, float | None]:
+        gpu = self.span.stop() if self.span is not None else None
+        cpu = self.experts.take_cpu_ms() if self.experts is not None else 0.0
+        return {"gpu_ms": gpu, "cpu_expert_ms": cpu, "wait_ms": layers.HostWait.take()}
 
 
 # ---------------------------------------------------------------------------- profile fill
@@ -322,20 +388,34 @@ def profile_pairs(pairs: list[tuple[int, int, int]], slots: int) -> list[tuple[i
 
 @dataclass
 class GpuInfo:
-    """GPU-side facts of a loaded engine (bytes), for audit, stats and the benchmark."""
+    """GPU-side facts of a loaded engine (bytes), for audit, stats and the benchmark.
+
+    ``buffer_bytes``: the budget's "engine buffers" as allocated (GEMV outputs, f32 vector copies,
+    embedding row, rope tables, expert hit path); ``runtime_bytes``: device memory the warm-up took
+    outside the CuPy pool (kernel modules); ``warmup_pool_bytes``: what the warm-up left in the pool
+    (temporaries, the budget's "prefill/activations"). ``alloc_rounded``: per stage, the bytes the
+    engine asked the backend for, each rounded to the pool's 512 B unit (to check against the pool)."""
 
     backend: str
     device: str
+    kv: str = "f16"
     weights_engine_bytes: int = 0
     head_engine_bytes: int = 0
     f32_vector_bytes: int = 0
     output_buffer_bytes: int = 0
+    row_buffer_bytes: int = 0
+    hit_buffer_bytes: int = 0
     kv_bytes: int = 0
     rope_bytes: int = 0
+    buffer_bytes: int = 0
+    runtime_bytes: int = 0
+    warmup_pool_bytes: int = 0
+    session_rounded_bytes: int = 0
     slot_plan: SlotPlan | None = None
     filled: int = 0
     fill: str = ""
     pool_after_warmup: int = 0
+    alloc_rounded: dict[str, int] = field(default_factory=dict)
     marks: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
@@ -346,13 +426,18 @@ def _mark(backend: Backend, note: dict, info: GpuInfo, name: str) -> None:
          "pool_used_bytes": m.pool_used, "pool_total_bytes": m.pool_total}
     note.update(d)
     info.marks[name] = d
+    info.alloc_rounded[name] = backend.alloc_rounded_bytes
+
+
+def _rounded(arrays, unit: int) -> int:
+    return sum(-(-int(a.nbytes) // unit) * unit for a in arrays)
 
 
 def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, resident: str | float = "all",
                     on_checkpoint: Callable[[Checkpoint], None] | None = None, device: str = "cuda",
                     expert_cache: str | int = "auto", profile: list[tuple[int, int, int]] | None = None,
-                    vram_reserve_mib: int = DEFAULT_RESERVE_MIB, admit: bool | None = None,
-                    backend: Backend | None = None, warmup: bool = True) -> Engine:
+                    vram_reserve_mib: int = DEFAULT_RESERVE_MIB, admit: bool | None = None, kv: str = DEFAULT_KV,
+                    sliding: str = "ring", backend: Backend | None = None, warmup: bool = True) -> Engine:
     """Open, check and load ``pack_dir`` for the GPU path (see the module docstring).
 
     Args:
@@ -361,6 +446,7 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
         expert_cache: ``"auto"`` or a slot count.
         profile: ``(layer, expert, count)`` rows (e.g. :func:`strata.budget.plan.read_profile`).
         admit: first-come admission of misses into free slots; default on without a profile.
+        kv: KV cache type, ``f16`` (default) or ``f32``; ``sliding``: ``ring`` or ``full`` (as the CPU path).
         backend: a :class:`~strata.engine.gpu.backend.Backend` (default: ``make_backend(device)``).
 
     Raises:
@@ -369,8 +455,11 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
     """
     if n_ctx < 1:
         raise GenerateError(f"n_ctx {n_ctx} < 1")
+    check_kv(kv)
+    if expert_cache != "auto" and int(expert_cache) < 0:
+        raise ExpertCacheError(f"--expert-cache {expert_cache}: a slot count cannot be negative")
     bk = backend or make_backend(device)
-    info = GpuInfo(bk.name, bk.device_name())
+    info = GpuInfo(bk.name, bk.device_name(), kv=kv)
     cps = Checkpoints(on_checkpoint)
     with cps.stage("pack") as note:
         pack = open_pack(pack_dir)
@@ -398,15 +487,46 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
         note["engine_bytes"] = info.head_engine_bytes
         _mark(bk, note, info, "head")
     with cps.stage("session") as note:
-        state = model.new_state(n_ctx)
+        state = model.new_state(n_ctx, kv=kv, sliding=sliding)
         tokenizer = load_tokenizer(pack)
+        for name in sorted(rows_only):
+            info.row_buffer_bytes += weights.alloc_row_buffer(name)
+        if experts is not None:
+            info.hit_buffer_bytes = experts.alloc_hit_buffers(int(geom["n_embd"]), int(geom["n_ff_exp"]))
         info.kv_bytes = state.cache.nbytes
-        info.rope_bytes = state.nbytes - state.cache.nbytes
+        info.rope_bytes = state.rope_nbytes
         info.f32_vector_bytes = weights.f32_vector_bytes
         info.output_buffer_bytes = weights.output_bytes
+        info.buffer_bytes = weights.buffer_bytes + info.rope_bytes + info.hit_buffer_bytes
+        # KV and rope arrays come from the array module itself, not through the backend
+        info.session_rounded_bytes = _rounded(state.cache.k + state.cache.v + [a for r in state.ropes.values()
+                                                                               for a in (r.cos, r.sin)], bk.POOL_UNIT)
         note["n_ctx"] = n_ctx
+        note["kv"] = f"{kv}, {sliding}: {state.cache.sizes[0]}..{max(state.cache.sizes)} positions per layer"
         note["kv_bytes"] = info.kv_bytes
+        note["buffer_bytes"] = info.buffer_bytes
         _mark(bk, note, info, "session")
+    with cps.stage("prompt path") as note:
+        # every kernel the engine will run is loaded now, before the cache measures free memory
+        expert_types = {t for r in source.rows.values() for t in (r.gate_type, r.up_type, r.down_type)} if source else set()
+        bk.prepare(weights.types() | expert_types)
+        if warmup:
+            # allocates the pool blocks one step uses; positions are overwritten by real tokens. The
+            # last two positions: attention temporaries are largest there, and one of the two reads a
+            # wrapped ring (no new device memory in the token loop)
+            for pos in sorted({0, max(n_ctx - 2, 0), n_ctx - 1}):
+                model.step(0, pos, state, logits=True)
+            if experts is not None:
+                experts.take_step()
+                experts.counts.hits = experts.counts.misses = 0
+                experts.counts.per_layer_misses.clear()
+                experts.take_cpu_ms()
+        _mark(bk, note, info, "prompt path")
+        a, b = info.marks["session"], info.marks["prompt path"]
+        info.warmup_pool_bytes = b["pool_total_bytes"] - a["pool_total_bytes"]
+        info.runtime_bytes = (b["gpu_used_bytes"] - a["gpu_used_bytes"]) - info.warmup_pool_bytes
+        note["runtime_bytes"] = info.runtime_bytes
+        note["warmup_pool_bytes"] = info.warmup_pool_bytes
     with cps.stage("expert cache") as note:
         if source is not None:
             n_expert = int(geom["n_expert"])
@@ -416,7 +536,8 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
             else:
                 eligible = resident_pairs(resident, source.layers, n_expert)
                 eligible_n = len(eligible)
-            probe = SlotCache(source, bk, n_embd, n_ff, 0)  # layouts only, no allocation
+            slot_bytes = max(F.expert_slot_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff)
+                             for r in source.rows.values())
             max_blob = max(F.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff, engine=True)
                            for r in source.rows.values())
             bk.synchronize()
@@ -424,20 +545,19 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
             reserve = vram_reserve_mib * F.MIB
             cap = eligible_n if (profile is not None or resident != "all") else len(source.layers) * n_expert
             if expert_cache == "auto":
-                slots = F.expert_slots(free, reserve, probe.slot_bytes, cap)
+                slots = F.expert_slots(free, reserve, slot_bytes, cap)
                 mode = "auto"
             else:
                 slots = int(expert_cache)
                 mode = "fixed"
-                if slots < 0:
-                    raise ExpertCacheError(f"--expert-cache {slots}: a slot count cannot be negative")
-                if slots * probe.slot_bytes > free - reserve:
+                if slots * slot_bytes > free - reserve:
                     raise ExpertCacheError(
-                        f"--expert-cache {slots}: {slots} slots x {probe.slot_bytes} B = {slots * probe.slot_bytes} B, "
+                        f"--expert-cache {slots}: {slots} slots x {slot_bytes} B = {slots * slot_bytes} B, "
                         f"but {free} B free - {reserve} B reserve = {free - reserve} B are available "
-                        f"(at most {F.expert_slots(free, reserve, probe.slot_bytes)} slots); refusing rather than "
+                        f"(at most {F.expert_slots(free, reserve, slot_bytes)} slots); refusing rather than "
                         "building a smaller cache")
-            cache = SlotCache(source, bk, n_embd, n_ff, slots)
+            cache = SlotCache(source, bk, n_embd, n_ff, slots, bufs=experts.bufs)
+            assert cache.slot_bytes == slot_bytes
             if profile is not None:
                 order = profile_pairs(profile, slots)
                 info.fill = f"profile ({len(profile)} pairs)"
@@ -447,12 +567,12 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
             info.filled = cache.fill(order)
             admit_on = (profile is None) if admit is None else bool(admit)
             experts.cache = cache
-            info.slot_plan = SlotPlan(mode, slots, probe.slot_bytes, max_blob, free, reserve, cap,
-                                      slots * probe.slot_bytes)
+            cache.admit_enabled = admit_on
+            info.slot_plan = SlotPlan(mode, slots, slot_bytes, max_blob, free, reserve, cap, slots * slot_bytes)
             note["slots"] = slots
-            note["slot_bytes"] = probe.slot_bytes
+            note["slot_bytes"] = slot_bytes
             note["max_blob_engine"] = max_blob
-            note["cache_bytes"] = slots * probe.slot_bytes
+            note["cache_bytes"] = slots * slot_bytes
             note["filled"] = info.filled
             note["fill"] = info.fill + (", first-come admission" if admit_on else "")
             note["free_at_open_bytes"] = free
@@ -461,25 +581,9 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
             note["slots"] = 0
             note["fill"] = "dense model"
         _mark(bk, note, info, "expert cache")
-    with cps.stage("prompt path") as note:
-        if warmup:
-            # compiles every kernel and allocates the pool blocks one step uses; position 0 is
-            # overwritten by the first real token
-            model.step(0, 0, state, logits=True)
-            if n_ctx > 1:
-                # and at the last position: attention temporaries are largest there, so the pool
-                # holds blocks big enough for every later step (no new device memory in the loop)
-                model.step(0, n_ctx - 1, state, logits=True)
-            if experts is not None:
-                experts.step_counts()
-                experts.counts.hits = experts.counts.misses = 0
-                experts.counts.per_layer_misses.clear()
-                experts.take_cpu_ms()
-        if experts is not None and isinstance(experts.cache, SlotCache):
-            experts.cache.admit_enabled = admit_on  # after the warm-up: its routing must not fill slots
-        _mark(bk, note, info, "prompt path")
-        info.pool_after_warmup = info.marks["prompt path"]["pool_total_bytes"]
-    eng = Engine(pack, geom, plan, weights, model, tokenizer, state, experts, cps.done, device=bk.name)
+        info.pool_after_warmup = info.marks["expert cache"]["pool_total_bytes"]
+    eng = Engine(pack, geom, plan, weights, model, tokenizer, state, experts, cps.done, device=bk.name, kv=kv,
+                 probe=GpuStepProbe(bk, experts))
     eng.gpu = info  # type: ignore[attr-defined]
     return eng
 

@@ -2,9 +2,9 @@
 
 Every kernel reads the layout defined once in :mod:`strata.engine.engine_form`:
 
-- widened types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): ``const float* scales`` (plane at byte 0,
-  ``n_fields`` per block) and the payload plane at byte ``4 * n_fields * n_blocks``;
-- K-quants and IQ grid types (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ3_XXS, IQ4_XS):
+- widened types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q1_0, Q2_0): ``const float* scales`` (plane
+  at byte 0, ``n_fields`` per block) and the payload plane at byte ``4 * n_fields * n_blocks``;
+- K-quants and IQ grid types (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ4_XS):
   native blocks, fp16 super-scales converted in the kernel (exact);
 - F32, F16, BF16 (BF16 = the pool's F32-from-BF16 re-rounded; ``u16 << 16`` is exact).
 
@@ -17,7 +17,9 @@ never fuses) and ``--ftz=false`` (IEEE subnormals; CuPy's own compile path force
 :func:`_load_module`); with that the GPU output equals gguf-py's bit for bit
 (tests/test_gpu_kernels.py, proven on an H200 for every type here).
 The grids and sign table come from gguf-py (``IQ2_XXS.grid``, ``IQ2_XXS.ksigns``,
-``IQ4_NL.kvalues``), byte-identical to ggml's ``ggml-common.h`` tables (FORMATS.md section 1).
+``IQ4_NL.kvalues``, ``IQ2_S.grid``), byte-identical to ggml's ``ggml-common.h`` tables (FORMATS.md
+section 1). Q1_0 and Q2_0, which gguf-py 0.19.0 lacks, equal :mod:`strata.engine.dequant`'s NumPy
+definitions (ggml-quants.c ``dequantize_row_q1_0`` / ``_q2_0``) bit for bit instead.
 
 **Matrix-vector product** ``y = W x`` for a row-major weight ``[rows, ne0]`` (ggml ``ne =
 (ne0, rows)``) and f32 ``x``: one warp per ``RPW`` rows; lane ``k`` takes the row's 32-value
@@ -423,6 +425,67 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
 }
 """
 
+# Q1_0 / Q2_0: ggml-quants.c dequantize_row_q1_0 / _q2_0 (gguf-py 0.19.0 lacks both; the NumPy
+# definitions are strata.engine.dequant's). Q1_0: bit j of the 128 -> d or -d; Q2_0: 2-bit q of
+# the 64 -> (float)(q - 1) * d.
+_DEQ["Q1_0"] = r"""
+#define QK 128
+#define NF 1
+#define PB 16
+__device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8* __restrict__ q, int sub, float* y) {
+    const float d = sc[0];
+    const float nd = -d;
+    const u8* qb = q + 4 * sub;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) y[j] = ((qb[j >> 3] >> (j & 7)) & 1) ? d : nd;
+}
+"""
+
+_DEQ["Q2_0"] = r"""
+#define QK 64
+#define NF 1
+#define PB 16
+__device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8* __restrict__ q, int sub, float* y) {
+    const float d = sc[0];
+    const u8* qb = q + 8 * sub;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) y[j] = (float)((int)((qb[j >> 2] >> (2 * (j & 3))) & 3) - 1) * d;
+}
+"""
+
+# IQ2_S (block_iq2_s: d, qs[32] grid index low bytes, signs[32], qh[8] index high bits, scales[8]);
+# gguf-py IQ2_S.dequantize_blocks: db = (d * (0.5 + scale)) * 0.25, value = (db * grid) * sign.
+_DEQ["IQ2_S"] = r"""
+#define QK 256
+#define NF 0
+#define PB 82
+__device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8* __restrict__ q, int sub, float* y) {
+    const float d = h2f(ld16(q));
+    const u8* qs = q + 2;
+    const u8* signs = q + 34;
+    const u8* qh = q + 66;
+    const u8* scales = q + 74;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int scv = (scales[sub] >> (4 * half)) & 15;
+        float db = d * (0.5f + (float)scv);
+        db = db * 0.25f;
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+            const int l = 4 * sub + 2 * half + m;
+            const u32 idx = (u32)qs[l] | ((((u32)qh[l >> 2] >> (2 * (l & 3))) & 3u) << 8);
+            const u8* g = iq2s_grid + 8 * idx;
+            const u32 sg = signs[l];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const float w = db * (float)g[j];
+                y[16 * half + 8 * m + j] = ((sg >> j) & 1u) ? -w : w;
+            }
+        }
+    }
+}
+"""
+
 _BLOCK_KERNELS = r"""
 #define WARPS 4   // warps per CTA (blockDim.x == 32 * WARPS)
 #define RPW 2     // rows per warp in the matvec kernels (they share one staged slice of x)
@@ -613,7 +676,8 @@ def _tables_source(code: str) -> str:
         src.append(_c_array("u8", "ksigns_iq2xs", np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8)))
     if "kvalues_iq4nl" in code:
         src.append(_c_array("i8", "kvalues_iq4nl", gq.IQ4_NL.kvalues))
-    for cls, name in ((gq.IQ2_XXS, "iq2xxs_grid"), (gq.IQ2_XS, "iq2xs_grid"), (gq.IQ3_XXS, "iq3xxs_grid")):
+    for cls, name in ((gq.IQ2_XXS, "iq2xxs_grid"), (gq.IQ2_XS, "iq2xs_grid"), (gq.IQ2_S, "iq2s_grid"),
+                      (gq.IQ3_XXS, "iq3xxs_grid")):
         if name not in code:
             continue
         cls.init_grid()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from strata.budget import formulas as F
 from strata.manifests.contract import Geometry
 
 from ..layers import KVCache, Rope
@@ -32,8 +33,12 @@ class State:
     ropes: dict[float, Rope] = field(default_factory=dict)
 
     @property
+    def rope_nbytes(self) -> int:
+        return sum(r.cos.nbytes + r.sin.nbytes for r in self.ropes.values())
+
+    @property
     def nbytes(self) -> int:
-        return self.cache.nbytes + sum(r.cos.nbytes + r.sin.nbytes for r in self.ropes.values())
+        return self.cache.nbytes + self.rope_nbytes
 
 
 @dataclass(frozen=True)
@@ -97,10 +102,25 @@ class BaseModel:
     def rope_bases(self) -> list[float]:
         return [self.hp.rope_base]
 
-    def new_state(self, n_ctx: int) -> State:
-        """KV cache for ``n_ctx`` positions and rope tables, allocated once."""
+    def layer_windows(self) -> list[int | None]:
+        """Per layer: the sliding window its attention sees, None for the whole context."""
+        return [a.window for a in self.attn]
+
+    def kv_sizes(self, n_ctx: int, sliding: str = "ring") -> list[int]:
+        """Positions each layer's KV cache holds: ``n_ctx``, or for a sliding-window layer the
+        budget's :func:`strata.budget.formulas.kv_tokens` at the engine's one-position prompt path
+        (``sliding="ring"``; ``"full"``: ``n_ctx`` everywhere, the reference the ring is tested against)."""
+        if sliding not in ("ring", "full"):
+            raise ValueError(f"sliding {sliding!r}: expected ring or full")
+        if sliding == "full":
+            return [n_ctx] * self.hp.n_layer
+        return [F.kv_tokens(n_ctx, w, F.ENGINE_PREFILL_CHUNK) for w in self.layer_windows()]
+
+    def new_state(self, n_ctx: int, kv: str = "f16", sliding: str = "ring") -> State:
+        """KV cache (``kv``: f16 | f32, :meth:`kv_sizes` positions per layer) and rope tables for
+        ``n_ctx`` positions, allocated once."""
         h = self.hp
-        st = State(n_ctx, KVCache(self.xp, h.n_layer, n_ctx, h.n_head_kv, h.head_dim, h.head_dim_v, f16=self.nx.kv_f16))
+        st = State(n_ctx, KVCache(self.xp, self.kv_sizes(n_ctx, sliding), h.n_head_kv, h.head_dim, h.head_dim_v, kv))
         for base in self.rope_bases():
             st.ropes[base] = Rope(self.xp, h.head_dim, base, n_ctx)
         return st

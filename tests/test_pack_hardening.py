@@ -1,0 +1,284 @@
+"""Refusals found by a hostile review: --force safety, impossible geometry, strict readers,
+verify against every pack file, CLI exit codes and JSON on failure, interruption cleanup."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from strata.manifests.contract import ManifestError
+from strata.packer import synth
+from strata.packer.build import BuildError, _rename_noreplace, build_pack
+from strata.packer.packfmt import PackFormatError, open_pack, read_index, read_metadata
+from strata.packer.verify import VerifyError, verify_pack
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "strata.packer.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    d = tmp_path_factory.mktemp("src")
+    paths = synth.write_model(d / "m.gguf", synth.qwen3moe_spec(n_shards=3, empty_first_shard=True))
+    return paths
+
+
+@pytest.fixture
+def pack(moe, tmp_path):
+    out = tmp_path / "pack"
+    build_pack(moe[0], out, progress=False)
+    return out
+
+
+# ------------------------------------------------------------------ --force never destroys data
+
+def test_force_refuses_the_source_directory(moe, tmp_path):
+    src_dir = tmp_path / "models"
+    shutil.copytree(moe[0].parent, src_dir)
+    with pytest.raises(BuildError, match="the output directory holds the source"):
+        build_pack(src_dir / moe[0].name, src_dir, force=True, progress=False)
+    with pytest.raises(BuildError, match="the output directory holds the source"):
+        build_pack(src_dir / moe[0].name, tmp_path, force=True, progress=False)  # a parent of the sources
+    assert sorted(p.name for p in src_dir.iterdir()) == sorted(p.name for p in moe[0].parent.iterdir())
+    r = cli("build", src_dir / moe[0].name, "-o", ".", "--force", cwd=src_dir)
+    assert r.returncode == 2 and "holds the source" in r.stderr and "Traceback" not in r.stderr
+    assert len(list(src_dir.iterdir())) == len(list(moe[0].parent.iterdir()))
+
+
+def test_force_refuses_a_directory_that_is_not_a_pack(moe, tmp_path):
+    u = tmp_path / "u"
+    u.mkdir()
+    (u / "thesis.txt").write_text("x")
+    with pytest.raises(BuildError, match="is not a strata pack .* refusing to replace it even with --force"):
+        build_pack(moe[0], u, force=True, progress=False)
+    assert (u / "thesis.txt").read_text() == "x"
+    f = tmp_path / "file"
+    f.write_text("y")
+    with pytest.raises(BuildError, match="exists and is not a directory"):
+        build_pack(moe[0], f, force=True, progress=False)
+
+
+def test_parent_must_exist_and_nothing_is_created(moe, tmp_path):
+    with pytest.raises(BuildError, match="parent directory .*np1/np2 does not exist"):
+        build_pack(moe[0], tmp_path / "np1" / "np2" / "p", progress=False)
+    assert not (tmp_path / "np1").exists()
+
+
+def test_rename_noreplace_refuses_a_target_that_appeared(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    with pytest.raises(BuildError, match="appeared while the pack was being built"):
+        _rename_noreplace(a, b)
+    assert a.exists() and b.exists()
+
+
+@pytest.mark.parametrize("align", [1, 8, 3, 1 << 40])
+def test_alignment_range(moe, tmp_path, align):
+    with pytest.raises(BuildError, match=f"pack alignment {align} must be a power of two in \\[16, 1048576\\]"):
+        build_pack(moe[0], tmp_path / "p", align=align, progress=False)
+
+
+# ------------------------------------------------------------------ impossible geometry
+
+def _gemma(tmp_path, **dims):
+    return synth.write_model(tmp_path / "g.gguf", synth.gemma3_spec(dims=dims))[0]
+
+
+@pytest.mark.parametrize("dims,needle", [
+    ({"context_length": 0}, "gemma3 metadata: gemma3.context_length (param n_ctx_train) is 0, must be >= 1"),
+    ({"sliding_window": 0}, "gemma3 metadata: gemma3.attention.sliding_window (param sliding_window) is 0, must be >= 1"),
+    ({"rms_eps": math.nan}, "gemma3 metadata: gemma3.attention.layer_norm_rms_epsilon (param rms_eps) is nan, must be finite and > 0"),
+    ({"rope_freq_base": -1.0}, "gemma3 metadata: gemma3.rope.freq_base (param rope_base) is -1.0, must be finite and > 0"),
+])
+def test_impossible_geometry_refused_at_build(tmp_path, dims, needle):
+    src = _gemma(tmp_path, **dims)
+    with pytest.raises(ManifestError) as ei:
+        build_pack(src, tmp_path / "p", progress=False)
+    assert needle in str(ei.value)
+    assert not (tmp_path / "p").exists()
+
+
+def test_sliding_window_pattern_zero_means_every_layer_sliding(tmp_path):
+    # llama.cpp src/llama-hparams.cpp set_swa_pattern: is_swa = n_pattern == 0 || il % n_pattern < n_pattern - 1
+    src = _gemma(tmp_path, sliding_window_pattern=0)
+    build_pack(src, tmp_path / "p", progress=False)
+    from strata.manifests.contract import geometry_from_params
+
+    g = geometry_from_params("gemma3", open_pack(tmp_path / "p").geometry_params)
+    assert g.layer_kinds == ["swa", "swa"]
+
+
+@pytest.mark.parametrize("n,needle", [(4_000_000_000, "qwen2.block_count (param n_layer) is 4000000000, larger than any real model"),
+                                      (1_000_000, "n_layer 1000000 is outside 1..4096")])
+def test_huge_block_count_refused_before_iterating(tmp_path, n, needle):
+    src = tmp_path / "h.gguf"
+    kv = {"qwen2.block_count": n, "qwen2.context_length": 64, "qwen2.embedding_length": 64,
+          "qwen2.feed_forward_length": 128, "qwen2.attention.head_count": 2,
+          "qwen2.attention.layer_norm_rms_epsilon": 1e-6, "tokenizer.ggml.tokens": ["a", "b"]}
+    synth.write_header_only(src, "qwen2", kv, [("blk.0.attn_norm.weight", "F32", (64,))], data="random")
+    t0 = time.perf_counter()
+    with pytest.raises(ManifestError, match=needle.replace("(", "\\(").replace(")", "\\)")):
+        build_pack(src, tmp_path / "p", progress=False)
+    assert time.perf_counter() - t0 < 30  # not a speed goal: proves the refusal comes before any per-layer loop
+
+
+def test_block_count_must_match_the_layers_present(tmp_path):
+    src = tmp_path / "h.gguf"
+    kv = {"qwen2.block_count": 3, "qwen2.context_length": 64, "qwen2.embedding_length": 64,
+          "qwen2.feed_forward_length": 128, "qwen2.attention.head_count": 2,
+          "qwen2.attention.layer_norm_rms_epsilon": 1e-6, "tokenizer.ggml.tokens": ["a", "b"]}
+    synth.write_header_only(src, "qwen2", kv, [("blk.0.attn_norm.weight", "F32", (64,)),
+                                               ("blk.1.attn_norm.weight", "F32", (64,))], data="random")
+    with pytest.raises(BuildError, match="metadata block_count is 3 but the tensors hold layers 0..1 \\(2 distinct\\)"):
+        build_pack(src, tmp_path / "p", progress=False)
+
+
+# ------------------------------------------------------------------ strict readers
+
+def _first_data(lines):
+    return next(i for i, l in enumerate(lines) if l and not l.startswith("#"))
+
+
+def _edit(path, old, new, count=1):
+    t = path.read_bytes()
+    assert old in t, old
+    path.write_bytes(t.replace(old, new, count))
+
+
+def test_crlf_and_missing_final_newline_refused(pack):
+    idx = pack / "index.txt"
+    good = idx.read_bytes()
+    idx.write_bytes(good.replace(b"\n", b"\r\n"))
+    with pytest.raises(PackFormatError, match=r"index.txt:1: carriage return"):
+        read_index(idx)
+    idx.write_bytes(good[:-1])
+    with pytest.raises(PackFormatError, match="no newline at the end"):
+        read_index(idx)
+
+
+@pytest.mark.parametrize("bad", ["+140288", "140_288", "0640", "\u0661\u0662"])
+def test_integers_exactly_as_written(pack, bad):
+    idx = pack / "index.txt"
+    lines = idx.read_text().split("\n")
+    i = _first_data(lines)
+    row = lines[i].split(" ")
+    row[4] = bad  # nbytes column
+    lines[i] = " ".join(row)
+    idx.write_text("\n".join(lines))
+    with pytest.raises(PackFormatError, match=rf"index.txt:{i + 1}: column nbytes: .* is not a non-negative decimal integer"):
+        read_index(idx)
+
+
+def test_metadata_bool_must_be_true_or_false(pack):
+    _edit(pack / "metadata.txt", b"tokenizer.ggml.add_bos_token bool false", b"tokenizer.ggml.add_bos_token bool yes")
+    with pytest.raises(PackFormatError, match="bool value 'yes' is not true/false"):
+        read_metadata(pack / "metadata.txt")
+
+
+def test_unknown_geometry_key_refused(pack):
+    with open(pack / "geometry.txt", "a") as f:
+        f.write("n_mystery 3\n")
+    from strata.manifests.contract import geometry_from_params
+
+    with pytest.raises(ManifestError, match=r"keys \['n_mystery'\] are not params of qwen3moe's manifest"):
+        geometry_from_params("qwen3moe", open_pack(pack).geometry_params)
+
+
+# ------------------------------------------------------------------ verify checks every file
+
+def test_verify_catches_swapped_shard_names(pack, moe):
+    t = (pack / "native_experts.txt").read_text()
+    a, b = moe[1].name, moe[2].name
+    (pack / "native_experts.txt").write_text(t.replace(a, "@@").replace(b, a).replace("@@", b))
+    with pytest.raises(VerifyError, match="native_experts.txt shards .* differ from the model's shards"):
+        verify_pack(pack)
+
+
+def test_verify_catches_index_type_and_align(pack):
+    idx = pack / "index.txt"
+    good = idx.read_text()
+    lines = good.split("\n")
+    i = _first_data(lines)
+    row = lines[i].split(" ")
+    row[1] = "0" if row[1] != "0" else "1"
+    lines[i] = " ".join(row)
+    idx.write_text("\n".join(lines))
+    with pytest.raises(VerifyError, match=f"index.txt tensor {row[0]}: type: pack {row[1]} source"):
+        verify_pack(pack)
+    idx.write_text(good.replace("# align 64 ", "# align 128 "))
+    with pytest.raises(VerifyError, match="offset \\d+ is not a multiple of align 128"):
+        verify_pack(pack)
+
+
+def test_verify_catches_geometry_and_metadata_edits(pack):
+    _edit(pack / "geometry.txt", b"n_ctx_train 2048", b"n_ctx_train 4096")
+    _edit(pack / "metadata.txt", b"qwen3moe.context_length int 2048", b"qwen3moe.context_length int 4096")
+    with pytest.raises(VerifyError, match="geometry.txt differs from the source: n_ctx_train: pack 4096 source 2048"):
+        verify_pack(pack)
+    _edit(pack / "geometry.txt", b"n_ctx_train 4096", b"n_ctx_train 2048")
+    with pytest.raises(VerifyError, match="metadata.txt key qwen3moe.context_length: pack 4096 source 2048"):
+        verify_pack(pack)
+
+
+def test_verify_truncated_pool_is_a_mismatch(pack):
+    with open(pack / "pool.bin", "r+b") as f:
+        f.truncate(100)
+    r = cli("verify", pack)
+    assert r.returncode == 1 and "pool.bin has 100" in r.stderr
+
+
+def test_moved_sources_found_with_source_dir(moe, tmp_path):
+    src = tmp_path / "models"
+    shutil.copytree(moe[0].parent, src)
+    build_pack(src / moe[0].name, tmp_path / "p", progress=False)
+    moved = tmp_path / "moved"
+    os.rename(src, moved)
+    r = cli("verify", tmp_path / "p", "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["ok"] is False
+    assert f"not found at {src / moe[0].name}" in r.stderr and "--source-dir" in r.stderr
+    r = cli("verify", tmp_path / "p", "--source-dir", moved)
+    assert r.returncode == 0, r.stderr
+    assert open_pack(tmp_path / "p", source_dir=moved).shard_path(2) == moved / moe[2].name
+
+
+# ------------------------------------------------------------------ CLI: exit codes, JSON, interruption
+
+def test_cli_errors_are_one_line_exit_2_with_json(tmp_path):
+    (tmp_path / "not.gguf").write_text("hello, not a model")
+    r = cli("build", tmp_path / "not.gguf", "-o", tmp_path / "p", "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert json.loads(r.stdout) == {"ok": False, "error": f"{tmp_path / 'not.gguf'}: bad magic b'hell', expected b'GGUF' (not a GGUF file)"}
+    (tmp_path / "f").write_text("x")
+    r = cli("build", tmp_path / "not.gguf", "-o", tmp_path / "f" / "p")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = cli("inspect", tmp_path, "--parquet", tmp_path / "nope" / "x.parquet")
+    assert r.returncode == 2 and "not a strata pack (no index.txt)" in r.stderr
+    r = cli("fetch", "no-such-model", "--json")
+    assert r.returncode == 2 and json.loads(r.stdout)["ok"] is False and "no-such-model" in r.stderr
+
+
+def test_sigterm_mid_build_leaves_no_temp_dir(tmp_path):
+    src = synth.write_big_dense(tmp_path / "big.gguf", 512 << 20)
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.Popen([sys.executable, "-m", "strata.packer.cli", "build", str(src), "-o", str(out / "p")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(out.glob(".p.tmp-*/pool.bin")):
+        time.sleep(0.01)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    if p.returncode == 0:
+        pytest.skip("the build finished before the signal arrived")
+    assert p.returncode == 130 and "interrupted; nothing was written" in err
+    assert list(out.iterdir()) == []
