@@ -302,11 +302,11 @@ def test_expert_slot_layout_aligns_parts():
     assert parts == ((0, 473_600), (473_600, 473_600), (947_200, 1_024_000)) and stride == 1_971_200
     assert F.expert_slot_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640) == F.expert_blob_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640,
                                                                                         engine=True)
-    # Q3_K (110 B per 256) gate/up at 256 x 3: 330 B each, so up starts at 512 and down (Q8_0 widened,
-    # 3 x 256 / 32 x 36 = 864 B) at 1024; the stride rounds 1888 up to 2048
+    # Q3_K (110 B per 256) gate/up at n_embd 256 x width 32: 3520 B each, so up starts at 3584 and
+    # down (Q8_0 widened, 256 rows x 36 B = 9216 B) at 7168 (3584 + 3520 = 7104 rounded up); stride 16384
     q3k = quants.by_name("Q3_K").id
-    parts, stride = F.expert_slot_layout(q3k, q3k, Q8_0, 256, 3)
-    assert parts == ((0, 330), (512, 330), (1024, 864)) and stride == 2048
+    parts, stride = F.expert_slot_layout(q3k, q3k, Q8_0, 256, 32)
+    assert parts == ((0, 3520), (3584, 3520), (7168, 9216)) and stride == 16384
     assert all(off % F.EXPERT_PART_ALIGN == 0 for off, _ in parts)
 
 

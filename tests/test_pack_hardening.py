@@ -215,8 +215,8 @@ def test_verify_catches_index_type_and_align(pack):
     idx.write_text("\n".join(lines))
     with pytest.raises(VerifyError, match=f"index.txt tensor {row[0]}: type: pack {row[1]} source"):
         verify_pack(pack)
-    idx.write_text(good.replace("# align 64 ", "# align 128 "))
-    with pytest.raises(VerifyError, match="offset \\d+ is not a multiple of align 128"):
+    idx.write_text(good.replace("# align 64 ", "# align 4096 "))
+    with pytest.raises(VerifyError, match="offset \\d+ is not a multiple of align 4096"):
         verify_pack(pack)
 
 
