@@ -16,8 +16,8 @@ demo: install
 	$(PYTHON) -m strata.packer.fetch $(DEMO_MODEL) > $(DEMO_DIR)/model-path.txt
 	strata-pack build "$$(cat $(DEMO_DIR)/model-path.txt)" -o $(DEMO_DIR)/pack --force
 	strata-pack verify $(DEMO_DIR)/pack
-	@if strata-budget --help >/dev/null 2>&1; then strata-budget check $(DEMO_DIR)/pack --card 24G; fi
-	@if strata-engine --help >/dev/null 2>&1; then strata-engine generate $(DEMO_DIR)/pack --prompt "The capital of France is" -n 32; fi
+	strata-budget check $(DEMO_DIR)/pack --card 24G --max-context 8192
+	strata-engine generate $(DEMO_DIR)/pack --prompt "The capital of France is" -n 32
 
 test: install
 	$(PYTHON) -m pytest -q
