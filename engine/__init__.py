@@ -4,11 +4,13 @@ Flow, one module each:
 
 - :mod:`~strata.engine.loader` - every tensor the forward pass reads asserted against geometry.txt
   (name, shape found, shape required) before a weight byte is read;
-- :mod:`~strata.engine.dequant` - gguf-py's dequantizers, bit for bit (CPU reference path);
+- :mod:`~strata.engine.dequant` - gguf-py's dequantizers, bit for bit (CPU reference path), and
+  ggml's Q1_0 / Q2_0, which gguf-py lacks;
 - :mod:`~strata.engine.weights` - the ``Weights`` interface (``get`` / ``matmul`` / ``rows``) and the
   NumPy store; :mod:`~strata.engine.experts` - routed experts from the shards, the resident set
   (``ExpertCache``) and the hit/miss split (``ExpertPath``);
-- :mod:`~strata.engine.layers` - shared layers over an array module ``xp`` (numpy or cupy);
+- :mod:`~strata.engine.layers` - shared layers over an array module ``xp`` (numpy or cupy), the KV
+  cache (``--kv f16|f32``; sliding-window layers as ring buffers of the budget's size);
   :mod:`~strata.engine.models` - one file per architecture; :mod:`~strata.engine.numerics` - f32
   or llama.cpp's CPU activation roundings;
 - :mod:`~strata.engine.tokenizer` - Hugging Face ``tokenizers`` built from the pack;

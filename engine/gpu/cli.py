@@ -101,6 +101,19 @@ def run_audit(pack: str, *, n_ctx: int, expert_cache="auto", vram_reserve_mib: i
     from strata.budget.cards import Card, runtime_term
     from strata.budget.plan import PlanOptions, make_plan
 
+    if backend is None and device == "cuda":
+        # the context is measured as the memory used before this engine's first allocation: give
+        # back what earlier engines of this process left cached in the pool (a no-op in a fresh
+        # process, the intended use; kernel modules loaded earlier stay and then count as context)
+        try:
+            import gc
+
+            import cupy as cp
+
+            gc.collect()
+            cp.get_default_memory_pool().free_all_blocks()
+        except ImportError:
+            pass  # load_engine_gpu refuses with the reason
     eng = load_engine_gpu(pack, n_ctx=n_ctx, expert_cache=expert_cache, vram_reserve_mib=vram_reserve_mib,
                           kv=kv, device=device, backend=backend, resident=resident)
     g = eng.gpu
@@ -128,12 +141,15 @@ def run_audit(pack: str, *, n_ctx: int, expert_cache="auto", vram_reserve_mib: i
     exact_alloc = g.weights_engine_bytes + g.head_engine_bytes + g.kv_bytes + g.buffer_bytes + cache_bytes
     # everything on the device is the context, memory outside the CuPy pool (the runtime's modules)
     # or the pool's blocks: the exact terms, and the rest the warm-up's temporaries left cached
-    outside_pool = end["gpu_used_bytes"] - ctx - end["pool_total_bytes"]
-    pool_rest = end["pool_total_bytes"] - exact_alloc
+    # (pool figures relative to the start: blocks another engine of this process still holds count
+    # in the context measured at "pack", not twice)
+    pool_grew = end["pool_total_bytes"] - marks["pack"]["pool_total_bytes"]
+    outside_pool = end["gpu_used_bytes"] - ctx - pool_grew
+    pool_rest = pool_grew - exact_alloc
     rows = [
         ("CUDA context", ctx, "cudaMemGetInfo used before the first allocation (the card is planned with it)", True),
-        ("CUDA runtime", outside_pool, "cudaMemGetInfo used - context - CuPy pool total at the end (kernel modules); "
-                                       "predicted: cards.toml cuda_runtime_mib", False),
+        ("CUDA runtime", outside_pool, "cudaMemGetInfo used - context - CuPy pool growth since the start (kernel "
+                                       "modules); predicted: cards.toml cuda_runtime_mib", False),
         ("dense weights", g.weights_engine_bytes, "engine-form bytes uploaded (sum of buffer sizes)", True),
         ("output head", g.head_engine_bytes, "engine-form bytes of the head tensors", True),
         ("token embeddings", 0, "kept on the host (untied) or shared with the head", True),
@@ -141,7 +157,7 @@ def run_audit(pack: str, *, n_ctx: int, expert_cache="auto", vram_reserve_mib: i
         ("recurrent state", 0, "no recurrent layers on this path", True),
         ("engine buffers", g.buffer_bytes, "GEMV outputs + f32 vector copies + embedding row + rope tables + "
                                            "hit-path vectors (sum of buffer sizes)", True),
-        ("prefill/activations", pool_rest, "CuPy pool total - the exact terms above (the warm-up's temporaries "
+        ("prefill/activations", pool_rest, "CuPy pool growth - the exact terms above (the warm-up's temporaries "
                                            "cached in the pool, and the pool's 512 B rounding)", False),
         ("expert cache", cache_bytes, "slots x slot bytes (one allocation)", True),
     ]
