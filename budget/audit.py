@@ -287,7 +287,7 @@ class _Auditor:
                 # engine refuses the type itself at load time
                 self.warnings.append(AuditError(tensor=name, found=t.name, required="a type strata's engine has a kernel for",
                                                 message=f"tensor {name}: type {t.name} has no strata engine kernel yet "
-                                                        f"(registry engine_supported=False)"))
+                                                        f"(the budget holds; strata's engine refuses the type at load)"))
         in_choice = {}
         for ch in g.manifest.choices:
             for opt in ch.options:
@@ -406,6 +406,13 @@ class _Auditor:
         shards_ok = all(h is not None for h in headers)
         for r in ne_tab.layers:
             where = f"{EXPERTS_FILE}:layer {r.layer}"
+            if not self._expert_parts_fit(r, n_embd, n_ff):
+                # named above; keep the running sums on the file's own numbers so later layers are
+                # judged on their own rows, not on this one's
+                arena += ne_tab.n_expert * r.blob_bytes
+                total += ne_tab.n_expert * r.blob_bytes
+                max_blob = max(max_blob, r.blob_bytes)
+                continue
             parts_src = {p: quants.tensor_nbytes(t, F.expert_part_ne(p, n_embd, n_ff))
                          for p, t in (("gate", r.gate_type), ("up", r.up_type), ("down", r.down_type))}
             blob_meta = F.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff)
@@ -442,6 +449,28 @@ class _Auditor:
         if ne_tab.max_blob != max_blob:
             self.err(f"{EXPERTS_FILE}:max_blob", ne_tab.max_blob, f"{max_blob} (largest recomputed blob)", "max_blob disagrees")
         return out
+
+    def _expert_parts_fit(self, r, n_embd: int, n_ff: int) -> bool:
+        """Can one expert's gate, up and down slices (geometry n_embd x n_ff_exp) be stored in their
+        types' blocks at all? Each part that cannot is an error naming the tensor, the slice's ne
+        and the block size (a geometry that makes the byte formulas undefined, never a traceback)."""
+        ok = True
+        for p, t in (("gate", r.gate_type), ("up", r.up_type), ("down", r.down_type)):
+            ne = F.expert_part_ne(p, n_embd, n_ff)
+            try:
+                quants.tensor_nbytes(t, ne)
+            except quants.GGMLTypeError as x:
+                self.err(f"blk.{r.layer}.ffn_{p}_exps.weight", f"{p}_type {t} (native_experts.txt layer {r.layer})",
+                         "a ggml type id", f"layer {r.layer}: {x}")
+                ok = False
+            except quants.ShapeError:
+                q = quants.qtype(t)
+                self.err(f"blk.{r.layer}.ffn_{p}_exps.weight", f"one expert's {p} slice ne {_fmt_ne(ne)} of {q.name}",
+                         f"ne[0] a multiple of the {q.name} block of {q.block_elems}",
+                         f"layer {r.layer}: one expert's {p} slice {_fmt_ne(ne)} (from n_embd {n_embd}, n_ff_exp {n_ff}) "
+                         f"is not whole {q.name} blocks of {q.block_elems}: ne[0] = {ne[0]}")
+                ok = False
+        return ok
 
     def _expert_vs_shards(self, r, shard_tensors, n_expert: int) -> None:
         """Types, offsets and strides of one native_experts.txt row against the shard tensor table;
@@ -641,6 +670,8 @@ def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True) -> AuditResul
                           for il, k in enumerate(g.layer_kinds) if k in rec],
         act_per_token=max(values["act_per_token"], default=0), logits_per_token=max(values["logits_per_token"], default=0),
         n_expert=int(g.get("n_expert", 0) or 0) if expert_facts else 0, expert_layers=expert_facts,
+        head_dim=int(g.get("head_dim") or 0) if any(k in att for k in g.layer_kinds) else 0,
+        head_dim_v=int(g.get("head_dim_v") or g.get("head_dim") or 0) if any(k in att for k in g.layer_kinds) else 0,
         n_embd=int(g["n_embd"]), n_ff_exp=int(g.get("n_ff_exp", 0) or 0) if expert_facts else 0,
         # rope tables: one per distinct rope base the layers use (rope_base, rope_base_swa, ...)
         rope_dim=int(g.get("rope_dim") or g.get("head_dim") or 0) if any(k in att for k in g.layer_kinds) else 0,

@@ -16,13 +16,34 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from strata.manifests.contract import MANIFEST_DIR
 
+from .errors import BudgetInputError
 from .formulas import MIB
 
 CARDS_FILE = MANIFEST_DIR / "cards.toml"
+#: The largest memory size any MiB option accepts (card total, CUDA context, runtime, reserve):
+#: 16 TiB, far above any GPU (the largest hold 0.2 TiB), so a bigger number is a typo or a unit
+#: mistake (bytes given as MiB), never a card.
+MAX_MIB = 16 << 20
 
 
-class CardError(ValueError):
-    """A card that cannot be planned for (unknown preset, zero size, no GPU to measure)."""
+class CardError(BudgetInputError):
+    """A card that cannot be planned for (unknown preset, zero or absurd size, no GPU to measure)."""
+
+
+def check_mib(option: str, value: int, *, lo: int = 0, error: type[BudgetInputError] = CardError) -> None:
+    """Refuse ``value`` MiB for ``option`` below ``lo`` or above :data:`MAX_MIB` (16 TiB), naming both.
+
+    Raises:
+        CardError (or ``error``): naming the option, the number and the allowed range.
+    """
+    if value < lo:
+        what = "a positive number of MiB" if lo == 1 else f"at least {lo} MiB"
+        raise error(f"{option} {value}: must be {what}", tensor=option, found=f"{value} MiB",
+                    required=f"{lo}..{MAX_MIB} MiB")
+    if value > MAX_MIB:
+        raise error(f"{option} {value}: {value:,} MiB is more than 16 TiB ({MAX_MIB:,} MiB), larger than any GPU "
+                    f"(a size in bytes given as MiB?)", tensor=option, found=f"{value} MiB",
+                    required=f"{lo}..{MAX_MIB} MiB (16 TiB)")
 
 
 class CardPreset(BaseModel):
@@ -88,7 +109,9 @@ def known_cards() -> list[str]:
 def _context(defaults: CardDefaults, preset: CardPreset | None, override_mib: int | None) -> tuple[int, str]:
     if override_mib is not None:
         if override_mib < 0:
-            raise CardError(f"--cuda-context-mib {override_mib} is negative")
+            raise CardError(f"--cuda-context-mib {override_mib} is negative", tensor="--cuda-context-mib",
+                            found=f"{override_mib} MiB", required=f"0..{MAX_MIB} MiB")
+        check_mib("--cuda-context-mib", override_mib)
         return override_mib * MIB, "--cuda-context-mib"
     if preset is not None and preset.cuda_context_mib is not None:
         return preset.cuda_context_mib * MIB, f"cards.toml ({preset.card})"
@@ -99,7 +122,9 @@ def runtime_term(cuda_runtime_mib: int | None = None) -> tuple[int, str]:
     """(bytes, source) of the CUDA runtime's first-use memory: ``--cuda-runtime-mib`` or cards.toml [defaults]."""
     if cuda_runtime_mib is not None:
         if cuda_runtime_mib < 0:
-            raise CardError(f"--cuda-runtime-mib {cuda_runtime_mib} is negative")
+            raise CardError(f"--cuda-runtime-mib {cuda_runtime_mib} is negative", tensor="--cuda-runtime-mib",
+                            found=f"{cuda_runtime_mib} MiB", required=f"0..{MAX_MIB} MiB")
+        check_mib("--cuda-runtime-mib", cuda_runtime_mib)
         return cuda_runtime_mib * MIB, "--cuda-runtime-mib"
     defaults, _ = load_cards()
     return defaults.cuda_runtime_mib * MIB, "cards.toml [defaults]: " + " ".join(defaults.cuda_runtime_source.split())
@@ -116,7 +141,8 @@ def card_preset(name: str, cuda_context_mib: int | None = None, cuda_runtime_mib
     defaults, presets = load_cards()
     key = {k.upper(): k for k in presets}.get(name.strip().upper())
     if key is None:
-        raise CardError(f"unknown card {name!r}; presets: {', '.join(presets)} (or --card-mib N, or --card measure)")
+        raise CardError(f"unknown card {name!r}; presets: {', '.join(presets)} (or --card-mib N, or --card measure)",
+                        tensor="--card", found=name, required=f"one of {', '.join(presets)}, measure")
     p = presets[key]
     ctx, ctx_src = _context(defaults, p, cuda_context_mib)
     rt, rt_src = runtime_term(cuda_runtime_mib)
@@ -126,9 +152,12 @@ def card_preset(name: str, cuda_context_mib: int | None = None, cuda_runtime_mib
 
 
 def card_from_mib(total_mib: int, cuda_context_mib: int | None = None, cuda_runtime_mib: int | None = None) -> Card:
-    """A card of ``total_mib`` MiB as CUDA reports it. Raises CardError for zero or negative sizes."""
+    """A card of ``total_mib`` MiB as CUDA reports it. Raises CardError for zero or negative sizes,
+    and for sizes above :data:`MAX_MIB` (16 TiB: a typo or a unit mistake, never a card)."""
     if total_mib <= 0:
-        raise CardError(f"--card-mib {total_mib}: a card size must be a positive number of MiB")
+        raise CardError(f"--card-mib {total_mib}: a card size must be a positive number of MiB", tensor="--card-mib",
+                        found=f"{total_mib} MiB", required=f"1..{MAX_MIB} MiB")
+    check_mib("--card-mib", total_mib, lo=1)
     defaults, _ = load_cards()
     ctx, ctx_src = _context(defaults, None, cuda_context_mib)
     rt, rt_src = runtime_term(cuda_runtime_mib)

@@ -13,11 +13,26 @@ from strata.manifests.contract import ManifestError
 from strata.packer.packfmt import PackFormatError
 
 from . import formulas as F
-from .audit import AuditResult, audit_pack
+from .audit import AuditError, AuditResult, audit_pack
 from .cards import Card, CardError, card_from_mib, card_preset, known_cards, measure_card, short_source
-from .plan import DEFAULT_PREFILL_CHUNK, DEFAULT_RESERVE_MIB, Plan, PlanInputError, PlanOptions, make_plan, read_profile
+from .errors import BudgetInputError
+from .plan import DEFAULT_PREFILL_CHUNK, DEFAULT_RESERVE_MIB, Plan, PlanOptions, make_plan, read_profile
 
 EXIT_FITS, EXIT_NO_FIT, EXIT_SEMANTIC = 0, 1, 2
+#: Errors a pack's geometry or numbers can raise while they are evaluated (every strata reader and
+#: registry error is a ValueError): reported as one ``error:`` line, exit 2, never a traceback.
+EVALUATION_ERRORS = (ValueError, ArithmeticError, OSError)
+#: Every key of the --json object, in order: a success, a semantic error and an input error all
+#: carry every key (null where it does not apply).
+JSON_KEYS = (
+    "verdict", "verdict_line", "card_total_bytes", "terms", "free_bytes", "reserve_bytes", "max_blob", "slots",
+    "kv_bytes_per_token", "recurrent_state_bytes_per_seq", "widened_scale_bytes", "bf16_saved_bytes", "errors",
+    "audit_warnings", "card", "n_ctx", "used_bytes", "left_bytes", "max_blob_source", "slots_fit", "slots_cap",
+    "expert_cache_bytes", "refused", "kv_bytes_per_token_window_layers", "dense_types", "profile", "warnings",
+    "suggestions", "options", "audit", "seconds",
+)
+#: Names shown per group of identical audit warnings in the table (--json lists every one).
+WARNING_NAMES_SHOWN = 3
 
 
 def _mib(b: int) -> str:
@@ -30,7 +45,8 @@ def main() -> None:
     """strata-budget: does every tensor of a pack mean what the kernels assume, and what fits on a card.
 
     Exit codes of `check`: 0 the plan fits, 1 it does not fit (or --expert-cache N was refused),
-    2 a semantic error in the pack or bad input (unknown card, unreadable pack or profile).
+    2 a semantic error in the pack or bad input (unknown card, unreadable pack or profile), printed
+    as one `error: ...` line (with --json: the same object as a success, verdict "error").
     """
 
 
@@ -38,7 +54,7 @@ def main() -> None:
 @click.argument("pack", type=click.Path(file_okay=False))
 @click.option("--card", "card_name", metavar="PRESET|measure",
               help="Card preset from manifests/cards.toml (24G, 16G, 12G, 8G, 6G) or 'measure' (ask the local GPU).")
-@click.option("--card-mib", type=int, help="Card total in MiB as CUDA reports it (instead of --card).")
+@click.option("--card-mib", type=int, help="Card total in MiB as CUDA reports it (instead of --card; 1 MiB to 16 TiB).")
 @click.option("--cuda-context-mib", type=int, help="CUDA context cost in MiB [default: the card preset's / cards.toml's].")
 @click.option("--cuda-runtime-mib", type=int, help="CUDA runtime first-use memory (kernel modules) in MiB [default: cards.toml's].")
 @click.option("--max-context", type=int, help="Tokens per sequence [default: the model's maximum, flagged].")
@@ -51,12 +67,18 @@ def main() -> None:
               help="Prompt chunk in tokens (0: the decode path, one token at a time).")
 @click.option("--logits-all", is_flag=True, help="Every chunk position emits logits (logits buffer = chunk x vocab).")
 @click.option("--prefill-model", type=click.Choice(["geometry", "documents"]), default="geometry", show_default=True,
-              help="Activation buffers from the geometry (manifest act_per_token), or the documents' engine's "
-                   "160 + chunk x 680/1024 MiB.")
+              help="Activation buffers from the geometry (manifest act_per_token), or the reference C++ engine's "
+                   "measured prompt-path reserve, 160 MiB + 680 KiB per chunk token.")
 @click.option("--embeddings-on-host", is_flag=True, help="Keep token embeddings on the host (not charged to VRAM).")
 @click.option("--vram-reserve-mib", type=int, default=DEFAULT_RESERVE_MIB, show_default=True, help="Memory kept free (never allocated).")
-@click.option("--expert-cache", type=int, help="Expert-cache slots asked [default: automatic, floor((free - reserve) / max_blob)].")
-@click.option("--expert-profile", type=click.Path(dir_okay=False), help="Parquet (layer, expert, count): fill the cache as the engine does.")
+@click.option("--expert-cache", type=int,
+              help="Expert-cache slots asked [default: automatic, floor((free - reserve) / max_blob), at most the "
+                   "(layer, expert) pairs: the profile's, else the model's]. More than the automatic value could be "
+                   "(more than fit, or than the pairs that can fill them) is refused, exit 1.")
+@click.option("--expert-profile", type=click.Path(dir_okay=False),
+              help="Parquet with integer columns layer, expert, count (one row per pair, values >= 0; rows numbered "
+                   "from 0 in errors): fill the cache as the engine does. Refused (exit 2) for a model without "
+                   "routed experts.")
 @click.option("--bf16-scan/--no-bf16-scan", default=True, show_default=True, help="Scan every BF16-source value in pool.bin.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def check(pack, card_name, card_mib, cuda_context_mib, cuda_runtime_mib, max_context, kv_resident, kv, batch, prefill, logits_all,
@@ -69,24 +91,35 @@ def check(pack, card_name, card_mib, cuda_context_mib, cuda_runtime_mib, max_con
       1  the plan does not fit (the output says which terms to shrink and by how much),
          or --expert-cache N does not fit (refused with N and the most that fits)
       2  semantic error in the pack (every failure listed: tensor, found, required),
-         or bad input (unknown or zero card size, no GPU for --card measure, unreadable pack/profile)
+         or bad input (unknown, zero or > 16 TiB card size, no GPU for --card measure,
+         unreadable pack, bad profile, a profile for a model without routed experts,
+         a --kv type the model's K/V heads cannot be stored in): one line `error: ...`
     """
     t0 = time.perf_counter()
     try:
         card = _card(card_name, card_mib, cuda_context_mib, cuda_runtime_mib)
+        pairs = read_profile(expert_profile) if expert_profile else None
+    except BudgetInputError as e:
+        _fail(e, as_json, t0)
+    try:
         audit = audit_pack(pack, bf16_scan=bf16_scan)
-    except (CardError, PackFormatError, ManifestError, FileNotFoundError) as e:
-        _fail(str(e), as_json)
+    except (PackFormatError, ManifestError) as e:
+        _fail(e, as_json, t0)
+    except EVALUATION_ERRORS as e:
+        _fail(f"{pack}: cannot audit the pack: {e}", as_json, t0)
     plan = None
     if audit.facts is not None:
+        opts = PlanOptions(max_context=max_context, kv_resident=kv_resident, kv=kv, batch=batch, prefill=prefill,
+                           logits_all=logits_all, prefill_model=prefill_model, embeddings_on_host=embeddings_on_host,
+                           vram_reserve_mib=vram_reserve_mib, expert_cache=expert_cache, profile_pairs=pairs,
+                           profile_path=expert_profile)
         try:
-            pairs = read_profile(expert_profile) if expert_profile else None
-            opts = PlanOptions(max_context=max_context, kv_resident=kv_resident, kv=kv, batch=batch, prefill=prefill,
-                               logits_all=logits_all, prefill_model=prefill_model, embeddings_on_host=embeddings_on_host,
-                               vram_reserve_mib=vram_reserve_mib, expert_cache=expert_cache, profile_pairs=pairs)
             plan = make_plan(audit.facts, card, opts)
-        except PlanInputError as e:
-            _fail(str(e), as_json)
+        except EVALUATION_ERRORS as e:
+            # a pack that failed the audit is reported by its failures (its numbers may not plan);
+            # a pack that passed cannot be planned only for bad input
+            if audit.ok:
+                _fail(e if isinstance(e, BudgetInputError) else f"{pack}: cannot plan the pack: {e}", as_json, t0)
     seconds = time.perf_counter() - t0
     code = EXIT_SEMANTIC if not audit.ok else (EXIT_FITS if plan is not None and plan.fits else EXIT_NO_FIT)
     verdict = _verdict(audit, plan)
@@ -109,10 +142,25 @@ def _card(name: str | None, mib: int | None, ctx: int | None, runtime: int | Non
     return card_preset(name, ctx, runtime)
 
 
-def _fail(msg: str, as_json: bool) -> None:
+def error_json(error: BudgetInputError | Exception | str, seconds: float | None = None) -> dict:
+    """The --json object of an input error: every key of a success (:data:`JSON_KEYS`), null where it
+    does not apply, ``verdict`` "error" and ``errors`` holding ``{tensor, found, required, message}``."""
+    entry = (error.as_error() if isinstance(error, BudgetInputError)
+             else {"tensor": "", "found": "", "required": "", "message": _one_line(error)})
+    d: dict = dict.fromkeys(JSON_KEYS)
+    d.update(verdict="error", verdict_line=f"error: {entry['message']}", errors=[entry], seconds=seconds)
+    return d
+
+
+def _one_line(e: BaseException | str) -> str:
+    return " ".join(str(e).split())
+
+
+def _fail(error: BudgetInputError | Exception | str, as_json: bool, t0: float | None = None) -> None:
+    """One ``error: ...`` line on stderr (and the error object on stdout with --json), exit 2."""
     if as_json:
-        click.echo(json.dumps({"verdict": "error", "errors": [{"tensor": "", "found": "", "required": "", "message": msg}]}))
-    click.echo(f"error: {msg}", err=True)
+        click.echo(json.dumps(error_json(error, None if t0 is None else time.perf_counter() - t0), indent=1))
+    click.echo(f"error: {_one_line(error)}", err=True)
     sys.exit(EXIT_SEMANTIC)
 
 
@@ -125,8 +173,9 @@ def _verdict(audit: AuditResult, plan: Plan | None) -> str:
         return f"does not fit: {plan.refused}"
     if not plan.fits:
         short = plan.reserve_bytes - plan.free_bytes
-        first = next((s for s in plan.suggestions if s.fits_alone), None)
-        hint = f"; e.g. {s_text(first)}" if first else ""
+        first = next((s for s in plan.suggestions if s.fits_alone), None)  # safest first (plan.suggestions)
+        hint = (f"; e.g. {s_text(first)}" if first else
+                "; no single change fits on its own: combine the suggestions" if plan.suggestions else "")
         return (f"does not fit: {c.name}: the terms leave {_mib(plan.free_bytes)} MiB, "
                 f"{_mib(short)} MiB short of the {plan.options.vram_reserve_mib} MiB reserve{hint}")
     slots = (f"{plan.slots} expert slots ({_mib(plan.expert_cache_bytes)} MiB"
@@ -141,12 +190,13 @@ def s_text(s) -> str:
 
 
 def to_json(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float) -> dict:
-    """The --json object: the keys the issue lists first, then detail."""
-    d: dict = {
+    """The --json object: every key of :data:`JSON_KEYS` (null where it does not apply)."""
+    d: dict = dict.fromkeys(JSON_KEYS)
+    d |= {
         "verdict": "semantic error" if not audit.ok else ("fits" if plan and plan.fits else "does not fit"),
         "verdict_line": verdict,
         "card_total_bytes": plan.card.total_bytes if plan else None,
-        "terms": [{"name": t.name, "bytes": t.bytes, "detail": t.detail} for t in plan.terms] if plan else [],
+        "terms": [{"name": t.name, "bytes": t.bytes, "detail": t.detail} for t in plan.terms] if plan else None,
         "free_bytes": plan.free_bytes if plan else None,
         "reserve_bytes": plan.reserve_bytes if plan else None,
         "max_blob": plan.max_blob if plan else None,
@@ -174,7 +224,33 @@ def to_json(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float)
                   "checks_failed": sum(1 for c in audit.checks if not c.ok), "bf16_tensors": audit.bf16_tensors,
                   "bf16_values_scanned": audit.bf16_values_scanned, "seconds": audit.seconds}
     d["seconds"] = seconds
+    assert tuple(d) == JSON_KEYS, "every --json key is listed in JSON_KEYS, in order"
     return d
+
+
+def group_warnings(warnings: list[AuditError]) -> list[tuple[str, list[AuditError]]]:
+    """Identical warnings about different tensors, grouped: ``(text without the tensor, [warnings])``
+    in first-seen order (the table prints one line per group, --json every warning)."""
+    groups: dict[str, list[AuditError]] = {}
+    for w in warnings:
+        text = w.message
+        if w.tensor:
+            text = text.removeprefix(f"tensor {w.tensor}: ").replace(w.tensor, "the tensor")
+        groups.setdefault(text, []).append(w)
+    return list(groups.items())
+
+
+def warning_lines(warnings: list[AuditError], shown: int = WARNING_NAMES_SHOWN) -> list[str]:
+    """One line per group of :func:`group_warnings`: a lone warning as it is, a group as
+    ``N tensors: TEXT: a, b, c and K more (all in --json)``."""
+    out = []
+    for text, ws in group_warnings(warnings):
+        if len(ws) == 1:
+            out.append(ws[0].message)
+            continue
+        more = f" and {len(ws) - shown} more (all in --json)" if len(ws) > shown else ""
+        out.append(f"{len(ws)} tensors: {text}: {', '.join(w.tensor for w in ws[:shown])}{more}")
+    return out
 
 
 def _print(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float) -> None:
@@ -194,8 +270,8 @@ def _print(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float) 
         con.print(f"audit: {audit.dense_tensors} dense tensors, {audit.expert_layers} expert layers, "
                   f"{len(audit.checks)} budget terms derived twice and equal, {audit.bf16_tensors} BF16 tensors "
                   f"({audit.bf16_values_scanned} values scanned{'' if audit.bf16_scan else ', scan skipped'}): ok")
-    for w in audit.warnings:
-        con.print(f"[yellow]audit warning:[/yellow] {escape(w.message)}")
+    for line in warning_lines(audit.warnings):
+        con.print(f"[yellow]audit warning:[/yellow] {escape(line)}")
     if plan is not None:
         t = Table(title=f"VRAM plan: {plan.card.name}, context {plan.n_ctx}, {plan.options.kv} KV, batch {plan.options.batch}")
         t.add_column("term")

@@ -24,16 +24,23 @@ from pydantic import BaseModel, ConfigDict, Field
 from strata.packer import quants
 
 from . import formulas as F
-from .cards import Card
+from .cards import Card, check_mib
+from .errors import BudgetInputError
 from .formulas import MIB, KVLayer, RecurrentLayer
 
 DEFAULT_RESERVE_MIB = 700  # the documents' engine default (--vram-reserve-mib)
 DEFAULT_PREFILL_CHUNK = 256  # the documents' prompt path chunk (BRIEF.md incident 3)
-LOW_MIB = 256  # the documents' serve check calls less than this free LOW (incident 3)
+#: The documents' serve check calls less than this free LOW (BRIEF.md "Start-up order and the
+#: memory plan", incident 3): a shrunk reserve is never suggested below it.
+LOW_MIB = 256
+#: Columns of an expert profile (Parquet), each of an integer type.
+PROFILE_COLUMNS = ("layer", "expert", "count")
 
 
-class PlanInputError(ValueError):
-    """Options or a profile that cannot be planned (bad profile rows, impossible option values)."""
+class PlanInputError(BudgetInputError):
+    """Options or a profile that cannot be planned (bad profile rows, impossible option values, a
+    KV cache type the model's rows cannot be stored in); ``tensor``/``found``/``required`` filled
+    where they apply (:class:`strata.budget.errors.BudgetInputError`)."""
 
 
 class DenseTensor(BaseModel):
@@ -80,6 +87,10 @@ class ModelFacts(BaseModel):
     logits_per_token: int = 0
     n_expert: int = 0
     expert_layers: list[ExpertLayerFacts] = Field(default_factory=list)
+    # per-head K and V widths of the attention layers (key_length / value_length; 0: not known):
+    # a block-quantized KV cache stores each head's row in whole blocks
+    head_dim: int = 0
+    head_dim_v: int = 0
     # what the engine-buffer term needs (0: not known, nothing charged)
     n_embd: int = 0
     n_ff_exp: int = 0
@@ -123,6 +134,7 @@ class PlanOptions(BaseModel):
     vram_reserve_mib: int = DEFAULT_RESERVE_MIB
     expert_cache: int | None = None  # None: automatic
     profile_pairs: list[tuple[int, int, int]] | None = None  # (layer, expert, count)
+    profile_path: str | None = None  # where profile_pairs came from (named in errors)
 
 
 class Term(BaseModel):
@@ -250,7 +262,9 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
     rec = F.recurrent_state_bytes(facts.recurrent_layers, o.batch)
     if o.prefill_model == "documents":
         act = F.documents_prefill_bytes(o.prefill)
-        act_detail = f"documents' engine: 160 + {o.prefill} x 680 / 1024 MiB (generate.cpp:2941-2960)"
+        # formulas.documents_prefill_bytes: the documents' engine (generate.cpp:2941-2960, BRIEF.md)
+        act_detail = (f"prompt buffers of the reference C++ engine (measured): 160 MiB + {o.prefill} tokens x 680 KiB"
+                      if o.prefill > 0 else "prompt buffers of the reference C++ engine: none without a prompt chunk")
     else:
         act = F.activation_bytes(o.prefill, facts.act_per_token, facts.logits_per_token, o.logits_all, o.batch)
         rows = max(o.prefill, o.batch, 1)
@@ -279,19 +293,103 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
     return terms
 
 
+def _span(layers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0..2, 5"`` (at most 6 pieces shown)."""
+    parts: list[str] = []
+    for L in sorted(set(layers)):
+        if parts and isinstance(parts[-1], list) and parts[-1][1] == L - 1:
+            parts[-1][1] = L
+        else:
+            parts.append([L, L])
+    text = [f"{a}" if a == b else f"{a}..{b}" for a, b in parts]
+    return ", ".join(text[:6]) + (f", ... ({len(set(layers))} layers)" if len(text) > 6 else "")
+
+
+def _kv_tensor(facts: ModelFacts, il: int, part: str) -> str:
+    """The projection whose rows one layer's K / V / indexer-K cache row comes from."""
+    names = {t.name for t in facts.dense}
+    own = {"K": f"blk.{il}.attn_k.weight", "V": f"blk.{il}.attn_v.weight", "indexer K": f"blk.{il}.indexer.attn_k.weight"}[part]
+    fused = f"blk.{il}.attn_qkv.weight"
+    return own if own in names or fused not in names else fused
+
+
+def kv_type_error(facts: ModelFacts, kv: str) -> PlanInputError | None:
+    """Why the ``kv`` cache type cannot store this model's K/V rows (None: it can).
+
+    A block-quantized cache (``int8`` = ggml Q8_0, 32 values per block) stores every head's row in
+    whole blocks: llama.cpp refuses a quantized K (V) cache unless the block size divides
+    n_embd_head_k (n_embd_head_v) (llama-context.cpp), and :func:`formulas.kv_row_bytes` needs the
+    per-token row (n_head_kv x head dim) to be whole blocks. The error names the first layer's
+    projection tensor, the dimension and the numbers, and how many layers are affected.
+    """
+    t = quants.qtype(F.KV_CACHE_TYPES[kv])
+    B = t.block_elems
+    if B == 1:
+        return None
+    heads = {"K": (facts.head_dim, "key_length"), "V": (facts.head_dim_v or facts.head_dim, "value_length"),
+             "indexer K": (0, "indexer key_length")}
+    bad: list[tuple[int, str, int, int]] = []  # layer, part, row elements, head elements (0: unknown)
+    for L in facts.kv_layers:
+        for part, n in (("K", L.k), ("V", L.v), ("indexer K", L.indexer_k)):
+            head = heads[part][0]
+            if n and (n % B or (head and head % B)):
+                bad.append((L.layer, part, n, head))
+    if not bad:
+        return None
+    il, part, n, head = bad[0]
+    tensor = _kv_tensor(facts, il, part)
+    layers = [b[0] for b in bad]
+    if head and head % B:
+        what = f"a head dim ({heads[part][1]}) of {head} elements"
+        size = head
+        found = f"{part} head of {head} elements ({n} per token in layer {il})"
+    else:
+        dim = f"n_head_kv x {heads[part][1]}" if part != "indexer K" else heads[part][1]
+        what = f"a row ({dim}) of {n} elements per token"
+        size = n
+        found = f"{part} row of {n} elements per token"
+    return PlanInputError(
+        f"--kv {kv}: the {part} cache of layer {il} ({tensor}) has {what}, not a multiple of the "
+        f"{t.name} block of {B} ({size} = {size // B} x {B} + {size % B}); {len(set(layers))} attention layer(s) "
+        f"affected ({_span(layers)}); use --kv f16 or --kv f32",
+        tensor=tensor, found=found, required=f"a multiple of {B} elements ({t.name} block) for --kv {kv}")
+
+
 def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: bool = True) -> Plan:
     """Plan ``facts`` on ``card`` with ``options``.
 
+    ``--expert-cache N`` is refused (``refused`` set, ``fits`` False) whenever N is more than the
+    automatic value could ever be: more than fits in memory after the reserve, or more than the
+    (layer, expert) pairs that can fill a slot (the profile's pairs when a profile is given, else
+    every pair of the model) - the same cap the automatic value takes, so the refusal's "at most M
+    slots" is the automatic value. A silently capped cache would make later numbers incomparable.
+
     Raises:
-        PlanInputError: a non-positive batch or context, a negative reserve / chunk / cache, or a
-            profile naming a layer without experts or an expert id out of range.
+        PlanInputError: a non-positive batch or context, a negative reserve / chunk / cache, a
+            reserve above 16 TiB, a KV cache type whose blocks do not divide the model's K/V rows,
+            ``--expert-cache N`` or a profile for a model without routed experts, or a profile row
+            naming a layer without experts or an expert id out of range.
     """
     o = options
     for name, v, lo in (("--batch", o.batch, 1), ("--prefill", o.prefill, 0), ("--vram-reserve-mib", o.vram_reserve_mib, 0),
                         ("--max-context", o.max_context, 1), ("--kv-resident", o.kv_resident, 1),
                         ("--expert-cache", o.expert_cache, 0)):
         if v is not None and v < lo:
-            raise PlanInputError(f"{name} {v}: must be at least {lo}")
+            raise PlanInputError(f"{name} {v}: must be at least {lo}", tensor=name, found=str(v), required=f"at least {lo}")
+    check_mib("--vram-reserve-mib", o.vram_reserve_mib, error=PlanInputError)
+    if (e := kv_type_error(facts, o.kv)) is not None:
+        raise e
+    src = o.profile_path or "expert profile"
+    if o.profile_pairs is not None:
+        if not facts.expert_layers:
+            raise PlanInputError(
+                f"--expert-profile {src}: this {facts.arch} model has no routed experts, so there is no expert cache "
+                f"for its {len(o.profile_pairs)} (layer, expert) pairs to fill; drop --expert-profile",
+                tensor=src, found=f"a profile of {len(o.profile_pairs)} pairs", required="a model with routed experts")
+        _check_profile(facts, o.profile_pairs, src)
+    if o.expert_cache and not facts.expert_layers:
+        raise PlanInputError(f"--expert-cache {o.expert_cache}: this {facts.arch} model has no routed experts",
+                             tensor="--expert-cache", found=str(o.expert_cache), required="0 (no routed experts)")
     n_ctx = o.max_context if o.max_context is not None else facts.n_ctx_train
     terms = _terms(facts, card, o, n_ctx)
     before = sum(t.bytes for t in terms)
@@ -299,27 +397,29 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     reserve = o.vram_reserve_mib * MIB
     blob = facts.max_slot_bytes
     profile = None
-    cap = facts.expert_pairs if facts.expert_layers else None
-    if o.profile_pairs is not None and facts.expert_layers:
-        _check_profile(facts, o.profile_pairs)
-        cap = len(o.profile_pairs)
+    cap, cap_what = None, ""
+    if facts.expert_layers:
+        cap, cap_what = facts.expert_pairs, f"the model's {facts.expert_pairs} (layer, expert) pairs"
+        if o.profile_pairs is not None:
+            cap, cap_what = len(o.profile_pairs), f"the profile's {len(o.profile_pairs)} (layer, expert) pairs"
     slots_fit = F.expert_slots(free, reserve, blob, cap)
     warnings: list[str] = []
     refused = None
     if o.expert_cache is not None:
         slots = o.expert_cache
-        if not facts.expert_layers and slots:
-            raise PlanInputError(f"--expert-cache {slots}: this {facts.arch} model has no routed experts")
-        if cap is not None and slots > cap:
-            warnings.append(f"--expert-cache {slots} is more than the {cap} (layer, expert) pairs that can fill it")
-        most = F.expert_slots(free, reserve, blob)
-        if slots * blob > free - reserve:
+        if slots > slots_fit:
+            room = F.expert_slots(free, reserve, blob)  # memory alone
+            why = []
+            if cap is not None and slots > cap:
+                why.append(f"capped at {cap_what}, as the automatic value is: a slot beyond them is never filled")
+            if slots > room:
+                why.append(f"{F.mib(max(free - reserve, 0)):.1f} MiB free after the {o.vram_reserve_mib} MiB reserve "
+                           f"holds {room}")
             refused = (f"--expert-cache {slots} refused: {slots} slots x {blob} B = {slots * blob} B "
-                       f"({F.mib(slots * blob):.1f} MiB) asked, at most {most} slots fit "
-                       f"({F.mib(max(free - reserve, 0)):.1f} MiB free after the {o.vram_reserve_mib} MiB reserve)")
+                       f"({F.mib(slots * blob):.1f} MiB) asked, at most {slots_fit} slots fit ({'; '.join(why)})")
     else:
         slots = slots_fit
-    if o.profile_pairs is not None and facts.expert_layers:
+    if o.profile_pairs is not None:
         fill = F.fill_profile(o.profile_pairs, slots)
         profile = ProfileReport(pairs=fill.pairs, slots=slots, filled=fill.used, expected_hit_rate=fill.hit_rate,
                                 layers=[dict(layer=L.layer, range=L.range, filled=L.filled, hit_count=L.hit_count,
@@ -334,9 +434,13 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     elif n_ctx > facts.n_ctx_train:
         warnings.append(f"--max-context {n_ctx} is beyond the model's trained context {facts.n_ctx_train}")
     if o.vram_reserve_mib < LOW_MIB:
-        warnings.append(f"--vram-reserve-mib {o.vram_reserve_mib} leaves less than the {LOW_MIB} MiB the documents' "
-                        f"serve check calls LOW (BRIEF.md incident 3)")
+        # BRIEF.md incidents 1 and 3: 30 MiB left -> the driver paged, a request stalled; the
+        # documents' serve check calls under 256 MiB free LOW
+        warnings.append(f"--vram-reserve-mib {o.vram_reserve_mib} is under {LOW_MIB} MiB, where a serving engine's "
+                        f"memory check reports LOW: allocations the plan does not see (driver, other processes, "
+                        f"fragmentation) can make the driver page and requests stall")
     full = [L for L in facts.kv_layers if L.window is None]
+    types = dense_types(facts)
     plan = Plan(
         card=card, options=o, n_ctx=n_ctx, terms=terms, free_bytes=free, reserve_bytes=reserve, max_blob=blob,
         max_blob_source=facts.max_blob_source, slots=slots, slots_fit=slots_fit, slots_cap=cap,
@@ -344,48 +448,103 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         kv_bytes_per_token=sum(F.kv_bytes_per_token(L, o.kv) for L in full),
         kv_bytes_per_token_window_layers=sum(F.kv_bytes_per_token(L, o.kv) for L in facts.kv_layers if L.window is not None),
         recurrent_state_bytes_per_seq=F.recurrent_state_bytes_per_seq(facts.recurrent_layers),
-        widened_scale_bytes=sum(r.widened_extra_bytes for r in dense_types(facts)),
-        bf16_saved_bytes=sum(r.bf16_saved_bytes for r in dense_types(facts)),
-        types=dense_types(facts), profile=profile, warnings=warnings,
+        widened_scale_bytes=sum(r.widened_extra_bytes for r in types),
+        bf16_saved_bytes=sum(r.bf16_saved_bytes for r in types),
+        types=types, profile=profile, warnings=warnings,
     )
     if suggest and not fits:
         plan.suggestions = suggestions(facts, card, o, plan)
     return plan
 
 
-def _check_profile(facts: ModelFacts, pairs: list[tuple[int, int, int]]) -> None:
+def _check_profile(facts: ModelFacts, pairs: list[tuple[int, int, int]], src: str = "expert profile") -> None:
+    """Every row names an MoE layer and an expert id in range, once, with a count >= 0 (the row
+    numbered from 0, as the file stores it)."""
     moe = {L.layer for L in facts.expert_layers}
-    for layer, expert, count in pairs:
+    seen: dict[tuple[int, int], int] = {}
+    for i, (layer, expert, count) in enumerate(pairs):
         if layer not in moe:
-            raise PlanInputError(f"expert profile: layer {layer} has no routed experts (MoE layers: {min(moe)}..{max(moe)})")
+            raise PlanInputError(f"{src} row {i}: layer {layer} has no routed experts (MoE layers: {_span(sorted(moe))})",
+                                 tensor=f"{src} row {i}", found=f"layer {layer}", required=f"an MoE layer ({_span(sorted(moe))})")
         if not 0 <= expert < facts.n_expert:
-            raise PlanInputError(f"expert profile: layer {layer} expert {expert} is outside 0..{facts.n_expert - 1}")
+            raise PlanInputError(f"{src} row {i}: layer {layer} expert {expert} is outside 0..{facts.n_expert - 1}",
+                                 tensor=f"{src} row {i}", found=f"expert {expert}", required=f"0..{facts.n_expert - 1}")
         if count < 0:
-            raise PlanInputError(f"expert profile: layer {layer} expert {expert} has negative count {count}")
+            raise PlanInputError(f"{src} row {i}: layer {layer} expert {expert} has negative count {count}",
+                                 tensor=f"{src} row {i}", found=f"count {count}", required="a count >= 0")
+        if (layer, expert) in seen:
+            j = seen[layer, expert]
+            raise PlanInputError(f"{src} rows {j} and {i}: the pair (layer {layer}, expert {expert}) appears twice "
+                                 f"(counts {pairs[j][2]} and {count}); each (layer, expert) pair must appear once",
+                                 tensor=f"{src} row {i}", found=f"(layer {layer}, expert {expert}) again (first at row {j})",
+                                 required="each (layer, expert) pair once")
+        seen[layer, expert] = i
 
 
 def read_profile(path: str | Path) -> list[tuple[int, int, int]]:
-    """Read an expert profile: Parquet with integer columns ``layer``, ``expert``, ``count``.
+    """Read an expert profile: Parquet with integer columns ``layer``, ``expert``, ``count``; one row
+    per (layer, expert) pair, every value >= 0. Only integer column types are accepted: a float
+    count is refused, never truncated (nor a bool, string or list column).
 
     Raises:
-        PlanInputError: unreadable file, missing columns (naming them) or null values.
+        PlanInputError: no such file, a file that is not Parquet, missing columns (naming them), a
+            column of another type or with nulls (naming it and a row), no rows, a negative value or
+            a duplicated (layer, expert) pair (naming the rows). Rows are numbered from 0.
     """
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    p = Path(path)
+    if not p.exists():
+        raise PlanInputError(f"--expert-profile {path}: no such file", tensor=str(path), found="no such file",
+                             required="a Parquet file with columns layer, expert, count")
+    if p.is_dir():
+        raise PlanInputError(f"--expert-profile {path}: is a directory, not a Parquet file", tensor=str(path),
+                             found="a directory", required="a Parquet file with columns layer, expert, count")
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(p)
     except Exception as e:  # pyarrow raises several types for unreadable files
-        raise PlanInputError(f"{path}: not a readable Parquet file ({e})") from None
-    missing = [c for c in ("layer", "expert", "count") if c not in table.column_names]
+        raise PlanInputError(f"--expert-profile {path}: not a readable Parquet file ({e})", tensor=str(path),
+                             found="not Parquet", required="a Parquet file with columns layer, expert, count") from None
+    missing = [c for c in PROFILE_COLUMNS if c not in table.column_names]
     if missing:
-        raise PlanInputError(f"{path}: expert profile lacks column(s) {missing}; it has {table.column_names}")
+        raise PlanInputError(f"{path}: expert profile lacks column(s) {missing}; it has {table.column_names}",
+                             tensor=str(path), found=f"columns {table.column_names}", required="columns layer, expert, count")
     cols = []
-    for c in ("layer", "expert", "count"):
+    for c in PROFILE_COLUMNS:
         col = table.column(c)
+        if not pa.types.is_integer(col.type):
+            values = col.to_pylist()
+            i = 0
+            if pa.types.is_floating(col.type):  # show a value truncation would have changed
+                i = next((k for k, v in enumerate(values) if v is not None and not float(v).is_integer()), 0)
+            example = f"; row {i} holds {values[i]!r}" if values else ""
+            raise PlanInputError(f"{path}: column {c} has type {col.type}, an expert profile needs integer columns "
+                                 f"(int8..int64 or uint8..uint64; values are never truncated or converted){example}",
+                                 tensor=f"{path}:{c}", found=str(col.type), required="an integer type")
         if col.null_count:
-            raise PlanInputError(f"{path}: column {c} has {col.null_count} null value(s)")
-        cols.append([int(x) for x in col.to_pylist()])
-    return list(zip(*cols))
+            i = next(k for k, v in enumerate(col.to_pylist()) if v is None)
+            raise PlanInputError(f"{path}: column {c} has {col.null_count} null value(s), the first at row {i}",
+                                 tensor=f"{path}:{c}", found=f"{col.null_count} null(s)", required="no nulls")
+        cols.append(col.to_pylist())
+    rows = list(zip(*cols))
+    if not rows:
+        raise PlanInputError(f"{path}: the expert profile has no rows", tensor=str(path), found="0 rows",
+                             required="one row per profiled (layer, expert) pair")
+    seen: dict[tuple[int, int], int] = {}
+    for i, (layer, expert, count) in enumerate(rows):
+        for c, v in zip(PROFILE_COLUMNS, (layer, expert, count)):
+            if v < 0:
+                raise PlanInputError(f"{path} row {i}: {c} {v} is negative (layer {layer}, expert {expert}, count {count})",
+                                     tensor=f"{path} row {i}", found=f"{c} {v}", required=f"{c} >= 0")
+        if (layer, expert) in seen:
+            j = seen[layer, expert]
+            raise PlanInputError(f"{path} rows {j} and {i}: the pair (layer {layer}, expert {expert}) appears twice "
+                                 f"(counts {rows[j][2]} and {count}); each (layer, expert) pair must appear once",
+                                 tensor=f"{path} row {i}", found=f"(layer {layer}, expert {expert}) again (first at row {j})",
+                                 required="each (layer, expert) pair once")
+        seen[layer, expert] = i
+    return rows
 
 
 # ----------------------------------------------------------------------------- shrinking
@@ -411,52 +570,82 @@ def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
 
 
 def suggestions(facts: ModelFacts, card: Card, o: PlanOptions, plan: Plan) -> list[Suggestion]:
-    """Which terms to shrink, and by how much, for a plan that does not fit: for each knob the
-    least change that fits on its own (found with the plan itself, so it is exact), or what the
-    knob saves at most when it alone cannot make the plan fit."""
-    base = _margin(facts, card, o)
-    deficit = -base
+    """Which terms to shrink, and by how much, for a plan that does not fit, safest first.
+
+    Every knob is treated alike: it is listed when moving it as far as it goes saves memory; with
+    the least change that fits on its own (found with the plan itself, so it is exact) when one
+    exists, else at its limit with what it saves there (``fits_alone`` False). Order: an asked
+    ``--expert-cache`` (the refused number itself), ``--max-context``, ``--kv``, ``--batch``,
+    ``--prefill``, ``--embeddings-on-host``, ``--kv-resident`` (streams KV from the host), and the
+    reserve last, never below :data:`LOW_MIB` (BRIEF.md incidents 1 and 3: a shrunk reserve is
+    what stalled requests). An ``--expert-cache N`` above the pairs that can fill it is fixed by
+    N alone, so it is then the only suggestion."""
     out: list[Suggestion] = []
+    if o.expert_cache is not None and plan.refused:
+        out.append(Suggestion(option="--expert-cache", value=str(plan.slots_fit),
+                              saves_bytes=(o.expert_cache - plan.slots_fit) * plan.max_blob,
+                              fits_alone=plan.free_bytes >= plan.reserve_bytes,
+                              text=f"at most {plan.slots_fit} slots fit (the automatic value): ask for that many or "
+                                   f"leave it automatic"))
+        if plan.slots_cap is not None and o.expert_cache > plan.slots_cap:
+            return out
+    base = _margin(facts, card, o)
 
     def with_(**kw) -> PlanOptions:
         return o.model_copy(update=kw)
 
-    def add(option: str, value, new_o: PlanOptions, text: str) -> None:
-        m = _margin(facts, card, new_o)
-        out.append(Suggestion(option=option, value=str(value), saves_bytes=m - base, fits_alone=m >= 0, text=text))
+    def knob(option: str, limit, to: Callable[[object], PlanOptions], search: Callable[[], object] | None,
+             fit_text: Callable[[object], str], limit_text: str) -> None:
+        """``limit``: the knob moved as far as it goes; ``search()``: the least change that fits (or None)."""
+        m = _margin(facts, card, to(limit))
+        if m <= base:
+            return  # saves nothing
+        if m < 0:
+            out.append(Suggestion(option=option, value=str(limit), saves_bytes=m - base, fits_alone=False, text=limit_text))
+            return
+        value = search() if search is not None else None
+        value = limit if value is None else value
+        mv = _margin(facts, card, to(value))
+        out.append(Suggestion(option=option, value=str(value), saves_bytes=mv - base, fits_alone=mv >= 0, text=fit_text(value)))
 
-    if o.expert_cache is not None and o.expert_cache > 0:
-        add("--expert-cache", plan.slots_fit if facts.expert_layers else 0, with_(expert_cache=None),
-            f"at most {plan.slots_fit} slots fit; ask for that many (or leave it automatic)")
-    kv_layers = bool(facts.kv_layers)
-    if kv_layers and plan.n_ctx > 1:
-        best = _largest(1, plan.n_ctx - 1, lambda c: _margin(facts, card, with_(max_context=c)) >= 0)
-        if best is not None:
-            add("--max-context", best, with_(max_context=best), f"the largest context that fits is {best} tokens")
-        else:
-            add("--max-context", 1, with_(max_context=1), "even a 1-token context does not fit on its own")
-    if kv_layers and o.kv == "f16":
-        add("--kv", "int8", with_(kv="int8"), "int8 (Q8_0) KV cache: 34 B per 32 values instead of 64")
+    if plan.n_ctx > 1:
+        knob("--max-context", 1, lambda c: with_(max_context=c),
+             lambda: _largest(1, plan.n_ctx - 1, lambda c: _margin(facts, card, with_(max_context=c)) >= 0),
+             lambda c: f"the largest context that fits is {c} tokens",
+             "not enough on its own, even at a 1-token context")
+    smaller_kv = {"f32": "f16", "f16": "int8"}.get(o.kv)
+    if facts.kv_layers and smaller_kv and kv_type_error(facts, smaller_kv) is None:
+        why = ("f16 KV cache: 2 B per value instead of 4" if smaller_kv == "f16" else
+               "int8 (Q8_0) KV cache: 34 B per 32 values instead of 64 (llama.cpp's q8_0 cache; strata's own engine "
+               "stores f16 or f32)")
+        knob("--kv", smaller_kv, lambda k: with_(kv=k), None, lambda _k: why, why + ": not enough on its own")
+    if o.batch > 1:
+        knob("--batch", 1, lambda b: with_(batch=b),
+             lambda: _largest(1, o.batch - 1, lambda b: _margin(facts, card, with_(batch=b)) >= 0),
+             lambda b: f"the largest batch that fits is {b}", "not enough on its own, even at batch 1")
+    if o.prefill > 0:
+        knob("--prefill", 0, lambda c: with_(prefill=c),
+             lambda: _largest(0, o.prefill - 1, lambda c: _margin(facts, card, with_(prefill=c)) >= 0),
+             lambda c: f"the largest prompt chunk that fits is {c} tokens" + (" (0: one token at a time)" if c == 0 else ""),
+             "not enough on its own, even at 0 (one prompt token at a time)")
+    if not o.embeddings_on_host and not facts.tied and facts.embeddings:
+        knob("--embeddings-on-host", "", lambda _v: with_(embeddings_on_host=True), None,
+             lambda _v: "look token embeddings up on the host", "look token embeddings up on the host: not enough on its own")
     if any(L.window is None for L in facts.kv_layers):
         top = min(o.kv_resident or plan.n_ctx, plan.n_ctx)
         if top > 1:
-            best = _largest(1, top - 1, lambda r: _margin(facts, card, with_(kv_resident=r)) >= 0)
-            if best is not None:
-                add("--kv-resident", best, with_(kv_resident=best),
-                    f"keep {best} tokens of KV resident, stream the rest from the host")
-    if o.batch > 1:
-        best = _largest(1, o.batch - 1, lambda b: _margin(facts, card, with_(batch=b)) >= 0)
-        if best is not None:
-            add("--batch", best, with_(batch=best), f"the largest batch that fits is {best}")
-    if o.prefill > 0:
-        best = _largest(0, o.prefill - 1, lambda c: _margin(facts, card, with_(prefill=c)) >= 0)
-        if best is not None:
-            add("--prefill", best, with_(prefill=best), f"the largest prompt chunk that fits is {best}")
-    if not o.embeddings_on_host and not facts.tied and facts.embeddings:
-        add("--embeddings-on-host", "", with_(embeddings_on_host=True), "look token embeddings up on the host")
-    if o.vram_reserve_mib > 0 and deficit > 0:
-        new = o.vram_reserve_mib - (deficit + MIB - 1) // MIB
-        if new >= 0:
-            add("--vram-reserve-mib", new, with_(vram_reserve_mib=new),
-                f"a {new} MiB reserve fits, at the risk the reserve exists for (BRIEF.md incidents 1 and 3)")
+            knob("--kv-resident", 1, lambda r: with_(kv_resident=r),
+                 lambda: _largest(1, top - 1, lambda r: _margin(facts, card, with_(kv_resident=r)) >= 0),
+                 lambda r: f"keep {r} tokens of KV per full-context layer in VRAM and stream older ones from the host (slower)",
+                 "not enough on its own, even with 1 resident token")
+    if o.vram_reserve_mib > LOW_MIB:
+        def reserve_search():
+            new = o.vram_reserve_mib - (-base + MIB - 1) // MIB
+            return new if new >= LOW_MIB else None
+
+        knob("--vram-reserve-mib", LOW_MIB, lambda r: with_(vram_reserve_mib=r), reserve_search,
+             lambda r: (f"the last resort: a {r} MiB reserve fits, but the reserve is the room for allocations the plan "
+                        f"does not see (driver, other processes); never below {LOW_MIB} MiB"),
+             f"not enough on its own, even at {LOW_MIB} MiB: a smaller reserve is never suggested (under {LOW_MIB} MiB "
+             f"free a serving engine reports memory LOW and the driver may page)")
     return out

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from strata.budget.cli import main
+from strata.budget.cli import JSON_KEYS, main
 from strata.packer import synth
 from strata.packer.build import build_pack
 
@@ -202,3 +202,303 @@ def test_kv_f32_doubles_the_kv_term_and_runtime_override(pack):
     _, d0 = run_json(pack, "--card", "24G", "--max-context", 256, "--cuda-runtime-mib", 0)
     rt = {k: next(t["bytes"] for t in d["terms"] if t["name"] == "CUDA runtime") for k, d in (("default", d16), ("0", d0))}
     assert rt["0"] == 0 and d0["free_bytes"] - d16["free_bytes"] == rt["default"] > 0
+
+
+# ----------------------------------------------------------------------------- review fixes: input errors
+# Every user error is one `error: ...` line on stderr and exit 2 (exit 1 means "does not fit"); with
+# --json, stdout holds one object with every key of a success (null where it does not apply),
+# verdict "error" and the error as {tensor, found, required, message}.
+
+@pytest.fixture(scope="module")
+def dense_pack(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("dense")
+    [src] = synth.write_model(d / "q2.gguf", synth.qwen2_spec())
+    build_pack(src, d / "pack", progress=False)
+    return d / "pack"
+
+
+@pytest.fixture(scope="module")
+def small_moe_pack(tmp_path_factory) -> Path:
+    """qwen3moe preset: 3 MoE layers x 8 experts = 24 (layer, expert) pairs."""
+    d = tmp_path_factory.mktemp("moe24")
+    [src] = synth.write_model(d / "m.gguf", synth.qwen3moe_spec())
+    build_pack(src, d / "pack", progress=False)
+    return d / "pack"
+
+
+def run_input_error(*args) -> tuple[str, dict]:
+    """Run `check ARGS` with and without --json: both exit 2 without a traceback; returns the one
+    stderr line and the --json error entry (after checking the object's shape)."""
+    r = CliRunner().invoke(main, ["check", *map(str, args)])
+    assert r.exit_code == 2, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    assert "Traceback" not in r.output and r.stdout == ""
+    lines = r.stderr.strip().split("\n")
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    rj = CliRunner().invoke(main, ["check", *map(str, args), "--json"])
+    assert rj.exit_code == 2
+    d = json.loads(rj.stdout)
+    assert tuple(d) == JSON_KEYS  # the shape of a success
+    assert d["verdict"] == "error" and d["verdict_line"] == lines[0]
+    assert all(d[k] is None for k in JSON_KEYS if k not in ("verdict", "verdict_line", "errors", "seconds"))
+    [e] = d["errors"]
+    assert set(e) == {"tensor", "found", "required", "message"} and "error: " + e["message"] == lines[0]
+    return " ".join(lines[0].split()), e
+
+
+def test_json_keys_are_the_same_for_success_and_semantic_error(pack, tmp_path):
+    code, d = run_json(pack, "--card", "24G", "--max-context", 256)
+    assert code == 0 and tuple(d) == JSON_KEYS
+    bad = tmp_path / "pack"
+    shutil.copytree(pack, bad)
+    (bad / "geometry.txt").write_text((bad / "geometry.txt").read_text().replace("\nn_expert 64\n", "\nn_expert 65\n"))
+    code, d = run_json(bad, "--card", "24G")
+    assert code == 2 and tuple(d) == JSON_KEYS and d["verdict"] == "semantic error"
+
+
+def _profile(path: Path, **cols) -> Path:
+    pq.write_table(pa.table(cols), path)
+    return path
+
+
+@pytest.mark.parametrize("cols, want, tensor, found", [
+    (dict(layer=[0, 0, 1], expert=[3, 3, 1], count=[5, 6, 7]),
+     "rows 0 and 1: the pair (layer 0, expert 3) appears twice (counts 5 and 6)", "row 1",
+     "(layer 0, expert 3) again (first at row 0)"),
+    (dict(layer=["0", "1"], expert=[1, 2], count=[5, 6]),
+     "column layer has type string, an expert profile needs integer columns", ":layer", "string"),
+    (dict(layer=[0, 1], expert=[[1], [2]], count=[5, 6]), "column expert has type list<", ":expert", "list<"),
+    (dict(layer=[0, 1], expert=[1, 2], count=[5.0, 6.5]),
+     "column count has type double, an expert profile needs integer columns", ":count", "double"),
+    (dict(layer=[0, 1], expert=[1, 2], count=[True, False]), "column count has type bool", ":count", "bool"),
+    (dict(layer=[0, 1], expert=[1, 2], count=[5, -6]), "row 1: count -6 is negative (layer 1, expert 2, count -6)",
+     "row 1", "count -6"),
+    (dict(layer=[0, -1], expert=[1, 2], count=[5, 6]), "row 1: layer -1 is negative", "row 1", "layer -1"),
+    (dict(layer=[0, 99], expert=[1, 2], count=[5, 6]), "row 1: layer 99 has no routed experts (MoE layers: 0..7)",
+     "row 1", "layer 99"),
+    (dict(layer=[0, 1], expert=[1, 64], count=[5, 6]), "row 1: layer 1 expert 64 is outside 0..63", "row 1", "expert 64"),
+    (dict(layer=pa.array([0, 1]), expert=pa.array([1, 2]), count=pa.array([5, None], pa.int64())),
+     "column count has 1 null value(s), the first at row 1", ":count", "1 null(s)"),
+    (dict(layer=pa.array([], pa.int32()), expert=pa.array([], pa.int32()), count=pa.array([], pa.int64())),
+     "the expert profile has no rows", "profile.parquet", "0 rows"),
+])
+def test_bad_profile_is_one_error_line_exit_2(pack, tmp_path, cols, want, tensor, found):
+    p = _profile(tmp_path / "profile.parquet", **cols)
+    line, e = run_input_error(pack, "--card", "24G", "--max-context", 256, "--expert-profile", p)
+    assert f"error: {p}" in line and want in line
+    assert e["tensor"].endswith(tensor) and found in e["found"]
+
+
+def test_float_profile_names_the_value_truncation_would_change(pack, tmp_path):
+    p = _profile(tmp_path / "f.parquet", layer=[0, 1, 2], expert=[1, 2, 3], count=[5.0, 6.0, 7.25])
+    line, _ = run_input_error(pack, "--card", "24G", "--expert-profile", p)
+    assert "column count has type double" in line and "never truncated" in line and "row 2 holds 7.25" in line
+
+
+def test_missing_or_unreadable_profile_file(pack, tmp_path):
+    line, e = run_input_error(pack, "--card", "24G", "--expert-profile", tmp_path / "nope.parquet")
+    assert line == f"error: --expert-profile {tmp_path / 'nope.parquet'}: no such file"
+    assert e["found"] == "no such file" and "Parquet" not in line
+    junk = tmp_path / "junk.parquet"
+    junk.write_text("layer,expert,count\n0,1,2\n")
+    line, _ = run_input_error(pack, "--card", "24G", "--expert-profile", junk)
+    assert f"--expert-profile {junk}: not a readable Parquet file" in line
+
+
+def test_profile_for_a_dense_model_is_refused(dense_pack, tmp_path):
+    # Chosen over a warning: a profile names (layer, expert) pairs; a model without routed experts
+    # has none, so the profile cannot mean what the user thinks (wrong pack or wrong profile).
+    p = _profile(tmp_path / "p.parquet", layer=[0, 1, 1], expert=[1, 2, 3], count=[5, 6, 7])
+    line, e = run_input_error(dense_pack, "--card", "24G", "--max-context", 256, "--expert-profile", p)
+    assert (f"--expert-profile {p}: this qwen2 model has no routed experts, so there is no expert cache for its 3 "
+            "(layer, expert) pairs to fill") in line
+    assert e["tensor"] == str(p) and e["required"] == "a model with routed experts"
+    code, _ = run(dense_pack, "--card", "24G", "--max-context", 256)
+    assert code == 0  # the same command without the profile plans
+
+
+@pytest.fixture(scope="module")
+def head40_pack(tmp_path_factory) -> Path:
+    """gemma3 with key_length 40: a K/V head is not whole Q8_0 blocks of 32."""
+    d = tmp_path_factory.mktemp("hd40")
+    [src] = synth.write_model(d / "g.gguf", synth.gemma3_spec(dims={"head_dim": 40}))
+    build_pack(src, d / "pack", progress=False)
+    return d / "pack"
+
+
+def test_kv_int8_on_heads_that_are_not_whole_q8_0_blocks(head40_pack):
+    line, e = run_input_error(head40_pack, "--card", "24G", "--max-context", 256, "--kv", "int8")
+    assert ("--kv int8: the K cache of layer 0 (blk.0.attn_k.weight) has a head dim (key_length) of 40 elements, "
+            "not a multiple of the Q8_0 block of 32 (40 = 1 x 32 + 8); 2 attention layer(s) affected (0..1); "
+            "use --kv f16 or --kv f32") in line
+    assert e["tensor"] == "blk.0.attn_k.weight" and e["found"].startswith("K head of 40 elements")
+    assert e["required"] == "a multiple of 32 elements (Q8_0 block) for --kv int8"
+    assert run(head40_pack, "--card", "24G", "--max-context", 256)[0] == 0  # f16 plans
+    # a plan that does not fit never suggests the int8 cache it cannot use
+    code, d = run_json(head40_pack, "--card-mib", 900, "--max-context", 1 << 20)
+    assert code == 1 and d["suggestions"] and all(s["option"] != "--kv" for s in d["suggestions"])
+
+
+@pytest.mark.parametrize("option, value", [("--card-mib", "99999999999999999999999"), ("--card-mib", str((16 << 20) + 1)),
+                                           ("--cuda-context-mib", "99999999999"), ("--vram-reserve-mib", "99999999999")])
+def test_absurd_sizes_are_refused_with_the_number(pack, option, value):
+    args = [option, value] if option == "--card-mib" else ["--card", "24G", option, value]
+    line, e = run_input_error(pack, *args, "--max-context", 256)
+    assert line.startswith(f"error: {option} {value}: {int(value):,} MiB is more than 16 TiB (16,777,216 MiB), "
+                           f"larger than any GPU")
+    lo = 1 if option == "--card-mib" else 0
+    assert e["tensor"] == option and e["found"] == f"{value} MiB" and e["required"] == f"{lo}..16777216 MiB (16 TiB)"
+    if option == "--card-mib":
+        code, d = run_json(pack, "--card-mib", 16 << 20, "--max-context", 256)  # 16 TiB itself is a size
+        assert code == 0 and d["card_total_bytes"] == 16 << 40
+
+
+def test_geometry_that_breaks_the_byte_formulas_is_a_named_semantic_error(small_moe_pack, tmp_path):
+    # n_ff_exp 40: one expert's down slice [40, 256] cannot be Q8_0 blocks of 32 (was a ShapeError traceback)
+    bad = tmp_path / "pack"
+    shutil.copytree(small_moe_pack, bad)
+    md = bad / "metadata.txt"
+    key = "qwen3moe.expert_feed_forward_length int"
+    md.write_text(md.read_text().replace(f"{key} 256", f"{key} 40"))
+    r = CliRunner().invoke(main, ["check", str(bad), "--card", "24G", "--max-context", "256"])
+    assert r.exit_code == 2 and (r.exception is None or isinstance(r.exception, SystemExit)) and "Traceback" not in r.output
+    code, d = run_json(bad, "--card", "24G", "--max-context", 256)
+    assert code == 2 and d["verdict"] == "semantic error" and tuple(d) == JSON_KEYS
+    e = next(x for x in d["errors"] if x["tensor"] == "blk.0.ffn_down_exps.weight" and "slice" in x["message"])
+    assert e["found"] == "one expert's down slice ne [40, 256] of Q8_0"
+    assert e["required"] == "ne[0] a multiple of the Q8_0 block of 32"
+    assert e["message"] == ("layer 0: one expert's down slice [40, 256] (from n_embd 256, n_ff_exp 40) is not whole "
+                            "Q8_0 blocks of 32: ne[0] = 40")
+
+
+def test_any_other_evaluation_error_is_one_line_exit_2(pack, monkeypatch):
+    from strata.budget import cli
+    from strata.packer import quants
+
+    def boom(*a, **k):
+        raise quants.ShapeError("blk.3.attn_k.weight: ne[0]=40 is not a multiple of the Q8_0 block size 32")
+
+    monkeypatch.setattr(cli, "audit_pack", boom)
+    line, e = run_input_error(pack, "--card", "24G")
+    assert line == (f"error: {pack}: cannot audit the pack: blk.3.attn_k.weight: ne[0]=40 is not a multiple of the "
+                    "Q8_0 block size 32")
+
+
+# ----------------------------------------------------------------------------- --expert-cache and its cap
+
+def test_expert_cache_above_the_pairs_is_refused_with_the_automatic_cap(small_moe_pack, tmp_path):
+    code, auto = run_json(small_moe_pack, "--card", "24G", "--max-context", 256)
+    assert code == 0 and auto["slots"] == auto["slots_cap"] == 24  # 3 layers x 8 experts, capped there
+    blob = auto["max_blob"]
+    code, out = run(small_moe_pack, "--card", "24G", "--max-context", 256, "--expert-cache", 100)
+    line = " ".join(out.split())
+    assert code == 1
+    assert (f"--expert-cache 100 refused: 100 slots x {blob} B = {100 * blob} B ({100 * blob / MIB:.1f} MiB) asked, "
+            f"at most 24 slots fit (capped at the model's 24 (layer, expert) pairs, as the automatic value is") in line
+    code, d = run_json(small_moe_pack, "--card", "24G", "--max-context", 256, "--expert-cache", 100)
+    assert code == 1 and d["verdict"] == "does not fit" and d["slots_fit"] == auto["slots"] == 24
+    assert [(s["option"], s["value"], s["fits_alone"]) for s in d["suggestions"]] == [("--expert-cache", "24", True)]
+    assert not any("more than" in w for w in d["warnings"])  # refused, not charged with a warning
+    assert run(small_moe_pack, "--card", "24G", "--max-context", 256, "--expert-cache", 24)[0] == 0
+    # with a profile the cap is its pairs, as for the automatic value
+    p = _profile(tmp_path / "p.parquet", layer=[0, 0, 1, 2, 2], expert=[0, 1, 2, 3, 4], count=[9, 8, 7, 6, 5])
+    code, a = run_json(small_moe_pack, "--card", "24G", "--max-context", 256, "--expert-profile", p)
+    assert code == 0 and a["slots"] == 5
+    code, d = run_json(small_moe_pack, "--card", "24G", "--max-context", 256, "--expert-profile", p, "--expert-cache", 6)
+    assert code == 1 and "--expert-cache 6 refused" in d["refused"]
+    assert "at most 5 slots fit (capped at the profile's 5 (layer, expert) pairs" in d["refused"]
+
+
+def test_expert_cache_refusal_names_both_limits_when_both_apply(pack):
+    # 8 x 64 = 512 pairs; a card whose memory holds fewer: "at most" is the memory figure (= automatic)
+    args, most, blob = _tight_card(pack)
+    code, auto = run_json(pack, *args)
+    code, d = run_json(pack, *args, "--expert-cache", 600)
+    assert code == 1 and d["slots_fit"] == auto["slots"] == most < 512
+    assert f"at most {most} slots fit (capped at the model's 512 (layer, expert) pairs" in d["refused"]
+    assert f"after the {args[5]} MiB reserve holds {most})" in d["refused"]
+
+
+# ----------------------------------------------------------------------------- suggestions: safest first
+
+SAFETY_ORDER = ["--expert-cache", "--max-context", "--kv", "--batch", "--prefill", "--embeddings-on-host", "--kv-resident",
+                "--vram-reserve-mib"]
+
+
+def test_suggestions_are_safest_first_and_the_verdict_picks_the_safest_that_fits(pack):
+    # a context far beyond what fits: shrinking the context, the KV type, the resident KV or the
+    # reserve each fits alone; the verdict's "e.g." is the context, never the reserve
+    code, d = run_json(pack, "--card-mib", 1500, "--max-context", 1_500_000)
+    assert code == 1
+    opts = [s["option"] for s in d["suggestions"]]
+    assert opts == sorted(opts, key=SAFETY_ORDER.index) and opts[-1] == "--vram-reserve-mib"
+    s = {x["option"]: x for x in d["suggestions"]}
+    assert s["--max-context"]["fits_alone"] and s["--vram-reserve-mib"]["fits_alone"]
+    best = int(s["--max-context"]["value"])
+    assert d["verdict_line"].endswith(f"e.g. --max-context {best} (the largest context that fits is {best} tokens)")
+    assert run(pack, "--card-mib", 1500, "--max-context", best)[0] == 0
+    assert run(pack, "--card-mib", 1500, "--max-context", best + 1)[0] == 1
+
+
+def test_reserve_is_never_suggested_below_the_low_line_and_every_knob_is_listed_alike(pack):
+    # 700 MiB: even a 256 MiB reserve does not fit; the reserve is listed at 256, not below, and
+    # no single change fits, which the verdict says instead of suggesting a risky reserve
+    code, d = run_json(pack, "--card-mib", 700, "--max-context", 2048, "--batch", 8)
+    assert code == 1
+    s = {x["option"]: x for x in d["suggestions"]}
+    assert (s["--vram-reserve-mib"]["value"], s["--vram-reserve-mib"]["fits_alone"]) == ("256", False)
+    assert "never suggested" in s["--vram-reserve-mib"]["text"] and "256 MiB" in s["--vram-reserve-mib"]["text"]
+    assert all(int(x["value"]) >= 256 for x in d["suggestions"] if x["option"] == "--vram-reserve-mib")
+    assert "--vram-reserve-mib" not in d["verdict_line"]
+    assert d["verdict_line"].endswith("no single change fits on its own: combine the suggestions")
+    # consistency: a knob that saves memory is listed even when it cannot fit alone, at its limit
+    # (the prefill was omitted in that case while the context was listed)
+    assert [x["option"] for x in d["suggestions"]] == SAFETY_ORDER[1:]
+    assert {k: (s[k]["value"], s[k]["fits_alone"]) for k in ("--max-context", "--batch", "--prefill", "--kv-resident")} == {
+        "--max-context": ("1", False), "--batch": ("1", False), "--prefill": ("0", False), "--kv-resident": ("1", False)}
+    assert all(x["saves_bytes"] > 0 for x in d["suggestions"])
+    # 800 MiB: the reserve alone fits at 261 MiB (>= 256): offered, last
+    code, d = run_json(pack, "--card-mib", 800, "--max-context", 2048, "--batch", 8)
+    r = d["suggestions"][-1]
+    assert (r["option"], r["value"], r["fits_alone"]) == ("--vram-reserve-mib", "261", True)
+    assert "last resort" in r["text"]
+
+
+# ----------------------------------------------------------------------------- table output
+
+@pytest.fixture(scope="module")
+def unsupported_pack(tmp_path_factory) -> Path:
+    """qwen2 with every matrix IQ3_S, a type strata's engine has no kernel for: one warning per tensor."""
+    d = tmp_path_factory.mktemp("iq3")
+    [src] = synth.write_model(d / "q.gguf", synth.qwen2_spec(dense_type="IQ3_S", tensor_types={}, n_layers=4))
+    build_pack(src, d / "pack", progress=False)
+    return d / "pack"
+
+
+def test_identical_audit_warnings_are_one_table_line_and_all_in_json(unsupported_pack):
+    code, d = run_json(unsupported_pack, "--card", "24G", "--max-context", 256)
+    assert code == 0
+    ws = d["audit_warnings"]
+    n = len(ws)
+    assert n == 2 + 4 * 7  # token_embd, output + per layer q, k, v, output, gate, up, down
+    names = [w["tensor"] for w in ws]
+    assert len(set(names)) == n and all(w["found"] == "IQ3_S" for w in ws)
+    code, out = run(unsupported_pack, "--card", "24G", "--max-context", 256)
+    text = " ".join(out.split())
+    assert out.count("audit warning:") == 1
+    assert (f"audit warning: {n} tensors: type IQ3_S has no strata engine kernel yet (the budget holds; strata's engine "
+            f"refuses the type at load): {', '.join(names[:3])} and {n - 3} more (all in --json)") in text
+
+
+def test_table_details_need_no_file_outside_the_repository(pack):
+    # documents' prefill model, a low reserve (warning) and a plan that does not fit (suggestions)
+    code, out = run(pack, "--card-mib", 700, "--max-context", 2048, "--prefill-model", "documents", "--vram-reserve-mib", 300)
+    assert code == 1
+    text = " ".join(out.split())
+    assert "prompt buffers of the reference C++ engine (measured): 160 MiB + 256 tokens x 680 KiB" in text
+    code, out2 = run(pack, "--card-mib", 4000, "--max-context", 2048, "--vram-reserve-mib", 100)
+    assert code == 0 and "under 256 MiB, where a serving engine's memory check reports LOW" in " ".join(out2.split())
+    help_text = CliRunner().invoke(main, ["check", "--help"]).output
+    for t in (out, out2, help_text):
+        for ref in ("BRIEF", "generate.cpp", ".md", "2941"):
+            assert ref not in t, (ref, t)

@@ -329,3 +329,51 @@ def test_runtime_term_is_charged_and_can_be_overridden():
     facts = ModelFacts(arch="x", n_ctx_train=64, n_vocab=10)
     p = make_plan(facts, card_from_mib(4096, cuda_context_mib=100, cuda_runtime_mib=7), PlanOptions(max_context=64))
     assert p.term("CUDA runtime") == 7 * MIB and p.term("CUDA context") == 100 * MIB
+
+
+# ----------------------------------------------------------------------------- review fixes (plan API)
+
+def test_kv_int8_needs_whole_q8_0_blocks_per_row_and_per_head():
+    card = card_from_mib(4000)
+    # head dim unknown (0): the per-token row n_head_kv x head_dim = 1 x 40 is not whole blocks
+    facts = _facts(2, 1, 40, 0, 0, 0, 10, [], 1)
+    with pytest.raises(PlanInputError) as e:
+        make_plan(facts, card, PlanOptions(max_context=64, kv="int8"))
+    assert str(e.value).startswith("--kv int8: the K cache of layer 0 (blk.0.attn_k.weight) has a row (n_head_kv x key_length) of "
+                                   "40 elements per token, not a multiple of the Q8_0 block of 32 (40 = 1 x 32 + 8); "
+                                   "2 attention layer(s) affected (0..1)")
+    assert (e.value.found, e.value.required) == ("K row of 40 elements per token",
+                                                 "a multiple of 32 elements (Q8_0 block) for --kv int8")
+    assert make_plan(facts, card, PlanOptions(max_context=64, kv="f16")).term("KV cache") == 2 * 64 * 2 * 40 * 2
+    # 2 heads of 48: the row (96) is whole blocks, a head is not (llama.cpp refuses a quantized cache then)
+    facts = _facts(3, 2, 48, 0, 0, 0, 10, [], 1).model_copy(update={"head_dim": 48})
+    with pytest.raises(PlanInputError, match=r"has a head dim \(key_length\) of 48 elements, not a multiple of the Q8_0 "
+                                             r"block of 32 \(48 = 1 x 32 \+ 16\); 3 attention layer\(s\) affected \(0..2\)"):
+        make_plan(facts, card, PlanOptions(max_context=64, kv="int8"))
+    assert F.kv_row_bytes(96, "int8") == 3 * 34  # the formula alone would have accepted it
+
+
+def test_plan_refuses_bad_profiles_naming_the_row():
+    facts = _facts(2, 1, 64, 0, 0, 0, 10, [1000, 1000], 4)
+    card = card_from_mib(1000)
+    with pytest.raises(PlanInputError, match=r"p.parquet rows 0 and 2: the pair \(layer 1, expert 3\) appears twice "
+                                             r"\(counts 5 and 7\)"):
+        make_plan(facts, card, PlanOptions(profile_pairs=[(1, 3, 5), (0, 1, 6), (1, 3, 7)], profile_path="p.parquet"))
+    with pytest.raises(PlanInputError, match=r"expert profile row 1: layer 5 has no routed experts \(MoE layers: 0..1\)"):
+        make_plan(facts, card, PlanOptions(profile_pairs=[(0, 1, 5), (5, 1, 6)]))
+    dense = _facts(2, 1, 64, 0, 0, 0, 10, [], 4)
+    with pytest.raises(PlanInputError, match="this synthetic model has no routed experts, so there is no expert cache for "
+                                             r"its 1 \(layer, expert\) pairs to fill"):
+        make_plan(dense, card, PlanOptions(profile_pairs=[(0, 1, 5)]))
+
+
+def test_expert_cache_cap_is_the_automatic_cap():
+    facts = _facts(1, 1, 64, 0, 0, 0, 10, [1000, 1000, 1000], 8)  # 3 x 8 = 24 pairs, memory for far more
+    card = card_from_mib(4000)
+    auto = make_plan(facts, card, PlanOptions(max_context=64))
+    assert auto.slots == auto.slots_fit == auto.slots_cap == 24 and auto.fits
+    over = make_plan(facts, card, PlanOptions(max_context=64, expert_cache=25))
+    assert not over.fits and over.slots_fit == 24
+    assert "at most 24 slots fit (capped at the model's 24 (layer, expert) pairs" in over.refused
+    assert [(s.option, s.value) for s in over.suggestions] == [("--expert-cache", "24")]
+    assert make_plan(facts, card, PlanOptions(max_context=64, expert_cache=24)).fits
