@@ -12,13 +12,16 @@
 #   2. checks the GGUF's sha256 (REAL-MODELS.md) and builds its pack, plus two synthetic MoE packs
 #      (packer/synth: the qwen3moe preset, and one with Q1_0/Q2_0/IQ2_S experts);
 #   3. greedy decoding, 3 prompts x 32 tokens (the llama.cpp fixture's prompts), on the CPU path
-#      and on the GPU path: per step, equal/different tokens and the largest top-5 logit gap;
-#      the first 24 steps also against llama.cpp's recorded tokens -> greedy.json;
+#      and on the GPU path (the fused step as a CUDA graph, the default): per step, equal/different
+#      tokens and the largest top-5 logit gap; the first 24 steps also against llama.cpp's recorded
+#      tokens; the same prompts with --no-graph (eager launches of the same kernels): tokens equal
+#      and top-5 logits bit for bit equal to the graph's -> greedy.json;
 #   4. `strata-engine audit` (predicted vs measured bytes per budget term) for the Gemma pack
 #      (--kv f16 and f32) and the synthetic MoE (auto slots and a fixed 12) -> audit.log, audits.json;
 #      and `strata-budget check --card measure` for the Gemma pack;
 #   5. the `make bench-gpu` benchmark (kernel bandwidth per type; decode tok/s for the Gemma pack
-#      and the synthetic packs, next to the bandwidth floor) -> bench_gpu.json;
+#      and the synthetic packs on the generic / eager / graph paths and the CPU path, launches per
+#      token, the pure-GPU graph replay next to the bandwidth floor) -> bench_gpu.json;
 #   6. `generate --device cuda --stats` on the MoE (per-step gpu/cpu-experts/wait ms, per-layer
 #      hits/misses) -> in device_real.log.
 # Steps that fail are reported and the script goes on; the exit code is the number of failed steps.
@@ -93,20 +96,30 @@ pack, out, fixture = sys.argv[1:4]
 ref = json.load(open(fixture))
 N, CTX = 32, 128
 t = time.perf_counter(); cpu = load_engine(pack, n_ctx=CTX); t_cpu = time.perf_counter() - t
-gpu, why = None, ""
+gpu, eager, why = None, None, ""
 try:
     from strata.engine.gpu.engine import load_engine_gpu
     t = time.perf_counter(); gpu = load_engine_gpu(pack, n_ctx=CTX, device="cuda"); t_gpu = time.perf_counter() - t
+    eager = load_engine_gpu(pack, n_ctx=CTX, device="cuda", graph=False)
 except Exception as e:  # no device: the CPU half still runs
     why = f"{type(e).__name__}: {e}"
-print(f"loaded: cpu {t_cpu:.1f} s" + (f", gpu {t_gpu:.1f} s ({gpu.gpu.device})" if gpu else f"; GPU path unavailable: {why}"))
+print(f"loaded: cpu {t_cpu:.1f} s" + (f", gpu {t_gpu:.1f} s ({gpu.gpu.device}; {gpu.gpu.decode_path})" if gpu
+                                      else f"; GPU path unavailable: {why}"))
+def bitwise_tops(a, b):
+    return a.output_ids == b.output_ids and all(x[0] == y[0] and np.float32(x[1]).tobytes() == np.float32(y[1]).tobytes()
+                                                for ra, rb in zip(a.top, b.top) for x, y in zip(ra, rb))
 report = {"pack": pack, "n_tokens": N, "n_ctx": CTX, "prompts": []}
 all_equal = True
 for p in ref["prompts"]:
     rc = generate(cpu, p["prompt"], N, ignore_eos=True)
     rg = generate(gpu, p["prompt"], N, ignore_eos=True) if gpu else None
+    re_ = generate(eager, p["prompt"], N, ignore_eos=True) if eager else None
+    eager_eq = bitwise_tops(rg, re_) if re_ else None
+    all_equal &= bool(eager_eq) if re_ else True
     print(f"\nprompt {p['prompt'][:50]!r} ({len(rc.prompt_ids)} tokens): cpu {rc.tokens_per_second:.1f} tok/s"
-          + (f", gpu {rg.tokens_per_second:.1f} tok/s" if rg else ""))
+          + (f", gpu graph {rg.tokens_per_second:.1f} tok/s" if rg else "")
+          + (f", gpu eager {re_.tokens_per_second:.1f} tok/s; graph vs eager top-5 logits "
+             f"{'bit-identical' if eager_eq else 'DIFFER'}" if re_ else ""))
     steps = []
     for s in range(N):
         c = rc.output_ids[s]
@@ -124,7 +137,9 @@ for p in ref["prompts"]:
               f"{'' if gap is None else f' (max |top-5 logit gap| {gap:.2e})'}"
               f"{'' if lc is None else (' | llama.cpp ' + str(lc) + (' =' if lc == c else ' !='))}")
     report["prompts"].append({"prompt": p["prompt"], "prompt_ids": rc.prompt_ids, "cpu_tok_s": rc.tokens_per_second,
-                              "gpu_tok_s": rg.tokens_per_second if rg else None, "text_cpu": rc.text,
+                              "gpu_tok_s": rg.tokens_per_second if rg else None,
+                              "gpu_eager_tok_s": re_.tokens_per_second if re_ else None,
+                              "graph_eager_bitwise_equal": eager_eq, "text_cpu": rc.text,
                               "text_gpu": rg.text if rg else None, "steps": steps})
 report["all_equal"] = all_equal if gpu else None
 json.dump(report, open(out, "w"), indent=1)
@@ -162,8 +177,11 @@ fi
 step "bench-gpu: kernels per type, decode tok/s (gemma pack + synthetic packs)"
 PACKS=()
 [ -d "$GEMMA_PACK" ] && PACKS+=(--pack "$GEMMA_PACK")
-timeout 240 $PY bench/bench_gpu.py ${BENCH_ARGS:---mib 128 --reps 10} --tokens 64 --synth "$WORK/bench" --big-mib 0 \
-    "${PACKS[@]}" --json "$OUT/bench_gpu.json" || fail "bench_gpu"
+timeout 300 $PY bench/bench_gpu.py ${BENCH_ARGS:---mib 128 --reps 10} --tokens 64 --synth "$WORK/bench" --big-mib 0 \
+    --cpu "${PACKS[@]}" --json "$OUT/bench_gpu.json" || fail "bench_gpu"
+# the guard: per-stage timing with the graph on must be refused (exit 2), never printed as zeros
+timeout 30 $PY bench/bench_gpu.py --no-kernels --stage-times >/dev/null 2>&1
+[ $? -eq 2 ] || fail "bench_gpu --stage-times with the graph on was not refused"
 
 step "done: $FAILED failed step(s); files in $OUT:"
 ls -la "$OUT"

@@ -159,14 +159,22 @@ def _summary(r: GenerationResult) -> str:
               "tokens_per_second, top, ...) instead of text.")
 @click.option("--stats", is_flag=True, help="Per-position timing on stderr (units on every line; cuda: gpu, "
               "cpu-experts and wait ms, and per-layer expert hits/misses; synchronises every step).")
+@click.option("--no-graph", "no_graph", is_flag=True, help="cuda: launch the fused dense step's kernels one by one "
+              "instead of replaying it as a CUDA graph (same kernels, bit-identical logits).")
+@click.option("--stage-times", "stage_times", is_flag=True, help="cuda, with --no-graph: device ms per stage "
+              "(embedding, each layer's attention and FFN, head) from CUDA events, printed at the end. Refused "
+              "with the graph on: events between the launches of a captured graph record nothing.")
 @click.option("-v", "--verbose", is_flag=True, help="Start-up checkpoints (time, memory) on stderr.")
 def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore_eos, n_ctx, resident, device,
-                 numerics_, kv, expert_cache, profile_path, vram_reserve_mib, as_json, stats, verbose):
+                 numerics_, kv, expert_cache, profile_path, vram_reserve_mib, as_json, stats, no_graph, stage_times,
+                 verbose):
     """Generate text from PACK after --prompt and report tok/s."""
     try:
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
+    if stage_times and device == "cpu":
+        _fail("--stage-times: per-stage device timers exist on --device cuda only")
     try:
         gpu_kw = {"numerics": numerics_} if device == "cpu" else {}
         if device != "cpu":
@@ -177,7 +185,7 @@ def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore
             except ValueError:
                 raise click.BadParameter(f"--expert-cache {expert_cache!r}: expected auto or a slot count") from None
             gpu_kw = dict(expert_cache=ec, profile=read_profile(profile_path) if profile_path else None,
-                          vram_reserve_mib=vram_reserve_mib)
+                          vram_reserve_mib=vram_reserve_mib, graph=not no_graph, stage_times=stage_times)
         engine = LOADERS[device](pack, n_ctx=n_ctx, resident=resident, kv=kv,
                                  on_checkpoint=print_checkpoint if verbose else None, **gpu_kw)
         if stats:
@@ -186,14 +194,29 @@ def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore
                      on_step=_stats_line(engine) if stats else None, stats=stats)
     except REFUSALS as e:
         _fail(str(e))
+    st = _stage_summary(engine) if stage_times else None
     if as_json:
         d = r.model_dump()
         if not stats:
             d.pop("steps")
+        if st is not None:
+            d["stage_ms_per_token"] = st
         click.echo(json.dumps(d))
         return
     click.echo(prompt + r.text)
     click.echo(_summary(r), err=True)
+    if st is not None:
+        click.echo("stage times: device ms per position (CUDA events between stages, eager fused step; "
+                   "attn/ffn summed over layers): " + ", ".join(f"{k} {v:.3f} ms" for k, v in st["grouped"].items()),
+                   err=True)
+
+
+def _stage_summary(engine: Engine) -> dict | None:
+    dec = getattr(engine, "decoder", None)
+    if dec is None or not dec.stage_times.steps:
+        return None
+    return {"steps": dec.stage_times.steps, "grouped": dec.stage_times.grouped(),
+            "per_stage": dec.stage_times.per_token()}
 
 
 _gpu_add_commands(main)

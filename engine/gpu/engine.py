@@ -15,11 +15,15 @@ takes exactly what is left minus the reserve and nothing allocated later eats th
 4. ``session`` - KV cache (``kv`` f16 | f32; sliding-window layers as ring buffers of the budget's
    size), rope tables, the embedding row, the expert hit path's vectors (incident 2);
 5. ``prompt path`` - every kernel the engine will run is compiled and loaded (dense and expert
-   types), and warm-up steps at positions 0 and ``n_ctx - 1`` put the largest temporaries in the
-   CuPy pool, so the token loop allocates no new device memory (the tests and the benchmark check
-   the pool does not grow during decode). Device memory taken here outside the pool is the CUDA
-   runtime's first-use cost (kernel modules; no cuBLAS: attention is elementwise + reductions),
-   which the budget charges as a measured constant (manifests/cards.toml ``cuda_runtime_mib``);
+   types). Dense models (gemma3, qwen2) get the fused step (:mod:`strata.engine.gpu.fused`): its
+   activation buffers and pinned staging memory are allocated, one eager step loads its kernels,
+   and the step is captured as CUDA graphs (``graph=False`` / ``--no-graph``: replayed eagerly).
+   MoE models keep the generic per-layer path, whose warm-up steps at positions 0 and ``n_ctx - 1``
+   put the largest temporaries in the CuPy pool. Either way the token loop allocates no new
+   device memory (the tests and the benchmark check the pool does not grow during decode). Device
+   memory taken here outside the pool is the CUDA runtime's first-use cost (kernel modules, graph
+   instantiation; no cuBLAS: attention is elementwise + reductions or the fused kernel), which the
+   budget charges as a measured constant (manifests/cards.toml ``cuda_runtime_mib``);
 6. ``expert cache`` - ``--expert-cache auto``: ``budget.formulas.expert_slots(free, reserve,
    slot_bytes, cap)`` on the free memory measured right there; ``--expert-cache N``: N slots or a
    refusal with both numbers (never a silently smaller cache). Slots are laid out by
@@ -58,6 +62,7 @@ from ..models import model_class
 from ..tokenizer import load_tokenizer
 from . import reference as R
 from .backend import Backend, make_backend
+from .fused import FusedDecoder, FusedUnsupported, StageTimes, StageTimesRefused, describe, fused_unsupported
 
 #: Default VRAM reserve (MiB) left free after the expert cache (the documents' --vram-reserve-mib).
 DEFAULT_RESERVE_MIB = 700
@@ -170,6 +175,22 @@ class DeviceWeights:
     def matmul(self, name: str, x):
         e = self._entries[name]
         return self.backend.matvec(self._type[name], self._buf[name], _rows_of(e), e.ne0, x, out=self._out[name])
+
+    def matvec_args(self, name: str) -> tuple[int, Any, int, int, Any]:
+        """``(kernel type, engine-form buffer, rows, ne0, preallocated output)`` of a matrix: what a
+        launch list (:mod:`strata.engine.gpu.fused`) binds once."""
+        e = self._entries[name]
+        return self._type[name], self._buf[name], _rows_of(e), e.ne0, self._out[name]
+
+    def host_row(self, name: str, row: int, out: np.ndarray) -> None:
+        """Dequantize row ``row`` of ``name`` on the host from the memory-mapped pool into ``out``
+        (f32, e.g. pinned memory): the values :meth:`rows` and the CPU path give."""
+        e = self._entries[name]
+        rows = _rows_of(e)
+        if not 0 <= row < rows:
+            raise GenerateError(f"{name}: row {row} outside 0..{rows - 1}")
+        raw = np.asarray(self._raw(e)).reshape(rows, -1)[row:row + 1]
+        out[...] = dequantize_rows(raw, e.type, e.ne0, name=name)[0]
 
     def rows(self, name: str, ids: list[int]):
         e = self._entries[name]
@@ -417,6 +438,9 @@ class GpuInfo:
     pool_after_warmup: int = 0
     alloc_rounded: dict[str, int] = field(default_factory=dict)
     marks: dict[str, dict[str, int]] = field(default_factory=dict)
+    decode_path: str = ""  # fused step (graph | eager) or the generic per-layer path, and why
+    launches_per_token: dict[str, int] = field(default_factory=dict)  # fused step: kernels, memcpy, total
+    fused_buffer_bytes: int = 0  # the fused step's activation buffers (in "prefill/activations")
 
 
 def _mark(backend: Backend, note: dict, info: GpuInfo, name: str) -> None:
@@ -437,7 +461,8 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
                     on_checkpoint: Callable[[Checkpoint], None] | None = None, device: str = "cuda",
                     expert_cache: str | int = "auto", profile: list[tuple[int, int, int]] | None = None,
                     vram_reserve_mib: int = DEFAULT_RESERVE_MIB, admit: bool | None = None, kv: str = DEFAULT_KV,
-                    sliding: str = "ring", backend: Backend | None = None, warmup: bool = True) -> Engine:
+                    sliding: str = "ring", backend: Backend | None = None, warmup: bool = True,
+                    graph: bool = True, fused: bool | None = None, stage_times: bool = False) -> Engine:
     """Open, check and load ``pack_dir`` for the GPU path (see the module docstring).
 
     Args:
@@ -448,9 +473,16 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
         admit: first-come admission of misses into free slots; default on without a profile.
         kv: KV cache type, ``f16`` (default) or ``f32``; ``sliding``: ``ring`` or ``full`` (as the CPU path).
         backend: a :class:`~strata.engine.gpu.backend.Backend` (default: ``make_backend(device)``).
+        fused: the dense step as a fixed launch list (:mod:`strata.engine.gpu.fused`); default: on for
+            the models it builds (gemma3, qwen2 in the f32 profile), off for MoE models (the generic
+            per-layer path). True on a model it does not build raises FusedUnsupported.
+        graph: with the fused step, capture it as CUDA graphs at the prompt-path checkpoint and replay
+            them (``--no-graph``: the same launches one by one).
+        stage_times: per-stage device timers (fused eager path only; refused with ``graph``).
 
     Raises:
         ExpertCacheError: ``expert_cache`` N that does not fit (N x slot bytes vs free - reserve).
+        StageTimesRefused: ``stage_times`` with ``graph``, or on a model without the fused step.
         Everything :func:`strata.engine.generate.load_engine` raises.
     """
     if n_ctx < 1:
@@ -458,6 +490,10 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
     check_kv(kv)
     if expert_cache != "auto" and int(expert_cache) < 0:
         raise ExpertCacheError(f"--expert-cache {expert_cache}: a slot count cannot be negative")
+    if stage_times and graph:
+        raise StageTimesRefused(
+            "--stage-times: stage timers cannot measure inside a captured CUDA graph (events recorded between its "
+            "launches record nothing); refusing rather than reporting zeros - add --no-graph")
     bk = backend or make_backend(device)
     info = GpuInfo(bk.name, bk.device_name(), kv=kv)
     cps = Checkpoints(on_checkpoint)
@@ -510,7 +546,26 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
         # every kernel the engine will run is loaded now, before the cache measures free memory
         expert_types = {t for r in source.rows.values() for t in (r.gate_type, r.up_type, r.down_type)} if source else set()
         bk.prepare(weights.types() | expert_types)
-        if warmup:
+        why = fused_unsupported(model)
+        if fused and why:
+            raise FusedUnsupported(why)
+        if stage_times and why:
+            raise StageTimesRefused(f"--stage-times: per-stage timers exist on the fused dense step only; {why}")
+        if (fused is None or fused) and why is None:
+            # the fused step: its buffers, one eager step (loads every kernel), then the graphs
+            decoder = FusedDecoder(model, bk, state, graph=graph, stage_times=stage_times)
+            for pos in sorted({0, n_ctx - 1} if warmup else {0}):
+                decoder.step(0, pos, state, logits=True)
+            decoder.capture()
+            if decoder.captured and bk.name == "cuda":
+                decoder.step(0, 0, state, logits=True)  # one replay: the graphs are uploaded and run
+            decoder.stage_times = StageTimes()
+            model = decoder
+            info.decode_path = describe(decoder)
+            info.launches_per_token = decoder.launches_per_token(True)
+            info.fused_buffer_bytes = decoder.nbytes
+            note["decode path"] = info.decode_path
+        elif warmup:
             # allocates the pool blocks one step uses; positions are overwritten by real tokens. The
             # last two positions: attention temporaries are largest there, and one of the two reads a
             # wrapped ring (no new device memory in the token loop)
@@ -521,6 +576,9 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
                 experts.counts.hits = experts.counts.misses = 0
                 experts.counts.per_layer_misses.clear()
                 experts.take_cpu_ms()
+        if info.decode_path == "":
+            info.decode_path = f"generic per-layer path, eager ({why or 'fused step off'})"
+            note["decode path"] = info.decode_path
         _mark(bk, note, info, "prompt path")
         a, b = info.marks["session"], info.marks["prompt path"]
         info.warmup_pool_bytes = b["pool_total_bytes"] - a["pool_total_bytes"]
@@ -584,6 +642,7 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
         info.pool_after_warmup = info.marks["expert cache"]["pool_total_bytes"]
     eng = Engine(pack, geom, plan, weights, model, tokenizer, state, experts, cps.done, device=bk.name, kv=kv,
                  probe=GpuStepProbe(bk, experts))
+    eng.decoder = model if isinstance(model, FusedDecoder) else None  # type: ignore[attr-defined]
     eng.gpu = info  # type: ignore[attr-defined]
     return eng
 

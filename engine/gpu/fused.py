@@ -1,0 +1,890 @@
+"""The dense decode step as a short, fixed list of launches - replayed as one CUDA graph.
+
+Why (measured on the H200, bench/results/h200-2026-11-29-*): the generic path runs the shared
+layers (:mod:`strata.engine.layers`) with CuPy as the array module, so every ``x * x``, ``mean``,
+``astype``, ``concatenate`` of an RMS norm, a rope, a softmax or a cache read is its own kernel
+launch, each costing the host ~25 us of Python and driver time while the device idles. Gemma 3
+270M ran at 23-31 tok/s on the GPU against 42-44 tok/s on the CPU path of the same machine: launch
+overhead, not bandwidth (its weights are read in ~0.06 ms at the copy ceiling). A synthetic pack of
+Gemma 3 270M's shape (bench/bench_gpu.py ``gemma_like_spec``) takes 1883 launches and copies per
+token on the generic path (counted as the nodes of one captured step), 49 ms per token.
+
+This module builds the step of a dense model (gemma3, qwen2) from a few fused kernels, compiled
+with the same IEEE options as the matvec kernels (:data:`strata.engine.gpu.kernels.NVRTC_OPTIONS`):
+
+- ``resid_norm``: residual add (plain, or of an RMS-normed branch: gemma's sandwich norms), or the
+  embedding (times ``sqrt(n_embd)`` for gemma), followed by the next RMS norm - one launch;
+- ``qk_prep``: q/k biases, q/k RMS norms, NEOX rope, gemma's q scale, and the K/V cache write at
+  ring slot ``pos % size`` (rounded to f16 or kept f32) - one launch for all heads;
+- ``attn``: scores over the positions the layer sees (sliding window or all), softmax, weighted
+  sum of V, GQA - one launch (one CTA per query head);
+- ``act_mul``: ``gelu_tanh(g) * u`` or ``silu(g) * u``; ``logit_post``: output bias / soft-cap;
+- the matvec kernels of :mod:`strata.engine.gpu.kernels`, unchanged, into the weights'
+  preallocated outputs.
+
+That is 12 launches per layer (3 for q/k/v, prep, attention, output, norm, gate, up, act, down,
+norm) plus embedding, head and two copies: 220 per token for an 18-layer model, against 1883 on the
+generic path (``bench/bench_gpu.py`` counts both). Measured on the H200 (2026-11-29, the
+Gemma-3-270M-shaped synthetic pack, 64 tokens): generic 20 tok/s, this step eager 244 tok/s, as a
+CUDA graph 339 tok/s end to end and 646 tok/s pure replay (1.55 ms per step on the device; the
+bandwidth floor is 0.065 ms) - the kernels themselves, ~7 us a node, are now what the device waits
+on; the CPU path on the same machine: 39 tok/s.
+
+**Per-step variables live in device memory.** The position and the embedding row (dequantized on
+the host from the memory-mapped pool, exactly as the CPU path does) are written to pinned host
+memory and reach the device by one host->device copy that is part of the step; every kernel reads
+``pos`` from there (rope row, ring slot ``pos % size``, attention length). Nothing in the step
+depends on a Python value that changes per token, so the whole step - copy in, all layers, head,
+copy of the logits out to pinned memory - is captured ONCE with CuPy's stream capture
+(``stream.begin_capture()`` / ``end_capture()``) and replayed with ``graph.launch(stream)``: two
+graphs, with and without the head (prompt positions before the last need no logits). Nothing is
+allocated in the step: every buffer is made at start-up (the CuPy pool does not grow in decode).
+
+**Eager** (``graph=False``, ``--no-graph``) launches the same list one by one: the same kernels
+with the same arguments, so graph and eager logits are bit-identical (tests/test_gpu_engine.py).
+Against the CPU path the tokens are equal; the logits differ by float summation order (the
+reductions here run in a fixed tree order; NumPy sums pairwise) and by CUDA's ``expf``/``tanhf``.
+
+**Stage timers** (``stage_times=True``): CUDA events between stages (embedding, each layer's
+attention and FFN halves, head) - eager only. Inside a captured graph an event recorded by the host
+between launches records nothing, so asking for stage times with the graph on is REFUSED
+(:class:`StageTimesRefused`), never answered with zeros.
+
+**MoE models keep the generic (eager) path:** the host decides per layer which routed experts are
+cache hits (on the GPU) and which are misses (on the CPU), from the router's output copied back -
+a device->host synchronisation in every layer. Graphing the segments between those points would
+save the dense part's launches only; it is not done here (see :func:`fused_unsupported`).
+
+The ``sim`` backend (:class:`strata.engine.gpu.backend.SimBackend`) runs the same launch list with
+NumPy stand-ins for the fused kernels, written with the CPU path's own layer functions, so CI
+checks the wiring (buffers, ring slots, the device-side position, launch counts) without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import layers
+from ..generate import GenerateError
+
+#: Architectures whose decode step this module builds.
+FUSED_ARCHS = ("gemma3", "qwen2")
+
+#: Threads per CTA of the attention kernel (one CTA per query head; warps split the positions).
+ATTN_THREADS = 1024
+#: Bytes at the start of the staging buffer holding the step's integers (``pos`` at 0).
+PARAM_BYTES = 16
+
+
+class StageTimesRefused(GenerateError):
+    """Per-stage timing asked for where it cannot measure (inside a captured CUDA graph, or on a
+    path without stage timers): refused instead of printing zeros."""
+
+
+class FusedUnsupported(GenerateError):
+    """A model the fused step does not build (the reason is in the message)."""
+
+
+def fused_unsupported(model) -> str | None:
+    """Why the fused step cannot run ``model`` (None if it can)."""
+    arch = getattr(model, "arch", "")
+    if getattr(model, "experts", None) is not None:
+        return (f"{arch}: routed experts - the host picks GPU hits and CPU misses per layer from the router's "
+                "output (a device->host sync per layer), so this model keeps the eager per-layer path")
+    if arch not in FUSED_ARCHS:
+        return f"{arch}: no fused step (fused: {', '.join(FUSED_ARCHS)})"
+    nx = model.nx
+    if nx.act_quant or nx.attn_f16 or nx.gelu_f16_table:
+        return f"numerics profile {nx.name}: the fused kernels implement the f32 profile only"
+    h = model.hp
+    if h.n_head % h.n_head_kv:
+        return f"n_head {h.n_head} is not a multiple of n_head_kv {h.n_head_kv}"
+    return None
+
+
+# ---------------------------------------------------------------------------- CUDA source
+
+_FUSED_SOURCE = r"""
+typedef long long i64;
+typedef unsigned short u16;
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {  // round to nearest even, like numpy's astype(float16)
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float load_kv(const void* p, const i64 i, const int f16) {
+    return f16 ? h2f(((const u16*)p)[i]) : ((const float*)p)[i];
+}
+__device__ __forceinline__ void store_kv(void* p, const i64 i, const float v, const int f16) {
+    if (f16) ((u16*)p)[i] = f2h(v); else ((float*)p)[i] = v;
+}
+
+// xor butterfly: every lane ends with the same bits (each step adds the same two values)
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Block-wide sum in a fixed order (per-warp butterfly, then warp totals 0..nw-1 by butterfly);
+// every thread returns the same bits. blockDim.x must be a multiple of 32. Uniform control flow.
+__device__ float block_sum(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // red[] may still be read by a previous call
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    return warp_sum(lane < nw ? red[lane] : 0.0f);
+}
+__device__ float block_max(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    return warp_max(lane < nw ? red[lane] : __int_as_float(0xff800000));
+}
+
+// One CTA. mode 0: x = (a + ab) * scale (the embedding row); 1: x = x + (a + ab);
+// 2: x = x + rms_norm(a + ab) * wa (gemma's post-norms). Then, if w: xn = rms_norm(x) * w.
+// rms_norm(v) = v * (1 / sqrt(sum(v*v) / n + eps)), as strata.engine.layers.rms_norm.
+extern "C" __global__ void resid_norm(float* __restrict__ x, const float* __restrict__ a, const float* __restrict__ ab,
+                                      const float* __restrict__ wa, const float* __restrict__ w, float* __restrict__ xn,
+                                      const int n, const float eps, const float scale, const int mode) {
+    __shared__ float red[32];
+    const int tid = threadIdx.x, nt = blockDim.x;
+    float inv_a = 0.0f;
+    if (mode == 2) {
+        float s = 0.0f;
+        for (int i = tid; i < n; i += nt) {
+            float v = a[i];
+            if (ab) v = v + ab[i];
+            s = s + v * v;
+        }
+        const float ms = block_sum(s, red) / (float)n;
+        inv_a = 1.0f / sqrtf(ms + eps);
+    }
+    float s2 = 0.0f;
+    for (int i = tid; i < n; i += nt) {
+        float v = a[i];
+        if (ab) v = v + ab[i];
+        float xi;
+        if (mode == 0) xi = v * scale;
+        else if (mode == 1) xi = x[i] + v;
+        else xi = x[i] + (v * inv_a) * wa[i];
+        x[i] = xi;
+        s2 = s2 + xi * xi;
+    }
+    if (w) {
+        const float ms = block_sum(s2, red) / (float)n;
+        const float r = 1.0f / sqrtf(ms + eps);
+        for (int i = tid; i < n; i += nt) xn[i] = (x[i] * r) * w[i];
+    }
+}
+
+// CTA b < n_head: query head b; else KV head b - n_head. Per head: + bias, RMS norm (if nw),
+// NEOX rope at pos = params[0] (cos/sin rows of the rope table), then q: * qscale (if scale_q) -> qo;
+// k -> K cache and (KV CTAs) v + bias -> V cache, both at ring slot pos % size.
+extern "C" __global__ void qk_prep(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                                   const float* __restrict__ qb, const float* __restrict__ kb, const float* __restrict__ vb,
+                                   const float* __restrict__ qnw, const float* __restrict__ knw,
+                                   const float* __restrict__ cosb, const float* __restrict__ sinb,
+                                   const int* __restrict__ params, float* __restrict__ qo, void* __restrict__ kc,
+                                   void* __restrict__ vc, const int n_head, const int n_kv, const int hd, const int hd_v,
+                                   const int n_rot, const int size, const float eps, const float qscale,
+                                   const int scale_q, const int kv_f16) {
+    extern __shared__ float sh[];  // hd floats
+    __shared__ float red[32];
+    const int b = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+    const int pos = params[0];
+    const bool isq = b < n_head;
+    const int h = isq ? b : b - n_head;
+    const float* src = (isq ? q : k) + (i64)h * hd;
+    const float* bias = isq ? qb : kb;
+    const float* nw = isq ? qnw : knw;
+    float ss = 0.0f;
+    for (int d = tid; d < hd; d += nt) {
+        float val = src[d];
+        if (bias) val = val + bias[(i64)h * hd + d];
+        sh[d] = val;
+        ss = ss + val * val;
+    }
+    if (nw) {
+        const float ms = block_sum(ss, red) / (float)hd;
+        const float r = 1.0f / sqrtf(ms + eps);
+        for (int d = tid; d < hd; d += nt) sh[d] = (sh[d] * r) * nw[d];
+    }
+    __syncthreads();
+    const int half = n_rot / 2;
+    const float* c = cosb + (i64)pos * half;
+    const float* s = sinb + (i64)pos * half;
+    const i64 slot = pos % size;
+    for (int d = tid; d < hd; d += nt) {
+        float o;
+        if (d < half) o = sh[d] * c[d] - sh[d + half] * s[d];
+        else if (d < n_rot) o = sh[d - half] * s[d - half] + sh[d] * c[d - half];
+        else o = sh[d];
+        if (isq) {
+            if (scale_q) o = o * qscale;
+            qo[(i64)h * hd + d] = o;
+        } else {
+            store_kv(kc, (slot * n_kv + h) * hd + d, o, kv_f16);
+        }
+    }
+    if (!isq) {
+        for (int d = tid; d < hd_v; d += nt) {
+            float val = v[(i64)h * hd_v + d];
+            if (vb) val = val + vb[(i64)h * hd_v + d];
+            store_kv(vc, (slot * n_kv + h) * hd_v + d, val, kv_f16);
+        }
+    }
+}
+
+// One CTA per query head h (KV head g = h / (n_head / n_kv)). Positions lo..pos, lo = pos + 1 - window
+// (clamped at 0) for a sliding layer, else 0; position p lives in slot p % size. Scores
+// (q . K[p]) * kq_scale (warp per position, lanes over dims, butterfly), softmax (max, exp, sum,
+// divide: probabilities normalised first), then out[d] = sum_p prob[p] * V[p, d]: G = nt / hd_v
+// thread groups take positions j, j + G, ... and the G partials are added in group order.
+// sc: scratch of sc_stride floats per head.
+extern "C" __global__ void attn(const float* __restrict__ qo, const void* __restrict__ kc, const void* __restrict__ vc,
+                                const int* __restrict__ params, float* __restrict__ sc, float* __restrict__ out,
+                                const int n_head, const int n_kv, const int hd, const int hd_v, const int size,
+                                const int window, const float kq_scale, const int kv_f16, const int sc_stride) {
+    extern __shared__ float part[];  // blockDim.x floats
+    __shared__ float red[32];
+    const int h = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+    const int lane = tid & 31, warp = tid >> 5, nwarps = nt >> 5;
+    const int g = h / (n_head / n_kv);
+    const int pos = params[0];
+    const int lo = window > 0 ? max(0, pos + 1 - window) : 0;
+    const int T = pos - lo + 1;
+    float* s = sc + (i64)h * sc_stride;
+    const float* qh = qo + (i64)h * hd;
+    float m = __int_as_float(0xff800000);  // -inf
+    for (int t = warp; t < T; t += nwarps) {
+        const i64 base = ((i64)((lo + t) % size) * n_kv + g) * hd;
+        float a = 0.0f;
+        for (int d = lane; d < hd; d += 32) a = a + qh[d] * load_kv(kc, base + d, kv_f16);
+        a = warp_sum(a);
+        const float val = a * kq_scale;
+        if (lane == 0) s[t] = val;
+        m = fmaxf(m, val);
+    }
+    m = block_max(m, red);  // its barriers also publish s[]
+    float z = 0.0f;
+    for (int t = tid; t < T; t += nt) {
+        const float p = expf(s[t] - m);
+        s[t] = p;
+        z = z + p;
+    }
+    z = block_sum(z, red);
+    for (int t = tid; t < T; t += nt) s[t] = s[t] / z;
+    __syncthreads();
+    const int G = nt >= hd_v ? nt / hd_v : 1;
+    if (G == 1) {
+        for (int d = tid; d < hd_v; d += nt) {
+            float acc = 0.0f;
+            for (int t = 0; t < T; ++t)
+                acc = acc + s[t] * load_kv(vc, ((i64)((lo + t) % size) * n_kv + g) * hd_v + d, kv_f16);
+            out[(i64)h * hd_v + d] = acc;
+        }
+        return;
+    }
+    const int j = tid / hd_v, d0 = tid - j * hd_v;
+    if (j < G) {
+        float acc = 0.0f;
+        for (int t = j; t < T; t += G)
+            acc = acc + s[t] * load_kv(vc, ((i64)((lo + t) % size) * n_kv + g) * hd_v + d0, kv_f16);
+        part[j * hd_v + d0] = acc;
+    }
+    __syncthreads();
+    if (tid < hd_v) {
+        float o = 0.0f;
+        for (int jj = 0; jj < G; ++jj) o = o + part[jj * hd_v + tid];
+        out[(i64)h * hd_v + tid] = o;
+    }
+}
+
+// out = act(g) * u; kind 0: silu(x) = x / (1 + exp(-x)); 1: gelu_tanh(x) =
+// (0.5 * x) * (1 + tanh((c * x) * (1 + (k * x) * x))), the operation order of strata.engine.layers.
+extern "C" __global__ void act_mul(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ out,
+                                   const int n, const int kind, const float c, const float k) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float x = g[i];
+    float a;
+    if (kind == 0) a = x / (1.0f + expf(-x));
+    else a = (0.5f * x) * (1.0f + tanhf((c * x) * (1.0f + (k * x) * x)));
+    out[i] = a * u[i];
+}
+
+// y = y + bias (if bias); then, if softcap: y = tanh(y * inv_cap) * cap.
+extern "C" __global__ void logit_post(float* __restrict__ y, const float* __restrict__ bias, const int n,
+                                      const float inv_cap, const float cap, const int softcap) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = y[i];
+    if (bias) v = v + bias[i];
+    if (softcap) v = tanhf(v * inv_cap) * cap;
+    y[i] = v;
+}
+"""
+
+FUSED_KERNEL_NAMES = ("resid_norm", "qk_prep", "attn", "act_mul", "logit_post")
+
+
+def fused_source() -> str:
+    """The CUDA source of the fused kernels (compiled with :data:`strata.engine.gpu.kernels.NVRTC_OPTIONS`)."""
+    return _FUSED_SOURCE
+
+
+@functools.lru_cache(maxsize=1)
+def fused_kernels() -> dict:
+    """Compile (once per process) and load the fused kernels (:func:`strata.engine.gpu.kernels._load_module`)."""
+    from . import kernels as K
+
+    return K._load_module(_FUSED_SOURCE, FUSED_KERNEL_NAMES)
+
+
+def _threads(n: int, cap: int = 1024) -> int:
+    """A multiple of 32 covering ``n`` items, at most ``cap``."""
+    return max(32, min(cap, -(-int(n) // 32) * 32))
+
+
+# ---------------------------------------------------------------------------- the launch list
+
+@dataclass
+class Launch:
+    """One entry of the step: a kernel launch or a copy (``kind``), in stage ``stage``."""
+
+    name: str
+    stage: str
+    run: Callable[[], None]
+    kind: str = "kernel"  # "kernel" | "memcpy"
+
+
+@dataclass
+class AttnIO:
+    """Everything one layer's ``qk_prep`` and ``attn`` read and write (device arrays)."""
+
+    il: int
+    q: Any
+    k: Any
+    v: Any
+    qb: Any
+    kb: Any
+    vb: Any
+    qnw: Any
+    knw: Any
+    rope: layers.Rope
+    cache: layers.KVCache
+    n_head: int
+    n_kv: int
+    hd: int
+    hd_v: int
+    window: int | None
+    eps: float
+    scale: float
+    scale_q: bool
+    params: Any
+    qo: Any
+    ao: Any
+    scores: Any
+
+    @property
+    def kq_scale(self) -> float:
+        return 1.0 if self.scale_q else self.scale
+
+
+class _CudaOps:
+    """Launch closures over the compiled kernels, on ``stream``; arguments are built once."""
+
+    def __init__(self, stream):
+        import cupy as cp
+
+        self.cp, self.stream = cp, stream
+        self.k = fused_kernels()
+        self.null = np.uint64(0)
+
+    def _p(self, a):
+        return self.null if a is None else a
+
+    def _call(self, f, grid, block, args, shmem=0):
+        s = self.stream
+        return lambda: f(grid, block, args, shared_mem=shmem, stream=s)
+
+    def matvec(self, type_id, buf, rows, ne0, x, out):
+        from . import kernels as K
+
+        k = K.kernels_for(type_id)
+        K._check_matvec(k, rows, ne0)
+        return self._call(k.matvec, ((rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA,), (32 * K.WARPS_PER_CTA,),
+                          (buf, np.int64(rows), np.int32(ne0), x, out))
+
+    def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode):
+        n = int(x.size)
+        return self._call(self.k["resid_norm"], (1,), (_threads(n),),
+                          (x, a, self._p(ab), self._p(wa), self._p(w), self._p(xn), np.int32(n), np.float32(eps),
+                           np.float32(scale), np.int32(mode)))
+
+    def qk_prep(self, L: AttnIO):
+        kc, vc = L.cache.k[L.il], L.cache.v[L.il]
+        return self._call(self.k["qk_prep"], (L.n_head + L.n_kv,), (_threads(max(L.hd, L.hd_v)),),
+                          (L.q, L.k, L.v, self._p(L.qb), self._p(L.kb), self._p(L.vb), self._p(L.qnw),
+                           self._p(L.knw), L.rope.cos, L.rope.sin, L.params, L.qo, kc, vc, np.int32(L.n_head),
+                           np.int32(L.n_kv), np.int32(L.hd), np.int32(L.hd_v), np.int32(L.rope.n_rot),
+                           np.int32(L.cache.sizes[L.il]), np.float32(L.eps), np.float32(L.scale),
+                           np.int32(L.scale_q), np.int32(L.cache.kv == "f16")),
+                          shmem=4 * L.hd)
+
+    def attn(self, L: AttnIO):
+        kc, vc = L.cache.k[L.il], L.cache.v[L.il]
+        stride = int(L.scores.size) // L.n_head
+        return self._call(self.k["attn"], (L.n_head,), (ATTN_THREADS,),
+                          (L.qo, kc, vc, L.params, L.scores, L.ao, np.int32(L.n_head), np.int32(L.n_kv),
+                           np.int32(L.hd), np.int32(L.hd_v), np.int32(L.cache.sizes[L.il]),
+                           np.int32(L.window or 0), np.float32(L.kq_scale), np.int32(L.cache.kv == "f16"),
+                           np.int32(stride)),
+                          shmem=4 * ATTN_THREADS)
+
+    def act_mul(self, g, u, out, kind):
+        n = int(out.size)
+        return self._call(self.k["act_mul"], ((n + 255) // 256,), (256,),
+                          (g, u, out, np.int32(n), np.int32(1 if kind == "gelu" else 0),
+                           np.float32(layers._GELU_C), np.float32(0.044715)))
+
+    def logit_post(self, y, bias, cap):
+        n = int(y.size)
+        inv = np.float32(1.0 / cap) if cap else np.float32(0)
+        return self._call(self.k["logit_post"], ((n + 255) // 256,), (256,),
+                          (y, self._p(bias), np.int32(n), inv, np.float32(cap or 0), np.int32(bool(cap))))
+
+    def h2d(self, dst, src_ptr: int, nbytes: int):
+        rt, s = self.cp.cuda.runtime, self.stream
+        return lambda: rt.memcpyAsync(dst.data.ptr, src_ptr, nbytes, rt.memcpyHostToDevice, s.ptr)
+
+    def d2h(self, dst_ptr: int, src, nbytes: int):
+        rt, s = self.cp.cuda.runtime, self.stream
+        return lambda: rt.memcpyAsync(dst_ptr, src.data.ptr, nbytes, rt.memcpyDeviceToHost, s.ptr)
+
+
+class _SimOps:
+    """NumPy stand-ins of the fused kernels for the ``sim`` backend, written with the CPU path's own
+    layer functions (so a sim run equals the CPU path except for the matvec replica's order)."""
+
+    def __init__(self, backend):
+        self.bk = backend
+
+    def matvec(self, type_id, buf, rows, ne0, x, out):
+        bk = self.bk
+        return lambda: bk.matvec(type_id, buf, rows, ne0, x, out=out)
+
+    def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode):
+        def run():
+            v = a if ab is None else a + ab
+            if mode == 0:
+                x[...] = v * np.float32(scale)
+            elif mode == 1:
+                x[...] = x + v
+            else:
+                x[...] = x + layers.rms_norm(np, v, wa, eps)
+            if w is not None:
+                xn[...] = layers.rms_norm(np, x, w, eps)
+        return run
+
+    def qk_prep(self, L: AttnIO):
+        def run():
+            pos = int(L.params[0])
+            q, k, v = L.q, L.k, L.v
+            if L.qb is not None:
+                q = q + L.qb
+            if L.kb is not None:
+                k = k + L.kb
+            if L.vb is not None:
+                v = v + L.vb
+            q = q.reshape(L.n_head, L.hd)
+            k = k.reshape(L.n_kv, L.hd)
+            if L.qnw is not None:
+                q = layers.rms_norm(np, q, L.qnw, L.eps)
+                k = layers.rms_norm(np, k, L.knw, L.eps)
+            q = L.rope(np, q, pos)
+            k = L.rope(np, k, pos)
+            L.cache.write(L.il, pos, k, v.reshape(L.n_kv, L.hd_v))
+            if L.scale_q:
+                q = q * np.float32(L.scale)
+            L.qo[...] = q.reshape(-1)
+        return run
+
+    def attn(self, L: AttnIO):
+        def run():
+            pos = int(L.params[0])
+            lo = 0 if L.window is None else max(0, pos + 1 - L.window)
+            K, V = L.cache.read(L.il, lo, pos)
+            L.ao[...] = layers.attend(np, L.qo.reshape(L.n_head, L.hd), K, V, L.kq_scale)
+        return run
+
+    def act_mul(self, g, u, out, kind):
+        f = layers.gelu_tanh if kind == "gelu" else layers.silu
+        return lambda: out.__setitem__(Ellipsis, f(np, g) * u)
+
+    def logit_post(self, y, bias, cap):
+        def run():
+            if bias is not None:
+                y[...] = y + bias
+            if cap:
+                y[...] = np.tanh(y * np.float32(1.0 / cap)) * np.float32(cap)
+        return run
+
+    def h2d(self, dst, src, nbytes: int):
+        return lambda: dst.__setitem__(Ellipsis, src)
+
+    def d2h(self, dst, src, nbytes: int):
+        return lambda: dst.__setitem__(Ellipsis, src)
+
+
+# ---------------------------------------------------------------------------- the decoder
+
+@dataclass
+class StageTimes:
+    """Device milliseconds per stage, summed over the steps that ran it (eager path only; ``n`` counts
+    them: the head runs only on positions that produce logits)."""
+
+    ms: dict[str, float] = field(default_factory=dict)
+    n: dict[str, int] = field(default_factory=dict)
+    steps: int = 0
+
+    def add(self, stage: str, ms: float) -> None:
+        self.ms[stage] = self.ms.get(stage, 0.0) + ms
+        self.n[stage] = self.n.get(stage, 0) + 1
+
+    def per_token(self) -> dict[str, float]:
+        """Mean ms of each stage over the steps that ran it."""
+        return {k: v / self.n[k] for k, v in self.ms.items()}
+
+    def grouped(self) -> dict[str, float]:
+        """Per token: ``embed``, ``attn`` and ``ffn`` (summed over the layers), ``head``."""
+        out: dict[str, float] = {}
+        for k, v in self.per_token().items():
+            key = k.split(" ", 1)[1] if k.startswith("L") else k
+            out[key] = out.get(key, 0.0) + v
+        return out
+
+
+class FusedDecoder:
+    """The dense model's ``step`` as a fixed launch list (see the module docstring).
+
+    Used in place of the model by :class:`strata.engine.generate.Engine` (``step(token, pos, state,
+    logits)``); everything else (``hp``, ``new_state`` ...) is the wrapped model's. ``step`` returns
+    the logits as a host array that the next step overwrites (pinned memory on CUDA): copy it to keep it.
+
+    Raises:
+        FusedUnsupported: a model :func:`fused_unsupported` names a reason for.
+        StageTimesRefused: ``stage_times`` with ``graph`` (an event between launches of a captured graph
+            records nothing).
+    """
+
+    def __init__(self, model, backend, state, *, graph: bool = True, stage_times: bool = False):
+        why = fused_unsupported(model)
+        if why:
+            raise FusedUnsupported(why)
+        if graph and stage_times:
+            raise StageTimesRefused(
+                "stage timers cannot measure inside a captured CUDA graph (events recorded between its launches "
+                "record nothing): refusing rather than reporting zeros; use --no-graph for per-stage times")
+        self.model, self.backend, self.state = model, backend, state
+        self.graph_on, self.stage_times_on = bool(graph), bool(stage_times)
+        self.cuda = backend.name == "cuda"
+        self.stream = None
+        self.graphs: dict[bool, Any] = {}
+        self.stage_times = StageTimes()
+        self.captured = False
+        self._alloc()
+        self._ops = _CudaOps(self.stream) if self.cuda else _SimOps(backend)
+        self.plan = self._build()
+        self._events = None
+        if self.cuda:
+            import cupy as cp
+
+            self._done = cp.cuda.Event(disable_timing=True)
+            if self.stage_times_on:
+                self._events = [cp.cuda.Event() for _ in range(len(self.stages(True)) + 1)]
+
+    def __getattr__(self, name):  # the wrapped model's attributes (hp, arch, new_state, ...)
+        if name == "model":
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+    # ------------------------------------------------------------ buffers
+
+    def _alloc(self) -> None:
+        m, bk, st = self.model, self.backend, self.state
+        h = m.hp
+        nq, nao = h.n_head * h.head_dim, h.n_head * h.head_dim_v
+        n_ff = max(int(m.w.entry(f"blk.{il}.ffn_gate.weight").ne1) for il in range(h.n_layer))
+        self.max_size = max(st.cache.sizes)
+        stage_bytes = PARAM_BYTES + 4 * h.n_embd
+        n_vocab = int(m.w.entry(m.head).ne1)
+        self.n_vocab = n_vocab
+        # device buffers: through the backend (counted like the engine's other allocations)
+        self.x = bk.empty_f32(h.n_embd)
+        self.xn = bk.empty_f32(h.n_embd)
+        self.qo = bk.empty_f32(nq)
+        self.ao = bk.empty_f32(nao)
+        self.act = bk.empty_f32(n_ff)
+        self.scores = bk.empty_f32(h.n_head * self.max_size)
+        self.stage_dev = bk.empty_bytes(stage_bytes)
+        self.params_dev = self.stage_dev[:PARAM_BYTES].view(np.int32)
+        self.row_dev = self.stage_dev[PARAM_BYTES:].view(np.float32)
+        self.nbytes = 4 * (2 * h.n_embd + nq + nao + n_ff + h.n_head * self.max_size) + stage_bytes
+        if self.cuda:
+            import cupy as cp
+
+            self.stream = cp.cuda.Stream(non_blocking=False)  # blocking: ordered with the null stream's events
+            self._stage_mem = cp.cuda.alloc_pinned_memory(stage_bytes)
+            self.stage_host = np.frombuffer(self._stage_mem, np.uint8, stage_bytes)
+            self._logit_mem = cp.cuda.alloc_pinned_memory(4 * n_vocab)
+            self.logits_host = np.frombuffer(self._logit_mem, np.float32, n_vocab)
+            self.pinned_bytes = stage_bytes + 4 * n_vocab
+        else:
+            self.stage_host = np.zeros(stage_bytes, dtype=np.uint8)
+            self.logits_host = np.zeros(n_vocab, dtype=np.float32)
+            self.pinned_bytes = 0
+        self.stage_host[:] = 0
+        self.params_host = self.stage_host[:PARAM_BYTES].view(np.int32)
+        self.row_host = self.stage_host[PARAM_BYTES:].view(np.float32)
+
+    # ------------------------------------------------------------ the list
+
+    def _build(self) -> list[Launch]:
+        m, w, ops, st = self.model, self.model.w, self._ops, self.state
+        h = m.hp
+        gemma = m.arch == "gemma3"
+        plan: list[Launch] = []
+
+        def add(name, stage, run, kind="kernel"):
+            plan.append(Launch(name, stage, run, kind))
+
+        def mv(name, x, stage, out=None):
+            t, buf, rows, ne0, o = w.matvec_args(name)
+            out = o if out is None else out
+            add(f"matvec {name}", stage, ops.matvec(t, buf, rows, ne0, x, out))
+            return out
+
+        def opt(name):
+            return w.get(name) if name and w.has(name) else None
+
+        nbytes = int(self.stage_host.nbytes)
+        if self.cuda:
+            add("copy pos+row to device", "embed", ops.h2d(self.stage_dev, self._stage_mem.ptr, nbytes), "memcpy")
+        else:
+            add("copy pos+row to device", "embed", ops.h2d(self.stage_dev, self.stage_host, nbytes), "memcpy")
+        scale = float(m.embd_scale) if gemma else 1.0
+        add("resid_norm embed+attn_norm", "embed",
+            ops.resid_norm(self.x, self.row_dev, None, None, w.get("blk.0.attn_norm.weight"), self.xn, h.rms_eps, scale, 0))
+        for il in range(h.n_layer):
+            p = f"blk.{il}."
+            A = m.attn[il]
+            n = A.names
+            sa, sf = f"L{il} attn", f"L{il} ffn"
+            nq, nk = A.n_head * A.hd, A.n_head_kv * A.hd
+            if n.qkv is not None:
+                qkv = mv(n.qkv, self.xn, sa)
+                q, k, v = qkv[:nq], qkv[nq:nq + nk], qkv[nq + nk:]
+                bqkv = opt(n.qkv_bias)
+                qb, kb, vb = (None, None, None) if bqkv is None else (bqkv[:nq], bqkv[nq:nq + nk], bqkv[nq + nk:])
+            else:
+                q, k, v = mv(n.q, self.xn, sa), mv(n.k, self.xn, sa), mv(n.v, self.xn, sa)
+                qb, kb, vb = opt(n.q_bias), opt(n.k_bias), opt(n.v_bias)
+            rope = st.ropes[h.rope_base_swa if gemma and m.kinds[il] == "swa" else h.rope_base]
+            L = AttnIO(il=il, q=q, k=k, v=v, qb=qb, kb=kb, vb=vb, qnw=opt(n.q_norm), knw=opt(n.k_norm), rope=rope,
+                       cache=st.cache, n_head=A.n_head, n_kv=A.n_head_kv, hd=A.hd, hd_v=A.hd_v, window=A.window,
+                       eps=A.eps, scale=A.scale, scale_q=A.scale_q, params=self.params_dev, qo=self.qo, ao=self.ao,
+                       scores=self.scores)
+            add(f"qk_prep L{il}", sa, ops.qk_prep(L))
+            add(f"attn L{il}", sa, ops.attn(L))
+            o = mv(n.out, self.ao, sa)
+            if gemma:
+                add(f"resid_norm L{il} post_attention_norm+ffn_norm", sa,
+                    ops.resid_norm(self.x, o, opt(n.out_bias), w.get(p + "post_attention_norm.weight"),
+                                   w.get(p + "ffn_norm.weight"), self.xn, h.rms_eps, 1.0, 2))
+            else:
+                add(f"resid_norm L{il} +attn, ffn_norm", sa,
+                    ops.resid_norm(self.x, o, opt(n.out_bias), None, w.get(p + "ffn_norm.weight"), self.xn,
+                                   h.rms_eps, 1.0, 1))
+            g = mv(p + "ffn_gate.weight", self.xn, sf)
+            u = mv(p + "ffn_up.weight", self.xn, sf)
+            n_ff = int(g.size)
+            act = self.act[:n_ff]
+            add(f"act_mul L{il}", sf, ops.act_mul(g, u, act, "gelu" if gemma else "silu"))
+            f = mv(p + "ffn_down.weight", act, sf)
+            nxt = f"blk.{il + 1}.attn_norm.weight" if il + 1 < h.n_layer else "output_norm.weight"
+            if gemma:
+                add(f"resid_norm L{il} post_ffw_norm+next norm", sf,
+                    ops.resid_norm(self.x, f, None, w.get(p + "post_ffw_norm.weight"), w.get(nxt), self.xn,
+                                   h.rms_eps, 1.0, 2))
+            else:
+                add(f"resid_norm L{il} +ffn, next norm", sf,
+                    ops.resid_norm(self.x, f, None, None, w.get(nxt), self.xn, h.rms_eps, 1.0, 1))
+        y = mv(m.head, self.xn, "head")
+        self.y = y
+        bias = opt("output.bias")
+        cap = getattr(h, "logit_softcap", None) if gemma else None
+        if bias is not None or cap:
+            add("logit_post", "head", ops.logit_post(y, bias, cap))
+        if self.cuda:
+            add("copy logits to host", "head", ops.d2h(self._logit_mem.ptr, y, 4 * self.n_vocab), "memcpy")
+        else:
+            add("copy logits to host", "head", ops.d2h(self.logits_host, y, 4 * self.n_vocab), "memcpy")
+        return plan
+
+    def launches(self, logits: bool = True) -> list[Launch]:
+        """The step's launch list (without the head's entries when ``logits`` is False)."""
+        return self.plan if logits else [L for L in self.plan if L.stage != "head"]
+
+    def launches_per_token(self, logits: bool = True) -> dict[str, int]:
+        """Counts of the step's entries: ``kernels``, ``memcpy`` and ``total`` (graph nodes when captured)."""
+        ls = self.launches(logits)
+        k = sum(1 for L in ls if L.kind == "kernel")
+        return {"kernels": k, "memcpy": len(ls) - k, "total": len(ls)}
+
+    def stages(self, logits: bool = True) -> list[str]:
+        out: list[str] = []
+        for L in self.launches(logits):
+            if not out or out[-1] != L.stage:
+                out.append(L.stage)
+        return out
+
+    # ------------------------------------------------------------ running
+
+    def capture(self) -> None:
+        """Capture the step (with and without the head) as CUDA graphs. Raises GenerateError with
+        CUDA's message if the capture fails (the engine then does not start: use ``--no-graph``)."""
+        if not self.graph_on:
+            return
+        if not self.cuda:  # the sim has no graphs: the launch list is the "graph"
+            self.captured = True
+            return
+        s = self.stream
+        for logits in (True, False):
+            try:
+                with s:
+                    s.begin_capture()
+                    try:
+                        for L in self.launches(logits):
+                            L.run()
+                    finally:
+                        g = s.end_capture()
+                g.upload(s)
+            except Exception as e:
+                raise GenerateError(f"CUDA graph capture of the decode step failed ({type(e).__name__}: {e}); "
+                                    "--no-graph runs the same kernels eagerly") from e
+            self.graphs[logits] = g
+        s.synchronize()
+        self.captured = True
+
+    def _run_eager(self, logits: bool) -> None:
+        ls = self.launches(logits)
+        if not self.stage_times_on:
+            for L in ls:
+                L.run()
+            return
+        # stage timers: an event before each stage and after the last (CUDA); host clock on the sim
+        if self.cuda:
+            ev, i, cur = self._events, 0, None
+            for L in ls:
+                if L.stage != cur:
+                    ev[i].record(self.stream)
+                    i, cur = i + 1, L.stage
+                L.run()
+            ev[i].record(self.stream)
+            ev[i].synchronize()
+            import cupy as cp
+
+            names = self.stages(logits)
+            for j, name in enumerate(names):
+                self.stage_times.add(name, float(cp.cuda.get_elapsed_time(ev[j], ev[j + 1])))
+        else:
+            cur, t0 = None, time.perf_counter()
+            for L in ls + [None]:
+                if L is None or L.stage != cur:
+                    t1 = time.perf_counter()
+                    if cur is not None:
+                        self.stage_times.add(cur, (t1 - t0) * 1000)
+                    t0 = t1
+                    cur = L.stage if L is not None else None
+                if L is not None:
+                    L.run()
+        self.stage_times.steps += 1
+
+    def step(self, token: int, pos: int, state, logits: bool = True):
+        """One position: ``pos`` and the embedding row of ``token`` into the staging buffer, then the
+        launch list (graph replay or eager). Returns the logits (host array, overwritten by the next
+        step) when ``logits``, else None."""
+        if state is not self.state:
+            raise GenerateError("the fused decode step was built for another session state (KV cache)")
+        if not 0 <= pos < state.n_ctx:
+            raise GenerateError(f"position {pos} outside the KV cache's {state.n_ctx} positions")
+        if self.cuda:
+            self._done.synchronize()  # the previous step has read the staging buffer
+        self.params_host[0] = pos
+        self.model.w.host_row("token_embd.weight", int(token), self.row_host)
+        if self.captured and self.graph_on and self.cuda:
+            self.graphs[bool(logits)].launch(self.stream)
+        else:
+            self._run_eager(bool(logits))
+        if not self.cuda:
+            return self.logits_host if logits else None
+        self._done.record(self.stream)
+        if not logits:
+            return None
+        t0 = time.perf_counter()
+        self._done.synchronize()
+        layers.HostWait.ms += (time.perf_counter() - t0) * 1000
+        return self.logits_host
+
+    # ------------------------------------------------------------ benchmark helpers
+
+    def replay_ms(self, n: int = 200, warmup: int = 10, logits: bool = True) -> float:
+        """Device milliseconds per step of ``n`` back-to-back graph replays with no host work between
+        them (CUDA events around the loop; the staging buffer keeps the last step's position)."""
+        if not (self.cuda and self.captured):
+            raise GenerateError("replay_ms needs a captured CUDA graph")
+        import cupy as cp
+
+        g, s = self.graphs[bool(logits)], self.stream
+        for _ in range(warmup):
+            g.launch(s)
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record(s)
+        for _ in range(n):
+            g.launch(s)
+        b.record(s)
+        b.synchronize()
+        return float(cp.cuda.get_elapsed_time(a, b)) / n
+
+
+def describe(dec: FusedDecoder) -> str:
+    """One line: which way the step runs and its launches per token."""
+    c = dec.launches_per_token(True)
+    how = ("CUDA graph" if dec.cuda else "graph (sim: the list replayed)") if dec.graph_on else "eager"
+    return (f"fused dense step, {how}: {c['kernels']} kernels + {c['memcpy']} copies per token "
+            f"({dec.model.hp.n_layer} layers)")
+
+
+__all__ = ["FusedDecoder", "FusedUnsupported", "StageTimesRefused", "StageTimes", "fused_unsupported",
+           "fused_source", "fused_kernels", "FUSED_ARCHS", "describe"]

@@ -1,0 +1,220 @@
+"""The fused dense decode step (strata.engine.gpu.fused): launch list, CUDA graph, stage-timer guard.
+
+On the ``sim`` backend (CI, no GPU) the fused step runs its NumPy stand-ins, which are written with
+the CPU path's own layer functions: its logits must equal the generic per-layer path's on the same
+backend BIT FOR BIT (the same matvec replica, the same layer arithmetic), which checks the wiring -
+buffers, the device-side position, ring slots, rope rows, norms - and the tokens must equal the CPU
+path's. On CUDA (gpu-marked, skipped without CuPy and a GPU): graph replay and eager launches give
+bit-identical logits at every position, tokens equal the CPU path's, the pool does not grow in
+decode, and per-stage timing is refused while the graph is on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strata.engine.generate import generate, load_engine
+from strata.engine.gpu import kernels as K
+from strata.engine.gpu.backend import SimBackend
+from strata.engine.gpu.engine import load_engine_gpu
+from strata.engine.gpu.fused import FusedUnsupported, StageTimesRefused
+
+GPU_OK, GPU_WHY = K.gpu_available()
+skip_no_gpu = pytest.mark.skipif(not GPU_OK, reason=f"needs CuPy and a CUDA GPU: {GPU_WHY}")
+PROMPT = [1, 2, 3, 4, 5]
+
+
+def _gemma_swa_spec():
+    """Gemma 3 270M's attention shape and tensor types at a small width: 7 layers (0-4 and 6 slide over
+    16 positions, 5 is global), 4 query heads / 1 KV head of 256, Q5_0 / Q8_0 / Q4_K / Q6_K, Q8_0 tied head."""
+    from strata.packer import synth
+
+    return synth.gemma3_spec(n_layers=7, dense_type="Q5_0",
+                             tensor_types={"token_embd": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q4_K",
+                                           "ffn_down": "Q6_K"},
+                             dims={"n_head": 4, "n_head_kv": 1, "head_dim": 256, "n_ff": 512,
+                                   "sliding_window": 16, "sliding_window_pattern": 6})
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory):
+    from strata.packer import synth
+    from strata.packer.build import build_pack
+
+    d = tmp_path_factory.mktemp("fused_packs")
+    out = {}
+    for name, spec in (("qwen2", synth.qwen2_spec()), ("gemma3", synth.gemma3_spec()), ("gemma_swa", _gemma_swa_spec()),
+                       ("moe", synth.qwen3moe_spec())):
+        paths = synth.write_model(d / f"{name}.gguf", spec)
+        build_pack(paths[0], d / f"{name}-pack", progress=False)
+        out[name] = d / f"{name}-pack"
+    return out
+
+
+def _ids(n: int, seed: int = 3) -> list[int]:
+    return [int(i) for i in np.random.default_rng(seed).integers(3, 500, size=n)]
+
+
+def _tops_equal(a, b) -> bool:
+    return len(a.top) == len(b.top) and all(
+        x[0] == y[0] and np.float32(x[1]).tobytes() == np.float32(y[1]).tobytes()
+        for ra, rb in zip(a.top, b.top) for x, y in zip(ra, rb))
+
+
+def _logits_per_position(eng, ids: list[int]) -> list[np.ndarray]:
+    """Full logits at every position, teacher-forced through ``eng.model.step`` (copied: the fused
+    step's host buffer is overwritten by the next step)."""
+    from strata.engine.layers import to_host
+
+    out = []
+    for pos, t in enumerate(ids):
+        out.append(np.array(to_host(eng.model.step(t, pos, eng.state, logits=True)), dtype=np.float32, copy=True))
+    return out
+
+
+# ------------------------------------------------------------------ sim backend (CI)
+
+@pytest.mark.parametrize("name,n", [("qwen2", 24), ("gemma3", 24), ("gemma_swa", 40)])
+def test_sim_fused_equals_generic_bitwise_and_cpu_tokens(packs, name, n):
+    """gemma_swa: 40 positions wrap the 16-position rings of its sliding layers."""
+    ids = _ids(n)
+    fused = load_engine_gpu(packs[name], n_ctx=64, backend=SimBackend())
+    generic = load_engine_gpu(packs[name], n_ctx=64, backend=SimBackend(), fused=False)
+    assert fused.decoder is not None and generic.decoder is None
+    assert fused.gpu.decode_path.startswith("fused dense step") and generic.gpu.decode_path.startswith("generic")
+    rf = generate(fused, prompt_ids=ids, n_tokens=6, ignore_eos=True)
+    rg = generate(generic, prompt_ids=ids, n_tokens=6, ignore_eos=True)
+    assert rf.output_ids == rg.output_ids and _tops_equal(rf, rg)
+    cpu = generate(load_engine(packs[name], n_ctx=64), prompt_ids=ids, n_tokens=6, ignore_eos=True)
+    assert rf.output_ids == cpu.output_ids
+
+
+def test_sim_fused_full_logits_equal_generic_every_position(packs):
+    ids = _ids(36)
+    a = _logits_per_position(load_engine_gpu(packs["gemma_swa"], n_ctx=64, backend=SimBackend()), ids)
+    b = _logits_per_position(load_engine_gpu(packs["gemma_swa"], n_ctx=64, backend=SimBackend(), fused=False), ids)
+    for pos, (x, y) in enumerate(zip(a, b)):
+        assert x.tobytes() == y.tobytes(), f"position {pos}: max |diff| {np.abs(x - y).max()}"
+
+
+def test_sim_fused_ring_equals_full_cache(packs):
+    ids = _ids(40)
+    r = {s: generate(load_engine_gpu(packs["gemma_swa"], n_ctx=48, backend=SimBackend(), sliding=s),
+                     prompt_ids=ids, n_tokens=4, ignore_eos=True) for s in ("ring", "full")}
+    assert r["ring"].output_ids == r["full"].output_ids and _tops_equal(r["ring"], r["full"])
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gemma3", "gemma_swa"])
+def test_fused_launch_count(packs, name):
+    """12 launches per layer (q, k, v, qk_prep, attn, out, norm, gate, up, act, down, norm), plus the
+    staging copy and the embedding norm, plus the head matvec and the logits copy."""
+    eng = load_engine_gpu(packs[name], n_ctx=32, backend=SimBackend())
+    n_layer = eng.model.hp.n_layer
+    c = eng.decoder.launches_per_token(True)
+    assert c == {"kernels": 12 * n_layer + 2, "memcpy": 2, "total": 12 * n_layer + 4}
+    assert eng.decoder.launches_per_token(False)["total"] == 12 * n_layer + 2  # prompt positions: no head
+    assert eng.gpu.launches_per_token == c
+    stages = eng.decoder.stages(True)
+    assert stages[0] == "embed" and stages[-1] == "head" and len(stages) == 2 * n_layer + 2
+
+
+def test_stage_times_refused_with_graph(packs):
+    with pytest.raises(StageTimesRefused, match="record nothing"):
+        load_engine_gpu(packs["gemma3"], n_ctx=32, backend=SimBackend(), stage_times=True)
+    with pytest.raises(StageTimesRefused, match="fused dense step only"):  # MoE: no stage timers at all
+        load_engine_gpu(packs["moe"], n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
+
+
+def test_stage_times_eager_sim(packs):
+    eng = load_engine_gpu(packs["gemma_swa"], n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
+    generate(eng, prompt_ids=PROMPT, n_tokens=3, ignore_eos=True)
+    st = eng.decoder.stage_times
+    assert st.steps == len(PROMPT) + 2
+    grouped = st.grouped()
+    assert set(grouped) == {"embed", "attn", "ffn", "head"} and all(v > 0 for v in grouped.values())
+    assert st.n["head"] == 3 and st.n["L0 attn"] == st.steps  # the head runs on positions with logits only
+
+
+def test_fused_on_moe_is_refused_not_ignored(packs):
+    with pytest.raises(FusedUnsupported, match="routed experts"):
+        load_engine_gpu(packs["moe"], n_ctx=32, backend=SimBackend(), fused=True)
+    eng = load_engine_gpu(packs["moe"], n_ctx=32, backend=SimBackend())  # default: the generic path, said so
+    assert eng.decoder is None and "routed experts" in eng.gpu.decode_path
+
+
+def test_cli_stage_times_refusals(packs):
+    from click.testing import CliRunner
+
+    from strata.engine.cli import main
+
+    r = CliRunner().invoke(main, ["generate", str(packs["gemma3"]), "-p", "hi", "-n", "2", "--stage-times"])
+    assert r.exit_code == 2 and "cuda only" in r.output
+    r = CliRunner().invoke(main, ["generate", str(packs["gemma3"]), "-p", "hi", "-n", "2", "--device", "cuda",
+                                  "--stage-times"])
+    assert r.exit_code == 2 and "record nothing" in r.output  # refused before any device is touched
+
+
+def test_fused_step_rejects_other_state_and_bad_position(packs):
+    from strata.engine.generate import GenerateError
+
+    eng = load_engine_gpu(packs["qwen2"], n_ctx=16, backend=SimBackend())
+    other = eng.model.new_state(16)
+    with pytest.raises(GenerateError, match="another session state"):
+        eng.model.step(1, 0, other)
+    with pytest.raises(GenerateError, match="outside"):
+        eng.model.step(1, 16, eng.state)
+
+
+# ------------------------------------------------------------------ CUDA
+
+@pytest.mark.gpu
+@skip_no_gpu
+@pytest.mark.parametrize("name,n", [("qwen2", 20), ("gemma3", 20), ("gemma_swa", 40)])
+def test_cuda_graph_and_eager_logits_bit_identical(packs, name, n):
+    ids = _ids(n)
+    g = load_engine_gpu(packs[name], n_ctx=64, device="cuda")
+    e = load_engine_gpu(packs[name], n_ctx=64, device="cuda", graph=False)
+    assert g.decoder.captured and g.decoder.graph_on and not e.decoder.graph_on
+    lg, le = _logits_per_position(g, ids), _logits_per_position(e, ids)
+    for pos, (x, y) in enumerate(zip(lg, le)):
+        assert x.tobytes() == y.tobytes(), f"{name} position {pos}: graph and eager logits differ"
+        assert np.isfinite(x).all()
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+@pytest.mark.parametrize("name", ["qwen2", "gemma3", "gemma_swa"])
+def test_cuda_fused_tokens_match_cpu_and_generic(packs, name):
+    import cupy as cp
+
+    ids = _ids(30)
+    eng = load_engine_gpu(packs[name], n_ctx=64, device="cuda")
+    r = generate(eng, prompt_ids=ids, n_tokens=8, ignore_eos=True)
+    grown = cp.get_default_memory_pool().total_bytes() - eng.gpu.pool_after_warmup
+    assert grown == 0, f"decode allocated {grown} B of new device memory"
+    gen = generate(load_engine_gpu(packs[name], n_ctx=64, device="cuda", fused=False), prompt_ids=ids, n_tokens=8,
+                   ignore_eos=True)
+    cpu = generate(load_engine(packs[name], n_ctx=64), prompt_ids=ids, n_tokens=8, ignore_eos=True)
+    gap = max(abs(a[1] - b[1]) / max(1.0, abs(b[1])) for ra, rb in zip(r.top, cpu.top) for a, b in zip(ra, rb)
+              if a[0] == b[0])
+    print(f"\n[fused] {name}: graph {r.tokens_per_second:.0f} tok/s, generic {gen.tokens_per_second:.0f} tok/s; "
+          f"tokens {r.output_ids}; max relative top-5 logit gap vs cpu {gap:.2e}")
+    assert r.output_ids == cpu.output_ids == gen.output_ids
+    assert gap < 1e-3
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+def test_cuda_replay_and_stage_timer_guard(packs):
+    g = load_engine_gpu(packs["gemma_swa"], n_ctx=64, device="cuda")
+    generate(g, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)
+    ms = g.decoder.replay_ms(50)
+    assert 0 < ms < 50
+    with pytest.raises(StageTimesRefused):
+        load_engine_gpu(packs["gemma_swa"], n_ctx=64, device="cuda", stage_times=True)
+    e = load_engine_gpu(packs["gemma_swa"], n_ctx=64, device="cuda", graph=False, stage_times=True)
+    generate(e, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)
+    grouped = e.decoder.stage_times.grouped()
+    print(f"\n[fused] gemma_swa: replay {ms:.3f} ms/token; eager stage ms/token {grouped}")
+    assert set(grouped) == {"embed", "attn", "ffn", "head"} and all(v > 0 for v in grouped.values())
