@@ -30,7 +30,10 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-/tmp/device_real}
 MODEL=${MODEL:-$HOME/models/gemma-3-270m-q4_k_m.gguf}
-SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+SHA256=${SHA256:-a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818}
+# another real model: MODEL=... SHA256=... FIXTURE=tests/fixtures/reference/<name>.json ONLY_GREEDY=1
+FIXTURE=${FIXTURE:-tests/fixtures/reference/gemma3-270m.json}
+ONLY_GREEDY=${ONLY_GREEDY:-0}
 WORK=${WORK:-/tmp/device_real_work}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT" "$WORK"
@@ -88,7 +91,7 @@ for name, spec in (("moe", synth.qwen3moe_spec()),
 EOF
 
 step "greedy: CPU vs GPU, 3 prompts x 32 tokens"
-if [ -d "$GEMMA_PACK" ]; then timeout 240 $PY - "$GEMMA_PACK" "$OUT/greedy.json" "$ROOT/tests/fixtures/reference/gemma3-270m.json" <<'EOF' || fail "greedy comparison"
+if [ -d "$GEMMA_PACK" ]; then timeout 240 $PY - "$GEMMA_PACK" "$OUT/greedy.json" "$ROOT/$FIXTURE" <<'EOF' || fail "greedy comparison"
 import json, sys, time
 import numpy as np
 from strata.engine.generate import generate, load_engine
@@ -147,6 +150,8 @@ print(f"\nCPU and GPU greedy tokens: {'ALL EQUAL' if all_equal else 'DIFFER'} " 
 sys.exit(0 if (gpu is None or all_equal) else 1)
 EOF
 fi
+
+if [ "$ONLY_GREEDY" = 1 ]; then step "done (ONLY_GREEDY): $FAILED failed step(s)"; exit $FAILED; fi
 
 step "audits (predicted vs measured bytes per budget term)"
 : > "$OUT/audit.log"
