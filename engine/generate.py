@@ -77,6 +77,21 @@ class Engine:
         return self.state.n_ctx
 
 
+
+def open_checked(pack_dir: str | Path) -> tuple[Pack, Geometry, type[Model], LoadPlan]:
+    """The "pack" start-up stage shared by the CPU and GPU engines: open the pack with the strict
+    readers, rebuild its geometry through the manifest, pick the architecture's model class and
+    assert every tensor's shape (:func:`loader.check_pack`).
+
+    Raises:
+        PackFormatError, ManifestError, LoadError, UnsupportedModel: as the callees do, before any
+            weight is read.
+    """
+    pack = open_pack(pack_dir)
+    geom = geometry_from_params(pack.arch, pack.geometry_params)
+    cls = model_class(pack.arch)
+    return pack, geom, cls, check_pack(pack, geom)
+
 def load_engine(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, resident: str | float = "all",
                 numerics: str = DEFAULT_NUMERICS, kv: str = DEFAULT_KV, sliding: str = "ring",
                 on_checkpoint: Callable[[Checkpoint], None] | None = None) -> Engine:
@@ -102,10 +117,7 @@ def load_engine(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, resident: s
     nx = get_numerics(numerics)
     cps = Checkpoints(on_checkpoint)
     with cps.stage("pack") as note:
-        pack = open_pack(pack_dir)
-        geom = geometry_from_params(pack.arch, pack.geometry_params)
-        cls = model_class(pack.arch)
-        plan = check_pack(pack, geom)
+        pack, geom, cls, plan = open_checked(pack_dir)
         note["arch"] = pack.arch
         note["numerics"] = nx.name
         note["tensors checked"] = len(plan.dense)

@@ -48,17 +48,14 @@ import numpy as np
 
 from strata.budget import formulas as F
 from strata.engine import engine_form as EF
-from strata.manifests.contract import geometry_from_params
 from strata.packer import quants
-from strata.packer.packfmt import IndexEntry, Pack, open_pack
+from strata.packer.packfmt import IndexEntry, Pack
 
 from .. import layers
 from ..checkpoints import Checkpoint, Checkpoints
 from ..dequant import dequantize_rows
 from ..experts import ExpertPath, ShardExperts, resident_pairs
-from ..generate import DEFAULT_KV, DEFAULT_N_CTX, Engine, GenerateError, check_kv
-from ..loader import check_pack
-from ..models import model_class
+from ..generate import DEFAULT_KV, DEFAULT_N_CTX, Engine, GenerateError, check_kv, open_checked
 from ..tokenizer import load_tokenizer
 from . import reference as R
 from .backend import Backend, make_backend
@@ -498,10 +495,7 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
     info = GpuInfo(bk.name, bk.device_name(), kv=kv)
     cps = Checkpoints(on_checkpoint)
     with cps.stage("pack") as note:
-        pack = open_pack(pack_dir)
-        geom = geometry_from_params(pack.arch, pack.geometry_params)
-        cls = model_class(pack.arch)
-        plan = check_pack(pack, geom)
+        pack, geom, cls, plan = open_checked(pack_dir)
         note["arch"] = pack.arch
         note["device"] = info.device
         _mark(bk, note, info, "pack")
