@@ -21,7 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 
 def timed(cmd: list[str]) -> tuple[float, int]:
