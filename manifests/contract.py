@@ -251,6 +251,7 @@ class Manifest(BaseModel):
     state_from_tensors: StateSpec = Field(default_factory=StateSpec)
     tensors: list[TensorSpec]
     choices: list[ChoiceSpec] = Field(default_factory=list)
+    checks: list[str] = Field(default_factory=list)  # relations between params that must hold
 
     @field_validator("derived")
     @classmethod
@@ -314,6 +315,15 @@ class Geometry:
             except (ZeroDivisionError, TypeError, IndexError) as e:
                 raise ManifestError(f"{manifest.arch}: derived {name} = {expr}: {e}") from None
         self.env = env
+        for expr in manifest.checks:
+            try:
+                ok = evaluate(expr, env)
+            except (ZeroDivisionError, TypeError, IndexError) as e:
+                raise ManifestError(f"{manifest.arch}: check {expr}: {e}") from None
+            if not ok:
+                names = sorted({n.id for n in ast.walk(_parse(expr)) if isinstance(n, ast.Name) and n.id in env})
+                vals = ", ".join(f"{n} = {env[n]}" for n in names)
+                raise ManifestError(f"{manifest.arch}: geometry violates {expr} ({vals})")
         n_layer = int(env["n_layer"])
         if not 1 <= n_layer <= MAX_LAYERS:
             raise ManifestError(f"{manifest.arch}: n_layer {n_layer} is outside 1..{MAX_LAYERS}")

@@ -282,3 +282,15 @@ def test_sigterm_mid_build_leaves_no_temp_dir(tmp_path):
         pytest.skip("the build finished before the signal arrived")
     assert p.returncode == 130 and "interrupted; nothing was written" in err
     assert list(out.iterdir()) == []
+
+
+def test_more_experts_per_token_than_experts_refused(pack, tmp_path):
+    """A reviewer set n_expert_used 9 with 8 experts: the engine silently ran 8. The manifest's
+    checks refuse it wherever a geometry is built (packer, budget, engine)."""
+    from strata.manifests.contract import geometry_from_params
+
+    _edit(pack / "geometry.txt", b"n_expert_used 2", b"n_expert_used 9")
+    with pytest.raises(ManifestError, match=r"qwen3moe: geometry violates n_expert_used <= n_expert \(n_expert = 8, n_expert_used = 9\)"):
+        geometry_from_params("qwen3moe", open_pack(pack).geometry_params)
+    r = subprocess.run([sys.executable, "-m", "strata.budget.cli", "check", str(pack), "--card", "24G"], capture_output=True, text=True)
+    assert r.returncode == 2 and "n_expert_used <= n_expert" in (r.stdout + r.stderr)
