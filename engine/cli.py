@@ -12,7 +12,9 @@ tensor or numbers).
 from __future__ import annotations
 
 import json
+import math
 import sys
+from pathlib import Path
 from typing import Callable
 
 import click
@@ -46,9 +48,50 @@ from .gpu.cli import register_device as _gpu_register_device  # noqa: E402
 _gpu_register_device(LOADERS)
 
 
-def _fail(msg: str, code: int = 2) -> None:
+def _fail(msg: str, code: int = 2, as_json: bool = False) -> None:
+    """One-line ``error: ...`` on stderr (and with ``--json`` a ``{"ok": false, "error": ...}`` object
+    on stdout), then exit ``code`` (2: refused)."""
+    msg = " ".join(str(msg).split("\n")) if msg else "refused"
+    if as_json:
+        click.echo(json.dumps({"ok": False, "error": msg}))
     click.echo(f"error: {msg}", err=True)
     sys.exit(code)
+
+
+def _warn(msg: str) -> None:
+    click.echo(f"warning: {msg}", err=True)
+
+
+def check_pack_dir(pack: str) -> str | None:
+    """The refusal for a PACK argument that is not a directory (missing or a file), else None."""
+    p = Path(pack)
+    if not p.is_dir():
+        return f"{p}: not a pack directory"  # the message open_pack gives a missing path
+    return None
+
+
+def check_request(*, n_tokens: int, n_ctx: int, temperature: float, top_k: int, top_p: float, seed: int) -> str | None:
+    """Option checks that need no pack (each refusal names the option), else None."""
+    if not math.isfinite(temperature):
+        return f"--temperature {temperature}: not a finite number"
+    if temperature < 0:
+        return f"--temperature {temperature}: must be >= 0 (0 = greedy)"
+    if not math.isfinite(top_p):
+        return f"--top-p {top_p}: not a finite number"
+    if not 0.0 < top_p <= 1.0:
+        return f"--top-p {top_p}: outside (0, 1]"
+    if top_k < 0:
+        return f"--top-k {top_k}: must be >= 0 (0 = all)"
+    if seed < 0:
+        return f"--seed {seed}: must be a non-negative integer"
+    if n_ctx < 1:
+        return f"--ctx {n_ctx}: must be >= 1"
+    if n_tokens < 1:
+        return f"-n/--n-tokens {n_tokens}: must be >= 1"
+    if n_tokens > n_ctx:  # the prompt has at least one token: 1 + n - 1 positions
+        return (f"-n/--n-tokens {n_tokens} needs at least {n_tokens} positions (a prompt of one token + {n_tokens} "
+                f"new tokens - 1), more than --ctx {n_ctx}")
+    return None
 
 
 def _resident(value: str) -> str:
@@ -121,7 +164,8 @@ def _stats_line(engine: Engine) -> Callable[[StepStat], None]:
 def _summary(r: GenerationResult) -> str:
     tps = f"{r.tokens_per_second:.2f} tok/s" if r.tokens_per_second else "n/a (one token)"
     pps = f"{r.prompt_tokens_per_second:.2f} tok/s" if r.prompt_tokens_per_second else "n/a"
-    line = (f"[{r.arch}, {r.device}] decode: {tps} ({r.n_output_tokens - 1} tokens after the first in "
+    n_after = r.n_output_tokens - 1
+    line = (f"[{r.arch}, {r.device}] decode: {tps} ({n_after} token{'' if n_after == 1 else 's'} after the first in "
             f"{r.decode_seconds:.2f} s, batch 1) | prompt: {r.n_prompt_tokens} tokens in {r.prompt_seconds:.2f} s "
             f"({pps}, incl. the first generated token) | stop: {r.stop_reason}")
     if r.expert_hits or r.expert_misses:
@@ -130,7 +174,7 @@ def _summary(r: GenerationResult) -> str:
 
 
 @main.command("generate")
-@click.argument("pack", type=click.Path(file_okay=False))
+@click.argument("pack", type=click.Path())
 @click.option("-p", "--prompt", required=True, help="Prompt text (tokenized like llama.cpp for this model).")
 @click.option("-n", "--n-tokens", "n_tokens", default=32, show_default=True, help="Tokens to generate.")
 @click.option("--temperature", default=0.0, show_default=True, help="0 = greedy (argmax).")
@@ -151,7 +195,7 @@ def _summary(r: GenerationResult) -> str:
                    "strata-budget check --kv plans the same bytes.")
 @click.option("--expert-cache", "expert_cache", default="auto", show_default=True,
               help="cuda: expert cache slots, auto (budget formula on the free VRAM) or N (refused if it does not fit).")
-@click.option("--profile", "profile_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--profile", "profile_path", default=None, type=click.Path(),
               help="cuda: expert profile (Parquet layer, expert, count) filling the cache at start-up.")
 @click.option("--vram-reserve-mib", "vram_reserve_mib", default=700, show_default=True,
               help="cuda: VRAM left free after the expert cache.")
@@ -169,12 +213,25 @@ def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore
                  numerics_, kv, expert_cache, profile_path, vram_reserve_mib, as_json, stats, no_graph, stage_times,
                  verbose):
     """Generate text from PACK after --prompt and report tok/s."""
+    def fail(msg: str) -> None:
+        _fail(msg, as_json=as_json)
+
+    bad = check_pack_dir(pack) or check_request(n_tokens=n_tokens, n_ctx=n_ctx, temperature=temperature, top_k=top_k,
+                                                top_p=top_p, seed=seed)
+    if bad:
+        fail(bad)
     try:
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     except ValueError as e:
-        raise click.BadParameter(str(e)) from None
+        fail(str(e))
     if stage_times and device == "cpu":
-        _fail("--stage-times: per-stage device timers exist on --device cuda only")
+        fail("--stage-times: per-stage device timers exist on --device cuda only")
+    if device == "cpu" and expert_cache != "auto":
+        # accepted (and ignored) on the CPU path, but it must still be a valid value
+        if not expert_cache.isdigit():
+            fail(f"--expert-cache {expert_cache!r}: not an integer or 'auto'")
+    if profile_path is not None and not Path(profile_path).is_file():
+        fail(f"--profile {profile_path}: no such file")
     try:
         gpu_kw = {"numerics": numerics_} if device == "cpu" else {}
         if device != "cpu":
@@ -183,17 +240,19 @@ def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore
             try:
                 ec = expert_cache if expert_cache == "auto" else int(expert_cache)
             except ValueError:
-                raise click.BadParameter(f"--expert-cache {expert_cache!r}: expected auto or a slot count") from None
+                fail(f"--expert-cache {expert_cache!r}: not an integer or 'auto'")
+            if ec != "auto" and ec < 0:
+                fail(f"--expert-cache {ec}: a slot count cannot be negative")
             gpu_kw = dict(expert_cache=ec, profile=read_profile(profile_path) if profile_path else None,
                           vram_reserve_mib=vram_reserve_mib, graph=not no_graph, stage_times=stage_times)
         engine = LOADERS[device](pack, n_ctx=n_ctx, resident=resident, kv=kv,
-                                 on_checkpoint=print_checkpoint if verbose else None, **gpu_kw)
+                                 on_checkpoint=print_checkpoint if verbose else None, on_warning=_warn, **gpu_kw)
         if stats:
             _stats_header(engine)
         r = generate(engine, prompt, n_tokens, sampler=sampler, ignore_eos=ignore_eos,
                      on_step=_stats_line(engine) if stats else None, stats=stats)
     except REFUSALS as e:
-        _fail(str(e))
+        fail(str(e))
     st = _stage_summary(engine) if stage_times else None
     if as_json:
         d = r.model_dump()

@@ -22,6 +22,7 @@ for the prompt positions before it.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,14 +31,15 @@ from typing import Callable, Protocol
 import numpy as np
 from pydantic import BaseModel, Field
 
+from strata.budget import formulas as F
 from strata.budget.formulas import ENGINE_KV_TYPES
 from strata.manifests.contract import Geometry, geometry_from_params
-from strata.packer.packfmt import Pack, open_pack
+from strata.packer.packfmt import POOL_FILE, Pack, open_pack
 
 from .checkpoints import Checkpoint, Checkpoints
 from .experts import CpuExpertCache, ExpertPath, ShardExperts, resident_pairs
 from .layers import to_host
-from .loader import LoadPlan, check_pack
+from .loader import LoadError, LoadPlan, check_pack
 from .models import BaseModel as Model
 from .models import State, model_class
 from .numerics import DEFAULT_NUMERICS
@@ -87,14 +89,55 @@ def open_checked(pack_dir: str | Path) -> tuple[Pack, Geometry, type[Model], Loa
         PackFormatError, ManifestError, LoadError, UnsupportedModel: as the callees do, before any
             weight is read.
     """
+    pool = Path(pack_dir) / POOL_FILE
+    if pool.exists() and not pool.is_file():
+        raise LoadError(f"{pool}: not a file (a {'directory' if pool.is_dir() else 'special file'}); the dense "
+                        f"weights pool must be a regular file")
     pack = open_pack(pack_dir)
     geom = geometry_from_params(pack.arch, pack.geometry_params)
     cls = model_class(pack.arch)
     return pack, geom, cls, check_pack(pack, geom)
 
+def kv_cache_need_bytes(model: Model, n_ctx: int, kv: str, sliding: str = "ring") -> int:
+    """Bytes the KV cache of ``model`` takes for ``n_ctx`` positions at ``kv``, from the budget's
+    :func:`strata.budget.formulas.kv_cache_bytes` (the figure ``strata-budget`` plans; every layer of
+    the engine's models holds K and V, sliding-window layers as rings unless ``sliding="full"``)."""
+    h = model.hp
+    windows = model.layer_windows() if sliding == "ring" else [None] * h.n_layer
+    layers = [F.KVLayer(il, h.n_head_kv * h.head_dim, h.n_head_kv * h.head_dim_v, 0, w) for il, w in enumerate(windows)]
+    return F.kv_cache_bytes(layers, n_ctx, F.ENGINE_PREFILL_CHUNK, kv, 1)
+
+
+def host_ram_bytes() -> int:
+    """Physical host memory: ``SC_PHYS_PAGES x SC_PAGE_SIZE``."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_ctx(model: Model, geom: Geometry, n_ctx: int, kv: str, available: int, what: str, sliding: str = "ring",
+              on_warning: Callable[[str], None] | None = None) -> int:
+    """Refuse an ``n_ctx`` whose KV cache does not fit in ``available`` bytes (``what`` names that
+    memory), before any weight is loaded; warn (``on_warning``) past the model's ``n_ctx_train``.
+    Returns the KV cache bytes.
+
+    Raises:
+        GenerateError: the KV cache alone needs more than ``available``.
+    """
+    need = kv_cache_need_bytes(model, n_ctx, kv, sliding)
+    if need > available:
+        raise GenerateError(f"--ctx {n_ctx}: the KV cache ({kv}) would need {need} bytes ({F.mib(need):.1f} MiB, "
+                            f"strata.budget.formulas.kv_cache_bytes), more than the {available} bytes "
+                            f"({F.mib(available):.1f} MiB) of {what}; lower --ctx")
+    train = geom.get("n_ctx_train")
+    if on_warning is not None and train and n_ctx > int(train):
+        on_warning(f"--ctx {n_ctx} exceeds the model's training context n_ctx_train {int(train)} (geometry.txt); "
+                   f"positions past it are outside what the model was trained on")
+    return need
+
+
 def load_engine(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, resident: str | float = "all",
                 numerics: str = DEFAULT_NUMERICS, kv: str = DEFAULT_KV, sliding: str = "ring",
-                on_checkpoint: Callable[[Checkpoint], None] | None = None) -> Engine:
+                on_checkpoint: Callable[[Checkpoint], None] | None = None,
+                on_warning: Callable[[str], None] | None = None) -> Engine:
     """Open, check and load the pack at ``pack_dir`` for the CPU (NumPy) path.
 
     ``resident`` picks the experts the expert cache holds (:func:`strata.engine.experts.resident_pairs`):
@@ -126,6 +169,7 @@ def load_engine(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, resident: s
     weights = CpuWeights(pack, plan.dense, nx)
     experts = ExpertPath(ShardExperts(plan), None, act_quant=nx.act_quant) if plan.experts else None
     model = cls(geom, weights, experts, pack.metadata)
+    check_ctx(model, geom, n_ctx, kv, host_ram_bytes(), "host RAM (SC_PHYS_PAGES x SC_PAGE_SIZE)", sliding, on_warning)
     head = set(model.head_tensors())
     rows_only = set(model.row_tensors())
     with cps.stage("weights") as note:

@@ -183,9 +183,20 @@ def _check_experts(pack: Pack, geom: Geometry, parts: dict[int, dict], plan: Loa
         if not p.is_file():
             raise LoadError(f"{where}: expert shard {k} {p} is missing (routed experts stay in the GGUF shards)")
         sizes[k] = p.stat().st_size
+        with open(p, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise LoadError(f"{where}: expert shard {k} {p}: first 4 bytes are {magic!r}, a GGUF file starts with b'GGUF'")
         if name in recorded and recorded[name] != sizes[k]:
             raise LoadError(f"{where}: shard {p} is {sizes[k]} bytes, index.txt recorded {recorded[name]} at pack time")
         plan.shard_paths[k] = p
+
+    arena = 0
+    for row in ne_tab.layers:  # file order: the arena is laid out row after row
+        if row.arena_offset != arena:
+            raise LoadError(f"{where}: layer {row.layer} column arena_offset: found {row.arena_offset}, required {arena} "
+                            f"(the running sum of n_expert x blob_bytes over the rows before it)")
+        arena += n_expert * row.blob_bytes
 
     for il, part in sorted(parts.items()):
         row = rows.get(il)
@@ -211,8 +222,9 @@ def _check_experts(pack: Pack, geom: Geometry, parts: dict[int, dict], plan: Loa
                 raise LoadError(f"{where}: layer {il}: {err}") from None
             got = getattr(row, f"{p}_bytes")
             if got != need:
-                raise LoadError(f"{where}: layer {il} {p}: {got} bytes per expert, {_type_name(t)} x {_shape(shp)} "
-                                f"(ggml ne of one expert of {tname}, from geometry.txt) is {need} bytes")
+                raise LoadError(f"{where}: layer {il} {p} (column {p}_bytes): found {got} bytes per expert, required "
+                                f"{_type_name(t)} x {_shape(shp)} (ggml ne of one expert of {tname}, from geometry.txt) "
+                                f"= {need} bytes")
             stride = getattr(row, f"{p}_stride")
             if stride < need:
                 raise LoadError(f"{where}: layer {il} {p}: stride {stride} bytes is less than one expert ({need} bytes)")
@@ -221,5 +233,9 @@ def _check_experts(pack: Pack, geom: Geometry, parts: dict[int, dict], plan: Loa
             if end > sizes[k]:
                 raise LoadError(f"{where}: layer {il} {p}: expert {n_expert - 1} ends at byte {end}, past the end of "
                                 f"shard {plan.shard_paths[k]} ({sizes[k]} bytes)")
+        parts_sum = row.gate_bytes + row.up_bytes + row.down_bytes
+        if row.blob_bytes != parts_sum:
+            raise LoadError(f"{where}: layer {il} column blob_bytes: found {row.blob_bytes}, required gate_bytes + "
+                            f"up_bytes + down_bytes = {row.gate_bytes} + {row.up_bytes} + {row.down_bytes} = {parts_sum}")
         plan.experts[il] = row
         plan.expert_shapes[il] = shapes

@@ -9,6 +9,7 @@ from ``softmax(logits / temperature)`` over what is left with a seeded ``numpy.r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,12 @@ class Sampler:
     rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self):
+        if not math.isfinite(self.temperature):
+            raise ValueError(f"temperature {self.temperature} is not a finite number")
+        if not math.isfinite(self.top_p):
+            raise ValueError(f"top_p {self.top_p} is not a finite number")
+        if self.seed < 0:
+            raise ValueError(f"seed {self.seed} < 0 (numpy's generator takes a non-negative integer)")
         if self.temperature < 0:
             raise ValueError(f"temperature {self.temperature} < 0")
         if self.top_k < 0:

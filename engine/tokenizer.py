@@ -103,6 +103,25 @@ def _spm_merges(vocab: dict[str, int], scores: np.ndarray) -> list[tuple[str, st
     return [(m[3], m[4]) for m in merges]
 
 
+def _read_parquet(path: Path):
+    """``pyarrow.parquet.read_table`` that refuses a corrupt or empty file with its size (TokenizerError)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not path.is_file():
+        raise TokenizerError(f"{path}: not a file")
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowException, OSError):
+        raise TokenizerError(f"{path}: not a valid Parquet file ({path.stat().st_size} bytes)") from None
+
+
+def _column(table, path: Path, name: str):
+    if name not in table.column_names:
+        raise TokenizerError(f"{path}: no column {name!r} (columns: {', '.join(table.column_names)})")
+    return table.column(name)
+
+
 def load_tokenizer(pack: Pack) -> Tokenizer:
     """Build the tokenizer of ``pack`` (see the module docstring for the contract).
 
@@ -110,7 +129,6 @@ def load_tokenizer(pack: Pack) -> Tokenizer:
         TokenizerError: no vocab.parquet, an unknown ``tokenizer.ggml.model`` or ``pre``,
             a gpt2 model without merges.parquet, or a vocab with duplicate pieces.
     """
-    import pyarrow.parquet as pq
     from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as HFTokenizer
 
@@ -118,11 +136,11 @@ def load_tokenizer(pack: Pack) -> Tokenizer:
     vpath = Path(pack.path) / VOCAB_FILE
     if not vpath.exists():
         raise TokenizerError(f"{vpath}: missing; the pack has no tokenizer")
-    table = pq.read_table(vpath)
-    ids = table.column("id").to_numpy()
+    table = _read_parquet(vpath)
+    ids = _column(table, vpath, "id").to_numpy()
     if not np.array_equal(ids, np.arange(len(ids))):
         raise TokenizerError(f"{vpath}: ids are not 0..{len(ids) - 1} in order")
-    tokens = [t.decode("utf-8", errors="surrogateescape") for t in table.column("token").to_pylist()]
+    tokens = [t.decode("utf-8", errors="surrogateescape") for t in _column(table, vpath, "token").to_pylist()]
     n = len(tokens)
     types = (table.column("token_type").to_numpy().astype(np.int32) if "token_type" in table.column_names
              else np.full(n, TOKEN_NORMAL, np.int32))
@@ -155,7 +173,7 @@ def load_tokenizer(pack: Pack) -> Tokenizer:
         if not mpath.exists():
             raise TokenizerError(f"{mpath}: missing; a gpt2 (BPE) tokenizer needs its merges")
         merges = []
-        for k, m in enumerate(pq.read_table(mpath).column("merge").to_pylist()):
+        for k, m in enumerate(_column(_read_parquet(mpath), mpath, "merge").to_pylist()):
             parts = m.decode("utf-8", errors="surrogateescape").split(" ")
             if len(parts) != 2:
                 raise TokenizerError(f"{mpath}: merge {k} {m!r} is not two pieces separated by one space")

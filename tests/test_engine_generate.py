@@ -160,3 +160,141 @@ def test_cli_real_gemma_end_to_end(gemma_pack):
     assert d["output_ids"][:first_low] == ref["output_ids"][:first_low]
     assert d["output_ids"][:8] == [506, 5279, 529, 506, 2891, 529, 7001, 236761]
     assert d["text"].startswith(" the capital of the country of France.")
+
+
+# ---------------------------------------------------------------- review fixes: request refusals (exit 2, named)
+
+def _gen(pack, *args):
+    return CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", *args])
+
+
+def test_huge_ctx_refused_before_weights_with_kv_bytes_and_host_ram(pack, monkeypatch):
+    import strata.engine.generate as G
+    from strata.budget import formulas as F
+
+    loaded = []
+    monkeypatch.setattr(G.CpuWeights, "load", lambda self, names: loaded.append(names))
+    r = _gen(pack, "-n", "2", "--ctx", "1000000000")
+    assert r.exit_code == 2, r.output
+    assert loaded == []  # refused before any weight was loaded
+    eng = load_engine(pack, n_ctx=64)
+    need = G.kv_cache_need_bytes(eng.model, 1000000000, "f16")
+    assert need == 1000000000 * G.kv_cache_need_bytes(eng.model, 1, "f16")
+    ram = G.host_ram_bytes()
+    assert (f"error: --ctx 1000000000: the KV cache (f16) would need {need} bytes" in r.stderr
+            and "strata.budget.formulas.kv_cache_bytes" in r.stderr and f"the {ram} bytes" in r.stderr
+            and "host RAM" in r.stderr)
+    # the figure is the budget's and equals what the engine allocates
+    assert G.kv_cache_need_bytes(eng.model, 64, "f16") == eng.state.cache.nbytes
+    assert G.kv_cache_need_bytes(eng.model, 64, "f32") == 2 * eng.state.cache.nbytes
+    assert F.kv_cache_bytes  # the one formula
+
+
+def test_ctx_past_n_ctx_train_warns(pack):
+    from strata.packer.packfmt import open_pack
+
+    train = int(open_pack(pack).geometry_params["n_ctx_train"])
+    r = _gen(pack, "-n", "2", "--ctx", str(train + 1))
+    assert r.exit_code == 0, r.output
+    assert f"warning: --ctx {train + 1} exceeds the model's training context n_ctx_train {train}" in r.stderr
+    r = _gen(pack, "-n", "2", "--ctx", str(train))
+    assert "warning" not in r.stderr
+
+
+def test_n_tokens_and_ctx_checked_before_loading(pack, monkeypatch):
+    import strata.engine.cli as C
+
+    monkeypatch.setitem(C.LOADERS, "cpu", lambda *a, **k: pytest.fail("loaded"))
+    r = _gen(pack, "-n", "100", "--ctx", "64")
+    assert r.exit_code == 2 and "-n/--n-tokens 100 needs at least 100 positions" in r.stderr and "--ctx 64" in r.stderr
+    r = _gen(pack, "-n", "0")
+    assert r.exit_code == 2 and "-n/--n-tokens 0: must be >= 1" in r.stderr
+    r = _gen(pack, "--ctx", "0")
+    assert r.exit_code == 2 and "--ctx 0: must be >= 1" in r.stderr
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--temperature", "nan"], "--temperature nan: not a finite number"),
+    (["--temperature", "inf"], "--temperature inf: not a finite number"),
+    (["--temperature", "-1"], "--temperature -1.0: must be >= 0"),
+    (["--top-p", "nan"], "--top-p nan: not a finite number"),
+    (["--top-p", "inf"], "--top-p inf: not a finite number"),
+    (["--top-p", "0"], "--top-p 0.0: outside (0, 1]"),
+    (["--top-k", "-2"], "--top-k -2: must be >= 0"),
+    (["--seed", "-1"], "--seed -1: must be a non-negative integer"),
+    (["--expert-cache", "abc"], "--expert-cache 'abc': not an integer or 'auto'"),
+    (["--profile", "/tmp/none-strata-xyz.parquet"], "--profile /tmp/none-strata-xyz.parquet: no such file"),
+])
+def test_bad_options_refused_naming_the_option(pack, args, msg):
+    r = _gen(pack, "-n", "2", *args)
+    assert r.exit_code == 2, r.output
+    assert f"error: {msg}" in r.stderr
+    assert "Traceback" not in r.output
+
+
+def test_sampler_rejects_non_finite():
+    for kw in ({"temperature": float("nan")}, {"temperature": float("inf")}, {"top_p": float("nan")}):
+        with pytest.raises(ValueError, match="not a finite number"):
+            Sampler(**kw)
+    with pytest.raises(ValueError, match="seed -1 < 0"):
+        Sampler(seed=-1)
+
+
+def test_json_failure_prints_a_json_object(pack, tmp_path):
+    r = _gen(pack, "-n", "2", "--json", "--temperature", "nan")
+    assert r.exit_code == 2
+    assert json.loads(r.stdout) == {"ok": False, "error": "--temperature nan: not a finite number"}
+    assert "error: --temperature nan" in r.stderr
+    r = CliRunner().invoke(main, ["generate", str(tmp_path / "nope"), "-p", "hi", "--json"])
+    assert r.exit_code == 2
+    d = json.loads(r.stdout)
+    assert d["ok"] is False and d["error"].endswith("not a pack directory")
+
+
+def test_audit_json_failure_prints_a_json_object(tmp_path):
+    r = CliRunner().invoke(main, ["audit", str(tmp_path / "nope"), "--json"])
+    assert r.exit_code == 2
+    d = json.loads(r.stdout)
+    assert d == {"ok": False, "error": f"{tmp_path / 'nope'}: not a pack directory"}
+    assert "error:" in r.stderr
+
+
+def test_summary_says_one_token_singular(pack):
+    r = _gen(pack, "-n", "2", "--ignore-eos")
+    assert r.exit_code == 0, r.output
+    assert "(1 token after the first in" in r.stderr
+
+
+def test_profile_refusals_exit_2(pack, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\n")
+    runner = CliRunner()
+    r = runner.invoke(main, ["profile", str(pack), "--prompts", str(prompts), "-o", "/nonexist/x.parquet"])
+    assert r.exit_code == 2 and "error: -o/--out /nonexist/x.parquet: the directory /nonexist does not exist" in r.stderr
+    r = runner.invoke(main, ["profile", str(pack), "--prompts", str(prompts), "-o", str(tmp_path / "x.parquet")])
+    assert r.exit_code == 2, r.output
+    assert "has no routed experts (a dense model); nothing to profile" in r.stderr
+    try:
+        import cupy  # noqa: F401
+        has_cupy = True
+    except Exception:
+        has_cupy = False
+    if not has_cupy:
+        r = runner.invoke(main, ["profile", str(pack), "--prompts", str(prompts), "-o", str(tmp_path / "x.parquet"),
+                                 "--device", "cuda"])
+        assert r.exit_code == 2, r.output
+        assert r.stderr.startswith("error: --device cuda:") and "Traceback" not in r.output
+
+
+def test_gpu_path_refuses_huge_ctx_against_free_vram_before_weights(pack):
+    from strata.engine.gpu.backend import SimBackend
+    from strata.engine.gpu.engine import load_engine_gpu
+
+    bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)
+    seen, warned = [], []
+    with pytest.raises(GenerateError, match=r"--ctx 1000000000: the KV cache \(f16\) would need \d+ bytes .* more than "
+                                            rf"the {100 << 20} bytes \(100\.0 MiB\) of free VRAM on "):
+        load_engine_gpu(pack, n_ctx=10**9, backend=bk, on_checkpoint=lambda c: seen.append(c.name))
+    assert seen == ["pack"]  # no weights stage
+    load_engine_gpu(pack, n_ctx=64, backend=SimBackend(), on_warning=warned.append, warmup=False)
+    assert warned == []

@@ -143,8 +143,9 @@ def test_expert_bytes_disagreeing_with_geometry(packs, tmp_path):
         return out
 
     _edit_experts(pack, bump)
-    with pytest.raises(LoadError, match=r"native_experts\.txt: layer 1 gate: \d+ bytes per expert, IQ2_XS x \[256, 256\] "
-                                        r"\(ggml ne of one expert of blk\.1\.ffn_gate_exps\.weight"):
+    with pytest.raises(LoadError, match=r"native_experts\.txt: layer 1 gate \(column gate_bytes\): found 18870 bytes per "
+                                        r"expert, required IQ2_XS x \[256, 256\] \(ggml ne of one expert of "
+                                        r"blk\.1\.ffn_gate_exps\.weight, from geometry\.txt\) = 18944 bytes"):
         load_engine(pack)
 
 
@@ -237,3 +238,96 @@ def test_checkpoints_in_order_head_before_expert_cache(packs):
     assert cps["pack"].extra["tensors checked"] == len(eng.plan.dense)
     assert cps["expert cache"].extra["resident"].startswith("24 of 24 experts")
     assert all(c.seconds >= 0 and c.rss_bytes > 0 for c in eng.checkpoints)
+
+
+# ---------------------------------------------------------------- review fixes: shards, expert rows, pack paths
+
+def _edit_expert_col(pack: Path, layer: int, col: str, fn) -> None:
+    from strata.packer.packfmt import EXPERT_COLUMNS
+
+    i = EXPERT_COLUMNS.index(col)
+
+    def edit(lines):
+        out = []
+        for x in lines:
+            tok = x.split(" ")
+            if tok[0] == str(layer):
+                tok[i] = str(fn(int(tok[i])))
+            out.append(" ".join(tok))
+        return out
+    _edit_experts(pack, edit)
+
+
+def _shard_copy(pack: Path, tmp_path: Path, mutate) -> None:
+    src = pack / "metadata.txt"
+    text = src.read_text()
+    src_dir = re.search(r"strata\.source_dir str (\S+)", text).group(1)
+    gguf = next(Path(src_dir).glob("*.gguf"))
+    d = tmp_path / "src"
+    d.mkdir()
+    (d / gguf.name).write_bytes(mutate(gguf.read_bytes()))
+    src.write_text(text.replace(src_dir, str(d)))
+
+
+def test_expert_shard_without_gguf_magic_is_refused(packs, tmp_path):
+    pack = _copy(packs["moe"], tmp_path / "p")
+    _shard_copy(pack, tmp_path, lambda b: b"XXXX" + b[4:])  # same size, wrong magic
+    with pytest.raises(LoadError, match=r"native_experts\.txt: expert shard 0 .*synthetic-qwen3moe\.gguf: first 4 bytes "
+                                        r"are b'XXXX', a GGUF file starts with b'GGUF'"):
+        load_engine(pack)
+
+
+def test_blob_bytes_not_the_sum_of_parts_is_refused(packs, tmp_path):
+    pack = _copy(packs["moe"], tmp_path / "p")
+    # the last row, so that the arena offsets of the rows after it stay consistent
+    from strata.packer.packfmt import open_pack
+
+    rows = open_pack(pack).experts.layers
+    last = rows[-1]
+    _edit_expert_col(pack, last.layer, "blob_bytes", lambda v: v + 256)
+    total = last.gate_bytes + last.up_bytes + last.down_bytes
+    with pytest.raises(LoadError, match=rf"layer {last.layer} column blob_bytes: found {total + 256}, required gate_bytes "
+                                        rf"\+ up_bytes \+ down_bytes = {last.gate_bytes} \+ {last.up_bytes} \+ "
+                                        rf"{last.down_bytes} = {total}"):
+        load_engine(pack)
+
+
+def test_arena_offset_not_the_running_sum_is_refused(packs, tmp_path):
+    pack = _copy(packs["moe"], tmp_path / "p")
+    from strata.packer.packfmt import open_pack
+
+    rows = open_pack(pack).experts.layers
+    want = rows[0].arena_offset + 8 * rows[0].blob_bytes
+    _edit_expert_col(pack, rows[1].layer, "arena_offset", lambda v: v + 4096)
+    with pytest.raises(LoadError, match=rf"layer {rows[1].layer} column arena_offset: found {want + 4096}, required "
+                                        rf"{want} \(the running sum of n_expert x blob_bytes"):
+        load_engine(pack)
+
+
+def test_corrupt_or_empty_vocab_parquet_is_refused_exit_2(packs, tmp_path):
+    for name, data in (("vocab.parquet", b""), ("vocab.parquet", b"PAR1 garbage, not parquet"),
+                       ("merges.parquet", b"junk")):
+        pack = _copy(packs["qwen2"], tmp_path / f"p{len(data)}{name}")
+        (pack / name).write_bytes(data)
+        r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "2"])
+        assert r.exit_code == 2, r.output
+        assert f"error: {pack / name}: not a valid Parquet file ({len(data)} bytes)" in r.stderr
+        assert "Traceback" not in r.output
+
+
+def test_pack_that_is_a_file_is_refused_like_a_missing_path(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    for p in (f, tmp_path / "missing"):
+        r = CliRunner().invoke(main, ["generate", str(p), "-p", "hi"])
+        assert r.exit_code == 2, r.output
+        assert r.stderr.strip() == f"error: {p}: not a pack directory"
+
+
+def test_pool_bin_that_is_a_directory_is_refused(packs, tmp_path):
+    pack = _copy(packs["qwen2"], tmp_path / "p")
+    (pack / "pool.bin").unlink()
+    (pack / "pool.bin").mkdir()
+    r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "2"])
+    assert r.exit_code == 2, r.output
+    assert f"error: {pack / 'pool.bin'}: not a file (a directory)" in r.stderr

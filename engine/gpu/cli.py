@@ -216,7 +216,7 @@ def run_profile(pack: str, prompts: list[str], *, n_tokens: int, n_ctx: int, dev
         load_engine_gpu(pack, n_ctx=n_ctx, device=device, expert_cache=0)
     kv = eng.kv
     if eng.experts is None:
-        raise click.ClickException(f"{pack}: {eng.pack.arch} has no routed experts; nothing to profile")
+        raise GenerateError(f"{pack}: {eng.pack.arch} has no routed experts (a dense model); nothing to profile")
     counts: dict[tuple[int, int], int] = {}
     path = eng.experts
     orig = path.__call__
@@ -251,7 +251,7 @@ def add_commands(main: click.Group) -> None:
     """Add ``audit`` and ``profile`` to the ``strata-engine`` group."""
 
     @main.command("audit")
-    @click.argument("pack", type=click.Path(file_okay=False))
+    @click.argument("pack", type=click.Path())
     @click.option("--ctx", "n_ctx", default=1024, show_default=True, help="Positions the KV cache holds.")
     @click.option("--expert-cache", "expert_cache", default="auto", show_default=True,
                   callback=lambda c, p, v: _expert_cache(v), help="auto or a slot count.")
@@ -264,11 +264,15 @@ def add_commands(main: click.Group) -> None:
         measured card and context) next to the bytes this engine allocated.
 
         Exit codes: 0 every exact term equal and the total within 0.5% or 32 MiB, 1 not, 2 refused."""
+        from ..cli import REFUSALS, _fail, check_pack_dir
+
+        bad = check_pack_dir(pack) or (f"--ctx {n_ctx}: must be >= 1" if n_ctx < 1 else None)
+        if bad:
+            _fail(bad, as_json=as_json)
         try:
             a = run_audit(pack, n_ctx=n_ctx, expert_cache=expert_cache, vram_reserve_mib=vram_reserve_mib, kv=kv)
-        except GenerateError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
+        except REFUSALS as e:
+            _fail(str(e), as_json=as_json)
         if as_json:
             d = a.model_dump()
             d.update(exact_ok=a.exact_ok, total_ok=a.total_ok, total_diff_bytes=a.total_diff_bytes)
@@ -278,7 +282,7 @@ def add_commands(main: click.Group) -> None:
         sys.exit(0 if a.exact_ok and a.total_ok else 1)
 
     @main.command("profile")
-    @click.argument("pack", type=click.Path(file_okay=False))
+    @click.argument("pack", type=click.Path())
     @click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False),
                   help="Text file, one prompt per line.")
     @click.option("-o", "--out", default="expert-profile.parquet", show_default=True)
@@ -287,10 +291,29 @@ def add_commands(main: click.Group) -> None:
     @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
     def profile_cmd(pack, prompts_file, out, n_tokens, n_ctx, device):
         """Write an expert profile (Parquet: layer, expert, count) from routing over --prompts."""
+        from ..cli import REFUSALS, _fail, check_pack_dir
+
+        bad = check_pack_dir(pack)
+        if bad:
+            _fail(bad)
+        parent = Path(out).resolve().parent
+        if not parent.is_dir():
+            _fail(f"-o/--out {out}: the directory {parent} does not exist")
+        if Path(out).is_dir():
+            _fail(f"-o/--out {out}: is a directory")
+        if n_tokens < 1:
+            _fail(f"-n/--n-tokens {n_tokens}: must be >= 1")
+        if n_ctx < 1:
+            _fail(f"--ctx {n_ctx}: must be >= 1")
+        if not Path(prompts_file).is_file():
+            _fail(f"--prompts {prompts_file}: no such file")
         prompts = [ln for ln in Path(prompts_file).read_text().splitlines() if ln.strip()]
         if not prompts:
-            raise click.BadParameter(f"{prompts_file}: no prompts")
-        rows = run_profile(pack, prompts, n_tokens=n_tokens, n_ctx=n_ctx, device=device)
-        write_profile(rows, out)
+            _fail(f"--prompts {prompts_file}: no prompts")
+        try:
+            rows = run_profile(pack, prompts, n_tokens=n_tokens, n_ctx=n_ctx, device=device)
+            write_profile(rows, out)
+        except REFUSALS as e:
+            _fail(str(e))
         click.echo(f"profile: {len(rows)} (layer, expert) pairs, {sum(r[2] for r in rows)} selections "
                    f"(counts) from {len(prompts)} prompts -> {out}")

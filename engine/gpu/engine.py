@@ -55,7 +55,7 @@ from .. import layers
 from ..checkpoints import Checkpoint, Checkpoints
 from ..dequant import dequantize_rows
 from ..experts import ExpertPath, ShardExperts, resident_pairs
-from ..generate import DEFAULT_KV, DEFAULT_N_CTX, Engine, GenerateError, check_kv, open_checked
+from ..generate import DEFAULT_KV, DEFAULT_N_CTX, Engine, GenerateError, check_ctx, check_kv, open_checked
 from ..tokenizer import load_tokenizer
 from . import reference as R
 from .backend import Backend, make_backend
@@ -459,7 +459,8 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
                     expert_cache: str | int = "auto", profile: list[tuple[int, int, int]] | None = None,
                     vram_reserve_mib: int = DEFAULT_RESERVE_MIB, admit: bool | None = None, kv: str = DEFAULT_KV,
                     sliding: str = "ring", backend: Backend | None = None, warmup: bool = True,
-                    graph: bool = True, fused: bool | None = None, stage_times: bool = False) -> Engine:
+                    graph: bool = True, fused: bool | None = None, stage_times: bool = False,
+                    on_warning: Callable[[str], None] | None = None) -> Engine:
     """Open, check and load ``pack_dir`` for the GPU path (see the module docstring).
 
     Args:
@@ -504,6 +505,8 @@ def load_engine_gpu(pack_dir: str | Path, *, n_ctx: int = DEFAULT_N_CTX, residen
     source = ShardExperts(plan) if plan.experts else None
     experts = GpuExpertPath(source, None, bk) if source is not None else None
     model = cls(geom, weights, experts, pack.metadata)
+    check_ctx(model, geom, n_ctx, kv, bk.mem_info().free, f"free VRAM on {info.device} (cudaMemGetInfo)", sliding,
+              on_warning)
     head = set(model.head_tensors())
     rows_only = set(model.row_tensors())
     with cps.stage("weights") as note:
