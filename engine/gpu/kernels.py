@@ -106,6 +106,11 @@ __device__ __forceinline__ float h2f(u32 h) {
     return __uint_as_float(sign | ((ex + 112u) << 23) | (man << 13));
 }
 #endif
+// Q4_K / Q5_K 6-bit scale and min of sub-block g (ggml-quants.c get_scale_min_k4).
+__device__ __forceinline__ void scale_min_k4(const u8* s, int g, int* scv, int* mv) {
+    if (g < 4) { *scv = s[g] & 63; *mv = s[g + 4] & 63; }
+    else { *scv = (s[g + 4] & 15) | ((s[g - 4] >> 2) & 0x30); *mv = (s[g + 4] >> 4) | ((s[g] >> 2) & 0x30); }
+}
 """
 
 # ---------------------------------------------------------------- per-type device code
@@ -265,8 +270,7 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
     const u8* qs = q + 16;
     const int g = sub;
     int scv, mv;
-    if (g < 4) { scv = s[g] & 63; mv = s[g + 4] & 63; }
-    else { scv = (s[g + 4] & 15) | ((s[g - 4] >> 2) & 0x30); mv = (s[g + 4] >> 4) | ((s[g] >> 2) & 0x30); }
+    scale_min_k4(s, g, &scv, &mv);
     const float D = d * (float)scv;
     const float DM = dmin * (float)mv;
     const u8* qq = qs + 32 * (g >> 1);
@@ -287,8 +291,7 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
     const u8* qs = q + 48;
     const int g = sub;
     int scv, mv;
-    if (g < 4) { scv = s[g] & 63; mv = s[g + 4] & 63; }
-    else { scv = (s[g + 4] & 15) | ((s[g - 4] >> 2) & 0x30); mv = (s[g + 4] >> 4) | ((s[g] >> 2) & 0x30); }
+    scale_min_k4(s, g, &scv, &mv);
     const float D = d * (float)scv;
     const float DM = dmin * (float)mv;
     const u8* qq = qs + 32 * (g >> 1);
