@@ -37,15 +37,15 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from strata.manifests.contract import (
-    Geometry, ManifestError, StateSpec, TensorSpec, evaluate, geometry_from_metadata, geometry_from_params, load_manifest,
+    Geometry, ManifestError, StateSpec, evaluate, geometry_from_metadata, geometry_from_params, load_manifest,
 )
+from strata.manifests.names import expert_part, is_per_layer, tensor_name
 from strata.packer import quants
-from strata.packer.build import EXPERT_RE
+from strata.packer.conformance import check_conformance
+from strata.packer.findings import Finding, pad4, trim_ne
 from strata.packer.gguf_file import GGUFError, GGUFHeader, TensorInfo, read_header
-from strata.packer.packfmt import (
-    EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE, Pack, PackFormatError, read_experts,
-    read_geometry_params, read_index, read_metadata,
-)
+from strata.packer.packfmt import METADATA_FILE, GEOMETRY_FILE, POOL_FILE, VOCAB_FILE, Pack, PackFormatError, \
+    pool_layout_findings, read_pack
 
 from . import formulas as F
 from .plan import DenseTensor, ExpertLayerFacts, ModelFacts
@@ -56,7 +56,7 @@ STATE_TERMS: dict[str, str] = {
     "conv_state": "recurrent", "ssm_state": "recurrent", "act_per_token": "all", "logits_per_token": "all",
 }
 assert set(STATE_TERMS) == set(StateSpec.model_fields), "every [state] term needs its layer kinds here"
-_NE_NAME = re.compile(r"""ne\(\s*['"]([^'"]+)['"]""")
+_NE_ROLE = re.compile(r"""ne\(\s*['"]([^'"]+)['"]""")
 BF16_SCAN_CHUNK = 1 << 24  # values per numpy call: bounded memory on multi-GB tensors
 
 
@@ -104,22 +104,6 @@ class AuditResult(BaseModel):
         return not self.errors
 
 
-def _fmt_ne(ne) -> str:
-    return "[" + ", ".join(str(int(x)) for x in ne) + "]"
-
-
-def _trim(ne) -> tuple[int, ...]:
-    ne = [int(x) for x in ne]
-    while len(ne) > 1 and ne[-1] == 1:
-        ne.pop()
-    return tuple(ne)
-
-
-def _pad4(ne) -> tuple[int, ...]:
-    ne = tuple(int(x) for x in ne)
-    return ne + (1,) * (4 - len(ne))
-
-
 class _Auditor:
     def __init__(self, path: Path, bf16_scan: bool):
         self.path = path
@@ -137,65 +121,10 @@ class _Auditor:
         self.seconds[name] = self.seconds.get(name, 0.0) + t - t0
         return t
 
-    # ------------------------------------------------------------------ 1. read + pool
-    def read(self) -> Pack:
-        index = read_index(self.path / INDEX_FILE)
-        experts = read_experts(self.path / EXPERTS_FILE) if (self.path / EXPERTS_FILE).exists() else None
-        params = read_geometry_params(self.path / GEOMETRY_FILE)
-        metadata = read_metadata(self.path / METADATA_FILE)
-        return Pack(self.path, index, experts, params, metadata)
-
-    def pool_layout(self, pack: Pack) -> None:
-        idx = pack.index
-        pool = self.path / POOL_FILE
-        if not pool.exists():
-            self.err(POOL_FILE, "missing", f"{idx.pool_bytes} bytes", f"{pool}: missing")
-            size = None
-        else:
-            size = pool.stat().st_size
-            if size != idx.pool_bytes:
-                self.err(POOL_FILE, f"{size} bytes", f"{idx.pool_bytes} bytes (index.txt header)",
-                         f"pool.bin is {size} bytes, index.txt says pool {idx.pool_bytes}")
-        prev = None
-        end = 0
-        for e in sorted(idx.entries, key=lambda e: (e.offset, e.name)):
-            try:
-                want = quants.tensor_nbytes(e.type, _trim(e.ne), tensor=e.name)
-            except (quants.GGMLTypeError, quants.ShapeError) as x:
-                self.err(e.name, f"type {e.type} ne {_fmt_ne(_trim(e.ne))}", "a ggml type that can hold ne", str(x))
-                want = None
-            if want is not None and want != e.nbytes:
-                self.err(e.name, f"nbytes {e.nbytes}", f"nbytes {want} ({quants.qtype(e.type).name} x {_fmt_ne(_trim(e.ne))})",
-                         f"tensor {e.name}: index.txt nbytes disagrees with its type and shape")
-            ok_type = e.type == e.src_type or (e.src_type == quants.BF16.id and e.type == quants.F32.id)
-            if not ok_type:
-                self.err(e.name, f"pool type {e.type}", f"pool type {e.src_type} (the source type; F32 for BF16 sources)",
-                         f"tensor {e.name}: pool type differs from its source type")
-            if e.offset % idx.align:
-                self.err(e.name, f"offset {e.offset}", f"a multiple of align {idx.align}",
-                         f"tensor {e.name}: pool offset {e.offset} is not aligned to {idx.align}")
-            if size is not None and e.offset + e.nbytes > size:
-                self.err(e.name, f"[{e.offset}, {e.offset + e.nbytes})", f"inside pool.bin ({size} bytes)",
-                         f"tensor {e.name} runs past the end of pool.bin")
-            if prev is not None:
-                pend = prev.offset + prev.nbytes
-                if pend > e.offset:
-                    self.err(e.name, f"offset {e.offset}", f">= {pend} (end of {prev.name})",
-                             f"tensor {e.name} at {e.offset} overlaps {prev.name} [{prev.offset}, {pend})")
-                elif e.offset - pend >= idx.align:
-                    # the one writer (packer.build.layout_pool) packs tensors densely at align multiples
-                    self.err(e.name, f"offset {e.offset}", f"offset {(pend + idx.align - 1) // idx.align * idx.align} "
-                             f"(first aligned byte after {prev.name})",
-                             f"tensor {e.name}: a {e.offset - pend}-byte gap after {prev.name}: offset shifted?")
-            elif e.offset >= idx.align:
-                self.err(e.name, f"offset {e.offset}", "offset 0 (first tensor of the pool)",
-                         f"tensor {e.name}: the pool starts with a {e.offset}-byte gap: offset shifted?")
-            prev = e
-            end = max(end, e.offset + e.nbytes)
-        want_pool = (end + idx.align - 1) // idx.align * idx.align
-        if idx.entries and idx.pool_bytes != want_pool:
-            self.err(INDEX_FILE, f"pool {idx.pool_bytes}", f"pool {want_pool} (last tensor end {end} padded to {idx.align})",
-                     "index.txt pool size disagrees with its tensors")
+    def findings(self, found: list[Finding]) -> None:
+        """Add findings of the shared checks (pool layout, conformance) as errors."""
+        for f in found:
+            self.err(f.tensor, f.found, f.required, f.message)
 
     # ------------------------------------------------------------------ 2. geometry
     def geometry(self, pack: Pack) -> Geometry | None:
@@ -259,82 +188,39 @@ class _Auditor:
                 continue
             headers.append(h)
             for t in h.tensors:
-                if EXPERT_RE.match(t.name):
+                if expert_part(t.name) is not None:
                     tensors[t.name] = (k, t)
         return headers, tensors
 
-    # ------------------------------------------------------------------ 3. shapes
-    def shapes(self, pack: Pack, g: Geometry, present: dict[str, tuple[tuple[int, ...], int]],
-               expert_seen: bool) -> dict[str, tuple[TensorSpec, tuple[int, ...], int | None]]:
-        expected = {name: (spec, ne, il) for name, spec, ne, il in g.expected_tensors()}
-        for name, (ne, type_id) in present.items():
-            if name not in expected:
-                self.err(name, _fmt_ne(_trim(ne)), f"no such tensor in the {g.arch} contract",
-                         f"unexpected tensor {name}")
-                continue
-            spec, want, _il = expected[name]
-            if _pad4(_trim(ne)) != _pad4(want):
-                self.err(name, _fmt_ne(_trim(ne)), _fmt_ne(want),
-                         f"tensor {name} has shape {_fmt_ne(_trim(ne))}, its role requires {_fmt_ne(want)} (ggml ne order)")
+    def engine_types(self, expected, present: dict[str, tuple[tuple[int, ...], int]]) -> None:
+        """Warn (not an error: the budget holds) about types strata's engine has no kernel for, on
+        roles whose contract allows any type; the engine refuses them itself at load."""
+        for name, (_ne, type_id) in present.items():
+            spec = expected.get(name, (None,))[0]
             t = quants.QTYPES.get(type_id)
-            allowed = spec.types
-            if t is None:
-                self.err(name, f"type id {type_id}", "a ggml type", f"tensor {name}: unknown type id {type_id}")
-            elif allowed is not None and t.name not in allowed:
-                self.err(name, t.name, " or ".join(allowed), f"tensor {name}: type {t.name} is not allowed for its role")
-            elif allowed is None and not t.engine_supported:
-                # the shape and the bytes still mean what they should, so the budget stands; the
-                # engine refuses the type itself at load time
-                self.warnings.append(AuditError(tensor=name, found=t.name, required="a type strata's engine has a kernel for",
-                                                message=f"tensor {name}: type {t.name} has no strata engine kernel yet "
-                                                        f"(the budget holds; strata's engine refuses the type at load)"))
-        in_choice = {}
-        for ch in g.manifest.choices:
-            for opt in ch.options:
-                for pat in opt:
-                    in_choice[pat] = ch.name
-        for name, (spec, want, il) in expected.items():
-            if name in present or spec.optional or spec.choice is not None or name in in_choice:
+            if spec is None or t is None or spec.types is not None or t.engine_supported:
                 continue
-            if spec.expert is not None and not expert_seen:
-                continue  # reported once as unreadable shards
-            self.err(name, "absent", _fmt_ne(want), f"missing tensor {name}")
-        for ch in g.manifest.choices:
-            n_layer = len(g.layer_kinds)
-            for il in range(n_layer):
-                opts = [[p.replace("{il}", str(il)) for p in opt] for opt in ch.options]
-                opts = [[n for n in opt if n in expected] for opt in opts]
-                if not any(opts):
-                    continue
-                if any(n in expected and expected[n][0].expert for opt in opts for n in opt) and not expert_seen:
-                    continue
-                full = [opt for opt in opts if opt and all(n in present for n in opt)]
-                partial = [n for opt in opts for n in opt if n in present]
-                if len(full) == 1 and set(partial) <= set(full[0]):
-                    continue
-                show = " | ".join("+".join(o) for o in opts if o)
-                if not partial:
-                    self.err(opts[0][0] if opts[0] else ch.name, "absent", f"exactly one of: {show}",
-                             f"layer {il}: none of the {ch.name} options is present")
-                else:
-                    self.err(partial[0], "present: " + ", ".join(partial), f"exactly one complete option of: {show}",
-                             f"layer {il}: the {ch.name} tensors present are not exactly one option")
-        return expected
+            self.warnings.append(AuditError(tensor=name, found=t.name, required="a type strata's engine has a kernel for",
+                                            message=f"tensor {name}: type {t.name} has no strata engine kernel yet "
+                                                    f"(the budget holds; strata's engine refuses the type at load)"))
 
     # ------------------------------------------------------------------ 5. terms twice
     def terms(self, g: Geometry, present: dict[str, tuple[tuple[int, ...], int]], expected) -> dict[str, list[int]]:
         """Evaluate every [state] term per layer both ways; returns the metadata values per layer."""
         m = g.manifest
 
-        def ne(name: str, d: int) -> int:
-            name = name.replace("{il}", str(cur_il))
+        def at(role: str) -> str:
+            return tensor_name(role, cur_il if is_per_layer(role) else None)
+
+        def ne(role: str, d: int) -> int:
+            name = at(role)
             if name not in present:
                 raise _MissingTensor(name)
             shape = present[name][0]
             return int(shape[d]) if d < len(shape) else 1
 
-        def has(name: str) -> bool:
-            return name.replace("{il}", str(cur_il)) in present
+        def has(role: str) -> bool:
+            return at(role) in present
 
         att = set(m.layers.attention_kinds)
         rec = set(m.layers.recurrent_kinds)
@@ -365,10 +251,10 @@ class _Auditor:
                     self.err(f"[state_from_tensors] {term}", "an expression that does not evaluate", "a number",
                              f"layer {il}: {x}")
                     continue
-                names = [n.replace("{il}", str(il)) for n in _NE_NAME.findall(e_tens)]
+                names = [at(r) for r in _NE_ROLE.findall(e_tens)]
                 names = [n for n in names if n in present]
                 # name the tensor the disagreement comes from: one whose shape is not its role's
-                names = [n for n in names if n in expected and _pad4(present[n][0]) != _pad4(expected[n][1])] + names
+                names = [n for n in names if n in expected and pad4(present[n][0]) != pad4(expected[n][1])] + names
                 names = names or [f"[state] {term}"]
                 self.checks.append(TermCheck(term=term, where=f"layer {il}", unit="elements", from_metadata=a, from_tensors=b))
                 if a != b:
@@ -378,134 +264,31 @@ class _Auditor:
         return values
 
     # ------------------------------------------------------------------ 4. experts
-    def experts(self, pack: Pack, g: Geometry, expected, shard_tensors, headers) -> list[ExpertLayerFacts]:
-        ne_tab = pack.experts
+    def expert_facts(self, pack: Pack, g: Geometry, blob_from_tensors: dict[int, int]) -> list[ExpertLayerFacts]:
+        """Per MoE layer: one expert's bytes (source and engine form, slot) from its types and the
+        geometry (the conformance check compared them with the row); the blob again from the shard
+        strides where the shards were read (the second derivation of the term)."""
         out: list[ExpertLayerFacts] = []
-        if ne_tab is None:
-            moe = sorted({il for _n, (s, _ne, il) in expected.items() if s.expert and il is not None})
-            if moe:
-                self.err(EXPERTS_FILE, "absent", f"rows for the MoE layers {moe[0]}..{moe[-1]}",
-                         "the contract has routed experts but the pack has no native_experts.txt")
+        if pack.experts is None:
             return out
-        n_expert = int(g.get("n_expert", 0) or 0)
-        if ne_tab.n_expert != n_expert:
-            self.err(f"{EXPERTS_FILE}:n_expert", ne_tab.n_expert, f"{n_expert} (expert_count)", "expert count disagrees with the metadata")
         n_embd, n_ff = int(g["n_embd"]), int(g.get("n_ff_exp", 0) or 0)
-        moe_layers = sorted({il for _n, (s, _ne, il) in expected.items() if s.expert and il is not None})
-        rows = {r.layer: r for r in ne_tab.layers}
-        for il in moe_layers:
-            if il not in rows:
-                self.err(f"blk.{il}.ffn_down_exps.weight", "no row in native_experts.txt", "one row per MoE layer",
-                         f"layer {il} has routed experts in the contract but no native_experts.txt row")
-        for il in rows:
-            if il not in moe_layers:
-                self.err(f"{EXPERTS_FILE}:layer {il}", "a row", "no row (not an MoE layer)", f"unexpected expert layer {il}")
-        arena = 0
-        total = 0
-        max_blob = 0
-        shards_ok = all(h is not None for h in headers)
-        for r in ne_tab.layers:
-            where = f"{EXPERTS_FILE}:layer {r.layer}"
-            if not self._expert_parts_fit(r, n_embd, n_ff):
-                # named above; keep the running sums on the file's own numbers so later layers are
-                # judged on their own rows, not on this one's
-                arena += ne_tab.n_expert * r.blob_bytes
-                total += ne_tab.n_expert * r.blob_bytes
-                max_blob = max(max_blob, r.blob_bytes)
-                continue
-            parts_src = {p: quants.tensor_nbytes(t, F.expert_part_ne(p, n_embd, n_ff))
-                         for p, t in (("gate", r.gate_type), ("up", r.up_type), ("down", r.down_type))}
-            blob_meta = F.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff)
-            blob_engine = F.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff, engine=True)
-            if r.blob_bytes != blob_meta:
-                self.err(f"blk.{r.layer}.ffn_down_exps.weight", f"blob_bytes {r.blob_bytes} ({where})",
-                         f"blob_bytes {blob_meta} = gate {parts_src['gate']} + up {parts_src['up']} + down {parts_src['down']} "
-                         f"({quants.qtype(r.gate_type).name}/{quants.qtype(r.up_type).name}/{quants.qtype(r.down_type).name} "
-                         f"at n_embd {n_embd}, n_ff_exp {n_ff})",
-                         f"layer {r.layer}: per-expert blob_bytes disagrees with its types and the geometry")
-            for p in ("gate", "up", "down"):
-                got = getattr(r, f"{p}_bytes")
-                if got != parts_src[p]:
-                    self.err(f"blk.{r.layer}.ffn_{p}_exps.weight", f"{p}_bytes {got} ({where})", f"{p}_bytes {parts_src[p]}",
-                             f"layer {r.layer}: {p} bytes per expert disagree with the type and the geometry")
-            if r.gate_bytes + r.up_bytes + r.down_bytes != r.blob_bytes:
-                self.err(f"blk.{r.layer}.ffn_down_exps.weight", f"blob_bytes {r.blob_bytes} ({where})",
-                         f"gate_bytes + up_bytes + down_bytes = {r.gate_bytes + r.up_bytes + r.down_bytes}",
-                         f"layer {r.layer}: blob_bytes is not the sum of its parts")
-            if r.arena_offset != arena:
-                self.err(f"blk.{r.layer}.ffn_gate_exps.weight", f"arena_offset {r.arena_offset} ({where})",
-                         f"arena_offset {arena} (running sum of n_expert x blob_bytes)",
-                         f"layer {r.layer}: arena offset disagrees with the blobs before it")
-            arena += ne_tab.n_expert * blob_meta
-            total += ne_tab.n_expert * blob_meta
-            max_blob = max(max_blob, blob_meta)
-            if shards_ok:
-                self._expert_vs_shards(r, shard_tensors, ne_tab.n_expert)
-            out.append(ExpertLayerFacts(layer=r.layer, gate_type=r.gate_type, up_type=r.up_type, down_type=r.down_type,
-                                        blob_bytes=blob_meta, blob_engine_bytes=blob_engine,
-                                        slot_bytes=F.expert_slot_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff)))
-        if ne_tab.total != total:
-            self.err(f"{EXPERTS_FILE}:total", ne_tab.total, f"{total} (n_expert x sum of recomputed blobs)", "expert total disagrees")
-        if ne_tab.max_blob != max_blob:
-            self.err(f"{EXPERTS_FILE}:max_blob", ne_tab.max_blob, f"{max_blob} (largest recomputed blob)", "max_blob disagrees")
-        return out
-
-    def _expert_parts_fit(self, r, n_embd: int, n_ff: int) -> bool:
-        """Can one expert's gate, up and down slices (geometry n_embd x n_ff_exp) be stored in their
-        types' blocks at all? Each part that cannot is an error naming the tensor, the slice's ne
-        and the block size (a geometry that makes the byte formulas undefined, never a traceback)."""
-        ok = True
-        for p, t in (("gate", r.gate_type), ("up", r.up_type), ("down", r.down_type)):
-            ne = F.expert_part_ne(p, n_embd, n_ff)
+        for r in pack.experts.layers:
             try:
-                quants.tensor_nbytes(t, ne)
-            except quants.GGMLTypeError as x:
-                self.err(f"blk.{r.layer}.ffn_{p}_exps.weight", f"{p}_type {t} (native_experts.txt layer {r.layer})",
-                         "a ggml type id", f"layer {r.layer}: {x}")
-                ok = False
-            except quants.ShapeError:
-                q = quants.qtype(t)
-                self.err(f"blk.{r.layer}.ffn_{p}_exps.weight", f"one expert's {p} slice ne {_fmt_ne(ne)} of {q.name}",
-                         f"ne[0] a multiple of the {q.name} block of {q.block_elems}",
-                         f"layer {r.layer}: one expert's {p} slice {_fmt_ne(ne)} (from n_embd {n_embd}, n_ff_exp {n_ff}) "
-                         f"is not whole {q.name} blocks of {q.block_elems}: ne[0] = {ne[0]}")
-                ok = False
-        return ok
-
-    def _expert_vs_shards(self, r, shard_tensors, n_expert: int) -> None:
-        """Types, offsets and strides of one native_experts.txt row against the shard tensor table;
-        the blob again from the strides (the tensor-path derivation of the term)."""
-        il = r.layer
-        fused = f"blk.{il}.ffn_gate_up_exps.weight"
-        blob_t = 0
-        for p in ("gate", "up", "down"):
-            name = f"blk.{il}.ffn_{p}_exps.weight"
-            if p in ("gate", "up") and fused in shard_tensors and name not in shard_tensors:
-                k, t = shard_tensors[fused]
-                stride = t.nbytes // t.ne[2] if len(t.ne) == 3 and t.ne[2] else 0
-                want_off = t.abs_offset + (stride // 2 if p == "up" else 0)
-                want_bytes = stride // 2
-                shown = fused
-            elif name in shard_tensors:
-                k, t = shard_tensors[name]
-                stride = t.nbytes // t.ne[2] if len(t.ne) == 3 and t.ne[2] else 0
-                want_off, want_bytes, shown = t.abs_offset, stride, name
-            else:
-                continue  # named by the shape check as missing
-            for field, got, want in ((f"{p}_type", getattr(r, f"{p}_type"), t.type_id), (f"{p}_shard", getattr(r, f"{p}_shard"), k),
-                                     (f"{p}_off", getattr(r, f"{p}_off"), want_off), (f"{p}_stride", getattr(r, f"{p}_stride"), stride),
-                                     (f"{p}_bytes", getattr(r, f"{p}_bytes"), want_bytes)):
-                if got != want:
-                    self.err(shown, f"{field} {got} (native_experts.txt layer {il})", f"{field} {want} (shard tensor table)",
-                             f"layer {il}: {field} disagrees with the shard's tensor table")
-            if len(t.ne) == 3 and t.ne[2] != n_expert:
-                self.err(shown, f"{t.ne[2]} experts (ne[2])", f"{n_expert}", f"tensor {shown}: expert count disagrees")
-            blob_t += want_bytes
-        self.checks.append(TermCheck(term="expert blob", where=f"layer {il}", unit="bytes", from_metadata=r.blob_bytes,
-                                     from_tensors=blob_t))
-        if blob_t != r.blob_bytes:
-            self.err(f"blk.{il}.ffn_down_exps.weight", f"blob {blob_t} B (from the shard strides)",
-                     f"blob_bytes {r.blob_bytes} (native_experts.txt)", f"layer {il}: expert blob disagrees with the shard strides")
+                blob = F.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff)
+                engine = F.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff, engine=True)
+                slot = F.expert_slot_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff)
+            except (quants.GGMLTypeError, quants.ShapeError):
+                blob, engine, slot = r.blob_bytes, r.blob_bytes, None  # named by the conformance check
+            if r.layer in blob_from_tensors:
+                self.checks.append(TermCheck(term="expert blob", where=f"layer {r.layer}", unit="bytes",
+                                             from_metadata=r.blob_bytes, from_tensors=blob_from_tensors[r.layer]))
+                if blob_from_tensors[r.layer] != r.blob_bytes:
+                    self.err(tensor_name("ffn_down_exps.weight", r.layer), f"blob {blob_from_tensors[r.layer]} B (from the shard strides)",
+                             f"blob_bytes {r.blob_bytes} (native_experts.txt)",
+                             f"layer {r.layer}: expert blob disagrees with the shard strides")
+            out.append(ExpertLayerFacts(layer=r.layer, gate_type=r.gate_type, up_type=r.up_type, down_type=r.down_type,
+                                        blob_bytes=blob, blob_engine_bytes=engine, slot_bytes=slot))
+        return out
 
     # ------------------------------------------------------------------ dense twice + widened + BF16
     def dense(self, pack: Pack, expected) -> list[DenseTensor]:
@@ -514,7 +297,7 @@ class _Auditor:
         out = []
         differ: list[str] = []  # tensors whose bytes differ between the two derivations
         for e in pack.index.entries:
-            ne = _trim(e.ne)
+            ne = trim_ne(e.ne)
             try:
                 f = F.engine_form(e.type, e.src_type, ne)
             except (quants.GGMLTypeError, quants.ShapeError):
@@ -541,7 +324,7 @@ class _Auditor:
             TermCheck(term="dense weights, pack form", where="tensors in the contract", unit="bytes",
                       from_metadata=meta_pack, from_tensors=sum(e.nbytes for e in known)),
             TermCheck(term="dense weights, engine form", where="all dense tensors", unit="bytes",
-                      from_metadata=meta_engine + sum(F.engine_form(e.type, e.src_type, _trim(e.ne)).engine
+                      from_metadata=meta_engine + sum(F.engine_form(e.type, e.src_type, trim_ne(e.ne)).engine
                                                       for e in pack.index.entries if e.name not in expected
                                                       and e.type in quants.QTYPES),
                       from_tensors=tens_engine),
@@ -629,9 +412,10 @@ def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True) -> AuditResul
     if not path.is_dir():
         raise PackFormatError(f"{path}: not a pack directory")
     a = _Auditor(path, bf16_scan)
-    pack = a.read()
+    pack = read_pack(path)
     t = a.timed("read", t0)
-    a.pool_layout(pack)
+    pool = path / POOL_FILE
+    a.findings(pool_layout_findings(pack.index, pool.stat().st_size if pool.is_file() else None))
     t = a.timed("pool layout", t)
     g = a.geometry(pack)
     t = a.timed("geometry", t)
@@ -641,17 +425,17 @@ def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True) -> AuditResul
         return res
     headers, shard_tensors = a.shards(pack)
     t = a.timed("shard headers", t)
-    present: dict[str, tuple[tuple[int, ...], int]] = {e.name: (_trim(e.ne), e.src_type) for e in pack.index.entries}
-    for name, (_k, ti) in shard_tensors.items():
-        if name in present:
-            a.err(name, "in index.txt and among the shard experts", "one place", f"tensor {name} is both dense and an expert")
-        present[name] = (tuple(ti.ne), ti.type_id)
-    expert_seen = pack.experts is None or all(h is not None for h in headers)
-    expected = a.shapes(pack, g, present, expert_seen)
+    shards_ok = pack.experts is None or all(h is not None for h in headers)
+    conf = check_conformance(g, pack.index.entries, pack.experts, shard_tensors if shards_ok else None)
+    a.findings(conf.findings)
+    expected = conf.expected
+    present: dict[str, tuple[tuple[int, ...], int]] = {e.name: (trim_ne(e.ne), e.src_type) for e in pack.index.entries}
+    present.update({name: (tuple(ti.ne), ti.type_id) for name, (_k, ti) in shard_tensors.items()})
+    a.engine_types(expected, present)
     t = a.timed("shapes", t)
     values = a.terms(g, present, expected)
     t = a.timed("terms twice", t)
-    expert_facts = a.experts(pack, g, expected, shard_tensors, headers)
+    expert_facts = a.expert_facts(pack, g, conf.expert_blob_from_tensors)
     t = a.timed("experts", t)
     dense = a.dense(pack, expected)
     t = a.timed("dense, widened", t)

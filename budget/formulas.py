@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from strata.packer import quants
+from strata.packer.conformance import expert_part_ne  # noqa: F401  (one definition, used here and re-exported)
 
 MIB = 1 << 20
 #: Recurrent state, activations and logits are f32 (llama.cpp llama-memory-recurrent.cpp:76-107
@@ -197,12 +198,6 @@ def engine_form(pool_type: int, src_type: int, ne: Sequence[int]) -> EngineForm:
         extra = quants.widened_extra_nbytes(pool_type, ne)
         return EngineForm(pack, engine, engine - scales, scales, extra, 0)
     return EngineForm(pack, engine, engine, 0, 0, 0)
-
-
-def expert_part_ne(part: str, n_embd: int, n_ff_exp: int) -> tuple[int, int]:
-    """``ne`` of ONE expert's slice of a routed-expert tensor (ggml order): gate/up ``[n_embd, n_ff_exp]``,
-    down ``[n_ff_exp, n_embd]`` (llama.cpp qwen3moe.cpp / qwen3next.cpp, FORMATS.md section 4)."""
-    return (n_ff_exp, n_embd) if part == "down" else (n_embd, n_ff_exp)
 
 
 def expert_blob_bytes(gate_type: int, up_type: int, down_type: int, n_embd: int, n_ff_exp: int,

@@ -2,6 +2,8 @@
 
 A manifest says, for one architecture:
 
+- ``extends``: the shared parts it builds on (``manifests/bases/<name>.toml``: ``decoder`` for what
+  every decoder has, ``moe`` for routed experts); see :func:`merge_manifest` for the merge rules;
 - ``[params]``: every number a kernel depends on and the GGUF metadata key it comes from
   (``key`` is relative to ``{arch}.`` unless it starts with ``/``), with an optional default
   expression; ``array_len = true`` takes an array's length (e.g. the vocab size from
@@ -9,22 +11,19 @@ A manifest says, for one architecture:
 - ``[derived]``: numbers computed from params, each defined exactly once (no second list);
 - ``[layers] kind``: an expression of ``il`` (layer index) giving each layer's kind, e.g.
   ``'attention'`` / ``'recurrent'`` for qwen3next, ``'swa'`` / ``'global'`` for gemma3;
-- ``[[tensors]]``: every tensor role with its GGUF name (``{il}`` for the layer), its shape as
-  expressions in ggml ne order, the layer kinds it exists on, its allowed ggml types, and
-  whether it is optional or one option of a ``[[choices]]`` group (e.g. fused ``attn_qkv`` vs
-  ``attn_q/k/v``).
+- ``[[tensors]]``: every tensor by its *role* (its GGUF name without the ``blk.N.`` prefix, checked
+  against the one name table, :mod:`strata.manifests.names`), its shape as expressions in ggml ne
+  order, the layer kinds it exists on, its allowed ggml types, and whether it is optional or one
+  option of a ``[[choices]]`` group (e.g. fused ``attn_qkv`` vs ``attn_q/k/v``);
+- ``[state]`` / ``[state_from_tensors]``: every budget term twice (:class:`StateSpec`).
 
-Expressions are a safe subset of Python evaluated by :func:`evaluate`: integer arithmetic
-(``+ - * // % **``, ``/`` only where a float is meant), comparisons, ``and/or/not``,
-``x if c else y``, ``min``, ``max``, ``defined(name)``, indexing of array params, and string
-constants. Sources of every formula are cited in the manifest files (llama.cpp file:line).
+Expressions are :mod:`strata.manifests.expr`'s safe subset of Python. Sources of every formula are
+cited in the manifest files (llama.cpp file:line).
 """
 
 from __future__ import annotations
 
-import ast
 import math
-import operator
 import tomllib
 from functools import lru_cache
 from pathlib import Path
@@ -32,116 +31,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .expr import ManifestError, evaluate, names_in, parse
+from .names import TensorNameError, is_per_layer, name_pattern, tensor_name
+
 MANIFEST_DIR = Path(__file__).resolve().parent
-
-
-class ManifestError(ValueError):
-    """A manifest file or a model's metadata that does not satisfy its manifest."""
-
-
-# ----------------------------------------------------------------------- expressions
-
-_BINOPS = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
-    ast.Div: operator.truediv, ast.Mod: operator.mod, ast.Pow: operator.pow,
-}
-_CMPOPS = {
-    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-    ast.Gt: operator.gt, ast.GtE: operator.ge,
-}
-_FUNCS = {"min": min, "max": max, "sqrt": math.sqrt, "int": int, "is_list": lambda x: isinstance(x, list)}
-#: Functions an expression may call only when the caller binds them in ``env``: ``ne(name, d)`` (dim
-#: ``d`` of tensor ``name``, ``{il}`` replaced by the layer) and ``has(name)``, bound by the budget
-#: audit to a pack's tensor shapes for the second, independent derivation of every budget term
-#: (``[state_from_tensors]``).
-_ENV_FUNCS = ("ne", "has")
-
-
-@lru_cache(maxsize=4096)
-def _parse(expr: str) -> ast.Expression:
-    try:
-        tree = ast.parse(expr, mode="eval")
-    except SyntaxError as e:
-        raise ManifestError(f"bad expression {expr!r}: {e.msg}") from None
-    for node in ast.walk(tree):
-        ok = isinstance(node, (
-            ast.Expression, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.IfExp, ast.Name, ast.Constant,
-            ast.Subscript, ast.Call, ast.Load, ast.And, ast.Or, ast.Not, ast.USub, ast.UAdd,
-        )) or type(node) in _BINOPS or type(node) in _CMPOPS
-        if not ok:
-            raise ManifestError(f"expression {expr!r}: {type(node).__name__} is not allowed")
-        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name)
-                                               and node.func.id in (*_FUNCS, *_ENV_FUNCS, "defined")):
-            raise ManifestError(f"expression {expr!r}: only min/max/sqrt/int/is_list/defined/ne/has may be called")
-    return tree
-
-
-def evaluate(expr: str | int | float, env: dict[str, Any]) -> Any:
-    """Evaluate a manifest expression over ``env`` (param name -> value).
-
-    Raises:
-        ManifestError: syntax outside the allowed subset, or an unknown name (naming it).
-    """
-    if isinstance(expr, (int, float)):
-        return expr
-    tree = _parse(expr)
-
-    def ev(n):
-        if isinstance(n, ast.Expression):
-            return ev(n.body)
-        if isinstance(n, ast.Constant):
-            return n.value
-        if isinstance(n, ast.Name):
-            if n.id in ("True", "False", "None"):
-                return {"True": True, "False": False, "None": None}[n.id]
-            if n.id not in env:
-                raise ManifestError(f"expression {expr!r}: unknown name {n.id!r}")
-            return env[n.id]
-        if isinstance(n, ast.BinOp):
-            return _BINOPS[type(n.op)](ev(n.left), ev(n.right))
-        if isinstance(n, ast.UnaryOp):
-            v = ev(n.operand)
-            return (not v) if isinstance(n.op, ast.Not) else (-v if isinstance(n.op, ast.USub) else +v)
-        if isinstance(n, ast.Compare):
-            left = ev(n.left)
-            for op, c in zip(n.ops, n.comparators):
-                right = ev(c)
-                if not _CMPOPS[type(op)](left, right):
-                    return False
-                left = right
-            return True
-        if isinstance(n, ast.BoolOp):
-            if isinstance(n.op, ast.And):
-                v = True
-                for x in n.values:
-                    v = ev(x)
-                    if not v:
-                        return v
-                return v
-            v = False
-            for x in n.values:
-                v = ev(x)
-                if v:
-                    return v
-            return v
-        if isinstance(n, ast.IfExp):
-            return ev(n.body) if ev(n.test) else ev(n.orelse)
-        if isinstance(n, ast.Subscript):
-            return ev(n.value)[ev(n.slice)]
-        if isinstance(n, ast.Call):
-            name = n.func.id
-            if name == "defined":
-                a = n.args[0]
-                return isinstance(a, ast.Name) and env.get(a.id) is not None
-            if name in _ENV_FUNCS:
-                fn = env.get(name)
-                if not callable(fn):
-                    raise ManifestError(f"expression {expr!r}: {name}() needs tensor shapes, none were bound")
-                return fn(*[ev(a) for a in n.args])
-            return _FUNCS[name](*[ev(a) for a in n.args])
-        raise ManifestError(f"expression {expr!r}: cannot evaluate {type(n).__name__}")
-
-    return ev(tree)
+#: Shared manifest parts (``extends = [...]``): not architectures.
+BASES_DIR = MANIFEST_DIR / "bases"
 
 
 # ----------------------------------------------------------------------- schema
@@ -183,10 +78,11 @@ class ParamSpec(BaseModel):
 
 
 class TensorSpec(BaseModel):
-    """One tensor role: GGUF name pattern, ne-order shape expressions, where it exists, allowed types."""
+    """One tensor role (its GGUF name without ``blk.N.``, e.g. ``attn_q.weight``), its ne-order shape
+    expressions, where it exists, allowed types."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str
+    role: str
     shape: list[str | int]
     kinds: list[str] | None = None  # layer kinds it exists on; None = every layer (or global if no {il})
     types: list[str] | None = None  # allowed ggml type names; None = any engine-supported type
@@ -195,13 +91,32 @@ class TensorSpec(BaseModel):
     expert: Literal["gate", "up", "down", "gate_up"] | None = None
     when: str | None = None  # extra condition expression (e.g. "n_head_kv > 0")
 
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, v: str) -> str:
+        try:
+            is_per_layer(v)
+        except TensorNameError as e:
+            raise ValueError(str(e)) from None
+        return v
+
     @property
     def per_layer(self) -> bool:
-        return "{il}" in self.name
+        """True when the role exists once per layer (``blk.{il}.<role>``)."""
+        return is_per_layer(self.role)
+
+    @property
+    def name(self) -> str:
+        """The GGUF name pattern (``blk.{il}.attn_q.weight``)."""
+        return name_pattern(self.role)
+
+    def name_at(self, il: int | None) -> str:
+        """The GGUF name in layer ``il`` (None for a global role)."""
+        return tensor_name(self.role, il if self.per_layer else None)
 
 
 class ChoiceSpec(BaseModel):
-    """Exactly one of ``options`` (lists of tensor names) must be present on each layer it applies to."""
+    """Exactly one of ``options`` (lists of tensor roles) must be present on each layer it applies to."""
 
     model_config = ConfigDict(extra="forbid")
     name: str
@@ -257,31 +172,86 @@ class Manifest(BaseModel):
     @classmethod
     def _exprs_parse(cls, v: dict[str, str]) -> dict[str, str]:
         for k, e in v.items():
-            _parse(e)
+            parse(e)
         return v
 
     @model_validator(mode="after")
     def _every_term_twice(self) -> "Manifest":
         for name in StateSpec.model_fields:
             for spec in (self.state, self.state_from_tensors):
-                _parse(getattr(spec, name))
+                parse(getattr(spec, name))
             if getattr(self.state, name) != "0" and name not in self.state_from_tensors.model_fields_set:
                 raise ValueError(f"[state] {name} has no [state_from_tensors] twin: every budget term is derived twice")
         return self
 
 
+def _read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ManifestError(f"{path}: {e}") from None
+
+
+def merge_manifest(base: dict, child: dict) -> dict:
+    """``child`` (a manifest's TOML data) over ``base`` (a shared part's).
+
+    ``params`` and ``derived``: the child's entries added, or replacing the base's of the same name;
+    ``layers``, ``state``, ``state_from_tensors``: field by field; ``tensors``: a child entry with the
+    role of a base entry replaces it in place, others are appended; ``choices``: by name, likewise;
+    ``checks``: the union, base first; every other key: the child's.
+    """
+    out = {k: v for k, v in base.items()}
+    for key, v in child.items():
+        if key == "extends":
+            continue
+        if key in ("params", "derived", "layers", "state", "state_from_tensors"):
+            out[key] = {**base.get(key, {}), **v}
+        elif key in ("tensors", "choices"):
+            ident = "role" if key == "tensors" else "name"
+            items = list(base.get(key, []))
+            pos = {it.get(ident): i for i, it in enumerate(items)}
+            for it in v:
+                if it.get(ident) in pos:
+                    items[pos[it.get(ident)]] = it
+                else:
+                    pos[it.get(ident)] = len(items)
+                    items.append(it)
+            out[key] = items
+        elif key == "checks":
+            out[key] = list(base.get(key, [])) + [c for c in v if c not in base.get(key, [])]
+        else:
+            out[key] = v
+    return out
+
+
+def _resolve(data: dict, path: Path, seen: tuple[str, ...] = ()) -> dict:
+    """``data`` with its ``extends`` chain merged in (bases first, in the order listed)."""
+    ext = data.get("extends", [])
+    ext = [ext] if isinstance(ext, str) else list(ext)
+    merged: dict = {}
+    for name in ext:
+        if name in seen:
+            raise ManifestError(f"{path}: extends {name!r} forms a cycle ({' -> '.join((*seen, name))})")
+        bpath = BASES_DIR / f"{name}.toml"
+        if not bpath.is_file():
+            known = sorted(p.stem for p in BASES_DIR.glob("*.toml"))
+            raise ManifestError(f"{path}: extends {name!r}, but there is no {bpath} (bases: {', '.join(known)})")
+        merged = merge_manifest(merged, _resolve(_read_toml(bpath), bpath, (*seen, name)))
+    return merge_manifest(merged, data)
+
+
 @lru_cache(maxsize=None)
 def load_manifest(arch: str) -> Manifest:
-    """Load and validate ``manifests/<arch>.toml``.
+    """Load ``manifests/<arch>.toml``, merge its ``extends`` bases and validate it.
 
     Raises:
         ManifestError: no manifest for ``arch`` (listing the known ones) or an invalid file.
     """
     path = MANIFEST_DIR / f"{arch}.toml"
-    if not path.exists():
+    if not path.is_file():
         raise ManifestError(f"no geometry contract for architecture {arch!r}; known: {', '.join(known_archs())}")
-    with open(path, "rb") as f:
-        data = tomllib.load(f)
+    data = _resolve(_read_toml(path), path)
     try:
         m = Manifest.model_validate(data)
     except Exception as e:  # pydantic ValidationError: re-raise naming the file
@@ -292,7 +262,7 @@ def load_manifest(arch: str) -> Manifest:
 
 
 def known_archs() -> list[str]:
-    """Architectures with a manifest file."""
+    """Architectures with a contract: every ``manifests/*.toml`` (shared parts live in ``bases/``)."""
     return sorted(p.stem for p in MANIFEST_DIR.glob("*.toml") if p.stem not in ("cards", "real_models"))
 
 
@@ -321,7 +291,7 @@ class Geometry:
             except (ZeroDivisionError, TypeError, IndexError) as e:
                 raise ManifestError(f"{manifest.arch}: check {expr}: {e}") from None
             if not ok:
-                names = sorted({n.id for n in ast.walk(_parse(expr)) if isinstance(n, ast.Name) and n.id in env})
+                names = [n for n in names_in(expr) if n in env]
                 vals = ", ".join(f"{n} = {env[n]}" for n in names)
                 raise ManifestError(f"{manifest.arch}: geometry violates {expr} ({vals})")
         n_layer = int(env["n_layer"])
@@ -385,8 +355,7 @@ class Geometry:
                 if spec.when is not None and not evaluate(spec.when, env):
                     continue
                 ne = tuple(int(evaluate(d, env)) for d in spec.shape)
-                name = spec.name.replace("{il}", str(il)) if il is not None else spec.name
-                out.append((name, spec, ne, il))
+                out.append((spec.name_at(il), spec, ne, il))
         return out
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -24,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.manifests.contract import geometry_from_metadata, geometry_params_text, Geometry
+from strata.manifests.contract import Geometry, geometry_from_metadata, geometry_params_text
+from strata.manifests.names import expert_part
 
 from . import quants
 from .gguf_file import ArrayRef, GGUFModel, GGUFError, TensorInfo, open_model, read_array
@@ -37,7 +37,6 @@ from .packfmt import (
 
 CHUNK_BYTES = 8 << 20
 DEFAULT_ALIGN = 64
-EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.weight$")
 
 
 class BuildError(ValueError):
@@ -68,7 +67,7 @@ class BuildResult:
 def is_expert_tensor(name: str) -> bool:
     """True for routed-expert tensors (``blk.N.ffn_{gate,up,down,gate_up}_exps.weight``);
     shared experts (``*_shexp``) are dense."""
-    return EXPERT_RE.match(name) is not None
+    return expert_part(name) is not None
 
 
 def resolve_geometry(model: GGUFModel) -> Geometry:
@@ -115,9 +114,9 @@ def tabulate_experts(model: GGUFModel, geom: Geometry) -> NativeExperts | None:
     """
     by_layer: dict[int, dict[str, tuple[int, TensorInfo]]] = {}
     for name, (k, t) in model.tensors.items():
-        m = EXPERT_RE.match(name)
-        if m:
-            by_layer.setdefault(int(m.group(1)), {})[m.group(2)] = (k, t)
+        ep = expert_part(name)
+        if ep is not None:
+            by_layer.setdefault(ep[0], {})[ep[1]] = (k, t)
     if not by_layer:
         return None
     n_expert = int(geom["n_expert"]) if "n_expert" in geom else None

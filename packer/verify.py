@@ -24,7 +24,9 @@ from strata.manifests.contract import geometry_params_text
 from . import quants
 from .build import CHUNK_BYTES, layout_pool, metadata_items, resolve_geometry, tabulate_experts
 from .gguf_file import open_model
-from .packfmt import MANIFEST_FILE, PackFormatError, open_pack, read_kv_text, GEOMETRY_VERSION_LINE
+from .packfmt import (
+    GEOMETRY_VERSION_LINE, INDEX_FILE, MANIFEST_FILE, POOL_FILE, PackFormatError, check_pool_layout, read_kv_text, read_pack,
+)
 
 
 class VerifyError(ValueError):
@@ -56,7 +58,12 @@ def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir:
     from tqdm import tqdm
 
     try:
-        pack = open_pack(pack_dir, source_dir=source_dir)
+        pack = read_pack(pack_dir, source_dir=source_dir)
+        pool = pack.path / POOL_FILE
+        if not pool.exists():
+            raise PackFormatError(f"{pool}: missing")
+        # offsets and sizes here; types and byte counts are compared with the source below
+        check_pool_layout(pack.index, pool.stat().st_size, str(pack.path / INDEX_FILE), contents=False)
     except PackFormatError as e:
         raise VerifyError(str(e)) from None
     warnings: list[str] = []
