@@ -238,8 +238,8 @@ def bench_decode(packs: list[tuple[str, str]], n_tokens: int, copy: dict, *, mod
     compared with the generic path's (and the CPU's), and eager vs graph top-5 logits bit for bit."""
     import cupy as cp
 
-    from strata.engine.generate import generate, load_engine
-    from strata.engine.gpu.engine import load_engine_gpu
+    from strata.engine.generate import generate
+    from strata.engine.startup import load_engine
 
     rows = []
     prompt = [1, 2, 3, 4]
@@ -261,7 +261,7 @@ def bench_decode(packs: list[tuple[str, str]], n_tokens: int, copy: dict, *, mod
             kw = dict(fused=False) if mode == "generic" else dict(graph=(mode == "graph"),
                                                                    stage_times=stage_times and mode == "eager")
             for ec in (("auto", 0) if moe else ("auto",)):
-                eng = load_engine_gpu(pk, n_ctx=n_ctx, device="cuda", expert_cache=ec, **kw)
+                eng = load_engine(pk, device="cuda", n_ctx=n_ctx, expert_cache=ec, **kw)
                 moe = eng.experts is not None
                 g = eng.gpu
                 r = generate(eng, prompt_ids=prompt, n_tokens=n_tokens, ignore_eos=True)

@@ -94,16 +94,17 @@ step "greedy: CPU vs GPU, 3 prompts x 32 tokens"
 if [ -d "$GEMMA_PACK" ]; then timeout 240 $PY - "$GEMMA_PACK" "$OUT/greedy.json" "$ROOT/$FIXTURE" <<'EOF' || fail "greedy comparison"
 import json, sys, time
 import numpy as np
-from strata.engine.generate import generate, load_engine
+from strata.engine.generate import generate
+from strata.engine.startup import load_engine
 pack, out, fixture = sys.argv[1:4]
 ref = json.load(open(fixture))
 N, CTX = 32, 128
 t = time.perf_counter(); cpu = load_engine(pack, n_ctx=CTX); t_cpu = time.perf_counter() - t
 gpu, eager, why = None, None, ""
 try:
-    from strata.engine.gpu.engine import load_engine_gpu
-    t = time.perf_counter(); gpu = load_engine_gpu(pack, n_ctx=CTX, device="cuda"); t_gpu = time.perf_counter() - t
-    eager = load_engine_gpu(pack, n_ctx=CTX, device="cuda", graph=False)
+    from strata.engine.startup import load_engine
+    t = time.perf_counter(); gpu = load_engine(pack, device="cuda", n_ctx=CTX); t_gpu = time.perf_counter() - t
+    eager = load_engine(pack, device="cuda", n_ctx=CTX, graph=False)
 except Exception as e:  # no device: the CPU half still runs
     why = f"{type(e).__name__}: {e}"
 print(f"loaded: cpu {t_cpu:.1f} s" + (f", gpu {t_gpu:.1f} s ({gpu.gpu.device}; {gpu.gpu.decode_path})" if gpu

@@ -44,8 +44,8 @@ from strata.packer import quants
 from strata.packer.conformance import check_conformance
 from strata.packer.findings import Finding, pad4, trim_ne
 from strata.packer.gguf_file import GGUFError, GGUFHeader, TensorInfo, read_header
-from strata.packer.packfmt import METADATA_FILE, GEOMETRY_FILE, POOL_FILE, VOCAB_FILE, Pack, PackFormatError, \
-    pool_layout_findings, read_pack
+from strata.packer.pack import Pack, pool_layout_findings, read_pack
+from strata.packer.packfmt import GEOMETRY_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE, PackFormatError
 
 from . import formulas as F
 from .plan import DenseTensor, ExpertLayerFacts, ModelFacts

@@ -16,7 +16,9 @@ from . import formulas as F
 from .audit import AuditError, AuditResult, audit_pack
 from .cards import Card, CardError, card_from_mib, card_preset, known_cards, measure_card, short_source
 from .errors import BudgetInputError
-from .plan import DEFAULT_PREFILL_CHUNK, DEFAULT_RESERVE_MIB, Plan, PlanOptions, make_plan, read_profile
+from .formulas import DEFAULT_RESERVE_MIB
+from .plan import DEFAULT_PREFILL_CHUNK, Plan, PlanOptions, make_plan
+from .profile import read_profile
 
 EXIT_FITS, EXIT_NO_FIT, EXIT_SEMANTIC = 0, 1, 2
 #: Errors a pack's geometry or numbers can raise while they are evaluated (every strata reader and

@@ -22,4 +22,10 @@ class BudgetInputError(ValueError):
         return {"tensor": self.tensor, "found": self.found, "required": self.required, "message": str(self)}
 
 
-__all__ = ["BudgetInputError"]
+class PlanInputError(BudgetInputError):
+    """Options or a profile that cannot be planned (bad profile rows, impossible option values, a
+    KV cache type the model's rows cannot be stored in); ``tensor``/``found``/``required`` filled
+    where they apply."""
+
+
+__all__ = ["BudgetInputError", "PlanInputError"]

@@ -42,6 +42,15 @@ EXPERT_PART_ALIGN = 256
 #: The documents' engine reserves its prompt path's chunk buffers as
 #: ``prefill_mib = chunk > 0 ? 160 + chunk * 680 / 1024 : 0`` (generate.cpp:2941-2960, BRIEF.md),
 #: constants measured for THEIR model. Kept as the "documents" prefill model.
+#: Defaults shared by ``strata-budget check`` and ``strata-engine`` (one definition each):
+#: the VRAM reserve kept free after the expert cache (the documents' ``--vram-reserve-mib``), the KV
+#: cache type (llama.cpp's default ``--cache-type-k/v f16``) and the context: ``None`` = the model's
+#: trained context (``n_ctx_train``), llama.cpp's default (``common.h`` ``n_ctx = 0``: "context the
+#: model was trained with").
+DEFAULT_RESERVE_MIB = 700
+DEFAULT_KV = "f16"
+DEFAULT_CTX: int | None = None
+
 DOCUMENTS_PREFILL_BASE_MIB = 160
 DOCUMENTS_PREFILL_KIB_PER_TOKEN = 680
 
@@ -288,6 +297,43 @@ def expert_slots(free_bytes: int, reserve_bytes: int, max_blob: int, cap: int | 
     return n if cap is None else min(n, max(cap, 0))
 
 
+@dataclass(frozen=True)
+class CacheSize:
+    """How many expert-cache slots a start-up takes (:func:`size_expert_cache`)."""
+
+    slots: int            # the slots allocated (0 when refused)
+    slots_fit: int        # the most that fit: the automatic value
+    cap: int | None       # the (layer, expert) pairs that can fill a slot (None: no cap)
+    refused: str | None   # why an asked N is refused (both numbers), else None
+
+
+def size_expert_cache(free_bytes: int, reserve_bytes: int, slot_bytes: int, cap: int | None,
+                      asked: int | None = None, *, cap_what: str = "") -> CacheSize:
+    """The expert cache size, as both the planner and the engine decide it (one definition).
+
+    Automatic (``asked`` None): :func:`expert_slots` of what is free minus the reserve, at most
+    ``cap`` (the profile's pairs, else every pair the fill may load). Asked for N: N slots, or a
+    refusal with N and the most that fit whenever N is more than the automatic value could ever be
+    (more than fit after the reserve, or more than the pairs that can fill them): a silently
+    smaller cache makes every later number incomparable (BRIEF incident 2).
+    """
+    fit = expert_slots(free_bytes, reserve_bytes, slot_bytes, cap)
+    if asked is None:
+        return CacheSize(fit, fit, cap, None)
+    if asked <= fit:
+        return CacheSize(int(asked), fit, cap, None)
+    room = expert_slots(free_bytes, reserve_bytes, slot_bytes)
+    why = []
+    if cap is not None and asked > cap:
+        why.append(f"capped at {cap_what or f'{cap} (layer, expert) pairs'}, as the automatic value is: a slot "
+                   f"beyond them is never filled")
+    if asked > room:
+        why.append(f"{mib(max(free_bytes - reserve_bytes, 0)):.1f} MiB free after the {mib(reserve_bytes):.0f} MiB "
+                   f"reserve holds {room}")
+    return CacheSize(0, fit, cap, f"--expert-cache {asked} refused: {asked} slots x {slot_bytes} B = {asked * slot_bytes} B "
+                                  f"({mib(asked * slot_bytes):.1f} MiB) asked, at most {fit} slots fit ({'; '.join(why)})")
+
+
 @dataclass
 class LayerFill:
     """One layer's part of the profile fill: its slot range, how many pairs it filled, the routing
@@ -311,6 +357,7 @@ class ProfileFill:
     total_count: int
     hit_count: int
     layers: list[LayerFill] = field(default_factory=list)
+    order: list[tuple[int, int]] = field(default_factory=list)  # (layer, expert) pairs filled, in load order
 
     @property
     def hit_rate(self) -> float:
@@ -333,7 +380,8 @@ def layer_ranges(pairs_per_layer: dict[int, int], slots: int) -> dict[int, int]:
 
 
 def fill_profile(pairs: Iterable[tuple[int, int, int]], slots: int) -> ProfileFill:
-    """The profile fill as the documents' engine runs it, once, at start-up (generate.cpp:3165, fix #369):
+    """The profile fill as the documents' engine runs it, once, at start-up (generate.cpp:3165, fix #369);
+    strata's engine loads its slots in ``order``, the planner reports the hit rate - one definition:
     pairs ``(layer, expert, count)`` ranked by routing count (descending; ties by layer, then expert),
     no eviction; a pair whose layer's range is full is skipped and the fill goes on (a full layer
     skips only its own remaining pairs - the bug was ending the whole fill there).
@@ -359,7 +407,8 @@ def fill_profile(pairs: Iterable[tuple[int, int, int]], slots: int) -> ProfileFi
     fills = {L: LayerFill(L, ranges[L], total_count=count_per_layer[L]) for L in sorted(per_layer)}
     rows.sort(key=lambda r: (-r[0], r[1], r[2]))
     used = hit = 0
-    for count, layer, _expert in rows:
+    order: list[tuple[int, int]] = []
+    for count, layer, expert in rows:
         f = fills[layer]
         if f.filled >= f.range:
             continue
@@ -367,5 +416,6 @@ def fill_profile(pairs: Iterable[tuple[int, int, int]], slots: int) -> ProfileFi
         f.hit_count += count
         used += 1
         hit += count
+        order.append((layer, expert))
     total = sum(count_per_layer.values())
-    return ProfileFill(slots, used, len(rows), total, hit, list(fills.values()))
+    return ProfileFill(slots, used, len(rows), total, hit, list(fills.values()), order)

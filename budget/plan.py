@@ -16,7 +16,6 @@ is refused with both numbers when it does not fit. The reserve is never allocate
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,22 +24,13 @@ from strata.packer import quants
 
 from . import formulas as F
 from .cards import Card, check_mib
-from .errors import BudgetInputError
-from .formulas import MIB, KVLayer, RecurrentLayer
+from .errors import PlanInputError
+from .formulas import DEFAULT_RESERVE_MIB, MIB, KVLayer, RecurrentLayer
 
-DEFAULT_RESERVE_MIB = 700  # the documents' engine default (--vram-reserve-mib)
 DEFAULT_PREFILL_CHUNK = 256  # the documents' prompt path chunk (BRIEF.md incident 3)
 #: The documents' serve check calls less than this free LOW (BRIEF.md "Start-up order and the
 #: memory plan", incident 3): a shrunk reserve is never suggested below it.
 LOW_MIB = 256
-#: Columns of an expert profile (Parquet), each of an integer type.
-PROFILE_COLUMNS = ("layer", "expert", "count")
-
-
-class PlanInputError(BudgetInputError):
-    """Options or a profile that cannot be planned (bad profile rows, impossible option values, a
-    KV cache type the model's rows cannot be stored in); ``tensor``/``found``/``required`` filled
-    where they apply (:class:`strata.budget.errors.BudgetInputError`)."""
 
 
 class DenseTensor(BaseModel):
@@ -402,23 +392,10 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         cap, cap_what = facts.expert_pairs, f"the model's {facts.expert_pairs} (layer, expert) pairs"
         if o.profile_pairs is not None:
             cap, cap_what = len(o.profile_pairs), f"the profile's {len(o.profile_pairs)} (layer, expert) pairs"
-    slots_fit = F.expert_slots(free, reserve, blob, cap)
+    size = F.size_expert_cache(free, reserve, blob, cap, o.expert_cache, cap_what=cap_what)
+    slots_fit, refused = size.slots_fit, size.refused
+    slots = size.slots if refused is None else o.expert_cache
     warnings: list[str] = []
-    refused = None
-    if o.expert_cache is not None:
-        slots = o.expert_cache
-        if slots > slots_fit:
-            room = F.expert_slots(free, reserve, blob)  # memory alone
-            why = []
-            if cap is not None and slots > cap:
-                why.append(f"capped at {cap_what}, as the automatic value is: a slot beyond them is never filled")
-            if slots > room:
-                why.append(f"{F.mib(max(free - reserve, 0)):.1f} MiB free after the {o.vram_reserve_mib} MiB reserve "
-                           f"holds {room}")
-            refused = (f"--expert-cache {slots} refused: {slots} slots x {blob} B = {slots * blob} B "
-                       f"({F.mib(slots * blob):.1f} MiB) asked, at most {slots_fit} slots fit ({'; '.join(why)})")
-    else:
-        slots = slots_fit
     if o.profile_pairs is not None:
         fill = F.fill_profile(o.profile_pairs, slots)
         profile = ProfileReport(pairs=fill.pairs, slots=slots, filled=fill.used, expected_hit_rate=fill.hit_rate,
@@ -479,72 +456,6 @@ def _check_profile(facts: ModelFacts, pairs: list[tuple[int, int, int]], src: st
                                  tensor=f"{src} row {i}", found=f"(layer {layer}, expert {expert}) again (first at row {j})",
                                  required="each (layer, expert) pair once")
         seen[layer, expert] = i
-
-
-def read_profile(path: str | Path) -> list[tuple[int, int, int]]:
-    """Read an expert profile: Parquet with integer columns ``layer``, ``expert``, ``count``; one row
-    per (layer, expert) pair, every value >= 0. Only integer column types are accepted: a float
-    count is refused, never truncated (nor a bool, string or list column).
-
-    Raises:
-        PlanInputError: no such file, a file that is not Parquet, missing columns (naming them), a
-            column of another type or with nulls (naming it and a row), no rows, a negative value or
-            a duplicated (layer, expert) pair (naming the rows). Rows are numbered from 0.
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    p = Path(path)
-    if not p.exists():
-        raise PlanInputError(f"--expert-profile {path}: no such file", tensor=str(path), found="no such file",
-                             required="a Parquet file with columns layer, expert, count")
-    if p.is_dir():
-        raise PlanInputError(f"--expert-profile {path}: is a directory, not a Parquet file", tensor=str(path),
-                             found="a directory", required="a Parquet file with columns layer, expert, count")
-    try:
-        table = pq.read_table(p)
-    except Exception as e:  # pyarrow raises several types for unreadable files
-        raise PlanInputError(f"--expert-profile {path}: not a readable Parquet file ({e})", tensor=str(path),
-                             found="not Parquet", required="a Parquet file with columns layer, expert, count") from None
-    missing = [c for c in PROFILE_COLUMNS if c not in table.column_names]
-    if missing:
-        raise PlanInputError(f"{path}: expert profile lacks column(s) {missing}; it has {table.column_names}",
-                             tensor=str(path), found=f"columns {table.column_names}", required="columns layer, expert, count")
-    cols = []
-    for c in PROFILE_COLUMNS:
-        col = table.column(c)
-        if not pa.types.is_integer(col.type):
-            values = col.to_pylist()
-            i = 0
-            if pa.types.is_floating(col.type):  # show a value truncation would have changed
-                i = next((k for k, v in enumerate(values) if v is not None and not float(v).is_integer()), 0)
-            example = f"; row {i} holds {values[i]!r}" if values else ""
-            raise PlanInputError(f"{path}: column {c} has type {col.type}, an expert profile needs integer columns "
-                                 f"(int8..int64 or uint8..uint64; values are never truncated or converted){example}",
-                                 tensor=f"{path}:{c}", found=str(col.type), required="an integer type")
-        if col.null_count:
-            i = next(k for k, v in enumerate(col.to_pylist()) if v is None)
-            raise PlanInputError(f"{path}: column {c} has {col.null_count} null value(s), the first at row {i}",
-                                 tensor=f"{path}:{c}", found=f"{col.null_count} null(s)", required="no nulls")
-        cols.append(col.to_pylist())
-    rows = list(zip(*cols))
-    if not rows:
-        raise PlanInputError(f"{path}: the expert profile has no rows", tensor=str(path), found="0 rows",
-                             required="one row per profiled (layer, expert) pair")
-    seen: dict[tuple[int, int], int] = {}
-    for i, (layer, expert, count) in enumerate(rows):
-        for c, v in zip(PROFILE_COLUMNS, (layer, expert, count)):
-            if v < 0:
-                raise PlanInputError(f"{path} row {i}: {c} {v} is negative (layer {layer}, expert {expert}, count {count})",
-                                     tensor=f"{path} row {i}", found=f"{c} {v}", required=f"{c} >= 0")
-        if (layer, expert) in seen:
-            j = seen[layer, expert]
-            raise PlanInputError(f"{path} rows {j} and {i}: the pair (layer {layer}, expert {expert}) appears twice "
-                                 f"(counts {rows[j][2]} and {count}); each (layer, expert) pair must appear once",
-                                 tensor=f"{path} row {i}", found=f"(layer {layer}, expert {expert}) again (first at row {j})",
-                                 required="each (layer, expert) pair once")
-        seen[layer, expert] = i
-    return rows
 
 
 # ----------------------------------------------------------------------------- shrinking

@@ -1,12 +1,9 @@
-"""``strata-engine``: load a pack by byte offset and generate text (thin click layer).
+"""``strata-engine``: load a pack by byte offset and generate text; measure its memory; profile its
+routing (thin click layer over :mod:`strata.engine.startup`, :mod:`strata.engine.generate`,
+:mod:`strata.engine.measure` and :mod:`strata.engine.routing`).
 
-Commands are functions over the library (:mod:`strata.engine.generate`) that return pydantic
-results; this file only parses options and prints. Devices are a table (:data:`LOADERS`): the GPU
-path registers ``"cuda"`` there and ``--device`` offers whatever is registered; further commands
-(``audit``, ``profile``) are added to the :func:`main` group the same way as ``generate``.
-
-Exit codes: 0 success, 2 the pack or the request was refused (the message names the file,
-tensor or numbers).
+Exit codes: 0 success, 1 ``measure`` found a term that differs from the budget's prediction, 2 the
+pack or the request was refused (the message names the file, tensor or numbers).
 """
 
 from __future__ import annotations
@@ -19,58 +16,20 @@ from typing import Callable
 
 import click
 
+from strata.budget import formulas as F
 from strata.budget.formulas import ENGINE_KV_TYPES
-from strata.budget.plan import PlanInputError
-from strata.manifests.contract import ManifestError
-from strata.packer.packfmt import PackFormatError
 
-from .checkpoints import Checkpoint
-from .dequant import DequantError
-from .generate import DEFAULT_KV, DEFAULT_N_CTX, Engine, GenerateError, GenerationResult, StepStat, generate, load_engine
-from .loader import LoadError
-from .models import UnsupportedModel
+from .clikit import REFUSALS, check_pack_dir, expert_cache_value, fail, print_checkpoint, warn
+from .generate import GenerationResult, StepStat, generate
 from .numerics import DEFAULT_NUMERICS, PROFILES
 from .sampling import Sampler
-from .tokenizer import TokenizerError
-from .weights import WeightError
+from .startup import Engine, EngineOptions, load_engine
 
-REFUSALS = (PackFormatError, ManifestError, LoadError, UnsupportedModel, TokenizerError, GenerateError, DequantError,
-            WeightError, PlanInputError, FileNotFoundError, PermissionError)
-
-#: device name -> loader with :func:`load_engine`'s signature (``n_ctx``, ``resident``, ``on_checkpoint``).
-LOADERS: dict[str, Callable[..., Engine]] = {"cpu": load_engine}
-
-# The GPU path (strata.engine.gpu, CuPy imported lazily) registers "cuda" here and adds the
-# audit / profile commands at the end of this file.
-from .gpu.cli import add_commands as _gpu_add_commands  # noqa: E402
-from .gpu.cli import register_device as _gpu_register_device  # noqa: E402
-
-_gpu_register_device(LOADERS)
+#: ``--ctx`` help, shared by every command (one definition of the setting).
+CTX_HELP = "Positions the KV cache holds (prompt + generated - 1 must fit) [default: the model's trained context]."
 
 
-def _fail(msg: str, code: int = 2, as_json: bool = False) -> None:
-    """One-line ``error: ...`` on stderr (and with ``--json`` a ``{"ok": false, "error": ...}`` object
-    on stdout), then exit ``code`` (2: refused)."""
-    msg = " ".join(str(msg).split("\n")) if msg else "refused"
-    if as_json:
-        click.echo(json.dumps({"ok": False, "error": msg}))
-    click.echo(f"error: {msg}", err=True)
-    sys.exit(code)
-
-
-def _warn(msg: str) -> None:
-    click.echo(f"warning: {msg}", err=True)
-
-
-def check_pack_dir(pack: str) -> str | None:
-    """The refusal for a PACK argument that is not a directory (missing or a file), else None."""
-    p = Path(pack)
-    if not p.is_dir():
-        return f"{p}: not a pack directory"  # the message open_pack gives a missing path
-    return None
-
-
-def check_request(*, n_tokens: int, n_ctx: int, temperature: float, top_k: int, top_p: float, seed: int) -> str | None:
+def check_request(*, n_tokens: int, n_ctx: int | None, temperature: float, top_k: int, top_p: float, seed: int) -> str | None:
     """Option checks that need no pack (each refusal names the option), else None."""
     if not math.isfinite(temperature):
         return f"--temperature {temperature}: not a finite number"
@@ -84,11 +43,11 @@ def check_request(*, n_tokens: int, n_ctx: int, temperature: float, top_k: int, 
         return f"--top-k {top_k}: must be >= 0 (0 = all)"
     if seed < 0:
         return f"--seed {seed}: must be a non-negative integer"
-    if n_ctx < 1:
+    if n_ctx is not None and n_ctx < 1:
         return f"--ctx {n_ctx}: must be >= 1"
     if n_tokens < 1:
         return f"-n/--n-tokens {n_tokens}: must be >= 1"
-    if n_tokens > n_ctx:  # the prompt has at least one token: 1 + n - 1 positions
+    if n_ctx is not None and n_tokens > n_ctx:  # the prompt has at least one token: 1 + n - 1 positions
         return (f"-n/--n-tokens {n_tokens} needs at least {n_tokens} positions (a prompt of one token + {n_tokens} "
                 f"new tokens - 1), more than --ctx {n_ctx}")
     return None
@@ -111,12 +70,9 @@ def _resident(value: str) -> str:
 def main() -> None:
     """strata-engine: load a pack by byte offset and generate text (the pack's smoke test).
 
-    Exit codes: 0 ok, 2 the pack or the request was refused.
+    Exit codes: 0 ok, 1 measure: a budget term differs from what was allocated, 2 the pack or the
+    request was refused.
     """
-
-
-def print_checkpoint(cp: Checkpoint) -> None:
-    click.echo(cp.line(), err=True)
 
 
 STATS_UNITS = ("stats: one line per position. Units: 'ms' = milliseconds; forward/sample/cpu-experts/wait are host "
@@ -182,22 +138,23 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--top-p", "top_p", default=1.0, show_default=True, help="Nucleus mass to keep before sampling.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the sampler's generator.")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-generation tokens.")
-@click.option("--ctx", "n_ctx", default=DEFAULT_N_CTX, show_default=True,
-              help="Positions the KV cache holds (prompt + generated - 1 must fit).")
+@click.option("--ctx", "n_ctx", type=int, default=F.DEFAULT_CTX, help=CTX_HELP)
 @click.option("--resident", default="all", show_default=True, callback=lambda c, p, v: _resident(v),
               help="MoE: experts held by the expert cache (all | none | half | fraction); the rest are misses.")
-@click.option("--device", type=click.Choice(sorted(LOADERS)), default="cpu", show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cpu: NumPy; cuda: CuPy on the local GPU (pip install -e '.[cuda]').")
 @click.option("--numerics", "numerics_", type=click.Choice(sorted(PROFILES)), default=DEFAULT_NUMERICS, show_default=True,
               help="CPU: f32 = exact math; llamacpp = llama.cpp CPU's activation roundings (Q8 activations, "
                    "f16 attention operands, fp16 GELU table).")
-@click.option("--kv", type=click.Choice(list(ENGINE_KV_TYPES)), default=DEFAULT_KV, show_default=True,
+@click.option("--kv", type=click.Choice(list(ENGINE_KV_TYPES)), default=F.DEFAULT_KV, show_default=True,
               help="KV cache type: K/V stored as f16 (llama.cpp's default) or f32 and read back as f32; "
                    "strata-budget check --kv plans the same bytes.")
 @click.option("--expert-cache", "expert_cache", default="auto", show_default=True,
               help="cuda: expert cache slots, auto (budget formula on the free VRAM) or N (refused if it does not fit).")
-@click.option("--profile", "profile_path", default=None, type=click.Path(),
-              help="cuda: expert profile (Parquet layer, expert, count) filling the cache at start-up.")
-@click.option("--vram-reserve-mib", "vram_reserve_mib", default=700, show_default=True,
+@click.option("--expert-profile", "--profile", "profile_path", default=None, type=click.Path(),
+              help="cuda: expert profile (Parquet layer, expert, count; strata-engine profile) filling the cache at "
+                   "start-up, as strata-budget check --expert-profile plans it.")
+@click.option("--vram-reserve-mib", "vram_reserve_mib", default=F.DEFAULT_RESERVE_MIB, show_default=True,
               help="cuda: VRAM left free after the expert cache.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (prompt_ids, output_ids, text, "
               "tokens_per_second, top, ...) instead of text.")
@@ -213,46 +170,46 @@ def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore
                  numerics_, kv, expert_cache, profile_path, vram_reserve_mib, as_json, stats, no_graph, stage_times,
                  verbose):
     """Generate text from PACK after --prompt and report tok/s."""
-    def fail(msg: str) -> None:
-        _fail(msg, as_json=as_json)
+    def refuse(msg: str) -> None:
+        fail(msg, as_json=as_json)
 
     bad = check_pack_dir(pack) or check_request(n_tokens=n_tokens, n_ctx=n_ctx, temperature=temperature, top_k=top_k,
                                                 top_p=top_p, seed=seed)
     if bad:
-        fail(bad)
+        refuse(bad)
     try:
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     except ValueError as e:
-        fail(str(e))
+        refuse(str(e))
     if stage_times and device == "cpu":
-        fail("--stage-times: per-stage device timers exist on --device cuda only")
+        refuse("--stage-times: per-stage device timers exist on --device cuda only")
     if device == "cpu" and expert_cache != "auto":
         # accepted (and ignored) on the CPU path, but it must still be a valid value
         if not expert_cache.isdigit():
-            fail(f"--expert-cache {expert_cache!r}: not an integer or 'auto'")
+            refuse(f"--expert-cache {expert_cache!r}: not an integer or 'auto'")
     if profile_path is not None and not Path(profile_path).is_file():
-        fail(f"--profile {profile_path}: no such file")
+        refuse(f"--expert-profile {profile_path}: no such file")
     try:
-        gpu_kw = {"numerics": numerics_} if device == "cpu" else {}
+        opts = EngineOptions(n_ctx=n_ctx, resident=resident, kv=kv, numerics=numerics_, stage_times=stage_times)
         if device != "cpu":
-            from strata.budget.plan import read_profile
+            from strata.budget.profile import read_profile
 
             try:
                 ec = expert_cache if expert_cache == "auto" else int(expert_cache)
             except ValueError:
-                fail(f"--expert-cache {expert_cache!r}: not an integer or 'auto'")
+                refuse(f"--expert-cache {expert_cache!r}: not an integer or 'auto'")
             if ec != "auto" and ec < 0:
-                fail(f"--expert-cache {ec}: a slot count cannot be negative")
-            gpu_kw = dict(expert_cache=ec, profile=read_profile(profile_path) if profile_path else None,
-                          vram_reserve_mib=vram_reserve_mib, graph=not no_graph, stage_times=stage_times)
-        engine = LOADERS[device](pack, n_ctx=n_ctx, resident=resident, kv=kv,
-                                 on_checkpoint=print_checkpoint if verbose else None, on_warning=_warn, **gpu_kw)
+                refuse(f"--expert-cache {ec}: a slot count cannot be negative")
+            opts.expert_cache, opts.vram_reserve_mib, opts.graph = ec, vram_reserve_mib, not no_graph
+            opts.profile = read_profile(profile_path) if profile_path else None
+        engine = load_engine(pack, device=device, options=opts, on_checkpoint=print_checkpoint if verbose else None,
+                             on_warning=warn)
         if stats:
             _stats_header(engine)
         r = generate(engine, prompt, n_tokens, sampler=sampler, ignore_eos=ignore_eos,
                      on_step=_stats_line(engine) if stats else None, stats=stats)
     except REFUSALS as e:
-        fail(str(e))
+        refuse(str(e))
     st = _stage_summary(engine) if stage_times else None
     if as_json:
         d = r.model_dump()
@@ -271,14 +228,96 @@ def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore
 
 
 def _stage_summary(engine: Engine) -> dict | None:
-    dec = getattr(engine, "decoder", None)
+    dec = engine.decoder
     if dec is None or not dec.stage_times.steps:
         return None
     return {"steps": dec.stage_times.steps, "grouped": dec.stage_times.grouped(),
             "per_stage": dec.stage_times.per_token()}
 
 
-_gpu_add_commands(main)
+
+
+@main.command("measure")
+@click.argument("pack", type=click.Path())
+@click.option("--ctx", "n_ctx", type=int, default=F.DEFAULT_CTX, help=CTX_HELP)
+@click.option("--expert-cache", "expert_cache", default="auto", show_default=True,
+              callback=lambda c, p, v: expert_cache_value(v), help="Expert-cache slots: auto (the budget formula on "
+              "the free VRAM at that checkpoint) or N (refused if it does not fit).")
+@click.option("--vram-reserve-mib", default=F.DEFAULT_RESERVE_MIB, show_default=True,
+              help="VRAM kept free after the expert cache (MiB).")
+@click.option("--kv", type=click.Choice(list(ENGINE_KV_TYPES)), default=F.DEFAULT_KV, show_default=True,
+              help="KV cache type (the budget plans the same).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+def measure_cmd(pack, n_ctx, expert_cache, vram_reserve_mib, kv, as_json):
+    """Load PACK on the GPU and print, per budget term, the bytes strata.budget predicts (on the measured
+    card and context) next to the bytes this engine allocated.
+
+    Exit codes: 0 every exact term equal and the total within 0.5% or 32 MiB, 1 not, 2 refused
+    (no GPU, a pack that cannot load, an option out of range)."""
+    from .measure import measure_pack, print_measurement
+
+    bad = check_pack_dir(pack) or (f"--ctx {n_ctx}: must be >= 1" if n_ctx is not None and n_ctx < 1 else None)
+    if bad:
+        fail(bad, as_json=as_json)
+    try:
+        a = measure_pack(pack, n_ctx=n_ctx, expert_cache=expert_cache, vram_reserve_mib=vram_reserve_mib, kv=kv)
+    except REFUSALS as e:
+        fail(str(e), as_json=as_json)
+    if as_json:
+        d = a.model_dump()
+        d.update(exact_ok=a.exact_ok, total_ok=a.total_ok, total_diff_bytes=a.total_diff_bytes)
+        click.echo(json.dumps(d))
+    else:
+        print_measurement(a)
+    sys.exit(0 if a.exact_ok and a.total_ok else 1)
+
+
+# the command's earlier name (it measures; it does not audit the pack - strata-budget check does)
+main.add_command(click.Command("audit", callback=measure_cmd.callback, params=measure_cmd.params, hidden=True,
+                               help="Old name of `measure`."))
+
+
+@main.command("profile")
+@click.argument("pack", type=click.Path())
+@click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False),
+              help="Text file, one prompt per line.")
+@click.option("-o", "--out", default="expert-profile.parquet", show_default=True,
+              help="Parquet file to write (layer, expert, count).")
+@click.option("-n", "--n-tokens", "n_tokens", default=16, show_default=True, help="Tokens generated per prompt.")
+@click.option("--ctx", "n_ctx", type=int, default=F.DEFAULT_CTX, help=CTX_HELP)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where the routing runs (the counts are the same).")
+def profile_cmd(pack, prompts_file, out, n_tokens, n_ctx, device):
+    """Write an expert profile (Parquet: layer, expert, count) from routing over --prompts: the input of
+    strata-budget check --expert-profile and strata-engine generate --expert-profile."""
+    from strata.budget.profile import write_profile
+
+    from .routing import profile_routing
+
+    bad = check_pack_dir(pack)
+    if bad:
+        fail(bad)
+    parent = Path(out).resolve().parent
+    if not parent.is_dir():
+        fail(f"-o/--out {out}: the directory {parent} does not exist")
+    if Path(out).is_dir():
+        fail(f"-o/--out {out}: is a directory")
+    if n_tokens < 1:
+        fail(f"-n/--n-tokens {n_tokens}: must be >= 1")
+    if n_ctx is not None and n_ctx < 1:
+        fail(f"--ctx {n_ctx}: must be >= 1")
+    if not Path(prompts_file).is_file():
+        fail(f"--prompts {prompts_file}: no such file")
+    prompts = [ln for ln in Path(prompts_file).read_text().splitlines() if ln.strip()]
+    if not prompts:
+        fail(f"--prompts {prompts_file}: no prompts")
+    try:
+        rows = profile_routing(pack, prompts, n_tokens=n_tokens, n_ctx=n_ctx, device=device)
+        write_profile(rows, out)
+    except REFUSALS as e:
+        fail(str(e))
+    click.echo(f"profile: {len(rows)} (layer, expert) pairs, {sum(r[2] for r in rows)} selections "
+               f"(counts) from {len(prompts)} prompts -> {out}")
 
 
 if __name__ == "__main__":

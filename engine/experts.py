@@ -21,7 +21,7 @@ resident. ``tests/test_engine_moe.py`` checks all / half / none resident give id
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 
@@ -140,7 +140,9 @@ class ExpertPath:
     """The hit/miss split of one engine (see the module docstring).
 
     ``cache`` may be None (every expert a miss). ``counts`` accumulates over the run;
-    ``take_step()`` returns and resets the per-layer counts since the last call (one position).
+    ``take_step()`` returns and resets the per-layer counts since the last call (one position);
+    ``reset_counts()`` starts both over. ``on_route`` (the routing hook, e.g. ``strata-engine
+    profile``'s counter) sees every layer's selection ``(layer, expert ids)`` before it runs.
     """
 
     def __init__(self, source: ShardExperts, cache: ExpertCache | None, xp=np, act_quant: bool = False):
@@ -150,6 +152,12 @@ class ExpertPath:
         self.act_quant = act_quant
         self.counts = ExpertCounts()
         self._step: dict[int, list[int]] = {}
+        self.on_route: Callable[[int, list[int]], None] | None = None
+
+    def reset_counts(self) -> None:
+        """Zero the run's counts and the current step's (e.g. after a warm-up step)."""
+        self.counts = ExpertCounts()
+        self._step = {}
 
     def miss_ffn(self, il: int, e: int, x):
         g, u, d = self.source.weights(il, e)
@@ -157,6 +165,8 @@ class ExpertPath:
 
     def __call__(self, il: int, x, ids: list[int], weights) -> Any:
         """``sum_k weights[k] * expert_{ids[k]}(x)``, summed in selection order (k = 0, 1, ...)."""
+        if self.on_route is not None:
+            self.on_route(il, ids)
         y = None
         step = self._step.setdefault(il, [0, 0])
         for k, e in enumerate(ids):

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from strata.manifests.names import tensor_name
+
 
 def rms_norm(xp, x, w, eps: float):
     """``x / sqrt(mean(x^2, last axis) + eps) * w`` in f32 (ggml_rms_norm then ggml_mul)."""
@@ -178,13 +180,17 @@ class AttentionNames:
 
     @classmethod
     def of(cls, w, il: int, qk_norm: bool) -> "AttentionNames":
-        p = f"blk.{il}."
-        opt = lambda n: n if w.has(n) else None  # noqa: E731
+        def n(role: str) -> str:
+            return tensor_name(role, il)
+
+        def opt(role: str) -> str | None:
+            return n(role) if w.has(n(role)) else None
+
         return cls(
-            qkv=opt(p + "attn_qkv.weight"), q=p + "attn_q.weight", k=p + "attn_k.weight", v=p + "attn_v.weight",
-            q_bias=opt(p + "attn_q.bias"), k_bias=opt(p + "attn_k.bias"), v_bias=opt(p + "attn_v.bias"),
-            qkv_bias=opt(p + "attn_qkv.bias"), out=p + "attn_output.weight", out_bias=opt(p + "attn_output.bias"),
-            q_norm=p + "attn_q_norm.weight" if qk_norm else None, k_norm=p + "attn_k_norm.weight" if qk_norm else None,
+            qkv=opt("attn_qkv.weight"), q=n("attn_q.weight"), k=n("attn_k.weight"), v=n("attn_v.weight"),
+            q_bias=opt("attn_q.bias"), k_bias=opt("attn_k.bias"), v_bias=opt("attn_v.bias"),
+            qkv_bias=opt("attn_qkv.bias"), out=n("attn_output.weight"), out_bias=opt("attn_output.bias"),
+            q_norm=n("attn_q_norm.weight") if qk_norm else None, k_norm=n("attn_k_norm.weight") if qk_norm else None,
         )
 
 
@@ -248,11 +254,10 @@ class Attention:
 def gated_mlp(xp, w, il: int, x, act: str):
     """``down @ (act(gate @ x) * (up @ x))`` (llama.cpp LLM_FFN_PAR); ``act`` is ``silu``, ``gelu``
     (exact tanh form) or ``gelu_f16`` (llama.cpp CPU's table)."""
-    p = f"blk.{il}."
-    g = w.matmul(p + "ffn_gate.weight", x)
-    u = w.matmul(p + "ffn_up.weight", x)
+    g = w.matmul(tensor_name("ffn_gate.weight", il), x)
+    u = w.matmul(tensor_name("ffn_up.weight", il), x)
     a = silu(xp, g) if act == "silu" else gelu_tanh(xp, g) if act == "gelu" else gelu_f16_table(xp, g)
-    return w.matmul(p + "ffn_down.weight", a * u)
+    return w.matmul(tensor_name("ffn_down.weight", il), a * u)
 
 
 def expert_ffn(xp, gate, up, down, x, types: tuple[int, int, int] | None = None):

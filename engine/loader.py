@@ -30,7 +30,8 @@ from strata.manifests.names import expert_role, tensor_name
 from strata.packer import quants
 from strata.packer.conformance import ExpertShapes, check_conformance
 from strata.packer.findings import Finding
-from strata.packer.packfmt import EXPERTS_FILE, INDEX_FILE, ExpertLayer, IndexEntry, Pack
+from strata.packer.packfmt import EXPERTS_FILE, INDEX_FILE, ExpertLayer, IndexEntry
+from strata.packer.pack import Pack
 
 from . import dequant
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.packer.packfmt import MERGES_FILE, VOCAB_FILE, Pack
+from strata.packer.packfmt import MERGES_FILE, VOCAB_FILE
+from strata.packer.pack import Pack
 
 # llama.cpp token types (gguf TokenType): 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6

@@ -28,7 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from strata.packer import quants
-from strata.packer.packfmt import IndexEntry, Pack
+from strata.packer.packfmt import IndexEntry
+from strata.packer.pack import Pack
 
 from .dequant import dequantize_rows
 from .numerics import Numerics, numerics, quantize_activation

@@ -29,11 +29,8 @@ from strata.manifests.names import expert_part
 from . import quants
 from .gguf_file import ArrayRef, GGUFModel, GGUFError, TensorInfo, open_model, read_array
 from .gguf_file import T_BOOL, T_FLOAT32, T_FLOAT64, T_STRING
-from .packfmt import (
-    EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, MANIFEST_FILE, MERGES_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE,
-    ExpertLayer, IndexEntry, NativeExperts, PackIndex, open_pack, write_experts, write_geometry, write_index,
-    write_metadata,
-)
+from .packfmt import EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, MANIFEST_FILE, MERGES_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE, ExpertLayer, IndexEntry, NativeExperts, PackIndex, write_experts, write_geometry, write_index, write_metadata
+from .pack import open_pack
 
 CHUNK_BYTES = 8 << 20
 DEFAULT_ALIGN = 64

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from . import quants
 from .gguf_file import open_model
-from .packfmt import open_pack
+from .pack import open_pack
 
 
 def tensor_table(path: str | os.PathLike) -> list[dict]:

@@ -24,9 +24,8 @@ from strata.manifests.contract import geometry_params_text
 from . import quants
 from .build import CHUNK_BYTES, layout_pool, metadata_items, resolve_geometry, tabulate_experts
 from .gguf_file import open_model
-from .packfmt import (
-    GEOMETRY_VERSION_LINE, INDEX_FILE, MANIFEST_FILE, POOL_FILE, PackFormatError, check_pool_layout, read_kv_text, read_pack,
-)
+from .packfmt import GEOMETRY_VERSION_LINE, INDEX_FILE, MANIFEST_FILE, POOL_FILE, PackFormatError, read_kv_text
+from .pack import check_pool_layout, read_pack
 
 
 class VerifyError(ValueError):

@@ -20,7 +20,7 @@ from strata.budget.plan import PlanOptions, make_plan
 from strata.manifests.contract import load_manifest
 from strata.packer import synth
 from strata.packer.build import build_pack
-from strata.packer.packfmt import open_pack
+from strata.packer.pack import open_pack
 
 MIB = 1 << 20
 

@@ -15,7 +15,7 @@ import pytest
 from strata.budget.audit import audit_pack
 from strata.budget.cards import card_preset, load_cards
 from strata.budget.plan import PlanOptions, make_plan
-from strata.packer.packfmt import open_pack
+from strata.packer.pack import open_pack
 
 pytestmark = pytest.mark.real
 MIB = 1 << 20

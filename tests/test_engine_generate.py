@@ -11,7 +11,9 @@ from click.testing import CliRunner
 from test_engine_reference import load_fixture, synthetic_pack
 
 from strata.engine.cli import main
-from strata.engine.generate import GenerateError, decode, generate, load_engine
+from strata.engine.generate import decode, generate
+from strata.engine.startup import load_engine
+from strata.engine.errors import GenerateError
 from strata.engine.sampling import Sampler, top_k_pairs
 
 
@@ -55,7 +57,7 @@ def test_generate_result_fields(engine):
     assert r.text == engine.tokenizer.decode(r.output_ids)
     assert r.tokens_per_second and r.tokens_per_second > 0
     assert "generated tokens after the first" in r.tokens_per_second_basis
-    assert [c.name for c in r.checkpoints] == ["pack", "weights", "head", "expert cache", "prompt path"]
+    assert [c.name for c in r.checkpoints] == ["pack", "weights", "head", "session", "prompt path", "expert cache"]
 
 
 def test_greedy_is_argmax_and_deterministic(engine):
@@ -126,7 +128,7 @@ def test_cli_text_json_stats_verbose(pack):
     r = runner.invoke(main, ["generate", str(pack), "-p", "hello", "-n", "3", "--stats", "--verbose"])
     assert r.exit_code == 0, r.output
     err = r.stderr
-    order = [err.index(f"checkpoint {n}:") for n in ("pack", "weights", "head", "expert cache", "prompt path")]
+    order = [err.index(f"checkpoint {n}:") for n in ("pack", "weights", "head", "session", "prompt path", "expert cache")]
     assert order == sorted(order)
     assert "forward ms" in err and "'ms' = milliseconds" in err  # the header says which unit is which
     lines = [ln for ln in err.splitlines() if ln.startswith("stats: pos")]
@@ -169,7 +171,7 @@ def _gen(pack, *args):
 
 
 def test_huge_ctx_refused_before_weights_with_kv_bytes_and_host_ram(pack, monkeypatch):
-    import strata.engine.generate as G
+    import strata.engine.startup as G
     from strata.budget import formulas as F
 
     loaded = []
@@ -191,7 +193,7 @@ def test_huge_ctx_refused_before_weights_with_kv_bytes_and_host_ram(pack, monkey
 
 
 def test_ctx_past_n_ctx_train_warns(pack):
-    from strata.packer.packfmt import open_pack
+    from strata.packer.pack import open_pack
 
     train = int(open_pack(pack).geometry_params["n_ctx_train"])
     r = _gen(pack, "-n", "2", "--ctx", str(train + 1))
@@ -204,7 +206,7 @@ def test_ctx_past_n_ctx_train_warns(pack):
 def test_n_tokens_and_ctx_checked_before_loading(pack, monkeypatch):
     import strata.engine.cli as C
 
-    monkeypatch.setitem(C.LOADERS, "cpu", lambda *a, **k: pytest.fail("loaded"))
+    monkeypatch.setattr(C, "load_engine", lambda *a, **k: pytest.fail("loaded"))
     r = _gen(pack, "-n", "100", "--ctx", "64")
     assert r.exit_code == 2 and "-n/--n-tokens 100 needs at least 100 positions" in r.stderr and "--ctx 64" in r.stderr
     r = _gen(pack, "-n", "0")
@@ -223,7 +225,8 @@ def test_n_tokens_and_ctx_checked_before_loading(pack, monkeypatch):
     (["--top-k", "-2"], "--top-k -2: must be >= 0"),
     (["--seed", "-1"], "--seed -1: must be a non-negative integer"),
     (["--expert-cache", "abc"], "--expert-cache 'abc': not an integer or 'auto'"),
-    (["--profile", "/tmp/none-strata-xyz.parquet"], "--profile /tmp/none-strata-xyz.parquet: no such file"),
+    (["--profile", "/tmp/none-strata-xyz.parquet"], "--expert-profile /tmp/none-strata-xyz.parquet: no such file"),
+    (["--expert-profile", "/tmp/none-strata-xyz.parquet"], "--expert-profile /tmp/none-strata-xyz.parquet: no such file"),
 ])
 def test_bad_options_refused_naming_the_option(pack, args, msg):
     r = _gen(pack, "-n", "2", *args)
@@ -288,13 +291,13 @@ def test_profile_refusals_exit_2(pack, tmp_path):
 
 def test_gpu_path_refuses_huge_ctx_against_free_vram_before_weights(pack):
     from strata.engine.gpu.backend import SimBackend
-    from strata.engine.gpu.engine import load_engine_gpu
+    from strata.engine.startup import load_engine
 
     bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)
     seen, warned = [], []
     with pytest.raises(GenerateError, match=r"--ctx 1000000000: the KV cache \(f16\) would need \d+ bytes .* more than "
                                             rf"the {100 << 20} bytes \(100\.0 MiB\) of free VRAM on "):
-        load_engine_gpu(pack, n_ctx=10**9, backend=bk, on_checkpoint=lambda c: seen.append(c.name))
+        load_engine(pack, device="cuda", n_ctx=10**9, backend=bk, on_checkpoint=lambda c: seen.append(c.name))
     assert seen == ["pack"]  # no weights stage
-    load_engine_gpu(pack, n_ctx=64, backend=SimBackend(), on_warning=warned.append, warmup=False)
+    load_engine(pack, device="cuda", n_ctx=64, backend=SimBackend(), on_warning=warned.append, warmup=False)
     assert warned == []

@@ -20,7 +20,9 @@ from strata.budget import formulas as F
 from strata.budget.audit import audit_pack
 from strata.budget.cards import card_from_mib
 from strata.budget.plan import PlanOptions, make_plan
-from strata.engine.generate import GenerateError, generate, load_engine
+from strata.engine.generate import generate
+from strata.engine.startup import load_engine
+from strata.engine.errors import GenerateError
 from strata.engine.layers import KVCache
 
 

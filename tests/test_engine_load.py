@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from test_engine_reference import synthetic_pack
 
 from strata.engine.cli import main
-from strata.engine.generate import load_engine
+from strata.engine.startup import load_engine
 from strata.engine.loader import LoadError
 from strata.engine.models import UnsupportedModel
 from strata.packer.packfmt import PackFormatError
@@ -192,7 +192,7 @@ def test_missing_native_experts_file(packs, tmp_path):
 
 def test_bf16_promoted_tensor_that_is_not_bf16_exact_is_refused(packs, tmp_path):
     from strata.engine.weights import WeightError
-    from strata.packer.packfmt import open_pack
+    from strata.packer.pack import open_pack
 
     pack = _copy(packs["gemma3"], tmp_path / "p")
     e = open_pack(pack).index.by_name()["blk.0.attn_q.weight"]
@@ -233,7 +233,7 @@ def test_cli_refusal_exit_code_and_message(packs, tmp_path):
 def test_checkpoints_in_order_head_before_expert_cache(packs):
     names = []
     eng = load_engine(packs["moe"], n_ctx=32, on_checkpoint=lambda c: names.append(c.name))
-    assert names == ["pack", "weights", "head", "expert cache", "prompt path"]
+    assert names == ["pack", "weights", "head", "session", "prompt path", "expert cache"]
     assert [c.name for c in eng.checkpoints] == names
     cps = {c.name: c for c in eng.checkpoints}
     assert cps["pack"].extra["tensors checked"] == len(eng.plan.dense)
@@ -281,7 +281,7 @@ def test_expert_shard_without_gguf_magic_is_refused(packs, tmp_path):
 def test_blob_bytes_not_the_sum_of_parts_is_refused(packs, tmp_path):
     pack = _copy(packs["moe"], tmp_path / "p")
     # the last row, so that the arena offsets of the rows after it stay consistent
-    from strata.packer.packfmt import open_pack
+    from strata.packer.pack import open_pack
 
     rows = open_pack(pack).experts.layers
     last = rows[-1]
@@ -295,7 +295,7 @@ def test_blob_bytes_not_the_sum_of_parts_is_refused(packs, tmp_path):
 
 def test_arena_offset_not_the_running_sum_is_refused(packs, tmp_path):
     pack = _copy(packs["moe"], tmp_path / "p")
-    from strata.packer.packfmt import open_pack
+    from strata.packer.pack import open_pack
 
     rows = open_pack(pack).experts.layers
     want = rows[0].arena_offset + 8 * rows[0].blob_bytes

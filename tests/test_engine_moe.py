@@ -15,7 +15,8 @@ from test_engine_reference import load_fixture, synthetic_pack
 
 from strata.engine import experts as X
 from strata.engine import layers
-from strata.engine.generate import generate, load_engine
+from strata.engine.generate import generate
+from strata.engine.startup import load_engine
 
 N_STEPS = 16
 

@@ -73,7 +73,8 @@ def test_one_token_gemma_forward_matches_llama_cpp_with_llamacpp_numerics(gemma_
     """The measurement behind strata.engine.numerics: one token through Gemma's 18 layers agrees with
     llama.cpp's CPU backend to ~1e-5 in every logit with the four roundings emulated (3.6 without)."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the 'reference' extra) is not installed")
-    from strata.engine.generate import decode, load_engine
+    from strata.engine.generate import decode
+    from strata.engine.startup import load_engine
 
     llm = llama_cpp.Llama(model_path=str(gemma_gguf), n_ctx=64, logits_all=True, n_threads=2, verbose=False)
     llm.eval([818])

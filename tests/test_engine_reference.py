@@ -52,7 +52,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strata.engine.generate import decode, generate, load_engine
+from strata.engine.generate import decode, generate
+from strata.engine.startup import load_engine
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reference"
 

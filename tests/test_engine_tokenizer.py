@@ -16,7 +16,7 @@ import pytest
 from test_engine_reference import load_fixture, synthetic_pack
 
 from strata.engine.tokenizer import TokenizerError, load_tokenizer
-from strata.packer.packfmt import open_pack
+from strata.packer.pack import open_pack
 
 
 def _strings() -> list[str]:

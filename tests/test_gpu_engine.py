@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from strata.budget import formulas as F
-from strata.engine.generate import generate, load_engine
+from strata.engine.generate import generate
+from strata.engine.startup import load_engine
 from strata.engine.gpu import kernels as K
 from strata.engine.gpu.backend import SimBackend
-from strata.engine.gpu.engine import ExpertCacheError, load_engine_gpu, profile_pairs
+from strata.engine.gpu.device import ExpertCacheError
 
 GPU_OK, GPU_WHY = K.gpu_available()
 skip_no_gpu = pytest.mark.skipif(not GPU_OK, reason=f"needs CuPy and a CUDA GPU: {GPU_WHY}")
@@ -57,7 +58,7 @@ def _tops_equal(a, b) -> bool:
 # ------------------------------------------------------------------ sim backend (CI)
 
 def test_startup_order_and_checkpoint_figures(packs):
-    eng = load_engine_gpu(packs["moe"], n_ctx=64, backend=SimBackend())
+    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend())
     names = [c.name for c in eng.checkpoints]
     # everything the engine holds (head: incident 1; session and the prompt path's kernels and
     # temporaries: incidents 2 and 3) is allocated before the expert cache measures what is free
@@ -72,7 +73,7 @@ def test_startup_order_and_checkpoint_figures(packs):
 
 def test_auto_slots_come_from_the_budget_formula(packs):
     bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)  # ~100 MiB card left
-    eng = load_engine_gpu(packs["moe"], n_ctx=64, backend=bk, vram_reserve_mib=97)
+    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=bk, vram_reserve_mib=97)
     sp = eng.gpu.slot_plan
     assert sp.slots == F.expert_slots(sp.free_bytes, sp.reserve_bytes, sp.slot_bytes, sp.cap)
     assert 0 < sp.slots < 24  # the small card holds only part of the 3 x 8 experts
@@ -81,13 +82,15 @@ def test_auto_slots_come_from_the_budget_formula(packs):
 
 def test_fixed_cache_that_does_not_fit_is_refused_with_both_numbers(packs):
     bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)
-    with pytest.raises(ExpertCacheError, match=r"--expert-cache 1000: 1000 slots x \d+ B = \d+ B, but \d+ B free"):
-        load_engine_gpu(packs["moe"], n_ctx=64, backend=bk, expert_cache=1000, vram_reserve_mib=50)
+    # the one sizing rule (budget.formulas.size_expert_cache), the planner's message: N, its bytes, the most that fit
+    with pytest.raises(ExpertCacheError, match=r"--expert-cache 1000 refused: 1000 slots x \d+ B = \d+ B .* at most 24 "
+                                               r"slots fit .* MiB free after the 50 MiB reserve holds \d+\); refusing"):
+        load_engine(packs["moe"], device="cuda", n_ctx=64, backend=bk, expert_cache=1000, vram_reserve_mib=50)
 
 
 def test_profile_fill_follows_budget_rule():
     rows = [(0, 0, 5), (0, 1, 9), (0, 2, 1), (1, 0, 7), (1, 3, 7), (2, 5, 2)]
-    order = profile_pairs(rows, 3)
+    order = F.fill_profile(rows, 3).order
     ref = F.fill_profile(rows, 3)
     assert len(order) == ref.used
     assert order[0] == (0, 1)  # highest count first
@@ -96,7 +99,7 @@ def test_profile_fill_follows_budget_rule():
 def test_sim_tokens_identical_for_empty_half_full_cache(packs):
     runs = {}
     for ec in (0, 12, "auto"):
-        eng = load_engine_gpu(packs["moe"], n_ctx=64, backend=SimBackend(), expert_cache=ec)
+        eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=ec)
         runs[ec] = _run(eng)
     assert runs[0].expert_hits == 0 and runs["auto"].expert_misses == 0 and runs[12].expert_hits > 0
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids
@@ -107,7 +110,7 @@ def test_sim_tokens_identical_for_empty_half_full_cache(packs):
 
 @pytest.mark.parametrize("name", ["qwen2", "gemma3"])
 def test_sim_dense_models_match_cpu_tokens(packs, name):
-    sim = _run(load_engine_gpu(packs[name], n_ctx=64, backend=SimBackend()))
+    sim = _run(load_engine(packs[name], device="cuda", n_ctx=64, backend=SimBackend()))
     cpu = _run(load_engine(packs[name], n_ctx=64))
     assert sim.output_ids == cpu.output_ids
 
@@ -118,7 +121,7 @@ def test_sim_new_expert_types_hit_and_miss_identical(packs):
 
     res = audit_pack(packs["moe_new"])
     assert res.errors == [] and res.warnings == []
-    runs = {ec: _run(load_engine_gpu(packs["moe_new"], n_ctx=64, backend=SimBackend(), expert_cache=ec))
+    runs = {ec: _run(load_engine(packs["moe_new"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=ec))
             for ec in (0, 12, "auto")}
     assert runs[12].expert_hits > 0 and runs[12].expert_misses > 0
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids
@@ -127,7 +130,7 @@ def test_sim_new_expert_types_hit_and_miss_identical(packs):
 
 
 def test_sim_stats_per_layer_counts_and_timers(packs):
-    eng = load_engine_gpu(packs["moe"], n_ctx=64, backend=SimBackend(), expert_cache=12)
+    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=12)
     r = generate(eng, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True, stats=True)
     n_used = int(eng.geometry["n_expert_used"])
     for s in r.steps:
@@ -144,7 +147,7 @@ def test_sim_stats_per_layer_counts_and_timers(packs):
 
 @pytest.mark.parametrize("name", ["moe", "gemma3", "qwen2"])
 def test_sim_audit_exact_terms_equal_the_budget(packs, name):
-    from strata.engine.gpu.cli import run_audit
+    from strata.engine.measure import measure_pack as run_audit
 
     a = run_audit(str(packs[name]), n_ctx=200, backend=SimBackend())
     terms = {t.term: t for t in a.terms}
@@ -160,7 +163,7 @@ def test_sim_audit_exact_terms_equal_the_budget(packs, name):
 
 
 def test_sim_kv_f32_doubles_the_kv_term(packs):
-    from strata.engine.gpu.cli import run_audit
+    from strata.engine.measure import measure_pack as run_audit
 
     a16 = {t.term: t for t in run_audit(str(packs["qwen2"]), n_ctx=64, backend=SimBackend()).terms}
     a32 = {t.term: t for t in run_audit(str(packs["qwen2"]), n_ctx=64, kv="f32", backend=SimBackend()).terms}
@@ -173,7 +176,7 @@ def test_sim_kv_f32_doubles_the_kv_term(packs):
 @skip_no_gpu
 @pytest.mark.parametrize("name", ["moe", "qwen2", "gemma3"])
 def test_cuda_tokens_match_cpu(packs, name):
-    eng = load_engine_gpu(packs[name], n_ctx=64, device="cuda")
+    eng = load_engine(packs[name], device="cuda", n_ctx=64)
     r = _run(eng, 8)
     cpu = _run(load_engine(packs[name], n_ctx=64), 8)
     diff = max(abs(a[1] - b[1]) for ra, rb in zip(r.top, cpu.top) for a, b in zip(ra, rb))
@@ -185,7 +188,7 @@ def test_cuda_tokens_match_cpu(packs, name):
 @pytest.mark.gpu
 @skip_no_gpu
 def test_cuda_new_expert_types_tokens_identical(packs):
-    runs = {ec: _run(load_engine_gpu(packs["moe_new"], n_ctx=64, device="cuda", expert_cache=ec), 8)
+    runs = {ec: _run(load_engine(packs["moe_new"], device="cuda", n_ctx=64, expert_cache=ec), 8)
             for ec in (0, 12, "auto")}
     cpu = _run(load_engine(packs["moe_new"], n_ctx=64), 8)
     print(f"\n[gpu-engine] Q1_0/Q2_0/IQ2_S experts: cuda {runs[0].output_ids} cpu {cpu.output_ids}")
@@ -200,7 +203,7 @@ def test_cuda_ring_equals_full_cache(packs):
     ids = [int(i) for i in np.random.default_rng(3).integers(3, 500, size=142)]
     tops = {}
     for sliding in ("ring", "full"):
-        eng = load_engine_gpu(packs["gemma3"], n_ctx=160, device="cuda", sliding=sliding)
+        eng = load_engine(packs["gemma3"], device="cuda", n_ctx=160, sliding=sliding)
         tops[sliding] = generate(eng, prompt_ids=ids, n_tokens=8, ignore_eos=True)
     assert tops["ring"].output_ids == tops["full"].output_ids and _tops_equal(tops["ring"], tops["full"])
 
@@ -209,7 +212,7 @@ def test_cuda_ring_equals_full_cache(packs):
 @skip_no_gpu
 @pytest.mark.parametrize("name,kv", [("moe", "f16"), ("gemma3", "f16"), ("qwen2", "f32")])
 def test_cuda_audit(packs, name, kv):
-    from strata.engine.gpu.cli import _print_audit, run_audit
+    from strata.engine.measure import measure_pack as run_audit, print_measurement as _print_audit
 
     a = run_audit(str(packs[name]), n_ctx=256, kv=kv)
     _print_audit(a)
@@ -220,7 +223,7 @@ def test_cuda_audit(packs, name, kv):
 @pytest.mark.gpu
 @skip_no_gpu
 def test_cuda_stats(packs):
-    eng = load_engine_gpu(packs["moe"], n_ctx=64, device="cuda", expert_cache=12)
+    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, expert_cache=12)
     r = generate(eng, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True, stats=True)
     from strata.engine.cli import stats_line
 
@@ -236,7 +239,7 @@ def test_cuda_hit_miss_bit_identical_and_no_decode_allocation(packs):
 
     runs = {}
     for ec in (0, 12, "auto"):
-        eng = load_engine_gpu(packs["moe"], n_ctx=64, device="cuda", expert_cache=ec)
+        eng = load_engine(packs["moe"], device="cuda", n_ctx=64, expert_cache=ec)
         runs[ec] = _run(eng, 8)
         grown = cp.get_default_memory_pool().total_bytes() - eng.gpu.pool_after_warmup
         print(f"\n[gpu-engine] moe --expert-cache {ec}: {runs[ec].output_ids} hits {runs[ec].expert_hits} "

@@ -14,11 +14,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strata.engine.generate import generate, load_engine
+from strata.engine.generate import generate
+from strata.engine.startup import load_engine
 from strata.engine.gpu import kernels as K
 from strata.engine.gpu.backend import SimBackend
-from strata.engine.gpu.engine import load_engine_gpu
-from strata.engine.gpu.fused import FusedUnsupported, StageTimesRefused
+from strata.engine.errors import StageTimesRefused
+from strata.engine.gpu.fused import FusedUnsupported
 
 GPU_OK, GPU_WHY = K.gpu_available()
 skip_no_gpu = pytest.mark.skipif(not GPU_OK, reason=f"needs CuPy and a CUDA GPU: {GPU_WHY}")
@@ -79,8 +80,8 @@ def _logits_per_position(eng, ids: list[int]) -> list[np.ndarray]:
 def test_sim_fused_equals_generic_bitwise_and_cpu_tokens(packs, name, n):
     """gemma_swa: 40 positions wrap the 16-position rings of its sliding layers."""
     ids = _ids(n)
-    fused = load_engine_gpu(packs[name], n_ctx=64, backend=SimBackend())
-    generic = load_engine_gpu(packs[name], n_ctx=64, backend=SimBackend(), fused=False)
+    fused = load_engine(packs[name], device="cuda", n_ctx=64, backend=SimBackend())
+    generic = load_engine(packs[name], device="cuda", n_ctx=64, backend=SimBackend(), fused=False)
     assert fused.decoder is not None and generic.decoder is None
     assert fused.gpu.decode_path.startswith("fused dense step") and generic.gpu.decode_path.startswith("generic")
     rf = generate(fused, prompt_ids=ids, n_tokens=6, ignore_eos=True)
@@ -92,15 +93,15 @@ def test_sim_fused_equals_generic_bitwise_and_cpu_tokens(packs, name, n):
 
 def test_sim_fused_full_logits_equal_generic_every_position(packs):
     ids = _ids(36)
-    a = _logits_per_position(load_engine_gpu(packs["gemma_swa"], n_ctx=64, backend=SimBackend()), ids)
-    b = _logits_per_position(load_engine_gpu(packs["gemma_swa"], n_ctx=64, backend=SimBackend(), fused=False), ids)
+    a = _logits_per_position(load_engine(packs["gemma_swa"], device="cuda", n_ctx=64, backend=SimBackend()), ids)
+    b = _logits_per_position(load_engine(packs["gemma_swa"], device="cuda", n_ctx=64, backend=SimBackend(), fused=False), ids)
     for pos, (x, y) in enumerate(zip(a, b)):
         assert x.tobytes() == y.tobytes(), f"position {pos}: max |diff| {np.abs(x - y).max()}"
 
 
 def test_sim_fused_ring_equals_full_cache(packs):
     ids = _ids(40)
-    r = {s: generate(load_engine_gpu(packs["gemma_swa"], n_ctx=48, backend=SimBackend(), sliding=s),
+    r = {s: generate(load_engine(packs["gemma_swa"], device="cuda", n_ctx=48, backend=SimBackend(), sliding=s),
                      prompt_ids=ids, n_tokens=4, ignore_eos=True) for s in ("ring", "full")}
     assert r["ring"].output_ids == r["full"].output_ids and _tops_equal(r["ring"], r["full"])
 
@@ -109,7 +110,7 @@ def test_sim_fused_ring_equals_full_cache(packs):
 def test_fused_launch_count(packs, name):
     """12 launches per layer (q, k, v, qk_prep, attn, out, norm, gate, up, act, down, norm), plus the
     staging copy and the embedding norm, plus the head matvec and the logits copy."""
-    eng = load_engine_gpu(packs[name], n_ctx=32, backend=SimBackend())
+    eng = load_engine(packs[name], device="cuda", n_ctx=32, backend=SimBackend())
     n_layer = eng.model.hp.n_layer
     c = eng.decoder.launches_per_token(True)
     assert c == {"kernels": 12 * n_layer + 2, "memcpy": 2, "total": 12 * n_layer + 4}
@@ -121,13 +122,13 @@ def test_fused_launch_count(packs, name):
 
 def test_stage_times_refused_with_graph(packs):
     with pytest.raises(StageTimesRefused, match="record nothing"):
-        load_engine_gpu(packs["gemma3"], n_ctx=32, backend=SimBackend(), stage_times=True)
+        load_engine(packs["gemma3"], device="cuda", n_ctx=32, backend=SimBackend(), stage_times=True)
     with pytest.raises(StageTimesRefused, match="fused dense step only"):  # MoE: no stage timers at all
-        load_engine_gpu(packs["moe"], n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
+        load_engine(packs["moe"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
 
 
 def test_stage_times_eager_sim(packs):
-    eng = load_engine_gpu(packs["gemma_swa"], n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
+    eng = load_engine(packs["gemma_swa"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
     generate(eng, prompt_ids=PROMPT, n_tokens=3, ignore_eos=True)
     st = eng.decoder.stage_times
     assert st.steps == len(PROMPT) + 2
@@ -138,8 +139,8 @@ def test_stage_times_eager_sim(packs):
 
 def test_fused_on_moe_is_refused_not_ignored(packs):
     with pytest.raises(FusedUnsupported, match="routed experts"):
-        load_engine_gpu(packs["moe"], n_ctx=32, backend=SimBackend(), fused=True)
-    eng = load_engine_gpu(packs["moe"], n_ctx=32, backend=SimBackend())  # default: the generic path, said so
+        load_engine(packs["moe"], device="cuda", n_ctx=32, backend=SimBackend(), fused=True)
+    eng = load_engine(packs["moe"], device="cuda", n_ctx=32, backend=SimBackend())  # default: the generic path, said so
     assert eng.decoder is None and "routed experts" in eng.gpu.decode_path
 
 
@@ -156,9 +157,9 @@ def test_cli_stage_times_refusals(packs):
 
 
 def test_fused_step_rejects_other_state_and_bad_position(packs):
-    from strata.engine.generate import GenerateError
+    from strata.engine.errors import GenerateError
 
-    eng = load_engine_gpu(packs["qwen2"], n_ctx=16, backend=SimBackend())
+    eng = load_engine(packs["qwen2"], device="cuda", n_ctx=16, backend=SimBackend())
     other = eng.model.new_state(16)
     with pytest.raises(GenerateError, match="another session state"):
         eng.model.step(1, 0, other)
@@ -173,8 +174,8 @@ def test_fused_step_rejects_other_state_and_bad_position(packs):
 @pytest.mark.parametrize("name,n", [("qwen2", 20), ("gemma3", 20), ("gemma_swa", 40)])
 def test_cuda_graph_and_eager_logits_bit_identical(packs, name, n):
     ids = _ids(n)
-    g = load_engine_gpu(packs[name], n_ctx=64, device="cuda")
-    e = load_engine_gpu(packs[name], n_ctx=64, device="cuda", graph=False)
+    g = load_engine(packs[name], device="cuda", n_ctx=64)
+    e = load_engine(packs[name], device="cuda", n_ctx=64, graph=False)
     assert g.decoder.captured and g.decoder.graph_on and not e.decoder.graph_on
     lg, le = _logits_per_position(g, ids), _logits_per_position(e, ids)
     for pos, (x, y) in enumerate(zip(lg, le)):
@@ -189,11 +190,11 @@ def test_cuda_fused_tokens_match_cpu_and_generic(packs, name):
     import cupy as cp
 
     ids = _ids(30)
-    eng = load_engine_gpu(packs[name], n_ctx=64, device="cuda")
+    eng = load_engine(packs[name], device="cuda", n_ctx=64)
     r = generate(eng, prompt_ids=ids, n_tokens=8, ignore_eos=True)
     grown = cp.get_default_memory_pool().total_bytes() - eng.gpu.pool_after_warmup
     assert grown == 0, f"decode allocated {grown} B of new device memory"
-    gen = generate(load_engine_gpu(packs[name], n_ctx=64, device="cuda", fused=False), prompt_ids=ids, n_tokens=8,
+    gen = generate(load_engine(packs[name], device="cuda", n_ctx=64, fused=False), prompt_ids=ids, n_tokens=8,
                    ignore_eos=True)
     cpu = generate(load_engine(packs[name], n_ctx=64), prompt_ids=ids, n_tokens=8, ignore_eos=True)
     gap = max(abs(a[1] - b[1]) / max(1.0, abs(b[1])) for ra, rb in zip(r.top, cpu.top) for a, b in zip(ra, rb)
@@ -207,13 +208,13 @@ def test_cuda_fused_tokens_match_cpu_and_generic(packs, name):
 @pytest.mark.gpu
 @skip_no_gpu
 def test_cuda_replay_and_stage_timer_guard(packs):
-    g = load_engine_gpu(packs["gemma_swa"], n_ctx=64, device="cuda")
+    g = load_engine(packs["gemma_swa"], device="cuda", n_ctx=64)
     generate(g, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)
     ms = g.decoder.replay_ms(50)
     assert 0 < ms < 50
     with pytest.raises(StageTimesRefused):
-        load_engine_gpu(packs["gemma_swa"], n_ctx=64, device="cuda", stage_times=True)
-    e = load_engine_gpu(packs["gemma_swa"], n_ctx=64, device="cuda", graph=False, stage_times=True)
+        load_engine(packs["gemma_swa"], device="cuda", n_ctx=64, stage_times=True)
+    e = load_engine(packs["gemma_swa"], device="cuda", n_ctx=64, graph=False, stage_times=True)
     generate(e, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)
     grouped = e.decoder.stage_times.grouped()
     print(f"\n[fused] gemma_swa: replay {ms:.3f} ms/token; eager stage ms/token {grouped}")

@@ -17,7 +17,8 @@ import pytest
 from strata.manifests.contract import ManifestError
 from strata.packer import synth
 from strata.packer.build import BuildError, _rename_noreplace, build_pack
-from strata.packer.packfmt import PackFormatError, open_pack, read_index, read_metadata
+from strata.packer.packfmt import PackFormatError, read_index, read_metadata
+from strata.packer.pack import open_pack
 from strata.packer.verify import VerifyError, verify_pack
 
 

@@ -8,7 +8,7 @@ import pytest
 import gguf
 
 from strata.packer.gguf_file import open_model, read_header
-from strata.packer.packfmt import open_pack
+from strata.packer.pack import open_pack
 
 pytestmark = pytest.mark.real
 

@@ -14,7 +14,7 @@ import pytest
 from strata.packer import quants, synth
 from strata.packer.build import BuildError, build_pack
 from strata.packer.gguf_file import GGUFError, open_model, read_header
-from strata.packer.packfmt import open_pack
+from strata.packer.pack import open_pack
 from strata.packer.verify import VerifyError, verify_pack
 
 

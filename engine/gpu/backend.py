@@ -20,7 +20,7 @@ import numpy as np
 from strata.engine import engine_form as EF
 from strata.packer import quants
 
-from ..generate import GenerateError
+from ..errors import GenerateError
 from . import reference as R
 
 

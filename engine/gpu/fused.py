@@ -69,11 +69,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import layers
-from ..generate import GenerateError
+from strata.manifests.names import tensor_name
 
-#: Architectures whose decode step this module builds.
-FUSED_ARCHS = ("gemma3", "qwen2")
+from .. import layers
+from ..errors import GenerateError, StageTimesRefused
+from ..recipe import Attention as AttentionSpec
+from ..recipe import DenseFFN
 
 #: Threads per CTA of the attention kernel (one CTA per query head; warps split the positions).
 ATTN_THREADS = 1024
@@ -81,23 +82,22 @@ ATTN_THREADS = 1024
 PARAM_BYTES = 16
 
 
-class StageTimesRefused(GenerateError):
-    """Per-stage timing asked for where it cannot measure (inside a captured CUDA graph, or on a
-    path without stage timers): refused instead of printing zeros."""
-
-
 class FusedUnsupported(GenerateError):
     """A model the fused step does not build (the reason is in the message)."""
 
 
 def fused_unsupported(model) -> str | None:
-    """Why the fused step cannot run ``model`` (None if it can)."""
+    """Why the fused step cannot run ``model`` (a :class:`strata.engine.decoder.Decoder`), None if
+    it can: it builds any recipe whose blocks are attention + dense FFN (the launch list below)."""
     arch = getattr(model, "arch", "")
     if getattr(model, "experts", None) is not None:
         return (f"{arch}: routed experts - the host picks GPU hits and CPU misses per layer from the router's "
                 "output (a device->host sync per layer), so this model keeps the eager per-layer path")
-    if arch not in FUSED_ARCHS:
-        return f"{arch}: no fused step (fused: {', '.join(FUSED_ARCHS)})"
+    for kind, b in model.recipe.blocks.items():
+        if not isinstance(b.mixer, AttentionSpec) or b.mixer.output_gate:
+            return f"{arch}: layer kind {kind!r} has a mixer the fused step does not build ({b.mixer})"
+        if not isinstance(b.ffn, DenseFFN):
+            return f"{arch}: layer kind {kind!r} has an FFN the fused step does not build ({b.ffn})"
     nx = model.nx
     if nx.act_quant or nx.attn_f16 or nx.gelu_f16_table:
         return f"numerics profile {nx.name}: the fused kernels implement the f32 profile only"
@@ -635,7 +635,7 @@ class FusedDecoder:
         m, bk, st = self.model, self.backend, self.state
         h = m.hp
         nq, nao = h.n_head * h.head_dim, h.n_head * h.head_dim_v
-        n_ff = max(int(m.w.entry(f"blk.{il}.ffn_gate.weight").ne1) for il in range(h.n_layer))
+        n_ff = max(int(m.w.entry(tensor_name("ffn_gate.weight", il)).ne1) for il in range(h.n_layer))
         self.max_size = max(st.cache.sizes)
         stage_bytes = PARAM_BYTES + 4 * h.n_embd
         n_vocab = int(m.w.entry(m.head).ne1)
@@ -671,9 +671,13 @@ class FusedDecoder:
     # ------------------------------------------------------------ the list
 
     def _build(self) -> list[Launch]:
+        """The step's launch list, from the model's recipe (:mod:`strata.engine.recipe`): per layer the
+        attention (q/k/v matvecs, ``qk_prep``, ``attn``, output matvec), the residual add with the
+        block's post-mixer norm when it has one (``resid_norm`` mode 2, else 1) fused with the FFN's
+        norm, the gated FFN (``act_mul`` with the block's activation), and the residual add fused
+        with the next layer's (or the output) norm; then the head and the logit post-processing."""
         m, w, ops, st = self.model, self.model.w, self._ops, self.state
         h = m.hp
-        gemma = m.arch == "gemma3"
         plan: list[Launch] = []
 
         def add(name, stage, run, kind="kernel"):
@@ -688,16 +692,20 @@ class FusedDecoder:
         def opt(name):
             return w.get(name) if name and w.has(name) else None
 
+        def norm_of(role, il):
+            return w.get(tensor_name(role, il))
+
         nbytes = int(self.stage_host.nbytes)
         if self.cuda:
             add("copy pos+row to device", "embed", ops.h2d(self.stage_dev, self._stage_mem.ptr, nbytes), "memcpy")
         else:
             add("copy pos+row to device", "embed", ops.h2d(self.stage_dev, self.stage_host, nbytes), "memcpy")
-        scale = float(m.embd_scale) if gemma else 1.0
+        scale = float(m.embd_scale)
         add("resid_norm embed+attn_norm", "embed",
-            ops.resid_norm(self.x, self.row_dev, None, None, w.get("blk.0.attn_norm.weight"), self.xn, h.rms_eps, scale, 0))
+            ops.resid_norm(self.x, self.row_dev, None, None, norm_of(m.blocks[0].mixer_norm, 0), self.xn, h.rms_eps,
+                           scale, 0))
         for il in range(h.n_layer):
-            p = f"blk.{il}."
+            b = m.blocks[il]
             A = m.attn[il]
             n = A.names
             sa, sf = f"L{il} attn", f"L{il} ffn"
@@ -710,7 +718,7 @@ class FusedDecoder:
             else:
                 q, k, v = mv(n.q, self.xn, sa), mv(n.k, self.xn, sa), mv(n.v, self.xn, sa)
                 qb, kb, vb = opt(n.q_bias), opt(n.k_bias), opt(n.v_bias)
-            rope = st.ropes[h.rope_base_swa if gemma and m.kinds[il] == "swa" else h.rope_base]
+            rope = st.ropes[m.rope_base_of(il)]
             L = AttnIO(il=il, q=q, k=k, v=v, qb=qb, kb=kb, vb=vb, qnw=opt(n.q_norm), knw=opt(n.k_norm), rope=rope,
                        cache=st.cache, n_head=A.n_head, n_kv=A.n_head_kv, hd=A.hd, hd_v=A.hd_v, window=A.window,
                        eps=A.eps, scale=A.scale, scale_q=A.scale_q, params=self.params_dev, qo=self.qo, ao=self.ao,
@@ -718,32 +726,24 @@ class FusedDecoder:
             add(f"qk_prep L{il}", sa, ops.qk_prep(L))
             add(f"attn L{il}", sa, ops.attn(L))
             o = mv(n.out, self.ao, sa)
-            if gemma:
-                add(f"resid_norm L{il} post_attention_norm+ffn_norm", sa,
-                    ops.resid_norm(self.x, o, opt(n.out_bias), w.get(p + "post_attention_norm.weight"),
-                                   w.get(p + "ffn_norm.weight"), self.xn, h.rms_eps, 1.0, 2))
-            else:
-                add(f"resid_norm L{il} +attn, ffn_norm", sa,
-                    ops.resid_norm(self.x, o, opt(n.out_bias), None, w.get(p + "ffn_norm.weight"), self.xn,
-                                   h.rms_eps, 1.0, 1))
-            g = mv(p + "ffn_gate.weight", self.xn, sf)
-            u = mv(p + "ffn_up.weight", self.xn, sf)
+            post = norm_of(b.mixer_post_norm, il) if b.mixer_post_norm else None
+            add(f"resid_norm L{il} +attn{' post-norm' if post is not None else ''}, ffn norm", sa,
+                ops.resid_norm(self.x, o, opt(n.out_bias), post, norm_of(b.ffn_norm, il), self.xn, h.rms_eps, 1.0,
+                               2 if post is not None else 1))
+            g = mv(tensor_name("ffn_gate.weight", il), self.xn, sf)
+            u = mv(tensor_name("ffn_up.weight", il), self.xn, sf)
             n_ff = int(g.size)
             act = self.act[:n_ff]
-            add(f"act_mul L{il}", sf, ops.act_mul(g, u, act, "gelu" if gemma else "silu"))
-            f = mv(p + "ffn_down.weight", act, sf)
-            nxt = f"blk.{il + 1}.attn_norm.weight" if il + 1 < h.n_layer else "output_norm.weight"
-            if gemma:
-                add(f"resid_norm L{il} post_ffw_norm+next norm", sf,
-                    ops.resid_norm(self.x, f, None, w.get(p + "post_ffw_norm.weight"), w.get(nxt), self.xn,
-                                   h.rms_eps, 1.0, 2))
-            else:
-                add(f"resid_norm L{il} +ffn, next norm", sf,
-                    ops.resid_norm(self.x, f, None, None, w.get(nxt), self.xn, h.rms_eps, 1.0, 1))
+            add(f"act_mul L{il}", sf, ops.act_mul(g, u, act, b.ffn.act))
+            f = mv(tensor_name("ffn_down.weight", il), act, sf)
+            nxt = norm_of(m.blocks[il + 1].mixer_norm, il + 1) if il + 1 < h.n_layer else norm_of("output_norm.weight", None)
+            post = norm_of(b.ffn_post_norm, il) if b.ffn_post_norm else None
+            add(f"resid_norm L{il} +ffn{' post-norm' if post is not None else ''}, next norm", sf,
+                ops.resid_norm(self.x, f, None, post, nxt, self.xn, h.rms_eps, 1.0, 2 if post is not None else 1))
         y = mv(m.head, self.xn, "head")
         self.y = y
         bias = opt("output.bias")
-        cap = getattr(h, "logit_softcap", None) if gemma else None
+        cap = h.logit_softcap
         if bias is not None or cap:
             add("logit_post", "head", ops.logit_post(y, bias, cap))
         if self.cuda:
@@ -887,4 +887,4 @@ def describe(dec: FusedDecoder) -> str:
 
 
 __all__ = ["FusedDecoder", "FusedUnsupported", "StageTimesRefused", "StageTimes", "fused_unsupported",
-           "fused_source", "fused_kernels", "FUSED_ARCHS", "describe"]
+           "fused_source", "fused_kernels", "describe"]

@@ -1,27 +1,41 @@
-"""One file per architecture over the shared layers (``strata.engine.layers``).
-
-Adding an architecture = a manifest (``manifests/<arch>.toml``) + a file here + a line in
-:data:`ARCHS`.
+"""One file per architecture: its block recipe (:mod:`strata.engine.recipe`). The registry is the
+files themselves - a module ``engine/models/<arch>.py`` defining ``ARCH`` and ``RECIPE`` is found
+by :func:`recipes` - so adding an architecture is its manifest (``manifests/<arch>.toml``) plus
+one file here (docs/ARCHITECTURE.md, "Adding an architecture").
 """
 
 from __future__ import annotations
 
-from .base import BaseModel, State, UnsupportedModel
-from .gemma3 import Gemma3
-from .qwen2 import Qwen2
-from .qwen3moe import Qwen3MoE
+import importlib
+import pkgutil
+from functools import lru_cache
 
-#: GGUF ``general.architecture`` -> model class.
-ARCHS: dict[str, type[BaseModel]] = {"qwen2": Qwen2, "gemma3": Gemma3, "qwen3moe": Qwen3MoE}
+from ..recipe import Recipe
 
 
-def model_class(arch: str) -> type[BaseModel]:
-    """The model class of ``arch``. Raises UnsupportedModel naming the supported ones."""
+class UnsupportedModel(ValueError):
+    """A geometry or metadata feature this engine does not implement (named), refused at load."""
+
+
+@lru_cache(maxsize=1)
+def recipes() -> dict[str, Recipe]:
+    """GGUF ``general.architecture`` -> recipe, for every model file in this package."""
+    out: dict[str, Recipe] = {}
+    for info in pkgutil.iter_modules(__path__):
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        arch, recipe = getattr(mod, "ARCH", None), getattr(mod, "RECIPE", None)
+        if isinstance(arch, str) and isinstance(recipe, Recipe):
+            out[arch] = recipe
+    return out
+
+
+def recipe_for(arch: str) -> Recipe:
+    """The recipe of ``arch``. Raises UnsupportedModel naming the architectures the engine runs."""
     try:
-        return ARCHS[arch]
+        return recipes()[arch]
     except KeyError:
         raise UnsupportedModel(f"architecture {arch!r} has no forward pass in strata's engine; "
-                               f"supported: {', '.join(sorted(ARCHS))}") from None
+                               f"supported: {', '.join(sorted(recipes()))}") from None
 
 
-__all__ = ["ARCHS", "BaseModel", "Gemma3", "Qwen2", "Qwen3MoE", "State", "UnsupportedModel", "model_class"]
+__all__ = ["UnsupportedModel", "recipe_for", "recipes"]

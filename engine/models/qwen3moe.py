@@ -10,37 +10,7 @@ Routing is llama.cpp's ``build_moe_ffn(..., LLM_FFN_SILU, norm_w = true, w_scale
 LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX)``: qwen3moe always renormalises (no metadata switch).
 """
 
-from __future__ import annotations
+from ..recipe import Attention, Block, MoEFFN, Recipe
 
-from dataclasses import dataclass
-
-from ..layers import route_topk
-from .base import Hyper
-from .qwen2 import Qwen2
-
-
-@dataclass(frozen=True)
-class MoEHyper(Hyper):
-    n_expert: int = 0
-    n_expert_used: int = 0
-    n_ff_exp: int = 0
-
-
-class Qwen3MoE(Qwen2):
-    arch = "qwen3moe"
-    qk_norm = True
-
-    @classmethod
-    def hyper(cls, g):
-        return MoEHyper.from_geometry(g, n_expert=int(g["n_expert"]), n_expert_used=int(g["n_expert_used"]),
-                                      n_ff_exp=int(g["n_ff_exp"]))
-
-    def __init__(self, g, w, experts=None, metadata=None):
-        super().__init__(g, w, experts, metadata)
-        if experts is None:
-            raise ValueError("qwen3moe needs an ExpertPath (routed experts)")
-
-    def ffn(self, il: int, x):
-        logits = self.w.matmul(f"blk.{il}.ffn_gate_inp.weight", x)
-        ids, wts = route_topk(self.xp, logits, self.hp.n_expert_used, norm=True)
-        return self.experts(il, x, ids, wts)
+ARCH = "qwen3moe"
+RECIPE = Recipe(blocks={"attention": Block(Attention(qk_norm=True), MoEFFN("silu", norm_weights=True))})

@@ -1,45 +1,26 @@
-"""The GPU path's part of ``strata-engine``: the ``cuda`` device for ``generate``, ``audit``
-(predicted vs measured VRAM per budget term) and ``profile`` (an expert-routing profile).
+"""``strata-engine measure``: the budget's prediction next to what the engine really allocates.
 
-Hooked into :mod:`strata.engine.cli` by :func:`register_device` (adds ``cuda`` to its
-``LOADERS`` table before ``generate`` is declared) and :func:`add_commands`. Importing this
-module imports no CuPy.
+Loads a pack on the GPU path (``cuda``, or the ``sim`` backend in tests) and compares, per budget
+term, the bytes :func:`strata.budget.plan.make_plan` predicts for this card, context and options with
+the bytes the engine allocated (each a sum of buffer sizes, cross-checked against the CuPy pool's
+growth per start-up stage). Deterministic terms must be equal to the byte; the total within 0.5% or
+32 MiB. A planner's prediction checked by measurement is the point, so this module (and only it in
+the engine) calls the planner.
 """
 
 from __future__ import annotations
-
-import json
-import sys
-from pathlib import Path
 
 import click
 from pydantic import BaseModel, Field
 
 from strata.budget import formulas as F
-from strata.budget.formulas import ENGINE_KV_TYPES
+from strata.budget.audit import audit_pack
+from strata.budget.cards import Card, runtime_term
+from strata.budget.plan import PlanOptions, make_plan
 
-from ..generate import GenerateError
-from .engine import DEFAULT_RESERVE_MIB, load_engine_cuda, load_engine_gpu
+from .errors import GenerateError
+from .startup import load_engine
 
-
-def register_device(loaders: dict) -> None:
-    """Add ``cuda`` to ``strata.engine.cli.LOADERS``."""
-    loaders["cuda"] = load_engine_cuda
-
-
-def _expert_cache(value: str):
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        raise click.BadParameter("expected auto or a slot count") from None
-    if n < 0:
-        raise click.BadParameter("a slot count cannot be negative")
-    return n
-
-
-# ---------------------------------------------------------------------------- audit
 
 class AuditTerm(BaseModel):
     """One budget term: bytes the budget module predicts and bytes measured on the device."""
@@ -55,8 +36,8 @@ class AuditTerm(BaseModel):
         return self.measured_bytes - self.predicted_bytes
 
 
-class GpuAudit(BaseModel):
-    """``strata-engine audit``: predicted (strata.budget) vs measured (this engine on this device)."""
+class Measurement(BaseModel):
+    """``strata-engine measure``: predicted (strata.budget) vs measured (this engine on this device)."""
 
     pack: str
     device: str
@@ -85,8 +66,9 @@ class GpuAudit(BaseModel):
         return abs(self.total_diff_bytes) <= max(0.005 * self.measured_total_bytes, 32 * F.MIB)
 
 
-def run_audit(pack: str, *, n_ctx: int, expert_cache="auto", vram_reserve_mib: int = DEFAULT_RESERVE_MIB,
-              kv: str = "f16", device: str = "cuda", backend=None, resident="all") -> GpuAudit:
+def measure_pack(pack: str, *, n_ctx: int | None = F.DEFAULT_CTX, expert_cache="auto",
+                 vram_reserve_mib: int = F.DEFAULT_RESERVE_MIB, kv: str = F.DEFAULT_KV, device: str = "cuda",
+                 backend=None, resident="all") -> Measurement:
     """Load ``pack`` on the GPU path and compare every budget term with what was allocated.
 
     Predicted: :func:`strata.budget.plan.make_plan` on the pack's audit facts, for a card of the
@@ -97,10 +79,6 @@ def run_audit(pack: str, *, n_ctx: int, expert_cache="auto", vram_reserve_mib: i
     growth per stage (``pool_checks``); the runtime and activation terms from ``cudaMemGetInfo`` and
     the pool around the warm-up; the total from ``cudaMemGetInfo`` at the end of start-up.
     """
-    from strata.budget.audit import audit_pack
-    from strata.budget.cards import Card, runtime_term
-    from strata.budget.plan import PlanOptions, make_plan
-
     if backend is None and device == "cuda":
         # the context is measured as the memory used before this engine's first allocation: give
         # back what earlier engines of this process left cached in the pool (a no-op in a fresh
@@ -114,9 +92,12 @@ def run_audit(pack: str, *, n_ctx: int, expert_cache="auto", vram_reserve_mib: i
             cp.get_default_memory_pool().free_all_blocks()
         except ImportError:
             pass  # load_engine_gpu refuses with the reason
-    eng = load_engine_gpu(pack, n_ctx=n_ctx, expert_cache=expert_cache, vram_reserve_mib=vram_reserve_mib,
-                          kv=kv, device=device, backend=backend, resident=resident)
+    eng = load_engine(pack, device=device, backend=backend, n_ctx=n_ctx, expert_cache=expert_cache,
+                      vram_reserve_mib=vram_reserve_mib, kv=kv, resident=resident)
+    n_ctx = eng.n_ctx
     g = eng.gpu
+    if g is None:
+        raise GenerateError(f"measure: device {device!r} has no device memory to measure; use --device cuda")
     marks = g.marks
     ctx = marks["pack"]["gpu_used_bytes"]
     total = marks["pack"]["gpu_total_bytes"]
@@ -134,7 +115,7 @@ def run_audit(pack: str, *, n_ctx: int, expert_cache="auto", vram_reserve_mib: i
                        embeddings_on_host=not facts.tied)
     plan = make_plan(facts, card, opts, suggest=False)
     pred = {t.name: t.bytes for t in plan.terms}
-    a = GpuAudit(pack=str(pack), device=g.device, card_total_bytes=total, context_bytes=ctx, n_ctx=n_ctx, kv=kv,
+    a = Measurement(pack=str(pack), device=g.device, card_total_bytes=total, context_bytes=ctx, n_ctx=n_ctx, kv=kv,
                  slots=slots, slot_mode=g.slot_plan.mode if g.slot_plan else "")
     end = marks["expert cache"]
     cache_bytes = g.slot_plan.cache_bytes if g.slot_plan else 0
@@ -186,8 +167,8 @@ def run_audit(pack: str, *, n_ctx: int, expert_cache="auto", vram_reserve_mib: i
     return a
 
 
-def _print_audit(a: GpuAudit) -> None:
-    click.echo(f"audit {a.pack} on {a.device}: card {a.card_total_bytes / F.MIB:.0f} MiB, n_ctx {a.n_ctx}, kv {a.kv}, "
+def print_measurement(a: Measurement) -> None:
+    click.echo(f"measure {a.pack} on {a.device}: card {a.card_total_bytes / F.MIB:.0f} MiB, n_ctx {a.n_ctx}, kv {a.kv}, "
                f"{a.slots} expert slots ({a.slot_mode or 'no experts'}); every figure in bytes")
     click.echo(f"{'term':22s} {'predicted':>16s} {'measured':>16s} {'diff':>12s}  kind")
     for t in a.terms:
@@ -204,116 +185,4 @@ def _print_audit(a: GpuAudit) -> None:
         click.echo(f"note: {n}")
 
 
-# ---------------------------------------------------------------------------- profile
-
-def run_profile(pack: str, prompts: list[str], *, n_tokens: int, n_ctx: int, device: str = "cpu") -> list[tuple[int, int, int]]:
-    """Route ``prompts`` through the engine and count, per (layer, expert), how often it was
-    selected (prompt positions and generated tokens alike). Returns ``(layer, expert, count)``
-    rows sorted by layer, expert (pairs never selected are left out)."""
-    from ..generate import generate, load_engine
-
-    eng = load_engine(pack, n_ctx=n_ctx, resident="none") if device == "cpu" else \
-        load_engine_gpu(pack, n_ctx=n_ctx, device=device, expert_cache=0)
-    kv = eng.kv
-    if eng.experts is None:
-        raise GenerateError(f"{pack}: {eng.pack.arch} has no routed experts (a dense model); nothing to profile")
-    counts: dict[tuple[int, int], int] = {}
-    path = eng.experts
-    orig = path.__call__
-
-    class Counting(type(path)):  # count every selection, then defer to the real path
-        def __call__(self, il, x, ids, weights):
-            for e in ids:
-                counts[(il, e)] = counts.get((il, e), 0) + 1
-            return orig(il, x, ids, weights)
-
-    path.__class__ = Counting
-    for p in prompts:
-        eng.state = eng.model.new_state(n_ctx, kv=kv)
-        generate(eng, p, n_tokens, ignore_eos=True)
-    return sorted((il, e, c) for (il, e), c in counts.items())
-
-
-def write_profile(rows: list[tuple[int, int, int]], out: str) -> None:
-    """Parquet with int columns ``layer``, ``expert``, ``count`` (read by strata.budget.plan.read_profile)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.table({"layer": pa.array([r[0] for r in rows], pa.int32()),
-                      "expert": pa.array([r[1] for r in rows], pa.int32()),
-                      "count": pa.array([r[2] for r in rows], pa.int64())})
-    pq.write_table(table, out)
-
-
-# ---------------------------------------------------------------------------- commands
-
-def add_commands(main: click.Group) -> None:
-    """Add ``audit`` and ``profile`` to the ``strata-engine`` group."""
-
-    @main.command("audit")
-    @click.argument("pack", type=click.Path())
-    @click.option("--ctx", "n_ctx", default=1024, show_default=True, help="Positions the KV cache holds.")
-    @click.option("--expert-cache", "expert_cache", default="auto", show_default=True,
-                  callback=lambda c, p, v: _expert_cache(v), help="auto or a slot count.")
-    @click.option("--vram-reserve-mib", default=DEFAULT_RESERVE_MIB, show_default=True)
-    @click.option("--kv", type=click.Choice(list(ENGINE_KV_TYPES)), default="f16", show_default=True,
-                  help="KV cache type (the budget plans the same).")
-    @click.option("--json", "as_json", is_flag=True)
-    def audit_cmd(pack, n_ctx, expert_cache, vram_reserve_mib, kv, as_json):
-        """Load PACK on the GPU and print, per budget term, predicted bytes (strata.budget, on the
-        measured card and context) next to the bytes this engine allocated.
-
-        Exit codes: 0 every exact term equal and the total within 0.5% or 32 MiB, 1 not, 2 refused."""
-        from ..cli import REFUSALS, _fail, check_pack_dir
-
-        bad = check_pack_dir(pack) or (f"--ctx {n_ctx}: must be >= 1" if n_ctx < 1 else None)
-        if bad:
-            _fail(bad, as_json=as_json)
-        try:
-            a = run_audit(pack, n_ctx=n_ctx, expert_cache=expert_cache, vram_reserve_mib=vram_reserve_mib, kv=kv)
-        except REFUSALS as e:
-            _fail(str(e), as_json=as_json)
-        if as_json:
-            d = a.model_dump()
-            d.update(exact_ok=a.exact_ok, total_ok=a.total_ok, total_diff_bytes=a.total_diff_bytes)
-            click.echo(json.dumps(d))
-        else:
-            _print_audit(a)
-        sys.exit(0 if a.exact_ok and a.total_ok else 1)
-
-    @main.command("profile")
-    @click.argument("pack", type=click.Path())
-    @click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False),
-                  help="Text file, one prompt per line.")
-    @click.option("-o", "--out", default="expert-profile.parquet", show_default=True)
-    @click.option("-n", "--n-tokens", "n_tokens", default=16, show_default=True, help="Tokens generated per prompt.")
-    @click.option("--ctx", "n_ctx", default=1024, show_default=True)
-    @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-    def profile_cmd(pack, prompts_file, out, n_tokens, n_ctx, device):
-        """Write an expert profile (Parquet: layer, expert, count) from routing over --prompts."""
-        from ..cli import REFUSALS, _fail, check_pack_dir
-
-        bad = check_pack_dir(pack)
-        if bad:
-            _fail(bad)
-        parent = Path(out).resolve().parent
-        if not parent.is_dir():
-            _fail(f"-o/--out {out}: the directory {parent} does not exist")
-        if Path(out).is_dir():
-            _fail(f"-o/--out {out}: is a directory")
-        if n_tokens < 1:
-            _fail(f"-n/--n-tokens {n_tokens}: must be >= 1")
-        if n_ctx < 1:
-            _fail(f"--ctx {n_ctx}: must be >= 1")
-        if not Path(prompts_file).is_file():
-            _fail(f"--prompts {prompts_file}: no such file")
-        prompts = [ln for ln in Path(prompts_file).read_text().splitlines() if ln.strip()]
-        if not prompts:
-            _fail(f"--prompts {prompts_file}: no prompts")
-        try:
-            rows = run_profile(pack, prompts, n_tokens=n_tokens, n_ctx=n_ctx, device=device)
-            write_profile(rows, out)
-        except REFUSALS as e:
-            _fail(str(e))
-        click.echo(f"profile: {len(rows)} (layer, expert) pairs, {sum(r[2] for r in rows)} selections "
-                   f"(counts) from {len(prompts)} prompts -> {out}")
+__all__ = ["AuditTerm", "Measurement", "measure_pack", "print_measurement"]

@@ -1,0 +1,98 @@
+"""The expert profile file: routing counts per (layer, expert), one reader and one writer.
+
+A profile is Parquet with integer columns ``layer``, ``expert``, ``count``, one row per (layer,
+expert) pair that was routed to (``strata-engine profile`` writes it by counting the router's
+selections over prompts). ``strata-budget check --expert-profile`` fills the planned cache with it
+and reports the expected hit rate; ``strata-engine generate --expert-profile`` fills the real cache
+the same way (:func:`strata.budget.formulas.fill_profile`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import PlanInputError
+
+#: Columns of an expert profile (Parquet), each of an integer type.
+PROFILE_COLUMNS = ("layer", "expert", "count")
+
+
+def read_profile(path: str | Path) -> list[tuple[int, int, int]]:
+    """Read an expert profile: Parquet with integer columns ``layer``, ``expert``, ``count``; one row
+    per (layer, expert) pair, every value >= 0. Only integer column types are accepted: a float
+    count is refused, never truncated (nor a bool, string or list column).
+
+    Raises:
+        PlanInputError: no such file, a file that is not Parquet, missing columns (naming them), a
+            column of another type or with nulls (naming it and a row), no rows, a negative value or
+            a duplicated (layer, expert) pair (naming the rows). Rows are numbered from 0.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    if not p.exists():
+        raise PlanInputError(f"--expert-profile {path}: no such file", tensor=str(path), found="no such file",
+                             required="a Parquet file with columns layer, expert, count")
+    if p.is_dir():
+        raise PlanInputError(f"--expert-profile {path}: is a directory, not a Parquet file", tensor=str(path),
+                             found="a directory", required="a Parquet file with columns layer, expert, count")
+    try:
+        table = pq.read_table(p)
+    except Exception as e:  # pyarrow raises several types for unreadable files
+        raise PlanInputError(f"--expert-profile {path}: not a readable Parquet file ({e})", tensor=str(path),
+                             found="not Parquet", required="a Parquet file with columns layer, expert, count") from None
+    missing = [c for c in PROFILE_COLUMNS if c not in table.column_names]
+    if missing:
+        raise PlanInputError(f"{path}: expert profile lacks column(s) {missing}; it has {table.column_names}",
+                             tensor=str(path), found=f"columns {table.column_names}", required="columns layer, expert, count")
+    cols = []
+    for c in PROFILE_COLUMNS:
+        col = table.column(c)
+        if not pa.types.is_integer(col.type):
+            values = col.to_pylist()
+            i = 0
+            if pa.types.is_floating(col.type):  # show a value truncation would have changed
+                i = next((k for k, v in enumerate(values) if v is not None and not float(v).is_integer()), 0)
+            example = f"; row {i} holds {values[i]!r}" if values else ""
+            raise PlanInputError(f"{path}: column {c} has type {col.type}, an expert profile needs integer columns "
+                                 f"(int8..int64 or uint8..uint64; values are never truncated or converted){example}",
+                                 tensor=f"{path}:{c}", found=str(col.type), required="an integer type")
+        if col.null_count:
+            i = next(k for k, v in enumerate(col.to_pylist()) if v is None)
+            raise PlanInputError(f"{path}: column {c} has {col.null_count} null value(s), the first at row {i}",
+                                 tensor=f"{path}:{c}", found=f"{col.null_count} null(s)", required="no nulls")
+        cols.append(col.to_pylist())
+    rows = list(zip(*cols))
+    if not rows:
+        raise PlanInputError(f"{path}: the expert profile has no rows", tensor=str(path), found="0 rows",
+                             required="one row per profiled (layer, expert) pair")
+    seen: dict[tuple[int, int], int] = {}
+    for i, (layer, expert, count) in enumerate(rows):
+        for c, v in zip(PROFILE_COLUMNS, (layer, expert, count)):
+            if v < 0:
+                raise PlanInputError(f"{path} row {i}: {c} {v} is negative (layer {layer}, expert {expert}, count {count})",
+                                     tensor=f"{path} row {i}", found=f"{c} {v}", required=f"{c} >= 0")
+        if (layer, expert) in seen:
+            j = seen[layer, expert]
+            raise PlanInputError(f"{path} rows {j} and {i}: the pair (layer {layer}, expert {expert}) appears twice "
+                                 f"(counts {rows[j][2]} and {count}); each (layer, expert) pair must appear once",
+                                 tensor=f"{path} row {i}", found=f"(layer {layer}, expert {expert}) again (first at row {j})",
+                                 required="each (layer, expert) pair once")
+        seen[layer, expert] = i
+    return rows
+
+
+def write_profile(rows: list[tuple[int, int, int]], out: str | Path) -> None:
+    """Write ``(layer, expert, count)`` rows as Parquet: ``layer``, ``expert`` int32, ``count`` int64
+    (what :func:`read_profile` reads back)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"layer": pa.array([r[0] for r in rows], pa.int32()),
+                      "expert": pa.array([r[1] for r in rows], pa.int32()),
+                      "count": pa.array([r[2] for r in rows], pa.int64())})
+    pq.write_table(table, out)
+
+
+__all__ = ["PROFILE_COLUMNS", "read_profile", "write_profile"]

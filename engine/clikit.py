@@ -1,0 +1,70 @@
+"""What every ``strata-engine`` command shares: the refusals it turns into exit 2, the one-line
+``error: ...`` printer, the PACK argument check and the checkpoint printer."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from strata.budget.errors import BudgetInputError
+from strata.manifests.contract import ManifestError
+from strata.packer.packfmt import PackFormatError
+
+from .checkpoints import Checkpoint
+from .dequant import DequantError
+from .errors import GenerateError
+from .loader import LoadError
+from .models import UnsupportedModel
+from .tokenizer import TokenizerError
+from .weights import WeightError
+
+#: Exceptions a command reports as a refusal (exit 2, one line naming the file, tensor or numbers).
+REFUSALS = (PackFormatError, ManifestError, LoadError, UnsupportedModel, TokenizerError, GenerateError, DequantError,
+            WeightError, BudgetInputError, FileNotFoundError, PermissionError)
+
+
+def fail(msg: str, code: int = 2, as_json: bool = False) -> None:
+    """One-line ``error: ...`` on stderr (and with ``--json`` a ``{"ok": false, "error": ...}`` object
+    on stdout), then exit ``code`` (2: refused)."""
+    msg = " ".join(str(msg).split("\n")) if msg else "refused"
+    if as_json:
+        click.echo(json.dumps({"ok": False, "error": msg}))
+    click.echo(f"error: {msg}", err=True)
+    sys.exit(code)
+
+
+def warn(msg: str) -> None:
+    """``warning: ...`` on stderr."""
+    click.echo(f"warning: {msg}", err=True)
+
+
+def check_pack_dir(pack: str) -> str | None:
+    """The refusal for a PACK argument that is not a directory (missing or a file), else None."""
+    p = Path(pack)
+    if not p.is_dir():
+        return f"{p}: not a pack directory"  # the message open_pack gives a missing path
+    return None
+
+
+def print_checkpoint(cp: Checkpoint) -> None:
+    """One ``--verbose`` start-up line on stderr."""
+    click.echo(cp.line(), err=True)
+
+
+def expert_cache_value(value: str) -> str | int:
+    """``--expert-cache``: ``auto`` or a slot count >= 0 (click's BadParameter otherwise)."""
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter("expected auto or a slot count") from None
+    if n < 0:
+        raise click.BadParameter("a slot count cannot be negative")
+    return n
+
+
+__all__ = ["REFUSALS", "check_pack_dir", "expert_cache_value", "fail", "print_checkpoint", "warn"]

@@ -1,0 +1,242 @@
+"""The forward pass of every architecture, executed from its recipe with an array module ``xp``.
+
+:class:`Decoder` is built from a :class:`~strata.manifests.contract.Geometry` (geometry.txt through
+the architecture's manifest), the architecture's :class:`~strata.engine.recipe.Recipe`, a
+:class:`~strata.engine.weights.Weights` store and, for MoE models, an
+:class:`~strata.engine.experts.ExpertPath`. Its one job is ``step(token, pos, state, logits)``: one
+position through every layer, returning the logits when asked (the prompt positions before the last
+need none: their head GEMV is skipped). The same code runs with NumPy (the CPU path) and CuPy (the
+GPU's generic path); the GPU's fused step is built from the same recipe
+(:mod:`strata.engine.gpu.fused`).
+
+Per layer (llama.cpp ``src/models/*.cpp``)::
+
+    a = mixer(rms_norm(x) * mixer_norm)                 # attention
+    x = x + (rms_norm(a) * mixer_post_norm if the block has one else a)
+    f = ffn(rms_norm(x) * ffn_norm)                     # dense or routed experts
+    x = x + (rms_norm(f) * ffn_post_norm if the block has one else f)
+
+then ``logits = head(rms_norm(x) * output_norm)`` (+ ``output.bias``), soft-capped when the recipe's
+``logit_softcap`` param is set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata.budget import formulas as F
+from strata.manifests.contract import Geometry
+from strata.manifests.names import tensor_name
+
+from .layers import Attention, KVCache, Rope, gated_mlp, rms_norm, route_topk
+from .models import UnsupportedModel
+from .numerics import numerics
+from .recipe import Attention as AttentionSpec
+from .recipe import Block, DenseFFN, MoEFFN, Recipe
+
+
+@dataclass
+class State:
+    """Per-session buffers, allocated once before the first token: the KV cache and rope tables
+    (keyed by rope base)."""
+
+    n_ctx: int
+    cache: KVCache
+    ropes: dict[float, Rope] = field(default_factory=dict)
+
+    @property
+    def rope_nbytes(self) -> int:
+        return sum(r.cos.nbytes + r.sin.nbytes for r in self.ropes.values())
+
+    @property
+    def nbytes(self) -> int:
+        return self.cache.nbytes + self.rope_nbytes
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """Hyperparameters the executors read, typed, from geometry.txt via the manifest (counts;
+    ``rms_eps`` and ``attn_scale`` unitless). MoE fields are 0 for dense models."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    head_dim_v: int
+    rms_eps: float
+    rope_base: float
+    attn_scale: float
+    n_vocab: int
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    logit_softcap: float | None = None
+
+    @classmethod
+    def from_geometry(cls, g: Geometry, recipe: Recipe) -> "Hyper":
+        cap = g.get(recipe.logit_softcap) if recipe.logit_softcap else None
+        return cls(
+            n_layer=int(g["n_layer"]), n_embd=int(g["n_embd"]), n_head=int(g["n_head"]), n_head_kv=int(g["n_head_kv"]),
+            head_dim=int(g["head_dim"]), head_dim_v=int(g["head_dim_v"]), rms_eps=float(g["rms_eps"]),
+            rope_base=float(g["rope_base"]), attn_scale=float(g["attn_scale"]), n_vocab=int(g["n_vocab"]),
+            n_expert=int(g.get("n_expert") or 0), n_expert_used=int(g.get("n_expert_used") or 0),
+            n_ff_exp=int(g.get("n_ff_exp") or 0), logit_softcap=float(cap) if cap else None,
+        )
+
+
+#: Metadata keys that change the computation and that this engine does not implement: refused at load.
+_REFUSED_WHEN_SET = ("rope.scaling.type", "rope.scaling.factor")
+
+
+class Decoder:
+    """The forward pass of ``g.arch`` from ``recipe`` (see the module docstring).
+
+    Attributes:
+        hp: :class:`Hyper`; ``kinds``: each layer's kind; ``blocks``: each layer's recipe block;
+        ``attn``: each layer's :class:`strata.engine.layers.Attention` (None for a layer whose mixer
+        is not attention); ``head``: the tensor the output head multiplies with (``output.weight``,
+        or ``token_embd.weight`` when tied); ``embd_scale``: the embedding multiplier (1 unless the
+        recipe scales by sqrt(n_embd)).
+
+    Raises:
+        UnsupportedModel: a metadata feature the engine does not implement (named with its value),
+            or a layer kind the recipe has no block for.
+        ValueError: a recipe with routed experts and no ``experts`` path.
+    """
+
+    def __init__(self, g: Geometry, recipe: Recipe, w, experts=None, metadata: dict[str, Any] | None = None):
+        self.g, self.recipe, self.w, self.experts = g, recipe, w, experts
+        self.arch = g.arch
+        self.xp = w.xp
+        # the numerics profile travels with the weight store (strata.engine.numerics); a store without one is f32
+        self.nx = getattr(w, "nx", None) or numerics("f32")
+        md = metadata or {}
+        for key in (f"{g.arch}.{k}" for k in _REFUSED_WHEN_SET):
+            v = md.get(key)
+            if v not in (None, "none", 1.0, 0.0):
+                raise UnsupportedModel(f"metadata {key} = {v!r}: rope scaling is not implemented by strata's engine")
+        self.hp = Hyper.from_geometry(g, recipe)
+        self.kinds = list(g.layer_kinds)
+        try:
+            self.blocks: list[Block] = [recipe.block(k) for k in self.kinds]
+        except KeyError as e:
+            raise UnsupportedModel(f"{g.arch}: {e.args[0]}") from None
+        if recipe.moe and experts is None:
+            raise ValueError(f"{g.arch} has routed experts: the decoder needs an ExpertPath")
+        h = self.hp
+        self.attn: list[Attention | None] = []
+        for il, b in enumerate(self.blocks):
+            m = b.mixer
+            if isinstance(m, AttentionSpec):
+                self.attn.append(Attention(w, il, n_head=h.n_head, n_head_kv=h.n_head_kv, head_dim=h.head_dim,
+                                           head_dim_v=h.head_dim_v, scale=h.attn_scale, window=g.layer_window(il),
+                                           eps=h.rms_eps, qk_norm=m.qk_norm, scale_q=m.scale_q,
+                                           f16_operands=self.nx.attn_f16))
+            else:
+                self.attn.append(None)
+        self.embd_scale = self.xp.float32(math.sqrt(h.n_embd)) if recipe.embed_scale else self.xp.float32(1.0)
+        self.head = "output.weight" if w.has("output.weight") else "token_embd.weight"
+        self.gelu = "gelu_f16" if self.nx.gelu_f16_table else "gelu"
+
+    # ------------------------------------------------------------ what the start-up asks
+
+    def head_tensors(self) -> list[str]:
+        """Tensors of the output head (loaded at the 'head' checkpoint, before the expert cache)."""
+        names = [self.head]
+        if self.w.has("output.bias"):
+            names.append("output.bias")
+        return names
+
+    def row_tensors(self) -> list[str]:
+        """Tensors read only by rows (embedding lookup): kept quantized unless they are the head."""
+        return [] if self.head == "token_embd.weight" else ["token_embd.weight"]
+
+    def rope_base_of(self, il: int) -> float:
+        """The rope base of layer ``il`` (its block's ``rope_base`` geometry param)."""
+        return float(self.g[self.blocks[il].mixer.rope_base])
+
+    def rope_dim(self) -> int:
+        """Rotated dims per head (the recipe's ``rope_dim`` param, head_dim when it has none)."""
+        dims = {int(self.g[b.mixer.rope_dim]) if b.mixer.rope_dim else self.hp.head_dim
+                for b in self.blocks if isinstance(b.mixer, AttentionSpec)}
+        if len(dims) > 1:
+            raise UnsupportedModel(f"{self.arch}: layers rotate different numbers of dims {sorted(dims)}")
+        return dims.pop() if dims else self.hp.head_dim
+
+    def rope_bases(self) -> list[float]:
+        """The distinct rope bases of the attention layers (one table each), in layer order."""
+        out: list[float] = []
+        for il, a in enumerate(self.attn):
+            if a is not None and self.rope_base_of(il) not in out:
+                out.append(self.rope_base_of(il))
+        return out
+
+    def layer_windows(self) -> list[int | None]:
+        """Per layer: the sliding window its attention sees, None for the whole context."""
+        return [a.window if a is not None else None for a in self.attn]
+
+    def kv_sizes(self, n_ctx: int, sliding: str = "ring") -> list[int]:
+        """Positions each layer's KV cache holds: ``n_ctx``, or for a sliding-window layer the
+        budget's :func:`strata.budget.formulas.kv_tokens` at the engine's one-position prompt path
+        (``sliding="ring"``; ``"full"``: ``n_ctx`` everywhere, the reference the ring is tested against)."""
+        if sliding not in ("ring", "full"):
+            raise ValueError(f"sliding {sliding!r}: expected ring or full")
+        if sliding == "full":
+            return [n_ctx] * self.hp.n_layer
+        return [F.kv_tokens(n_ctx, w, F.ENGINE_PREFILL_CHUNK) for w in self.layer_windows()]
+
+    def new_state(self, n_ctx: int, kv: str = "f16", sliding: str = "ring") -> State:
+        """KV cache (``kv``: f16 | f32, :meth:`kv_sizes` positions per layer) and rope tables for
+        ``n_ctx`` positions, allocated once."""
+        h = self.hp
+        st = State(n_ctx, KVCache(self.xp, self.kv_sizes(n_ctx, sliding), h.n_head_kv, h.head_dim, h.head_dim_v, kv))
+        for base in self.rope_bases():
+            st.ropes[base] = Rope(self.xp, self.rope_dim(), base, n_ctx)
+        return st
+
+    # ------------------------------------------------------------ the step
+
+    def _norm(self, x, role: str, il: int | None):
+        return rms_norm(self.xp, x, self.w.get(tensor_name(role, il)), self.hp.rms_eps)
+
+    def ffn(self, il: int, x):
+        """The FFN of layer ``il`` on its normed input ``x``."""
+        f = self.blocks[il].ffn
+        if isinstance(f, DenseFFN):
+            return gated_mlp(self.xp, self.w, il, x, "silu" if f.act == "silu" else self.gelu)
+        assert isinstance(f, MoEFFN)
+        logits = self.w.matmul(tensor_name("ffn_gate_inp.weight", il), x)
+        ids, wts = route_topk(self.xp, logits, self.hp.n_expert_used, norm=f.norm_weights)
+        return self.experts(il, x, ids, wts)
+
+    def logits(self, x):
+        """Output norm, head GEMV (+ bias), soft-cap (ggml_scale(1/cap) -> ggml_tanh -> ggml_scale(cap))."""
+        xp, w = self.xp, self.w
+        y = w.matmul(self.head, self._norm(x, "output_norm.weight", None))
+        if w.has("output.bias"):
+            y = y + w.get("output.bias")
+        cap = self.hp.logit_softcap
+        if cap:
+            y = xp.tanh(y * xp.float32(1.0 / cap)) * xp.float32(cap)
+        return y
+
+    def step(self, token: int, pos: int, state: State, logits: bool = True):
+        """Position ``pos`` of token ``token`` through every layer; the f32 logits ``[n_vocab]`` when
+        ``logits``, else None (the KV cache is written either way)."""
+        xp, w = self.xp, self.w
+        x = w.rows("token_embd.weight", [token])[0]
+        if self.recipe.embed_scale:
+            x = x * self.embd_scale
+        for il, b in enumerate(self.blocks):
+            h = self._norm(x, b.mixer_norm, il)
+            a = self.attn[il](xp, h, pos, state.cache, state.ropes[self.rope_base_of(il)])
+            x = x + (self._norm(a, b.mixer_post_norm, il) if b.mixer_post_norm else a)
+            f = self.ffn(il, self._norm(x, b.ffn_norm, il))
+            x = x + (self._norm(f, b.ffn_post_norm, il) if b.ffn_post_norm else f)
+        return self.logits(x) if logits else None
+
+
+__all__ = ["Decoder", "Hyper", "State"]

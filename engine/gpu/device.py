@@ -1,0 +1,258 @@
+"""``--device cuda`` (and its NumPy simulation ``sim``): the GPU's part of each start-up stage.
+
+The stages and their order are :func:`strata.engine.startup.load_engine`'s; this device fills them
+in (every stage records ``cudaMemGetInfo`` and the CuPy pool's bytes in its checkpoint notes:
+``gpu_free_bytes``, ``gpu_used_bytes``, ``pool_used_bytes``, ``pool_total_bytes``):
+
+- ``weights`` / ``head``: engine-form upload by byte offset (:class:`DeviceWeights`), one
+  preallocated f32 GEMV output per matrix (:func:`strata.budget.formulas.matvec_out_bytes`);
+- ``session``: KV cache, rope tables, the embedding row, the expert hit path's vectors;
+- ``prompt path``: every kernel compiled and loaded (dense and expert types). Models whose recipe
+  the fused step builds get it (:mod:`strata.engine.gpu.fused`): its buffers and pinned staging
+  memory, one eager step (loads every kernel), the step captured as CUDA graphs (``graph=False``:
+  replayed eagerly). Others keep the generic per-layer path, whose warm-up steps at positions 0 and
+  ``n_ctx - 1`` put the largest temporaries in the CuPy pool. Either way the token loop allocates no
+  new device memory; memory taken here outside the pool is the CUDA runtime's first-use cost
+  (kernel modules, graph instantiation), which the budget charges as a measured constant;
+- ``expert cache``: :func:`strata.budget.formulas.size_expert_cache` on the free memory measured
+  right there (``--expert-cache auto``) or N slots, refused with both numbers when N does not fit;
+  filled from a profile in :func:`strata.budget.formulas.fill_profile`'s order or from ``resident``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata.budget import formulas as F
+from strata.manifests.contract import Geometry
+from strata.packer.pack import Pack
+
+from ..decoder import Decoder, State
+from ..errors import GenerateError
+from ..experts import ShardExperts, resident_pairs
+from ..loader import LoadPlan
+from ..core import Engine, EngineOptions
+from .backend import Backend, make_backend
+from ..errors import StageTimesRefused
+from .fused import FusedDecoder, FusedUnsupported, StageTimes, describe, fused_unsupported
+from .slots import GpuExpertPath, GpuStepProbe, SlotCache, SlotPlan
+from .weights import DeviceWeights
+
+
+class ExpertCacheError(GenerateError):
+    """An expert cache that cannot be built as asked (both numbers in the message)."""
+
+
+@dataclass
+class GpuInfo:
+    """GPU-side facts of a loaded engine (bytes), for ``strata-engine measure``, stats and benchmarks.
+
+    ``buffer_bytes``: the budget's "engine buffers" as allocated (GEMV outputs, f32 vector copies,
+    embedding row, rope tables, expert hit path); ``runtime_bytes``: device memory the warm-up took
+    outside the CuPy pool (kernel modules); ``warmup_pool_bytes``: what the warm-up left in the pool
+    (temporaries, the budget's "prefill/activations"). ``alloc_rounded``: per stage, the bytes the
+    engine asked the backend for, each rounded to the pool's 512 B unit (to check against the pool)."""
+
+    backend: str
+    device: str
+    kv: str = "f16"
+    weights_engine_bytes: int = 0
+    head_engine_bytes: int = 0
+    f32_vector_bytes: int = 0
+    output_buffer_bytes: int = 0
+    row_buffer_bytes: int = 0
+    hit_buffer_bytes: int = 0
+    kv_bytes: int = 0
+    rope_bytes: int = 0
+    buffer_bytes: int = 0
+    runtime_bytes: int = 0
+    warmup_pool_bytes: int = 0
+    session_rounded_bytes: int = 0
+    slot_plan: SlotPlan | None = None
+    filled: int = 0
+    fill: str = ""
+    pool_after_warmup: int = 0
+    alloc_rounded: dict[str, int] = field(default_factory=dict)
+    marks: dict[str, dict[str, int]] = field(default_factory=dict)
+    decode_path: str = ""  # fused step (graph | eager) or the generic per-layer path, and why
+    launches_per_token: dict[str, int] = field(default_factory=dict)  # fused step: kernels, memcpy, total
+    fused_buffer_bytes: int = 0  # the fused step's activation buffers (in "prefill/activations")
+
+
+def _rounded(arrays, unit: int) -> int:
+    return sum(-(-int(a.nbytes) // unit) * unit for a in arrays)
+
+
+class GpuDevice:
+    """The GPU device (see the module docstring). ``name``: ``cuda`` (CuPy) or ``sim`` (NumPy
+    stand-in of a card, :class:`strata.engine.gpu.backend.SimBackend`); ``backend`` overrides it.
+
+    Raises:
+        GpuUnavailable: ``cuda`` without CuPy or a CUDA device (the reason is in the message).
+    """
+
+    def __init__(self, name: str = "cuda", backend: Backend | None = None):
+        self.bk = backend or make_backend(name)
+        self.name = self.bk.name
+        self.info = GpuInfo(self.bk.name, self.bk.device_name())
+        self.experts: GpuExpertPath | None = None
+        self.decoder: FusedDecoder | None = None
+
+    def describe(self) -> str:
+        return self.info.device
+
+    def check_options(self, opts: EngineOptions) -> None:
+        if opts.expert_cache != "auto" and int(opts.expert_cache) < 0:
+            raise ExpertCacheError(f"--expert-cache {opts.expert_cache}: a slot count cannot be negative")
+        self.info.kv = opts.kv
+
+    def mark(self, stage: str, note: dict) -> None:
+        bk, info = self.bk, self.info
+        bk.synchronize()
+        m = bk.mem_info()
+        d = {"gpu_free_bytes": m.free, "gpu_used_bytes": m.total - m.free, "gpu_total_bytes": m.total,
+             "pool_used_bytes": m.pool_used, "pool_total_bytes": m.pool_total}
+        note.update(d)
+        info.marks[stage] = d
+        info.alloc_rounded[stage] = bk.alloc_rounded_bytes
+        if stage == "prompt path":
+            a, b = info.marks["session"], d
+            info.warmup_pool_bytes = b["pool_total_bytes"] - a["pool_total_bytes"]
+            info.runtime_bytes = (b["gpu_used_bytes"] - a["gpu_used_bytes"]) - info.warmup_pool_bytes
+            note["runtime_bytes"] = info.runtime_bytes
+            note["warmup_pool_bytes"] = info.warmup_pool_bytes
+        if stage == "expert cache":
+            info.pool_after_warmup = d["pool_total_bytes"]
+
+    def memory_available(self) -> tuple[int, str]:
+        return self.bk.mem_info().free, f"free VRAM on {self.info.device} (cudaMemGetInfo)"
+
+    def make_weights(self, pack: Pack, plan: LoadPlan, nx) -> DeviceWeights:
+        return DeviceWeights(pack, plan.dense, self.bk)
+
+    def make_experts(self, plan: LoadPlan, nx) -> GpuExpertPath:
+        self.experts = GpuExpertPath(ShardExperts(plan), None, self.bk)
+        return self.experts
+
+    def load_weights(self, weights: DeviceWeights, names: list[str], stage: str, note: dict) -> None:
+        added = weights.upload(names)
+        note["engine_bytes"] = added
+        if stage == "head":
+            self.info.head_engine_bytes = added
+        else:
+            self.info.weights_engine_bytes += added
+
+    def open_session(self, model: Decoder, opts: EngineOptions, n_ctx: int, note: dict) -> State:
+        info, bk, w = self.info, self.bk, model.w
+        state = model.new_state(n_ctx, kv=opts.kv, sliding=opts.sliding)
+        for name in sorted(model.row_tensors()):
+            info.row_buffer_bytes += w.alloc_row_buffer(name)
+        if self.experts is not None:
+            info.hit_buffer_bytes = self.experts.alloc_hit_buffers(model.hp.n_embd, model.hp.n_ff_exp)
+        info.kv_bytes = state.cache.nbytes
+        info.rope_bytes = state.rope_nbytes
+        info.f32_vector_bytes = w.f32_vector_bytes
+        info.output_buffer_bytes = w.output_bytes
+        info.buffer_bytes = w.buffer_bytes + info.rope_bytes + info.hit_buffer_bytes
+        # KV and rope arrays come from the array module itself, not through the backend
+        info.session_rounded_bytes = _rounded(state.cache.k + state.cache.v + [a for r in state.ropes.values()
+                                                                               for a in (r.cos, r.sin)], bk.POOL_UNIT)
+        note["n_ctx"] = n_ctx
+        note["kv"] = f"{opts.kv}, {opts.sliding}: {min(state.cache.sizes)}..{max(state.cache.sizes)} positions per layer"
+        note["kv_bytes"] = info.kv_bytes
+        note["buffer_bytes"] = info.buffer_bytes
+        return state
+
+    def prompt_path(self, model: Decoder, state: State, opts: EngineOptions, note: dict) -> Any:
+        info, bk = self.info, self.bk
+        source = self.experts.source if self.experts is not None else None
+        expert_types = {t for r in source.rows.values() for t in (r.gate_type, r.up_type, r.down_type)} if source else set()
+        bk.prepare(model.w.types() | expert_types)
+        why = fused_unsupported(model)
+        if opts.fused and why:
+            raise FusedUnsupported(why)
+        if opts.stage_times and why:
+            raise StageTimesRefused(f"--stage-times: per-stage timers exist on the fused dense step only; {why}")
+        n_ctx = state.n_ctx
+        runner: Any = model
+        if (opts.fused is None or opts.fused) and why is None:
+            # the fused step: its buffers, one eager step (loads every kernel), then the graphs
+            dec = FusedDecoder(model, bk, state, graph=opts.graph, stage_times=opts.stage_times)
+            for pos in sorted({0, n_ctx - 1} if opts.warmup else {0}):
+                dec.step(0, pos, state, logits=True)
+            dec.capture()
+            if dec.captured and bk.name == "cuda":
+                dec.step(0, 0, state, logits=True)  # one replay: the graphs are uploaded and run
+            dec.stage_times = StageTimes()
+            runner = self.decoder = dec
+            info.decode_path = describe(dec)
+            info.launches_per_token = dec.launches_per_token(True)
+            info.fused_buffer_bytes = dec.nbytes
+        elif opts.warmup:
+            # allocates the pool blocks one step uses; positions are overwritten by real tokens. The
+            # last two positions: attention temporaries are largest there, and one of the two reads a
+            # wrapped ring (no new device memory in the token loop)
+            for pos in sorted({0, max(n_ctx - 2, 0), n_ctx - 1}):
+                model.step(0, pos, state, logits=True)
+            if self.experts is not None:
+                self.experts.reset_counts()
+                self.experts.take_cpu_ms()
+        if info.decode_path == "":
+            info.decode_path = f"generic per-layer path, eager ({why or 'fused step off'})"
+        note["decode path"] = info.decode_path
+        return runner
+
+    def open_expert_cache(self, experts: GpuExpertPath, geom: Geometry, opts: EngineOptions, note: dict) -> None:
+        info, bk = self.info, self.bk
+        source = experts.source
+        n_expert = int(geom["n_expert"])
+        n_embd, n_ff = int(geom["n_embd"]), int(geom["n_ff_exp"])
+        if opts.profile is not None:
+            cap, what = len(opts.profile), f"the profile's {len(opts.profile)} (layer, expert) pairs"
+            eligible = None
+        else:
+            eligible = resident_pairs(opts.resident, source.layers, n_expert)
+            cap, what = len(eligible), f"the {len(eligible)} (layer, expert) pairs --resident {opts.resident} allows"
+        slot_bytes = max(F.expert_slot_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff) for r in source.rows.values())
+        max_blob = max(F.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff, engine=True)
+                       for r in source.rows.values())
+        bk.synchronize()
+        free = bk.mem_info().free
+        reserve = opts.vram_reserve_mib * F.MIB
+        asked = None if opts.expert_cache == "auto" else int(opts.expert_cache)
+        size = F.size_expert_cache(free, reserve, slot_bytes, cap, asked, cap_what=what)
+        if size.refused:
+            raise ExpertCacheError(f"{size.refused}; refusing rather than building a smaller cache "
+                                   f"({free} B free at the expert cache checkpoint)")
+        slots = size.slots
+        cache = SlotCache(source, bk, n_embd, n_ff, slots, bufs=experts.bufs)
+        assert cache.slot_bytes == slot_bytes
+        if opts.profile is not None:
+            order = F.fill_profile(opts.profile, slots).order
+            info.fill = f"profile ({len(opts.profile)} pairs)"
+        else:
+            order = eligible
+            info.fill = f"resident={opts.resident} (layer, expert order)"
+        info.filled = cache.fill(order)
+        admit_on = (opts.profile is None) if opts.admit is None else bool(opts.admit)
+        experts.cache = cache
+        cache.admit_enabled = admit_on
+        info.slot_plan = SlotPlan("auto" if asked is None else "fixed", slots, slot_bytes, max_blob, free, reserve, cap,
+                                  slots * slot_bytes)
+        note["slots"] = slots
+        note["slot_bytes"] = slot_bytes
+        note["max_blob_engine"] = max_blob
+        note["cache_bytes"] = slots * slot_bytes
+        note["filled"] = info.filled
+        note["fill"] = info.fill + (", first-come admission" if admit_on else "")
+        note["free_at_open_bytes"] = free
+        note["reserve_bytes"] = reserve
+
+    def finish(self, engine: Engine) -> None:
+        engine.probe = GpuStepProbe(self.bk, self.experts)
+        engine.decoder = self.decoder
+        engine.gpu = self.info
+
+
+__all__ = ["ExpertCacheError", "GpuDevice", "GpuInfo"]

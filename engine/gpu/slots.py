@@ -1,0 +1,207 @@
+"""The expert cache in device memory, and the hit/miss split of the GPU path.
+
+- :class:`SlotCache`: VRAM slots holding experts in engine form, laid out by
+  :func:`strata.budget.formulas.expert_slot_layout`, filled once at start-up (from a profile, in
+  the order :func:`strata.budget.formulas.fill_profile` gives, or from the ``resident`` policy) and
+  optionally by first-come admission of misses (no eviction);
+- :class:`GpuExpertPath`: :class:`strata.engine.experts.ExpertPath` whose misses run on the CPU from
+  the memory-mapped shard with :func:`strata.engine.gpu.reference.expert_ffn`, which replays the
+  GPU's arithmetic bit for bit - so an expert's output, and therefore the tokens, do not depend on
+  which experts are resident (the hit path is all or nothing);
+- :class:`GpuStepProbe`: ``--stats`` timers of one step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+
+from strata.budget import formulas as F
+from strata.engine import engine_form as EF
+from strata.packer import quants
+
+from .. import layers
+from ..experts import ExpertPath, ShardExperts
+from . import reference as R
+from .backend import Backend
+
+
+@dataclass(frozen=True)
+class PartLayout:
+    """One expert matrix inside a slot: ggml type, ``(ne0, rows)``, byte offset and engine bytes."""
+
+    type_id: int
+    ne0: int
+    rows: int
+    offset: int
+    nbytes: int
+
+
+@dataclass
+class SlotPlan:
+    """How the expert cache was sized (bytes; the numbers the audit compares)."""
+
+    mode: str                  # "auto" | "fixed"
+    slots: int
+    slot_bytes: int            # per-slot stride (largest engine-form blob, parts aligned)
+    max_blob_engine: int       # budget.formulas.expert_blob_bytes(engine=True), largest layer
+    free_bytes: int            # cudaMemGetInfo free when the cache was opened
+    reserve_bytes: int
+    cap: int | None
+    cache_bytes: int
+
+
+class SlotCache:
+    """VRAM slots holding experts in engine form, laid out by
+    :func:`strata.budget.formulas.expert_slot_layout` (gate | up | down, each part 256-aligned).
+
+    One allocation of ``slots * slot_bytes`` bytes, made once. ``fill(pairs)`` loads experts by
+    offset from the memory-mapped shards (converted to engine form); ``admit`` takes a free slot at
+    decode time (first-come, no eviction); ``ffn`` runs a resident expert on the device into the
+    hit path's preallocated vectors (``bufs``: gate, up, act, out).
+    """
+
+    def __init__(self, source: ShardExperts, backend: Backend, n_embd: int, n_ff: int, n_slots: int,
+                 bufs: tuple[Any, Any, Any, Any] | None = None):
+        self.source, self.backend = source, backend
+        self.layouts: dict[int, tuple[PartLayout, PartLayout, PartLayout]] = {}
+        stride = 0
+        for il in source.layers:
+            row, shp = source.rows[il], source.shapes[il]
+            ((go, gb), (uo, ub), (do, db)), st = F.expert_slot_layout(row.gate_type, row.up_type, row.down_type, n_embd, n_ff)
+            parts = [PartLayout(t, ne0, rows, off, nb) for t, (ne0, rows), (off, nb) in
+                     ((row.gate_type, shp.gate, (go, gb)), (row.up_type, shp.up, (uo, ub)), (row.down_type, shp.down, (do, db)))]
+            for p in parts:  # the loader's shapes are the budget's expert_part_ne
+                assert p.nbytes == quants.engine_nbytes(p.type_id, p.type_id, (p.ne0, p.rows)), (il, p)
+            self.layouts[il] = (parts[0], parts[1], parts[2])
+            stride = max(stride, st)
+        self.slot_bytes = stride
+        self.n_slots = int(n_slots)
+        self.storage = backend.empty_bytes(self.n_slots * self.slot_bytes) if self.n_slots else None
+        self.where: dict[tuple[int, int], int] = {}
+        self.n_embd, self.n_ff = n_embd, n_ff
+        self.bufs = bufs
+        self.admit_enabled = False
+        self.admitted = 0
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    @property
+    def free_slots(self) -> int:
+        return self.n_slots - len(self.where)
+
+    def _load(self, il: int, e: int) -> None:
+        s = len(self.where)
+        base = s * self.slot_bytes
+        raws = self.source.raw(il, e)
+        for part, raw in zip(self.layouts[il], raws):
+            ef = EF.to_engine_form(raw, part.type_id, part.type_id, (part.ne0, part.rows), name=f"blk.{il} expert {e}")
+            dst = self.storage[base + part.offset: base + part.offset + part.nbytes]
+            self.backend.copy_into(dst, ef)
+        self.where[(il, e)] = s
+
+    def fill(self, pairs: Iterable[tuple[int, int]]) -> int:
+        """Load ``pairs`` in order while slots are free; returns how many were loaded."""
+        n = 0
+        for il, e in pairs:
+            if self.free_slots <= 0:
+                break
+            if (il, e) not in self.where:
+                self._load(il, e)
+                n += 1
+        return n
+
+    def admit(self, il: int, e: int) -> bool:
+        """First-come admission of a missed expert into a free slot (never evicts)."""
+        if not self.admit_enabled or self.free_slots <= 0 or (il, e) in self.where:
+            return False
+        self._load(il, e)
+        self.admitted += 1
+        return True
+
+    def resident(self, il: int, e: int) -> bool:
+        return (il, e) in self.where
+
+    def _view(self, s: int, p: PartLayout):
+        b = s * self.slot_bytes + p.offset
+        return self.storage[b:b + p.nbytes]
+
+    def ffn(self, il: int, e: int, x):
+        s = self.where[(il, e)]
+        g_l, u_l, d_l = self.layouts[il]
+        bk = self.backend
+        gb, ub, hb, yb = self.bufs if self.bufs is not None else (None, None, None, None)
+        g = bk.matvec(g_l.type_id, self._view(s, g_l), g_l.rows, g_l.ne0, x, out=gb)
+        u = bk.matvec(u_l.type_id, self._view(s, u_l), u_l.rows, u_l.ne0, x, out=ub)
+        h = bk.silu_mul(g, u, out=hb)
+        return bk.matvec(d_l.type_id, self._view(s, d_l), d_l.rows, d_l.ne0, h, out=yb)
+
+
+class GpuExpertPath(ExpertPath):
+    """:class:`strata.engine.experts.ExpertPath` with the CPU miss path made bit-identical to the
+    GPU hit path (:func:`strata.engine.gpu.reference.expert_ffn`) and per-token timers
+    (``cpu_expert_ms``: host time computing misses and copying their outputs up; the wait for the
+    expert's input to come down counts in :class:`strata.engine.layers.HostWait`)."""
+
+    def __init__(self, source: ShardExperts, cache: SlotCache | None, backend: Backend):
+        super().__init__(source, cache, xp=backend.xp)
+        self.backend = backend
+        self.cpu_expert_ms = 0.0
+        self._x_host: tuple[int, Any, np.ndarray] | None = None
+        self.bufs: tuple[Any, Any, Any, Any] | None = None
+        self.buffer_bytes = 0
+
+    def alloc_hit_buffers(self, n_embd: int, n_ff: int) -> int:
+        """Preallocate the hit path's f32 vectors (gate, up, act: ``n_ff``; out: ``n_embd``)."""
+        bk = self.backend
+        self.bufs = (bk.empty_f32(n_ff), bk.empty_f32(n_ff), bk.empty_f32(n_ff), bk.empty_f32(n_embd))
+        self.buffer_bytes = F.expert_hit_buffer_bytes(n_embd, n_ff)
+        assert self.buffer_bytes == sum(4 * b.size for b in self.bufs)
+        return self.buffer_bytes
+
+    def miss_ffn(self, il: int, e: int, x):
+        if self._x_host is None or self._x_host[0] != il or self._x_host[1] is not x:
+            self._x_host = (il, x, layers.to_host(x).astype(np.float32, copy=False))
+        t0 = time.perf_counter()
+        xh = self._x_host[2]
+        g, u, d = self.source.weights(il, e)
+        row = self.source.rows[il]
+        y = R.expert_ffn((row.gate_type, row.up_type, row.down_type), g, u, d, xh)
+        out = self.xp.asarray(y)
+        self.cpu_expert_ms += (time.perf_counter() - t0) * 1000
+        if isinstance(self.cache, SlotCache):
+            self.cache.admit(il, e)
+        return out
+
+    def take_cpu_ms(self) -> float:
+        v, self.cpu_expert_ms = self.cpu_expert_ms, 0.0
+        return v
+
+
+class GpuStepProbe:
+    """``--stats`` timers of one step (:class:`strata.engine.generate.StepProbe`): device span
+    between CUDA events (``gpu_ms``; None on a simulated device), host time on missed experts
+    (``cpu_expert_ms``), host time blocked on device->host copies (``wait_ms``)."""
+
+    def __init__(self, backend: Backend, experts: GpuExpertPath | None):
+        self.experts = experts
+        self.span = backend.span_timer()
+
+    def begin(self) -> None:
+        layers.HostWait.take()
+        if self.experts is not None:
+            self.experts.take_cpu_ms()
+        if self.span is not None:
+            self.span.start()
+
+    def end(self) -> dict[str, float | None]:
+        gpu = self.span.stop() if self.span is not None else None
+        cpu = self.experts.take_cpu_ms() if self.experts is not None else 0.0
+        return {"gpu_ms": gpu, "cpu_expert_ms": cpu, "wait_ms": layers.HostWait.take()}
+
+
+__all__ = ["GpuExpertPath", "GpuStepProbe", "PartLayout", "SlotCache", "SlotPlan"]

@@ -1,0 +1,153 @@
+"""The :class:`strata.engine.weights.Weights` interface over device memory (engine form).
+
+Matrices live in engine form (:mod:`strata.engine.engine_form`: f32 scale planes for the widened
+types, native blocks for K-quants and IQ types, BF16 re-rounded from the pool's F32), uploaded by
+byte offset from the memory-mapped ``pool.bin``. Every size is one function of
+:mod:`strata.budget.formulas` (the budget's "dense weights", "output head" and "engine buffers").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+from strata.budget import formulas as F
+from strata.engine import engine_form as EF
+from strata.packer.packfmt import IndexEntry
+from strata.packer.pack import Pack
+
+from ..dequant import dequantize_rows
+from ..errors import GenerateError
+from .backend import Backend
+
+
+def rows_of(e: IndexEntry) -> int:
+    """Rows of a tensor (``ne1 * ne2 * ne3``): what a matvec produces."""
+    return e.ne1 * e.ne2 * e.ne3
+
+
+class DeviceWeights:
+    """The :class:`strata.engine.weights.Weights` interface over VRAM.
+
+    Matrices live in engine form (one device buffer each, ``engine_bytes`` counts them exactly);
+    ``matmul`` runs the type's matvec kernel into an f32 output preallocated per tensor at upload
+    (``output_bytes``), so the token loop allocates no output memory. Vectors (norms, biases) are
+    read as f32 by ``get``: an F32 vector's engine-form buffer is viewed as f32 (no copy), others
+    get an f32 copy (``f32_vector_bytes``). Tensors read only by rows (an untied ``token_embd``)
+    stay in the memory-mapped pool on the host: one row is dequantized there per token and copied
+    up into a preallocated buffer (``row_bytes``; the budget's "embeddings on host").
+    Every size is one function of :mod:`strata.budget.formulas` (the budget's "engine buffers").
+    """
+
+    def __init__(self, pack: Pack, dense: dict[str, IndexEntry], backend: Backend):
+        self.backend = backend
+        self.xp = backend.xp
+        self._pool = np.memmap(pack.pool_path, dtype=np.uint8, mode="r")
+        self._entries = dense
+        self._buf: dict[str, Any] = {}
+        self._type: dict[str, int] = {}
+        self._out: dict[str, Any] = {}
+        self._f32: dict[str, Any] = {}
+        self._row_buf: Any = None
+        self.engine_bytes = 0
+        self.f32_vector_bytes = 0
+        self.output_bytes = 0
+        self.row_bytes = 0
+
+    def has(self, name: str) -> bool:
+        return name in self._entries
+
+    def entry(self, name: str) -> IndexEntry:
+        return self._entries[name]
+
+    def _raw(self, e: IndexEntry) -> np.ndarray:
+        return self._pool[e.offset:e.offset + e.nbytes]
+
+    def types(self) -> set[int]:
+        """Kernel types of the uploaded tensors."""
+        return set(self._type.values())
+
+    def upload(self, names: Iterable[str]) -> int:
+        """Upload ``names`` in engine form (by byte offset from the pool); returns engine bytes added."""
+        added = 0
+        for name in names:
+            if name in self._buf:
+                continue
+            e = self._entries[name]
+            ef = EF.to_engine_form(self._raw(e), e.type, e.src_type, e.ne, name=name)
+            buf = self.backend.upload(ef)
+            self._buf[name] = buf
+            self._type[name] = EF.engine_type(e.type, e.src_type)
+            added += ef.size
+            if rows_of(e) == 1:  # a vector: f32 for get()
+                extra = F.vector_f32_bytes(e.type, e.src_type, e.ne)
+                if extra == 0:  # engine form is F32 already: view it
+                    self._f32[name] = buf.view(self.xp.float32)
+                else:
+                    v = dequantize_rows(np.asarray(self._raw(e)).reshape(1, -1), e.type, e.ne0, name=name)[0]
+                    self._f32[name] = self.backend.upload(v.view(np.uint8)).view(self.xp.float32)
+                    assert v.nbytes == extra
+                self.f32_vector_bytes += extra
+            else:
+                nb = F.matvec_out_bytes(e.ne)
+                self._out[name] = self.backend.empty_f32(nb // 4)
+                self.output_bytes += nb
+        self.engine_bytes += added
+        return added
+
+    def alloc_row_buffer(self, name: str) -> int:
+        """Preallocate the f32 row ``rows(name, [id])`` is looked up into; returns its bytes."""
+        e = self._entries[name]
+        nb = F.embedding_row_bytes(e.ne0)
+        self._row_buf = self.backend.empty_f32(nb // 4)
+        self.row_bytes += nb
+        return nb
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Engine buffers held here: GEMV outputs, f32 vector copies, the embedding row."""
+        return self.output_bytes + self.f32_vector_bytes + self.row_bytes
+
+    def get(self, name: str):
+        a = self._f32.get(name)
+        if a is not None:
+            return a
+        # a matrix asked for whole (not on the token path of the models here): dequantize on the host
+        e = self._entries[name]
+        rows = rows_of(e)
+        m = dequantize_rows(np.asarray(self._raw(e)).reshape(rows, -1), e.type, e.ne0, name=name)
+        return self.xp.asarray(m)
+
+    def matmul(self, name: str, x):
+        e = self._entries[name]
+        return self.backend.matvec(self._type[name], self._buf[name], rows_of(e), e.ne0, x, out=self._out[name])
+
+    def matvec_args(self, name: str) -> tuple[int, Any, int, int, Any]:
+        """``(kernel type, engine-form buffer, rows, ne0, preallocated output)`` of a matrix: what a
+        launch list (:mod:`strata.engine.gpu.fused`) binds once."""
+        e = self._entries[name]
+        return self._type[name], self._buf[name], rows_of(e), e.ne0, self._out[name]
+
+    def host_row(self, name: str, row: int, out: np.ndarray) -> None:
+        """Dequantize row ``row`` of ``name`` on the host from the memory-mapped pool into ``out``
+        (f32, e.g. pinned memory): the values :meth:`rows` and the CPU path give."""
+        e = self._entries[name]
+        rows = rows_of(e)
+        if not 0 <= row < rows:
+            raise GenerateError(f"{name}: row {row} outside 0..{rows - 1}")
+        raw = np.asarray(self._raw(e)).reshape(rows, -1)[row:row + 1]
+        out[...] = dequantize_rows(raw, e.type, e.ne0, name=name)[0]
+
+    def rows(self, name: str, ids: list[int]):
+        e = self._entries[name]
+        rows = rows_of(e)
+        raw = np.asarray(self._raw(e)).reshape(rows, -1)[np.asarray(ids, dtype=np.int64)]
+        host = dequantize_rows(raw, e.type, e.ne0, name=name)
+        if len(ids) == 1 and self._row_buf is not None and self._row_buf.size == e.ne0:
+            self.backend.copy_into(self._row_buf, host[0])
+            return self._row_buf.reshape(1, e.ne0)
+        return self.xp.asarray(host)
+
+
+__all__ = ["DeviceWeights", "rows_of"]

@@ -1,0 +1,120 @@
+"""The block recipe: how an architecture's layers are put together, as data.
+
+An architecture is one manifest (``manifests/<arch>.toml``: names, shapes, metadata keys) plus one
+model file (``engine/models/<arch>.py``) that declares a :class:`Recipe` over the vocabulary below.
+Both executors are built from the recipe - the NumPy/CuPy step (:class:`strata.engine.decoder.Decoder`)
+and the GPU's fused launch list (:mod:`strata.engine.gpu.fused`) - so there is no second
+hand-written forward pass and no ``arch ==`` branch outside the model file.
+
+The vocabulary follows llama.cpp's graph builders (``src/models/*.cpp``, ``src/llama-graph.cpp``):
+
+- a layer is ``x += post(mixer(norm(x)))`` then ``x += post(ffn(norm(x)))``: :class:`Block` names
+  the norm tensors (``mixer_norm``, optional ``mixer_post_norm`` applied to the branch before the
+  residual add - gemma's sandwich norms -, ``ffn_norm``, optional ``ffn_post_norm``);
+- the mixer is softmax attention (:class:`Attention`: q/k RMS norms, where the scale applies, rope
+  base and rotary dims as geometry params, an output gate carried by the query projection);
+- the FFN is dense (:class:`DenseFFN`: gated, SiLU or GELU) or routed experts (:class:`MoEFFN`:
+  gating function, weight normalisation, optional shared expert and its sigmoid gate);
+- the model: embeddings optionally scaled by ``sqrt(n_embd)``, final RMS norm, head, optional logit
+  soft-capping (a geometry param).
+
+Which block a layer uses comes from its *kind* (``manifests/<arch>.toml`` ``[layers] kind``, e.g.
+``swa`` / ``global`` for gemma3): ``Recipe.blocks`` maps kinds to blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+Act = Literal["silu", "gelu"]
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Softmax attention with a KV cache (llama.cpp ``build_attn``).
+
+    Attributes:
+        qk_norm: RMS-norm every q and k head with ``attn_q_norm`` / ``attn_k_norm`` before rope.
+        scale_q: multiply q by ``attn_scale`` and use a kq scale of 1 (gemma3's ``ggml_scale(Qcur,
+            f_attention_scale)``), instead of scaling q.k (``kq_scale``).
+        rope_base: geometry param holding this layer kind's rope base (``rope_base``, ``rope_base_swa``).
+        rope_dim: geometry param holding the rotated dims per head (partial rotary); None: head_dim.
+        output_gate: the query projection holds ``[q | gate]`` per head and the attention output is
+            multiplied by ``sigmoid(gate)`` (qwen3next ``build_layer_attn``).
+    """
+
+    qk_norm: bool = False
+    scale_q: bool = False
+    rope_base: str = "rope_base"
+    rope_dim: str | None = None
+    output_gate: bool = False
+
+
+@dataclass(frozen=True)
+class DenseFFN:
+    """``down @ (act(gate @ x) * (up @ x))`` (llama.cpp ``build_ffn`` LLM_FFN_PAR)."""
+
+    act: Act = "silu"
+
+
+@dataclass(frozen=True)
+class MoEFFN:
+    """Routed experts (llama.cpp ``build_moe_ffn``): router logits, gating (``softmax`` over all
+    experts), the ``n_expert_used`` best, weights renormalised when ``norm_weights``; each expert a
+    gated FFN of ``act``. ``shared_expert``: plus ``ffn_{gate,up,down}_shexp`` scaled by
+    ``sigmoid(ffn_gate_inp_shexp . x)`` when ``shared_gate`` (qwen3next)."""
+
+    act: Act = "silu"
+    gating: Literal["softmax"] = "softmax"
+    norm_weights: bool = True
+    shared_expert: bool = False
+    shared_gate: bool = False
+
+
+Mixer = Union[Attention]
+FFN = Union[DenseFFN, MoEFFN]
+
+
+@dataclass(frozen=True)
+class Block:
+    """One layer kind's block: mixer and FFN with their norm tensors (roles, ``manifests/names``)."""
+
+    mixer: Mixer
+    ffn: FFN
+    mixer_norm: str = "attn_norm.weight"
+    mixer_post_norm: str | None = None
+    ffn_norm: str = "ffn_norm.weight"
+    ffn_post_norm: str | None = None
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A whole architecture (see the module docstring).
+
+    Attributes:
+        blocks: layer kind -> block.
+        embed_scale: embeddings multiplied by ``sqrt(n_embd)`` (gemma).
+        logit_softcap: geometry param of the final logit soft-cap (``tanh(y / c) * c``), None: none.
+        notes: what the recipe leaves out on purpose, said once at start-up (e.g. unused tensors).
+    """
+
+    blocks: dict[str, Block]
+    embed_scale: bool = False
+    logit_softcap: str | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def block(self, kind: str) -> Block:
+        """The block of layer kind ``kind``. Raises KeyError naming the kinds the recipe has."""
+        try:
+            return self.blocks[kind]
+        except KeyError:
+            raise KeyError(f"layer kind {kind!r} has no block in the recipe (kinds: {', '.join(self.blocks)})") from None
+
+    @property
+    def moe(self) -> bool:
+        """True when some block has routed experts."""
+        return any(isinstance(b.ffn, MoEFFN) for b in self.blocks.values())
+
+
+__all__ = ["Act", "Attention", "Block", "DenseFFN", "FFN", "Mixer", "MoEFFN", "Recipe"]

@@ -1,0 +1,43 @@
+"""``strata-engine profile``: count which routed experts the router selects over some prompts.
+
+The engine's expert path has a routing hook (:attr:`strata.engine.experts.ExpertPath.on_route`):
+every MoE layer's selection is counted as it is made, prompt positions and generated tokens alike.
+The counts are written by :func:`strata.budget.profile.write_profile` (the one profile format) and
+fill the expert cache of ``strata-budget check --expert-profile`` and ``strata-engine generate
+--expert-profile``.
+"""
+
+from __future__ import annotations
+
+from .errors import GenerateError
+from .generate import generate
+from .startup import load_engine
+
+
+def profile_routing(pack: str, prompts: list[str], *, n_tokens: int, n_ctx: int | None = None,
+                    device: str = "cpu") -> list[tuple[int, int, int]]:
+    """Route ``prompts`` through the engine (``n_tokens`` generated after each, EOS ignored, a fresh
+    KV cache per prompt) and count, per (layer, expert), how often it was selected. Returns
+    ``(layer, expert, count)`` rows sorted by layer, expert (pairs never selected are left out).
+
+    Raises:
+        GenerateError: a dense model (nothing to profile), or what generation refuses.
+    """
+    opts = {"resident": "none"} if device == "cpu" else {"expert_cache": 0}
+    eng = load_engine(pack, device=device, n_ctx=n_ctx, **opts)
+    if eng.experts is None:
+        raise GenerateError(f"{pack}: {eng.pack.arch} has no routed experts (a dense model); nothing to profile")
+    counts: dict[tuple[int, int], int] = {}
+
+    def count(il: int, ids: list[int]) -> None:
+        for e in ids:
+            counts[(il, e)] = counts.get((il, e), 0) + 1
+
+    eng.experts.on_route = count
+    for p in prompts:
+        eng.state = eng.model.new_state(eng.n_ctx, kv=eng.kv)
+        generate(eng, p, n_tokens, ignore_eos=True)
+    return sorted((il, e, c) for (il, e), c in counts.items())
+
+
+__all__ = ["profile_routing"]

@@ -1,0 +1,259 @@
+"""Engine start-up: one checkpoint sequence for every device.
+
+:func:`load_engine` runs the stages below in this order, each timed and measured
+(:mod:`strata.engine.checkpoints`, printed by ``--verbose``). What a stage does on a device is the
+device's (:class:`Device`: :class:`CpuDevice` here, ``strata.engine.gpu.device.GpuDevice`` for
+``cuda`` and its NumPy simulation ``sim``); the order is written once, here:
+
+1. ``pack``: the strict readers (:func:`strata.packer.packfmt.open_pack`), the geometry from
+   geometry.txt, and every load-time assertion (:func:`strata.engine.loader.check_pack`) - all
+   before a weight byte is read;
+2. ``weights``: the dense layer weights;
+3. ``head``: the output head - before the expert cache, so that a cache sized from what is free
+   cannot eat the head's memory (the design's incident 1);
+4. ``session``: KV cache (``kv`` f16 | f32; sliding-window layers as ring buffers of the budget's
+   size), rope tables, the tokenizer, the per-token buffers;
+5. ``prompt path``: everything the token loop will run is loaded now (kernels, warm-up, graphs);
+6. ``expert cache``: the resident experts (MoE models), sized from what is left (incident 2).
+
+Everything the engine will hold is allocated before the expert cache measures what is free, so the
+cache takes exactly what is left minus the reserve and nothing allocated later eats the reserve.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+from strata.budget import formulas as F
+from strata.manifests.contract import Geometry, geometry_from_params
+from strata.packer.packfmt import POOL_FILE
+from strata.packer.pack import Pack, open_pack
+
+from .checkpoints import Checkpoint, Checkpoints
+from .core import Device, Engine, EngineOptions
+from .decoder import Decoder, State
+from .errors import GenerateError, StageTimesRefused
+from .experts import CpuExpertCache, ExpertPath, ShardExperts, resident_pairs
+from .loader import LoadError, LoadPlan, check_pack
+from .models import recipe_for
+from .numerics import numerics as get_numerics
+from .tokenizer import load_tokenizer
+from .weights import CpuWeights
+
+#: The devices :func:`load_engine` knows (``--device``); ``cuda`` and ``sim`` live in strata.engine.gpu.
+DEVICES = ("cpu", "cuda", "sim")
+
+
+def open_checked(pack_dir: str | Path) -> tuple[Pack, Geometry, LoadPlan]:
+    """The ``pack`` stage: open the pack with the strict readers, rebuild its geometry through the
+    manifest and assert every tensor's shape (:func:`loader.check_pack`).
+
+    Raises:
+        PackFormatError, ManifestError, LoadError: as the callees do, before any weight is read.
+    """
+    pool = Path(pack_dir) / POOL_FILE
+    if pool.exists() and not pool.is_file():
+        raise LoadError(f"{pool}: not a file (a {'directory' if pool.is_dir() else 'special file'}); the dense "
+                        f"weights pool must be a regular file")
+    pack = open_pack(pack_dir)
+    geom = geometry_from_params(pack.arch, pack.geometry_params)
+    return pack, geom, check_pack(pack, geom)
+
+
+def kv_cache_need_bytes(model: Decoder, n_ctx: int, kv: str, sliding: str = "ring") -> int:
+    """Bytes the KV cache of ``model`` takes for ``n_ctx`` positions at ``kv``, from the budget's
+    :func:`strata.budget.formulas.kv_cache_bytes` (the figure ``strata-budget`` plans; sliding-window
+    layers as rings unless ``sliding="full"``)."""
+    h = model.hp
+    windows = model.layer_windows() if sliding == "ring" else [None] * h.n_layer
+    layers = [F.KVLayer(il, h.n_head_kv * h.head_dim, h.n_head_kv * h.head_dim_v, 0, w)
+              for il, w in enumerate(windows) if model.attn[il] is not None]
+    return F.kv_cache_bytes(layers, n_ctx, F.ENGINE_PREFILL_CHUNK, kv, 1)
+
+
+def host_ram_bytes() -> int:
+    """Physical host memory: ``SC_PHYS_PAGES x SC_PAGE_SIZE``."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_ctx(model: Decoder, geom: Geometry, n_ctx: int, kv: str, available: int, what: str, sliding: str = "ring",
+              on_warning: Callable[[str], None] | None = None) -> int:
+    """Refuse an ``n_ctx`` whose KV cache does not fit in ``available`` bytes (``what`` names that
+    memory), before any weight is loaded; warn (``on_warning``) past the model's ``n_ctx_train``.
+    Returns the KV cache bytes.
+
+    Raises:
+        GenerateError: the KV cache alone needs more than ``available``.
+    """
+    need = kv_cache_need_bytes(model, n_ctx, kv, sliding)
+    if need > available:
+        raise GenerateError(f"--ctx {n_ctx}: the KV cache ({kv}) would need {need} bytes ({F.mib(need):.1f} MiB, "
+                            f"strata.budget.formulas.kv_cache_bytes), more than the {available} bytes "
+                            f"({F.mib(available):.1f} MiB) of {what}; lower --ctx")
+    train = geom.get("n_ctx_train")
+    if on_warning is not None and train and n_ctx > int(train):
+        on_warning(f"--ctx {n_ctx} exceeds the model's training context n_ctx_train {int(train)} (geometry.txt); "
+                   f"positions past it are outside what the model was trained on")
+    return need
+
+
+def check_kv(kv: str) -> None:
+    """Refuse a KV cache type strata's engine does not implement (names the ones it does)."""
+    if kv not in F.ENGINE_KV_TYPES:
+        raise GenerateError(f"--kv {kv}: strata's engine stores K/V as {' or '.join(F.ENGINE_KV_TYPES)} "
+                            f"({kv} is budgeted by strata-budget for other engines only)")
+
+
+# ------------------------------------------------------------------ the CPU device
+
+class CpuDevice:
+    """The NumPy path: dense weights held by :class:`strata.engine.weights.CpuWeights`, resident
+    experts by :class:`strata.engine.experts.CpuExpertCache` (chosen by ``resident``), the rest
+    computed from the memory-mapped shards."""
+
+    name = "cpu"
+
+    def describe(self) -> str:
+        return "CPU (NumPy)"
+
+    def check_options(self, opts: EngineOptions) -> None:
+        if opts.stage_times:
+            raise GenerateError("--stage-times: per-stage device timers exist on --device cuda only")
+
+    def mark(self, stage: str, note: dict) -> None:
+        pass
+
+    def memory_available(self) -> tuple[int, str]:
+        return host_ram_bytes(), "host RAM (SC_PHYS_PAGES x SC_PAGE_SIZE)"
+
+    def make_weights(self, pack: Pack, plan: LoadPlan, nx) -> CpuWeights:
+        return CpuWeights(pack, plan.dense, nx)
+
+    def make_experts(self, plan: LoadPlan, nx) -> ExpertPath:
+        return ExpertPath(ShardExperts(plan), None, act_quant=nx.act_quant)
+
+    def load_weights(self, weights: CpuWeights, names: list[str], stage: str, note: dict) -> None:
+        before = weights.nbytes_f32
+        weights.load(names)
+        note["f32 MiB"] = round((weights.nbytes_f32 - before) / 2**20, 1)
+
+    def open_session(self, model: Decoder, opts: EngineOptions, n_ctx: int, note: dict) -> State:
+        state = model.new_state(n_ctx, kv=opts.kv, sliding=opts.sliding)
+        note["n_ctx"] = n_ctx
+        note["kv"] = f"{opts.kv}, {opts.sliding}"
+        note["kv MiB"] = round(state.cache.nbytes / 2**20, 1)
+        return state
+
+    def prompt_path(self, model: Decoder, state: State, opts: EngineOptions, note: dict) -> Decoder:
+        note["decode path"] = "NumPy step, one position per step (the prompt too)"
+        return model
+
+    def open_expert_cache(self, experts: ExpertPath, geom: Geometry, opts: EngineOptions, note: dict) -> None:
+        n_expert = int(geom["n_expert"])
+        pairs = resident_pairs(opts.resident, experts.source.layers, n_expert)
+        experts.cache = CpuExpertCache(experts.source, pairs, act_quant=experts.act_quant)
+        note["resident"] = f"{len(pairs)} of {len(experts.source.layers) * n_expert} experts ({opts.resident})"
+        note["f32 MiB"] = round(experts.cache.nbytes / 2**20, 1)
+
+    def finish(self, engine: Engine) -> None:
+        pass
+
+
+def make_device(name: str, **kw) -> Device:
+    """The device called ``name`` (:data:`DEVICES`); ``kw`` go to the GPU device (``backend``).
+
+    Raises:
+        GenerateError: an unknown device (naming the known ones); the GPU device's own refusal
+            (no CuPy, no GPU) with the reason.
+    """
+    if name == "cpu":
+        return CpuDevice()
+    if name in ("cuda", "sim"):
+        from .gpu.device import GpuDevice
+
+        return GpuDevice(name, **kw)
+    raise GenerateError(f"--device {name!r}: expected one of {', '.join(DEVICES)}")
+
+
+def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: EngineOptions | None = None,
+                on_checkpoint: Callable[[Checkpoint], None] | None = None,
+                on_warning: Callable[[str], None] | None = None, **kw) -> Engine:
+    """Open, check and load the pack at ``pack_dir`` on ``device`` (stages in the module docstring).
+
+    Options come as ``options`` or as keywords of :class:`EngineOptions` (``n_ctx=256, kv="f32"``);
+    ``backend=`` passes a GPU backend (``strata.engine.gpu.backend``) to the GPU device.
+
+    Raises:
+        PackFormatError: a pack file that does not follow the format (file and line named).
+        ManifestError: geometry.txt that does not satisfy the architecture's manifest.
+        LoadError: a tensor or expert table that disagrees with the geometry (name, found, required).
+        UnsupportedModel: an architecture or feature without a forward pass here.
+        TokenizerError: tokenizer data that cannot be built.
+        GenerateError: a context whose KV cache does not fit the device's memory, an expert cache
+            N that does not fit (both numbers), a refused GPU option.
+    """
+    backend = kw.pop("backend", None)
+    opts = options or EngineOptions(**kw)
+    if opts.n_ctx is not None and opts.n_ctx < 1:
+        raise GenerateError(f"n_ctx {opts.n_ctx} < 1")
+    check_kv(opts.kv)
+    if opts.stage_times and opts.graph and device != "cpu":
+        # refused before any device is touched: a timer inside a captured graph would print zeros
+        raise StageTimesRefused(
+            "--stage-times: stage timers cannot measure inside a captured CUDA graph (events recorded between its "
+            "launches record nothing); refusing rather than reporting zeros - add --no-graph")
+    dev = device if not isinstance(device, str) else make_device(device, **({"backend": backend} if backend else {}))
+    dev.check_options(opts)
+    nx = get_numerics(opts.numerics)
+    cps = Checkpoints(on_checkpoint)
+    with cps.stage("pack") as note:
+        pack, geom, plan = open_checked(pack_dir)
+        recipe = recipe_for(pack.arch)
+        note["arch"] = pack.arch
+        note["device"] = dev.describe()
+        note["numerics"] = nx.name
+        note["tensors checked"] = len(plan.dense)
+        note["expert layers checked"] = len(plan.experts)
+        dev.mark("pack", note)
+
+    weights = dev.make_weights(pack, plan, nx)
+    experts = dev.make_experts(plan, nx) if plan.experts else None
+    model = Decoder(geom, recipe, weights, experts, pack.metadata)
+    n_ctx = int(opts.n_ctx if opts.n_ctx is not None else geom["n_ctx_train"])
+    avail, what = dev.memory_available()
+    check_ctx(model, geom, n_ctx, opts.kv, avail, what, opts.sliding, on_warning)
+    head = set(model.head_tensors())
+    rows_only = set(model.row_tensors())
+    with cps.stage("weights") as note:
+        dev.load_weights(weights, [n for n in plan.dense if n not in head and n not in rows_only], "weights", note)
+        note["kept quantized (rows on demand)"] = ",".join(sorted(rows_only)) or "-"
+        dev.mark("weights", note)
+    with cps.stage("head") as note:
+        dev.load_weights(weights, sorted(head), "head", note)
+        note["tensor"] = model.head
+        dev.mark("head", note)
+    with cps.stage("session") as note:
+        state = dev.open_session(model, opts, n_ctx, note)
+        tokenizer = load_tokenizer(pack)
+        dev.mark("session", note)
+    with cps.stage("prompt path") as note:
+        runner = dev.prompt_path(model, state, opts, note)
+        dev.mark("prompt path", note)
+    with cps.stage("expert cache") as note:
+        if experts is not None:
+            dev.open_expert_cache(experts, geom, opts, note)
+        else:
+            note["resident"] = "none (dense model)"
+        dev.mark("expert cache", note)
+    eng = Engine(pack, geom, plan, weights, runner, tokenizer, state, experts, cps.done, device=dev.name, kv=opts.kv)
+    for note_line in recipe.notes:
+        if on_warning is not None:
+            on_warning(note_line)
+    dev.finish(eng)
+    return eng
+
+
+__all__ = ["CpuDevice", "DEVICES", "Device", "Engine", "EngineOptions", "check_ctx", "check_kv",
+           "host_ram_bytes", "kv_cache_need_bytes", "load_engine", "make_device", "open_checked"]
