@@ -14,8 +14,8 @@ import time
 
 import pytest
 
+from strata import testing as synth
 from strata.manifests.contract import ManifestError
-from strata.packer import synth
 from strata.packer.build import BuildError, _rename_noreplace, build_pack
 from strata.packer.packfmt import PackFormatError, open_pack, read_index, read_metadata
 from strata.packer.verify import VerifyError, verify_pack
