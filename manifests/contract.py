@@ -292,8 +292,9 @@ def load_manifest(arch: str) -> Manifest:
 
 
 def known_archs() -> list[str]:
-    """Architectures with a manifest file."""
-    return sorted(p.stem for p in MANIFEST_DIR.glob("*.toml") if p.stem not in ("cards", "real_models"))
+    """Architectures with a manifest file: every ``*.toml`` in ``manifests/`` is an architecture contract
+    (other data files live beside their readers: ``budget/cards.toml``, ``packer/real_models.toml``)."""
+    return sorted(p.stem for p in MANIFEST_DIR.glob("*.toml"))
 
 
 # ----------------------------------------------------------------------- geometry
