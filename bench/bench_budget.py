@@ -44,7 +44,7 @@ def best(fn, repeat: int) -> tuple[float, object]:
 def write_documents_model(path: Path, n_layers: int):
     """The documents' qwen3next model (synth.documents_qwen3next_plan), with layers 48.. repeating
     the pattern of layers 0.. when ``n_layers`` > 48 (48 is a multiple of the interval 4)."""
-    from strata.packer.synth import documents_qwen3next_plan, write_header_only
+    from strata.testing import documents_qwen3next_plan, write_header_only
 
     kv, tensors = documents_qwen3next_plan()
     if n_layers != 48:

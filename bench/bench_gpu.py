@@ -139,7 +139,7 @@ def gemma_like_spec(n_vocab: int = 262144):
     heads / 1 KV head of 256, n_ff 2048, window 512 every 6th layer global, Q5_0 / Q8_0 / Q4_K / Q6_K,
     Q8_0 tied head of ``n_vocab`` rows): the real model's launch count and bytes per token, made on
     the device machine, which cannot fetch the real file. Weights are tiled random blocks."""
-    from strata.packer import synth
+    from strata import testing as synth
 
     return synth.gemma3_spec(
         n_layers=18, fill="pattern", dense_type="Q5_0",
@@ -149,10 +149,10 @@ def gemma_like_spec(n_vocab: int = 262144):
 
 
 def synth_packs(root: str, big_mib: int, gemma_like_vocab: int = 0) -> list[tuple[str, str]]:
-    """Synthetic packs made on the spot (packer/synth presets, a big dense qwen2 of ~big_mib MiB, and
+    """Synthetic packs made on the spot (strata.testing presets, a big dense qwen2 of ~big_mib MiB, and
     with ``gemma_like_vocab`` the Gemma-3-270M-shaped pack of :func:`gemma_like_spec`): the device
     machine cannot fetch the real models."""
-    from strata.packer import synth
+    from strata import testing as synth
     from strata.packer.build import build_pack
 
     specs = [("synth qwen3moe (3 layers, 8 experts)", "moe", synth.qwen3moe_spec()),

@@ -37,7 +37,7 @@ def bench_header(d: Path) -> None:
     """Header read of the documents' model (qwen3next, 48 layers, 512 experts, 150k vocab,
     1,000+ tensors; sparse header-only file) with strata's reader, and gguf.GGUFReader on the
     cached real Gemma file (262k vocab) for comparison."""
-    from strata.packer import synth
+    from strata import testing as synth
     from strata.packer.fetch import cached_path
     from strata.packer.gguf_file import read_header
 
@@ -73,7 +73,7 @@ def main() -> None:
         t0 = time.perf_counter()
         # written by a child process, so this process stays small: a forked child's ru_maxrss
         # starts from the parent's RSS, which would inflate the build's figure
-        subprocess.run([sys.executable, "-c", "import sys; from strata.packer.synth import write_big_dense; "
+        subprocess.run([sys.executable, "-c", "import sys; from strata.testing import write_big_dense; "
                         f"write_big_dense({str(src)!r}, {int(a.gib * 2**30)})"], check=True)
         from strata.packer.gguf_file import read_header
 

@@ -10,7 +10,7 @@
 #      cuda-bindings, tokenizers, pyarrow, click, rich, tqdm) into /tmp/site unless they import, and
 #      makes `strata` importable from this checkout without installing it;
 #   2. checks the GGUF's sha256 (REAL-MODELS.md) and builds its pack, plus two synthetic MoE packs
-#      (packer/synth: the qwen3moe preset, and one with Q1_0/Q2_0/IQ2_S experts);
+#      (strata.testing: the qwen3moe preset, and one with Q1_0/Q2_0/IQ2_S experts);
 #   3. greedy decoding, 3 prompts x 32 tokens (the llama.cpp fixture's prompts), on the CPU path
 #      and on the GPU path (the fused step as a CUDA graph, the default): per step, equal/different
 #      tokens and the largest top-5 logit gap; the first 24 steps also against llama.cpp's recorded
@@ -80,7 +80,7 @@ fi
 timeout 120 $PY - "$WORK" <<'EOF' || fail "synthetic packs"
 import sys
 from pathlib import Path
-from strata.packer import synth
+from strata import testing as synth
 from strata.packer.build import build_pack
 w = Path(sys.argv[1])
 for name, spec in (("moe", synth.qwen3moe_spec()),

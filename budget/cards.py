@@ -1,4 +1,4 @@
-"""GPU cards for the VRAM plan: presets from ``manifests/cards.toml``, an explicit size, or a
+"""GPU cards for the VRAM plan: presets from ``cards.toml`` (beside this module), an explicit size, or a
 measurement of the local GPU.
 
 A card size is never guessed: an unknown preset, a size of zero, or ``measure`` on a machine with
@@ -14,12 +14,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from strata.manifests.contract import MANIFEST_DIR
-
 from .errors import BudgetInputError
 from .formulas import MIB
 
-CARDS_FILE = MANIFEST_DIR / "cards.toml"
+CARDS_FILE = Path(__file__).resolve().parent / "cards.toml"
 #: The largest memory size any MiB option accepts (card total, CUDA context, runtime, reserve):
 #: 16 TiB, far above any GPU (the largest hold 0.2 TiB), so a bigger number is a typo or a unit
 #: mistake (bytes given as MiB), never a card.

@@ -262,8 +262,10 @@ def load_manifest(arch: str) -> Manifest:
 
 
 def known_archs() -> list[str]:
-    """Architectures with a contract: every ``manifests/*.toml`` (shared parts live in ``bases/``)."""
-    return sorted(p.stem for p in MANIFEST_DIR.glob("*.toml") if p.stem not in ("cards", "real_models"))
+    """Architectures with a manifest file: every ``*.toml`` in ``manifests/`` is an architecture contract
+    (shared parts live in ``manifests/bases/``; other data files beside their readers: ``budget/cards.toml``,
+    ``packer/real_models.toml``)."""
+    return sorted(p.stem for p in MANIFEST_DIR.glob("*.toml"))
 
 
 # ----------------------------------------------------------------------- geometry

@@ -22,14 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from gguf.constants import GGUFValueType
 
 from strata.manifests.contract import Geometry, geometry_from_metadata, geometry_params_text
 from strata.manifests.names import expert_part
 
 from . import quants
 from .gguf_file import ArrayRef, GGUFModel, GGUFError, TensorInfo, open_model, read_array
-from .gguf_file import T_BOOL, T_FLOAT32, T_FLOAT64, T_STRING
-from .packfmt import EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, MANIFEST_FILE, MERGES_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE, ExpertLayer, IndexEntry, NativeExperts, PackIndex, write_experts, write_geometry, write_index, write_metadata
+from .packfmt import (
+    EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, MANIFEST_FILE, MERGES_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE,
+    ExpertLayer, IndexEntry, NativeExperts, PackIndex, write_experts, write_geometry, write_index,
+    write_metadata,
+)
 from .pack import open_pack
 
 CHUNK_BYTES = 8 << 20
@@ -73,7 +77,7 @@ def resolve_geometry(model: GGUFModel) -> Geometry:
     lengths = {k: v.count for k, v in h.kv.items() if isinstance(v, ArrayRef)}
     arrays = {}
     for k, v in h.kv.items():
-        if isinstance(v, ArrayRef) and v.elem_type != T_STRING and v.count < 4096:
+        if isinstance(v, ArrayRef) and v.elem_type != GGUFValueType.STRING and v.count < 4096:
             arrays[k] = read_array(h, k).tolist()
     return geometry_from_metadata(model.arch, h.kv, lengths, arrays)
 
@@ -178,7 +182,8 @@ def metadata_items(model: GGUFModel, src_dir: Path) -> list[tuple[str, str, obje
         if isinstance(v, ArrayRef):
             continue
         vt = h.kv_types[key]
-        kind = "str" if vt == T_STRING else "bool" if vt == T_BOOL else "float" if vt in (T_FLOAT32, T_FLOAT64) else "int"
+        kind = ("str" if vt == GGUFValueType.STRING else "bool" if vt == GGUFValueType.BOOL
+                else "float" if vt in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64) else "int")
         items.append((key, kind, v))
     items.append(("strata.source_dir", "str", str(src_dir)))
     return items

@@ -5,7 +5,7 @@ Some packages there ship real GGUF files as byte chunks inside wheels. The model
 the plain concatenation of those chunks in part order (source:
 ``/work/shared/REAL-MODELS.md``). The table of known models -- package names, pinned
 version, the chunk path inside each wheel, the assembled file name, its size in bytes
-and its sha256 -- lives in ``strata/manifests/real_models.toml``.
+and its sha256 -- lives in ``real_models.toml`` beside this module (``strata/packer/real_models.toml``).
 
 Flow of :func:`fetch_model`:
 
@@ -60,7 +60,7 @@ __all__ = [
     "sha256_file",
 ]
 
-#: Name of the data table inside the ``strata.manifests`` package.
+#: Name of the data table inside the ``strata.packer`` package (beside this module).
 MANIFEST_NAME = "real_models.toml"
 #: Suffix of the marker written next to a model once its sha256 has been verified.
 MARKER_SUFFIX = ".sha256-ok"
@@ -129,14 +129,14 @@ class ModelSpec:
 
 
 def load_specs(path: Path | None = None) -> dict[str, ModelSpec]:
-    """Load the model table (default: the ``real_models.toml`` shipped in strata.manifests).
+    """Load the model table (default: the ``real_models.toml`` shipped in strata.packer).
 
     Raises :class:`FetchError` if a row is malformed (missing field, packages and
     chunks of different lengths, sha256 not 64 hex digits, size not positive).
     """
     if path is None:
         data = tomllib.loads(
-            resources.files("strata.manifests").joinpath(MANIFEST_NAME).read_text("utf-8")
+            resources.files("strata.packer").joinpath(MANIFEST_NAME).read_text("utf-8")
         )
     else:
         data = tomllib.loads(Path(path).read_text("utf-8"))
@@ -366,7 +366,7 @@ def fetch_model(name: str, cache_dir: Path | None = None, progress: bool = True)
 def fetch_cmd(name: str, cache_dir: Path | None, as_json: bool, quiet: bool) -> None:
     """Fetch the real GGUF model NAME from the package registry and print its path.
 
-    Known names are listed in strata/manifests/real_models.toml (gemma3-270m,
+    Known names are listed in strata/packer/real_models.toml (gemma3-270m,
     qwen2.5-0.5b, qwen2.5-1.5b). The file is assembled from wheel chunks, checked
     against the expected size and sha256, and cached; later calls return at once.
     """

@@ -9,7 +9,9 @@ well under a second. ``tests/test_gguf_file.py`` checks this reader against
 
 Format: GGUF v2/v3 as in llama.cpp ``ggml/include/gguf.h`` and ``ggml/src/gguf.cpp``
 (FORMATS.md section 3). Each check fails the way gguf.cpp does: with the file, the
-field, what was expected and what was found. Files are only ever opened read-only.
+field, what was expected and what was found. Files are only ever opened read-only. Value types
+are gguf-py's ``gguf.constants.GGUFValueType``, decoded with gguf-py's own tables
+(:data:`SCALAR_FORMATS`, :data:`ARRAY_DTYPES`).
 
 Split shards follow llama.cpp's ``gguf-split`` (``tools/gguf-split/gguf-split.cpp``,
 loader ``src/llama-model-loader.cpp``): names ``PREFIX-%05d-of-%05d.gguf`` (1-based),
@@ -26,6 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from gguf.constants import GGUFValueType
+from gguf.gguf_reader import GGUFReader
+from gguf.gguf_writer import GGUFWriter
 
 from . import quants
 
@@ -37,15 +42,14 @@ MAX_ARRAY_LEN = 1 << 30
 MAX_DIMS = 4
 MAX_NAME_BYTES = 63  # GGML_MAX_NAME = 64 including the NUL
 
-# GGUF value types (gguf.h enum gguf_type)
-T_UINT8, T_INT8, T_UINT16, T_INT16, T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY, T_UINT64, T_INT64, T_FLOAT64 = range(13)
-_SCALAR_FMT = {
-    T_UINT8: "<B", T_INT8: "<b", T_UINT16: "<H", T_INT16: "<h", T_UINT32: "<I", T_INT32: "<i",
-    T_FLOAT32: "<f", T_BOOL: "<?", T_UINT64: "<Q", T_INT64: "<q", T_FLOAT64: "<d",
-}
-_NUMPY_DTYPE = {
-    T_UINT8: "<u1", T_INT8: "<i1", T_UINT16: "<u2", T_INT16: "<i2", T_UINT32: "<u4", T_INT32: "<i4",
-    T_FLOAT32: "<f4", T_BOOL: "<u1", T_UINT64: "<u8", T_INT64: "<i8", T_FLOAT64: "<f8",
+#: struct format (little-endian) of every scalar GGUF value type: gguf-py's own writer table
+#: (gguf 0.19.0 ``GGUFWriter._simple_value_packing``), so the ids and formats are declared once.
+SCALAR_FORMATS: dict[GGUFValueType, str] = {vt: "<" + fmt for vt, fmt in GGUFWriter._simple_value_packing.items()}
+#: numpy dtype of every numeric array element type: gguf-py's reader table
+#: (``GGUFReader.gguf_scalar_to_np``), little-endian, except that bool is read as uint8.
+ARRAY_DTYPES: dict[GGUFValueType, np.dtype] = {
+    vt: np.dtype(np.uint8 if vt == GGUFValueType.BOOL else t).newbyteorder("<")
+    for vt, t in GGUFReader.gguf_scalar_to_np.items()
 }
 
 SPLIT_RE = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -138,7 +142,7 @@ class _Cursor:
             )
 
     def scalar(self, vtype: int, what: str):
-        fmt = _SCALAR_FMT[vtype]
+        fmt = SCALAR_FORMATS[vtype]
         n = struct.calcsize(fmt)
         self.need(n, what)
         (v,) = struct.unpack_from(fmt, self.buf, self.pos)
@@ -146,10 +150,10 @@ class _Cursor:
         return v
 
     def u32(self, what: str) -> int:
-        return self.scalar(T_UINT32, what)
+        return self.scalar(GGUFValueType.UINT32, what)
 
     def u64(self, what: str) -> int:
-        return self.scalar(T_UINT64, what)
+        return self.scalar(GGUFValueType.UINT64, what)
 
     def string(self, what: str, raw: bool = False):
         n = self.u64(f"length of {what}")
@@ -183,21 +187,21 @@ class _Cursor:
 
 
 def _read_value(cur: _Cursor, vtype: int, key: str):
-    if vtype in _SCALAR_FMT:
+    if vtype in SCALAR_FORMATS:
         return cur.scalar(vtype, f"value of {key!r}")
-    if vtype == T_STRING:
+    if vtype == GGUFValueType.STRING:
         return cur.string(f"value of {key!r}")
-    if vtype == T_ARRAY:
+    if vtype == GGUFValueType.ARRAY:
         etype = cur.u32(f"array type of {key!r}")
         count = cur.u64(f"array length of {key!r}")
-        if etype == T_ARRAY:
+        if etype == GGUFValueType.ARRAY:
             raise GGUFError(f"{cur.path}: key {key!r}: nested arrays are not allowed (gguf.cpp rejects them)")
-        if etype not in _SCALAR_FMT and etype != T_STRING:
+        if etype not in SCALAR_FORMATS and etype != GGUFValueType.STRING:
             raise GGUFError(f"{cur.path}: key {key!r}: unknown array element type {etype}")
         if count > MAX_ARRAY_LEN:
             raise GGUFError(f"{cur.path}: key {key!r}: array length {count} exceeds the limit {MAX_ARRAY_LEN}")
         start = cur.pos
-        if etype == T_STRING:
+        if etype == GGUFValueType.STRING:
             # each element needs at least its 8-byte length
             if count * 8 > cur.size - cur.pos:
                 raise GGUFError(
@@ -206,7 +210,7 @@ def _read_value(cur: _Cursor, vtype: int, key: str):
                 )
             cur.skip_strings(count, f"key {key!r}")
         else:
-            n = count * struct.calcsize(_SCALAR_FMT[etype])
+            n = count * struct.calcsize(SCALAR_FORMATS[etype])
             if n > cur.size - cur.pos:
                 raise GGUFError(
                     f"{cur.path}: key {key!r}: array of {count} elements ({n} bytes) at offset {cur.pos} runs past "
@@ -277,7 +281,7 @@ def _parse(buf, size: int, path: Path) -> GGUFHeader:
     alignment = DEFAULT_ALIGNMENT
     if "general.alignment" in kv:
         a = kv["general.alignment"]
-        if kv_types["general.alignment"] != T_UINT32:
+        if kv_types["general.alignment"] != GGUFValueType.UINT32:
             raise GGUFError(f"{path}: general.alignment must be a u32, found GGUF type {kv_types['general.alignment']}")
         if a == 0 or (a & (a - 1)):
             raise GGUFError(f"{path}: general.alignment {a} is not a power of two")
@@ -343,7 +347,7 @@ def read_array(header: GGUFHeader, key: str):
     with open(header.path, "rb") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        if ref.elem_type == T_STRING:
+        if ref.elem_type == GGUFValueType.STRING:
             out = []
             pos = ref.offset
             unpack = struct.Struct("<Q").unpack_from
@@ -352,7 +356,7 @@ def read_array(header: GGUFHeader, key: str):
                 out.append(mm[pos + 8:pos + 8 + n])
                 pos += 8 + n
             return out
-        dt = np.dtype(_NUMPY_DTYPE[ref.elem_type])
+        dt = ARRAY_DTYPES[ref.elem_type]
         return np.frombuffer(mm, dtype=dt, count=ref.count, offset=ref.offset).copy()
     finally:
         mm.close()

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from strata import testing as synth
 from strata.budget.audit import audit_pack
 from strata.budget.cards import card_from_mib
 from strata.budget.plan import PlanOptions, make_plan
 from strata.manifests.contract import load_manifest
-from strata.packer import synth
 from strata.packer.build import build_pack
 from strata.packer.pack import open_pack
 

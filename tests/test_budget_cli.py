@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from strata import testing as synth
 from strata.budget.cli import JSON_KEYS, main
-from strata.packer import synth
 from strata.packer.build import build_pack
 
 MIB = 1 << 20

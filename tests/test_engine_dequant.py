@@ -3,7 +3,7 @@ that gguf-py knows; Q1_0 and Q2_0 (gguf-py 0.19.0 lacks them) equal hand-compute
 C definition (ggml/src/ggml-quants.c dequantize_row_q1_0 / dequantize_row_q2_0, llama.cpp as
 vendored in llama-cpp-python 0.3.36, lines 419-456).
 
-Blocks come from strata.packer.synth.make_random_blocks (valid scales, random payload), several
+Blocks come from strata.testing.make_random_blocks (valid scales, random payload), several
 rows per tensor so the row chunking of strata.engine.dequant is exercised too.
 """
 
@@ -16,7 +16,7 @@ from gguf import quants as gq
 
 from strata.engine import dequant
 from strata.packer import quants
-from strata.packer.synth import make_random_blocks
+from strata.testing import make_random_blocks
 
 ENGINE_TYPES = sorted(t.id for t in quants.QTYPES.values() if t.engine_supported)
 GGUF_TYPES = [t for t in ENGINE_TYPES if t not in dequant.OWN_DEQUANTIZERS]
@@ -128,7 +128,7 @@ def test_engine_supported_means_a_kernel_on_both_paths():
 
 
 def test_the_documents_model_types_all_have_engine_kernels():
-    from strata.packer.synth import DOCUMENTS_EXPERT_CYCLE, documents_qwen3next_plan
+    from strata.testing import DOCUMENTS_EXPERT_CYCLE, documents_qwen3next_plan
 
     _kv, tensors = documents_qwen3next_plan(n_vocab=1000)
     types = {ty for _n, ty, _ne in tensors} | {t for pair in DOCUMENTS_EXPERT_CYCLE for t in pair}

@@ -76,7 +76,7 @@ def load_fixture(name: str) -> dict:
 
 def synthetic_pack(tmp_path_factory, name: str) -> Path:
     """Rebuild the synthetic GGUF of fixture ``name`` from its stored spec (sha256-checked) and pack it."""
-    from strata.packer import synth
+    from strata import testing as synth
     from strata.packer.build import build_pack
 
     ref = load_fixture(name)
@@ -85,7 +85,7 @@ def synthetic_pack(tmp_path_factory, name: str) -> Path:
     paths = synth.write_model(d / ref["model"]["file"], spec)
     digest = hashlib.sha256(paths[0].read_bytes()).hexdigest()
     assert digest == ref["model"]["sha256"], (
-        f"{name}: packer/synth no longer writes the file the reference was recorded on "
+        f"{name}: strata.testing no longer writes the file the reference was recorded on "
         "(regenerate with tools/make_synthetic_reference.py)")
     build_pack(paths[0], d / "pack", progress=False)
     return d / "pack"

@@ -1,4 +1,4 @@
-"""The GPU engine (strata.engine.gpu.engine) on synthetic packs (packer/synth presets).
+"""The GPU engine (strata.engine.gpu.engine) on synthetic packs (strata.testing presets).
 
 Two backends run the same engine logic:
 - ``sim`` (NumPy stand-in for the device; runs in CI): start-up order, slot sizing by the budget
@@ -33,7 +33,7 @@ NEW_TYPES = [("IQ2_S", "Q2_0"), ("Q1_0", "Q1_0"), ("Q2_0", "IQ2_S")]
 
 @pytest.fixture(scope="module")
 def packs(tmp_path_factory):
-    from strata.packer import synth
+    from strata import testing as synth
     from strata.packer.build import build_pack
 
     d = tmp_path_factory.mktemp("gpu_packs")

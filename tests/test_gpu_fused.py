@@ -29,7 +29,7 @@ PROMPT = [1, 2, 3, 4, 5]
 def _gemma_swa_spec():
     """Gemma 3 270M's attention shape and tensor types at a small width: 7 layers (0-4 and 6 slide over
     16 positions, 5 is global), 4 query heads / 1 KV head of 256, Q5_0 / Q8_0 / Q4_K / Q6_K, Q8_0 tied head."""
-    from strata.packer import synth
+    from strata import testing as synth
 
     return synth.gemma3_spec(n_layers=7, dense_type="Q5_0",
                              tensor_types={"token_embd": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q4_K",
@@ -40,7 +40,7 @@ def _gemma_swa_spec():
 
 @pytest.fixture(scope="module")
 def packs(tmp_path_factory):
-    from strata.packer import synth
+    from strata import testing as synth
     from strata.packer.build import build_pack
 
     d = tmp_path_factory.mktemp("fused_packs")

@@ -1,7 +1,7 @@
 """GPU kernels over engine form (strata.engine.gpu.kernels) against gguf-py, on a CUDA device.
 
 - Dequantization: for every type with a kernel, random valid blocks
-  (``strata.packer.synth.make_random_blocks``) and "wild" blocks (random payload bytes, fp16
+  (``strata.testing.make_random_blocks``) and "wild" blocks (random payload bytes, fp16
   scale fields with random sign and exponent, subnormals included) -> engine form -> GPU
   dequantize equals ``gguf.quants.dequantize`` BIT FOR BIT (uint32 views compared; output
   poisoned with NaN first so an unwritten element fails); for Q1_0 and Q2_0, which gguf-py lacks,
@@ -41,7 +41,7 @@ U = 2.0 ** -24
 
 def _random_blocks(type_id: int, n: int, rng: np.random.Generator) -> np.ndarray:
     try:
-        from strata.packer.synth import make_random_blocks
+        from strata.testing import make_random_blocks
     except ImportError:  # synth needs pydantic; fall back to the same recipe
         make_random_blocks = None
     if make_random_blocks is not None:

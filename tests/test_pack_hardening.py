@@ -14,8 +14,8 @@ import time
 
 import pytest
 
+from strata import testing as synth
 from strata.manifests.contract import ManifestError
-from strata.packer import synth
 from strata.packer.build import BuildError, _rename_noreplace, build_pack
 from strata.packer.packfmt import PackFormatError, read_index, read_metadata
 from strata.packer.pack import open_pack

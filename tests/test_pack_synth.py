@@ -1,4 +1,4 @@
-"""strata-pack build on synthetic GGUFs (packer/synth.py): MoE tables, split shards, BF16,
+"""strata-pack build on synthetic GGUFs (strata.testing): MoE tables, split shards, BF16,
 the documents' worked example, and every bad input refused with nothing left behind."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import gguf
 import numpy as np
 import pytest
 
-from strata.packer import quants, synth
+from strata import testing as synth
+from strata.packer import quants
 from strata.packer.build import BuildError, build_pack
 from strata.packer.gguf_file import GGUFError, open_model, read_header
 from strata.packer.pack import open_pack

@@ -1,4 +1,4 @@
-"""Tests of strata.packer.synth: synthetic GGUF models, header-only files and broken files.
+"""Tests of strata.testing: synthetic GGUF models, header-only files and broken files.
 
 Sources of expected numbers: per-expert byte sizes of the documents' model from
 /work/shared/BRIEF.md ("Pack form vs engine form", worked example: layer 0 473,600 + 473,600 +
@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFValueType
 
+from strata import testing as S
 from strata.packer import quants
-from strata.packer import synth as S
 
 V = GGUFValueType
 
@@ -117,7 +117,7 @@ def test_random_blocks_decode_finite_and_small(t):
     assert np.isfinite(x).all()
     assert np.abs(x).max() < 1.0
     assert np.abs(x).mean() > 1e-3  # not all zeros
-    if t.fp16_scale_offsets and t.name not in S._GGUF_QUANTIZABLE:
+    if t.fp16_scale_offsets and t.name not in S.GGUF_QUANTIZABLE:
         # random-byte types: every fp16 super-scale (d, dmin) was overwritten with a small positive value
         # (types gguf-py quantizes carry the quantizer's own, signed, d)
         blocks = raw.reshape(n_blocks, t.block_bytes)
@@ -337,7 +337,7 @@ def test_spec_validation():
 def test_tokenizer():
     tok = S.synth_tokenizer(512)
     assert tok.n_vocab == 512 == len(set(tok.tokens)) == len(tok.token_types)
-    b2u = S._bytes_to_unicode()
+    b2u = S.bytes_to_unicode()
     assert [tok.tokens[b] for b in range(256)] == [b2u[b] for b in range(256)]
     assert tok.tokens[ord("A")] == "A" and tok.tokens[ord(" ")] == "\u0120"
     vocab = set(tok.tokens)
@@ -384,7 +384,7 @@ def test_header_only_reads_back_with_gguf(tmp_path):
     assert r.data_offset == lay.data_offset and lay.data_offset % 64 == 0
     off = 0
     for t, (name, typ, ne), tl in zip(r.tensors, tensors, lay.tensors):
-        tid = S._to_type_id(typ)
+        tid = S.to_type_id(typ)
         assert (t.name, int(t.tensor_type), tuple(int(x) for x in t.shape)) == (name, tid, tuple(ne))
         assert t.n_bytes == quants.tensor_nbytes(tid, ne) == tl.nbytes
         assert t.data_offset == lay.data_offset + off == tl.abs_offset

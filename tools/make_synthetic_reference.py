@@ -3,7 +3,7 @@
 
 No small real MoE GGUF exists on the registry, so the qwen3moe forward pass is checked against
 llama.cpp on a synthetic file (REAL-MODELS.md, "Synthetic MoE files that llama.cpp accepts"):
-this script writes the file with :func:`strata.packer.synth.write_model` from a preset spec and a
+this script writes the file with :func:`strata.testing.write_model` from a preset spec and a
 seed, runs ``tools/make_reference.py``'s greedy recorder on it (llama-cpp-python), and stores the
 full spec beside the reference, so ``tests/test_engine_reference.py`` rebuilds the byte-identical
 GGUF (its sha256 is checked) without llama.cpp or any download.
@@ -52,15 +52,15 @@ def _make_reference_module():
 
 
 def build_spec(preset: str, overrides: dict | None = None):
-    """The :class:`~strata.packer.synth.ModelSpec` of ``preset`` with this script's overrides."""
-    from strata.packer import synth
+    """The :class:`~strata.testing.ModelSpec` of ``preset`` with this script's overrides."""
+    from strata import testing as synth
 
     over, _ = PRESETS[preset]
     return getattr(synth, f"{preset}_spec")(**{**over, **(overrides or {})})
 
 
 def make_fixture(preset: str, steps: int, out: Path) -> dict:
-    from strata.packer import synth
+    from strata import testing as synth
 
     mr = _make_reference_module()
     spec = build_spec(preset)
@@ -68,7 +68,7 @@ def make_fixture(preset: str, steps: int, out: Path) -> dict:
     with tempfile.TemporaryDirectory() as d:
         paths = synth.write_model(Path(d) / f"synthetic-{preset}.gguf", spec)
         ref = mr.make_reference(paths[0], prompts, steps=steps)
-    ref["synthetic"] = {"preset": preset, "generator": f"strata.packer.synth.{preset}_spec",
+    ref["synthetic"] = {"preset": preset, "generator": f"strata.testing.{preset}_spec",
                         "spec": spec.model_dump(mode="json")}
     text = json.dumps(ref, indent=1, ensure_ascii=False) + "\n"
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")

@@ -1,0 +1,46 @@
+"""strata.testing: deterministic synthetic GGUF files for strata's tests and benchmarks.
+
+Not part of the toolchain itself (nothing in ``strata.packer``, ``strata.budget`` or
+``strata.engine`` imports it); it makes the files those are tested on. Everything is seeded: the
+same arguments give byte-identical files. Five modules, one job each:
+
+- :mod:`.blocks` - :func:`make_random_blocks`: valid random blocks of any ggml type (quantized from
+  random normal values where gguf-py has a quantizer, otherwise random bytes whose fp16 super-scale
+  fields are overwritten with a small positive scale; FORMATS.md section 2), the tiled pattern fill
+  and the per-tensor random streams.
+- :mod:`.tokenizer` - :func:`synth_tokenizer`: a small byte-level BPE vocabulary llama.cpp accepts,
+  and its ``tokenizer.ggml.*`` keys.
+- :mod:`.models` - :func:`write_model`: small models of the four architectures strata knows
+  (``qwen3moe``, ``qwen3next``, ``qwen2``, ``gemma3``) written with ``gguf.GGUFWriter``, with
+  per-layer expert types, optional fused gate/up experts and llama-gguf-split style shards. The
+  presets (:func:`qwen3moe_spec` ...) are loaded and run by llama.cpp (llama-cpp-python 0.3.36).
+- :mod:`.gguf_writer` - :func:`write_header_only`: strata's own minimal GGUF v3 writer, a real header
+  and a sparse data section (a hole); it accepts type ids gguf-py does not know (42 = Q2_0).
+  :mod:`.documents` uses it for the documents' 48-layer, 512-expert model
+  (:func:`documents_qwen3next_header_only`, ~47 GB logical, a few MB of disk).
+- :mod:`.broken` - :func:`write_broken`: one malformed file per kind in :data:`BROKEN_KINDS` for the
+  GGUF reader's tests.
+
+Shapes are always ggml ``ne`` order (``ne[0]`` = row length, fastest). Sizes are bytes. Type sizes
+come from the one registry, :mod:`strata.packer.quants`; GGUF value types from
+:mod:`gguf.constants`.
+"""
+
+from .blocks import GGUF_QUANTIZABLE, make_random_blocks, pattern_fill, tensor_rng, to_type_id
+from .broken import BROKEN_KINDS, write_broken, write_broken_base
+from .documents import DOCUMENTS_EXPERT_CYCLE, documents_qwen3next_header_only, documents_qwen3next_plan
+from .gguf_writer import KV, DataMode, HeaderLayout, TensorDecl, TensorLayout, write_header_only
+from .models import (
+    ARCHS, DENSE_TYPES, MOE_ARCHS, ExpertTypes, ModelDims, ModelSpec, PlannedTensor, big_dense_spec, gemma3_spec,
+    model_kv, plan_tensors, qwen2_spec, qwen3moe_spec, qwen3next_spec, shard_names, write_big_dense, write_model,
+)
+from .tokenizer import SPECIAL_TOKENS, SynthTokenizer, bytes_to_unicode, synth_tokenizer, tokenizer_kv
+
+__all__ = [
+    "ARCHS", "BROKEN_KINDS", "DENSE_TYPES", "DOCUMENTS_EXPERT_CYCLE", "DataMode", "ExpertTypes", "GGUF_QUANTIZABLE",
+    "HeaderLayout", "KV", "MOE_ARCHS", "ModelDims", "ModelSpec", "PlannedTensor", "SPECIAL_TOKENS", "SynthTokenizer",
+    "TensorDecl", "TensorLayout", "big_dense_spec", "bytes_to_unicode", "documents_qwen3next_header_only",
+    "documents_qwen3next_plan", "gemma3_spec", "make_random_blocks", "model_kv", "pattern_fill", "plan_tensors",
+    "qwen2_spec", "qwen3moe_spec", "qwen3next_spec", "shard_names", "synth_tokenizer", "tensor_rng", "to_type_id",
+    "tokenizer_kv", "write_big_dense", "write_broken", "write_broken_base", "write_header_only", "write_model",
+]

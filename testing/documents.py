@@ -1,0 +1,177 @@
+"""The documents' model geometry (BRIEF.md) as a header-only GGUF: qwen3next, 48 layers, 512 experts.
+
+:func:`documents_qwen3next_plan` gives the KVs and tensor list of the model the project documents
+describe (n_embd 2560, full attention every 4th layer, 512 experts of width 640, a 150k vocabulary,
+the optional indexer), with per-layer expert types cycling through :data:`DOCUMENTS_EXPERT_CYCLE`
+(including Q2_0 = 42, which gguf-py 0.19.0 cannot read). :func:`documents_qwen3next_header_only`
+writes it with :func:`.gguf_writer.write_header_only`: ~47 GB logical, a few MB on disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf.constants import GGUFValueType
+
+from .gguf_writer import KV, DataMode, HeaderLayout, write_header_only
+from .tokenizer import SPECIAL_TOKENS, bytes_to_unicode
+
+__all__ = ["DOCUMENTS_EXPERT_CYCLE", "documents_qwen3next_header_only", "documents_qwen3next_plan"]
+
+
+#: (gate/up, down) expert types by layer for the documents' model: layer il uses entry il % 5.
+#: Layers 0 and 1 are the documents' worked example (BRIEF.md): IQ2_XS + IQ4_NL, IQ2_XXS + Q2_0.
+#: ffn_down's ne0 is 640, so down types must have 32/64/128-element blocks.
+DOCUMENTS_EXPERT_CYCLE: tuple[tuple[int, int], ...] = (
+    (17, 20),  # IQ2_XS  + IQ4_NL : 473,600 x 2 + 921,600 = 1,868,800 B per expert
+    (16, 42),  # IQ2_XXS + Q2_0   : 422,400 x 2 + 460,800 = 1,305,600
+    (18, 42),  # IQ3_XXS + Q2_0   : 627,200 x 2 + 460,800 = 1,715,200
+    (18, 20),  # IQ3_XXS + IQ4_NL : 627,200 x 2 + 921,600 = 2,176,000
+    (22, 2),   # IQ2_S   + Q4_0   : 524,800 x 2 + 921,600 = 1,971,200
+)
+
+
+def _documents_vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
+    b2u = bytes_to_unicode()
+    tokens = [b2u[b] for b in range(256)]
+    merges = []
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    n_words = n_vocab - 256 - len(SPECIAL_TOKENS)
+    for i in range(n_words):  # bijective base-26 words: unique, deterministic, 2..5 letters
+        j, w = i + 26, ""
+        while j:
+            j, r = divmod(j - 1, 26)
+            w = letters[r] + w
+        tok = ("\u0120" + w) if i % 2 == 0 else w
+        tokens.append(tok)
+        merges.append(f"{tok[:-1]} {tok[-1]}")
+    types = [1] * len(tokens) + [3] * len(SPECIAL_TOKENS)
+    tokens += SPECIAL_TOKENS
+    return tokens, types, merges
+
+
+def documents_qwen3next_plan(*, n_vocab: int = 150_000, indexer: bool = True,
+                             expert_cycle: Sequence[tuple[int, int]] = DOCUMENTS_EXPERT_CYCLE
+                             ) -> tuple[dict[str, Any], list[tuple[str, int, tuple[int, ...]]]]:
+    """KVs and tensor list ``(name, type_id, ne)`` of the documents' model geometry (BRIEF.md).
+
+    qwen3next, n_embd 2560, 48 layers, full attention every 4th layer (3, 7, ..., 47), 512 experts of
+    width 640 (8 used) plus a shared expert of width 640 (an assumption: the brief gives no shared
+    width), 24 heads / 2 KV heads of 256, delta net: d_conv 4, d_state 128, 16 k-heads (group_count),
+    48 v-heads (time_step_rank), inner 6144, conv channels 10240; vocab ``n_vocab`` (tokens, token
+    types and merges written, so the KV section is realistic: ~5 MB for 150k). Expert types: layer il
+    uses ``expert_cycle[il % len]``. Dense types: token_embd Q4_K, output Q6_K, router BF16, attention
+    / delta-net projections Q5_0 / Q8_0 / Q4_0, norms and ssm vectors F32.
+
+    ``indexer`` adds, on each full-attention layer, the documents' indexer: 4 query heads and ONE
+    shared key head of 128 (``indexer.attn_k [2560, 128]``, ``indexer.attn_q_b [2560, 512]``,
+    ``indexer.proj [2560, 4]``, ``indexer.k_norm [128]``; names from gguf-py's DeepSeek-V3.2 indexer
+    tensors; llama.cpp's qwen3next loader does not know them) and the keys
+    ``qwen3next.attention.indexer.head_count`` = 4 / ``key_length`` = 128.
+    """
+    a, E, L, NE, FF, FFS = "qwen3next", 2560, 48, 512, 640, 640
+    H, HKV, HD = 24, 2, 256
+    d_state, n_group, dt_rank, d_conv = 128, 16, 48, 4
+    d_inner = d_state * dt_rank
+    conv_dim = 2 * d_state * n_group + d_inner
+    assert (d_inner, conv_dim) == (6144, 10240)
+    V = GGUFValueType
+    tokens, types, merges = _documents_vocab(n_vocab)
+    kv: dict[str, Any] = {
+        "general.name": "strata-documents-qwen3next-48L-512E",
+        "general.quantization_version": 2,
+        f"{a}.context_length": 262144,
+        f"{a}.embedding_length": E,
+        f"{a}.block_count": L,
+        f"{a}.feed_forward_length": 5120,
+        f"{a}.attention.head_count": H,
+        f"{a}.attention.head_count_kv": HKV,
+        f"{a}.attention.key_length": HD,
+        f"{a}.attention.value_length": HD,
+        f"{a}.rope.freq_base": 1e7,
+        f"{a}.rope.dimension_count": HD // 4,
+        f"{a}.attention.layer_norm_rms_epsilon": 1e-6,
+        f"{a}.expert_count": NE,
+        f"{a}.expert_used_count": 8,
+        f"{a}.expert_feed_forward_length": FF,
+        f"{a}.expert_shared_feed_forward_length": FFS,
+        f"{a}.ssm.conv_kernel": d_conv,
+        f"{a}.ssm.state_size": d_state,
+        f"{a}.ssm.group_count": n_group,
+        f"{a}.ssm.time_step_rank": dt_rank,
+        f"{a}.ssm.inner_size": d_inner,
+        f"{a}.full_attention_interval": 4,
+    }
+    if indexer:
+        kv[f"{a}.attention.indexer.head_count"] = 4
+        kv[f"{a}.attention.indexer.key_length"] = 128
+    kv.update({
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "qwen2",
+        "tokenizer.ggml.tokens": KV(V.ARRAY, tokens, V.STRING),
+        "tokenizer.ggml.token_type": KV(V.ARRAY, np.asarray(types, "<i4"), V.INT32),
+        "tokenizer.ggml.merges": KV(V.ARRAY, merges, V.STRING),
+        "tokenizer.ggml.eos_token_id": len(tokens) - 3,
+        "tokenizer.ggml.padding_token_id": len(tokens) - 3,
+        "tokenizer.ggml.add_bos_token": False,
+    })
+    F32, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K = 0, 30, 2, 6, 8, 12, 14
+    T: list[tuple[str, int, tuple[int, ...]]] = [("token_embd.weight", Q4_K, (E, n_vocab))]
+    for il in range(L):
+        p = f"blk.{il}."
+        gu, dn = expert_cycle[il % len(expert_cycle)]
+        T += [(p + "attn_norm.weight", F32, (E,)), (p + "post_attention_norm.weight", F32, (E,))]
+        if (il + 1) % 4 != 0:
+            T += [
+                (p + "attn_qkv.weight", Q5_0, (E, conv_dim)),
+                (p + "attn_gate.weight", Q5_0, (E, d_inner)),
+                (p + "ssm_conv1d.weight", F32, (d_conv, conv_dim)),
+                (p + "ssm_dt.bias", F32, (dt_rank,)),
+                (p + "ssm_a", F32, (dt_rank,)),
+                (p + "ssm_ba.weight", BF16, (E, 2 * dt_rank)),
+                (p + "ssm_norm.weight", F32, (d_state,)),
+                (p + "ssm_out.weight", Q8_0, (d_inner, E)),
+            ]
+        else:
+            T += [
+                (p + "attn_q.weight", Q4_0, (E, 2 * H * HD)),
+                (p + "attn_k.weight", Q8_0, (E, HKV * HD)),
+                (p + "attn_v.weight", Q8_0, (E, HKV * HD)),
+                (p + "attn_output.weight", Q5_0, (H * HD, E)),
+                (p + "attn_q_norm.weight", F32, (HD,)),
+                (p + "attn_k_norm.weight", F32, (HD,)),
+            ]
+            if indexer:
+                T += [
+                    (p + "indexer.attn_q_b.weight", BF16, (E, 4 * 128)),
+                    (p + "indexer.attn_k.weight", BF16, (E, 128)),  # ONE shared key head (BRIEF "round 194")
+                    (p + "indexer.k_norm.weight", F32, (128,)),
+                    (p + "indexer.proj.weight", BF16, (E, 4)),
+                ]
+        T += [
+            (p + "ffn_gate_inp.weight", BF16, (E, NE)),
+            (p + "ffn_gate_exps.weight", gu, (E, FF, NE)),
+            (p + "ffn_up_exps.weight", gu, (E, FF, NE)),
+            (p + "ffn_down_exps.weight", dn, (FF, E, NE)),
+            (p + "ffn_gate_inp_shexp.weight", F32, (E,)),
+            (p + "ffn_gate_shexp.weight", Q8_0, (E, FFS)),
+            (p + "ffn_up_shexp.weight", Q8_0, (E, FFS)),
+            (p + "ffn_down_shexp.weight", Q8_0, (FFS, E)),
+        ]
+    T += [("output_norm.weight", F32, (E,)), ("output.weight", Q6_K, (E, n_vocab))]
+    return kv, T
+
+
+def documents_qwen3next_header_only(path: str | Path, *, n_vocab: int = 150_000, indexer: bool = True,
+                                    data: DataMode | Mapping[str, bytes] = "sparse") -> HeaderLayout:
+    """Write the documents' qwen3next geometry (:func:`documents_qwen3next_plan`) as a header-only GGUF.
+
+    The data section is a sparse hole (~47 GB logical, a few MB on disk). Per-expert blob bytes
+    (gate + up + down, BRIEF.md): layer 0 473,600 + 473,600 + 921,600 = 1,868,800; layer 1
+    422,400 + 422,400 + 460,800 = 1,305,600. Contains Q2_0 (42), which gguf-py 0.19.0 cannot read.
+    """
+    kv, tensors = documents_qwen3next_plan(n_vocab=n_vocab, indexer=indexer)
+    return write_header_only(path, "qwen3next", kv, tensors, data=data)

@@ -1,0 +1,149 @@
+"""A small deterministic byte-level BPE tokenizer for synthetic models, and its GGUF KVs.
+
+:func:`synth_tokenizer` learns BPE merges on a fixed built-in English text, so every machine gets
+the same vocabulary; llama.cpp accepts it as ``tokenizer.ggml.model = "gpt2"`` with pre-tokenizer
+``"qwen2"`` (ids 0-255 are the byte tokens in GPT-2's byte-to-unicode order, then the merged
+tokens, then the special tokens ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``).
+:func:`tokenizer_kv` gives the ``tokenizer.ggml.*`` keys a synthetic model carries.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from gguf.constants import GGUFValueType
+
+__all__ = ["SPECIAL_TOKENS", "SynthTokenizer", "bytes_to_unicode", "synth_tokenizer", "tokenizer_kv"]
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable unicode mapping (the one byte-level BPE vocabularies use)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+_CORPUS = """\
+The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is Rome.
+A mixture of experts model routes every token to a few experts out of many; the router picks the
+top experts and the layer adds their outputs weighted by the router's probabilities. The expert
+cache keeps the most frequently used experts in the memory of the graphics card and the other
+experts run on the processor. Every tensor in the file has a name, a type, a shape and an offset.
+The quick brown fox jumps over the lazy dog while the engine writes the next token of the answer.
+In the beginning the model reads the prompt, then it generates one token after another until it
+reaches the end of the text or the maximum number of tokens. Numbers like 0 1 2 3 4 5 6 7 8 9 10
+100 1000 and words such as hello, world, model, layer, token, expert, weight, memory appear here.
+def forward(self, x): return self.down(self.act(self.gate(x)) * self.up(x))
+"""
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+@dataclass(frozen=True)
+class SynthTokenizer:
+    """A deterministic byte-level BPE vocabulary.
+
+    Attributes:
+        tokens: token strings; ids 0-255 are the 256 byte tokens (id = byte value, GPT-2 byte-to-unicode
+            characters), then merged tokens, then reserved fillers, then :data:`SPECIAL_TOKENS`.
+        token_types: llama.cpp token types (1 normal, 3 control), one per token.
+        merges: ``"a b"`` merge rules, in rank order; every result ``a+b`` is a token.
+        bos_id / eos_id / pad_id: ids of ``<|endoftext|>`` (bos = eos = pad as in Qwen2).
+    """
+
+    tokens: tuple[str, ...]
+    token_types: tuple[int, ...]
+    merges: tuple[str, ...]
+    bos_id: int
+    eos_id: int
+    pad_id: int
+
+    @property
+    def n_vocab(self) -> int:
+        """Number of tokens (= ``ne[1]`` of ``token_embd``)."""
+        return len(self.tokens)
+
+
+@lru_cache(maxsize=8)
+def synth_tokenizer(n_vocab: int = 512) -> SynthTokenizer:
+    """A byte-level BPE tokenizer of exactly ``n_vocab`` tokens (``n_vocab >= 259``).
+
+    Merges are learned by plain BPE on a fixed built-in English text (ties broken by the
+    lexicographically smallest pair), so the result is the same on every machine. If the text
+    runs out of pairs, the vocabulary is filled with ``<|reserved_N|>`` control tokens.
+    """
+    n_special = len(SPECIAL_TOKENS)
+    if n_vocab < 256 + n_special:
+        raise ValueError(f"n_vocab={n_vocab} < {256 + n_special} (256 byte tokens + {n_special} special tokens)")
+    b2u = bytes_to_unicode()
+    tokens = [b2u[b] for b in range(256)]
+    vocab = set(tokens)
+    words = Counter(
+        tuple(b2u[b] for b in w.encode())
+        for w in re.findall(r" ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+", _CORPUS)
+    )
+    merges: list[str] = []
+    budget = n_vocab - n_special
+    while len(tokens) < budget:
+        pairs: Counter = Counter()
+        for w, c in words.items():
+            for a, b in zip(w, w[1:]):
+                pairs[(a, b)] += c
+        if not pairs:
+            break
+        best = min(pairs.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+        merges.append(f"{best[0]} {best[1]}")
+        new = best[0] + best[1]
+        if new not in vocab:
+            vocab.add(new)
+            tokens.append(new)
+        merged: Counter = Counter()
+        for w, c in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
+                    out.append(new)
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            merged[tuple(out)] += c
+        words = merged
+    types = [1] * len(tokens)
+    i = 0
+    while len(tokens) < budget:
+        tokens.append(f"<|reserved_{i}|>")
+        types.append(3)
+        i += 1
+    eos = len(tokens)
+    tokens.extend(SPECIAL_TOKENS)
+    types.extend([3] * n_special)
+    return SynthTokenizer(tuple(tokens), tuple(types), tuple(merges), bos_id=eos, eos_id=eos, pad_id=eos)
+
+
+def tokenizer_kv(tok: SynthTokenizer, add_bos: bool) -> list[tuple[str, int, Any, int | None]]:
+    """The ``tokenizer.ggml.*`` KVs of ``tok`` as ``(key, GGUFValueType, value, array sub_type)``: model
+    ``gpt2`` / pre ``qwen2``, the token, token-type (i32) and merge arrays, bos / eos / padding ids (u32)
+    and ``add_bos_token``."""
+    V = GGUFValueType
+    return [
+        ("tokenizer.ggml.model", V.STRING, "gpt2", None),
+        ("tokenizer.ggml.pre", V.STRING, "qwen2", None),
+        ("tokenizer.ggml.tokens", V.ARRAY, list(tok.tokens), V.STRING),
+        ("tokenizer.ggml.token_type", V.ARRAY, list(tok.token_types), V.INT32),
+        ("tokenizer.ggml.merges", V.ARRAY, list(tok.merges), V.STRING),
+        ("tokenizer.ggml.eos_token_id", V.UINT32, tok.eos_id, None),
+        ("tokenizer.ggml.bos_token_id", V.UINT32, tok.bos_id, None),
+        ("tokenizer.ggml.padding_token_id", V.UINT32, tok.pad_id, None),
+        ("tokenizer.ggml.add_bos_token", V.BOOL, add_bos, None),
+    ]
