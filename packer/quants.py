@@ -34,7 +34,11 @@ A type is **engine-supported** when it has both a CPU dequantizer and a GPU kern
 - if the engine gets a kernel (``gpu_kernel=True``): one CUDA device-code file
   ``engine/gpu/cuda/types/<NAME>.cuh`` defining ``deq_chunk`` (block types) or ``load_w``
   (plain types), bit-exact with the CPU dequantizer (tests/test_gpu_kernel_source.py checks it
-  on the host, tests/test_gpu_kernels.py on a GPU). Nothing else names the type.
+  on the host, tests/test_gpu_kernels.py on a GPU).
+
+The engine, the budget audit and the packer read the type only through its row. The one other
+per-type table is test data: :func:`strata.packer.synth.make_random_blocks` keeps each type's
+largest decoded ``|value| / d`` to draw valid random blocks.
 """
 
 from __future__ import annotations

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,10 +125,12 @@ def _c_array(ctype: str, name: str, values) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _tables_source(code: str) -> str:
-    """The ggml lookup tables that ``code`` names, as CUDA arrays built from gguf-py's copies
-    (byte-identical to ``ggml-common.h``: ksigns_iq2xs, kvalues_iq4nl, iq2xxs_grid, iq2xs_grid,
-    iq2s_grid, iq3xxs_grid)."""
+    """The ggml lookup tables that ``code`` uses (comments aside), as CUDA arrays built from
+    gguf-py's copies (byte-identical to ``ggml-common.h``: ksigns_iq2xs, kvalues_iq4nl,
+    iq2xxs_grid, iq2xs_grid, iq2s_grid, iq3xxs_grid)."""
     from gguf import quants as gq
+
+    code = re.sub(r"//[^\n]*", "", code)
 
     src = []
     if "ksigns_iq2xs" in code:
