@@ -5,7 +5,8 @@ Flow, one module each:
 - :mod:`~strata.engine.loader` - every tensor the forward pass reads asserted against geometry.txt
   (name, shape found, shape required) before a weight byte is read;
 - :mod:`~strata.engine.dequant` - gguf-py's dequantizers, bit for bit (CPU reference path), and
-  ggml's Q1_0 / Q2_0, which gguf-py lacks;
+  ggml's Q1_0 / Q2_0, which gguf-py lacks (:mod:`strata.packer.dequant_own`), chosen by each
+  type's registry row (:mod:`strata.packer.quants`);
 - :mod:`~strata.engine.weights` - the ``Weights`` interface (``get`` / ``matmul`` / ``rows``) and the
   NumPy store; :mod:`~strata.engine.experts` - routed experts from the shards, the resident set
   (``ExpertCache``) and the hit/miss split (``ExpertPath``);

@@ -6,14 +6,11 @@ honour it is to call gguf-py's per-type ``dequantize_rows`` (the same vectorised
 chunking is only about memory: gguf-py materialises several temporaries per call, so a whole
 262144 x 640 embedding at once would peak at several times its f32 size.
 
-Two types gguf-py 0.19.0 does not know are defined here, after ggml's reference C
-(``ggml/src/ggml-quants.c``, llama.cpp as vendored in llama-cpp-python 0.3.36, lines 419-456):
-
-- **Q1_0** (id 41, ``block_q1_0``: fp16 ``d`` + ``qs[16]``, 128 values): bit ``j % 8`` of
-  ``qs[j / 8]`` set -> ``+d``, clear -> ``-d`` (``dequantize_row_q1_0``: ``bit ? d : neg_d``);
-- **Q2_0** (id 42, ``block_q2_0``: fp16 ``d`` + ``qs[16]``, 64 values): ``q = (qs[j / 4] >> 2 (j % 4)) & 3``
-  -> ``(q - 1) * d`` (``((int)q - 1) * d``: the int converted to float, then one f32 multiply, so
-  ``q = 1`` with a negative ``d`` gives ``-0.0`` as in C).
+Which dequantizer a type gets is a fact of its registry row
+(:attr:`strata.packer.quants.QuantType.cpu_dequant`): a NumPy view for F32 / F16, gguf-py's
+class ``gguf.quants.<NAME>``, or strata's own NumPy function (``QuantType.own_dequantize``) for
+the two types gguf-py 0.19.0 does not know, Q1_0 and Q2_0 (:mod:`strata.packer.dequant_own`,
+after ``dequantize_row_q1_0`` / ``dequantize_row_q2_0`` in llama.cpp's ``ggml/src/ggml-quants.c``).
 
 The GPU path keeps weights in engine form and has its own kernels; ``tests/test_engine_dequant.py``
 pins this module to ``gguf.quants.dequantize`` for every type the engine accepts.
@@ -34,6 +31,8 @@ class DequantError(ValueError):
 
 
 def _gguf_class(type_id: int):
+    """gguf-py's class for ``type_id`` if the installed gguf-py can dequantize it (has
+    ``dequantize_rows``), else None. A probe of the wheel, independent of the registry."""
     import gguf.quants as gq
     from gguf import GGMLQuantizationType
 
@@ -48,39 +47,19 @@ def _gguf_class(type_id: int):
     return cls
 
 
-def _d_f32(blocks: np.ndarray) -> np.ndarray:
-    """The fp16 ``d`` at byte 0 of each block, widened exactly to f32, as a column."""
-    return blocks[:, 0:2].copy().view("<f2").astype(np.float32)
-
-
-def dequantize_q1_0(blocks: np.ndarray) -> np.ndarray:
-    """Q1_0 blocks (``uint8[n, 18]``) -> f32 ``[n, 128]`` (ggml ``dequantize_row_q1_0``)."""
-    d = _d_f32(blocks)
-    bits = np.unpackbits(blocks[:, 2:18], axis=1, bitorder="little")  # value j = bit j % 8 of byte j / 8
-    return np.where(bits.astype(bool), d, -d).astype(np.float32)
-
-
-def dequantize_q2_0(blocks: np.ndarray) -> np.ndarray:
-    """Q2_0 blocks (``uint8[n, 18]``) -> f32 ``[n, 64]`` (ggml ``dequantize_row_q2_0``)."""
-    d = _d_f32(blocks)
-    qs = blocks[:, 2:18]
-    q = (qs[:, :, None] >> np.array([0, 2, 4, 6], dtype=np.uint8)) & np.uint8(3)  # [n, 16, 4]: value 4i + k
-    qf = (q.reshape(len(blocks), 64).astype(np.int32) - 1).astype(np.float32)  # (int)q - 1, converted
-    return qf * d
-
-
-#: ggml types whose dequantization strata defines itself (gguf-py lacks them), by type id.
-OWN_DEQUANTIZERS = {41: dequantize_q1_0, 42: dequantize_q2_0}
+#: ggml types whose dequantization strata defines itself (gguf-py lacks them), by type id:
+#: the registry rows with ``cpu_dequant == "strata"``.
+OWN_DEQUANTIZERS = {t.id: t.own_dequantize for t in quants.QTYPES.values() if t.own_dequantize is not None}
 
 
 def dequantize_blocks(raw: np.ndarray, type_id: int) -> np.ndarray:
-    """f32 ``[n_blocks * block_elems]`` of whole blocks ``raw`` (any shape, uint8) of a type in
-    :data:`OWN_DEQUANTIZERS` or gguf-py (no registry check: the engine-form reference uses this)."""
+    """f32 ``[n_blocks * block_elems]`` of whole blocks ``raw`` (any shape, uint8) of a type that
+    strata (``own_dequantize``) or gguf-py dequantizes (no engine-support check: the engine-form
+    reference uses this)."""
     t = quants.qtype(type_id)
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, t.block_bytes)
-    own = OWN_DEQUANTIZERS.get(type_id)
-    if own is not None:
-        return own(blocks).reshape(-1)
+    if t.own_dequantize is not None:
+        return t.own_dequantize(blocks).reshape(-1)
     import gguf
 
     return np.asarray(gguf.quants.dequantize(blocks.reshape(-1), gguf.GGMLQuantizationType(type_id)),
@@ -89,11 +68,12 @@ def dequantize_blocks(raw: np.ndarray, type_id: int) -> np.ndarray:
 
 def supported(type_id: int) -> bool:
     """True when the CPU path can dequantize ``type_id``: the registry marks it engine-supported
-    and gguf-py implements it (F32/F16 need no gguf-py class; Q1_0/Q2_0 are defined here)."""
+    and its row's dequantizer is there (F32/F16 are NumPy views; Q1_0/Q2_0 strata's own; the
+    rest need gguf-py's class)."""
     t = quants.QTYPES.get(type_id)
     if t is None or not t.engine_supported:
         return False
-    return type_id in (quants.F32.id, quants.F16.id) or type_id in OWN_DEQUANTIZERS or _gguf_class(type_id) is not None
+    return t.cpu_dequant != "gguf" or _gguf_class(type_id) is not None
 
 
 def dequantize_rows(raw: np.ndarray, type_id: int, ne0: int, *, name: str = "tensor",
@@ -113,15 +93,13 @@ def dequantize_rows(raw: np.ndarray, type_id: int, ne0: int, *, name: str = "ten
         raise DequantError(f"{name}: rows of {raw.shape[1:]} bytes, {quants.QTYPES[type_id].name} x {ne0} needs {row_bytes}")
     if out is None:
         out = np.empty((rows, ne0), dtype=np.float32)
-    if type_id == quants.F32.id:
-        out[...] = raw.view(np.float32)
+    t = quants.QTYPES[type_id]
+    if t.cpu_dequant == "view":  # F32 / F16: IEEE floats of block_bytes bytes, read as they are
+        out[...] = raw.view(f"<f{t.block_bytes}")
         return out
-    if type_id == quants.F16.id:
-        out[...] = raw.view(np.float16)
-        return out
-    own = OWN_DEQUANTIZERS.get(type_id)
+    own = t.own_dequantize
     cls = None if own is not None else _gguf_class(type_id)
-    bb = quants.QTYPES[type_id].block_bytes
+    bb = t.block_bytes
     step = max(1, CHUNK_ELEMS // max(ne0, 1))
     for r0 in range(0, rows, step):
         # np.asarray: gguf-py's .view() calls want an ndarray, not a memmap slice

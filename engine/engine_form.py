@@ -2,14 +2,14 @@
 
 The pack stores weights in *pool form* (``pool.bin``: source GGUF bytes, BF16 promoted to F32)
 and the experts stay in the GGUF shards in native blocks. Before a kernel reads a tensor the
-engine converts it to *engine form* (BRIEF.md, "Pack form vs engine form"):
+engine converts it to *engine form*:
 
 - **Widened types** (``strata.packer.quants.QTYPES[t].widened``: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
   IQ4_NL, Q1_0, Q2_0): every kernel takes ``const float* scales``, so the blocks are split into
 
   * a **scale plane**: ``float32[n_blocks, n_fields]``, each fp16 scale field (``d``, and ``m``
     for Q4_1/Q5_1; offsets ``QuantType.fp16_scale_offsets``) widened to f32 - exact, every fp16
-    value is an f32 value; ``n_fields`` is 1 or 2;
+    value is an f32 value; ``n_fields`` (``QuantType.engine_scale_fields``) is 1 or 2;
   * a **payload plane**: ``uint8[n_blocks, block_bytes - 2*n_fields]``, the block bytes with
     the scale fields removed, in their original order.
 
@@ -29,8 +29,9 @@ This module is NumPy only: the CPU engine, the GPU upload path, the budget audit
 all use these functions, so the byte layout is defined once. The GPU kernels
 (``strata.engine.gpu.kernels``) read exactly this layout.
 
-Sources: block structs ``ggml/src/ggml-common.h`` (llama.cpp), FORMATS.md section 2 (type table,
-fp16 field offsets), BRIEF.md (widening: +11,407,360 B in the documents' model; BF16 re-round).
+Sources: block structs ``ggml/src/ggml-common.h`` (llama.cpp; the fp16 field offsets are the
+registry's, :data:`strata.packer.quants.QTYPES`), ``ggml_compute_bf16_to_fp32`` /
+``ggml_compute_fp32_to_bf16`` in ``ggml/src/ggml-impl.h`` (the exact BF16 re-round).
 """
 
 from __future__ import annotations
@@ -111,12 +112,10 @@ def engine_layout(pool_type: int, src_type: int, ne: tuple[int, ...] | list[int]
     t = quants.qtype(pool_type)
     nbytes = quants.tensor_nbytes(pool_type, ne)
     n_blocks = nbytes // t.block_bytes
-    if t.widened:
-        nf = len(t.fp16_scale_offsets)
-        sb = 4 * nf * n_blocks
-        pb = t.payload_block_bytes
-        return EngineLayout(t.id, "widened", n, n_blocks, nf, sb + pb * n_blocks, 0, sb, sb, pb * n_blocks, pb)
-    return EngineLayout(t.id, "native", n, n_blocks, 0, nbytes, 0, 0, 0, nbytes, t.block_bytes)
+    nf, pb = t.engine_scale_fields, t.engine_payload_bytes  # 0 and block_bytes for native blocks
+    sb = 4 * nf * n_blocks
+    return EngineLayout(t.id, "widened" if t.widened else "native", n, n_blocks, nf, sb + pb * n_blocks,
+                        0, sb, sb, pb * n_blocks, pb)
 
 
 def _payload_columns(t: QuantType) -> np.ndarray:
@@ -236,11 +235,11 @@ def from_engine_form(buf: np.ndarray, pool_type: int, src_type: int, ne: tuple[i
 def dequantize_engine_form(buf: np.ndarray, pool_type: int, src_type: int, ne: tuple[int, ...] | list[int]) -> np.ndarray:
     """NumPy reference dequantization of an engine-form buffer: ``float32`` with numpy shape
     ``reversed(ne)`` (rows of ``ne[0]``), via ``gguf.quants.dequantize`` of the native blocks
-    (strata's own for Q1_0 and Q2_0, which gguf-py lacks: :mod:`strata.engine.dequant`).
+    (strata's own for Q1_0 and Q2_0, which gguf-py lacks: the row's ``own_dequantize``).
     The GPU kernels must equal this bit for bit."""
-    from strata.engine.dequant import OWN_DEQUANTIZERS, dequantize_blocks
-
     import gguf
+
+    from strata.engine.dequant import dequantize_blocks
 
     lay = engine_layout(pool_type, src_type, ne)
     shape = tuple(int(d) for d in reversed(list(ne)))
@@ -249,7 +248,7 @@ def dequantize_engine_form(buf: np.ndarray, pool_type: int, src_type: int, ne: t
         return quants.bf16_to_f32_bits(b.view("<u2")).view("<f4").reshape(shape)
     raw = from_engine_form(buf, pool_type, src_type, ne)
     t = quants.qtype(pool_type)
-    if t.id in OWN_DEQUANTIZERS:
+    if t.own_dequantize is not None:
         return dequantize_blocks(raw, t.id).reshape(shape)
     qt = gguf.GGMLQuantizationType(t.id)
     nb_row = raw.size // max(1, quants.n_elements(ne) // int(ne[0])) if len(ne) else raw.size

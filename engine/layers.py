@@ -35,12 +35,13 @@ def silu(xp, x):
     return x / (xp.float32(1.0) + xp.exp(-x))
 
 
-_GELU_C = math.sqrt(2.0 / math.pi)
+#: sqrt(2 / pi), the constant of the tanh GELU (ggml's SQRT_2_OVER_PI; the fused act_mul kernel gets it too).
+GELU_C = math.sqrt(2.0 / math.pi)
 
 
 def gelu_tanh(xp, x):
     """GELU, tanh approximation (ggml_gelu): ``0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2)))``."""
-    return xp.float32(0.5) * x * (xp.float32(1.0) + xp.tanh(xp.float32(_GELU_C) * x * (xp.float32(1.0) + xp.float32(0.044715) * x * x)))
+    return xp.float32(0.5) * x * (xp.float32(1.0) + xp.tanh(xp.float32(GELU_C) * x * (xp.float32(1.0) + xp.float32(0.044715) * x * x)))
 
 
 def gelu_f16_table(xp, x):

@@ -12,13 +12,15 @@ Over the 72 teacher-forced steps of the committed fixtures both profiles land at
 (Gemma: mean |d logit| 0.20 both, max 1.19 f32 / 0.95 llamacpp; Qwen2.5 0.5B: mean 0.057 / 0.060),
 so the reference path stays exact f32, and ``"llamacpp"`` is kept as the executable definition of
 llama.cpp's activation quantizers - the canonical form a GPU kernel that quantizes activations
-must reproduce for CPU and GPU to agree (BRIEF.md, "the hit path is all or nothing").
+must reproduce for CPU and GPU to agree (the hit path is all or nothing: an expert computed on
+the GPU must give what the CPU path would have).
 
-1. **Activation quantization inside quantized matmuls** (``ggml-cpu.c`` ``type_traits_cpu[].vec_dot_type``):
-   weights of Q4_0/Q5_0/Q8_0/IQ4_NL/Q1_0/Q2_0/MXFP4 meet activations quantized to **Q8_0**
+1. **Activation quantization inside quantized matmuls** (``ggml-cpu.c`` ``type_traits_cpu[].vec_dot_type``,
+   recorded per weight type in the registry row: ``strata.packer.quants.QuantType.act_format``):
+   weights of Q4_0/Q5_0/Q8_0/IQ4_NL/Q1_0/Q2_0/MXFP4/NVFP4 meet activations quantized to **Q8_0**
    (blocks of 32: ``amax``; ``d = fp16(amax / 127)``; ``q = round_half_even(x * (127 / amax))``,
    the AVX2 ``quantize_row_q8_0`` of ``ggml-cpu/arch/x86/quants.c``); Q4_1/Q5_1 meet Q8_1 (same
-   values; its fp16 sum field is not modelled); K-quants and IQ2/IQ3/IQ1/IQ4_XS meet **Q8_K**
+   values; its fp16 sum field is not modelled); K-quants, IQ2/IQ3/IQ1/IQ4_XS and TQ1_0/TQ2_0 meet **Q8_K**
    (blocks of 256: ``max`` = the element of largest magnitude, first on ties; ``iscale = -127 / max``;
    ``q = min(127, round_half_even(iscale * x))``; ``d = 1 / iscale`` in f32,
    ``quantize_row_q8_K_ref`` in ``ggml-quants.c``); F16 weights meet f16 activations, BF16 weights
@@ -37,7 +39,7 @@ must reproduce for CPU and GPU to agree (BRIEF.md, "the hit path is all or nothi
 ``"f32"`` (the default) turns 1, 3 and 4 off: exact f32 math over what the cache holds.
 
 Everything here is written against an array module ``xp`` so the GPU path can use the same
-definitions (BRIEF.md: "GPU and CPU paths must agree").
+definitions (GPU and CPU paths must agree).
 """
 
 from __future__ import annotations
@@ -46,26 +48,14 @@ from dataclasses import dataclass
 
 from strata.packer import quants
 
-#: Weight type id -> activation format llama.cpp's CPU backend quantizes the activation to.
-_Q8_0_TYPES = frozenset(quants.by_name(n).id for n in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "Q1_0", "Q2_0", "MXFP4", "NVFP4"))
-_Q8_1_TYPES = frozenset(quants.by_name(n).id for n in ("Q4_1", "Q5_1"))
-_Q8_K_TYPES = frozenset(quants.by_name(n).id for n in (
-    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
-    "IQ4_XS", "TQ1_0", "TQ2_0"))
-
 
 def activation_format(weight_type: int) -> str:
     """``"q8_0"``, ``"q8_K"``, ``"f16"``, ``"bf16"`` or ``"f32"``: what a weight of ``weight_type``
-    multiplies in llama.cpp's CPU backend (Q8_1 is reported as ``"q8_0"``: identical values)."""
-    if weight_type in _Q8_0_TYPES or weight_type in _Q8_1_TYPES:
-        return "q8_0"
-    if weight_type in _Q8_K_TYPES:
-        return "q8_K"
-    if weight_type == quants.F16.id:
-        return "f16"
-    if weight_type == quants.BF16.id:
-        return "bf16"
-    return "f32"
+    multiplies in llama.cpp's CPU backend - the registry row's ``act_format``
+    (:attr:`strata.packer.quants.QuantType.act_format`; Q8_1 is reported as ``"q8_0"``:
+    identical values). ``"f32"`` for an id the registry does not know."""
+    t = quants.QTYPES.get(weight_type)
+    return t.act_format if t is not None else "f32"
 
 
 def quantize_q8_0(xp, x):

@@ -1,22 +1,52 @@
-"""The one registry of ggml tensor types used by all three strata tools.
+"""The one registry of ggml tensor types: every per-type fact strata uses, in one row per type.
 
-Every ggml type id that exists in ggml master (0..42, minus the removed ids) is a row
-of :data:`QTYPES`: block size in elements, block size in bytes, the byte offsets of
-the fp16 super-scale fields inside a block, and whether the engine widens those
-scales to f32 (an f32 scale plane plus a payload plane) or keeps the native block.
+Every ggml type id that exists in ggml master (0..42, minus the removed ids) is a row of
+:data:`QTYPES` (a :class:`QuantType`) carrying everything the three tools and the engine need
+to know about that type:
 
-Sources: block structs in llama.cpp ``ggml/src/ggml-common.h`` (lines 180-459 of the
-tree vendored in llama-cpp-python 0.3.36), type ids in ``ggml/include/ggml.h``
-(NVFP4=40, Q1_0=41, Q2_0=42), ``gguf.constants.GGML_QUANT_SIZES`` (gguf 0.19.0), and
-``../shared/FORMATS.md`` section 2. The widening rule comes from the design
-documents (BRIEF.md, "Pack form vs engine form"): types whose block is fp16 scale(s)
-at byte 0 followed by a payload are held by the engine as ``f32 scales + payload``;
-K-quants and IQ grid types stay native blocks.
+- **file layout**: block size in elements and in bytes, byte offsets of the fp16 super-scale
+  fields inside a block (block structs in llama.cpp ``ggml/src/ggml-common.h``, lines 180-459
+  of the tree vendored in llama-cpp-python 0.3.36; type ids in ``ggml/include/ggml.h``:
+  NVFP4=40, Q1_0=41, Q2_0=42; sizes agree with ``gguf.constants.GGML_QUANT_SIZES`` of gguf
+  0.19.0 except Q8_1, see its row);
+- **engine form**: whether the engine widens the fp16 scales to an f32 scale plane plus a
+  payload plane (types whose block is fp16 scale(s) at byte 0 followed by a payload) or keeps
+  the native block (K-quants, IQ grid types), and the resulting per-block geometry
+  (:attr:`QuantType.engine_scale_fields`, :attr:`QuantType.engine_payload_bytes`; the byte
+  layout itself is :mod:`strata.engine.engine_form`);
+- **llama.cpp CPU numerics**: the activation format llama.cpp's CPU backend quantizes the
+  activation to before a dot product with a weight of this type (``type_traits_cpu[].vec_dot_type``
+  in ``ggml/src/ggml-cpu/ggml-cpu.c``; :mod:`strata.engine.numerics` emulates it);
+- **CPU dequantization**: a NumPy view (F32, F16), gguf-py 0.19.0's class
+  ``gguf.quants.<NAME>``, or strata's own NumPy function (:mod:`strata.packer.dequant_own`, for
+  Q1_0 / Q2_0, which gguf-py lacks); :mod:`strata.engine.dequant` dispatches through the row;
+- **GPU kernel**: whether ``engine/gpu/cuda/types/<NAME>.cuh`` exists;
+  :mod:`strata.engine.gpu.kernels` generates the kernel's ``QK`` / ``NF`` / ``PB`` defines from
+  the row (:func:`strata.engine.gpu.kernels.type_defines`).
+
+A type is **engine-supported** when it has both a CPU dequantizer and a GPU kernel.
+
+**Adding a quant type** is one row here, plus
+
+- if gguf-py cannot dequantize it: a NumPy dequantizer in :mod:`strata.packer.dequant_own`
+  (``uint8[n_blocks, block_bytes] -> float32[n_blocks, block_elems]``) named by the row's
+  ``own_dequantize``;
+- if the engine gets a kernel (``gpu_kernel=True``): one CUDA device-code file
+  ``engine/gpu/cuda/types/<NAME>.cuh`` defining ``deq_chunk`` (block types) or ``load_w``
+  (plain types), bit-exact with the CPU dequantizer (tests/test_gpu_kernel_source.py checks it
+  on the host, tests/test_gpu_kernels.py on a GPU).
+
+The engine, the budget audit and the packer read the type only through its row. The one other
+per-type table is test data: :func:`strata.packer.synth.make_random_blocks` keeps each type's
+largest decoded ``|value| / d`` to draw valid random blocks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Literal
+
+from strata.packer import dequant_own
 
 
 class GGMLTypeError(ValueError):
@@ -27,13 +57,19 @@ class GGMLTypeError(ValueError):
 
 
 class ShapeError(ValueError):
-    """A tensor shape that its type cannot hold (ne[0] not a multiple of the block,
-    negative or overflowing element counts)."""
+    """A tensor shape that its type cannot hold (ne[0] not a multiple of the block, negative or
+    overflowing element counts)."""
+
+
+#: Activation formats of llama.cpp's CPU backend (see :attr:`QuantType.act_format`).
+ActFormat = Literal["q8_0", "q8_K", "f16", "bf16", "f32"]
+#: How the CPU reference path dequantizes a type (see :attr:`QuantType.cpu_dequant`).
+CpuDequant = Literal["view", "gguf", "strata"]
 
 
 @dataclass(frozen=True)
 class QuantType:
-    """One ggml tensor type.
+    """One ggml tensor type: every per-type fact strata uses (module docstring).
 
     Attributes:
         id: ggml type id (``enum ggml_type``), e.g. 12 for Q4_K.
@@ -45,7 +81,19 @@ class QuantType:
             (plain types, Q8_K's f32 ``d``, MXFP4/NVFP4's 8-bit scales, IQ1_M's packed scale).
         widened: True when the engine holds this type as an f32 scale plane plus a
             payload plane (each fp16 scale widened exactly to f32).
-        engine_supported: True when strata's engine has a kernel for the type.
+        act_format: what llama.cpp's CPU backend quantizes the activation to before a dot
+            product with a weight of this type (``vec_dot_type`` in ``ggml-cpu.c``): ``"q8_0"``
+            (Q4_1/Q5_1 meet Q8_1 there, whose values are Q8_0's: reported as ``"q8_0"``),
+            ``"q8_K"``, ``"f16"``, ``"bf16"`` or ``"f32"`` (unchanged; also the activation-only
+            types Q8_1 and Q8_K, which are never weights).
+        cpu_dequant: how strata's CPU path dequantizes it: ``"view"`` (IEEE floats of
+            ``block_bytes`` bytes, read through a NumPy dtype view: F32, F16), ``"gguf"``
+            (gguf-py 0.19.0's ``gguf.quants.<name>``), ``"strata"`` (:attr:`own_dequantize`), or
+            None (no dequantizer in strata's stack).
+        own_dequantize: strata's NumPy dequantizer (``uint8[n_blocks, block_bytes]`` ->
+            ``float32[n_blocks, block_elems]``) when ``cpu_dequant == "strata"``, else None.
+        gpu_kernel: True when ``engine/gpu/cuda/types/<name>.cuh`` holds the type's CUDA device
+            code (:mod:`strata.engine.gpu.kernels`).
     """
 
     id: int
@@ -54,12 +102,26 @@ class QuantType:
     block_bytes: int
     fp16_scale_offsets: tuple[int, ...] = ()
     widened: bool = False
-    engine_supported: bool = False
+    act_format: ActFormat = "f32"
+    cpu_dequant: CpuDequant | None = None
+    own_dequantize: Callable | None = None
+    gpu_kernel: bool = False
+
+    def __post_init__(self):
+        if (self.cpu_dequant == "strata") != (self.own_dequantize is not None):
+            raise ValueError(f"{self.name}: own_dequantize is given exactly when cpu_dequant is 'strata'")
+        if self.widened and not self.fp16_scale_offsets:
+            raise ValueError(f"{self.name}: a widened type needs fp16 scale fields")
 
     @property
     def is_quantized(self) -> bool:
         """True for block types (block_elems > 1)."""
         return self.block_elems > 1
+
+    @property
+    def engine_supported(self) -> bool:
+        """True when strata's engine runs the type: a CPU dequantizer and a GPU kernel."""
+        return self.gpu_kernel and self.cpu_dequant is not None
 
     @property
     def widen_extra_bytes(self) -> int:
@@ -68,7 +130,8 @@ class QuantType:
 
     @property
     def engine_block_bytes(self) -> int:
-        """Bytes per block in engine form: ``block_bytes + widen_extra_bytes``."""
+        """Bytes per block in engine form: ``block_bytes + widen_extra_bytes``
+        (= ``4 * engine_scale_fields + engine_payload_bytes``)."""
         return self.block_bytes + self.widen_extra_bytes
 
     @property
@@ -76,53 +139,66 @@ class QuantType:
         """Bytes per block left after removing the fp16 scale fields (widened types only)."""
         return self.block_bytes - 2 * len(self.fp16_scale_offsets)
 
+    @property
+    def engine_scale_fields(self) -> int:
+        """f32 scales per block in the engine form's scale plane: the number of fp16 fields for
+        widened types, 0 for native blocks (the kernels' ``NF``)."""
+        return len(self.fp16_scale_offsets) if self.widened else 0
 
-def _t(id_, name, be, bb, scales=(), widened=False, engine=False):
-    return QuantType(id_, name, be, bb, tuple(scales), widened, engine)
+    @property
+    def engine_payload_bytes(self) -> int:
+        """Bytes per block in the engine form's payload plane: :attr:`payload_block_bytes` for
+        widened types, the native ``block_bytes`` otherwise (the kernels' ``PB``)."""
+        return self.payload_block_bytes if self.widened else self.block_bytes
 
 
-#: Every ggml tensor type id that exists, keyed by id. Rows follow FORMATS.md section 2.
+def _t(id_, name, be, bb, scales=(), *, widened=False, act="f32", cpu=None, own=None, gpu=False):
+    return QuantType(id_, name, be, bb, tuple(scales), widened, act, cpu, own, gpu)
+
+
+#: Every ggml tensor type id that exists, keyed by id. Columns: id, name, block elems, block
+#: bytes, fp16 scale offsets; engine form; llama.cpp CPU activation; CPU dequantizer; GPU kernel.
 QTYPES: dict[int, QuantType] = {
     t.id: t
     for t in (
-        _t(0, "F32", 1, 4, engine=True),
-        _t(1, "F16", 1, 2, engine=True),
-        _t(2, "Q4_0", 32, 18, (0,), widened=True, engine=True),
-        _t(3, "Q4_1", 32, 20, (0, 2), widened=True, engine=True),
-        _t(6, "Q5_0", 32, 22, (0,), widened=True, engine=True),
-        _t(7, "Q5_1", 32, 24, (0, 2), widened=True, engine=True),
-        _t(8, "Q8_0", 32, 34, (0,), widened=True, engine=True),
+        _t(0, "F32", 1, 4, act="f32", cpu="view", gpu=True),
+        _t(1, "F16", 1, 2, act="f16", cpu="view", gpu=True),
+        _t(2, "Q4_0", 32, 18, (0,), widened=True, act="q8_0", cpu="gguf", gpu=True),
+        _t(3, "Q4_1", 32, 20, (0, 2), widened=True, act="q8_0", cpu="gguf", gpu=True),  # meets Q8_1
+        _t(6, "Q5_0", 32, 22, (0,), widened=True, act="q8_0", cpu="gguf", gpu=True),
+        _t(7, "Q5_1", 32, 24, (0, 2), widened=True, act="q8_0", cpu="gguf", gpu=True),  # meets Q8_1
+        _t(8, "Q8_0", 32, 34, (0,), widened=True, act="q8_0", cpu="gguf", gpu=True),
         # Q8_1 is an activation-only type: 36 B in ggml master (d, s fp16 + 32 int8);
         # the gguf 0.19.0 wheel still says 40. It never appears in a model file.
         _t(9, "Q8_1", 32, 36, (0, 2)),
-        _t(10, "Q2_K", 256, 84, (80, 82), engine=True),
-        _t(11, "Q3_K", 256, 110, (108,), engine=True),
-        _t(12, "Q4_K", 256, 144, (0, 2), engine=True),
-        _t(13, "Q5_K", 256, 176, (0, 2), engine=True),
-        _t(14, "Q6_K", 256, 210, (208,), engine=True),
-        _t(15, "Q8_K", 256, 292),  # d is f32: nothing to widen
-        _t(16, "IQ2_XXS", 256, 66, (0,), engine=True),
-        _t(17, "IQ2_XS", 256, 74, (0,), engine=True),
-        _t(18, "IQ3_XXS", 256, 98, (0,), engine=True),
-        _t(19, "IQ1_S", 256, 50, (0,)),
-        _t(20, "IQ4_NL", 32, 18, (0,), widened=True, engine=True),
-        _t(21, "IQ3_S", 256, 110, (0,)),
-        _t(22, "IQ2_S", 256, 82, (0,), engine=True),
-        _t(23, "IQ4_XS", 256, 136, (0,), engine=True),
+        _t(10, "Q2_K", 256, 84, (80, 82), act="q8_K", cpu="gguf", gpu=True),
+        _t(11, "Q3_K", 256, 110, (108,), act="q8_K", cpu="gguf", gpu=True),
+        _t(12, "Q4_K", 256, 144, (0, 2), act="q8_K", cpu="gguf", gpu=True),
+        _t(13, "Q5_K", 256, 176, (0, 2), act="q8_K", cpu="gguf", gpu=True),
+        _t(14, "Q6_K", 256, 210, (208,), act="q8_K", cpu="gguf", gpu=True),
+        _t(15, "Q8_K", 256, 292),  # activation-only; d is f32: nothing to widen
+        _t(16, "IQ2_XXS", 256, 66, (0,), act="q8_K", cpu="gguf", gpu=True),
+        _t(17, "IQ2_XS", 256, 74, (0,), act="q8_K", cpu="gguf", gpu=True),
+        _t(18, "IQ3_XXS", 256, 98, (0,), act="q8_K", cpu="gguf", gpu=True),
+        _t(19, "IQ1_S", 256, 50, (0,), act="q8_K", cpu="gguf"),
+        _t(20, "IQ4_NL", 32, 18, (0,), widened=True, act="q8_0", cpu="gguf", gpu=True),
+        _t(21, "IQ3_S", 256, 110, (0,), act="q8_K", cpu="gguf"),
+        _t(22, "IQ2_S", 256, 82, (0,), act="q8_K", cpu="gguf", gpu=True),
+        _t(23, "IQ4_XS", 256, 136, (0,), act="q8_K", cpu="gguf", gpu=True),
         _t(24, "I8", 1, 1),
         _t(25, "I16", 1, 2),
         _t(26, "I32", 1, 4),
         _t(27, "I64", 1, 8),
         _t(28, "F64", 1, 8),
-        _t(29, "IQ1_M", 256, 56),  # fp16 super-scale packed in nibbles: no field to widen
-        _t(30, "BF16", 1, 2, engine=True),
-        _t(34, "TQ1_0", 256, 54, (52,)),
-        _t(35, "TQ2_0", 256, 66, (64,)),
-        _t(39, "MXFP4", 32, 17),
-        _t(40, "NVFP4", 64, 36),
-        # gguf-py 0.19.0 lacks Q1_0 / Q2_0: strata.engine.dequant defines them after ggml-quants.c
-        _t(41, "Q1_0", 128, 18, (0,), widened=True, engine=True),
-        _t(42, "Q2_0", 64, 18, (0,), widened=True, engine=True),
+        _t(29, "IQ1_M", 256, 56, act="q8_K", cpu="gguf"),  # fp16 super-scale packed in nibbles: no field to widen
+        _t(30, "BF16", 1, 2, act="bf16", cpu="gguf", gpu=True),
+        _t(34, "TQ1_0", 256, 54, (52,), act="q8_K", cpu="gguf"),
+        _t(35, "TQ2_0", 256, 66, (64,), act="q8_K", cpu="gguf"),
+        _t(39, "MXFP4", 32, 17, act="q8_0", cpu="gguf"),
+        _t(40, "NVFP4", 64, 36, act="q8_0", cpu="gguf"),
+        # gguf-py 0.19.0 lacks Q1_0 / Q2_0: strata's NumPy definitions after ggml-quants.c
+        _t(41, "Q1_0", 128, 18, (0,), widened=True, act="q8_0", cpu="strata", own=dequant_own.dequantize_q1_0, gpu=True),
+        _t(42, "Q2_0", 64, 18, (0,), widened=True, act="q8_0", cpu="strata", own=dequant_own.dequantize_q2_0, gpu=True),
     )
 }
 

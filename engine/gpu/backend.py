@@ -116,7 +116,7 @@ class CudaBackend(Backend):
     def prepare(self, type_ids):
         for t in sorted(set(type_ids)):
             self.K.kernels_for(t)
-        self.K._silu_kernel()
+        self.K.silu_kernel()
 
     def span_timer(self):
         return _CudaSpan(self.cp)

@@ -1,0 +1,228 @@
+// The fused decode-step kernels of strata.engine.gpu.fused (resid_norm, qk_prep, attn, act_mul,
+// logit_post). Concatenated after prelude.cuh (typedefs, h2f); the f32 reductions below run in a
+// fixed order so that every thread of a CTA gets the same bits.
+__device__ __forceinline__ u16 f2h(float f) {  // round to nearest even, like numpy's astype(float16)
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float load_kv(const void* p, const i64 i, const int f16) {
+    return f16 ? h2f(((const u16*)p)[i]) : ((const float*)p)[i];
+}
+__device__ __forceinline__ void store_kv(void* p, const i64 i, const float v, const int f16) {
+    if (f16) ((u16*)p)[i] = f2h(v); else ((float*)p)[i] = v;
+}
+
+// xor butterfly: every lane ends with the same bits (each step adds the same two values)
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Block-wide sum in a fixed order (per-warp butterfly, then warp totals 0..nw-1 by butterfly);
+// every thread returns the same bits. blockDim.x must be a multiple of 32. Uniform control flow.
+__device__ float block_sum(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // red[] may still be read by a previous call
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    return warp_sum(lane < nw ? red[lane] : 0.0f);
+}
+__device__ float block_max(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    return warp_max(lane < nw ? red[lane] : __int_as_float(0xff800000));
+}
+
+// One CTA. mode 0: x = (a + ab) * scale (the embedding row); 1: x = x + (a + ab);
+// 2: x = x + rms_norm(a + ab) * wa (gemma's post-norms). Then, if w: xn = rms_norm(x) * w.
+// rms_norm(v) = v * (1 / sqrt(sum(v*v) / n + eps)), as strata.engine.layers.rms_norm.
+extern "C" __global__ void resid_norm(float* __restrict__ x, const float* __restrict__ a, const float* __restrict__ ab,
+                                      const float* __restrict__ wa, const float* __restrict__ w, float* __restrict__ xn,
+                                      const int n, const float eps, const float scale, const int mode) {
+    __shared__ float red[32];
+    const int tid = threadIdx.x, nt = blockDim.x;
+    float inv_a = 0.0f;
+    if (mode == 2) {
+        float s = 0.0f;
+        for (int i = tid; i < n; i += nt) {
+            float v = a[i];
+            if (ab) v = v + ab[i];
+            s = s + v * v;
+        }
+        const float ms = block_sum(s, red) / (float)n;
+        inv_a = 1.0f / sqrtf(ms + eps);
+    }
+    float s2 = 0.0f;
+    for (int i = tid; i < n; i += nt) {
+        float v = a[i];
+        if (ab) v = v + ab[i];
+        float xi;
+        if (mode == 0) xi = v * scale;
+        else if (mode == 1) xi = x[i] + v;
+        else xi = x[i] + (v * inv_a) * wa[i];
+        x[i] = xi;
+        s2 = s2 + xi * xi;
+    }
+    if (w) {
+        const float ms = block_sum(s2, red) / (float)n;
+        const float r = 1.0f / sqrtf(ms + eps);
+        for (int i = tid; i < n; i += nt) xn[i] = (x[i] * r) * w[i];
+    }
+}
+
+// CTA b < n_head: query head b; else KV head b - n_head. Per head: + bias, RMS norm (if nw),
+// NEOX rope at pos = params[0] (cos/sin rows of the rope table), then q: * qscale (if scale_q) -> qo;
+// k -> K cache and (KV CTAs) v + bias -> V cache, both at ring slot pos % size.
+extern "C" __global__ void qk_prep(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                                   const float* __restrict__ qb, const float* __restrict__ kb, const float* __restrict__ vb,
+                                   const float* __restrict__ qnw, const float* __restrict__ knw,
+                                   const float* __restrict__ cosb, const float* __restrict__ sinb,
+                                   const int* __restrict__ params, float* __restrict__ qo, void* __restrict__ kc,
+                                   void* __restrict__ vc, const int n_head, const int n_kv, const int hd, const int hd_v,
+                                   const int n_rot, const int size, const float eps, const float qscale,
+                                   const int scale_q, const int kv_f16) {
+    extern __shared__ float sh[];  // hd floats
+    __shared__ float red[32];
+    const int b = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+    const int pos = params[0];
+    const bool isq = b < n_head;
+    const int h = isq ? b : b - n_head;
+    const float* src = (isq ? q : k) + (i64)h * hd;
+    const float* bias = isq ? qb : kb;
+    const float* nw = isq ? qnw : knw;
+    float ss = 0.0f;
+    for (int d = tid; d < hd; d += nt) {
+        float val = src[d];
+        if (bias) val = val + bias[(i64)h * hd + d];
+        sh[d] = val;
+        ss = ss + val * val;
+    }
+    if (nw) {
+        const float ms = block_sum(ss, red) / (float)hd;
+        const float r = 1.0f / sqrtf(ms + eps);
+        for (int d = tid; d < hd; d += nt) sh[d] = (sh[d] * r) * nw[d];
+    }
+    __syncthreads();
+    const int half = n_rot / 2;
+    const float* c = cosb + (i64)pos * half;
+    const float* s = sinb + (i64)pos * half;
+    const i64 slot = pos % size;
+    for (int d = tid; d < hd; d += nt) {
+        float o;
+        if (d < half) o = sh[d] * c[d] - sh[d + half] * s[d];
+        else if (d < n_rot) o = sh[d - half] * s[d - half] + sh[d] * c[d - half];
+        else o = sh[d];
+        if (isq) {
+            if (scale_q) o = o * qscale;
+            qo[(i64)h * hd + d] = o;
+        } else {
+            store_kv(kc, (slot * n_kv + h) * hd + d, o, kv_f16);
+        }
+    }
+    if (!isq) {
+        for (int d = tid; d < hd_v; d += nt) {
+            float val = v[(i64)h * hd_v + d];
+            if (vb) val = val + vb[(i64)h * hd_v + d];
+            store_kv(vc, (slot * n_kv + h) * hd_v + d, val, kv_f16);
+        }
+    }
+}
+
+// One CTA per query head h (KV head g = h / (n_head / n_kv)). Positions lo..pos, lo = pos + 1 - window
+// (clamped at 0) for a sliding layer, else 0; position p lives in slot p % size. Scores
+// (q . K[p]) * kq_scale (warp per position, lanes over dims, butterfly), softmax (max, exp, sum,
+// divide: probabilities normalised first), then out[d] = sum_p prob[p] * V[p, d]: G = nt / hd_v
+// thread groups take positions j, j + G, ... and the G partials are added in group order.
+// sc: scratch of sc_stride floats per head.
+extern "C" __global__ void attn(const float* __restrict__ qo, const void* __restrict__ kc, const void* __restrict__ vc,
+                                const int* __restrict__ params, float* __restrict__ sc, float* __restrict__ out,
+                                const int n_head, const int n_kv, const int hd, const int hd_v, const int size,
+                                const int window, const float kq_scale, const int kv_f16, const int sc_stride) {
+    extern __shared__ float part[];  // blockDim.x floats
+    __shared__ float red[32];
+    const int h = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+    const int lane = tid & 31, warp = tid >> 5, nwarps = nt >> 5;
+    const int g = h / (n_head / n_kv);
+    const int pos = params[0];
+    const int lo = window > 0 ? max(0, pos + 1 - window) : 0;
+    const int T = pos - lo + 1;
+    float* s = sc + (i64)h * sc_stride;
+    const float* qh = qo + (i64)h * hd;
+    float m = __int_as_float(0xff800000);  // -inf
+    for (int t = warp; t < T; t += nwarps) {
+        const i64 base = ((i64)((lo + t) % size) * n_kv + g) * hd;
+        float a = 0.0f;
+        for (int d = lane; d < hd; d += 32) a = a + qh[d] * load_kv(kc, base + d, kv_f16);
+        a = warp_sum(a);
+        const float val = a * kq_scale;
+        if (lane == 0) s[t] = val;
+        m = fmaxf(m, val);
+    }
+    m = block_max(m, red);  // its barriers also publish s[]
+    float z = 0.0f;
+    for (int t = tid; t < T; t += nt) {
+        const float p = expf(s[t] - m);
+        s[t] = p;
+        z = z + p;
+    }
+    z = block_sum(z, red);
+    for (int t = tid; t < T; t += nt) s[t] = s[t] / z;
+    __syncthreads();
+    const int G = nt >= hd_v ? nt / hd_v : 1;
+    if (G == 1) {
+        for (int d = tid; d < hd_v; d += nt) {
+            float acc = 0.0f;
+            for (int t = 0; t < T; ++t)
+                acc = acc + s[t] * load_kv(vc, ((i64)((lo + t) % size) * n_kv + g) * hd_v + d, kv_f16);
+            out[(i64)h * hd_v + d] = acc;
+        }
+        return;
+    }
+    const int j = tid / hd_v, d0 = tid - j * hd_v;
+    if (j < G) {
+        float acc = 0.0f;
+        for (int t = j; t < T; t += G)
+            acc = acc + s[t] * load_kv(vc, ((i64)((lo + t) % size) * n_kv + g) * hd_v + d0, kv_f16);
+        part[j * hd_v + d0] = acc;
+    }
+    __syncthreads();
+    if (tid < hd_v) {
+        float o = 0.0f;
+        for (int jj = 0; jj < G; ++jj) o = o + part[jj * hd_v + tid];
+        out[(i64)h * hd_v + tid] = o;
+    }
+}
+
+// out = act(g) * u; kind 0: silu(x) = x / (1 + exp(-x)); 1: gelu_tanh(x) =
+// (0.5 * x) * (1 + tanh((c * x) * (1 + (k * x) * x))), the operation order of strata.engine.layers.
+extern "C" __global__ void act_mul(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ out,
+                                   const int n, const int kind, const float c, const float k) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float x = g[i];
+    float a;
+    if (kind == 0) a = x / (1.0f + expf(-x));
+    else a = (0.5f * x) * (1.0f + tanhf((c * x) * (1.0f + (k * x) * x)));
+    out[i] = a * u[i];
+}
+
+// y = y + bias (if bias); then, if softcap: y = tanh(y * inv_cap) * cap.
+extern "C" __global__ void logit_post(float* __restrict__ y, const float* __restrict__ bias, const int n,
+                                      const float inv_cap, const float cap, const int softcap) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = y[i];
+    if (bias) v = v + bias[i];
+    if (softcap) v = tanhf(v * inv_cap) * cap;
+    y[i] = v;
+}

@@ -1,0 +1,42 @@
+// Shared prelude of every CUDA module of strata.engine.gpu (kernels.py and fused.py concatenate
+// the files; nothing is #included): integer typedefs, unaligned little-endian loads, fp16 -> f32
+// with its host twin (tests/test_gpu_kernel_source.py compiles the per-type code with g++), and
+// the K-quant 6-bit scale helper.
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+// Little-endian loads at any byte alignment (native blocks of 66/98/110/210 bytes are only
+// 2-byte aligned).
+__device__ __forceinline__ u32 ld16(const u8* p) { return (u32)p[0] | ((u32)p[1] << 8); }
+__device__ __forceinline__ u32 ld32(const u8* p) {
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+// IEEE fp16 -> f32, exact for every finite pattern (subnormals included). On the device the
+// hardware conversion (cvt.f32.f16); the software version is its host twin for the CPU check.
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ float h2f(u32 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+    return f;
+}
+#else
+__device__ __forceinline__ float h2f(u32 h) {
+    const u32 sign = (h & 0x8000u) << 16;
+    const u32 ex = (h >> 10) & 0x1fu;
+    const u32 man = h & 0x3ffu;
+    if (ex == 0) {
+        const float f = (float)man * 5.9604644775390625e-08f;  // man * 2^-24, exact
+        return sign ? -f : f;
+    }
+    if (ex == 31) return __uint_as_float(sign | 0x7f800000u | (man << 13));
+    return __uint_as_float(sign | ((ex + 112u) << 23) | (man << 13));
+}
+#endif
+// Q4_K / Q5_K 6-bit scale and min of sub-block g (ggml-quants.c get_scale_min_k4).
+__device__ __forceinline__ void scale_min_k4(const u8* s, int g, int* scv, int* mv) {
+    if (g < 4) { *scv = s[g] & 63; *mv = s[g + 4] & 63; }
+    else { *scv = (s[g + 4] & 15) | ((s[g - 4] >> 2) & 0x30); *mv = (s[g + 4] >> 4) | ((s[g] >> 2) & 0x30); }
+}
