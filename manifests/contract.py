@@ -277,7 +277,7 @@ class Geometry:
     are computed from the manifest's ``[layers] kind`` rule, never stored as a second list.
     """
 
-    def __init__(self, manifest: Manifest, values: dict[str, Any]):
+    def __init__(self, manifest: Manifest, values: dict[str, Any], *, check: bool = True):
         self.manifest = manifest
         self.values = dict(values)
         env = dict(values)
@@ -287,7 +287,7 @@ class Geometry:
             except (ZeroDivisionError, TypeError, IndexError) as e:
                 raise ManifestError(f"{manifest.arch}: derived {name} = {expr}: {e}") from None
         self.env = env
-        for expr in manifest.checks:
+        for expr in (manifest.checks if check else ()):
             try:
                 ok = evaluate(expr, env)
             except (ZeroDivisionError, TypeError, IndexError) as e:
@@ -362,13 +362,15 @@ class Geometry:
 
 
 def geometry_from_metadata(arch: str, kv: dict[str, Any], array_lengths: dict[str, int] | None = None,
-                           arrays: dict[str, list] | None = None) -> Geometry:
+                           arrays: dict[str, list] | None = None, *, check: bool = True) -> Geometry:
     """Resolve an architecture's params from GGUF metadata through its manifest.
 
     Args:
         kv: GGUF key -> scalar value (arrays may be absent or placeholders).
         array_lengths: GGUF key -> element count, for params with ``array_len``.
         arrays: GGUF key -> list of values, for ``int_array`` / ``bool_array`` params.
+        check: refuse impossible values and violated ``checks`` (always, except for a writer of test
+            files that must be able to write them: strata.testing).
 
     Raises:
         ManifestError: a required key is missing (naming it and the manifest) or has the wrong kind.
@@ -403,9 +405,10 @@ def geometry_from_metadata(arch: str, kv: dict[str, Any], array_lengths: dict[st
             raise ManifestError(f"{arch}: metadata key {key} (param {name}) is {type(v).__name__} {v!r}, expected {p.kind}")
         if p.kind == "float":
             v = float(v)
-        p.check(name, v, f"{arch} metadata", key)
+        if check:
+            p.check(name, v, f"{arch} metadata", key)
         values[name] = v
-    return Geometry(m, values)
+    return Geometry(m, values, check=check)
 
 
 def format_value(v: Any) -> str:

@@ -16,8 +16,6 @@ Shapes are always ggml ``ne`` order (``ne[0]`` = row length, fastest). Sizes are
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -39,8 +37,16 @@ __all__ = [
 ]
 
 
+def is_moe(arch: str) -> bool:
+    """True when ``arch``'s contract has routed experts."""
+    from strata.manifests.contract import load_manifest
+
+    return any(t.expert for t in load_manifest(arch).tensors)
+
+
+#: The presets' architectures (more may have contracts), and those with routed experts.
 ARCHS = ("qwen3moe", "qwen3next", "qwen2", "gemma3")
-MOE_ARCHS = ("qwen3moe", "qwen3next")
+MOE_ARCHS = tuple(a for a in ARCHS if is_moe(a))
 
 #: Types intended for dense (non-expert) weights: ne0 only needs to be a multiple of 32.
 DENSE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0")
@@ -98,6 +104,7 @@ class ModelDims(BaseModel):
     sliding_window_pattern: int = 2
     rope_freq_base: float = 1e6
     rms_eps: float = 1e-6
+    rope_dim: int | None = None  # rotated dims per head (rope.dimension_count); None: not written
 
     @property
     def ssm_d_inner(self) -> int:
@@ -119,7 +126,8 @@ class ModelSpec(BaseModel):
     """Everything :func:`write_model` needs; the same spec and seed give byte-identical files.
 
     Attributes:
-        arch: one of :data:`ARCHS`.
+        arch: an architecture with a contract (``manifests/<arch>.toml``): names, shapes and metadata
+            keys all come from it.
         name: ``general.name``.
         dims: :class:`ModelDims`.
         n_layers: ``block_count``.
@@ -137,10 +145,13 @@ class ModelSpec(BaseModel):
         fill: ``"random"`` (every tensor drawn from its own stream) or ``"pattern"`` (one ~64 KiB random
             block pattern per tensor, tiled: GB-sized files in seconds).
         weight_std: std of the normal values behind float / gguf-quantizable weights.
+        choices: ``[[choices]]`` group name -> option index written (default: the first option).
+        params: manifest param name -> value, over :data:`PARAM_VALUES` (e.g. ``rope_dim``).
+        add_bos: ``tokenizer.ggml.add_bos_token`` (gemma3's preset: true).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    arch: Literal["qwen3moe", "qwen3next", "qwen2", "gemma3"]
+    arch: str
     name: str = "strata-synth"
     dims: ModelDims = Field(default_factory=ModelDims)
     n_layers: int = 2
@@ -154,23 +165,28 @@ class ModelSpec(BaseModel):
     empty_first_shard: bool = False
     fill: Literal["random", "pattern"] = "random"
     weight_std: float = 0.02
+    choices: dict[str, int] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict)
+    add_bos: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
+        from strata.manifests.contract import known_archs
+
         d = self.dims
+        if self.arch not in known_archs():
+            raise ValueError(f"arch {self.arch!r} has no contract; known: {', '.join(known_archs())}")
         if self.n_layers < 1:
             raise ValueError(f"n_layers={self.n_layers} < 1")
-        if self.arch in MOE_ARCHS:
+        if is_moe(self.arch):
             if len(self.expert_types) != self.n_layers:
                 raise ValueError(f"{self.arch}: expert_types has {len(self.expert_types)} entries for {self.n_layers} layers")
             if not 0 < d.n_expert_used <= d.n_expert:
                 raise ValueError(f"n_expert_used={d.n_expert_used} must be in 1..n_expert={d.n_expert}")
         elif self.expert_types:
             raise ValueError(f"{self.arch} is dense: expert_types must be empty")
-        if self.fused_gate_up and self.arch != "qwen3next":
-            raise ValueError("fused_gate_up: only qwen3next loads ffn_gate_up_exps (llama.cpp create_tensor_gate_up_exps)")
-        if self.arch == "qwen2" and d.n_head * d.head_dim != d.n_embd:
-            raise ValueError(f"qwen2 needs n_head*head_dim == n_embd ({d.n_head}*{d.head_dim} != {d.n_embd})")
+        if self.fused_gate_up and not any(ch.name == "gate_up_exps" for ch in _manifest(self).choices):
+            raise ValueError(f"fused_gate_up: the {self.arch} contract has no fused ffn_gate_up_exps option")
         if self.n_shards < 1 or (self.empty_first_shard and self.n_shards < 2):
             raise ValueError(f"n_shards={self.n_shards} (empty_first_shard needs >= 2)")
         return self
@@ -192,137 +208,142 @@ class PlannedTensor:
         return quants.tensor_nbytes(self.type_id, self.ne, tensor=self.name)
 
 
-def _layer_is_recurrent(spec: ModelSpec, il: int) -> bool:
-    return spec.arch == "qwen3next" and (il + 1) % spec.dims.full_attention_interval != 0
+#: How a manifest param (``manifests/<arch>.toml`` ``[params]``) gets its value from a spec: the one
+#: table between the synthetic model's dimensions and the contracts' params. A param whose value is
+#: None (or that is not listed) is not written; the manifest's default then applies.
+PARAM_VALUES: dict[str, Any] = {
+    "n_embd": lambda s: s.dims.n_embd, "n_layer": lambda s: s.n_layers, "n_ctx_train": lambda s: s.dims.context_length,
+    "n_ff": lambda s: s.dims.n_ff, "n_head": lambda s: s.dims.n_head, "n_head_kv": lambda s: s.dims.n_head_kv,
+    "head_dim": lambda s: s.dims.head_dim, "head_dim_v": lambda s: s.dims.head_dim,
+    "rope_base": lambda s: s.dims.rope_freq_base, "rms_eps": lambda s: s.dims.rms_eps,
+    "n_expert": lambda s: s.dims.n_expert, "n_expert_used": lambda s: s.dims.n_expert_used,
+    "n_ff_exp": lambda s: s.dims.n_ff_exp, "n_ff_shexp": lambda s: s.dims.n_ff_shexp,
+    "d_conv": lambda s: s.dims.ssm_d_conv, "d_state": lambda s: s.dims.ssm_d_state, "n_group": lambda s: s.dims.ssm_n_group,
+    "dt_rank": lambda s: s.dims.ssm_dt_rank, "d_inner": lambda s: s.dims.ssm_d_inner,
+    "full_attention_interval": lambda s: s.dims.full_attention_interval, "rope_dim": lambda s: s.dims.rope_dim,
+    "sliding_window": lambda s: s.dims.sliding_window, "swa_pattern": lambda s: s.dims.sliding_window_pattern,
+    "rope_base_swa": lambda s: 10000.0,
+}
+
+
+def _manifest(spec: "ModelSpec"):
+    from strata.manifests.contract import load_manifest
+
+    return load_manifest(spec.arch)
+
+
+def _param_kv(spec: "ModelSpec") -> list[tuple[str, int, Any, int | None]]:
+    """The architecture's metadata keys, from its manifest's ``[params]`` (key, GGUF value type, value):
+    counts u32, floats f32 (llama.cpp reads them with those types); ``spec.params`` overrides."""
+    V = GGUFValueType
+    out = []
+    for name, p in _manifest(spec).params.items():
+        if p.array_len or p.key.startswith("/"):
+            continue  # the vocabulary size: the tokenizer's arrays say it
+        fn = PARAM_VALUES.get(name)
+        v = spec.params.get(name, fn(spec) if fn else None)
+        if v is None:
+            continue
+        key = f"{spec.arch}.{p.key}"
+        if p.kind == "float":
+            out.append((key, V.FLOAT32, float(v), None))
+        elif p.kind == "bool":
+            out.append((key, V.BOOL, bool(v), None))
+        elif p.kind == "str":
+            out.append((key, V.STRING, str(v), None))
+        elif isinstance(v, (list, tuple)):
+            sub = V.BOOL if p.kind == "bool_array" else V.UINT32
+            out.append((key, V.ARRAY, [bool(x) if p.kind == "bool_array" else int(x) for x in v], sub))
+        else:
+            out.append((key, V.UINT32, int(v), None))
+    return out
+
+
+def spec_geometry(spec: "ModelSpec", *, check: bool = False):
+    """The spec's geometry through its architecture's manifest (what strata-pack build will resolve).
+    Unchecked by default: tests write impossible geometries on purpose, to see them refused.
+
+    Raises:
+        ManifestError: with ``check``, dimensions the contract refuses (e.g. a GQA group that does not divide).
+    """
+    from strata.manifests.contract import geometry_from_metadata
+
+    kv = {k: v for k, _t, v, sub in _param_kv(spec) if sub is None}
+    arrays = {k: v for k, _t, v, sub in _param_kv(spec) if sub is not None}
+    return geometry_from_metadata(spec.arch, kv, {"tokenizer.ggml.tokens": spec.dims.n_vocab}, arrays, check=check)
+
+
+def _fill_role(role: str, ne: tuple[int, ...], expert: bool) -> str:
+    """How a tensor is filled, from its role: norms near 1 (converters store them +1), ``ssm_a`` < 0
+    (it stores -exp(A_log)), the conv kernel, small vectors, or random weight blocks."""
+    if expert:
+        return "expert"
+    if role.endswith("norm.weight"):
+        return "norm"
+    if role == "ssm_a":
+        return "ssm_a"
+    if role.startswith("ssm_conv1d"):
+        return "conv"
+    if len(ne) == 1:
+        return "vec"
+    return "dense"
 
 
 def plan_tensors(spec: ModelSpec) -> list[PlannedTensor]:
-    """The tensors :func:`write_model` writes for ``spec``, in file order, with types and ``ne``.
+    """The tensors :func:`write_model` writes for ``spec``, in file order, with types and ``ne``: the
+    architecture's contract (``manifests/<arch>.toml``) resolved for the spec's dimensions
+    (:func:`spec_geometry`), one option of every ``[[choices]]`` group (``spec.choices``, else the
+    first; ``fused_gate_up`` picks the fused expert tensor), optional tensors left out except the
+    output head (unless ``tied_output``). Order: token_embd, every layer's tensors, then the rest.
+    Types: routed experts ``spec.expert_types[il]``, 1-D and conv tensors F32, the router F32 unless
+    ``tensor_types`` says otherwise, every other weight ``tensor_types[base]`` or ``dense_type``.
 
-    Names and shapes follow llama.cpp's loaders (``src/models/{qwen3moe,qwen3next,qwen2,gemma3}.cpp``;
-    FORMATS.md section 4). Raises ``quants.ShapeError`` naming the tensor when a type's block size
-    does not divide ``ne[0]``.
+    Raises:
+        quants.ShapeError: a type whose block size does not divide ``ne[0]`` (naming the tensor).
+        ManifestError: dimensions the contract refuses.
     """
-    d = spec.dims
-    E, V, hd = d.n_embd, d.n_vocab, d.head_dim
-    out: list[PlannedTensor] = []
-
-    def add(name: str, ne: Sequence[int], role: str, type_id: int | None = None) -> None:
-        if type_id is None:
-            base = name[:-len(".weight")] if name.endswith(".weight") else name
-            base = re.sub(r"^blk\.\d+\.", "", base)
-            if role == "dense":
-                default = 0 if base == "ffn_gate_inp" else spec.dense_type
-                type_id = spec.tensor_types.get(base, default)
-            else:
-                type_id = 0  # 1-D and conv tensors stay F32 (llama.cpp norms / ssm_conv need F32)
-        t = PlannedTensor(name, int(type_id), tuple(int(x) for x in ne), role)
-        _ = t.nbytes  # validate block divisibility now, with the tensor's name in the message
-        out.append(t)
-
-    add("token_embd.weight", (E, V), "dense")
-    for il in range(spec.n_layers):
-        p = f"blk.{il}."
-        add(p + "attn_norm.weight", (E,), "norm")
-        if spec.arch == "qwen2":
-            add(p + "attn_q.weight", (E, E), "dense")
-            add(p + "attn_q.bias", (E,), "bias")
-            add(p + "attn_k.weight", (E, d.n_head_kv * hd), "dense")
-            add(p + "attn_k.bias", (d.n_head_kv * hd,), "bias")
-            add(p + "attn_v.weight", (E, d.n_head_kv * hd), "dense")
-            add(p + "attn_v.bias", (d.n_head_kv * hd,), "bias")
-            add(p + "attn_output.weight", (E, E), "dense")
-        elif _layer_is_recurrent(spec, il):
-            add(p + "post_attention_norm.weight", (E,), "norm")
-            add(p + "attn_qkv.weight", (E, d.ssm_conv_dim), "dense")
-            add(p + "attn_gate.weight", (E, d.ssm_d_inner), "dense")
-            add(p + "ssm_conv1d.weight", (d.ssm_d_conv, d.ssm_conv_dim), "conv")
-            add(p + "ssm_dt.bias", (d.ssm_dt_rank,), "ssm_dt")
-            add(p + "ssm_a", (d.ssm_dt_rank,), "ssm_a")
-            add(p + "ssm_ba.weight", (E, 2 * d.ssm_dt_rank), "dense")
-            add(p + "ssm_norm.weight", (d.ssm_d_state,), "norm")
-            add(p + "ssm_out.weight", (d.ssm_d_inner, E), "dense")
-        else:
-            q_rows = 2 * d.n_head * hd if spec.arch == "qwen3next" else d.n_head * hd  # qwen3next: query + output gate
-            if spec.arch == "qwen3next":
-                add(p + "post_attention_norm.weight", (E,), "norm")
-            add(p + "attn_q.weight", (E, q_rows), "dense")
-            add(p + "attn_k.weight", (E, d.n_head_kv * hd), "dense")
-            add(p + "attn_v.weight", (E, d.n_head_kv * hd), "dense")
-            add(p + "attn_output.weight", (d.n_head * hd, E), "dense")
-            add(p + "attn_q_norm.weight", (hd,), "norm")
-            add(p + "attn_k_norm.weight", (hd,), "norm")
-            if spec.arch == "gemma3":
-                add(p + "post_attention_norm.weight", (E,), "norm")
-        if spec.arch != "qwen3next":
-            add(p + "ffn_norm.weight", (E,), "norm")
-        if spec.arch in MOE_ARCHS:
+    g = spec_geometry(spec)
+    m = g.manifest
+    pick = dict(spec.choices)
+    if spec.fused_gate_up:
+        pick["gate_up_exps"] = 1
+    keep_roles: set[str] = set()
+    for ch in m.choices:
+        i = pick.get(ch.name, 0)
+        if not 0 <= i < len(ch.options):
+            raise ValueError(f"choice {ch.name}: option {i} of {len(ch.options)}")
+        keep_roles.update(ch.options[i])
+    in_choice = {r for ch in m.choices for opt in ch.options for r in opt}
+    first, layers, last = [], [], []
+    for name, ts, ne, il in g.expected_tensors():
+        if ts.role in in_choice and ts.role not in keep_roles:
+            continue
+        if ts.optional and not (ts.role == "output.weight" and not spec.tied_output):
+            continue
+        if ts.role == "ssm_conv1d.weight" or len(ne) == 1:
+            type_id = 0  # norms, biases and the conv kernel stay F32 (llama.cpp norms / ssm_conv need F32)
+        elif ts.expert is not None:
             et = spec.expert_types[il]
-            add(p + "ffn_gate_inp.weight", (E, d.n_expert), "dense")
-            if spec.fused_gate_up:
-                add(p + "ffn_gate_up_exps.weight", (E, 2 * d.n_ff_exp, d.n_expert), "expert", et.gate_up)
-            else:
-                add(p + "ffn_gate_exps.weight", (E, d.n_ff_exp, d.n_expert), "expert", et.gate_up)
-                add(p + "ffn_up_exps.weight", (E, d.n_ff_exp, d.n_expert), "expert", et.gate_up)
-            add(p + "ffn_down_exps.weight", (d.n_ff_exp, E, d.n_expert), "expert", et.down)
-            if spec.arch == "qwen3next":
-                add(p + "ffn_gate_inp_shexp.weight", (E,), "vec")
-                add(p + "ffn_gate_shexp.weight", (E, d.n_ff_shexp), "dense")
-                add(p + "ffn_up_shexp.weight", (E, d.n_ff_shexp), "dense")
-                add(p + "ffn_down_shexp.weight", (d.n_ff_shexp, E), "dense")
+            type_id = et.down if ts.expert == "down" else et.gate_up
         else:
-            add(p + "ffn_gate.weight", (E, d.n_ff), "dense")
-            add(p + "ffn_up.weight", (E, d.n_ff), "dense")
-            add(p + "ffn_down.weight", (d.n_ff, E), "dense")
-            if spec.arch == "gemma3":
-                add(p + "post_ffw_norm.weight", (E,), "norm")
-    add("output_norm.weight", (E,), "norm")
-    if not spec.tied_output:
-        add("output.weight", (E, V), "dense")
-    return out
+            base = ts.role[:-len(".weight")] if ts.role.endswith(".weight") else ts.role
+            type_id = spec.tensor_types.get(base, 0 if base == "ffn_gate_inp" else spec.dense_type)
+        t = PlannedTensor(name, int(type_id), tuple(int(x) for x in ne), _fill_role(ts.role, ne, ts.expert is not None))
+        _ = t.nbytes  # validate block divisibility now, with the tensor's name in the message
+        (first if name == "token_embd.weight" else layers if il is not None else last).append((il, t))
+    layers.sort(key=lambda x: x[0])  # stable: manifest order within a layer
+    return [t for _, t in first + layers + last]
 
 
 def model_kv(spec: ModelSpec) -> list[tuple[str, int, Any, int | None]]:
     """The KV pairs of ``spec`` except ``general.architecture``, as ``(key, GGUFValueType, value,
-    array sub_type)``: counts are u32, floats f32 (llama.cpp reads them with those types), the
-    tokenizer arrays carry explicit element types (gguf infers INT32 for int lists; FORMATS.md)."""
+    array sub_type)``: ``general.name``, ``general.quantization_version``, every param of the
+    architecture's manifest with a value (:data:`PARAM_VALUES`, :func:`_param_kv`), and the synthetic
+    tokenizer's keys (its arrays with explicit element types: gguf infers INT32 for int lists)."""
     V = GGUFValueType
-    d, a = spec.dims, spec.arch
-    u32 = lambda k, v: (k.format(a=a), V.UINT32, int(v), None)  # noqa: E731
-    f32 = lambda k, v: (k.format(a=a), V.FLOAT32, float(v), None)  # noqa: E731
-    kv = [
-        ("general.name", V.STRING, spec.name, None),
-        u32("general.quantization_version", 2),
-        u32("{a}.context_length", d.context_length),
-        u32("{a}.embedding_length", d.n_embd),
-        u32("{a}.block_count", spec.n_layers),
-        u32("{a}.feed_forward_length", d.n_ff),
-        u32("{a}.attention.head_count", d.n_head),
-        u32("{a}.attention.head_count_kv", d.n_head_kv),
-        u32("{a}.attention.key_length", d.head_dim),
-        u32("{a}.attention.value_length", d.head_dim),
-        f32("{a}.rope.freq_base", d.rope_freq_base),
-        f32("{a}.attention.layer_norm_rms_epsilon", d.rms_eps),
-    ]
-    if a in MOE_ARCHS:
-        kv += [u32("{a}.expert_count", d.n_expert), u32("{a}.expert_used_count", d.n_expert_used),
-               u32("{a}.expert_feed_forward_length", d.n_ff_exp)]
-    if a == "qwen3next":
-        kv += [
-            u32("{a}.expert_shared_feed_forward_length", d.n_ff_shexp),
-            u32("{a}.ssm.conv_kernel", d.ssm_d_conv),
-            u32("{a}.ssm.state_size", d.ssm_d_state),
-            u32("{a}.ssm.group_count", d.ssm_n_group),
-            u32("{a}.ssm.time_step_rank", d.ssm_dt_rank),
-            u32("{a}.ssm.inner_size", d.ssm_d_inner),
-            u32("{a}.full_attention_interval", d.full_attention_interval),
-            u32("{a}.rope.dimension_count", d.head_dim // 4),  # partial rotary: 0.25 * head_dim
-        ]
-    if a == "gemma3":
-        kv += [u32("{a}.attention.sliding_window", d.sliding_window),
-               u32("{a}.attention.sliding_window_pattern", d.sliding_window_pattern),
-               f32("{a}.rope.freq_base_swa", 10000.0)]
-    kv += tokenizer_kv(synth_tokenizer(d.n_vocab), add_bos=(a == "gemma3"))
+    kv = [("general.name", V.STRING, spec.name, None), ("general.quantization_version", V.UINT32, 2, None)]
+    kv += _param_kv(spec)
+    kv += tokenizer_kv(synth_tokenizer(spec.dims.n_vocab), add_bos=spec.add_bos)
     return kv
 
 
@@ -421,7 +442,7 @@ def qwen3next_spec(**overrides: Any) -> ModelSpec:
     width 256 (2 used) + a shared expert of 256, 4 heads / 2 KV heads of 64, delta net with 2 k-heads
     and 4 v-heads of 64 (conv 4), vocab 512, dense Q8_0. Experts (gate/up, down): (IQ2_XS, IQ4_NL),
     (IQ2_XXS, Q8_0), (Q4_K, Q5_0), (Q3_K, Q6_K). ``fused_gate_up=True`` writes ffn_gate_up_exps."""
-    return _spec(dict(arch="qwen3next", name="strata-synth-qwen3next", n_layers=4,
+    return _spec(dict(arch="qwen3next", name="strata-synth-qwen3next", n_layers=4, dims={"rope_dim": 16},
                       expert_types=[("IQ2_XS", "IQ4_NL"), ("IQ2_XXS", "Q8_0"), ("Q4_K", "Q5_0"), ("Q3_K", "Q6_K")]),
                  overrides)
 
@@ -436,7 +457,7 @@ def qwen2_spec(**overrides: Any) -> ModelSpec:
 def gemma3_spec(**overrides: Any) -> ModelSpec:
     """gemma3 (small dense) preset: 2 layers (0 sliding window 128, 1 global), n_embd 256, n_ff 512,
     4 heads / 1 KV head of 64, vocab 512, BF16 weights with a Q8_0 token_embd, output tied to token_embd."""
-    return _spec(dict(arch="gemma3", name="strata-synth-gemma3", n_layers=2, dense_type="BF16",
+    return _spec(dict(arch="gemma3", name="strata-synth-gemma3", n_layers=2, dense_type="BF16", add_bos=True,
                       tensor_types={"token_embd": "Q8_0"}, tied_output=True, dims={"n_head_kv": 1}), overrides)
 
 

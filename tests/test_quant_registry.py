@@ -94,7 +94,7 @@ def test_cuda_files_are_package_data():
 
 
 def test_fused_source_is_prelude_and_fused_file():
-    from strata.engine.gpu import fused
+    from strata.engine.gpu import fused_ops as fused
 
     src = fused.fused_source()
     assert src.startswith(K.cuda_file("prelude.cuh")) and src.endswith(K.cuda_file("fused.cu"))

@@ -1,0 +1,241 @@
+"""The kernels of the fused decode step and how one launch of each is bound (CUDA, or NumPy
+stand-ins on the ``sim`` backend). :mod:`strata.engine.gpu.fused` builds the step's launch list
+from these; the CUDA source is ``cuda/fused.cu`` (with the shared prelude).
+
+Each ``ops.X(...)`` returns a closure that performs one launch (or copy) with arguments bound once,
+so the list can be replayed eagerly or captured into a CUDA graph without rebuilding anything.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import layers
+
+#: Threads per CTA of the attention kernel (one CTA per query head; warps split the positions).
+ATTN_THREADS = 1024
+
+
+FUSED_KERNEL_NAMES = ("resid_norm", "qk_prep", "attn", "act_mul", "logit_post")
+
+
+def fused_source() -> str:
+    """The CUDA source of the fused kernels: ``cuda/prelude.cuh`` + ``cuda/fused.cu`` (compiled with
+    :data:`strata.engine.gpu.kernels.NVRTC_OPTIONS`)."""
+    from . import kernels as K
+
+    return K.cuda_file("prelude.cuh") + K.cuda_file("fused.cu")
+
+
+@functools.lru_cache(maxsize=1)
+def fused_kernels() -> dict:
+    """Compile (once per process) and load the fused kernels (:func:`strata.engine.gpu.kernels.load_module`)."""
+    from . import kernels as K
+
+    return K.load_module(fused_source(), FUSED_KERNEL_NAMES)
+
+
+def _threads(n: int, cap: int = 1024) -> int:
+    """A multiple of 32 covering ``n`` items, at most ``cap``."""
+    return max(32, min(cap, -(-int(n) // 32) * 32))
+
+
+# ---------------------------------------------------------------------------- the launch list
+
+@dataclass
+class Launch:
+    """One entry of the step: a kernel launch or a copy (``kind``), in stage ``stage``."""
+
+    name: str
+    stage: str
+    run: Callable[[], None]
+    kind: str = "kernel"  # "kernel" | "memcpy"
+
+
+@dataclass
+class AttnIO:
+    """Everything one layer's ``qk_prep`` and ``attn`` read and write (device arrays)."""
+
+    il: int
+    q: Any
+    k: Any
+    v: Any
+    qb: Any
+    kb: Any
+    vb: Any
+    qnw: Any
+    knw: Any
+    rope: layers.Rope
+    cache: layers.KVCache
+    n_head: int
+    n_kv: int
+    hd: int
+    hd_v: int
+    window: int | None
+    eps: float
+    scale: float
+    scale_q: bool
+    params: Any
+    qo: Any
+    ao: Any
+    scores: Any
+
+    @property
+    def kq_scale(self) -> float:
+        return 1.0 if self.scale_q else self.scale
+
+
+class CudaOps:
+    """Launch closures over the compiled kernels, on ``stream``; arguments are built once."""
+
+    def __init__(self, stream):
+        import cupy as cp
+
+        self.cp, self.stream = cp, stream
+        self.k = fused_kernels()
+        self.null = np.uint64(0)
+
+    def _p(self, a):
+        return self.null if a is None else a
+
+    def _call(self, f, grid, block, args, shmem=0):
+        s = self.stream
+        return lambda: f(grid, block, args, shared_mem=shmem, stream=s)
+
+    def matvec(self, type_id, buf, rows, ne0, x, out):
+        from . import kernels as K
+
+        k = K.kernels_for(type_id)
+        K.check_matvec(k, rows, ne0)
+        return self._call(k.matvec, ((rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA,), (32 * K.WARPS_PER_CTA,),
+                          (buf, np.int64(rows), np.int32(ne0), x, out))
+
+    def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode):
+        n = int(x.size)
+        return self._call(self.k["resid_norm"], (1,), (_threads(n),),
+                          (x, a, self._p(ab), self._p(wa), self._p(w), self._p(xn), np.int32(n), np.float32(eps),
+                           np.float32(scale), np.int32(mode)))
+
+    def qk_prep(self, L: AttnIO):
+        kc, vc = L.cache.k[L.il], L.cache.v[L.il]
+        return self._call(self.k["qk_prep"], (L.n_head + L.n_kv,), (_threads(max(L.hd, L.hd_v)),),
+                          (L.q, L.k, L.v, self._p(L.qb), self._p(L.kb), self._p(L.vb), self._p(L.qnw),
+                           self._p(L.knw), L.rope.cos, L.rope.sin, L.params, L.qo, kc, vc, np.int32(L.n_head),
+                           np.int32(L.n_kv), np.int32(L.hd), np.int32(L.hd_v), np.int32(L.rope.n_rot),
+                           np.int32(L.cache.sizes[L.il]), np.float32(L.eps), np.float32(L.scale),
+                           np.int32(L.scale_q), np.int32(L.cache.kv == "f16")),
+                          shmem=4 * L.hd)
+
+    def attn(self, L: AttnIO):
+        kc, vc = L.cache.k[L.il], L.cache.v[L.il]
+        stride = int(L.scores.size) // L.n_head
+        return self._call(self.k["attn"], (L.n_head,), (ATTN_THREADS,),
+                          (L.qo, kc, vc, L.params, L.scores, L.ao, np.int32(L.n_head), np.int32(L.n_kv),
+                           np.int32(L.hd), np.int32(L.hd_v), np.int32(L.cache.sizes[L.il]),
+                           np.int32(L.window or 0), np.float32(L.kq_scale), np.int32(L.cache.kv == "f16"),
+                           np.int32(stride)),
+                          shmem=4 * ATTN_THREADS)
+
+    def act_mul(self, g, u, out, kind):
+        n = int(out.size)
+        return self._call(self.k["act_mul"], ((n + 255) // 256,), (256,),
+                          (g, u, out, np.int32(n), np.int32(1 if kind == "gelu" else 0),
+                           np.float32(layers.GELU_C), np.float32(0.044715)))
+
+    def logit_post(self, y, bias, cap):
+        n = int(y.size)
+        inv = np.float32(1.0 / cap) if cap else np.float32(0)
+        return self._call(self.k["logit_post"], ((n + 255) // 256,), (256,),
+                          (y, self._p(bias), np.int32(n), inv, np.float32(cap or 0), np.int32(bool(cap))))
+
+    def h2d(self, dst, src_ptr: int, nbytes: int):
+        rt, s = self.cp.cuda.runtime, self.stream
+        return lambda: rt.memcpyAsync(dst.data.ptr, src_ptr, nbytes, rt.memcpyHostToDevice, s.ptr)
+
+    def d2h(self, dst_ptr: int, src, nbytes: int):
+        rt, s = self.cp.cuda.runtime, self.stream
+        return lambda: rt.memcpyAsync(dst_ptr, src.data.ptr, nbytes, rt.memcpyDeviceToHost, s.ptr)
+
+
+class SimOps:
+    """NumPy stand-ins of the fused kernels for the ``sim`` backend, written with the CPU path's own
+    layer functions (so a sim run equals the CPU path except for the matvec replica's order)."""
+
+    def __init__(self, backend):
+        self.bk = backend
+
+    def matvec(self, type_id, buf, rows, ne0, x, out):
+        bk = self.bk
+        return lambda: bk.matvec(type_id, buf, rows, ne0, x, out=out)
+
+    def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode):
+        def run():
+            v = a if ab is None else a + ab
+            if mode == 0:
+                x[...] = v * np.float32(scale)
+            elif mode == 1:
+                x[...] = x + v
+            else:
+                x[...] = x + layers.rms_norm(np, v, wa, eps)
+            if w is not None:
+                xn[...] = layers.rms_norm(np, x, w, eps)
+        return run
+
+    def qk_prep(self, L: AttnIO):
+        def run():
+            pos = int(L.params[0])
+            q, k, v = L.q, L.k, L.v
+            if L.qb is not None:
+                q = q + L.qb
+            if L.kb is not None:
+                k = k + L.kb
+            if L.vb is not None:
+                v = v + L.vb
+            q = q.reshape(L.n_head, L.hd)
+            k = k.reshape(L.n_kv, L.hd)
+            if L.qnw is not None:
+                q = layers.rms_norm(np, q, L.qnw, L.eps)
+                k = layers.rms_norm(np, k, L.knw, L.eps)
+            q = L.rope(np, q, pos)
+            k = L.rope(np, k, pos)
+            L.cache.write(L.il, pos, k, v.reshape(L.n_kv, L.hd_v))
+            if L.scale_q:
+                q = q * np.float32(L.scale)
+            L.qo[...] = q.reshape(-1)
+        return run
+
+    def attn(self, L: AttnIO):
+        def run():
+            pos = int(L.params[0])
+            lo = 0 if L.window is None else max(0, pos + 1 - L.window)
+            K, V = L.cache.read(L.il, lo, pos)
+            L.ao[...] = layers.attend(np, L.qo.reshape(L.n_head, L.hd), K, V, L.kq_scale)
+        return run
+
+    def act_mul(self, g, u, out, kind):
+        f = layers.gelu_tanh if kind == "gelu" else layers.silu
+        return lambda: out.__setitem__(Ellipsis, f(np, g) * u)
+
+    def logit_post(self, y, bias, cap):
+        def run():
+            if bias is not None:
+                y[...] = y + bias
+            if cap:
+                y[...] = np.tanh(y * np.float32(1.0 / cap)) * np.float32(cap)
+        return run
+
+    def h2d(self, dst, src, nbytes: int):
+        return lambda: dst.__setitem__(Ellipsis, src)
+
+    def d2h(self, dst, src, nbytes: int):
+        return lambda: dst.__setitem__(Ellipsis, src)
+
+
+# ---------------------------------------------------------------------------- the decoder
+
+
+__all__ = ["ATTN_THREADS", "AttnIO", "CudaOps", "FUSED_KERNEL_NAMES", "Launch", "SimOps", "fused_kernels", "fused_source"]
