@@ -16,7 +16,7 @@ from . import formulas as F
 from .audit import AuditError, AuditResult, audit_pack
 from .cards import Card, CardError, card_from_mib, card_preset, known_cards, measure_card, short_source
 from .errors import BudgetInputError
-from .formulas import DEFAULT_RESERVE_MIB
+from .options import ctx_option, expert_cache_option, expert_profile_option, kv_option, parse_expert_cache, reserve_option
 from .plan import DEFAULT_PREFILL_CHUNK, Plan, PlanOptions, make_plan
 from .profile import read_profile
 
@@ -55,15 +55,13 @@ def main() -> None:
 @main.command()
 @click.argument("pack", type=click.Path(file_okay=False))
 @click.option("--card", "card_name", metavar="PRESET|measure",
-              help="Card preset from manifests/cards.toml (24G, 16G, 12G, 8G, 6G) or 'measure' (ask the local GPU).")
+              help="Card preset from budget/cards.toml (24G, 16G, 12G, 8G, 6G) or 'measure' (ask the local GPU).")
 @click.option("--card-mib", type=int, help="Card total in MiB as CUDA reports it (instead of --card; 1 MiB to 16 TiB).")
 @click.option("--cuda-context-mib", type=int, help="CUDA context cost in MiB [default: the card preset's / cards.toml's].")
 @click.option("--cuda-runtime-mib", type=int, help="CUDA runtime first-use memory (kernel modules) in MiB [default: cards.toml's].")
-@click.option("--max-context", type=int, help="Tokens per sequence [default: the model's maximum, flagged].")
+@ctx_option
 @click.option("--kv-resident", type=int, help="Tokens of KV kept in VRAM per full-context layer (the rest streams).")
-@click.option("--kv", type=click.Choice(list(F.KV_CACHE_TYPES)), default="f16", show_default=True,
-              help="KV cache type (f16 = strata's engine and llama.cpp's default; f32; int8 = ggml Q8_0 blocks, "
-                   "llama.cpp's q8_0 cache, not implemented by strata's engine).")
+@kv_option(F.KV_CACHE_TYPES)
 @click.option("--batch", type=int, default=1, show_default=True, help="Sequences decoded at once (KV, recurrent state, decode rows).")
 @click.option("--prefill", "prefill", type=int, default=DEFAULT_PREFILL_CHUNK, show_default=True,
               help="Prompt chunk in tokens (0: the decode path, one token at a time).")
@@ -72,18 +70,12 @@ def main() -> None:
               help="Activation buffers from the geometry (manifest act_per_token), or the reference C++ engine's "
                    "measured prompt-path reserve, 160 MiB + 680 KiB per chunk token.")
 @click.option("--embeddings-on-host", is_flag=True, help="Keep token embeddings on the host (not charged to VRAM).")
-@click.option("--vram-reserve-mib", type=int, default=DEFAULT_RESERVE_MIB, show_default=True, help="Memory kept free (never allocated).")
-@click.option("--expert-cache", type=int,
-              help="Expert-cache slots asked [default: automatic, floor((free - reserve) / max_blob), at most the "
-                   "(layer, expert) pairs: the profile's, else the model's]. More than the automatic value could be "
-                   "(more than fit, or than the pairs that can fill them) is refused, exit 1.")
-@click.option("--expert-profile", type=click.Path(dir_okay=False),
-              help="Parquet with integer columns layer, expert, count (one row per pair, values >= 0; rows numbered "
-                   "from 0 in errors): fill the cache as the engine does. Refused (exit 2) for a model without "
-                   "routed experts.")
+@reserve_option
+@expert_cache_option
+@expert_profile_option
 @click.option("--bf16-scan/--no-bf16-scan", default=True, show_default=True, help="Scan every BF16-source value in pool.bin.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def check(pack, card_name, card_mib, cuda_context_mib, cuda_runtime_mib, max_context, kv_resident, kv, batch, prefill, logits_all,
+def check(pack, card_name, card_mib, cuda_context_mib, cuda_runtime_mib, n_ctx, kv_resident, kv, batch, prefill, logits_all,
           prefill_model, embeddings_on_host, vram_reserve_mib, expert_cache, expert_profile, bf16_scan, as_json):
     """Audit PACK and plan its VRAM on a card.
 
@@ -98,6 +90,9 @@ def check(pack, card_name, card_mib, cuda_context_mib, cuda_runtime_mib, max_con
          a --kv type the model's K/V heads cannot be stored in): one line `error: ...`
     """
     t0 = time.perf_counter()
+    expert_cache, bad = parse_expert_cache(expert_cache)
+    if bad:
+        _fail(bad, as_json, t0)
     try:
         card = _card(card_name, card_mib, cuda_context_mib, cuda_runtime_mib)
         pairs = read_profile(expert_profile) if expert_profile else None
@@ -111,7 +106,7 @@ def check(pack, card_name, card_mib, cuda_context_mib, cuda_runtime_mib, max_con
         _fail(f"{pack}: cannot audit the pack: {e}", as_json, t0)
     plan = None
     if audit.facts is not None:
-        opts = PlanOptions(max_context=max_context, kv_resident=kv_resident, kv=kv, batch=batch, prefill=prefill,
+        opts = PlanOptions(max_context=n_ctx, kv_resident=kv_resident, kv=kv, batch=batch, prefill=prefill,
                            logits_all=logits_all, prefill_model=prefill_model, embeddings_on_host=embeddings_on_host,
                            vram_reserve_mib=vram_reserve_mib, expert_cache=expert_cache, profile_pairs=pairs,
                            profile_path=expert_profile)

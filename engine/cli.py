@@ -16,18 +16,17 @@ from typing import Callable
 
 import click
 
-from strata.budget import formulas as F
 from strata.budget.formulas import ENGINE_KV_TYPES
 
-from .clikit import REFUSALS, check_pack_dir, expert_cache_value, fail, print_checkpoint, warn
+from strata.budget.options import (
+    ctx_option, expert_cache_option, expert_profile_option, kv_option, parse_expert_cache, reserve_option,
+)
+
+from .clikit import REFUSALS, check_pack_dir, fail, print_checkpoint, warn
 from .generate import GenerationResult, StepStat, generate
 from .numerics import DEFAULT_NUMERICS, PROFILES
 from .sampling import Sampler
 from .startup import Engine, EngineOptions, load_engine
-
-#: ``--ctx`` help, shared by every command (one definition of the setting).
-CTX_HELP = "Positions the KV cache holds (prompt + generated - 1 must fit) [default: the model's trained context]."
-
 
 def check_request(*, n_tokens: int, n_ctx: int | None, temperature: float, top_k: int, top_p: float, seed: int) -> str | None:
     """Option checks that need no pack (each refusal names the option), else None."""
@@ -138,7 +137,7 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--top-p", "top_p", default=1.0, show_default=True, help="Nucleus mass to keep before sampling.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the sampler's generator.")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-generation tokens.")
-@click.option("--ctx", "n_ctx", type=int, default=F.DEFAULT_CTX, help=CTX_HELP)
+@ctx_option
 @click.option("--resident", default="all", show_default=True, callback=lambda c, p, v: _resident(v),
               help="MoE: experts held by the expert cache (all | none | half | fraction); the rest are misses.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
@@ -146,16 +145,10 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--numerics", "numerics_", type=click.Choice(sorted(PROFILES)), default=DEFAULT_NUMERICS, show_default=True,
               help="CPU: f32 = exact math; llamacpp = llama.cpp CPU's activation roundings (Q8 activations, "
                    "f16 attention operands, fp16 GELU table).")
-@click.option("--kv", type=click.Choice(list(ENGINE_KV_TYPES)), default=F.DEFAULT_KV, show_default=True,
-              help="KV cache type: K/V stored as f16 (llama.cpp's default) or f32 and read back as f32; "
-                   "strata-budget check --kv plans the same bytes.")
-@click.option("--expert-cache", "expert_cache", default="auto", show_default=True,
-              help="cuda: expert cache slots, auto (budget formula on the free VRAM) or N (refused if it does not fit).")
-@click.option("--expert-profile", "--profile", "profile_path", default=None, type=click.Path(),
-              help="cuda: expert profile (Parquet layer, expert, count; strata-engine profile) filling the cache at "
-                   "start-up, as strata-budget check --expert-profile plans it.")
-@click.option("--vram-reserve-mib", "vram_reserve_mib", default=F.DEFAULT_RESERVE_MIB, show_default=True,
-              help="cuda: VRAM left free after the expert cache.")
+@kv_option(ENGINE_KV_TYPES)
+@expert_cache_option
+@expert_profile_option
+@reserve_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (prompt_ids, output_ids, text, "
               "tokens_per_second, top, ...) instead of text.")
 @click.option("--stats", is_flag=True, help="Per-position timing on stderr (units on every line; cuda: gpu, "
@@ -167,7 +160,7 @@ def _summary(r: GenerationResult) -> str:
               "with the graph on: events between the launches of a captured graph record nothing.")
 @click.option("-v", "--verbose", is_flag=True, help="Start-up checkpoints (time, memory) on stderr.")
 def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore_eos, n_ctx, resident, device,
-                 numerics_, kv, expert_cache, profile_path, vram_reserve_mib, as_json, stats, no_graph, stage_times,
+                 numerics_, kv, expert_cache, expert_profile, vram_reserve_mib, as_json, stats, no_graph, stage_times,
                  verbose):
     """Generate text from PACK after --prompt and report tok/s."""
     def refuse(msg: str) -> None:
@@ -183,25 +176,19 @@ def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore
         refuse(str(e))
     if stage_times and device == "cpu":
         refuse("--stage-times: per-stage device timers exist on --device cuda only")
-    if device == "cpu" and expert_cache != "auto":
-        # accepted (and ignored) on the CPU path, but it must still be a valid value
-        if not expert_cache.isdigit():
-            refuse(f"--expert-cache {expert_cache!r}: not an integer or 'auto'")
-    if profile_path is not None and not Path(profile_path).is_file():
-        refuse(f"--expert-profile {profile_path}: no such file")
+    ec, bad = parse_expert_cache(expert_cache)  # checked on the CPU path too, where it is not used
+    if bad:
+        refuse(bad)
+    if expert_profile is not None and not Path(expert_profile).is_file():
+        refuse(f"--expert-profile {expert_profile}: no such file")
     try:
         opts = EngineOptions(n_ctx=n_ctx, resident=resident, kv=kv, numerics=numerics_, stage_times=stage_times)
         if device != "cpu":
             from strata.budget.profile import read_profile
 
-            try:
-                ec = expert_cache if expert_cache == "auto" else int(expert_cache)
-            except ValueError:
-                refuse(f"--expert-cache {expert_cache!r}: not an integer or 'auto'")
-            if ec != "auto" and ec < 0:
-                refuse(f"--expert-cache {ec}: a slot count cannot be negative")
-            opts.expert_cache, opts.vram_reserve_mib, opts.graph = ec, vram_reserve_mib, not no_graph
-            opts.profile = read_profile(profile_path) if profile_path else None
+            opts.expert_cache = "auto" if ec is None else ec
+            opts.vram_reserve_mib, opts.graph = vram_reserve_mib, not no_graph
+            opts.profile = read_profile(expert_profile) if expert_profile else None
         engine = load_engine(pack, device=device, options=opts, on_checkpoint=print_checkpoint if verbose else None,
                              on_warning=warn)
         if stats:
@@ -239,14 +226,10 @@ def _stage_summary(engine: Engine) -> dict | None:
 
 @main.command("measure")
 @click.argument("pack", type=click.Path())
-@click.option("--ctx", "n_ctx", type=int, default=F.DEFAULT_CTX, help=CTX_HELP)
-@click.option("--expert-cache", "expert_cache", default="auto", show_default=True,
-              callback=lambda c, p, v: expert_cache_value(v), help="Expert-cache slots: auto (the budget formula on "
-              "the free VRAM at that checkpoint) or N (refused if it does not fit).")
-@click.option("--vram-reserve-mib", default=F.DEFAULT_RESERVE_MIB, show_default=True,
-              help="VRAM kept free after the expert cache (MiB).")
-@click.option("--kv", type=click.Choice(list(ENGINE_KV_TYPES)), default=F.DEFAULT_KV, show_default=True,
-              help="KV cache type (the budget plans the same).")
+@ctx_option
+@expert_cache_option
+@reserve_option
+@kv_option(ENGINE_KV_TYPES)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def measure_cmd(pack, n_ctx, expert_cache, vram_reserve_mib, kv, as_json):
     """Load PACK on the GPU and print, per budget term, the bytes strata.budget predicts (on the measured
@@ -256,11 +239,12 @@ def measure_cmd(pack, n_ctx, expert_cache, vram_reserve_mib, kv, as_json):
     (no GPU, a pack that cannot load, an option out of range)."""
     from .measure import measure_pack, print_measurement
 
-    bad = check_pack_dir(pack) or (f"--ctx {n_ctx}: must be >= 1" if n_ctx is not None and n_ctx < 1 else None)
+    ec, bad = parse_expert_cache(expert_cache)
+    bad = check_pack_dir(pack) or bad or (f"--ctx {n_ctx}: must be >= 1" if n_ctx is not None and n_ctx < 1 else None)
     if bad:
         fail(bad, as_json=as_json)
     try:
-        a = measure_pack(pack, n_ctx=n_ctx, expert_cache=expert_cache, vram_reserve_mib=vram_reserve_mib, kv=kv)
+        a = measure_pack(pack, n_ctx=n_ctx, expert_cache="auto" if ec is None else ec, vram_reserve_mib=vram_reserve_mib, kv=kv)
     except REFUSALS as e:
         fail(str(e), as_json=as_json)
     if as_json:
@@ -284,7 +268,7 @@ main.add_command(click.Command("audit", callback=measure_cmd.callback, params=me
 @click.option("-o", "--out", default="expert-profile.parquet", show_default=True,
               help="Parquet file to write (layer, expert, count).")
 @click.option("-n", "--n-tokens", "n_tokens", default=16, show_default=True, help="Tokens generated per prompt.")
-@click.option("--ctx", "n_ctx", type=int, default=F.DEFAULT_CTX, help=CTX_HELP)
+@ctx_option
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where the routing runs (the counts are the same).")
 def profile_cmd(pack, prompts_file, out, n_tokens, n_ctx, device):

@@ -54,17 +54,4 @@ def print_checkpoint(cp: Checkpoint) -> None:
     click.echo(cp.line(), err=True)
 
 
-def expert_cache_value(value: str) -> str | int:
-    """``--expert-cache``: ``auto`` or a slot count >= 0 (click's BadParameter otherwise)."""
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        raise click.BadParameter("expected auto or a slot count") from None
-    if n < 0:
-        raise click.BadParameter("a slot count cannot be negative")
-    return n
-
-
-__all__ = ["REFUSALS", "check_pack_dir", "expert_cache_value", "fail", "print_checkpoint", "warn"]
+__all__ = ["REFUSALS", "check_pack_dir", "fail", "print_checkpoint", "warn"]

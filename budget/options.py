@@ -1,0 +1,72 @@
+"""The settings ``strata-budget check`` and ``strata-engine`` share: one option name, one default and
+one help text each, defined here and used by both command lines (the budget plans what the engine
+does with the same value).
+
+| setting | option | default |
+|---|---|---|
+| context length (positions per sequence) | ``--ctx`` (``--max-context``: the budget's earlier name) | the model's trained context |
+| KV cache type | ``--kv`` | ``f16`` |
+| VRAM kept free after the expert cache | ``--vram-reserve-mib`` | 700 |
+| expert-cache slots | ``--expert-cache`` | automatic |
+| expert profile (Parquet) | ``--expert-profile`` (``--profile``: the engine's earlier name) | none |
+"""
+
+from __future__ import annotations
+
+import click
+
+from . import formulas as F
+
+CTX_HELP = ("Context length: positions the KV cache holds per sequence (prompt + generated - 1 must fit) "
+            "[default: the model's trained context, like llama.cpp's -c 0].")
+RESERVE_HELP = "VRAM kept free after the expert cache, in MiB (never allocated)."
+EXPERT_CACHE_HELP = ("Expert-cache slots: auto = floor((free - reserve) / largest slot) at the expert-cache "
+                     "checkpoint, at most the (layer, expert) pairs that can fill them; N = exactly N, refused "
+                     "with N and the most that fit when it does not fit (never a smaller cache).")
+EXPERT_PROFILE_HELP = ("Expert profile: Parquet with integer columns layer, expert, count (strata-engine profile "
+                       "writes it); fills the expert cache at start-up, ranked by count.")
+
+
+def parse_expert_cache(value: str | int | None) -> tuple[int | None, str | None]:
+    """``--expert-cache`` text -> ``(slots or None for auto, None)``, or ``(None, the refusal)`` for a
+    value that is neither ``auto`` nor a slot count >= 0 (the command prints it as its one error line)."""
+    if value is None or value == "auto":
+        return None, None
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        return None, f"--expert-cache {value!r}: not an integer or 'auto'"
+    if n < 0:
+        return None, f"--expert-cache {n}: a slot count cannot be negative"
+    return n, None
+
+
+def ctx_option(f):
+    return click.option("--ctx", "--max-context", "n_ctx", type=int, default=F.DEFAULT_CTX, help=CTX_HELP)(f)
+
+
+def kv_option(choices):
+    def deco(f):
+        return click.option("--kv", type=click.Choice(list(choices)), default=F.DEFAULT_KV, show_default=True,
+                            help="KV cache type: K and V stored as f16 (llama.cpp's default), f32"
+                                 + (", or int8 (ggml Q8_0 blocks, llama.cpp's q8_0 cache)" if "int8" in choices else "")
+                                 + "; the budget plans and the engine allocates the same bytes.")(f)
+    return deco
+
+
+def reserve_option(f):
+    return click.option("--vram-reserve-mib", "vram_reserve_mib", type=int, default=F.DEFAULT_RESERVE_MIB,
+                        show_default=True, help=RESERVE_HELP)(f)
+
+
+def expert_cache_option(f):
+    return click.option("--expert-cache", "expert_cache", default="auto", show_default=True, help=EXPERT_CACHE_HELP)(f)
+
+
+def expert_profile_option(f):
+    return click.option("--expert-profile", "--profile", "expert_profile", type=click.Path(), default=None,
+                        help=EXPERT_PROFILE_HELP)(f)
+
+
+__all__ = ["CTX_HELP", "ctx_option", "expert_cache_option", "expert_profile_option", "kv_option",
+           "parse_expert_cache", "reserve_option"]
