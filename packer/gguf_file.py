@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 from gguf.constants import GGUFValueType
 from gguf.gguf_reader import GGUFReader
-from gguf.gguf_writer import GGUFWriter
 
 from . import quants
 
@@ -42,14 +41,18 @@ MAX_ARRAY_LEN = 1 << 30
 MAX_DIMS = 4
 MAX_NAME_BYTES = 63  # GGML_MAX_NAME = 64 including the NUL
 
-#: struct format (little-endian) of every scalar GGUF value type: gguf-py's own writer table
-#: (gguf 0.19.0 ``GGUFWriter._simple_value_packing``), so the ids and formats are declared once.
-SCALAR_FORMATS: dict[GGUFValueType, str] = {vt: "<" + fmt for vt, fmt in GGUFWriter._simple_value_packing.items()}
 #: numpy dtype of every numeric array element type: gguf-py's reader table
-#: (``GGUFReader.gguf_scalar_to_np``), little-endian, except that bool is read as uint8.
+#: (``GGUFReader.gguf_scalar_to_np``, public), little-endian, except that bool is read as uint8.
 ARRAY_DTYPES: dict[GGUFValueType, np.dtype] = {
     vt: np.dtype(np.uint8 if vt == GGUFValueType.BOOL else t).newbyteorder("<")
     for vt, t in GGUFReader.gguf_scalar_to_np.items()
+}
+_STRUCT_CODE = {("u", 1): "B", ("u", 2): "H", ("u", 4): "I", ("u", 8): "Q", ("i", 1): "b", ("i", 2): "h", ("i", 4): "i",
+                ("i", 8): "q", ("f", 4): "f", ("f", 8): "d"}
+#: struct format (little-endian, standard sizes) of every scalar GGUF value type, from the same table
+#: (bool: ``?``, one byte), so the ids and sizes are declared once.
+SCALAR_FORMATS: dict[GGUFValueType, str] = {
+    vt: "<" + ("?" if vt == GGUFValueType.BOOL else _STRUCT_CODE[(dt.kind, dt.itemsize)]) for vt, dt in ARRAY_DTYPES.items()
 }
 
 SPLIT_RE = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")

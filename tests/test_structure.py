@@ -1,0 +1,159 @@
+"""The floors of the house, checked on every run (docs/ARCHITECTURE.md, "Floors").
+
+Imports go one way: the contracts (``manifests/``) at the bottom, then the pack format and builder
+(``packer/``), the budget (``budget/``), the engine (``engine/``); the test-file generator
+(``testing/``) sits beside the product and may use the contracts and the pack format only. Within
+that: no import cycle between modules, no module importing another module's ``_private`` name, no
+module over 600 lines. Parsed with ``ast`` (every import, also inside functions), no code run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("manifests", "packer", "budget", "engine", "testing")
+#: package -> the packages it may import from (besides itself)
+ALLOWED = {
+    "manifests": set(),
+    "packer": {"manifests"},
+    "budget": {"manifests", "packer"},
+    "engine": {"manifests", "packer", "budget"},
+    "testing": {"manifests", "packer"},
+}
+MAX_LINES = 600
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for p in sorted((ROOT / pkg).rglob("*.py")):
+            rel = p.relative_to(ROOT).with_suffix("")
+            parts = list(rel.parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = p
+    return out
+
+
+def _imports(mod: str, path: Path) -> list[tuple[str, list[str]]]:
+    """(imported module, names) for every import in ``path``, relative ones resolved."""
+    tree = ast.parse(path.read_text(), str(path))
+    pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("strata."):
+                    out.append((a.name[len("strata."):], []))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.startswith("strata."):
+                target = node.module[len("strata."):]
+            else:
+                continue
+            out.append((target, [a.name for a in node.names]))
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(target: str, names: list[str]) -> list[tuple[str, str | None]]:
+    """(module, name imported from it or None) pairs: ``from pkg import mod`` is an import of pkg.mod."""
+    out = []
+    for n in names or [None]:
+        if n is not None and f"{target}.{n}" in MODULES:
+            out.append((f"{target}.{n}", None))
+        else:
+            out.append((target, n))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    g: dict[str, set[str]] = {m: set() for m in MODULES}
+    for mod, path in MODULES.items():
+        for target, names in _imports(mod, path):
+            for t, _n in _resolve(target, names):
+                if t in MODULES and t != mod:
+                    g[mod].add(t)
+    return g
+
+
+def test_imports_go_down_the_floors():
+    bad = []
+    for mod, path in MODULES.items():
+        top = mod.split(".")[0]
+        for target, _names in _imports(mod, path):
+            other = target.split(".")[0]
+            if other in PACKAGES and other != top and other not in ALLOWED[top]:
+                bad.append(f"{mod} imports {target} ({top} may import {sorted(ALLOWED[top]) or 'nothing of strata'})")
+    assert bad == []
+
+
+def test_no_import_cycle():
+    g = _graph()
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(g[m]):
+            if state.get(t) == 1:
+                cycles.append(stack[stack.index(t):] + [t])
+            elif t not in state:
+                visit(t, stack)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m, [])
+    assert cycles == []
+
+
+def test_no_private_name_imported_across_modules():
+    bad = []
+    for mod, path in MODULES.items():
+        for target, names in _imports(mod, path):
+            for t, n in _resolve(target, names):
+                if n is not None and n.startswith("_") and not n.startswith("__") and t != mod:
+                    bad.append(f"{mod} imports {t}.{n}")
+        # attribute access on an imported module: K._load_module
+        tree = ast.parse(path.read_text())
+        aliases = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                for a in node.names:
+                    aliases[a.asname or a.name] = a.name
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    aliases[a.asname or a.name.split(".")[0]] = a.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                bad.append(f"{mod} uses {node.value.id}.{node.attr}")
+    assert bad == []
+
+
+@pytest.mark.parametrize("mod", sorted(MODULES))
+def test_module_size(mod):
+    n = len(MODULES[mod].read_text().splitlines())
+    assert n <= MAX_LINES, f"{MODULES[mod].relative_to(ROOT)} has {n} lines (> {MAX_LINES}): split it by what it does"
+
+
+def test_the_check_can_fail(tmp_path):
+    # the walker sees relative, absolute and in-function imports (a check that cannot fail is a defect)
+    p = tmp_path / "m.py"
+    p.write_text("from . import x\nfrom ..engine import y\nimport strata.budget.plan\n"
+                 "def f():\n    from strata.engine.gpu import kernels as K\n    return K._private\n")
+    got = _imports("packer.sub.m", p)
+    assert ("packer.sub.x" not in [t for t, _ in got]) and ("packer.sub", ["x"]) in got
+    assert ("packer.engine", ["y"]) in got and ("budget.plan", []) in got and ("engine.gpu", ["kernels"]) in got
