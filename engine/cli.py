@@ -191,6 +191,8 @@ def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore
             opts.profile = read_profile(expert_profile) if expert_profile else None
         engine = load_engine(pack, device=device, options=opts, on_checkpoint=print_checkpoint if verbose else None,
                              on_warning=warn)
+        for line in engine.notes:  # what the forward pass knowingly leaves out, said once
+            click.echo(f"note: {line}", err=True)
         if stats:
             _stats_header(engine)
         r = generate(engine, prompt, n_tokens, sampler=sampler, ignore_eos=ignore_eos,

@@ -81,6 +81,7 @@ class Engine:
     probe: StepProbe | None = None  # per-step device timers (GPU path; used with stats)
     decoder: Any = None  # strata.engine.gpu.fused.FusedDecoder when the GPU runs its fused step
     gpu: Any = None  # strata.engine.gpu.device.GpuInfo on a GPU device
+    notes: list[str] = field(default_factory=list)  # what the forward pass knowingly leaves out (one line each)
 
     @property
     def n_ctx(self) -> int:

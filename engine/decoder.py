@@ -30,21 +30,23 @@ from strata.budget import formulas as F
 from strata.manifests.contract import Geometry
 from strata.manifests.names import tensor_name
 
-from .layers import Attention, KVCache, Rope, gated_mlp, rms_norm, route_topk
+from .deltanet import DeltaNetDims, GatedDeltaNet, RecurrentState
+from .layers import Attention, KVCache, Rope, gated_mlp, rms_norm, route_topk, sigmoid, silu
 from .models import UnsupportedModel
 from .numerics import numerics
 from .recipe import Attention as AttentionSpec
-from .recipe import Block, DenseFFN, MoEFFN, Recipe
+from .recipe import Block, DeltaNet, DenseFFN, MoEFFN, Recipe
 
 
 @dataclass
 class State:
-    """Per-session buffers, allocated once before the first token: the KV cache and rope tables
-    (keyed by rope base)."""
+    """Per-session buffers, allocated once before the first token: the KV cache (attention layers),
+    the recurrent state (recurrent layers; None without them) and rope tables (keyed by rope base)."""
 
     n_ctx: int
     cache: KVCache
     ropes: dict[float, Rope] = field(default_factory=dict)
+    recurrent: RecurrentState | None = None
 
     @property
     def rope_nbytes(self) -> int:
@@ -52,7 +54,7 @@ class State:
 
     @property
     def nbytes(self) -> int:
-        return self.cache.nbytes + self.rope_nbytes
+        return self.cache.nbytes + self.rope_nbytes + (self.recurrent.nbytes if self.recurrent else 0)
 
 
 @dataclass(frozen=True)
@@ -128,15 +130,23 @@ class Decoder:
             raise ValueError(f"{g.arch} has routed experts: the decoder needs an ExpertPath")
         h = self.hp
         self.attn: list[Attention | None] = []
+        self.delta: list[GatedDeltaNet | None] = []
+        self.delta_dims: DeltaNetDims | None = None
         for il, b in enumerate(self.blocks):
             m = b.mixer
             if isinstance(m, AttentionSpec):
                 self.attn.append(Attention(w, il, n_head=h.n_head, n_head_kv=h.n_head_kv, head_dim=h.head_dim,
                                            head_dim_v=h.head_dim_v, scale=h.attn_scale, window=g.layer_window(il),
                                            eps=h.rms_eps, qk_norm=m.qk_norm, scale_q=m.scale_q,
-                                           f16_operands=self.nx.attn_f16))
+                                           f16_operands=self.nx.attn_f16, output_gate=m.output_gate))
+                self.delta.append(None)
             else:
+                assert isinstance(m, DeltaNet)
+                if self.delta_dims is None:
+                    self.delta_dims = DeltaNetDims(int(g["d_conv"]), int(g["d_state"]), int(g["n_group"]),
+                                                   int(g["dt_rank"]), h.rms_eps)
                 self.attn.append(None)
+                self.delta.append(GatedDeltaNet(w, il, self.delta_dims))
         self.embd_scale = self.xp.float32(math.sqrt(h.n_embd)) if recipe.embed_scale else self.xp.float32(1.0)
         self.head = "output.weight" if w.has("output.weight") else "token_embd.weight"
         self.gelu = "gelu_f16" if self.nx.gelu_f16_table else "gelu"
@@ -185,8 +195,9 @@ class Decoder:
         if sliding not in ("ring", "full"):
             raise ValueError(f"sliding {sliding!r}: expected ring or full")
         if sliding == "full":
-            return [n_ctx] * self.hp.n_layer
-        return [F.kv_tokens(n_ctx, w, F.ENGINE_PREFILL_CHUNK) for w in self.layer_windows()]
+            return [n_ctx if a is not None else 0 for a in self.attn]
+        return [F.kv_tokens(n_ctx, w, F.ENGINE_PREFILL_CHUNK) if a is not None else 0
+                for a, w in zip(self.attn, self.layer_windows())]
 
     def new_state(self, n_ctx: int, kv: str = "f16", sliding: str = "ring") -> State:
         """KV cache (``kv``: f16 | f32, :meth:`kv_sizes` positions per layer) and rope tables for
@@ -195,6 +206,9 @@ class Decoder:
         st = State(n_ctx, KVCache(self.xp, self.kv_sizes(n_ctx, sliding), h.n_head_kv, h.head_dim, h.head_dim_v, kv))
         for base in self.rope_bases():
             st.ropes[base] = Rope(self.xp, self.rope_dim(), base, n_ctx)
+        rec = [il for il, d in enumerate(self.delta) if d is not None]
+        if rec:
+            st.recurrent = RecurrentState(self.xp, rec, self.delta_dims)
         return st
 
     # ------------------------------------------------------------ the step
@@ -208,9 +222,18 @@ class Decoder:
         if isinstance(f, DenseFFN):
             return gated_mlp(self.xp, self.w, il, x, "silu" if f.act == "silu" else self.gelu)
         assert isinstance(f, MoEFFN)
-        logits = self.w.matmul(tensor_name("ffn_gate_inp.weight", il), x)
-        ids, wts = route_topk(self.xp, logits, self.hp.n_expert_used, norm=f.norm_weights)
-        return self.experts(il, x, ids, wts)
+        xp, w = self.xp, self.w
+        logits = w.matmul(tensor_name("ffn_gate_inp.weight", il), x)
+        ids, wts = route_topk(xp, logits, self.hp.n_expert_used, norm=f.norm_weights)
+        y = self.experts(il, x, ids, wts)
+        if f.shared_expert:
+            g = w.matmul(tensor_name("ffn_gate_shexp.weight", il), x)
+            u = w.matmul(tensor_name("ffn_up_shexp.weight", il), x)
+            s = w.matmul(tensor_name("ffn_down_shexp.weight", il), silu(xp, g) * u)
+            if f.shared_gate:  # ffn_gate_inp_shexp is one row: a dot product, then sigmoid (qwen3next.cpp)
+                s = s * sigmoid(xp, (w.get(tensor_name("ffn_gate_inp_shexp.weight", il)) * x).sum())
+            y = y + s
+        return y
 
     def logits(self, x):
         """Output norm, head GEMV (+ bias), soft-cap (ggml_scale(1/cap) -> ggml_tanh -> ggml_scale(cap))."""
@@ -227,12 +250,17 @@ class Decoder:
         """Position ``pos`` of token ``token`` through every layer; the f32 logits ``[n_vocab]`` when
         ``logits``, else None (the KV cache is written either way)."""
         xp, w = self.xp, self.w
+        if pos == 0 and state.recurrent is not None:
+            state.recurrent.reset()  # position 0 starts a sequence: the recurrent state starts at zero
         x = w.rows("token_embd.weight", [token])[0]
         if self.recipe.embed_scale:
             x = x * self.embd_scale
         for il, b in enumerate(self.blocks):
             h = self._norm(x, b.mixer_norm, il)
-            a = self.attn[il](xp, h, pos, state.cache, state.ropes[self.rope_base_of(il)])
+            if self.attn[il] is not None:
+                a = self.attn[il](xp, h, pos, state.cache, state.ropes[self.rope_base_of(il)])
+            else:
+                a = self.delta[il](xp, h, state.recurrent)
             x = x + (self._norm(a, b.mixer_post_norm, il) if b.mixer_post_norm else a)
             f = self.ffn(il, self._norm(x, b.ffn_norm, il))
             x = x + (self._norm(f, b.ffn_post_norm, il) if b.ffn_post_norm else f)

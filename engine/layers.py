@@ -32,7 +32,13 @@ def rms_norm(xp, x, w, eps: float):
 
 
 def silu(xp, x):
+    """``x / (1 + exp(-x))`` (ggml_silu)."""
     return x / (xp.float32(1.0) + xp.exp(-x))
+
+
+def sigmoid(xp, x):
+    """``1 / (1 + exp(-x))`` (ggml_sigmoid)."""
+    return xp.float32(1.0) / (xp.float32(1.0) + xp.exp(-x))
 
 
 #: sqrt(2 / pi), the constant of the tanh GELU (ggml's SQRT_2_OVER_PI; the fused act_mul kernel gets it too).
@@ -201,17 +207,20 @@ class Attention:
 
     ``scale_q``: multiply Q by ``scale`` before attention and use a kq scale of 1 (gemma3's
     ``ggml_scale(Qcur, f_attention_scale)``) instead of scaling q.k (qwen's ``kq_scale``); the
-    two differ only once q is rounded to f16.
+    two differ only once q is rounded to f16. ``output_gate``: the query projection holds
+    ``[q_h | gate_h]`` for every head h (``2 * head_dim`` rows per head) and the attention output is
+    multiplied by ``sigmoid(gate)`` before the output projection (llama.cpp ``src/models/qwen3next.cpp``
+    ``build_layer_attn``: Qcur_full reshaped to ``[2 * head_dim, n_head]``, viewed as query and gate).
     """
 
     def __init__(self, w, il: int, *, n_head: int, n_head_kv: int, head_dim: int, head_dim_v: int,
                  scale: float, window: int | None, eps: float, qk_norm: bool, scale_q: bool = False,
-                 f16_operands: bool = False):
+                 f16_operands: bool = False, output_gate: bool = False):
         self.w, self.il = w, il
         self.names = AttentionNames.of(w, il, qk_norm)
         self.n_head, self.n_head_kv, self.hd, self.hd_v = n_head, n_head_kv, head_dim, head_dim_v
         self.scale, self.window, self.eps = scale, window, eps
-        self.scale_q, self.f16_operands = scale_q, f16_operands
+        self.scale_q, self.f16_operands, self.output_gate = scale_q, f16_operands, output_gate
 
     def __call__(self, xp, x, pos: int, cache: KVCache, rope: Rope):
         w, n = self.w, self.names
@@ -223,6 +232,10 @@ class Attention:
             q, k, v = qkv[:nq], qkv[nq:nq + nk], qkv[nq + nk:]
         else:
             q, k, v = w.matmul(n.q, x), w.matmul(n.k, x), w.matmul(n.v, x)
+        gate = None
+        if self.output_gate:
+            qg = q.reshape(self.n_head, 2 * self.hd)
+            q, gate = qg[:, :self.hd].reshape(-1), qg[:, self.hd:].reshape(-1)
         if n.q_bias is not None:
             q = q + w.get(n.q_bias)
         if n.k_bias is not None:
@@ -246,6 +259,8 @@ class Attention:
         lo = 0 if self.window is None else max(0, pos + 1 - self.window)
         K, V = cache.read(self.il, lo, pos)
         o = attend(xp, q, K, V, kq_scale, self.f16_operands)
+        if gate is not None:
+            o = o * sigmoid(xp, gate)
         y = w.matmul(n.out, o)
         if n.out_bias is not None:
             y = y + w.get(n.out_bias)

@@ -119,7 +119,8 @@ def measure_pack(pack: str, *, n_ctx: int | None = F.DEFAULT_CTX, expert_cache="
                  slots=slots, slot_mode=g.slot_plan.mode if g.slot_plan else "")
     end = marks["expert cache"]
     cache_bytes = g.slot_plan.cache_bytes if g.slot_plan else 0
-    exact_alloc = g.weights_engine_bytes + g.head_engine_bytes + g.kv_bytes + g.buffer_bytes + cache_bytes
+    exact_alloc = (g.weights_engine_bytes + g.head_engine_bytes + g.kv_bytes + g.recurrent_bytes + g.buffer_bytes
+                   + cache_bytes)
     # everything on the device is the context, memory outside the CuPy pool (the runtime's modules)
     # or the pool's blocks: the exact terms, and the rest the warm-up's temporaries left cached
     # (pool figures relative to the start: blocks another engine of this process still holds count
@@ -135,7 +136,7 @@ def measure_pack(pack: str, *, n_ctx: int | None = F.DEFAULT_CTX, expert_cache="
         ("output head", g.head_engine_bytes, "engine-form bytes of the head tensors", True),
         ("token embeddings", 0, "kept on the host (untied) or shared with the head", True),
         ("KV cache", g.kv_bytes, f"K and V arrays allocated ({kv}; sliding-window layers as rings)", True),
-        ("recurrent state", 0, "no recurrent layers on this path", True),
+        ("recurrent state", g.recurrent_bytes, "conv + delta state arrays allocated (f32, one sequence)", True),
         ("engine buffers", g.buffer_bytes, "GEMV outputs + f32 vector copies + embedding row + rope tables + "
                                            "hit-path vectors (sum of buffer sizes)", True),
         ("prefill/activations", pool_rest, "CuPy pool growth - the exact terms above (the warm-up's temporaries "

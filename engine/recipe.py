@@ -12,7 +12,8 @@ The vocabulary follows llama.cpp's graph builders (``src/models/*.cpp``, ``src/l
   the norm tensors (``mixer_norm``, optional ``mixer_post_norm`` applied to the branch before the
   residual add - gemma's sandwich norms -, ``ffn_norm``, optional ``ffn_post_norm``);
 - the mixer is softmax attention (:class:`Attention`: q/k RMS norms, where the scale applies, rope
-  base and rotary dims as geometry params, an output gate carried by the query projection);
+  base and rotary dims as geometry params, an output gate carried by the query projection) or the
+  gated delta net (:class:`DeltaNet`, a recurrent state instead of a KV cache);
 - the FFN is dense (:class:`DenseFFN`: gated, SiLU or GELU) or routed experts (:class:`MoEFFN`:
   gating function, weight normalisation, optional shared expert and its sigmoid gate);
 - the model: embeddings optionally scaled by ``sqrt(n_embd)``, final RMS norm, head, optional logit
@@ -52,6 +53,13 @@ class Attention:
 
 
 @dataclass(frozen=True)
+class DeltaNet:
+    """The gated delta net (linear attention with a recurrent state; llama.cpp ``src/models/qwen3next.cpp``
+    ``build_layer_attn_linear``): its dimensions are the geometry params ``d_conv``, ``d_state``,
+    ``n_group`` (k heads) and ``dt_rank`` (v heads) (:mod:`strata.engine.deltanet`)."""
+
+
+@dataclass(frozen=True)
 class DenseFFN:
     """``down @ (act(gate @ x) * (up @ x))`` (llama.cpp ``build_ffn`` LLM_FFN_PAR)."""
 
@@ -72,7 +80,7 @@ class MoEFFN:
     shared_gate: bool = False
 
 
-Mixer = Union[Attention]
+Mixer = Union[Attention, DeltaNet]
 FFN = Union[DenseFFN, MoEFFN]
 
 
@@ -96,13 +104,15 @@ class Recipe:
         blocks: layer kind -> block.
         embed_scale: embeddings multiplied by ``sqrt(n_embd)`` (gemma).
         logit_softcap: geometry param of the final logit soft-cap (``tanh(y / c) * c``), None: none.
-        notes: what the recipe leaves out on purpose, said once at start-up (e.g. unused tensors).
+        unused: tensor roles the contract allows but this forward pass does not read, each with the one
+            line the engine says at start-up when a pack holds them (e.g. a sparse-attention indexer
+            whose computation no public implementation defines), instead of guessing their maths.
     """
 
     blocks: dict[str, Block]
     embed_scale: bool = False
     logit_softcap: str | None = None
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    unused: dict[str, str] = field(default_factory=dict)
 
     def block(self, kind: str) -> Block:
         """The block of layer kind ``kind``. Raises KeyError naming the kinds the recipe has."""
@@ -117,4 +127,4 @@ class Recipe:
         return any(isinstance(b.ffn, MoEFFN) for b in self.blocks.values())
 
 
-__all__ = ["Act", "Attention", "Block", "DenseFFN", "FFN", "Mixer", "MoEFFN", "Recipe"]
+__all__ = ["Act", "Attention", "Block", "DeltaNet", "DenseFFN", "FFN", "Mixer", "MoEFFN", "Recipe"]

@@ -248,11 +248,20 @@ def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: 
             note["resident"] = "none (dense model)"
         dev.mark("expert cache", note)
     eng = Engine(pack, geom, plan, weights, runner, tokenizer, state, experts, cps.done, device=dev.name, kv=opts.kv)
-    for note_line in recipe.notes:
-        if on_warning is not None:
-            on_warning(note_line)
+    eng.notes = unused_notes(recipe, plan)
     dev.finish(eng)
     return eng
+
+
+def unused_notes(recipe, plan: LoadPlan) -> list[str]:
+    """One line per group of tensors the pack holds that the recipe knowingly does not read
+    (:attr:`strata.engine.recipe.Recipe.unused`), naming how many."""
+    out = []
+    for prefix, line in recipe.unused.items():
+        n = sum(1 for name in plan.dense if name.split(".", 2)[-1].startswith(prefix))
+        if n:
+            out.append(f"{line} ({n} tensors)")
+    return out
 
 
 __all__ = ["CpuDevice", "DEVICES", "Device", "Engine", "EngineOptions", "check_ctx", "check_kv",

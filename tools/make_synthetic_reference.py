@@ -32,15 +32,24 @@ _WORDS = ("The capital of France is Paris. The capital of Germany is Berlin. A m
           "routes every token to a few experts out of many; the router picks the top experts and the layer "
           "adds their outputs weighted by the router's probabilities. ")
 
-#: preset -> (spec overrides, prompts). Prompts use the synthetic tokenizer's corpus words; the
-#: gemma3 preset's sliding window is 128 tokens, so its last prompt is longer than the window.
-PRESETS: dict[str, tuple[dict, list[str]]] = {
-    "qwen3moe": ({"seed": 7}, ["The capital of France is", "A mixture of experts model routes every token",
-                               "def forward(self, x): return", "1 2 3 4 5 6 7 8 9 10"]),
-    "qwen2": ({"seed": 7}, ["The capital of France is", "The quick brown fox jumps over the lazy dog",
-                            "Numbers like 0 1 2 3"]),
-    "gemma3": ({"seed": 7}, ["The capital of France is", "hello world, model layer token expert",
-                             _WORDS * 2]),
+_MOE_PROMPTS = ["The capital of France is", "A mixture of experts model routes every token",
+                "def forward(self, x): return", "1 2 3 4 5 6 7 8 9 10"]
+
+#: fixture name -> (generator preset, spec overrides, prompts). Prompts use the synthetic tokenizer's
+#: corpus words; the gemma3 preset's sliding window is 128 tokens, so its last prompt is longer than the
+#: window. qwen3next-split-fused: a 3-shard split with the fused ffn_gate_up_exps that llama.cpp's
+#: qwen3next loader accepts, and expert types that differ per layer (IQ2_XXS gate/up with Q2_0 down).
+PRESETS: dict[str, tuple[str, dict, list[str]]] = {
+    "qwen3moe": ("qwen3moe", {"seed": 7}, _MOE_PROMPTS),
+    "qwen2": ("qwen2", {"seed": 7}, ["The capital of France is", "The quick brown fox jumps over the lazy dog",
+                                     "Numbers like 0 1 2 3"]),
+    "gemma3": ("gemma3", {"seed": 7}, ["The capital of France is", "hello world, model layer token expert",
+                                       _WORDS * 2]),
+    "qwen3next": ("qwen3next", {"seed": 7}, _MOE_PROMPTS),
+    "qwen3next-split-fused": ("qwen3next", {"seed": 11, "n_shards": 3, "fused_gate_up": True,
+                                            "expert_types": [("IQ2_XS", "IQ4_NL"), ("IQ2_XXS", "Q2_0"),
+                                                             ("Q4_K", "Q5_0"), ("Q3_K", "Q6_K")]},
+                              _MOE_PROMPTS[:3] + [_WORDS]),
 }
 
 
@@ -51,12 +60,12 @@ def _make_reference_module():
     return mod
 
 
-def build_spec(preset: str, overrides: dict | None = None):
-    """The :class:`~strata.testing.ModelSpec` of ``preset`` with this script's overrides."""
+def build_spec(name: str, overrides: dict | None = None):
+    """The :class:`~strata.testing.ModelSpec` of fixture ``name`` with this script's overrides."""
     from strata import testing as synth
 
-    over, _ = PRESETS[preset]
-    return getattr(synth, f"{preset}_spec")(**{**over, **(overrides or {})})
+    gen, over, _ = PRESETS[name]
+    return getattr(synth, f"{gen}_spec")(**{**over, **(overrides or {})})
 
 
 def make_fixture(preset: str, steps: int, out: Path) -> dict:
@@ -64,12 +73,15 @@ def make_fixture(preset: str, steps: int, out: Path) -> dict:
 
     mr = _make_reference_module()
     spec = build_spec(preset)
-    _, prompts = PRESETS[preset]
+    gen, _, prompts = PRESETS[preset]
     with tempfile.TemporaryDirectory() as d:
         paths = synth.write_model(Path(d) / f"synthetic-{preset}.gguf", spec)
         ref = mr.make_reference(paths[0], prompts, steps=steps)
-    ref["synthetic"] = {"preset": preset, "generator": f"strata.testing.{preset}_spec",
+        shards = [mr.sha256_file(p) for p in paths]
+    ref["synthetic"] = {"preset": preset, "generator": f"strata.testing.{gen}_spec",
                         "spec": spec.model_dump(mode="json")}
+    if len(paths) > 1:  # every shard's sha256; the test packs from the second (any shard finds the others)
+        ref["synthetic"].update(shards_sha256=shards, pack_from_shard=1)
     text = json.dumps(ref, indent=1, ensure_ascii=False) + "\n"
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")

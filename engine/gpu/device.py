@@ -64,6 +64,7 @@ class GpuInfo:
     row_buffer_bytes: int = 0
     hit_buffer_bytes: int = 0
     kv_bytes: int = 0
+    recurrent_bytes: int = 0  # conv + delta state of the recurrent layers (one sequence)
     rope_bytes: int = 0
     buffer_bytes: int = 0
     runtime_bytes: int = 0
@@ -156,11 +157,16 @@ class GpuDevice:
         info.output_buffer_bytes = w.output_bytes
         info.buffer_bytes = w.buffer_bytes + info.rope_bytes + info.hit_buffer_bytes
         # KV and rope arrays come from the array module itself, not through the backend
+        rec = state.recurrent
+        info.recurrent_bytes = rec.nbytes if rec is not None else 0
+        rec_arrays = [*rec.conv.values(), *rec.ssm.values()] if rec is not None else []
         info.session_rounded_bytes = _rounded(state.cache.k + state.cache.v + [a for r in state.ropes.values()
-                                                                               for a in (r.cos, r.sin)], bk.POOL_UNIT)
+                                                                               for a in (r.cos, r.sin)] + rec_arrays,
+                                              bk.POOL_UNIT)
         note["n_ctx"] = n_ctx
         note["kv"] = f"{opts.kv}, {opts.sliding}: {min(state.cache.sizes)}..{max(state.cache.sizes)} positions per layer"
         note["kv_bytes"] = info.kv_bytes
+        note["recurrent_bytes"] = info.recurrent_bytes
         note["buffer_bytes"] = info.buffer_bytes
         return state
 

@@ -1,0 +1,163 @@
+"""The gated delta net (linear attention) layer and its per-sequence recurrent state, written
+against an array module ``xp`` (NumPy on the CPU path, CuPy on the GPU's generic path).
+
+As llama.cpp computes it for one token (``src/models/qwen3next.cpp``
+``build_layer_attn_linear``, ``build_qkvz``; ``src/models/delta-net-base.cpp`` ``build_conv_state``,
+``build_delta_net_autoregressive``; ``src/models/models.h`` ``build_gdn_l2_norm``):
+
+1. ``qkv = attn_qkv @ x`` (``conv_dim`` = 2 key_dim + value_dim), ``z = attn_gate @ x`` (value_dim);
+   a legacy ``ssm_in`` instead holds, per k head, ``[q | k | v | z]`` (rows regrouped here);
+2. ``ba = ssm_ba @ x``: per k-head group ``[b (nv/nk) | a (nv/nk)]``; ``beta = sigmoid(b)``,
+   ``g = softplus(a + ssm_dt.bias) * ssm_a`` (``ssm_a`` stores ``-exp(A_log)``; ggml's softplus is
+   ``x`` above 20, ``log(1 + exp(x))`` below: ``ggml-impl.h`` ``ggml_compute_softplus_f32``);
+3. causal depthwise conv1d over the last ``d_conv`` positions: ``window = [conv_state | qkv]``
+   (``d_conv - 1`` past inputs per channel), ``out[c] = sum_k window[k, c] * w[c, k]``
+   (``ggml_ssm_conv``), then the new conv state is the last ``d_conv - 1`` inputs; SiLU;
+4. split into q (``n_group`` heads), k (``n_group``), v (``dt_rank`` heads) of ``d_state`` each;
+   q and k L2-normalised (``x / sqrt(sum(x^2) + eps)``, as ``rms_norm(x, eps / n) / sqrt(n)``) and
+   repeated to the v heads (v head ``i`` reads k head ``i // (nv / nk)``); q scaled by
+   ``1 / sqrt(d_state)``;
+5. per v head, the delta rule on the state ``S [d_state (v), d_state (k)]`` (llama.cpp's
+   ``[S_v, S_v]`` in ne order, so ``S[j, i]`` here is its ``s[i, j]``)::
+
+       S = S * exp(g);  d = (v - S @ k) * beta;  S = S + outer(d, k);  o = S @ q
+
+6. ``o`` RMS-normed per head with ``ssm_norm``, times ``silu(z)`` (the gated norm), then ``ssm_out``.
+
+The state is f32 and its size is exactly the budget's recurrent-state term
+(:func:`strata.budget.formulas.recurrent_state_bytes_per_seq`): ``(d_conv - 1) x conv_dim`` conv
+values and ``d_state x d_inner`` delta values per recurrent layer per sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strata.manifests.names import tensor_name
+
+from .layers import rms_norm, sigmoid, silu
+
+
+@dataclass(frozen=True)
+class DeltaNetDims:
+    """Dimensions of one gated-delta-net layer (counts): ``d_conv`` conv kernel, ``d_state`` head dim
+    of q, k and v, ``n_group`` k heads, ``dt_rank`` v heads; ``eps`` of the norms."""
+
+    d_conv: int
+    d_state: int
+    n_group: int
+    dt_rank: int
+    eps: float
+
+    @property
+    def key_dim(self) -> int:
+        return self.d_state * self.n_group
+
+    @property
+    def value_dim(self) -> int:
+        return self.d_state * self.dt_rank
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+
+class RecurrentState:
+    """Per recurrent layer, the conv state ``[d_conv - 1, conv_dim]`` and the delta state
+    ``[dt_rank, d_state, d_state]`` (f32, zeros at the start of a sequence), allocated once.
+
+    ``nbytes`` is :func:`strata.budget.formulas.recurrent_state_bytes_per_seq` of these layers."""
+
+    def __init__(self, xp, layers: list[int], dims: DeltaNetDims):
+        self.xp, self.dims = xp, dims
+        self.conv = {il: xp.zeros((dims.d_conv - 1, dims.conv_dim), dtype=xp.float32) for il in layers}
+        self.ssm = {il: xp.zeros((dims.dt_rank, dims.d_state, dims.d_state), dtype=xp.float32) for il in layers}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.conv.values()) + sum(a.nbytes for a in self.ssm.values())
+
+    def reset(self) -> None:
+        """Zero every layer's state (a new sequence)."""
+        for a in (*self.conv.values(), *self.ssm.values()):
+            a[...] = 0
+
+
+def l2_norm(xp, x, eps: float):
+    """``x / sqrt(sum(x^2) + eps)`` over the last axis, as llama.cpp's ``build_gdn_l2_norm``
+    computes it: ``rms_norm(x, eps / n) * (1 / sqrt(n))`` (``src/models/models.h``)."""
+    n = x.shape[-1]
+    ms = xp.mean(x * x, axis=-1, keepdims=True, dtype=xp.float32)
+    y = x * (xp.float32(1.0) / xp.sqrt(ms + xp.float32(eps / n)))
+    return y * xp.float32(1.0 / n ** 0.5)
+
+
+def softplus(xp, x):
+    """``x`` where ``x > 20``, else ``log(1 + exp(x))`` (ggml ``ggml_compute_softplus_f32``)."""
+    return xp.where(x > xp.float32(20.0), x, xp.log(xp.float32(1.0) + xp.exp(xp.minimum(x, xp.float32(20.0)))))
+
+
+class GatedDeltaNet:
+    """One gated-delta-net layer (module docstring); ``__call__(xp, x, state) -> [n_embd]``."""
+
+    def __init__(self, w, il: int, dims: DeltaNetDims):
+        self.w, self.il, self.dims = w, il, dims
+
+        def n(role: str) -> str:
+            return tensor_name(role, il)
+
+        self.qkv = n("attn_qkv.weight") if w.has(n("attn_qkv.weight")) else None
+        self.gate = n("attn_gate.weight") if self.qkv is not None else None
+        self.ssm_in = n("ssm_in.weight") if self.qkv is None else None
+        self.conv_w, self.dt_bias, self.a = n("ssm_conv1d.weight"), n("ssm_dt.bias"), n("ssm_a")
+        self.ba, self.norm, self.out = n("ssm_ba.weight"), n("ssm_norm.weight"), n("ssm_out.weight")
+
+    def _qkvz(self, xp, x):
+        """``(qkv [conv_dim], z [value_dim])`` from the pair of projections or the legacy ``ssm_in``
+        (per k head ``[q (d) | k (d) | v (d nv/nk) | z (d nv/nk)]``, regrouped to ``[q all | k all | v all]``:
+        llama.cpp ``build_qkvz``'s legacy path)."""
+        w, d = self.w, self.dims
+        if self.qkv is not None:
+            return w.matmul(self.qkv, x), w.matmul(self.gate, x)
+        m = w.matmul(self.ssm_in, x)
+        r = d.dt_rank // d.n_group
+        per = m.reshape(d.n_group, 2 * d.d_state + 2 * d.d_state * r)
+        s = d.d_state
+        q, k = per[:, :s], per[:, s:2 * s]
+        v, z = per[:, 2 * s:2 * s + s * r], per[:, 2 * s + s * r:]
+        return xp.concatenate([q.reshape(-1), k.reshape(-1), v.reshape(-1)]), z.reshape(-1)
+
+    def __call__(self, xp, x, state: RecurrentState):
+        w, d = self.w, self.dims
+        f32 = xp.float32
+        qkv, z = self._qkvz(xp, x)
+        ba = w.matmul(self.ba, x).reshape(d.n_group, 2, d.dt_rank // d.n_group)
+        beta = sigmoid(xp, ba[:, 0, :].reshape(-1))
+        g = softplus(xp, ba[:, 1, :].reshape(-1) + w.get(self.dt_bias)) * w.get(self.a)
+        # causal depthwise conv over [the d_conv - 1 previous inputs | this one], then the new conv state
+        cs = state.conv[self.il]
+        win = xp.concatenate([cs, qkv[None, :]], axis=0)  # [d_conv, conv_dim]
+        cw = w.get(self.conv_w).reshape(d.conv_dim, d.d_conv)  # numpy order of ne [d_conv, conv_dim]
+        acc = win[0] * cw[:, 0]
+        for k in range(1, d.d_conv):
+            acc = acc + win[k] * cw[:, k]  # ggml_ssm_conv: sequential sum over the kernel
+        cs[...] = win[1:]
+        h = silu(xp, acc)
+        kd = d.key_dim
+        q = l2_norm(xp, h[:kd].reshape(d.n_group, d.d_state), d.eps)
+        k = l2_norm(xp, h[kd:2 * kd].reshape(d.n_group, d.d_state), d.eps)
+        v = h[2 * kd:].reshape(d.dt_rank, d.d_state)
+        r = d.dt_rank // d.n_group
+        q = xp.repeat(q, r, axis=0) * f32(1.0 / d.d_state ** 0.5)  # v head i reads k head i // r
+        k = xp.repeat(k, r, axis=0)
+        S = state.ssm[self.il]  # [dt_rank, d_state (v), d_state (k)]
+        S *= xp.exp(g)[:, None, None]
+        sk = (S * k[:, None, :]).sum(axis=-1)
+        dlt = (v - sk) * beta[:, None]
+        S += dlt[:, :, None] * k[:, None, :]
+        o = (S * q[:, None, :]).sum(axis=-1)  # [dt_rank, d_state]
+        o = rms_norm(xp, o, w.get(self.norm), d.eps) * silu(xp, z.reshape(d.dt_rank, d.d_state))
+        return w.matmul(self.out, o.reshape(-1))
+
+
+__all__ = ["DeltaNetDims", "GatedDeltaNet", "RecurrentState", "l2_norm", "softplus"]
