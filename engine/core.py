@@ -44,6 +44,9 @@ class EngineOptions:
         expert_cache: GPU slots, ``"auto"`` or N; ``profile``: ``(layer, expert, count)`` rows that
             fill the cache; ``vram_reserve_mib``: VRAM kept free; ``admit``: first-come admission of
             misses into free slots (default: on without a profile).
+        exact: CPU products in the GPU kernels' summation order (bit-identical to the GPU; slower) instead
+            of the fast dot (:mod:`strata.engine.cpukernels`); ``threads``: CPU kernel threads (default:
+            the cores this process may use).
         graph / fused / stage_times / warmup: the GPU decode step (:mod:`strata.engine.gpu.fused`).
     """
 
@@ -56,6 +59,8 @@ class EngineOptions:
     profile: list[tuple[int, int, int]] | None = None
     vram_reserve_mib: int = F.DEFAULT_RESERVE_MIB
     admit: bool | None = None
+    exact: bool = False
+    threads: int | None = None
     graph: bool = True
     fused: bool | None = None
     stage_times: bool = False

@@ -27,7 +27,7 @@ import numpy as np
 
 from strata.packer.packfmt import ExpertLayer
 
-from . import layers
+from . import cpukernels, layers
 from .dequant import dequantize_rows
 from .loader import LoadPlan
 
@@ -61,6 +61,27 @@ class ShardExperts:
             out.append(dequantize_rows(raw.reshape(ne1, -1), t, ne0, name=f"blk.{il} expert {e}"))
         return out[0], out[1], out[2]
 
+    def ffn(self, il: int, e: int, x: np.ndarray, *, exact: bool = False, threads: int | None = None,
+            act_quant: bool = False, silu_mul=None) -> np.ndarray:
+        """Expert ``e`` of layer ``il`` on ``x`` (f32 ``[n_embd]``): ``down @ (silu(gate @ x) * (up @ x))``,
+        every product run by :func:`strata.engine.cpukernels.matvec` on the expert's bytes in the
+        mapped shard (nothing dequantized is kept). ``exact``: the GPU's summation order;
+        ``silu_mul``: the activation (default ``silu(g) * u``; the GPU path passes its bit-exact
+        replica); ``act_quant``: llama.cpp's activation rounding per weight type."""
+        from .numerics import quantize_activation as qa
+
+        shp = self.shapes[il]
+        g_raw, u_raw, d_raw = self.raw(il, e)
+        (gt, ut, dt), ((ge0, gr), (ue0, ur), (de0, dr)) = self.types(il), (shp.gate, shp.up, shp.down)
+        xg = qa(np, x, gt) if act_quant else x
+        xu = qa(np, x, ut) if act_quant else x
+        g = cpukernels.matvec(gt, g_raw, gr, ge0, xg, exact=exact, threads=threads)
+        u = cpukernels.matvec(ut, u_raw, ur, ue0, xu, exact=exact, threads=threads)
+        h = silu_mul(g, u) if silu_mul is not None else layers.silu(np, g) * u
+        if act_quant:
+            h = qa(np, h, dt)
+        return cpukernels.matvec(dt, d_raw, dr, de0, h, exact=exact, threads=threads)
+
     def types(self, il: int) -> tuple[int, int, int]:
         """ggml types of layer ``il``'s gate, up and down experts."""
         r = self.rows[il]
@@ -80,25 +101,27 @@ class ExpertCache(Protocol):
 
 
 class CpuExpertCache:
-    """Resident experts dequantized to f32 once, at start-up (the CPU stand-in for the VRAM cache)."""
+    """The CPU stand-in for the VRAM expert cache: the set of resident (layer, expert) pairs. On the
+    CPU every expert is computed from the mapped shard by the same kernels, hit or miss (so the
+    result cannot depend on residency); the set only decides the hit/miss counts. Holds no weights
+    (``nbytes`` 0)."""
 
-    def __init__(self, source: ShardExperts, pairs: Iterable[tuple[int, int]], act_quant: bool = False):
-        self._w: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    nbytes = 0
+
+    def __init__(self, source: ShardExperts, pairs: Iterable[tuple[int, int]], act_quant: bool = False,
+                 exact: bool = False, threads: int | None = None):
+        self._pairs = set(pairs)
         self._source = source
-        self._act_quant = act_quant
-        for il, e in pairs:
-            self._w[(il, e)] = source.weights(il, e)
-        self.nbytes = sum(a.nbytes for w in self._w.values() for a in w)
+        self._act_quant, self._exact, self._threads = act_quant, exact, threads
 
     def __len__(self) -> int:
-        return len(self._w)
+        return len(self._pairs)
 
     def resident(self, il: int, e: int) -> bool:
-        return (il, e) in self._w
+        return (il, e) in self._pairs
 
     def ffn(self, il: int, e: int, x: np.ndarray) -> np.ndarray:
-        g, u, d = self._w[(il, e)]
-        return layers.expert_ffn(np, g, u, d, x, self._source.types(il) if self._act_quant else None)
+        return self._source.ffn(il, e, x, exact=self._exact, threads=self._threads, act_quant=self._act_quant)
 
 
 def resident_pairs(policy: str | float, layers_: list[int], n_expert: int) -> list[tuple[int, int]]:
@@ -145,11 +168,13 @@ class ExpertPath:
     profile``'s counter) sees every layer's selection ``(layer, expert ids)`` before it runs.
     """
 
-    def __init__(self, source: ShardExperts, cache: ExpertCache | None, xp=np, act_quant: bool = False):
+    def __init__(self, source: ShardExperts, cache: ExpertCache | None, xp=np, act_quant: bool = False,
+                 exact: bool = False, threads: int | None = None):
         self.source = source
         self.cache = cache
         self.xp = xp
         self.act_quant = act_quant
+        self.exact, self.threads = exact, threads
         self.counts = ExpertCounts()
         self._step: dict[int, list[int]] = {}
         self.on_route: Callable[[int, list[int]], None] | None = None
@@ -160,8 +185,7 @@ class ExpertPath:
         self._step = {}
 
     def miss_ffn(self, il: int, e: int, x):
-        g, u, d = self.source.weights(il, e)
-        return layers.expert_ffn(self.xp, g, u, d, x, self.source.types(il) if self.act_quant else None)
+        return self.source.ffn(il, e, x, exact=self.exact, threads=self.threads, act_quant=self.act_quant)
 
     def __call__(self, il: int, x, ids: list[int], weights) -> Any:
         """``sum_k weights[k] * expert_{ids[k]}(x)``, summed in selection order (k = 0, 1, ...)."""

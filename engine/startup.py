@@ -128,16 +128,22 @@ class CpuDevice:
     def memory_available(self) -> tuple[int, str]:
         return host_ram_bytes(), "host RAM (SC_PHYS_PAGES x SC_PAGE_SIZE)"
 
+    def __init__(self, exact: bool = False, threads: int | None = None):
+        from .cpukernels import default_threads
+
+        self.exact, self.threads = exact, threads or default_threads()
+
     def make_weights(self, pack: Pack, plan: LoadPlan, nx) -> CpuWeights:
-        return CpuWeights(pack, plan.dense, nx)
+        return CpuWeights(pack, plan.dense, nx, exact=self.exact, threads=self.threads)
 
     def make_experts(self, plan: LoadPlan, nx) -> ExpertPath:
-        return ExpertPath(ShardExperts(plan), None, act_quant=nx.act_quant)
+        return ExpertPath(ShardExperts(plan), None, act_quant=nx.act_quant, exact=self.exact, threads=self.threads)
 
     def load_weights(self, weights: CpuWeights, names: list[str], stage: str, note: dict) -> None:
         before = weights.nbytes_f32
         weights.load(names)
-        note["f32 MiB"] = round((weights.nbytes_f32 - before) / 2**20, 1)
+        note["f32 vector KiB"] = round((weights.nbytes_f32 - before) / 2**10, 1)
+        note["kernels"] = f"quantized, {'GPU order (exact)' if self.exact else 'fast dot'}, {self.threads} threads"
 
     def open_session(self, model: Decoder, opts: EngineOptions, n_ctx: int, note: dict) -> State:
         state = model.new_state(n_ctx, kv=opts.kv, sliding=opts.sliding)
@@ -147,15 +153,23 @@ class CpuDevice:
         return state
 
     def prompt_path(self, model: Decoder, state: State, opts: EngineOptions, note: dict) -> Decoder:
-        note["decode path"] = "NumPy step, one position per step (the prompt too)"
+        from .cpukernels import library
+
+        types = set(model.w.types())
+        if model.experts is not None:
+            types |= {t for il in model.experts.source.layers for t in model.experts.source.types(il)}
+        for t in sorted(types):
+            library(t)  # build / load each type's kernels now, not at the first token
+        note["decode path"] = "NumPy step over quantized kernels, one position per step (the prompt too)"
+        note["kernel types"] = len(types)
         return model
 
     def open_expert_cache(self, experts: ExpertPath, geom: Geometry, opts: EngineOptions, note: dict) -> None:
         n_expert = int(geom["n_expert"])
         pairs = resident_pairs(opts.resident, experts.source.layers, n_expert)
-        experts.cache = CpuExpertCache(experts.source, pairs, act_quant=experts.act_quant)
+        experts.cache = CpuExpertCache(experts.source, pairs, act_quant=experts.act_quant, exact=experts.exact,
+                                       threads=experts.threads)
         note["resident"] = f"{len(pairs)} of {len(experts.source.layers) * n_expert} experts ({opts.resident})"
-        note["f32 MiB"] = round(experts.cache.nbytes / 2**20, 1)
 
     def finish(self, engine: Engine) -> None:
         pass
@@ -169,7 +183,7 @@ def make_device(name: str, **kw) -> Device:
             (no CuPy, no GPU) with the reason.
     """
     if name == "cpu":
-        return CpuDevice()
+        return CpuDevice(**kw)
     if name in ("cuda", "sim"):
         from .gpu.device import GpuDevice
 
@@ -204,7 +218,13 @@ def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: 
         raise StageTimesRefused(
             "--stage-times: stage timers cannot measure inside a captured CUDA graph (events recorded between its "
             "launches record nothing); refusing rather than reporting zeros - add --no-graph")
-    dev = device if not isinstance(device, str) else make_device(device, **({"backend": backend} if backend else {}))
+    if isinstance(device, str):
+        dkw = {"backend": backend} if backend else {}
+        if device == "cpu":
+            dkw = {"exact": opts.exact, "threads": opts.threads}
+        dev = make_device(device, **dkw)
+    else:
+        dev = device
     dev.check_options(opts)
     nx = get_numerics(opts.numerics)
     cps = Checkpoints(on_checkpoint)

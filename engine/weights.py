@@ -8,21 +8,17 @@ A model never touches pool bytes. It asks its :class:`Weights` for
 - ``rows(name, ids)``: rows of a matrix (embedding lookup), f32 ``[len(ids), ne0]``;
 - ``has(name)``: whether an optional tensor (biases, fused qkv, output head) is in the pack.
 
-:class:`CpuWeights` is the NumPy reference: dense weights are dequantized once at load into f32
-(bit-identical to ``gguf.quants.dequantize``) and multiplied with BLAS sgemv. The GPU path supplies
-its own object with the same methods (engine form in VRAM, its own kernels); ``xp`` tells the
-shared layers which array module the activations live in.
-
-Memory choice (measured with ``--verbose``): an untied ``token_embd`` is only ever read by rows,
-so it stays quantized in the memory-mapped pool and each row is dequantized when it is looked up
-(Qwen2.5 0.5B: 545 MB of f32 not allocated). A tied one (Gemma) is the output head too, which a
-GEMV reads whole every token, so it is dequantized once (Gemma: 671 MB f32) and embedding rows
-are read from that copy.
+:class:`CpuWeights` is the CPU path: the pool stays memory-mapped read-only and every product runs
+the quantized kernels of :mod:`strata.engine.cpukernels` on the tensor's native blocks in place -
+no dequantized copy of any matrix is kept (a 30B-A3B pack's f32 copies would be ~120 GB). Only
+vectors (norms, biases: a few KB each) are held as f32. Start-up touches no weight page except the
+vectors' and the BF16-promoted tensors' (their bytes are checked). The GPU path supplies its own
+object with the same methods (engine form in VRAM, its own kernels); ``xp`` tells the shared
+layers which array module the activations live in.
 """
 
 from __future__ import annotations
 
-import mmap
 from typing import Any, Protocol
 
 import numpy as np
@@ -31,6 +27,7 @@ from strata.packer import quants
 from strata.packer.packfmt import IndexEntry
 from strata.packer.pack import Pack
 
+from . import cpukernels as CK
 from .dequant import dequantize_rows
 from .numerics import Numerics, numerics, quantize_activation
 
@@ -54,31 +51,31 @@ class WeightError(ValueError):
     """Weight bytes that are not what the index says (e.g. a BF16-promoted tensor that is not bf16-exact)."""
 
 
-def _mat_shape(e: IndexEntry) -> tuple[int, ...]:
-    # numpy shape of the dequantized tensor: 1-D for vectors, [rows, ne0] otherwise
-    rows = e.ne1 * e.ne2 * e.ne3
-    return (e.ne0,) if rows == 1 else (rows, e.ne0)
+def _rows(e: IndexEntry) -> int:
+    return e.ne1 * e.ne2 * e.ne3
 
 
 class CpuWeights:
-    """Dense weights of one pack for the NumPy path (see the module docstring).
+    """Dense weights of one pack for the CPU path (see the module docstring).
 
-    ``load(names)`` dequantizes the named tensors into f32 now; tensors not loaded that way are
-    served by ``rows`` straight from the memory-mapped pool (quantized). ``nbytes_f32`` counts
-    the f32 bytes this object holds. With ``numerics.act_quant`` (the ``llamacpp`` profile),
-    ``matmul`` first rounds the activation the way llama.cpp's CPU backend does for
-    the weight's type (:mod:`strata.engine.numerics`).
+    ``matmul`` runs :func:`strata.engine.cpukernels.matvec` (``exact``: the GPU's summation order,
+    bit-identical to the GPU; else the faster scratch-row dot) on ``threads`` threads; with
+    ``numerics.act_quant`` (the ``llamacpp`` profile) the activation is first rounded the way
+    llama.cpp's CPU backend does for the weight's type (:mod:`strata.engine.numerics`).
+    ``nbytes_f32`` counts the f32 vectors this object holds (bytes).
     """
 
     xp = np
 
-    def __init__(self, pack: Pack, dense: dict[str, IndexEntry], nx: str | Numerics = "f32"):
+    def __init__(self, pack: Pack, dense: dict[str, IndexEntry], nx: str | Numerics = "f32", *,
+                 exact: bool = False, threads: int | None = None):
         # read-only map: a stray write raises instead of corrupting the pack
         self._pool = np.memmap(pack.pool_path, dtype=np.uint8, mode="r")
         self._entries = dense
-        self._f32: dict[str, np.ndarray] = {}
+        self._vec: dict[str, np.ndarray] = {}
         self.nbytes_f32 = 0
         self.nx = numerics(nx)
+        self.exact, self.threads = exact, threads
         # q/k/v (and gate/up) share one input: quantize it once per weight type
         self._last_x: np.ndarray | None = None
         self._last_q: dict[int, np.ndarray] = {}
@@ -89,63 +86,59 @@ class CpuWeights:
     def entry(self, name: str) -> IndexEntry:
         return self._entries[name]
 
-    def _raw(self, e: IndexEntry) -> np.ndarray:
-        rows = e.ne1 * e.ne2 * e.ne3
-        return self._pool[e.offset:e.offset + e.nbytes].reshape(rows, e.nbytes // rows)
+    def types(self) -> set[int]:
+        """The pool types of the tensors this store serves (the kernels the token path runs)."""
+        return {e.type for e in self._entries.values()}
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's pool bytes (a read-only view of the mapped pool, no copy)."""
+        e = self._entries[name]
+        return self._pool[e.offset:e.offset + e.nbytes]
 
     def load(self, names: list[str]) -> None:
-        """Dequantize ``names`` into f32 arrays held by this object.
+        """Check what can be checked without reading weights into memory: every BF16-promoted tensor
+        is bf16-exact, and the vectors are read now (so the token path reads matrices only).
 
         Raises:
             WeightError: an F32 pool tensor promoted from BF16 whose low 16 bits are not all zero
-                (the engine re-rounds such tensors to bf16; a non-zero low half means the bytes are
-                not what the index says).
+                (its bytes are not what the index says).
         """
         for name in names:
-            if name in self._f32:
-                continue
             e = self._entries[name]
-            raw = self._raw(e)
             if e.src_type == quants.BF16.id:
-                low = raw.view(np.uint32) & np.uint32(0xFFFF)
+                low = np.asarray(self.raw(name)).view(np.uint32) & np.uint32(0xFFFF)
                 if low.any():
                     raise WeightError(f"tensor {name}: pool F32 promoted from BF16 has non-zero low 16 bits "
                                       f"({int(np.count_nonzero(low))} values); it is not bf16-exact")
-            a = dequantize_rows(raw, e.type, e.ne0, name=name).reshape(_mat_shape(e))
-            self._f32[name] = a
-            self.nbytes_f32 += a.nbytes
-        self._release_pool_pages()
-
-    def _release_pool_pages(self) -> None:
-        # The pool pages just read are clean file cache mapped into this process: drop them from
-        # its RSS so --verbose shows what the engine holds (they are re-read if a row is needed).
-        mm = getattr(self._pool, "_mmap", None)
-        if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-            mm.madvise(mmap.MADV_DONTNEED)
+            if _rows(e) == 1:
+                self.get(name)
 
     def get(self, name: str) -> np.ndarray:
-        a = self._f32.get(name)
-        if a is None:
-            self.load([name])
-            a = self._f32[name]
+        """A vector as f32 (held once it is read); a matrix dequantized (not on the token path)."""
+        a = self._vec.get(name)
+        if a is not None:
+            return a
+        e = self._entries[name]
+        rows = _rows(e)
+        raw = np.asarray(self.raw(name)).reshape(rows, -1)
+        a = dequantize_rows(raw, e.type, e.ne0, name=name)
+        if rows == 1:
+            a = a[0]
+            self._vec[name] = a
+            self.nbytes_f32 += a.nbytes
         return a
 
     def matmul(self, name: str, x: np.ndarray) -> np.ndarray:
-        a = self.get(name)
+        e = self._entries[name]
         if self.nx.act_quant:
-            t = self._entries[name].type
             if x is not self._last_x:
                 self._last_x, self._last_q = x, {}
-            xq = self._last_q.get(t)
+            xq = self._last_q.get(e.type)
             if xq is None:
-                xq = self._last_q[t] = quantize_activation(np, x, t)
+                xq = self._last_q[e.type] = quantize_activation(np, x, e.type)
             x = xq
-        return a @ x
+        return CK.matvec(e.type, self.raw(name), _rows(e), e.ne0, x, exact=self.exact, threads=self.threads)
 
     def rows(self, name: str, ids: list[int]) -> np.ndarray:
-        a = self._f32.get(name)
-        if a is not None:
-            return a[np.asarray(ids, dtype=np.int64)]
         e = self._entries[name]
-        raw = self._raw(e)
-        return dequantize_rows(raw[np.asarray(ids, dtype=np.int64)], e.type, e.ne0, name=name)
+        return CK.dequant_rows(e.type, self.raw(name), e.ne0, ids)
