@@ -9,7 +9,7 @@
 #   1. installs the carried wheels (.whl/: gguf, pydantic and its parts; the image has numpy, CuPy,
 #      cuda-bindings, tokenizers, pyarrow, click, rich, tqdm) into /tmp/site unless they import, and
 #      makes `strata` importable from this checkout without installing it;
-#   2. checks the GGUF's sha256 (REAL-MODELS.md) and builds its pack, plus two synthetic MoE packs
+#   2. checks the GGUF's sha256 (packer/real_models.toml) and builds its pack, plus two synthetic MoE packs
 #      (strata.testing: the qwen3moe preset, and one with Q1_0/Q2_0/IQ2_S experts);
 #   3. greedy decoding, 3 prompts x 32 tokens (the llama.cpp fixture's prompts), on the CPU path
 #      and on the GPU path (the fused step as a CUDA graph, the default): per step, equal/different

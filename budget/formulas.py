@@ -1,7 +1,7 @@
 """The budget formulas: the one module that both ``strata-budget`` and the engine's allocator call.
 
 Every function is pure (typed numbers in, bytes out) and says its unit and its source. A VRAM
-plan is these terms summed in the engine's start-up order (BRIEF.md "Start-up order"): CUDA
+plan is these terms summed in the engine's start-up order (docs/DESIGN.md "Start-up order"): CUDA
 context, dense weights in engine form (output head before the expert cache: incident 1), KV
 cache, recurrent state, prefill / activation buffers, then the expert cache takes what is free
 minus the reserve (incident 2), in slots of the largest per-expert blob in engine form.
@@ -31,8 +31,9 @@ KV_CACHE_TYPES: dict[str, int] = {"f16": quants.F16.id, "int8": quants.by_name("
 #: The ``--kv`` choices strata's own engine implements (K/V arrays of float16 or float32; int8 is
 #: budgeted for the documents' engine only).
 ENGINE_KV_TYPES: tuple[str, ...] = ("f16", "f32")
-#: Prompt positions strata's engine processes per step: its prompt path is the decode path, one
-#: position at a time (BRIEF.md "Other lessons"), so a sliding-window layer needs its window only.
+#: Prompt positions strata's engine processes per step: its prompt path is the decode path, one position at
+#: a time (docs/DESIGN.md "The prompt goes through the decode path"), so a sliding-window layer needs its
+#: window only.
 ENGINE_PREFILL_CHUNK = 1
 #: Alignment of every part (gate, up, down) of an expert inside an expert-cache slot, and of the
 #: slot stride: a widened part starts with an f32 scale plane (needs 4), native blocks of 66/98/110 B
@@ -40,8 +41,8 @@ ENGINE_PREFILL_CHUNK = 1
 EXPERT_PART_ALIGN = 256
 
 #: The documents' engine reserves its prompt path's chunk buffers as
-#: ``prefill_mib = chunk > 0 ? 160 + chunk * 680 / 1024 : 0`` (generate.cpp:2941-2960, BRIEF.md),
-#: constants measured for THEIR model. Kept as the "documents" prefill model.
+#: ``prefill_mib = chunk > 0 ? 160 + chunk * 680 / 1024 : 0`` (generate.cpp:2941-2960; docs/DESIGN.md
+#: "The automatic slot count"), constants measured for THEIR model. Kept as the "documents" prefill model.
 #: Defaults shared by ``strata-budget check`` and ``strata-engine`` (one definition each):
 #: the VRAM reserve kept free after the expert cache (the documents' ``--vram-reserve-mib``), the KV
 #: cache type (llama.cpp's default ``--cache-type-k/v f16``) and the context: ``None`` = the model's
@@ -77,9 +78,10 @@ def kv_row_bytes(elements: int, kv: str) -> int:
 
 @dataclass(frozen=True)
 class KVLayer:
-    """One attention layer's per-token cache in elements: ``k`` and ``v`` = n_head_kv x head_dim
-    (n_head_kv, never n_head), ``indexer_k`` = a sparse-attention indexer's ONE shared key head
-    (BRIEF.md round 194), ``window`` = sliding window in tokens (None: the whole context)."""
+    """One attention layer's per-token cache in elements: ``k`` and ``v`` = n_head_kv x head_dim (n_head_kv,
+    never n_head), ``indexer_k`` = a sparse-attention indexer's ONE shared key head
+    (docs/DESIGN.md "Round 194: every budget term twice"), ``window`` = sliding window in tokens (None: the
+    whole context)."""
 
     layer: int
     k: int
@@ -192,7 +194,8 @@ class EngineForm:
 
 
 def engine_form(pool_type: int, src_type: int, ne: Sequence[int]) -> EngineForm:
-    """Pack vs engine form of one dense tensor (BRIEF.md "Pack form vs engine form", both directions).
+    """Pack vs engine form of one dense tensor, both directions (docs/DESIGN.md "Pack form and engine form";
+    the byte layout: docs/FORMAT.md "Pack form and engine form").
 
     Raises like :func:`quants.tensor_nbytes` (unknown type, ne[0] not a multiple of the block).
     """
@@ -211,10 +214,10 @@ def engine_form(pool_type: int, src_type: int, ne: Sequence[int]) -> EngineForm:
 
 def expert_blob_bytes(gate_type: int, up_type: int, down_type: int, n_embd: int, n_ff_exp: int,
                       *, engine: bool = False) -> int:
-    """Bytes of one expert (gate + up + down) in source form, or in engine form (widened types carry
-    f32 scales: what one cache slot holds). Worked example (BRIEF.md): IQ2_XS gate/up + IQ4_NL down at
-    n_embd 2560, n_ff_exp 640: 473,600 + 473,600 + 921,600 = 1,868,800 B source; the IQ4_NL down widens
-    18 -> 20 B per 32: 1,024,000, so 1,971,200 B engine form."""
+    """Bytes of one expert (gate + up + down) in source form, or in engine form (widened types carry f32
+    scales: what one cache slot holds). Worked example (docs/DESIGN.md "Expert sizes change per layer"):
+    IQ2_XS gate/up + IQ4_NL down at n_embd 2560, n_ff_exp 640: 473,600 + 473,600 + 921,600 = 1,868,800 B
+    source; the IQ4_NL down widens 18 -> 20 B per 32: 1,024,000, so 1,971,200 B engine form."""
     total = 0
     for part, t in (("gate", gate_type), ("up", up_type), ("down", down_type)):
         ne = expert_part_ne(part, n_embd, n_ff_exp)
@@ -243,8 +246,9 @@ def expert_slot_layout(gate_type: int, up_type: int, down_type: int, n_embd: int
 
 def expert_slot_bytes(gate_type: int, up_type: int, down_type: int, n_embd: int, n_ff_exp: int) -> int:
     """Bytes one expert-cache slot must hold for an expert of these types: its engine-form blob
-    (:func:`expert_blob_bytes` ``engine=True``) with each part aligned to :data:`EXPERT_PART_ALIGN`.
-    Equal to the blob whenever every part is a multiple of 256 B (every model in BRIEF.md)."""
+    (:func:`expert_blob_bytes` ``engine=True``) with each part aligned to :data:`EXPERT_PART_ALIGN`. Equal
+    to the blob whenever every part is a multiple of 256 B (the documents' model:
+    docs/DESIGN.md "Expert sizes change per layer")."""
     return expert_slot_layout(gate_type, up_type, down_type, n_embd, n_ff_exp)[1]
 
 
@@ -311,11 +315,11 @@ def size_expert_cache(free_bytes: int, reserve_bytes: int, slot_bytes: int, cap:
                       asked: int | None = None, *, cap_what: str = "") -> CacheSize:
     """The expert cache size, as both the planner and the engine decide it (one definition).
 
-    Automatic (``asked`` None): :func:`expert_slots` of what is free minus the reserve, at most
-    ``cap`` (the profile's pairs, else every pair the fill may load). Asked for N: N slots, or a
-    refusal with N and the most that fit whenever N is more than the automatic value could ever be
-    (more than fit after the reserve, or more than the pairs that can fill them): a silently
-    smaller cache makes every later number incomparable (BRIEF incident 2).
+    Automatic (``asked`` None): :func:`expert_slots` of what is free minus the reserve, at most ``cap`` (the
+    profile's pairs, else every pair the fill may load). Asked for N: N slots, or a refusal with N and the
+    most that fit whenever N is more than the automatic value could ever be (more than fit after the
+    reserve, or more than the pairs that can fill them): a silently smaller cache makes every later number
+    incomparable (docs/DESIGN.md "A cache that does not fit is refused with both numbers").
     """
     fit = expert_slots(free_bytes, reserve_bytes, slot_bytes, cap)
     if asked is None:

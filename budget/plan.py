@@ -1,7 +1,7 @@
 """The VRAM plan: what a card holds when the engine has started, term by term, and how many expert
 slots are left - a model of what the engine allocates, built only from :mod:`.formulas`.
 
-Terms, in the engine's start-up order (BRIEF.md "Start-up order and the memory plan"): CUDA
+Terms, in the engine's start-up order (docs/DESIGN.md "Start-up order"): CUDA
 context; the CUDA runtime's first-use memory (kernel modules: a measured constant, cards.toml);
 memory already in use (``--card measure`` only); dense weights in engine form; the output
 head (before the cache: incident 1); token embeddings (unless kept on the host or tied to the
@@ -27,9 +27,10 @@ from .cards import Card, check_mib
 from .errors import PlanInputError
 from .formulas import DEFAULT_RESERVE_MIB, MIB, KVLayer, RecurrentLayer
 
-DEFAULT_PREFILL_CHUNK = 256  # the documents' prompt path chunk (BRIEF.md incident 3)
-#: The documents' serve check calls less than this free LOW (BRIEF.md "Start-up order and the
-#: memory plan", incident 3): a shrunk reserve is never suggested below it.
+#: The documents' prompt path chunk (docs/DESIGN.md "Incident 3: the reserve and the prompt buffers").
+DEFAULT_PREFILL_CHUNK = 256
+#: The documents' serve check calls less than this free LOW: a shrunk reserve is never suggested
+#: below it (docs/DESIGN.md "Incident 3: the reserve and the prompt buffers").
 LOW_MIB = 256
 
 
@@ -252,7 +253,8 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
     rec = F.recurrent_state_bytes(facts.recurrent_layers, o.batch)
     if o.prefill_model == "documents":
         act = F.documents_prefill_bytes(o.prefill)
-        # formulas.documents_prefill_bytes: the documents' engine (generate.cpp:2941-2960, BRIEF.md)
+        # formulas.documents_prefill_bytes: the documents' engine (generate.cpp:2941-2960;
+        # docs/DESIGN.md "The automatic slot count")
         act_detail = (f"prompt buffers of the reference C++ engine (measured): 160 MiB + {o.prefill} tokens x 680 KiB"
                       if o.prefill > 0 else "prompt buffers of the reference C++ engine: none without a prompt chunk")
     else:
@@ -411,8 +413,9 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     elif n_ctx > facts.n_ctx_train:
         warnings.append(f"--max-context {n_ctx} is beyond the model's trained context {facts.n_ctx_train}")
     if o.vram_reserve_mib < LOW_MIB:
-        # BRIEF.md incidents 1 and 3: 30 MiB left -> the driver paged, a request stalled; the
-        # documents' serve check calls under 256 MiB free LOW
+        # 30 MiB left -> the driver paged, a request stalled; the documents' serve check calls under
+        # 256 MiB free LOW (docs/DESIGN.md "Incident 1: the head before the cache" and
+        # "Incident 3: the reserve and the prompt buffers")
         warnings.append(f"--vram-reserve-mib {o.vram_reserve_mib} is under {LOW_MIB} MiB, where a serving engine's "
                         f"memory check reports LOW: allocations the plan does not see (driver, other processes, "
                         f"fragmentation) can make the driver page and requests stall")
@@ -483,14 +486,15 @@ def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
 def suggestions(facts: ModelFacts, card: Card, o: PlanOptions, plan: Plan) -> list[Suggestion]:
     """Which terms to shrink, and by how much, for a plan that does not fit, safest first.
 
-    Every knob is treated alike: it is listed when moving it as far as it goes saves memory; with
-    the least change that fits on its own (found with the plan itself, so it is exact) when one
-    exists, else at its limit with what it saves there (``fits_alone`` False). Order: an asked
-    ``--expert-cache`` (the refused number itself), ``--max-context``, ``--kv``, ``--batch``,
-    ``--prefill``, ``--embeddings-on-host``, ``--kv-resident`` (streams KV from the host), and the
-    reserve last, never below :data:`LOW_MIB` (BRIEF.md incidents 1 and 3: a shrunk reserve is
-    what stalled requests). An ``--expert-cache N`` above the pairs that can fill it is fixed by
-    N alone, so it is then the only suggestion."""
+    Every knob is treated alike: it is listed when moving it as far as it goes saves memory; with the least
+    change that fits on its own (found with the plan itself, so it is exact) when one exists, else at its
+    limit with what it saves there (``fits_alone`` False). Order: an asked ``--expert-cache`` (the refused
+    number itself), ``--max-context``, ``--kv``, ``--batch``, ``--prefill``, ``--embeddings-on-host``,
+    ``--kv-resident`` (streams KV from the host), and the reserve last, never below :data:`LOW_MIB` (a
+    shrunk reserve is what stalled requests:
+    docs/DESIGN.md "Incident 1: the head before the cache" and "Incident 3: the reserve and the prompt buffers").
+    An ``--expert-cache N`` above the pairs that can fill it is fixed by N alone, so it is then the only
+    suggestion."""
     out: list[Suggestion] = []
     if o.expert_cache is not None and plan.refused:
         out.append(Suggestion(option="--expert-cache", value=str(plan.slots_fit),

@@ -12,10 +12,10 @@ Three pieces, each replaceable by the GPU path:
 - :class:`ExpertPath` - per MoE layer, sends every selected expert to the cache (hit) or computes it
   from the shards (miss), then combines the outputs **in selection order**, whatever the split.
 
-The hit path is all or nothing (BRIEF.md): a selected expert runs exactly once, either as a hit or
-as a miss, and both paths compute ``down @ (silu(gate @ x) * (up @ x))`` from the same f32 weights
-(:func:`strata.engine.layers.expert_ffn`), so the tokens cannot depend on which experts are
-resident. ``tests/test_engine_moe.py`` checks all / half / none resident give identical logits.
+The hit path is all or nothing (docs/DESIGN.md "The hit path is all or nothing"): a selected expert runs
+exactly once, either as a hit or as a miss, and both paths compute ``down @ (silu(gate @ x) * (up @ x))``
+from the same f32 weights (:func:`strata.engine.layers.expert_ffn`), so the tokens cannot depend on which
+experts are resident. ``tests/test_engine_moe.py`` checks all / half / none resident give identical logits.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ only the engine knows - what its forward pass reads:
   required shapes in their types, and whose last expert ends inside its shard file (sizes from
   ``stat``, cross-checked with the sizes ``index.txt`` recorded at pack time).
 
-The wanted failure (BRIEF.md, "round 194"): a mismatch reported with the tensor name, the shape
-found and the shape required, at load time - not a wrong number inside a GEMV at token 4000.
+The wanted failure (docs/DESIGN.md "Mismatches are refused at load"): a mismatch reported with the tensor
+name, the shape found and the shape required, at load time - not a wrong number inside a GEMV at token 4000.
 """
 
 from __future__ import annotations

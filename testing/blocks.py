@@ -1,12 +1,12 @@
 """Random but valid blocks of any ggml type, and the per-tensor random streams.
 
 :func:`make_random_blocks` gives valid random blocks of any type in the registry
-(:data:`strata.packer.quants.QTYPES`, including ids gguf-py does not know such as 42 = Q2_0):
-quantized from random normal values where gguf-py 0.19.0 has a quantizer, otherwise random bytes
-whose fp16 super-scale fields are overwritten with a small positive scale (every other bit pattern
-of the K/IQ types decodes to a value, FORMATS.md section 2). :func:`pattern_fill` tiles ~64 KiB
-of such blocks over a whole tensor. Every stream is seeded per tensor (:func:`tensor_rng`), so the
-same arguments give the same bytes on every machine.
+(:data:`strata.packer.quants.QTYPES`, including ids gguf-py does not know such as 42 = Q2_0): quantized from
+random normal values where gguf-py 0.19.0 has a quantizer, otherwise random bytes whose fp16 super-scale
+fields are overwritten with a small positive scale (every other bit pattern of the K/IQ types decodes to a
+value: their grid and sign indices span whole tables, ggml-quants.c ``dequantize_row_*`` and gguf-py
+``gguf/quants.py``). :func:`pattern_fill` tiles ~64 KiB of such blocks over a whole tensor. Every stream is
+seeded per tensor (:func:`tensor_rng`), so the same arguments give the same bytes on every machine.
 
 Type sizes and scale offsets come from the one registry, :mod:`strata.packer.quants`.
 """
@@ -45,14 +45,15 @@ def to_type_id(v: Any) -> int:
     return quants.qtype(int(v)).id
 
 
-#: Types gguf-py 0.19.0 can quantize (FORMATS.md section 1): their blocks come from real
-#: quantization of normal values, so scales and payload are consistent.
+#: Types gguf-py 0.19.0 can quantize (the ``gguf/quants.py`` classes with ``quantize_blocks``): their blocks
+#: come from real quantization of normal values, so scales and payload are consistent.
 GGUF_QUANTIZABLE = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "TQ1_0", "TQ2_0", "MXFP4"})
 
 #: Largest |value| / d a block can decode to for ANY payload bits (d = fp16 super-scale), from the
-#: dequantization formulas (FORMATS.md section 5, ggml-quants.c): e.g. Q6_K 128*32 (int8 sub-scale
-#: times 6-bit quant minus 32), IQ4_XS 32*127 (6-bit scale minus 32 times kvalues_iq4nl), IQ2_XXS
-#: (0.5+15)*0.25*43 (4-bit scale, grid value <= 43). Second number: the same for dmin / m.
+#: dequantization formulas (ggml-quants.c ``dequantize_row_*``, mirrored in gguf-py ``gguf/quants.py``):
+#: e.g. Q6_K 128*32 (int8 sub-scale times 6-bit quant minus 32), IQ4_XS 32*127 (6-bit scale minus 32 times
+#: kvalues_iq4nl), IQ2_XXS (0.5+15)*0.25*43 (4-bit scale, grid value <= 43). Second number: the same for
+#: dmin / m.
 _SPAN: dict[str, tuple[float, float]] = {
     "Q8_1": (128.0, 0.0),  # s is a sum field, not a scale
     "Q2_K": (15 * 3, 15), "Q3_K": (32 * 4, 0), "Q4_K": (63 * 15, 63), "Q5_K": (63 * 31, 63),

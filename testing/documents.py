@@ -1,4 +1,5 @@
-"""The documents' model geometry (BRIEF.md) as a header-only GGUF: qwen3next, 48 layers, 512 experts.
+"""The documents' model geometry as a header-only GGUF: qwen3next, 48 layers, 512 experts
+(docs/DESIGN.md "The documents' model").
 
 :func:`documents_qwen3next_plan` gives the KVs and tensor list of the model the project documents
 describe (n_embd 2560, full attention every 4th layer, 512 experts of width 640, a 150k vocabulary,
@@ -23,7 +24,8 @@ __all__ = ["DOCUMENTS_EXPERT_CYCLE", "documents_qwen3next_header_only", "documen
 
 
 #: (gate/up, down) expert types by layer for the documents' model: layer il uses entry il % 5.
-#: Layers 0 and 1 are the documents' worked example (BRIEF.md): IQ2_XS + IQ4_NL, IQ2_XXS + Q2_0.
+#: Layers 0 and 1 are the documents' worked example (docs/DESIGN.md "Expert sizes change per layer"):
+#: IQ2_XS + IQ4_NL, IQ2_XXS + Q2_0.
 #: ffn_down's ne0 is 640, so down types must have 32/64/128-element blocks.
 DOCUMENTS_EXPERT_CYCLE: tuple[tuple[int, int], ...] = (
     (17, 20),  # IQ2_XS  + IQ4_NL : 473,600 x 2 + 921,600 = 1,868,800 B per expert
@@ -56,7 +58,8 @@ def _documents_vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
 def documents_qwen3next_plan(*, n_vocab: int = 150_000, indexer: bool = True,
                              expert_cycle: Sequence[tuple[int, int]] = DOCUMENTS_EXPERT_CYCLE
                              ) -> tuple[dict[str, Any], list[tuple[str, int, tuple[int, ...]]]]:
-    """KVs and tensor list ``(name, type_id, ne)`` of the documents' model geometry (BRIEF.md).
+    """KVs and tensor list ``(name, type_id, ne)`` of the documents' model geometry (docs/DESIGN.md
+    "The documents' model").
 
     qwen3next, n_embd 2560, 48 layers, full attention every 4th layer (3, 7, ..., 47), 512 experts of
     width 640 (8 used) plus a shared expert of width 640 (an assumption: the brief gives no shared
@@ -147,7 +150,8 @@ def documents_qwen3next_plan(*, n_vocab: int = 150_000, indexer: bool = True,
             if indexer:
                 T += [
                     (p + "indexer.attn_q_b.weight", BF16, (E, 4 * 128)),
-                    (p + "indexer.attn_k.weight", BF16, (E, 128)),  # ONE shared key head (BRIEF "round 194")
+                    # ONE shared key head (docs/DESIGN.md "Round 194: every budget term twice")
+                    (p + "indexer.attn_k.weight", BF16, (E, 128)),
                     (p + "indexer.k_norm.weight", F32, (128,)),
                     (p + "indexer.proj.weight", BF16, (E, 4)),
                 ]
@@ -169,9 +173,9 @@ def documents_qwen3next_header_only(path: str | Path, *, n_vocab: int = 150_000,
                                     data: DataMode | Mapping[str, bytes] = "sparse") -> HeaderLayout:
     """Write the documents' qwen3next geometry (:func:`documents_qwen3next_plan`) as a header-only GGUF.
 
-    The data section is a sparse hole (~47 GB logical, a few MB on disk). Per-expert blob bytes
-    (gate + up + down, BRIEF.md): layer 0 473,600 + 473,600 + 921,600 = 1,868,800; layer 1
-    422,400 + 422,400 + 460,800 = 1,305,600. Contains Q2_0 (42), which gguf-py 0.19.0 cannot read.
+    The data section is a sparse hole (~47 GB logical, a few MB on disk). Per-expert blob bytes (gate + up +
+    down, docs/DESIGN.md "Expert sizes change per layer"): layer 0 473,600 + 473,600 + 921,600 = 1,868,800;
+    layer 1 422,400 + 422,400 + 460,800 = 1,305,600. Contains Q2_0 (42), which gguf-py 0.19.0 cannot read.
     """
     kv, tensors = documents_qwen3next_plan(n_vocab=n_vocab, indexer=indexer)
     return write_header_only(path, "qwen3next", kv, tensors, data=data)

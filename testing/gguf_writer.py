@@ -6,8 +6,8 @@ sparse hole, so a ~47 GB model (:mod:`.documents`) costs a few MB of disk. Unlik
 ``gguf.GGUFWriter`` it accepts type ids gguf-py does not know (42 = Q2_0) and reports where every
 field sits (:class:`HeaderLayout`), which :mod:`.broken` uses to craft malformed files.
 
-Format: GGUF v3 as in llama.cpp ``ggml/include/gguf.h`` and ``ggml/src/gguf.cpp`` (FORMATS.md
-section 3). Value types are gguf-py's :class:`gguf.constants.GGUFValueType`; their encodings are the
+Format: GGUF v3 as in llama.cpp ``ggml/include/gguf.h`` and ``ggml/src/gguf.cpp`` (docs/FORMAT.md
+"File layout"). Value types are gguf-py's :class:`gguf.constants.GGUFValueType`; their encodings are the
 tables strata's reader uses (:data:`strata.packer.gguf_file.SCALAR_FORMATS` / ``ARRAY_DTYPES``, both
 taken from gguf-py). Type sizes come from :mod:`strata.packer.quants`.
 """

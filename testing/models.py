@@ -1,14 +1,13 @@
 """Small synthetic models of the four architectures strata knows, written with ``gguf.GGUFWriter``.
 
 :class:`ModelSpec` (with :class:`ModelDims` and per-layer :class:`ExpertTypes`) describes a model of
-``qwen3moe``, ``qwen3next``, ``qwen2`` or ``gemma3``; :func:`plan_tensors` lists its tensors (names
-and shapes from llama.cpp's loaders, ``src/models/{qwen3moe,qwen3next,qwen2,gemma3}.cpp``; FORMATS.md
-section 4), :func:`model_kv` its metadata, and :func:`write_model` writes it: per-layer expert types,
-optional fused gate/up experts, llama-gguf-split style shards (:func:`shard_names`). Tensor data comes
-from :mod:`.blocks`, one random stream per tensor, so the same spec and seed give byte-identical
-files. The presets (:func:`qwen3moe_spec` ...) are loaded and run by llama.cpp (llama-cpp-python
-0.3.36); :func:`big_dense_spec` / :func:`write_big_dense` make GB-sized dense files for copy
-benchmarks.
+``qwen3moe``, ``qwen3next``, ``qwen2`` or ``gemma3``; :func:`plan_tensors` lists its tensors (names and
+shapes from llama.cpp's loaders, ``src/models/{qwen3moe,qwen3next,qwen2,gemma3}.cpp``, as the manifests
+state them), :func:`model_kv` its metadata, and :func:`write_model` writes it: per-layer expert types,
+optional fused gate/up experts, llama-gguf-split style shards (:func:`shard_names`). Tensor data comes from
+:mod:`.blocks`, one random stream per tensor, so the same spec and seed give byte-identical files. The
+presets (:func:`qwen3moe_spec` ...) are loaded and run by llama.cpp (llama-cpp-python 0.3.36);
+:func:`big_dense_spec` / :func:`write_big_dense` make GB-sized dense files for copy benchmarks.
 
 Shapes are always ggml ``ne`` order (``ne[0]`` = row length, fastest). Sizes are bytes.
 """
@@ -388,7 +387,7 @@ def write_model(path: str | Path, spec: ModelSpec) -> list[Path]:
     """Write the synthetic model ``spec`` with ``gguf.GGUFWriter``; returns the files written.
 
     One file at ``path``, or ``spec.n_shards`` files named by :func:`shard_names` laid out like
-    llama-gguf-split (FORMATS.md section 3): every shard is a complete GGUF whose tensor offsets
+    llama-gguf-split (docs/FORMAT.md "Split shards"): every shard is a complete GGUF whose tensor offsets
     restart at 0; shard 0 carries all KVs plus ``split.no`` (u16), ``split.count`` (u16),
     ``split.tensors.count`` (i32); later shards carry only those three keys. Tensors are spread
     over the (non-empty) shards in order, by count. Data alignment 32 (no ``general.alignment`` key).

@@ -12,13 +12,13 @@ from strata.packer.fetch import fetch_model
 
 @pytest.fixture(scope="session")
 def gemma_gguf():
-    """Path of Gemma 3 270M Q4_K_M (arch gemma3), 253,113,024 B (REAL-MODELS.md)."""
+    """Path of Gemma 3 270M Q4_K_M (arch gemma3), 253,113,024 B (packer/real_models.toml)."""
     return fetch_model("gemma3-270m", progress=False)
 
 
 @pytest.fixture(scope="session")
 def qwen05_gguf():
-    """Path of Qwen2.5-Coder 0.5B Instruct Q4_K_M (arch qwen2), 491,400,064 B (REAL-MODELS.md)."""
+    """Path of Qwen2.5-Coder 0.5B Instruct Q4_K_M (arch qwen2), 491,400,064 B (packer/real_models.toml)."""
     return fetch_model("qwen2.5-0.5b", progress=False)
 
 

@@ -89,7 +89,8 @@ def test_kv_is_charged_to_the_12_attention_layers_only(q3n):
     m = md(q3n)
     a = "qwen3next"
     n_layer, interval = m[f"{a}.block_count"], m[f"{a}.full_attention_interval"]
-    # FORMATS.md section 4 (llama.cpp qwen3next.cpp): layer il is full attention iff (il + 1) % interval == 0
+    # llama.cpp src/models/qwen3next.cpp load_arch_hparams: layer il is full attention iff
+    # (il + 1) % interval == 0
     attention = [il for il in range(n_layer) if (il + 1) % interval == 0]
     assert len(attention) == 12
     # K and V rows per token per layer: n_head_kv x key_length / value_length elements, f16 = 2 B each
@@ -108,7 +109,8 @@ def test_recurrent_state_is_constant_in_context_and_linear_in_batch(q3n):
     a = "qwen3next"
     d_conv, d_inner = m[f"{a}.ssm.conv_kernel"], m[f"{a}.ssm.inner_size"]
     n_group, d_state = m[f"{a}.ssm.group_count"], m[f"{a}.ssm.state_size"]
-    # llama-hparams.cpp:208-260 (FORMATS.md section 4): n_embd_r = (d_conv-1)(d_inner + 2 n_group d_state),
+    # llama.cpp src/llama-hparams.cpp llama_hparams::n_embd_r / n_embd_s:
+    # n_embd_r = (d_conv-1)(d_inner + 2 n_group d_state),
     # n_embd_s = d_state d_inner, both f32, one row per sequence, on the 36 recurrent layers
     per_seq = 36 * 4 * ((d_conv - 1) * (d_inner + 2 * n_group * d_state) + d_state * d_inner)
     assert per_seq == 36 * 4 * (3 * (32 + 64) + 16 * 32) == 115_200
@@ -127,7 +129,7 @@ def test_recurrent_state_is_constant_in_context_and_linear_in_batch(q3n):
 def test_expert_blobs_and_max_blob_from_the_types(q3n):
     facts = audit_pack(q3n).facts
     # per expert gate/up [n_embd 64, n_ff_exp 32], down [32, 64] = 2048 values each; Q4_0 18 B / 32,
-    # Q8_0 34 B / 32, IQ4_NL 18 B / 32 (FORMATS.md section 2); engine form widens d: +2 B per block.
+    # Q8_0 34 B / 32, IQ4_NL 18 B / 32 (docs/FORMAT.md "Quant types"); engine form widens d: +2 B per block.
     blocks = 64 * 32 // 32
     want = {0: (18 + 18 + 34) * blocks, 1: (34 + 34 + 18) * blocks, 2: (18 * 3) * blocks, 3: (34 * 3) * blocks}
     for L in facts.expert_layers:

@@ -180,7 +180,7 @@ def test_semantic_error_exits_2_with_json_errors(pack, tmp_path):
 def test_documents_prefill_model(pack):
     code, d = run_json(pack, "--card", "24G", "--max-context", 256, "--prefill", 256, "--prefill-model", "documents")
     assert code == 0
-    # BRIEF.md: prefill_mib = 160 + chunk * 680 / 1024 = 160 + 170
+    # docs/DESIGN.md "The automatic slot count": prefill_mib = 160 + chunk * 680 / 1024 = 160 + 170
     assert next(t["bytes"] for t in d["terms"] if t["name"] == "prefill/activations") == 330 * MIB
 
 
@@ -500,5 +500,5 @@ def test_table_details_need_no_file_outside_the_repository(pack):
     assert code == 0 and "under 256 MiB, where a serving engine's memory check reports LOW" in " ".join(out2.split())
     help_text = CliRunner().invoke(main, ["check", "--help"]).output
     for t in (out, out2, help_text):
-        for ref in ("BRIEF", "generate.cpp", ".md", "2941"):
+        for ref in ("DESIGN", "generate.cpp", ".md", "2941"):
             assert ref not in t, (ref, t)

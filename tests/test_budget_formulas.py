@@ -20,7 +20,8 @@ IQ2_XXS, IQ2_XS, IQ4_NL, Q2_0, Q8_0, Q4_0, F16, F32, BF16, Q4_K = 16, 17, 20, 42
 # ----------------------------------------------------------------------------- worked numbers
 
 def test_expert_blob_worked_example_from_the_documents():
-    # BRIEF.md "Pack form vs engine form" / native_experts example, n_embd 2560, expert width 640:
+    # docs/DESIGN.md "Expert sizes change per layer" (the documents' native_experts example),
+    # n_embd 2560, expert width 640:
     # layer 0 IQ2_XS gate/up (74 B per 256) + IQ4_NL down (18 B per 32):
     # 2560*640/256*74 = 473,600 each, 640*2560/32*18 = 921,600 -> 1,868,800 B.
     assert F.expert_blob_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640) == 473_600 * 2 + 921_600 == 1_868_800
@@ -69,7 +70,8 @@ def test_kv_tokens_sliding_window_holds_window_plus_chunk():
 
 
 def test_recurrent_state_is_f32_per_sequence():
-    # Qwen3-Next-80B (FORMATS.md section 4): d_conv 4, d_inner 4096, n_group 16, d_state 128:
+    # Qwen3-Next-80B (docs/DESIGN.md "Recurrent state per sequence"; llama.cpp llama_hparams::n_embd_r /
+    # n_embd_s): d_conv 4, d_inner 4096, n_group 16, d_state 128:
     # conv (4-1)*(4096 + 2*16*128) = 24,576 floats, ssm 128*4096 = 524,288 floats; 36 layers ~ 75.4 MiB.
     layers = [F.RecurrentLayer(il, 3 * (4096 + 2 * 16 * 128), 128 * 4096) for il in range(36)]
     per_seq = F.recurrent_state_bytes_per_seq(layers)
@@ -79,7 +81,8 @@ def test_recurrent_state_is_f32_per_sequence():
 
 
 def test_documents_prefill_formula():
-    # BRIEF.md: prefill_mib = chunk > 0 ? 160 + chunk * 680 / 1024 : 0 (C integer division)
+    # docs/DESIGN.md "The automatic slot count":
+    # prefill_mib = chunk > 0 ? 160 + chunk * 680 / 1024 : 0 (C integer division)
     assert F.documents_prefill_bytes(0) == 0
     assert F.documents_prefill_bytes(256) == (160 + 170) * MIB
     assert F.documents_prefill_bytes(100) == (160 + 66) * MIB

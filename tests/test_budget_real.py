@@ -43,7 +43,7 @@ def test_real_packs_pass_the_audit(audits, real_packs, name):
 def test_qwen05b_kv_per_token_from_its_metadata(audits, real_packs):
     m = open_pack(real_packs["qwen2.5-0.5b"]).metadata
     n_layer, n_head, n_head_kv = m["qwen2.block_count"], m["qwen2.attention.head_count"], m["qwen2.attention.head_count_kv"]
-    # head_dim = attention.key_length, which llama.cpp defaults to n_embd / n_head (FORMATS.md section 4)
+    # head_dim = attention.key_length, which llama.cpp defaults to n_embd / n_head (llama_model_base::load_hparams)
     head_dim = m.get("qwen2.attention.key_length", m["qwen2.embedding_length"] // n_head)
     assert (n_layer, n_head_kv, head_dim) == (24, 2, 64)
     card = card_preset("24G")
@@ -83,7 +83,7 @@ def test_gemma_plan_on_24g(audits, real_packs):
     defaults, presets = load_cards()
     p = make_plan(audits["gemma3-270m"].facts, card_preset("24G"), PlanOptions(max_context=32768, prefill=256))
     # engine form by hand from index.txt: Q8_0 (34 B / 32) and Q5_0 (22 B / 32) carry one fp16 d per
-    # block, widened to f32: +2 B per block (FORMATS.md section 2); K-quants and F32 unchanged.
+    # block, widened to f32: +2 B per block (docs/FORMAT.md "Quant types"); K-quants and F32 unchanged.
     per_block = {8: 34, 6: 22}
     engine = {e.name: e.nbytes + (e.nbytes // per_block[e.type] * 2 if e.type in per_block else 0) for e in pack.index.entries}
     assert "output.weight" not in engine  # tied: the head multiplies with token_embd

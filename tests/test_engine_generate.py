@@ -157,7 +157,7 @@ def test_cli_real_gemma_end_to_end(gemma_pack):
     assert d["prompt_ids"] == ref["prompt_ids"] == [2, 818, 5279, 529, 7001, 563]
     # free-running greedy equals llama.cpp at least up to the first step whose margin is within the
     # tolerance of test_engine_reference (0.5 for Gemma) - and, measured, through the 8 ids that
-    # REAL-MODELS.md publishes (step 4 has a 0.031 margin, so this part is a regression check)
+    # docs/DESIGN.md "Reference numbers" lists (step 4 has a 0.031 margin, so this part is a regression check)
     first_low = next(s for s, rec in enumerate(ref["steps"]) if rec["margin"] <= 0.5)
     assert d["output_ids"][:first_low] == ref["output_ids"][:first_low]
     assert d["output_ids"][:8] == [506, 5279, 529, 506, 2891, 529, 7001, 236761]

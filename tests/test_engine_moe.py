@@ -1,6 +1,6 @@
 """Routed experts on the synthetic qwen3moe fixture: the hit/miss split changes nothing.
 
-BRIEF.md, "The hit path is all or nothing": a selected expert runs exactly once, as a hit (the
+docs/DESIGN.md "The hit path is all or nothing": a selected expert runs exactly once, as a hit (the
 expert cache) or a miss (dequantized from the memory-mapped shard), and the outputs are summed
 in selection order either way - so whichever experts are resident (all, half, none), every
 step's logits are bit-identical and so are the tokens. Also: experts are read only by the

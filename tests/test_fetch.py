@@ -184,7 +184,8 @@ def test_cli_prints_path_and_json(fake_registry):
 
 
 def test_shipped_table_is_consistent():
-    """The real table loads and matches the numbers of /work/shared/REAL-MODELS.md."""
+    """The real table loads and matches the packages' numbers (docs/DESIGN.md "Real models and the
+    reference engine")."""
     specs = F.load_specs()
     assert set(specs) >= {"gemma3-270m", "qwen2.5-0.5b", "qwen2.5-1.5b"}
     g = specs["gemma3-270m"]

@@ -5,7 +5,7 @@ Two backends run the same engine logic:
   formula, refusal of an expert cache that does not fit, profile fill, hit/miss split;
 - ``cuda`` (gpu-marked; skipped with the reason where CuPy or a GPU is absent).
 
-The central property (BRIEF.md "The hit path is all or nothing"): with the expert cache empty,
+The central property (docs/DESIGN.md "The hit path is all or nothing"): with the expert cache empty,
 half full or holding every expert, every step's top logits are IDENTICAL (bit for bit), because a
 miss computed on the CPU replays the GPU hit path's arithmetic exactly.
 """

@@ -244,12 +244,12 @@ def test_mismatched_shard_count(tmp_path):
         build_pack(paths[0], tmp_path / "p", progress=False)
 
 
-# ----------------------------------------------------------------- worked example (BRIEF.md)
+# ------------------------------------ worked example (docs/DESIGN.md "Expert sizes change per layer")
 
 def test_documents_worked_example_blob_bytes(tmp_path):
-    """BRIEF.md: n_embd 2560, n_ff 640, 512 experts. Layer 0 IQ2_XS gate/up + IQ4_NL down:
-    blob 1,868,800 B; layer 1 starts at 512 x 1,868,800 = 956,825,600; layer 1 IQ2_XXS + Q2_0:
-    1,305,600 B. Header-only sparse file: ~1.5 GB logical, nothing on disk."""
+    """docs/DESIGN.md "Expert sizes change per layer": n_embd 2560, n_ff 640, 512 experts. Layer 0 IQ2_XS
+    gate/up + IQ4_NL down: blob 1,868,800 B; layer 1 starts at 512 x 1,868,800 = 956,825,600; layer 1
+    IQ2_XXS + Q2_0: 1,305,600 B. Header-only sparse file: ~1.5 GB logical, nothing on disk."""
     kv = {"qwen3moe.block_count": 2, "qwen3moe.context_length": 4096, "qwen3moe.embedding_length": 2560,
           "qwen3moe.attention.head_count": 24, "qwen3moe.attention.head_count_kv": 2,
           "qwen3moe.attention.key_length": 256, "qwen3moe.attention.layer_norm_rms_epsilon": 1e-6,

@@ -25,7 +25,8 @@ def test_bf16_f32_bf16_is_bit_exact_for_all_65536_patterns():
 
 
 def test_rne_matches_gguf_reference_on_ordinary_floats():
-    # gguf.quants.quantize(..., BF16) mirrors ggml_compute_fp32_to_bf16 (FORMATS.md section 1)
+    # gguf.quants.quantize(..., BF16) mirrors ggml_compute_fp32_to_bf16 (ggml/src/ggml-impl.h;
+    # gguf-py gguf/quants.py class BF16)
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.standard_normal(4096).astype(np.float32) * 1e3,
                         np.array([1e5, -1e-40, 3.0e38, 0.0, -0.0], np.float32)])

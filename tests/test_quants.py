@@ -45,7 +45,7 @@ def test_unknown_or_removed_id_names_tensor_file_and_id(bad):
 def test_widening_rule_from_the_documents():
     widened = sorted(t.name for t in quants.QTYPES.values() if t.widened)
     assert widened == sorted(["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q1_0", "Q2_0"])
-    # engine-form block bytes = block bytes + 2 per fp16 field (FORMATS.md section 2, column "widened")
+    # engine-form block bytes = block bytes + 2 per fp16 field (docs/FORMAT.md "Quant types", column "engine block")
     expect = {"Q4_0": 20, "Q4_1": 24, "Q5_0": 24, "Q5_1": 28, "Q8_0": 36, "IQ4_NL": 20, "Q1_0": 20, "Q2_0": 20,
               "Q4_K": 144, "IQ2_XS": 74, "Q6_K": 210, "F32": 4}
     for name, bb in expect.items():
@@ -76,7 +76,8 @@ def test_scale_offsets_really_hold_d_for_q8_0_and_q4_k():
 
 
 def test_tensor_nbytes_worked_example():
-    # BRIEF.md: IQ2_XS 2560x640 = 473,600 B; IQ4_NL 640x2560 = 921,600 B; IQ2_XXS = 422,400; Q2_0 = 460,800
+    # docs/DESIGN.md "Expert sizes change per layer": IQ2_XS 2560x640 = 473,600 B; IQ4_NL 640x2560 =
+    # 921,600 B; IQ2_XXS = 422,400; Q2_0 = 460,800
     assert quants.tensor_nbytes(17, (2560, 640)) == 473_600
     assert quants.tensor_nbytes(20, (640, 2560)) == 921_600
     assert quants.tensor_nbytes(16, (2560, 640)) == 422_400

@@ -1,7 +1,7 @@
 """The committed llama.cpp reference fixtures agree with the published numbers.
 
-Source of the expected numbers: /work/shared/REAL-MODELS.md, section 'Prompt "The capital
-of France is", greedy' (measured there with llama-cpp-python 0.3.36, n_ctx=512,
+Source of the expected numbers: docs/DESIGN.md "Reference numbers" (the prompt "The capital of
+France is", greedy; measured with llama-cpp-python 0.3.36, n_ctx=512,
 logits_all=True, n_threads=2, add_bos=True). The fixtures were produced by
 tools/make_reference.py on the models fetched by strata.packer.fetch; this test needs
 neither llama.cpp nor the models, only the JSON files.
@@ -22,7 +22,7 @@ import pytest
 FIXTURES = Path(__file__).parent / "fixtures" / "reference"
 FRANCE = "The capital of France is"
 
-# Copied from /work/shared/REAL-MODELS.md (top-5 logits are given there to 4 decimals).
+# As in docs/DESIGN.md "Reference numbers" (top-5 logits are given there to 4 decimals).
 EXPECTED = {
     "gemma3-270m": {
         "file": "gemma-3-270m-q4_k_m.gguf",

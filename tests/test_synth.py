@@ -1,11 +1,11 @@
 """Tests of strata.testing: synthetic GGUF models, header-only files and broken files.
 
 Sources of expected numbers: per-expert byte sizes of the documents' model from
-/work/shared/BRIEF.md ("Pack form vs engine form", worked example: layer 0 473,600 + 473,600 +
-921,600 = 1,868,800 B; layer 1 422,400 + 422,400 + 460,800 = 1,305,600 B; layer 1 starts at
-512 x 1,868,800 = 956,825,600 in the expert arena); split-shard keys and tensor shapes from
-/work/shared/FORMATS.md sections 3-4. Files are read back with gguf.GGUFReader (gguf 0.19.0) and,
-where it cannot (type 42 = Q2_0, broken headers), with the small struct parser below.
+docs/DESIGN.md "Expert sizes change per layer" (layer 0 473,600 + 473,600 + 921,600 = 1,868,800 B; layer 1
+422,400 + 422,400 + 460,800 = 1,305,600 B; layer 1 starts at 512 x 1,868,800 = 956,825,600 in the expert
+arena); split-shard keys and tensor shapes from llama.cpp (``tools/gguf-split/gguf-split.cpp``,
+``src/models/*.cpp``; docs/FORMAT.md "Split shards"). Files are read back with gguf.GGUFReader (gguf 0.19.0)
+and, where it cannot (type 42 = Q2_0, broken headers), with the small struct parser below.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def test_random_blocks_every_registry_type(t):
 @pytest.mark.parametrize("name", ["Q1_0", "Q2_0"])
 def test_random_blocks_q1_0_q2_0_scales(name):
     # gguf 0.19.0 cannot dequantize these; check the only fp16 field (d at byte 0) by hand:
-    # Q2_0 decodes to (q-1)*d with q in 0..3, Q1_0 to +-d (FORMATS.md section 2).
+    # Q2_0 decodes to (q-1)*d with q in 0..3, Q1_0 to +-d (ggml-quants.c dequantize_row_q2_0 / _q1_0).
     t = quants.by_name(name)
     raw = S.make_random_blocks(t.id, 50 * t.block_elems, np.random.default_rng(1)).reshape(50, t.block_bytes)
     d = raw[:, :2].copy().view("<f2").astype(np.float32)
@@ -198,7 +198,8 @@ def test_preset_reads_back(arch, preset_files):
             x = gguf.quants.dequantize(t.data, t.tensor_type)
             assert np.isfinite(x).all() and np.abs(x).max() < 1.0, t.name
     assert os.path.getsize(preset_files[arch]) == expect_off
-    # key types (FORMATS.md pitfalls: counts u32, token_type i32 array, strings arrays)
+    # key types, given explicitly (gguf-py's writer infers INT32 for int lists): counts u32, token_type
+    # i32 array, strings arrays
     assert _field(r, "general.architecture") == ([V.STRING], arch)
     assert _field(r, f"{arch}.block_count") == ([V.UINT32], spec.n_layers)
     assert _field(r, f"{arch}.embedding_length") == ([V.UINT32], 256)
@@ -444,7 +445,8 @@ def test_documents_expert_bytes(documents):
     l1 = [per_expert(f"blk.1.ffn_{k}_exps.weight") for k in ("gate", "up", "down")]
     assert l0 == [473_600, 473_600, 921_600] and sum(l0) == 1_868_800
     assert l1 == [422_400, 422_400, 460_800] and sum(l1) == 1_305_600
-    assert 512 * sum(l0) == 956_825_600  # where layer 1 starts in the expert arena (BRIEF.md)
+    # where layer 1 starts in the expert arena (docs/DESIGN.md "Expert sizes change per layer")
+    assert 512 * sum(l0) == 956_825_600
     # the sizes are also what the offsets say (no gaps: next offset - offset = padded nbytes)
     names = [n for n, *_ in h["tensors"]]
     i = names.index("blk.0.ffn_gate_exps.weight")

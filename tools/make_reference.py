@@ -2,7 +2,7 @@
 """Record llama.cpp's greedy decoding of a GGUF model as a JSON reference fixture.
 
 Reference engine: llama.cpp through llama-cpp-python (0.3.36 here), driven exactly as
-/work/shared/REAL-MODELS.md describes:
+docs/DESIGN.md "Real models and the reference engine" describes:
 
     llm = Llama(model_path, n_ctx=512, logits_all=True, n_threads=2)
     ids = llm.tokenize(prompt.encode(), add_bos=True)   # BOS only where the GGUF asks
@@ -20,7 +20,7 @@ stored in it; timings go to stderr).
 
 The logits do depend on which CPU kernels llama.cpp was compiled with. On this AMD EPYC
 (AVX512 + VNNI + BF16) a native build (``CMAKE_ARGS="-DGGML_NATIVE=ON"``, the default)
-reproduces the numbers of REAL-MODELS.md; a portable ``-DGGML_NATIVE=OFF`` build (AVX2
+reproduces the numbers of docs/DESIGN.md "Reference numbers"; a portable ``-DGGML_NATIVE=OFF`` build (AVX2
 only) gives logits that differ by up to ~0.1-1.2 and a different greedy token for the
 0.5B France prompt at step 2 (margin 0.046). Both are ~0.1 from a float64 NumPy forward
 pass at step 0. The fixture therefore records ``llama_print_system_info()``; the

@@ -2,7 +2,7 @@
 """Write llama.cpp reference fixtures for strata's synthetic models (the MoE coverage).
 
 No small real MoE GGUF exists on the registry, so the qwen3moe forward pass is checked against
-llama.cpp on a synthetic file (REAL-MODELS.md, "Synthetic MoE files that llama.cpp accepts"):
+llama.cpp on a synthetic file (docs/DESIGN.md "Real models and the reference engine"):
 this script writes the file with :func:`strata.testing.write_model` from a preset spec and a
 seed, runs ``tools/make_reference.py``'s greedy recorder on it (llama-cpp-python), and stores the
 full spec beside the reference, so ``tests/test_engine_reference.py`` rebuilds the byte-identical

@@ -1,8 +1,8 @@
 """NumPy replicas of the GPU path's arithmetic, bit for bit: the CPU side of the hybrid engine.
 
-The hit path is all or nothing and GPU and CPU must agree (BRIEF.md: a 4.761e-04 disagreement
-between the two paths changed the generated tokens). Strata's GPU engine therefore computes an
-expert that is a cache miss on the CPU with *the same IEEE f32 operations in the same order* as
+The hit path is all or nothing and GPU and CPU must agree (docs/DESIGN.md "The hit path is all or nothing":
+a 4.761e-04 disagreement between the two paths changed the generated tokens). Strata's GPU engine therefore
+computes an expert that is a cache miss on the CPU with *the same IEEE f32 operations in the same order* as
 the GPU kernels use for a hit:
 
 - :func:`matvec` replays ``strata.engine.gpu.kernels``' matvec order exactly (per-chunk sequential
