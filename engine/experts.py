@@ -192,20 +192,27 @@ class ExpertPath:
         if self.on_route is not None:
             self.on_route(il, ids)
         y = None
-        step = self._step.setdefault(il, [0, 0])
         for k, e in enumerate(ids):
             if self.cache is not None and self.cache.resident(il, e):
                 ye = self.cache.ffn(il, e, x)
-                self.counts.hits += 1
-                step[0] += 1
+                self.count(il, 1, 0)
             else:
                 ye = self.miss_ffn(il, e, x)
-                self.counts.misses += 1
-                self.counts.per_layer_misses[il] = self.counts.per_layer_misses.get(il, 0) + 1
-                step[1] += 1
+                self.count(il, 0, 1)
             ye = ye * weights[k]
             y = ye if y is None else y + ye
         return y
+
+    def count(self, il: int, hits: int, misses: int) -> None:
+        """Add one layer's routed experts to the counts (a path that splits hits and misses itself,
+        e.g. the fused GPU step)."""
+        self.counts.hits += hits
+        self.counts.misses += misses
+        if misses:
+            self.counts.per_layer_misses[il] = self.counts.per_layer_misses.get(il, 0) + misses
+        step = self._step.setdefault(il, [0, 0])
+        step[0] += hits
+        step[1] += misses
 
     def take_step(self) -> dict[int, tuple[int, int]]:
         """Per MoE layer, (hits, misses) since the previous call (counts of routed experts)."""

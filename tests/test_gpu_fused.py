@@ -46,7 +46,7 @@ def packs(tmp_path_factory):
     d = tmp_path_factory.mktemp("fused_packs")
     out = {}
     for name, spec in (("qwen2", synth.qwen2_spec()), ("gemma3", synth.gemma3_spec()), ("gemma_swa", _gemma_swa_spec()),
-                       ("moe", synth.qwen3moe_spec())):
+                       ("moe", synth.qwen3moe_spec()), ("q3n", synth.qwen3next_spec())):
         paths = synth.write_model(d / f"{name}.gguf", spec)
         build_pack(paths[0], d / f"{name}-pack", progress=False)
         out[name] = d / f"{name}-pack"
@@ -113,7 +113,7 @@ def test_fused_launch_count(packs, name):
     eng = load_engine(packs[name], device="cuda", n_ctx=32, backend=SimBackend())
     n_layer = eng.model.hp.n_layer
     c = eng.decoder.launches_per_token(True)
-    assert c == {"kernels": 12 * n_layer + 2, "memcpy": 2, "total": 12 * n_layer + 4}
+    assert c == {"kernels": 12 * n_layer + 2, "memcpy": 2, "total": 12 * n_layer + 4, "host": 0}
     assert eng.decoder.launches_per_token(False)["total"] == 12 * n_layer + 2  # prompt positions: no head
     assert eng.gpu.launches_per_token == c
     stages = eng.decoder.stages(True)
@@ -123,8 +123,12 @@ def test_fused_launch_count(packs, name):
 def test_stage_times_refused_with_graph(packs):
     with pytest.raises(StageTimesRefused, match="record nothing"):
         load_engine(packs["gemma3"], device="cuda", n_ctx=32, backend=SimBackend(), stage_times=True)
-    with pytest.raises(StageTimesRefused, match="fused dense step only"):  # MoE: no stage timers at all
-        load_engine(packs["moe"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
+    with pytest.raises(StageTimesRefused, match="fused step only"):  # the generic path has no stage timers at all
+        load_engine(packs["q3n"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
+    eng = load_engine(packs["moe"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True,
+                      resident="half")  # MoE, hybrid: timed per stage (the host points inside the FFN stages)
+    generate(eng, prompt_ids=PROMPT, n_tokens=2, ignore_eos=True)
+    assert eng.decoder.stage_times.steps == len(PROMPT) + 1 and eng.decoder.stage_times.grouped()["ffn"] > 0
 
 
 def test_stage_times_eager_sim(packs):
@@ -137,11 +141,82 @@ def test_stage_times_eager_sim(packs):
     assert st.n["head"] == 3 and st.n["L0 attn"] == st.steps  # the head runs on positions with logits only
 
 
-def test_fused_on_moe_is_refused_not_ignored(packs):
-    with pytest.raises(FusedUnsupported, match="routed experts"):
-        load_engine(packs["moe"], device="cuda", n_ctx=32, backend=SimBackend(), fused=True)
-    eng = load_engine(packs["moe"], device="cuda", n_ctx=32, backend=SimBackend())  # default: the generic path, said so
-    assert eng.decoder is None and "routed experts" in eng.gpu.decode_path
+def test_fused_on_deltanet_is_refused_not_ignored(packs):
+    with pytest.raises(FusedUnsupported, match="mixer the fused step does not build"):
+        load_engine(packs["q3n"], device="cuda", n_ctx=32, backend=SimBackend(), fused=True)
+    eng = load_engine(packs["q3n"], device="cuda", n_ctx=32, backend=SimBackend())  # default: the generic path, said so
+    assert eng.decoder is None and "does not build" in eng.gpu.decode_path
+
+
+# ------------------------------------------------------------------ routed experts in the fused step
+
+def _moe(packs, **kw):
+    return load_engine(packs["moe"], device="cuda", n_ctx=48, backend=SimBackend(), **kw)
+
+
+def test_sim_fused_moe_equals_generic_bitwise_for_any_cache(packs):
+    """Routing on the device, batched expert matvecs from the slots, misses from the CPU: the logits
+    equal the generic per-layer path's bit for bit (the same matvec replica, the same combine order)
+    whatever the cache holds - none, half (the hybrid path), all (one graph) - and the tokens equal
+    the CPU path's."""
+    ids = _ids(20)
+    ref = _logits_per_position(_moe(packs, fused=False, expert_cache=0), ids)
+    for ec, resident in ((0, "all"), ("auto", "half"), ("auto", "all")):
+        eng = _moe(packs, expert_cache=ec, resident=resident)
+        assert eng.decoder is not None and eng.decoder.moe is not None
+        assert eng.decoder.hybrid == (resident != "all" or ec == 0)
+        got = _logits_per_position(eng, ids)
+        assert all(np.array_equal(a, b) for a, b in zip(ref, got)), (ec, resident)
+    cpu = generate(load_engine(packs["moe"], n_ctx=48), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    sim = generate(_moe(packs, resident="half"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    assert sim.output_ids == cpu.output_ids
+
+
+def test_sim_fused_moe_launches_hybrid_and_full(packs):
+    """Per MoE layer: q, k, v, qk_prep, attn, out, norm; router, moe_route, gate, up, silu_mul, down,
+    moe_combine, norm = 15 kernels. The hybrid path adds 2 copies (routing, input) and 2 host points
+    per layer; with every expert resident the step is the full list: no host point."""
+    full = _moe(packs, expert_cache="auto", resident="all")
+    hyb = _moe(packs, expert_cache="auto", resident="half")
+    L = full.model.hp.n_layer
+    assert full.decoder.launches_per_token(True) == {"kernels": 15 * L + 2, "memcpy": 2, "total": 15 * L + 4, "host": 0}
+    assert hyb.decoder.launches_per_token(True) == {"kernels": 15 * L + 2, "memcpy": 2 + 2 * L,
+                                                    "total": 17 * L + 4, "host": 2 * L}
+    assert "every expert resident" in full.gpu.decode_path and "hybrid" in hyb.gpu.decode_path
+    assert len(hyb.decoder.segments(True)) == 2 * L + 1
+    r = generate(full, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)
+    assert r.expert_misses == 0 and r.expert_hits == (len(PROMPT) + 3) * L * full.model.hp.n_expert_used
+
+
+def test_sim_fused_moe_admission_updates_the_device_slot_table(packs):
+    """Misses admitted into free slots at decode time become hits through the step's slot table: the
+    table on the device lists exactly the cache's pairs, and the tokens do not change."""
+    prof = [(0, 0, 5), (1, 1, 3)]
+    eng = _moe(packs, expert_cache=12, profile=prof, admit=True)
+    before = len(eng.experts.cache)
+    r = generate(eng, prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    cache, moe = eng.experts.cache, eng.decoder.moe
+    assert before == 2 and cache.admitted == len(cache) - 2 > 0
+    table = {(i // moe.E, i % moe.E): int(s) for i, s in enumerate(moe.slot_of) if s >= 0}
+    assert table == cache.where
+    ref = generate(_moe(packs, fused=False, expert_cache=0), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    assert r.output_ids == ref.output_ids and _tops_equal(r, ref)
+    assert r.expert_hits > 0 and r.expert_misses > 0
+
+
+def test_sim_fused_moe_routing_hook_sees_every_layer(packs):
+    """The routing hook (strata-engine profile's counter) forces the hybrid path even with every
+    expert resident (the host must see the ids) and sees the same selections as the generic path."""
+    seen = {}
+    for fused in (None, False):
+        eng = _moe(packs, expert_cache="auto", fused=fused)
+        got: list[tuple[int, tuple[int, ...]]] = []
+        eng.experts.on_route = lambda il, ids, got=got: got.append((il, tuple(int(i) for i in ids)))
+        if fused is None:
+            assert eng.decoder.moe.full and eng.decoder.hybrid
+        generate(eng, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)
+        seen[fused] = got
+    assert seen[None] == seen[False] and len(seen[None]) == (len(PROMPT) + 3) * 3
 
 
 def test_cli_stage_times_refusals(packs):
@@ -219,3 +294,36 @@ def test_cuda_replay_and_stage_timer_guard(packs):
     grouped = e.decoder.stage_times.grouped()
     print(f"\n[fused] gemma_swa: replay {ms:.3f} ms/token; eager stage ms/token {grouped}")
     assert set(grouped) == {"embed", "attn", "ffn", "head"} and all(v > 0 for v in grouped.values())
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+def test_cuda_fused_moe_cache_does_not_change_logits(packs):
+    """On the device: none, half (hybrid: segment graphs, CPU misses) or all (one graph) resident,
+    graph or eager, with admission: the logits are bit-identical at every position (a miss replays
+    the hit's arithmetic); the tokens equal the generic path's and the CPU path's; decode allocates
+    no device memory."""
+    import cupy as cp
+
+    ids = _ids(24)
+    runs = {}
+    for key, kw in (("none", {"expert_cache": 0}), ("half", {"resident": "half"}), ("all", {}),
+                    ("all eager", {"graph": False}), ("half eager", {"resident": "half", "graph": False}),
+                    ("admit", {"expert_cache": 12, "profile": [(0, 0, 1)], "admit": True})):
+        eng = load_engine(packs["moe"], device="cuda", n_ctx=48, **kw)
+        assert eng.decoder is not None and eng.decoder.moe is not None
+        runs[key] = _logits_per_position(eng, ids)
+        grown = cp.get_default_memory_pool().total_bytes() - eng.gpu.pool_after_warmup
+        assert grown == 0, f"{key}: decode allocated {grown} B of new device memory"
+        if key == "admit":
+            assert eng.experts.cache.admitted > 0
+    for key, got in runs.items():
+        for pos, (a, b) in enumerate(zip(runs["none"], got)):
+            assert a.tobytes() == b.tobytes(), f"{key} position {pos}: logits differ from the all-miss run"
+    gen = generate(load_engine(packs["moe"], device="cuda", n_ctx=48, fused=False), prompt_ids=PROMPT, n_tokens=8,
+                   ignore_eos=True)
+    cpu = generate(load_engine(packs["moe"], n_ctx=48), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    fus = generate(load_engine(packs["moe"], device="cuda", n_ctx=48, resident="half"), prompt_ids=PROMPT,
+                   n_tokens=8, ignore_eos=True)
+    print(f"\n[fused moe] tokens {fus.output_ids}; generic {gen.output_ids}; cpu {cpu.output_ids}")
+    assert fus.output_ids == gen.output_ids == cpu.output_ids

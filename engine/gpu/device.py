@@ -179,7 +179,7 @@ class GpuDevice:
         if opts.fused and why:
             raise FusedUnsupported(why)
         if opts.stage_times and why:
-            raise StageTimesRefused(f"--stage-times: per-stage timers exist on the fused dense step only; {why}")
+            raise StageTimesRefused(f"--stage-times: per-stage timers exist on the fused step only; {why}")
         n_ctx = state.n_ctx
         runner: Any = model
         if (opts.fused is None or opts.fused) and why is None:
@@ -191,6 +191,9 @@ class GpuDevice:
             if dec.captured and bk.name == "cuda":
                 dec.step(0, 0, state, logits=True)  # one replay: the graphs are uploaded and run
             dec.stage_times = StageTimes()
+            if self.experts is not None:  # the warm-up's experts were all misses: not the run's counts
+                self.experts.reset_counts()
+                self.experts.take_cpu_ms()
             runner = self.decoder = dec
             info.decode_path = describe(dec)
             info.launches_per_token = dec.launches_per_token(True)
@@ -220,6 +223,9 @@ class GpuDevice:
         else:
             eligible = resident_pairs(opts.resident, source.layers, n_expert)
             cap, what = len(eligible), f"the {len(eligible)} (layer, expert) pairs --resident {opts.resident} allows"
+        if opts.admit:  # asked for admission: slots beyond the fill are taken by misses as they come
+            cap = len(source.layers) * n_expert
+            what = f"all {cap} (layer, expert) pairs (--admit fills slots beyond the initial fill)"
         slot_bytes = max(F.expert_slot_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff) for r in source.rows.values())
         max_blob = max(F.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff, engine=True)
                        for r in source.rows.values())
@@ -244,6 +250,12 @@ class GpuDevice:
         admit_on = (opts.profile is None) if opts.admit is None else bool(opts.admit)
         experts.cache = cache
         cache.admit_enabled = admit_on
+        dec = self.decoder
+        if dec is not None and dec.moe is not None:  # the fused step reads the slot table at replay
+            dec.moe.bind_cache(cache)
+            info.decode_path = describe(dec)
+            info.launches_per_token = dec.launches_per_token(True)
+            note["decode path"] = info.decode_path
         info.slot_plan = SlotPlan("auto" if asked is None else "fixed", slots, slot_bytes, max_blob, free, reserve, cap,
                                   slots * slot_bytes)
         note["slots"] = slots

@@ -51,10 +51,11 @@ attention and FFN halves, head) - eager only. Inside a captured graph an event r
 between launches records nothing, so asking for stage times with the graph on is REFUSED
 (:class:`StageTimesRefused`), never answered with zeros.
 
-**MoE models keep the generic (eager) path:** the host decides per layer which routed experts are
-cache hits (on the GPU) and which are misses (on the CPU), from the router's output copied back -
-a device->host synchronisation in every layer. Graphing the segments between those points would
-save the dense part's launches only; it is not done here (see :func:`fused_unsupported`).
+**Routed experts** (qwen3moe and every attention + MoE recipe) are built into the same list by
+:mod:`strata.engine.gpu.fused_moe`: routing on the device, one batched matvec per projection over
+the selected experts read from the expert cache's slots. With every expert resident the step is
+one graph; otherwise (the hybrid path) the host reads each MoE layer's routing, computes the misses
+on the CPU bit-identically and copies them up, and the segments between those points are graphs.
 
 The ``sim`` backend (:class:`strata.engine.gpu.backend.SimBackend`) runs the same launch list with
 NumPy stand-ins for the fused kernels, written with the CPU path's own layer functions, so CI
@@ -74,7 +75,8 @@ from strata.manifests.names import tensor_name
 from .. import layers
 from ..errors import GenerateError, StageTimesRefused
 from ..recipe import Attention as AttentionSpec
-from ..recipe import DenseFFN
+from ..recipe import DenseFFN, MoEFFN
+from .fused_moe import MAX_EXPERTS_USED, MoeStep
 from .fused_ops import AttnIO, CudaOps, Launch, SimOps
 
 #: Bytes at the start of the staging buffer holding the step's integers (``pos`` at 0).
@@ -87,15 +89,13 @@ class FusedUnsupported(GenerateError):
 
 def fused_unsupported(model) -> str | None:
     """Why the fused step cannot run ``model`` (a :class:`strata.engine.decoder.Decoder`), None if
-    it can: it builds any recipe whose blocks are attention + dense FFN (the launch list below)."""
+    it can: it builds any recipe whose blocks are attention (without an output gate) + a dense FFN
+    or routed experts (:mod:`strata.engine.gpu.fused_moe`)."""
     arch = getattr(model, "arch", "")
-    if getattr(model, "experts", None) is not None:
-        return (f"{arch}: routed experts - the host picks GPU hits and CPU misses per layer from the router's "
-                "output (a device->host sync per layer), so this model keeps the eager per-layer path")
     for kind, b in model.recipe.blocks.items():
         if not isinstance(b.mixer, AttentionSpec) or b.mixer.output_gate:
             return f"{arch}: layer kind {kind!r} has a mixer the fused step does not build ({b.mixer})"
-        if not isinstance(b.ffn, DenseFFN):
+        if not isinstance(b.ffn, (DenseFFN, MoEFFN)):
             return f"{arch}: layer kind {kind!r} has an FFN the fused step does not build ({b.ffn})"
     nx = model.nx
     if nx.act_quant or nx.attn_f16 or nx.gelu_f16_table:
@@ -103,6 +103,8 @@ def fused_unsupported(model) -> str | None:
     h = model.hp
     if h.n_head % h.n_head_kv:
         return f"n_head {h.n_head} is not a multiple of n_head_kv {h.n_head_kv}"
+    if model.recipe.moe and not 0 < h.n_expert_used <= MAX_EXPERTS_USED:
+        return f"n_expert_used {h.n_expert_used}: the fused routing kernel selects 1..{MAX_EXPERTS_USED} experts"
     return None
 
 
@@ -157,11 +159,16 @@ class FusedDecoder:
         self.graph_on, self.stage_times_on = bool(graph), bool(stage_times)
         self.cuda = backend.name == "cuda"
         self.stream = None
-        self.graphs: dict[bool, Any] = {}
+        self.graphs: dict[bool, Any] = {}  # the whole step (dense, or every expert resident)
+        self.seg_graphs: dict[bool, list[tuple[Any, Launch | None]]] = {}  # hybrid: segments between host points
         self.stage_times = StageTimes()
         self.captured = False
         self._alloc()
         self._ops = CudaOps(self.stream) if self.cuda else SimOps(backend)
+        self.moe = MoeStep(self, model, backend) if model.experts is not None else None
+        if self.moe is not None:
+            self.nbytes += self.moe.nbytes
+            self.pinned_bytes += self.moe.pinned_bytes
         self.plan = self._build()
         self._events = None
         if self.cuda:
@@ -182,7 +189,10 @@ class FusedDecoder:
         m, bk, st = self.model, self.backend, self.state
         h = m.hp
         nq, nao = h.n_head * h.head_dim, h.n_head * h.head_dim_v
-        n_ff = max(int(m.w.entry(tensor_name("ffn_gate.weight", il)).ne1) for il in range(h.n_layer))
+        # the gated activation buffer: the widest dense FFN or shared expert (routed experts: fused_moe)
+        n_ff = max([int(m.w.entry(name).ne1) for il in range(h.n_layer)
+                    for name in (tensor_name("ffn_gate.weight", il), tensor_name("ffn_gate_shexp.weight", il))
+                    if m.w.has(name)] or [1])
         self.max_size = max(st.cache.sizes)
         stage_bytes = PARAM_BYTES + 4 * h.n_embd
         n_vocab = int(m.w.entry(m.head).ne1)
@@ -277,12 +287,15 @@ class FusedDecoder:
             add(f"resid_norm L{il} +attn{' post-norm' if post is not None else ''}, ffn norm", sa,
                 ops.resid_norm(self.x, o, opt(n.out_bias), post, norm_of(b.ffn_norm, il), self.xn, h.rms_eps, 1.0,
                                2 if post is not None else 1))
-            g = mv(tensor_name("ffn_gate.weight", il), self.xn, sf)
-            u = mv(tensor_name("ffn_up.weight", il), self.xn, sf)
-            n_ff = int(g.size)
-            act = self.act[:n_ff]
-            add(f"act_mul L{il}", sf, ops.act_mul(g, u, act, b.ffn.act))
-            f = mv(tensor_name("ffn_down.weight", il), act, sf)
+            if isinstance(b.ffn, MoEFFN):
+                assert self.moe is not None
+                f = self.moe.build_layer(il, b.ffn, add, mv, self.act)
+            else:
+                g = mv(tensor_name("ffn_gate.weight", il), self.xn, sf)
+                u = mv(tensor_name("ffn_up.weight", il), self.xn, sf)
+                act = self.act[:int(g.size)]
+                add(f"act_mul L{il}", sf, ops.act_mul(g, u, act, b.ffn.act))
+                f = mv(tensor_name("ffn_down.weight", il), act, sf)
             nxt = norm_of(m.blocks[il + 1].mixer_norm, il + 1) if il + 1 < h.n_layer else norm_of("output_norm.weight", None)
             post = norm_of(b.ffn_post_norm, il) if b.ffn_post_norm else None
             add(f"resid_norm L{il} +ffn{' post-norm' if post is not None else ''}, next norm", sf,
@@ -299,15 +312,41 @@ class FusedDecoder:
             add("copy logits to host", "head", ops.d2h(self.logits_host, y, 4 * self.n_vocab), "memcpy")
         return plan
 
-    def launches(self, logits: bool = True) -> list[Launch]:
-        """The step's launch list (without the head's entries when ``logits`` is False)."""
-        return self.plan if logits else [L for L in self.plan if L.stage != "head"]
+    @property
+    def hybrid(self) -> bool:
+        """True when a routed expert may miss (the host reads each MoE layer's routing and computes
+        the misses); False for dense models and when every expert is resident (one graph)."""
+        if self.moe is None:
+            return False
+        return not self.moe.full or self.model.experts.on_route is not None
 
-    def launches_per_token(self, logits: bool = True) -> dict[str, int]:
-        """Counts of the step's entries: ``kernels``, ``memcpy`` and ``total`` (graph nodes when captured)."""
-        ls = self.launches(logits)
+    def launches(self, logits: bool = True, hybrid: bool | None = None) -> list[Launch]:
+        """The step's launch list (without the head's entries when ``logits`` is False). The hybrid
+        list has the host's entries (routing copies, ``route``, ``fill``); the full list does not."""
+        hybrid = self.hybrid if hybrid is None else hybrid
+        ls = self.plan if logits else [L for L in self.plan if L.stage != "head"]
+        return ls if hybrid else [L for L in ls if L.kind in ("kernel", "memcpy")]
+
+    def segments(self, logits: bool = True) -> list[tuple[list[Launch], Launch | None]]:
+        """The hybrid list cut at its host points: ``(device launches, host entry after them or None)``."""
+        out: list[tuple[list[Launch], Launch | None]] = []
+        cur: list[Launch] = []
+        for L in self.launches(logits, hybrid=True):
+            if L.kind in ("route", "fill"):
+                out.append((cur, L))
+                cur = []
+            else:
+                cur.append(L)
+        out.append((cur, None))
+        return out
+
+    def launches_per_token(self, logits: bool = True, hybrid: bool | None = None) -> dict[str, int]:
+        """Counts of the step's device entries: ``kernels``, ``memcpy`` and ``total`` (graph nodes when
+        captured), and ``host`` (points where the host waits and works: 2 per MoE layer when hybrid)."""
+        ls = self.launches(logits, hybrid)
         k = sum(1 for L in ls if L.kind == "kernel")
-        return {"kernels": k, "memcpy": len(ls) - k, "total": len(ls)}
+        h = sum(1 for L in ls if L.kind in ("route", "fill"))
+        return {"kernels": k, "memcpy": len(ls) - k - h, "total": len(ls) - h, "host": h}
 
     def stages(self, logits: bool = True) -> list[str]:
         out: list[str] = []
@@ -326,23 +365,29 @@ class FusedDecoder:
         if not self.cuda:  # the sim has no graphs: the launch list is the "graph"
             self.captured = True
             return
-        s = self.stream
         for logits in (True, False):
-            try:
-                with s:
-                    s.begin_capture()
-                    try:
-                        for L in self.launches(logits):
-                            L.run()
-                    finally:
-                        g = s.end_capture()
-                g.upload(s)
-            except Exception as e:
-                raise GenerateError(f"CUDA graph capture of the decode step failed ({type(e).__name__}: {e}); "
-                                    "--no-graph runs the same kernels eagerly") from e
-            self.graphs[logits] = g
-        s.synchronize()
+            self.graphs[logits] = self._capture(self.launches(logits, hybrid=False))
+            if self.moe is not None:
+                self.seg_graphs[logits] = [(self._capture(ls) if ls else None, host)
+                                           for ls, host in self.segments(logits)]
+        self.stream.synchronize()
         self.captured = True
+
+    def _capture(self, launches: list[Launch]):
+        s = self.stream
+        try:
+            with s:
+                s.begin_capture()
+                try:
+                    for L in launches:
+                        L.run()
+                finally:
+                    g = s.end_capture()
+            g.upload(s)
+        except Exception as e:
+            raise GenerateError(f"CUDA graph capture of the decode step failed ({type(e).__name__}: {e}); "
+                                "--no-graph runs the same kernels eagerly") from e
+        return g
 
     def _run_eager(self, logits: bool) -> None:
         ls = self.launches(logits)
@@ -390,8 +435,18 @@ class FusedDecoder:
             self._done.synchronize()  # the previous step has read the staging buffer
         self.params_host[0] = pos
         self.model.w.host_row("token_embd.weight", int(token), self.row_host)
+        hybrid = self.hybrid
+        if self.moe is not None and not hybrid:
+            self.moe.count_all_hits()
         if self.captured and self.graph_on and self.cuda:
-            self.graphs[bool(logits)].launch(self.stream)
+            if not hybrid:
+                self.graphs[bool(logits)].launch(self.stream)
+            else:
+                for g, host in self.seg_graphs[bool(logits)]:
+                    if g is not None:
+                        g.launch(self.stream)
+                    if host is not None:
+                        host.run()
         else:
             self._run_eager(bool(logits))
         if not self.cuda:
@@ -413,6 +468,8 @@ class FusedDecoder:
             raise GenerateError("replay_ms needs a captured CUDA graph")
         import cupy as cp
 
+        if self.hybrid:
+            raise GenerateError("replay_ms times the whole-step graph: experts must all be resident")
         g, s = self.graphs[bool(logits)], self.stream
         for _ in range(warmup):
             g.launch(s)
@@ -428,8 +485,16 @@ class FusedDecoder:
 def describe(dec: FusedDecoder) -> str:
     """One line: which way the step runs and its launches per token."""
     c = dec.launches_per_token(True)
-    how = ("CUDA graph" if dec.cuda else "graph (sim: the list replayed)") if dec.graph_on else "eager"
-    return (f"fused dense step, {how}: {c['kernels']} kernels + {c['memcpy']} copies per token "
+    graph = "CUDA graph" if dec.cuda else "graph (sim: the list replayed)"
+    if dec.moe is None:
+        what, how = "fused dense step", graph if dec.graph_on else "eager"
+    elif not dec.hybrid:
+        what, how = "fused MoE step, every expert resident", graph if dec.graph_on else "eager"
+    else:
+        n = c["host"] // 2
+        what = f"fused MoE step, hybrid ({n} MoE layers: the host reads the routing and computes misses)"
+        how = f"{c['host'] + 1} {graph} segments" if dec.graph_on else "eager"
+    return (f"{what}, {how}: {c['kernels']} kernels + {c['memcpy']} copies per token "
             f"({dec.model.hp.n_layer} layers)")
 
 

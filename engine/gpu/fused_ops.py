@@ -20,7 +20,7 @@ from .. import layers
 ATTN_THREADS = 1024
 
 
-FUSED_KERNEL_NAMES = ("resid_norm", "qk_prep", "attn", "act_mul", "logit_post")
+FUSED_KERNEL_NAMES = ("resid_norm", "qk_prep", "attn", "act_mul", "logit_post", "moe_route", "moe_combine")
 
 
 def fused_source() -> str:
@@ -53,7 +53,30 @@ class Launch:
     name: str
     stage: str
     run: Callable[[], None]
-    kind: str = "kernel"  # "kernel" | "memcpy"
+    kind: str = "kernel"  # "kernel" | "memcpy" | "route" (host reads the routing) | "fill" (host fills misses)
+
+
+@dataclass
+class MoeIO:
+    """Everything one layer's routed experts read and write (device arrays; :meth:`CudaOps.moe_route`).
+
+    ``slot_of``: int32 ``[n_layer * n_expert]`` (-1: not resident); ``storage_ptr``: one u64, the
+    expert cache's device address (written when the cache exists, so a graph captured before it
+    reads it at replay); ``offsets``: the layer's gate/up/down offsets inside a slot (bytes)."""
+
+    il: int
+    logits: Any
+    n_expert: int
+    k: int
+    norm: bool
+    slot_of: Any
+    storage_ptr: Any
+    slot_bytes: int
+    offsets: tuple[int, int, int]
+    probs: Any
+    weights: Any
+    bases: Any
+    info: Any
 
 
 @dataclass
@@ -152,6 +175,32 @@ class CudaOps:
         return self._call(self.k["logit_post"], ((n + 255) // 256,), (256,),
                           (y, self._p(bias), np.int32(n), inv, np.float32(cap or 0), np.int32(bool(cap))))
 
+    def moe_route(self, M: MoeIO):
+        return self._call(self.k["moe_route"], (1,), (_threads(min(M.n_expert, 1024)),),
+                          (M.logits, np.int32(M.n_expert), np.int32(M.k), np.int32(M.norm), M.slot_of,
+                           np.int32(M.il), M.storage_ptr, np.int64(M.slot_bytes), np.int64(M.offsets[0]),
+                           np.int64(M.offsets[1]), np.int64(M.offsets[2]), M.probs, M.weights, M.bases, M.info))
+
+    def matvec_batched(self, type_id, bases, rows, ne0, X, x_stride, out, storage=None, nbytes=0):
+        """The batched matvec over the addresses in ``bases`` (``storage``/``nbytes``: the sim's)."""
+        from . import kernels as K
+
+        k = K.kernels_for(type_id)
+        K.check_matvec(k, rows, ne0)
+        n = int(bases.size)
+        return self._call(k.matvec_batched, ((rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA, n),
+                          (32 * K.WARPS_PER_CTA,), (bases, np.int64(rows), np.int32(ne0), X, np.int64(x_stride), out))
+
+    def silu_mul(self, g, u, out):
+        from . import kernels as K
+
+        f, n = K.silu_kernel(), int(out.size)
+        return self._call(f, ((n + 255) // 256,), (256,), (g, u, out, np.int64(n)))
+
+    def moe_combine(self, D, w, k, n, S, gdot, y):
+        return self._call(self.k["moe_combine"], ((n + 255) // 256,), (256,),
+                          (D, w, np.int32(k), np.int32(n), self._p(S), self._p(gdot), y))
+
     def h2d(self, dst, src_ptr: int, nbytes: int):
         rt, s = self.cp.cuda.runtime, self.stream
         return lambda: rt.memcpyAsync(dst.data.ptr, src_ptr, nbytes, rt.memcpyHostToDevice, s.ptr)
@@ -228,6 +277,47 @@ class SimOps:
                 y[...] = np.tanh(y * np.float32(1.0 / cap)) * np.float32(cap)
         return run
 
+    def moe_route(self, M: MoeIO):
+        def run():
+            ids, w = layers.route_topk(np, M.logits, M.k, norm=M.norm)
+            M.weights[...] = w
+            base = int(M.storage_ptr[0])
+            for k, e in enumerate(ids):
+                slot = int(M.slot_of[M.il * M.n_expert + e])
+                b = base + slot * M.slot_bytes if slot >= 0 else 0
+                for j in range(3):
+                    M.bases[j * M.k + k] = b + M.offsets[j] if slot >= 0 else 0
+                M.info[k], M.info[M.k + k] = e, slot
+        return run
+
+    def matvec_batched(self, type_id, bases, rows, ne0, X, x_stride, out, storage=None, nbytes=0):
+        bk = self.bk
+
+        def run():
+            # sim addresses: 1 + byte offset into the slot storage (0: a miss, skipped)
+            store = storage()
+            for item in range(int(bases.size)):
+                b = int(bases[item])
+                if b == 0:
+                    continue
+                x = X[item * x_stride: item * x_stride + ne0] if x_stride else X[:ne0]
+                out[item * rows:(item + 1) * rows] = bk.matvec(type_id, store[b - 1:b - 1 + nbytes], rows, ne0, x)
+        return run
+
+    def silu_mul(self, g, u, out):
+        bk = self.bk
+        return lambda: out.__setitem__(Ellipsis, bk.silu_mul(g, u))
+
+    def moe_combine(self, D, w, k, n, S, gdot, y):
+        def run():
+            acc = D[:n] * w[0]
+            for j in range(1, k):
+                acc = acc + D[j * n:(j + 1) * n] * w[j]
+            if S is not None:
+                acc = acc + S * layers.sigmoid(np, gdot[0])
+            y[...] = acc
+        return run
+
     def h2d(self, dst, src, nbytes: int):
         return lambda: dst.__setitem__(Ellipsis, src)
 
@@ -238,4 +328,5 @@ class SimOps:
 # ---------------------------------------------------------------------------- the decoder
 
 
-__all__ = ["ATTN_THREADS", "AttnIO", "CudaOps", "FUSED_KERNEL_NAMES", "Launch", "SimOps", "fused_kernels", "fused_source"]
+__all__ = ["ATTN_THREADS", "AttnIO", "CudaOps", "FUSED_KERNEL_NAMES", "Launch", "MoeIO", "SimOps", "fused_kernels",
+           "fused_source"]

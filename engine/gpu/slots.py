@@ -86,6 +86,8 @@ class SlotCache:
         self.bufs = bufs
         self.admit_enabled = False
         self.admitted = 0
+        #: called as ``on_admit(layer, expert, slot)`` after a decode-time admission (the fused step's slot table)
+        self.on_admit: Any = None
 
     def __len__(self) -> int:
         return len(self.where)
@@ -121,6 +123,8 @@ class SlotCache:
             return False
         self._load(il, e)
         self.admitted += 1
+        if self.on_admit is not None:
+            self.on_admit(il, e, self.where[(il, e)])
         return True
 
     def resident(self, il: int, e: int) -> bool:

@@ -14,6 +14,7 @@ import numpy as np
 
 from strata.budget import formulas as F
 from strata.engine import engine_form as EF
+from strata.packer import quants
 from strata.packer.packfmt import IndexEntry
 from strata.packer.pack import Pack
 
@@ -128,6 +129,15 @@ class DeviceWeights:
         launch list (:mod:`strata.engine.gpu.fused`) binds once."""
         e = self._entries[name]
         return self._type[name], self._buf[name], rows_of(e), e.ne0, self._out[name]
+
+    def vector_args(self, name: str) -> tuple[int, Any, int, int, None]:
+        """A 1-D tensor as a one-row F32 matrix for a matvec launch (a dot product with the input):
+        ``(GGML F32, its f32 copy as bytes, 1, ne0, None)`` - no preallocated output (the caller
+        gives one)."""
+        e = self._entries[name]
+        if rows_of(e) != 1:
+            raise GenerateError(f"{name}: {rows_of(e)} rows, not a vector")
+        return quants.F32.id, self._f32[name].view(self.xp.uint8), 1, e.ne0, None
 
     def host_row(self, name: str, row: int, out: np.ndarray) -> None:
         """Dequantize row ``row`` of ``name`` on the host from the memory-mapped pool into ``out``

@@ -226,3 +226,95 @@ extern "C" __global__ void logit_post(float* __restrict__ y, const float* __rest
     if (softcap) v = tanhf(v * inv_cap) * cap;
     y[i] = v;
 }
+
+// ---------------------------------------------------------------- routed experts (one token)
+
+// One CTA (blockDim.x a multiple of 32, <= 1024). The routing of strata.engine.layers.route_topk
+// (llama.cpp build_moe_ffn, softmax gating): p = softmax(logits) (block max, exp, block sum,
+// divide); the K most probable experts, iterated block argmax (lowest id on ties); their weights
+// p[id], divided by their sum (k order, clamped below at 6.103515625e-5) when norm. Then the cache
+// lookup: slot = slot_of[layer * n_expert + id]; the part addresses of expert k are
+// bases[k] (gate), bases[K + k] (up), bases[2K + k] (down) = storage + slot * slot_bytes + offset,
+// or 0 for a miss (matvec_batched skips a 0 base; the host fills that row). info[k] = id,
+// info[K + k] = slot (-1: miss). probs: scratch of n_expert floats. storage: device u64 at *storage_ptr.
+extern "C" __global__ void moe_route(const float* __restrict__ logits, const int n_expert, const int K,
+                                     const int norm, const int* __restrict__ slot_of, const int layer,
+                                     const unsigned long long* __restrict__ storage_ptr, const long long slot_bytes,
+                                     const long long off_g, const long long off_u, const long long off_d,
+                                     float* __restrict__ probs, float* __restrict__ weights,
+                                     unsigned long long* __restrict__ bases, int* __restrict__ info) {
+    __shared__ float red[32];
+    __shared__ int redi[32];
+    __shared__ int chosen[64];
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    float m = __int_as_float(0xff800000);
+    for (int e = tid; e < n_expert; e += nt) m = fmaxf(m, logits[e]);
+    m = block_max(m, red);
+    float z = 0.0f;
+    for (int e = tid; e < n_expert; e += nt) {
+        const float p = expf(logits[e] - m);
+        probs[e] = p;
+        z = z + p;
+    }
+    z = block_sum(z, red);
+    for (int e = tid; e < n_expert; e += nt) probs[e] = probs[e] / z;
+    __syncthreads();
+    for (int k = 0; k < K; ++k) {
+        float bv = __int_as_float(0xff800000);
+        int bi = 0x7fffffff;
+        for (int e = tid; e < n_expert; e += nt) {
+            bool taken = false;
+            for (int j = 0; j < k; ++j) taken = taken || (chosen[j] == e);
+            const float v = probs[e];
+            if (!taken && (v > bv || (v == bv && e < bi))) { bv = v; bi = e; }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {  // (value, lower id) argmax across the warp
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        __syncthreads();
+        if (lane == 0) { red[warp] = bv; redi[warp] = bi; }
+        __syncthreads();
+        if (tid == 0) {
+            float v = red[0];
+            int i = redi[0];
+            for (int w = 1; w < nw; ++w)
+                if (red[w] > v || (red[w] == v && redi[w] < i)) { v = red[w]; i = redi[w]; }
+            chosen[k] = i;
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        float s = 0.0f;
+        for (int k = 0; k < K; ++k) s = s + probs[chosen[k]];
+        s = fmaxf(s, 6.103515625e-5f);
+        const unsigned long long storage = *storage_ptr;
+        for (int k = 0; k < K; ++k) {
+            const int e = chosen[k];
+            const float p = probs[e];
+            weights[k] = norm ? p / s : p;
+            const int slot = slot_of[(long long)layer * n_expert + e];
+            const unsigned long long b = slot >= 0 ? storage + (unsigned long long)slot * slot_bytes : 0ull;
+            bases[k] = slot >= 0 ? b + off_g : 0ull;
+            bases[K + k] = slot >= 0 ? b + off_u : 0ull;
+            bases[2 * K + k] = slot >= 0 ? b + off_d : 0ull;
+            info[k] = e;
+            info[K + k] = slot;
+        }
+    }
+}
+
+// y[i] = sum over k in order of D[k, i] * w[k] (((D0 w0) + D1 w1) + ..., as strata.engine.experts.ExpertPath
+// combines the selected experts), plus, with a shared expert, S[i] * (1 / (1 + exp(-gdot[0]))).
+extern "C" __global__ void moe_combine(const float* __restrict__ D, const float* __restrict__ w, const int K,
+                                       const int n, const float* __restrict__ S, const float* __restrict__ gdot,
+                                       float* __restrict__ y) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float acc = D[i] * w[0];
+    for (int k = 1; k < K; ++k) acc = acc + D[(long long)k * n + i] * w[k];
+    if (S) acc = acc + S[i] * (1.0f / (1.0f + expf(-gdot[0])));
+    y[i] = acc;
+}

@@ -16,7 +16,9 @@ extern "C" __global__ void matvec(const u8* __restrict__ base, const i64 rows, c
     }
 }
 
-// Y[item, row] = dot(W_item[row, :], X[item * x_stride + :]); W_item at bases[item] (engine form).
+// Y[item, row] = dot(W_item[row, :], X[item * x_stride + :]); W_item at bases[item] (engine form);
+// an item whose base is 0 is skipped (its rows of Y are left as they are: an expert-cache miss,
+// filled by the host).
 extern "C" __global__ void matvec_batched(const unsigned long long* __restrict__ bases, const i64 rows, const int ne0,
                                           const float* __restrict__ X, const i64 x_stride, float* __restrict__ Y) {
     __shared__ float xs_all[WARPS][32 * 33];
@@ -24,7 +26,7 @@ extern "C" __global__ void matvec_batched(const unsigned long long* __restrict__
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const i64 row0 = ((i64)blockIdx.x * WARPS + warp) * RPW;
     const int item = blockIdx.y;
-    if (row0 >= rows) return;
+    if (row0 >= rows || bases[item] == 0ull) return;
     float acc[RPW];
     warp_dot((const u8*)bases[item], rows, ne0, row0, X + (i64)item * x_stride, xs_all[warp], wb_all[warp], lane, acc);
     if (lane == 0) {

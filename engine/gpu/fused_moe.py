@@ -1,0 +1,249 @@
+"""Routed experts inside the fused decode step (:mod:`strata.engine.gpu.fused`).
+
+Per MoE layer the step runs, on the device, with no host value in between:
+
+1. the router GEMV and ``moe_route`` (softmax, the ``n_expert_used`` best experts, renormalised
+   weights, and the cache lookup: the device slot table ``slot_of[layer, expert]`` gives each
+   selected expert's slot, hence the addresses of its gate, up and down parts; -1 = a miss);
+2. one batched matvec per part over the selected experts (``matvec_batched`` on the part addresses;
+   a miss's address is 0 and is skipped), ``silu_mul`` between them - one launch per projection,
+   not one per expert;
+3. ``moe_combine``: the weighted sum in selection order (plus the shared expert times its sigmoid
+   gate, qwen3next / qwen2moe), then the residual add fused with the next norm.
+
+**All experts resident** (every (layer, expert) pair in a slot): nothing can miss, so the whole
+step - every layer, the head - is one captured CUDA graph, like the dense step.
+
+**Some resident (the hybrid path)**: the step is cut after each layer's routing. The host waits for
+the routing (the ids and slots, and the layer's input, copied to pinned memory: one round trip per
+MoE layer), launches the batched matvecs for the hits, computes the misses on the CPU meanwhile
+(:meth:`strata.engine.experts.ShardExperts.ffn` with ``exact=True``: the GPU kernels' summation
+order and the GPU's silu replica, so a miss is bit-identical to what a hit would give), copies their
+rows into the expert outputs, and launches the rest of the layer. The segments between those points
+are captured as CUDA graphs too. Nothing is allocated on the token path: every device and pinned
+buffer is made once, at start-up.
+
+The slot table and the cache's device address live in device memory and are written when the cache
+is opened (after the graphs were captured): the graphs read them at replay.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from strata.budget import formulas as F
+from strata.manifests.names import tensor_name
+
+from .. import layers
+from ..recipe import MoEFFN
+from . import reference as R
+from .fused_ops import MoeIO
+
+#: Most experts one token may select (the routing kernel's shared table).
+MAX_EXPERTS_USED = 64
+
+
+class MoeStep:
+    """The MoE part of one fused decoder: its buffers, its launches, the host side of the hybrid path.
+
+    Built at the prompt-path checkpoint (buffers allocated before the expert cache measures what is
+    free); :meth:`bind_cache` connects the cache when it exists.
+    """
+
+    def __init__(self, dec, model, backend):
+        self.dec, self.model, self.bk = dec, model, backend
+        h = model.hp
+        self.E, self.K, self.n_embd, self.n_ff = h.n_expert, h.n_expert_used, h.n_embd, h.n_ff_exp
+        if not 0 < self.K <= MAX_EXPERTS_USED:
+            raise ValueError(f"n_expert_used {self.K}: the fused step routes 1..{MAX_EXPERTS_USED} experts")
+        src = model.experts.source
+        self.source = src
+        self.layers = list(src.layers)
+        self.offsets: dict[int, tuple[int, int, int]] = {}
+        self.part_bytes: dict[int, tuple[int, int, int]] = {}
+        self.slot_bytes = 0
+        for il in self.layers:  # the SlotCache's layout: one function of the budget
+            g, u, d = src.types(il)
+            (pg, pu, pd), stride = F.expert_slot_layout(g, u, d, self.n_embd, self.n_ff)
+            self.offsets[il] = (pg[0], pu[0], pd[0])
+            self.part_bytes[il] = (pg[1], pu[1], pd[1])
+            self.slot_bytes = max(self.slot_bytes, stride)
+        bk, K, E, n = backend, self.K, self.E, self.n_embd
+        self.probs = bk.empty_f32(E)
+        self.weights = bk.empty_f32(K)
+        self.bases = bk.empty_bytes(8 * 3 * K).view(np.uint64)
+        self.info = bk.empty_bytes(4 * 2 * K).view(np.int32)
+        self.G, self.U, self.H = bk.empty_f32(K * self.n_ff), bk.empty_f32(K * self.n_ff), bk.empty_f32(K * self.n_ff)
+        self.D = bk.empty_f32(K * n)
+        self.y = bk.empty_f32(n)
+        self.gdot = bk.empty_f32(1)
+        self.slot_of = bk.empty_bytes(4 * h.n_layer * E).view(np.int32)
+        self.slot_of[...] = -1
+        self.storage_ptr = bk.empty_bytes(8).view(np.uint64)
+        self.storage_ptr[...] = 0
+        self.nbytes = 4 * (E + K + 3 * K * self.n_ff + K * n + n + 1 + h.n_layer * E) + 8 * 3 * K + 4 * 2 * K + 8
+        if dec.cuda:
+            import cupy as cp
+
+            self._info_mem = cp.cuda.alloc_pinned_memory(4 * 2 * K)
+            self._xn_mem = cp.cuda.alloc_pinned_memory(4 * n)
+            self._miss_mem = cp.cuda.alloc_pinned_memory(4 * K * n)
+            self._slot_mem = cp.cuda.alloc_pinned_memory(4 * h.n_layer * E)
+            self.info_host = np.frombuffer(self._info_mem, np.int32, 2 * K)
+            self.xn_host = np.frombuffer(self._xn_mem, np.float32, n)
+            self.miss_host = np.frombuffer(self._miss_mem, np.float32, K * n)
+            # host mirror of slot_of: an admitted pair's entry is copied up from here (entries never change
+            # once set - no eviction - so a copy still queued never reads a rewritten value)
+            self.slot_host = np.frombuffer(self._slot_mem, np.int32, h.n_layer * E)
+            self.pinned_bytes = 4 * (2 * K + n + K * n + h.n_layer * E)
+        else:
+            self.info_host = np.zeros(2 * K, np.int32)
+            self.xn_host = np.zeros(n, np.float32)
+            self.miss_host = np.zeros(K * n, np.float32)
+            self.pinned_bytes = 0
+        self.cache = None
+        self.n_pairs = len(self.layers) * E
+        self._misses: list[tuple[int, int]] = []  # (k, expert) of the layer being run
+
+    # ------------------------------------------------------------ launches
+
+    def build_layer(self, il: int, ffn: MoEFFN, add, mv, act_buf) -> Any:
+        """Add layer ``il``'s expert launches (module docstring); returns the device vector holding
+        the FFN's output (before the residual add)."""
+        dec, ops, w = self.dec, self.dec._ops, self.model.w
+        sf = f"L{il} ffn"
+        K, n, nff = self.K, self.n_embd, self.n_ff
+        logits = mv(tensor_name("ffn_gate_inp.weight", il), dec.xn, sf)
+        M = MoeIO(il=il, logits=logits, n_expert=self.E, k=K, norm=ffn.norm_weights, slot_of=self.slot_of,
+                  storage_ptr=self.storage_ptr, slot_bytes=self.slot_bytes, offsets=self.offsets[il],
+                  probs=self.probs, weights=self.weights, bases=self.bases, info=self.info)
+        add(f"moe_route L{il}", sf, ops.moe_route(M))
+        if dec.cuda:
+            add(f"copy routing L{il} to host", sf, ops.d2h(self._info_mem.ptr, self.info, 4 * 2 * K), "host")
+            add(f"copy x L{il} to host", sf, ops.d2h(self._xn_mem.ptr, dec.xn, 4 * n), "host")
+        else:
+            add(f"copy routing L{il} to host", sf, ops.d2h(self.info_host, self.info, 4 * 2 * K), "host")
+            add(f"copy x L{il} to host", sf, ops.d2h(self.xn_host, dec.xn, 4 * n), "host")
+        add(f"route L{il}", sf, lambda: self.on_route(il), "route")
+        gt, ut, dt = self.source.types(il)
+        pb = self.part_bytes[il]
+        store = self._storage
+        add(f"experts gate L{il}", sf, ops.matvec_batched(gt, self.bases[0:K], nff, n, dec.xn, 0, self.G,
+                                                          storage=store, nbytes=pb[0]))
+        add(f"experts up L{il}", sf, ops.matvec_batched(ut, self.bases[K:2 * K], nff, n, dec.xn, 0, self.U,
+                                                        storage=store, nbytes=pb[1]))
+        add(f"experts silu_mul L{il}", sf, ops.silu_mul(self.G, self.U, self.H))
+        add(f"experts down L{il}", sf, ops.matvec_batched(dt, self.bases[2 * K:3 * K], n, nff, self.H, nff, self.D,
+                                                          storage=store, nbytes=pb[2]))
+        add(f"fill misses L{il}", sf, lambda: self.on_fill(il), "fill")
+        S = gdot = None
+        if ffn.shared_expert:
+            g = mv(tensor_name("ffn_gate_shexp.weight", il), dec.xn, sf)
+            u = mv(tensor_name("ffn_up_shexp.weight", il), dec.xn, sf)
+            a = act_buf[:int(g.size)]
+            add(f"act_mul shexp L{il}", sf, ops.act_mul(g, u, a, "silu"))
+            S = mv(tensor_name("ffn_down_shexp.weight", il), a, sf)
+            if ffn.shared_gate:
+                t, buf, _rows, ne0, _o = w.vector_args(tensor_name("ffn_gate_inp_shexp.weight", il))
+                add(f"matvec shexp gate L{il}", sf, ops.matvec(t, buf, 1, ne0, dec.xn, self.gdot))
+                gdot = self.gdot
+        add(f"moe_combine L{il}", sf, ops.moe_combine(self.D, self.weights, K, n, S, gdot, self.y))
+        return self.y
+
+    def _storage(self):
+        """The sim backend's slot storage (its matvec reads experts by offset into it)."""
+        return self.cache.storage if self.cache is not None else np.zeros(0, np.uint8)
+
+    # ------------------------------------------------------------ the expert cache
+
+    def bind_cache(self, cache) -> None:
+        """Connect the expert cache: its device address and the slot of every resident pair."""
+        self.cache = cache
+        table = np.full(self.model.hp.n_layer * self.E, -1, dtype=np.int32)
+        for (il, e), s in cache.where.items():
+            table[il * self.E + e] = s
+        bk = self.bk
+        if self.dec.cuda:
+            self.slot_host[:] = table
+            self.slot_of.set(table)
+            ptr = cache.storage.data.ptr if cache.storage is not None else 0
+            self.storage_ptr.set(np.array([ptr], dtype=np.uint64))
+            bk.synchronize()
+        else:
+            self.slot_of[...] = table
+            self.storage_ptr[...] = 1  # sim addresses: 1 + offset into the storage (0 = a miss)
+        if cache.slot_bytes != self.slot_bytes:
+            raise AssertionError(f"slot stride {cache.slot_bytes} B != the fused step's {self.slot_bytes} B")
+        cache.on_admit = self._admitted
+
+    def _admitted(self, il: int, e: int, slot: int) -> None:
+        """A miss admitted into a free slot at decode time: its table entry, on the device too."""
+        if self.dec.cuda:
+            import cupy as cp
+
+            i = il * self.E + e
+            self.slot_host[i] = slot
+            cp.cuda.runtime.memcpyAsync(self.slot_of.data.ptr + 4 * i, self._slot_mem.ptr + 4 * i, 4,
+                                        cp.cuda.runtime.memcpyHostToDevice, self.dec.stream.ptr)
+        else:
+            self.slot_of[il * self.E + e] = slot
+
+    @property
+    def full(self) -> bool:
+        """Every (layer, expert) pair resident: no token can miss."""
+        return self.cache is not None and len(self.cache.where) >= self.n_pairs
+
+    def count_all_hits(self) -> None:
+        """Count one step with every expert resident (the full graph reads no routing back)."""
+        ex = self.model.experts
+        for il in self.layers:
+            ex.count(il, self.K, 0)
+
+    # ------------------------------------------------------------ the host side of the hybrid path
+
+    def on_route(self, il: int) -> None:
+        """Wait for layer ``il``'s routing to reach pinned memory; note the misses and count."""
+        dec = self.dec
+        if dec.cuda:
+            t0 = time.perf_counter()
+            dec._done.record(dec.stream)
+            dec._done.synchronize()
+            layers.HostWait.ms += (time.perf_counter() - t0) * 1000
+        K = self.K
+        ids = [int(i) for i in self.info_host[:K]]
+        slots = self.info_host[K:2 * K]
+        self._misses = [(k, ids[k]) for k in range(K) if slots[k] < 0]
+        ex = self.model.experts
+        if ex.on_route is not None:
+            ex.on_route(il, ids)
+        ex.count(il, K - len(self._misses), len(self._misses))
+
+    def on_fill(self, il: int) -> None:
+        """Compute layer ``il``'s missed experts on the CPU (bit-identical to hits) and copy their rows
+        into the expert outputs; admit them into free slots (first come, no eviction)."""
+        if not self._misses:
+            return
+        dec, ex, n = self.dec, self.model.experts, self.n_embd
+        t0 = time.perf_counter()
+        for k, e in self._misses:
+            self.miss_host[k * n:(k + 1) * n] = self.source.ffn(il, e, self.xn_host, exact=True, silu_mul=R.silu_mul)
+        ex.cpu_expert_ms += (time.perf_counter() - t0) * 1000
+        if dec.cuda:
+            import cupy as cp
+
+            rt = cp.cuda.runtime
+            for k, _e in self._misses:
+                rt.memcpyAsync(self.D.data.ptr + 4 * k * n, self._miss_mem.ptr + 4 * k * n, 4 * n,
+                               rt.memcpyHostToDevice, dec.stream.ptr)
+        else:
+            for k, _e in self._misses:
+                self.D[k * n:(k + 1) * n] = self.miss_host[k * n:(k + 1) * n]
+        if self.cache is not None:
+            for _k, e in self._misses:
+                self.cache.admit(il, e)
+
+
+__all__ = ["MAX_EXPERTS_USED", "MoeStep"]
