@@ -75,10 +75,10 @@ class ModelDims(BaseModel):
 
     Attention: ``n_head`` query heads, ``n_head_kv`` KV heads of ``head_dim``. FFN: dense width
     ``n_ff``; routed experts ``n_expert`` of width ``n_ff_exp`` (``n_expert_used`` per token);
-    qwen3next / qwen2moe shared expert width ``n_ff_shexp``; deepseek2 ``n_expert_shared`` (shared experts
-    of ``n_ff_exp`` each), ``n_layer_dense_lead``, ``kv_lora_rank``, ``q_lora_rank``. qwen3next gated delta net: ``ssm_d_state`` (head
-    k/v dim), ``ssm_n_group`` (k heads), ``ssm_dt_rank`` (v heads), ``ssm_d_conv``; layer il is
-    full attention iff ``(il + 1) % full_attention_interval == 0``. gemma3: ``sliding_window`` and
+    qwen3next / qwen2moe shared expert width ``n_ff_shexp``; deepseek2 ``n_expert_shared`` (shared
+    experts of ``n_ff_exp`` each), ``n_layer_dense_lead``, ``kv_lora_rank``, ``q_lora_rank``. qwen3next
+    gated delta net: ``ssm_d_state`` (head k/v dim), ``ssm_n_group`` (k heads), ``ssm_dt_rank`` (v
+    heads), ``ssm_d_conv``; layer il is full attention iff ``(il + 1) % full_attention_interval == 0``. gemma3: ``sliding_window`` and
     ``sliding_window_pattern`` (layer il is sliding iff ``il % pattern < pattern - 1``).
     K-quant / IQ expert types need ``n_embd`` and ``n_ff_exp`` to be multiples of 256.
     """
@@ -337,7 +337,8 @@ def plan_tensors(spec: ModelSpec) -> list[PlannedTensor]:
     for name, ts, ne, il in g.expected_tensors():
         if ts.role in in_choice and ts.role not in keep_roles:
             continue
-        if ts.optional and ts.role not in spec.optional_tensors and not (ts.role == "output.weight" and not spec.tied_output):
+        wanted = ts.role in spec.optional_tensors or (ts.role == "output.weight" and not spec.tied_output)
+        if ts.optional and not wanted:
             continue
         if ts.role == "ssm_conv1d.weight" or len(ne) == 1 or ts.types == ["F32"]:
             type_id = 0  # norms, biases and the conv kernel stay F32 (llama.cpp norms / ssm_conv need F32)
