@@ -78,10 +78,12 @@ def kv_row_bytes(elements: int, kv: str) -> int:
 
 @dataclass(frozen=True)
 class KVLayer:
-    """One attention layer's per-token cache in elements: ``k`` and ``v`` = n_head_kv x head_dim (n_head_kv,
-    never n_head), ``indexer_k`` = a sparse-attention indexer's ONE shared key head
-    (docs/DESIGN.md "Round 194: every budget term twice"), ``window`` = sliding window in tokens (None: the
-    whole context)."""
+    """One attention layer's per-token cache in elements: ``k`` and ``v`` = n_head_kv x head_dim
+    (n_head_kv, never n_head), ``indexer_k`` = a sparse-attention indexer's ONE shared key head
+    (docs/DESIGN.md "Round 194: every budget term twice"), ``window`` = sliding window in tokens (None: the whole context).
+    Multi-head latent attention (deepseek2) is the same two terms: ``k`` = the latent + the rope key
+    (kv_lora_rank + rope dims, ONE "head"), ``v`` = 0 (llama.cpp allocates no V cache under MLA:
+    llama-kv-cache.cpp ``has_v = !is_mla``); the manifest's [state] says so (manifests/deepseek2.toml)."""
 
     layer: int
     k: int
@@ -120,6 +122,45 @@ def kv_cache_bytes(layers: Iterable[KVLayer], n_ctx: int, chunk: int, kv: str, b
     layers hold no KV), each at :func:`kv_tokens` tokens x :func:`kv_bytes_per_token`."""
     per_seq = sum(kv_bytes_per_token(L, kv) * kv_tokens(n_ctx, L.window, chunk, kv_resident) for L in layers)
     return per_seq * batch
+
+
+#: llama.cpp's defaults for the cache sizing below (llama-context.cpp llama_context_default_params:
+#: n_ubatch 512, swa_full true) and the padding of its context and SWA cache (256 cells).
+LLAMACPP_N_UBATCH = 512
+LLAMACPP_CELL_PAD = 256
+
+
+def llamacpp_kv_cells(n_ctx: int, window: int | None, *, n_ubatch: int = LLAMACPP_N_UBATCH, n_seq: int = 1,
+                      swa_full: bool = True, unified: bool = False) -> int:
+    """Cells (token positions) llama.cpp allocates for one layer's KV cache per stream - the reference
+    engine's sizing, not strata's (strata's is :func:`kv_tokens`):
+
+    - every layer: ``n_ctx_seq``, the context padded to 256 (llama-context.cpp, llama_context ctor:
+      ``n_ctx = GGML_PAD(n_ctx, 256)``; ``n_ctx_seq = GGML_PAD(n_ctx / n_seq_max, 256)`` unless the cache
+      is unified);
+    - a sliding-window layer when ``swa_full`` is false: ``GGML_PAD(min(n_ctx_seq, n_swa * (n_seq if
+      unified else 1) + n_ubatch), 256)`` (llama-kv-cache-iswa.cpp, llama_kv_cache_iswa ctor: "the SWA
+      cache is always padded to 256"); with ``swa_full`` (llama.cpp's default) it is ``n_ctx_seq`` too.
+    """
+    def pad(n: int) -> int:
+        return (n + LLAMACPP_CELL_PAD - 1) // LLAMACPP_CELL_PAD * LLAMACPP_CELL_PAD
+
+    n_ctx_seq = pad(n_ctx) if unified else pad(pad(n_ctx) // max(n_seq, 1))
+    if window is None or swa_full:
+        return n_ctx_seq
+    return pad(min(n_ctx_seq, window * (n_seq if unified else 1) + n_ubatch))
+
+
+def llamacpp_kv_cache_bytes(layers: Iterable[KVLayer], n_ctx: int, kv: str, *, n_ubatch: int = LLAMACPP_N_UBATCH,
+                            n_seq: int = 1, swa_full: bool = True, unified: bool = False) -> int:
+    """The KV cache llama.cpp allocates for ``layers`` (strata's per-token rows, :func:`kv_bytes_per_token`)
+    at a context of ``n_ctx``: each layer's row bytes x :func:`llamacpp_kv_cells` x its streams
+    (llama-kv-cache.cpp, llama_kv_cache ctor: one ``[row, kv_size, n_stream]`` K tensor, and a V tensor
+    unless the row is absent, as under MLA). What tests/test_budget_llamacpp.py compares with llama.cpp."""
+    streams = 1 if unified else max(n_seq, 1)
+    return sum(kv_bytes_per_token(L, kv) * streams * llamacpp_kv_cells(n_ctx, L.window, n_ubatch=n_ubatch, n_seq=n_seq,
+                                                                         swa_full=swa_full, unified=unified)
+               for L in layers)
 
 
 # ----------------------------------------------------------------------------- recurrent state

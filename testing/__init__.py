@@ -2,7 +2,7 @@
 
 Not part of the toolchain itself (nothing in ``strata.packer``, ``strata.budget`` or
 ``strata.engine`` imports it); it makes the files those are tested on. Everything is seeded: the
-same arguments give byte-identical files. Five modules, one job each:
+same arguments give byte-identical files. Six modules, one job each:
 
 - :mod:`.blocks` - :func:`make_random_blocks`: valid random blocks of any ggml type (quantized from
   random normal values where gguf-py has a quantizer, otherwise random bytes whose fp16 super-scale
@@ -10,10 +10,11 @@ same arguments give byte-identical files. Five modules, one job each:
   and the per-tensor random streams.
 - :mod:`.tokenizer` - :func:`synth_tokenizer`: a small byte-level BPE vocabulary llama.cpp accepts,
   and its ``tokenizer.ggml.*`` keys.
-- :mod:`.models` - :func:`write_model`: small models of the four architectures strata knows
-  (``qwen3moe``, ``qwen3next``, ``qwen2``, ``gemma3``) written with ``gguf.GGUFWriter``, with
-  per-layer expert types, optional fused gate/up experts and llama-gguf-split style shards. The
-  presets (:func:`qwen3moe_spec` ...) are loaded and run by llama.cpp (llama-cpp-python 0.3.36).
+- :mod:`.models` - :func:`write_model`: small models of every architecture with a contract
+  (``manifests/*.toml``) written with ``gguf.GGUFWriter``, with per-layer expert types, optional fused
+  gate/up experts and llama-gguf-split style shards.
+- :mod:`.presets` - one small spec per architecture (:func:`qwen3moe_spec`, :func:`llama_spec`,
+  :func:`deepseek2_spec`, ... :data:`PRESETS`), each loaded and run by llama.cpp (llama-cpp-python 0.3.36).
 - :mod:`.gguf_writer` - :func:`write_header_only`: strata's own minimal GGUF v3 writer, a real header
   and a sparse data section (a hole); it accepts type ids gguf-py does not know (42 = Q2_0).
   :mod:`.documents` uses it for the documents' 48-layer, 512-expert model
@@ -31,16 +32,22 @@ from .broken import BROKEN_KINDS, write_broken, write_broken_base
 from .documents import DOCUMENTS_EXPERT_CYCLE, documents_qwen3next_header_only, documents_qwen3next_plan
 from .gguf_writer import KV, DataMode, HeaderLayout, TensorDecl, TensorLayout, write_header_only
 from .models import (
-    ARCHS, DENSE_TYPES, MOE_ARCHS, ExpertTypes, ModelDims, ModelSpec, PlannedTensor, big_dense_spec, gemma3_spec,
-    model_kv, plan_tensors, qwen2_spec, qwen3moe_spec, qwen3next_spec, shard_names, write_big_dense, write_model,
+    ARCHS, DENSE_TYPES, MOE_ARCHS, ExpertTypes, ModelDims, ModelSpec, PlannedTensor, model_kv, moe_layers, plan_tensors,
+    shard_names, spec_geometry, write_model,
+)
+from .presets import (
+    PRESETS, big_dense_spec, deepseek2_spec, gemma3_spec, gpt_oss_spec, llama_moe_spec, llama_spec, qwen2_spec,
+    qwen2moe_spec, qwen3_spec, qwen3moe_spec, qwen3next_spec, write_big_dense,
 )
 from .tokenizer import SPECIAL_TOKENS, SynthTokenizer, bytes_to_unicode, synth_tokenizer, tokenizer_kv
 
 __all__ = [
     "ARCHS", "BROKEN_KINDS", "DENSE_TYPES", "DOCUMENTS_EXPERT_CYCLE", "DataMode", "ExpertTypes", "GGUF_QUANTIZABLE",
-    "HeaderLayout", "KV", "MOE_ARCHS", "ModelDims", "ModelSpec", "PlannedTensor", "SPECIAL_TOKENS", "SynthTokenizer",
-    "TensorDecl", "TensorLayout", "big_dense_spec", "bytes_to_unicode", "documents_qwen3next_header_only",
-    "documents_qwen3next_plan", "gemma3_spec", "make_random_blocks", "model_kv", "pattern_fill", "plan_tensors",
-    "qwen2_spec", "qwen3moe_spec", "qwen3next_spec", "shard_names", "synth_tokenizer", "tensor_rng", "to_type_id",
-    "tokenizer_kv", "write_big_dense", "write_broken", "write_broken_base", "write_header_only", "write_model",
+    "HeaderLayout", "KV", "MOE_ARCHS", "ModelDims", "ModelSpec", "PRESETS", "PlannedTensor", "SPECIAL_TOKENS",
+    "SynthTokenizer", "TensorDecl", "TensorLayout", "big_dense_spec", "bytes_to_unicode", "deepseek2_spec",
+    "documents_qwen3next_header_only", "documents_qwen3next_plan", "gemma3_spec", "gpt_oss_spec", "llama_moe_spec",
+    "llama_spec", "make_random_blocks", "model_kv", "moe_layers", "pattern_fill", "plan_tensors", "qwen2_spec",
+    "qwen2moe_spec", "qwen3_spec", "qwen3moe_spec", "qwen3next_spec", "shard_names", "spec_geometry", "synth_tokenizer",
+    "tensor_rng", "to_type_id", "tokenizer_kv", "write_big_dense", "write_broken", "write_broken_base",
+    "write_header_only", "write_model",
 ]

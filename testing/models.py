@@ -1,13 +1,11 @@
-"""Small synthetic models of the four architectures strata knows, written with ``gguf.GGUFWriter``.
+"""Small synthetic models of every architecture strata has a contract for, written with ``gguf.GGUFWriter``.
 
-:class:`ModelSpec` (with :class:`ModelDims` and per-layer :class:`ExpertTypes`) describes a model of
-``qwen3moe``, ``qwen3next``, ``qwen2`` or ``gemma3``; :func:`plan_tensors` lists its tensors (names and
-shapes from llama.cpp's loaders, ``src/models/{qwen3moe,qwen3next,qwen2,gemma3}.cpp``, as the manifests
-state them), :func:`model_kv` its metadata, and :func:`write_model` writes it: per-layer expert types,
-optional fused gate/up experts, llama-gguf-split style shards (:func:`shard_names`). Tensor data comes from
-:mod:`.blocks`, one random stream per tensor, so the same spec and seed give byte-identical files. The
-presets (:func:`qwen3moe_spec` ...) are loaded and run by llama.cpp (llama-cpp-python 0.3.36);
-:func:`big_dense_spec` / :func:`write_big_dense` make GB-sized dense files for copy benchmarks.
+:class:`ModelSpec` (with :class:`ModelDims` and per-layer :class:`ExpertTypes`) describes a model of any
+architecture with a manifest (``manifests/<arch>.toml``); :func:`plan_tensors` lists its tensors (names
+and shapes from the manifest, i.e. from llama.cpp's loaders, ``src/models/<arch>.cpp``; docs/FORMAT.md), :func:`model_kv` its metadata, and :func:`write_model` writes it: per-layer expert types,
+optional fused gate/up experts, llama-gguf-split style shards (:func:`shard_names`). Tensor data comes
+from :mod:`.blocks`, one random stream per tensor, so the same spec and seed give byte-identical
+files. The presets (:func:`strata.testing.presets.qwen3moe_spec` ...) live in :mod:`.presets`.
 
 Shapes are always ggml ``ne`` order (``ne[0]`` = row length, fastest). Sizes are bytes.
 """
@@ -31,20 +29,21 @@ from .tokenizer import synth_tokenizer, tokenizer_kv
 
 __all__ = [
     "ARCHS", "DENSE_TYPES", "MOE_ARCHS", "ExpertTypes", "ModelDims", "ModelSpec", "PlannedTensor", "TypeId",
-    "big_dense_spec", "gemma3_spec", "model_kv", "plan_tensors", "qwen2_spec", "qwen3moe_spec", "qwen3next_spec",
-    "shard_names", "write_big_dense", "write_model",
+    "model_kv", "moe_layers", "plan_tensors", "shard_names", "spec_geometry", "write_model",
 ]
 
 
 def is_moe(arch: str) -> bool:
-    """True when ``arch``'s contract has routed experts."""
+    """True when ``arch``'s contract can have routed experts (llama only when expert_count > 0:
+    :func:`moe_layers` says it for one spec)."""
     from strata.manifests.contract import load_manifest
 
     return any(t.expert for t in load_manifest(arch).tensors)
 
 
-#: The presets' architectures (more may have contracts), and those with routed experts.
-ARCHS = ("qwen3moe", "qwen3next", "qwen2", "gemma3")
+#: The presets' architectures (one preset per contract, :mod:`.presets`), and those whose contract can
+#: have routed experts.
+ARCHS = ("qwen3moe", "qwen3next", "qwen2", "gemma3", "llama", "qwen3", "qwen2moe", "deepseek2", "gpt-oss")
 MOE_ARCHS = tuple(a for a in ARCHS if is_moe(a))
 
 #: Types intended for dense (non-expert) weights: ne0 only needs to be a multiple of 32.
@@ -75,9 +74,10 @@ class ModelDims(BaseModel):
 
     Attention: ``n_head`` query heads, ``n_head_kv`` KV heads of ``head_dim``. FFN: dense width
     ``n_ff``; routed experts ``n_expert`` of width ``n_ff_exp`` (``n_expert_used`` per token);
-    qwen3next shared expert width ``n_ff_shexp``. qwen3next gated delta net: ``ssm_d_state`` (head
-    k/v dim), ``ssm_n_group`` (k heads), ``ssm_dt_rank`` (v heads), ``ssm_d_conv``; layer il is
-    full attention iff ``(il + 1) % full_attention_interval == 0``. gemma3: ``sliding_window`` and
+    qwen3next / qwen2moe shared expert width ``n_ff_shexp``; deepseek2 ``n_expert_shared`` (shared
+    experts of ``n_ff_exp`` each), ``n_layer_dense_lead``, ``kv_lora_rank``, ``q_lora_rank``. qwen3next
+    gated delta net: ``ssm_d_state`` (head k/v dim), ``ssm_n_group`` (k heads), ``ssm_dt_rank`` (v
+    heads), ``ssm_d_conv``; layer il is full attention iff ``(il + 1) % full_attention_interval == 0``. gemma3: ``sliding_window`` and
     ``sliding_window_pattern`` (layer il is sliding iff ``il % pattern < pattern - 1``).
     K-quant / IQ expert types need ``n_embd`` and ``n_ff_exp`` to be multiples of 256.
     """
@@ -94,6 +94,10 @@ class ModelDims(BaseModel):
     n_expert_used: int = 2
     n_ff_exp: int = 256
     n_ff_shexp: int = 256
+    n_expert_shared: int | None = None  # deepseek2 expert_shared_count (None: not written)
+    n_layer_dense_lead: int | None = None  # deepseek2 leading_dense_block_count: dense FFN layers first
+    kv_lora_rank: int | None = None  # deepseek2 MLA latent width (attention.kv_lora_rank)
+    q_lora_rank: int | None = None  # deepseek2 query low-rank width (None: attn_q directly, as V2-Lite)
     ssm_d_conv: int = 4
     ssm_d_state: int = 64
     ssm_n_group: int = 2
@@ -131,7 +135,8 @@ class ModelSpec(BaseModel):
         dims: :class:`ModelDims`.
         n_layers: ``block_count``.
         seed: root of every tensor's random stream (per tensor: seed + crc32(name)).
-        expert_types: one :class:`ExpertTypes` (or ``(gate_up, down)`` pair) per layer; MoE archs only.
+        expert_types: one :class:`ExpertTypes` (or ``(gate_up, down)`` pair) per layer when the geometry
+            has routed experts (None for a layer without them, e.g. deepseek2's leading dense layers).
         dense_type: type of every 2-D non-expert weight (token_embd, output, attention, ssm, shared
             expert, dense FFN) unless ``tensor_types`` overrides it; 1-D tensors are always F32.
         tensor_types: overrides by base name (``"attn_q"``, ``"token_embd"``, ``"output"``,
@@ -145,6 +150,8 @@ class ModelSpec(BaseModel):
             block pattern per tensor, tiled: GB-sized files in seconds).
         weight_std: std of the normal values behind float / gguf-quantizable weights.
         choices: ``[[choices]]`` group name -> option index written (default: the first option).
+        optional_tensors: roles of optional tensors to write (e.g. ``"attn_q.bias"``); other optional
+            tensors are left out (the output head follows ``tied_output``).
         params: manifest param name -> value, over :data:`PARAM_VALUES` (e.g. ``rope_dim``).
         add_bos: ``tokenizer.ggml.add_bos_token`` (gemma3's preset: true).
     """
@@ -155,7 +162,7 @@ class ModelSpec(BaseModel):
     dims: ModelDims = Field(default_factory=ModelDims)
     n_layers: int = 2
     seed: int = 0
-    expert_types: list[Annotated[ExpertTypes, BeforeValidator(_to_expert_types)]] = Field(default_factory=list)
+    expert_types: list[Annotated[ExpertTypes | None, BeforeValidator(_to_expert_types)]] = Field(default_factory=list)
     dense_type: TypeId = 8
     tensor_types: dict[str, TypeId] = Field(default_factory=dict)
     fused_gate_up: bool = False
@@ -165,6 +172,7 @@ class ModelSpec(BaseModel):
     fill: Literal["random", "pattern"] = "random"
     weight_std: float = 0.02
     choices: dict[str, int] = Field(default_factory=dict)
+    optional_tensors: tuple[str, ...] = ()
     params: dict[str, Any] = Field(default_factory=dict)
     add_bos: bool = False
 
@@ -177,13 +185,16 @@ class ModelSpec(BaseModel):
             raise ValueError(f"arch {self.arch!r} has no contract; known: {', '.join(known_archs())}")
         if self.n_layers < 1:
             raise ValueError(f"n_layers={self.n_layers} < 1")
-        if is_moe(self.arch):
+        moe = moe_layers(self)
+        if moe:
             if len(self.expert_types) != self.n_layers:
                 raise ValueError(f"{self.arch}: expert_types has {len(self.expert_types)} entries for {self.n_layers} layers")
+            if missing := [il for il in moe if self.expert_types[il] is None]:
+                raise ValueError(f"{self.arch}: layers {missing} have routed experts, expert_types has None there")
             if not 0 < d.n_expert_used <= d.n_expert:
                 raise ValueError(f"n_expert_used={d.n_expert_used} must be in 1..n_expert={d.n_expert}")
-        elif self.expert_types:
-            raise ValueError(f"{self.arch} is dense: expert_types must be empty")
+        elif any(e is not None for e in self.expert_types):
+            raise ValueError(f"this {self.arch} geometry is dense: expert_types must be empty")
         if self.fused_gate_up and not any(ch.name == "gate_up_exps" for ch in _manifest(self).choices):
             raise ValueError(f"fused_gate_up: the {self.arch} contract has no fused ffn_gate_up_exps option")
         if self.n_shards < 1 or (self.empty_first_shard and self.n_shards < 2):
@@ -222,6 +233,8 @@ PARAM_VALUES: dict[str, Any] = {
     "full_attention_interval": lambda s: s.dims.full_attention_interval, "rope_dim": lambda s: s.dims.rope_dim,
     "sliding_window": lambda s: s.dims.sliding_window, "swa_pattern": lambda s: s.dims.sliding_window_pattern,
     "rope_base_swa": lambda s: 10000.0,
+    "n_expert_shared": lambda s: s.dims.n_expert_shared, "n_layer_dense_lead": lambda s: s.dims.n_layer_dense_lead,
+    "kv_lora_rank": lambda s: s.dims.kv_lora_rank, "q_lora_rank": lambda s: s.dims.q_lora_rank,
 }
 
 
@@ -272,18 +285,23 @@ def spec_geometry(spec: "ModelSpec", *, check: bool = False):
     return geometry_from_metadata(spec.arch, kv, {"tokenizer.ggml.tokens": spec.dims.n_vocab}, arrays, check=check)
 
 
+def moe_layers(spec: "ModelSpec") -> list[int]:
+    """The layers of ``spec`` whose geometry has routed experts (its contract's expert tensors there)."""
+    return sorted({il for _n, ts, _ne, il in spec_geometry(spec).expected_tensors() if ts.expert and il is not None})
+
+
 def _fill_role(role: str, ne: tuple[int, ...], expert: bool) -> str:
     """How a tensor is filled, from its role: norms near 1 (converters store them +1), ``ssm_a`` < 0
-    (it stores -exp(A_log)), the conv kernel, small vectors, or random weight blocks."""
+    (it stores -exp(A_log)), the conv kernel, small vectors and biases of any rank, or random weight blocks."""
     if expert:
         return "expert"
-    if role.endswith("norm.weight"):
-        return "norm"
+    if role.endswith("norm.weight") or role == "rope_freqs.weight":
+        return "norm"  # rope_freqs: per-frequency factors near 1 (llama.cpp divides each rope frequency by one)
     if role == "ssm_a":
         return "ssm_a"
     if role.startswith("ssm_conv1d"):
         return "conv"
-    if len(ne) == 1:
+    if len(ne) == 1 or role.endswith(".bias"):
         return "vec"
     return "dense"
 
@@ -293,8 +311,9 @@ def plan_tensors(spec: ModelSpec) -> list[PlannedTensor]:
     architecture's contract (``manifests/<arch>.toml``) resolved for the spec's dimensions
     (:func:`spec_geometry`), one option of every ``[[choices]]`` group (``spec.choices``, else the
     first; ``fused_gate_up`` picks the fused expert tensor), optional tensors left out except the
-    output head (unless ``tied_output``). Order: token_embd, every layer's tensors, then the rest.
-    Types: routed experts ``spec.expert_types[il]``, 1-D and conv tensors F32, the router F32 unless
+    output head (unless ``tied_output``) and ``spec.optional_tensors``. Order: token_embd, every layer's
+    tensors, then the rest. Types: routed experts ``spec.expert_types[il]``, 1-D and conv tensors F32, a
+    role whose contract allows only F32 F32 (gpt-oss's expert biases), the router F32 unless
     ``tensor_types`` says otherwise, every other weight ``tensor_types[base]`` or ``dense_type``.
 
     Raises:
@@ -317,9 +336,10 @@ def plan_tensors(spec: ModelSpec) -> list[PlannedTensor]:
     for name, ts, ne, il in g.expected_tensors():
         if ts.role in in_choice and ts.role not in keep_roles:
             continue
-        if ts.optional and not (ts.role == "output.weight" and not spec.tied_output):
+        wanted = ts.role in spec.optional_tensors or (ts.role == "output.weight" and not spec.tied_output)
+        if ts.optional and not wanted:
             continue
-        if ts.role == "ssm_conv1d.weight" or len(ne) == 1:
+        if ts.role == "ssm_conv1d.weight" or len(ne) == 1 or ts.types == ["F32"]:
             type_id = 0  # norms, biases and the conv kernel stay F32 (llama.cpp norms / ssm_conv need F32)
         elif ts.expert is not None:
             et = spec.expert_types[il]
@@ -417,62 +437,3 @@ def write_model(path: str | Path, spec: ModelSpec) -> list[Path]:
         w.write_tensor_data(_tensor_data(spec, t))
     w.close()
     return shard_names(path, spec.n_shards)
-
-
-def _spec(defaults: dict[str, Any], overrides: dict[str, Any]) -> ModelSpec:
-    dims = dict(defaults.pop("dims", {}))
-    if "dims" in overrides:
-        o = overrides.pop("dims")
-        dims.update(o.model_dump() if isinstance(o, ModelDims) else o)
-    return ModelSpec(**{**defaults, **overrides, "dims": ModelDims(**dims)})
-
-
-def qwen3moe_spec(**overrides: Any) -> ModelSpec:
-    """qwen3moe preset: 3 layers, n_embd 256, 8 experts of width 256 (2 used), 4 heads / 2 KV heads of
-    64, vocab 512, dense Q8_0. Expert types differ per layer: (Q4_K, Q8_0), (IQ2_XS, IQ4_NL),
-    (Q6_K, Q5_0) as (gate/up, down). Keyword arguments override ModelSpec fields (``dims`` may be a
-    partial dict)."""
-    return _spec(dict(arch="qwen3moe", name="strata-synth-qwen3moe", n_layers=3,
-                      expert_types=[("Q4_K", "Q8_0"), ("IQ2_XS", "IQ4_NL"), ("Q6_K", "Q5_0")]), overrides)
-
-
-def qwen3next_spec(**overrides: Any) -> ModelSpec:
-    """qwen3next preset: 4 layers (0-2 gated delta net, 3 full attention), n_embd 256, 8 experts of
-    width 256 (2 used) + a shared expert of 256, 4 heads / 2 KV heads of 64, delta net with 2 k-heads
-    and 4 v-heads of 64 (conv 4), vocab 512, dense Q8_0. Experts (gate/up, down): (IQ2_XS, IQ4_NL),
-    (IQ2_XXS, Q8_0), (Q4_K, Q5_0), (Q3_K, Q6_K). ``fused_gate_up=True`` writes ffn_gate_up_exps."""
-    return _spec(dict(arch="qwen3next", name="strata-synth-qwen3next", n_layers=4, dims={"rope_dim": 16},
-                      expert_types=[("IQ2_XS", "IQ4_NL"), ("IQ2_XXS", "Q8_0"), ("Q4_K", "Q5_0"), ("Q3_K", "Q6_K")]),
-                 overrides)
-
-
-def qwen2_spec(**overrides: Any) -> ModelSpec:
-    """qwen2 (dense) preset: 2 layers, n_embd 256, n_ff 512, 4 heads / 2 KV heads of 64 with q/k/v
-    biases, vocab 512, Q8_0 weights except ffn_down Q5_0 and attn_output Q4_0, untied output."""
-    return _spec(dict(arch="qwen2", name="strata-synth-qwen2", n_layers=2,
-                      tensor_types={"ffn_down": "Q5_0", "attn_output": "Q4_0"}), overrides)
-
-
-def gemma3_spec(**overrides: Any) -> ModelSpec:
-    """gemma3 (small dense) preset: 2 layers (0 sliding window 128, 1 global), n_embd 256, n_ff 512,
-    4 heads / 1 KV head of 64, vocab 512, BF16 weights with a Q8_0 token_embd, output tied to token_embd."""
-    return _spec(dict(arch="gemma3", name="strata-synth-gemma3", n_layers=2, dense_type="BF16", add_bos=True,
-                      tensor_types={"token_embd": "Q8_0"}, tied_output=True, dims={"n_head_kv": 1}), overrides)
-
-
-def big_dense_spec(target_bytes: int = 2 << 30, *, seed: int = 0) -> ModelSpec:
-    """A qwen2 spec whose tensor data is at least ``target_bytes`` bytes (default 2 GiB), for copy
-    benchmarks: n_embd 2048, n_ff 8192, 16 heads / 2 KV heads of 128, vocab 512, Q8_0, and as many
-    layers as needed (~63.6 MB each). ``fill="pattern"``: writing 2 GiB takes seconds, not minutes."""
-    dims = dict(n_embd=2048, n_ff=8192, n_head=16, n_head_kv=2, head_dim=128)
-    base = dict(arch="qwen2", name="strata-synth-big-dense", fill="pattern", seed=seed, dims=dims)
-    one = sum(t.nbytes for t in plan_tensors(_spec(dict(base), {"n_layers": 1})))
-    two = sum(t.nbytes for t in plan_tensors(_spec(dict(base), {"n_layers": 2})))
-    per_layer, fixed = two - one, 2 * one - two
-    n_layers = max(1, -(-(int(target_bytes) - fixed) // per_layer))
-    return _spec(dict(base), {"n_layers": n_layers})
-
-
-def write_big_dense(path: str | Path, target_bytes: int = 2 << 30, *, seed: int = 0) -> Path:
-    """Write :func:`big_dense_spec` (>= ``target_bytes`` of real, non-sparse tensor data) to ``path``."""
-    return write_model(path, big_dense_spec(target_bytes, seed=seed))[0]

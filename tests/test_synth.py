@@ -172,20 +172,27 @@ def test_random_blocks_rejects_partial_block():
 # 2. models written with GGUFWriter
 # ---------------------------------------------------------------------------------------------
 
-PRESETS = {"qwen3moe": S.qwen3moe_spec, "qwen3next": S.qwen3next_spec, "qwen2": S.qwen2_spec, "gemma3": S.gemma3_spec}
+PRESETS = S.PRESETS  # preset name -> spec function, one per contract (llama twice: dense and Mixtral style)
 
 
 @pytest.fixture(scope="module")
 def preset_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("presets")
-    return {arch: S.write_model(d / f"{arch}.gguf", f())[0] for arch, f in PRESETS.items()}
+    return {name: S.write_model(d / f"{name}.gguf", f())[0] for name, f in PRESETS.items()}
 
 
-@pytest.mark.parametrize("arch", list(PRESETS))
-def test_preset_reads_back(arch, preset_files):
-    spec = PRESETS[arch]()
+def test_every_contract_has_a_preset():
+    from strata.manifests.contract import known_archs
+
+    assert sorted({f().arch for f in PRESETS.values()}) == known_archs() == sorted(S.ARCHS)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_reads_back(name, preset_files):
+    spec = PRESETS[name]()
+    arch = spec.arch
     plan = S.plan_tensors(spec)
-    r = gguf.GGUFReader(preset_files[arch])
+    r = gguf.GGUFReader(preset_files[name])
     assert [t.name for t in r.tensors] == [p.name for p in plan]
     expect_off = r.data_offset
     for t, p in zip(r.tensors, plan):
@@ -197,7 +204,7 @@ def test_preset_reads_back(arch, preset_files):
         if t.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             x = gguf.quants.dequantize(t.data, t.tensor_type)
             assert np.isfinite(x).all() and np.abs(x).max() < 1.0, t.name
-    assert os.path.getsize(preset_files[arch]) == expect_off
+    assert os.path.getsize(preset_files[name]) == expect_off
     # key types, given explicitly (gguf-py's writer infers INT32 for int lists): counts u32, token_type
     # i32 array, strings arrays
     assert _field(r, "general.architecture") == ([V.STRING], arch)
@@ -210,10 +217,14 @@ def test_preset_reads_back(arch, preset_files):
     assert len(r.fields["tokenizer.ggml.tokens"].contents()) == 512
     assert r.tensors[0].name == "token_embd.weight" and tuple(r.tensors[0].shape) == (256, 512)
     assert r.fields["tokenizer.ggml.eos_token_id"].types == [V.UINT32]
-    if arch in S.MOE_ARCHS:
+    if S.moe_layers(spec):
         assert _field(r, f"{arch}.expert_count") == ([V.UINT32], 8)
         assert _field(r, f"{arch}.expert_used_count") == ([V.UINT32], 2)
-        assert _field(r, f"{arch}.expert_feed_forward_length") == ([V.UINT32], 256)
+        if "n_ff_exp" in S.spec_geometry(spec).manifest.params:
+            assert _field(r, f"{arch}.expert_feed_forward_length") == ([V.UINT32], 256)
+        else:  # llama (Mixtral): llama.cpp makes the experts feed_forward_length wide
+            assert _field(r, f"{arch}.feed_forward_length") == ([V.UINT32], 256)
+            assert f"{arch}.expert_feed_forward_length" not in r.fields
 
 
 def _types(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -595,10 +606,10 @@ def test_broken_unknown_kind(tmp_path):
 # llama.cpp accepts and runs the presets (skipped without llama-cpp-python)
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
-def test_llama_cpp_runs_preset(arch, preset_files):
+@pytest.mark.parametrize("name", ["qwen3moe", "qwen3next", "llama", "llama_moe", "qwen3", "qwen2moe", "deepseek2", "gpt_oss"])
+def test_llama_cpp_runs_preset(name, preset_files):
     llama_cpp = pytest.importorskip("llama_cpp")
-    llm = llama_cpp.Llama(str(preset_files[arch]), n_ctx=128, n_threads=2, logits_all=True, verbose=False)
+    llm = llama_cpp.Llama(str(preset_files[name]), n_ctx=128, n_threads=2, logits_all=True, verbose=False)
     toks = llm.tokenize(b"The capital of France is", add_bos=True)
     assert toks == [280, 315, 263, 503, 312]  # the synthetic BPE's merges are used
     llm.eval(toks)
