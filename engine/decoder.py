@@ -31,7 +31,7 @@ from strata.manifests.contract import Geometry
 from strata.manifests.names import tensor_name
 
 from .deltanet import DeltaNetDims, GatedDeltaNet, RecurrentState
-from .layers import Attention, KVCache, Rope, gated_mlp, rms_norm, route_topk, sigmoid, silu
+from .layers import Attention, KVCache, Rope, gated_mlp, rms_norm, route_topk, sigmoid, silu, to_host
 from .models import UnsupportedModel
 from .numerics import numerics
 from .recipe import Attention as AttentionSpec
@@ -126,7 +126,7 @@ class Decoder:
             self.blocks: list[Block] = [recipe.block(k) for k in self.kinds]
         except KeyError as e:
             raise UnsupportedModel(f"{g.arch}: {e.args[0]}") from None
-        if recipe.moe and experts is None:
+        if any(isinstance(b.ffn, MoEFFN) for b in self.blocks) and experts is None:
             raise ValueError(f"{g.arch} has routed experts: the decoder needs an ExpertPath")
         h = self.hp
         self.attn: list[Attention | None] = []
@@ -176,6 +176,19 @@ class Decoder:
             raise UnsupportedModel(f"{self.arch}: layers rotate different numbers of dims {sorted(dims)}")
         return dims.pop() if dims else self.hp.head_dim
 
+    def rope_mode(self) -> str:
+        """The rope pairing of the attention layers (the recipe's ``rope``: ``neox`` | ``norm``)."""
+        modes = {b.mixer.rope for b in self.blocks if isinstance(b.mixer, AttentionSpec)}
+        if len(modes) > 1:
+            raise UnsupportedModel(f"{self.arch}: layers use different rope pairings {sorted(modes)}")
+        return modes.pop() if modes else "neox"
+
+    def rope_factors(self):
+        """The ``rope_freqs.weight`` factors (f32 ``[n_rot/2]``, host) when the pack has them, else None."""
+        if not self.w.has("rope_freqs.weight"):
+            return None
+        return to_host(self.w.get("rope_freqs.weight"))
+
     def rope_bases(self) -> list[float]:
         """The distinct rope bases of the attention layers (one table each), in layer order."""
         out: list[float] = []
@@ -204,8 +217,9 @@ class Decoder:
         ``n_ctx`` positions, allocated once."""
         h = self.hp
         st = State(n_ctx, KVCache(self.xp, self.kv_sizes(n_ctx, sliding), h.n_head_kv, h.head_dim, h.head_dim_v, kv))
+        mode, factors = self.rope_mode(), self.rope_factors()
         for base in self.rope_bases():
-            st.ropes[base] = Rope(self.xp, self.rope_dim(), base, n_ctx)
+            st.ropes[base] = Rope(self.xp, self.rope_dim(), base, n_ctx, mode, factors)
         rec = [il for il, d in enumerate(self.delta) if d is not None]
         if rec:
             st.recurrent = RecurrentState(self.xp, rec, self.delta_dims)

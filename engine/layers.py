@@ -63,26 +63,47 @@ def softmax(xp, x, axis: int = -1):
     return p / p.sum(axis=axis, keepdims=True)
 
 
-class Rope:
-    """NEOX rotary embedding with a precomputed table for positions ``0..n_ctx-1``.
+#: Rope pairings (llama.cpp ``llama_model_rope_type``): ``neox`` rotates ``(i, i + n_rot/2)``
+#: (qwen2, qwen3, gemma3 ...), ``norm`` rotates adjacent pairs ``(2i, 2i + 1)`` (llama, Mistral, Mixtral).
+ROPE_MODES = ("neox", "norm")
 
-    ``theta_i(p) = p * base^(-2i/n_rot)`` for ``i < n_rot/2``; dims past ``n_rot`` pass through.
-    The table is allocated once per session (the token path allocates nothing of its own).
+
+class Rope:
+    """Rotary embedding with a precomputed table for positions ``0..n_ctx-1`` (ggml ``rope_f32``).
+
+    ``theta_i(p) = p * base^(-2i/n_rot) / factors[i]`` for ``i < n_rot/2`` (``factors``: the
+    ``rope_freqs.weight`` tensor of Llama 3.1+ files, ggml_rope_ext's ``freq_factors``; 1 without
+    it); dims past ``n_rot`` pass through. ``mode`` picks the pairing (:data:`ROPE_MODES`). The
+    table is allocated once per session (the token path allocates nothing of its own).
+
+    Raises:
+        ValueError: an unknown ``mode``, or ``factors`` whose length is not ``n_rot/2``.
     """
 
-    def __init__(self, xp, n_rot: int, base: float, n_ctx: int):
+    def __init__(self, xp, n_rot: int, base: float, n_ctx: int, mode: str = "neox", factors=None):
+        if mode not in ROPE_MODES:
+            raise ValueError(f"rope mode {mode!r}: expected one of {ROPE_MODES}")
         inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+        if factors is not None:
+            f = np.asarray(factors, dtype=np.float64).reshape(-1)
+            if f.size != n_rot // 2:
+                raise ValueError(f"rope_freqs: {f.size} factors, the rope rotates {n_rot} dims (needs {n_rot // 2})")
+            inv = inv / f
         ang = np.arange(n_ctx, dtype=np.float64)[:, None] * inv[None, :]
-        self.n_rot = n_rot
+        self.n_rot, self.mode = n_rot, mode
         self.cos = xp.asarray(np.cos(ang).astype(np.float32))
         self.sin = xp.asarray(np.sin(ang).astype(np.float32))
 
     def __call__(self, xp, x, pos: int):
-        """Rotate ``x [n_head, head_dim]`` for position ``pos``."""
+        """Rotate ``x [n_head, head_dim]`` (numpy order) for position ``pos``."""
         h = self.n_rot // 2
         c, s = self.cos[pos], self.sin[pos]
-        x0, x1 = x[:, :h], x[:, h:self.n_rot]
-        r = xp.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+        if self.mode == "norm":
+            x0, x1 = x[:, 0:self.n_rot:2], x[:, 1:self.n_rot:2]
+            r = xp.stack([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1).reshape(x.shape[0], self.n_rot)
+        else:
+            x0, x1 = x[:, :h], x[:, h:self.n_rot]
+            r = xp.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
         if self.n_rot < x.shape[-1]:
             r = xp.concatenate([r, x[:, self.n_rot:]], axis=-1)
         return r
@@ -268,12 +289,18 @@ class Attention:
 
 
 def gated_mlp(xp, w, il: int, x, act: str):
-    """``down @ (act(gate @ x) * (up @ x))`` (llama.cpp LLM_FFN_PAR); ``act`` is ``silu``, ``gelu``
-    (exact tanh form) or ``gelu_f16`` (llama.cpp CPU's table)."""
-    g = w.matmul(tensor_name("ffn_gate.weight", il), x)
-    u = w.matmul(tensor_name("ffn_up.weight", il), x)
+    """``down @ (act(gate @ x + gate_b) * (up @ x + up_b)) + down_b`` (llama.cpp ``build_ffn``
+    LLM_FFN_PAR; each bias only when the pack has it: llama's optional MLP biases); ``act`` is
+    ``silu``, ``gelu`` (exact tanh form) or ``gelu_f16`` (llama.cpp CPU's table)."""
+
+    def mm(role, v):
+        y = w.matmul(tensor_name(role + ".weight", il), v)
+        b = tensor_name(role + ".bias", il)
+        return y + w.get(b) if w.has(b) else y
+
+    g, u = mm("ffn_gate", x), mm("ffn_up", x)
     a = silu(xp, g) if act == "silu" else gelu_tanh(xp, g) if act == "gelu" else gelu_f16_table(xp, g)
-    return w.matmul(tensor_name("ffn_down.weight", il), a * u)
+    return mm("ffn_down", a * u)
 
 
 def expert_ffn(xp, gate, up, down, x, types: tuple[int, int, int] | None = None):

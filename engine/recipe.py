@@ -43,8 +43,11 @@ class Attention:
         rope_dim: geometry param holding the rotated dims per head (partial rotary); None: head_dim.
         output_gate: the query projection holds ``[q | gate]`` per head and the attention output is
             multiplied by ``sigmoid(gate)`` (qwen3next ``build_layer_attn``).
+        rope: the pairing, ``neox`` or ``norm`` (:data:`strata.engine.layers.ROPE_MODES`; llama.cpp
+            ``llama_model_rope_type``: LLAMA_ROPE_TYPE_NEOX / LLAMA_ROPE_TYPE_NORM).
     """
 
+    rope: Literal["neox", "norm"] = "neox"
     qk_norm: bool = False
     scale_q: bool = False
     rope_base: str = "rope_base"

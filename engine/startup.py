@@ -46,18 +46,22 @@ from .weights import CpuWeights
 DEVICES = ("cpu", "cuda", "sim")
 
 
-def open_checked(pack_dir: str | Path) -> tuple[Pack, Geometry, LoadPlan]:
+def open_checked(pack_dir: str | Path, *, runnable: bool = False) -> tuple[Pack, Geometry, LoadPlan]:
     """The ``pack`` stage: open the pack with the strict readers, rebuild its geometry through the
-    manifest and assert every tensor's shape (:func:`loader.check_pack`).
+    manifest and assert every tensor's shape (:func:`loader.check_pack`). ``runnable``: first refuse
+    an architecture the engine has no forward pass for (named, before any type or shape check).
 
     Raises:
         PackFormatError, ManifestError, LoadError: as the callees do, before any weight is read.
+        UnsupportedModel: ``runnable`` and no model file for the pack's architecture.
     """
     pool = Path(pack_dir) / POOL_FILE
     if pool.exists() and not pool.is_file():
         raise LoadError(f"{pool}: not a file (a {'directory' if pool.is_dir() else 'special file'}); the dense "
                         f"weights pool must be a regular file")
     pack = open_pack(pack_dir)
+    if runnable:
+        recipe_for(pack.arch)
     geom = geometry_from_params(pack.arch, pack.geometry_params)
     return pack, geom, check_pack(pack, geom)
 
@@ -229,7 +233,7 @@ def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: 
     nx = get_numerics(opts.numerics)
     cps = Checkpoints(on_checkpoint)
     with cps.stage("pack") as note:
-        pack, geom, plan = open_checked(pack_dir)
+        pack, geom, plan = open_checked(pack_dir, runnable=True)
         recipe = recipe_for(pack.arch)
         note["arch"] = pack.arch
         note["device"] = dev.describe()

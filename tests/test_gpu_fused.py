@@ -46,7 +46,9 @@ def packs(tmp_path_factory):
     d = tmp_path_factory.mktemp("fused_packs")
     out = {}
     for name, spec in (("qwen2", synth.qwen2_spec()), ("gemma3", synth.gemma3_spec()), ("gemma_swa", _gemma_swa_spec()),
-                       ("moe", synth.qwen3moe_spec()), ("q3n", synth.qwen3next_spec())):
+                       ("moe", synth.qwen3moe_spec()), ("q3n", synth.qwen3next_spec()), ("llama", synth.llama_spec()),
+                       ("qwen3", synth.qwen3_spec()), ("llama_moe", synth.llama_moe_spec()),
+                       ("qwen2moe", synth.qwen2moe_spec())):
         paths = synth.write_model(d / f"{name}.gguf", spec)
         build_pack(paths[0], d / f"{name}-pack", progress=False)
         out[name] = d / f"{name}-pack"
@@ -76,19 +78,37 @@ def _logits_per_position(eng, ids: list[int]) -> list[np.ndarray]:
 
 # ------------------------------------------------------------------ sim backend (CI)
 
-@pytest.mark.parametrize("name,n", [("qwen2", 24), ("gemma3", 24), ("gemma_swa", 40)])
+@pytest.mark.parametrize("name,n", [("qwen2", 24), ("gemma3", 24), ("gemma_swa", 40), ("llama", 24), ("qwen3", 24),
+                                    ("llama_moe", 24)])
 def test_sim_fused_equals_generic_bitwise_and_cpu_tokens(packs, name, n):
-    """gemma_swa: 40 positions wrap the 16-position rings of its sliding layers."""
+    """gemma_swa: 40 positions wrap the 16-position rings of its sliding layers; llama: NORM rope with
+    rope_freqs factors; qwen3: q/k norms, q wider than n_embd; llama_moe: Mixtral-style experts."""
     ids = _ids(n)
     fused = load_engine(packs[name], device="cuda", n_ctx=64, backend=SimBackend())
     generic = load_engine(packs[name], device="cuda", n_ctx=64, backend=SimBackend(), fused=False)
     assert fused.decoder is not None and generic.decoder is None
-    assert fused.gpu.decode_path.startswith("fused dense step") and generic.gpu.decode_path.startswith("generic")
+    assert fused.gpu.decode_path.startswith("fused") and generic.gpu.decode_path.startswith("generic")
     rf = generate(fused, prompt_ids=ids, n_tokens=6, ignore_eos=True)
     rg = generate(generic, prompt_ids=ids, n_tokens=6, ignore_eos=True)
     assert rf.output_ids == rg.output_ids and _tops_equal(rf, rg)
     cpu = generate(load_engine(packs[name], n_ctx=64), prompt_ids=ids, n_tokens=6, ignore_eos=True)
     assert rf.output_ids == cpu.output_ids
+
+
+def test_sim_fused_shared_expert_gate_tokens(packs):
+    """qwen2moe: routed experts without renormalisation plus the shared expert and its sigmoid gate
+    (a one-row F32 matvec in the fused step, a dot product on the generic path: the same tokens, the
+    logits within float summation order)."""
+    ids = _ids(24)
+    a = _logits_per_position(load_engine(packs["qwen2moe"], device="cuda", n_ctx=64, backend=SimBackend()), ids)
+    b = _logits_per_position(load_engine(packs["qwen2moe"], device="cuda", n_ctx=64, backend=SimBackend(),
+                                         fused=False), ids)
+    assert all(int(np.argmax(x)) == int(np.argmax(y)) for x, y in zip(a, b))
+    assert max(float(np.abs(x - y).max()) for x, y in zip(a, b)) < 1e-4
+    f = generate(load_engine(packs["qwen2moe"], device="cuda", n_ctx=64, backend=SimBackend(), resident="half"),
+                 prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    cpu = generate(load_engine(packs["qwen2moe"], n_ctx=64), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    assert f.output_ids == cpu.output_ids
 
 
 def test_sim_fused_full_logits_equal_generic_every_position(packs):
@@ -260,7 +280,7 @@ def test_cuda_graph_and_eager_logits_bit_identical(packs, name, n):
 
 @pytest.mark.gpu
 @skip_no_gpu
-@pytest.mark.parametrize("name", ["qwen2", "gemma3", "gemma_swa"])
+@pytest.mark.parametrize("name", ["qwen2", "gemma3", "gemma_swa", "llama", "qwen3", "llama_moe", "qwen2moe"])
 def test_cuda_fused_tokens_match_cpu_and_generic(packs, name):
     import cupy as cp
 

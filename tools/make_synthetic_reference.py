@@ -50,6 +50,13 @@ PRESETS: dict[str, tuple[str, dict, list[str]]] = {
                                             "expert_types": [("IQ2_XS", "IQ4_NL"), ("IQ2_XXS", "Q2_0"),
                                                              ("Q4_K", "Q5_0"), ("Q3_K", "Q6_K")]},
                               _MOE_PROMPTS[:3] + [_WORDS]),
+    # issue 13's engine architectures: llama (NORM rope with Llama 3.1 rope_freqs factors), Mixtral-style
+    # llama experts, qwen3 (q/k norms, q width != n_embd), qwen2moe (shared expert, no renormalisation)
+    "llama": ("llama", {"seed": 7}, ["The capital of France is", "The quick brown fox jumps over the lazy dog",
+                                     _WORDS]),
+    "llama_moe": ("llama_moe", {"seed": 7}, _MOE_PROMPTS),
+    "qwen3": ("qwen3", {"seed": 7}, ["The capital of France is", "Numbers like 0 1 2 3", _WORDS]),
+    "qwen2moe": ("qwen2moe", {"seed": 7}, _MOE_PROMPTS),
 }
 
 

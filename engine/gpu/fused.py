@@ -100,10 +100,14 @@ def fused_unsupported(model) -> str | None:
     nx = model.nx
     if nx.act_quant or nx.attn_f16 or nx.gelu_f16_table:
         return f"numerics profile {nx.name}: the fused kernels implement the f32 profile only"
+    biases = [n for n in ("ffn_gate.bias", "ffn_up.bias", "ffn_down.bias")
+              if any(model.w.has(tensor_name(n, il)) for il in range(model.hp.n_layer))]
+    if biases:
+        return f"{arch}: MLP biases ({', '.join(biases)}): the fused act_mul kernel takes none"
     h = model.hp
     if h.n_head % h.n_head_kv:
         return f"n_head {h.n_head} is not a multiple of n_head_kv {h.n_head_kv}"
-    if model.recipe.moe and not 0 < h.n_expert_used <= MAX_EXPERTS_USED:
+    if model.experts is not None and not 0 < h.n_expert_used <= MAX_EXPERTS_USED:
         return f"n_expert_used {h.n_expert_used}: the fused routing kernel selects 1..{MAX_EXPERTS_USED} experts"
     return None
 

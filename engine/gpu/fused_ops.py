@@ -150,7 +150,7 @@ class CudaOps:
                            self._p(L.knw), L.rope.cos, L.rope.sin, L.params, L.qo, kc, vc, np.int32(L.n_head),
                            np.int32(L.n_kv), np.int32(L.hd), np.int32(L.hd_v), np.int32(L.rope.n_rot),
                            np.int32(L.cache.sizes[L.il]), np.float32(L.eps), np.float32(L.scale),
-                           np.int32(L.scale_q), np.int32(L.cache.kv == "f16")),
+                           np.int32(L.scale_q), np.int32(L.cache.kv == "f16"), np.int32(L.rope.mode == "norm")),
                           shmem=4 * L.hd)
 
     def attn(self, L: AttnIO):

@@ -81,7 +81,8 @@ extern "C" __global__ void resid_norm(float* __restrict__ x, const float* __rest
 }
 
 // CTA b < n_head: query head b; else KV head b - n_head. Per head: + bias, RMS norm (if nw),
-// NEOX rope at pos = params[0] (cos/sin rows of the rope table), then q: * qscale (if scale_q) -> qo;
+// rope at pos = params[0] (cos/sin rows of the rope table; rope_norm: adjacent pairs (2i, 2i+1),
+// llama; else NEOX pairs (i, i + n_rot/2)), then q: * qscale (if scale_q) -> qo;
 // k -> K cache and (KV CTAs) v + bias -> V cache, both at ring slot pos % size.
 extern "C" __global__ void qk_prep(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                                    const float* __restrict__ qb, const float* __restrict__ kb, const float* __restrict__ vb,
@@ -90,7 +91,7 @@ extern "C" __global__ void qk_prep(const float* __restrict__ q, const float* __r
                                    const int* __restrict__ params, float* __restrict__ qo, void* __restrict__ kc,
                                    void* __restrict__ vc, const int n_head, const int n_kv, const int hd, const int hd_v,
                                    const int n_rot, const int size, const float eps, const float qscale,
-                                   const int scale_q, const int kv_f16) {
+                                   const int scale_q, const int kv_f16, const int rope_norm) {
     extern __shared__ float sh[];  // hd floats
     __shared__ float red[32];
     const int b = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
@@ -119,9 +120,10 @@ extern "C" __global__ void qk_prep(const float* __restrict__ q, const float* __r
     const i64 slot = pos % size;
     for (int d = tid; d < hd; d += nt) {
         float o;
-        if (d < half) o = sh[d] * c[d] - sh[d + half] * s[d];
-        else if (d < n_rot) o = sh[d - half] * s[d - half] + sh[d] * c[d - half];
-        else o = sh[d];
+        if (d >= n_rot) o = sh[d];
+        else if (rope_norm) o = (d & 1) ? sh[d - 1] * s[d >> 1] + sh[d] * c[d >> 1] : sh[d] * c[d >> 1] - sh[d + 1] * s[d >> 1];
+        else if (d < half) o = sh[d] * c[d] - sh[d + half] * s[d];
+        else o = sh[d - half] * s[d - half] + sh[d] * c[d - half];
         if (isq) {
             if (scale_q) o = o * qscale;
             qo[(i64)h * hd + d] = o;
