@@ -4,7 +4,7 @@ PIP ?= $(PYTHON) -m pip
 DEMO_MODEL ?= gemma3-270m
 DEMO_DIR ?= demo-out
 
-.PHONY: install demo test test-fast bench bench-gpu fetch-models reference clean
+.PHONY: install demo test test-fast bench bench-gpu bench-moe fetch-models reference clean
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -31,6 +31,10 @@ bench: install
 
 bench-gpu: install
 	$(PYTHON) bench/bench_gpu.py
+
+# MoE / dense decode at real models' geometry, strata vs llama.cpp (LLAMA_BENCH=path/to/llama-bench)
+bench-moe: install
+	$(PYTHON) bench/bench_moe.py --geometry qwen3moe-30b-a3b --geometry qwen2-7b --cpu $(if $(LLAMA_BENCH),--llama-bench $(LLAMA_BENCH),)
 
 fetch-models: install
 	$(PYTHON) -m strata.packer.fetch gemma3-270m && $(PYTHON) -m strata.packer.fetch qwen2.5-0.5b

@@ -1,0 +1,206 @@
+"""MoE (and dense) decode at real models' geometry: strata's engine vs llama.cpp on the same files.
+
+Not a test: a benchmark for the GPU machine (``make bench-moe``; issue 9's table). For each geometry
+below it writes a synthetic GGUF of that shape with :func:`strata.testing.write_model`
+(``fill="pattern"``: one ~64 KiB random block pattern per tensor, tiled, so 18 GiB take seconds;
+random weights give meaningless text but real byte traffic), builds the pack, and measures:
+
+- strata ``--device cuda``: start-up per checkpoint (s), then greedy decode tok/s (a 16-token
+  prompt, ``--tokens`` generated, EOS ignored) with the experts of ALL layers resident, of the last
+  half of the layers (layers 0..L/2-1 computed on the CPU: what llama.cpp's ``--n-cpu-moe L/2``
+  keeps on the CPU), and of NONE (``--expert-cache 0``); the decode path and launches per token;
+- strata ``--device cpu`` (``--cpu``);
+- llama.cpp (``--llama-bench PATH``, a CUDA build): ``llama-bench -p 0 -n N -ngl 99 -ncmoe 0,L/2,L``
+  (and ``-ngl 0`` for the CPU row), its ``avg_ts``.
+
+Prints a table (tok/s side by side, ratio) and writes every number to ``--json`` (default
+``$OUT/bench_moe.json``).
+
+Geometries (``--geometry``, repeatable; sizes of the written file):
+
+- ``qwen3moe-30b-a3b``: Qwen3-30B-A3B's shape: 48 layers, n_embd 2048, 32 q / 4 kv heads of 128,
+  128 experts of 768 (8 used), vocab 151936; experts Q4_K gate/up + Q6_K down, dense Q8_0 (~18 GiB);
+- ``qwen2-7b``: Qwen2.5-7B's shape: 28 layers, n_embd 3584, 28 / 4 heads of 128, n_ff 18944, vocab
+  152064; Q4_K with Q6_K ffn_down and output (~4.6 GiB);
+- ``qwen3moe-small``: a 4-layer, 32-expert qwen3moe for a dry run of this script (any machine).
+
+    python bench/bench_moe.py --work /tmp/bench_moe [--geometry qwen3moe-30b-a3b] [--tokens 64]
+                              [--llama-bench build/bin/llama-bench] [--cpu] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def geometries():
+    """name -> ModelSpec (strata.testing presets with real models' dimensions, pattern fill)."""
+    from strata import testing as synth
+
+    q30 = synth.qwen3moe_spec(
+        name="synthetic Qwen3-30B-A3B geometry", n_layers=48, fill="pattern", seed=1,
+        dims={"n_embd": 2048, "n_head": 32, "n_head_kv": 4, "head_dim": 128, "n_expert": 128, "n_expert_used": 8,
+              "n_ff_exp": 768, "n_vocab": 151936, "context_length": 40960},
+        expert_types=[("Q4_K", "Q6_K")] * 48)
+    q7 = synth.qwen2_spec(
+        name="synthetic Qwen2.5-7B geometry", n_layers=28, fill="pattern", seed=1, dense_type="Q4_K",
+        tensor_types={"ffn_down": "Q6_K", "output": "Q6_K", "attn_output": "Q4_K"},
+        dims={"n_embd": 3584, "n_head": 28, "n_head_kv": 4, "head_dim": 128, "n_ff": 18944, "n_vocab": 152064,
+              "context_length": 32768})
+    small = synth.qwen3moe_spec(
+        name="small qwen3moe (dry run)", n_layers=4, fill="pattern", seed=1,
+        dims={"n_embd": 512, "n_head": 8, "n_head_kv": 2, "head_dim": 64, "n_expert": 32, "n_expert_used": 4,
+              "n_ff_exp": 256, "n_vocab": 2048},
+        expert_types=[("Q4_K", "Q6_K")] * 4)
+    return {"qwen3moe-30b-a3b": q30, "qwen2-7b": q7, "qwen3moe-small": small}
+
+
+def _prompt_ids(n: int = 16) -> list[int]:
+    return [int(10 + 7 * i) for i in range(n)]
+
+
+def strata_run(pack: Path, device: str, tokens: int, **opts) -> dict:
+    """Load the engine (start-up timed per checkpoint) and decode; returns the figures."""
+    from strata.engine.generate import generate
+    from strata.engine.startup import load_engine
+
+    t0 = time.perf_counter()
+    eng = load_engine(pack, device=device, n_ctx=512, **opts)
+    startup = time.perf_counter() - t0
+    r = generate(eng, prompt_ids=_prompt_ids(), n_tokens=tokens, ignore_eos=True)
+    out = {"startup_s": round(startup, 2),
+           "checkpoints_s": {c.name: round(c.seconds, 2) for c in eng.checkpoints if hasattr(c, "seconds")},
+           "decode_tok_s": round(float(r.tokens_per_second), 2), "tokens": r.output_ids[:8],
+           "expert_hits": getattr(r, "expert_hits", None), "expert_misses": getattr(r, "expert_misses", None)}
+    gpu = getattr(eng, "gpu", None)
+    if gpu is not None:
+        out["decode_path"] = gpu.decode_path
+        out["launches_per_token"] = gpu.launches_per_token
+        if gpu.slot_plan is not None:
+            out["slots"] = gpu.slot_plan.slots
+    del eng
+    return out
+
+
+def llama_bench(exe: str, gguf: Path, tokens: int, ngl: int, ncmoe: list[int] | None, threads: int) -> list[dict]:
+    """llama-bench's tg rows (``avg_ts``) for ``ncmoe`` values (None: no -ncmoe flag)."""
+    cmd = [exe, "-m", str(gguf), "-p", "0", "-n", str(tokens), "-ngl", str(ngl), "-r", "2", "-t", str(threads),
+           "-o", "json"]
+    if ncmoe is not None:
+        cmd += ["-ncmoe", ",".join(str(n) for n in ncmoe)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} -> exit {p.returncode}: {p.stderr[-800:]}")
+    rows = json.loads(p.stdout)
+    return [{"n_cpu_moe": r.get("n_cpu_moe"), "ngl": r.get("n_gpu_layers"), "avg_ts": r.get("avg_ts"),
+             "stddev_ts": r.get("stddev_ts")} for r in rows]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", default="/tmp/bench_moe", help="where the GGUFs and packs are written")
+    ap.add_argument("--geometry", action="append", help="geometry name (repeatable; default qwen3moe-30b-a3b)")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--llama-bench", default=None, help="path of a CUDA llama-bench (skipped when absent)")
+    ap.add_argument("--cpu", action="store_true", help="also the CPU path (strata and llama.cpp -ngl 0)")
+    ap.add_argument("--no-gpu", action="store_true", help="skip strata's GPU rows (a dry run without CuPy)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    from strata import testing as synth
+    from strata.packer.build import build_pack
+
+    geos = geometries()
+    names = args.geometry or ["qwen3moe-30b-a3b"]
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    results: dict = {"tokens": args.tokens, "threads": args.threads, "rows": []}
+    table: list[tuple[str, str, float | None, float | None]] = []
+    for name in names:
+        spec = geos[name]
+        gguf = work / f"{name}.gguf"
+        t0 = time.perf_counter()
+        if not gguf.exists():
+            synth.write_model(gguf, spec)
+        t_write = time.perf_counter() - t0
+        pack = work / f"{name}-pack"
+        t0 = time.perf_counter()
+        if not pack.exists():
+            build_pack(gguf, pack, progress=False)
+        t_pack = time.perf_counter() - t0
+        gib = gguf.stat().st_size / 2**30
+        print(f"[{name}] {gib:.2f} GiB written in {t_write:.1f} s, packed in {t_pack:.1f} s", flush=True)
+        row: dict = {"geometry": name, "file_gib": round(gib, 3), "write_s": round(t_write, 1),
+                     "pack_s": round(t_pack, 1), "spec": spec.model_dump(mode="json", exclude={"expert_types"}),
+                     "strata": {}, "llama.cpp": {}}
+        L = spec.n_layers
+        moe = bool(synth.moe_layers(spec))
+        E = spec.dims.n_expert
+        # strata rows: key -> engine options; llama.cpp's -ncmoe value for the same share on the CPU
+        cases: list[tuple[str, dict, int | None]] = []
+        if moe:
+            half = [(il, e, 1) for il in range(L // 2, L) for e in range(E)]  # last half resident
+            cases = [("gpu, all experts resident", {}, 0),
+                     (f"gpu, layers {L // 2}..{L - 1} resident (ncmoe {L // 2})", {"profile": half}, L // 2),
+                     ("gpu, no expert resident", {"expert_cache": 0}, L)]
+        else:
+            cases = [("gpu", {}, None)]
+        lb: dict[int | None, float] = {}
+        if args.llama_bench and Path(args.llama_bench).exists():
+            try:
+                rows = llama_bench(args.llama_bench, gguf, args.tokens, 99, [c[2] for c in cases] if moe else None,
+                                   args.threads)
+                row["llama.cpp"]["gpu"] = rows
+                for r in rows:
+                    lb[r["n_cpu_moe"] if moe else None] = r["avg_ts"]
+            except Exception as e:  # reported, the strata rows still run
+                row["llama.cpp"]["gpu_error"] = str(e)
+                print(f"  llama-bench failed: {e}", flush=True)
+        for key, opts, ncmoe in cases:
+            if args.no_gpu:
+                table.append((name, key, None, lb.get(ncmoe)))
+                continue
+            try:
+                r = strata_run(pack, "cuda", args.tokens, **opts)
+            except Exception as e:
+                r = {"error": f"{type(e).__name__}: {e}"}
+            row["strata"][key] = r
+            print(f"  strata {key}: {r}", flush=True)
+            table.append((name, key, r.get("decode_tok_s"), lb.get(ncmoe)))
+        if args.cpu:
+            try:
+                r = strata_run(pack, "cpu", max(8, args.tokens // 8))
+            except Exception as e:
+                r = {"error": f"{type(e).__name__}: {e}"}
+            row["strata"]["cpu"] = r
+            print(f"  strata cpu: {r}", flush=True)
+            lcpu = None
+            if args.llama_bench and Path(args.llama_bench).exists():
+                try:
+                    rows = llama_bench(args.llama_bench, gguf, max(8, args.tokens // 8), 0, None, args.threads)
+                    row["llama.cpp"]["cpu"] = rows
+                    lcpu = rows[0]["avg_ts"]
+                except Exception as e:
+                    row["llama.cpp"]["cpu_error"] = str(e)
+            table.append((name, f"cpu ({args.threads} threads)", r.get("decode_tok_s"), lcpu))
+        results["rows"].append(row)
+    path = args.json or (os.path.join(os.environ["OUT"], "bench_moe.json") if os.environ.get("OUT") else None)
+    if path:
+        Path(path).write_text(json.dumps(results, indent=1) + "\n")
+    print(f"\n{'geometry':<18} {'case':<44} {'strata tok/s':>12} {'llama.cpp':>10} {'ratio':>6}")
+    for name, key, s, l in table:
+        ratio = f"{s / l:.2f}" if s and l else "-"
+        print(f"{name:<18} {key:<44} {s if s is not None else '-':>12} {l if l is not None else '-':>10} {ratio:>6}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The MoE-at-scale run on the GPU machine (not a test): issue 9's table, in two device calls.
+#
+#   STEP=1 bash bench/device_moe.sh   # carry [".whl", ".lcp"]: environment, llama.cpp CUDA build started in
+#                                     # the background (setsid), the GPU tests, strata's rows of bench_moe.py
+#   STEP=2 bash bench/device_moe.sh   # (same machine, still warm) llama-bench's rows on the same files
+#
+# .lcp/llama.cpp.tar.xz: the tree vendored in the llama-cpp-python 0.3.36 sdist without models/, docs/,
+# media/, gguf-py/ and the server's web assets. Everything lands in $OUT (at most 8 files come back).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-/tmp/device_moe}
+WORK=${WORK:-/tmp/device_moe_work}
+GEOS=${GEOS:-"--geometry qwen3moe-30b-a3b --geometry qwen2-7b"}
+TOKENS=${TOKENS:-64}
+mkdir -p "$OUT" "$WORK"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    >/dev/null 2>&1 || echo "!! wheel install failed"
+mkdir -p "$WORK/src/strata"
+for d in packer budget engine manifests testing; do ln -sfn "$ROOT/$d" "$WORK/src/strata/$d"; done
+export PYTHONPATH=$WORK/src:/tmp/site
+T0=$(date +%s)
+step() { echo; echo "== [$(( $(date +%s) - T0 )) s] $*"; }
+
+if [ "${STEP:-1}" = 1 ]; then
+    step "llama.cpp CUDA build (background)"
+    if [ ! -x /tmp/lcp/llama.cpp/build/bin/llama-bench ]; then
+        mkdir -p /tmp/lcp && tar -xJf .lcp/llama.cpp.tar.xz -C /tmp/lcp
+        setsid bash -c 'cd /tmp/lcp/llama.cpp && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+            -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+            -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF > /tmp/lcp/build.log 2>&1 && \
+            nice cmake --build build --target llama-bench -j 12 >> /tmp/lcp/build.log 2>&1; echo "exit $?" >> /tmp/lcp/build.log' \
+            < /dev/null > /dev/null 2>&1 &
+    fi
+    nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
+    step "GPU tests"
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_fused.py tests/test_gpu_engine.py \
+        tests/test_gpu_kernels.py -x 2>&1 | tee "$OUT/gpu_tests.txt" | tail -25
+    step "strata rows"
+    # shellcheck disable=SC2086
+    python3 bench/bench_moe.py --work "$WORK/bench" $GEOS --tokens "$TOKENS" --json "$OUT/bench_moe_strata.json" \
+        2>&1 | tee "$OUT/bench_moe_strata.log" | tail -40
+    step "llama.cpp build so far"
+    tail -3 /tmp/lcp/build.log
+else
+    step "llama.cpp build"
+    for _ in $(seq 1 60); do grep -q "^exit" /tmp/lcp/build.log 2>/dev/null && break; sleep 5; done
+    tail -3 /tmp/lcp/build.log
+    step "llama.cpp rows"
+    # shellcheck disable=SC2086
+    python3 bench/bench_moe.py --work "$WORK/bench" $GEOS --tokens "$TOKENS" --no-gpu \
+        --cpu --llama-bench /tmp/lcp/llama.cpp/build/bin/llama-bench --json "$OUT/bench_moe_llama.json" \
+        2>&1 | tee "$OUT/bench_moe_llama.log" | tail -30
+fi
+step "done"
