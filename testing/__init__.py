@@ -9,7 +9,8 @@ same arguments give byte-identical files. Five modules, one job each:
   fields are overwritten with a small positive scale; FORMATS.md section 2), the tiled pattern fill
   and the per-tensor random streams.
 - :mod:`.tokenizer` - :func:`synth_tokenizer`: a small byte-level BPE vocabulary llama.cpp accepts,
-  and its ``tokenizer.ggml.*`` keys.
+  and its ``tokenizer.ggml.*`` keys; :data:`TOKENIZER_CASES`: one vocabulary per pre-tokenizer strata
+  accepts and SentencePiece ones, compared with llama.cpp (:func:`write_tokenizer_case`).
 - :mod:`.models` - :func:`write_model`: small models of the four architectures strata knows
   (``qwen3moe``, ``qwen3next``, ``qwen2``, ``gemma3``) written with ``gguf.GGUFWriter``, with
   per-layer expert types, optional fused gate/up experts and llama-gguf-split style shards. The
@@ -33,8 +34,11 @@ from .gguf_writer import KV, DataMode, HeaderLayout, TensorDecl, TensorLayout, w
 from .models import (
     ARCHS, DENSE_TYPES, MOE_ARCHS, ExpertTypes, ModelDims, ModelSpec, PlannedTensor, big_dense_spec, gemma3_spec,
     model_kv, plan_tensors, qwen2_spec, qwen3moe_spec, qwen3next_spec, shard_names, write_big_dense, write_model,
+    write_tokenizer_case,
 )
-from .tokenizer import SPECIAL_TOKENS, SynthTokenizer, bytes_to_unicode, synth_tokenizer, tokenizer_kv
+from .tokenizer import (
+    SPECIAL_TOKENS, TOKENIZER_CASES, SynthTokenizer, bytes_to_unicode, synth_tokenizer, tokenizer_case_kv, tokenizer_kv,
+)
 
 __all__ = [
     "ARCHS", "BROKEN_KINDS", "DENSE_TYPES", "DOCUMENTS_EXPERT_CYCLE", "DataMode", "ExpertTypes", "GGUF_QUANTIZABLE",
@@ -43,4 +47,5 @@ __all__ = [
     "documents_qwen3next_plan", "gemma3_spec", "make_random_blocks", "model_kv", "pattern_fill", "plan_tensors",
     "qwen2_spec", "qwen3moe_spec", "qwen3next_spec", "shard_names", "synth_tokenizer", "tensor_rng", "to_type_id",
     "tokenizer_kv", "write_big_dense", "write_broken", "write_broken_base", "write_header_only", "write_model",
+    "TOKENIZER_CASES", "tokenizer_case_kv", "write_tokenizer_case",
 ]

@@ -28,7 +28,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from strata.packer import quants
 
 from .blocks import make_random_blocks, pattern_fill, tensor_rng, to_type_id
-from .tokenizer import synth_tokenizer, tokenizer_kv
+from .tokenizer import synth_tokenizer, tokenizer_case_kv, tokenizer_kv
 
 __all__ = [
     "ARCHS", "DENSE_TYPES", "MOE_ARCHS", "ExpertTypes", "ModelDims", "ModelSpec", "PlannedTensor", "TypeId",
@@ -384,7 +384,7 @@ def _partition(n: int, n_shards: int, empty_first: bool) -> list[range]:
     return ([range(0)] if empty_first else []) + parts
 
 
-def write_model(path: str | Path, spec: ModelSpec) -> list[Path]:
+def write_model(path: str | Path, spec: ModelSpec, tokenizer: list[tuple[str, int, Any, int | None]] | None = None) -> list[Path]:
     """Write the synthetic model ``spec`` with ``gguf.GGUFWriter``; returns the files written.
 
     One file at ``path``, or ``spec.n_shards`` files named by :func:`shard_names` laid out like
@@ -393,11 +393,16 @@ def write_model(path: str | Path, spec: ModelSpec) -> list[Path]:
     ``split.tensors.count`` (i32); later shards carry only those three keys. Tensors are spread
     over the (non-empty) shards in order, by count. Data alignment 32 (no ``general.alignment`` key).
     Tensor data is generated and written one tensor at a time (memory ~ the largest tensor).
+    ``tokenizer``: ``tokenizer.*`` KVs written instead of the synthetic tokenizer's (e.g.
+    :func:`strata.testing.tokenizer.tokenizer_case_kv`; ``spec.dims.n_vocab`` must be its token count).
     """
     path = Path(path)
     plan = plan_tensors(spec)
     w = gguf.GGUFWriter(path, spec.arch)
-    for key, vtype, value, sub in model_kv(spec):
+    kvs = model_kv(spec)
+    if tokenizer is not None:
+        kvs = [kv for kv in kvs if not kv[0].startswith("tokenizer.")] + list(tokenizer)
+    for key, vtype, value, sub in kvs:
         w.add_key_value(key, value, vtype, sub_type=sub)
     for t in plan:
         # Pass the element shape (numpy order) with a non-uint8 dtype and raw_dtype=type id:
@@ -418,6 +423,16 @@ def write_model(path: str | Path, spec: ModelSpec) -> list[Path]:
         w.write_tensor_data(_tensor_data(spec, t))
     w.close()
     return shard_names(path, spec.n_shards)
+
+
+def write_tokenizer_case(path: str | Path, name: str) -> Path:
+    """A tiny qwen2 model (1 layer) carrying the vocabulary of tokenizer case ``name``
+    (:data:`strata.testing.tokenizer.TOKENIZER_CASES`): what llama.cpp loads with ``vocab_only`` and
+    ``strata-pack build`` packs. Returns its path."""
+    kv, n_vocab = tokenizer_case_kv(name)
+    spec = qwen2_spec(name=f"strata-synth-tokenizer-{name}", n_layers=1,
+                      dims={"n_vocab": n_vocab, "n_embd": 64, "n_ff": 128, "n_head": 2, "n_head_kv": 1, "head_dim": 32})
+    return write_model(path, spec, tokenizer=kv)[0]
 
 
 def _spec(defaults: dict[str, Any], overrides: dict[str, Any]) -> ModelSpec:
