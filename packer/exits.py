@@ -45,25 +45,43 @@ NEGATIVE: dict[str, str] = {
 COMMANDS = ("strata-pack build", "strata-pack verify", "strata-pack inspect", "strata-pack fetch",
             "strata-budget check", "strata-engine generate", "strata-engine measure", "strata-engine profile")
 
-EXIT_HELP = ("Exit codes: 0 ok, 1 a negative answer ({neg}), 2 refused (bad input), "
-             "130 SIGINT (Ctrl-C), 143 SIGTERM, 141 stdout closed.")
+
+#: What exit 2 means, per command (always one ``error: ...`` line; with ``--json`` an error object too).
+REFUSED: dict[str, str] = {
+    "strata-pack build": "not a GGUF, a foreign shard or a big-endian file, an unsupported tokenizer, an output that "
+                         "exists or cannot be written (the bytes needed and free when the disk is full)",
+    "strata-pack verify": "not a pack (missing, empty, a GGUF file), a source shard moved (`--source-dir`) or unreadable: "
+                          "nothing compared",
+    "strata-pack inspect": "neither a GGUF nor a pack, a `--parquet` file that cannot be written",
+    "strata-pack fetch": "an unknown name, an unusable cache directory, not enough free space",
+    "strata-budget check": "a semantic error in the pack (every failure listed), not a pack, a bad card, option or profile",
+    "strata-engine generate": "not a pack, a pack the engine cannot load, a refused request (`--chat` without a chat "
+                              "template, prompt + tokens beyond `--ctx`, ...)",
+    "strata-engine measure": "no CUDA GPU, not a pack, a pack that cannot load, an option out of range",
+    "strata-engine profile": "not a pack, a missing prompts file, an `-o` that cannot be written",
+}
+OK: dict[str, str] = {
+    "strata-pack build": "the pack is written and re-read", "strata-pack verify": "identical to its sources",
+    "strata-pack inspect": "the table is printed", "strata-pack fetch": "the verified model's path is printed",
+    "strata-budget check": "the audit passes and the plan fits", "strata-engine generate": "the text is generated",
+    "strata-engine measure": "every exact term equal, the total within tolerance",
+    "strata-engine profile": "the profile is written",
+}
+SIGNALS_NOTE = ("Every command: **130** when interrupted by SIGINT (Ctrl-C), **143** by SIGTERM (128 + the signal "
+                "number; 129 for SIGHUP), after its cleanup: one `error: interrupted by SIG...` line, no traceback, "
+                "nothing half-written (outputs are written under a temporary name and renamed when complete; "
+                "`generate` keeps the tokens it printed). **141** when the reader of stdout goes away (`| head`), "
+                "silently.")
 
 
 def exit_table() -> str:
-    """The README's exit-code table (Markdown), generated from :data:`COMMANDS` and :data:`NEGATIVE`
-    (``tests/test_exit_codes.py`` checks the README holds exactly this text)."""
-    rows = ["| command | 0 | 1 | 2 | 130 / 143 / 129 | 141 |", "|---|---|---|---|---|---|"]
-    ok = {
-        "strata-pack build": "the pack is written and re-read", "strata-pack verify": "identical to its sources",
-        "strata-pack inspect": "table printed", "strata-pack fetch": "the verified model's path printed",
-        "strata-budget check": "audit passed and the plan fits", "strata-engine generate": "text generated",
-        "strata-engine measure": "every exact term equal, total within tolerance",
-        "strata-engine profile": "profile written",
-    }
+    """The README's exit-code table (Markdown) and its note on signals, generated from :data:`COMMANDS`,
+    :data:`OK`, :data:`NEGATIVE` and :data:`REFUSED` (``tests/test_exit_codes.py`` checks that the README
+    holds exactly this text and produces every cell)."""
+    rows = ["| command | 0 | 1 | 2 |", "|---|---|---|---|"]
     for c in COMMANDS:
-        rows.append(f"| `{c}` | {ok[c]} | {NEGATIVE.get(c, '(never)')} | refused: bad input, one `error:` line | "
-                    f"SIGINT / SIGTERM / SIGHUP, nothing half-written | stdout closed |")
-    return "\n".join(rows)
+        rows.append(f"| `{c}` | {OK[c]} | {NEGATIVE.get(c, '(never)')} | {REFUSED[c]} |")
+    return "\n".join(rows) + "\n\n" + SIGNALS_NOTE
 
 
 class Interrupted(KeyboardInterrupt):
@@ -180,5 +198,5 @@ class StrataCommand(_Contract, click.Command):
 
 
 __all__ = ["COMMANDS", "EXIT_NO", "EXIT_OK", "EXIT_REFUSED", "EXIT_SIGINT", "EXIT_SIGPIPE", "EXIT_SIGTERM",
-           "HANDLED_SIGNALS", "Interrupted", "NEGATIVE", "StrataCommand", "StrataGroup", "exit_contract", "exit_table",
+           "HANDLED_SIGNALS", "Interrupted", "NEGATIVE", "OK", "REFUSED", "SIGNALS_NOTE", "StrataCommand", "StrataGroup", "exit_contract", "exit_table",
            "interrupted", "signal_handlers"]
