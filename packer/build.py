@@ -13,7 +13,6 @@ memory) with a bounded read/write fallback, BF16 tensors are promoted to F32 in 
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -36,14 +35,11 @@ from .packfmt import (
     ExpertLayer, IndexEntry, NativeExperts, PackIndex, write_experts, write_geometry, write_index,
     write_metadata,
 )
-from .outputs import OutputError, check_free_space, write_error
+from .outputs import WRITE_ERRNOS, OutputError, check_free_space, write_error
 from .pack import open_pack
 from .tokenizer_rules import tokenizer_refusal
 
 CHUNK_BYTES = 8 << 20
-#: errno values of a failed write (full disk, quota, read-only or forbidden target, file too large):
-#: reported naming the pack, not the temporary directory (:func:`strata.packer.outputs.write_error`)
-WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
 DEFAULT_ALIGN = 64
 
 

@@ -159,8 +159,8 @@ def exit_contract(as_json: bool = False, json_error: Callable[[str], dict] | Non
                        {"ok": False, "error": msg, "signal": sig.signal_name, "exit_code": sig.exit_code})
                 obj.update(getattr(e, "json_fields", None) or {})
                 click.echo(json.dumps(obj))
-            if sys.stderr.isatty():
-                click.echo("", err=True)  # past the terminal's ^C
+            if sys.stderr.isatty() and not detail.endswith("(printed above)"):
+                click.echo("", err=True)  # past the terminal's ^C (generate has ended its line already)
             click.echo(f"error: {msg}", err=True)
         except OSError:
             pass

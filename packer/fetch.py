@@ -323,12 +323,15 @@ def fetch_model(name: str, cache_dir: Path | None = None, progress: bool = True)
             return target
         _say(progress, f"[{name}] existing {target} has a wrong sha256; fetching again")
 
-    from .outputs import check_free_space
+    from .outputs import WRITE_ERRNOS, OutputError, check_free_space, write_error
 
     check_free_space(target, spec.size, f"the model {name} ({spec.file})")
     t0 = time.perf_counter()
     digest = hashlib.sha256()
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.file}.", suffix=".partial", dir=cache)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.file}.", suffix=".partial", dir=cache)
+    except OSError as e:
+        raise write_error(e, target, spec.size) from None  # names the model file, not the temporary one
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as out, tempfile.TemporaryDirectory(
@@ -352,8 +355,10 @@ def fetch_model(name: str, cache_dir: Path | None = None, progress: bool = True)
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; the cache is meant to be shared
         os.replace(tmp, target)
         _write_marker(target, spec)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and not isinstance(e, OutputError) and e.errno in WRITE_ERRNOS:
+            raise write_error(e, target, spec.size) from None
         raise
     _say(progress, f"[{name}] {target} verified ({spec.size} B, sha256 {spec.sha256[:12]}...) "
                    f"in {time.perf_counter() - t0:.1f} s")

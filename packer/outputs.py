@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Iterator
 
 
+#: errno values of a failed write (full disk, quota, read-only or forbidden target, file too large):
+#: reported naming the output the user gave (:func:`write_error`), never a temporary name
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
+
+
 class OutputError(OSError):
     """An output that cannot be written; the message names the target (and the bytes, when the disk is full)."""
 
@@ -96,4 +101,4 @@ def atomic_output(target: str | os.PathLike, needed: int | None = None) -> Itera
         raise
 
 
-__all__ = ["OutputError", "atomic_output", "check_free_space", "free_bytes", "write_error"]
+__all__ = ["WRITE_ERRNOS", "OutputError", "atomic_output", "check_free_space", "free_bytes", "write_error"]

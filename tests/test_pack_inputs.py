@@ -136,3 +136,26 @@ def test_inspect_piped_output_is_never_cut(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("blk.2.ffn_down_exps.weight ")]
     assert len(lines) == 1 and "[256, 256, 8]" in lines[0] and len(lines[0]) > 40
+
+
+def test_fetch_write_failures_name_the_model_file(tmp_path, monkeypatch):
+    import strata.packer.fetch as fetch
+    import strata.packer.outputs as O
+
+    spec = fetch.load_specs()["gemma3-270m"]
+    target = tmp_path / spec.file
+    monkeypatch.setattr(O, "free_bytes", lambda d: 10 << 20)
+    r = CliRunner().invoke(pack_main, ["fetch", "gemma3-270m", "--cache-dir", str(tmp_path)])
+    assert r.exit_code == 2 and r.stderr == (
+        f"error: {target}: not enough free space: the model gemma3-270m ({spec.file}) needs {spec.size:,} bytes "
+        f"({spec.size / 2**20:,.1f} MiB), 10,485,760 bytes (10.0 MiB) free on the filesystem of {tmp_path}; nothing was written\n")
+    monkeypatch.setattr(O, "free_bytes", lambda d: 1 << 40)
+
+    def denied(prefix, suffix, dir):
+        raise PermissionError(errno.EACCES, "Permission denied", str(Path(dir) / f"{prefix}x{suffix}"))
+
+    monkeypatch.setattr(fetch.tempfile, "mkstemp", denied)
+    r = CliRunner().invoke(pack_main, ["fetch", "gemma3-270m", "--cache-dir", str(tmp_path)])
+    assert r.exit_code == 2
+    assert r.stderr == f"error: {target}: cannot write here: {tmp_path} is not writable (Permission denied); nothing was written\n"
+    assert _left(tmp_path) == []
