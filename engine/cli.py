@@ -215,6 +215,9 @@ def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperatur
 
     if system is not None and not chat:
         refuse("--system needs --chat (the system message goes through the model's chat template)")
+    if chat and not parse_special:
+        refuse("--no-parse-special with --chat would make the chat template's own markers plain text; "
+               "llama.cpp always parses them in a chat prompt")
 
     bad = check_pack_dir(pack) or check_request(n_tokens=n_tokens, n_ctx=n_ctx, temperature=temperature, top_k=top_k,
                                                 top_p=top_p, seed=seed)
@@ -262,8 +265,8 @@ def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperatur
         r = generate(engine, text, n_tokens, sampler=sampler, ignore_eos=ignore_eos, on_step=on_step, stats=stats,
                      parse_special=parse_special)
     except REFUSALS as e:
-        if not as_json:
-            click.echo("")
+        if not as_json and not chat:
+            click.echo("")  # ends the echoed prompt's line
         refuse(str(e))
     except KeyboardInterrupt as e:
         stream.finish()

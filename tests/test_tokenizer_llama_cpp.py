@@ -196,6 +196,8 @@ def test_chat_cli_prompt_ids(qwen05_pack, gemma_pack):
 def test_system_needs_chat(cases):
     r = CliRunner().invoke(engine_main, ["generate", str(cases["bpe-qwen2"][1]), "-p", "Hi", "--system", "x"])
     assert r.exit_code == 2 and r.stderr == "error: --system needs --chat (the system message goes through the model's chat template)\n"
+    r = CliRunner().invoke(engine_main, ["generate", str(cases["bpe-qwen2"][1]), "-p", "Hi", "--chat", "--no-parse-special"])
+    assert r.exit_code == 2 and "--no-parse-special with --chat would make the chat template's own markers plain text" in r.stderr
 
 
 def test_chat_template_kept_in_the_pack(tmp_path):
@@ -243,3 +245,15 @@ def test_random_prompts_equal_llama_cpp_live(cases, name):
             if tok.encode(s, parse_special=special) != want:
                 bad.append((s, special))
     assert not bad, f"{len(bad)} prompts differ from llama.cpp, e.g. {bad[:3]}"
+
+
+def test_cli_parses_special_tokens_unless_told_not_to(cases):
+    pack = str(cases["bpe-qwen2"][1])
+    tok = load_tokenizer(open_pack(pack))
+    ids = {}
+    for flag in ("--parse-special", "--no-parse-special"):
+        r = CliRunner().invoke(engine_main, ["generate", pack, "-p", "<|im_start|>user", "-n", "1", "--json", flag])
+        assert r.exit_code == 0, r.output
+        ids[flag] = json.loads(r.stdout)["prompt_ids"]
+    assert ids["--parse-special"] == tok.encode("<|im_start|>user") and ids["--parse-special"][0] == tok.hf.token_to_id("<|im_start|>")
+    assert ids["--no-parse-special"] == tok.encode("<|im_start|>user", parse_special=False) != ids["--parse-special"]
