@@ -45,6 +45,7 @@ fetch-models: install
 reference: fetch-models
 	$(PYTHON) tools/make_reference.py "$$($(PYTHON) -m strata.packer.fetch -q gemma3-270m)" tests/fixtures/reference/gemma3-270m.json
 	$(PYTHON) tools/make_reference.py "$$($(PYTHON) -m strata.packer.fetch -q qwen2.5-0.5b)" tests/fixtures/reference/qwen2.5-0.5b.json
+	$(PYTHON) tools/make_tokenizer_reference.py --real   # prompt ids: tests/fixtures/tokenizer/
 
 clean:
 	rm -rf $(DEMO_DIR) build *.egg-info .pytest_cache .hypothesis

@@ -44,8 +44,8 @@ from strata.packer import quants
 from strata.packer.conformance import check_conformance
 from strata.packer.findings import Finding, pad4, trim_ne
 from strata.packer.gguf_file import GGUFError, GGUFHeader, TensorInfo, read_header
-from strata.packer.pack import Pack, pool_layout_findings, read_pack
-from strata.packer.packfmt import GEOMETRY_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE, PackFormatError
+from strata.packer.pack import Pack, not_a_pack, pool_layout_findings, read_pack
+from strata.packer.packfmt import GEOMETRY_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE, NotAPackError
 
 from . import formulas as F
 from .plan import DenseTensor, ExpertLayerFacts, ModelFacts
@@ -409,8 +409,9 @@ def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True) -> AuditResul
     """
     t0 = time.perf_counter()
     path = Path(path)
-    if not path.is_dir():
-        raise PackFormatError(f"{path}: not a pack directory")
+    why = not_a_pack(path)
+    if why:
+        raise NotAPackError(why)
     a = _Auditor(path, bf16_scan)
     pack = read_pack(path)
     t = a.timed("read", t0)

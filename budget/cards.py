@@ -8,6 +8,7 @@ no GPU is a :class:`CardError` naming what was asked and what exists.
 from __future__ import annotations
 
 import ctypes
+import re
 import tomllib
 from functools import lru_cache
 from pathlib import Path
@@ -134,10 +135,18 @@ def short_source(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
+def preset_key(name: str) -> str:
+    """``name`` as a preset key, upper case: ``24gb``, ``24 GiB``, ``24G`` all give ``24G`` (a card's size
+    written with or without the byte unit names the same preset)."""
+    key = "".join(name.split()).upper()
+    m = re.fullmatch(r"(\d+)G(?:I?B)?", key)
+    return f"{m.group(1)}G" if m else key
+
+
 def card_preset(name: str, cuda_context_mib: int | None = None, cuda_runtime_mib: int | None = None) -> Card:
     """The preset ``name`` (``24G``, ``16G`` ... case-insensitive). Raises CardError listing the presets."""
     defaults, presets = load_cards()
-    key = {k.upper(): k for k in presets}.get(name.strip().upper())
+    key = {k.upper(): k for k in presets}.get(preset_key(name))
     if key is None:
         raise CardError(f"unknown card {name!r}; presets: {', '.join(presets)} (or --card-mib N, or --card measure)",
                         tensor="--card", found=name, required=f"one of {', '.join(presets)}, measure")

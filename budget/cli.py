@@ -10,6 +10,7 @@ import time
 import click
 
 from strata.manifests.contract import ManifestError
+from strata.packer.exits import StrataGroup
 from strata.packer.packfmt import PackFormatError
 
 from . import formulas as F
@@ -41,21 +42,32 @@ def _mib(b: int) -> str:
     return f"{F.mib(b):,.1f}"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _BudgetGroup(StrataGroup):
+    json_error = staticmethod(lambda msg: error_json(msg))  # an interruption: the --json error object of every failure
+
+
+@click.group(cls=_BudgetGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="strata")
 def main() -> None:
     """strata-budget: does every tensor of a pack mean what the kernels assume, and what fits on a card.
 
-    Exit codes of `check`: 0 the plan fits, 1 it does not fit (or --expert-cache N was refused),
-    2 a semantic error in the pack or bad input (unknown card, unreadable pack or profile), printed
-    as one `error: ...` line (with --json: the same object as a success, verdict "error").
+    \b
+    Exit codes of `check` (the same contract as strata-pack and strata-engine):
+      0    the plan fits
+      1    it does not fit (or --expert-cache N was refused)
+      2    a semantic error in the pack or bad input (unknown card, not a pack, unreadable
+           profile), printed as one `error: ...` line (with --json: the same object as a
+           success, verdict "error")
+      130  interrupted by SIGINT (Ctrl-C); 143 by SIGTERM
+      141  stdout was closed (`| head`)
     """
 
 
 @main.command()
-@click.argument("pack", type=click.Path(file_okay=False))
+@click.argument("pack", type=click.Path())
 @click.option("--card", "card_name", metavar="PRESET|measure",
-              help="Card preset from budget/cards.toml (24G, 16G, 12G, 8G, 6G) or 'measure' (ask the local GPU).")
+              help="Card preset from budget/cards.toml (24G, 16G, 12G, 8G, 6G; 24GB and 24GiB name the same) or "
+                   "'measure' (ask the local GPU).")
 @click.option("--card-mib", type=int, help="Card total in MiB as CUDA reports it (instead of --card; 1 MiB to 16 TiB).")
 @click.option("--cuda-context-mib", type=int, help="CUDA context cost in MiB [default: the card preset's / cards.toml's].")
 @click.option("--cuda-runtime-mib", type=int, help="CUDA runtime first-use memory (kernel modules) in MiB [default: cards.toml's].")
@@ -179,7 +191,8 @@ def _verdict(audit: AuditResult, plan: Plan | None) -> str:
              + (f", expected hit rate {plan.profile.expected_hit_rate:.1%}" if plan.profile else "") + ")"
              if plan.max_blob else "no routed experts")
     return (f"fits: {c.name}: {_mib(plan.used_bytes)} MiB planned, {slots}, "
-            f"{_mib(plan.left_bytes)} MiB left (reserve {plan.options.vram_reserve_mib} MiB)")
+            f"{_mib(plan.left_bytes - plan.reserve_bytes)} MiB left for use after the "
+            f"{plan.options.vram_reserve_mib} MiB reserve")
 
 
 def s_text(s) -> str:

@@ -526,7 +526,9 @@ def suggestions(facts: ModelFacts, card: Card, o: PlanOptions, plan: Plan) -> li
     if plan.n_ctx > 1:
         knob("--max-context", 1, lambda c: with_(max_context=c),
              lambda: _largest(1, plan.n_ctx - 1, lambda c: _margin(facts, card, with_(max_context=c)) >= 0),
-             lambda c: f"the largest context that fits is {c} tokens",
+             lambda c: f"the largest context that fits is {c} tokens" + (
+                 f", above the model's trained context of {facts.n_ctx_train} tokens (it was not trained for "
+                 f"more; --ctx {facts.n_ctx_train} fits too)" if c > facts.n_ctx_train else ""),
              "not enough on its own, even at a 1-token context")
     smaller_kv = {"f32": "f16", "f16": "int8"}.get(o.kv)
     if facts.kv_layers and smaller_kv and kv_type_error(facts, smaller_kv) is None:

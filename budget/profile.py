@@ -89,10 +89,13 @@ def write_profile(rows: list[tuple[int, int, int]], out: str | Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from strata.packer.outputs import atomic_output
+
     table = pa.table({"layer": pa.array([r[0] for r in rows], pa.int32()),
                       "expert": pa.array([r[1] for r in rows], pa.int32()),
                       "count": pa.array([r[2] for r in rows], pa.int64())})
-    pq.write_table(table, out)
+    with atomic_output(out) as tmp:  # written beside ``out`` and renamed: an interrupted write leaves nothing
+        pq.write_table(table, tmp)
 
 
 __all__ = ["PROFILE_COLUMNS", "read_profile", "write_profile"]

@@ -2,12 +2,15 @@
 routing (thin click layer over :mod:`strata.engine.startup`, :mod:`strata.engine.generate`,
 :mod:`strata.engine.measure` and :mod:`strata.engine.routing`).
 
-Exit codes: 0 success, 1 ``measure`` found a term that differs from the budget's prediction, 2 the
-pack or the request was refused (the message names the file, tensor or numbers).
+Exit codes (one contract for the three tools, :mod:`strata.packer.exits`): 0 success, 1 ``measure``
+found a term that differs from the budget's prediction, 2 the pack or the request was refused (the
+message names the file, tensor or numbers), 128 + N a signal (130 SIGINT, 143 SIGTERM; ``generate``
+keeps the tokens it streamed), 141 stdout closed.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import sys
@@ -18,10 +21,12 @@ import click
 
 from strata.budget.formulas import ENGINE_KV_TYPES
 
+from strata.packer.exits import StrataGroup, interrupted
 from strata.budget.options import (
     ctx_option, expert_cache_option, expert_profile_option, kv_option, parse_expert_cache, reserve_option,
 )
 
+from .chat import chat_prompt
 from .clikit import REFUSALS, check_pack_dir, fail, print_checkpoint, warn
 from .generate import GenerationResult, StepStat, generate
 from .numerics import DEFAULT_NUMERICS, PROFILES
@@ -64,13 +69,18 @@ def _resident(value: str) -> str:
     return value
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=StrataGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="strata")
 def main() -> None:
     """strata-engine: load a pack by byte offset and generate text (the pack's smoke test).
 
-    Exit codes: 0 ok, 1 measure: a budget term differs from what was allocated, 2 the pack or the
-    request was refused.
+    \b
+    Exit codes (the same for strata-pack and strata-budget):
+      0    ok
+      1    measure: a budget term differs from what the engine allocated
+      2    the pack or the request was refused (one `error:` line naming the file or numbers)
+      130  interrupted by SIGINT (Ctrl-C; generate keeps what it printed); 143 by SIGTERM
+      141  stdout was closed (`| head`)
     """
 
 
@@ -128,9 +138,41 @@ def _summary(r: GenerationResult) -> str:
     return line
 
 
+class TextStream:
+    """Prints generated tokens as they come (text mode): each token's bytes through an incremental
+    UTF-8 decoder, so a character split over tokens is printed once complete. End-of-generation
+    tokens are not printed (as they are left out of the text)."""
+
+    def __init__(self, tok, skip: frozenset[int], echo: bool = True):
+        self.tok, self.skip, self.echo = tok, skip, echo
+        self.ids: list[int] = []
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, token_id: int) -> None:
+        if token_id in self.skip:
+            return
+        self.ids.append(int(token_id))
+        if not self.echo:
+            return
+        text = self._dec.decode(self.tok.decode_bytes([token_id]))
+        if text:
+            click.echo(text, nl=False)
+            sys.stdout.flush()
+
+    def finish(self) -> None:
+        if self.echo:
+            click.echo(self._dec.decode(b"", final=True))
+
+
 @main.command("generate")
 @click.argument("pack", type=click.Path())
-@click.option("-p", "--prompt", required=True, help="Prompt text (tokenized like llama.cpp for this model).")
+@click.option("-p", "--prompt", required=True, help="Prompt text, tokenized as llama.cpp's llama-cli does: special "
+              "tokens written in it (<|im_start|>, <start_of_turn>) are those tokens. With --chat: the user message.")
+@click.option("--chat", is_flag=True, help="Apply the model's chat template (tokenizer.chat_template of the GGUF, "
+              "rendered with Jinja2 as Hugging Face does) to --prompt as a user message; prints only the reply.")
+@click.option("--system", default=None, help="With --chat: a system message before the user message.")
+@click.option("--parse-special/--no-parse-special", "parse_special", default=True, show_default=True,
+              help="Parse special-token text in the prompt as special tokens (llama.cpp's default), or keep it plain text.")
 @click.option("-n", "--n-tokens", "n_tokens", default=32, show_default=True, help="Tokens to generate.")
 @click.option("--temperature", default=0.0, show_default=True, help="0 = greedy (argmax).")
 @click.option("--top-k", "top_k", default=0, show_default=True, help="Keep the k best logits before sampling (0 = all).")
@@ -159,12 +201,23 @@ def _summary(r: GenerationResult) -> str:
               "(embedding, each layer's attention and FFN, head) from CUDA events, printed at the end. Refused "
               "with the graph on: events between the launches of a captured graph record nothing.")
 @click.option("-v", "--verbose", is_flag=True, help="Start-up checkpoints (time, memory) on stderr.")
-def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore_eos, n_ctx, resident, device,
-                 numerics_, kv, expert_cache, expert_profile, vram_reserve_mib, as_json, stats, no_graph, stage_times,
-                 verbose):
-    """Generate text from PACK after --prompt and report tok/s."""
+def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperature, top_k, top_p, seed, ignore_eos,
+                 n_ctx, resident, device, numerics_, kv, expert_cache, expert_profile, vram_reserve_mib, as_json, stats,
+                 no_graph, stage_times, verbose):
+    """Generate text from PACK after --prompt and report tok/s.
+
+    Text mode prints the prompt (not with --chat) and then each token as it is generated; Ctrl-C
+    stops there (exit 130) keeping what was printed. --json prints one object at the end (on an
+    interruption: {"ok": false, ...} with the tokens generated so far).
+    """
     def refuse(msg: str) -> None:
         fail(msg, as_json=as_json)
+
+    if system is not None and not chat:
+        refuse("--system needs --chat (the system message goes through the model's chat template)")
+    if chat and not parse_special:
+        refuse("--no-parse-special with --chat would make the chat template's own markers plain text; "
+               "llama.cpp always parses them in a chat prompt")
 
     bad = check_pack_dir(pack) or check_request(n_tokens=n_tokens, n_ctx=n_ctx, temperature=temperature, top_k=top_k,
                                                 top_p=top_p, seed=seed)
@@ -193,12 +246,35 @@ def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore
                              on_warning=warn)
         for line in engine.notes:  # what the forward pass knowingly leaves out, said once
             click.echo(f"note: {line}", err=True)
+        text = chat_prompt(engine.tokenizer, prompt, system, where=str(pack)) if chat else prompt
         if stats:
             _stats_header(engine)
-        r = generate(engine, prompt, n_tokens, sampler=sampler, ignore_eos=ignore_eos,
-                     on_step=_stats_line(engine) if stats else None, stats=stats)
     except REFUSALS as e:
         refuse(str(e))
+    stream = TextStream(engine.tokenizer, frozenset() if ignore_eos else engine.tokenizer.eog_ids, echo=not as_json)
+    show_stats = _stats_line(engine) if stats else None
+
+    def on_step(st: StepStat) -> None:
+        if show_stats:
+            show_stats(st)
+        if st.token_out is not None:
+            stream(st.token_out)
+
+    if not as_json and not chat:
+        click.echo(prompt, nl=False)
+        sys.stdout.flush()
+    try:
+        r = generate(engine, text, n_tokens, sampler=sampler, ignore_eos=ignore_eos, on_step=on_step, stats=stats,
+                     parse_special=parse_special)
+    except REFUSALS as e:
+        if not as_json and not chat:
+            click.echo("")  # ends the echoed prompt's line
+        refuse(str(e))
+    except KeyboardInterrupt as e:
+        stream.finish()
+        raise interrupted(e, f"stopped after {len(stream.ids)} generated token(s)"
+                             + ("" if as_json else " (printed above)"),
+                          {"output_ids": stream.ids, "text": engine.tokenizer.decode(stream.ids)}) from None
     st = _stage_summary(engine) if stage_times else None
     if as_json:
         d = r.model_dump()
@@ -208,7 +284,7 @@ def generate_cmd(pack, prompt, n_tokens, temperature, top_k, top_p, seed, ignore
             d["stage_ms_per_token"] = st
         click.echo(json.dumps(d))
         return
-    click.echo(prompt + r.text)
+    stream.finish()
     click.echo(_summary(r), err=True)
     if st is not None:
         click.echo("stage times: device ms per position (CUDA events between stages, eager fused step; "

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import click
 
 from strata.budget.errors import BudgetInputError
 from strata.manifests.contract import ManifestError
+from strata.packer.outputs import OutputError
+from strata.packer.pack import not_a_pack
 from strata.packer.packfmt import PackFormatError
 
 from .checkpoints import Checkpoint
@@ -23,7 +24,7 @@ from .weights import WeightError
 
 #: Exceptions a command reports as a refusal (exit 2, one line naming the file, tensor or numbers).
 REFUSALS = (PackFormatError, ManifestError, LoadError, UnsupportedModel, TokenizerError, GenerateError, DequantError,
-            WeightError, BudgetInputError, FileNotFoundError, PermissionError)
+            WeightError, BudgetInputError, FileNotFoundError, PermissionError, OutputError)
 
 
 def fail(msg: str, code: int = 2, as_json: bool = False) -> None:
@@ -42,11 +43,9 @@ def warn(msg: str) -> None:
 
 
 def check_pack_dir(pack: str) -> str | None:
-    """The refusal for a PACK argument that is not a directory (missing or a file), else None."""
-    p = Path(pack)
-    if not p.is_dir():
-        return f"{p}: not a pack directory"  # the message open_pack gives a missing path
-    return None
+    """The refusal for a PACK argument that is not a pack directory (missing, a file, a GGUF file:
+    :func:`strata.packer.pack.not_a_pack`), else None."""
+    return not_a_pack(pack)
 
 
 def print_checkpoint(cp: Checkpoint) -> None:

@@ -145,8 +145,14 @@ def decode(model, state: State, prompt_ids: list[int], n_new: int, pick: Callabl
 
 def generate(engine: Engine, prompt: str | None = None, n_tokens: int = 32, *, prompt_ids: list[int] | None = None,
              sampler: Sampler | Callable[[np.ndarray], int] | None = None, ignore_eos: bool = False,
-             on_step: Callable[[StepStat], None] | None = None, stats: bool = False) -> GenerationResult:
+             on_step: Callable[[StepStat], None] | None = None, stats: bool = False,
+             parse_special: bool = True) -> GenerationResult:
     """Generate ``n_tokens`` tokens after ``prompt`` (or after ``prompt_ids``, already tokenized).
+
+    ``prompt`` is tokenized as llama.cpp's llama-cli does: special tokens in the text (``<|im_start|>``,
+    ``<start_of_turn>``) are parsed as those tokens; ``parse_special=False`` keeps them plain text.
+    ``on_step`` sees every position as it ends (its ``token_out`` as soon as it is chosen: what the
+    command line streams).
 
     Stops early at an end-of-generation token unless ``ignore_eos``. ``stats``: run the engine's
     per-step device timers (:class:`StepStat`'s ``gpu_ms``, ``cpu_expert_ms``, ``wait_ms``); they
@@ -160,7 +166,8 @@ def generate(engine: Engine, prompt: str | None = None, n_tokens: int = 32, *, p
         raise GenerateError("give exactly one of prompt (text) and prompt_ids")
     if n_tokens < 1:
         raise GenerateError(f"n_tokens {n_tokens} < 1")
-    ids = engine.tokenizer.encode(prompt) if prompt is not None else [int(i) for i in prompt_ids]
+    ids = (engine.tokenizer.encode(prompt, parse_special=parse_special) if prompt is not None
+           else [int(i) for i in prompt_ids])
     if not ids:
         raise GenerateError("the prompt is empty after tokenization (and the model adds no BOS); nothing to condition on")
     n_vocab = engine.model.hp.n_vocab

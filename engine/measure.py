@@ -80,6 +80,12 @@ def measure_pack(pack: str, *, n_ctx: int | None = F.DEFAULT_CTX, expert_cache="
     the pool around the warm-up; the total from ``cudaMemGetInfo`` at the end of start-up.
     """
     if backend is None and device == "cuda":
+        from .gpu.kernels import gpu_available
+
+        ok, why = gpu_available()
+        if not ok:  # named for this command: measure has no --device option to change
+            raise GenerateError(f"measure needs a CUDA GPU (it measures the device memory the engine allocates): {why}; "
+                                f"on a machine without one, plan with strata-budget check PACK --card PRESET")
         # the context is measured as the memory used before this engine's first allocation: give
         # back what earlier engines of this process left cached in the pool (a no-op in a fresh
         # process, the intended use; kernel modules loaded earlier stay and then count as context)

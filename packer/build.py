@@ -28,13 +28,16 @@ from strata.manifests.contract import Geometry, geometry_from_metadata, geometry
 from strata.manifests.names import expert_part
 
 from . import quants
+from .findings import fmt_ne, pad4
 from .gguf_file import ArrayRef, GGUFModel, GGUFError, TensorInfo, open_model, read_array
 from .packfmt import (
     EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, MANIFEST_FILE, MERGES_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE,
     ExpertLayer, IndexEntry, NativeExperts, PackIndex, write_experts, write_geometry, write_index,
     write_metadata,
 )
+from .outputs import WRITE_ERRNOS, OutputError, check_free_space, write_error
 from .pack import open_pack
+from .tokenizer_rules import tokenizer_refusal
 
 CHUNK_BYTES = 8 << 20
 DEFAULT_ALIGN = 64
@@ -187,6 +190,24 @@ def metadata_items(model: GGUFModel, src_dir: Path) -> list[tuple[str, str, obje
         items.append((key, kind, v))
     items.append(("strata.source_dir", "str", str(src_dir)))
     return items
+
+
+def check_tokenizer(model: GGUFModel) -> None:
+    """Refuse a tokenizer strata cannot run exactly as llama.cpp (an unsupported ``tokenizer.ggml.model``
+    or ``tokenizer.ggml.pre``, named; a special token that is not valid UTF-8, by id):
+    :func:`strata.packer.tokenizer_rules.tokenizer_refusal`. A GGUF without a vocabulary is packed.
+
+    Raises:
+        BuildError: one line naming the file and the key and value (or the token id).
+    """
+    h = model.shards[0]
+    if "tokenizer.ggml.tokens" not in h.kv:
+        return
+    tokens = read_array(h, "tokenizer.ggml.tokens")
+    types = read_array(h, "tokenizer.ggml.token_type").tolist() if "tokenizer.ggml.token_type" in h.kv else None
+    why = tokenizer_refusal(h.kv, tokens, types, str(h.path))
+    if why:
+        raise BuildError(why)
 
 
 def _write_tokenizer(model: GGUFModel, out: Path) -> None:
@@ -381,7 +402,9 @@ def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = D
         BuildError: a pack that cannot be built (target exists without ``force``, target not a
             pack, alignment out of range, layer count disagreeing with the tensors).
         ManifestError: metadata that does not satisfy the architecture's manifest.
-        OSError: the output cannot be written (disk full, read-only); the temp dir is removed.
+        OutputError: the output cannot be written (disk full: the bytes needed and free; read-only or
+            forbidden directory), naming ``out``; the temp dir is removed. A disk with less free
+            space than pool.bin needs is refused before anything is copied.
     """
     t0 = time.perf_counter()
     out = Path(out)
@@ -392,10 +415,17 @@ def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = D
     model = open_model(src)
     check_target(out, model.paths, force)
     geom = resolve_geometry(model)
+    check_foreign_shards(model, geom)
     check_layer_count(model, geom)
+    check_tokenizer(model)
     index = layout_pool(model, align)
     experts = tabulate_experts(model, geom)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=Path(os.path.abspath(out)).parent))
+    needed = index.pool_bytes
+    check_free_space(out, needed, "the pack's pool.bin")
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=Path(os.path.abspath(out)).parent))
+    except OSError as e:
+        raise write_error(e, out, needed) from None
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a pack is an ordinary directory
@@ -441,11 +471,39 @@ def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = D
                 shutil.rmtree(trash, ignore_errors=True)
         else:
             _rename_noreplace(tmp, out)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and not isinstance(e, OutputError) and e.errno in WRITE_ERRNOS:
+            raise write_error(e, out, needed) from None
         raise
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def check_foreign_shards(model: GGUFModel, geom: Geometry) -> None:
+    """Every tensor of the shards after the first against the geometry resolved from the first shard's
+    metadata (the manifest's expected shapes, :meth:`Geometry.expected_tensors`, the shapes the
+    conformance check and the engine's load use): a shard of another model with the same tensor
+    names and ``split.*`` keys but other shapes is refused here, as llama.cpp refuses it at load
+    (``llama_model_loader::check_tensor_dims``: "tensor has wrong shape"). Shard 0's own tensors are
+    the audit's to judge (``strata-budget check`` lists every finding).
+
+    Raises:
+        BuildError: naming the shard file, the tensor, the shape found and the shape required.
+    """
+    if len(model.shards) < 2:
+        return
+    expected = {name: ne for name, _spec, ne, _il in geom.expected_tensors()}
+    first = model.shards[0].path.name
+    for name, (k, t) in model.tensors.items():
+        want = expected.get(name)
+        if k == 0 or want is None or pad4(t.ne) == pad4(want):
+            continue
+        raise BuildError(
+            f"{model.shards[k].path}: tensor {name} has shape {fmt_ne(t.ne)}, but the geometry of the first shard "
+            f"{first} ({geom.arch}) requires {fmt_ne(want)} (ggml ne): a shard of another model (foreign shard); "
+            f"refusing to pack it"
+        )
 
 
 def check_layer_count(model: GGUFModel, geom: Geometry) -> None:
@@ -471,5 +529,5 @@ def check_layer_count(model: GGUFModel, geom: Geometry) -> None:
         )
 
 
-__all__ = ["BuildError", "BuildResult", "build_pack", "check_target", "check_layer_count", "metadata_items", "is_expert_tensor", "layout_pool", "resolve_geometry",
+__all__ = ["BuildError", "BuildResult", "build_pack", "check_target", "check_foreign_shards", "check_tokenizer", "check_layer_count", "metadata_items", "is_expert_tensor", "layout_pool", "resolve_geometry",
            "tabulate_experts", "write_pool", "GGUFError"]

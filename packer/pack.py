@@ -15,8 +15,8 @@ from pathlib import Path
 from . import quants
 from .findings import Finding, fmt_ne, trim_ne
 from .packfmt import (
-    EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, METADATA_FILE, POOL_FILE, NativeExperts, PackFormatError, PackIndex,
-    read_experts, read_geometry_params, read_index, read_metadata,
+    EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, METADATA_FILE, POOL_FILE, NativeExperts, NotAPackError, PackFormatError,
+    PackIndex, read_experts, read_geometry_params, read_index, read_metadata,
 )
 
 
@@ -150,19 +150,41 @@ def check_pool_layout(index: PackIndex, pool_size: int, where: str, *, contents:
         raise PackFormatError(f"{where}: {found[0].message}")
 
 
+def not_a_pack(path: str | os.PathLike) -> str | None:
+    """Why ``path`` is not a pack directory (one line naming it), or None when it may be one.
+
+    A GGUF file (its first bytes are ``GGUF``) gets the way forward: build a pack from it first.
+    """
+    p = Path(path)
+    if p.is_file():
+        try:
+            with open(p, "rb") as f:
+                magic = f.read(4)
+        except OSError:
+            magic = b""
+        if magic == b"GGUF":
+            return (f"{p}: this is a GGUF file, not a pack directory: build a pack first with "
+                    f"strata-pack build {p} -o PACK")
+    if not p.is_dir():
+        return f"{p}: not a pack directory"
+    if not (p / INDEX_FILE).exists():
+        return f"{p}: not a strata pack (no {INDEX_FILE})"
+    return None
+
+
 def read_pack(path: str | os.PathLike, source_dir: str | os.PathLike | None = None) -> Pack:
     """Read a pack directory's text files strictly (index.txt, native_experts.txt if present,
     geometry.txt, metadata.txt) without checking pool.bin: what a report of every problem (the
     budget audit) starts from. :func:`open_pack` adds the pool checks.
 
     Raises:
-        PackFormatError: not a directory, no index.txt, or any file missing or malformed.
+        NotAPackError: not a directory (a GGUF file is named as one), no index.txt (:func:`not_a_pack`).
+        PackFormatError: any file missing or malformed.
     """
     path = Path(path)
-    if not path.is_dir():
-        raise PackFormatError(f"{path}: not a pack directory")
-    if not (path / INDEX_FILE).exists():
-        raise PackFormatError(f"{path}: not a strata pack (no {INDEX_FILE})")
+    why = not_a_pack(path)
+    if why:
+        raise NotAPackError(why)
     index = read_index(path / INDEX_FILE)
     experts = read_experts(path / EXPERTS_FILE) if (path / EXPERTS_FILE).exists() else None
     geometry = read_geometry_params(path / GEOMETRY_FILE)
@@ -186,4 +208,4 @@ def open_pack(path: str | os.PathLike, source_dir: str | os.PathLike | None = No
     return pack
 
 
-__all__ = ["Pack", "check_pool_layout", "open_pack", "pool_layout_findings", "read_pack"]
+__all__ = ["Pack", "check_pool_layout", "not_a_pack", "open_pack", "pool_layout_findings", "read_pack"]

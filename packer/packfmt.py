@@ -59,6 +59,11 @@ class PackFormatError(ValueError):
     """A pack file that does not follow the format; names the file, the line and the numbers."""
 
 
+class NotAPackError(PackFormatError):
+    """The path is not a pack directory at all (missing, a file, a GGUF file, a directory without
+    ``index.txt``): bad input, never "a corrupt pack" (``strata-pack verify`` exits 2, not 1)."""
+
+
 @dataclass(frozen=True)
 class IndexEntry:
     """One dense tensor in the pool.

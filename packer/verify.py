@@ -23,8 +23,8 @@ from strata.manifests.contract import geometry_params_text
 
 from . import quants
 from .build import CHUNK_BYTES, layout_pool, metadata_items, resolve_geometry, tabulate_experts
-from .gguf_file import open_model
-from .packfmt import GEOMETRY_VERSION_LINE, INDEX_FILE, MANIFEST_FILE, POOL_FILE, PackFormatError, read_kv_text
+from .gguf_file import GGUFError, open_model
+from .packfmt import GEOMETRY_VERSION_LINE, INDEX_FILE, MANIFEST_FILE, POOL_FILE, NotAPackError, PackFormatError, read_kv_text
 from .pack import check_pool_layout, read_pack
 
 
@@ -43,6 +43,17 @@ class VerifyResult:
     warnings: list[str] = field(default_factory=list)
 
 
+def read_pack_or_refuse(pack_dir, source_dir=None):
+    """:func:`read_pack`, with a malformed pack file reported as a mismatch (:class:`VerifyError`: the
+    pack is corrupt) and a path that is no pack at all left a :class:`NotAPackError` (bad input)."""
+    try:
+        return read_pack(pack_dir, source_dir=source_dir)
+    except NotAPackError:
+        raise
+    except PackFormatError as e:
+        raise VerifyError(str(e)) from None
+
+
 def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir: str | os.PathLike | None = None) -> VerifyResult:
     """Compare a pack with its source shards (see module docstring).
 
@@ -51,13 +62,14 @@ def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir:
 
     Raises:
         VerifyError: first mismatch (tensor or file, both numbers); a pack file that does not
-            parse (PackFormatError) is reported the same way.
-        GGUFError: unreadable source.
+            parse (PackFormatError) is reported the same way: the pack is corrupt.
+        NotAPackError: the path is not a pack at all (missing, a file, a GGUF file, no index.txt).
+        GGUFError: a source shard missing (moved: ``source_dir``) or unreadable; nothing compared.
     """
     from tqdm import tqdm
 
+    pack = read_pack_or_refuse(pack_dir, source_dir)
     try:
-        pack = read_pack(pack_dir, source_dir=source_dir)
         pool = pack.path / POOL_FILE
         if not pool.exists():
             raise PackFormatError(f"{pool}: missing")
@@ -69,7 +81,8 @@ def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir:
     paths = [pack.source_path(name) for name, _size in pack.index.sources]
     for (name, size), p in zip(pack.index.sources, paths):
         if not p.exists():
-            raise VerifyError(f"{pack.path}: source shard {name} not found at {p} (moved? pass --source-dir)")
+            raise GGUFError(f"{pack.path}: source shard {name} not found at {p} (moved? pass --source-dir DIR); "
+                            f"nothing was compared")
         if p.stat().st_size != size:
             raise VerifyError(f"{p}: source is {p.stat().st_size} bytes, the pack was built from {size} bytes")
     try:

@@ -9,7 +9,8 @@ same arguments give byte-identical files. Six modules, one job each:
   fields are overwritten with a small positive scale; docs/FORMAT.md "Quant types"), the tiled pattern fill
   and the per-tensor random streams.
 - :mod:`.tokenizer` - :func:`synth_tokenizer`: a small byte-level BPE vocabulary llama.cpp accepts,
-  and its ``tokenizer.ggml.*`` keys.
+  and its ``tokenizer.ggml.*`` keys; :data:`TOKENIZER_CASES`: one vocabulary per pre-tokenizer strata
+  accepts and SentencePiece ones, compared with llama.cpp (:func:`write_tokenizer_case`).
 - :mod:`.models` - :func:`write_model`: small models of every architecture with a contract
   (``manifests/*.toml``) written with ``gguf.GGUFWriter``, with per-layer expert types, optional fused
   gate/up experts and llama-gguf-split style shards.
@@ -37,17 +38,19 @@ from .models import (
 )
 from .presets import (
     PRESETS, big_dense_spec, deepseek2_spec, gemma3_spec, gpt_oss_spec, llama_moe_spec, llama_spec, qwen2_spec,
-    qwen2moe_spec, qwen3_spec, qwen3moe_spec, qwen3next_spec, write_big_dense,
+    qwen2moe_spec, qwen3_spec, qwen3moe_spec, qwen3next_spec, write_big_dense, write_tokenizer_case,
 )
-from .tokenizer import SPECIAL_TOKENS, SynthTokenizer, bytes_to_unicode, synth_tokenizer, tokenizer_kv
+from .tokenizer import (
+    SPECIAL_TOKENS, TOKENIZER_CASES, SynthTokenizer, bytes_to_unicode, synth_tokenizer, tokenizer_case_kv, tokenizer_kv,
+)
 
 __all__ = [
     "ARCHS", "BROKEN_KINDS", "DENSE_TYPES", "DOCUMENTS_EXPERT_CYCLE", "DataMode", "ExpertTypes", "GGUF_QUANTIZABLE",
     "HeaderLayout", "KV", "MOE_ARCHS", "ModelDims", "ModelSpec", "PRESETS", "PlannedTensor", "SPECIAL_TOKENS",
-    "SynthTokenizer", "TensorDecl", "TensorLayout", "big_dense_spec", "bytes_to_unicode", "deepseek2_spec",
-    "documents_qwen3next_header_only", "documents_qwen3next_plan", "gemma3_spec", "gpt_oss_spec", "llama_moe_spec",
-    "llama_spec", "make_random_blocks", "model_kv", "moe_layers", "pattern_fill", "plan_tensors", "qwen2_spec",
-    "qwen2moe_spec", "qwen3_spec", "qwen3moe_spec", "qwen3next_spec", "shard_names", "spec_geometry", "synth_tokenizer",
-    "tensor_rng", "to_type_id", "tokenizer_kv", "write_big_dense", "write_broken", "write_broken_base",
-    "write_header_only", "write_model",
+    "SynthTokenizer", "TOKENIZER_CASES", "TensorDecl", "TensorLayout", "big_dense_spec", "bytes_to_unicode",
+    "deepseek2_spec", "documents_qwen3next_header_only", "documents_qwen3next_plan", "gemma3_spec", "gpt_oss_spec",
+    "llama_moe_spec", "llama_spec", "make_random_blocks", "model_kv", "moe_layers", "pattern_fill", "plan_tensors",
+    "qwen2_spec", "qwen2moe_spec", "qwen3_spec", "qwen3moe_spec", "qwen3next_spec", "shard_names", "spec_geometry",
+    "synth_tokenizer", "tensor_rng", "to_type_id", "tokenizer_case_kv", "tokenizer_kv", "write_big_dense",
+    "write_broken", "write_broken_base", "write_header_only", "write_model", "write_tokenizer_case",
 ]

@@ -403,7 +403,7 @@ def _partition(n: int, n_shards: int, empty_first: bool) -> list[range]:
     return ([range(0)] if empty_first else []) + parts
 
 
-def write_model(path: str | Path, spec: ModelSpec) -> list[Path]:
+def write_model(path: str | Path, spec: ModelSpec, tokenizer: list[tuple[str, int, Any, int | None]] | None = None) -> list[Path]:
     """Write the synthetic model ``spec`` with ``gguf.GGUFWriter``; returns the files written.
 
     One file at ``path``, or ``spec.n_shards`` files named by :func:`shard_names` laid out like
@@ -412,11 +412,16 @@ def write_model(path: str | Path, spec: ModelSpec) -> list[Path]:
     ``split.tensors.count`` (i32); later shards carry only those three keys. Tensors are spread
     over the (non-empty) shards in order, by count. Data alignment 32 (no ``general.alignment`` key).
     Tensor data is generated and written one tensor at a time (memory ~ the largest tensor).
+    ``tokenizer``: ``tokenizer.*`` KVs written instead of the synthetic tokenizer's (e.g.
+    :func:`strata.testing.tokenizer.tokenizer_case_kv`; ``spec.dims.n_vocab`` must be its token count).
     """
     path = Path(path)
     plan = plan_tensors(spec)
     w = gguf.GGUFWriter(path, spec.arch)
-    for key, vtype, value, sub in model_kv(spec):
+    kvs = model_kv(spec)
+    if tokenizer is not None:
+        kvs = [kv for kv in kvs if not kv[0].startswith("tokenizer.")] + list(tokenizer)
+    for key, vtype, value, sub in kvs:
         w.add_key_value(key, value, vtype, sub_type=sub)
     for t in plan:
         # Pass the element shape (numpy order) with a non-uint8 dtype and raw_dtype=type id:

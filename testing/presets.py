@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from .models import ModelDims, ModelSpec, plan_tensors, write_model
+from .tokenizer import tokenizer_case_kv
 
 __all__ = [
     "PRESETS", "big_dense_spec", "deepseek2_spec", "gemma3_spec", "gpt_oss_spec", "llama_moe_spec", "llama_spec",
     "qwen2_spec", "qwen2moe_spec", "qwen3_spec", "qwen3moe_spec", "qwen3next_spec", "write_big_dense",
+    "write_tokenizer_case",
 ]
 
 
@@ -145,3 +147,13 @@ def big_dense_spec(target_bytes: int = 2 << 30, *, seed: int = 0) -> ModelSpec:
 def write_big_dense(path: str | Path, target_bytes: int = 2 << 30, *, seed: int = 0) -> Path:
     """Write :func:`big_dense_spec` (>= ``target_bytes`` of real, non-sparse tensor data) to ``path``."""
     return write_model(path, big_dense_spec(target_bytes, seed=seed))[0]
+
+
+def write_tokenizer_case(path: str | Path, name: str) -> Path:
+    """A tiny qwen2 model (1 layer) carrying the vocabulary of tokenizer case ``name``
+    (:data:`strata.testing.tokenizer.TOKENIZER_CASES`): what llama.cpp loads with ``vocab_only`` and
+    ``strata-pack build`` packs. Returns its path."""
+    kv, n_vocab = tokenizer_case_kv(name)
+    spec = qwen2_spec(name=f"strata-synth-tokenizer-{name}", n_layers=1,
+                      dims={"n_vocab": n_vocab, "n_embd": 64, "n_ff": 128, "n_head": 2, "n_head_kv": 1, "head_dim": 32})
+    return write_model(path, spec, tokenizer=kv)[0]

@@ -17,7 +17,8 @@ from typing import Any
 
 from gguf.constants import GGUFValueType
 
-__all__ = ["SPECIAL_TOKENS", "SynthTokenizer", "bytes_to_unicode", "synth_tokenizer", "tokenizer_kv"]
+__all__ = ["BPE_EXTRA_TOKENS", "SPECIAL_TOKENS", "SPM_EXTRA_TOKENS", "SynthTokenizer", "TOKENIZER_CASES", "bytes_to_unicode",
+           "synth_tokenizer", "tokenizer_case_kv", "tokenizer_kv"]
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -147,3 +148,95 @@ def tokenizer_kv(tok: SynthTokenizer, add_bos: bool) -> list[tuple[str, int, Any
         ("tokenizer.ggml.padding_token_id", V.UINT32, tok.pad_id, None),
         ("tokenizer.ggml.add_bos_token", V.BOOL, add_bos, None),
     ]
+
+
+# ------------------------------------------------------------------ tokenizer cases (llama.cpp comparisons)
+
+#: Tokens added to the byte-level vocabulary of :func:`tokenizer_case_kv`'s BPE cases, with their types:
+#: a user-defined token (cut out of text even without special parsing), an unknown-type token, two whole
+#: words no merge reaches (what llama.cpp's whole-word lookup before merges finds), and a token whose
+#: bytes are not valid UTF-8 (never produced from text; it must load and decode as llama.cpp does).
+BPE_EXTRA_TOKENS: tuple[tuple[bytes, int], ...] = (
+    (b"<tool_call>", 4), (b"<unk>", 2), ("\u0120qqq".encode(), 1), (b"qqq", 1), (b"\xff\xfe", 1),
+)
+#: SentencePiece case: control and user-defined tokens beyond ``<unk>``, ``<s>``, ``</s>``.
+SPM_EXTRA_TOKENS: tuple[tuple[str, int], ...] = (("<start_of_turn>", 3), ("<end_of_turn>", 3), ("<tool_call>", 4))
+
+
+def _bpe_case(pre: str | None, add_bos: bool | None, add_eos: bool | None):
+    V = GGUFValueType
+    tok = synth_tokenizer(512)
+    tokens = [t.encode() for t in tok.tokens] + [t for t, _ in BPE_EXTRA_TOKENS]
+    types = list(tok.token_types) + [ty for _, ty in BPE_EXTRA_TOKENS]
+    kv = [("tokenizer.ggml.model", V.STRING, "gpt2", None)]
+    if pre is not None:
+        kv.append(("tokenizer.ggml.pre", V.STRING, pre, None))
+    kv += [("tokenizer.ggml.tokens", V.ARRAY, tokens, V.STRING),
+           ("tokenizer.ggml.token_type", V.ARRAY, types, V.INT32),
+           ("tokenizer.ggml.merges", V.ARRAY, list(tok.merges), V.STRING),
+           ("tokenizer.ggml.eos_token_id", V.UINT32, tok.eos_id, None),
+           ("tokenizer.ggml.bos_token_id", V.UINT32, tok.bos_id, None)]
+    if add_bos is not None:
+        kv.append(("tokenizer.ggml.add_bos_token", V.BOOL, add_bos, None))
+    if add_eos is not None:
+        kv.append(("tokenizer.ggml.add_eos_token", V.BOOL, add_eos, None))
+    return kv, len(tokens)
+
+
+def _spm_case(add_space_prefix: bool | None):
+    """A SentencePiece-BPE vocabulary from the synthetic merges: ``<unk> <s> </s>``, the 256 byte tokens,
+    the printable ASCII characters and U+2581, then every merged piece that is valid text (spaces as
+    U+2581), scored by merge order (earlier = higher), then :data:`SPM_EXTRA_TOKENS`."""
+    V = GGUFValueType
+    tok = synth_tokenizer(512)
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    pieces: list[str] = []
+    seen: set[str] = set()
+
+    def add(p: str) -> None:
+        if p not in seen:
+            seen.add(p)
+            pieces.append(p)
+
+    for c in ["\u2581"] + [chr(i) for i in range(33, 127)]:
+        add(c)
+    for m in tok.merges:
+        a, b = m.split(" ")
+        try:
+            text = bytes(byte_of[c] for c in a + b).decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        add(text.replace(" ", "\u2581"))
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces + [t for t, _ in SPM_EXTRA_TOKENS]
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces) + [ty for _, ty in SPM_EXTRA_TOKENS]
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))] + [0.0] * len(SPM_EXTRA_TOKENS)
+    kv = [("tokenizer.ggml.model", V.STRING, "llama", None),
+          ("tokenizer.ggml.pre", V.STRING, "default", None),
+          ("tokenizer.ggml.tokens", V.ARRAY, tokens, V.STRING),
+          ("tokenizer.ggml.scores", V.ARRAY, scores, V.FLOAT32),
+          ("tokenizer.ggml.token_type", V.ARRAY, types, V.INT32),
+          ("tokenizer.ggml.bos_token_id", V.UINT32, 1, None),
+          ("tokenizer.ggml.eos_token_id", V.UINT32, 2, None),
+          ("tokenizer.ggml.unknown_token_id", V.UINT32, 0, None)]
+    if add_space_prefix is not None:
+        kv.append(("tokenizer.ggml.add_space_prefix", V.BOOL, add_space_prefix, None))
+    return kv, len(tokens)
+
+
+#: Every tokenizer case compared with llama.cpp: name -> (kind, options). The BPE cases cover every
+#: ``tokenizer.ggml.pre`` strata accepts (:data:`strata.packer.tokenizer_rules.PRE_RULES`), with no
+#: ``add_bos_token`` key so llama.cpp's per-pre default applies, plus a missing pre key and explicit BOS/EOS.
+TOKENIZER_CASES: dict[str, tuple[str, dict]] = {
+    **{f"bpe-{pre}": ("bpe", {"pre": pre, "add_bos": None, "add_eos": None})
+       for pre in ("default", "qwen2", "deepseek-r1-qwen", "llama3", "llama-v3", "llama-bpe", "gpt-2")},
+    "bpe-no-pre": ("bpe", {"pre": None, "add_bos": None, "add_eos": None}),
+    "bpe-qwen2-bos-eos": ("bpe", {"pre": "qwen2", "add_bos": True, "add_eos": True}),
+    "spm": ("spm", {"add_space_prefix": None}),
+    "spm-no-space-prefix": ("spm", {"add_space_prefix": False}),
+}
+
+
+def tokenizer_case_kv(name: str) -> tuple[list[tuple[str, int, Any, int | None]], int]:
+    """The ``tokenizer.*`` KVs of case ``name`` of :data:`TOKENIZER_CASES` and its token count."""
+    kind, opts = TOKENIZER_CASES[name]
+    return _bpe_case(**opts) if kind == "bpe" else _spm_case(**opts)

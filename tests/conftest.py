@@ -4,6 +4,8 @@ built once per test session."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from strata.packer.build import build_pack
@@ -22,17 +24,29 @@ def qwen05_gguf():
     return fetch_model("qwen2.5-0.5b", progress=False)
 
 
+@pytest.fixture
+def scratch(tmp_path):
+    """A directory for large files (hundreds of MiB, GiBs), removed when the test ends: pytest keeps the
+    last runs' temporary directories, which must not keep gigabytes each."""
+    d = tmp_path / "scratch"
+    d.mkdir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def gemma_pack(gemma_gguf, tmp_path_factory):
-    """A pack of Gemma 3 270M, built once per session."""
+    """A pack of Gemma 3 270M, built once per session (removed at its end: ~250 MB)."""
     out = tmp_path_factory.mktemp("packs") / "gemma3-270m"
     build_pack(gemma_gguf, out, progress=False)
-    return out
+    yield out
+    shutil.rmtree(out, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def qwen05_pack(qwen05_gguf, tmp_path_factory):
-    """A pack of Qwen2.5 0.5B, built once per session."""
+    """A pack of Qwen2.5 0.5B, built once per session (removed at its end: ~400 MB)."""
     out = tmp_path_factory.mktemp("packs") / "qwen2.5-0.5b"
     build_pack(qwen05_gguf, out, progress=False)
-    return out
+    yield out
+    shutil.rmtree(out, ignore_errors=True)

@@ -495,11 +495,11 @@ def test_documents_geometry_and_disk(documents):
     assert h["data_offset"] > 3e6  # the 150k-token vocabulary makes the KV section realistic
 
 
-def test_big_dense_spec(tmp_path):
+def test_big_dense_spec(scratch):
     spec = S.big_dense_spec()
     assert sum(t.nbytes for t in S.plan_tensors(spec)) >= 2 << 30
     assert sum(t.nbytes for t in S.plan_tensors(spec.model_copy(update={"n_layers": spec.n_layers - 1}))) < 2 << 30
-    p = S.write_big_dense(tmp_path / "small_big.gguf", 64 << 20)
+    p = S.write_big_dense(scratch / "small_big.gguf", 64 << 20)
     st = os.stat(p)
     assert st.st_size >= 64 << 20 and st.st_blocks * 512 >= st.st_size  # real bytes, not a hole
     r = gguf.GGUFReader(p)
@@ -510,8 +510,8 @@ def test_big_dense_spec(tmp_path):
 
 
 @pytest.mark.slow
-def test_big_dense_2gib(tmp_path):
-    p = S.write_big_dense(tmp_path / "big.gguf")
+def test_big_dense_2gib(scratch):
+    p = S.write_big_dense(scratch / "big.gguf")  # 2 GiB, removed when the test ends (conftest.scratch)
     st = os.stat(p)
     assert st.st_size >= 2 << 30 and st.st_blocks * 512 >= st.st_size
     r = gguf.GGUFReader(p)

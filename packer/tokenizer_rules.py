@@ -1,0 +1,130 @@
+"""What strata's tokenizer supports, with llama.cpp's rules for each value: read by the pack builder
+(an unsupported value is refused by name at build, never tokenized wrongly) and by the engine's
+tokenizer (:mod:`strata.engine.tokenizer`).
+
+Source: ``src/llama-vocab.cpp`` of the llama.cpp vendored by llama-cpp-python 0.3.36
+(``llama_vocab::impl::load``: defaults per ``tokenizer.ggml.model`` and per ``tokenizer.ggml.pre``;
+``llm_tokenizer_bpe::llm_tokenizer_bpe``: the pre-tokenizer regexes per pre type;
+``llm_tokenizer_bpe_session::tokenize``: the whole-word lookup before merges, ``ignore_merges``).
+
+- ``llama`` (SentencePiece): BOS added by default (``add_bos = true``), default ids BOS 1, EOS 2,
+  UNK 0; a space prefix by default (``add_space_prefix = true``); ``tokenizer.ggml.pre`` is not
+  used (only BPE vocabularies have pre-tokenizers).
+- ``gpt2`` (byte-level BPE): no BOS by default, default ids BOS = EOS = 11; the pre-tokenizer is
+  one of :data:`PRE_RULES` (a missing ``tokenizer.ggml.pre`` is ``default``, as llama.cpp).
+
+The ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` / ``add_space_prefix`` keys override the
+defaults; the id keys override the default ids when inside the vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# llama.cpp token types (gguf TokenType): 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
+#: Token types llama.cpp cuts out of the prompt text before tokenizing the rest (``cache_special_tokens``):
+#: user-defined always, control and unknown when special tokens are parsed (``tokenizer_st_partition``).
+SPECIAL_TYPES = (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN)
+
+_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+
+
+@dataclass(frozen=True)
+class PreRule:
+    """llama.cpp's rules for one ``tokenizer.ggml.pre`` value of a byte-level BPE vocabulary.
+
+    ``regexes``: applied in sequence, each splitting the pieces of the one before
+    (``llm_tokenizer_bpe``'s ``regex_exprs``). ``ignore_merges``: a pre-tokenized word that is itself
+    a token is that token, merges not consulted. ``add_bos``: BOS added when the GGUF has no
+    ``tokenizer.ggml.add_bos_token`` key. ``pre_type``: llama.cpp's ``LLAMA_VOCAB_PRE_TYPE_*``.
+    """
+
+    pre_type: str
+    regexes: tuple[str, ...]
+    ignore_merges: bool = False
+    add_bos: bool = False
+
+
+_RULE_QWEN2 = PreRule("QWEN2", (_QWEN2,))
+_RULE_LLAMA3 = PreRule("LLAMA3", (_LLAMA3,), ignore_merges=True, add_bos=True)
+
+#: ``tokenizer.ggml.pre`` -> llama.cpp's rules (``llama_vocab::impl::load``); every value accepted is
+#: checked against llama.cpp on a synthetic vocabulary (tests/test_tokenizer_llama_cpp.py).
+PRE_RULES: dict[str, PreRule] = {
+    "default": PreRule("DEFAULT", _DEFAULT),
+    "qwen2": _RULE_QWEN2,
+    "deepseek-r1-qwen": _RULE_QWEN2,
+    "llama3": _RULE_LLAMA3,
+    "llama-v3": _RULE_LLAMA3,
+    "llama-bpe": _RULE_LLAMA3,
+    "gpt-2": PreRule("GPT2", (_GPT2,)),
+}
+DEFAULT_PRE = "default"
+
+#: ``tokenizer.ggml.model`` -> (default BOS id, default EOS id, default add_bos, default add_space_prefix)
+MODEL_DEFAULTS: dict[str, tuple[int, int, bool, bool]] = {
+    "llama": (1, 2, True, True),
+    "gpt2": (11, 11, False, False),
+}
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map of byte-level BPE vocabularies (llama.cpp ``unicode.cpp``
+    ``unicode_byte_to_utf8_map``): printable Latin-1 bytes map to themselves, the others to U+0100...."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def pre_rule(pre: str | None) -> PreRule:
+    """The rules of ``pre`` (None or "" is ``default``, as llama.cpp). KeyError for an unsupported value."""
+    return PRE_RULES[pre or DEFAULT_PRE]
+
+
+def tokenizer_refusal(kv: dict, tokens: list[bytes] | None, types: list[int] | None, where: str) -> str | None:
+    """Why strata cannot tokenize like llama.cpp for these ``tokenizer.ggml.*`` values (one line naming
+    ``where``, the key and the value, or the token id), or None.
+
+    Refused: a ``tokenizer.ggml.model`` other than :data:`MODEL_DEFAULTS`'s; for ``gpt2`` a
+    ``tokenizer.ggml.pre`` outside :data:`PRE_RULES`; a special token (control, user-defined or
+    unknown) whose bytes are not valid UTF-8 (llama.cpp matches such bytes inside the prompt's
+    multi-byte characters, splitting them). Normal tokens with such bytes are kept: no text can
+    produce them and they decode to their bytes, as in llama.cpp.
+    """
+    model = kv.get("tokenizer.ggml.model")
+    if tokens is None or model is None:
+        return None  # no vocabulary to run (the engine refuses a pack without a tokenizer model by name)
+    if model not in MODEL_DEFAULTS:
+        return (f"{where}: tokenizer.ggml.model {model!r} is not supported by strata's tokenizer "
+                f"(supported: {', '.join(MODEL_DEFAULTS)})")
+    if model == "gpt2":
+        pre = kv.get("tokenizer.ggml.pre")
+        if (pre or DEFAULT_PRE) not in PRE_RULES:
+            return (f"{where}: tokenizer.ggml.pre {pre!r} is not supported by strata's tokenizer "
+                    f"(supported: {', '.join(sorted(PRE_RULES))}); refusing rather than tokenizing it differently "
+                    f"from llama.cpp")
+    if types is not None:
+        for i, (t, ty) in enumerate(zip(tokens, types)):
+            if ty in SPECIAL_TYPES:
+                try:
+                    t.decode("utf-8")
+                except UnicodeDecodeError:
+                    return (f"{where}: token {i} (type {ty}, special) is not valid UTF-8 ({t!r}): llama.cpp would match "
+                            f"its bytes inside the prompt's multi-byte characters; refused")
+    return None
+
+
+__all__ = ["DEFAULT_PRE", "MODEL_DEFAULTS", "PRE_RULES", "PreRule", "SPECIAL_TYPES", "TOKEN_BYTE", "TOKEN_CONTROL",
+           "TOKEN_NORMAL", "TOKEN_UNKNOWN", "TOKEN_UNUSED", "TOKEN_USER_DEFINED", "bytes_to_unicode", "pre_rule", "tokenizer_refusal"]

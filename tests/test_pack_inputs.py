@@ -1,0 +1,161 @@
+"""What ``strata-pack build`` refuses before anything is copied, and how a failed write is reported
+(issue 12): a foreign shard named with the tensor and both shapes, a big-endian GGUF named as one,
+a disk without room for pool.bin (bytes needed vs free), a full disk mid-copy and a target directory
+that cannot be written, each naming the pack path the user gave (never the hidden temporary
+directory) and leaving nothing behind.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from strata import testing as synth
+from strata.packer import build as B
+from strata.packer.build import BuildError, build_pack
+from strata.packer.cli import main as pack_main
+from strata.packer.findings import fmt_ne
+from strata.packer.gguf_file import GGUFError, read_header
+from strata.packer.outputs import OutputError
+
+
+def _left(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir())
+
+
+def test_foreign_shard_refused_naming_shard_tensor_and_both_shapes(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = synth.write_model(tmp_path / "a" / "m.gguf", synth.qwen2_spec(n_shards=2))  # n_embd 256, n_ff 512
+    b = synth.write_model(tmp_path / "b" / "m.gguf", synth.qwen2_spec(n_shards=2, dims={"n_ff": 1024}))
+    shutil.copyfile(b[1], a[1])  # the second shard of another model: same names, same split.* keys, other shapes
+    required = {"ffn_gate": (256, 512), "ffn_up": (256, 512), "ffn_down": (512, 256)}
+    first = next(t for t in read_header(a[1]).tensors if t.name.split(".")[2] in required)
+    assert fmt_ne(first.ne) != fmt_ne(required[first.name.split(".")[2]])
+    msg = (f"{a[1]}: tensor {first.name} has shape {fmt_ne(first.ne)}, but the geometry of the first shard {a[0].name} "
+           f"(qwen2) requires {fmt_ne(required[first.name.split('.')[2]])} (ggml ne): a shard of another model "
+           f"(foreign shard); refusing to pack it")
+    with pytest.raises(BuildError) as e:
+        build_pack(a[0], tmp_path / "p", progress=False)
+    assert str(e.value) == msg
+    assert _left(tmp_path) == ["a", "b"]
+    r = CliRunner().invoke(pack_main, ["build", str(a[0]), "-o", str(tmp_path / "p")])
+    assert r.exit_code == 2 and r.stderr == f"error: {msg}\n"
+
+
+def test_big_endian_gguf_named_as_such(tmp_path):
+    p = tmp_path / "be.gguf"
+    w = gguf.GGUFWriter(p, "qwen2", endianess=gguf.GGUFEndian.BIG)
+    w.add_uint32("qwen2.block_count", 1)
+    w.add_tensor("x.weight", np.zeros(32, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    msg = (f"{p}: this GGUF file is big-endian (its version 50331648 read byte-swapped is 3); strata reads "
+           f"little-endian GGUF only (gguf-py's gguf-convert-endian converts it)")
+    with pytest.raises(GGUFError) as e:
+        read_header(p)
+    assert str(e.value) == msg
+    r = CliRunner().invoke(pack_main, ["build", str(p), "-o", str(tmp_path / "pk")])
+    assert r.exit_code == 2 and r.stderr == f"error: {msg}\n"
+    r = CliRunner().invoke(pack_main, ["inspect", str(p)])
+    assert r.exit_code == 2 and "big-endian" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    return synth.write_model(tmp_path_factory.mktemp("dense") / "m.gguf", synth.qwen2_spec())[0]
+
+
+def _pool_bytes(src) -> int:
+    return B.layout_pool(B.open_model(src), B.DEFAULT_ALIGN).pool_bytes
+
+
+def test_not_enough_free_space_refused_before_copying(dense, tmp_path, monkeypatch):
+    import strata.packer.outputs as O
+
+    monkeypatch.setattr(O, "free_bytes", lambda d: 1000)
+    copied = []
+    monkeypatch.setattr(B, "write_pool", lambda *a, **k: copied.append(1))
+    out = tmp_path / "p"
+    need = _pool_bytes(dense)
+    r = CliRunner().invoke(pack_main, ["build", str(dense), "-o", str(out)])
+    assert r.exit_code == 2 and not copied
+    assert r.stderr == (f"error: {out}: not enough free space: the pack's pool.bin needs {need:,} bytes "
+                        f"({need / 2**20:,.1f} MiB), 1,000 bytes (0.0 MiB) free on the filesystem of {tmp_path}; "
+                        f"nothing was written\n")
+    assert _left(tmp_path) == []
+
+
+def test_full_disk_mid_copy_names_the_pack_and_the_bytes(dense, tmp_path, monkeypatch):
+    import strata.packer.outputs as O
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(B, "_copy_range", full)
+    monkeypatch.setattr(O, "free_bytes", lambda d: 4096 if d != "/" else 0)
+    monkeypatch.setattr(B, "check_free_space", lambda *a, **k: None)  # the disk filled up after the check
+    out = tmp_path / "p"
+    need = _pool_bytes(dense)
+    with pytest.raises(OutputError) as e:
+        build_pack(dense, out, progress=False)
+    assert str(e.value) == (f"{out}: no space left on the device: the output needs {need:,} bytes ({need / 2**20:,.1f} MiB), "
+                            f"4,096 bytes (0.0 MiB) free now on the filesystem of {tmp_path}; nothing was written")
+    assert _left(tmp_path) == []  # the temporary directory is gone
+
+
+def test_unwritable_target_names_the_pack_not_the_temporary_directory(dense, tmp_path, monkeypatch):
+    def denied(prefix, dir):
+        raise PermissionError(errno.EACCES, "Permission denied", str(Path(dir) / f"{prefix}abc123"))
+
+    monkeypatch.setattr(B.tempfile, "mkdtemp", denied)
+    out = tmp_path / "p"
+    r = CliRunner().invoke(pack_main, ["build", str(dense), "-o", str(out)])
+    assert r.exit_code == 2
+    assert r.stderr == f"error: {out}: cannot write here: {tmp_path} is not writable (Permission denied); nothing was written\n"
+    assert ".tmp-" not in r.stderr
+
+
+def test_inspect_piped_output_is_never_cut(tmp_path):
+    """A pipe gets every name and shape whole (the old table cut them to 80 columns)."""
+    import subprocess
+    import sys
+
+    spec = synth.qwen3moe_spec()
+    src = synth.write_model(tmp_path / "moe.gguf", spec)[0]
+    r = subprocess.run([sys.executable, "-m", "strata.packer.cli", "inspect", str(src)], capture_output=True, text=True,
+                       env={"COLUMNS": "40", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("blk.2.ffn_down_exps.weight ")]
+    assert len(lines) == 1 and "[256, 256, 8]" in lines[0] and len(lines[0]) > 40
+
+
+def test_fetch_write_failures_name_the_model_file(tmp_path, monkeypatch):
+    import strata.packer.fetch as fetch
+    import strata.packer.outputs as O
+
+    spec = fetch.load_specs()["gemma3-270m"]
+    target = tmp_path / spec.file
+    monkeypatch.setattr(O, "free_bytes", lambda d: 10 << 20)
+    r = CliRunner().invoke(pack_main, ["fetch", "gemma3-270m", "--cache-dir", str(tmp_path)])
+    assert r.exit_code == 2 and r.stderr == (
+        f"error: {target}: not enough free space: the model gemma3-270m ({spec.file}) needs {spec.size:,} bytes "
+        f"({spec.size / 2**20:,.1f} MiB), 10,485,760 bytes (10.0 MiB) free on the filesystem of {tmp_path}; nothing was written\n")
+    monkeypatch.setattr(O, "free_bytes", lambda d: 1 << 40)
+
+    def denied(prefix, suffix, dir):
+        raise PermissionError(errno.EACCES, "Permission denied", str(Path(dir) / f"{prefix}x{suffix}"))
+
+    monkeypatch.setattr(fetch.tempfile, "mkstemp", denied)
+    r = CliRunner().invoke(pack_main, ["fetch", "gemma3-270m", "--cache-dir", str(tmp_path)])
+    assert r.exit_code == 2
+    assert r.stderr == f"error: {target}: cannot write here: {tmp_path} is not writable (Permission denied); nothing was written\n"
+    assert _left(tmp_path) == []
