@@ -12,8 +12,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-/tmp/device_moe}
 WORK=${WORK:-/tmp/device_moe_work}
-GEOS=${GEOS:-"--geometry qwen3moe-30b-a3b --geometry qwen2-7b"}
-TOKENS=${TOKENS:-64}
+TOKENS=${TOKENS:-32}
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -39,19 +38,20 @@ if [ "${STEP:-1}" = 1 ]; then
     python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_fused.py tests/test_gpu_engine.py \
         tests/test_gpu_kernels.py -x 2>&1 | tee "$OUT/gpu_tests.txt" | tail -25
     step "strata rows"
-    # shellcheck disable=SC2086
-    python3 bench/bench_moe.py --work "$WORK/bench" $GEOS --tokens "$TOKENS" --json "$OUT/bench_moe_strata.json" \
-        2>&1 | tee "$OUT/bench_moe_strata.log" | tail -40
+    python3 bench/bench_moe.py --work "$WORK/bench" --geometry qwen3moe-30b-a3b --tokens "$TOKENS" \
+        --json "$OUT/bench_moe_strata.json" 2>&1 | tee "$OUT/bench_moe_strata.log" | tail -40
     step "llama.cpp build so far"
     tail -3 /tmp/lcp/build.log
 else
     step "llama.cpp build"
     for _ in $(seq 1 60); do grep -q "^exit" /tmp/lcp/build.log 2>/dev/null && break; sleep 5; done
     tail -3 /tmp/lcp/build.log
-    step "llama.cpp rows"
-    # shellcheck disable=SC2086
-    python3 bench/bench_moe.py --work "$WORK/bench" $GEOS --tokens "$TOKENS" --no-gpu \
-        --cpu --llama-bench /tmp/lcp/llama.cpp/build/bin/llama-bench --json "$OUT/bench_moe_llama.json" \
-        2>&1 | tee "$OUT/bench_moe_llama.log" | tail -30
+    LB=/tmp/lcp/llama.cpp/build/bin/llama-bench
+    step "llama.cpp rows, qwen3moe-30b-a3b (strata's GPU rows ran in step 1)"
+    python3 bench/bench_moe.py --work "$WORK/bench" --geometry qwen3moe-30b-a3b --tokens "$TOKENS" --no-gpu \
+        --llama-bench $LB --json "$OUT/bench_moe_llama.json" 2>&1 | tee "$OUT/bench_moe_llama.log" | tail -12
+    step "qwen2-7b: strata GPU and CPU rows, llama.cpp rows"
+    python3 bench/bench_moe.py --work "$WORK/bench" --geometry qwen2-7b --tokens "$TOKENS" --cpu \
+        --llama-bench $LB --json "$OUT/bench_moe_7b.json" 2>&1 | tee "$OUT/bench_moe_7b.log" | tail -12
 fi
 step "done"
