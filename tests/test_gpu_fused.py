@@ -126,15 +126,16 @@ def test_sim_fused_ring_equals_full_cache(packs):
     assert r["ring"].output_ids == r["full"].output_ids and _tops_equal(r["ring"], r["full"])
 
 
-@pytest.mark.parametrize("name", ["qwen2", "gemma3", "gemma_swa"])
-def test_fused_launch_count(packs, name):
-    """12 launches per layer (q, k, v, qk_prep, attn, out, norm, gate, up, act, down, norm), plus the
-    staging copy and the embedding norm, plus the head matvec and the logits copy."""
+@pytest.mark.parametrize("name,per_layer", [("qwen2", 9), ("gemma3", 9), ("gemma_swa", 10)])
+def test_fused_launch_count(packs, name, per_layer):
+    """Per layer: q, k and v in one matvec_group launch when they share a type (gemma_swa's attn_v is
+    Q8_0, its q/k Q5_0: two launches), qk_prep, attn, out, norm, gate + up in one launch, act, down,
+    norm = 9 (10); plus the staging copy and the embedding norm, plus the head matvec and the logits copy."""
     eng = load_engine(packs[name], device="cuda", n_ctx=32, backend=SimBackend())
     n_layer = eng.model.hp.n_layer
     c = eng.decoder.launches_per_token(True)
-    assert c == {"kernels": 12 * n_layer + 2, "memcpy": 2, "total": 12 * n_layer + 4, "host": 0}
-    assert eng.decoder.launches_per_token(False)["total"] == 12 * n_layer + 2  # prompt positions: no head
+    assert c == {"kernels": per_layer * n_layer + 2, "memcpy": 2, "total": per_layer * n_layer + 4, "host": 0}
+    assert eng.decoder.launches_per_token(False)["total"] == per_layer * n_layer + 2  # prompt positions: no head
     assert eng.gpu.launches_per_token == c
     stages = eng.decoder.stages(True)
     assert stages[0] == "embed" and stages[-1] == "head" and len(stages) == 2 * n_layer + 2
@@ -193,15 +194,16 @@ def test_sim_fused_moe_equals_generic_bitwise_for_any_cache(packs):
 
 
 def test_sim_fused_moe_launches_hybrid_and_full(packs):
-    """Per MoE layer: q, k, v, qk_prep, attn, out, norm; router, moe_route, gate, up, silu_mul, down,
-    moe_combine, norm = 15 kernels. The hybrid path adds 2 copies (routing, input) and 2 host points
-    per layer; with every expert resident the step is the full list: no host point."""
+    """Per MoE layer: q/k/v (one matvec_group launch), qk_prep, attn, out, norm; router, moe_route,
+    gate + up of the selected experts (one batched launch; the preset's types agree per layer), silu_mul,
+    down, moe_combine, norm = 12 kernels. The hybrid path adds 2 copies (routing, input) and 2 host
+    points per layer; with every expert resident the step is the full list: no host point."""
     full = _moe(packs, expert_cache="auto", resident="all")
     hyb = _moe(packs, expert_cache="auto", resident="half")
     L = full.model.hp.n_layer
-    assert full.decoder.launches_per_token(True) == {"kernels": 15 * L + 2, "memcpy": 2, "total": 15 * L + 4, "host": 0}
-    assert hyb.decoder.launches_per_token(True) == {"kernels": 15 * L + 2, "memcpy": 2 + 2 * L,
-                                                    "total": 17 * L + 4, "host": 2 * L}
+    assert full.decoder.launches_per_token(True) == {"kernels": 12 * L + 2, "memcpy": 2, "total": 12 * L + 4, "host": 0}
+    assert hyb.decoder.launches_per_token(True) == {"kernels": 12 * L + 2, "memcpy": 2 + 2 * L,
+                                                    "total": 14 * L + 4, "host": 2 * L}
     assert "every expert resident" in full.gpu.decode_path and "hybrid" in hyb.gpu.decode_path
     assert len(hyb.decoder.segments(True)) == 2 * L + 1
     r = generate(full, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)

@@ -250,6 +250,28 @@ class FusedDecoder:
             add(f"matvec {name}", stage, ops.matvec(t, buf, rows, ne0, x, out))
             return out
 
+        def mv_group(names, x, stage):
+            """Matvecs of ``names`` on one ``x``: one ``matvec_group`` launch per run of weights with the
+            same type and row length (q/k/v; gate/up), a plain matvec for a weight alone. Returns the
+            outputs in order."""
+            args = [w.matvec_args(nm) for nm in names]
+            outs = [a[4] for a in args]
+            i = 0
+            while i < len(args):
+                j = i + 1
+                while j < len(args) and args[j][0] == args[i][0] and args[j][3] == args[i][3]:
+                    j += 1
+                if j - i == 1:
+                    mv(names[i], x, stage)
+                else:
+                    table = self.backend.empty_bytes(8 * 3 * (j - i)).view(np.uint64)
+                    self.nbytes += 8 * 3 * (j - i)
+                    parts = [(a[1], a[2], a[4]) for a in args[i:j]]
+                    add(f"matvec_group {' + '.join(names[i:j])}", stage,
+                        ops.matvec_group(args[i][0], table, parts, args[i][3], x))
+                i = j
+            return outs
+
         def opt(name):
             return w.get(name) if name and w.has(name) else None
 
@@ -277,7 +299,7 @@ class FusedDecoder:
                 bqkv = opt(n.qkv_bias)
                 qb, kb, vb = (None, None, None) if bqkv is None else (bqkv[:nq], bqkv[nq:nq + nk], bqkv[nq + nk:])
             else:
-                q, k, v = mv(n.q, self.xn, sa), mv(n.k, self.xn, sa), mv(n.v, self.xn, sa)
+                q, k, v = mv_group([n.q, n.k, n.v], self.xn, sa)
                 qb, kb, vb = opt(n.q_bias), opt(n.k_bias), opt(n.v_bias)
             rope = st.ropes[m.rope_base_of(il)]
             L = AttnIO(il=il, q=q, k=k, v=v, qb=qb, kb=kb, vb=vb, qnw=opt(n.q_norm), knw=opt(n.k_norm), rope=rope,
@@ -293,10 +315,9 @@ class FusedDecoder:
                                2 if post is not None else 1))
             if isinstance(b.ffn, MoEFFN):
                 assert self.moe is not None
-                f = self.moe.build_layer(il, b.ffn, add, mv, self.act)
+                f = self.moe.build_layer(il, b.ffn, add, mv, mv_group, self.act)
             else:
-                g = mv(tensor_name("ffn_gate.weight", il), self.xn, sf)
-                u = mv(tensor_name("ffn_up.weight", il), self.xn, sf)
+                g, u = mv_group([tensor_name("ffn_gate.weight", il), tensor_name("ffn_up.weight", il)], self.xn, sf)
                 act = self.act[:int(g.size)]
                 add(f"act_mul L{il}", sf, ops.act_mul(g, u, act, b.ffn.act))
                 f = mv(tensor_name("ffn_down.weight", il), act, sf)

@@ -137,6 +137,22 @@ class CudaOps:
         return self._call(k.matvec, ((rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA,), (32 * K.WARPS_PER_CTA,),
                           (buf, np.int64(rows), np.int32(ne0), x, out))
 
+    def matvec_group(self, type_id, table, parts, ne0, x):
+        """One launch of ``matvec_group`` over ``parts`` = [(buf, rows, out)] of one type and row length
+        (``table``: a device u64 array of 3 * len(parts) entries, written here: bases | rows | outs)."""
+        from . import kernels as K
+
+        k = K.kernels_for(type_id)
+        n = len(parts)
+        for _b, rows, _o in parts:
+            K.check_matvec(k, rows, ne0)
+        vals = [int(b.data.ptr) for b, _r, _o in parts] + [int(r) for _b, r, _o in parts] + \
+               [int(o.data.ptr) for _b, _r, o in parts]
+        table.set(np.array(vals, dtype=np.uint64))
+        max_rows = max(int(r) for _b, r, _o in parts)
+        return self._call(k.matvec_group, ((max_rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA, n),
+                          (32 * K.WARPS_PER_CTA,), (table[0:n], table[n:2 * n], np.int32(ne0), x, table[2 * n:3 * n]))
+
     def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode):
         n = int(x.size)
         return self._call(self.k["resid_norm"], (1,), (_threads(n),),
@@ -275,6 +291,14 @@ class SimOps:
                 y[...] = y + bias
             if cap:
                 y[...] = np.tanh(y * np.float32(1.0 / cap)) * np.float32(cap)
+        return run
+
+    def matvec_group(self, type_id, table, parts, ne0, x):
+        bk = self.bk
+
+        def run():
+            for buf, rows, out in parts:
+                out[...] = bk.matvec(type_id, buf, rows, ne0, x)
         return run
 
     def moe_route(self, M: MoeIO):

@@ -92,7 +92,7 @@ COMPILE_MODE: str | None = None
 
 #: Warps per CTA and rows per warp of the matvec kernels (``WARPS`` / ``RPW`` in the source).
 WARPS_PER_CTA = 4
-ROWS_PER_WARP = 2
+ROWS_PER_WARP = 4
 ROWS_PER_CTA = WARPS_PER_CTA * ROWS_PER_WARP
 
 #: The CUDA source files, installed with the package (pyproject.toml package-data).
@@ -229,6 +229,7 @@ class TypeKernels:
     dequant: object
     matvec: object
     matvec_batched: object
+    matvec_group: object
 
 
 def load_module(source: str, names: tuple[str, ...]) -> dict:
@@ -295,8 +296,9 @@ def _nvrtc_module(nvrtc, source: str):
 def kernels_for(type_id: int) -> TypeKernels:
     """Compile (once per process) the module of ``type_id`` (see :func:`load_module`)."""
     t = quants.qtype(type_id)
-    f = load_module(source_for(type_id), ("dequant", "matvec", "matvec_batched"))
-    return TypeKernels(t.id, t.block_elems, t.block_elems == 1, f["dequant"], f["matvec"], f["matvec_batched"])
+    f = load_module(source_for(type_id), ("dequant", "matvec", "matvec_batched", "matvec_group"))
+    return TypeKernels(t.id, t.block_elems, t.block_elems == 1, f["dequant"], f["matvec"], f["matvec_batched"],
+                       f["matvec_group"])
 
 
 def _check_buf(buf, type_id: int, ne: tuple[int, ...]):
