@@ -38,8 +38,10 @@ extern "C" __global__ void dequant(const u8* __restrict__ base, const i64 n_bloc
 // (strata.engine.gpu.reference.matvec, engine/cpu_driver.c row_exact): bit-identical results.
 //
 // Where the bytes come from (not the arithmetic): the kernel walks the row in steps of 32 chunks.
-// Each step's x slice (32 x 32 floats) is staged ONCE PER CTA into a padded shared tile (every
-// warp of the CTA walks the same chunks in lockstep, so one tile serves WARPS * RPW rows), and
+// Each step's x slice (32 x 32 floats) is staged ONCE PER CTA into a shared tile (every warp of
+// the CTA walks the same chunks in lockstep, so one tile serves WARPS * RPW rows), laid out as
+// float4 [8][32]: value 4j..4j+3 of chunk k at float4 j * 32 + k, so lane l reads its chunk with
+// 8 conflict-free 16-byte loads; and
 // each warp's RPW rows' block bytes for those chunks (contiguous per row) into its shared region;
 // deq_chunk then reads shared memory. Both go through cp.async (global -> shared without
 // registers) into two buffers: while a step is computed, the next step's bytes are in flight
@@ -62,6 +64,10 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
 }
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
@@ -72,7 +78,14 @@ __device__ __forceinline__ void stage_step(const u8* __restrict__ payload, const
                                            float* __restrict__ xs, u8* __restrict__ wb, const int lane,
                                            const int warp) {
     const int nk = min(32, n_chunk - c0);
-    for (int k = warp; k < nk; k += WARPS) cp_async4(xs + k * 33 + lane, x + (i64)(c0 + k) * 32 + lane);
+    const float* xc = x + (i64)c0 * 32;
+    if ((((unsigned long long)xc) & 15ull) == 0) {
+        for (int t = threadIdx.x; t < nk * 8; t += 32 * WARPS)  // t = chunk * 8 + j
+            cp_async16(xs + ((t & 7) * 32 + (t >> 3)) * 4, xc + 4 * t);
+    } else {
+        for (int t = threadIdx.x; t < nk * 32; t += 32 * WARPS)  // t = chunk * 32 + value
+            cp_async4(xs + (((t & 31) >> 2) * 32 + (t >> 5)) * 4 + (t & 3), xc + t);
+    }
     const int jb0 = c0 / CPB;
     const int nbytes = ((nk + CPB - 1) / CPB) * PB;
     for (int r = 0; r < nr; ++r) {
@@ -104,12 +117,12 @@ __device__ __forceinline__ void warp_dot(const u8* __restrict__ base, const i64 
         acc[r] = 0.0f;
         mis[r] = r < nr ? (int)(((unsigned long long)(payload + (row0 + r) * nb * PB)) & 3ull) : 0;
     }
-    // buffer b: xs2 + b * (32 * 33) floats, wb2 + b * (RPW * ROW_STAGE) bytes
+    // buffer b: xs2 + b * 1024 floats, wb2 + b * (RPW * ROW_STAGE) bytes
     stage_step(payload, nb, row0, nr, 0, n_chunk, x, xs2, wb2, lane, warp);
     int b = 0;
     for (int c0 = 0; c0 < n_chunk; c0 += 32) {
         if (c0 + 32 < n_chunk) {
-            stage_step(payload, nb, row0, nr, c0 + 32, n_chunk, x, xs2 + (b ^ 1) * (32 * 33),
+            stage_step(payload, nb, row0, nr, c0 + 32, n_chunk, x, xs2 + (b ^ 1) * 1024,
                        wb2 + (b ^ 1) * (RPW * ROW_STAGE), lane, warp);
             cp_async_wait_one();  // this step's group has landed (the next one may still fly)
         } else {
@@ -118,7 +131,7 @@ __device__ __forceinline__ void warp_dot(const u8* __restrict__ base, const i64 
         __syncthreads();  // every thread's copies of this step are visible
         const int c = c0 + lane;
         if (nr > 0 && c < n_chunk) {
-            const float* xx = xs2 + b * (32 * 33) + lane * 33;
+            const float4* x4 = (const float4*)(xs2 + b * 1024) + lane;  // float4 j of this lane's chunk: x4[32 * j]
             const u8* wb = wb2 + b * (RPW * ROW_STAGE);
             const int jb0 = c0 / CPB;
             const int jl = c / CPB - jb0;
@@ -130,7 +143,13 @@ __device__ __forceinline__ void warp_dot(const u8* __restrict__ base, const i64 
                 deq_chunk(scales + blk * NF, wb + r * ROW_STAGE + mis[r] + jl * PB, c % CPB, w);
                 float s = 0.0f;
 #pragma unroll
-                for (int i = 0; i < 32; ++i) s = s + w[i] * xx[i];  // mul then add: --fmad=false keeps them apart
+                for (int j = 0; j < 8; ++j) {  // s = s + w[i] * x[i], i = 0..31 in order (--fmad=false: no fma)
+                    const float4 xv = x4[32 * j];
+                    s = s + w[4 * j] * xv.x;
+                    s = s + w[4 * j + 1] * xv.y;
+                    s = s + w[4 * j + 2] * xv.z;
+                    s = s + w[4 * j + 3] * xv.w;
+                }
                 acc[r] += s;
             }
         }
