@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,8 +92,12 @@ NVRTC_OPTIONS = ("--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=
 COMPILE_MODE: str | None = None
 
 #: Warps per CTA and rows per warp of the matvec kernels (``WARPS`` / ``RPW`` in the source).
+#: ``STRATA_MATVEC_RPW`` / ``STRATA_MATVEC_MIN_BLOCKS`` (CTAs per SM the compiler must fit: caps
+#: registers; 0 = no bound) override the defaults for benchmarks (bench/bench_moe.py ``--variants``);
+#: neither changes the arithmetic.
 WARPS_PER_CTA = 4
-ROWS_PER_WARP = 4
+ROWS_PER_WARP = int(os.environ.get("STRATA_MATVEC_RPW", "4"))
+MATVEC_MIN_BLOCKS = int(os.environ.get("STRATA_MATVEC_MIN_BLOCKS", "5"))
 ROWS_PER_CTA = WARPS_PER_CTA * ROWS_PER_WARP
 
 #: The CUDA source files, installed with the package (pyproject.toml package-data).
@@ -168,7 +173,9 @@ def source_for(type_id: int, *, with_kernels: bool = True) -> str:
     code = cuda_file("prelude.cuh") + _tables_source(type_code) + ("" if plain else type_defines(t.id)) + type_code
     if not with_kernels:
         return code
-    return code + cuda_file("matvec_plain.cu" if plain else "matvec_block.cu") + cuda_file("matvec.cu")
+    shape = (f"#define RPW {ROWS_PER_WARP}\n#define MV_BOUNDS "
+             + (f"__launch_bounds__(32 * WARPS, {MATVEC_MIN_BLOCKS})" if MATVEC_MIN_BLOCKS > 0 else "") + "\n")
+    return code + shape + cuda_file("matvec_plain.cu" if plain else "matvec_block.cu") + cuda_file("matvec.cu")
 
 
 def _silu_source() -> str:

@@ -2,7 +2,7 @@
 // STAGE_BYTES come from there). Every warp calls warp_dot (the block types' version synchronises
 // the CTA); a warp whose rows are past the end passes active = false.
 // y[row] = dot(W[row, :], x); warp w of CTA b takes rows (b*WARPS + w)*RPW .. +RPW.
-extern "C" __global__ void __launch_bounds__(32 * WARPS, 5) matvec(const u8* __restrict__ base, const i64 rows, const int ne0,
+extern "C" __global__ void MV_BOUNDS matvec(const u8* __restrict__ base, const i64 rows, const int ne0,
                                   const float* __restrict__ x, float* __restrict__ y) {
     __shared__ __align__(16) float xs[2 * 1024];
     __shared__ __align__(16) u8 wb_all[WARPS][2 * RPW * ROW_STAGE];
@@ -20,7 +20,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 5) matvec(const u8* __r
 // Y[item, row] = dot(W_item[row, :], X[item * x_stride + :]); W_item at bases[item] (engine form);
 // an item whose base is 0 is skipped (its rows of Y are left as they are: an expert-cache miss,
 // filled by the host). The whole CTA belongs to one item, so it leaves together.
-extern "C" __global__ void __launch_bounds__(32 * WARPS, 5) matvec_batched(const unsigned long long* __restrict__ bases, const i64 rows, const int ne0,
+extern "C" __global__ void MV_BOUNDS matvec_batched(const unsigned long long* __restrict__ bases, const i64 rows, const int ne0,
                                           const float* __restrict__ X, const i64 x_stride, float* __restrict__ Y) {
     __shared__ __align__(16) float xs[2 * 1024];
     __shared__ __align__(16) u8 wb_all[WARPS][2 * RPW * ROW_STAGE];
@@ -41,7 +41,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 5) matvec_batched(const
 // of a layer; gate and up): one launch instead of one per weight. bases[item] = the engine-form
 // buffer, rows[item] its rows, outs[item] its output (device arrays written once at start-up;
 // blockIdx.y = item). CTAs past an item's rows leave together.
-extern "C" __global__ void __launch_bounds__(32 * WARPS, 5) matvec_group(const unsigned long long* __restrict__ bases, const i64* __restrict__ rows,
+extern "C" __global__ void MV_BOUNDS matvec_group(const unsigned long long* __restrict__ bases, const i64* __restrict__ rows,
                                         const int ne0, const float* __restrict__ x,
                                         const unsigned long long* __restrict__ outs) {
     __shared__ __align__(16) float xs[2 * 1024];

@@ -7,7 +7,7 @@
 // writing values [32*sub, 32*sub+32) of one block (sc = its NF scales, q = its PB payload bytes)
 // with exactly the f32 operations, in the order, of the CPU dequantizer.
 #define WARPS 4   // warps per CTA (blockDim.x == 32 * WARPS)
-#define RPW 4     // rows per warp in the matvec kernels (they share one staged slice of x)
+// RPW (rows per warp) and MV_BOUNDS (the kernels' launch bounds) are defined by kernels.source_for
 
 // Chunk t = block * (QK/32) + sub holds values [32t, 32t+32) of the tensor. Each warp
 // dequantizes 32 consecutive chunks (one per lane) into a padded shared tile, then writes them

@@ -2,7 +2,6 @@
 // after prelude.cuh and types/<TYPE>.cuh, which defines
 //   load_w(const u8* b, i64 i) -> float: value i of the tensor.
 #define WARPS 4
-#define RPW 4
 extern "C" __global__ void dequant(const u8* __restrict__ base, const i64 n, float* __restrict__ out) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = load_w(base, i);
