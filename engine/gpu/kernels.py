@@ -94,9 +94,12 @@ COMPILE_MODE: str | None = None
 #: Warps per CTA and rows per warp of the matvec kernels (``WARPS`` / ``RPW`` in the source).
 #: ``STRATA_MATVEC_RPW`` / ``STRATA_MATVEC_MIN_BLOCKS`` (CTAs per SM the compiler must fit: caps
 #: registers; 0 = no bound) override the defaults for benchmarks (bench/bench_moe.py ``--variants``);
-#: neither changes the arithmetic.
+#: neither changes the arithmetic. Defaults: the fastest of bench/matvec_variants.py on the H200
+#: (2026-11-30, graph replay ms per token, 30B-A3B / 7B geometries: RPW 4 bound 5: 5.53 / 7.81;
+#: RPW 2 bound 5: 4.98 / 7.51; RPW 4 unbounded: 6.68 / 7.62; RPW 2 unbounded: 5.45 / 7.50;
+#: RPW 4 bound 4: 5.39 / 7.56).
 WARPS_PER_CTA = 4
-ROWS_PER_WARP = int(os.environ.get("STRATA_MATVEC_RPW", "4"))
+ROWS_PER_WARP = int(os.environ.get("STRATA_MATVEC_RPW", "2"))
 MATVEC_MIN_BLOCKS = int(os.environ.get("STRATA_MATVEC_MIN_BLOCKS", "5"))
 ROWS_PER_CTA = WARPS_PER_CTA * ROWS_PER_WARP
 

@@ -28,13 +28,22 @@ __device__ __forceinline__ u32 ld32_aligned(const u8* p) {
     return v;
 #endif
 }
+__device__ __forceinline__ u32 ld16_aligned(const u8* p) {
+#ifdef __CUDA_ARCH__
+    return (u32)*(const u16*)p;
+#else
+    u16 v;
+    __builtin_memcpy(&v, p, 2);
+    return (u32)v;
+#endif
+}
 __device__ __forceinline__ void load_words(const u8* __restrict__ p, u32* w, const int n) {
     if ((((unsigned long long)p) & 3ull) == 0) {
 #pragma unroll
         for (int i = 0; i < n / 4; ++i) w[i] = ld32_aligned(p + 4 * i);
     } else if ((((unsigned long long)p) & 1ull) == 0) {
 #pragma unroll
-        for (int i = 0; i < n / 4; ++i) w[i] = ld16(p + 4 * i) | (ld16(p + 4 * i + 2) << 16);
+        for (int i = 0; i < n / 4; ++i) w[i] = ld16_aligned(p + 4 * i) | (ld16_aligned(p + 4 * i + 2) << 16);
     } else {
 #pragma unroll
         for (int i = 0; i < n / 4; ++i) w[i] = ld32(p + 4 * i);
