@@ -46,7 +46,8 @@ def packs(tmp_path_factory):
     d = tmp_path_factory.mktemp("fused_packs")
     out = {}
     for name, spec in (("qwen2", synth.qwen2_spec()), ("gemma3", synth.gemma3_spec()), ("gemma_swa", _gemma_swa_spec()),
-                       ("moe", synth.qwen3moe_spec()), ("q3n", synth.qwen3next_spec()), ("llama", synth.llama_spec()),
+                       ("moe", synth.qwen3moe_spec()), ("q3n", synth.qwen3next_spec()),
+                       ("q3n_legacy", synth.qwen3next_spec(choices={"gdn_in": 1})), ("llama", synth.llama_spec()),
                        ("qwen3", synth.qwen3_spec()), ("llama_moe", synth.llama_moe_spec()),
                        ("qwen2moe", synth.qwen2moe_spec())):
         paths = synth.write_model(d / f"{name}.gguf", spec)
@@ -145,7 +146,7 @@ def test_stage_times_refused_with_graph(packs):
     with pytest.raises(StageTimesRefused, match="record nothing"):
         load_engine(packs["gemma3"], device="cuda", n_ctx=32, backend=SimBackend(), stage_times=True)
     with pytest.raises(StageTimesRefused, match="fused step only"):  # the generic path has no stage timers at all
-        load_engine(packs["q3n"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
+        load_engine(packs["q3n_legacy"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
     eng = load_engine(packs["moe"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True,
                       resident="half")  # MoE, hybrid: timed per stage (the host points inside the FFN stages)
     generate(eng, prompt_ids=PROMPT, n_tokens=2, ignore_eos=True)
@@ -162,11 +163,35 @@ def test_stage_times_eager_sim(packs):
     assert st.n["head"] == 3 and st.n["L0 attn"] == st.steps  # the head runs on positions with logits only
 
 
-def test_fused_on_deltanet_is_refused_not_ignored(packs):
-    with pytest.raises(FusedUnsupported, match="mixer the fused step does not build"):
-        load_engine(packs["q3n"], device="cuda", n_ctx=32, backend=SimBackend(), fused=True)
-    eng = load_engine(packs["q3n"], device="cuda", n_ctx=32, backend=SimBackend())  # default: the generic path, said so
-    assert eng.decoder is None and "does not build" in eng.gpu.decode_path
+def test_fused_on_legacy_ssm_in_is_refused_not_ignored(packs):
+    with pytest.raises(FusedUnsupported, match="legacy ssm_in"):
+        load_engine(packs["q3n_legacy"], device="cuda", n_ctx=32, backend=SimBackend(), fused=True)
+    eng = load_engine(packs["q3n_legacy"], device="cuda", n_ctx=32, backend=SimBackend())  # the generic path, said so
+    assert eng.decoder is None and "legacy ssm_in" in eng.gpu.decode_path
+
+
+def test_sim_fused_qwen3next_delta_net_and_gated_attention(packs):
+    """qwen3next in the fused step: per recurrent layer attn_qkv + attn_gate + ssm_ba in one launch,
+    gdn_conv, gdn_step, ssm_out; the attention layer's output gate (gate_mul). Against the generic
+    path on the same backend: the same argmax at every position, logits within float summation order
+    (the shared expert's gate is a one-row matvec here, a dot product there); a second sequence from
+    position 0 gives the first one's logits bit for bit (the kernels start the recurrent state at zero,
+    nothing on the host resets it); tokens equal the CPU path's with half the experts resident."""
+    ids = _ids(20)
+    f = load_engine(packs["q3n"], device="cuda", n_ctx=64, backend=SimBackend())
+    assert f.decoder is not None and f.decoder.gdn is not None
+    names = [L.name for L in f.decoder.launches(True)]
+    assert sum(n.startswith("gdn_step") for n in names) == 3 and sum(n.startswith("gate_mul") for n in names) == 1
+    a = _logits_per_position(f, ids)
+    b = _logits_per_position(load_engine(packs["q3n"], device="cuda", n_ctx=64, backend=SimBackend(), fused=False), ids)
+    assert all(int(np.argmax(x)) == int(np.argmax(y)) for x, y in zip(a, b))
+    assert max(float(np.abs(x - y).max()) for x, y in zip(a, b)) < 1e-4
+    again = _logits_per_position(f, ids)
+    assert all(np.array_equal(x, y) for x, y in zip(a, again))
+    sim = generate(load_engine(packs["q3n"], device="cuda", n_ctx=64, backend=SimBackend(), resident="half"),
+                   prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    cpu = generate(load_engine(packs["q3n"], n_ctx=64), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    assert sim.output_ids == cpu.output_ids
 
 
 # ------------------------------------------------------------------ routed experts in the fused step
@@ -282,7 +307,7 @@ def test_cuda_graph_and_eager_logits_bit_identical(packs, name, n):
 
 @pytest.mark.gpu
 @skip_no_gpu
-@pytest.mark.parametrize("name", ["qwen2", "gemma3", "gemma_swa", "llama", "qwen3", "llama_moe", "qwen2moe"])
+@pytest.mark.parametrize("name", ["qwen2", "gemma3", "gemma_swa", "llama", "qwen3", "llama_moe", "qwen2moe", "q3n"])
 def test_cuda_fused_tokens_match_cpu_and_generic(packs, name):
     import cupy as cp
 
@@ -349,3 +374,21 @@ def test_cuda_fused_moe_cache_does_not_change_logits(packs):
                    n_tokens=8, ignore_eos=True)
     print(f"\n[fused moe] tokens {fus.output_ids}; generic {gen.output_ids}; cpu {cpu.output_ids}")
     assert fus.output_ids == gen.output_ids == cpu.output_ids
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+def test_cuda_fused_qwen3next_graph_eager_and_cache(packs):
+    """qwen3next on the device: graph and eager logits bit for bit at every position; none, half or all
+    experts resident: the same logits bit for bit; a second sequence repeats the first (the delta-net
+    state starts at zero in the kernels)."""
+    ids = _ids(24)
+    runs = {key: _logits_per_position(load_engine(packs["q3n"], device="cuda", n_ctx=48, **kw), ids)
+            for key, kw in (("all", {}), ("eager", {"graph": False}), ("none", {"expert_cache": 0}),
+                            ("half", {"resident": "half"}))}
+    for key, got in runs.items():
+        for pos, (a, b) in enumerate(zip(runs["all"], got)):
+            assert a.tobytes() == b.tobytes(), f"{key} position {pos}"
+    eng = load_engine(packs["q3n"], device="cuda", n_ctx=48)
+    first, second = _logits_per_position(eng, ids), _logits_per_position(eng, ids)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(first, second))

@@ -139,6 +139,13 @@ class DeviceWeights:
             raise GenerateError(f"{name}: {rows_of(e)} rows, not a vector")
         return quants.F32.id, self._f32[name].view(self.xp.uint8), 1, e.ne0, None
 
+    def host_f32(self, name: str) -> np.ndarray:
+        """The whole tensor ``name`` dequantized to f32 on the host from the memory-mapped pool
+        (numpy ``[rows, ne0]``): for small weights a kernel reads as plain floats (the delta net's conv)."""
+        e = self._entries[name]
+        rows = rows_of(e)
+        return dequantize_rows(np.asarray(self._raw(e)).reshape(rows, -1), e.type, e.ne0, name=name)
+
     def host_row(self, name: str, row: int, out: np.ndarray) -> None:
         """Dequantize row ``row`` of ``name`` on the host from the memory-mapped pool into ``out``
         (f32, e.g. pinned memory): the values :meth:`rows` and the CPU path give."""
