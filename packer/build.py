@@ -31,7 +31,7 @@ from . import quants
 from .findings import fmt_ne, pad4
 from .gguf_file import ArrayRef, GGUFModel, GGUFError, TensorInfo, open_model, read_array
 from .packfmt import (
-    EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, MANIFEST_FILE, MERGES_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE,
+    BUILD_FILE, EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, LEGACY_BUILD_FILE, MERGES_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE,
     ExpertLayer, IndexEntry, NativeExperts, PackIndex, write_experts, write_geometry, write_index,
     write_metadata,
 )
@@ -330,7 +330,7 @@ def check_target(out: Path, source_paths: list[Path], force: bool) -> None:
     """Refuse an output directory that could destroy data.
 
     ``out`` must not exist unless ``force`` is given, and then it must be a pack (it holds
-    ``index.txt`` and ``manifest.json``) and must not be, or contain, a directory holding a
+    ``index.txt`` and ``build.json`` (``manifest.json`` before the rename)) and must not be, or contain, a directory holding a
     source shard. Its parent must exist (like ``cp``: no silent ``mkdir -p``).
 
     Raises:
@@ -348,8 +348,8 @@ def check_target(out: Path, source_paths: list[Path], force: bool) -> None:
             raise BuildError(f"{out} already exists; pass --force to replace it")
         if not out.is_dir() or out.is_symlink():
             raise BuildError(f"{out} exists and is not a directory; refusing to replace it")
-        if not ((out / INDEX_FILE).is_file() and (out / MANIFEST_FILE).is_file()):
-            raise BuildError(f"{out} exists and is not a strata pack (no {INDEX_FILE} and {MANIFEST_FILE}); "
+        if not ((out / INDEX_FILE).is_file() and ((out / BUILD_FILE).is_file() or (out / LEGACY_BUILD_FILE).is_file())):
+            raise BuildError(f"{out} exists and is not a strata pack (no {INDEX_FILE} and {BUILD_FILE}); "
                              f"refusing to replace it even with --force")
 
 
@@ -445,14 +445,14 @@ def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = D
             expert_layers=experts.n_layer if experts else 0, expert_total_bytes=experts.total if experts else 0,
             max_blob=experts.max_blob if experts else 0, seconds=0.0,
         )
-        manifest = {"format": "strata pack v1", "arch": geom.arch, "geometry": dict(geometry_params_text(geom)),
+        record = {"format": "strata pack v1", "arch": geom.arch, "geometry": dict(geometry_params_text(geom)),
                     "sources": [{"file": s.path.name, "path": str(s.path.resolve()), "bytes": s.file_size,
                                  "mtime_ns": s.path.stat().st_mtime_ns} for s in model.shards],
                     "align": align, "pool_bytes": index.pool_bytes, "dense_tensors": len(index.entries),
                     "expert_layers": result.expert_layers, "expert_total_bytes": result.expert_total_bytes,
                     "max_blob": result.max_blob, "bf16_promoted": result.bf16_promoted}
-        with open(tmp / MANIFEST_FILE, "w") as f:
-            json.dump(manifest, f, indent=1)
+        with open(tmp / BUILD_FILE, "w") as f:
+            json.dump(record, f, indent=1)
         # verify what was written before it becomes visible
         reread = open_pack(tmp)
         if reread.index.entries != index.entries or (experts and reread.experts.layers != experts.layers):

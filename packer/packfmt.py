@@ -16,7 +16,7 @@ A pack directory holds:
   :mod:`strata.manifests.contract`).
 - ``metadata.txt``: every scalar GGUF key as ``key type value`` (strings escaped), so no
   tool needs the GGUF metadata after packing.
-- ``vocab.parquet`` / ``merges.parquet``: the tokenizer arrays; ``manifest.json``: a summary
+- ``vocab.parquet`` / ``merges.parquet``: the tokenizer arrays; ``build.json``: a summary
   for people and Python tools (never read on the weight path).
 
 Readers are strict by design (the engine's lesson: a parser whose failure mode is a wrong
@@ -52,7 +52,18 @@ GEOMETRY_FILE = "geometry.txt"
 METADATA_FILE = "metadata.txt"
 VOCAB_FILE = "vocab.parquet"
 MERGES_FILE = "merges.parquet"
-MANIFEST_FILE = "manifest.json"
+BUILD_FILE = "build.json"
+#: The build record's name before 2026-11-30 ("manifest" also named the contracts): read, never written.
+LEGACY_BUILD_FILE = "manifest.json"
+
+
+def build_record_path(pack_dir) -> "Path":
+    """The pack's build record: ``build.json``, or ``manifest.json`` in a pack built before the rename
+    (the path of ``build.json`` when neither exists)."""
+    from pathlib import Path
+
+    d = Path(pack_dir)
+    return d / LEGACY_BUILD_FILE if not (d / BUILD_FILE).exists() and (d / LEGACY_BUILD_FILE).exists() else d / BUILD_FILE
 
 
 class PackFormatError(ValueError):
