@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from strata.budget import formulas as F
 from strata.manifests.contract import Geometry
-from strata.manifests.keys import KeysRefusedError, check_metadata_keys
 from strata.manifests.names import tensor_name
 
 from .deltanet import DeltaNetDims, GatedDeltaNet, RecurrentState
@@ -101,23 +99,20 @@ class Decoder:
         or ``token_embd.weight`` when tied); ``embd_scale``: the embedding multiplier (1 unless the
         recipe scales by sqrt(n_embd)).
 
+    The metadata keys the forward pass depends on were honoured or refused before (the manifest's
+    ``[keys]``: :func:`strata.engine.startup.open_checked`); ``g`` carries the honoured values.
+
     Raises:
-        UnsupportedModel: a metadata key whose value strata does not implement (the manifest's
-            ``[keys]``, :func:`strata.manifests.keys.check_metadata_keys`: named with its value), or a
-            layer kind the recipe has no block for.
+        UnsupportedModel: a layer kind the recipe has no block for.
         ValueError: a recipe with routed experts and no ``experts`` path.
     """
 
-    def __init__(self, g: Geometry, recipe: Recipe, w, experts=None, metadata: dict[str, Any] | None = None):
+    def __init__(self, g: Geometry, recipe: Recipe, w, experts=None):
         self.g, self.recipe, self.w, self.experts = g, recipe, w, experts
         self.arch = g.arch
         self.xp = w.xp
         # the numerics profile travels with the weight store (strata.engine.numerics); a store without one is f32
         self.nx = getattr(w, "nx", None) or numerics("f32")
-        try:  # the one rule of build, audit and load: every key llama.cpp reads, honoured or refused
-            check_metadata_keys(g, metadata or {})
-        except KeysRefusedError as e:
-            raise UnsupportedModel(str(e)) from None
         self.hp = Hyper.from_geometry(g, recipe)
         self.kinds = list(g.layer_kinds)
         try:

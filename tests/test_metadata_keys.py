@@ -203,9 +203,13 @@ def test_budget_check_and_engine_refuse_the_same_keys_in_metadata_txt(moe_pack, 
             ("qwen3moe.attention.head_count", "[4, 8, 4]", "= [4, 8, 4] is refused: a per-layer array whose values differ")):
         e = errors[f"metadata.txt:{key}"]
         assert e["found"] == found and f"metadata key {key} {needle}" in e["message"], e
-    with pytest.raises(UnsupportedModel, match=r"qwen3moe\.rope\.scaling\.attn_factor = 2\.0 is refused.*"
-                                               r"qwen3moe\.expert_weights_norm = False is refused"):
-        load_engine(pack, n_ctx=32)
+    seen = []
+    with pytest.raises(UnsupportedModel) as ei:
+        load_engine(pack, n_ctx=32, on_checkpoint=lambda c: seen.append(c.name))
+    msg = str(ei.value)
+    assert msg.startswith(f"{pack / 'metadata.txt'}: metadata key qwen3moe.attention.head_count = [4, 8, 4] is refused")
+    assert "qwen3moe.rope.scaling.attn_factor = 2.0 is refused" in msg and "qwen3moe.expert_weights_norm = False is refused" in msg
+    assert seen == []  # refused in the 'pack' stage, before any weight is read
 
 
 def test_a_refused_key_is_refused_by_the_cli_of_the_engine_too(moe_pack, tmp_path):
