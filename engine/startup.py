@@ -28,7 +28,8 @@ from typing import Callable
 
 from strata.budget import formulas as F
 from strata.manifests.contract import Geometry, geometry_from_params
-from strata.packer.packfmt import POOL_FILE
+from strata.manifests.keys import KeysRefusedError, check_metadata_keys
+from strata.packer.packfmt import METADATA_FILE, POOL_FILE
 from strata.packer.pack import Pack, open_pack
 
 from .checkpoints import Checkpoint, Checkpoints
@@ -37,7 +38,7 @@ from .decoder import Decoder, State
 from .errors import GenerateError, StageTimesRefused
 from .experts import CpuExpertCache, ExpertPath, ShardExperts, resident_pairs
 from .loader import LoadError, LoadPlan, check_pack
-from .models import recipe_for
+from .models import UnsupportedModel, recipe_for
 from .numerics import numerics as get_numerics
 from .tokenizer import load_tokenizer
 from .weights import CpuWeights
@@ -48,12 +49,17 @@ DEVICES = ("cpu", "cuda", "sim")
 
 def open_checked(pack_dir: str | Path, *, runnable: bool = False) -> tuple[Pack, Geometry, LoadPlan]:
     """The ``pack`` stage: open the pack with the strict readers, rebuild its geometry through the
-    manifest and assert every tensor's shape (:func:`loader.check_pack`). ``runnable``: first refuse
-    an architecture the engine has no forward pass for (named, before any type or shape check).
+    manifest, honour or refuse every metadata key of ``metadata.txt`` that llama.cpp reads for the
+    architecture (the manifest's ``[keys]``: :func:`strata.manifests.keys.check_metadata_keys`, the rule
+    ``strata-pack build`` and ``strata-budget check`` apply) and assert every tensor's shape
+    (:func:`loader.check_pack`). ``runnable``: first refuse an architecture the engine has no forward
+    pass for (named, before any type or shape check).
 
     Raises:
         PackFormatError, ManifestError, LoadError: as the callees do, before any weight is read.
-        UnsupportedModel: ``runnable`` and no model file for the pack's architecture.
+        UnsupportedModel: ``runnable`` and no model file for the pack's architecture; a metadata key
+            whose value strata does not implement (metadata.txt, the key, the value and what strata
+            implements named).
     """
     pool = Path(pack_dir) / POOL_FILE
     if pool.exists() and not pool.is_file():
@@ -63,6 +69,10 @@ def open_checked(pack_dir: str | Path, *, runnable: bool = False) -> tuple[Pack,
     if runnable:
         recipe_for(pack.arch)
     geom = geometry_from_params(pack.arch, pack.geometry_params)
+    try:
+        check_metadata_keys(geom, pack.metadata)
+    except KeysRefusedError as e:
+        raise UnsupportedModel(str(e.with_file(pack.path / METADATA_FILE))) from None
     return pack, geom, check_pack(pack, geom)
 
 
@@ -244,7 +254,7 @@ def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: 
 
     weights = dev.make_weights(pack, plan, nx)
     experts = dev.make_experts(plan, nx) if plan.experts else None
-    model = Decoder(geom, recipe, weights, experts, pack.metadata)
+    model = Decoder(geom, recipe, weights, experts)
     n_ctx = int(opts.n_ctx if opts.n_ctx is not None else geom["n_ctx_train"])
     avail, what = dev.memory_available()
     check_ctx(model, geom, n_ctx, opts.kv, avail, what, opts.sliding, on_warning)

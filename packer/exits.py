@@ -48,8 +48,9 @@ COMMANDS = ("strata-pack build", "strata-pack verify", "strata-pack inspect", "s
 
 #: What exit 2 means, per command (always one ``error: ...`` line; with ``--json`` an error object too).
 REFUSED: dict[str, str] = {
-    "strata-pack build": "not a GGUF, a foreign shard or a big-endian file, an unsupported tokenizer, an output that "
-                         "exists or cannot be written (the bytes needed and free when the disk is full)",
+    "strata-pack build": "not a GGUF, a foreign shard or a big-endian file, an unsupported tokenizer, a metadata key "
+                         "whose value strata does not implement (key and value named), an output that exists or "
+                         "cannot be written (the bytes needed and free when the disk is full)",
     "strata-pack verify": "not a pack (missing, empty, a GGUF file), a source shard moved (`--source-dir`) or unreadable: "
                           "nothing compared",
     "strata-pack inspect": "neither a GGUF nor a pack, a `--parquet` file that cannot be written",

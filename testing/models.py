@@ -29,7 +29,7 @@ from .tokenizer import synth_tokenizer, tokenizer_kv
 
 __all__ = [
     "ARCHS", "DENSE_TYPES", "MOE_ARCHS", "ExpertTypes", "ModelDims", "ModelSpec", "PlannedTensor", "TypeId",
-    "model_kv", "moe_layers", "plan_tensors", "shard_names", "spec_geometry", "write_model",
+    "kv_entry", "model_kv", "moe_layers", "plan_tensors", "shard_names", "spec_geometry", "write_model",
 ]
 
 
@@ -153,6 +153,9 @@ class ModelSpec(BaseModel):
         optional_tensors: roles of optional tensors to write (e.g. ``"attn_q.bias"``); other optional
             tensors are left out (the output head follows ``tied_output``).
         params: manifest param name -> value, over :data:`PARAM_VALUES` (e.g. ``rope_dim``).
+        extra_kv: more metadata, GGUF key (relative to ``<arch>.``, or absolute with a leading ``/``, the
+            manifests' convention) -> value, typed by :func:`kv_entry`; replaces a key the params write
+            (e.g. ``{"attention.head_count": [4, 4]}``, ``{"rope.scaling.type": "yarn"}``).
         add_bos: ``tokenizer.ggml.add_bos_token`` (gemma3's preset: true).
     """
 
@@ -174,6 +177,7 @@ class ModelSpec(BaseModel):
     choices: dict[str, int] = Field(default_factory=dict)
     optional_tensors: tuple[str, ...] = ()
     params: dict[str, Any] = Field(default_factory=dict)
+    extra_kv: dict[str, Any] = Field(default_factory=dict)
     add_bos: bool = False
 
     @model_validator(mode="after")
@@ -271,6 +275,42 @@ def _param_kv(spec: "ModelSpec") -> list[tuple[str, int, Any, int | None]]:
     return out
 
 
+def kv_entry(key: str, value: Any) -> tuple[str, int, Any, int | None]:
+    """One metadata entry ``(key, GGUFValueType, value, array sub_type)`` typed by its Python value: str
+    STRING, bool BOOL, float FLOAT32, int UINT32 (INT32 when negative), a list of bools / ints / floats a
+    BOOL / UINT32 / FLOAT32 array (llama.cpp reads counts as u32, floats as f32).
+
+    Raises:
+        ValueError: a value of another type, or an empty or mixed list.
+    """
+    V = GGUFValueType
+
+    def scalar(v):
+        if isinstance(v, bool):
+            return V.BOOL
+        if isinstance(v, int):
+            return V.INT32 if v < 0 else V.UINT32
+        if isinstance(v, float):
+            return V.FLOAT32
+        if isinstance(v, str):
+            return V.STRING
+        raise ValueError(f"metadata {key}: value {v!r} of type {type(v).__name__}")
+
+    if isinstance(value, (list, tuple)):
+        subs = {scalar(x) for x in value}
+        if len(subs) != 1:
+            raise ValueError(f"metadata {key}: array {value!r} must be non-empty and of one element type")
+        return key, V.ARRAY, list(value), subs.pop()
+    return key, scalar(value), value, None
+
+
+def _spec_kv(spec: "ModelSpec") -> list[tuple[str, int, Any, int | None]]:
+    """The params' keys (:func:`_param_kv`) with ``spec.extra_kv`` added, replacing keys of the same name."""
+    extra = [kv_entry(k[1:] if k.startswith("/") else f"{spec.arch}.{k}", v) for k, v in spec.extra_kv.items()]
+    names = {e[0] for e in extra}
+    return [e for e in _param_kv(spec) if e[0] not in names] + extra
+
+
 def spec_geometry(spec: "ModelSpec", *, check: bool = False):
     """The spec's geometry through its architecture's manifest (what strata-pack build will resolve).
     Unchecked by default: tests write impossible geometries on purpose, to see them refused.
@@ -280,8 +320,8 @@ def spec_geometry(spec: "ModelSpec", *, check: bool = False):
     """
     from strata.manifests.contract import geometry_from_metadata
 
-    kv = {k: v for k, _t, v, sub in _param_kv(spec) if sub is None}
-    arrays = {k: v for k, _t, v, sub in _param_kv(spec) if sub is not None}
+    kv = {k: v for k, _t, v, sub in _spec_kv(spec) if sub is None}
+    arrays = {k: v for k, _t, v, sub in _spec_kv(spec) if sub is not None}
     return geometry_from_metadata(spec.arch, kv, {"tokenizer.ggml.tokens": spec.dims.n_vocab}, arrays, check=check)
 
 
@@ -357,11 +397,14 @@ def plan_tensors(spec: ModelSpec) -> list[PlannedTensor]:
 def model_kv(spec: ModelSpec) -> list[tuple[str, int, Any, int | None]]:
     """The KV pairs of ``spec`` except ``general.architecture``, as ``(key, GGUFValueType, value,
     array sub_type)``: ``general.name``, ``general.quantization_version``, every param of the
-    architecture's manifest with a value (:data:`PARAM_VALUES`, :func:`_param_kv`), and the synthetic
-    tokenizer's keys (its arrays with explicit element types: gguf infers INT32 for int lists)."""
+    architecture's manifest with a value (:data:`PARAM_VALUES`, :func:`_param_kv`), ``spec.extra_kv``
+    (:func:`kv_entry`), and the synthetic tokenizer's keys (its arrays with explicit element types: gguf
+    infers INT32 for int lists)."""
     V = GGUFValueType
-    kv = [("general.name", V.STRING, spec.name, None), ("general.quantization_version", V.UINT32, 2, None)]
-    kv += _param_kv(spec)
+    own = _spec_kv(spec)
+    names = {e[0] for e in own}
+    kv = [e for e in (("general.name", V.STRING, spec.name, None), ("general.quantization_version", V.UINT32, 2, None))
+          if e[0] not in names] + own
     kv += tokenizer_kv(synth_tokenizer(spec.dims.n_vocab), add_bos=spec.add_bos)
     return kv
 

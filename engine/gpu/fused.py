@@ -345,7 +345,7 @@ class FusedDecoder:
         else:
             q, k, v = mv_group([n.q, n.k, n.v], self.xn, sa)
             qb, kb, vb = opt(n.q_bias), opt(n.k_bias), opt(n.v_bias)
-        rope = st.ropes[m.rope_base_of(il)]
+        rope = st.ropes[m.rope_key_of(il)]
         L = AttnIO(il=il, q=q, k=k, v=v, qb=qb, kb=kb, vb=vb, qnw=opt(n.q_norm), knw=opt(n.k_norm), rope=rope,
                    cache=st.cache, n_head=A.n_head, n_kv=A.n_head_kv, hd=A.hd, hd_v=A.hd_v, window=A.window,
                    eps=A.eps, scale=A.scale, scale_q=A.scale_q, params=self.params_dev, qo=self.qo, ao=self.ao,
