@@ -129,6 +129,31 @@ def runtime_term(cuda_runtime_mib: int | None = None) -> tuple[int, str]:
     return defaults.cuda_runtime_mib * MIB, "cards.toml [defaults]: " + " ".join(defaults.cuda_runtime_source.split())
 
 
+def card_from_options(name: str | None, mib: int | None, cuda_context_mib: int | None = None,
+                      cuda_runtime_mib: int | None = None, *, allow_measure: bool = True) -> Card:
+    """The card of ``--card NAME|measure`` or ``--card-mib N`` (exactly one of them), as ``strata-budget
+    check`` and ``strata-engine --card`` read them.
+
+    Raises:
+        CardError: both or neither given, an unknown preset, a bad size, ``measure`` where it is not
+            allowed (``allow_measure`` False: the engine emulates a named card; the local GPU is the
+            default) or without a GPU.
+    """
+    if name is not None and mib is not None:
+        raise CardError("give --card or --card-mib, not both")
+    if name is None and mib is None:
+        raise CardError(f"no card: give --card ({', '.join(known_cards())}, measure) or --card-mib N; a size is never guessed")
+    if mib is not None:
+        return card_from_mib(mib, cuda_context_mib, cuda_runtime_mib)
+    if name.strip().lower() == "measure":
+        if not allow_measure:
+            raise CardError("--card measure: the engine runs on the local GPU unless --card names a card to emulate "
+                            f"({', '.join(known_cards())}) or --card-mib gives its size; leave --card out for the local GPU",
+                            tensor="--card", found=name, required=f"one of {', '.join(known_cards())}")
+        return measure_card(cuda_context_mib=cuda_context_mib, cuda_runtime_mib=cuda_runtime_mib)
+    return card_preset(name, cuda_context_mib, cuda_runtime_mib)
+
+
 def short_source(text: str, limit: int = 60) -> str:
     """First sentence-ish of a source note, for table cells (the full text stays in --json)."""
     text = " ".join(text.split())
@@ -178,9 +203,9 @@ class _NvmlMemory(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
 
-def _nvml_used(device: int) -> tuple[int, int, str] | None:
+def nvml_memory(device: int = 0) -> tuple[int, int, str] | None:
     """NVML (through the driver's libnvidia-ml.so.1, no Python package needed): ``(total, used, name)``
-    of ``device`` without creating a CUDA context; None when NVML or the device is not there."""
+    of ``device`` in bytes without creating a CUDA context; None when NVML or the device is not there."""
     try:
         lib = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:
@@ -224,7 +249,7 @@ def measure_card(device: int = 0, cuda_context_mib: int | None = None, cuda_runt
 
 
 def _measure_card(device: int, cuda_context_mib: int | None) -> Card:
-    before = _nvml_used(device)
+    before = nvml_memory(device)
     why = []
     try:
         import cupy  # noqa: F401
@@ -242,7 +267,7 @@ def _measure_card(device: int, cuda_context_mib: int | None) -> Card:
             runtime = None
             why.append(f"CUDA through CuPy found no device {device} ({e})")
     if runtime is not None:
-        after = _nvml_used(device)
+        after = nvml_memory(device)
         if before is not None and after is not None and cuda_context_mib is None:
             ctx = max(0, after[1] - before[1])
             in_use = max(0, total - free - ctx)

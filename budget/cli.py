@@ -15,9 +15,9 @@ from strata.packer.packfmt import PackFormatError
 
 from . import formulas as F
 from .audit import AuditError, AuditResult, audit_pack
-from .cards import Card, CardError, card_from_mib, card_preset, known_cards, measure_card, short_source
+from .cards import Card, card_from_options, short_source
 from .errors import BudgetInputError
-from .options import ctx_option, expert_cache_option, expert_profile_option, kv_option, parse_expert_cache, reserve_option
+from .options import card_options, ctx_option, expert_cache_option, expert_profile_option, kv_option, parse_expert_cache, reserve_option
 from .plan import DEFAULT_PREFILL_CHUNK, Plan, PlanOptions, make_plan
 from .profile import read_profile
 
@@ -65,10 +65,7 @@ def main() -> None:
 
 @main.command()
 @click.argument("pack", type=click.Path())
-@click.option("--card", "card_name", metavar="PRESET|measure",
-              help="Card preset from budget/cards.toml (24G, 16G, 12G, 8G, 6G; 24GB and 24GiB name the same) or "
-                   "'measure' (ask the local GPU).")
-@click.option("--card-mib", type=int, help="Card total in MiB as CUDA reports it (instead of --card; 1 MiB to 16 TiB).")
+@card_options()
 @click.option("--cuda-context-mib", type=int, help="CUDA context cost in MiB [default: the card preset's / cards.toml's].")
 @click.option("--cuda-runtime-mib", type=int, help="CUDA runtime first-use memory (kernel modules) in MiB [default: cards.toml's].")
 @ctx_option
@@ -140,15 +137,7 @@ def check(pack, card_name, card_mib, cuda_context_mib, cuda_runtime_mib, n_ctx, 
 
 
 def _card(name: str | None, mib: int | None, ctx: int | None, runtime: int | None = None) -> Card:
-    if name is not None and mib is not None:
-        raise CardError("give --card or --card-mib, not both")
-    if name is None and mib is None:
-        raise CardError(f"no card: give --card ({', '.join(known_cards())}, measure) or --card-mib N; a size is never guessed")
-    if mib is not None:
-        return card_from_mib(mib, ctx, runtime)
-    if name.strip().lower() == "measure":
-        return measure_card(cuda_context_mib=ctx, cuda_runtime_mib=runtime)
-    return card_preset(name, ctx, runtime)
+    return card_from_options(name, mib, ctx, runtime)
 
 
 def error_json(error: BudgetInputError | Exception | str, seconds: float | None = None) -> dict:

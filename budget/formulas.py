@@ -464,3 +464,29 @@ def fill_profile(pairs: Iterable[tuple[int, int, int]], slots: int) -> ProfileFi
         order.append((layer, expert))
     total = sum(count_per_layer.values())
     return ProfileFill(slots, used, len(rows), total, hit, list(fills.values()), order)
+
+
+# ----------------------------------------------------------------------------- card emulation
+
+def emulated_used_bytes(physical_total: int, physical_free: int, other_bytes: int) -> int:
+    """Device memory THIS process holds on the physical GPU: what ``cudaMemGetInfo`` reports used
+    (``total - free``) minus what was used by others when the emulation started (``other_bytes``:
+    other processes, measured once). It includes this process's CUDA context, the runtime's kernel
+    modules and every allocation (bytes; never negative)."""
+    return max(0, int(physical_total) - int(physical_free) - int(other_bytes))
+
+
+def emulated_free_bytes(card_total: int, physical_total: int, physical_free: int, other_bytes: int) -> int:
+    """What ``cudaMemGetInfo`` would report free on an emulated card of ``card_total`` bytes
+    (``strata-engine --card``): the card's total minus what this process holds
+    (:func:`emulated_used_bytes`, CUDA context included), at least 0 - so every start-up checkpoint and
+    the automatic expert-cache size (:func:`size_expert_cache`) see the figures of that card, not of
+    the larger GPU the process runs on."""
+    return max(0, int(card_total) - emulated_used_bytes(physical_total, physical_free, other_bytes))
+
+
+def emulated_allocation_fits(card_total: int, used_after: int) -> bool:
+    """True when holding ``used_after`` bytes (:func:`emulated_used_bytes` after an allocation) stays
+    within an emulated card of ``card_total`` bytes; an allocation that does not is refused, as
+    ``cudaMalloc`` refuses it on that card."""
+    return int(used_after) <= int(card_total)

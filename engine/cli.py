@@ -23,7 +23,7 @@ from strata.budget.formulas import ENGINE_KV_TYPES
 
 from strata.packer.exits import StrataGroup, interrupted
 from strata.budget.options import (
-    ctx_option, expert_cache_option, expert_profile_option, kv_option, parse_expert_cache, reserve_option,
+    card_options, ctx_option, expert_cache_option, expert_profile_option, kv_option, parse_expert_cache, reserve_option,
 )
 
 from .chat import chat_prompt
@@ -55,6 +55,19 @@ def check_request(*, n_tokens: int, n_ctx: int | None, temperature: float, top_k
         return (f"-n/--n-tokens {n_tokens} needs at least {n_tokens} positions (a prompt of one token + {n_tokens} "
                 f"new tokens - 1), more than --ctx {n_ctx}")
     return None
+
+
+def emulated_card(card_name: str | None, card_mib: int | None):
+    """The card ``--card`` / ``--card-mib`` name for the engine to emulate (None: the local GPU as it is).
+
+    Raises:
+        CardError: an unknown preset, a bad size, both options, ``--card measure`` (the local GPU is the default).
+    """
+    if card_name is None and card_mib is None:
+        return None
+    from strata.budget.cards import card_from_options
+
+    return card_from_options(card_name, card_mib, allow_measure=False)
 
 
 def _resident(value: str) -> str:
@@ -191,6 +204,7 @@ class TextStream:
 @expert_cache_option
 @expert_profile_option
 @reserve_option
+@card_options(engine=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (prompt_ids, output_ids, text, "
               "tokens_per_second, top, ...) instead of text.")
 @click.option("--stats", is_flag=True, help="Per-position timing on stderr (units on every line; cuda: gpu, "
@@ -202,8 +216,8 @@ class TextStream:
               "with the graph on: events between the launches of a captured graph record nothing.")
 @click.option("-v", "--verbose", is_flag=True, help="Start-up checkpoints (time, memory) on stderr.")
 def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperature, top_k, top_p, seed, ignore_eos,
-                 n_ctx, resident, device, numerics_, kv, expert_cache, expert_profile, vram_reserve_mib, as_json, stats,
-                 no_graph, stage_times, verbose):
+                 n_ctx, resident, device, numerics_, kv, expert_cache, expert_profile, vram_reserve_mib, card_name, card_mib,
+                 as_json, stats, no_graph, stage_times, verbose):
     """Generate text from PACK after --prompt and report tok/s.
 
     Text mode prints the prompt (not with --chat) and then each token as it is generated; Ctrl-C
@@ -235,7 +249,8 @@ def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperatur
     if expert_profile is not None and not Path(expert_profile).is_file():
         refuse(f"--expert-profile {expert_profile}: no such file")
     try:
-        opts = EngineOptions(n_ctx=n_ctx, resident=resident, kv=kv, numerics=numerics_, stage_times=stage_times)
+        opts = EngineOptions(n_ctx=n_ctx, resident=resident, kv=kv, numerics=numerics_, stage_times=stage_times,
+                             card=emulated_card(card_name, card_mib))
         if device != "cpu":
             from strata.budget.profile import read_profile
 

@@ -48,6 +48,8 @@ class EngineOptions:
             of the fast dot (:mod:`strata.engine.cpukernels`); ``threads``: CPU kernel threads (default:
             the cores this process may use).
         graph / fused / stage_times / warmup: the GPU decode step (:mod:`strata.engine.gpu.fused`).
+        card: a card to emulate on the GPU (``--card``, a :class:`strata.budget.cards.Card`): free memory,
+            allocation failures and the automatic cache size as on that card (:mod:`strata.engine.gpu.card`).
     """
 
     n_ctx: int | None = F.DEFAULT_CTX
@@ -65,6 +67,7 @@ class EngineOptions:
     fused: bool | None = None
     stage_times: bool = False
     warmup: bool = True
+    card: Any = None
 
 
 @dataclass

@@ -222,8 +222,12 @@ def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: 
         raise StageTimesRefused(
             "--stage-times: stage timers cannot measure inside a captured CUDA graph (events recorded between its "
             "launches record nothing); refusing rather than reporting zeros - add --no-graph")
+    if opts.card is not None and device == "cpu":
+        raise GenerateError(f"--card {opts.card.name}: a card is emulated on the GPU path; add --device cuda")
     if isinstance(device, str):
         dkw = {"backend": backend} if backend else {}
+        if opts.card is not None and backend is None:
+            dkw["card"] = opts.card
         if device == "cpu":
             dkw = {"exact": opts.exact, "threads": opts.threads}
         dev = make_device(device, **dkw)

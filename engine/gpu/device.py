@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata.budget import formulas as F
+from strata.budget.cards import Card
 from strata.manifests.contract import Geometry
 from strata.packer.pack import Pack
 
@@ -93,8 +94,8 @@ class GpuDevice:
         GpuUnavailable: ``cuda`` without CuPy or a CUDA device (the reason is in the message).
     """
 
-    def __init__(self, name: str = "cuda", backend: Backend | None = None):
-        self.bk = backend or make_backend(name)
+    def __init__(self, name: str = "cuda", backend: Backend | None = None, card: Card | None = None):
+        self.bk = backend or make_backend(name, card=card)
         self.name = self.bk.name
         self.info = GpuInfo(self.bk.name, self.bk.device_name())
         self.experts: GpuExpertPath | None = None
@@ -114,6 +115,8 @@ class GpuDevice:
         m = bk.mem_info()
         d = {"gpu_free_bytes": m.free, "gpu_used_bytes": m.total - m.free, "gpu_total_bytes": m.total,
              "pool_used_bytes": m.pool_used, "pool_total_bytes": m.pool_total}
+        if m.physical_free is not None:  # an emulated card (--card): the GPU's own figures beside the card's
+            d |= {"physical_free_bytes": m.physical_free, "physical_total_bytes": m.physical_total}
         note.update(d)
         info.marks[stage] = d
         info.alloc_rounded[stage] = bk.alloc_rounded_bytes
@@ -160,9 +163,9 @@ class GpuDevice:
         rec = state.recurrent
         info.recurrent_bytes = rec.nbytes if rec is not None else 0
         rec_arrays = [*rec.conv.values(), *rec.ssm.values()] if rec is not None else []
-        info.session_rounded_bytes = _rounded(state.cache.k + state.cache.v + [a for r in state.ropes.values()
-                                                                               for a in (r.cos, r.sin)] + rec_arrays,
-                                              bk.POOL_UNIT)
+        arrays = state.cache.k + state.cache.v + [a for r in state.ropes.values() for a in (r.cos, r.sin)] + rec_arrays
+        info.session_rounded_bytes = _rounded(arrays, bk.POOL_UNIT)
+        bk.external(sum(int(a.nbytes) for a in arrays), "the session's KV cache, rope tables and recurrent state")
         note["n_ctx"] = n_ctx
         note["kv"] = f"{opts.kv}, {opts.sliding}: {min(state.cache.sizes)}..{max(state.cache.sizes)} positions per layer"
         note["kv_bytes"] = info.kv_bytes
