@@ -490,3 +490,34 @@ def emulated_allocation_fits(card_total: int, used_after: int) -> bool:
     within an emulated card of ``card_total`` bytes; an allocation that does not is refused, as
     ``cudaMalloc`` refuses it on that card."""
     return int(used_after) <= int(card_total)
+
+
+# ----------------------------------------------------------------------------- device allocations
+
+#: Alignment of every tensor inside one of the engine's device arenas (bytes): CuPy's own allocation
+#: alignment, so a view behaves as a separate allocation would (f32 planes, u16 BF16 rows, native blocks).
+ARENA_ALIGN = 256
+
+
+def arena_layout(sizes: Sequence[int], align: int = ARENA_ALIGN) -> tuple[list[int], int]:
+    """Offsets of ``sizes`` (bytes) packed into one device allocation, each at a multiple of ``align``,
+    and the allocation's size (the end of the last, rounded up to ``align``). strata's engine uploads each
+    start-up stage's tensors (and their GEMV outputs and f32 vector copies) into such arenas
+    (``strata.engine.gpu.weights.DeviceWeights.upload``); a zero size takes no room."""
+    offs, off = [], 0
+    for n in sizes:
+        off = align_up(off, align)
+        offs.append(off)
+        off += int(n)
+    return offs, align_up(off, align) if off else 0
+
+
+def allocation_rounding_bytes(sizes: Iterable[int], granularity: int, packed_max: int) -> int:
+    """Device memory the driver takes beyond what ``cudaMalloc`` was asked for: an allocation larger than
+    ``packed_max`` bytes gets whole pages of ``granularity`` bytes (the remainder of its last page is
+    unusable), smaller ones are packed together and waste nothing here. The constants are the card's
+    (``cards.toml`` ``cuda_alloc_granularity_kib`` / ``cuda_alloc_packed_max_kib``); the model explains why
+    the memory outside every allocator grew with the number of large allocations on the H200 (157 MiB at
+    Qwen3-30B-A3B scale with one allocation per tensor, 6 MiB on a 270M model) - the reason the engine
+    now allocates per stage arenas (:func:`arena_layout`)."""
+    return sum(align_up(int(n), granularity) - int(n) for n in sizes if int(n) > packed_max)

@@ -162,7 +162,7 @@ class GpuDevice:
         # KV and rope arrays come from the array module itself, not through the backend
         rec = state.recurrent
         info.recurrent_bytes = rec.nbytes if rec is not None else 0
-        rec_arrays = [*rec.conv.values(), *rec.ssm.values()] if rec is not None else []
+        rec_arrays = [rec.arena] if rec is not None else []  # one allocation (deltanet.RecurrentState)
         arrays = state.cache.k + state.cache.v + [a for r in state.ropes.values() for a in (r.cos, r.sin)] + rec_arrays
         info.session_rounded_bytes = _rounded(arrays, bk.POOL_UNIT)
         bk.external(sum(int(a.nbytes) for a in arrays), "the session's KV cache, rope tables and recurrent state")
