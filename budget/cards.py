@@ -69,6 +69,13 @@ class CardDefaults(BaseModel):
     cuda_context_source: str
     cuda_runtime_mib: int
     cuda_runtime_source: str
+    # strata's engine: its runtime term derived from what it loads (budget/engine_terms.py)
+    cuda_module_kib: int
+    cuda_graph_kib: int
+    cuda_generic_path_kib: int
+    cuda_alloc_granularity_kib: int
+    cuda_alloc_packed_max_kib: int
+    cuda_runtime_model_source: str
 
 
 class Card(BaseModel):
@@ -86,6 +93,11 @@ class Card(BaseModel):
     cuda_runtime_bytes: int = 0
     cuda_runtime_source: str = "not charged"
     in_use_bytes: int | None = None
+    # strata's engine (formulas_gpu.cuda_runtime_bytes): per kernel module, per CUDA graph, CuPy's kernels
+    # of the generic path, the driver's page and the largest allocation it packs (bytes); None: cards.toml's.
+    # ``cuda_runtime_fixed``: --cuda-runtime-mib was given: the constant above is used as it is.
+    runtime_model: dict[str, int] | None = None
+    cuda_runtime_fixed: bool = False
 
 
 @lru_cache(maxsize=1)
@@ -154,6 +166,15 @@ def card_from_options(name: str | None, mib: int | None, cuda_context_mib: int |
     return card_preset(name, cuda_context_mib, cuda_runtime_mib)
 
 
+def runtime_model() -> tuple[dict[str, int], str]:
+    """cards.toml's constants of strata's engine's runtime term (bytes) and their source:
+    ``module_bytes``, ``graph_bytes``, ``generic_path_bytes``, ``granularity``, ``packed_max``."""
+    d, _ = load_cards()
+    return ({"module_bytes": d.cuda_module_kib << 10, "graph_bytes": d.cuda_graph_kib << 10,
+             "generic_path_bytes": d.cuda_generic_path_kib << 10, "granularity": d.cuda_alloc_granularity_kib << 10,
+             "packed_max": d.cuda_alloc_packed_max_kib << 10}, " ".join(d.cuda_runtime_model_source.split()))
+
+
 def short_source(text: str, limit: int = 60) -> str:
     """First sentence-ish of a source note, for table cells (the full text stays in --json)."""
     text = " ".join(text.split())
@@ -180,7 +201,7 @@ def card_preset(name: str, cuda_context_mib: int | None = None, cuda_runtime_mib
     rt, rt_src = runtime_term(cuda_runtime_mib)
     return Card(name=f"{key} ({p.card}, {p.total_mib} MiB)", total_bytes=p.total_bytes,
                 source=" ".join(p.source.split()), cuda_context_bytes=ctx, cuda_context_source=ctx_src,
-                cuda_runtime_bytes=rt, cuda_runtime_source=rt_src)
+                cuda_runtime_bytes=rt, cuda_runtime_source=rt_src, cuda_runtime_fixed=cuda_runtime_mib is not None)
 
 
 def card_from_mib(total_mib: int, cuda_context_mib: int | None = None, cuda_runtime_mib: int | None = None) -> Card:
@@ -194,7 +215,8 @@ def card_from_mib(total_mib: int, cuda_context_mib: int | None = None, cuda_runt
     ctx, ctx_src = _context(defaults, None, cuda_context_mib)
     rt, rt_src = runtime_term(cuda_runtime_mib)
     return Card(name=f"{total_mib} MiB card", total_bytes=total_mib * MIB, source="--card-mib",
-                cuda_context_bytes=ctx, cuda_context_source=ctx_src, cuda_runtime_bytes=rt, cuda_runtime_source=rt_src)
+                cuda_context_bytes=ctx, cuda_context_source=ctx_src, cuda_runtime_bytes=rt, cuda_runtime_source=rt_src,
+                cuda_runtime_fixed=cuda_runtime_mib is not None)
 
 
 # ----------------------------------------------------------------------------- measurement
@@ -245,7 +267,8 @@ def measure_card(device: int = 0, cuda_context_mib: int | None = None, cuda_runt
     """
     card = _measure_card(device, cuda_context_mib)
     rt, rt_src = runtime_term(cuda_runtime_mib)
-    return card.model_copy(update={"cuda_runtime_bytes": rt, "cuda_runtime_source": rt_src})
+    return card.model_copy(update={"cuda_runtime_bytes": rt, "cuda_runtime_source": rt_src,
+                                   "cuda_runtime_fixed": cuda_runtime_mib is not None})
 
 
 def _measure_card(device: int, cuda_context_mib: int | None) -> Card:

@@ -466,58 +466,30 @@ def fill_profile(pairs: Iterable[tuple[int, int, int]], slots: int) -> ProfileFi
     return ProfileFill(slots, used, len(rows), total, hit, list(fills.values()), order)
 
 
-# ----------------------------------------------------------------------------- card emulation
+# ----------------------------------------------------------------------------- strata's engine on a GPU
 
-def emulated_used_bytes(physical_total: int, physical_free: int, other_bytes: int) -> int:
-    """Device memory THIS process holds on the physical GPU: what ``cudaMemGetInfo`` reports used
-    (``total - free``) minus what was used by others when the emulation started (``other_bytes``:
-    other processes, measured once). It includes this process's CUDA context, the runtime's kernel
-    modules and every allocation (bytes; never negative)."""
-    return max(0, int(physical_total) - int(physical_free) - int(other_bytes))
+#: Bytes at the start of the fused step's staging buffer holding its integers (``pos``): the engine's
+#: ``strata.engine.gpu.fused.PARAM_BYTES``.
+FUSED_PARAM_BYTES = 16
 
 
-def emulated_free_bytes(card_total: int, physical_total: int, physical_free: int, other_bytes: int) -> int:
-    """What ``cudaMemGetInfo`` would report free on an emulated card of ``card_total`` bytes
-    (``strata-engine --card``): the card's total minus what this process holds
-    (:func:`emulated_used_bytes`, CUDA context included), at least 0 - so every start-up checkpoint and
-    the automatic expert-cache size (:func:`size_expert_cache`) see the figures of that card, not of
-    the larger GPU the process runs on."""
-    return max(0, int(card_total) - emulated_used_bytes(physical_total, physical_free, other_bytes))
-
-
-def emulated_allocation_fits(card_total: int, used_after: int) -> bool:
-    """True when holding ``used_after`` bytes (:func:`emulated_used_bytes` after an allocation) stays
-    within an emulated card of ``card_total`` bytes; an allocation that does not is refused, as
-    ``cudaMalloc`` refuses it on that card."""
-    return int(used_after) <= int(card_total)
-
-
-# ----------------------------------------------------------------------------- device allocations
-
-#: Alignment of every tensor inside one of the engine's device arenas (bytes): CuPy's own allocation
-#: alignment, so a view behaves as a separate allocation would (f32 planes, u16 BF16 rows, native blocks).
-ARENA_ALIGN = 256
-
-
-def arena_layout(sizes: Sequence[int], align: int = ARENA_ALIGN) -> tuple[list[int], int]:
-    """Offsets of ``sizes`` (bytes) packed into one device allocation, each at a multiple of ``align``,
-    and the allocation's size (the end of the last, rounded up to ``align``). strata's engine uploads each
-    start-up stage's tensors (and their GEMV outputs and f32 vector copies) into such arenas
-    (``strata.engine.gpu.weights.DeviceWeights.upload``); a zero size takes no room."""
-    offs, off = [], 0
-    for n in sizes:
-        off = align_up(off, align)
-        offs.append(off)
-        off += int(n)
-    return offs, align_up(off, align) if off else 0
-
-
-def allocation_rounding_bytes(sizes: Iterable[int], granularity: int, packed_max: int) -> int:
-    """Device memory the driver takes beyond what ``cudaMalloc`` was asked for: an allocation larger than
-    ``packed_max`` bytes gets whole pages of ``granularity`` bytes (the remainder of its last page is
-    unusable), smaller ones are packed together and waste nothing here. The constants are the card's
-    (``cards.toml`` ``cuda_alloc_granularity_kib`` / ``cuda_alloc_packed_max_kib``); the model explains why
-    the memory outside every allocator grew with the number of large allocations on the H200 (157 MiB at
-    Qwen3-30B-A3B scale with one allocation per tensor, 6 MiB on a 270M model) - the reason the engine
-    now allocates per stage arenas (:func:`arena_layout`)."""
-    return sum(align_up(int(n), granularity) - int(n) for n in sizes if int(n) > packed_max)
+def fused_step_bytes(n_embd: int, n_head: int, head_dim: int, head_dim_v: int, n_ff_max: int, kv_positions_max: int,
+                     *, n_layer: int = 0, n_expert: int = 0, n_expert_used: int = 0, n_ff_exp: int = 0) -> int:
+    """Device buffers of strata's fused GPU decode step (bytes; ``strata.engine.gpu.fused.FusedDecoder.nbytes``,
+    allocated at the "prompt path" checkpoint, before the expert cache): the residual and normed rows
+    (``2 n_embd``), the query and attention outputs (``n_head x head_dim``, ``n_head x head_dim_v``), the
+    gated activation of the widest dense FFN or shared expert (``n_ff_max``, 1 without one), the attention
+    scores (``n_head x`` the longest KV cache of any layer) - f32 each - and the staging row
+    (:data:`FUSED_PARAM_BYTES` + ``4 n_embd``). With routed experts (``n_expert`` > 0) the MoE step's
+    (``strata.engine.gpu.fused_moe.MoeStep.nbytes``): router probabilities (``n_expert``), the selected
+    weights (``n_expert_used``), gate, up and activation of the selected experts (``3 x n_expert_used x
+    n_ff_exp``), their outputs (``n_expert_used x n_embd``), the combined row (``n_embd``), the shared gate
+    (1) and the slot table (``n_layer x n_expert``) in f32 / int32, the three part addresses per selected
+    expert (u64), the routing ids and slots (int32) and the cache's address (u64). The one definition of
+    the budget's "prefill/activations" term on the fused path; tests check it against the engine's."""
+    dense = (F32_BYTES * (2 * n_embd + n_head * head_dim + n_head * head_dim_v + max(n_ff_max, 1) + n_head * kv_positions_max)
+             + FUSED_PARAM_BYTES + F32_BYTES * n_embd)
+    if not n_expert:
+        return dense
+    E, K, n = n_expert, n_expert_used, n_embd
+    return dense + 4 * (E + K + 3 * K * n_ff_exp + K * n + n + 1 + n_layer * E) + 8 * 3 * K + 4 * 2 * K + 8

@@ -44,19 +44,25 @@ DOCUMENTS_EXPERT_CYCLE: tuple[tuple[int, int], ...] = (
 
 
 def _documents_vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
+    """A byte-level BPE vocabulary of ``n_vocab`` tokens whose merges build every word from tokens that
+    exist (the 256 bytes, then ``Ġw`` and ``w`` for the words a..z, aa.., in order: a word's prefix always
+    came first), so tokenizers' BPE builds it and the engine can encode text with it."""
     b2u = bytes_to_unicode()
     tokens = [b2u[b] for b in range(256)]
     merges = []
     letters = "abcdefghijklmnopqrstuvwxyz"
     n_words = n_vocab - 256 - len(SPECIAL_TOKENS)
-    for i in range(n_words):  # bijective base-26 words: unique, deterministic, 2..5 letters
-        j, w = i + 26, ""
+    i = 0
+    while len(tokens) - 256 < n_words:  # bijective base-26 words: a, b, .., z, aa, ab, ..
+        j, w = i + 1, ""
         while j:
             j, r = divmod(j - 1, 26)
             w = letters[r] + w
-        tok = ("\u0120" + w) if i % 2 == 0 else w
-        tokens.append(tok)
-        merges.append(f"{tok[:-1]} {tok[-1]}")
+        i += 1
+        for tok in ("\u0120" + w, w if len(w) > 1 else None):
+            if tok is not None and len(tokens) - 256 < n_words:
+                tokens.append(tok)
+                merges.append(f"{tok[:-1]} {tok[-1]}")
     types = [1] * len(tokens) + [3] * len(SPECIAL_TOKENS)
     tokens += SPECIAL_TOKENS
     return tokens, types, merges

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from strata.budget import formulas as F
+from strata.budget import formulas_gpu as FG
 from strata.budget.cards import CardError, card_from_mib, card_from_options, card_preset
 from strata.engine.gpu.card import CardEmulation, CardOutOfMemory
 
@@ -19,23 +20,23 @@ C24 = card_preset("24G")      # 25,386,352,640 B
 def test_emulated_free_is_the_card_minus_what_this_process_holds():
     # right after the context: the process holds its context only
     free_phys = H200_TOTAL - CTX
-    assert F.emulated_used_bytes(H200_TOTAL, free_phys, 0) == CTX
-    assert F.emulated_free_bytes(C24.total_bytes, H200_TOTAL, free_phys, 0) == 25_386_352_640 - 552_402_944
+    assert FG.emulated_used_bytes(H200_TOTAL, free_phys, 0) == CTX
+    assert FG.emulated_free_bytes(C24.total_bytes, H200_TOTAL, free_phys, 0) == 25_386_352_640 - 552_402_944
     # 4 GiB of weights later, with 10 GiB held by another process since before the start (not charged)
     other = 10 << 30
     free_phys = H200_TOTAL - other - CTX - (4 << 30)
-    assert F.emulated_used_bytes(H200_TOTAL, free_phys, other) == CTX + (4 << 30)
-    assert F.emulated_free_bytes(C24.total_bytes, H200_TOTAL, free_phys, other) == 25_386_352_640 - CTX - (4 << 30)
+    assert FG.emulated_used_bytes(H200_TOTAL, free_phys, other) == CTX + (4 << 30)
+    assert FG.emulated_free_bytes(C24.total_bytes, H200_TOTAL, free_phys, other) == 25_386_352_640 - CTX - (4 << 30)
     # never negative, and an allocation fits while the process holds at most the card
-    assert F.emulated_free_bytes(8 << 30, H200_TOTAL, H200_TOTAL - (9 << 30), 0) == 0
-    assert F.emulated_allocation_fits(C24.total_bytes, C24.total_bytes)
-    assert not F.emulated_allocation_fits(C24.total_bytes, C24.total_bytes + 1)
+    assert FG.emulated_free_bytes(8 << 30, H200_TOTAL, H200_TOTAL - (9 << 30), 0) == 0
+    assert FG.emulated_allocation_fits(C24.total_bytes, C24.total_bytes)
+    assert not FG.emulated_allocation_fits(C24.total_bytes, C24.total_bytes + 1)
 
 
 def test_the_slot_count_on_the_emulated_card_is_the_budget_formula():
     """The automatic cache size on an emulated card: size_expert_cache on the EMULATED free bytes."""
     held = CTX + 5_000_000_000  # context + weights, head, session, prompt path
-    free = F.emulated_free_bytes(C24.total_bytes, H200_TOTAL, H200_TOTAL - held, 0)
+    free = FG.emulated_free_bytes(C24.total_bytes, H200_TOTAL, H200_TOTAL - held, 0)
     size = F.size_expert_cache(free, 700 * F.MIB, 2_176_000, 48 * 512)
     assert size.slots == (25_386_352_640 - held - 700 * 2**20) // 2_176_000 == 8777
     # on the physical H200 the same start would take every pair: the card decides the result

@@ -5,7 +5,7 @@ The engine runs on the GPU it has (an H200) but every figure it decides by is th
 checkpoint, so the card decides the result):
 
 - **free memory** at every checkpoint is the card's total minus what this process holds
-  (:func:`strata.budget.formulas.emulated_free_bytes`): ``cudaMemGetInfo``'s used figure minus what
+  (:func:`strata.budget.formulas_gpu.emulated_free_bytes`): ``cudaMemGetInfo``'s used figure minus what
   other processes used when the emulation started, so this process's CUDA context (as measured), the
   runtime's kernel modules, CUDA graphs and every allocation count against the card;
 - **an allocation past the card fails** as it would there: every device allocation of the process
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.budget import formulas as F
+from strata.budget import formulas_gpu as FG
 from strata.budget.cards import Card, nvml_memory
 
 from ..errors import GenerateError
@@ -77,12 +78,12 @@ class CardEmulation:
     refused: int = 0
 
     def used(self, physical_free: int) -> int:
-        """What this process holds (:func:`strata.budget.formulas.emulated_used_bytes`)."""
-        return F.emulated_used_bytes(self.physical_total, physical_free, self.other_bytes)
+        """What this process holds (:func:`strata.budget.formulas_gpu.emulated_used_bytes`)."""
+        return FG.emulated_used_bytes(self.physical_total, physical_free, self.other_bytes)
 
     def free(self, physical_free: int) -> int:
-        """What the card would report free (:func:`strata.budget.formulas.emulated_free_bytes`)."""
-        return F.emulated_free_bytes(self.card.total_bytes, self.physical_total, physical_free, self.other_bytes)
+        """What the card would report free (:func:`strata.budget.formulas_gpu.emulated_free_bytes`)."""
+        return FG.emulated_free_bytes(self.card.total_bytes, self.physical_total, physical_free, self.other_bytes)
 
     def check(self, nbytes: int, physical_free: int, what: str = "an allocation") -> None:
         """Refuse holding ``nbytes`` more when the process would then hold more than the card
@@ -93,7 +94,7 @@ class CardEmulation:
             CardOutOfMemory: naming the card, the bytes asked, held and the card's total.
         """
         used = self.used(physical_free)
-        if not F.emulated_allocation_fits(self.card.total_bytes, used + int(nbytes)):
+        if not FG.emulated_allocation_fits(self.card.total_bytes, used + int(nbytes)):
             self.refused += 1
             raise CardOutOfMemory(
                 f"out of memory on the emulated card {self.card.name}: {what}"

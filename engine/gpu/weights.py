@@ -13,6 +13,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from strata.budget import formulas as F
+from strata.budget import formulas_gpu as FG
 from strata.engine import engine_form as EF
 from strata.packer import quants
 from strata.packer.packfmt import IndexEntry
@@ -72,22 +73,22 @@ class DeviceWeights:
     def upload(self, names: Iterable[str]) -> int:
         """Upload ``names`` in engine form (by byte offset from the pool); returns engine bytes added.
 
-        One call makes three device allocations (:func:`strata.budget.formulas.arena_layout`), not three
+        One call makes three device allocations (:func:`strata.budget.formulas_gpu.arena_layout`), not three
         per tensor: the engine-form tensors, the f32 GEMV outputs of the matrices, the f32 copies of the
         vectors whose engine form is not F32 - each tensor a view at a 256-byte aligned offset. Few large
         allocations instead of hundreds keep the driver's rounding of each one out of the budget (the
-        "CUDA runtime" term counts what is left: :func:`strata.budget.formulas.allocation_rounding_bytes`)."""
+        "CUDA runtime" term counts what is left: :func:`strata.budget.formulas_gpu.allocation_rounding_bytes`)."""
         todo = [n for n in dict.fromkeys(names) if n not in self._buf]
         if not todo:
             return 0
         ents = [self._entries[n] for n in todo]
         sizes = [quants.engine_nbytes(e.type, e.src_type, e.ne) for e in ents]
-        offs, total = F.arena_layout(sizes)
+        offs, total = FG.arena_layout(sizes)
         arena = self.backend.empty_bytes(total)
         outs = [F.matvec_out_bytes(e.ne) if rows_of(e) > 1 else 0 for e in ents]
         vecs = [F.vector_f32_bytes(e.type, e.src_type, e.ne) if rows_of(e) == 1 else 0 for e in ents]
-        o_offs, o_total = F.arena_layout(outs)
-        v_offs, v_total = F.arena_layout(vecs)
+        o_offs, o_total = FG.arena_layout(outs)
+        v_offs, v_total = FG.arena_layout(vecs)
         out_arena = self.backend.empty_bytes(o_total) if o_total else None
         vec_arena = self.backend.empty_bytes(v_total) if v_total else None
         added = 0
