@@ -190,7 +190,8 @@ def test_sim_card_too_small_for_the_weights_is_refused_with_the_numbers(moe_pack
     from strata.engine.gpu.backend import SimBackend
 
     bk = SimBackend(total_bytes=CTX + 200_000, context_bytes=CTX, card_name="tiny card")  # the KV cache fits, no more
-    with pytest.raises(CardOutOfMemory, match=r"simulated card tiny card: an upload of \d+ B with \d+ B held "
+    with pytest.raises(CardOutOfMemory, match=r"start-up stage 'weights': out of memory on the simulated card tiny card: "
+                                               r"an allocation of \d+ B with 552402944 B held "
                                                r"\(CUDA context included\) of the card's 552602944 B - the allocation fails"):
         load_engine(moe_pack, device="cuda", n_ctx=64, backend=bk)
 

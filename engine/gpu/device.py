@@ -129,7 +129,7 @@ class GpuDevice:
         info.marks[stage] = d
         info.alloc_rounded[stage] = bk.alloc_rounded_bytes
         if stage == "prompt path":
-            a, b = info.marks["session"], d
+            a, b = info.marks[list(info.marks)[-2]], d  # the stage before it (session, or the drafter)
             info.warmup_pool_bytes = b["pool_total_bytes"] - a["pool_total_bytes"]
             info.runtime_bytes = (b["gpu_used_bytes"] - a["gpu_used_bytes"]) - info.warmup_pool_bytes
             note["runtime_bytes"] = info.runtime_bytes
