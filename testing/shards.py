@@ -4,7 +4,8 @@
 does (docs/FORMAT.md "Split shards": each shard has its own header and offsets; shard 0 carries every
 KV plus ``split.no`` u16, ``split.count`` u16, ``split.tensors.count`` i32, the other shards only those
 three). The data is the tiled block pattern of :func:`strata.testing.blocks.pattern_chunks` (bytes
-identical to :func:`strata.testing.blocks.pattern_fill`) for weight matrices and the role values of
+identical to :func:`strata.testing.blocks.pattern_fill`) for weight matrices above 4 MiB, random blocks
+(:func:`strata.testing.blocks.make_random_blocks`) for smaller ones (routers) and the role values of
 :func:`strata.testing.blocks.role_values` for norms, conv kernels and vectors, one random stream per
 tensor (:func:`strata.testing.blocks.tensor_rng`), written in 64 MiB pieces and one process per shard:
 the documents' ~45 GB model in about a minute where the page cache takes the writes.
@@ -25,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 from gguf.constants import GGUFValueType
 
-from .blocks import pattern_chunks, role_values, tensor_rng
+from .blocks import make_random_blocks, pattern_chunks, role_values, tensor_rng
 from .gguf_writer import (
     DEFAULT_ALIGNMENT, KV, HeaderLayout, TensorDecl, TensorLayout, encode_header, infer_kv, tensor_layouts,
 )
@@ -65,16 +66,25 @@ def split_bounds(nbytes: Sequence[int], n_shards: int) -> list[range]:
     return out
 
 
+#: Tensors up to this many bytes are random throughout (routers, norms, small projections), larger ones the
+#: tiled pattern: a router whose rows repeated with the pattern's period would send every token to the same
+#: few experts, and a profile of such routing would say nothing about a cache.
+RANDOM_MAX_BYTES = 4 << 20
+
+
 def _tensor_bytes(ti: TensorLayout, seed: int):
-    """The bytes of one tensor, in pieces: role values for norms / vectors / conv kernels, else the pattern."""
+    """The bytes of one tensor, in pieces: role values for norms / vectors / conv kernels, random blocks up
+    to :data:`RANDOM_MAX_BYTES`, else the pattern."""
     rng = tensor_rng(seed, ti.name)
     role = tensor_role(ti.name)
     kind = fill_role(role, ti.ne, "_exps" in role)
     x = role_values(kind, math.prod(ti.ne), rng)
     if x is not None and ti.type_id == 0:
         yield x.astype("<f4").view(np.uint8)
-        return
-    yield from pattern_chunks(ti.type_id, ti.ne, rng)
+    elif (ti.nbytes or 0) <= RANDOM_MAX_BYTES:
+        yield make_random_blocks(ti.type_id, math.prod(ti.ne), rng)
+    else:
+        yield from pattern_chunks(ti.type_id, ti.ne, rng)
 
 
 def _write_data(jobs: list[tuple[str, TensorLayout]], seed: int) -> None:

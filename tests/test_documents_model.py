@@ -15,8 +15,8 @@ from strata import testing as S
 from strata.budget import formulas as F
 from strata.packer import quants
 from strata.packer.gguf_file import open_model
-from strata.testing.blocks import pattern_chunks, pattern_fill, role_values, tensor_rng
-from strata.testing.shards import split_bounds, tensor_role
+from strata.testing.blocks import make_random_blocks, pattern_chunks, pattern_fill, role_values, tensor_rng
+from strata.testing.shards import RANDOM_MAX_BYTES, split_bounds, tensor_role
 
 SMALL = dict(n_layer=4, n_expert=8, n_vocab=1000)
 IQ2_XS, IQ2_XXS, IQ4_NL, Q2_0 = 17, 16, 20, 42
@@ -70,9 +70,13 @@ def test_small_copy_is_two_shards_with_the_worked_expert_bytes(small):
             per[il, part] = ti.nbytes // 8
     assert (per[0, "gate"], per[0, "up"], per[0, "down"]) == (473_600, 473_600, 921_600)
     assert (per[1, "gate"], per[1, "up"], per[1, "down"]) == (422_400, 422_400, 460_800)
-    # the data: weights are the tiled pattern of their own stream, norms near 1, ssm_a negative
-    ti, raw = _tensor(paths, "blk.1.ffn_down_exps.weight")
-    assert ti.type_id == Q2_0 and np.array_equal(raw, pattern_fill(Q2_0, ti.ne, tensor_rng(0, ti.name)))
+    # the data: weights above 4 MiB are the tiled pattern of their own stream, smaller ones (routers) random
+    # blocks, norms near 1, ssm_a negative
+    ti, raw = _tensor(paths, "blk.0.ffn_down_exps.weight")
+    assert ti.nbytes > RANDOM_MAX_BYTES and np.array_equal(raw, pattern_fill(IQ4_NL, ti.ne, tensor_rng(0, ti.name)))
+    ti, raw = _tensor(paths, "blk.1.ffn_gate_inp.weight")
+    assert ti.nbytes <= RANDOM_MAX_BYTES
+    assert np.array_equal(raw, make_random_blocks(ti.type_id, 2560 * 8, tensor_rng(0, ti.name)))
     _, norm = _tensor(paths, "blk.0.attn_norm.weight")
     assert np.array_equal(norm.view("<f4"), role_values("norm", 2560, tensor_rng(0, "blk.0.attn_norm.weight")))
     _, a = _tensor(paths, "blk.0.ssm_a")
