@@ -329,9 +329,11 @@ def _stage_summary(engine: Engine) -> dict | None:
               help="Then generate this many tokens (greedy, end-of-generation ignored) and report the expert hit rate "
                    "measured during generation beside the profile's prediction.")
 @click.option("-p", "--prompt", default="The capital of France is", show_default=True, help="The prompt of -n.")
+@click.option("--device", type=click.Choice(["cuda", "sim"]), default="cuda", hidden=True,
+              help="sim: the NumPy stand-in of a card (dry runs of bench/device_docs.sh without a GPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def measure_cmd(pack, n_ctx, expert_cache, expert_profile, vram_reserve_mib, kv, card_name, card_mib, n_tokens, prompt,
-                as_json):
+                device, as_json):
     """Load PACK on the GPU (on an emulated card with --card) and print, per budget term, the bytes
     strata.budget predicts for strata's engine (the plan of strata-budget check --card ...) next to the
     bytes this engine allocated; the plan's slot count beside the engine's; the reserve measured free
@@ -354,7 +356,7 @@ def measure_cmd(pack, n_ctx, expert_cache, expert_profile, vram_reserve_mib, kv,
         card = emulated_card(card_name, card_mib)
         profile = read_profile(expert_profile) if expert_profile else None
         a = measure_pack(pack, n_ctx=n_ctx, expert_cache="auto" if ec is None else ec, vram_reserve_mib=vram_reserve_mib,
-                         kv=kv, card=card, profile=profile, prompt=prompt, n_tokens=n_tokens)
+                         kv=kv, card=card, profile=profile, prompt=prompt, n_tokens=n_tokens, device=device)
     except REFUSALS as e:
         fail(str(e), as_json=as_json)
     if as_json:
