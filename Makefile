@@ -41,7 +41,9 @@ bench-moe: install
 # With DOCS_PACK=path/to/pack (and DOCS_PROFILE=profile.parquet) it measures that pack; without, it writes
 # the model, its packs and profile first (bench/device_docs.sh, on a GPU machine with ~64 GB of disk).
 bench-docs:
-	$(if $(DOCS_PACK),$(PYTHON) bench/bench_docs.py $(DOCS_PACK) --cards 24G,16G,12G $(if $(DOCS_PROFILE),--profile $(DOCS_PROFILE),),BENCH_12G=1 bash bench/device_docs.sh)
+	@if [ -n "$(DOCS_PACK)" ]; then \
+	    $(PYTHON) bench/bench_docs.py "$(DOCS_PACK)" --cards 24G,16G,12G $(if $(DOCS_PROFILE),--profile "$(DOCS_PROFILE)"); \
+	else BENCH_12G=1 bash bench/device_docs.sh; fi
 
 fetch-models: install
 	$(PYTHON) -m strata.packer.fetch gemma3-270m && $(PYTHON) -m strata.packer.fetch qwen2.5-0.5b
