@@ -104,6 +104,7 @@ class CardEmulation:
                 f"it would on that card (physical: {physical_free} B free of {self.physical_total} B)")
 
     def describe(self) -> str:
+        """One line: the card, this process's context and what others held (not charged), and how measured."""
         return (f"emulating {self.card.name}: {self.card.total_bytes} B; this process's CUDA context "
                 f"{self.context_bytes} B, others' memory {self.other_bytes} B not charged ({self.how})")
 

@@ -332,12 +332,13 @@ class GpuDevice:
         self._draft_arena = arena
         self.info.draft_engine_bytes = sum(sizes)
         self._bind_need = FG.draft_bind_bytes([(e.type, e.src_type, e.ne) for e in ents],
-                                             self._draft_kv_per_token(model, plan), self.opts_n_ctx(model), model.hp.n_embd)
+                                             self._draft_kv_per_token(model, plan), self._n_ctx(model), model.hp.n_embd)
         note["engine_bytes"] = self.info.draft_engine_bytes
         note["draft tensors"] = len(ents)
         note["bind_bytes_reserved"] = self._bind_need
 
-    def opts_n_ctx(self, model: Decoder) -> int:
+    def _n_ctx(self, model: Decoder) -> int:
+        """The context the session holds (``--ctx``, else the model's trained context)."""
         return int(self.opts.n_ctx if self.opts.n_ctx is not None else model.g["n_ctx_train"])
 
     def _draft_kv_per_token(self, model: Decoder, plan: LoadPlan) -> int:
