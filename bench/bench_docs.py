@@ -109,6 +109,9 @@ def term_table(rows: list[dict]) -> list[str]:
                        f"{'exact' if t['exact'] else 'estimate'}")
         out.append(f"   {'total':20s} {m['predicted_total_bytes']:>16,d} {m['measured_total_bytes']:>16,d} "
                    f"{m['total_diff_bytes']:>+14,d} (within 0.5% or 32 MiB: {'yes' if m['total_ok'] else 'NO'})")
+        out.append("   start-up (s): " + ", ".join(f"{k} {v:.2f}" for k, v in m["checkpoints_s"].items())
+                   + f"; slots: check {r.get('check', {}).get('slots', '-')}, engine {m['slots']}; "
+                   f"free after start-up {m['free_after_bytes'] / MIB:.1f} MiB (reserve {m['reserve_bytes'] / MIB:.0f} MiB)")
     return out
 
 
