@@ -127,17 +127,18 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=240, help="seconds per command")
     ap.add_argument("--sim", action="store_true", help="the NumPy stand-in of the cards (a dry run without a GPU)")
     a = ap.parse_args()
-    rows = []
-    for card in [c for c in a.cards.split(",") if c]:
-        rows.append(run_card(a.pack, card, a.ctx, a.profile, a.tokens, a.timeout, sim=a.sim))
-        print("\n".join(table(rows[-1:])[1:]), flush=True)
+    rows: list[dict] = []
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    todo = [(a.pack, c, c) for c in a.cards.split(",") if c]
     for v in a.variant:
         name, rest = v.split("=", 1)
         pack, card = rest.rsplit("@", 1)
-        rows.append(run_card(pack, card, a.ctx, a.profile, a.tokens, a.timeout, label=name, sim=a.sim))
+        todo.append((pack, card, name))
+    for pack, card, label in todo:
+        rows.append(run_card(pack, card, a.ctx, a.profile, a.tokens, a.timeout, label=label, sim=a.sim))
         print("\n".join(table(rows[-1:])[1:]), flush=True)
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps({"ctx": a.ctx, "tokens": a.tokens, "profile": a.profile, "rows": rows}, indent=1))
+        # after every row: a run cut short still leaves the rows it finished
+        Path(a.json).write_text(json.dumps({"ctx": a.ctx, "tokens": a.tokens, "profile": a.profile, "rows": rows}, indent=1))
     print("\n".join(term_table(rows)))
     print("\n".join(table(rows)))
     return 0 if all("measure" in r and r["measure"]["exact_ok"] and r["measure"]["reserve_ok"] for r in rows) else 1

@@ -43,6 +43,9 @@ FAILED=0
 T0=$(date +%s)
 step() { echo; echo "== [$(( $(date +%s) - T0 )) s] $*"; }
 fail() { echo "!! FAILED: $*"; FAILED=$((FAILED + 1)); }
+# every step's time limit is cut to what is left of DEADLINE (default 525 s: the whole run under 9 minutes)
+DEADLINE=${DEADLINE:-525}
+limit() { local left=$(( DEADLINE - ($(date +%s) - T0) )); [ "$left" -lt 5 ] && left=5; [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
 
 step "environment"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -68,7 +71,7 @@ fi
 mkdir -p "$GGUF_DIR"
 echo "GGUF files in $GGUF_DIR, packs in $DOCS_DIR"
 if [ ! -f "$GGUF_DIR/docs-00002-of-00002.gguf" ]; then
-    timeout 300 $PY - "$GGUF_DIR" <<'EOF' || fail "write the documents' model"
+    timeout $(limit 300) $PY - "$GGUF_DIR" <<'EOF' || fail "write the documents' model"
 import os, sys, time
 from strata.testing import write_documents_model
 d = sys.argv[1]
@@ -88,7 +91,7 @@ ls -la "$GGUF_DIR"/*.gguf
 for name in docs docs-big; do
     [ -d "$DOCS_DIR/$name-pack" ] && continue
     step "pack $name"
-    timeout 240 $PY -m strata.packer.cli build "$GGUF_DIR/$name-00001-of-00002.gguf" -o "$DOCS_DIR/$name-pack" --force \
+    timeout $(limit 240) $PY -m strata.packer.cli build "$GGUF_DIR/$name-00001-of-00002.gguf" -o "$DOCS_DIR/$name-pack" --force \
         --no-progress || fail "pack build $name"
 done
 PACK=$DOCS_DIR/docs-pack
@@ -106,7 +109,7 @@ EOF
 step "expert profile (strata-engine profile --device cuda: the prompt and $TOKENS tokens, every expert a miss)"
 PROFILE=$DOCS_DIR/profile.parquet
 echo "$PROMPT" > "$DOCS_DIR/prompts.txt"
-timeout 200 $PY -m strata.engine.cli profile "$PACK" --prompts "$DOCS_DIR/prompts.txt" -n "$TOKENS" --ctx "$CTX" \
+timeout $(limit 200) $PY -m strata.engine.cli profile "$PACK" --prompts "$DOCS_DIR/prompts.txt" -n "$TOKENS" --ctx "$CTX" \
     --device cuda -o "$PROFILE" || fail "profile"
 [ -f "$PROFILE" ] || PROFILE=""
 PROF=${PROFILE:+--expert-profile $PROFILE}
@@ -115,7 +118,7 @@ step "strata-budget check (24G, 16G, and the bigger draft head at 16G)"
 : > "$OUT/checks.json"
 for spec in "docs:24G:$PACK" "docs:16G:$PACK" "docs-big:16G:$BIGPACK"; do
     IFS=: read -r name card pk <<< "$spec"
-    timeout 60 $PY -m strata.budget.cli check "$pk" --card "$card" --ctx "$CTX" $PROF --json > "$DOCS_DIR/check.json"
+    timeout $(limit 60) $PY -m strata.budget.cli check "$pk" --card "$card" --ctx "$CTX" $PROF --json > "$DOCS_DIR/check.json"
     code=$?
     $PY - "$DOCS_DIR/check.json" "$name" "$card" "$code" <<'EOF' >> "$OUT/checks.json" || fail "check $name $card"
 import json, sys
@@ -126,21 +129,21 @@ EOF
 done
 
 step "strata-engine generate --device cuda --card 24G --verbose ($TOKENS tokens, misses on the CPU)"
-timeout 200 $PY -m strata.engine.cli generate "$PACK" --device cuda --card 24G --ctx "$CTX" $PROF -p "$PROMPT" \
+timeout $(limit 200) $PY -m strata.engine.cli generate "$PACK" --device cuda --card 24G --ctx "$CTX" $PROF -p "$PROMPT" \
     -n "$TOKENS" --ignore-eos --verbose > "$OUT/generate_24G.log" 2>&1 || fail "generate 24G"
 tail -12 "$OUT/generate_24G.log"
 
 step "strata-engine measure: ${CARDS}, and 16G with the bigger draft head (bench_docs.py)"
 EXTRA=""
 [ "${BENCH_12G:-0}" = 1 ] && EXTRA="12G"
-timeout 420 $PY bench/bench_docs.py "$PACK" --cards "$(echo $CARDS $EXTRA | tr ' ' ,)" --ctx "$CTX" ${PROFILE:+--profile $PROFILE} \
-    -n "$TOKENS" --variant "big-draft=$BIGPACK@16G" --json "$OUT/bench_docs.json" --timeout 200 > "$DOCS_DIR/bench.txt" 2>&1 \
+timeout $(limit 420) $PY bench/bench_docs.py "$PACK" --cards "$(echo $CARDS $EXTRA | tr ' ' ,)" --ctx "$CTX" ${PROFILE:+--profile $PROFILE} \
+    -n "$TOKENS" --variant "big-draft=$BIGPACK@16G" --json "$OUT/bench_docs.json" --timeout $(limit 200) > "$DOCS_DIR/bench.txt" 2>&1 \
     || fail "measure (bench_docs.py)"
 cat "$DOCS_DIR/bench.txt" | grep -v "^   " | head -20
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
     step "gpu tests (tests/test_docs_gpu.py with the documents' pack, tests/test_card_emulation.py)"
-    STRATA_DOCS_PACK=$PACK STRATA_DOCS_PROFILE=$PROFILE timeout 300 $PY -m pytest -q -p no:cacheprovider -m gpu -rs \
+    STRATA_DOCS_PACK=$PACK STRATA_DOCS_PROFILE=$PROFILE timeout $(limit 300) $PY -m pytest -q -p no:cacheprovider -m gpu -rs \
         tests/test_docs_gpu.py tests/test_card_emulation.py -s 2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
     grep -qE "passed" "$OUT/gpu_tests.txt" && ! grep -qE "[0-9]+ failed" "$OUT/gpu_tests.txt" || fail "gpu tests"
 fi
