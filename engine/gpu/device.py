@@ -125,6 +125,9 @@ class GpuDevice:
              "pool_used_bytes": m.pool_used, "pool_total_bytes": m.pool_total}
         if m.physical_free is not None:  # an emulated card (--card): the GPU's own figures beside the card's
             d |= {"physical_free_bytes": m.physical_free, "physical_total_bytes": m.physical_total}
+            emu = getattr(bk, "emulation", None)
+            if stage == "pack" and emu is not None:
+                note["emulation"] = emu.describe()
         note.update(d)
         info.marks[stage] = d
         info.alloc_rounded[stage] = bk.alloc_rounded_bytes
