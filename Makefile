@@ -4,7 +4,7 @@ PIP ?= $(PYTHON) -m pip
 DEMO_MODEL ?= gemma3-270m
 DEMO_DIR ?= demo-out
 
-.PHONY: install demo test test-fast bench bench-gpu bench-moe fetch-models reference clean
+.PHONY: install demo test test-fast bench bench-gpu bench-moe bench-docs fetch-models reference clean
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -35,6 +35,15 @@ bench-gpu: install
 # MoE / dense decode at real models' geometry, strata vs llama.cpp (LLAMA_BENCH=path/to/llama-bench)
 bench-moe: install
 	$(PYTHON) bench/bench_moe.py --geometry qwen3moe-30b-a3b --geometry qwen2-7b --cpu $(if $(LLAMA_BENCH),--llama-bench $(LLAMA_BENCH),)
+
+# The documents' model (~47 GB, written pattern-filled) on emulated 24G / 16G / 12G cards: start-up per
+# checkpoint, decode tok/s and CPU misses per token beside the budget's predicted slots and hit rate.
+# With DOCS_PACK=path/to/pack (and DOCS_PROFILE=profile.parquet) it measures that pack; without, it writes
+# the model, its packs and profile first (bench/device_docs.sh, on a GPU machine with ~64 GB of disk).
+bench-docs:
+	@if [ -n "$(DOCS_PACK)" ]; then \
+	    $(PYTHON) bench/bench_docs.py "$(DOCS_PACK)" --cards 24G,16G,12G $(if $(DOCS_PROFILE),--profile "$(DOCS_PROFILE)"); \
+	else BENCH_12G=1 bash bench/device_docs.sh; fi
 
 fetch-models: install
 	$(PYTHON) -m strata.packer.fetch gemma3-270m && $(PYTHON) -m strata.packer.fetch qwen2.5-0.5b

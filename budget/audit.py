@@ -477,6 +477,8 @@ def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True) -> AuditResul
         # rope_freq_scale, rope_base_swa with rope_freq_scale_swa (else rope_freq_scale), ...
         rope_dim=int(g.get("rope_dim") or g.get("head_dim") or 0) if any(k in att for k in g.layer_kinds) else 0,
         rope_tables=len(rope_tables(g)) if any(k in att for k in g.layer_kinds) else 0,
+        n_layer=g.n_trunk, n_head=int(g.get("n_head") or 0), n_expert_used=int(g.get("n_expert_used") or 0),
+        draft_layers=g.draft_layers,
     )
     res.expert_layers = len(expert_facts)
     res.errors, res.warnings, res.checks = a.errors, a.warnings, a.checks

@@ -23,6 +23,7 @@ then ``logits = head(rms_norm(x) * output_norm)`` (+ ``output.bias``), soft-capp
 from __future__ import annotations
 
 import math
+from typing import Any
 from dataclasses import dataclass, field
 
 from strata.budget import formulas as F
@@ -47,20 +48,27 @@ class State:
     cache: KVCache
     ropes: dict[tuple[float, float], Rope] = field(default_factory=dict)
     recurrent: RecurrentState | None = None
+    indexer: dict[int, Any] = field(default_factory=dict)  # attention layer -> [positions, indexer_head_dim] keys
 
     @property
     def rope_nbytes(self) -> int:
         return sum(r.cos.nbytes + r.sin.nbytes for r in self.ropes.values())
 
     @property
+    def kv_nbytes(self) -> int:
+        """The KV cache as the budget's "KV cache" term counts it: K and V, and the indexer's key store."""
+        return self.cache.nbytes + sum(a.nbytes for a in self.indexer.values())
+
+    @property
     def nbytes(self) -> int:
-        return self.cache.nbytes + self.rope_nbytes + (self.recurrent.nbytes if self.recurrent else 0)
+        return self.kv_nbytes + self.rope_nbytes + (self.recurrent.nbytes if self.recurrent else 0)
 
 
 @dataclass(frozen=True)
 class Hyper:
     """Hyperparameters the executors read, typed, from geometry.txt via the manifest (counts;
-    ``rms_eps`` and ``attn_scale`` unitless). MoE fields are 0 for dense models."""
+    ``rms_eps`` and ``attn_scale`` unitless). MoE fields are 0 for dense models. ``n_layer`` counts the
+    decoder layers the forward pass runs (``block_count`` less the NextN draft blocks)."""
 
     n_layer: int
     n_embd: int
@@ -81,7 +89,7 @@ class Hyper:
     def from_geometry(cls, g: Geometry, recipe: Recipe) -> "Hyper":
         cap = g.get(recipe.logit_softcap) if recipe.logit_softcap else None
         return cls(
-            n_layer=int(g["n_layer"]), n_embd=int(g["n_embd"]), n_head=int(g["n_head"]), n_head_kv=int(g["n_head_kv"]),
+            n_layer=g.n_trunk, n_embd=int(g["n_embd"]), n_head=int(g["n_head"]), n_head_kv=int(g["n_head_kv"]),
             head_dim=int(g["head_dim"]), head_dim_v=int(g["head_dim_v"]), rms_eps=float(g["rms_eps"]),
             rope_base=float(g["rope_base"]), attn_scale=float(g["attn_scale"]), n_vocab=int(g["n_vocab"]),
             n_expert=int(g.get("n_expert") or 0), n_expert_used=int(g.get("n_expert_used") or 0),
@@ -114,7 +122,7 @@ class Decoder:
         # the numerics profile travels with the weight store (strata.engine.numerics); a store without one is f32
         self.nx = getattr(w, "nx", None) or numerics("f32")
         self.hp = Hyper.from_geometry(g, recipe)
-        self.kinds = list(g.layer_kinds)
+        self.kinds = list(g.layer_kinds[:g.n_trunk])  # draft blocks (NextN heads) come last and are not run
         try:
             self.blocks: list[Block] = [recipe.block(k) for k in self.kinds]
         except KeyError as e:
@@ -218,7 +226,21 @@ class Decoder:
         rec = [il for il, d in enumerate(self.delta) if d is not None]
         if rec:
             st.recurrent = RecurrentState(self.xp, rec, self.delta_dims)
+        ihd = self.indexer_head_dim
+        if ihd:  # the documents' engine keeps the indexer's ONE shared key head per position (round 194)
+            dt = self.xp.float16 if kv == "f16" else self.xp.float32
+            st.indexer = {il: self.xp.zeros((n, ihd), dtype=dt)
+                          for il, n in enumerate(self.kv_sizes(n_ctx, sliding)) if self.attn[il] is not None}
         return st
+
+    @property
+    def indexer_head_dim(self) -> int:
+        """Width of a sparse-attention indexer's cached key (``indexer_head_dim``, one shared head), 0 without
+        one. The session holds its key store as the documents' engine does, so the KV term is what the
+        budget plans (:class:`strata.budget.formulas.KVLayer` ``indexer_k``); this forward pass does not
+        compute the indexer (the model file says so), the store stays zero."""
+        v = self.g.get("indexer_head_dim")
+        return int(v) if v else 0
 
     # ------------------------------------------------------------ the step
 

@@ -31,6 +31,8 @@ values and ``d_state x d_inner`` delta values per recurrent layer per sequence.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from strata.manifests.names import tensor_name
@@ -66,12 +68,21 @@ class RecurrentState:
     """Per recurrent layer, the conv state ``[d_conv - 1, conv_dim]`` and the delta state
     ``[dt_rank, d_state, d_state]`` (f32, zeros at the start of a sequence), allocated once.
 
-    ``nbytes`` is :func:`strata.budget.formulas.recurrent_state_bytes_per_seq` of these layers."""
+    ``nbytes`` is :func:`strata.budget.formulas.recurrent_state_bytes_per_seq` of these layers. Every
+    layer's two arrays are views of ONE allocation (``arena``, layers in order, conv then delta state),
+    so the device allocator rounds one size, not two per layer."""
 
     def __init__(self, xp, layers: list[int], dims: DeltaNetDims):
         self.xp, self.dims = xp, dims
-        self.conv = {il: xp.zeros((dims.d_conv - 1, dims.conv_dim), dtype=xp.float32) for il in layers}
-        self.ssm = {il: xp.zeros((dims.dt_rank, dims.d_state, dims.d_state), dtype=xp.float32) for il in layers}
+        conv_shape = (dims.d_conv - 1, dims.conv_dim)
+        ssm_shape = (dims.dt_rank, dims.d_state, dims.d_state)
+        nc, ns = math.prod(conv_shape), math.prod(ssm_shape)
+        self.arena = xp.zeros(len(layers) * (nc + ns), dtype=xp.float32)
+        self.conv, self.ssm = {}, {}
+        for k, il in enumerate(layers):
+            base = k * (nc + ns)
+            self.conv[il] = self.arena[base:base + nc].reshape(conv_shape)
+            self.ssm[il] = self.arena[base + nc:base + nc + ns].reshape(ssm_shape)
 
     @property
     def nbytes(self) -> int:

@@ -134,6 +134,8 @@ class LayerSpec(BaseModel):
     attention_kinds: list[str] = []  # kinds that hold a KV cache
     window: str | None = None  # expression of il: KV window in tokens for a layer (None = full context)
     recurrent_kinds: list[str] = []
+    # kinds of draft blocks (NextN / MTP heads, bases/nextn.toml): loaded as the drafter, not run as layers
+    draft_kinds: list[str] = []
 
 
 class StateSpec(BaseModel):
@@ -340,6 +342,16 @@ class Geometry:
     def layers_of(self, *kinds: str) -> list[int]:
         """Layer indices whose kind is one of ``kinds``."""
         return [il for il, k in enumerate(self.layer_kinds) if k in kinds]
+
+    @property
+    def draft_layers(self) -> list[int]:
+        """The draft blocks (kinds in ``[layers] draft_kinds``: NextN / MTP heads, after the decoder layers)."""
+        return self.layers_of(*self.manifest.layers.draft_kinds)
+
+    @property
+    def n_trunk(self) -> int:
+        """Decoder layers the main pass runs: every layer that is not a draft block (they come last)."""
+        return len(self.layer_kinds) - len(self.draft_layers)
 
     def layer_env(self, il: int) -> dict[str, Any]:
         return {**self.env, "il": il, "kind": self.layer_kinds[il]}

@@ -24,12 +24,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from strata.packer import quants
 
-from .blocks import make_random_blocks, pattern_fill, tensor_rng, to_type_id
+from .blocks import make_random_blocks, pattern_fill, role_values, tensor_rng, to_type_id
 from .tokenizer import synth_tokenizer, tokenizer_kv
 
 __all__ = [
     "ARCHS", "DENSE_TYPES", "MOE_ARCHS", "ExpertTypes", "ModelDims", "ModelSpec", "PlannedTensor", "TypeId",
-    "kv_entry", "model_kv", "moe_layers", "plan_tensors", "shard_names", "spec_geometry", "write_model",
+    "fill_role", "kv_entry", "model_kv", "moe_layers", "plan_tensors", "shard_names", "spec_geometry", "write_model",
 ]
 
 
@@ -330,7 +330,7 @@ def moe_layers(spec: "ModelSpec") -> list[int]:
     return sorted({il for _n, ts, _ne, il in spec_geometry(spec).expected_tensors() if ts.expert and il is not None})
 
 
-def _fill_role(role: str, ne: tuple[int, ...], expert: bool) -> str:
+def fill_role(role: str, ne: tuple[int, ...], expert: bool) -> str:
     """How a tensor is filled, from its role: norms near 1 (converters store them +1), ``ssm_a`` < 0
     (it stores -exp(A_log)), the conv kernel, small vectors and biases of any rank, or random weight blocks."""
     if expert:
@@ -387,7 +387,7 @@ def plan_tensors(spec: ModelSpec) -> list[PlannedTensor]:
         else:
             base = ts.role[:-len(".weight")] if ts.role.endswith(".weight") else ts.role
             type_id = spec.tensor_types.get(base, 0 if base == "ffn_gate_inp" else spec.dense_type)
-        t = PlannedTensor(name, int(type_id), tuple(int(x) for x in ne), _fill_role(ts.role, ne, ts.expert is not None))
+        t = PlannedTensor(name, int(type_id), tuple(int(x) for x in ne), fill_role(ts.role, ne, ts.expert is not None))
         _ = t.nbytes  # validate block divisibility now, with the tensor's name in the message
         (first if name == "token_embd.weight" else layers if il is not None else last).append((il, t))
     layers.sort(key=lambda x: x[0])  # stable: manifest order within a layer
@@ -412,17 +412,11 @@ def model_kv(spec: ModelSpec) -> list[tuple[str, int, Any, int | None]]:
 def _tensor_data(spec: ModelSpec, t: PlannedTensor) -> np.ndarray:
     rng = tensor_rng(spec.seed, t.name)
     n = math.prod(t.ne)
-    if t.role == "norm":  # norm weights are stored with the +1 already applied (gemma3, qwen3next converters)
-        x = 1.0 + 0.01 * rng.standard_normal(n, dtype=np.float32)
-    elif t.role == "ssm_a":  # stores -exp(A_log) < 0
-        x = -rng.uniform(0.5, 4.0, size=n).astype(np.float32)
-    elif t.role == "conv":
-        x = 0.1 * rng.standard_normal(n, dtype=np.float32)
-    elif t.role in ("bias", "ssm_dt", "vec"):
-        x = spec.weight_std * rng.standard_normal(n, dtype=np.float32)
-    elif spec.fill == "pattern":
-        return pattern_fill(t.type_id, t.ne, rng)
-    else:
+    # norm weights are stored with the +1 already applied (gemma3, qwen3next converters); ssm_a < 0
+    x = role_values(t.role, n, rng, spec.weight_std)
+    if x is None:
+        if spec.fill == "pattern":
+            return pattern_fill(t.type_id, t.ne, rng)
         return make_random_blocks(t.type_id, n, rng, std=spec.weight_std)
     assert t.type_id == 0
     return x.astype("<f4").view(np.uint8)
