@@ -36,10 +36,29 @@ def _engine_type(t) -> int:
     return quants.BF16.id if t.type == quants.F32.id and t.src_type == quants.BF16.id else t.type
 
 
+def _role(t) -> str:
+    return t.name.split(".", 2)[-1]
+
+
+def gdn_facts(facts: ModelFacts) -> tuple[bool, int, int, int]:
+    """The delta-net layers as the fused step sees them, from the tensors: ``(fusable, conv_dim,
+    value_dim, conv weight elements)`` - fusable unless a layer has the legacy ``ssm_in`` or the head
+    dim (``ssm_norm``'s length) is not a multiple of 32 in 32..1024; ``(True, 0, 0, 0)`` without them."""
+    trunk = [t for t in facts.dense if not facts.is_draft(t.name)]
+    conv = [t for t in trunk if _role(t) == "ssm_conv1d.weight"]
+    if not conv:
+        return True, 0, 0, 0
+    d_state = next((int(t.ne[0]) for t in trunk if _role(t) == "ssm_norm.weight"), 0)
+    value_dim = next((int(t.ne[0]) for t in trunk if _role(t) == "ssm_out.weight"), 0)
+    fusable = (not any(_role(t) == "ssm_in.weight" for t in trunk)) and d_state % 32 == 0 and 32 <= d_state <= 1024
+    return fusable, int(conv[0].ne[1]), value_dim, sum(quants.n_elements(t.ne) for t in conv)
+
+
 def decode_path(facts: ModelFacts) -> str:
     """``"fused"`` or ``"generic"``: the GPU decode step strata's engine runs this model with."""
-    biases = any(t.name.split(".", 2)[-1] in ("ffn_gate.bias", "ffn_up.bias", "ffn_down.bias") for t in facts.dense)
-    return FG.strata_decode_path(len(facts.recurrent_layers), biases, facts.n_expert_used if facts.expert_layers else 0)
+    biases = any(_role(t) in ("ffn_gate.bias", "ffn_up.bias", "ffn_down.bias") for t in facts.dense)
+    return FG.strata_decode_path(len(facts.recurrent_layers), biases, facts.n_expert_used if facts.expert_layers else 0,
+                                 recurrent_fusable=gdn_facts(facts)[0])
 
 
 def kv_positions(facts: ModelFacts, n_ctx: int) -> int:
@@ -62,6 +81,8 @@ def activation_term(facts: ModelFacts, n_ctx: int) -> tuple[int, str, bool]:
                                 _n_ff_max(facts), pos, n_layer=facts.n_layer if moe else 0,
                                 n_expert=facts.n_expert if moe else 0, n_expert_used=facts.n_expert_used if moe else 0,
                                 n_ff_exp=facts.n_ff_exp if moe else 0)
+        _fusable, conv_dim, value_dim, conv_el = gdn_facts(facts)
+        nb += F.gdn_step_bytes(conv_dim, value_dim, conv_el)
         return nb, f"fused decode step's device buffers (exact; scores over {pos} positions)", True
     kv_el = max((L.k + L.v for L in facts.kv_layers), default=0)
     ssm = max((L.ssm for L in facts.recurrent_layers), default=0)

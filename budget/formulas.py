@@ -473,6 +473,16 @@ def fill_profile(pairs: Iterable[tuple[int, int, int]], slots: int) -> ProfileFi
 FUSED_PARAM_BYTES = 16
 
 
+def gdn_step_bytes(conv_dim: int, value_dim: int, conv_weight_elements: int) -> int:
+    """The fused step's gated-delta-net buffers (bytes; ``strata.engine.gpu.fused_gdn.GdnBuffers``): the
+    conv output (``conv_dim``) and the gated-normed output (``value_dim``), shared by the layers, and
+    every recurrent layer's ``ssm_conv1d`` weights as f32 (``conv_weight_elements`` = their sum of
+    ``d_conv x conv_dim``): f32 each. 0 for a model without delta-net layers."""
+    if not conv_weight_elements:
+        return 0
+    return F32_BYTES * (conv_dim + value_dim + conv_weight_elements)
+
+
 def fused_step_bytes(n_embd: int, n_head: int, head_dim: int, head_dim_v: int, n_ff_max: int, kv_positions_max: int,
                      *, n_layer: int = 0, n_expert: int = 0, n_expert_used: int = 0, n_ff_exp: int = 0) -> int:
     """Device buffers of strata's fused GPU decode step (bytes; ``strata.engine.gpu.fused.FusedDecoder.nbytes``,

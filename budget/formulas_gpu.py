@@ -107,12 +107,14 @@ def generic_step_bytes(act_per_token: int, logits_per_token: int, kv_positions_m
                         + 2 * n_head * kv_positions_max + 3 * ssm_elements_max)
 
 
-def strata_decode_path(n_recurrent_layers: int, mlp_biases: bool, n_expert_used: int = 0) -> str:
+def strata_decode_path(n_recurrent_layers: int, mlp_biases: bool, n_expert_used: int = 0,
+                       recurrent_fusable: bool = True) -> str:
     """``"fused"`` when strata's GPU engine runs the model with its fused step, else ``"generic"`` (the
     per-layer path): the rule of ``strata.engine.gpu.fused.fused_unsupported`` for the architectures the
-    engine runs (a recurrent / delta-net mixer, MLP biases, or more than 64 routed experts per token keep
-    the generic path); tests check the two agree on every preset."""
-    if n_recurrent_layers or mlp_biases or n_expert_used > 64:
+    engine runs (delta-net layers the fused step cannot build - the legacy ``ssm_in`` projection, a head
+    dim that is not a multiple of 32 in 32..1024: ``recurrent_fusable`` False -, MLP biases, or more than
+    64 routed experts per token keep the generic path); tests check the two agree on every preset."""
+    if (n_recurrent_layers and not recurrent_fusable) or mlp_biases or n_expert_used > 64:
         return "generic"
     return "fused"
 

@@ -201,7 +201,11 @@ def test_a_bigger_draft_head_costs_slots_and_keeps_the_reserve(packs):
     # the plan moves the same way; a slot count recorded for the old head is refused for the new one
     plans = {k: make_plan(f, card, PlanOptions(engine="strata", max_context=256, vram_reserve_mib=64))
              for k, f in (("docs", base), ("docs-big", big))}
-    assert plans["docs"].slots - plans["docs-big"].slots in (grown // slot, grown // slot + 1)
+    # the plan also charges the kernel modules: the bigger head's Q4_K is a type the model already loads,
+    # its Q1_0 one module less (budget "CUDA runtime"); the slots move by what all the terms move
+    moved = sum(plans["docs-big"].term(t) - plans["docs"].term(t) for t in ("draft head", "draft head bind", "CUDA runtime"))
+    assert moved <= grown
+    assert plans["docs"].slots - plans["docs-big"].slots in (moved // slot, moved // slot + 1)
     with pytest.raises(ExpertCacheError, match=rf"--expert-cache {s['docs']} refused: .* at most {s['docs-big']} slots fit"):
         load_engine(packs["docs-big"], device="sim", n_ctx=256, card=card, vram_reserve_mib=64, expert_cache=s["docs"],
                     warmup=False)

@@ -78,7 +78,7 @@ from ..recipe import Attention as AttentionSpec
 from ..recipe import DeltaNet, DenseFFN, MoEFFN
 from .fused_gdn import GdnBuffers, build_delta_layer, gdn_unsupported
 from .fused_moe import MAX_EXPERTS_USED, MoeStep
-from .fused_ops import AttnIO, CudaOps, Launch, SimOps
+from .fused_ops import MAX_GROUP, AttnIO, CudaOps, Launch, SimOps
 
 #: Bytes at the start of the staging buffer holding the step's integers (``pos`` at 0).
 PARAM_BYTES = 16
@@ -268,16 +268,14 @@ class FusedDecoder:
             i = 0
             while i < len(args):
                 j = i + 1
-                while j < len(args) and args[j][0] == args[i][0] and args[j][3] == args[i][3]:
+                while j < len(args) and j - i < MAX_GROUP and args[j][0] == args[i][0] and args[j][3] == args[i][3]:
                     j += 1
                 if j - i == 1:
                     mv(names[i], x, stage)
                 else:
-                    table = self.backend.empty_bytes(8 * 3 * (j - i)).view(np.uint64)
-                    self.nbytes += 8 * 3 * (j - i)
                     parts = [(a[1], a[2], a[4]) for a in args[i:j]]
                     add(f"matvec_group {' + '.join(names[i:j])}", stage,
-                        ops.matvec_group(args[i][0], table, parts, args[i][3], x))
+                        ops.matvec_group(args[i][0], parts, args[i][3], x))
                 i = j
             return outs
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from strata.budget import formulas as F
+
 from .fused_ops import GdnIO
 
 
@@ -46,7 +48,7 @@ class GdnBuffers:
         d = model.delta_dims
         self.h, self.o = backend.empty_f32(d.conv_dim), backend.empty_f32(d.value_dim)
         self.cw: dict[int, Any] = {}
-        self.nbytes = 4 * (d.conv_dim + d.value_dim)
+        n_conv = 0
         for il, g in enumerate(model.delta):
             if g is None:
                 continue
@@ -54,7 +56,9 @@ class GdnBuffers:
             buf = backend.empty_f32(host.size)
             backend.copy_into(buf, host)
             self.cw[il] = buf
-            self.nbytes += 4 * host.size
+            n_conv += host.size
+        self.nbytes = F.gdn_step_bytes(d.conv_dim, d.value_dim, n_conv)  # the budget's definition
+        assert self.nbytes == 4 * (self.h.size + self.o.size + n_conv)
 
 
 def build_delta_layer(dec, il: int, add, mv, mv_group, stage: str):

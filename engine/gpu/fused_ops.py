@@ -45,6 +45,10 @@ def _threads(n: int, cap: int = 1024) -> int:
     return max(32, min(cap, -(-int(n) // 32) * 32))
 
 
+#: Most weights one ``matvec_group`` launch takes (its parameters carry 4 addresses).
+MAX_GROUP = 4
+
+
 # ---------------------------------------------------------------------------- the launch list
 
 @dataclass
@@ -162,21 +166,25 @@ class CudaOps:
         return self._call(k.matvec, ((rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA,), (32 * K.WARPS_PER_CTA,),
                           (buf, np.int64(rows), np.int32(ne0), x, out))
 
-    def matvec_group(self, type_id, table, parts, ne0, x):
-        """One launch of ``matvec_group`` over ``parts`` = [(buf, rows, out)] of one type and row length
-        (``table``: a device u64 array of 3 * len(parts) entries, written here: bases | rows | outs)."""
+    def matvec_group(self, type_id, parts, ne0, x):
+        """One launch of ``matvec_group`` over ``parts`` = [(buf, rows, out)] (1 to 4) of one type and row
+        length; addresses and row counts travel as kernel parameters."""
         from . import kernels as K
 
         k = K.kernels_for(type_id)
         n = len(parts)
+        if not 1 <= n <= MAX_GROUP:
+            raise ValueError(f"matvec_group takes 1..{MAX_GROUP} weights, got {n}")
         for _b, rows, _o in parts:
             K.check_matvec(k, rows, ne0)
-        vals = [int(b.data.ptr) for b, _r, _o in parts] + [int(r) for _b, r, _o in parts] + \
-               [int(o.data.ptr) for _b, _r, o in parts]
-        table.set(np.array(vals, dtype=np.uint64))
+        pad = [parts[0]] * (MAX_GROUP - n)
+        full = list(parts) + pad
+        bases = [np.uint64(b.data.ptr) for b, _r, _o in full]
+        rows = [np.int64(r) for _b, r, _o in full]
+        outs = [np.uint64(o.data.ptr) for _b, _r, o in full]
         max_rows = max(int(r) for _b, r, _o in parts)
         return self._call(k.matvec_group, ((max_rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA, n),
-                          (32 * K.WARPS_PER_CTA,), (table[0:n], table[n:2 * n], np.int32(ne0), x, table[2 * n:3 * n]))
+                          (32 * K.WARPS_PER_CTA,), (*bases, *rows, np.int32(ne0), x, *outs))
 
     def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode):
         n = int(x.size)
@@ -335,7 +343,7 @@ class SimOps:
                 y[...] = np.tanh(y * np.float32(1.0 / cap)) * np.float32(cap)
         return run
 
-    def matvec_group(self, type_id, table, parts, ne0, x):
+    def matvec_group(self, type_id, parts, ne0, x):
         bk = self.bk
 
         def run():
@@ -418,5 +426,5 @@ class SimOps:
 # ---------------------------------------------------------------------------- the decoder
 
 
-__all__ = ["ATTN_THREADS", "AttnIO", "CudaOps", "FUSED_KERNEL_NAMES", "GdnIO", "Launch", "MoeIO", "SimOps",
+__all__ = ["ATTN_THREADS", "MAX_GROUP", "AttnIO", "CudaOps", "FUSED_KERNEL_NAMES", "GdnIO", "Launch", "MoeIO", "SimOps",
            "fused_kernels", "fused_source"]

@@ -37,24 +37,29 @@ extern "C" __global__ void MV_BOUNDS matvec_batched(const unsigned long long* __
     }
 }
 
-// Y_item = W_item @ x for a few weights of ONE type and row length read by the same x (q, k and v
-// of a layer; gate and up): one launch instead of one per weight. bases[item] = the engine-form
-// buffer, rows[item] its rows, outs[item] its output (device arrays written once at start-up;
-// blockIdx.y = item). CTAs past an item's rows leave together.
-extern "C" __global__ void MV_BOUNDS matvec_group(const unsigned long long* __restrict__ bases, const i64* __restrict__ rows,
-                                        const int ne0, const float* __restrict__ x,
-                                        const unsigned long long* __restrict__ outs) {
+// Y_item = W_item @ x for up to 4 weights of ONE type and row length read by the same x (q, k and v
+// of a layer; gate and up): one launch instead of one per weight. The weights' engine-form
+// addresses b*, rows r* and output addresses o* are kernel parameters (by value: no device table);
+// blockIdx.y = item. CTAs past an item's rows leave together.
+extern "C" __global__ void MV_BOUNDS matvec_group(const unsigned long long b0, const unsigned long long b1,
+                                                  const unsigned long long b2, const unsigned long long b3,
+                                                  const i64 r0, const i64 r1, const i64 r2, const i64 r3,
+                                                  const int ne0, const float* __restrict__ x,
+                                                  const unsigned long long o0, const unsigned long long o1,
+                                                  const unsigned long long o2, const unsigned long long o3) {
     __shared__ __align__(16) float xs[2 * 1024];
     __shared__ __align__(16) u8 wb_all[WARPS][2 * RPW * ROW_STAGE];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int item = blockIdx.y;
-    const i64 n = rows[item];
+    const unsigned long long base = item == 0 ? b0 : item == 1 ? b1 : item == 2 ? b2 : b3;
+    const unsigned long long outp = item == 0 ? o0 : item == 1 ? o1 : item == 2 ? o2 : o3;
+    const i64 n = item == 0 ? r0 : item == 1 ? r1 : item == 2 ? r2 : r3;
     if ((i64)blockIdx.x * WARPS * RPW >= n) return;  // uniform across the CTA
     const i64 row0 = ((i64)blockIdx.x * WARPS + warp) * RPW;
     const bool active = row0 < n;
     float acc[RPW];
-    warp_dot((const u8*)bases[item], n, ne0, row0, x, xs, wb_all[warp], lane, acc, active);
-    float* y = (float*)outs[item];
+    warp_dot((const u8*)base, n, ne0, row0, x, xs, wb_all[warp], lane, acc, active);
+    float* y = (float*)outp;
     if (active && lane == 0) {
 #pragma unroll
         for (int r = 0; r < RPW; ++r) if (row0 + r < n) y[row0 + r] = acc[r];
