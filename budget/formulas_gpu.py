@@ -84,14 +84,24 @@ def draft_bind_bytes(tensors: Iterable[tuple[int, int, Sequence[int]]], kv_bytes
     (:func:`vector_f32_bytes`), the draft blocks' K/V cache for ``n_ctx`` positions
     (``kv_bytes_per_token``: :func:`kv_bytes_per_token` summed over the draft blocks) and the f32
     ``[embedding | hidden]`` row its ``eh_proj`` reads (``2 x n_embd``; llama.cpp qwen3next.cpp
-    ``graph_mtp``). ``tensors``: ``(pool type, source type, ne)`` of the draft blocks' dense tensors."""
+    ``graph_mtp``). ``tensors``: ``(pool type, source type, ne)`` of the draft blocks' dense tensors.
+    The buffers are one allocation, made in whole driver pages (:data:`BIND_PAGE_BYTES`) when larger
+    than :data:`BIND_PACKED_MAX_BYTES`: what the device takes, so the reserve holds all of it (measured on
+    the H200, 2026-11-30: 9,100,224 B asked took 10,485,760 B and left the reserve 1.25 MiB short)."""
     total = 0
     for pool_t, src_t, ne in tensors:
         if quants.n_elements(ne) == int(ne[0]):
             total += vector_f32_bytes(pool_t, src_t, ne)
         else:
             total += matvec_out_bytes(ne)
-    return total + int(kv_bytes_per_token) * int(n_ctx) + F32_BYTES * 2 * int(n_embd)
+    total += int(kv_bytes_per_token) * int(n_ctx) + F32_BYTES * 2 * int(n_embd)
+    return align_up(total, BIND_PAGE_BYTES) if total > BIND_PACKED_MAX_BYTES else total
+
+
+#: The driver's page for an allocation above :data:`BIND_PACKED_MAX_BYTES` (cards.toml [defaults]
+#: ``cuda_alloc_granularity_kib`` / ``cuda_alloc_packed_max_kib``, measured on the H200).
+BIND_PAGE_BYTES = 2048 << 10
+BIND_PACKED_MAX_BYTES = 1024 << 10
 
 
 def generic_step_bytes(act_per_token: int, logits_per_token: int, kv_positions_max: int, kv_elements_max: int,

@@ -392,3 +392,15 @@ def test_cuda_fused_qwen3next_graph_eager_and_cache(packs):
     eng = load_engine(packs["q3n"], device="cuda", n_ctx=48)
     first, second = _logits_per_position(eng, ids), _logits_per_position(eng, ids)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(first, second))
+
+
+def test_sim_profile_routing_two_prompts_on_the_fused_step(packs):
+    """strata-engine profile runs every prompt from position 0 on the session's own state (the fused step
+    is bound to it: a new state per prompt was refused on the H200), counting the same selections as the
+    CPU path."""
+    from strata.engine.routing import profile_routing
+
+    prompts = ["The capital of France is", "hello world"]
+    sim = profile_routing(str(packs["moe"]), prompts, n_tokens=3, n_ctx=32, device="sim")
+    cpu = profile_routing(str(packs["moe"]), prompts, n_tokens=3, n_ctx=32, device="cpu")
+    assert sim == cpu and sum(c for _il, _e, c in sim) > 0

@@ -361,8 +361,13 @@ class GpuDevice:
                   else F.vector_f32_bytes(e.type, e.src_type, e.ne) for e in ents]
         kv = self._draft_kv_per_token(model, plan) * n_ctx
         pieces += [kv, F.F32_BYTES * 2 * model.hp.n_embd]
-        self._bind_arena = bk.empty_bytes(sum(pieces))  # one allocation of exactly the reserved bytes (f32-aligned pieces)
-        self.info.draft_bind_bytes = sum(pieces)
+        # one allocation of exactly the reserved bytes: the f32-aligned pieces, rounded to the driver's pages
+        # as formulas_gpu.draft_bind_bytes rounds them
+        total = sum(pieces)
+        if total > FG.BIND_PACKED_MAX_BYTES:
+            total = -(-total // FG.BIND_PAGE_BYTES) * FG.BIND_PAGE_BYTES
+        self._bind_arena = bk.empty_bytes(total)
+        self.info.draft_bind_bytes = total
         assert self.info.draft_bind_bytes == self._bind_need, (self.info.draft_bind_bytes, self._bind_need)
         note["bind_bytes"] = self.info.draft_bind_bytes
 
