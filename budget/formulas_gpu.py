@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 
 from strata.packer import quants
 
+from . import formulas as F
 from .formulas import F32_BYTES, align_up, kv_bytes_per_token, matvec_out_bytes, vector_f32_bytes  # noqa: F401
 
 
@@ -98,10 +99,9 @@ def draft_bind_bytes(tensors: Iterable[tuple[int, int, Sequence[int]]], kv_bytes
     return align_up(total, BIND_PAGE_BYTES) if total > BIND_PACKED_MAX_BYTES else total
 
 
-#: The driver's page for an allocation above :data:`BIND_PACKED_MAX_BYTES` (cards.toml [defaults]
-#: ``cuda_alloc_granularity_kib`` / ``cuda_alloc_packed_max_kib``, measured on the H200).
-BIND_PAGE_BYTES = 2048 << 10
-BIND_PACKED_MAX_BYTES = 1024 << 10
+#: The driver's page and packing limit (:data:`strata.budget.formulas.DRIVER_PAGE_BYTES`, one definition).
+BIND_PAGE_BYTES = F.DRIVER_PAGE_BYTES
+BIND_PACKED_MAX_BYTES = F.DRIVER_PACKED_MAX_BYTES
 
 
 def generic_step_bytes(act_per_token: int, logits_per_token: int, kv_positions_max: int, kv_elements_max: int,

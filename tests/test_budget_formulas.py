@@ -101,6 +101,12 @@ def test_expert_slots():
     assert F.expert_slots(10_000, 3_000, 1_000, cap=5) == 5
     assert F.expert_slots(2_000, 3_000, 1_000) == 0  # never negative
     assert F.expert_slots(10_000, 0, 0) == 0  # no experts
+    # above 1 MiB the cache is taken in whole 2 MiB pages: 3 blobs of 1,000,000 B = 3,000,000 B take 4 MiB
+    mib = 1 << 20
+    assert F.expert_slots(700 * mib + 4 * mib, 700 * mib, 1_000_000) == 4  # 4,000,000 B -> 2 pages = 4 MiB
+    assert F.expert_slots(700 * mib + 4 * mib - 1, 700 * mib, 1_000_000) == 2  # 3 would take 4 MiB > room
+    assert F.driver_allocation_bytes(1 << 20) == 1 << 20 and F.driver_allocation_bytes((1 << 20) + 1) == 2 << 20
+    assert F.driver_allocation_bytes(1000) == 1024
 
 
 # ----------------------------------------------------------------------------- profile fill

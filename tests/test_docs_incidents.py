@@ -87,10 +87,16 @@ def _used_before_cache(pack, reserve_mib: int) -> tuple[int, int, int]:
 def test_incident_1_head_after_the_cache_eats_the_reserve_and_is_refused(packs):
     reserve = 1  # MiB
     before, head, slot = _used_before_cache(packs["moe"], reserve)
-    # a card on which the cache, opened before the head, takes exactly 10 slots and leaves exactly the reserve
-    total = CTX + (before - head) + reserve * F.MIB + 10 * slot
+    # a card on which the cache, opened before the head, takes the room of 10 slots (in the driver's whole
+    # pages: formulas.expert_slots) and leaves the reserve plus what its last page does not use
+    room = F.driver_allocation_bytes(10 * slot)
+    n = F.expert_slots(reserve * F.MIB + room, reserve * F.MIB, slot)
+    assert n >= 10 and F.driver_allocation_bytes(n * slot) <= room
+    left = reserve * F.MIB + room - n * slot  # the sim counts what was asked, not pages
+    assert head > left - reserve * F.MIB
+    total = CTX + (before - head) + reserve * F.MIB + room
     late = ("weights", "session", "prompt path", "expert cache", "head")
-    with pytest.raises(StartupRefused, match=rf"after start-up: {reserve * F.MIB - head} B .* free on .*, under the "
+    with pytest.raises(StartupRefused, match=rf"after start-up: {left - head} B .* free on .*, under the "
                                              rf"{reserve * F.MIB} B .* that must stay free .* head {head} B"):
         load_engine(packs["moe"], device="cuda", n_ctx=64, backend=_sim(total), vram_reserve_mib=reserve,
                     stage_order=late, **LATE_OK)
