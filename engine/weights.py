@@ -58,27 +58,41 @@ def _rows(e: IndexEntry) -> int:
 class CpuWeights:
     """Dense weights of one pack for the CPU path (see the module docstring).
 
-    ``matmul`` runs :func:`strata.engine.cpukernels.matvec` (``exact``: the GPU's summation order,
-    bit-identical to the GPU; else the faster scratch-row dot) on ``threads`` threads; with
-    ``numerics.act_quant`` (the ``llamacpp`` profile) the activation is first rounded the way
-    llama.cpp's CPU backend does for the weight's type (:mod:`strata.engine.numerics`).
-    ``nbytes_f32`` counts the f32 vectors this object holds (bytes).
+    ``matmul`` runs the kernels of :mod:`strata.engine.cpukernels` on ``threads`` threads (default: the
+    cores this process may use), chosen by ``kernel`` (default ``"exact"`` if ``exact`` else ``"q8"``):
+    ``"q8"`` llama.cpp's CPU numerics - the activation quantized to Q8_0 / Q8_K as llama.cpp does for the
+    weight's type, integer block dots (a type without an integer kernel runs ``"f32"``); ``"exact"`` the
+    GPU's summation order in f32 (bit-identical to the GPU); ``"f32"`` a dequantized row and an f32 dot.
+    With ``numerics.act_quant`` (the ``llamacpp`` profile) a product that does not run ``"q8"`` gets its
+    activation rounded the way llama.cpp's CPU backend does first (:mod:`strata.engine.numerics`: the
+    same values the q8 kernels quantize to). ``nbytes_f32`` counts the f32 vectors this object holds
+    (bytes); no f32 copy of a matrix is ever kept.
+
+    Raises:
+        ValueError: an unknown ``kernel`` name.
     """
 
     xp = np
 
     def __init__(self, pack: Pack, dense: dict[str, IndexEntry], nx: str | Numerics = "f32", *,
-                 exact: bool = False, threads: int | None = None):
+                 exact: bool = False, threads: int | None = None, kernel: str | None = None):
         # read-only map: a stray write raises instead of corrupting the pack
         self._pool = np.memmap(pack.pool_path, dtype=np.uint8, mode="r")
+        self._pool_addr = self._pool.__array_interface__["data"][0] if self._pool.size else 0
         self._entries = dense
         self._vec: dict[str, np.ndarray] = {}
         self.nbytes_f32 = 0
         self.nx = numerics(nx)
-        self.exact, self.threads = exact, threads
-        # q/k/v (and gate/up) share one input: quantize it once per weight type
+        self.kernel = kernel or ("exact" if exact else "q8")
+        CK.kernel_for(0, self.kernel)  # an unknown kernel name is refused here, not at the first token
+        self.exact = self.kernel == "exact"
+        self.threads = threads or CK.default_threads()
+        # q/k/v (and gate/up) share one input: quantize it once per weight type (non-q8 kernels)
         self._last_x: np.ndarray | None = None
         self._last_q: dict[int, np.ndarray] = {}
+        # per matrix: (type, kernel that runs it, rows, ne0, row bytes, [address]) - resolved on first use
+        self._calls: dict[str, tuple[int, str, int, int, int, np.ndarray]] = {}
+        self._xs = np.zeros(1, dtype=np.uint64)
 
     def has(self, name: str) -> bool:
         return name in self._entries
@@ -128,17 +142,43 @@ class CpuWeights:
             self.nbytes_f32 += a.nbytes
         return a
 
+    def _call(self, name: str) -> tuple[int, str, int, int, int, np.ndarray]:
+        c = self._calls.get(name)
+        if c is None:
+            e = self._entries[name]
+            row_bytes = quants.row_nbytes(e.type, e.ne0)
+            if e.nbytes != _rows(e) * row_bytes or e.offset + e.nbytes > self._pool.size:
+                raise WeightError(f"tensor {name}: {e.nbytes} bytes at {e.offset} are not {_rows(e)} rows of "
+                                  f"{row_bytes} inside the {self._pool.size}-byte pool")
+            base = np.array([self._pool_addr + e.offset], dtype=np.uint64)
+            c = self._calls[name] = (e.type, CK.kernel_for(e.type, self.kernel), _rows(e), e.ne0, row_bytes, base)
+        return c
+
     def matmul(self, name: str, x: np.ndarray) -> np.ndarray:
-        e = self._entries[name]
-        if self.nx.act_quant:
+        """``W @ x`` for the matrix ``name`` (ggml ``ne = (ne0, rows)``) and f32 ``x [ne0]``: f32 ``[rows]``.
+
+        Raises:
+            ValueError: ``x`` is not ``ne0`` values.
+            WeightError: the index entry is not whole rows inside the pool.
+        """
+        t, kernel, rows, ne0, row_bytes, base = self._call(name)
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.shape != (ne0,):
+            raise ValueError(f"{name}: x has shape {x.shape}, the weight's rows have {ne0} values")
+        if self.nx.act_quant and kernel != "q8":
             if x is not self._last_x:
                 self._last_x, self._last_q = x, {}
-            xq = self._last_q.get(e.type)
+            xq = self._last_q.get(t)
             if xq is None:
-                xq = self._last_q[e.type] = quantize_activation(np, x, e.type)
+                xq = self._last_q[t] = quantize_activation(np, x, t)
             x = xq
-        return CK.matvec(e.type, self.raw(name), _rows(e), e.ne0, x, exact=self.exact, threads=self.threads)
+        out = np.empty(rows, dtype=np.float32)
+        self._xs[0] = x.__array_interface__["data"][0]
+        CK.call_many(t, kernel, base, rows, ne0, row_bytes, self._xs, out, self.threads)
+        return out
 
     def rows(self, name: str, ids: list[int]) -> np.ndarray:
+        """Rows ``ids`` of the matrix ``name`` dequantized: f32 ``[len(ids), ne0]`` (numpy order)."""
         e = self._entries[name]
         return CK.dequant_rows(e.type, self.raw(name), e.ne0, ids)
