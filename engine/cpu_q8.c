@@ -117,6 +117,11 @@ static inline u32 q8_f2h(float f) {
 #endif
 }
 
+// out[i] = fp32(fp16(x[i])): the rounding of the Q8_0 scale, exported for the tests (numpy's float16 is the reference).
+void f16_round(const float* x, i64 n, float* out) {
+    for (i64 i = 0; i < n; ++i) out[i] = q8_h2f(q8_f2h(x[i]));
+}
+
 // ------------------------------------------------------------------ the quantized activation
 
 // One activation vector of n values (n a multiple of the format's block): int8 q[n], then f32 d[n / 32] (Q8_0:

@@ -136,7 +136,8 @@ def library(type_id: int, scalar: bool = False) -> ctypes.CDLL:
     sigs = {"matvec_exact": [vp, i64, ci, i64, vp, vp, ci, vp], "matvec_exact_many": many,
             "matvec_fast": [vp, i64, ci, i64, vp, vp, ci, vp], "matvec_fast_many": many,
             "dequant_rows": [vp, vp, i64, ci, i64, vp], "quantize_q8_0": [vp, ci, vp, vp, vp],
-            "quantize_q8_K": [vp, ci, vp, vp, vp], "q8_act_format": [], "q8_simd": [], "act_nbytes": [ci]}
+            "quantize_q8_K": [vp, ci, vp, vp, vp], "q8_act_format": [], "q8_simd": [], "act_nbytes": [ci],
+            "f16_round": [vp, i64, vp]}
     if type_id in Q8_TYPES:
         sigs.update(matvec_q8=[vp, i64, ci, i64, vp, vp, ci, vp], matvec_q8_many=many)
     for name, args in sigs.items():
