@@ -125,20 +125,23 @@ void f16_round(const float* x, i64 n, float* out) {
 // ------------------------------------------------------------------ the quantized activation
 
 // One activation vector of n values (n a multiple of the format's block): int8 q[n], then f32 d[n / 32] (Q8_0:
-// one per 32; Q8_K: one per 256, the rest unused), then int16 s[n / 16] (sums of q per 16 values), each at a
-// 64-byte aligned offset of the caller's buffer.
+// one per 32; Q8_K: one per 256, the rest unused), then int16 s[n / 16] (sums of q per 16 values), then int32
+// t[n / 32] (sums per 32), each at a 64-byte aligned offset of the caller's buffer.
 static inline i64 act_d_off(int n) { return ((i64)n + 63) & ~(i64)63; }
 static inline i64 act_s_off(int n) { return act_d_off(n) + ((((i64)n / 32) * 4 + 63) & ~(i64)63); }
-i64 act_nbytes(int n) { return act_s_off(n) + ((((i64)n / 16) * 2 + 63) & ~(i64)63); }
+static inline i64 act_t_off(int n) { return act_s_off(n) + ((((i64)n / 16) * 2 + 63) & ~(i64)63); }
+i64 act_nbytes(int n) { return act_t_off(n) + ((((i64)n / 32) * 4 + 63) & ~(i64)63); }
 
 typedef struct {
     const i8* q;
     const float* d;
     const i16* s;
+    const i32* t;
 } Act;
 
 static inline Act act_view(const u8* buf, int n) {
-    Act a = {(const i8*)buf, (const float*)(buf + act_d_off(n)), (const i16*)(buf + act_s_off(n))};
+    Act a = {(const i8*)buf, (const float*)(buf + act_d_off(n)), (const i16*)(buf + act_s_off(n)),
+             (const i32*)(buf + act_t_off(n))};
     return a;
 }
 
@@ -204,11 +207,13 @@ static void act_quantize(const float* x, int n, u8* buf) {
     i8* q = (i8*)buf;
     float* d = (float*)(buf + act_d_off(n));
     i16* s = (i16*)(buf + act_s_off(n));
+    i32* t = (i32*)(buf + act_t_off(n));
 #if Q8_ACT == 2
     quantize_q8_K(x, n, q, d, s);
 #else
     quantize_q8_0(x, n, q, d, s);
 #endif
+    for (int b = 0; b < n / 32; ++b) t[b] = s[2 * b] + s[2 * b + 1];
 }
 
 // ------------------------------------------------------------------ SIMD helpers
@@ -226,11 +231,14 @@ static inline __m256i dp_u8s8(__m256i acc, __m256i a, __m256i b) {
 #endif
 }
 
-static inline int hsum_i32x8(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+static inline int hsum_i32x4(__m128i s) {
     s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
     return _mm_cvtsi128_si32(s);
+}
+
+static inline int hsum_i32x8(__m256i v) {
+    return hsum_i32x4(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
 }
 
 // [sum(v[0]), ..., sum(v[7])]: the lane totals of 8 vectors (integer: exact in any order).

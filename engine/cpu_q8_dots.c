@@ -80,6 +80,15 @@ static inline int blk_dot(const u8* blk, const i8* y, const i16* s) {
 #endif
 }
 
+#ifdef Q8_AVX2
+static inline u32 q8_u16(const u8* p) { unsigned short v; memcpy(&v, p, 2); return v; }  // x86: little-endian
+
+// Blocks b..b+7 of a row: their exact sums S (int32 x 8) and (d_w * d_x) (f32 x 8), lane k = block b + k.
+#define Q8_BLK(k)                                                                              \
+    v[k] = blk_dot_v(row + (i64)(b + k) * WB, A->q + (i64)(b + k) * 32);                       \
+    dh = _mm_insert_epi16(dh, (int)q8_u16(row + (i64)(b + k) * WB), k);
+#endif
+
 // One row against the activation: acc[b % 8] += (d_w * d_x) * S_b, then hsum8 (cpu_q8.c, item 3).
 static float dot_row(const u8* row, const Act* A, int ne0) {
     const int nb = ne0 / 32;
@@ -90,16 +99,15 @@ static float dot_row(const u8* row, const Act* A, int ne0) {
         __m256 vacc = _mm256_setzero_ps();
         for (; b + 8 <= nb; b += 8) {
             __m256i v[8];
-            float dd[8];
-            int c[8];
-            for (int k = 0; k < 8; ++k) {
-                const u8* blk = row + (i64)(b + k) * WB;
-                v[k] = blk_dot_v(blk, A->q + (i64)(b + k) * 32);
-                c[k] = WOFF * (A->s[2 * (b + k)] + A->s[2 * (b + k) + 1]);
-                dd[k] = q8_h2f(ld16(blk)) * A->d[b + k];
-            }
-            const __m256i S = _mm256_sub_epi32(hsum_i32x8x8(v), _mm256_loadu_si256((const __m256i*)c));
-            vacc = _mm256_add_ps(vacc, _mm256_mul_ps(_mm256_loadu_ps(dd), _mm256_cvtepi32_ps(S)));
+            __m128i dh = _mm_setzero_si128();
+            Q8_BLK(0) Q8_BLK(1) Q8_BLK(2) Q8_BLK(3) Q8_BLK(4) Q8_BLK(5) Q8_BLK(6) Q8_BLK(7)
+            __m256i S = hsum_i32x8x8(v);
+#if WOFF
+            S = _mm256_sub_epi32(S, _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i*)(A->t + b)),
+                                                       _mm256_set1_epi32(WOFF)));
+#endif
+            const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(dh), _mm256_loadu_ps(A->d + b));
+            vacc = _mm256_add_ps(vacc, _mm256_mul_ps(dd, _mm256_cvtepi32_ps(S)));
         }
         _mm256_storeu_ps(acc, vacc);
     }
@@ -133,21 +141,31 @@ static float dot_row(const u8* row, const Act* A, int ne0) {
 #endif
 
 #if defined(STRATA_T_Q4_K) || defined(STRATA_T_Q5_K)
-// The 8 scales and 8 mins (6 bits each) of scales[12]: get_scale_min_k4 (ggml-quants.c) for g = 0..7.
-static inline void k4_scales(const u8* s, int* sc, int* mn) {
-    for (int g = 0; g < 8; ++g) scale_min_k4(s, g, sc + g, mn + g);
+// The 8 scales and 8 mins (6 bits each) of scales[12] as bytes 0..7 and 8..15 of u[4] (little-endian words):
+// get_scale_min_k4 (ggml-quants.c) for g = 0..7, by the word masks of ggml-cpu/quants.c
+// ggml_vec_dot_q4_K_q8_K_generic (kmask1 0x3f3f3f3f, kmask2 0x0f0f0f0f, kmask3 0x03030303).
+static inline void k4_scales(const u8* s, u32* u) {
+    const u32 a = ld32(s), b = ld32(s + 4), c = ld32(s + 8);
+    u[0] = a & 0x3f3f3f3fu;                                                  // scales 0..3
+    u[1] = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);             // scales 4..7
+    u[2] = b & 0x3f3f3f3fu;                                                  // mins 0..3
+    u[3] = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);      // mins 4..7
 }
+static inline int k4_byte(const u32* u, int i) { return (int)((u[i >> 2] >> (8 * (i & 3))) & 0xffu); }
 #endif
 
 #if defined(STRATA_T_Q3_K)
-// The 16 scales of scales[12] minus 32 (dequantize_row_q3_K's kmask unpacking, written per index as in Q3_K.cuh).
-static inline void q3k_scales(const u8* s, int* sc) {
-    for (int j = 0; j < 16; ++j) {
-        const int low = j < 8 ? (s[j] & 15) : (s[j - 8] >> 4);
-        const int high = (s[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
-        sc[j] = (low | (high << 4)) - 32;
-    }
+// The 16 scales of scales[12] (6 bits, before the -32) as bytes 0..15 of u[4]: dequantize_row_q3_K's
+// unpacking (ggml-quants.c; kmask1 0x03030303, kmask2 0x0f0f0f0f): scale j = low nibble of s[j] (j < 8) or high
+// nibble of s[j - 8], with bits 4-5 = bits 2 (j >> 2) of s[8 + (j & 3)].
+static inline void q3k_scales(const u8* s, u32* u) {
+    const u32 a = ld32(s), b = ld32(s + 4), c = ld32(s + 8);
+    u[0] = (a & 0x0f0f0f0fu) | (((c >> 0) & 0x03030303u) << 4);
+    u[1] = (b & 0x0f0f0f0fu) | (((c >> 2) & 0x03030303u) << 4);
+    u[2] = ((a >> 4) & 0x0f0f0f0fu) | (((c >> 4) & 0x03030303u) << 4);
+    u[3] = ((b >> 4) & 0x0f0f0f0fu) | (((c >> 6) & 0x03030303u) << 4);
 }
+static inline int q3k_byte(const u32* u, int i) { return (int)((u[i >> 2] >> (8 * (i & 3))) & 0xffu) - 32; }
 #endif
 
 // Super-block integer sums: S = sum over values of scale * q * y, M = sum over groups of min * bsum (exact).
@@ -155,8 +173,8 @@ static inline void q3k_scales(const u8* s, int* sc) {
 static inline void sb_sums_scalar(const u8* blk, const i8* y, const i16* s, int* S, int* M) {
     int tot = 0, mt = 0;
 #if defined(STRATA_T_Q4_K) || defined(STRATA_T_Q5_K)
-    int sc[8], mn[8];
-    k4_scales(blk + 4, sc, mn);
+    u32 u[4];
+    k4_scales(blk + 4, u);
     for (int g = 0; g < 8; ++g) {
         int t = 0;
         for (int l = 0; l < 32; ++l) {
@@ -167,8 +185,8 @@ static inline void sb_sums_scalar(const u8* blk, const i8* y, const i16* s, int*
 #endif
             t += q * y[32 * g + l];
         }
-        tot += sc[g] * t;
-        mt += mn[g] * (s[2 * g] + s[2 * g + 1]);
+        tot += k4_byte(u, g) * t;
+        mt += k4_byte(u, 8 + g) * (s[2 * g] + s[2 * g + 1]);
     }
 #elif defined(STRATA_T_Q6_K)
     const i8* sc = (const i8*)(blk + 192);
@@ -185,8 +203,8 @@ static inline void sb_sums_scalar(const u8* blk, const i8* y, const i16* s, int*
         }
     }
 #elif defined(STRATA_T_Q3_K)
-    int sc[16];
-    q3k_scales(blk + 96, sc);
+    u32 u[4];
+    q3k_scales(blk + 96, u);
     for (int c = 0; c < 8; ++c) {
         const int h = c >> 2, sh = 2 * (c & 3);
         for (int half = 0; half < 2; ++half) {
@@ -196,7 +214,7 @@ static inline void sb_sums_scalar(const u8* blk, const i8* y, const i16* s, int*
                 const int hb = (blk[l] >> c) & 1;
                 t += (q2 - (hb ? 0 : 4)) * y[32 * c + l];
             }
-            tot += sc[2 * c + half] * t;
+            tot += q3k_byte(u, 2 * c + half) * t;
         }
     }
 #elif defined(STRATA_T_Q2_K)
@@ -225,6 +243,20 @@ static const u8 SC_PAIR[4][32] = {
     {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15,
      14, 15, 14, 15}};
 
+// Shuffle masks that spread int16 word g of a lane-broadcast vector of 8 scales over all 16 words.
+static const u8 SC_ONE[8][32] = {
+    {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},
+    {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
+    {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5},
+    {6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
+    {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9},
+    {10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11,
+     10, 11, 10, 11},
+    {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13,
+     12, 13, 12, 13},
+    {14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15,
+     14, 15, 14, 15}};
+
 static inline __m256i sc_pair(__m256i sch, int k) {
     return _mm256_shuffle_epi8(sch, _mm256_loadu_si256((const __m256i*)SC_PAIR[k]));
 }
@@ -238,8 +270,10 @@ static inline void sb_sums(const u8* blk, const i8* y, const i16* s, int* S, int
     const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
     __m256i acc = _mm256_setzero_si256();
 #if defined(STRATA_T_Q4_K) || defined(STRATA_T_Q5_K)
-    int sc[8], mn[8];
-    k4_scales(blk + 4, sc, mn);
+    u32 u[4];
+    k4_scales(blk + 4, u);
+    const __m256i ms = _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(ms));  // 8 scales, both lanes
 #if defined(STRATA_T_Q5_K)
     __m256i qh = _mm256_loadu_si256((const __m256i*)(blk + 16));
     const u8* qs = blk + 48;
@@ -258,25 +292,25 @@ static inline void sb_sums(const u8* blk, const i8* y, const i16* s, int* S, int
 #endif
         const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i*)(y + 64 * j)));
         const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i*)(y + 64 * j + 32)));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pl, _mm256_set1_epi16((short)sc[2 * j])));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(ph, _mm256_set1_epi16((short)sc[2 * j + 1])));
+        const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_loadu_si256((const __m256i*)SC_ONE[2 * j]));
+        const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_loadu_si256((const __m256i*)SC_ONE[2 * j + 1]));
+        acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(pl, sl), _mm256_madd_epi16(ph, sh)));
     }
-    int mt = 0;
-    for (int g = 0; g < 8; ++g) mt += mn[g] * (s[2 * g] + s[2 * g + 1]);
+    // mins x sums per 32 (pairs of ggml's bsums, each |sum| <= 4064: int16), exact
+    const __m256i bs = _mm256_loadu_si256((const __m256i*)s);
+    const __m128i s32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    const __m128i mp = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), s32);
     *S = hsum_i32x8(acc);
-    *M = mt;
+    *M = hsum_i32x4(mp);
 #else
     // 16 scales of 16 values: Q6_K int8, Q3_K 6-bit - 32, Q2_K low nibbles
 #if defined(STRATA_T_Q6_K)
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(blk + 192)));
 #elif defined(STRATA_T_Q3_K)
-    short t16[16];
-    {
-        int sc[16];
-        q3k_scales(blk + 96, sc);
-        for (int j = 0; j < 16; ++j) t16[j] = (short)sc[j];
-    }
-    const __m256i sc16 = _mm256_loadu_si256((const __m256i*)t16);
+    u32 u[4];
+    q3k_scales(blk + 96, u);
+    const __m256i sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0])),
+                                          _mm256_set1_epi16(32));
     const __m256i hm = _mm256_loadu_si256((const __m256i*)blk);
 #else  // Q2_K
     const __m256i raw16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)blk));

@@ -7,13 +7,22 @@ them on the fly. The per-type code is the GPU's own (:mod:`strata.engine.gpu.ker
 ``cuda/types/<TYPE>.cuh``), compiled for the host by the C compiler with ``engine/cpu_driver.c``:
 one definition of each ggml type for both devices.
 
-Why compiled C (gcc/cc with OpenMP) and not a Python JIT: the same source as the GPU kernels means
-the CPU dequantizes exactly what the GPU dequantizes, and :func:`matvec` with ``exact=True`` sums in
-the GPU kernel's order (``matvec_exact`` in the driver), so an expert computed on the CPU (a cache
-miss) is bit-identical to the same expert computed on the GPU (a hit) - the design's "the hit path
-is all or nothing". ``exact=False`` dequantizes a row into a scratch row and takes a vectorised dot
-(faster; a different summation order, ~1e-7 relative). Both use ``-ffp-contract=off`` (no FMA, as
-NumPy and the GPU modules' ``--fmad=false``) and split rows over OpenMP threads.
+Three kernels (:data:`KERNELS`; ``kernel=`` of :func:`matvec`, :func:`matvec_many`):
+
+- ``"exact"`` sums in the GPU kernel's order (``matvec_exact`` in the driver: per 32-value chunk a
+  sequential f32 sum, 32 lanes, the xor butterfly), so an expert computed on the CPU (a cache miss) is
+  bit-identical to the same expert computed on the GPU (a hit) - the design's "the hit path is all or
+  nothing". Why compiled C and not a Python JIT: the same source as the GPU kernels means the CPU
+  dequantizes exactly what the GPU dequantizes. ``x`` is laid out for the lanes once per call.
+- ``"q8"`` is llama.cpp's CPU numerics (``engine/cpu_q8.c``, ``cpu_q8_dots.c``): the activation quantized
+  once per product to Q8_0 / Q8_K exactly as ggml's ``quantize_row_q8_0`` / ``quantize_row_q8_K`` do (the
+  values of :func:`strata.engine.numerics.quantize_activation`), integer block dots (exact), and a fixed
+  f32 order for the block scales; AVX2 (+VNNI) intrinsics or portable C with the same bits. For the types
+  in :data:`Q8_TYPES`; any other type runs ``"f32"``. The CPU engine's default (the fast path).
+- ``"f32"`` dequantizes a row into a scratch row and takes a 16-way f32 dot (~1e-7 relative from exact).
+
+All use ``-ffp-contract=off`` (no FMA, as NumPy and the GPU modules' ``--fmad=false``), split rows - or,
+for :func:`matvec_many`, (matrix, row) pairs - over OpenMP threads, and read the mapped bytes in place.
 
 Each type's library is built once and cached under ``$STRATA_CACHE/kernels`` (default
 ``~/.cache/strata/kernels``), keyed by the sha256 of its source, compiler and flags.
@@ -189,16 +198,21 @@ def scratch_bytes(type_id: int, kernel: str, ne0: int, nmat: int, threads: int) 
     return 4 * ne0 * (nmat if kernel == "exact" else threads)
 
 
+def entry_point(type_id: int, kernel: str):
+    """The C function of ``kernel`` (after :func:`kernel_for`) for ``type_id``: ``(bases, nmat, rows, ne0,
+    row_bytes, xs, out, threads, scratch)`` as in :func:`call_many` (addresses as ints)."""
+    kernel = kernel_for(type_id, kernel)
+    return getattr(library(type_id), {"q8": "matvec_q8_many", "exact": "matvec_exact_many",
+                                      "f32": "matvec_fast_many"}[kernel])
+
+
 def call_many(type_id: int, kernel: str, bases: np.ndarray, rows: int, ne0: int, row_bytes: int, xs: np.ndarray,
               out: np.ndarray, threads: int) -> None:
     """The C entry point without checks (the engine's token path; :func:`matvec_many` checks its arguments):
     ``out[m * rows + r] = W_m[r] . x_m``. ``bases``/``xs``: uint64 arrays of ``nmat`` addresses (weights in
     native blocks, f32 inputs of ``ne0``), ``out`` f32 ``[nmat * rows]`` C-contiguous."""
-    kernel = kernel_for(type_id, kernel)
-    lib = library(type_id)
-    fn = {"q8": "matvec_q8_many", "exact": "matvec_exact_many", "f32": "matvec_fast_many"}[kernel]
     sc = _scratch(scratch_bytes(type_id, kernel, ne0, bases.size, threads))
-    getattr(lib, fn)(_ptr(bases), bases.size, rows, ne0, row_bytes, _ptr(xs), _ptr(out), threads, sc)
+    entry_point(type_id, kernel)(_ptr(bases), bases.size, rows, ne0, row_bytes, _ptr(xs), _ptr(out), threads, sc)
 
 
 def _check(type_id: int, raw: np.ndarray, rows: int, ne0: int, x: np.ndarray) -> tuple[int, np.ndarray]:
@@ -295,5 +309,5 @@ def dequant_rows(type_id: int, raw: np.ndarray, ne0: int, ids) -> np.ndarray:
     return out
 
 
-__all__ = ["CFLAGS", "KERNELS", "Q8_TYPES", "CpuKernelError", "cache_dir", "call_many", "default_threads", "dequant_rows",
+__all__ = ["CFLAGS", "KERNELS", "Q8_TYPES", "CpuKernelError", "cache_dir", "call_many", "default_threads", "dequant_rows", "entry_point",
            "kernel_for", "library", "matvec", "matvec_many", "quantize_activation", "scratch_bytes", "source"]

@@ -90,9 +90,13 @@ class CpuWeights:
         # q/k/v (and gate/up) share one input: quantize it once per weight type (non-q8 kernels)
         self._last_x: np.ndarray | None = None
         self._last_q: dict[int, np.ndarray] = {}
-        # per matrix: (type, kernel that runs it, rows, ne0, row bytes, [address]) - resolved on first use
-        self._calls: dict[str, tuple[int, str, int, int, int, np.ndarray]] = {}
+        # per matrix: see _call (resolved on first use); one input-address slot, one scratch buffer (grown)
+        self._calls: dict[str, tuple] = {}
+        self._keep: list[np.ndarray] = []
         self._xs = np.zeros(1, dtype=np.uint64)
+        self._xs_addr = self._xs.__array_interface__["data"][0]
+        self._scratch = np.zeros(0, dtype=np.uint8)
+        self._scratch_at = 0
 
     def has(self, name: str) -> bool:
         return name in self._entries
@@ -142,7 +146,9 @@ class CpuWeights:
             self.nbytes_f32 += a.nbytes
         return a
 
-    def _call(self, name: str) -> tuple[int, str, int, int, int, np.ndarray]:
+    def _call(self, name: str) -> tuple:
+        """(type, kernel that runs it, rows, ne0, the C entry point, its fixed leading arguments) of a matrix,
+        resolved once (the token path then makes one ctypes call per product)."""
         c = self._calls.get(name)
         if c is None:
             e = self._entries[name]
@@ -150,8 +156,16 @@ class CpuWeights:
             if e.nbytes != _rows(e) * row_bytes or e.offset + e.nbytes > self._pool.size:
                 raise WeightError(f"tensor {name}: {e.nbytes} bytes at {e.offset} are not {_rows(e)} rows of "
                                   f"{row_bytes} inside the {self._pool.size}-byte pool")
+            kernel = CK.kernel_for(e.type, self.kernel)
             base = np.array([self._pool_addr + e.offset], dtype=np.uint64)
-            c = self._calls[name] = (e.type, CK.kernel_for(e.type, self.kernel), _rows(e), e.ne0, row_bytes, base)
+            self._keep.append(base)
+            need = CK.scratch_bytes(e.type, kernel, e.ne0, 1, self.threads)
+            if need + 64 > self._scratch.size:
+                self._scratch = np.zeros(need + 64, dtype=np.uint8)
+                p = self._scratch.__array_interface__["data"][0]
+                self._scratch_at = p + (-p % 64)
+            c = self._calls[name] = (e.type, kernel, _rows(e), e.ne0, CK.entry_point(e.type, kernel),
+                                     (base.__array_interface__["data"][0], 1, _rows(e), e.ne0, row_bytes, self._xs_addr))
         return c
 
     def matmul(self, name: str, x: np.ndarray) -> np.ndarray:
@@ -161,7 +175,7 @@ class CpuWeights:
             ValueError: ``x`` is not ``ne0`` values.
             WeightError: the index entry is not whole rows inside the pool.
         """
-        t, kernel, rows, ne0, row_bytes, base = self._call(name)
+        t, kernel, rows, ne0, fn, args = self._call(name)
         if x.dtype != np.float32 or not x.flags.c_contiguous:
             x = np.ascontiguousarray(x, dtype=np.float32)
         if x.shape != (ne0,):
@@ -175,7 +189,7 @@ class CpuWeights:
             x = xq
         out = np.empty(rows, dtype=np.float32)
         self._xs[0] = x.__array_interface__["data"][0]
-        CK.call_many(t, kernel, base, rows, ne0, row_bytes, self._xs, out, self.threads)
+        fn(*args, out.__array_interface__["data"][0], self.threads, self._scratch_at)
         return out
 
     def rows(self, name: str, ids: list[int]) -> np.ndarray:
