@@ -11,14 +11,16 @@ A model never touches pool bytes. It asks its :class:`Weights` for
 :class:`CpuWeights` is the CPU path: the pool stays memory-mapped read-only and every product runs
 the quantized kernels of :mod:`strata.engine.cpukernels` on the tensor's native blocks in place -
 no dequantized copy of any matrix is kept (a 30B-A3B pack's f32 copies would be ~120 GB). Only
-vectors (norms, biases: a few KB each) are held as f32. Start-up touches no weight page except the
-vectors' and the BF16-promoted tensors' (their bytes are checked). The GPU path supplies its own
-object with the same methods (engine form in VRAM, its own kernels); ``xp`` tells the shared
+vectors (norms, biases: a few KB each) are held as f32. Start-up reads no weight bytes except the
+vectors' and the BF16-promoted tensors' (their bytes are checked), and it reads those with pread, not
+through the map: no page of the mapping is resident before the first token. The GPU path supplies its
+own object with the same methods (engine form in VRAM, its own kernels); ``xp`` tells the shared
 layers which array module the activations live in.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Protocol
 
 import numpy as np
@@ -77,6 +79,7 @@ class CpuWeights:
     def __init__(self, pack: Pack, dense: dict[str, IndexEntry], nx: str | Numerics = "f32", *,
                  exact: bool = False, threads: int | None = None, kernel: str | None = None):
         # read-only map: a stray write raises instead of corrupting the pack
+        self._path = pack.pool_path
         self._pool = np.memmap(pack.pool_path, dtype=np.uint8, mode="r")
         self._pool_addr = self._pool.__array_interface__["data"][0] if self._pool.size else 0
         self._entries = dense
@@ -113,6 +116,15 @@ class CpuWeights:
         e = self._entries[name]
         return self._pool[e.offset:e.offset + e.nbytes]
 
+    def _read(self, offset: int, nbytes: int) -> np.ndarray:
+        """Pool bytes read with pread (a copy): start-up reads vectors and checks BF16 tensors this way, so
+        that no page of the mapping - which the kernels read in place - is faulted in before the first token."""
+        with open(self._path, "rb", buffering=0) as f:
+            b = os.pread(f.fileno(), nbytes, offset)
+        if len(b) != nbytes:
+            raise WeightError(f"{self._path}: {nbytes} bytes at {offset} asked, {len(b)} read")
+        return np.frombuffer(b, dtype=np.uint8)
+
     def load(self, names: list[str]) -> None:
         """Check what can be checked without reading weights into memory: every BF16-promoted tensor
         is bf16-exact, and the vectors are read now (so the token path reads matrices only).
@@ -124,10 +136,13 @@ class CpuWeights:
         for name in names:
             e = self._entries[name]
             if e.src_type == quants.BF16.id:
-                low = np.asarray(self.raw(name)).view(np.uint32) & np.uint32(0xFFFF)
-                if low.any():
+                bad = 0
+                for off in range(0, e.nbytes, 1 << 24):  # read in 16 MiB pieces, not through the map
+                    part = self._read(e.offset + off, min(1 << 24, e.nbytes - off)).view(np.uint32)
+                    bad += int(np.count_nonzero(part & np.uint32(0xFFFF)))
+                if bad:
                     raise WeightError(f"tensor {name}: pool F32 promoted from BF16 has non-zero low 16 bits "
-                                      f"({int(np.count_nonzero(low))} values); it is not bf16-exact")
+                                      f"({bad} values); it is not bf16-exact")
             if _rows(e) == 1:
                 self.get(name)
 
@@ -138,7 +153,7 @@ class CpuWeights:
             return a
         e = self._entries[name]
         rows = _rows(e)
-        raw = np.asarray(self.raw(name)).reshape(rows, -1)
+        raw = (self._read(e.offset, e.nbytes) if rows == 1 else np.asarray(self.raw(name))).reshape(rows, -1)
         a = dequantize_rows(raw, e.type, e.ne0, name=name)
         if rows == 1:
             a = a[0]
