@@ -141,16 +141,32 @@ def llama_worker(a) -> dict:
 
 # ------------------------------------------------------------------ the driver
 
+QUIET = {"load": None, "wait_s": 0.0}
+
+
+def _wait_quiet() -> float:
+    """With ``--quiet L``: wait (up to ``--quiet-wait`` s) until the 1-minute load average is below L - on a shared
+    machine a descheduled OpenMP thread stalls every product's barrier. Returns the seconds waited."""
+    if QUIET["load"] is None:
+        return 0.0
+    t0 = time.time()
+    while os.getloadavg()[0] >= QUIET["load"] and time.time() - t0 < QUIET["wait_s"]:
+        time.sleep(5)
+    return time.time() - t0
+
+
 def _run_worker(kind: str, env_extra: dict, **kw) -> dict:
     cmd = [sys.executable, __file__, "--worker", kind] + [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
     env = dict(os.environ, **env_extra)
+    waited = _wait_quiet()
     load0 = os.getloadavg()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     load1 = os.getloadavg()
     if p.returncode != 0:
         return {"error": (p.stderr or p.stdout)[-1500:], "load_before": load0, "load_after": load1}
     r = json.loads(p.stdout.strip().splitlines()[-1])
-    r.update(load_before=[round(x, 2) for x in load0], load_after=[round(x, 2) for x in load1])
+    r.update(load_before=[round(x, 2) for x in load0], load_after=[round(x, 2) for x in load1],
+             waited_for_quiet_s=round(waited))
     return r
 
 
@@ -203,7 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="/tmp/bench_cpu")
     ap.add_argument("--lcp", default="/opt/lcp_avx2" if Path("/opt/lcp_avx2").is_dir() else "")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--quiet", type=float, default=None, help="wait before each run until the 1-min load average "
+                    "is below this (a shared machine)")
+    ap.add_argument("--quiet-wait", type=float, default=1800, help="at most this many seconds per wait")
     args = ap.parse_args(argv)
+    QUIET.update(load=args.quiet, wait_s=args.quiet_wait)
     if args.worker:
         args.threads = int(args.threads)
         r = strata_worker(args) if args.worker == "strata" else llama_worker(args)

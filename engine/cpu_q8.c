@@ -87,6 +87,16 @@ int q8_simd(void) {
 #endif
 }
 
+// Unaligned little-endian loads: one instruction on x86 (the SIMD build); the prelude's portable byte loads in the
+// scalar build (any host, same values).
+#ifdef Q8_AVX2
+static inline u32 q8_ld32(const u8* p) { u32 v; memcpy(&v, p, 4); return v; }
+static inline u32 q8_ld16(const u8* p) { unsigned short v; memcpy(&v, p, 2); return v; }
+#else
+#define q8_ld32 ld32
+#define q8_ld16 ld16
+#endif
+
 // ------------------------------------------------------------------ fp16 <-> f32 (exact / round to nearest even)
 
 static inline float q8_h2f(u32 h) {
@@ -126,22 +136,22 @@ void f16_round(const float* x, i64 n, float* out) {
 
 // One activation vector of n values (n a multiple of the format's block): int8 q[n], then f32 d[n / 32] (Q8_0:
 // one per 32; Q8_K: one per 256, the rest unused), then int16 s[n / 16] (sums of q per 16 values), then int32
-// t[n / 32] (sums per 32), each at a 64-byte aligned offset of the caller's buffer.
+// int16 t[n / 32] (sums per 32, |t| <= 4064), each at a 64-byte aligned offset of the caller's buffer.
 static inline i64 act_d_off(int n) { return ((i64)n + 63) & ~(i64)63; }
 static inline i64 act_s_off(int n) { return act_d_off(n) + ((((i64)n / 32) * 4 + 63) & ~(i64)63); }
 static inline i64 act_t_off(int n) { return act_s_off(n) + ((((i64)n / 16) * 2 + 63) & ~(i64)63); }
-i64 act_nbytes(int n) { return act_t_off(n) + ((((i64)n / 32) * 4 + 63) & ~(i64)63); }
+i64 act_nbytes(int n) { return act_t_off(n) + ((((i64)n / 32) * 2 + 63) & ~(i64)63); }
 
 typedef struct {
     const i8* q;
     const float* d;
     const i16* s;
-    const i32* t;
+    const i16* t;
 } Act;
 
 static inline Act act_view(const u8* buf, int n) {
     Act a = {(const i8*)buf, (const float*)(buf + act_d_off(n)), (const i16*)(buf + act_s_off(n)),
-             (const i32*)(buf + act_t_off(n))};
+             (const i16*)(buf + act_t_off(n))};
     return a;
 }
 
@@ -207,13 +217,13 @@ static void act_quantize(const float* x, int n, u8* buf) {
     i8* q = (i8*)buf;
     float* d = (float*)(buf + act_d_off(n));
     i16* s = (i16*)(buf + act_s_off(n));
-    i32* t = (i32*)(buf + act_t_off(n));
+    i16* t = (i16*)(buf + act_t_off(n));
 #if Q8_ACT == 2
     quantize_q8_K(x, n, q, d, s);
 #else
     quantize_q8_0(x, n, q, d, s);
 #endif
-    for (int b = 0; b < n / 32; ++b) t[b] = s[2 * b] + s[2 * b + 1];
+    for (int b = 0; b < n / 32; ++b) t[b] = (i16)(s[2 * b] + s[2 * b + 1]);
 }
 
 // ------------------------------------------------------------------ SIMD helpers
@@ -258,7 +268,7 @@ static inline __m256i nibbles32(const u8* p) {
 static inline __m256i bits32(const u8* p) {
     const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
     const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)ld32(p)), shuf);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)q8_ld32(p)), shuf);
     return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, sel), sel);
 }
 

@@ -103,7 +103,7 @@ static float dot_row(const u8* row, const Act* A, int ne0) {
             Q8_BLK(0) Q8_BLK(1) Q8_BLK(2) Q8_BLK(3) Q8_BLK(4) Q8_BLK(5) Q8_BLK(6) Q8_BLK(7)
             __m256i S = hsum_i32x8x8(v);
 #if WOFF
-            S = _mm256_sub_epi32(S, _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i*)(A->t + b)),
+            S = _mm256_sub_epi32(S, _mm256_mullo_epi32(_mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i*)(A->t + b))),
                                                        _mm256_set1_epi32(WOFF)));
 #endif
             const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(dh), _mm256_loadu_ps(A->d + b));
@@ -115,7 +115,7 @@ static float dot_row(const u8* row, const Act* A, int ne0) {
     for (; b < nb; ++b) {
         const u8* blk = row + (i64)b * WB;
         const int S = blk_dot(blk, A->q + (i64)b * 32, A->s + 2 * b);
-        acc[b & 7] = acc[b & 7] + (q8_h2f(ld16(blk)) * A->d[b]) * (float)S;
+        acc[b & 7] = acc[b & 7] + (q8_h2f(q8_ld16(blk)) * A->d[b]) * (float)S;
     }
     return hsum8_f32(acc);
 }
@@ -145,7 +145,7 @@ static float dot_row(const u8* row, const Act* A, int ne0) {
 // get_scale_min_k4 (ggml-quants.c) for g = 0..7, by the word masks of ggml-cpu/quants.c
 // ggml_vec_dot_q4_K_q8_K_generic (kmask1 0x3f3f3f3f, kmask2 0x0f0f0f0f, kmask3 0x03030303).
 static inline void k4_scales(const u8* s, u32* u) {
-    const u32 a = ld32(s), b = ld32(s + 4), c = ld32(s + 8);
+    const u32 a = q8_ld32(s), b = q8_ld32(s + 4), c = q8_ld32(s + 8);
     u[0] = a & 0x3f3f3f3fu;                                                  // scales 0..3
     u[1] = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);             // scales 4..7
     u[2] = b & 0x3f3f3f3fu;                                                  // mins 0..3
@@ -159,7 +159,7 @@ static inline int k4_byte(const u32* u, int i) { return (int)((u[i >> 2] >> (8 *
 // unpacking (ggml-quants.c; kmask1 0x03030303, kmask2 0x0f0f0f0f): scale j = low nibble of s[j] (j < 8) or high
 // nibble of s[j - 8], with bits 4-5 = bits 2 (j >> 2) of s[8 + (j & 3)].
 static inline void q3k_scales(const u8* s, u32* u) {
-    const u32 a = ld32(s), b = ld32(s + 4), c = ld32(s + 8);
+    const u32 a = q8_ld32(s), b = q8_ld32(s + 4), c = q8_ld32(s + 8);
     u[0] = (a & 0x0f0f0f0fu) | (((c >> 0) & 0x03030303u) << 4);
     u[1] = (b & 0x0f0f0f0fu) | (((c >> 2) & 0x03030303u) << 4);
     u[2] = ((a >> 4) & 0x0f0f0f0fu) | (((c >> 4) & 0x03030303u) << 4);
@@ -170,7 +170,8 @@ static inline int q3k_byte(const u32* u, int i) { return (int)((u[i >> 2] >> (8 
 
 // Super-block integer sums: S = sum over values of scale * q * y, M = sum over groups of min * bsum (exact).
 // Scalar reference: unpack each value as in cpu_q8.c's header.
-static inline void sb_sums_scalar(const u8* blk, const i8* y, const i16* s, int* S, int* M) {
+static inline void sb_sums_scalar(const u8* blk, const i8* y, const i16* s, const i16* t32, int* S, int* M) {
+    (void)t32;
     int tot = 0, mt = 0;
 #if defined(STRATA_T_Q4_K) || defined(STRATA_T_Q5_K)
     u32 u[4];
@@ -266,7 +267,7 @@ static inline int dot16_i16(__m256i sc16, const i16* s) {
     return hsum_i32x8(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i*)s)));
 }
 
-static inline void sb_sums(const u8* blk, const i8* y, const i16* s, int* S, int* M) {
+static inline void sb_sums(const u8* blk, const i8* y, const i16* s, const i16* t32, int* S, int* M) {
     const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
     __m256i acc = _mm256_setzero_si256();
 #if defined(STRATA_T_Q4_K) || defined(STRATA_T_Q5_K)
@@ -296,10 +297,8 @@ static inline void sb_sums(const u8* blk, const i8* y, const i16* s, int* S, int
         const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_loadu_si256((const __m256i*)SC_ONE[2 * j + 1]));
         acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(pl, sl), _mm256_madd_epi16(ph, sh)));
     }
-    // mins x sums per 32 (pairs of ggml's bsums, each |sum| <= 4064: int16), exact
-    const __m256i bs = _mm256_loadu_si256((const __m256i*)s);
-    const __m128i s32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-    const __m128i mp = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), s32);
+    // mins x the activation's sums per 32 (int16), exact
+    const __m128i mp = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), _mm_loadu_si128((const __m128i*)t32));
     *S = hsum_i32x8(acc);
     *M = hsum_i32x4(mp);
 #else
@@ -387,11 +386,11 @@ static float dot_row(const u8* row, const Act* A, int ne0) {
     for (int b = 0; b < nb; ++b) {
         const u8* blk = row + (i64)b * WB;
         int S, M;
-        sb_sums(blk, A->q + (i64)b * 256, A->s + 16 * b, &S, &M);
+        sb_sums(blk, A->q + (i64)b * 256, A->s + 16 * b, A->t + 8 * b, &S, &M);
         const float dx = A->d[b];
-        sa = sa + (dx * q8_h2f(ld16(blk + D_AT))) * (float)S;
+        sa = sa + (dx * q8_h2f(q8_ld16(blk + D_AT))) * (float)S;
 #if HAS_MIN
-        sm = sm + (dx * q8_h2f(ld16(blk + D_AT + 2))) * (float)M;
+        sm = sm + (dx * q8_h2f(q8_ld16(blk + D_AT + 2))) * (float)M;
 #else
         (void)M;
 #endif
