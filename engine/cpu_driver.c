@@ -158,15 +158,15 @@ void matvec_exact_many(const u8* const* bases, int nmat, i64 rows, int ne0, i64 
                        float* y, int nthreads, float* scratch) {
     int slot[nmat > 0 ? nmat : 1];
     for (int m = 0; m < nmat; ++m) slot[m] = (m > 0 && xs[m] == xs[m - 1]) ? slot[m - 1] : m;
-    const i64 total = (i64)nmat * rows;
     #pragma omp parallel num_threads(nthreads)
     {
         #pragma omp for schedule(static)
         for (int m = 0; m < nmat; ++m)
             if (slot[m] == m) exact_prep(xs[m], ne0, scratch + (i64)m * ne0);
-        #pragma omp for schedule(static)
-        for (i64 i = 0; i < total; ++i) {
-            const i64 m = i / rows, r = i - m * rows;
+        #pragma omp for collapse(2) schedule(static)
+        for (int m = 0; m < nmat; ++m)
+        for (i64 r = 0; r < rows; ++r) {
+            const i64 i = (i64)m * rows + r;
             y[i] = row_exact(bases[m] + r * row_bytes, ne0, xs[m], scratch + (i64)slot[m] * ne0);
         }
     }
@@ -181,7 +181,6 @@ void matvec_exact(const u8* base, i64 rows, int ne0, i64 row_bytes, const float*
 // nthreads * ne0 floats).
 void matvec_fast_many(const u8* const* bases, int nmat, i64 rows, int ne0, i64 row_bytes, const float* const* xs,
                       float* y, int nthreads, float* scratch) {
-    const i64 total = (i64)nmat * rows;
     #pragma omp parallel num_threads(nthreads)
     {
         int t = 0;
@@ -189,9 +188,10 @@ void matvec_fast_many(const u8* const* bases, int nmat, i64 rows, int ne0, i64 r
         t = omp_get_thread_num();
 #endif
         float* buf = scratch + (i64)t * ne0;
-        #pragma omp for schedule(static)
-        for (i64 i = 0; i < total; ++i) {
-            const i64 m = i / rows, r = i - m * rows;
+        #pragma omp for collapse(2) schedule(static)
+        for (int m = 0; m < nmat; ++m)
+        for (i64 r = 0; r < rows; ++r) {
+            const i64 i = (i64)m * rows + r;
             row_dequant(bases[m] + r * row_bytes, ne0, buf);
             y[i] = dot16(buf, xs[m], ne0);
         }

@@ -410,15 +410,15 @@ void matvec_q8_many(const u8* const* bases, int nmat, i64 rows, int ne0, i64 row
     const i64 ab = act_nbytes(ne0);
     int slot[nmat > 0 ? nmat : 1];
     for (int m = 0; m < nmat; ++m) slot[m] = (m > 0 && xs[m] == xs[m - 1]) ? slot[m - 1] : m;
-    const i64 total = (i64)nmat * rows;
     #pragma omp parallel num_threads(nthreads)
     {
         #pragma omp for schedule(static)
         for (int m = 0; m < nmat; ++m)
             if (slot[m] == m) act_quantize(xs[m], ne0, scratch + (i64)m * ab);
-        #pragma omp for schedule(static)
-        for (i64 i = 0; i < total; ++i) {
-            const i64 m = i / rows, r = i - m * rows;
+        #pragma omp for collapse(2) schedule(static)
+        for (int m = 0; m < nmat; ++m)
+        for (i64 r = 0; r < rows; ++r) {
+            const i64 i = (i64)m * rows + r;
             const Act A = act_view(scratch + (i64)slot[m] * ab, ne0);
             y[i] = dot_row(bases[m] + r * row_bytes, &A, ne0);
         }
