@@ -4,7 +4,7 @@ PIP ?= $(PYTHON) -m pip
 DEMO_MODEL ?= gemma3-270m
 DEMO_DIR ?= demo-out
 
-.PHONY: install demo test test-fast bench bench-gpu bench-moe bench-cpu fetch-models reference clean
+.PHONY: install demo test test-fast bench bench-gpu bench-moe bench-cpu bench-docs fetch-models reference clean
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -40,6 +40,15 @@ bench-moe: install
 # Gemma 3 270M and Qwen2.5 0.5B, 2 threads and all cores, best of 3; Q7B=1 adds the synthetic Qwen2.5-7B geometry
 bench-cpu: install
 	$(PYTHON) bench/bench_cpu.py $(if $(LCP),--lcp $(LCP),) $(if $(Q7B),--q7b,)
+
+# The documents' model (~47 GB, written pattern-filled) on emulated 24G / 16G / 12G cards: start-up per
+# checkpoint, decode tok/s and CPU misses per token beside the budget's predicted slots and hit rate.
+# With DOCS_PACK=path/to/pack (and DOCS_PROFILE=profile.parquet) it measures that pack; without, it writes
+# the model, its packs and profile first (bench/device_docs.sh, on a GPU machine with ~64 GB of disk).
+bench-docs:
+	@if [ -n "$(DOCS_PACK)" ]; then \
+	    $(PYTHON) bench/bench_docs.py "$(DOCS_PACK)" --cards 24G,16G,12G $(if $(DOCS_PROFILE),--profile "$(DOCS_PROFILE)"); \
+	else BENCH_12G=1 bash bench/device_docs.sh; fi
 
 fetch-models: install
 	$(PYTHON) -m strata.packer.fetch gemma3-270m && $(PYTHON) -m strata.packer.fetch qwen2.5-0.5b

@@ -7,7 +7,8 @@ this audit checks meaning, and collects every failure (never just the first):
 1. Pool layout: offsets aligned, no overlaps or gaps, ranges inside pool.bin, sizes equal to
    type x shape, pool types consistent with source types.
 2. Geometry: resolved from metadata.txt through the architecture's manifest, and compared
-   param by param with geometry.txt.
+   param by param with geometry.txt; every metadata key llama.cpp reads honoured or refused (the
+   manifest's ``[keys]``: each refused key an error naming key, value and what strata implements).
 3. Shapes: every tensor of index.txt and every routed-expert tensor of the shards (headers re-read
    with :mod:`strata.packer.gguf_file`) has the shape its role requires; missing and unexpected
    tensors are named; each ``[[choices]]`` group has exactly one option present; types allowed.
@@ -39,6 +40,7 @@ from pydantic import BaseModel, Field
 from strata.manifests.contract import (
     Geometry, ManifestError, StateSpec, evaluate, geometry_from_metadata, geometry_from_params, load_manifest,
 )
+from strata.manifests.keys import KeysRefusedError, Refusal, key_refusals
 from strata.manifests.names import expert_part, is_per_layer, tensor_name
 from strata.packer import quants
 from strata.packer.conformance import check_conformance
@@ -140,13 +142,17 @@ class _Auditor:
                 n = self._array_len(pack, key)
                 if n is not None:
                     lengths[key] = n
-            elif p.kind in ("int_array", "bool_array") and pack.geometry_params.get(name, "none") not in ("none",):
-                # metadata.txt holds scalars only (pack format): arrays come from geometry.txt
+            elif (p.kind in ("int_array", "bool_array") and key not in pack.metadata
+                  and pack.geometry_params.get(name, "none") not in ("none",)):
+                # a pack whose metadata.txt predates its per-layer arrays: the array from geometry.txt
                 v = pack.geometry_params[name]
                 if "," in v or v == "-" or p.kind == "bool_array":
                     arrays[key] = [] if v == "-" else [int(x) for x in v.split(",")]
+        refused: list[Refusal] = []
         try:
             g = geometry_from_metadata(pack.arch, pack.metadata, lengths, arrays)
+        except KeysRefusedError as e:  # listed below with every other refused key
+            refused, g = e.refusals, None
         except ManifestError as e:
             self.err(METADATA_FILE, "metadata that does not resolve", f"the {pack.arch} contract", str(e))
             g = None
@@ -154,6 +160,10 @@ class _Auditor:
             gp = geometry_from_params(pack.arch, pack.geometry_params)
         except ManifestError as e:
             self.err(GEOMETRY_FILE, "unreadable params", f"the {pack.arch} contract", str(e))
+            gp = None
+        # every key llama.cpp reads, honoured or refused (the manifest's [keys]), each refusal an error
+        self.refused(key_refusals(g or gp, pack.metadata) if (g or gp) is not None else refused)
+        if gp is None:
             return g
         if g is None:
             return gp
@@ -163,6 +173,11 @@ class _Auditor:
                 self.err(f"{GEOMETRY_FILE}:{name}", b, f"{a} (from metadata.txt through the manifest)",
                          f"geometry.txt param {name} disagrees with the metadata")
         return g
+
+    def refused(self, refusals: list[Refusal]) -> None:
+        """One error per refused metadata key (:func:`strata.manifests.keys.key_refusals`)."""
+        for r in refusals:
+            self.err(f"{METADATA_FILE}:{r.key}", r.value, r.implements, r.message)
 
     def _array_len(self, pack: Pack, key: str) -> int | None:
         if key == "tokenizer.ggml.tokens" and (self.path / VOCAB_FILE).exists():
@@ -458,10 +473,12 @@ def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True) -> AuditResul
         head_dim=int(g.get("head_dim") or 0) if any(k in att for k in g.layer_kinds) else 0,
         head_dim_v=int(g.get("head_dim_v") or g.get("head_dim") or 0) if any(k in att for k in g.layer_kinds) else 0,
         n_embd=int(g["n_embd"]), n_ff_exp=int(g.get("n_ff_exp", 0) or 0) if expert_facts else 0,
-        # rope tables: one per distinct rope base the layers use (rope_base, rope_base_swa, ...)
+        # rope tables: one per distinct (rope base, frequency scale) the layers use: rope_base with
+        # rope_freq_scale, rope_base_swa with rope_freq_scale_swa (else rope_freq_scale), ...
         rope_dim=int(g.get("rope_dim") or g.get("head_dim") or 0) if any(k in att for k in g.layer_kinds) else 0,
-        rope_tables=len({float(g[n]) for n in m.params if n.startswith("rope_base") and g.get(n) is not None})
-        if any(k in att for k in g.layer_kinds) else 0,
+        rope_tables=len(rope_tables(g)) if any(k in att for k in g.layer_kinds) else 0,
+        n_layer=g.n_trunk, n_head=int(g.get("n_head") or 0), n_expert_used=int(g.get("n_expert_used") or 0),
+        draft_layers=g.draft_layers,
     )
     res.expert_layers = len(expert_facts)
     res.errors, res.warnings, res.checks = a.errors, a.warnings, a.checks
@@ -470,4 +487,18 @@ def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True) -> AuditResul
     return res
 
 
-__all__ = ["AuditError", "AuditResult", "STATE_TERMS", "TermCheck", "audit_pack"]
+def rope_tables(g: Geometry) -> set[tuple[float, float]]:
+    """The distinct ``(base, frequency scale)`` rope tables of ``g``: every ``rope_base<suffix>`` param
+    with the ``rope_freq_scale<suffix>`` number of the same suffix (else ``rope_freq_scale``, else 1):
+    the engine's tables (:meth:`strata.engine.decoder.Decoder.rope_keys`, keyed the same way by its
+    recipe's ``rope_base`` / ``rope_scale`` params)."""
+    out = set()
+    for n in g.manifest.params:
+        if n.startswith("rope_base") and g.get(n) is not None:
+            suffix = n[len("rope_base"):]
+            scale = g.get("rope_freq_scale" + suffix, g.get("rope_freq_scale", 1.0))
+            out.add((float(g[n]), float(scale)))
+    return out
+
+
+__all__ = ["AuditError", "AuditResult", "STATE_TERMS", "TermCheck", "audit_pack", "rope_tables"]

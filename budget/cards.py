@@ -69,6 +69,13 @@ class CardDefaults(BaseModel):
     cuda_context_source: str
     cuda_runtime_mib: int
     cuda_runtime_source: str
+    # strata's engine: its runtime term derived from what it loads (budget/engine_terms.py)
+    cuda_module_kib: int
+    cuda_graph_kib: int
+    cuda_generic_path_kib: int
+    cuda_alloc_granularity_kib: int
+    cuda_alloc_packed_max_kib: int
+    cuda_runtime_model_source: str
 
 
 class Card(BaseModel):
@@ -86,6 +93,11 @@ class Card(BaseModel):
     cuda_runtime_bytes: int = 0
     cuda_runtime_source: str = "not charged"
     in_use_bytes: int | None = None
+    # strata's engine (formulas_gpu.cuda_runtime_bytes): per kernel module, per CUDA graph, CuPy's kernels
+    # of the generic path, the driver's page and the largest allocation it packs (bytes); None: cards.toml's.
+    # ``cuda_runtime_fixed``: --cuda-runtime-mib was given: the constant above is used as it is.
+    runtime_model: dict[str, int] | None = None
+    cuda_runtime_fixed: bool = False
 
 
 @lru_cache(maxsize=1)
@@ -129,6 +141,40 @@ def runtime_term(cuda_runtime_mib: int | None = None) -> tuple[int, str]:
     return defaults.cuda_runtime_mib * MIB, "cards.toml [defaults]: " + " ".join(defaults.cuda_runtime_source.split())
 
 
+def card_from_options(name: str | None, mib: int | None, cuda_context_mib: int | None = None,
+                      cuda_runtime_mib: int | None = None, *, allow_measure: bool = True) -> Card:
+    """The card of ``--card NAME|measure`` or ``--card-mib N`` (exactly one of them), as ``strata-budget
+    check`` and ``strata-engine --card`` read them.
+
+    Raises:
+        CardError: both or neither given, an unknown preset, a bad size, ``measure`` where it is not
+            allowed (``allow_measure`` False: the engine emulates a named card; the local GPU is the
+            default) or without a GPU.
+    """
+    if name is not None and mib is not None:
+        raise CardError("give --card or --card-mib, not both")
+    if name is None and mib is None:
+        raise CardError(f"no card: give --card ({', '.join(known_cards())}, measure) or --card-mib N; a size is never guessed")
+    if mib is not None:
+        return card_from_mib(mib, cuda_context_mib, cuda_runtime_mib)
+    if name.strip().lower() == "measure":
+        if not allow_measure:
+            raise CardError("--card measure: the engine runs on the local GPU unless --card names a card to emulate "
+                            f"({', '.join(known_cards())}) or --card-mib gives its size; leave --card out for the local GPU",
+                            tensor="--card", found=name, required=f"one of {', '.join(known_cards())}")
+        return measure_card(cuda_context_mib=cuda_context_mib, cuda_runtime_mib=cuda_runtime_mib)
+    return card_preset(name, cuda_context_mib, cuda_runtime_mib)
+
+
+def runtime_model() -> tuple[dict[str, int], str]:
+    """cards.toml's constants of strata's engine's runtime term (bytes) and their source:
+    ``module_bytes``, ``graph_bytes``, ``generic_path_bytes``, ``granularity``, ``packed_max``."""
+    d, _ = load_cards()
+    return ({"module_bytes": d.cuda_module_kib << 10, "graph_bytes": d.cuda_graph_kib << 10,
+             "generic_path_bytes": d.cuda_generic_path_kib << 10, "granularity": d.cuda_alloc_granularity_kib << 10,
+             "packed_max": d.cuda_alloc_packed_max_kib << 10}, " ".join(d.cuda_runtime_model_source.split()))
+
+
 def short_source(text: str, limit: int = 60) -> str:
     """First sentence-ish of a source note, for table cells (the full text stays in --json)."""
     text = " ".join(text.split())
@@ -155,7 +201,7 @@ def card_preset(name: str, cuda_context_mib: int | None = None, cuda_runtime_mib
     rt, rt_src = runtime_term(cuda_runtime_mib)
     return Card(name=f"{key} ({p.card}, {p.total_mib} MiB)", total_bytes=p.total_bytes,
                 source=" ".join(p.source.split()), cuda_context_bytes=ctx, cuda_context_source=ctx_src,
-                cuda_runtime_bytes=rt, cuda_runtime_source=rt_src)
+                cuda_runtime_bytes=rt, cuda_runtime_source=rt_src, cuda_runtime_fixed=cuda_runtime_mib is not None)
 
 
 def card_from_mib(total_mib: int, cuda_context_mib: int | None = None, cuda_runtime_mib: int | None = None) -> Card:
@@ -169,7 +215,8 @@ def card_from_mib(total_mib: int, cuda_context_mib: int | None = None, cuda_runt
     ctx, ctx_src = _context(defaults, None, cuda_context_mib)
     rt, rt_src = runtime_term(cuda_runtime_mib)
     return Card(name=f"{total_mib} MiB card", total_bytes=total_mib * MIB, source="--card-mib",
-                cuda_context_bytes=ctx, cuda_context_source=ctx_src, cuda_runtime_bytes=rt, cuda_runtime_source=rt_src)
+                cuda_context_bytes=ctx, cuda_context_source=ctx_src, cuda_runtime_bytes=rt, cuda_runtime_source=rt_src,
+                cuda_runtime_fixed=cuda_runtime_mib is not None)
 
 
 # ----------------------------------------------------------------------------- measurement
@@ -178,9 +225,9 @@ class _NvmlMemory(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
 
-def _nvml_used(device: int) -> tuple[int, int, str] | None:
+def nvml_memory(device: int = 0) -> tuple[int, int, str] | None:
     """NVML (through the driver's libnvidia-ml.so.1, no Python package needed): ``(total, used, name)``
-    of ``device`` without creating a CUDA context; None when NVML or the device is not there."""
+    of ``device`` in bytes without creating a CUDA context; None when NVML or the device is not there."""
     try:
         lib = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:
@@ -220,11 +267,12 @@ def measure_card(device: int = 0, cuda_context_mib: int | None = None, cuda_runt
     """
     card = _measure_card(device, cuda_context_mib)
     rt, rt_src = runtime_term(cuda_runtime_mib)
-    return card.model_copy(update={"cuda_runtime_bytes": rt, "cuda_runtime_source": rt_src})
+    return card.model_copy(update={"cuda_runtime_bytes": rt, "cuda_runtime_source": rt_src,
+                                   "cuda_runtime_fixed": cuda_runtime_mib is not None})
 
 
 def _measure_card(device: int, cuda_context_mib: int | None) -> Card:
-    before = _nvml_used(device)
+    before = nvml_memory(device)
     why = []
     try:
         import cupy  # noqa: F401
@@ -242,7 +290,7 @@ def _measure_card(device: int, cuda_context_mib: int | None) -> Card:
             runtime = None
             why.append(f"CUDA through CuPy found no device {device} ({e})")
     if runtime is not None:
-        after = _nvml_used(device)
+        after = nvml_memory(device)
         if before is not None and after is not None and cuda_context_mib is None:
             ctx = max(0, after[1] - before[1])
             in_use = max(0, total - free - ctx)

@@ -15,9 +15,9 @@ from strata.packer.packfmt import PackFormatError
 
 from . import formulas as F
 from .audit import AuditError, AuditResult, audit_pack
-from .cards import Card, CardError, card_from_mib, card_preset, known_cards, measure_card, short_source
+from .cards import Card, card_from_options, short_source
 from .errors import BudgetInputError
-from .options import ctx_option, expert_cache_option, expert_profile_option, kv_option, parse_expert_cache, reserve_option
+from .options import card_options, ctx_option, expert_cache_option, expert_profile_option, kv_option, parse_expert_cache, reserve_option
 from .plan import DEFAULT_PREFILL_CHUNK, Plan, PlanOptions, make_plan
 from .profile import read_profile
 
@@ -65,10 +65,7 @@ def main() -> None:
 
 @main.command()
 @click.argument("pack", type=click.Path())
-@click.option("--card", "card_name", metavar="PRESET|measure",
-              help="Card preset from budget/cards.toml (24G, 16G, 12G, 8G, 6G; 24GB and 24GiB name the same) or "
-                   "'measure' (ask the local GPU).")
-@click.option("--card-mib", type=int, help="Card total in MiB as CUDA reports it (instead of --card; 1 MiB to 16 TiB).")
+@card_options()
 @click.option("--cuda-context-mib", type=int, help="CUDA context cost in MiB [default: the card preset's / cards.toml's].")
 @click.option("--cuda-runtime-mib", type=int, help="CUDA runtime first-use memory (kernel modules) in MiB [default: cards.toml's].")
 @ctx_option
@@ -78,6 +75,10 @@ def main() -> None:
 @click.option("--prefill", "prefill", type=int, default=DEFAULT_PREFILL_CHUNK, show_default=True,
               help="Prompt chunk in tokens (0: the decode path, one token at a time).")
 @click.option("--logits-all", is_flag=True, help="Every chunk position emits logits (logits buffer = chunk x vocab).")
+@click.option("--engine", "engine", type=click.Choice(["strata", "documents"]), default="strata", show_default=True,
+              help="The engine planned for: strata's own (one position per step, untied embeddings on the host, "
+                   "activation and runtime terms from what it allocates and loads; the --prefill, --prefill-model, "
+                   "--logits-all and --embeddings-on-host options do not apply) or the documents' C++ engine.")
 @click.option("--prefill-model", type=click.Choice(["geometry", "documents"]), default="geometry", show_default=True,
               help="Activation buffers from the geometry (manifest act_per_token), or the reference C++ engine's "
                    "measured prompt-path reserve, 160 MiB + 680 KiB per chunk token.")
@@ -88,7 +89,7 @@ def main() -> None:
 @click.option("--bf16-scan/--no-bf16-scan", default=True, show_default=True, help="Scan every BF16-source value in pool.bin.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def check(pack, card_name, card_mib, cuda_context_mib, cuda_runtime_mib, n_ctx, kv_resident, kv, batch, prefill, logits_all,
-          prefill_model, embeddings_on_host, vram_reserve_mib, expert_cache, expert_profile, bf16_scan, as_json):
+          engine, prefill_model, embeddings_on_host, vram_reserve_mib, expert_cache, expert_profile, bf16_scan, as_json):
     """Audit PACK and plan its VRAM on a card.
 
     \b
@@ -121,7 +122,7 @@ def check(pack, card_name, card_mib, cuda_context_mib, cuda_runtime_mib, n_ctx, 
         opts = PlanOptions(max_context=n_ctx, kv_resident=kv_resident, kv=kv, batch=batch, prefill=prefill,
                            logits_all=logits_all, prefill_model=prefill_model, embeddings_on_host=embeddings_on_host,
                            vram_reserve_mib=vram_reserve_mib, expert_cache=expert_cache, profile_pairs=pairs,
-                           profile_path=expert_profile)
+                           profile_path=expert_profile, engine=engine)
         try:
             plan = make_plan(audit.facts, card, opts)
         except EVALUATION_ERRORS as e:
@@ -140,15 +141,7 @@ def check(pack, card_name, card_mib, cuda_context_mib, cuda_runtime_mib, n_ctx, 
 
 
 def _card(name: str | None, mib: int | None, ctx: int | None, runtime: int | None = None) -> Card:
-    if name is not None and mib is not None:
-        raise CardError("give --card or --card-mib, not both")
-    if name is None and mib is None:
-        raise CardError(f"no card: give --card ({', '.join(known_cards())}, measure) or --card-mib N; a size is never guessed")
-    if mib is not None:
-        return card_from_mib(mib, ctx, runtime)
-    if name.strip().lower() == "measure":
-        return measure_card(cuda_context_mib=ctx, cuda_runtime_mib=runtime)
-    return card_preset(name, ctx, runtime)
+    return card_from_options(name, mib, ctx, runtime)
 
 
 def error_json(error: BudgetInputError | Exception | str, seconds: float | None = None) -> dict:
@@ -181,7 +174,7 @@ def _verdict(audit: AuditResult, plan: Plan | None) -> str:
     if plan.refused:
         return f"does not fit: {plan.refused}"
     if not plan.fits:
-        short = plan.reserve_bytes - plan.free_bytes
+        short = plan.reserve_bytes + plan.draft_bind_bytes - plan.free_bytes
         first = next((s for s in plan.suggestions if s.fits_alone), None)  # safest first (plan.suggestions)
         hint = (f"; e.g. {s_text(first)}" if first else
                 "; no single change fits on its own: combine the suggestions" if plan.suggestions else "")

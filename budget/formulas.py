@@ -464,3 +464,42 @@ def fill_profile(pairs: Iterable[tuple[int, int, int]], slots: int) -> ProfileFi
         order.append((layer, expert))
     total = sum(count_per_layer.values())
     return ProfileFill(slots, used, len(rows), total, hit, list(fills.values()), order)
+
+
+# ----------------------------------------------------------------------------- strata's engine on a GPU
+
+#: Bytes at the start of the fused step's staging buffer holding its integers (``pos``): the engine's
+#: ``strata.engine.gpu.fused.PARAM_BYTES``.
+FUSED_PARAM_BYTES = 16
+
+
+def gdn_step_bytes(conv_dim: int, value_dim: int, conv_weight_elements: int) -> int:
+    """The fused step's gated-delta-net buffers (bytes; ``strata.engine.gpu.fused_gdn.GdnBuffers``): the
+    conv output (``conv_dim``) and the gated-normed output (``value_dim``), shared by the layers, and
+    every recurrent layer's ``ssm_conv1d`` weights as f32 (``conv_weight_elements`` = their sum of
+    ``d_conv x conv_dim``): f32 each. 0 for a model without delta-net layers."""
+    if not conv_weight_elements:
+        return 0
+    return F32_BYTES * (conv_dim + value_dim + conv_weight_elements)
+
+
+def fused_step_bytes(n_embd: int, n_head: int, head_dim: int, head_dim_v: int, n_ff_max: int, kv_positions_max: int,
+                     *, n_layer: int = 0, n_expert: int = 0, n_expert_used: int = 0, n_ff_exp: int = 0) -> int:
+    """Device buffers of strata's fused GPU decode step (bytes; ``strata.engine.gpu.fused.FusedDecoder.nbytes``,
+    allocated at the "prompt path" checkpoint, before the expert cache): the residual and normed rows
+    (``2 n_embd``), the query and attention outputs (``n_head x head_dim``, ``n_head x head_dim_v``), the
+    gated activation of the widest dense FFN or shared expert (``n_ff_max``, 1 without one), the attention
+    scores (``n_head x`` the longest KV cache of any layer) - f32 each - and the staging row
+    (:data:`FUSED_PARAM_BYTES` + ``4 n_embd``). With routed experts (``n_expert`` > 0) the MoE step's
+    (``strata.engine.gpu.fused_moe.MoeStep.nbytes``): router probabilities (``n_expert``), the selected
+    weights (``n_expert_used``), gate, up and activation of the selected experts (``3 x n_expert_used x
+    n_ff_exp``), their outputs (``n_expert_used x n_embd``), the combined row (``n_embd``), the shared gate
+    (1) and the slot table (``n_layer x n_expert``) in f32 / int32, the three part addresses per selected
+    expert (u64), the routing ids and slots (int32) and the cache's address (u64). The one definition of
+    the budget's "prefill/activations" term on the fused path; tests check it against the engine's."""
+    dense = (F32_BYTES * (2 * n_embd + n_head * head_dim + n_head * head_dim_v + max(n_ff_max, 1) + n_head * kv_positions_max)
+             + FUSED_PARAM_BYTES + F32_BYTES * n_embd)
+    if not n_expert:
+        return dense
+    E, K, n = n_expert, n_expert_used, n_embd
+    return dense + 4 * (E + K + 3 * K * n_ff_exp + K * n + n + 1 + n_layer * E) + 8 * 3 * K + 4 * 2 * K + 8

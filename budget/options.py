@@ -9,6 +9,7 @@ does with the same value).
 | VRAM kept free after the expert cache | ``--vram-reserve-mib`` | 700 |
 | expert-cache slots | ``--expert-cache`` | automatic |
 | expert profile (Parquet) | ``--expert-profile`` (``--profile``: the engine's earlier name) | none |
+| the card | ``--card PRESET`` or ``--card-mib N`` (the budget also ``--card measure``) | budget: required; engine: the local GPU |
 """
 
 from __future__ import annotations
@@ -41,6 +42,24 @@ def parse_expert_cache(value: str | int | None) -> tuple[int | None, str | None]
     return n, None
 
 
+CARD_HELP = ("Card preset from budget/cards.toml (24G, 16G, 12G, 8G, 6G; 24GB and 24GiB name the same)")
+CARD_MIB_HELP = "Card total in MiB as CUDA reports it (instead of --card; 1 MiB to 16 TiB)."
+ENGINE_CARD_HELP = (CARD_HELP + " to emulate on the GPU: free memory at every start-up checkpoint is that card's total "
+                    "minus what this process holds, an allocation past it fails, the automatic expert cache is sized "
+                    "as on that card [default: the local GPU as it is].")
+
+
+def card_options(engine: bool = False):
+    """``--card`` and ``--card-mib`` (``card_name``, ``card_mib``): the budget's card, or the card the
+    engine emulates (``engine``)."""
+    def deco(f):
+        f = click.option("--card-mib", "card_mib", type=int, default=None, help=CARD_MIB_HELP)(f)
+        return click.option("--card", "card_name", metavar="PRESET" if engine else "PRESET|measure",
+                            default=None, help=ENGINE_CARD_HELP if engine else
+                            CARD_HELP + " or 'measure' (ask the local GPU).")(f)
+    return deco
+
+
 def ctx_option(f):
     return click.option("--ctx", "--max-context", "n_ctx", type=int, default=F.DEFAULT_CTX, help=CTX_HELP)(f)
 
@@ -68,5 +87,5 @@ def expert_profile_option(f):
                         help=EXPERT_PROFILE_HELP)(f)
 
 
-__all__ = ["CTX_HELP", "ctx_option", "expert_cache_option", "expert_profile_option", "kv_option",
+__all__ = ["CARD_HELP", "CTX_HELP", "card_options", "ctx_option", "expert_cache_option", "expert_profile_option", "kv_option",
            "parse_expert_cache", "reserve_option"]

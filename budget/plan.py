@@ -23,91 +23,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from strata.packer import quants
 
 from . import formulas as F
+from . import engine_terms as ET
 from .cards import Card, check_mib
 from .errors import PlanInputError
-from .formulas import DEFAULT_RESERVE_MIB, MIB, KVLayer, RecurrentLayer
+from .formulas import DEFAULT_RESERVE_MIB, MIB
+from .plan_model import DenseTensor, ExpertLayerFacts, ModelFacts  # noqa: F401  (the plan's inputs, re-exported)
 
 #: The documents' prompt path chunk (docs/DESIGN.md "Incident 3: the reserve and the prompt buffers").
 DEFAULT_PREFILL_CHUNK = 256
 #: The documents' serve check calls less than this free LOW: a shrunk reserve is never suggested
 #: below it (docs/DESIGN.md "Incident 3: the reserve and the prompt buffers").
 LOW_MIB = 256
-
-
-class DenseTensor(BaseModel):
-    """One dense tensor as the plan needs it: name, pool and source ggml type ids, ne (ggml order)."""
-
-    model_config = ConfigDict(frozen=True)
-    name: str
-    type: int
-    src_type: int
-    ne: tuple[int, ...]
-
-
-class ExpertLayerFacts(BaseModel):
-    """One MoE layer: expert types and one expert's bytes in source and engine form, and the bytes
-    of a cache slot that holds it (engine form, parts aligned: :func:`formulas.expert_slot_bytes`;
-    None = the engine blob)."""
-
-    layer: int
-    gate_type: int
-    up_type: int
-    down_type: int
-    blob_bytes: int
-    blob_engine_bytes: int
-    slot_bytes: int | None = None
-
-    @property
-    def slot(self) -> int:
-        return self.blob_engine_bytes if self.slot_bytes is None else self.slot_bytes
-
-
-class ModelFacts(BaseModel):
-    """Everything the plan needs to know about a model (built by the audit from the metadata path,
-    after checking it against the tensors; tests build it directly)."""
-
-    arch: str
-    n_ctx_train: int
-    n_vocab: int
-    dense: list[DenseTensor] = Field(default_factory=list)
-    head: str | None = None  # tensor the output head multiplies with (token_embd.weight when tied)
-    embeddings: str | None = None
-    kv_layers: list[KVLayer] = Field(default_factory=list)
-    recurrent_layers: list[RecurrentLayer] = Field(default_factory=list)
-    act_per_token: int = 0
-    logits_per_token: int = 0
-    n_expert: int = 0
-    expert_layers: list[ExpertLayerFacts] = Field(default_factory=list)
-    # per-head K and V widths of the attention layers (key_length / value_length; 0: not known):
-    # a block-quantized KV cache stores each head's row in whole blocks
-    head_dim: int = 0
-    head_dim_v: int = 0
-    # what the engine-buffer term needs (0: not known, nothing charged)
-    n_embd: int = 0
-    n_ff_exp: int = 0
-    rope_dim: int = 0
-    rope_tables: int = 0
-
-    @property
-    def tied(self) -> bool:
-        return self.head is not None and self.head == self.embeddings
-
-    @property
-    def max_blob_engine(self) -> int:
-        return max((L.blob_engine_bytes for L in self.expert_layers), default=0)
-
-    @property
-    def max_slot_bytes(self) -> int:
-        """What one expert-cache slot holds: the largest engine-form blob, parts aligned."""
-        return max((L.slot for L in self.expert_layers), default=0)
-
-    @property
-    def max_blob_source(self) -> int:
-        return max((L.blob_bytes for L in self.expert_layers), default=0)
-
-    @property
-    def expert_pairs(self) -> int:
-        return self.n_expert * len(self.expert_layers)
 
 
 class PlanOptions(BaseModel):
@@ -126,6 +52,11 @@ class PlanOptions(BaseModel):
     expert_cache: int | None = None  # None: automatic
     profile_pairs: list[tuple[int, int, int]] | None = None  # (layer, expert, count)
     profile_path: str | None = None  # where profile_pairs came from (named in errors)
+    # the engine planned for: "strata" = this repository's engine (one position per step, untied embeddings
+    # on the host, its activation and runtime terms from what it allocates and loads: engine_terms.py;
+    # --prefill, --prefill-model, --logits-all and --embeddings-on-host do not apply), "documents" = the
+    # documents' C++ engine (a prompt chunk, embeddings in VRAM, the measured constants of cards.toml)
+    engine: Literal["strata", "documents"] = "documents"
 
 
 class Term(BaseModel):
@@ -172,6 +103,8 @@ class Plan(BaseModel):
     terms: list[Term]
     free_bytes: int  # what cudaMemGetInfo would say when the expert cache is opened
     reserve_bytes: int
+    draft_bind_bytes: int = 0  # reserved with the reserve when the cache is sized, allocated after it
+    decode_path: str = ""  # strata's engine: "fused" | "generic"
     max_blob: int  # engine form: what one slot holds
     max_blob_source: int
     slots: int
@@ -223,7 +156,7 @@ def engine_buffer_bytes(facts: ModelFacts, n_ctx: int) -> int:
     rows_only = {facts.embeddings} if facts.embeddings and not facts.tied else set()
     total = 0
     for t in facts.dense:
-        if t.name in rows_only:
+        if t.name in rows_only or facts.is_draft(t.name):  # the draft head's buffers: its bind term
             continue
         if quants.n_elements(t.ne) == int(t.ne[0]):  # one row: a vector
             total += F.vector_f32_bytes(t.type, t.src_type, t.ne)
@@ -245,13 +178,19 @@ def _engine(facts: ModelFacts, name: str | None) -> int:
 
 
 def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Term]:
+    strata = o.engine == "strata"
     head = _engine(facts, facts.head)
-    embd = 0 if facts.tied or o.embeddings_on_host else _engine(facts, facts.embeddings)
+    on_host = o.embeddings_on_host or strata  # strata's engine looks untied embeddings up in the host pool
+    embd = 0 if facts.tied or on_host else _engine(facts, facts.embeddings)
     special = {facts.head, facts.embeddings}
-    dense = sum(F.engine_form(t.type, t.src_type, t.ne).engine for t in facts.dense if t.name not in special)
-    kv = F.kv_cache_bytes(facts.kv_layers, n_ctx, o.prefill, o.kv, o.batch, o.kv_resident)
+    dense = sum(F.engine_form(t.type, t.src_type, t.ne).engine for t in facts.dense
+                if t.name not in special and not facts.is_draft(t.name))
+    chunk = F.ENGINE_PREFILL_CHUNK if strata else o.prefill
+    kv = F.kv_cache_bytes(facts.kv_layers, n_ctx, chunk, o.kv, o.batch, o.kv_resident)
     rec = F.recurrent_state_bytes(facts.recurrent_layers, o.batch)
-    if o.prefill_model == "documents":
+    if strata:
+        act, act_detail, _exact = ET.activation_term(facts, n_ctx)
+    elif o.prefill_model == "documents":
         act = F.documents_prefill_bytes(o.prefill)
         # formulas.documents_prefill_bytes: the documents' engine (generate.cpp:2941-2960;
         # docs/DESIGN.md "The automatic slot count")
@@ -264,15 +203,17 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
                       f"{rows if o.logits_all else o.batch} x {facts.logits_per_token} f32 logits")
     n_full = sum(1 for L in facts.kv_layers if L.window is None)
     n_win = len(facts.kv_layers) - n_full
+    rt, rt_detail = ET.runtime_term(facts, card, n_ctx, o.kv) if strata else (card.cuda_runtime_bytes,
+                                                                               card.cuda_runtime_source)
     terms = [Term(name="CUDA context", bytes=card.cuda_context_bytes, detail=card.cuda_context_source),
-             Term(name="CUDA runtime", bytes=card.cuda_runtime_bytes, detail=card.cuda_runtime_source)]
+             Term(name="CUDA runtime", bytes=rt, detail=rt_detail)]
     if card.in_use_bytes is not None:
         terms.append(Term(name="in use before start", bytes=card.in_use_bytes, detail="measured"))
     terms += [
         Term(name="dense weights", bytes=dense, detail=f"engine form, {len(facts.dense) - len(special - {None})} tensors"),
         Term(name="output head", bytes=head, detail=(f"{facts.head} (tied to the embeddings)" if facts.tied else str(facts.head))),
         Term(name="token embeddings", bytes=embd, detail=("shared with the output head" if facts.tied else
-                                                          "kept on the host" if o.embeddings_on_host else str(facts.embeddings))),
+                                                          "kept on the host" if on_host else str(facts.embeddings))),
         Term(name="KV cache", bytes=kv, detail=(f"{o.kv}, {n_full} full-context + {n_win} sliding-window layers, "
                                                 f"{n_ctx} tokens x {o.batch} seq"
                                                 + (f", {o.kv_resident} resident" if o.kv_resident else ""))),
@@ -280,8 +221,11 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
         Term(name="engine buffers", bytes=engine_buffer_bytes(facts, n_ctx),
              detail=f"f32 GEMV outputs, non-F32 vectors as f32, {facts.rope_tables} rope table(s) of {n_ctx} x "
                     f"{facts.rope_dim}, embedding row, expert hit path"),
-        Term(name="prefill/activations", bytes=act, detail=act_detail),
     ]
+    if facts.draft_layers:
+        terms.append(Term(name="draft head", bytes=ET.draft_weights_bytes(facts),
+                          detail=f"NextN blocks {_span(facts.draft_layers)}: weights in engine form (the drafter)"))
+    terms.append(Term(name="prefill/activations", bytes=act, detail=act_detail))
     return terms
 
 
@@ -371,6 +315,13 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     check_mib("--vram-reserve-mib", o.vram_reserve_mib, error=PlanInputError)
     if (e := kv_type_error(facts, o.kv)) is not None:
         raise e
+    if o.engine == "strata":
+        for bad, why in ((o.batch != 1, f"--batch {o.batch}: strata's engine decodes one sequence"),
+                         (o.kv not in F.ENGINE_KV_TYPES, f"--kv {o.kv}: strata's engine stores K/V as "
+                                                         f"{' or '.join(F.ENGINE_KV_TYPES)}")):
+            if bad:
+                raise PlanInputError(why + " (plan the documents' engine with --engine documents)", tensor="--engine",
+                                     found="strata", required="--batch 1, --kv f16 or f32")
     src = o.profile_path or "expert profile"
     if o.profile_pairs is not None:
         if not facts.expert_layers:
@@ -387,6 +338,7 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     before = sum(t.bytes for t in terms)
     free = card.total_bytes - before
     reserve = o.vram_reserve_mib * MIB
+    bind = ET.draft_bind(facts, n_ctx, o.kv)  # reserved beside the reserve, allocated after the cache
     blob = facts.max_slot_bytes
     profile = None
     cap, cap_what = None, ""
@@ -394,7 +346,7 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         cap, cap_what = facts.expert_pairs, f"the model's {facts.expert_pairs} (layer, expert) pairs"
         if o.profile_pairs is not None:
             cap, cap_what = len(o.profile_pairs), f"the profile's {len(o.profile_pairs)} (layer, expert) pairs"
-    size = F.size_expert_cache(free, reserve, blob, cap, o.expert_cache, cap_what=cap_what)
+    size = F.size_expert_cache(free, reserve + bind, blob, cap, o.expert_cache, cap_what=cap_what)
     slots_fit, refused = size.slots_fit, size.refused
     slots = size.slots if refused is None else o.expert_cache
     warnings: list[str] = []
@@ -406,8 +358,12 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     cache = slots * blob
     terms.append(Term(name="expert cache", bytes=cache,
                       detail=(f"{slots} slots x {blob} B (largest expert, engine form)" if facts.expert_layers else "no routed experts")))
-    used = before + cache
-    fits = free - reserve >= 0 and refused is None
+    if facts.draft_layers:
+        terms.append(Term(name="draft head bind", bytes=bind, detail=(
+            "the draft head's GEMV outputs, f32 vectors, K/V cache and eh_proj row: reserved when the cache is "
+            "sized (the documents' reserve + draft-head bind bytes), allocated after it")))
+    used = before + cache + bind
+    fits = free - reserve - bind >= 0 and refused is None
     if o.max_context is None:
         warnings.append(f"--max-context not given: budgeted at the model's maximum context, {facts.n_ctx_train} tokens")
     elif n_ctx > facts.n_ctx_train:
@@ -423,6 +379,7 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     types = dense_types(facts)
     plan = Plan(
         card=card, options=o, n_ctx=n_ctx, terms=terms, free_bytes=free, reserve_bytes=reserve, max_blob=blob,
+        draft_bind_bytes=bind, decode_path=ET.decode_path(facts) if o.engine == "strata" else "",
         max_blob_source=facts.max_blob_source, slots=slots, slots_fit=slots_fit, slots_cap=cap,
         expert_cache_bytes=cache, used_bytes=used, left_bytes=card.total_bytes - used, fits=fits, refused=refused,
         kv_bytes_per_token=sum(F.kv_bytes_per_token(L, o.kv) for L in full),
@@ -467,7 +424,7 @@ def _margin(facts: ModelFacts, card: Card, o: PlanOptions) -> int:
     """Bytes left after the terms, the reserve and an asked expert cache (>= 0: fits)."""
     p = make_plan(facts, card, o, suggest=False)
     need = p.expert_cache_bytes if o.expert_cache is not None else 0
-    return p.free_bytes - p.reserve_bytes - need
+    return p.free_bytes - p.reserve_bytes - p.draft_bind_bytes - need
 
 
 def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
@@ -530,7 +487,7 @@ def suggestions(facts: ModelFacts, card: Card, o: PlanOptions, plan: Plan) -> li
                  f", above the model's trained context of {facts.n_ctx_train} tokens (it was not trained for "
                  f"more; --ctx {facts.n_ctx_train} fits too)" if c > facts.n_ctx_train else ""),
              "not enough on its own, even at a 1-token context")
-    smaller_kv = {"f32": "f16", "f16": "int8"}.get(o.kv)
+    smaller_kv = {"f32": "f16", "f16": "int8" if o.engine != "strata" else None}.get(o.kv)
     if facts.kv_layers and smaller_kv and kv_type_error(facts, smaller_kv) is None:
         why = ("f16 KV cache: 2 B per value instead of 4" if smaller_kv == "f16" else
                "int8 (Q8_0) KV cache: 34 B per 32 values instead of 64 (llama.cpp's q8_0 cache; strata's own engine "

@@ -50,6 +50,10 @@ class EngineOptions:
             ``"f32"`` (:mod:`strata.engine.cpukernels`); ``threads``: CPU kernel threads (default: the
             cores this process may use).
         graph / fused / stage_times / warmup: the GPU decode step (:mod:`strata.engine.gpu.fused`).
+        card: a card to emulate on the GPU (``--card``, a :class:`strata.budget.cards.Card`): free memory,
+            allocation failures and the automatic cache size as on that card (:mod:`strata.engine.gpu.card`).
+        stage_order: the start-up stages after ``pack`` in another order (tests of the documents'
+            incidents, :func:`strata.engine.startup.stage_order`); None: the one order.
     """
 
     n_ctx: int | None = F.DEFAULT_CTX
@@ -68,6 +72,8 @@ class EngineOptions:
     fused: bool | None = None
     stage_times: bool = False
     warmup: bool = True
+    card: Any = None
+    stage_order: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -112,6 +118,8 @@ class Device(Protocol):
     def open_session(self, model: Decoder, opts: EngineOptions, n_ctx: int, note: dict) -> State: ...
     def prompt_path(self, model: Decoder, state: State, opts: EngineOptions, note: dict) -> Any: ...
     def open_expert_cache(self, experts: ExpertPath, geom: Geometry, opts: EngineOptions, note: dict) -> None: ...
+    def load_drafter(self, pack: Pack, plan: LoadPlan, model: Decoder, note: dict) -> None: ...
+    def bind_drafter(self, plan: LoadPlan, model: Decoder, opts: EngineOptions, n_ctx: int, note: dict) -> None: ...
     def finish(self, engine: Engine) -> None: ...
 
 

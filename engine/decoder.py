@@ -23,8 +23,8 @@ then ``logits = head(rms_norm(x) * output_norm)`` (+ ``output.bias``), soft-capp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
+from dataclasses import dataclass, field
 
 from strata.budget import formulas as F
 from strata.manifests.contract import Geometry
@@ -41,26 +41,34 @@ from .recipe import Block, DeltaNet, DenseFFN, MoEFFN, Recipe
 @dataclass
 class State:
     """Per-session buffers, allocated once before the first token: the KV cache (attention layers),
-    the recurrent state (recurrent layers; None without them) and rope tables (keyed by rope base)."""
+    the recurrent state (recurrent layers; None without them) and rope tables (keyed by
+    ``(rope base, frequency scale)``: :meth:`Decoder.rope_key_of`)."""
 
     n_ctx: int
     cache: KVCache
-    ropes: dict[float, Rope] = field(default_factory=dict)
+    ropes: dict[tuple[float, float], Rope] = field(default_factory=dict)
     recurrent: RecurrentState | None = None
+    indexer: dict[int, Any] = field(default_factory=dict)  # attention layer -> [positions, indexer_head_dim] keys
 
     @property
     def rope_nbytes(self) -> int:
         return sum(r.cos.nbytes + r.sin.nbytes for r in self.ropes.values())
 
     @property
+    def kv_nbytes(self) -> int:
+        """The KV cache as the budget's "KV cache" term counts it: K and V, and the indexer's key store."""
+        return self.cache.nbytes + sum(a.nbytes for a in self.indexer.values())
+
+    @property
     def nbytes(self) -> int:
-        return self.cache.nbytes + self.rope_nbytes + (self.recurrent.nbytes if self.recurrent else 0)
+        return self.kv_nbytes + self.rope_nbytes + (self.recurrent.nbytes if self.recurrent else 0)
 
 
 @dataclass(frozen=True)
 class Hyper:
     """Hyperparameters the executors read, typed, from geometry.txt via the manifest (counts;
-    ``rms_eps`` and ``attn_scale`` unitless). MoE fields are 0 for dense models."""
+    ``rms_eps`` and ``attn_scale`` unitless). MoE fields are 0 for dense models. ``n_layer`` counts the
+    decoder layers the forward pass runs (``block_count`` less the NextN draft blocks)."""
 
     n_layer: int
     n_embd: int
@@ -81,16 +89,12 @@ class Hyper:
     def from_geometry(cls, g: Geometry, recipe: Recipe) -> "Hyper":
         cap = g.get(recipe.logit_softcap) if recipe.logit_softcap else None
         return cls(
-            n_layer=int(g["n_layer"]), n_embd=int(g["n_embd"]), n_head=int(g["n_head"]), n_head_kv=int(g["n_head_kv"]),
+            n_layer=g.n_trunk, n_embd=int(g["n_embd"]), n_head=int(g["n_head"]), n_head_kv=int(g["n_head_kv"]),
             head_dim=int(g["head_dim"]), head_dim_v=int(g["head_dim_v"]), rms_eps=float(g["rms_eps"]),
             rope_base=float(g["rope_base"]), attn_scale=float(g["attn_scale"]), n_vocab=int(g["n_vocab"]),
             n_expert=int(g.get("n_expert") or 0), n_expert_used=int(g.get("n_expert_used") or 0),
             n_ff_exp=int(g.get("n_ff_exp") or 0), logit_softcap=float(cap) if cap else None,
         )
-
-
-#: Metadata keys that change the computation and that this engine does not implement: refused at load.
-_REFUSED_WHEN_SET = ("rope.scaling.type", "rope.scaling.factor")
 
 
 class Decoder:
@@ -103,25 +107,22 @@ class Decoder:
         or ``token_embd.weight`` when tied); ``embd_scale``: the embedding multiplier (1 unless the
         recipe scales by sqrt(n_embd)).
 
+    The metadata keys the forward pass depends on were honoured or refused before (the manifest's
+    ``[keys]``: :func:`strata.engine.startup.open_checked`); ``g`` carries the honoured values.
+
     Raises:
-        UnsupportedModel: a metadata feature the engine does not implement (named with its value),
-            or a layer kind the recipe has no block for.
+        UnsupportedModel: a layer kind the recipe has no block for.
         ValueError: a recipe with routed experts and no ``experts`` path.
     """
 
-    def __init__(self, g: Geometry, recipe: Recipe, w, experts=None, metadata: dict[str, Any] | None = None):
+    def __init__(self, g: Geometry, recipe: Recipe, w, experts=None):
         self.g, self.recipe, self.w, self.experts = g, recipe, w, experts
         self.arch = g.arch
         self.xp = w.xp
         # the numerics profile travels with the weight store (strata.engine.numerics); a store without one is f32
         self.nx = getattr(w, "nx", None) or numerics("f32")
-        md = metadata or {}
-        for key in (f"{g.arch}.{k}" for k in _REFUSED_WHEN_SET):
-            v = md.get(key)
-            if v not in (None, "none", 1.0, 0.0):
-                raise UnsupportedModel(f"metadata {key} = {v!r}: rope scaling is not implemented by strata's engine")
         self.hp = Hyper.from_geometry(g, recipe)
-        self.kinds = list(g.layer_kinds)
+        self.kinds = list(g.layer_kinds[:g.n_trunk])  # draft blocks (NextN heads) come last and are not run
         try:
             self.blocks: list[Block] = [recipe.block(k) for k in self.kinds]
         except KeyError as e:
@@ -164,9 +165,11 @@ class Decoder:
         """Tensors read only by rows (embedding lookup): kept quantized unless they are the head."""
         return [] if self.head == "token_embd.weight" else ["token_embd.weight"]
 
-    def rope_base_of(self, il: int) -> float:
-        """The rope base of layer ``il`` (its block's ``rope_base`` geometry param)."""
-        return float(self.g[self.blocks[il].mixer.rope_base])
+    def rope_key_of(self, il: int) -> tuple[float, float]:
+        """The rope table of layer ``il``: ``(base, frequency scale)`` from its block's ``rope_base`` and
+        ``rope_scale`` geometry params (llama.cpp ``llama_model::get_rope_freq_base`` / ``_scale``)."""
+        m = self.blocks[il].mixer
+        return float(self.g[m.rope_base]), float(self.g[m.rope_scale])
 
     def rope_dim(self) -> int:
         """Rotated dims per head (the recipe's ``rope_dim`` param, head_dim when it has none)."""
@@ -189,12 +192,12 @@ class Decoder:
             return None
         return to_host(self.w.get("rope_freqs.weight"))
 
-    def rope_bases(self) -> list[float]:
-        """The distinct rope bases of the attention layers (one table each), in layer order."""
-        out: list[float] = []
+    def rope_keys(self) -> list[tuple[float, float]]:
+        """The distinct ``(rope base, frequency scale)`` of the attention layers (one table each), in layer order."""
+        out: list[tuple[float, float]] = []
         for il, a in enumerate(self.attn):
-            if a is not None and self.rope_base_of(il) not in out:
-                out.append(self.rope_base_of(il))
+            if a is not None and self.rope_key_of(il) not in out:
+                out.append(self.rope_key_of(il))
         return out
 
     def layer_windows(self) -> list[int | None]:
@@ -218,12 +221,26 @@ class Decoder:
         h = self.hp
         st = State(n_ctx, KVCache(self.xp, self.kv_sizes(n_ctx, sliding), h.n_head_kv, h.head_dim, h.head_dim_v, kv))
         mode, factors = self.rope_mode(), self.rope_factors()
-        for base in self.rope_bases():
-            st.ropes[base] = Rope(self.xp, self.rope_dim(), base, n_ctx, mode, factors)
+        for base, scale in self.rope_keys():
+            st.ropes[(base, scale)] = Rope(self.xp, self.rope_dim(), base, n_ctx, mode, factors, freq_scale=scale)
         rec = [il for il, d in enumerate(self.delta) if d is not None]
         if rec:
             st.recurrent = RecurrentState(self.xp, rec, self.delta_dims)
+        ihd = self.indexer_head_dim
+        if ihd:  # the documents' engine keeps the indexer's ONE shared key head per position (round 194)
+            dt = self.xp.float16 if kv == "f16" else self.xp.float32
+            st.indexer = {il: self.xp.zeros((n, ihd), dtype=dt)
+                          for il, n in enumerate(self.kv_sizes(n_ctx, sliding)) if self.attn[il] is not None}
         return st
+
+    @property
+    def indexer_head_dim(self) -> int:
+        """Width of a sparse-attention indexer's cached key (``indexer_head_dim``, one shared head), 0 without
+        one. The session holds its key store as the documents' engine does, so the KV term is what the
+        budget plans (:class:`strata.budget.formulas.KVLayer` ``indexer_k``); this forward pass does not
+        compute the indexer (the model file says so), the store stays zero."""
+        v = self.g.get("indexer_head_dim")
+        return int(v) if v else 0
 
     # ------------------------------------------------------------ the step
 
@@ -272,7 +289,7 @@ class Decoder:
         for il, b in enumerate(self.blocks):
             h = self._norm(x, b.mixer_norm, il)
             if self.attn[il] is not None:
-                a = self.attn[il](xp, h, pos, state.cache, state.ropes[self.rope_base_of(il)])
+                a = self.attn[il](xp, h, pos, state.cache, state.ropes[self.rope_key_of(il)])
             else:
                 a = self.delta[il](xp, h, state.recurrent)
             x = x + (self._norm(a, b.mixer_post_norm, il) if b.mixer_post_norm else a)

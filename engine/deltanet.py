@@ -31,6 +31,8 @@ values and ``d_state x d_inner`` delta values per recurrent layer per sequence.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from strata.manifests.names import tensor_name
@@ -66,12 +68,21 @@ class RecurrentState:
     """Per recurrent layer, the conv state ``[d_conv - 1, conv_dim]`` and the delta state
     ``[dt_rank, d_state, d_state]`` (f32, zeros at the start of a sequence), allocated once.
 
-    ``nbytes`` is :func:`strata.budget.formulas.recurrent_state_bytes_per_seq` of these layers."""
+    ``nbytes`` is :func:`strata.budget.formulas.recurrent_state_bytes_per_seq` of these layers. Every
+    layer's two arrays are views of ONE allocation (``arena``, layers in order, conv then delta state),
+    so the device allocator rounds one size, not two per layer."""
 
     def __init__(self, xp, layers: list[int], dims: DeltaNetDims):
         self.xp, self.dims = xp, dims
-        self.conv = {il: xp.zeros((dims.d_conv - 1, dims.conv_dim), dtype=xp.float32) for il in layers}
-        self.ssm = {il: xp.zeros((dims.dt_rank, dims.d_state, dims.d_state), dtype=xp.float32) for il in layers}
+        conv_shape = (dims.d_conv - 1, dims.conv_dim)
+        ssm_shape = (dims.dt_rank, dims.d_state, dims.d_state)
+        nc, ns = math.prod(conv_shape), math.prod(ssm_shape)
+        self.arena = xp.zeros(len(layers) * (nc + ns), dtype=xp.float32)
+        self.conv, self.ssm = {}, {}
+        for k, il in enumerate(layers):
+            base = k * (nc + ns)
+            self.conv[il] = self.arena[base:base + nc].reshape(conv_shape)
+            self.ssm[il] = self.arena[base + nc:base + nc + ns].reshape(ssm_shape)
 
     @property
     def nbytes(self) -> int:
@@ -129,35 +140,50 @@ class GatedDeltaNet:
 
     def __call__(self, xp, x, state: RecurrentState):
         w, d = self.w, self.dims
-        f32 = xp.float32
         qkv, z = self._qkvz(xp, x)
-        ba = w.matmul(self.ba, x).reshape(d.n_group, 2, d.dt_rank // d.n_group)
-        beta = sigmoid(xp, ba[:, 0, :].reshape(-1))
-        g = softplus(xp, ba[:, 1, :].reshape(-1) + w.get(self.dt_bias)) * w.get(self.a)
-        # causal depthwise conv over [the d_conv - 1 previous inputs | this one], then the new conv state
-        cs = state.conv[self.il]
-        win = xp.concatenate([cs, qkv[None, :]], axis=0)  # [d_conv, conv_dim]
+        ba = w.matmul(self.ba, x)
         cw = w.get(self.conv_w).reshape(d.conv_dim, d.d_conv)  # numpy order of ne [d_conv, conv_dim]
-        acc = win[0] * cw[:, 0]
-        for k in range(1, d.d_conv):
-            acc = acc + win[k] * cw[:, k]  # ggml_ssm_conv: sequential sum over the kernel
-        cs[...] = win[1:]
-        h = silu(xp, acc)
-        kd = d.key_dim
-        q = l2_norm(xp, h[:kd].reshape(d.n_group, d.d_state), d.eps)
-        k = l2_norm(xp, h[kd:2 * kd].reshape(d.n_group, d.d_state), d.eps)
-        v = h[2 * kd:].reshape(d.dt_rank, d.d_state)
-        r = d.dt_rank // d.n_group
-        q = xp.repeat(q, r, axis=0) * f32(1.0 / d.d_state ** 0.5)  # v head i reads k head i // r
-        k = xp.repeat(k, r, axis=0)
-        S = state.ssm[self.il]  # [dt_rank, d_state (v), d_state (k)]
-        S *= xp.exp(g)[:, None, None]
-        sk = (S * k[:, None, :]).sum(axis=-1)
-        dlt = (v - sk) * beta[:, None]
-        S += dlt[:, :, None] * k[:, None, :]
-        o = (S * q[:, None, :]).sum(axis=-1)  # [dt_rank, d_state]
-        o = rms_norm(xp, o, w.get(self.norm), d.eps) * silu(xp, z.reshape(d.dt_rank, d.d_state))
-        return w.matmul(self.out, o.reshape(-1))
+        h = conv_silu(xp, qkv, state.conv[self.il], cw)
+        o = delta_rule(xp, h, z, ba, state.ssm[self.il], w.get(self.dt_bias), w.get(self.a), w.get(self.norm), d)
+        return w.matmul(self.out, o)
 
 
-__all__ = ["DeltaNetDims", "GatedDeltaNet", "RecurrentState", "l2_norm", "softplus"]
+def conv_silu(xp, qkv, cs, cw):
+    """Steps 3 of the module docstring: the causal depthwise conv of ``qkv [conv_dim]`` over
+    ``[cs | qkv]`` (``cs [d_conv - 1, conv_dim]``, the previous inputs; updated in place to the last
+    ``d_conv - 1``) with ``cw [conv_dim, d_conv]`` (numpy order), summed sequentially over the kernel
+    (``ggml_ssm_conv``), then SiLU. Returns ``[conv_dim]`` f32."""
+    win = xp.concatenate([cs, qkv[None, :]], axis=0)  # [d_conv, conv_dim]
+    acc = win[0] * cw[:, 0]
+    for k in range(1, cw.shape[1]):
+        acc = acc + win[k] * cw[:, k]
+    cs[...] = win[1:]
+    return silu(xp, acc)
+
+
+def delta_rule(xp, h, z, ba, S, dt_bias, ssm_a, norm_w, d: DeltaNetDims):
+    """Steps 2, 4-6 of the module docstring for one token: gates from ``ba`` (per k-head group
+    ``[b | a]``, ``dt_rank / n_group`` each), q/k/v heads from the conv output ``h [conv_dim]``, the
+    delta rule on ``S [dt_rank, d_state, d_state]`` (updated in place), the gated RMS norm with
+    ``norm_w [d_state]`` and ``silu(z)``. Returns ``[value_dim]`` f32 (the input of ``ssm_out``)."""
+    f32 = xp.float32
+    r = d.dt_rank // d.n_group
+    ba = ba.reshape(d.n_group, 2, r)
+    beta = sigmoid(xp, ba[:, 0, :].reshape(-1))
+    g = softplus(xp, ba[:, 1, :].reshape(-1) + dt_bias) * ssm_a
+    kd = d.key_dim
+    q = l2_norm(xp, h[:kd].reshape(d.n_group, d.d_state), d.eps)
+    k = l2_norm(xp, h[kd:2 * kd].reshape(d.n_group, d.d_state), d.eps)
+    v = h[2 * kd:].reshape(d.dt_rank, d.d_state)
+    q = xp.repeat(q, r, axis=0) * f32(1.0 / d.d_state ** 0.5)  # v head i reads k head i // r
+    k = xp.repeat(k, r, axis=0)
+    S *= xp.exp(g)[:, None, None]
+    sk = (S * k[:, None, :]).sum(axis=-1)
+    dlt = (v - sk) * beta[:, None]
+    S += dlt[:, :, None] * k[:, None, :]
+    o = (S * q[:, None, :]).sum(axis=-1)  # [dt_rank, d_state]
+    o = rms_norm(xp, o, norm_w, d.eps) * silu(xp, z.reshape(d.dt_rank, d.d_state))
+    return o.reshape(-1)
+
+
+__all__ = ["DeltaNetDims", "GatedDeltaNet", "RecurrentState", "conv_silu", "delta_rule", "l2_norm", "softplus"]

@@ -14,4 +14,9 @@ class StageTimesRefused(GenerateError):
     path without stage timers): refused instead of printing zeros."""
 
 
-__all__ = ["GenerateError", "StageTimesRefused"]
+class StartupRefused(GenerateError):
+    """A start-up that would leave the card's reserve eaten (the documents' incidents 1 and 3) or that
+    ran out of device memory at a stage: refused with the stage and the numbers."""
+
+
+__all__ = ["GenerateError", "StageTimesRefused", "StartupRefused"]

@@ -71,16 +71,18 @@ ROPE_MODES = ("neox", "norm")
 class Rope:
     """Rotary embedding with a precomputed table for positions ``0..n_ctx-1`` (ggml ``rope_f32``).
 
-    ``theta_i(p) = p * base^(-2i/n_rot) / factors[i]`` for ``i < n_rot/2`` (``factors``: the
-    ``rope_freqs.weight`` tensor of Llama 3.1+ files, ggml_rope_ext's ``freq_factors``; 1 without
-    it); dims past ``n_rot`` pass through. ``mode`` picks the pairing (:data:`ROPE_MODES`). The
+    ``theta_i(p) = freq_scale * p * base^(-2i/n_rot) / factors[i]`` for ``i < n_rot/2`` (``factors``:
+    the ``rope_freqs.weight`` tensor of Llama 3.1+ files, ggml_rope_ext's ``freq_factors``; 1 without
+    it; ``freq_scale``: linear rope scaling, 1 / ``rope.scaling.factor``: ggml ``rope_yarn`` with
+    ``ext_factor`` 0 takes ``theta_interp = freq_scale * theta_extrap``); dims past ``n_rot`` pass through. ``mode`` picks the pairing (:data:`ROPE_MODES`). The
     table is allocated once per session (the token path allocates nothing of its own).
 
     Raises:
         ValueError: an unknown ``mode``, or ``factors`` whose length is not ``n_rot/2``.
     """
 
-    def __init__(self, xp, n_rot: int, base: float, n_ctx: int, mode: str = "neox", factors=None):
+    def __init__(self, xp, n_rot: int, base: float, n_ctx: int, mode: str = "neox", factors=None,
+                 freq_scale: float = 1.0):
         if mode not in ROPE_MODES:
             raise ValueError(f"rope mode {mode!r}: expected one of {ROPE_MODES}")
         inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
@@ -89,8 +91,8 @@ class Rope:
             if f.size != n_rot // 2:
                 raise ValueError(f"rope_freqs: {f.size} factors, the rope rotates {n_rot} dims (needs {n_rot // 2})")
             inv = inv / f
-        ang = np.arange(n_ctx, dtype=np.float64)[:, None] * inv[None, :]
-        self.n_rot, self.mode = n_rot, mode
+        ang = (float(freq_scale) * np.arange(n_ctx, dtype=np.float64))[:, None] * inv[None, :]
+        self.n_rot, self.mode, self.freq_scale = n_rot, mode, float(freq_scale)
         self.cos = xp.asarray(np.cos(ang).astype(np.float32))
         self.sin = xp.asarray(np.sin(ang).astype(np.float32))
 

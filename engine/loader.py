@@ -44,15 +44,19 @@ class LoadError(ValueError):
 class LoadPlan:
     """What the forward pass reads, after every check passed.
 
-    ``dense``: tensor name -> index entry (exactly the tensors present that the manifest names);
-    ``experts``: MoE layer -> its native_experts.txt row; ``expert_shapes``: MoE layer -> shapes;
-    ``shard_paths``: shard index -> path of the GGUF shard.
+    ``dense``: tensor name -> index entry (exactly the tensors present that the manifest names, the
+    draft blocks' excepted); ``experts``: MoE layer -> its native_experts.txt row; ``expert_shapes``: MoE
+    layer -> shapes; ``shard_paths``: shard index -> path of the GGUF shard. ``draft``: the dense tensors
+    of the NextN draft blocks (the drafter, loaded as one stage, never run by the main pass) and
+    ``draft_experts``: their routed-expert rows (left in the shards: no cache slot serves them).
     """
 
     dense: dict[str, IndexEntry]
     experts: dict[int, ExpertLayer] = field(default_factory=dict)
     expert_shapes: dict[int, ExpertShapes] = field(default_factory=dict)
     shard_paths: dict[int, Path] = field(default_factory=dict)
+    draft: dict[str, IndexEntry] = field(default_factory=dict)
+    draft_experts: dict[int, ExpertLayer] = field(default_factory=dict)
 
 
 def _type_name(t: int) -> str:
@@ -88,6 +92,14 @@ def check_pack(pack: Pack, geom: Geometry) -> LoadPlan:
     plan = LoadPlan(conf.dense, dict(conf.experts), dict(conf.expert_shapes))
     if conf.experts:
         _check_shards(pack, plan)
+    draft = geom.draft_layers
+    if draft:  # the drafter: its own stage; its experts stay in the shards
+        prefixes = tuple(tensor_name("attn_norm.weight", il).rsplit("attn_norm.weight", 1)[0] for il in draft)
+        plan.draft = {n: e for n, e in plan.dense.items() if n.startswith(prefixes)}
+        plan.dense = {n: e for n, e in plan.dense.items() if n not in plan.draft}
+        plan.draft_experts = {il: plan.experts.pop(il) for il in draft if il in plan.experts}
+        for il in draft:
+            plan.expert_shapes.pop(il, None)
     return plan
 
 

@@ -1,11 +1,15 @@
 """``strata-engine measure``: the budget's prediction next to what the engine really allocates.
 
-Loads a pack on the GPU path (``cuda``, or the ``sim`` backend in tests) and compares, per budget
-term, the bytes :func:`strata.budget.plan.make_plan` predicts for this card, context and options with
-the bytes the engine allocated (each a sum of buffer sizes, cross-checked against the CuPy pool's
-growth per start-up stage). Deterministic terms must be equal to the byte; the total within 0.5% or
-32 MiB. A planner's prediction checked by measurement is the point, so this module (and only it in
-the engine) calls the planner.
+Loads a pack on the GPU path (``cuda``, or the ``sim`` backend in tests), optionally on an emulated card
+(``--card 24G``: :mod:`strata.engine.gpu.card`), and compares, per budget term, the bytes
+:func:`strata.budget.plan.make_plan` predicts for strata's engine (``engine="strata"``: the same plan as
+``strata-budget check --card 24G``) with the bytes the engine allocated (each a sum of buffer sizes,
+cross-checked against the CuPy pool's growth per start-up stage). Deterministic terms must be equal to
+the byte; the total within 0.5% or 32 MiB; the reserve must still be free after start-up (measured).
+It also sets the plan's automatic slot count beside the engine's, and with ``n_tokens`` generates that
+many tokens and sets the hit rate measured during generation beside the profile's prediction. A
+planner's prediction checked by measurement is the point, so this module (and only it in the engine)
+calls the planner.
 """
 
 from __future__ import annotations
@@ -47,11 +51,20 @@ class Measurement(BaseModel):
     kv: str
     slots: int
     slot_mode: str = ""
+    card: str = ""  # the emulated card (--card), else the device measured
+    physical_total_bytes: int | None = None
+    decode_path: str = ""
+    predicted_slots: int | None = None  # the plan's automatic value (strata-budget check), None for a fixed N
+    reserve_bytes: int = 0
+    free_after_bytes: int = 0  # free at the end of start-up, measured
     terms: list[AuditTerm] = Field(default_factory=list)
     predicted_total_bytes: int = 0
     measured_total_bytes: int = 0  # cudaMemGetInfo used at the end of start-up
     pool_checks: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    checkpoints_s: dict[str, float] = Field(default_factory=dict)
+    stages: dict[str, dict[str, int]] = Field(default_factory=dict)  # per stage: used / pool / outside-pool growth
+    generation: dict[str, float | int | str | None] = Field(default_factory=dict)
 
     @property
     def exact_ok(self) -> bool:
@@ -65,19 +78,49 @@ class Measurement(BaseModel):
     def total_ok(self) -> bool:
         return abs(self.total_diff_bytes) <= max(0.005 * self.measured_total_bytes, 32 * F.MIB)
 
+    @property
+    def reserve_ok(self) -> bool:
+        return self.free_after_bytes >= self.reserve_bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.exact_ok and self.total_ok and self.reserve_ok
+
+
+def _free_cuda_pool() -> None:
+    """Give back what earlier engines of this process left cached in CuPy's pool, so the context is
+    measured as the memory used before this engine's first allocation (a no-op in a fresh process)."""
+    try:
+        import gc
+
+        import cupy as cp
+
+        gc.collect()
+        cp.get_default_memory_pool().free_all_blocks()
+    except ImportError:
+        pass  # load_engine refuses with the reason
+
 
 def measure_pack(pack: str, *, n_ctx: int | None = F.DEFAULT_CTX, expert_cache="auto",
                  vram_reserve_mib: int = F.DEFAULT_RESERVE_MIB, kv: str = F.DEFAULT_KV, device: str = "cuda",
-                 backend=None, resident="all") -> Measurement:
-    """Load ``pack`` on the GPU path and compare every budget term with what was allocated.
+                 backend=None, resident="all", card: Card | None = None,
+                 profile: list[tuple[int, int, int]] | None = None, prompt: str = "The capital of France is",
+                 n_tokens: int = 0) -> Measurement:
+    """Load ``pack`` on the GPU path (on the emulated ``card`` when given) and compare every budget term
+    with what was allocated; with ``n_tokens`` > 0 then generate that many tokens after ``prompt``
+    (greedy, end-of-generation ignored) and report the expert hit rate measured beside the prediction.
 
-    Predicted: :func:`strata.budget.plan.make_plan` on the pack's audit facts, for a card of the
-    measured total with the measured context (used memory before the first allocation) and the
-    cards.toml runtime term, the engine's options (``n_ctx``, ``kv``, one position per step, the
-    untied embeddings on the host) and the slot count the engine chose. Measured: the bytes the
-    engine allocated per term (each a sum of buffer sizes), cross-checked against the CuPy pool's
-    growth per stage (``pool_checks``); the runtime and activation terms from ``cudaMemGetInfo`` and
-    the pool around the warm-up; the total from ``cudaMemGetInfo`` at the end of start-up.
+    Predicted: :func:`strata.budget.plan.make_plan` for strata's engine on the audit's facts - on ``card``
+    as ``strata-budget check`` plans it (its CUDA context from cards.toml), or on a card of the measured
+    total with the measured context - with the engine's options (``n_ctx``, ``kv``, the reserve, the
+    profile). The term table uses the engine's slot count (so the expert cache compares bytes); the plan's
+    automatic slot count and hit rate are reported beside it. Measured: the bytes the engine allocated
+    per term (sums of buffer sizes), the CUDA runtime as what ``cudaMemGetInfo`` says is used beyond them
+    and the context, the generic path's warm-up as the pool's growth at the prompt path.
+
+    Raises:
+        GenerateError: no CUDA GPU (``device="cuda"``), a device without device memory, a pack the
+            audit finds errors in, or what the start-up refuses.
     """
     if backend is None and device == "cuda":
         from .gpu.kernels import gpu_available
@@ -86,97 +129,146 @@ def measure_pack(pack: str, *, n_ctx: int | None = F.DEFAULT_CTX, expert_cache="
         if not ok:  # named for this command: measure has no --device option to change
             raise GenerateError(f"measure needs a CUDA GPU (it measures the device memory the engine allocates): {why}; "
                                 f"on a machine without one, plan with strata-budget check PACK --card PRESET")
-        # the context is measured as the memory used before this engine's first allocation: give
-        # back what earlier engines of this process left cached in the pool (a no-op in a fresh
-        # process, the intended use; kernel modules loaded earlier stay and then count as context)
-        try:
-            import gc
-
-            import cupy as cp
-
-            gc.collect()
-            cp.get_default_memory_pool().free_all_blocks()
-        except ImportError:
-            pass  # load_engine_gpu refuses with the reason
+        _free_cuda_pool()
     eng = load_engine(pack, device=device, backend=backend, n_ctx=n_ctx, expert_cache=expert_cache,
-                      vram_reserve_mib=vram_reserve_mib, kv=kv, resident=resident)
-    n_ctx = eng.n_ctx
+                      vram_reserve_mib=vram_reserve_mib, kv=kv, resident=resident, card=card, profile=profile)
     g = eng.gpu
     if g is None:
         raise GenerateError(f"measure: device {device!r} has no device memory to measure; use --device cuda")
-    marks = g.marks
-    ctx = marks["pack"]["gpu_used_bytes"]
-    total = marks["pack"]["gpu_total_bytes"]
     res = audit_pack(pack, bf16_scan=False)
     if res.facts is None:
         raise GenerateError(f"{pack}: the budget audit found errors: {[e.message for e in res.errors][:3]}")
-    facts = res.facts
+    a = _compare(pack, eng, res.facts, card, vram_reserve_mib, kv, expert_cache, profile)
+    if n_tokens > 0:
+        _generate(a, eng, prompt, n_tokens, profile)
+    return a
+
+
+def _compare(pack, eng, facts, card, vram_reserve_mib, kv, expert_cache, profile) -> Measurement:
+    g, marks, n_ctx = eng.gpu, eng.gpu.marks, eng.n_ctx
+    ctx = marks["pack"]["gpu_used_bytes"]
+    total = marks["pack"]["gpu_total_bytes"]
     slots = g.slot_plan.slots if g.slot_plan else 0
-    rt, rt_src = runtime_term()
-    card = Card(name=f"measured ({g.device})", total_bytes=total, source="cudaMemGetInfo",
-                cuda_context_bytes=ctx, cuda_context_source="measured: used before the first allocation",
-                cuda_runtime_bytes=rt, cuda_runtime_source=rt_src)
-    opts = PlanOptions(max_context=n_ctx, prefill=0, batch=1, vram_reserve_mib=vram_reserve_mib, kv=kv,
-                       expert_cache=slots if facts.expert_layers else None,
-                       embeddings_on_host=not facts.tied)
-    plan = make_plan(facts, card, opts, suggest=False)
+    if card is None:
+        rt, rt_src = runtime_term()
+        card = Card(name=f"measured ({g.device})", total_bytes=total, source="cudaMemGetInfo", cuda_context_bytes=ctx,
+                    cuda_context_source="measured: used before the first allocation", cuda_runtime_bytes=rt,
+                    cuda_runtime_source=rt_src)
+        ctx_exact = True
+    else:
+        ctx_exact = False
+    opts = dict(engine="strata", max_context=n_ctx, vram_reserve_mib=vram_reserve_mib, kv=kv, profile_pairs=profile)
+    auto = make_plan(facts, card, PlanOptions(**opts, expert_cache=None if expert_cache == "auto" else int(expert_cache)),
+                     suggest=False) if facts.expert_layers else None
+    plan = make_plan(facts, card, PlanOptions(**opts, expert_cache=slots if facts.expert_layers else None), suggest=False)
     pred = {t.name: t.bytes for t in plan.terms}
     a = Measurement(pack=str(pack), device=g.device, card_total_bytes=total, context_bytes=ctx, n_ctx=n_ctx, kv=kv,
-                 slots=slots, slot_mode=g.slot_plan.mode if g.slot_plan else "")
-    end = marks["expert cache"]
+                    slots=slots, slot_mode=g.slot_plan.mode if g.slot_plan else "", card=card.name,
+                    physical_total_bytes=marks["pack"].get("physical_total_bytes"), decode_path=g.decode_path,
+                    predicted_slots=auto.slots if auto is not None and expert_cache == "auto" else None,
+                    reserve_bytes=g.reserve_bytes, free_after_bytes=g.free_after_bytes)
+    end = marks[eng.checkpoints[-1].name]
     cache_bytes = g.slot_plan.cache_bytes if g.slot_plan else 0
-    exact_alloc = (g.weights_engine_bytes + g.head_engine_bytes + g.kv_bytes + g.recurrent_bytes + g.buffer_bytes
-                   + cache_bytes)
-    # everything on the device is the context, memory outside the CuPy pool (the runtime's modules)
-    # or the pool's blocks: the exact terms, and the rest the warm-up's temporaries left cached
-    # (pool figures relative to the start: blocks another engine of this process still holds count
-    # in the context measured at "pack", not twice)
-    pool_grew = end["pool_total_bytes"] - marks["pack"]["pool_total_bytes"]
-    outside_pool = end["gpu_used_bytes"] - ctx - pool_grew
-    pool_rest = pool_grew - exact_alloc
+    act = g.fused_buffer_bytes if g.fused else g.warmup_pool_bytes
+    exact_sum = (g.weights_engine_bytes + g.head_engine_bytes + g.kv_bytes + g.recurrent_bytes + g.buffer_bytes
+                 + cache_bytes + g.draft_engine_bytes + g.draft_bind_bytes + (act if g.fused else 0))
+    runtime = end["gpu_used_bytes"] - ctx - exact_sum - (0 if g.fused else act)
     rows = [
-        ("CUDA context", ctx, "cudaMemGetInfo used before the first allocation (the card is planned with it)", True),
-        ("CUDA runtime", outside_pool, "cudaMemGetInfo used - context - CuPy pool growth since the start (kernel "
-                                       "modules); predicted: cards.toml cuda_runtime_mib", False),
+        ("CUDA context", ctx, "cudaMemGetInfo used before the first allocation" + (
+            "" if ctx_exact else f"; predicted: {card.cuda_context_source[:60]}"), ctx_exact),
+        ("CUDA runtime", runtime, "cudaMemGetInfo used - context - the engine's buffers (kernel modules, graphs, "
+                                  "allocator rounding); predicted: budget/engine_terms.py", False),
         ("dense weights", g.weights_engine_bytes, "engine-form bytes uploaded (sum of buffer sizes)", True),
         ("output head", g.head_engine_bytes, "engine-form bytes of the head tensors", True),
         ("token embeddings", 0, "kept on the host (untied) or shared with the head", True),
-        ("KV cache", g.kv_bytes, f"K and V arrays allocated ({kv}; sliding-window layers as rings)", True),
+        ("KV cache", g.kv_bytes, f"K and V arrays allocated ({kv}; sliding-window layers as rings; indexer keys)", True),
         ("recurrent state", g.recurrent_bytes, "conv + delta state arrays allocated (f32, one sequence)", True),
         ("engine buffers", g.buffer_bytes, "GEMV outputs + f32 vector copies + embedding row + rope tables + "
                                            "hit-path vectors (sum of buffer sizes)", True),
-        ("prefill/activations", pool_rest, "CuPy pool growth - the exact terms above (the warm-up's temporaries "
-                                           "cached in the pool, and the pool's 512 B rounding)", False),
-        ("expert cache", cache_bytes, "slots x slot bytes (one allocation)", True),
     ]
+    if g.draft_engine_bytes or "draft head" in pred:
+        rows.append(("draft head", g.draft_engine_bytes, "the NextN draft head's engine-form bytes (stage drafter)", True))
+    rows.append(("prefill/activations", act, "the fused step's device buffers (sum of buffer sizes)" if g.fused else
+                 "CuPy pool growth at the prompt path (the generic path's warm-up temporaries)", g.fused))
+    rows.append(("expert cache", cache_bytes, "slots x slot bytes (one allocation)", True))
+    if g.draft_bind_bytes or "draft head bind" in pred:
+        rows.append(("draft head bind", g.draft_bind_bytes, "the draft head's bind buffers (stage bind)", True))
     for name, meas, how, exact in rows:
-        a.terms.append(AuditTerm(term=name, predicted_bytes=pred.get(name, 0), measured_bytes=meas,
-                                 measured_how=how, exact=exact))
+        a.terms.append(AuditTerm(term=name, predicted_bytes=pred.get(name, 0), measured_bytes=meas, measured_how=how,
+                                 exact=exact))
     a.predicted_total_bytes = plan.used_bytes
     a.measured_total_bytes = end["gpu_used_bytes"]
     assert sum(t.measured_bytes for t in a.terms) == a.measured_total_bytes
-    # the counted bytes are what the device gave: per stage, the pool's used bytes grew by exactly the
-    # engine's allocations, each rounded up to the pool's 512 B unit
-    prev = "pack"
-    for stage in (("weights", "head", "session", "expert cache") if g.backend == "cuda" else ()):
+    a.checkpoints_s = {c.name: round(c.seconds, 3) for c in eng.checkpoints}
+    prev = None
+    for c in eng.checkpoints:
+        d = marks[c.name]
+        if prev is not None:
+            used, pool = d["gpu_used_bytes"] - prev["gpu_used_bytes"], d["pool_total_bytes"] - prev["pool_total_bytes"]
+            a.stages[c.name] = {"used": used, "pool": pool, "outside_pool": used - pool,
+                                "allocated_rounded": g.alloc_rounded.get(c.name, 0)}
+        prev = d
+    _pool_checks(a, g)
+    _notes(a, g, plan, auto, facts)
+    return a
+
+
+def _pool_checks(a: Measurement, g) -> None:
+    """Per stage, the pool's used bytes grew by exactly the engine's allocations rounded to 512 B (CUDA)."""
+    marks = g.marks
+    names = list(marks)
+    for i, stage in enumerate(names[1:] if g.backend == "cuda" else [], 1):
+        if stage == "prompt path":  # its warm-up may leave temporaries in use until it returns; checked by growth
+            continue
+        prev = names[i - 1]
         grew = marks[stage]["pool_used_bytes"] - marks[prev]["pool_used_bytes"]
         asked = g.alloc_rounded[stage] - g.alloc_rounded[prev] + (g.session_rounded_bytes if stage == "session" else 0)
         a.pool_checks.append(f"{stage}: pool used +{grew} B, engine allocations rounded to 512 B: {asked} B "
                              f"({'equal' if grew == asked else 'DIFFER'})")
-        prev = stage if stage != "session" else "prompt path"
+
+
+def _notes(a: Measurement, g, plan, auto, facts) -> None:
     if g.slot_plan:
         sp = g.slot_plan
         a.notes.append(f"expert cache {sp.mode}: {sp.slots} slots of {sp.slot_bytes} B (budget.formulas.expert_slot_bytes; "
                        f"largest engine-form blob {sp.max_blob_engine} B) from {sp.free_bytes} B free at the checkpoint "
-                       f"- {sp.reserve_bytes} B reserve" + (f", capped at {sp.cap} pairs" if sp.cap is not None else ""))
+                       f"- {sp.reserve_bytes} B reserve (with the draft head's bind bytes)"
+                       + (f", capped at {sp.cap} pairs" if sp.cap is not None else ""))
+    if auto is not None and a.predicted_slots is not None:
+        a.notes.append(f"slots: strata-budget check predicts {a.predicted_slots}, the engine took {a.slots} "
+                       f"({a.slots - a.predicted_slots:+d}; the estimate terms move the free figure)")
+    a.notes.append(f"reserve: {a.free_after_bytes} B free after start-up ({a.free_after_bytes / F.MIB:.1f} MiB), "
+                   f"{'at least' if a.reserve_ok else 'UNDER'} the {a.reserve_bytes / F.MIB:.0f} MiB reserve (measured)")
+    a.notes.append(f"decode path: {a.decode_path}; the budget reads it as {plan.decode_path}")
     a.notes.append(f"measured total = cudaMemGetInfo used at the end of start-up = the measured column's sum; "
-                   f"the warm-up alone took {g.runtime_bytes} B outside the pool and grew it by {g.warmup_pool_bytes} B")
-    return a
+                   f"the warm-up took {g.runtime_bytes} B outside the pool and grew it by {g.warmup_pool_bytes} B")
+
+
+def _generate(a: Measurement, eng, prompt: str, n_tokens: int, profile) -> None:
+    """Generate after the start-up and set the expert hit rate measured during generation beside the
+    profile's prediction (at the plan's slot count and at the engine's)."""
+    from .generate import generate
+
+    r = generate(eng, prompt, n_tokens, ignore_eos=True)
+    sel = r.expert_hits + r.expert_misses
+    steps = max(r.n_prompt_tokens + r.n_output_tokens - 1, 1)
+    gen: dict = {"prompt_tokens": r.n_prompt_tokens, "tokens": r.n_output_tokens, "decode_tok_s": r.tokens_per_second,
+                 "prompt_s": round(r.prompt_seconds, 3), "decode_s": round(r.decode_seconds, 3),
+                 "expert_hits": r.expert_hits, "expert_misses": r.expert_misses,
+                 "cpu_misses_per_token": round(r.expert_misses / steps, 2),
+                 "hit_rate_measured": r.expert_hits / sel if sel else None}
+    if profile is not None and eng.gpu.slot_plan is not None:
+        gen["hit_rate_predicted_engine_slots"] = F.fill_profile(profile, eng.gpu.slot_plan.slots).hit_rate
+        if a.predicted_slots is not None:
+            gen["hit_rate_predicted_plan"] = F.fill_profile(profile, a.predicted_slots).hit_rate
+    a.generation = gen
 
 
 def print_measurement(a: Measurement) -> None:
-    click.echo(f"measure {a.pack} on {a.device}: card {a.card_total_bytes / F.MIB:.0f} MiB, n_ctx {a.n_ctx}, kv {a.kv}, "
-               f"{a.slots} expert slots ({a.slot_mode or 'no experts'}); every figure in bytes")
+    """The table (every figure in bytes), then the checks, slots, reserve, hit rate and notes."""
+    phys = f" (physical {a.physical_total_bytes / F.MIB:.0f} MiB)" if a.physical_total_bytes else ""
+    click.echo(f"measure {a.pack} on {a.device}: card {a.card_total_bytes / F.MIB:.0f} MiB{phys}, n_ctx {a.n_ctx}, "
+               f"kv {a.kv}, {a.slots} expert slots ({a.slot_mode or 'no experts'}); every figure in bytes")
     click.echo(f"{'term':22s} {'predicted':>16s} {'measured':>16s} {'diff':>12s}  kind")
     for t in a.terms:
         kind = "exact" if t.exact else "estimate"
@@ -185,7 +277,19 @@ def print_measurement(a: Measurement) -> None:
     d = a.total_diff_bytes
     click.echo(f"{'total':22s} {a.predicted_total_bytes:16d} {a.measured_total_bytes:16d} {d:+12d}  "
                f"(diff {d / F.MIB:+.1f} MiB = {100 * d / max(a.measured_total_bytes, 1):+.2f}%; goal within 0.5% or "
-               f"32 MiB: {'ok' if a.total_ok else 'MISSED'}; exact terms: {'all equal' if a.exact_ok else 'DIFFER'})")
+               f"32 MiB: {'ok' if a.total_ok else 'MISSED'}; exact terms: {'all equal' if a.exact_ok else 'DIFFER'}; "
+               f"reserve free after start-up: {'yes' if a.reserve_ok else 'NO'})")
+    if a.generation:
+        gn = a.generation
+        pred = gn.get("hit_rate_predicted_plan", gn.get("hit_rate_predicted_engine_slots"))
+        rate = gn["hit_rate_measured"]
+        click.echo(f"generation: {gn['tokens']} tokens after a {gn['prompt_tokens']}-token prompt, {gn['decode_tok_s'] or 0:.2f} "
+                   f"tok/s decode; experts {gn['expert_hits']} hits / {gn['expert_misses']} misses (counts), "
+                   f"{gn['cpu_misses_per_token']} CPU misses per position; hit rate measured "
+                   + (f"{rate:.2%}" if rate is not None else "n/a")
+                   + (f", predicted by the profile {pred:.2%}" if pred is not None else "")
+                   + (f" (at the engine's {a.slots} slots: {gn['hit_rate_predicted_engine_slots']:.2%})"
+                      if "hit_rate_predicted_engine_slots" in gn else ""))
     for c in a.pool_checks:
         click.echo(f"pool check: {c}")
     for n in a.notes:

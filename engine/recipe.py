@@ -13,7 +13,8 @@ The vocabulary follows llama.cpp's graph builders (``src/models/*.cpp``, ``src/l
   residual add - gemma's sandwich norms -, ``ffn_norm``, optional ``ffn_post_norm``);
 - the mixer is softmax attention (:class:`Attention`: q/k RMS norms, where the scale applies, rope
   base and rotary dims as geometry params, an output gate carried by the query projection) or the
-  gated delta net (:class:`DeltaNet`, a recurrent state instead of a KV cache);
+  gated delta net (:class:`DeltaNet`, a recurrent state instead of a KV cache); rope base, rotated dims
+  and frequency scale are geometry params (the metadata keys of ``manifests/<arch>.toml`` ``[keys]``);
 - the FFN is dense (:class:`DenseFFN`: gated, SiLU or GELU) or routed experts (:class:`MoEFFN`:
   gating function, weight normalisation, optional shared expert and its sigmoid gate);
 - the model: embeddings optionally scaled by ``sqrt(n_embd)``, final RMS norm, head, optional logit
@@ -40,7 +41,12 @@ class Attention:
         scale_q: multiply q by ``attn_scale`` and use a kq scale of 1 (gemma3's ``ggml_scale(Qcur,
             f_attention_scale)``), instead of scaling q.k (``kq_scale``).
         rope_base: geometry param holding this layer kind's rope base (``rope_base``, ``rope_base_swa``).
-        rope_dim: geometry param holding the rotated dims per head (partial rotary); None: head_dim.
+        rope_dim: geometry param holding the rotated dims per head (``rope.dimension_count``: the first
+            ``rope_dim`` dims rotate, the rest pass through, as ggml_rope_ext with ``n_dims < ne0``);
+            None: head_dim.
+        rope_scale: geometry param holding this layer kind's rope frequency scale (``rope_freq_scale`` =
+            1 / ``rope.scaling.factor``, linear scaling; gemma3's sliding layers ``rope_freq_scale_swa`` = 1:
+            llama.cpp ``llama_model::get_rope_freq_scale``).
         output_gate: the query projection holds ``[q | gate]`` per head and the attention output is
             multiplied by ``sigmoid(gate)`` (qwen3next ``build_layer_attn``).
         rope: the pairing, ``neox`` or ``norm`` (:data:`strata.engine.layers.ROPE_MODES`; llama.cpp
@@ -51,7 +57,8 @@ class Attention:
     qk_norm: bool = False
     scale_q: bool = False
     rope_base: str = "rope_base"
-    rope_dim: str | None = None
+    rope_dim: str | None = "rope_dim"
+    rope_scale: str = "rope_freq_scale"
     output_gate: bool = False
 
 

@@ -35,7 +35,8 @@ def profile_routing(pack: str, prompts: list[str], *, n_tokens: int, n_ctx: int 
 
     eng.experts.on_route = count
     for p in prompts:
-        eng.state = eng.model.new_state(eng.n_ctx, kv=eng.kv)
+        # each prompt from position 0 on the session's own state: a position is written before it is read
+        # and the recurrent state starts over at 0 (the fused GPU step is bound to this state)
         generate(eng, p, n_tokens, ignore_eos=True)
     return sorted((il, e, c) for (il, e), c in counts.items())
 

@@ -12,12 +12,18 @@ device's (:class:`Device`: :class:`CpuDevice` here, ``strata.engine.gpu.device.G
 3. ``head``: the output head - before the expert cache, so that a cache sized from what is free
    cannot eat the head's memory (the design's incident 1);
 4. ``session``: KV cache (``kv`` f16 | f32; sliding-window layers as ring buffers of the budget's
-   size), rope tables, the tokenizer, the per-token buffers;
-5. ``prompt path``: everything the token loop will run is loaded now (kernels, warm-up, graphs);
-6. ``expert cache``: the resident experts (MoE models), sized from what is left (incident 2).
+   size; a sparse-attention indexer's key store), rope tables, the tokenizer, the per-token buffers;
+5. ``drafter`` (a pack with NextN draft blocks): the draft head's weights in engine form - the
+   documents' "the weights, the session and the drafter";
+6. ``prompt path``: everything the token loop will run is loaded now (kernels, warm-up, graphs);
+7. ``expert cache``: the resident experts (MoE models), sized from what is left (incident 2) minus
+   the reserve and the draft head's bind buffers (the documents' reserve: ``--vram-reserve-mib`` +
+   draft-head bind bytes); refused with the numbers when less than that is free (incident 3);
+8. ``bind`` (with a draft head): its bind buffers, into the room the cache left for them.
 
-Everything the engine will hold is allocated before the expert cache measures what is free, so the
-cache takes exactly what is left minus the reserve and nothing allocated later eats the reserve.
+Everything else the engine will hold is allocated before the expert cache measures what is free, so
+the cache takes exactly what is left minus the reserve, and after start-up the device checks that the
+reserve is still free (measured): a start that ate it is refused (incident 1).
 """
 
 from __future__ import annotations
@@ -28,16 +34,17 @@ from typing import Callable
 
 from strata.budget import formulas as F
 from strata.manifests.contract import Geometry, geometry_from_params
-from strata.packer.packfmt import POOL_FILE
+from strata.manifests.keys import KeysRefusedError, check_metadata_keys
+from strata.packer.packfmt import METADATA_FILE, POOL_FILE
 from strata.packer.pack import Pack, open_pack
 
 from .checkpoints import Checkpoint, Checkpoints
 from .core import Device, Engine, EngineOptions
 from .decoder import Decoder, State
-from .errors import GenerateError, StageTimesRefused
+from .errors import GenerateError, StageTimesRefused, StartupRefused
 from .experts import CpuExpertCache, CpuExpertPath, ExpertPath, ShardExperts, resident_pairs
 from .loader import LoadError, LoadPlan, check_pack
-from .models import recipe_for
+from .models import UnsupportedModel, recipe_for
 from .numerics import numerics as get_numerics
 from .tokenizer import load_tokenizer
 from .weights import CpuWeights
@@ -48,12 +55,17 @@ DEVICES = ("cpu", "cuda", "sim")
 
 def open_checked(pack_dir: str | Path, *, runnable: bool = False) -> tuple[Pack, Geometry, LoadPlan]:
     """The ``pack`` stage: open the pack with the strict readers, rebuild its geometry through the
-    manifest and assert every tensor's shape (:func:`loader.check_pack`). ``runnable``: first refuse
-    an architecture the engine has no forward pass for (named, before any type or shape check).
+    manifest, honour or refuse every metadata key of ``metadata.txt`` that llama.cpp reads for the
+    architecture (the manifest's ``[keys]``: :func:`strata.manifests.keys.check_metadata_keys`, the rule
+    ``strata-pack build`` and ``strata-budget check`` apply) and assert every tensor's shape
+    (:func:`loader.check_pack`). ``runnable``: first refuse an architecture the engine has no forward
+    pass for (named, before any type or shape check).
 
     Raises:
         PackFormatError, ManifestError, LoadError: as the callees do, before any weight is read.
-        UnsupportedModel: ``runnable`` and no model file for the pack's architecture.
+        UnsupportedModel: ``runnable`` and no model file for the pack's architecture; a metadata key
+            whose value strata does not implement (metadata.txt, the key, the value and what strata
+            implements named).
     """
     pool = Path(pack_dir) / POOL_FILE
     if pool.exists() and not pool.is_file():
@@ -63,6 +75,10 @@ def open_checked(pack_dir: str | Path, *, runnable: bool = False) -> tuple[Pack,
     if runnable:
         recipe_for(pack.arch)
     geom = geometry_from_params(pack.arch, pack.geometry_params)
+    try:
+        check_metadata_keys(geom, pack.metadata)
+    except KeysRefusedError as e:
+        raise UnsupportedModel(str(e.with_file(pack.path / METADATA_FILE))) from None
     return pack, geom, check_pack(pack, geom)
 
 
@@ -72,7 +88,7 @@ def kv_cache_need_bytes(model: Decoder, n_ctx: int, kv: str, sliding: str = "rin
     layers as rings unless ``sliding="full"``)."""
     h = model.hp
     windows = model.layer_windows() if sliding == "ring" else [None] * h.n_layer
-    layers = [F.KVLayer(il, h.n_head_kv * h.head_dim, h.n_head_kv * h.head_dim_v, 0, w)
+    layers = [F.KVLayer(il, h.n_head_kv * h.head_dim, h.n_head_kv * h.head_dim_v, model.indexer_head_dim, w)
               for il, w in enumerate(windows) if model.attn[il] is not None]
     return F.kv_cache_bytes(layers, n_ctx, F.ENGINE_PREFILL_CHUNK, kv, 1)
 
@@ -181,6 +197,13 @@ class CpuDevice:
                                        kernel=experts.kernel)
         note["resident"] = f"{len(pairs)} of {len(experts.source.layers) * n_expert} experts ({opts.resident})"
 
+    def load_drafter(self, pack: Pack, plan: LoadPlan, model: Decoder, note: dict) -> None:
+        note["draft tensors"] = len(plan.draft)
+        note["where"] = "kept in the memory-mapped pool (the CPU path does not run the draft head)"
+
+    def bind_drafter(self, plan: LoadPlan, model: Decoder, opts: EngineOptions, n_ctx: int, note: dict) -> None:
+        note["bind"] = "none on the CPU path"
+
     def finish(self, engine: Engine) -> None:
         pass
 
@@ -228,8 +251,12 @@ def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: 
         raise StageTimesRefused(
             "--stage-times: stage timers cannot measure inside a captured CUDA graph (events recorded between its "
             "launches record nothing); refusing rather than reporting zeros - add --no-graph")
+    if opts.card is not None and device == "cpu":
+        raise GenerateError(f"--card {opts.card.name}: a card is emulated on the GPU path; add --device cuda")
     if isinstance(device, str):
         dkw = {"backend": backend} if backend else {}
+        if opts.card is not None and backend is None:
+            dkw["card"] = opts.card
         if device == "cpu":
             dkw = {"exact": opts.exact, "threads": opts.threads, "kernel": opts.cpu_kernel}
         dev = make_device(device, **dkw)
@@ -250,37 +277,77 @@ def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: 
 
     weights = dev.make_weights(pack, plan, nx)
     experts = dev.make_experts(plan, nx) if plan.experts else None
-    model = Decoder(geom, recipe, weights, experts, pack.metadata)
+    model = Decoder(geom, recipe, weights, experts)
     n_ctx = int(opts.n_ctx if opts.n_ctx is not None else geom["n_ctx_train"])
     avail, what = dev.memory_available()
     check_ctx(model, geom, n_ctx, opts.kv, avail, what, opts.sliding, on_warning)
     head = set(model.head_tensors())
     rows_only = set(model.row_tensors())
-    with cps.stage("weights") as note:
+    got: dict = {}
+
+    def weights_stage(note):
         dev.load_weights(weights, [n for n in plan.dense if n not in head and n not in rows_only], "weights", note)
         note["kept quantized (rows on demand)"] = ",".join(sorted(rows_only)) or "-"
-        dev.mark("weights", note)
-    with cps.stage("head") as note:
+
+    def head_stage(note):
         dev.load_weights(weights, sorted(head), "head", note)
         note["tensor"] = model.head
-        dev.mark("head", note)
-    with cps.stage("session") as note:
-        state = dev.open_session(model, opts, n_ctx, note)
-        tokenizer = load_tokenizer(pack)
-        dev.mark("session", note)
-    with cps.stage("prompt path") as note:
-        runner = dev.prompt_path(model, state, opts, note)
-        dev.mark("prompt path", note)
-    with cps.stage("expert cache") as note:
+
+    def session_stage(note):
+        got["state"] = dev.open_session(model, opts, n_ctx, note)
+        got["tokenizer"] = load_tokenizer(pack)
+
+    def cache_stage(note):
         if experts is not None:
             dev.open_expert_cache(experts, geom, opts, note)
         else:
             note["resident"] = "none (dense model)"
-        dev.mark("expert cache", note)
+
+    run = {"weights": weights_stage, "head": head_stage, "session": session_stage,
+           "drafter": lambda note: dev.load_drafter(pack, plan, model, note),
+           "prompt path": lambda note: got.__setitem__("runner", dev.prompt_path(model, got["state"], opts, note)),
+           "expert cache": cache_stage,
+           "bind": lambda note: dev.bind_drafter(plan, model, opts, n_ctx, note)}
+    for stage in stage_order(opts.stage_order, bool(plan.draft)):
+        with cps.stage(stage) as note:
+            try:
+                run[stage](note)
+            except MemoryError as e:  # a real card's CuPy OutOfMemoryError, or an emulated card's refusal
+                cls = type(e) if isinstance(e, GenerateError) else StartupRefused
+                raise cls(f"start-up stage {stage!r}: {e}") from e
+            dev.mark(stage, note)
+    runner, state, tokenizer = got["runner"], got["state"], got["tokenizer"]
     eng = Engine(pack, geom, plan, weights, runner, tokenizer, state, experts, cps.done, device=dev.name, kv=opts.kv)
     eng.notes = unused_notes(recipe, plan)
     dev.finish(eng)
     return eng
+
+
+#: Every start-up stage in the order it runs (module docstring; ``drafter`` and ``bind`` only for a pack
+#: with NextN draft blocks). ``pack`` always comes first.
+STAGES = ("pack", "weights", "head", "session", "drafter", "prompt path", "expert cache", "bind")
+
+
+def stage_order(order: tuple[str, ...] | list[str] | None, draft: bool) -> list[str]:
+    """The stages after ``pack`` in the order they run: :data:`STAGES` (without ``drafter`` and ``bind``
+    when there is no draft head), or ``order`` - a test's reordering (docs/DESIGN.md "Incident 1: the head
+    before the cache" is shown by loading the head after the cache: the reserve is eaten and the start is
+    refused at the end, :meth:`strata.engine.gpu.device.GpuDevice.finish`).
+
+    Raises:
+        GenerateError: an order that is not a permutation of those stages, or that opens the session
+            after the prompt path or binds the drafter before loading it.
+    """
+    default = [st for st in STAGES[1:] if draft or st not in ("drafter", "bind")]
+    if order is None:
+        return default
+    got = list(order)
+    if sorted(got) != sorted(default):
+        raise GenerateError(f"stage order {got}: expected a permutation of {default}")
+    for a, b in (("session", "prompt path"), ("drafter", "bind")):
+        if a in got and got.index(a) > got.index(b):
+            raise GenerateError(f"stage order {got}: {a!r} must come before {b!r}")
+    return got
 
 
 def unused_notes(recipe, plan: LoadPlan) -> list[str]:
@@ -294,5 +361,5 @@ def unused_notes(recipe, plan: LoadPlan) -> list[str]:
     return out
 
 
-__all__ = ["CpuDevice", "DEVICES", "Device", "Engine", "EngineOptions", "check_ctx", "check_kv",
-           "host_ram_bytes", "kv_cache_need_bytes", "load_engine", "make_device", "open_checked"]
+__all__ = ["CpuDevice", "DEVICES", "Device", "Engine", "EngineOptions", "STAGES", "check_ctx", "check_kv",
+           "host_ram_bytes", "kv_cache_need_bytes", "load_engine", "make_device", "open_checked", "stage_order"]

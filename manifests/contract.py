@@ -15,7 +15,10 @@ A manifest says, for one architecture:
   against the one name table, :mod:`strata.manifests.names`), its shape as expressions in ggml ne
   order, the layer kinds it exists on, its allowed ggml types, and whether it is optional or one
   option of a ``[[choices]]`` group (e.g. fused ``attn_qkv`` vs ``attn_q/k/v``);
-- ``[state]`` / ``[state_from_tensors]``: every budget term twice (:class:`StateSpec`).
+- ``[state]`` / ``[state_from_tensors]``: every budget term twice (:class:`StateSpec`);
+- ``[keys]``: every GGUF metadata key llama.cpp's loader reads for the architecture, honoured (the
+  param it feeds), refused (the values strata implements) or inert (why nothing depends on it):
+  :mod:`strata.manifests.keys`.
 
 Expressions are :mod:`strata.manifests.expr`'s safe subset of Python. Sources of every formula are
 cited in the manifest files (llama.cpp file:line).
@@ -32,6 +35,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .expr import ManifestError, evaluate, names_in, parse
+from .keys import KeySpec, KeysRefusedError, collapse_per_layer, key_refusals
 from .names import TensorNameError, is_per_layer, name_pattern, tensor_name
 
 MANIFEST_DIR = Path(__file__).resolve().parent
@@ -130,6 +134,8 @@ class LayerSpec(BaseModel):
     attention_kinds: list[str] = []  # kinds that hold a KV cache
     window: str | None = None  # expression of il: KV window in tokens for a layer (None = full context)
     recurrent_kinds: list[str] = []
+    # kinds of draft blocks (NextN / MTP heads, bases/nextn.toml): loaded as the drafter, not run as layers
+    draft_kinds: list[str] = []
 
 
 class StateSpec(BaseModel):
@@ -169,6 +175,8 @@ class Manifest(BaseModel):
     tensors: list[TensorSpec]
     choices: list[ChoiceSpec] = Field(default_factory=list)
     checks: list[str] = Field(default_factory=list)  # relations between params that must hold
+    # every metadata key llama.cpp reads for the architecture, relative to "{arch}." ("/" = absolute)
+    keys: dict[str, KeySpec] = Field(default_factory=dict)
 
     @field_validator("derived")
     @classmethod
@@ -176,6 +184,12 @@ class Manifest(BaseModel):
         for k, e in v.items():
             parse(e)
         return v
+
+    @model_validator(mode="after")
+    def _keys_match_params(self) -> "Manifest":
+        for key, spec in self.keys.items():
+            spec.validate_for(key, self.params)
+        return self
 
     @model_validator(mode="after")
     def _every_term_twice(self) -> "Manifest":
@@ -198,7 +212,7 @@ def _read_toml(path: Path) -> dict:
 def merge_manifest(base: dict, child: dict) -> dict:
     """``child`` (a manifest's TOML data) over ``base`` (a shared part's).
 
-    ``params`` and ``derived``: the child's entries added, or replacing the base's of the same name;
+    ``params``, ``derived`` and ``keys``: the child's entries added, or replacing the base's of the same name;
     ``layers``, ``state``, ``state_from_tensors``: field by field; ``tensors``: a child entry with the
     role of a base entry replaces it in place, others are appended; ``choices``: by name, likewise;
     ``checks``: the union, base first; every other key: the child's.
@@ -207,7 +221,7 @@ def merge_manifest(base: dict, child: dict) -> dict:
     for key, v in child.items():
         if key == "extends":
             continue
-        if key in ("params", "derived", "layers", "state", "state_from_tensors"):
+        if key in ("params", "derived", "keys", "layers", "state", "state_from_tensors"):
             out[key] = {**base.get(key, {}), **v}
         elif key in ("tensors", "choices"):
             ident = "role" if key == "tensors" else "name"
@@ -329,6 +343,16 @@ class Geometry:
         """Layer indices whose kind is one of ``kinds``."""
         return [il for il, k in enumerate(self.layer_kinds) if k in kinds]
 
+    @property
+    def draft_layers(self) -> list[int]:
+        """The draft blocks (kinds in ``[layers] draft_kinds``: NextN / MTP heads, after the decoder layers)."""
+        return self.layers_of(*self.manifest.layers.draft_kinds)
+
+    @property
+    def n_trunk(self) -> int:
+        """Decoder layers the main pass runs: every layer that is not a draft block (they come last)."""
+        return len(self.layer_kinds) - len(self.draft_layers)
+
     def layer_env(self, il: int) -> dict[str, Any]:
         return {**self.env, "il": il, "kind": self.layer_kinds[il]}
 
@@ -368,7 +392,7 @@ def geometry_from_metadata(arch: str, kv: dict[str, Any], array_lengths: dict[st
     """Resolve an architecture's params from GGUF metadata through its manifest.
 
     Args:
-        kv: GGUF key -> scalar value (arrays may be absent or placeholders).
+        kv: GGUF key -> value: scalars; arrays as lists (metadata.txt's per-layer arrays) or placeholders.
         array_lengths: GGUF key -> element count, for params with ``array_len``.
         arrays: GGUF key -> list of values, for ``int_array`` / ``bool_array`` params.
         check: refuse impossible values and violated ``checks`` (always, except for a writer of test
@@ -376,10 +400,14 @@ def geometry_from_metadata(arch: str, kv: dict[str, Any], array_lengths: dict[st
 
     Raises:
         ManifestError: a required key is missing (naming it and the manifest) or has the wrong kind.
+        KeysRefusedError: a per-layer key (``[keys]`` ``per_layer``) given as an array whose values differ,
+            or (with ``check``) a refused key whose rule names params only (the rest:
+            :func:`strata.manifests.keys.check_metadata_keys` on the geometry).
     """
     m = load_manifest(arch)
     array_lengths = array_lengths or {}
-    arrays = arrays or {}
+    arrays = {**{k: v for k, v in kv.items() if isinstance(v, (list, tuple))}, **(arrays or {})}
+    per_layer = {s.param: k for k, s in m.keys.items() if s.per_layer and s.param}
     values: dict[str, Any] = {}
     for name, p in m.params.items():
         key = p.key[1:] if p.key.startswith("/") else f"{arch}.{p.key}"
@@ -387,13 +415,16 @@ def geometry_from_metadata(arch: str, kv: dict[str, Any], array_lengths: dict[st
             v = array_lengths.get(key)
         elif p.kind in ("int_array", "bool_array"):
             v = arrays.get(key)
-            if v is None and key in kv and not isinstance(kv[key], (list, tuple)) and not hasattr(kv[key], "count"):
+            if v is None and key in kv and not hasattr(kv[key], "count"):
                 v = kv[key]  # a scalar where an array is allowed (e.g. sliding_window_pattern as u32)
             elif v is not None:
                 v = [bool(x) for x in v] if p.kind == "bool_array" else [int(x) for x in v]
         else:
-            v = kv.get(key)
-            if v is not None and hasattr(v, "count") and hasattr(v, "elem_type"):
+            v = arrays.get(key, kv.get(key))
+            if name in per_layer and v is not None:
+                # llama.cpp get_key_or_arr: a scalar, or one value per layer (honoured when all are equal)
+                v = collapse_per_layer(arch, per_layer[name], v, values.get("n_layer"), name, strict=check)
+            elif v is not None and (isinstance(v, (list, tuple)) or (hasattr(v, "count") and hasattr(v, "elem_type"))):
                 raise ManifestError(f"{arch}: metadata key {key} is an array, manifest param {name} expects {p.kind}")
         if v is None and p.default is not None:
             v = evaluate(p.default, values) if isinstance(p.default, str) else p.default
@@ -410,7 +441,19 @@ def geometry_from_metadata(arch: str, kv: dict[str, Any], array_lengths: dict[st
         if check:
             p.check(name, v, f"{arch} metadata", key)
         values[name] = v
+    if check:  # a refused key by name before the layer kinds evaluate it (a recurrent_layers array too short)
+        early = key_refusals(_Params(m, values), {**kv, **arrays}, params_only=True)
+        if early:
+            raise KeysRefusedError("; ".join(r.message for r in early), early)
     return Geometry(m, values, check=check)
+
+
+class _Params:
+    """A manifest and its resolved params, before :class:`Geometry` derives anything (for
+    :func:`strata.manifests.keys.key_refusals` with ``params_only``)."""
+
+    def __init__(self, manifest: Manifest, values: dict[str, Any]):
+        self.manifest, self.env = manifest, values
 
 
 def format_value(v: Any) -> str:

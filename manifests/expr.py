@@ -2,8 +2,9 @@
 
 Manifests (``manifests/*.toml``) write shapes, derived numbers, layer kinds and budget terms as
 expressions: integer arithmetic (``+ - * // % **``, ``/`` only where a float is meant),
-comparisons, ``and/or/not``, ``x if c else y``, ``min``, ``max``, ``sqrt``, ``int``, ``is_list``,
-``defined(name)``, indexing of array params, and string constants. :func:`evaluate` parses once
+comparisons (also ``in`` / ``not in`` a tuple of constants, ``is None`` / ``is not None``), ``and/or/not``,
+``x if c else y``, ``min``, ``max``, ``sqrt``, ``int``, ``len``, ``is_list``, ``defined(name)``, indexing of array
+params, and string constants. :func:`evaluate` parses once
 (cached) and walks the AST; anything else (attribute access, lambdas, comprehensions, calls of
 other functions) is refused by :func:`parse` with the expression in the message.
 
@@ -32,9 +33,10 @@ BINOPS = {
 }
 CMPOPS = {
     ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-    ast.Gt: operator.gt, ast.GtE: operator.ge,
+    ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+    ast.Is: operator.is_, ast.IsNot: operator.is_not,
 }
-FUNCS = {"min": min, "max": max, "sqrt": math.sqrt, "int": int, "is_list": lambda x: isinstance(x, list)}
+FUNCS = {"min": min, "max": max, "sqrt": math.sqrt, "int": int, "len": len, "is_list": lambda x: isinstance(x, list)}
 #: Functions an expression may call only when the caller binds them in ``env``: ``ne(role, d)`` (dim
 #: ``d`` of the tensor with that role, in the current layer for a per-layer role) and ``has(role)``
 #: (see the module docstring).
@@ -51,13 +53,13 @@ def parse(expr: str) -> ast.Expression:
     for node in ast.walk(tree):
         ok = isinstance(node, (
             ast.Expression, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.IfExp, ast.Name, ast.Constant,
-            ast.Subscript, ast.Call, ast.Load, ast.And, ast.Or, ast.Not, ast.USub, ast.UAdd,
+            ast.Subscript, ast.Call, ast.Load, ast.And, ast.Or, ast.Not, ast.USub, ast.UAdd, ast.Tuple,
         )) or type(node) in BINOPS or type(node) in CMPOPS
         if not ok:
             raise ManifestError(f"expression {expr!r}: {type(node).__name__} is not allowed")
         if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name)
                                                and node.func.id in (*FUNCS, *ENV_FUNCS, "defined")):
-            raise ManifestError(f"expression {expr!r}: only min/max/sqrt/int/is_list/defined/ne/has may be called")
+            raise ManifestError(f"expression {expr!r}: only min/max/sqrt/int/len/is_list/defined/ne/has may be called")
     return tree
 
 
@@ -113,6 +115,8 @@ def evaluate(expr: str | int | float, env: dict[str, Any]) -> Any:
             return ev(n.body) if ev(n.test) else ev(n.orelse)
         if isinstance(n, ast.Subscript):
             return ev(n.value)[ev(n.slice)]
+        if isinstance(n, ast.Tuple):
+            return tuple(ev(x) for x in n.elts)
         if isinstance(n, ast.Call):
             name = n.func.id
             if name == "defined":

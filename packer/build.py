@@ -20,18 +20,20 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf.constants import GGUFValueType
 
-from strata.manifests.contract import Geometry, geometry_from_metadata, geometry_params_text
+from strata.manifests.contract import MAX_LAYERS, Geometry, geometry_from_metadata, geometry_params_text
+from strata.manifests.keys import KeysRefusedError, check_metadata_keys
 from strata.manifests.names import expert_part
 
 from . import quants
 from .findings import fmt_ne, pad4
 from .gguf_file import ArrayRef, GGUFModel, GGUFError, TensorInfo, open_model, read_array
 from .packfmt import (
-    EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, MANIFEST_FILE, MERGES_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE,
+    BUILD_FILE, EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, LEGACY_BUILD_FILE, MERGES_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE,
     ExpertLayer, IndexEntry, NativeExperts, PackIndex, write_experts, write_geometry, write_index,
     write_metadata,
 )
@@ -41,6 +43,12 @@ from .tokenizer_rules import tokenizer_refusal
 
 CHUNK_BYTES = 8 << 20
 DEFAULT_ALIGN = 64
+#: GGUF array element types metadata.txt holds (as ``int_array`` / ``float_array`` / ``bool_array``).
+ARRAY_KINDS = {
+    **{t: "int_array" for t in (GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
+                                GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64)},
+    GGUFValueType.FLOAT32: "float_array", GGUFValueType.FLOAT64: "float_array", GGUFValueType.BOOL: "bool_array",
+}
 
 
 class BuildError(ValueError):
@@ -74,15 +82,46 @@ def is_expert_tensor(name: str) -> bool:
     return expert_part(name) is not None
 
 
-def resolve_geometry(model: GGUFModel) -> Geometry:
-    """Geometry of ``model`` from shard 0's metadata through the architecture's manifest."""
+def metadata_values(model: GGUFModel) -> dict[str, Any]:
+    """Shard 0's metadata as the manifests' rules read it: scalars as they are; the architecture's own
+    arrays (``<arch>.*``, at most :data:`strata.manifests.contract.MAX_LAYERS` values: per-layer head
+    counts, sliding-window patterns, classifier labels, ...) as lists, bool arrays as bools, strings
+    decoded; any other array as its :class:`~strata.packer.gguf_file.ArrayRef` (a rule only asks whether
+    it is there)."""
     h = model.shards[0]
-    lengths = {k: v.count for k, v in h.kv.items() if isinstance(v, ArrayRef)}
-    arrays = {}
+    out: dict[str, Any] = {}
     for k, v in h.kv.items():
-        if isinstance(v, ArrayRef) and v.elem_type != GGUFValueType.STRING and v.count < 4096:
-            arrays[k] = read_array(h, k).tolist()
-    return geometry_from_metadata(model.arch, h.kv, lengths, arrays)
+        if not (isinstance(v, ArrayRef) and k.startswith(f"{model.arch}.") and v.count <= MAX_LAYERS):
+            out[k] = v
+        elif v.elem_type == GGUFValueType.STRING:  # e.g. classifier.output_labels: shown in a refusal
+            out[k] = [bytes(x).decode("utf-8", "replace") for x in read_array(h, k)]
+        elif v.elem_type in ARRAY_KINDS:
+            a = read_array(h, k).tolist()
+            out[k] = [bool(x) for x in a] if v.elem_type == GGUFValueType.BOOL else a
+        else:
+            out[k] = v
+    return out
+
+
+def resolve_geometry(model: GGUFModel) -> Geometry:
+    """Geometry of ``model`` from shard 0's metadata through the architecture's manifest, after every
+    metadata key llama.cpp reads for the architecture was honoured or refused (the manifest's
+    ``[keys]``, :func:`strata.manifests.keys.check_metadata_keys`: the rule the audit and the engine
+    apply to ``metadata.txt``).
+
+    Raises:
+        KeysRefusedError: naming the file, each refused key, its value and what strata implements.
+        ManifestError: metadata that does not satisfy the manifest.
+    """
+    h = model.shards[0]
+    kv = metadata_values(model)
+    lengths = {k: v.count for k, v in h.kv.items() if isinstance(v, ArrayRef)}
+    try:
+        g = geometry_from_metadata(model.arch, kv, lengths)
+        check_metadata_keys(g, kv)
+    except KeysRefusedError as e:
+        raise e.with_file(h.path) from None
+    return g
 
 
 def layout_pool(model: GGUFModel, align: int) -> PackIndex:
@@ -177,11 +216,17 @@ def tabulate_experts(model: GGUFModel, geom: Geometry) -> NativeExperts | None:
 
 
 def metadata_items(model: GGUFModel, src_dir: Path) -> list[tuple[str, str, object]]:
-    """metadata.txt rows: every scalar key of shard 0 (arrays are in the tokenizer tables), then
-    ``strata.source_dir`` (where the shards were when the pack was built)."""
+    """metadata.txt rows: every scalar key of shard 0 and the architecture's own numeric arrays
+    (:func:`metadata_values`: the per-layer arrays the manifests' ``[keys]`` rules read; the tokenizer's
+    arrays are in the tokenizer tables), then ``strata.source_dir`` (where the shards were when the pack
+    was built)."""
     h = model.shards[0]
-    items = []
-    for key, v in h.kv.items():
+    items: list[tuple[str, str, object]] = []
+    for key, v in metadata_values(model).items():
+        if isinstance(v, list):
+            if h.kv[key].elem_type in ARRAY_KINDS:  # string arrays are not part of the format
+                items.append((key, ARRAY_KINDS[h.kv[key].elem_type], v))
+            continue
         if isinstance(v, ArrayRef):
             continue
         vt = h.kv_types[key]
@@ -330,7 +375,7 @@ def check_target(out: Path, source_paths: list[Path], force: bool) -> None:
     """Refuse an output directory that could destroy data.
 
     ``out`` must not exist unless ``force`` is given, and then it must be a pack (it holds
-    ``index.txt`` and ``manifest.json``) and must not be, or contain, a directory holding a
+    ``index.txt`` and ``build.json`` (``manifest.json`` before the rename)) and must not be, or contain, a directory holding a
     source shard. Its parent must exist (like ``cp``: no silent ``mkdir -p``).
 
     Raises:
@@ -348,8 +393,8 @@ def check_target(out: Path, source_paths: list[Path], force: bool) -> None:
             raise BuildError(f"{out} already exists; pass --force to replace it")
         if not out.is_dir() or out.is_symlink():
             raise BuildError(f"{out} exists and is not a directory; refusing to replace it")
-        if not ((out / INDEX_FILE).is_file() and (out / MANIFEST_FILE).is_file()):
-            raise BuildError(f"{out} exists and is not a strata pack (no {INDEX_FILE} and {MANIFEST_FILE}); "
+        if not ((out / INDEX_FILE).is_file() and ((out / BUILD_FILE).is_file() or (out / LEGACY_BUILD_FILE).is_file())):
+            raise BuildError(f"{out} exists and is not a strata pack (no {INDEX_FILE} and {BUILD_FILE}); "
                              f"refusing to replace it even with --force")
 
 
@@ -402,6 +447,7 @@ def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = D
         BuildError: a pack that cannot be built (target exists without ``force``, target not a
             pack, alignment out of range, layer count disagreeing with the tensors).
         ManifestError: metadata that does not satisfy the architecture's manifest.
+        KeysRefusedError: a metadata key whose value strata does not implement (file, key, value named).
         OutputError: the output cannot be written (disk full: the bytes needed and free; read-only or
             forbidden directory), naming ``out``; the temp dir is removed. A disk with less free
             space than pool.bin needs is refused before anything is copied.
@@ -445,14 +491,14 @@ def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = D
             expert_layers=experts.n_layer if experts else 0, expert_total_bytes=experts.total if experts else 0,
             max_blob=experts.max_blob if experts else 0, seconds=0.0,
         )
-        manifest = {"format": "strata pack v1", "arch": geom.arch, "geometry": dict(geometry_params_text(geom)),
+        record = {"format": "strata pack v1", "arch": geom.arch, "geometry": dict(geometry_params_text(geom)),
                     "sources": [{"file": s.path.name, "path": str(s.path.resolve()), "bytes": s.file_size,
                                  "mtime_ns": s.path.stat().st_mtime_ns} for s in model.shards],
                     "align": align, "pool_bytes": index.pool_bytes, "dense_tensors": len(index.entries),
                     "expert_layers": result.expert_layers, "expert_total_bytes": result.expert_total_bytes,
                     "max_blob": result.max_blob, "bf16_promoted": result.bf16_promoted}
-        with open(tmp / MANIFEST_FILE, "w") as f:
-            json.dump(manifest, f, indent=1)
+        with open(tmp / BUILD_FILE, "w") as f:
+            json.dump(record, f, indent=1)
         # verify what was written before it becomes visible
         reread = open_pack(tmp)
         if reread.index.entries != index.entries or (experts and reread.experts.layers != experts.layers):
@@ -529,5 +575,5 @@ def check_layer_count(model: GGUFModel, geom: Geometry) -> None:
         )
 
 
-__all__ = ["BuildError", "BuildResult", "build_pack", "check_target", "check_foreign_shards", "check_tokenizer", "check_layer_count", "metadata_items", "is_expert_tensor", "layout_pool", "resolve_geometry",
+__all__ = ["ARRAY_KINDS", "BuildError", "BuildResult", "build_pack", "check_target", "check_foreign_shards", "check_tokenizer", "check_layer_count", "metadata_items", "metadata_values", "is_expert_tensor", "layout_pool", "resolve_geometry",
            "tabulate_experts", "write_pool", "GGUFError"]

@@ -39,7 +39,7 @@ NEGATIVE: dict[str, str] = {
     "strata-pack verify": "the pack differs from its sources, or one of its files is corrupt (named, with both numbers)",
     "strata-pack fetch": "the download or its sha256/size check failed (nothing is left in the cache)",
     "strata-budget check": "the plan does not fit the card, or --expert-cache N does not fit",
-    "strata-engine measure": "a budget term differs from what the engine allocated",
+    "strata-engine measure": "a budget term differs from what the engine allocated, or the reserve was not free after start-up",
 }
 #: Every command, in the order of the README's table.
 COMMANDS = ("strata-pack build", "strata-pack verify", "strata-pack inspect", "strata-pack fetch",
@@ -48,15 +48,17 @@ COMMANDS = ("strata-pack build", "strata-pack verify", "strata-pack inspect", "s
 
 #: What exit 2 means, per command (always one ``error: ...`` line; with ``--json`` an error object too).
 REFUSED: dict[str, str] = {
-    "strata-pack build": "not a GGUF, a foreign shard or a big-endian file, an unsupported tokenizer, an output that "
-                         "exists or cannot be written (the bytes needed and free when the disk is full)",
+    "strata-pack build": "not a GGUF, a foreign shard or a big-endian file, an unsupported tokenizer, a metadata key "
+                         "whose value strata does not implement (key and value named), an output that exists or "
+                         "cannot be written (the bytes needed and free when the disk is full)",
     "strata-pack verify": "not a pack (missing, empty, a GGUF file), a source shard moved (`--source-dir`) or unreadable: "
                           "nothing compared",
     "strata-pack inspect": "neither a GGUF nor a pack, a `--parquet` file that cannot be written",
     "strata-pack fetch": "an unknown name, an unusable cache directory, not enough free space",
     "strata-budget check": "a semantic error in the pack (every failure listed), not a pack, a bad card, option or profile",
     "strata-engine generate": "not a pack, a pack the engine cannot load, a refused request (`--chat` without a chat "
-                              "template, prompt + tokens beyond `--ctx`, ...)",
+                              "template, prompt + tokens beyond `--ctx`, ...), a start that does not fit the card "
+                              "(`--card`: the numbers)",
     "strata-engine measure": "no CUDA GPU, not a pack, a pack that cannot load, an option out of range",
     "strata-engine profile": "not a pack, a missing prompts file, an `-o` that cannot be written",
 }
@@ -64,7 +66,7 @@ OK: dict[str, str] = {
     "strata-pack build": "the pack is written and re-read", "strata-pack verify": "identical to its sources",
     "strata-pack inspect": "the table is printed", "strata-pack fetch": "the verified model's path is printed",
     "strata-budget check": "the audit passes and the plan fits", "strata-engine generate": "the text is generated",
-    "strata-engine measure": "every exact term equal, the total within tolerance",
+    "strata-engine measure": "every exact term equal, the total within tolerance, the reserve free",
     "strata-engine profile": "the profile is written",
 }
 SIGNALS_NOTE = ("Every command: **130** when interrupted by SIGINT (Ctrl-C), **143** by SIGTERM (128 + the signal "

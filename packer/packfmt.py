@@ -14,9 +14,9 @@ A pack directory holds:
   up halves interleave per expert (stride = both halves, bytes = one half).
 - ``geometry.txt``: ``key value`` lines, every number a kernel depends on (see
   :mod:`strata.manifests.contract`).
-- ``metadata.txt``: every scalar GGUF key as ``key type value`` (strings escaped), so no
-  tool needs the GGUF metadata after packing.
-- ``vocab.parquet`` / ``merges.parquet``: the tokenizer arrays; ``manifest.json``: a summary
+- ``metadata.txt``: every scalar GGUF key as ``key type value`` (strings escaped), and the
+  architecture's numeric arrays (comma-separated), so no tool needs the GGUF metadata after packing.
+- ``vocab.parquet`` / ``merges.parquet``: the tokenizer arrays; ``build.json``: a summary
   for people and Python tools (never read on the weight path).
 
 Readers are strict by design (the engine's lesson: a parser whose failure mode is a wrong
@@ -52,7 +52,18 @@ GEOMETRY_FILE = "geometry.txt"
 METADATA_FILE = "metadata.txt"
 VOCAB_FILE = "vocab.parquet"
 MERGES_FILE = "merges.parquet"
-MANIFEST_FILE = "manifest.json"
+BUILD_FILE = "build.json"
+#: The build record's name before 2026-11-30 ("manifest" also named the contracts): read, never written.
+LEGACY_BUILD_FILE = "manifest.json"
+
+
+def build_record_path(pack_dir) -> "Path":
+    """The pack's build record: ``build.json``, or ``manifest.json`` in a pack built before the rename
+    (the path of ``build.json`` when neither exists)."""
+    from pathlib import Path
+
+    d = Path(pack_dir)
+    return d / LEGACY_BUILD_FILE if not (d / BUILD_FILE).exists() and (d / LEGACY_BUILD_FILE).exists() else d / BUILD_FILE
 
 
 class PackFormatError(ValueError):
@@ -205,12 +216,15 @@ def _unescape(s: str) -> str:
 
 
 def write_metadata(path: Path, items: list[tuple[str, str, object]]) -> None:
-    """Write metadata.txt: ``key type value`` per scalar GGUF key; ``type`` is one of
-    int/float/bool/str; strings are escaped (unicode_escape, spaces as ``\\x20``)."""
+    """Write metadata.txt: ``key type value`` per GGUF key; ``type`` is one of int/float/bool/str, or
+    int_array/float_array/bool_array (values comma-separated, bools 0/1, ``-`` for an empty array);
+    strings are escaped (unicode_escape, spaces as ``\\x20``)."""
     lines = [METADATA_VERSION_LINE]
     for key, kind, v in items:
         _check_token(key, "metadata key")
-        if kind == "str":
+        if kind in _ARRAY_KINDS:
+            val = ",".join(repr(float(x)) if kind == "float_array" else str(int(x)) for x in v) or "-"
+        elif kind == "str":
             val = _escape(str(v))
         elif kind == "bool":
             val = "true" if v else "false"
@@ -403,6 +417,27 @@ def read_geometry_params(path: str | os.PathLike) -> dict[str, str]:
     return d
 
 
+_ARRAY_KINDS = ("int_array", "float_array", "bool_array")
+
+
+def _read_array_value(kind: str, val: str) -> list:
+    """A metadata.txt array value (``1,2,3``; ``-`` empty) as a list of int / float / bool."""
+    if val == "-":
+        return []
+    parts = val.split(",")
+    if kind == "float_array":
+        return [float(x) for x in parts]
+    for x in parts:
+        body = x[1:] if x.startswith("-") else x
+        if not (body.isascii() and body.isdigit()):
+            raise ValueError(f"{kind} element {x!r} is not a decimal integer")
+    if kind == "bool_array":
+        if any(x not in ("0", "1") for x in parts):
+            raise ValueError(f"bool_array value {val!r}: elements must be 0 or 1")
+        return [x == "1" for x in parts]
+    return [int(x) for x in parts]
+
+
 def read_metadata(path: str | os.PathLike) -> dict[str, object]:
     """metadata.txt as ``{key: value}`` with Python types restored."""
     path = Path(path)
@@ -429,6 +464,8 @@ def read_metadata(path: str | os.PathLike) -> dict[str, object]:
                 out[key] = val == "true"
             elif kind == "str":
                 out[key] = _unescape(val)
+            elif kind in _ARRAY_KINDS:
+                out[key] = _read_array_value(kind, val)
             else:
                 raise ValueError(f"unknown type {kind!r}")
         except ValueError as e:

@@ -24,7 +24,8 @@ from strata.manifests.contract import geometry_params_text
 from . import quants
 from .build import CHUNK_BYTES, layout_pool, metadata_items, resolve_geometry, tabulate_experts
 from .gguf_file import GGUFError, open_model
-from .packfmt import GEOMETRY_VERSION_LINE, INDEX_FILE, MANIFEST_FILE, POOL_FILE, NotAPackError, PackFormatError, read_kv_text
+from .packfmt import (GEOMETRY_VERSION_LINE, INDEX_FILE, POOL_FILE, NotAPackError, PackFormatError, build_record_path,
+                      read_kv_text)
 from .pack import check_pool_layout, read_pack
 
 
@@ -86,10 +87,10 @@ def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir:
         if p.stat().st_size != size:
             raise VerifyError(f"{p}: source is {p.stat().st_size} bytes, the pack was built from {size} bytes")
     try:
-        recorded = {s["file"]: s.get("mtime_ns") for s in json.loads((pack.path / MANIFEST_FILE).read_text())["sources"]}
+        recorded = {s["file"]: s.get("mtime_ns") for s in json.loads(build_record_path(pack.path).read_text())["sources"]}
     except (OSError, ValueError, KeyError, TypeError):
         recorded = {}
-        warnings.append(f"{pack.path / MANIFEST_FILE}: unreadable; source modification times not checked")
+        warnings.append(f"{build_record_path(pack.path)}: unreadable; source modification times not checked")
     for (name, _), p in zip(pack.index.sources, paths):
         if recorded.get(name) is not None and p.stat().st_mtime_ns != recorded[name]:
             warnings.append(f"{p}: modified since the pack was built (mtime differs); expert bytes are read from it")

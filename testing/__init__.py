@@ -2,7 +2,7 @@
 
 Not part of the toolchain itself (nothing in ``strata.packer``, ``strata.budget`` or
 ``strata.engine`` imports it); it makes the files those are tested on. Everything is seeded: the
-same arguments give byte-identical files. Six modules, one job each:
+same arguments give byte-identical files. Seven modules, one job each:
 
 - :mod:`.blocks` - :func:`make_random_blocks`: valid random blocks of any ggml type (quantized from
   random normal values where gguf-py has a quantizer, otherwise random bytes whose fp16 super-scale
@@ -20,6 +20,8 @@ same arguments give byte-identical files. Six modules, one job each:
   and a sparse data section (a hole); it accepts type ids gguf-py does not know (42 = Q2_0).
   :mod:`.documents` uses it for the documents' 48-layer, 512-expert model
   (:func:`documents_qwen3next_header_only`, ~47 GB logical, a few MB of disk).
+- :mod:`.shards` - :func:`write_split`: split GGUF files of any size with the tiled pattern, written
+  by parallel processes; :func:`write_documents_model` writes the documents' model with it (~47 GB).
 - :mod:`.broken` - :func:`write_broken`: one malformed file per kind in :data:`BROKEN_KINDS` for the
   GGUF reader's tests.
 
@@ -30,8 +32,11 @@ come from the one registry, :mod:`strata.packer.quants`; GGUF value types from
 
 from .blocks import GGUF_QUANTIZABLE, make_random_blocks, pattern_fill, tensor_rng, to_type_id
 from .broken import BROKEN_KINDS, write_broken, write_broken_base
-from .documents import DOCUMENTS_EXPERT_CYCLE, documents_qwen3next_header_only, documents_qwen3next_plan
+from .documents import (
+    DOCUMENTS_EXPERT_CYCLE, documents_qwen3next_header_only, documents_qwen3next_plan, write_documents_model,
+)
 from .gguf_writer import KV, DataMode, HeaderLayout, TensorDecl, TensorLayout, write_header_only
+from .shards import write_split
 from .models import (
     ARCHS, DENSE_TYPES, MOE_ARCHS, ExpertTypes, ModelDims, ModelSpec, PlannedTensor, model_kv, moe_layers, plan_tensors,
     shard_names, spec_geometry, write_model,
@@ -52,5 +57,6 @@ __all__ = [
     "llama_moe_spec", "llama_spec", "make_random_blocks", "model_kv", "moe_layers", "pattern_fill", "plan_tensors",
     "qwen2_spec", "qwen2moe_spec", "qwen3_spec", "qwen3moe_spec", "qwen3next_spec", "shard_names", "spec_geometry",
     "synth_tokenizer", "tensor_rng", "to_type_id", "tokenizer_case_kv", "tokenizer_kv", "write_big_dense",
-    "write_broken", "write_broken_base", "write_header_only", "write_model", "write_tokenizer_case",
+    "write_broken", "write_broken_base", "write_documents_model", "write_header_only", "write_model", "write_split",
+    "write_tokenizer_case",
 ]

@@ -24,7 +24,8 @@ from gguf.constants import GGMLQuantizationType
 from strata.packer import quants
 from strata.packer.quants import QuantType
 
-__all__ = ["GGUF_QUANTIZABLE", "make_random_blocks", "pattern_fill", "tensor_rng", "to_type_id"]
+__all__ = ["GGUF_QUANTIZABLE", "make_random_blocks", "pattern_chunks", "pattern_fill", "role_values", "tensor_rng",
+           "to_type_id"]
 
 
 def tensor_rng(seed: int, name: str) -> np.random.Generator:
@@ -152,16 +153,58 @@ def make_random_blocks(type_id: int | str, n_elements: int, rng: np.random.Gener
     return blocks.reshape(-1)
 
 
-def pattern_fill(type_id: int, ne: Sequence[int], rng: np.random.Generator, pattern_bytes: int = 1 << 16) -> np.ndarray:
-    """Bytes of a whole tensor of type ``type_id`` and shape ``ne`` made by tiling ~``pattern_bytes``
-    (64 KiB) of valid random blocks (:func:`make_random_blocks`): GB-sized files in seconds."""
+def _pattern(type_id: int, ne: Sequence[int], rng: np.random.Generator, pattern_bytes: int) -> tuple[np.ndarray, int]:
+    """(the tile of whole random blocks, the tensor's bytes) of :func:`pattern_fill`."""
     t = quants.qtype(type_id)
     nbytes = quants.tensor_nbytes(type_id, ne)
     n_blocks = nbytes // t.block_bytes
     k = max(1, min(n_blocks, pattern_bytes // t.block_bytes))
-    pat = make_random_blocks(type_id, k * t.block_elems, rng)
+    return make_random_blocks(type_id, k * t.block_elems, rng), nbytes
+
+
+def pattern_fill(type_id: int, ne: Sequence[int], rng: np.random.Generator, pattern_bytes: int = 1 << 16) -> np.ndarray:
+    """Bytes of a whole tensor of type ``type_id`` and shape ``ne`` made by tiling ~``pattern_bytes``
+    (64 KiB) of valid random blocks (:func:`make_random_blocks`): GB-sized files in seconds."""
+    pat, nbytes = _pattern(type_id, ne, rng, pattern_bytes)
     out = np.empty(nbytes, np.uint8)
-    reps = n_blocks // k
+    reps = nbytes // pat.size
     out[:reps * pat.size].reshape(reps, pat.size)[:] = pat  # broadcast copy, memcpy speed
     out[reps * pat.size:] = pat[:nbytes - reps * pat.size]
     return out
+
+
+def pattern_chunks(type_id: int, ne: Sequence[int], rng: np.random.Generator, pattern_bytes: int = 1 << 16,
+                   chunk_bytes: int = 64 << 20):
+    """The bytes of :func:`pattern_fill` (same arguments, same bytes) as a sequence of ``uint8`` arrays
+    of at most ~``chunk_bytes`` each, so a writer never holds a whole tensor (a 471 MB expert tensor of
+    the documents' model is written from one 64 MiB buffer). Yields views of one reused buffer:
+    write each before asking for the next."""
+    pat, nbytes = _pattern(type_id, ne, rng, pattern_bytes)
+    per = max(1, chunk_bytes // pat.size)
+    buf = np.empty(per * pat.size, np.uint8)
+    buf.reshape(per, pat.size)[:] = pat
+    left = nbytes
+    while left >= buf.size:
+        yield buf
+        left -= buf.size
+    full = left // pat.size * pat.size
+    if full:
+        yield buf[:full]
+    if left - full:
+        yield pat[:left - full]
+
+
+def role_values(role: str, n: int, rng: np.random.Generator, std: float = 0.02) -> np.ndarray | None:
+    """f32 values of a tensor that is not a weight matrix, by its fill role (``norm``: near 1, as converters
+    store RMS-norm weights +1; ``ssm_a``: negative, it stores -exp(A_log); ``conv``: the conv kernel;
+    ``vec`` / ``bias`` / ``ssm_dt``: small values), drawn from ``rng``; None for other roles (weights:
+    random blocks). The one rule of :func:`strata.testing.models.write_model` and the documents' writer."""
+    if role == "norm":
+        return 1.0 + 0.01 * rng.standard_normal(n, dtype=np.float32)
+    if role == "ssm_a":
+        return -rng.uniform(0.5, 4.0, size=n).astype(np.float32)
+    if role == "conv":
+        return 0.1 * rng.standard_normal(n, dtype=np.float32)
+    if role in ("bias", "ssm_dt", "vec"):
+        return std * rng.standard_normal(n, dtype=np.float32)
+    return None

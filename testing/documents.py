@@ -5,7 +5,10 @@
 describe (n_embd 2560, full attention every 4th layer, 512 experts of width 640, a 150k vocabulary,
 the optional indexer), with per-layer expert types cycling through :data:`DOCUMENTS_EXPERT_CYCLE`
 (including Q2_0 = 42, which gguf-py 0.19.0 cannot read). :func:`documents_qwen3next_header_only`
-writes it with :func:`.gguf_writer.write_header_only`: ~47 GB logical, a few MB on disk.
+writes it with :func:`.gguf_writer.write_header_only`: ~47 GB logical, a few MB on disk;
+:func:`write_documents_model` writes it with its data, pattern-filled, as a pair of split files (the
+dense tensors, then the routed experts): ~47 GB written in about a minute where the page cache takes
+it, or scaled down (fewer layers and experts, a smaller vocabulary) for tests.
 """
 
 from __future__ import annotations
@@ -17,10 +20,14 @@ from typing import Any
 import numpy as np
 from gguf.constants import GGUFValueType
 
+from strata.packer import quants
+
+from .blocks import to_type_id
 from .gguf_writer import KV, DataMode, HeaderLayout, write_header_only
+from .shards import split_bounds, write_split
 from .tokenizer import SPECIAL_TOKENS, bytes_to_unicode
 
-__all__ = ["DOCUMENTS_EXPERT_CYCLE", "documents_qwen3next_header_only", "documents_qwen3next_plan"]
+__all__ = ["DOCUMENTS_EXPERT_CYCLE", "documents_qwen3next_header_only", "documents_qwen3next_plan", "write_documents_model"]
 
 
 #: (gate/up, down) expert types by layer for the documents' model: layer il uses entry il % 5.
@@ -37,29 +44,38 @@ DOCUMENTS_EXPERT_CYCLE: tuple[tuple[int, int], ...] = (
 
 
 def _documents_vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
+    """A byte-level BPE vocabulary of ``n_vocab`` tokens whose merges build every word from tokens that
+    exist (the 256 bytes, then ``Ġw`` and ``w`` for the words a..z, aa.., in order: a word's prefix always
+    came first), so tokenizers' BPE builds it and the engine can encode text with it."""
     b2u = bytes_to_unicode()
     tokens = [b2u[b] for b in range(256)]
     merges = []
     letters = "abcdefghijklmnopqrstuvwxyz"
     n_words = n_vocab - 256 - len(SPECIAL_TOKENS)
-    for i in range(n_words):  # bijective base-26 words: unique, deterministic, 2..5 letters
-        j, w = i + 26, ""
+    i = 0
+    while len(tokens) - 256 < n_words:  # bijective base-26 words: a, b, .., z, aa, ab, ..
+        j, w = i + 1, ""
         while j:
             j, r = divmod(j - 1, 26)
             w = letters[r] + w
-        tok = ("\u0120" + w) if i % 2 == 0 else w
-        tokens.append(tok)
-        merges.append(f"{tok[:-1]} {tok[-1]}")
+        i += 1
+        for tok in ("\u0120" + w, w if len(w) > 1 else None):
+            if tok is not None and len(tokens) - 256 < n_words:
+                tokens.append(tok)
+                merges.append(f"{tok[:-1]} {tok[-1]}")
     types = [1] * len(tokens) + [3] * len(SPECIAL_TOKENS)
     tokens += SPECIAL_TOKENS
     return tokens, types, merges
 
 
 def documents_qwen3next_plan(*, n_vocab: int = 150_000, indexer: bool = True,
-                             expert_cycle: Sequence[tuple[int, int]] = DOCUMENTS_EXPERT_CYCLE
+                             expert_cycle: Sequence[tuple[int, int]] = DOCUMENTS_EXPERT_CYCLE,
+                             n_layer: int = 48, n_expert: int = 512, nextn: int = 0,
+                             draft_head_type: int | str | None = None,
                              ) -> tuple[dict[str, Any], list[tuple[str, int, tuple[int, ...]]]]:
     """KVs and tensor list ``(name, type_id, ne)`` of the documents' model geometry (docs/DESIGN.md
-    "The documents' model").
+    "The documents' model"). The one definition: the header-only file, the full-size pattern-filled
+    pair of shards (:func:`write_documents_model`) and their scaled-down copies all come from here.
 
     qwen3next, n_embd 2560, 48 layers, full attention every 4th layer (3, 7, ..., 47), 512 experts of
     width 640 (8 used) plus a shared expert of width 640 (an assumption: the brief gives no shared
@@ -74,8 +90,24 @@ def documents_qwen3next_plan(*, n_vocab: int = 150_000, indexer: bool = True,
     ``indexer.proj [2560, 4]``, ``indexer.k_norm [128]``; names from gguf-py's DeepSeek-V3.2 indexer
     tensors; llama.cpp's qwen3next loader does not know them) and the keys
     ``qwen3next.attention.indexer.head_count`` = 4 / ``key_length`` = 128.
+
+    Scaled-down copies keep n_embd 2560 and the expert width 640 (so every per-expert byte count of the
+    worked example holds) and change ``n_layer`` (a multiple of 4 keeps the attention rule's layout) and
+    ``n_expert`` (layer 1's arena offset is ``n_expert x 1,868,800``; 956,825,600 at 512).
+
+    ``nextn`` appends that many NextN / MTP draft blocks after the last decoder block, as llama.cpp
+    loads them for qwen3next (``src/models/qwen3next.cpp`` ``load_block_mtp``: ``block_count`` counts them,
+    ``qwen3next.nextn_predict_layers`` says how many, each is a full-attention trunk block with routed
+    and shared experts plus ``nextn.eh_proj [2 n_embd, n_embd]``, ``nextn.enorm``, ``nextn.hnorm`` and
+    ``nextn.shared_head_norm``): the documents' drafter. ``draft_head_type`` (a type) adds its optional
+    ``nextn.shared_head_head [n_embd, n_vocab]`` in that type. At a 150k vocabulary Q1_0 takes 54,000,000 B
+    and Q4_K 216,000,000 B: the same draft head grown by 162,000,000 B (154.5 MiB), the documents' version
+    bump that made the draft head 110-180 MiB larger (docs/DESIGN.md "Incident 3: the reserve and the
+    prompt buffers").
     """
-    a, E, L, NE, FF, FFS = "qwen3next", 2560, 48, 512, 640, 640
+    if n_layer < 1 or n_expert < 8 or nextn < 0:
+        raise ValueError(f"n_layer {n_layer} (>= 1), n_expert {n_expert} (>= 8, 8 are used), nextn {nextn} (>= 0)")
+    a, E, L, NE, FF, FFS = "qwen3next", 2560, n_layer, n_expert, 640, 640
     H, HKV, HD = 24, 2, 256
     d_state, n_group, dt_rank, d_conv = 128, 16, 48, 4
     d_inner = d_state * dt_rank
@@ -88,7 +120,7 @@ def documents_qwen3next_plan(*, n_vocab: int = 150_000, indexer: bool = True,
         "general.quantization_version": 2,
         f"{a}.context_length": 262144,
         f"{a}.embedding_length": E,
-        f"{a}.block_count": L,
+        f"{a}.block_count": L + nextn,
         f"{a}.feed_forward_length": 5120,
         f"{a}.attention.head_count": H,
         f"{a}.attention.head_count_kv": HKV,
@@ -108,6 +140,8 @@ def documents_qwen3next_plan(*, n_vocab: int = 150_000, indexer: bool = True,
         f"{a}.ssm.inner_size": d_inner,
         f"{a}.full_attention_interval": 4,
     }
+    if nextn:
+        kv[f"{a}.nextn_predict_layers"] = nextn
     if indexer:
         kv[f"{a}.attention.indexer.head_count"] = 4
         kv[f"{a}.attention.indexer.key_length"] = 128
@@ -123,11 +157,12 @@ def documents_qwen3next_plan(*, n_vocab: int = 150_000, indexer: bool = True,
     })
     F32, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K = 0, 30, 2, 6, 8, 12, 14
     T: list[tuple[str, int, tuple[int, ...]]] = [("token_embd.weight", Q4_K, (E, n_vocab))]
-    for il in range(L):
+    for il in range(L + nextn):
         p = f"blk.{il}."
         gu, dn = expert_cycle[il % len(expert_cycle)]
         T += [(p + "attn_norm.weight", F32, (E,)), (p + "post_attention_norm.weight", F32, (E,))]
-        if (il + 1) % 4 != 0:
+        draft = il >= L
+        if (il + 1) % 4 != 0 and not draft:
             T += [
                 (p + "attn_qkv.weight", Q5_0, (E, conv_dim)),
                 (p + "attn_gate.weight", Q5_0, (E, d_inner)),
@@ -147,7 +182,7 @@ def documents_qwen3next_plan(*, n_vocab: int = 150_000, indexer: bool = True,
                 (p + "attn_q_norm.weight", F32, (HD,)),
                 (p + "attn_k_norm.weight", F32, (HD,)),
             ]
-            if indexer:
+            if indexer and not draft:
                 T += [
                     (p + "indexer.attn_q_b.weight", BF16, (E, 4 * 128)),
                     # ONE shared key head (docs/DESIGN.md "Round 194: every budget term twice")
@@ -165,6 +200,15 @@ def documents_qwen3next_plan(*, n_vocab: int = 150_000, indexer: bool = True,
             (p + "ffn_up_shexp.weight", Q8_0, (E, FFS)),
             (p + "ffn_down_shexp.weight", Q8_0, (FFS, E)),
         ]
+        if draft:  # llama.cpp qwen3next.cpp load_block_mtp: the NextN tensors of the draft block
+            T += [
+                (p + "nextn.eh_proj.weight", Q8_0, (2 * E, E)),
+                (p + "nextn.enorm.weight", F32, (E,)),
+                (p + "nextn.hnorm.weight", F32, (E,)),
+                (p + "nextn.shared_head_norm.weight", F32, (E,)),
+            ]
+            if draft_head_type is not None:
+                T.append((p + "nextn.shared_head_head.weight", to_type_id(draft_head_type), (E, n_vocab)))
     T += [("output_norm.weight", F32, (E,)), ("output.weight", Q6_K, (E, n_vocab))]
     return kv, T
 
@@ -179,3 +223,29 @@ def documents_qwen3next_header_only(path: str | Path, *, n_vocab: int = 150_000,
     """
     kv, tensors = documents_qwen3next_plan(n_vocab=n_vocab, indexer=indexer)
     return write_header_only(path, "qwen3next", kv, tensors, data=data)
+
+
+def write_documents_model(path: str | Path, *, n_shards: int = 2, seed: int = 0, fill: str = "pattern",
+                          only: set[int] | None = None, workers: int | None = None, **plan) -> list[Path]:
+    """Write the documents' model (:func:`documents_qwen3next_plan` with ``plan``'s keywords: ``n_layer``,
+    ``n_expert``, ``n_vocab``, ``nextn``, ``draft_head_type`` ...) as split files ``NAME-0000k-of-0000N.gguf``
+    (:func:`strata.testing.shards.write_split`, pattern fill, parallel writers). Every tensor but the
+    routed experts goes to shard 0 (KVs, dense weights, the draft head), the experts to the other shards
+    in plan order (layer by layer): at full size shard 0 is ~3 GB and the experts ~44 GB, and a variant
+    that changes only dense tensors (a bigger draft head) rewrites shard 0 (``only={0}``) and links the
+    rest, whose bytes depend only on their own tensors. Returns the shard paths, shard 0 first.
+
+    Raises:
+        ValueError: as :func:`documents_qwen3next_plan` and :func:`strata.testing.shards.write_split`
+            (``n_shards`` < 2: the experts need a shard of their own).
+    """
+    if n_shards < 2:
+        raise ValueError(f"n_shards={n_shards}: the documents' model keeps its routed experts in shards of their own (>= 2)")
+    kv, tensors = documents_qwen3next_plan(**plan)
+    dense = [i for i, (n, _t, _ne) in enumerate(tensors) if "_exps." not in n]
+    experts = [i for i, (n, _t, _ne) in enumerate(tensors) if "_exps." in n]
+    rest = split_bounds([quants.tensor_nbytes(tensors[i][1], tensors[i][2]) for i in experts], n_shards - 1)
+    groups = [dense] + [[experts[k] for k in r] for r in rest]
+    lays = write_split(path, "qwen3next", kv, tensors, n_shards=n_shards, seed=seed, fill=fill,  # type: ignore[arg-type]
+                       groups=groups, only=only, workers=workers)
+    return [Path(lay.path) for lay in lays]

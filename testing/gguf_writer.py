@@ -31,7 +31,7 @@ from .blocks import make_random_blocks, pattern_fill, tensor_rng, to_type_id
 
 __all__ = [
     "DEFAULT_ALIGNMENT", "GGUF_MAGIC", "GGUF_VERSION", "KV", "DataMode", "HeaderLayout", "TensorDecl",
-    "TensorLayout", "align_up", "encode_header", "write_header_only",
+    "TensorLayout", "align_up", "encode_header", "infer_kv", "tensor_layouts", "write_header_only",
 ]
 
 GGUF_MAGIC = b"GGUF"
@@ -53,7 +53,12 @@ class KV(NamedTuple):
     sub_type: int | None = None
 
 
-def _infer_kv(value: Any) -> KV:
+def infer_kv(value: Any) -> KV:
+    """The :class:`KV` a plain value is written as (see :func:`write_header_only`); a KV passes through.
+
+    Raises:
+        TypeError: a value with no GGUF type (an empty list, an object).
+    """
     V = GGUFValueType
     if isinstance(value, KV):
         return value
@@ -194,6 +199,33 @@ TensorDecl = tuple[str, int | str, Sequence[int]]
 DataMode = Literal["sparse", "random", "pattern"]
 
 
+def tensor_layouts(tensors: Sequence[TensorDecl], alignment: int = DEFAULT_ALIGNMENT) -> tuple[list[TensorLayout], int]:
+    """Tensor infos for ``(name, type, ne)`` declarations in file order: offsets the running sum of
+    ``pad(nbytes, alignment)`` (ggml gguf.cpp's rule); returns them and the data section's size (bytes).
+
+    Raises:
+        ValueError: a duplicate name, a name of 64 bytes or more, not 1..4 dims;
+            ``quants.ShapeError`` / ``GGMLTypeError`` for shapes / type ids.
+    """
+    infos: list[TensorLayout] = []
+    seen: set[str] = set()
+    offset = 0
+    for name, type_id, ne in tensors:
+        tid = to_type_id(type_id)
+        ne = tuple(int(x) for x in ne)
+        if name in seen:
+            raise ValueError(f"duplicate tensor name {name!r}")
+        if len(name.encode()) >= 64:
+            raise ValueError(f"tensor name {name!r} is {len(name.encode())} bytes (ggml: < 64)")
+        if not 1 <= len(ne) <= 4:
+            raise ValueError(f"{name}: {len(ne)} dims (ggml: 1..4)")
+        seen.add(name)
+        nb = quants.tensor_nbytes(tid, ne, tensor=name)
+        infos.append(TensorLayout(name, tid, ne, offset, nb))
+        offset += align_up(nb, alignment)
+    return infos, offset
+
+
 def write_header_only(path: str | Path, arch: str, kv: Mapping[str, Any], tensors: Sequence[TensorDecl], *,
                       alignment: int = DEFAULT_ALIGNMENT,
                       data: DataMode | Mapping[str, bytes | np.ndarray] = "sparse", seed: int = 0) -> HeaderLayout:
@@ -232,24 +264,10 @@ def write_header_only(path: str | Path, arch: str, kv: Mapping[str, Any], tensor
     kvs: list[tuple[str, KV]] = [("general.architecture", KV(GGUFValueType.STRING, arch))]
     if alignment != DEFAULT_ALIGNMENT and "general.alignment" not in kv:
         kvs.append(("general.alignment", KV(GGUFValueType.UINT32, alignment)))
-    kvs += [(k, _infer_kv(v)) for k, v in kv.items()]
+    kvs += [(k, infer_kv(v)) for k, v in kv.items()]
 
-    infos: list[TensorLayout] = []
-    seen: set[str] = set()
-    offset = 0
-    for name, type_id, ne in tensors:
-        tid = to_type_id(type_id)
-        ne = tuple(int(x) for x in ne)
-        if name in seen:
-            raise ValueError(f"duplicate tensor name {name!r}")
-        if len(name.encode()) >= 64:
-            raise ValueError(f"tensor name {name!r} is {len(name.encode())} bytes (ggml: < 64)")
-        if not 1 <= len(ne) <= 4:
-            raise ValueError(f"{name}: {len(ne)} dims (ggml: 1..4)")
-        seen.add(name)
-        nb = quants.tensor_nbytes(tid, ne, tensor=name)
-        infos.append(TensorLayout(name, tid, ne, offset, nb))
-        offset += align_up(nb, alignment)
+    infos, offset = tensor_layouts(tensors, alignment)
+    seen = {ti.name for ti in infos}
     header, lay = encode_header(kvs, infos, alignment=alignment)
     lay.path = path
     lay.file_size = lay.data_offset + offset

@@ -24,12 +24,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from strata.packer import quants
 
-from .blocks import make_random_blocks, pattern_fill, tensor_rng, to_type_id
+from .blocks import make_random_blocks, pattern_fill, role_values, tensor_rng, to_type_id
 from .tokenizer import synth_tokenizer, tokenizer_kv
 
 __all__ = [
     "ARCHS", "DENSE_TYPES", "MOE_ARCHS", "ExpertTypes", "ModelDims", "ModelSpec", "PlannedTensor", "TypeId",
-    "model_kv", "moe_layers", "plan_tensors", "shard_names", "spec_geometry", "write_model",
+    "fill_role", "kv_entry", "model_kv", "moe_layers", "plan_tensors", "shard_names", "spec_geometry", "write_model",
 ]
 
 
@@ -153,6 +153,9 @@ class ModelSpec(BaseModel):
         optional_tensors: roles of optional tensors to write (e.g. ``"attn_q.bias"``); other optional
             tensors are left out (the output head follows ``tied_output``).
         params: manifest param name -> value, over :data:`PARAM_VALUES` (e.g. ``rope_dim``).
+        extra_kv: more metadata, GGUF key (relative to ``<arch>.``, or absolute with a leading ``/``, the
+            manifests' convention) -> value, typed by :func:`kv_entry`; replaces a key the params write
+            (e.g. ``{"attention.head_count": [4, 4]}``, ``{"rope.scaling.type": "yarn"}``).
         add_bos: ``tokenizer.ggml.add_bos_token`` (gemma3's preset: true).
     """
 
@@ -174,6 +177,7 @@ class ModelSpec(BaseModel):
     choices: dict[str, int] = Field(default_factory=dict)
     optional_tensors: tuple[str, ...] = ()
     params: dict[str, Any] = Field(default_factory=dict)
+    extra_kv: dict[str, Any] = Field(default_factory=dict)
     add_bos: bool = False
 
     @model_validator(mode="after")
@@ -271,6 +275,42 @@ def _param_kv(spec: "ModelSpec") -> list[tuple[str, int, Any, int | None]]:
     return out
 
 
+def kv_entry(key: str, value: Any) -> tuple[str, int, Any, int | None]:
+    """One metadata entry ``(key, GGUFValueType, value, array sub_type)`` typed by its Python value: str
+    STRING, bool BOOL, float FLOAT32, int UINT32 (INT32 when negative), a list of bools / ints / floats a
+    BOOL / UINT32 / FLOAT32 array (llama.cpp reads counts as u32, floats as f32).
+
+    Raises:
+        ValueError: a value of another type, or an empty or mixed list.
+    """
+    V = GGUFValueType
+
+    def scalar(v):
+        if isinstance(v, bool):
+            return V.BOOL
+        if isinstance(v, int):
+            return V.INT32 if v < 0 else V.UINT32
+        if isinstance(v, float):
+            return V.FLOAT32
+        if isinstance(v, str):
+            return V.STRING
+        raise ValueError(f"metadata {key}: value {v!r} of type {type(v).__name__}")
+
+    if isinstance(value, (list, tuple)):
+        subs = {scalar(x) for x in value}
+        if len(subs) != 1:
+            raise ValueError(f"metadata {key}: array {value!r} must be non-empty and of one element type")
+        return key, V.ARRAY, list(value), subs.pop()
+    return key, scalar(value), value, None
+
+
+def _spec_kv(spec: "ModelSpec") -> list[tuple[str, int, Any, int | None]]:
+    """The params' keys (:func:`_param_kv`) with ``spec.extra_kv`` added, replacing keys of the same name."""
+    extra = [kv_entry(k[1:] if k.startswith("/") else f"{spec.arch}.{k}", v) for k, v in spec.extra_kv.items()]
+    names = {e[0] for e in extra}
+    return [e for e in _param_kv(spec) if e[0] not in names] + extra
+
+
 def spec_geometry(spec: "ModelSpec", *, check: bool = False):
     """The spec's geometry through its architecture's manifest (what strata-pack build will resolve).
     Unchecked by default: tests write impossible geometries on purpose, to see them refused.
@@ -280,8 +320,8 @@ def spec_geometry(spec: "ModelSpec", *, check: bool = False):
     """
     from strata.manifests.contract import geometry_from_metadata
 
-    kv = {k: v for k, _t, v, sub in _param_kv(spec) if sub is None}
-    arrays = {k: v for k, _t, v, sub in _param_kv(spec) if sub is not None}
+    kv = {k: v for k, _t, v, sub in _spec_kv(spec) if sub is None}
+    arrays = {k: v for k, _t, v, sub in _spec_kv(spec) if sub is not None}
     return geometry_from_metadata(spec.arch, kv, {"tokenizer.ggml.tokens": spec.dims.n_vocab}, arrays, check=check)
 
 
@@ -290,7 +330,7 @@ def moe_layers(spec: "ModelSpec") -> list[int]:
     return sorted({il for _n, ts, _ne, il in spec_geometry(spec).expected_tensors() if ts.expert and il is not None})
 
 
-def _fill_role(role: str, ne: tuple[int, ...], expert: bool) -> str:
+def fill_role(role: str, ne: tuple[int, ...], expert: bool) -> str:
     """How a tensor is filled, from its role: norms near 1 (converters store them +1), ``ssm_a`` < 0
     (it stores -exp(A_log)), the conv kernel, small vectors and biases of any rank, or random weight blocks."""
     if expert:
@@ -347,7 +387,7 @@ def plan_tensors(spec: ModelSpec) -> list[PlannedTensor]:
         else:
             base = ts.role[:-len(".weight")] if ts.role.endswith(".weight") else ts.role
             type_id = spec.tensor_types.get(base, 0 if base == "ffn_gate_inp" else spec.dense_type)
-        t = PlannedTensor(name, int(type_id), tuple(int(x) for x in ne), _fill_role(ts.role, ne, ts.expert is not None))
+        t = PlannedTensor(name, int(type_id), tuple(int(x) for x in ne), fill_role(ts.role, ne, ts.expert is not None))
         _ = t.nbytes  # validate block divisibility now, with the tensor's name in the message
         (first if name == "token_embd.weight" else layers if il is not None else last).append((il, t))
     layers.sort(key=lambda x: x[0])  # stable: manifest order within a layer
@@ -357,11 +397,14 @@ def plan_tensors(spec: ModelSpec) -> list[PlannedTensor]:
 def model_kv(spec: ModelSpec) -> list[tuple[str, int, Any, int | None]]:
     """The KV pairs of ``spec`` except ``general.architecture``, as ``(key, GGUFValueType, value,
     array sub_type)``: ``general.name``, ``general.quantization_version``, every param of the
-    architecture's manifest with a value (:data:`PARAM_VALUES`, :func:`_param_kv`), and the synthetic
-    tokenizer's keys (its arrays with explicit element types: gguf infers INT32 for int lists)."""
+    architecture's manifest with a value (:data:`PARAM_VALUES`, :func:`_param_kv`), ``spec.extra_kv``
+    (:func:`kv_entry`), and the synthetic tokenizer's keys (its arrays with explicit element types: gguf
+    infers INT32 for int lists)."""
     V = GGUFValueType
-    kv = [("general.name", V.STRING, spec.name, None), ("general.quantization_version", V.UINT32, 2, None)]
-    kv += _param_kv(spec)
+    own = _spec_kv(spec)
+    names = {e[0] for e in own}
+    kv = [e for e in (("general.name", V.STRING, spec.name, None), ("general.quantization_version", V.UINT32, 2, None))
+          if e[0] not in names] + own
     kv += tokenizer_kv(synth_tokenizer(spec.dims.n_vocab), add_bos=spec.add_bos)
     return kv
 
@@ -369,17 +412,11 @@ def model_kv(spec: ModelSpec) -> list[tuple[str, int, Any, int | None]]:
 def _tensor_data(spec: ModelSpec, t: PlannedTensor) -> np.ndarray:
     rng = tensor_rng(spec.seed, t.name)
     n = math.prod(t.ne)
-    if t.role == "norm":  # norm weights are stored with the +1 already applied (gemma3, qwen3next converters)
-        x = 1.0 + 0.01 * rng.standard_normal(n, dtype=np.float32)
-    elif t.role == "ssm_a":  # stores -exp(A_log) < 0
-        x = -rng.uniform(0.5, 4.0, size=n).astype(np.float32)
-    elif t.role == "conv":
-        x = 0.1 * rng.standard_normal(n, dtype=np.float32)
-    elif t.role in ("bias", "ssm_dt", "vec"):
-        x = spec.weight_std * rng.standard_normal(n, dtype=np.float32)
-    elif spec.fill == "pattern":
-        return pattern_fill(t.type_id, t.ne, rng)
-    else:
+    # norm weights are stored with the +1 already applied (gemma3, qwen3next converters); ssm_a < 0
+    x = role_values(t.role, n, rng, spec.weight_std)
+    if x is None:
+        if spec.fill == "pattern":
+            return pattern_fill(t.type_id, t.ne, rng)
         return make_random_blocks(t.type_id, n, rng, std=spec.weight_std)
     assert t.type_id == 0
     return x.astype("<f4").view(np.uint8)

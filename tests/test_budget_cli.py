@@ -141,7 +141,7 @@ def test_bad_profiles_exit_2(pack, tmp_path):
 
 
 def test_not_fitting_exits_1_and_says_what_to_shrink(pack):
-    code, d = run_json(pack, "--card-mib", 800, "--max-context", 2048, "--batch", 8)
+    code, d = run_json(pack, "--engine", "documents", "--card-mib", 800, "--max-context", 2048, "--batch", 8)
     assert code == 1 and d["verdict"] == "does not fit"
     s = {x["option"]: x for x in d["suggestions"]}
     assert s["--vram-reserve-mib"]["fits_alone"]
@@ -178,7 +178,8 @@ def test_semantic_error_exits_2_with_json_errors(pack, tmp_path):
 
 
 def test_documents_prefill_model(pack):
-    code, d = run_json(pack, "--card", "24G", "--max-context", 256, "--prefill", 256, "--prefill-model", "documents")
+    code, d = run_json(pack, "--engine", "documents", "--card", "24G", "--max-context", 256, "--prefill", 256,
+                       "--prefill-model", "documents")
     assert code == 0
     # docs/DESIGN.md "The automatic slot count": prefill_mib = 160 + chunk * 680 / 1024 = 160 + 170
     assert next(t["bytes"] for t in d["terms"] if t["name"] == "prefill/activations") == 330 * MIB
@@ -428,7 +429,7 @@ SAFETY_ORDER = ["--expert-cache", "--max-context", "--kv", "--batch", "--prefill
 def test_suggestions_are_safest_first_and_the_verdict_picks_the_safest_that_fits(pack):
     # a context far beyond what fits: shrinking the context, the KV type, the resident KV or the
     # reserve each fits alone; the verdict's "e.g." is the context, never the reserve
-    code, d = run_json(pack, "--card-mib", 1500, "--max-context", 1_500_000)
+    code, d = run_json(pack, "--engine", "documents", "--card-mib", 1500, "--max-context", 1_500_000)
     assert code == 1
     opts = [s["option"] for s in d["suggestions"]]
     assert opts == sorted(opts, key=SAFETY_ORDER.index) and opts[-1] == "--vram-reserve-mib"
@@ -439,14 +440,14 @@ def test_suggestions_are_safest_first_and_the_verdict_picks_the_safest_that_fits
     assert d["verdict_line"].endswith(
         f"e.g. --max-context {best} (the largest context that fits is {best} tokens, above the model's trained "
         f"context of 2048 tokens (it was not trained for more; --ctx 2048 fits too))")
-    assert run(pack, "--card-mib", 1500, "--max-context", best)[0] == 0
-    assert run(pack, "--card-mib", 1500, "--max-context", best + 1)[0] == 1
+    assert run(pack, "--engine", "documents", "--card-mib", 1500, "--max-context", best)[0] == 0
+    assert run(pack, "--engine", "documents", "--card-mib", 1500, "--max-context", best + 1)[0] == 1
 
 
 def test_reserve_is_never_suggested_below_the_low_line_and_every_knob_is_listed_alike(pack):
     # 700 MiB: even a 256 MiB reserve does not fit; the reserve is listed at 256, not below, and
     # no single change fits, which the verdict says instead of suggesting a risky reserve
-    code, d = run_json(pack, "--card-mib", 700, "--max-context", 2048, "--batch", 8)
+    code, d = run_json(pack, "--engine", "documents", "--card-mib", 700, "--max-context", 2048, "--batch", 8)
     assert code == 1
     s = {x["option"]: x for x in d["suggestions"]}
     assert (s["--vram-reserve-mib"]["value"], s["--vram-reserve-mib"]["fits_alone"]) == ("256", False)
@@ -461,7 +462,7 @@ def test_reserve_is_never_suggested_below_the_low_line_and_every_knob_is_listed_
         "--max-context": ("1", False), "--batch": ("1", False), "--prefill": ("0", False), "--kv-resident": ("1", False)}
     assert all(x["saves_bytes"] > 0 for x in d["suggestions"])
     # 800 MiB: the reserve alone fits at 261 MiB (>= 256): offered, last
-    code, d = run_json(pack, "--card-mib", 800, "--max-context", 2048, "--batch", 8)
+    code, d = run_json(pack, "--engine", "documents", "--card-mib", 800, "--max-context", 2048, "--batch", 8)
     r = d["suggestions"][-1]
     assert (r["option"], r["value"], r["fits_alone"]) == ("--vram-reserve-mib", "261", True)
     assert "last resort" in r["text"]
@@ -495,7 +496,8 @@ def test_identical_audit_warnings_are_one_table_line_and_all_in_json(unsupported
 
 def test_table_details_need_no_file_outside_the_repository(pack):
     # documents' prefill model, a low reserve (warning) and a plan that does not fit (suggestions)
-    code, out = run(pack, "--card-mib", 700, "--max-context", 2048, "--prefill-model", "documents", "--vram-reserve-mib", 300)
+    code, out = run(pack, "--engine", "documents", "--card-mib", 700, "--max-context", 2048, "--prefill-model", "documents",
+                    "--vram-reserve-mib", 300)
     assert code == 1
     text = " ".join(out.split())
     assert "prompt buffers of the reference C++ engine (measured): 160 MiB + 256 tokens x 680 KiB" in text

@@ -164,7 +164,7 @@ def test_measure_refuses_cleanly_without_a_gpu(monkeypatch):
         return real_import(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", no_cupy)
-    monkeypatch.setattr(cards, "_nvml_used", lambda device: None)
+    monkeypatch.setattr(cards, "nvml_memory", lambda device: None)
     with pytest.raises(CardError, match="no GPU to measure: CuPy is not importable.*NVML"):
         measure_card()
 

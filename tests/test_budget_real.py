@@ -114,7 +114,7 @@ def test_real_command_end_to_end(real_packs):
     assert d["card_total_bytes"] == 25_386_352_640
     assert sum(t["bytes"] for t in d["terms"]) == d["used_bytes"]
     r = subprocess.run([sys.executable, "-m", "strata.budget.cli", "check", str(real_packs["qwen2.5-0.5b"]), "--card-mib", "600",
-                        "--batch", "4"], capture_output=True, text=True)
+                        "--engine", "documents", "--batch", "4"], capture_output=True, text=True)
     assert r.returncode == 1
     assert "does not fit" in r.stdout and "--max-context" in r.stdout
 

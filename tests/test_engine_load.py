@@ -206,10 +206,13 @@ def test_bf16_promoted_tensor_that_is_not_bf16_exact_is_refused(packs, tmp_path)
 
 
 def test_rope_scaling_is_refused_not_ignored(packs, tmp_path):
+    # YaRN: not implemented, refused by the manifest's [keys] rule (linear scaling is honoured:
+    # tests/test_metadata_keys.py)
     pack = _copy(packs["qwen2"], tmp_path / "p")
     with open(pack / "metadata.txt", "a") as f:
-        f.write("qwen2.rope.scaling.factor float 4.0\n")
-    with pytest.raises(UnsupportedModel, match=r"qwen2\.rope\.scaling\.factor = 4\.0: rope scaling is not implemented"):
+        f.write("qwen2.rope.scaling.type str yarn\n")
+    with pytest.raises(UnsupportedModel, match=r"metadata key qwen2\.rope\.scaling\.type = 'yarn' is refused: strata "
+                                               r"implements rope unscaled or scaled linearly"):
         load_engine(pack)
 
 

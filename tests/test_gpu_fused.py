@@ -46,7 +46,8 @@ def packs(tmp_path_factory):
     d = tmp_path_factory.mktemp("fused_packs")
     out = {}
     for name, spec in (("qwen2", synth.qwen2_spec()), ("gemma3", synth.gemma3_spec()), ("gemma_swa", _gemma_swa_spec()),
-                       ("moe", synth.qwen3moe_spec()), ("q3n", synth.qwen3next_spec()), ("llama", synth.llama_spec()),
+                       ("moe", synth.qwen3moe_spec()), ("q3n", synth.qwen3next_spec()),
+                       ("q3n_legacy", synth.qwen3next_spec(choices={"gdn_in": 1})), ("llama", synth.llama_spec()),
                        ("qwen3", synth.qwen3_spec()), ("llama_moe", synth.llama_moe_spec()),
                        ("qwen2moe", synth.qwen2moe_spec())):
         paths = synth.write_model(d / f"{name}.gguf", spec)
@@ -126,15 +127,16 @@ def test_sim_fused_ring_equals_full_cache(packs):
     assert r["ring"].output_ids == r["full"].output_ids and _tops_equal(r["ring"], r["full"])
 
 
-@pytest.mark.parametrize("name", ["qwen2", "gemma3", "gemma_swa"])
-def test_fused_launch_count(packs, name):
-    """12 launches per layer (q, k, v, qk_prep, attn, out, norm, gate, up, act, down, norm), plus the
-    staging copy and the embedding norm, plus the head matvec and the logits copy."""
+@pytest.mark.parametrize("name,per_layer", [("qwen2", 9), ("gemma3", 9), ("gemma_swa", 10)])
+def test_fused_launch_count(packs, name, per_layer):
+    """Per layer: q, k and v in one matvec_group launch when they share a type (gemma_swa's attn_v is
+    Q8_0, its q/k Q5_0: two launches), qk_prep, attn, out, norm, gate + up in one launch, act, down,
+    norm = 9 (10); plus the staging copy and the embedding norm, plus the head matvec and the logits copy."""
     eng = load_engine(packs[name], device="cuda", n_ctx=32, backend=SimBackend())
     n_layer = eng.model.hp.n_layer
     c = eng.decoder.launches_per_token(True)
-    assert c == {"kernels": 12 * n_layer + 2, "memcpy": 2, "total": 12 * n_layer + 4, "host": 0}
-    assert eng.decoder.launches_per_token(False)["total"] == 12 * n_layer + 2  # prompt positions: no head
+    assert c == {"kernels": per_layer * n_layer + 2, "memcpy": 2, "total": per_layer * n_layer + 4, "host": 0}
+    assert eng.decoder.launches_per_token(False)["total"] == per_layer * n_layer + 2  # prompt positions: no head
     assert eng.gpu.launches_per_token == c
     stages = eng.decoder.stages(True)
     assert stages[0] == "embed" and stages[-1] == "head" and len(stages) == 2 * n_layer + 2
@@ -144,7 +146,7 @@ def test_stage_times_refused_with_graph(packs):
     with pytest.raises(StageTimesRefused, match="record nothing"):
         load_engine(packs["gemma3"], device="cuda", n_ctx=32, backend=SimBackend(), stage_times=True)
     with pytest.raises(StageTimesRefused, match="fused step only"):  # the generic path has no stage timers at all
-        load_engine(packs["q3n"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
+        load_engine(packs["q3n_legacy"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
     eng = load_engine(packs["moe"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True,
                       resident="half")  # MoE, hybrid: timed per stage (the host points inside the FFN stages)
     generate(eng, prompt_ids=PROMPT, n_tokens=2, ignore_eos=True)
@@ -161,11 +163,35 @@ def test_stage_times_eager_sim(packs):
     assert st.n["head"] == 3 and st.n["L0 attn"] == st.steps  # the head runs on positions with logits only
 
 
-def test_fused_on_deltanet_is_refused_not_ignored(packs):
-    with pytest.raises(FusedUnsupported, match="mixer the fused step does not build"):
-        load_engine(packs["q3n"], device="cuda", n_ctx=32, backend=SimBackend(), fused=True)
-    eng = load_engine(packs["q3n"], device="cuda", n_ctx=32, backend=SimBackend())  # default: the generic path, said so
-    assert eng.decoder is None and "does not build" in eng.gpu.decode_path
+def test_fused_on_legacy_ssm_in_is_refused_not_ignored(packs):
+    with pytest.raises(FusedUnsupported, match="legacy ssm_in"):
+        load_engine(packs["q3n_legacy"], device="cuda", n_ctx=32, backend=SimBackend(), fused=True)
+    eng = load_engine(packs["q3n_legacy"], device="cuda", n_ctx=32, backend=SimBackend())  # the generic path, said so
+    assert eng.decoder is None and "legacy ssm_in" in eng.gpu.decode_path
+
+
+def test_sim_fused_qwen3next_delta_net_and_gated_attention(packs):
+    """qwen3next in the fused step: per recurrent layer attn_qkv + attn_gate + ssm_ba in one launch,
+    gdn_conv, gdn_step, ssm_out; the attention layer's output gate (gate_mul). Against the generic
+    path on the same backend: the same argmax at every position, logits within float summation order
+    (the shared expert's gate is a one-row matvec here, a dot product there); a second sequence from
+    position 0 gives the first one's logits bit for bit (the kernels start the recurrent state at zero,
+    nothing on the host resets it); tokens equal the CPU path's with half the experts resident."""
+    ids = _ids(20)
+    f = load_engine(packs["q3n"], device="cuda", n_ctx=64, backend=SimBackend())
+    assert f.decoder is not None and f.decoder.gdn is not None
+    names = [L.name for L in f.decoder.launches(True)]
+    assert sum(n.startswith("gdn_step") for n in names) == 3 and sum(n.startswith("gate_mul") for n in names) == 1
+    a = _logits_per_position(f, ids)
+    b = _logits_per_position(load_engine(packs["q3n"], device="cuda", n_ctx=64, backend=SimBackend(), fused=False), ids)
+    assert all(int(np.argmax(x)) == int(np.argmax(y)) for x, y in zip(a, b))
+    assert max(float(np.abs(x - y).max()) for x, y in zip(a, b)) < 1e-4
+    again = _logits_per_position(f, ids)
+    assert all(np.array_equal(x, y) for x, y in zip(a, again))
+    sim = generate(load_engine(packs["q3n"], device="cuda", n_ctx=64, backend=SimBackend(), resident="half"),
+                   prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    cpu = generate(load_engine(packs["q3n"], n_ctx=64), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    assert sim.output_ids == cpu.output_ids
 
 
 # ------------------------------------------------------------------ routed experts in the fused step
@@ -193,15 +219,16 @@ def test_sim_fused_moe_equals_generic_bitwise_for_any_cache(packs):
 
 
 def test_sim_fused_moe_launches_hybrid_and_full(packs):
-    """Per MoE layer: q, k, v, qk_prep, attn, out, norm; router, moe_route, gate, up, silu_mul, down,
-    moe_combine, norm = 15 kernels. The hybrid path adds 2 copies (routing, input) and 2 host points
-    per layer; with every expert resident the step is the full list: no host point."""
+    """Per MoE layer: q/k/v (one matvec_group launch), qk_prep, attn, out, norm; router, moe_route,
+    gate + up of the selected experts (one batched launch; the preset's types agree per layer), silu_mul,
+    down, moe_combine, norm = 12 kernels. The hybrid path adds 2 copies (routing, input) and 2 host
+    points per layer; with every expert resident the step is the full list: no host point."""
     full = _moe(packs, expert_cache="auto", resident="all")
     hyb = _moe(packs, expert_cache="auto", resident="half")
     L = full.model.hp.n_layer
-    assert full.decoder.launches_per_token(True) == {"kernels": 15 * L + 2, "memcpy": 2, "total": 15 * L + 4, "host": 0}
-    assert hyb.decoder.launches_per_token(True) == {"kernels": 15 * L + 2, "memcpy": 2 + 2 * L,
-                                                    "total": 17 * L + 4, "host": 2 * L}
+    assert full.decoder.launches_per_token(True) == {"kernels": 12 * L + 2, "memcpy": 2, "total": 12 * L + 4, "host": 0}
+    assert hyb.decoder.launches_per_token(True) == {"kernels": 12 * L + 2, "memcpy": 2 + 2 * L,
+                                                    "total": 14 * L + 4, "host": 2 * L}
     assert "every expert resident" in full.gpu.decode_path and "hybrid" in hyb.gpu.decode_path
     assert len(hyb.decoder.segments(True)) == 2 * L + 1
     r = generate(full, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)
@@ -280,7 +307,7 @@ def test_cuda_graph_and_eager_logits_bit_identical(packs, name, n):
 
 @pytest.mark.gpu
 @skip_no_gpu
-@pytest.mark.parametrize("name", ["qwen2", "gemma3", "gemma_swa", "llama", "qwen3", "llama_moe", "qwen2moe"])
+@pytest.mark.parametrize("name", ["qwen2", "gemma3", "gemma_swa", "llama", "qwen3", "llama_moe", "qwen2moe", "q3n"])
 def test_cuda_fused_tokens_match_cpu_and_generic(packs, name):
     import cupy as cp
 
@@ -347,3 +374,33 @@ def test_cuda_fused_moe_cache_does_not_change_logits(packs):
                    n_tokens=8, ignore_eos=True)
     print(f"\n[fused moe] tokens {fus.output_ids}; generic {gen.output_ids}; cpu {cpu.output_ids}")
     assert fus.output_ids == gen.output_ids == cpu.output_ids
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+def test_cuda_fused_qwen3next_graph_eager_and_cache(packs):
+    """qwen3next on the device: graph and eager logits bit for bit at every position; none, half or all
+    experts resident: the same logits bit for bit; a second sequence repeats the first (the delta-net
+    state starts at zero in the kernels)."""
+    ids = _ids(24)
+    runs = {key: _logits_per_position(load_engine(packs["q3n"], device="cuda", n_ctx=48, **kw), ids)
+            for key, kw in (("all", {}), ("eager", {"graph": False}), ("none", {"expert_cache": 0}),
+                            ("half", {"resident": "half"}))}
+    for key, got in runs.items():
+        for pos, (a, b) in enumerate(zip(runs["all"], got)):
+            assert a.tobytes() == b.tobytes(), f"{key} position {pos}"
+    eng = load_engine(packs["q3n"], device="cuda", n_ctx=48)
+    first, second = _logits_per_position(eng, ids), _logits_per_position(eng, ids)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(first, second))
+
+
+def test_sim_profile_routing_two_prompts_on_the_fused_step(packs):
+    """strata-engine profile runs every prompt from position 0 on the session's own state (the fused step
+    is bound to it: a new state per prompt was refused on the H200), counting the same selections as the
+    CPU path."""
+    from strata.engine.routing import profile_routing
+
+    prompts = ["The capital of France is", "hello world"]
+    sim = profile_routing(str(packs["moe"]), prompts, n_tokens=3, n_ctx=32, device="sim")
+    cpu = profile_routing(str(packs["moe"]), prompts, n_tokens=3, n_ctx=32, device="cpu")
+    assert sim == cpu and sum(c for _il, _e, c in sim) > 0

@@ -187,6 +187,30 @@ def test_matvec_batched_equals_single(type_id):
         assert cp.array_equal(Y0[i].view(cp.uint32), want0.view(cp.uint32)), f"{t.name}: x_stride=0 item {i}"
 
 
+@pytest.mark.parametrize("type_id", TYPES, ids=IDS)
+def test_matvec_group_equals_single(type_id):
+    """The fused step's q/k/v (gate/up) launch: weights of one type and row length but different row
+    counts (a partial CTA in each), one x, each output bit for bit the weight's own matvec."""
+    import cupy as cp
+
+    from strata.engine.gpu.fused_ops import CudaOps
+
+    t = quants.qtype(type_id)
+    _, ne0 = _shape_for(t)
+    rng = np.random.default_rng([type_id, 17])
+    parts = []
+    for rows in (301, 64, 17):
+        buf, _ = _upload(type_id, _random_blocks(type_id, rows * ne0, rng), (ne0, rows))
+        parts.append((buf, rows, cp.full(rows, np.nan, dtype=cp.float32)))
+    x = cp.asarray(rng.standard_normal(ne0).astype(np.float32))
+    stream = cp.cuda.Stream()
+    CudaOps(stream).matvec_group(type_id, parts, ne0, x)()
+    stream.synchronize()
+    for i, (buf, rows, out) in enumerate(parts):
+        want = K.matvec(type_id, buf, rows, ne0, x)
+        assert cp.array_equal(out.view(cp.uint32), want.view(cp.uint32)), f"{t.name}: part {i} ({rows} rows)"
+
+
 def test_engine_buffer_size_is_checked():
     import cupy as cp
 

@@ -97,7 +97,7 @@ def _gemma(tmp_path, **dims):
 
 @pytest.mark.parametrize("dims,needle", [
     ({"context_length": 0}, "gemma3 metadata: gemma3.context_length (param n_ctx_train) is 0, must be >= 1"),
-    ({"sliding_window": 0}, "gemma3 metadata: gemma3.attention.sliding_window (param sliding_window) is 0, must be >= 1"),
+    ({"n_head": 0}, "gemma3 metadata: gemma3.attention.head_count (param n_head) is 0, must be >= 1"),
     ({"rms_eps": math.nan}, "gemma3 metadata: gemma3.attention.layer_norm_rms_epsilon (param rms_eps) is nan, must be finite and > 0"),
     ({"rope_freq_base": -1.0}, "gemma3 metadata: gemma3.rope.freq_base (param rope_base) is -1.0, must be finite and > 0"),
 ])

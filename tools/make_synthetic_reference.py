@@ -57,6 +57,14 @@ PRESETS: dict[str, tuple[str, dict, list[str]]] = {
     "llama_moe": ("llama_moe", {"seed": 7}, _MOE_PROMPTS),
     "qwen3": ("qwen3", {"seed": 7}, ["The capital of France is", "Numbers like 0 1 2 3", _WORDS]),
     "qwen2moe": ("qwen2moe", {"seed": 7}, _MOE_PROMPTS),
+    # issue 12's honoured metadata keys: gemma3 rotating 32 of its 64 head dims (rope.dimension_count, ggml_rope_ext
+    # n_dims < ne0) with its global layers scaled linearly by 1/4 (the sliding ones never are); llama (NORM
+    # rope with rope_freqs factors) scaled linearly by 1/8
+    "gemma3-rope": ("gemma3", {"seed": 7, "dims": {"rope_dim": 32},
+                               "extra_kv": {"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}},
+                    ["The capital of France is", "hello world, model layer token expert", _WORDS * 2]),
+    "llama-rope-linear": ("llama", {"seed": 7, "extra_kv": {"rope.scaling.type": "linear", "rope.scaling.factor": 8.0}},
+                          ["The capital of France is", "The quick brown fox jumps over the lazy dog", _WORDS]),
 }
 
 

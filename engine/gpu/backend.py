@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from strata.budget.cards import Card
 from strata.engine import engine_form as EF
 from strata.packer import quants
 
@@ -35,12 +36,16 @@ def _engine_pool_src(type_id: int) -> tuple[int, int]:
 
 @dataclass
 class MemInfo:
-    """Device memory as the driver and the allocator see it (bytes)."""
+    """Device memory as the driver and the allocator see it (bytes). On an emulated card (``--card``)
+    ``free`` and ``total`` are the card's (:mod:`strata.engine.gpu.card`) and ``physical_*`` the GPU's;
+    otherwise ``physical_*`` are None."""
 
     free: int
     total: int
     pool_used: int
     pool_total: int
+    physical_free: int | None = None
+    physical_total: int | None = None
 
 
 class Backend:
@@ -66,6 +71,11 @@ class Backend:
         """Compile / load the kernels of ``type_ids`` (and the expert activation) now, so their
         modules are loaded before the expert cache measures free memory."""
 
+    def external(self, nbytes: int, what: str) -> None:
+        """Device memory the engine allocated with the array module itself (KV cache, rope tables,
+        recurrent state: ``xp.zeros``), not through this backend. CuPy's pool (and a card emulation's
+        hook) sees those already; a simulated card counts them here."""
+
     def span_timer(self) -> Any:
         """An object with ``start()`` and ``stop() -> ms`` timing device work between them, or None."""
         return None
@@ -87,9 +97,14 @@ class CudaBackend(Backend):
 
     name = "cuda"
 
-    def __init__(self):
-        from . import kernels
+    def __init__(self, card: Card | None = None):
+        from strata.budget.cards import nvml_memory
 
+        from . import kernels
+        from .card import CardEmulation, primary_context_active
+
+        # NVML before this process's CUDA context exists: the context's cost when a card is emulated
+        before = nvml_memory(0) if card is not None and primary_context_active(0) is False else None
         ok, why = kernels.gpu_available()
         if not ok:
             raise GpuUnavailable(f"--device cuda: {why}")
@@ -99,6 +114,11 @@ class CudaBackend(Backend):
         self.xp = cp
         self.K = kernels
         self._why = why
+        self.emulation: CardEmulation | None = None
+        if card is not None:
+            self.emulation = CardEmulation.start(card, cp, before)
+        else:
+            CardEmulation.uninstall(cp)  # an earlier engine of this process may have emulated a card
 
     def upload(self, host):
         a = self.cp.asarray(np.ascontiguousarray(host, dtype=np.uint8))
@@ -132,9 +152,13 @@ class CudaBackend(Backend):
         return self.K.silu_mul(g, u, out=out)
 
     def mem_info(self):
-        free, total = self.cp.cuda.runtime.memGetInfo()
+        free, total = (int(x) for x in self.cp.cuda.runtime.memGetInfo())
         pool = self.cp.get_default_memory_pool()
-        return MemInfo(int(free), int(total), int(pool.used_bytes()), int(pool.total_bytes()))
+        used, held = int(pool.used_bytes()), int(pool.total_bytes())
+        emu = self.emulation
+        if emu is None:
+            return MemInfo(free, total, used, held)
+        return MemInfo(emu.free(free), emu.card.total_bytes, used, held, physical_free=free, physical_total=total)
 
     def synchronize(self):
         self.cp.cuda.Device().synchronize()
@@ -145,6 +169,8 @@ class CudaBackend(Backend):
         return to_host(a)
 
     def device_name(self):
+        if self.emulation is not None:
+            return f"{self.emulation.card.name} emulated on {self._why}"
         return self._why
 
 
@@ -172,29 +198,49 @@ class _CudaSpan:
 class SimBackend(Backend):
     """NumPy stand-in for a GPU of ``total_bytes`` with ``context_bytes`` already used (CUDA
     context). Memory figures count every buffer this backend handed out (engine-form weights,
-    slots, session arrays), like a CuPy pool with no caching."""
+    slots) and the session's arrays (:meth:`external`), like a CuPy pool with no caching; an
+    allocation past ``total_bytes`` fails (:class:`strata.engine.gpu.card.CardOutOfMemory`), as on a
+    card. ``name`` names the card in messages (``card_name``: e.g. a ``--card`` preset)."""
 
     name = "sim"
     xp = np
 
-    def __init__(self, total_bytes: int = 24 << 30, context_bytes: int = 500 << 20):
+    def __init__(self, total_bytes: int = 24 << 30, context_bytes: int = 500 << 20, card_name: str | None = None):
         self.total = int(total_bytes)
         self.context = int(context_bytes)
+        self.card_name = card_name
         self.allocated = 0
         self._deq: dict[tuple, np.ndarray] = {}
+
+    def _check(self, nbytes: int, what: str) -> None:
+        from .card import CardOutOfMemory
+
+        held = self.context + self.allocated
+        if held + int(nbytes) > self.total:
+            raise CardOutOfMemory(
+                f"out of memory on the simulated card {self.card_name or f'of {self.total} B'}: {what} of {int(nbytes)} B "
+                f"with {held} B held (CUDA context included) of the card's {self.total} B - the allocation fails as it "
+                f"would on that card")
 
     def _count(self, a: np.ndarray) -> np.ndarray:
         self.allocated += a.nbytes
         self._account(a.nbytes)
         return a
 
+    def external(self, nbytes, what):
+        self._check(nbytes, what)
+        self.allocated += int(nbytes)
+
     def upload(self, host):
+        self._check(np.asarray(host).nbytes, "an upload")
         return self._count(np.array(host, dtype=np.uint8, copy=True).reshape(-1))
 
     def empty_bytes(self, n):
+        self._check(int(n), "an allocation")
         return self._count(np.zeros(int(n), dtype=np.uint8))
 
     def empty_f32(self, n):
+        self._check(4 * int(n), "an allocation")
         return self._count(np.zeros(int(n), dtype=np.float32))
 
     def copy_into(self, dst, host):
@@ -241,13 +287,18 @@ class SimBackend(Backend):
         return np.asarray(a)
 
     def device_name(self):
+        if self.card_name:
+            return f"{self.card_name} simulated (NumPy)"
         return f"simulated GPU ({self.total >> 20} MiB, NumPy)"
 
 
-def make_backend(device: str, **kw) -> Backend:
-    """``"cuda"`` -> :class:`CudaBackend`, ``"sim"`` -> :class:`SimBackend` (kw: total_bytes, context_bytes)."""
+def make_backend(device: str, card: Card | None = None, **kw) -> Backend:
+    """``"cuda"`` -> :class:`CudaBackend` (emulating ``card`` when given), ``"sim"`` -> :class:`SimBackend`
+    (kw: total_bytes, context_bytes; ``card``: a simulated card of the card's total and planned context)."""
     if device == "cuda":
-        return CudaBackend()
+        return CudaBackend(card)
     if device == "sim":
+        if card is not None:
+            return SimBackend(card.total_bytes, card.cuda_context_bytes, card_name=card.name)
         return SimBackend(**kw)
     raise ValueError(f"unknown GPU backend {device!r} (cuda | sim)")

@@ -25,11 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata.budget import formulas as F
+from strata.budget import formulas_gpu as FG
+from strata.budget.cards import Card
 from strata.manifests.contract import Geometry
 from strata.packer.pack import Pack
 
 from ..decoder import Decoder, State
-from ..errors import GenerateError
+from ..errors import GenerateError, StartupRefused
 from ..experts import ShardExperts, resident_pairs
 from ..loader import LoadPlan
 from ..core import Engine, EngineOptions
@@ -79,6 +81,11 @@ class GpuInfo:
     decode_path: str = ""  # fused step (graph | eager) or the generic per-layer path, and why
     launches_per_token: dict[str, int] = field(default_factory=dict)  # fused step: kernels, memcpy, total
     fused_buffer_bytes: int = 0  # the fused step's activation buffers (in "prefill/activations")
+    fused: bool = False  # the decode step is the fused one (else the generic per-layer path)
+    draft_engine_bytes: int = 0  # the draft head's weights in engine form (stage "drafter")
+    draft_bind_bytes: int = 0  # its bind buffers (stage "bind": formulas_gpu.draft_bind_bytes)
+    reserve_bytes: int = 0  # --vram-reserve-mib, kept free after start-up
+    free_after_bytes: int = 0  # free at the end of start-up (measured; >= reserve_bytes, or the start is refused)
 
 
 def _rounded(arrays, unit: int) -> int:
@@ -93,8 +100,8 @@ class GpuDevice:
         GpuUnavailable: ``cuda`` without CuPy or a CUDA device (the reason is in the message).
     """
 
-    def __init__(self, name: str = "cuda", backend: Backend | None = None):
-        self.bk = backend or make_backend(name)
+    def __init__(self, name: str = "cuda", backend: Backend | None = None, card: Card | None = None):
+        self.bk = backend or make_backend(name, card=card)
         self.name = self.bk.name
         self.info = GpuInfo(self.bk.name, self.bk.device_name())
         self.experts: GpuExpertPath | None = None
@@ -107,6 +114,8 @@ class GpuDevice:
         if opts.expert_cache != "auto" and int(opts.expert_cache) < 0:
             raise ExpertCacheError(f"--expert-cache {opts.expert_cache}: a slot count cannot be negative")
         self.info.kv = opts.kv
+        self.info.reserve_bytes = opts.vram_reserve_mib * F.MIB
+        self.opts = opts
 
     def mark(self, stage: str, note: dict) -> None:
         bk, info = self.bk, self.info
@@ -114,11 +123,16 @@ class GpuDevice:
         m = bk.mem_info()
         d = {"gpu_free_bytes": m.free, "gpu_used_bytes": m.total - m.free, "gpu_total_bytes": m.total,
              "pool_used_bytes": m.pool_used, "pool_total_bytes": m.pool_total}
+        if m.physical_free is not None:  # an emulated card (--card): the GPU's own figures beside the card's
+            d |= {"physical_free_bytes": m.physical_free, "physical_total_bytes": m.physical_total}
+            emu = getattr(bk, "emulation", None)
+            if stage == "pack" and emu is not None:
+                note["emulation"] = emu.describe()
         note.update(d)
         info.marks[stage] = d
         info.alloc_rounded[stage] = bk.alloc_rounded_bytes
         if stage == "prompt path":
-            a, b = info.marks["session"], d
+            a, b = info.marks[list(info.marks)[-2]], d  # the stage before it (session, or the drafter)
             info.warmup_pool_bytes = b["pool_total_bytes"] - a["pool_total_bytes"]
             info.runtime_bytes = (b["gpu_used_bytes"] - a["gpu_used_bytes"]) - info.warmup_pool_bytes
             note["runtime_bytes"] = info.runtime_bytes
@@ -151,7 +165,7 @@ class GpuDevice:
             info.row_buffer_bytes += w.alloc_row_buffer(name)
         if self.experts is not None:
             info.hit_buffer_bytes = self.experts.alloc_hit_buffers(model.hp.n_embd, model.hp.n_ff_exp)
-        info.kv_bytes = state.cache.nbytes
+        info.kv_bytes = state.kv_nbytes
         info.rope_bytes = state.rope_nbytes
         info.f32_vector_bytes = w.f32_vector_bytes
         info.output_buffer_bytes = w.output_bytes
@@ -159,10 +173,11 @@ class GpuDevice:
         # KV and rope arrays come from the array module itself, not through the backend
         rec = state.recurrent
         info.recurrent_bytes = rec.nbytes if rec is not None else 0
-        rec_arrays = [*rec.conv.values(), *rec.ssm.values()] if rec is not None else []
-        info.session_rounded_bytes = _rounded(state.cache.k + state.cache.v + [a for r in state.ropes.values()
-                                                                               for a in (r.cos, r.sin)] + rec_arrays,
-                                              bk.POOL_UNIT)
+        rec_arrays = [rec.arena] if rec is not None else []  # one allocation (deltanet.RecurrentState)
+        arrays = (state.cache.k + state.cache.v + list(state.indexer.values())
+                  + [a for r in state.ropes.values() for a in (r.cos, r.sin)] + rec_arrays)
+        info.session_rounded_bytes = _rounded(arrays, bk.POOL_UNIT)
+        bk.external(sum(int(a.nbytes) for a in arrays), "the session's KV cache, rope tables and recurrent state")
         note["n_ctx"] = n_ctx
         note["kv"] = f"{opts.kv}, {opts.sliding}: {min(state.cache.sizes)}..{max(state.cache.sizes)} positions per layer"
         note["kv_bytes"] = info.kv_bytes
@@ -198,6 +213,7 @@ class GpuDevice:
             info.decode_path = describe(dec)
             info.launches_per_token = dec.launches_per_token(True)
             info.fused_buffer_bytes = dec.nbytes
+            info.fused = True
         elif opts.warmup:
             # allocates the pool blocks one step uses; positions are overwritten by real tokens. The
             # last two positions: attention temporaries are largest there, and one of the two reads a
@@ -231,7 +247,9 @@ class GpuDevice:
                        for r in source.rows.values())
         bk.synchronize()
         free = bk.mem_info().free
-        reserve = opts.vram_reserve_mib * F.MIB
+        bind = self.draft_bind_need
+        reserve = opts.vram_reserve_mib * F.MIB + bind  # the documents' reserve: + the draft head's bind bytes
+        self.refuse_eaten_reserve(free, reserve, "expert cache")
         asked = None if opts.expert_cache == "auto" else int(opts.expert_cache)
         size = F.size_expert_cache(free, reserve, slot_bytes, cap, asked, cap_what=what)
         if size.refused:
@@ -266,11 +284,102 @@ class GpuDevice:
         note["fill"] = info.fill + (", first-come admission" if admit_on else "")
         note["free_at_open_bytes"] = free
         note["reserve_bytes"] = reserve
+        note["auto" if asked is None else "fixed"] = (
+            f"expert cache {'auto' if asked is None else 'fixed'}: {free / 2**30:.2f} GiB free, {opts.vram_reserve_mib} MiB "
+            f"reserved (+{bind / F.MIB:.1f} MiB for the draft head) -> {slots} slots")
+
+    # ------------------------------------------------------------------ the reserve and the drafter
+
+    def refuse_eaten_reserve(self, free: int, reserve: int, where: str) -> None:
+        """Refuse a start with less than ``reserve`` bytes free at ``where`` (incidents 1 and 3 of
+        docs/DESIGN.md "Start-up order"), naming what every stage so far took.
+
+        Raises:
+            StartupRefused: with the free bytes, the reserve and each stage's device memory.
+        """
+        if free >= reserve:
+            return
+        marks, prev, took = self.info.marks, None, []
+        for stage, d in marks.items():
+            if prev is not None:
+                took.append(f"{stage} {d['gpu_used_bytes'] - marks[prev]['gpu_used_bytes']} B")
+            prev = stage
+        raise StartupRefused(
+            f"{where}: {free} B ({free / F.MIB:.1f} MiB) free on {self.info.device}, under the {reserve} B "
+            f"({reserve / F.MIB:.1f} MiB) that must stay free (--vram-reserve-mib {self.opts.vram_reserve_mib}"
+            + (f" + {self.draft_bind_need} B of draft-head bind buffers" if self.draft_bind_need else "") + "); "
+            f"device memory taken by stage: {', '.join(took) or '-'}; refusing to start on top of the reserve "
+            f"(strata-budget check plans every term: a smaller --ctx, fewer slots or another card)")
+
+    @property
+    def draft_bind_need(self) -> int:
+        """The draft head's bind buffers the cache sizing must leave room for (0 without one)."""
+        return getattr(self, "_bind_need", 0)
+
+    def load_drafter(self, pack: Pack, plan: LoadPlan, model: Decoder, note: dict) -> None:
+        """The ``drafter`` stage: the NextN draft blocks' dense tensors in engine form, in one arena (the
+        draft head is loaded where the plan puts it; this engine does not run speculative decoding), and
+        the bind bytes the expert cache must leave free for them (:func:`strata.budget.formulas_gpu.draft_bind_bytes`)."""
+        from strata.engine import engine_form as EF
+        from strata.packer import quants
+        import numpy as np
+
+        ents = list(plan.draft.values())
+        sizes = [quants.engine_nbytes(e.type, e.src_type, e.ne) for e in ents]
+        offs, total = FG.arena_layout(sizes)
+        arena = self.bk.empty_bytes(total) if total else None
+        pool = np.memmap(pack.pool_path, dtype=np.uint8, mode="r")
+        for e, off, n in zip(ents, offs, sizes):
+            ef = EF.to_engine_form(pool[e.offset:e.offset + e.nbytes], e.type, e.src_type, e.ne, name=e.name)
+            self.bk.copy_into(arena[off:off + n], ef)
+        self._draft_arena = arena
+        self.info.draft_engine_bytes = sum(sizes)
+        self._bind_need = FG.draft_bind_bytes([(e.type, e.src_type, e.ne) for e in ents],
+                                             self._draft_kv_per_token(model, plan), self._n_ctx(model), model.hp.n_embd)
+        note["engine_bytes"] = self.info.draft_engine_bytes
+        note["draft tensors"] = len(ents)
+        note["bind_bytes_reserved"] = self._bind_need
+
+    def _n_ctx(self, model: Decoder) -> int:
+        """The context the session holds (``--ctx``, else the model's trained context)."""
+        return int(self.opts.n_ctx if self.opts.n_ctx is not None else model.g["n_ctx_train"])
+
+    def _draft_kv_per_token(self, model: Decoder, plan: LoadPlan) -> int:
+        h = model.hp
+        layers = sorted({int(n.split(".")[1]) for n in plan.draft})
+        return sum(F.kv_bytes_per_token(F.KVLayer(il, h.n_head_kv * h.head_dim, h.n_head_kv * h.head_dim_v),
+                                        self.info.kv) for il in layers)
+
+    def bind_drafter(self, plan: LoadPlan, model: Decoder, opts: EngineOptions, n_ctx: int, note: dict) -> None:
+        """The ``bind`` stage: the draft head's bind buffers (GEMV outputs, f32 vector copies, its K/V
+        cache, the ``eh_proj`` input row), into the room the expert cache left for them."""
+        from strata.packer import quants
+
+        bk = self.bk
+        ents = list(plan.draft.values())
+        pieces = [F.matvec_out_bytes(e.ne) if quants.n_elements(e.ne) != e.ne[0]
+                  else F.vector_f32_bytes(e.type, e.src_type, e.ne) for e in ents]
+        kv = self._draft_kv_per_token(model, plan) * n_ctx
+        pieces += [kv, F.F32_BYTES * 2 * model.hp.n_embd]
+        # one allocation of exactly the reserved bytes: the f32-aligned pieces, rounded to the driver's pages
+        # as formulas_gpu.draft_bind_bytes rounds them
+        total = sum(pieces)
+        if total > FG.BIND_PACKED_MAX_BYTES:
+            total = -(-total // FG.BIND_PAGE_BYTES) * FG.BIND_PAGE_BYTES
+        self._bind_arena = bk.empty_bytes(total)
+        self.info.draft_bind_bytes = total
+        assert self.info.draft_bind_bytes == self._bind_need, (self.info.draft_bind_bytes, self._bind_need)
+        note["bind_bytes"] = self.info.draft_bind_bytes
 
     def finish(self, engine: Engine) -> None:
         engine.probe = GpuStepProbe(self.bk, self.experts)
         engine.decoder = self.decoder
         engine.gpu = self.info
+        self.bk.synchronize()
+        free = self.bk.mem_info().free
+        self.info.free_after_bytes = free
+        # the reserve is still free after start-up, measured (docs/DESIGN.md "Incident 1: the head before the cache")
+        self.refuse_eaten_reserve(free, self.info.reserve_bytes, "after start-up")
 
 
 __all__ = ["ExpertCacheError", "GpuDevice", "GpuInfo"]

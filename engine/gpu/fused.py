@@ -75,9 +75,10 @@ from strata.manifests.names import tensor_name
 from .. import layers
 from ..errors import GenerateError, StageTimesRefused
 from ..recipe import Attention as AttentionSpec
-from ..recipe import DenseFFN, MoEFFN
+from ..recipe import DeltaNet, DenseFFN, MoEFFN
+from .fused_gdn import GdnBuffers, build_delta_layer, gdn_unsupported
 from .fused_moe import MAX_EXPERTS_USED, MoeStep
-from .fused_ops import AttnIO, CudaOps, Launch, SimOps
+from .fused_ops import MAX_GROUP, AttnIO, CudaOps, Launch, SimOps
 
 #: Bytes at the start of the staging buffer holding the step's integers (``pos`` at 0).
 PARAM_BYTES = 16
@@ -93,13 +94,18 @@ def fused_unsupported(model) -> str | None:
     or routed experts (:mod:`strata.engine.gpu.fused_moe`)."""
     arch = getattr(model, "arch", "")
     for kind, b in model.recipe.blocks.items():
-        if not isinstance(b.mixer, AttentionSpec) or b.mixer.output_gate:
+        if not isinstance(b.mixer, (AttentionSpec, DeltaNet)):
             return f"{arch}: layer kind {kind!r} has a mixer the fused step does not build ({b.mixer})"
         if not isinstance(b.ffn, (DenseFFN, MoEFFN)):
             return f"{arch}: layer kind {kind!r} has an FFN the fused step does not build ({b.ffn})"
     nx = model.nx
     if nx.act_quant or nx.attn_f16 or nx.gelu_f16_table:
         return f"numerics profile {nx.name}: the fused kernels implement the f32 profile only"
+    why = gdn_unsupported(model)
+    if why:
+        return why
+    if any(a is not None and a.output_gate and a.names.qkv is not None for a in model.attn):
+        return f"{arch}: a fused attn_qkv with an output gate (the fused step reads the gate from attn_q)"
     biases = [n for n in ("ffn_gate.bias", "ffn_up.bias", "ffn_down.bias")
               if any(model.w.has(tensor_name(n, il)) for il in range(model.hp.n_layer))]
     if biases:
@@ -170,6 +176,9 @@ class FusedDecoder:
         self._alloc()
         self._ops = CudaOps(self.stream) if self.cuda else SimOps(backend)
         self.moe = MoeStep(self, model, backend) if model.experts is not None else None
+        self.gdn = GdnBuffers(model, backend) if model.delta_dims is not None else None
+        if self.gdn is not None:
+            self.nbytes += self.gdn.nbytes
         if self.moe is not None:
             self.nbytes += self.moe.nbytes
             self.pinned_bytes += self.moe.pinned_bytes
@@ -237,7 +246,7 @@ class FusedDecoder:
         block's post-mixer norm when it has one (``resid_norm`` mode 2, else 1) fused with the FFN's
         norm, the gated FFN (``act_mul`` with the block's activation), and the residual add fused
         with the next layer's (or the output) norm; then the head and the logit post-processing."""
-        m, w, ops, st = self.model, self.model.w, self._ops, self.state
+        m, w, ops = self.model, self.model.w, self._ops
         h = m.hp
         plan: list[Launch] = []
 
@@ -249,6 +258,26 @@ class FusedDecoder:
             out = o if out is None else out
             add(f"matvec {name}", stage, ops.matvec(t, buf, rows, ne0, x, out))
             return out
+
+        def mv_group(names, x, stage):
+            """Matvecs of ``names`` on one ``x``: one ``matvec_group`` launch per run of weights with the
+            same type and row length (q/k/v; gate/up), a plain matvec for a weight alone. Returns the
+            outputs in order."""
+            args = [w.matvec_args(nm) for nm in names]
+            outs = [a[4] for a in args]
+            i = 0
+            while i < len(args):
+                j = i + 1
+                while j < len(args) and j - i < MAX_GROUP and args[j][0] == args[i][0] and args[j][3] == args[i][3]:
+                    j += 1
+                if j - i == 1:
+                    mv(names[i], x, stage)
+                else:
+                    parts = [(a[1], a[2], a[4]) for a in args[i:j]]
+                    add(f"matvec_group {' + '.join(names[i:j])}", stage,
+                        ops.matvec_group(args[i][0], parts, args[i][3], x))
+                i = j
+            return outs
 
         def opt(name):
             return w.get(name) if name and w.has(name) else None
@@ -267,36 +296,18 @@ class FusedDecoder:
                            scale, 0))
         for il in range(h.n_layer):
             b = m.blocks[il]
-            A = m.attn[il]
-            n = A.names
             sa, sf = f"L{il} attn", f"L{il} ffn"
-            nq, nk = A.n_head * A.hd, A.n_head_kv * A.hd
-            if n.qkv is not None:
-                qkv = mv(n.qkv, self.xn, sa)
-                q, k, v = qkv[:nq], qkv[nq:nq + nk], qkv[nq + nk:]
-                bqkv = opt(n.qkv_bias)
-                qb, kb, vb = (None, None, None) if bqkv is None else (bqkv[:nq], bqkv[nq:nq + nk], bqkv[nq + nk:])
+            if m.delta[il] is not None:  # a gated-delta-net layer (fused_gdn)
+                o = build_delta_layer(self, il, add, mv, mv_group, sa)
+                add(f"resid_norm L{il} +gdn, ffn norm", sa,
+                    ops.resid_norm(self.x, o, None, None, norm_of(b.ffn_norm, il), self.xn, h.rms_eps, 1.0, 1))
             else:
-                q, k, v = mv(n.q, self.xn, sa), mv(n.k, self.xn, sa), mv(n.v, self.xn, sa)
-                qb, kb, vb = opt(n.q_bias), opt(n.k_bias), opt(n.v_bias)
-            rope = st.ropes[m.rope_base_of(il)]
-            L = AttnIO(il=il, q=q, k=k, v=v, qb=qb, kb=kb, vb=vb, qnw=opt(n.q_norm), knw=opt(n.k_norm), rope=rope,
-                       cache=st.cache, n_head=A.n_head, n_kv=A.n_head_kv, hd=A.hd, hd_v=A.hd_v, window=A.window,
-                       eps=A.eps, scale=A.scale, scale_q=A.scale_q, params=self.params_dev, qo=self.qo, ao=self.ao,
-                       scores=self.scores)
-            add(f"qk_prep L{il}", sa, ops.qk_prep(L))
-            add(f"attn L{il}", sa, ops.attn(L))
-            o = mv(n.out, self.ao, sa)
-            post = norm_of(b.mixer_post_norm, il) if b.mixer_post_norm else None
-            add(f"resid_norm L{il} +attn{' post-norm' if post is not None else ''}, ffn norm", sa,
-                ops.resid_norm(self.x, o, opt(n.out_bias), post, norm_of(b.ffn_norm, il), self.xn, h.rms_eps, 1.0,
-                               2 if post is not None else 1))
+                self._attention_layer(il, b, add, mv, mv_group, opt, norm_of)
             if isinstance(b.ffn, MoEFFN):
                 assert self.moe is not None
-                f = self.moe.build_layer(il, b.ffn, add, mv, self.act)
+                f = self.moe.build_layer(il, b.ffn, add, mv, mv_group, self.act)
             else:
-                g = mv(tensor_name("ffn_gate.weight", il), self.xn, sf)
-                u = mv(tensor_name("ffn_up.weight", il), self.xn, sf)
+                g, u = mv_group([tensor_name("ffn_gate.weight", il), tensor_name("ffn_up.weight", il)], self.xn, sf)
                 act = self.act[:int(g.size)]
                 add(f"act_mul L{il}", sf, ops.act_mul(g, u, act, b.ffn.act))
                 f = mv(tensor_name("ffn_down.weight", il), act, sf)
@@ -315,6 +326,37 @@ class FusedDecoder:
         else:
             add("copy logits to host", "head", ops.d2h(self.logits_host, y, 4 * self.n_vocab), "memcpy")
         return plan
+
+    def _attention_layer(self, il, b, add, mv, mv_group, opt, norm_of) -> None:
+        """Layer ``il``'s attention launches (q/k/v, ``qk_prep``, ``attn``, the output gate when the query
+        projection carries one, the output projection) and the residual add fused with the FFN norm."""
+        m, ops, st, h = self.model, self._ops, self.state, self.model.hp
+        A = m.attn[il]
+        n = A.names
+        sa = f"L{il} attn"
+        nq, nk = A.n_head * A.hd, A.n_head_kv * A.hd
+        if n.qkv is not None:
+            qkv = mv(n.qkv, self.xn, sa)
+            q, k, v = qkv[:nq], qkv[nq:nq + nk], qkv[nq + nk:]
+            bqkv = opt(n.qkv_bias)
+            qb, kb, vb = (None, None, None) if bqkv is None else (bqkv[:nq], bqkv[nq:nq + nk], bqkv[nq + nk:])
+        else:
+            q, k, v = mv_group([n.q, n.k, n.v], self.xn, sa)
+            qb, kb, vb = opt(n.q_bias), opt(n.k_bias), opt(n.v_bias)
+        rope = st.ropes[m.rope_key_of(il)]
+        L = AttnIO(il=il, q=q, k=k, v=v, qb=qb, kb=kb, vb=vb, qnw=opt(n.q_norm), knw=opt(n.k_norm), rope=rope,
+                   cache=st.cache, n_head=A.n_head, n_kv=A.n_head_kv, hd=A.hd, hd_v=A.hd_v, window=A.window,
+                   eps=A.eps, scale=A.scale, scale_q=A.scale_q, params=self.params_dev, qo=self.qo, ao=self.ao,
+                   scores=self.scores, q_stride=2 * A.hd if A.output_gate else A.hd)
+        add(f"qk_prep L{il}", sa, ops.qk_prep(L))
+        add(f"attn L{il}", sa, ops.attn(L))
+        if A.output_gate:  # qwen3next: the query projection's second half of every head gates the output
+            add(f"gate_mul L{il}", sa, ops.gate_mul(self.ao, q, A.n_head, A.hd))
+        o = mv(n.out, self.ao, sa)
+        post = norm_of(b.mixer_post_norm, il) if b.mixer_post_norm else None
+        add(f"resid_norm L{il} +attn{' post-norm' if post is not None else ''}, ffn norm", sa,
+            ops.resid_norm(self.x, o, opt(n.out_bias), post, norm_of(b.ffn_norm, il), self.xn, h.rms_eps, 1.0,
+                           2 if post is not None else 1))
 
     @property
     def hybrid(self) -> bool:

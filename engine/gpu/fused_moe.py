@@ -76,7 +76,9 @@ class MoeStep:
         self.weights = bk.empty_f32(K)
         self.bases = bk.empty_bytes(8 * 3 * K).view(np.uint64)
         self.info = bk.empty_bytes(4 * 2 * K).view(np.int32)
-        self.G, self.U, self.H = bk.empty_f32(K * self.n_ff), bk.empty_f32(K * self.n_ff), bk.empty_f32(K * self.n_ff)
+        self.GU = bk.empty_f32(2 * K * self.n_ff)  # gate outputs then up outputs: one batched launch fills both
+        self.G, self.U = self.GU[:K * self.n_ff], self.GU[K * self.n_ff:]
+        self.H = bk.empty_f32(K * self.n_ff)
         self.D = bk.empty_f32(K * n)
         self.y = bk.empty_f32(n)
         self.gdot = bk.empty_f32(1)
@@ -110,7 +112,7 @@ class MoeStep:
 
     # ------------------------------------------------------------ launches
 
-    def build_layer(self, il: int, ffn: MoEFFN, add, mv, act_buf) -> Any:
+    def build_layer(self, il: int, ffn: MoEFFN, add, mv, mv_group, act_buf) -> Any:
         """Add layer ``il``'s expert launches (module docstring); returns the device vector holding
         the FFN's output (before the residual add)."""
         dec, ops, w = self.dec, self.dec._ops, self.model.w
@@ -131,18 +133,22 @@ class MoeStep:
         gt, ut, dt = self.source.types(il)
         pb = self.part_bytes[il]
         store = self._storage
-        add(f"experts gate L{il}", sf, ops.matvec_batched(gt, self.bases[0:K], nff, n, dec.xn, 0, self.G,
-                                                          storage=store, nbytes=pb[0]))
-        add(f"experts up L{il}", sf, ops.matvec_batched(ut, self.bases[K:2 * K], nff, n, dec.xn, 0, self.U,
-                                                        storage=store, nbytes=pb[1]))
+        if gt == ut and pb[0] == pb[1]:  # gate and up of every selected expert: one launch (G, U adjacent)
+            add(f"experts gate+up L{il}", sf, ops.matvec_batched(gt, self.bases[0:2 * K], nff, n, dec.xn, 0, self.GU,
+                                                                 storage=store, nbytes=pb[0]))
+        else:
+            add(f"experts gate L{il}", sf, ops.matvec_batched(gt, self.bases[0:K], nff, n, dec.xn, 0, self.G,
+                                                              storage=store, nbytes=pb[0]))
+            add(f"experts up L{il}", sf, ops.matvec_batched(ut, self.bases[K:2 * K], nff, n, dec.xn, 0, self.U,
+                                                            storage=store, nbytes=pb[1]))
         add(f"experts silu_mul L{il}", sf, ops.silu_mul(self.G, self.U, self.H))
         add(f"experts down L{il}", sf, ops.matvec_batched(dt, self.bases[2 * K:3 * K], n, nff, self.H, nff, self.D,
                                                           storage=store, nbytes=pb[2]))
         add(f"fill misses L{il}", sf, lambda: self.on_fill(il), "fill")
         S = gdot = None
         if ffn.shared_expert:
-            g = mv(tensor_name("ffn_gate_shexp.weight", il), dec.xn, sf)
-            u = mv(tensor_name("ffn_up_shexp.weight", il), dec.xn, sf)
+            g, u = mv_group([tensor_name("ffn_gate_shexp.weight", il), tensor_name("ffn_up_shexp.weight", il)],
+                            dec.xn, sf)
             a = act_buf[:int(g.size)]
             add(f"act_mul shexp L{il}", sf, ops.act_mul(g, u, a, "silu"))
             S = mv(tensor_name("ffn_down_shexp.weight", il), a, sf)

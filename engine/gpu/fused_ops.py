@@ -20,7 +20,8 @@ from .. import layers
 ATTN_THREADS = 1024
 
 
-FUSED_KERNEL_NAMES = ("resid_norm", "qk_prep", "attn", "act_mul", "logit_post", "moe_route", "moe_combine")
+FUSED_KERNEL_NAMES = ("resid_norm", "qk_prep", "attn", "act_mul", "logit_post", "moe_route", "moe_combine",
+                      "gate_mul", "gdn_conv", "gdn_step")
 
 
 def fused_source() -> str:
@@ -42,6 +43,10 @@ def fused_kernels() -> dict:
 def _threads(n: int, cap: int = 1024) -> int:
     """A multiple of 32 covering ``n`` items, at most ``cap``."""
     return max(32, min(cap, -(-int(n) // 32) * 32))
+
+
+#: Most weights one ``matvec_group`` launch takes (its parameters carry 4 addresses).
+MAX_GROUP = 4
 
 
 # ---------------------------------------------------------------------------- the launch list
@@ -106,10 +111,34 @@ class AttnIO:
     qo: Any
     ao: Any
     scores: Any
+    q_stride: int = 0  # elements between query heads in ``q``: hd, or 2 hd with an output gate ([q | gate])
 
     @property
     def kq_scale(self) -> float:
         return 1.0 if self.scale_q else self.scale
+
+
+@dataclass
+class GdnIO:
+    """One gated-delta-net layer's step (:mod:`strata.engine.deltanet`): inputs ``qkv``, ``z``, ``ba``
+    (matvec outputs), state ``cs [d_conv - 1, conv_dim]`` and ``S [dt_rank, d_state, d_state]``,
+    weights ``cw [conv_dim, d_conv]`` (an f32 copy), ``dt_bias``, ``ssm_a``, ``norm_w``; buffers ``h``
+    (conv output) and ``o`` (the gated-normed output, input of ssm_out); ``params`` (pos at 0)."""
+
+    il: int
+    qkv: Any
+    z: Any
+    ba: Any
+    cs: Any
+    S: Any
+    cw: Any
+    dt_bias: Any
+    ssm_a: Any
+    norm_w: Any
+    h: Any
+    o: Any
+    params: Any
+    dims: Any
 
 
 class CudaOps:
@@ -137,6 +166,26 @@ class CudaOps:
         return self._call(k.matvec, ((rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA,), (32 * K.WARPS_PER_CTA,),
                           (buf, np.int64(rows), np.int32(ne0), x, out))
 
+    def matvec_group(self, type_id, parts, ne0, x):
+        """One launch of ``matvec_group`` over ``parts`` = [(buf, rows, out)] (1 to 4) of one type and row
+        length; addresses and row counts travel as kernel parameters."""
+        from . import kernels as K
+
+        k = K.kernels_for(type_id)
+        n = len(parts)
+        if not 1 <= n <= MAX_GROUP:
+            raise ValueError(f"matvec_group takes 1..{MAX_GROUP} weights, got {n}")
+        for _b, rows, _o in parts:
+            K.check_matvec(k, rows, ne0)
+        pad = [parts[0]] * (MAX_GROUP - n)
+        full = list(parts) + pad
+        bases = [np.uint64(b.data.ptr) for b, _r, _o in full]
+        rows = [np.int64(r) for _b, r, _o in full]
+        outs = [np.uint64(o.data.ptr) for _b, _r, o in full]
+        max_rows = max(int(r) for _b, r, _o in parts)
+        return self._call(k.matvec_group, ((max_rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA, n),
+                          (32 * K.WARPS_PER_CTA,), (*bases, *rows, np.int32(ne0), x, *outs))
+
     def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode):
         n = int(x.size)
         return self._call(self.k["resid_norm"], (1,), (_threads(n),),
@@ -150,8 +199,25 @@ class CudaOps:
                            self._p(L.knw), L.rope.cos, L.rope.sin, L.params, L.qo, kc, vc, np.int32(L.n_head),
                            np.int32(L.n_kv), np.int32(L.hd), np.int32(L.hd_v), np.int32(L.rope.n_rot),
                            np.int32(L.cache.sizes[L.il]), np.float32(L.eps), np.float32(L.scale),
-                           np.int32(L.scale_q), np.int32(L.cache.kv == "f16"), np.int32(L.rope.mode == "norm")),
+                           np.int32(L.scale_q), np.int32(L.cache.kv == "f16"), np.int32(L.rope.mode == "norm"),
+                           np.int32(L.q_stride or L.hd)),
                           shmem=4 * L.hd)
+
+    def gate_mul(self, ao, qg, n_head, hd):
+        n = n_head * hd
+        return self._call(self.k["gate_mul"], ((n + 255) // 256,), (256,), (ao, qg, np.int32(n_head), np.int32(hd)))
+
+    def gdn_conv(self, G: GdnIO):
+        d = G.dims
+        return self._call(self.k["gdn_conv"], ((d.conv_dim + 255) // 256,), (256,),
+                          (G.qkv, G.cs, G.cw, np.int32(d.conv_dim), np.int32(d.d_conv), G.params, G.h))
+
+    def gdn_step(self, G: GdnIO):
+        d = G.dims
+        return self._call(self.k["gdn_step"], (d.dt_rank,), (d.d_state,),
+                          (G.h, G.z, G.ba, G.S, G.dt_bias, G.ssm_a, G.norm_w, G.params, np.int32(d.n_group),
+                           np.int32(d.dt_rank), np.int32(d.d_state), np.float32(d.eps),
+                           np.float32(1.0 / d.d_state ** 0.5), G.o), shmem=8 * d.d_state)
 
     def attn(self, L: AttnIO):
         kc, vc = L.cache.k[L.il], L.cache.v[L.il]
@@ -244,7 +310,7 @@ class SimOps:
                 k = k + L.kb
             if L.vb is not None:
                 v = v + L.vb
-            q = q.reshape(L.n_head, L.hd)
+            q = q.reshape(L.n_head, L.q_stride or L.hd)[:, :L.hd]
             k = k.reshape(L.n_kv, L.hd)
             if L.qnw is not None:
                 q = layers.rms_norm(np, q, L.qnw, L.eps)
@@ -275,6 +341,38 @@ class SimOps:
                 y[...] = y + bias
             if cap:
                 y[...] = np.tanh(y * np.float32(1.0 / cap)) * np.float32(cap)
+        return run
+
+    def matvec_group(self, type_id, parts, ne0, x):
+        bk = self.bk
+
+        def run():
+            for buf, rows, out in parts:
+                out[...] = bk.matvec(type_id, buf, rows, ne0, x)
+        return run
+
+    def gate_mul(self, ao, qg, n_head, hd):
+        def run():
+            g = qg.reshape(n_head, 2 * hd)[:, hd:].reshape(-1)
+            ao[...] = ao * layers.sigmoid(np, g)
+        return run
+
+    def gdn_conv(self, G: GdnIO):
+        from ..deltanet import conv_silu
+
+        def run():
+            if int(G.params[0]) == 0:
+                G.cs[...] = 0
+            G.h[...] = conv_silu(np, G.qkv, G.cs, G.cw.reshape(G.dims.conv_dim, G.dims.d_conv))
+        return run
+
+    def gdn_step(self, G: GdnIO):
+        from ..deltanet import delta_rule
+
+        def run():
+            if int(G.params[0]) == 0:
+                G.S[...] = 0
+            G.o[...] = delta_rule(np, G.h, G.z, G.ba, G.S, G.dt_bias, G.ssm_a, G.norm_w, G.dims)
         return run
 
     def moe_route(self, M: MoeIO):
@@ -328,5 +426,5 @@ class SimOps:
 # ---------------------------------------------------------------------------- the decoder
 
 
-__all__ = ["ATTN_THREADS", "AttnIO", "CudaOps", "FUSED_KERNEL_NAMES", "Launch", "MoeIO", "SimOps", "fused_kernels",
-           "fused_source"]
+__all__ = ["ATTN_THREADS", "MAX_GROUP", "AttnIO", "CudaOps", "FUSED_KERNEL_NAMES", "GdnIO", "Launch", "MoeIO", "SimOps",
+           "fused_kernels", "fused_source"]

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,8 +92,15 @@ NVRTC_OPTIONS = ("--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=
 COMPILE_MODE: str | None = None
 
 #: Warps per CTA and rows per warp of the matvec kernels (``WARPS`` / ``RPW`` in the source).
+#: ``STRATA_MATVEC_RPW`` / ``STRATA_MATVEC_MIN_BLOCKS`` (CTAs per SM the compiler must fit: caps
+#: registers; 0 = no bound) override the defaults for benchmarks (bench/bench_moe.py ``--variants``);
+#: neither changes the arithmetic. Defaults: the fastest of bench/matvec_variants.py on the H200
+#: (2026-11-30, graph replay ms per token, 30B-A3B / 7B geometries: RPW 4 bound 5: 5.53 / 7.81;
+#: RPW 2 bound 5: 4.98 / 7.51; RPW 4 unbounded: 6.68 / 7.62; RPW 2 unbounded: 5.45 / 7.50;
+#: RPW 4 bound 4: 5.39 / 7.56).
 WARPS_PER_CTA = 4
-ROWS_PER_WARP = 2
+ROWS_PER_WARP = int(os.environ.get("STRATA_MATVEC_RPW", "2"))
+MATVEC_MIN_BLOCKS = int(os.environ.get("STRATA_MATVEC_MIN_BLOCKS", "5"))
 ROWS_PER_CTA = WARPS_PER_CTA * ROWS_PER_WARP
 
 #: The CUDA source files, installed with the package (pyproject.toml package-data).
@@ -168,7 +176,9 @@ def source_for(type_id: int, *, with_kernels: bool = True) -> str:
     code = cuda_file("prelude.cuh") + _tables_source(type_code) + ("" if plain else type_defines(t.id)) + type_code
     if not with_kernels:
         return code
-    return code + cuda_file("matvec_plain.cu" if plain else "matvec_block.cu") + cuda_file("matvec.cu")
+    shape = (f"#define RPW {ROWS_PER_WARP}\n#define MV_BOUNDS "
+             + (f"__launch_bounds__(32 * WARPS, {MATVEC_MIN_BLOCKS})" if MATVEC_MIN_BLOCKS > 0 else "") + "\n")
+    return code + shape + cuda_file("matvec_plain.cu" if plain else "matvec_block.cu") + cuda_file("matvec.cu")
 
 
 def _silu_source() -> str:
@@ -229,6 +239,7 @@ class TypeKernels:
     dequant: object
     matvec: object
     matvec_batched: object
+    matvec_group: object
 
 
 def load_module(source: str, names: tuple[str, ...]) -> dict:
@@ -295,8 +306,9 @@ def _nvrtc_module(nvrtc, source: str):
 def kernels_for(type_id: int) -> TypeKernels:
     """Compile (once per process) the module of ``type_id`` (see :func:`load_module`)."""
     t = quants.qtype(type_id)
-    f = load_module(source_for(type_id), ("dequant", "matvec", "matvec_batched"))
-    return TypeKernels(t.id, t.block_elems, t.block_elems == 1, f["dequant"], f["matvec"], f["matvec_batched"])
+    f = load_module(source_for(type_id), ("dequant", "matvec", "matvec_batched", "matvec_group"))
+    return TypeKernels(t.id, t.block_elems, t.block_elems == 1, f["dequant"], f["matvec"], f["matvec_batched"],
+                       f["matvec_group"])
 
 
 def _check_buf(buf, type_id: int, ne: tuple[int, ...]):

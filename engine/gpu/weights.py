@@ -13,6 +13,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from strata.budget import formulas as F
+from strata.budget import formulas_gpu as FG
 from strata.engine import engine_form as EF
 from strata.packer import quants
 from strata.packer.packfmt import IndexEntry
@@ -70,30 +71,48 @@ class DeviceWeights:
         return set(self._type.values())
 
     def upload(self, names: Iterable[str]) -> int:
-        """Upload ``names`` in engine form (by byte offset from the pool); returns engine bytes added."""
+        """Upload ``names`` in engine form (by byte offset from the pool); returns engine bytes added.
+
+        One call makes three device allocations (:func:`strata.budget.formulas_gpu.arena_layout`), not three
+        per tensor: the engine-form tensors, the f32 GEMV outputs of the matrices, the f32 copies of the
+        vectors whose engine form is not F32 - each tensor a view at a 256-byte aligned offset. Few large
+        allocations instead of hundreds keep the driver's rounding of each one out of the budget (the
+        "CUDA runtime" term counts what is left: :func:`strata.budget.formulas_gpu.allocation_rounding_bytes`)."""
+        todo = [n for n in dict.fromkeys(names) if n not in self._buf]
+        if not todo:
+            return 0
+        ents = [self._entries[n] for n in todo]
+        sizes = [quants.engine_nbytes(e.type, e.src_type, e.ne) for e in ents]
+        offs, total = FG.arena_layout(sizes)
+        arena = self.backend.empty_bytes(total)
+        outs = [F.matvec_out_bytes(e.ne) if rows_of(e) > 1 else 0 for e in ents]
+        vecs = [F.vector_f32_bytes(e.type, e.src_type, e.ne) if rows_of(e) == 1 else 0 for e in ents]
+        o_offs, o_total = FG.arena_layout(outs)
+        v_offs, v_total = FG.arena_layout(vecs)
+        out_arena = self.backend.empty_bytes(o_total) if o_total else None
+        vec_arena = self.backend.empty_bytes(v_total) if v_total else None
         added = 0
-        for name in names:
-            if name in self._buf:
-                continue
-            e = self._entries[name]
+        for k, (name, e) in enumerate(zip(todo, ents)):
             ef = EF.to_engine_form(self._raw(e), e.type, e.src_type, e.ne, name=name)
-            buf = self.backend.upload(ef)
+            assert ef.size == sizes[k], (name, ef.size, sizes[k])
+            buf = arena[offs[k]:offs[k] + sizes[k]]
+            self.backend.copy_into(buf, ef)
             self._buf[name] = buf
             self._type[name] = EF.engine_type(e.type, e.src_type)
             added += ef.size
             if rows_of(e) == 1:  # a vector: f32 for get()
-                extra = F.vector_f32_bytes(e.type, e.src_type, e.ne)
-                if extra == 0:  # engine form is F32 already: view it
+                if vecs[k] == 0:  # engine form is F32 already: view it
                     self._f32[name] = buf.view(self.xp.float32)
                 else:
                     v = dequantize_rows(np.asarray(self._raw(e)).reshape(1, -1), e.type, e.ne0, name=name)[0]
-                    self._f32[name] = self.backend.upload(v.view(np.uint8)).view(self.xp.float32)
-                    assert v.nbytes == extra
-                self.f32_vector_bytes += extra
+                    assert v.nbytes == vecs[k]
+                    dst = vec_arena[v_offs[k]:v_offs[k] + vecs[k]]
+                    self.backend.copy_into(dst, v.view(np.uint8))
+                    self._f32[name] = dst.view(self.xp.float32)
+                self.f32_vector_bytes += vecs[k]
             else:
-                nb = F.matvec_out_bytes(e.ne)
-                self._out[name] = self.backend.empty_f32(nb // 4)
-                self.output_bytes += nb
+                self._out[name] = out_arena[o_offs[k]:o_offs[k] + outs[k]].view(self.xp.float32)
+                self.output_bytes += outs[k]
         self.engine_bytes += added
         return added
 
@@ -138,6 +157,13 @@ class DeviceWeights:
         if rows_of(e) != 1:
             raise GenerateError(f"{name}: {rows_of(e)} rows, not a vector")
         return quants.F32.id, self._f32[name].view(self.xp.uint8), 1, e.ne0, None
+
+    def host_f32(self, name: str) -> np.ndarray:
+        """The whole tensor ``name`` dequantized to f32 on the host from the memory-mapped pool
+        (numpy ``[rows, ne0]``): for small weights a kernel reads as plain floats (the delta net's conv)."""
+        e = self._entries[name]
+        rows = rows_of(e)
+        return dequantize_rows(np.asarray(self._raw(e)).reshape(rows, -1), e.type, e.ne0, name=name)
 
     def host_row(self, name: str, row: int, out: np.ndarray) -> None:
         """Dequantize row ``row`` of ``name`` on the host from the memory-mapped pool into ``out``

@@ -91,14 +91,14 @@ extern "C" __global__ void qk_prep(const float* __restrict__ q, const float* __r
                                    const int* __restrict__ params, float* __restrict__ qo, void* __restrict__ kc,
                                    void* __restrict__ vc, const int n_head, const int n_kv, const int hd, const int hd_v,
                                    const int n_rot, const int size, const float eps, const float qscale,
-                                   const int scale_q, const int kv_f16, const int rope_norm) {
+                                   const int scale_q, const int kv_f16, const int rope_norm, const int q_stride) {
     extern __shared__ float sh[];  // hd floats
     __shared__ float red[32];
     const int b = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
     const int pos = params[0];
     const bool isq = b < n_head;
     const int h = isq ? b : b - n_head;
-    const float* src = (isq ? q : k) + (i64)h * hd;
+    const float* src = isq ? q + (i64)h * q_stride : k + (i64)h * hd;  // q_stride 2 hd: [q | gate] per head
     const float* bias = isq ? qb : kb;
     const float* nw = isq ? qnw : knw;
     float ss = 0.0f;
@@ -319,4 +319,83 @@ extern "C" __global__ void moe_combine(const float* __restrict__ D, const float*
     for (int k = 1; k < K; ++k) acc = acc + D[(long long)k * n + i] * w[k];
     if (S) acc = acc + S[i] * (1.0f / (1.0f + expf(-gdot[0])));
     y[i] = acc;
+}
+
+// ---------------------------------------------------------------- qwen3next (src/models/qwen3next.cpp)
+
+// ao[h * hd + d] *= sigmoid(qg[h * 2 hd + hd + d]): the attention output gate carried by the query
+// projection (per head [q | gate]); sigmoid(x) = 1 / (1 + exp(-x)) as strata.engine.layers.sigmoid.
+extern "C" __global__ void gate_mul(float* __restrict__ ao, const float* __restrict__ qg, const int n_head,
+                                    const int hd) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_head * hd) return;
+    const int h = i / hd, d = i - h * hd;
+    const float g = qg[(i64)h * 2 * hd + hd + d];
+    ao[i] = ao[i] * (1.0f / (1.0f + expf(-g)));
+}
+
+// The gated delta net's causal depthwise conv + SiLU for one token (strata.engine.deltanet.conv_silu):
+// channel c: acc = sum over k of window[k] * cw[c * dc + k] in order, window = [cs[0..dc-2][c] | qkv[c]];
+// the state shifts by one (cs[dc-2][c] = qkv[c]); h[c] = acc / (1 + exp(-acc)). At position 0
+// (params[0] == 0) the state is a new sequence's: zeros.
+extern "C" __global__ void gdn_conv(const float* __restrict__ qkv, float* __restrict__ cs, const float* __restrict__ cw,
+                                    const int conv_dim, const int dc, const int* __restrict__ params,
+                                    float* __restrict__ h) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= conv_dim) return;
+    const bool reset = params[0] == 0;
+    float acc = (reset ? 0.0f : cs[c]) * cw[(i64)c * dc];
+    for (int k = 1; k < dc - 1; ++k) acc = acc + (reset ? 0.0f : cs[(i64)k * conv_dim + c]) * cw[(i64)c * dc + k];
+    const float xin = qkv[c];
+    acc = acc + xin * cw[(i64)c * dc + dc - 1];
+    for (int k = 0; k < dc - 2; ++k) cs[(i64)k * conv_dim + c] = reset ? 0.0f : cs[(i64)(k + 1) * conv_dim + c];
+    cs[(i64)(dc - 2) * conv_dim + c] = xin;
+    h[c] = acc / (1.0f + expf(-acc));
+}
+
+// One token of the delta rule for v head blockIdx.x (strata.engine.deltanet.delta_rule); blockDim.x
+// == ds (a multiple of 32, <= 1024): thread j owns row j of the head's state S [ds (v), ds (k)].
+// q, k: l2-normalised (x * (1 / sqrt(sum(x^2) / ds + eps / ds)) * (1 / sqrt(ds))), k head vh / r,
+// q also scaled by 1 / sqrt(ds); beta = sigmoid(b), g = softplus(a + dt_bias) * ssm_a (ggml's
+// softplus: x above 20); S = S * exp(g); d = (v - S k) * beta; S = S + d k^T; o = S q; then
+// o * (1 / sqrt(sum(o^2) / ds + eps)) * norm_w * silu(z). At position 0 S starts at zero.
+extern "C" __global__ void gdn_step(const float* __restrict__ h, const float* __restrict__ z,
+                                    const float* __restrict__ ba, float* __restrict__ S,
+                                    const float* __restrict__ dt_bias, const float* __restrict__ ssm_a,
+                                    const float* __restrict__ norm_w, const int* __restrict__ params, const int nk,
+                                    const int nv, const int ds, const float eps, const float inv_sqrt_ds,
+                                    float* __restrict__ out) {
+    extern __shared__ float qk[];  // q[ds] then k[ds]
+    __shared__ float red[32];
+    const int vh = blockIdx.x, j = threadIdx.x;
+    const int r = nv / nk, kh = vh / r, kd = nk * ds;
+    const float qv = h[(i64)kh * ds + j], kv = h[(i64)kd + kh * ds + j], vv = h[(i64)2 * kd + vh * ds + j];
+    const float qs = block_sum(qv * qv, red) / (float)ds;
+    const float ks = block_sum(kv * kv, red) / (float)ds;
+    qk[j] = ((qv * (1.0f / sqrtf(qs + eps / (float)ds))) * inv_sqrt_ds) * inv_sqrt_ds;
+    qk[ds + j] = (kv * (1.0f / sqrtf(ks + eps / (float)ds))) * inv_sqrt_ds;
+    const float b = ba[(i64)kh * 2 * r + (vh % r)], a = ba[(i64)kh * 2 * r + r + (vh % r)];
+    const float beta = 1.0f / (1.0f + expf(-b));
+    const float x = a + dt_bias[vh];
+    const float sp = x > 20.0f ? x : logf(1.0f + expf(fminf(x, 20.0f)));
+    const float eg = expf(sp * ssm_a[vh]);
+    __syncthreads();
+    const bool reset = params[0] == 0;
+    float* row = S + ((i64)vh * ds + j) * ds;
+    float sk = 0.0f;
+    for (int i = 0; i < ds; ++i) {
+        const float s = (reset ? 0.0f : row[i]) * eg;
+        row[i] = s;
+        sk = sk + s * qk[ds + i];
+    }
+    const float d = (vv - sk) * beta;
+    float o = 0.0f;
+    for (int i = 0; i < ds; ++i) {
+        const float s = row[i] + d * qk[ds + i];
+        row[i] = s;
+        o = o + s * qk[i];
+    }
+    const float os = block_sum(o * o, red) / (float)ds;
+    const float zz = z[(i64)vh * ds + j];
+    out[(i64)vh * ds + j] = ((o * (1.0f / sqrtf(os + eps))) * norm_w[j]) * (zz / (1.0f + expf(-zz)));
 }

@@ -2,7 +2,6 @@
 // after prelude.cuh and types/<TYPE>.cuh, which defines
 //   load_w(const u8* b, i64 i) -> float: value i of the tensor.
 #define WARPS 4
-#define RPW 2
 extern "C" __global__ void dequant(const u8* __restrict__ base, const i64 n, float* __restrict__ out) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = load_w(base, i);
@@ -11,14 +10,15 @@ extern "C" __global__ void dequant(const u8* __restrict__ base, const i64 n, flo
 // acc[r] = dot(W[row0 + r, :], x): lane l takes elements l, l+32, ... (acc = acc + w * x), then
 // the same xor butterfly as the block types.
 #define STAGE_BYTES 16
+#define ROW_STAGE 16
 __device__ __forceinline__ void warp_dot(const u8* __restrict__ base, const i64 rows, const int ne0, const i64 row0,
                                          const float* __restrict__ x, float* __restrict__ xs, u8* __restrict__ wb,
-                                         const int lane, float* acc) {
+                                         const int lane, float* acc, const bool active) {
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         float a = 0.0f;
         const i64 row = row0 + r;
-        if (row < rows) {
+        if (active && row < rows) {
             const i64 r0 = row * ne0;
             for (int i = lane; i < ne0; i += 32) a = a + load_w(base, r0 + i) * x[i];
         }

@@ -14,6 +14,42 @@ __device__ __forceinline__ u32 ld16(const u8* p) { return (u32)p[0] | ((u32)p[1]
 __device__ __forceinline__ u32 ld32(const u8* p) {
     return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
 }
+// n (16 or 32) consecutive bytes p[0..n) as little-endian words w[0..n/4): byte i is
+// byte_of(w, i). Word loads when p is 4-aligned, half-word loads when 2-aligned, byte loads
+// otherwise - the same bytes either way, fewer load instructions (the matvec kernels read staged
+// blocks from shared memory, where a byte load costs as much as a word load); w stays in
+// registers once the caller's loops are unrolled.
+__device__ __forceinline__ u32 ld32_aligned(const u8* p) {
+#ifdef __CUDA_ARCH__
+    return *(const u32*)p;
+#else
+    u32 v;
+    __builtin_memcpy(&v, p, 4);
+    return v;
+#endif
+}
+__device__ __forceinline__ u32 ld16_aligned(const u8* p) {
+#ifdef __CUDA_ARCH__
+    return (u32)*(const u16*)p;
+#else
+    u16 v;
+    __builtin_memcpy(&v, p, 2);
+    return (u32)v;
+#endif
+}
+__device__ __forceinline__ void load_words(const u8* __restrict__ p, u32* w, const int n) {
+    if ((((unsigned long long)p) & 3ull) == 0) {
+#pragma unroll
+        for (int i = 0; i < n / 4; ++i) w[i] = ld32_aligned(p + 4 * i);
+    } else if ((((unsigned long long)p) & 1ull) == 0) {
+#pragma unroll
+        for (int i = 0; i < n / 4; ++i) w[i] = ld16_aligned(p + 4 * i) | (ld16_aligned(p + 4 * i + 2) << 16);
+    } else {
+#pragma unroll
+        for (int i = 0; i < n / 4; ++i) w[i] = ld32(p + 4 * i);
+    }
+}
+#define byte_of(w, i) ((int)(((w)[(i) >> 2] >> (8 * ((i) & 3))) & 255u))
 // IEEE fp16 -> f32, exact for every finite pattern (subnormals included). On the device the
 // hardware conversion (cvt.f32.f16); the software version is its host twin for the CPU check.
 #ifdef __CUDA_ARCH__

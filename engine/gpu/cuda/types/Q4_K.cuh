@@ -10,8 +10,9 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
     scale_min_k4(s, g, &scv, &mv);
     const float D = d * (float)scv;
     const float DM = dmin * (float)mv;
-    const u8* qq = qs + 32 * (g >> 1);
+    u32 qq[8];
+    load_words(qs + 32 * (g >> 1), qq, 32);
     const int sh = 4 * (g & 1);
 #pragma unroll
-    for (int l = 0; l < 32; ++l) y[l] = D * (float)((qq[l] >> sh) & 15) - DM;
+    for (int l = 0; l < 32; ++l) y[l] = D * (float)((byte_of(qq, l) >> sh) & 15) - DM;
 }

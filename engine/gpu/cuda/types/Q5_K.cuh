@@ -10,11 +10,13 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
     scale_min_k4(s, g, &scv, &mv);
     const float D = d * (float)scv;
     const float DM = dmin * (float)mv;
-    const u8* qq = qs + 32 * (g >> 1);
+    u32 qq[8], hh[8];
+    load_words(qs + 32 * (g >> 1), qq, 32);
+    load_words(qh, hh, 32);
     const int sh = 4 * (g & 1);
 #pragma unroll
     for (int l = 0; l < 32; ++l) {
-        const int v = ((qq[l] >> sh) & 15) | (((qh[l] >> g) & 1) << 4);
+        const int v = ((byte_of(qq, l) >> sh) & 15) | (((byte_of(hh, l) >> g) & 1) << 4);
         y[l] = D * (float)v - DM;
     }
 }

@@ -7,9 +7,10 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
     const i8* scs = (const i8*)(q + 192);
     const float d = h2f(ld16(q + 208));
     const int h = sub >> 2, k = sub & 3;
-    const u8* lq = ql + 64 * h + 32 * (k & 1);
+    u32 lq[8], hq[8];
+    load_words(ql + 64 * h + 32 * (k & 1), lq, 32);
     const int lsh = 4 * (k >> 1);
-    const u8* hq = qh + 32 * h;
+    load_words(qh + 32 * h, hq, 32);
     const int hsh = 2 * k;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -17,7 +18,7 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
 #pragma unroll
         for (int l = 0; l < 16; ++l) {
             const int ll = 16 * half + l;
-            const int v = ((lq[ll] >> lsh) & 15) | (((hq[ll] >> hsh) & 3) << 4);
+            const int v = ((byte_of(lq, ll) >> lsh) & 15) | (((byte_of(hq, ll) >> hsh) & 3) << 4);
             y[ll] = D * (float)(v - 32);
         }
     }

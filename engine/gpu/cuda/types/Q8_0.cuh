@@ -2,6 +2,8 @@
 // y[j] = qs[j] * d (ggml-quants.c dequantize_row_q8_0; gguf-py computes x * d in this order).
 __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8* __restrict__ q, int sub, float* y) {
     const float d = sc[0];
+    u32 b[8];
+    load_words(q, b, 32);
 #pragma unroll
-    for (int j = 0; j < 32; ++j) y[j] = (float)(int)(i8)q[j] * d;
+    for (int j = 0; j < 32; ++j) y[j] = (float)(int)(i8)byte_of(b, j) * d;
 }

@@ -1,0 +1,180 @@
+"""The budget terms of strata's own engine (``strata-budget check --engine strata``, the default, and
+``strata-engine measure``): what its GPU path really allocates and loads, derived from the pack.
+
+The model's own terms (weights, KV cache, recurrent state, engine buffers) are the same for every
+engine (:mod:`.formulas`); these are the ones that depend on how strata's engine runs the model:
+
+- the decode path it takes (:func:`strata.budget.formulas_gpu.strata_decode_path`: the fused step, or
+  the generic per-layer path for a delta-net model);
+- "prefill/activations": the fused step's device buffers, exactly
+  (:func:`strata.budget.formulas.fused_step_bytes`, the engine's ``GpuInfo.fused_buffer_bytes``), or the
+  generic path's warm-up temporaries (:func:`strata.budget.formulas_gpu.generic_step_bytes`, an
+  estimate); one position per step (the prompt goes through the decode path);
+- "CUDA runtime": the kernel modules of the types it loads, the CUDA graphs it captures, CuPy's kernels
+  on the generic path, and the driver's rounding of each of its large allocations
+  (:func:`strata.budget.formulas_gpu.cuda_runtime_bytes` over :func:`allocations`);
+- the drafter: a NextN draft head's weights in engine form, loaded before the cache, and its bind
+  buffers (:func:`strata.budget.formulas_gpu.draft_bind_bytes`), reserved when the cache is sized and
+  allocated after it (docs/DESIGN.md "The automatic slot count").
+"""
+
+from __future__ import annotations
+
+from strata.packer import quants
+
+from . import formulas as F
+from . import formulas_gpu as FG
+from .cards import Card, runtime_model
+from .plan_model import ModelFacts
+
+
+def _is_vector(ne) -> bool:
+    return quants.n_elements(ne) == int(ne[0])
+
+
+def _engine_type(t) -> int:
+    return quants.BF16.id if t.type == quants.F32.id and t.src_type == quants.BF16.id else t.type
+
+
+def _role(t) -> str:
+    return t.name.split(".", 2)[-1]
+
+
+def gdn_facts(facts: ModelFacts) -> tuple[bool, int, int, int]:
+    """The delta-net layers as the fused step sees them, from the tensors: ``(fusable, conv_dim,
+    value_dim, conv weight elements)`` - fusable unless a layer has the legacy ``ssm_in`` or the head
+    dim (``ssm_norm``'s length) is not a multiple of 32 in 32..1024; ``(True, 0, 0, 0)`` without them."""
+    trunk = [t for t in facts.dense if not facts.is_draft(t.name)]
+    conv = [t for t in trunk if _role(t) == "ssm_conv1d.weight"]
+    if not conv:
+        return True, 0, 0, 0
+    d_state = next((int(t.ne[0]) for t in trunk if _role(t) == "ssm_norm.weight"), 0)
+    value_dim = next((int(t.ne[0]) for t in trunk if _role(t) == "ssm_out.weight"), 0)
+    fusable = (not any(_role(t) == "ssm_in.weight" for t in trunk)) and d_state % 32 == 0 and 32 <= d_state <= 1024
+    return fusable, int(conv[0].ne[1]), value_dim, sum(quants.n_elements(t.ne) for t in conv)
+
+
+def decode_path(facts: ModelFacts) -> str:
+    """``"fused"`` or ``"generic"``: the GPU decode step strata's engine runs this model with."""
+    biases = any(_role(t) in ("ffn_gate.bias", "ffn_up.bias", "ffn_down.bias") for t in facts.dense)
+    return FG.strata_decode_path(len(facts.recurrent_layers), biases, facts.n_expert_used if facts.expert_layers else 0,
+                                 recurrent_fusable=gdn_facts(facts)[0])
+
+
+def kv_positions(facts: ModelFacts, n_ctx: int) -> int:
+    """The longest KV cache of any attention layer at one position per step (``formulas.kv_tokens``)."""
+    return max((F.kv_tokens(n_ctx, L.window, F.ENGINE_PREFILL_CHUNK) for L in facts.kv_layers), default=0)
+
+
+def _n_ff_max(facts: ModelFacts) -> int:
+    widths = [int(t.ne[1]) for t in facts.dense if not facts.is_draft(t.name)
+              and t.name.split(".", 2)[-1] in ("ffn_gate.weight", "ffn_gate_shexp.weight")]
+    return max(widths, default=1)
+
+
+def activation_term(facts: ModelFacts, n_ctx: int) -> tuple[int, str, bool]:
+    """(bytes, detail, exact) of "prefill/activations" for strata's engine at ``n_ctx``."""
+    pos = kv_positions(facts, n_ctx)
+    if decode_path(facts) == "fused":
+        moe = facts.trunk_experts
+        nb = F.fused_step_bytes(facts.n_embd, facts.n_head, facts.head_dim, facts.head_dim_v or facts.head_dim,
+                                _n_ff_max(facts), pos, n_layer=facts.n_layer if moe else 0,
+                                n_expert=facts.n_expert if moe else 0, n_expert_used=facts.n_expert_used if moe else 0,
+                                n_ff_exp=facts.n_ff_exp if moe else 0)
+        _fusable, conv_dim, value_dim, conv_el = gdn_facts(facts)
+        nb += F.gdn_step_bytes(conv_dim, value_dim, conv_el)
+        return nb, f"fused decode step's device buffers (exact; scores over {pos} positions)", True
+    kv_el = max((L.k + L.v for L in facts.kv_layers), default=0)
+    ssm = max((L.ssm for L in facts.recurrent_layers), default=0)
+    nb = FG.generic_step_bytes(facts.act_per_token, facts.logits_per_token, pos, kv_el, facts.n_head, ssm)
+    return nb, (f"generic per-layer path: warm-up temporaries at position {max(pos - 1, 0)} (estimate: f32 K/V of "
+                f"{pos} positions, scores, delta-net state temporaries)"), False
+
+
+def _split(facts: ModelFacts) -> tuple[list, list, list]:
+    """Dense tensors by the engine's stage arena: weights, head, draft head (untied embeddings: on the host)."""
+    head = {facts.head, "output.bias"}
+    rows_only = {facts.embeddings} if facts.embeddings and not facts.tied else set()
+    w, h, d = [], [], []
+    for t in facts.dense:
+        if t.name in rows_only:
+            continue
+        (d if facts.is_draft(t.name) else h if t.name in head else w).append(t)
+    return w, h, d
+
+
+def _arenas(tensors) -> list[int]:
+    """The three allocations of one upload (formulas_gpu.arena_layout): tensors, GEMV outputs, f32 vector copies."""
+    sizes = [quants.engine_nbytes(t.type, t.src_type, t.ne) for t in tensors]
+    outs = [F.matvec_out_bytes(t.ne) for t in tensors if not _is_vector(t.ne)]
+    vecs = [F.vector_f32_bytes(t.type, t.src_type, t.ne) for t in tensors if _is_vector(t.ne)]
+    return [n for n in (FG.arena_layout(x)[1] for x in (sizes, outs, vecs)) if n]
+
+
+def draft_weights_bytes(facts: ModelFacts) -> int:
+    """The draft head's dense tensors in engine form (bytes; 0 without one)."""
+    return sum(F.engine_form(t.type, t.src_type, t.ne).engine for t in facts.dense if facts.is_draft(t.name))
+
+
+def draft_bind(facts: ModelFacts, n_ctx: int, kv: str) -> int:
+    """The draft head's bind buffers at ``n_ctx`` positions (:func:`strata.budget.formulas_gpu.draft_bind_bytes`;
+    0 without a draft head): its attention blocks' K/V rows are the decoder's (``n_head_kv x head_dim``)."""
+    if not facts.draft_layers:
+        return 0
+    k = facts.kv_layers[0].k if facts.kv_layers else 0
+    v = facts.kv_layers[0].v if facts.kv_layers else 0
+    per_token = sum(F.kv_bytes_per_token(F.KVLayer(il, k, v), kv) for il in facts.draft_layers)
+    tensors = [(t.type, t.src_type, t.ne) for t in facts.dense if facts.is_draft(t.name)]
+    return FG.draft_bind_bytes(tensors, per_token, n_ctx, facts.n_embd)
+
+
+def allocations(facts: ModelFacts, n_ctx: int, kv: str) -> list[int]:
+    """The engine's device allocations larger than a few KiB before the expert cache (bytes): each stage's
+    arenas, every attention layer's K and V arrays and indexer key store, the rope tables, the recurrent
+    state, the draft head's arena and bind buffers (the cache's own allocation is not known before the
+    slots are; its rounding is inside the reserve)."""
+    w, h, d = _split(facts)
+    out = _arenas(w) + _arenas(h)
+    if d:
+        out.append(FG.arena_layout([quants.engine_nbytes(t.type, t.src_type, t.ne) for t in d])[1])
+        out.append(draft_bind(facts, n_ctx, kv))
+    for L in facts.kv_layers:
+        n = F.kv_tokens(n_ctx, L.window, F.ENGINE_PREFILL_CHUNK)
+        out += [n * F.kv_row_bytes(x, kv) for x in (L.k, L.v, L.indexer_k) if x]
+    if facts.rope_tables and facts.rope_dim:
+        out += [n_ctx * (facts.rope_dim // 2) * F.F32_BYTES] * (2 * facts.rope_tables)
+    if facts.recurrent_layers:
+        out.append(F.recurrent_state_bytes(facts.recurrent_layers, 1))
+    return out
+
+
+def kernel_types(facts: ModelFacts) -> set[int]:
+    """The ggml types the engine compiles a kernel module for: every uploaded dense tensor's and every
+    trunk expert part's (the draft head is loaded, not run; untied embeddings stay on the host)."""
+    w, h, _ = _split(facts)
+    types = {_engine_type(t) for t in w + h}
+    for L in facts.trunk_experts:
+        types |= {L.gate_type, L.up_type, L.down_type}
+    return types
+
+
+def runtime_term(facts: ModelFacts, card: Card, n_ctx: int, kv: str) -> tuple[int, str]:
+    """(bytes, detail) of "CUDA runtime" for strata's engine (module docstring); ``card.cuda_runtime_fixed``
+    (``--cuda-runtime-mib``): the card's constant."""
+    if card.cuda_runtime_fixed:
+        return card.cuda_runtime_bytes, card.cuda_runtime_source
+    c, src = (card.runtime_model, "card") if card.runtime_model else runtime_model()
+    path = decode_path(facts)
+    n_mod = len(kernel_types(facts)) + 1 + (1 if path == "fused" else 0)  # + the expert activation, + the fused step
+    graphs = FG.fused_graph_count(len(facts.trunk_experts)) if path == "fused" else 0
+    allocs = allocations(facts, n_ctx, kv)
+    nb = FG.cuda_runtime_bytes(n_mod, graphs, allocs, module_bytes=c["module_bytes"], graph_bytes=c["graph_bytes"],
+                               generic_path_bytes=c["generic_path_bytes"], granularity=c["granularity"],
+                               packed_max=c["packed_max"], generic=path == "generic")
+    rounding = FG.allocation_rounding_bytes(allocs, c["granularity"], c["packed_max"])
+    return nb, (f"{n_mod} kernel modules, {graphs} CUDA graphs, {path} path, driver rounding of {len(allocs)} "
+                f"allocations {rounding} B (cards.toml constants, estimate)")
+
+
+__all__ = ["activation_term", "allocations", "decode_path", "draft_bind", "draft_weights_bytes", "kernel_types",
+           "kv_positions", "runtime_term"]

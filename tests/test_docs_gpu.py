@@ -1,0 +1,150 @@
+"""Card emulation and the documents' incidents on a real GPU (gpu-marked: skipped without CuPy and a GPU).
+
+Two groups:
+
+- small synthetic packs (strata.testing presets) on an emulated card: the figures every checkpoint
+  records, an allocation past the card refused, ``strata-engine measure --card`` exact;
+- the documents' full-size model (~47 GB, written by bench/device_docs.sh; set ``STRATA_DOCS_PACK`` to
+  its pack, ``STRATA_DOCS_PROFILE`` to an expert profile of it) on the emulated 6G card, where a start
+  is quick (few slots): the head loaded after the cache refused with the reserve eaten, the prompt path
+  inside the plan, ``--expert-cache N`` above the fit refused with both numbers, the profile fill.
+
+The CI versions of the same logic run on the simulated card: tests/test_docs_incidents.py,
+tests/test_card_emulation.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from strata.budget import formulas as F
+from strata.budget.cards import card_from_mib, card_preset
+from strata.engine.gpu import kernels as K
+
+GPU_OK, GPU_WHY = K.gpu_available()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_OK, reason=f"needs CuPy and a CUDA GPU: {GPU_WHY}")]
+DOCS = os.environ.get("STRATA_DOCS_PACK")
+PROFILE = os.environ.get("STRATA_DOCS_PROFILE")
+need_docs = pytest.mark.skipif(not (DOCS and Path(DOCS).is_dir()),
+                               reason="needs the documents' full-size pack: STRATA_DOCS_PACK (bench/device_docs.sh writes it)")
+CTX = 4096
+
+
+def _free_pool():
+    import gc
+
+    import cupy as cp
+
+    gc.collect()
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+@pytest.fixture(scope="module")
+def moe_pack(tmp_path_factory):
+    from strata import testing as synth
+    from strata.packer.build import build_pack
+
+    d = tmp_path_factory.mktemp("gpu_emu")
+    paths = synth.write_model(d / "moe.gguf", synth.qwen3moe_spec())
+    build_pack(paths[0], d / "pack", progress=False)
+    return d / "pack"
+
+
+def test_cuda_emulated_card_checkpoints_and_slots(moe_pack):
+    from strata.engine.startup import load_engine
+
+    _free_pool()
+    card = card_from_mib(560)  # ~33 MiB above the planned context: a few slots
+    eng = load_engine(moe_pack, device="cuda", n_ctx=256, card=card, vram_reserve_mib=8)
+    for cp in eng.checkpoints:
+        x = cp.extra
+        print(f"[emu] {cp.name}: free {x['gpu_free_bytes']} of {x['gpu_total_bytes']} (physical {x['physical_free_bytes']} "
+              f"of {x['physical_total_bytes']})")
+        assert x["gpu_total_bytes"] == card.total_bytes and x["physical_total_bytes"] > card.total_bytes
+    sp = eng.gpu.slot_plan
+    assert sp.free_bytes <= card.total_bytes and sp.slots == F.expert_slots(sp.free_bytes, sp.reserve_bytes, sp.slot_bytes,
+                                                                             sp.cap)
+    assert eng.gpu.free_after_bytes >= 8 * F.MIB
+    assert "emulated on" in eng.gpu.device
+
+
+def test_cuda_allocation_past_the_emulated_card_fails(moe_pack):
+    from strata.engine.gpu.card import CardOutOfMemory
+    from strata.engine.startup import load_engine
+
+    _free_pool()
+    card = card_from_mib(528)  # 1 MiB above the planned 527 MiB context
+    with pytest.raises(CardOutOfMemory, match=r"out of memory on the emulated card 528 MiB card: .* fails as it would"):
+        load_engine(moe_pack, device="cuda", n_ctx=256, card=card, vram_reserve_mib=0)
+
+
+def test_cuda_measure_on_the_emulated_card(moe_pack):
+    from strata.engine.measure import measure_pack, print_measurement
+
+    _free_pool()
+    a = measure_pack(str(moe_pack), n_ctx=256, card=card_from_mib(2048), vram_reserve_mib=64, n_tokens=4)
+    print_measurement(a)
+    assert a.exact_ok and a.reserve_ok, [(t.term, t.diff_bytes) for t in a.terms if t.exact and t.diff_bytes]
+    assert a.card_total_bytes == 2048 * F.MIB and a.physical_total_bytes > a.card_total_bytes
+
+
+# ------------------------------------------------------------------ the documents' model (full size)
+
+@need_docs
+def test_docs_head_after_the_cache_eats_the_reserve_and_is_refused():
+    from strata.engine.errors import StartupRefused
+    from strata.engine.startup import load_engine
+
+    _free_pool()
+    late = ("weights", "session", "drafter", "prompt path", "expert cache", "bind", "head")
+    with pytest.raises(StartupRefused, match=r"after start-up: \d+ B .* under the 734003200 B .* head 31\d{7} B"):
+        load_engine(DOCS, device="cuda", n_ctx=CTX, card=card_preset("6G"), stage_order=late, warmup=False)
+
+
+@need_docs
+def test_docs_6g_prompt_path_inside_the_plan_or_refused_with_the_numbers():
+    from strata.engine.errors import StartupRefused
+    from strata.engine.measure import measure_pack, print_measurement
+
+    _free_pool()
+    try:
+        a = measure_pack(DOCS, n_ctx=CTX, card=card_preset("6G"))
+    except StartupRefused as e:  # the other allowed outcome: refused, naming the free bytes, the reserve, each stage
+        assert "prompt path" in str(e) and "under the" in str(e)
+        return
+    print_measurement(a)
+    assert a.exact_ok and a.reserve_ok
+    act = next(t for t in a.terms if t.term == "prefill/activations")
+    print(f"[docs 6G] prompt path: predicted {act.predicted_bytes} B, measured {act.measured_bytes} B")
+
+
+@need_docs
+def test_docs_expert_cache_above_the_fit_is_refused_with_both_numbers():
+    from strata.engine.gpu.device import ExpertCacheError
+    from strata.engine.startup import load_engine
+
+    _free_pool()
+    with pytest.raises(ExpertCacheError, match=r"--expert-cache 100000 refused: 100000 slots x 2278400 B .* at most \d+ "
+                                               r"slots fit"):
+        load_engine(DOCS, device="cuda", n_ctx=CTX, card=card_preset("6G"), expert_cache=100000, warmup=False)
+
+
+@need_docs
+@pytest.mark.skipif(not (PROFILE and Path(PROFILE).is_file()), reason="needs STRATA_DOCS_PROFILE")
+def test_docs_profile_fill_skips_only_full_layers():
+    from strata.budget.profile import read_profile
+    from strata.engine.startup import load_engine
+
+    _free_pool()
+    prof = read_profile(PROFILE)
+    eng = load_engine(DOCS, device="cuda", n_ctx=CTX, card=card_preset("6G"), profile=prof, warmup=False)
+    slots = eng.gpu.slot_plan.slots
+    fill = F.fill_profile(prof, slots)
+    assert sorted(eng.experts.cache.where) == sorted(fill.order)
+    assert {il for il, _ in eng.experts.cache.where} == {L.layer for L in fill.layers if L.range}
+    full = [L.layer for L in fill.layers if L.filled == L.range]
+    print(f"[docs 6G] {slots} slots, {len(fill.layers)} profiled layers, {len(full)} filled to their range, "
+          f"expected hit rate {fill.hit_rate:.2%}")
