@@ -4,7 +4,7 @@ PIP ?= $(PYTHON) -m pip
 DEMO_MODEL ?= gemma3-270m
 DEMO_DIR ?= demo-out
 
-.PHONY: install demo test test-fast bench bench-gpu bench-moe bench-docs fetch-models reference clean
+.PHONY: install demo test test-fast bench bench-gpu bench-moe bench-cpu bench-docs fetch-models reference clean
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -35,6 +35,11 @@ bench-gpu: install
 # MoE / dense decode at real models' geometry, strata vs llama.cpp (LLAMA_BENCH=path/to/llama-bench)
 bench-moe: install
 	$(PYTHON) bench/bench_moe.py --geometry qwen3moe-30b-a3b --geometry qwen2-7b --cpu $(if $(LLAMA_BENCH),--llama-bench $(LLAMA_BENCH),)
+
+# CPU decode, strata vs llama.cpp (llama-cpp-python; LCP = a directory with it, e.g. an AVX2 build) on the real
+# Gemma 3 270M and Qwen2.5 0.5B, 2 threads and all cores, best of 3; Q7B=1 adds the synthetic Qwen2.5-7B geometry
+bench-cpu: install
+	$(PYTHON) bench/bench_cpu.py $(if $(LCP),--lcp $(LCP),) $(if $(Q7B),--q7b,)
 
 # The documents' model (~47 GB, written pattern-filled) on emulated 24G / 16G / 12G cards: start-up per
 # checkpoint, decode tok/s and CPU misses per token beside the budget's predicted slots and hit rate.

@@ -44,9 +44,11 @@ class EngineOptions:
         expert_cache: GPU slots, ``"auto"`` or N; ``profile``: ``(layer, expert, count)`` rows that
             fill the cache; ``vram_reserve_mib``: VRAM kept free; ``admit``: first-come admission of
             misses into free slots (default: on without a profile).
-        exact: CPU products in the GPU kernels' summation order (bit-identical to the GPU; slower) instead
-            of the fast dot (:mod:`strata.engine.cpukernels`); ``threads``: CPU kernel threads (default:
-            the cores this process may use).
+        exact: CPU products in the GPU kernels' summation order (bit-identical to the GPU; slower): the
+            same as ``cpu_kernel="exact"``; ``cpu_kernel``: the CPU matvec kernels, ``"q8"`` (the default:
+            llama.cpp's CPU numerics, activations quantized to Q8_0/Q8_K and integer dots), ``"exact"`` or
+            ``"f32"`` (:mod:`strata.engine.cpukernels`); ``threads``: CPU kernel threads (default: the
+            cores this process may use).
         graph / fused / stage_times / warmup: the GPU decode step (:mod:`strata.engine.gpu.fused`).
         card: a card to emulate on the GPU (``--card``, a :class:`strata.budget.cards.Card`): free memory,
             allocation failures and the automatic cache size as on that card (:mod:`strata.engine.gpu.card`).
@@ -64,6 +66,7 @@ class EngineOptions:
     vram_reserve_mib: int = F.DEFAULT_RESERVE_MIB
     admit: bool | None = None
     exact: bool = False
+    cpu_kernel: str | None = None
     threads: int | None = None
     graph: bool = True
     fused: bool | None = None

@@ -7,13 +7,22 @@ them on the fly. The per-type code is the GPU's own (:mod:`strata.engine.gpu.ker
 ``cuda/types/<TYPE>.cuh``), compiled for the host by the C compiler with ``engine/cpu_driver.c``:
 one definition of each ggml type for both devices.
 
-Why compiled C (gcc/cc with OpenMP) and not a Python JIT: the same source as the GPU kernels means
-the CPU dequantizes exactly what the GPU dequantizes, and :func:`matvec` with ``exact=True`` sums in
-the GPU kernel's order (``matvec_exact`` in the driver), so an expert computed on the CPU (a cache
-miss) is bit-identical to the same expert computed on the GPU (a hit) - the design's "the hit path
-is all or nothing". ``exact=False`` dequantizes a row into a scratch row and takes a vectorised dot
-(faster; a different summation order, ~1e-7 relative). Both use ``-ffp-contract=off`` (no FMA, as
-NumPy and the GPU modules' ``--fmad=false``) and split rows over OpenMP threads.
+Three kernels (:data:`KERNELS`; ``kernel=`` of :func:`matvec`, :func:`matvec_many`):
+
+- ``"exact"`` sums in the GPU kernel's order (``matvec_exact`` in the driver: per 32-value chunk a
+  sequential f32 sum, 32 lanes, the xor butterfly), so an expert computed on the CPU (a cache miss) is
+  bit-identical to the same expert computed on the GPU (a hit) - the design's "the hit path is all or
+  nothing". Why compiled C and not a Python JIT: the same source as the GPU kernels means the CPU
+  dequantizes exactly what the GPU dequantizes. ``x`` is laid out for the lanes once per call.
+- ``"q8"`` is llama.cpp's CPU numerics (``engine/cpu_q8.c``, ``cpu_q8_dots.c``): the activation quantized
+  once per product to Q8_0 / Q8_K exactly as ggml's ``quantize_row_q8_0`` / ``quantize_row_q8_K`` do (the
+  values of :func:`strata.engine.numerics.quantize_activation`), integer block dots (exact), and a fixed
+  f32 order for the block scales; AVX2 (+VNNI) intrinsics or portable C with the same bits. For the types
+  in :data:`Q8_TYPES`; any other type runs ``"f32"``. The CPU engine's default (the fast path).
+- ``"f32"`` dequantizes a row into a scratch row and takes a 16-way f32 dot (~1e-7 relative from exact).
+
+All use ``-ffp-contract=off`` (no FMA, as NumPy and the GPU modules' ``--fmad=false``), split rows - or,
+for :func:`matvec_many`, (matrix, row) pairs - over OpenMP threads, and read the mapped bytes in place.
 
 Each type's library is built once and cached under ``$STRATA_CACHE/kernels`` (default
 ``~/.cache/strata/kernels``), keyed by the sha256 of its source, compiler and flags.
@@ -30,6 +39,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -38,13 +48,28 @@ from strata.packer import quants
 
 from .errors import GenerateError
 
-DRIVER = Path(__file__).resolve().parent / "cpu_driver.c"
+HERE = Path(__file__).resolve().parent
+DRIVER = HERE / "cpu_driver.c"
+#: The quantized-activation (llama.cpp) kernels: the common part, then the per-type dots and entry points.
+Q8_SOURCES = (HERE / "cpu_q8.c", HERE / "cpu_q8_dots.c")
 #: Compiler flags: IEEE f32 (no contraction into FMA, no fast-math), the host's vector units, OpenMP.
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-fPIC", "-shared",
           "-Wno-unknown-pragmas")
 
-# The CUDA keywords and intrinsics the per-type device code uses, for a host compiler.
+#: Kernels of :func:`matvec`: ``"exact"`` the GPU's summation order (f32), ``"f32"`` a dequantized row and a
+#: 16-way dot, ``"q8"`` llama.cpp's CPU numerics (activation quantized to Q8_0 / Q8_K, integer block dots).
+KERNELS = ("exact", "f32", "q8")
+#: Types with a ``"q8"`` kernel (engine/cpu_q8_dots.c); any other type runs ``"f32"`` when ``"q8"`` is asked.
+#: IQ2/IQ3 types, IQ4_XS, Q4_1/Q5_1 (Q8_1 activations), Q1_0/Q2_0 and the plain types have none yet.
+Q8_TYPES: frozenset[int] = frozenset(quants.by_name(n).id for n in
+                                     ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
+
+# The CUDA keywords and intrinsics the per-type device code uses, for a host compiler (the x86 intrinsics
+# header first, before the keyword stubs can touch it).
 _STUBS = r"""
+#if defined(__AVX2__) && !defined(STRATA_SCALAR)
+#include <immintrin.h>
+#endif
 #include <string.h>
 #include <math.h>
 #ifdef _OPENMP
@@ -77,17 +102,22 @@ def cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def source(type_id: int) -> str:
-    """The host C source of ``type_id``'s library: stubs, the type's device code (as the GPU compiles
-    it, without the GPU kernels) and the CPU driver."""
+def source(type_id: int, scalar: bool = False) -> str:
+    """The host C source of ``type_id``'s library: the type's define (``STRATA_T_<NAME>``), stubs, the
+    type's device code (as the GPU compiles it, without the GPU kernels), the CPU driver and the
+    quantized-activation kernels. ``scalar``: ``STRATA_SCALAR`` - the portable code without SIMD
+    intrinsics (the same results; tests compare the two)."""
     from .gpu import kernels as K
 
-    return _STUBS + K.source_for(type_id, with_kernels=False) + "\n" + DRIVER.read_text()
+    t = quants.qtype(type_id)
+    head = f"#define STRATA_T_{t.name} 1\n" + ("#define STRATA_SCALAR 1\n" if scalar else "")
+    return (head + _STUBS + K.source_for(type_id, with_kernels=False) + "\n" + DRIVER.read_text() + "\n"
+            + "\n".join(p.read_text() for p in Q8_SOURCES))
 
 
 @functools.lru_cache(maxsize=None)
-def library(type_id: int) -> ctypes.CDLL:
-    """The compiled library of ``type_id`` (built and cached on first use).
+def library(type_id: int, scalar: bool = False) -> ctypes.CDLL:
+    """The compiled library of ``type_id`` (built and cached on first use; ``scalar``: see :func:`source`).
 
     Raises:
         CpuKernelError: no compiler, or the build failed (compiler output in the message).
@@ -95,11 +125,11 @@ def library(type_id: int) -> ctypes.CDLL:
     """
     t = quants.qtype(type_id)
     cc = _compiler()
-    src = source(type_id)
+    src = source(type_id, scalar)
     ver = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     key = hashlib.sha256("\0".join([src, cc, *ver, *CFLAGS]).encode()).hexdigest()[:24]
     d = cache_dir()
-    so = d / f"strata_cpu_{t.name}_{key}.so"
+    so = d / f"strata_cpu_{t.name}{'_scalar' if scalar else ''}_{key}.so"
     if not so.is_file():
         d.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=d) as tmp:
@@ -110,12 +140,19 @@ def library(type_id: int) -> ctypes.CDLL:
                 raise CpuKernelError(f"building the CPU kernels of {t.name} with {cc} failed:\n{r.stderr[:3000]}")
             os.replace(out, so)  # atomic: a concurrent build of the same key writes the same bytes
     lib = ctypes.CDLL(str(so))
-    i64, vp = ctypes.c_int64, ctypes.c_void_p
-    lib.matvec_exact.argtypes = [vp, i64, ctypes.c_int, i64, vp, vp, ctypes.c_int]
-    lib.matvec_fast.argtypes = [vp, i64, ctypes.c_int, i64, vp, vp, ctypes.c_int, vp]
-    lib.dequant_rows.argtypes = [vp, vp, i64, ctypes.c_int, i64, vp]
-    for f in (lib.matvec_exact, lib.matvec_fast, lib.dequant_rows):
-        f.restype = None
+    i64, vp, ci = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    many = [vp, ci, i64, ci, i64, vp, vp, ci, vp]  # bases, nmat, rows, ne0, row_bytes, xs, y, threads, scratch
+    sigs = {"matvec_exact": [vp, i64, ci, i64, vp, vp, ci, vp], "matvec_exact_many": many,
+            "matvec_fast": [vp, i64, ci, i64, vp, vp, ci, vp], "matvec_fast_many": many,
+            "dequant_rows": [vp, vp, i64, ci, i64, vp], "quantize_q8_0": [vp, ci, vp, vp, vp],
+            "quantize_q8_K": [vp, ci, vp, vp, vp], "q8_act_format": [], "q8_simd": [], "act_nbytes": [ci],
+            "f16_round": [vp, i64, vp]}
+    if type_id in Q8_TYPES:
+        sigs.update(matvec_q8=[vp, i64, ci, i64, vp, vp, ci, vp], matvec_q8_many=many)
+    for name, args in sigs.items():
+        f = getattr(lib, name)
+        f.argtypes = args
+        f.restype = {"q8_act_format": ci, "q8_simd": ci, "act_nbytes": i64}.get(name)
     return lib
 
 
@@ -131,32 +168,54 @@ def _ptr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
-class _Scratch:
-    """One scratch row per thread for ``matvec_fast``, grown as needed (never shrunk: the token
-    path allocates nothing once the largest row has been seen)."""
-
-    buf = np.zeros(0, dtype=np.float32)
-
-    @classmethod
-    def get(cls, n: int) -> np.ndarray:
-        if cls.buf.size < n:
-            cls.buf = np.zeros(n, dtype=np.float32)
-        return cls.buf
+_local = threading.local()
 
 
-def matvec(type_id: int, raw: np.ndarray, rows: int, ne0: int, x: np.ndarray, out: np.ndarray | None = None, *,
-           exact: bool = True, threads: int | None = None) -> np.ndarray:
-    """``y = W @ x`` for a weight of ggml type ``type_id`` held as native GGUF blocks in ``raw``
-    (``uint8``, C-contiguous, ``rows`` rows of ``ne0`` values each: ggml ``ne = (ne0, rows)``, numpy
-    ``[rows, ne0]``) and ``x`` f32 ``[ne0]``. Returns f32 ``[rows]`` (``out`` if given).
+def _scratch(nbytes: int) -> int:
+    """The address of this thread's scratch buffer of at least ``nbytes`` (64-byte aligned; grown as needed and
+    never shrunk, so the token path allocates nothing once the largest product has been seen)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.size < nbytes + 64:
+        buf = _local.buf = np.zeros(nbytes + 64, dtype=np.uint8)
+    p = _ptr(buf)
+    return p + (-p % 64)
 
-    ``exact``: the GPU kernel's summation order (bit-identical to the GPU's matvec); else the faster
-    scratch-row dot. The memory-mapped bytes are read in place (no copy).
 
-    Raises:
-        ValueError: ``raw`` not ``rows`` whole rows of the type, ``x`` not ``ne0`` f32 values.
-        CpuKernelError: the kernels cannot be built.
-    """
+def kernel_for(type_id: int, kernel: str) -> str:
+    """The kernel that runs ``kernel`` for ``type_id``: ``"q8"`` falls back to ``"f32"`` for a type without
+    an integer kernel (:data:`Q8_TYPES`). Raises ValueError for a name not in :data:`KERNELS`."""
+    if kernel not in KERNELS:
+        raise ValueError(f"CPU kernel {kernel!r}: expected one of {', '.join(KERNELS)}")
+    return "f32" if kernel == "q8" and type_id not in Q8_TYPES else kernel
+
+
+def scratch_bytes(type_id: int, kernel: str, ne0: int, nmat: int, threads: int) -> int:
+    """Scratch bytes one call of :func:`call_many` needs: ``"q8"`` one quantized activation per matrix
+    (``act_nbytes``), ``"exact"`` one laid-out f32 input per matrix, ``"f32"`` one f32 row per thread."""
+    kernel = kernel_for(type_id, kernel)
+    if kernel == "q8":
+        return nmat * int(library(type_id).act_nbytes(ne0))
+    return 4 * ne0 * (nmat if kernel == "exact" else threads)
+
+
+def entry_point(type_id: int, kernel: str):
+    """The C function of ``kernel`` (after :func:`kernel_for`) for ``type_id``: ``(bases, nmat, rows, ne0,
+    row_bytes, xs, out, threads, scratch)`` as in :func:`call_many` (addresses as ints)."""
+    kernel = kernel_for(type_id, kernel)
+    return getattr(library(type_id), {"q8": "matvec_q8_many", "exact": "matvec_exact_many",
+                                      "f32": "matvec_fast_many"}[kernel])
+
+
+def call_many(type_id: int, kernel: str, bases: np.ndarray, rows: int, ne0: int, row_bytes: int, xs: np.ndarray,
+              out: np.ndarray, threads: int) -> None:
+    """The C entry point without checks (the engine's token path; :func:`matvec_many` checks its arguments):
+    ``out[m * rows + r] = W_m[r] . x_m``. ``bases``/``xs``: uint64 arrays of ``nmat`` addresses (weights in
+    native blocks, f32 inputs of ``ne0``), ``out`` f32 ``[nmat * rows]`` C-contiguous."""
+    sc = _scratch(scratch_bytes(type_id, kernel, ne0, bases.size, threads))
+    entry_point(type_id, kernel)(_ptr(bases), bases.size, rows, ne0, row_bytes, _ptr(xs), _ptr(out), threads, sc)
+
+
+def _check(type_id: int, raw: np.ndarray, rows: int, ne0: int, x: np.ndarray) -> tuple[int, np.ndarray]:
     t = quants.qtype(type_id)
     row_bytes = quants.row_nbytes(type_id, ne0)
     if raw.dtype != np.uint8 or raw.size != rows * row_bytes or not raw.flags.c_contiguous:
@@ -164,15 +223,78 @@ def matvec(type_id: int, raw: np.ndarray, rows: int, ne0: int, x: np.ndarray, ou
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.shape != (ne0,):
         raise ValueError(f"{t.name}: x has shape {x.shape}, the weight's rows have {ne0} values")
+    return row_bytes, x
+
+
+def matvec(type_id: int, raw: np.ndarray, rows: int, ne0: int, x: np.ndarray, out: np.ndarray | None = None, *,
+           exact: bool = True, threads: int | None = None, kernel: str | None = None) -> np.ndarray:
+    """``y = W @ x`` for a weight of ggml type ``type_id`` held as native GGUF blocks in ``raw``
+    (``uint8``, C-contiguous, ``rows`` rows of ``ne0`` values each: ggml ``ne = (ne0, rows)``, numpy
+    ``[rows, ne0]``) and ``x`` f32 ``[ne0]``. Returns f32 ``[rows]`` (``out`` if given).
+
+    ``kernel`` (:data:`KERNELS`; default ``"exact"`` if ``exact`` else ``"q8"``): ``"exact"`` sums in the
+    GPU kernel's order (bit-identical to the GPU's matvec); ``"q8"`` quantizes ``x`` as llama.cpp's CPU
+    backend does for this weight type and takes integer block dots (engine/cpu_q8.c: the formats, the
+    rounding rules and the fixed float order; ``"f32"`` for a type outside :data:`Q8_TYPES`); ``"f32"``
+    dequantizes a row and takes a 16-way f32 dot. The memory-mapped bytes are read in place (no copy).
+
+    Raises:
+        ValueError: ``raw`` not ``rows`` whole rows of the type, ``x`` not ``ne0`` f32 values, an unknown kernel.
+        CpuKernelError: the kernels cannot be built.
+    """
+    row_bytes, x = _check(type_id, raw, rows, ne0, x)
     if out is None:
         out = np.empty(rows, dtype=np.float32)
-    n = threads or default_threads()
-    lib = library(type_id)
-    if exact:
-        lib.matvec_exact(_ptr(raw), rows, ne0, row_bytes, _ptr(x), _ptr(out), n)
-    else:
-        lib.matvec_fast(_ptr(raw), rows, ne0, row_bytes, _ptr(x), _ptr(out), n, _ptr(_Scratch.get(n * ne0)))
+    call_many(type_id, kernel or ("exact" if exact else "q8"), np.array([_ptr(raw)], dtype=np.uint64), rows, ne0,
+              row_bytes, np.array([_ptr(x)], dtype=np.uint64), out, threads or default_threads())
     return out
+
+
+def matvec_many(type_id: int, raws: list[np.ndarray], rows: int, ne0: int, xs: list[np.ndarray], *,
+                exact: bool = True, threads: int | None = None, kernel: str | None = None) -> np.ndarray:
+    """``y[m] = W_m @ xs[m]`` for ``len(raws)`` weights of one type and shape (each as in :func:`matvec`),
+    in ONE C call: one OpenMP region over all ``(m, row)`` pairs; inputs that are the same array object
+    in consecutive positions are quantized / laid out once. Returns f32 ``[len(raws), rows]`` (numpy
+    order); ``y[m]`` is bit-identical to ``matvec(type_id, raws[m], rows, ne0, xs[m], ...)``.
+
+    Raises:
+        ValueError: as :func:`matvec`, or ``len(xs) != len(raws)``.
+        CpuKernelError: the kernels cannot be built.
+    """
+    if len(xs) != len(raws):
+        raise ValueError(f"{len(raws)} weights but {len(xs)} inputs")
+    keep = []
+    for raw, x in zip(raws, xs):
+        row_bytes, xc = _check(type_id, raw, rows, ne0, x)
+        keep.append(x if xc is x else xc)  # the same object stays the same object (shared input)
+    out = np.empty((len(raws), rows), dtype=np.float32)
+    if raws:
+        call_many(type_id, kernel or ("exact" if exact else "q8"), np.array([_ptr(r) for r in raws], dtype=np.uint64),
+                  rows, ne0, quants.row_nbytes(type_id, ne0), np.array([_ptr(x) for x in keep], dtype=np.uint64),
+                  out, threads or default_threads())
+    return out
+
+
+def quantize_activation(type_id: int, x: np.ndarray, *, scalar: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``x`` (f32, length a multiple of the block) quantized by the C kernels for a weight of ``type_id``
+    (a :data:`Q8_TYPES` member): ``(q int8 [n], d f32 [n / 32 or n / 256], s int16 [n / 16])`` - the values,
+    the block scales and the sums of ``q`` per 16 values. For tests: ``d * q`` must equal
+    :func:`strata.engine.numerics.quantize_activation` bit for bit.
+
+    Raises:
+        ValueError: a type without a q8 kernel, or a length that is not a multiple of the block.
+    """
+    fmt = int(library(type_id, scalar).q8_act_format()) if type_id in Q8_TYPES else 0
+    blk = {1: 32, 2: 256}.get(fmt)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if blk is None or x.ndim != 1 or x.size % blk:
+        raise ValueError(f"{quants.qtype(type_id).name}: no q8 kernel, or {x.size} values not a multiple of {blk}")
+    q = np.empty(x.size, np.int8)
+    d = np.empty(x.size // blk, np.float32)
+    s = np.empty(x.size // 16, np.int16)
+    fn = library(type_id, scalar).quantize_q8_0 if fmt == 1 else library(type_id, scalar).quantize_q8_K
+    fn(_ptr(x), x.size, _ptr(q), _ptr(d), _ptr(s))
+    return q, d, s
 
 
 def dequant_rows(type_id: int, raw: np.ndarray, ne0: int, ids) -> np.ndarray:
@@ -187,4 +309,5 @@ def dequant_rows(type_id: int, raw: np.ndarray, ne0: int, ids) -> np.ndarray:
     return out
 
 
-__all__ = ["CFLAGS", "CpuKernelError", "cache_dir", "default_threads", "dequant_rows", "library", "matvec", "source"]
+__all__ = ["CFLAGS", "KERNELS", "Q8_TYPES", "CpuKernelError", "cache_dir", "call_many", "default_threads", "dequant_rows", "entry_point",
+           "kernel_for", "library", "matvec", "matvec_many", "quantize_activation", "scratch_bytes", "source"]

@@ -48,7 +48,11 @@ class ShardExperts:
         """Expert ``e`` of layer ``il`` as three read-only byte views ``(gate, up, down)`` of the shards."""
         out = []
         for part, shard, off, nbytes in self.rows[il].ranges(e):
-            out.append(self._maps[shard][off:off + nbytes])
+            m = self._maps[shard]
+            if e < 0 or off + nbytes > m.size:
+                raise ValueError(f"blk.{il} expert {e}: {part} bytes {off}..{off + nbytes} are not in shard {shard} "
+                                 f"({m.size} bytes)")
+            out.append(m[off:off + nbytes])
         return out[0], out[1], out[2]
 
     def weights(self, il: int, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -62,25 +66,62 @@ class ShardExperts:
         return out[0], out[1], out[2]
 
     def ffn(self, il: int, e: int, x: np.ndarray, *, exact: bool = False, threads: int | None = None,
-            act_quant: bool = False, silu_mul=None) -> np.ndarray:
+            act_quant: bool = False, silu_mul=None, kernel: str | None = None) -> np.ndarray:
         """Expert ``e`` of layer ``il`` on ``x`` (f32 ``[n_embd]``): ``down @ (silu(gate @ x) * (up @ x))``,
-        every product run by :func:`strata.engine.cpukernels.matvec` on the expert's bytes in the
-        mapped shard (nothing dequantized is kept). ``exact``: the GPU's summation order;
-        ``silu_mul``: the activation (default ``silu(g) * u``; the GPU path passes its bit-exact
-        replica); ``act_quant``: llama.cpp's activation rounding per weight type."""
+        f32 ``[n_embd]``; :meth:`ffn_many` of one expert (the same bits)."""
+        return self.ffn_many(il, [e], x, exact=exact, threads=threads, act_quant=act_quant, silu_mul=silu_mul,
+                             kernel=kernel)[0]
+
+    def ffn_many(self, il: int, experts: list[int], x: np.ndarray, *, exact: bool = False,
+                 silu_mul: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None, threads: int | None = None,
+                 act_quant: bool = False, kernel: str | None = None) -> np.ndarray:
+        """Experts ``experts`` of layer ``il`` on the same ``x`` (f32 ``[n_embd]``): f32 ``[len(experts), n_embd]``
+        (numpy order), row ``k`` = ``down_k @ silu_mul(gate_k @ x, up_k @ x)``, read in place from the mapped
+        shards (nothing dequantized is kept; each expert's bytes are located by ``native_experts.txt``).
+
+        Two C calls when gate and up share a type and shape (else three): ONE OpenMP region over all
+        (expert, row) pairs of the gate and up products (``x`` quantized / laid out once), then ONE over the
+        down products - so the threads spread over experts x rows. Row ``k`` is bit-identical to
+        :meth:`ffn` of expert ``experts[k]`` alone (the same per-row code; the activation is elementwise).
+
+        ``kernel`` (default ``"exact"`` if ``exact`` else ``"q8"``, :data:`strata.engine.cpukernels.KERNELS`):
+        ``"exact"`` is the GPU kernels' summation order (with ``silu_mul=strata.engine.gpu.reference.silu_mul``
+        a miss equals the GPU's hit bit for bit); ``"q8"`` llama.cpp's CPU numerics. ``silu_mul``: the
+        activation on ``[len(experts), n_ff]`` arrays (default ``silu(g) * u``, :func:`strata.engine.layers.silu`).
+        ``act_quant``: llama.cpp's activation rounding per weight type (:mod:`strata.engine.numerics`) for
+        the products that do not run ``"q8"`` (which quantizes by itself). ``threads``: default all cores.
+
+        Raises:
+            KeyError: ``il`` is not an MoE layer. ValueError: an expert id whose bytes are not in the shard
+            (negative, or past its end), an ``x`` of the wrong length, an unknown kernel.
+        """
         from .numerics import quantize_activation as qa
 
+        kernel = kernel or ("exact" if exact else "q8")
+        threads = threads or cpukernels.default_threads()
         shp = self.shapes[il]
-        g_raw, u_raw, d_raw = self.raw(il, e)
         (gt, ut, dt), ((ge0, gr), (ue0, ur), (de0, dr)) = self.types(il), (shp.gate, shp.up, shp.down)
-        xg = qa(np, x, gt) if act_quant else x
-        xu = qa(np, x, ut) if act_quant else x
-        g = cpukernels.matvec(gt, g_raw, gr, ge0, xg, exact=exact, threads=threads)
-        u = cpukernels.matvec(ut, u_raw, ur, ue0, xu, exact=exact, threads=threads)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+
+        def prep(v: np.ndarray, t: int) -> np.ndarray:
+            return qa(np, v, t) if act_quant and cpukernels.kernel_for(t, kernel) != "q8" else v
+
+        raws = [self.raw(il, int(e)) for e in experts]
+        n = len(raws)
+        if n == 0:
+            return np.zeros((0, dr), dtype=np.float32)
+        xg, xu = prep(x, gt), prep(x, ut)
+        if (gt, ge0, gr) == (ut, ue0, ur) and (xg is xu or gt == ut):
+            gu = cpukernels.matvec_many(gt, [r[0] for r in raws] + [r[1] for r in raws], gr, ge0,
+                                        [xg] * n + [xu] * n, kernel=kernel, threads=threads)
+            g, u = gu[:n], gu[n:]
+        else:
+            g = cpukernels.matvec_many(gt, [r[0] for r in raws], gr, ge0, [xg] * n, kernel=kernel, threads=threads)
+            u = cpukernels.matvec_many(ut, [r[1] for r in raws], ur, ue0, [xu] * n, kernel=kernel, threads=threads)
         h = silu_mul(g, u) if silu_mul is not None else layers.silu(np, g) * u
-        if act_quant:
-            h = qa(np, h, dt)
-        return cpukernels.matvec(dt, d_raw, dr, de0, h, exact=exact, threads=threads)
+        h = np.ascontiguousarray(h, dtype=np.float32)
+        return cpukernels.matvec_many(dt, [r[2] for r in raws], dr, de0, [prep(h[k], dt) for k in range(n)],
+                                      kernel=kernel, threads=threads)
 
     def types(self, il: int) -> tuple[int, int, int]:
         """ggml types of layer ``il``'s gate, up and down experts."""
@@ -104,15 +145,16 @@ class CpuExpertCache:
     """The CPU stand-in for the VRAM expert cache: the set of resident (layer, expert) pairs. On the
     CPU every expert is computed from the mapped shard by the same kernels, hit or miss (so the
     result cannot depend on residency); the set only decides the hit/miss counts. Holds no weights
-    (``nbytes`` 0)."""
+    (``nbytes`` 0). ``kernel``: as :meth:`ShardExperts.ffn_many` (default ``"exact"`` if ``exact`` else ``"q8"``)."""
 
     nbytes = 0
 
     def __init__(self, source: ShardExperts, pairs: Iterable[tuple[int, int]], act_quant: bool = False,
-                 exact: bool = False, threads: int | None = None):
+                 exact: bool = False, threads: int | None = None, kernel: str | None = None):
         self._pairs = set(pairs)
         self._source = source
-        self._act_quant, self._exact, self._threads = act_quant, exact, threads
+        self._act_quant, self._threads = act_quant, threads
+        self._kernel = kernel or ("exact" if exact else "q8")
 
     def __len__(self) -> int:
         return len(self._pairs)
@@ -121,7 +163,7 @@ class CpuExpertCache:
         return (il, e) in self._pairs
 
     def ffn(self, il: int, e: int, x: np.ndarray) -> np.ndarray:
-        return self._source.ffn(il, e, x, exact=self._exact, threads=self._threads, act_quant=self._act_quant)
+        return self._source.ffn(il, e, x, threads=self._threads, act_quant=self._act_quant, kernel=self._kernel)
 
 
 def resident_pairs(policy: str | float, layers_: list[int], n_expert: int) -> list[tuple[int, int]]:
@@ -166,15 +208,17 @@ class ExpertPath:
     ``take_step()`` returns and resets the per-layer counts since the last call (one position);
     ``reset_counts()`` starts both over. ``on_route`` (the routing hook, e.g. ``strata-engine
     profile``'s counter) sees every layer's selection ``(layer, expert ids)`` before it runs.
+    ``kernel`` (default ``"exact"`` if ``exact`` else ``"q8"``): the CPU kernels of the misses.
     """
 
     def __init__(self, source: ShardExperts, cache: ExpertCache | None, xp=np, act_quant: bool = False,
-                 exact: bool = False, threads: int | None = None):
+                 exact: bool = False, threads: int | None = None, kernel: str | None = None):
         self.source = source
         self.cache = cache
         self.xp = xp
         self.act_quant = act_quant
-        self.exact, self.threads = exact, threads
+        self.kernel = kernel or ("exact" if exact else "q8")
+        self.exact, self.threads = self.kernel == "exact", threads
         self.counts = ExpertCounts()
         self._step: dict[int, list[int]] = {}
         self.on_route: Callable[[int, list[int]], None] | None = None
@@ -185,20 +229,27 @@ class ExpertPath:
         self._step = {}
 
     def miss_ffn(self, il: int, e: int, x):
-        return self.source.ffn(il, e, x, exact=self.exact, threads=self.threads, act_quant=self.act_quant)
+        return self.source.ffn(il, e, x, threads=self.threads, act_quant=self.act_quant, kernel=self.kernel)
+
+    def outputs(self, il: int, x, ids: list[int]) -> list:
+        """Each selected expert's output on ``x``, in selection order, counted: a hit from the cache,
+        a miss from :meth:`miss_ffn` (one expert at a time)."""
+        out = []
+        for e in ids:
+            if self.cache is not None and self.cache.resident(il, e):
+                out.append(self.cache.ffn(il, e, x))
+                self.count(il, 1, 0)
+            else:
+                out.append(self.miss_ffn(il, e, x))
+                self.count(il, 0, 1)
+        return out
 
     def __call__(self, il: int, x, ids: list[int], weights) -> Any:
         """``sum_k weights[k] * expert_{ids[k]}(x)``, summed in selection order (k = 0, 1, ...)."""
         if self.on_route is not None:
             self.on_route(il, ids)
         y = None
-        for k, e in enumerate(ids):
-            if self.cache is not None and self.cache.resident(il, e):
-                ye = self.cache.ffn(il, e, x)
-                self.count(il, 1, 0)
-            else:
-                ye = self.miss_ffn(il, e, x)
-                self.count(il, 0, 1)
+        for k, ye in enumerate(self.outputs(il, x, ids)):
             ye = ye * weights[k]
             y = ye if y is None else y + ye
         return y
@@ -224,3 +275,19 @@ class ExpertPath:
         """(hits, misses) since the previous call (summed over layers; resets like :meth:`take_step`)."""
         per = self.take_step()
         return sum(h for h, _ in per.values()), sum(m for _, m in per.values())
+
+
+class CpuExpertPath(ExpertPath):
+    """The CPU engine's :class:`ExpertPath`: every selected expert of a layer - hit or miss, the CPU
+    computes both from the mapped shards with the same kernels - in one :meth:`ShardExperts.ffn_many`
+    (two OpenMP regions per layer instead of three per expert); each output is bit-identical to the
+    one-at-a-time path, so the combined sum is too. ``cache`` (a :class:`CpuExpertCache`) only decides
+    the hit/miss counts."""
+
+    def outputs(self, il: int, x, ids: list[int]) -> list:
+        ys = self.source.ffn_many(il, list(ids), x, threads=self.threads, act_quant=self.act_quant,
+                                  kernel=self.kernel)
+        for e in ids:
+            hit = self.cache is not None and self.cache.resident(il, e)
+            self.count(il, int(hit), int(not hit))
+        return list(ys)

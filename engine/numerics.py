@@ -26,6 +26,12 @@ the GPU must give what the CPU path would have).
    ``quantize_row_q8_K_ref`` in ``ggml-quants.c``); F16 weights meet f16 activations, BF16 weights
    bf16 ones, F32 weights f32. Emulated here as ``x -> d * q`` followed by the same f32 GEMV: the
    integer dot products of llama.cpp then differ only by float summation order (~1e-7 relative).
+   The CPU's ``q8`` kernels (:mod:`strata.engine.cpukernels`, engine/cpu_q8.c; the CPU engine's default
+   kernel) compute with exactly these values - ``quantize_q8_0`` / ``quantize_q8_K`` below are their
+   definition, and tests/test_engine_cpu_q8.py checks both against ggml's own quantize_row_q8_0 /
+   quantize_row_q8_K bit for bit - as integer block dots, like llama.cpp; where they run, the
+   activation is quantized by the kernel (for every profile), and the functions here serve the
+   products they do not cover (other types, the ``exact`` and ``f32`` kernels, the GPU).
 2. **F16 KV cache** (llama.cpp's default ``type_k = type_v = f16``): K and V rounded to f16 when stored.
    Not part of a profile any more: the KV cache type is the engine's own option (``--kv f16|f32``,
    default f16 in both profiles, :class:`strata.engine.layers.KVCache`), because it is also a
@@ -36,7 +42,9 @@ the GPU must give what the CPU path would have).
 4. **GELU through an fp16 table** (``vec.h`` ``GGML_GELU_FP16``: ``y = table[fp16(x)]`` for
    ``-10 < x < 10``, ``0`` below, ``x`` above; the table holds ``fp16(gelu_tanh(f))``).
 
-``"f32"`` (the default) turns 1, 3 and 4 off: exact f32 math over what the cache holds.
+``"f32"`` (the default) turns 1, 3 and 4 off: exact f32 math over what the cache holds - except, on the
+CPU with its default ``q8`` kernels, item 1 inside the products of the types those kernels cover (the
+engine option ``cpu_kernel="f32"`` or ``"exact"`` keeps those in f32 too).
 
 Everything here is written against an array module ``xp`` so the GPU path can use the same
 definitions (GPU and CPU paths must agree).

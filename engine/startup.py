@@ -42,7 +42,7 @@ from .checkpoints import Checkpoint, Checkpoints
 from .core import Device, Engine, EngineOptions
 from .decoder import Decoder, State
 from .errors import GenerateError, StageTimesRefused, StartupRefused
-from .experts import CpuExpertCache, ExpertPath, ShardExperts, resident_pairs
+from .experts import CpuExpertCache, CpuExpertPath, ExpertPath, ShardExperts, resident_pairs
 from .loader import LoadError, LoadPlan, check_pack
 from .models import UnsupportedModel, recipe_for
 from .numerics import numerics as get_numerics
@@ -148,22 +148,28 @@ class CpuDevice:
     def memory_available(self) -> tuple[int, str]:
         return host_ram_bytes(), "host RAM (SC_PHYS_PAGES x SC_PAGE_SIZE)"
 
-    def __init__(self, exact: bool = False, threads: int | None = None):
-        from .cpukernels import default_threads
+    def __init__(self, exact: bool = False, threads: int | None = None, kernel: str | None = None):
+        from .cpukernels import default_threads, kernel_for
 
-        self.exact, self.threads = exact, threads or default_threads()
+        # "q8" (llama.cpp's CPU numerics, the default), "exact" (the GPU's order) or "f32" (strata.engine.cpukernels)
+        self.kernel = kernel or ("exact" if exact else "q8")
+        kernel_for(0, self.kernel)  # refuse an unknown name now
+        self.exact, self.threads = self.kernel == "exact", threads or default_threads()
 
     def make_weights(self, pack: Pack, plan: LoadPlan, nx) -> CpuWeights:
-        return CpuWeights(pack, plan.dense, nx, exact=self.exact, threads=self.threads)
+        return CpuWeights(pack, plan.dense, nx, threads=self.threads, kernel=self.kernel)
 
     def make_experts(self, plan: LoadPlan, nx) -> ExpertPath:
-        return ExpertPath(ShardExperts(plan), None, act_quant=nx.act_quant, exact=self.exact, threads=self.threads)
+        return CpuExpertPath(ShardExperts(plan), None, act_quant=nx.act_quant, threads=self.threads,
+                             kernel=self.kernel)
 
     def load_weights(self, weights: CpuWeights, names: list[str], stage: str, note: dict) -> None:
         before = weights.nbytes_f32
         weights.load(names)
         note["f32 vector KiB"] = round((weights.nbytes_f32 - before) / 2**10, 1)
-        note["kernels"] = f"quantized, {'GPU order (exact)' if self.exact else 'fast dot'}, {self.threads} threads"
+        what = {"q8": "llama.cpp numerics (Q8 activations, integer dots)", "exact": "GPU order (exact f32)",
+                "f32": "f32 dot"}[self.kernel]
+        note["kernels"] = f"quantized, {what}, {self.threads} threads"
 
     def open_session(self, model: Decoder, opts: EngineOptions, n_ctx: int, note: dict) -> State:
         state = model.new_state(n_ctx, kv=opts.kv, sliding=opts.sliding)
@@ -187,8 +193,8 @@ class CpuDevice:
     def open_expert_cache(self, experts: ExpertPath, geom: Geometry, opts: EngineOptions, note: dict) -> None:
         n_expert = int(geom["n_expert"])
         pairs = resident_pairs(opts.resident, experts.source.layers, n_expert)
-        experts.cache = CpuExpertCache(experts.source, pairs, act_quant=experts.act_quant, exact=experts.exact,
-                                       threads=experts.threads)
+        experts.cache = CpuExpertCache(experts.source, pairs, act_quant=experts.act_quant, threads=experts.threads,
+                                       kernel=experts.kernel)
         note["resident"] = f"{len(pairs)} of {len(experts.source.layers) * n_expert} experts ({opts.resident})"
 
     def load_drafter(self, pack: Pack, plan: LoadPlan, model: Decoder, note: dict) -> None:
@@ -252,7 +258,7 @@ def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: 
         if opts.card is not None and backend is None:
             dkw["card"] = opts.card
         if device == "cpu":
-            dkw = {"exact": opts.exact, "threads": opts.threads}
+            dkw = {"exact": opts.exact, "threads": opts.threads, "kernel": opts.cpu_kernel}
         dev = make_device(device, **dkw)
     else:
         dev = device

@@ -114,3 +114,44 @@ def test_routing_softmax_topk_renormalised():
     p = np.exp(logits - logits.max())
     p /= p.sum()
     assert ids == [1, 3, 2] and np.allclose(w, p[[1, 3, 2]])
+
+
+# ------------------------------------------------------------------ ShardExperts.ffn_many (the batched CPU expert call)
+
+@pytest.mark.parametrize("kernel", ["exact", "q8", "f32"])
+def test_ffn_many_rows_are_each_expert_alone_bit_for_bit(moe_pack, kernel):
+    from strata.engine.gpu import reference as R
+
+    eng = load_engine(moe_pack, n_ctx=32)
+    src = eng.experts.source
+    il = src.layers[0]
+    x = np.random.default_rng(5).standard_normal(src.shapes[il].gate[0]).astype(np.float32)
+    ids = [3, 0, 7, 3, 5]  # any order, repeats allowed
+    for silu in (None, R.silu_mul):
+        Y = src.ffn_many(il, ids, x, kernel=kernel, silu_mul=silu, threads=2)
+        assert Y.shape == (len(ids), src.shapes[il].down[1]) and Y.dtype == np.float32
+        for k, e in enumerate(ids):
+            y = src.ffn(il, e, x, kernel=kernel, silu_mul=silu, threads=1)
+            assert np.array_equal(Y[k].view(np.uint32), y.view(np.uint32)), (kernel, e)
+    if kernel == "exact":  # the GPU hit path's replica, bit for bit (what fused_moe's misses need)
+        Y = src.ffn_many(il, ids, x, exact=True, silu_mul=R.silu_mul)
+        for k, e in enumerate(ids):
+            want = R.expert_ffn(src.types(il), *src.weights(il, e), x)
+            assert np.array_equal(Y[k].view(np.uint32), want.view(np.uint32))
+    assert src.ffn_many(il, [], x, kernel=kernel).shape == (0, src.shapes[il].down[1])
+    with pytest.raises(ValueError, match="are not in shard"):
+        src.ffn_many(il, [-1], x, kernel=kernel)
+
+
+@pytest.mark.parametrize("numerics", ["f32", "llamacpp"])
+def test_batched_cpu_expert_path_equals_one_at_a_time(moe_pack, numerics):
+    eng = load_engine(moe_pack, n_ctx=32, resident="half", numerics=numerics)
+    path = eng.experts
+    assert isinstance(path, X.CpuExpertPath)
+    one = X.ExpertPath(path.source, path.cache, act_quant=path.act_quant, threads=path.threads, kernel=path.kernel)
+    il = path.source.layers[1]
+    x = np.random.default_rng(6).standard_normal(path.source.shapes[il].gate[0]).astype(np.float32)
+    ids, w = [4, 1, 6], np.float32([0.5, 0.3, 0.2])
+    a, b = path(il, x, ids, w), one(il, x, ids, w)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert path.take_step() == one.take_step()

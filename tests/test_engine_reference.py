@@ -42,6 +42,12 @@ synth q3n split f32 0.468            0.7        -                0.6
 (means: gemma3-270m 0.207 (0.207), qwen2.5-0.5b 0.057 (0.057). The llamacpp profile assumes llama.cpp's
 f16 cache: with ``--kv f32`` the synthetic MoE drifts to 0.85, routing flips.)
 
+CPU kernels: each row names one (``cpu_kernel``). The figures above were measured with the ``f32`` dot;
+the CPU engine's default is now ``q8`` (llama.cpp's own arithmetic: Q8_0/Q8_K activations, integer block
+dots; strata.engine.cpukernels), whose figures are beside TOLERANCES - the same level, with the f32-profile
+MoE rows closer (routing follows llama.cpp's more often) and the real models' f32-profile rows a little
+further (their activations are now quantized while attention stays f32).
+
 A one-token Gemma forward pass with the ``llamacpp`` profile matches llama.cpp to 2e-5; longer
 runs do not get closer than the f32 path for the real models (see strata.engine.numerics), but
 the synthetic MoE does (expert selection follows llama.cpp's), so it is checked with both.
@@ -61,36 +67,57 @@ from strata.engine.startup import load_engine
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reference"
 
-#: (fixture, numerics) -> (TOL_LOGIT, TOL_MEAN, TOL_MARGIN, MIN_CHECKED steps of all prompts)
+#: (fixture, numerics, CPU kernel) -> (TOL_LOGIT, TOL_MEAN, TOL_MARGIN, MIN_CHECKED steps of all prompts).
+#: Kernel "q8" is the CPU engine's default (llama.cpp's integer dots, strata.engine.cpukernels); "f32" rows are
+#: the f32 dot the figures of the module docstring were measured with (the default before the q8 kernel).
 TOLERANCES = {
-    ("gemma3-270m", "f32"): (1.5, 0.3, 0.5, 48),
-    ("qwen2.5-0.5b", "f32"): (0.35, 0.1, 0.3, 60),
-    ("synthetic-qwen3moe", "llamacpp"): (0.05, 0.01, 0.03, 40),
+    ("gemma3-270m", "f32", "f32"): (1.5, 0.3, 0.5, 48),
+    ("qwen2.5-0.5b", "f32", "f32"): (0.35, 0.1, 0.3, 60),
+    ("synthetic-qwen3moe", "llamacpp", "f32"): (0.05, 0.01, 0.03, 40),
     # f32 on the MoE: no step's margin is above the error a routing flip causes; the greedy check of
     # this fixture is the llamacpp row above, this one bounds the logits only
-    ("synthetic-qwen3moe", "f32"): (1.2, 0.08, 0.6, 0),
-    ("synthetic-qwen2", "f32"): (0.02, 0.005, 0.02, 40),
-    ("synthetic-gemma3", "f32"): (0.015, 0.004, 0.015, 60),
+    ("synthetic-qwen3moe", "f32", "f32"): (1.2, 0.08, 0.6, 0),
+    ("synthetic-qwen2", "f32", "f32"): (0.02, 0.005, 0.02, 40),
+    ("synthetic-gemma3", "f32", "f32"): (0.015, 0.004, 0.015, 60),
     # qwen3next: gated delta net + gated attention + shared expert. With llama.cpp's activation
     # roundings (llamacpp profile) the first steps agree to < 1e-4, later ones to ~0.02 (measured below)
-    ("synthetic-qwen3next", "llamacpp"): (0.05, 0.01, 0.03, 40),
-    ("synthetic-qwen3next", "f32"): (0.7, 0.03, 0.6, 0),  # like qwen3moe f32: routing flips; bounds only
-    ("synthetic-qwen3next-split-fused", "llamacpp"): (0.05, 0.01, 0.03, 40),
-    ("synthetic-qwen3next-split-fused", "f32"): (0.7, 0.03, 0.6, 0),
+    ("synthetic-qwen3next", "llamacpp", "f32"): (0.05, 0.01, 0.03, 40),
+    ("synthetic-qwen3next", "f32", "f32"): (0.7, 0.03, 0.6, 0),  # like qwen3moe f32: routing flips; bounds only
+    ("synthetic-qwen3next-split-fused", "llamacpp", "f32"): (0.05, 0.01, 0.03, 40),
+    ("synthetic-qwen3next-split-fused", "f32", "f32"): (0.7, 0.03, 0.6, 0),
     # issue 13 (measured 2026-11-30, max / mean |d logit|): llama NORM rope + rope_freqs factors
     # (llamacpp 0.013 / 0.0025, f32 0.026 / 0.0044; without the factors or with NEOX pairs the argmax
     # check fails at step 1), Mixtral-style llama experts (llamacpp 0.010 / 0.0010), qwen3 (llamacpp
     # 0.014 / 0.0015, f32 0.014 / 0.0040), qwen2moe (llamacpp 0.012 / 0.0003). The MoE f32 rows flip
     # routing like qwen3moe's: bounds only
-    ("synthetic-llama", "llamacpp"): (0.03, 0.005, 0.03, 40),
-    ("synthetic-llama", "f32"): (0.05, 0.008, 0.03, 40),
-    ("synthetic-llama_moe", "llamacpp"): (0.03, 0.005, 0.03, 40),
-    ("synthetic-llama_moe", "f32"): (0.8, 0.02, 0.6, 0),
-    ("synthetic-qwen3", "llamacpp"): (0.03, 0.005, 0.03, 40),
-    ("synthetic-qwen3", "f32"): (0.03, 0.008, 0.03, 40),
-    ("synthetic-qwen2moe", "llamacpp"): (0.03, 0.005, 0.03, 40),
-    ("synthetic-qwen2moe", "f32"): (0.3, 0.01, 0.6, 0),
+    ("synthetic-llama", "llamacpp", "f32"): (0.03, 0.005, 0.03, 40),
+    ("synthetic-llama", "f32", "f32"): (0.05, 0.008, 0.03, 40),
+    ("synthetic-llama_moe", "llamacpp", "f32"): (0.03, 0.005, 0.03, 40),
+    ("synthetic-llama_moe", "f32", "f32"): (0.8, 0.02, 0.6, 0),
+    ("synthetic-qwen3", "llamacpp", "f32"): (0.03, 0.005, 0.03, 40),
+    ("synthetic-qwen3", "f32", "f32"): (0.03, 0.008, 0.03, 40),
+    ("synthetic-qwen2moe", "llamacpp", "f32"): (0.03, 0.005, 0.03, 40),
+    ("synthetic-qwen2moe", "f32", "f32"): (0.3, 0.01, 0.6, 0),
 }
+# The q8 kernel (issue 9, measured 2026-11-30; max / mean |d logit| with q8, f32 dot in brackets): the same
+# tolerances wherever its figures stay inside them - qwen2 0.0094 / 0.0026, gemma3 0.0069 / 0.0021, llama
+# 0.016 / 0.0044 (f32) and 0.013 / 0.0016 (llamacpp), qwen3 0.020 / 0.0036 and 0.0099 / 0.0020, qwen3next
+# 0.449 / 0.012 and 0.011 / 0.0014, llama_moe 0.080 / 0.0045 (0.392 / 0.0073) and 0.010 / 0.0013, qwen2moe
+# 0.017 / 0.0036 (0.130 / 0.0043) and 0.012 / 0.0010, qwen3next-split-fused 0.401 / 0.0097 (0.468 / 0.015) and
+# 0.0095 / 0.0015, qwen3moe f32 0.682 / 0.020 (0.802 / 0.044): with Q8
+# activations in the experts the f32-profile MoE rows route like llama.cpp more often. Own rows where not:
+TOLERANCES.update({(f, nx, "q8"): tol for (f, nx, k), tol in list(TOLERANCES.items())})
+TOLERANCES.update({
+    # one routing flip in 67 steps (llamacpp exact: the same 0.144; the f32 dot happens to miss it: 0.027)
+    ("synthetic-qwen3moe", "llamacpp", "q8"): (0.2, 0.01, 0.03, 40),
+    # Gemma amplifies 8-bit activation rounding (strata.engine.numerics): f32 profile + q8 1.397 / 0.244,
+    # llamacpp + q8 1.173 / 0.230 (llamacpp + f32 dot 1.095 / 0.229)
+    ("gemma3-270m", "f32", "q8"): (1.8, 0.35, 0.5, 48),
+    ("gemma3-270m", "llamacpp", "q8"): (1.5, 0.3, 0.5, 48),
+    # f32 profile + q8 0.349 / 0.068, llamacpp + q8 0.294 / 0.068 (llamacpp + f32 dot 0.282 / 0.060)
+    ("qwen2.5-0.5b", "f32", "q8"): (0.45, 0.1, 0.3, 60),
+    ("qwen2.5-0.5b", "llamacpp", "q8"): (0.4, 0.1, 0.3, 60),
+})
 
 
 def load_fixture(name: str) -> dict:
@@ -165,17 +192,19 @@ def syn_packs(tmp_path_factory):
                       "qwen3", "qwen2moe")}
 
 
-@pytest.mark.parametrize("name,numerics", [("qwen3moe", "llamacpp"), ("qwen3moe", "f32"), ("qwen2", "f32"),
-                                           ("gemma3", "f32"), ("qwen3next", "llamacpp"), ("qwen3next", "f32"),
-                                           ("qwen3next-split-fused", "llamacpp"), ("qwen3next-split-fused", "f32"),
-                                           ("llama", "llamacpp"), ("llama", "f32"), ("llama_moe", "llamacpp"),
-                                           ("llama_moe", "f32"), ("qwen3", "llamacpp"), ("qwen3", "f32"),
-                                           ("qwen2moe", "llamacpp"), ("qwen2moe", "f32")])
-def test_synthetic_matches_llama_cpp(syn_packs, name, numerics):
+SYNTHETIC = [("qwen3moe", "llamacpp"), ("qwen3moe", "f32"), ("qwen2", "f32"), ("gemma3", "f32"), ("qwen3next", "llamacpp"),
+             ("qwen3next", "f32"), ("qwen3next-split-fused", "llamacpp"), ("qwen3next-split-fused", "f32"),
+             ("llama", "llamacpp"), ("llama", "f32"), ("llama_moe", "llamacpp"), ("llama_moe", "f32"),
+             ("qwen3", "llamacpp"), ("qwen3", "f32"), ("qwen2moe", "llamacpp"), ("qwen2moe", "f32")]
+
+
+@pytest.mark.parametrize("name,numerics,kernel", [(n, nx, "q8") for n, nx in SYNTHETIC]
+                         + [("qwen3moe", "llamacpp", "f32"), ("qwen2", "f32", "f32"), ("llama_moe", "f32", "f32")])
+def test_synthetic_matches_llama_cpp(syn_packs, name, numerics, kernel):
     ref = load_fixture(f"synthetic-{name}")
-    eng = load_engine(syn_packs[name], n_ctx=256, numerics=numerics)
-    r = compare(eng, ref, TOLERANCES[(f"synthetic-{name}", numerics)])
-    print(f"{name} {numerics}: {r}")
+    eng = load_engine(syn_packs[name], n_ctx=256, numerics=numerics, cpu_kernel=kernel)
+    r = compare(eng, ref, TOLERANCES[(f"synthetic-{name}", numerics, kernel)])
+    print(f"{name} {numerics} {kernel}: {r}")
 
 
 def test_synthetic_gemma3_prompt_outruns_the_sliding_window(syn_packs):
@@ -190,7 +219,7 @@ def test_synthetic_greedy_generation_reproduces_llama_cpp_tokens(syn_packs):
     # free-running greedy through the CLI's function (not teacher-forced): the tokens equal
     # llama.cpp's up to the first step whose reference margin is within the tolerance
     ref = load_fixture("synthetic-gemma3")
-    tol_margin = TOLERANCES[("synthetic-gemma3", "f32")][2]
+    tol_margin = TOLERANCES[("synthetic-gemma3", "f32", "q8")][2]
     eng = load_engine(syn_packs["gemma3"], n_ctx=256)
     compared = 0
     for p in ref["prompts"]:
@@ -204,17 +233,22 @@ def test_synthetic_greedy_generation_reproduces_llama_cpp_tokens(syn_packs):
 
 # ------------------------------------------------------------------ real models (fetched, cached)
 
+REAL = [("f32", "q8"), ("llamacpp", "q8"), ("f32", "f32")]
+
+
 @pytest.mark.real
 @pytest.mark.slow
-def test_gemma3_270m_matches_llama_cpp(gemma_pack):
+@pytest.mark.parametrize("numerics,kernel", REAL)
+def test_gemma3_270m_matches_llama_cpp(gemma_pack, numerics, kernel):
     ref = load_fixture("gemma3-270m")
-    eng = load_engine(gemma_pack, n_ctx=128)
-    compare(eng, ref, TOLERANCES[("gemma3-270m", "f32")])
+    eng = load_engine(gemma_pack, n_ctx=128, numerics=numerics, cpu_kernel=kernel)
+    compare(eng, ref, TOLERANCES[("gemma3-270m", numerics, kernel)])
 
 
 @pytest.mark.real
 @pytest.mark.slow
-def test_qwen25_05b_matches_llama_cpp(qwen05_pack):
+@pytest.mark.parametrize("numerics,kernel", REAL)
+def test_qwen25_05b_matches_llama_cpp(qwen05_pack, numerics, kernel):
     ref = load_fixture("qwen2.5-0.5b")
-    eng = load_engine(qwen05_pack, n_ctx=128)
-    compare(eng, ref, TOLERANCES[("qwen2.5-0.5b", "f32")])
+    eng = load_engine(qwen05_pack, n_ctx=128, numerics=numerics, cpu_kernel=kernel)
+    compare(eng, ref, TOLERANCES[("qwen2.5-0.5b", numerics, kernel)])
