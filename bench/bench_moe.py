@@ -8,7 +8,9 @@ random weights give meaningless text but real byte traffic), builds the pack, an
 - strata ``--device cuda``: start-up per checkpoint (s), then greedy decode tok/s (a 16-token
   prompt, ``--tokens`` generated, EOS ignored) with the experts of ALL layers resident, of the last
   half of the layers (layers 0..L/2-1 computed on the CPU: what llama.cpp's ``--n-cpu-moe L/2``
-  keeps on the CPU), and of NONE (``--expert-cache 0``); the decode path and launches per token;
+  keeps on the CPU), and of NONE (``--expert-cache 0``); the decode path and launches per token; the
+  hybrid rows once per ``--miss-kernels`` entry (``exact``: misses bit-identical to hits, the default;
+  ``q8``: llama.cpp's CPU numerics, ``strata-engine generate --cpu-kernel q8``);
 - strata ``--device cpu`` (``--cpu``);
 - llama.cpp (``--llama-bench PATH``, a CUDA build): ``llama-bench -p 0 -n N -ngl 99 -ncmoe 0,L/2,L``
   (and ``-ngl 0`` for the CPU row), its ``avg_ts``.
@@ -67,11 +69,24 @@ def _prompt_ids(n: int = 16) -> list[int]:
     return [int(10 + 7 * i) for i in range(n)]
 
 
+def _rss_anon_mib() -> float | None:
+    """This process's anonymous resident memory (MiB, /proc/self/status RssAnon; None off Linux): the
+    CPU path's bound of issue 9 (the weights stay in the page cache, file-backed)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
 def strata_run(pack: Path, device: str, tokens: int, **opts) -> dict:
     """Load the engine (start-up timed per checkpoint) and decode; returns the figures."""
     from strata.engine.generate import generate
     from strata.engine.startup import load_engine
 
+    anon0 = _rss_anon_mib()
     t0 = time.perf_counter()
     eng = load_engine(pack, device=device, n_ctx=512, **opts)
     startup = time.perf_counter() - t0
@@ -79,7 +94,8 @@ def strata_run(pack: Path, device: str, tokens: int, **opts) -> dict:
     out = {"startup_s": round(startup, 2),
            "checkpoints_s": {c.name: round(c.seconds, 2) for c in eng.checkpoints if hasattr(c, "seconds")},
            "decode_tok_s": round(float(r.tokens_per_second), 2), "tokens": r.output_ids[:8],
-           "expert_hits": getattr(r, "expert_hits", None), "expert_misses": getattr(r, "expert_misses", None)}
+           "expert_hits": getattr(r, "expert_hits", None), "expert_misses": getattr(r, "expert_misses", None),
+           "rss_anon_mib": {"before_load": anon0, "after_decode": _rss_anon_mib()}}
     gpu = getattr(eng, "gpu", None)
     if gpu is not None:
         out["decode_path"] = gpu.decode_path
@@ -113,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu", action="store_true", help="also the CPU path (strata and llama.cpp -ngl 0)")
     ap.add_argument("--no-gpu", action="store_true", help="skip strata's GPU rows (a dry run without CuPy)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--miss-kernels", default="exact",
+                    help="CPU kernels of the hybrid rows' misses, comma-separated (exact: bit-identical to a hit, "
+                         "the default; q8: llama.cpp's CPU numerics): one hybrid row per kernel")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from strata import testing as synth
@@ -148,15 +167,19 @@ def main(argv: list[str] | None = None) -> int:
         cases: list[tuple[str, dict, int | None]] = []
         if moe:
             half = [(il, e, 1) for il in range(L // 2, L) for e in range(E)]  # last half resident
-            cases = [("gpu, all experts resident", {}, 0),
-                     (f"gpu, layers {L // 2}..{L - 1} resident (ncmoe {L // 2})", {"profile": half}, L // 2),
-                     ("gpu, no expert resident", {"expert_cache": 0}, L)]
+            cases = [("gpu, all experts resident", {}, 0)]
+            for k in args.miss_kernels.split(","):
+                tag, ko = ("", {}) if k == "exact" else (f", {k} misses", {"cpu_kernel": k})
+                cases += [(f"gpu, layers {L // 2}..{L - 1} resident (ncmoe {L // 2}){tag}", {"profile": half, **ko},
+                           L // 2),
+                          (f"gpu, no expert resident{tag}", {"expert_cache": 0, **ko}, L)]
         else:
             cases = [("gpu", {}, None)]
         lb: dict[int | None, float] = {}
         if args.llama_bench and Path(args.llama_bench).exists():
             try:
-                rows = llama_bench(args.llama_bench, gguf, args.tokens, 99, [c[2] for c in cases] if moe else None,
+                rows = llama_bench(args.llama_bench, gguf, args.tokens, 99,
+                                   sorted({c[2] for c in cases}) if moe else None,
                                    args.threads)
                 row["llama.cpp"]["gpu"] = rows
                 for r in rows:
@@ -195,10 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     path = args.json or (os.path.join(os.environ["OUT"], "bench_moe.json") if os.environ.get("OUT") else None)
     if path:
         Path(path).write_text(json.dumps(results, indent=1) + "\n")
-    print(f"\n{'geometry':<18} {'case':<44} {'strata tok/s':>12} {'llama.cpp':>10} {'ratio':>6}")
+    print(f"\n{'geometry':<18} {'case':<54} {'strata tok/s':>12} {'llama.cpp':>10} {'ratio':>6}")
     for name, key, s, l in table:
         ratio = f"{s / l:.2f}" if s and l else "-"
-        print(f"{name:<18} {key:<44} {s if s is not None else '-':>12} {l if l is not None else '-':>10} {ratio:>6}")
+        print(f"{name:<18} {key:<54} {s if s is not None else '-':>12} {l if l is not None else '-':>10} {ratio:>6}")
     return 0
 
 

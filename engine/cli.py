@@ -200,6 +200,13 @@ class TextStream:
 @click.option("--numerics", "numerics_", type=click.Choice(sorted(PROFILES)), default=DEFAULT_NUMERICS, show_default=True,
               help="CPU: f32 = exact math; llamacpp = llama.cpp CPU's activation roundings (Q8 activations, "
                    "f16 attention operands, fp16 GELU table).")
+@click.option("--cpu-kernel", "cpu_kernel", type=click.Choice(["q8", "exact", "f32"]), default=None,
+              help="The CPU matvec kernels. cpu (default q8): llama.cpp's CPU numerics (activations quantized to "
+                   "Q8_0/Q8_K, integer dots); exact: the GPU kernels' summation order; f32. cuda: the kernel of the "
+                   "experts computed on the CPU (default exact: a miss is bit-identical to a hit, tokens do not "
+                   "depend on the cache; q8 is faster and a miss differs by the Q8 activation rounding).")
+@click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
+              help="CPU kernel threads (default: the cores this process may use).")
 @kv_option(ENGINE_KV_TYPES)
 @expert_cache_option
 @expert_profile_option
@@ -216,7 +223,7 @@ class TextStream:
               "with the graph on: events between the launches of a captured graph record nothing.")
 @click.option("-v", "--verbose", is_flag=True, help="Start-up checkpoints (time, memory) on stderr.")
 def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperature, top_k, top_p, seed, ignore_eos,
-                 n_ctx, resident, device, numerics_, kv, expert_cache, expert_profile, vram_reserve_mib, card_name, card_mib,
+                 n_ctx, resident, device, numerics_, cpu_kernel, threads, kv, expert_cache, expert_profile, vram_reserve_mib, card_name, card_mib,
                  as_json, stats, no_graph, stage_times, verbose):
     """Generate text from PACK after --prompt and report tok/s.
 
@@ -250,7 +257,7 @@ def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperatur
         refuse(f"--expert-profile {expert_profile}: no such file")
     try:
         opts = EngineOptions(n_ctx=n_ctx, resident=resident, kv=kv, numerics=numerics_, stage_times=stage_times,
-                             card=emulated_card(card_name, card_mib))
+                             card=emulated_card(card_name, card_mib), cpu_kernel=cpu_kernel, threads=threads)
         if device != "cpu":
             from strata.budget.profile import read_profile
 

@@ -21,7 +21,7 @@ experts are resident. ``tests/test_engine_moe.py`` checks all / half / none resi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
@@ -231,18 +231,17 @@ class ExpertPath:
     def miss_ffn(self, il: int, e: int, x):
         return self.source.ffn(il, e, x, threads=self.threads, act_quant=self.act_quant, kernel=self.kernel)
 
-    def outputs(self, il: int, x, ids: list[int]) -> list:
+    def outputs(self, il: int, x, ids: list[int]) -> Iterator:
         """Each selected expert's output on ``x``, in selection order, counted: a hit from the cache,
-        a miss from :meth:`miss_ffn` (one expert at a time)."""
-        out = []
+        a miss from :meth:`miss_ffn` (one expert at a time). A generator: an output may live in a buffer
+        the next one reuses (the GPU slot cache's hit buffers), so each is valid until the next is asked."""
         for e in ids:
             if self.cache is not None and self.cache.resident(il, e):
-                out.append(self.cache.ffn(il, e, x))
                 self.count(il, 1, 0)
+                yield self.cache.ffn(il, e, x)
             else:
-                out.append(self.miss_ffn(il, e, x))
                 self.count(il, 0, 1)
-        return out
+                yield self.miss_ffn(il, e, x)
 
     def __call__(self, il: int, x, ids: list[int], weights) -> Any:
         """``sum_k weights[k] * expert_{ids[k]}(x)``, summed in selection order (k = 0, 1, ...)."""

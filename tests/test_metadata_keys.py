@@ -287,7 +287,7 @@ ROPE_TOL = {("gemma3-rope", "f32"): (0.015, 0.004, 0.015, 40), ("llama-rope-line
 
 @pytest.mark.parametrize("name,numerics", sorted(ROPE_TOL))
 def test_partial_and_linearly_scaled_rope_matches_llama_cpp(rope_packs, name, numerics):
-    eng = load_engine(rope_packs[name], n_ctx=256, numerics=numerics)
+    eng = load_engine(rope_packs[name], n_ctx=256, numerics=numerics, cpu_kernel="f32")  # ROPE_TOL's kernel
     r = compare(eng, load_fixture(f"synthetic-{name}"), ROPE_TOL[(name, numerics)])
     print(f"{name} {numerics}: {r}")
 
@@ -304,7 +304,7 @@ def test_the_rope_keys_change_the_computation(tmp_path, name, numerics, without)
     [src] = synth.write_model(tmp_path / "plain.gguf", plain)
     build_pack(src, tmp_path / "pack", progress=False)
     with pytest.raises(AssertionError, match=r"max \|logit - llama\.cpp\||argmax|top"):
-        compare(load_engine(tmp_path / "pack", n_ctx=256, numerics=numerics), ref, ROPE_TOL[(name, numerics)])
+        compare(load_engine(tmp_path / "pack", n_ctx=256, numerics=numerics, cpu_kernel="f32"), ref, ROPE_TOL[(name, numerics)])
 
 
 def test_the_budget_plans_the_rope_the_engine_allocates(rope_packs):
@@ -378,7 +378,7 @@ def test_the_fused_gpu_step_rotates_and_scales_like_the_cpu(rope_packs, device, 
     assert type(eng.model).__name__ == "FusedDecoder"
     prompt = list(range(1, 40))
     gpu = generate(eng, prompt_ids=prompt, n_tokens=8, ignore_eos=True)
-    cpu = generate(load_engine(rope_packs[name], n_ctx=128), prompt_ids=prompt, n_tokens=8, ignore_eos=True)
+    cpu = generate(load_engine(rope_packs[name], n_ctx=128, cpu_kernel="exact"), prompt_ids=prompt, n_tokens=8, ignore_eos=True)
     assert gpu.output_ids == cpu.output_ids
     diff = max(abs(a[1] - b[1]) for ra, rb in zip(gpu.top, cpu.top) for a, b in zip(ra, rb))
     assert diff < 1e-3, diff

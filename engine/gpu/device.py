@@ -147,7 +147,9 @@ class GpuDevice:
         return DeviceWeights(pack, plan.dense, self.bk)
 
     def make_experts(self, plan: LoadPlan, nx) -> GpuExpertPath:
-        self.experts = GpuExpertPath(ShardExperts(plan), None, self.bk)
+        opts = getattr(self, "opts", None)
+        self.experts = GpuExpertPath(ShardExperts(plan), None, self.bk, kernel=opts.cpu_kernel if opts else None,
+                                     threads=opts.threads if opts else None)
         return self.experts
 
     def load_weights(self, weights: DeviceWeights, names: list[str], stage: str, note: dict) -> None:

@@ -228,14 +228,19 @@ class MoeStep:
         ex.count(il, K - len(self._misses), len(self._misses))
 
     def on_fill(self, il: int) -> None:
-        """Compute layer ``il``'s missed experts on the CPU (bit-identical to hits) and copy their rows
+        """Compute layer ``il``'s missed experts on the CPU (bit-identical to hits with the default
+        ``"exact"`` miss kernel, :class:`~strata.engine.gpu.slots.GpuExpertPath`; all of them in one
+        :meth:`~strata.engine.experts.ShardExperts.ffn_many`, i.e. two OpenMP regions) and copy their rows
         into the expert outputs; admit them into free slots (first come, no eviction)."""
         if not self._misses:
             return
         dec, ex, n = self.dec, self.model.experts, self.n_embd
         t0 = time.perf_counter()
-        for k, e in self._misses:
-            self.miss_host[k * n:(k + 1) * n] = self.source.ffn(il, e, self.xn_host, exact=True, silu_mul=R.silu_mul)
+        ks = [k for k, _e in self._misses]
+        ys = self.source.ffn_many(il, [e for _k, e in self._misses], self.xn_host, kernel=ex.kernel,
+                                  threads=ex.threads, silu_mul=R.silu_mul)
+        for j, k in enumerate(ks):
+            self.miss_host[k * n:(k + 1) * n] = ys[j]
         ex.cpu_expert_ms += (time.perf_counter() - t0) * 1000
         if dec.cuda:
             import cupy as cp

@@ -149,10 +149,16 @@ class GpuExpertPath(ExpertPath):
     """:class:`strata.engine.experts.ExpertPath` with the CPU miss path made bit-identical to the
     GPU hit path (:func:`strata.engine.gpu.reference.expert_ffn`) and per-token timers
     (``cpu_expert_ms``: host time computing misses and copying their outputs up; the wait for the
-    expert's input to come down counts in :class:`strata.engine.layers.HostWait`)."""
+    expert's input to come down counts in :class:`strata.engine.layers.HostWait`).
 
-    def __init__(self, source: ShardExperts, cache: SlotCache | None, backend: Backend):
-        super().__init__(source, cache, xp=backend.xp)
+    ``kernel``: the CPU kernel of the misses (:data:`strata.engine.cpukernels.KERNELS`): ``"exact"`` (the
+    default: the GPU kernels' summation order, a miss bit-identical to a hit, so the tokens cannot depend
+    on residency) or ``"q8"`` (llama.cpp's CPU numerics: faster, a miss differs from a hit by the Q8
+    activation rounding). ``threads``: the CPU kernels' threads (default all cores)."""
+
+    def __init__(self, source: ShardExperts, cache: SlotCache | None, backend: Backend, kernel: str | None = None,
+                 threads: int | None = None):
+        super().__init__(source, cache, xp=backend.xp, kernel=kernel or "exact", threads=threads)
         self.backend = backend
         self.cpu_expert_ms = 0.0
         self._x_host: tuple[int, Any, np.ndarray] | None = None
@@ -171,8 +177,8 @@ class GpuExpertPath(ExpertPath):
         if self._x_host is None or self._x_host[0] != il or self._x_host[1] is not x:
             self._x_host = (il, x, layers.to_host(x).astype(np.float32, copy=False))
         t0 = time.perf_counter()
-        # the CPU kernels in the GPU's summation order and the GPU's silu replica: bit-identical to a hit
-        y = self.source.ffn(il, e, self._x_host[2], exact=True, silu_mul=R.silu_mul)
+        # "exact": the CPU kernels in the GPU's summation order and the GPU's silu replica, bit-identical to a hit
+        y = self.source.ffn(il, e, self._x_host[2], kernel=self.kernel, threads=self.threads, silu_mul=R.silu_mul)
         out = self.xp.asarray(y)
         self.cpu_expert_ms += (time.perf_counter() - t0) * 1000
         if isinstance(self.cache, SlotCache):
