@@ -99,12 +99,13 @@ def test_profile_fill_follows_budget_rule():
 def test_sim_tokens_identical_for_empty_half_full_cache(packs):
     runs = {}
     for ec in (0, 12, "auto"):
-        eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=ec)
+        eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=ec,
+                          cpu_kernel="exact")  # misses bit-identical to hits (the default q8: a bound, test_gpu_fused)
         runs[ec] = _run(eng)
     assert runs[0].expert_hits == 0 and runs["auto"].expert_misses == 0 and runs[12].expert_hits > 0
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids
     assert _tops_equal(runs[0], runs[12]) and _tops_equal(runs[0], runs["auto"])
-    cpu = _run(load_engine(packs["moe"], n_ctx=64))
+    cpu = _run(load_engine(packs["moe"], n_ctx=64, cpu_kernel="exact"))
     assert cpu.output_ids == runs[0].output_ids
 
 
@@ -121,12 +122,13 @@ def test_sim_new_expert_types_hit_and_miss_identical(packs):
 
     res = audit_pack(packs["moe_new"])
     assert res.errors == [] and res.warnings == []
-    runs = {ec: _run(load_engine(packs["moe_new"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=ec))
+    runs = {ec: _run(load_engine(packs["moe_new"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=ec,
+                                 cpu_kernel="exact"))
             for ec in (0, 12, "auto")}
     assert runs[12].expert_hits > 0 and runs[12].expert_misses > 0
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids
     assert _tops_equal(runs[0], runs[12]) and _tops_equal(runs[0], runs["auto"])
-    assert _run(load_engine(packs["moe_new"], n_ctx=64)).output_ids == runs[0].output_ids
+    assert _run(load_engine(packs["moe_new"], n_ctx=64, cpu_kernel="exact")).output_ids == runs[0].output_ids
 
 
 def test_sim_stats_per_layer_counts_and_timers(packs):
@@ -178,7 +180,7 @@ def test_sim_kv_f32_doubles_the_kv_term(packs):
 def test_cuda_tokens_match_cpu(packs, name):
     eng = load_engine(packs[name], device="cuda", n_ctx=64)
     r = _run(eng, 8)
-    cpu = _run(load_engine(packs[name], n_ctx=64), 8)
+    cpu = _run(load_engine(packs[name], n_ctx=64, cpu_kernel="exact"), 8)
     diff = max(abs(a[1] - b[1]) for ra, rb in zip(r.top, cpu.top) for a, b in zip(ra, rb))
     print(f"\n[gpu-engine] {name}: cuda {r.output_ids} cpu {cpu.output_ids} max|top logit diff|={diff:.2e} "
           f"decode {r.tokens_per_second:.1f} tok/s")
@@ -190,7 +192,7 @@ def test_cuda_tokens_match_cpu(packs, name):
 def test_cuda_new_expert_types_tokens_identical(packs):
     runs = {ec: _run(load_engine(packs["moe_new"], device="cuda", n_ctx=64, expert_cache=ec), 8)
             for ec in (0, 12, "auto")}
-    cpu = _run(load_engine(packs["moe_new"], n_ctx=64), 8)
+    cpu = _run(load_engine(packs["moe_new"], n_ctx=64, cpu_kernel="exact"), 8)
     print(f"\n[gpu-engine] Q1_0/Q2_0/IQ2_S experts: cuda {runs[0].output_ids} cpu {cpu.output_ids}")
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids == cpu.output_ids
     assert _tops_equal(runs[0], runs[12]) and _tops_equal(runs[0], runs["auto"])

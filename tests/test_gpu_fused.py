@@ -188,7 +188,8 @@ def test_sim_fused_qwen3next_delta_net_and_gated_attention(packs):
     assert max(float(np.abs(x - y).max()) for x, y in zip(a, b)) < 1e-4
     again = _logits_per_position(f, ids)
     assert all(np.array_equal(x, y) for x, y in zip(a, again))
-    sim = generate(load_engine(packs["q3n"], device="cuda", n_ctx=64, backend=SimBackend(), resident="half"),
+    sim = generate(load_engine(packs["q3n"], device="cuda", n_ctx=64, backend=SimBackend(), resident="half",
+                               cpu_kernel="exact"),
                    prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
     cpu = generate(load_engine(packs["q3n"], n_ctx=64, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
     assert sim.output_ids == cpu.output_ids
@@ -197,6 +198,9 @@ def test_sim_fused_qwen3next_delta_net_and_gated_attention(packs):
 # ------------------------------------------------------------------ routed experts in the fused step
 
 def _moe(packs, **kw):
+    """The synthetic qwen3moe on the sim; misses in the GPU kernels' order (``cpu_kernel="exact"``, bit-identical
+    to hits) unless ``cpu_kernel`` says otherwise (the engine's default is ``q8``)."""
+    kw.setdefault("cpu_kernel", "exact")
     return load_engine(packs["moe"], device="cuda", n_ctx=48, backend=SimBackend(), **kw)
 
 
@@ -213,24 +217,50 @@ def test_sim_fused_moe_equals_generic_bitwise_for_any_cache(packs):
         assert eng.decoder.hybrid == (resident != "all" or ec == 0)
         got = _logits_per_position(eng, ids)
         assert all(np.array_equal(a, b) for a, b in zip(ref, got)), (ec, resident)
-    cpu = generate(load_engine(packs["moe"], n_ctx=48), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    cpu = generate(load_engine(packs["moe"], n_ctx=48, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
     sim = generate(_moe(packs, resident="half"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
     assert sim.output_ids == cpu.output_ids
 
 
-def test_sim_fused_moe_q8_misses_are_llamacpp_numerics_within_bound(packs):
-    """``cpu_kernel="q8"`` on the GPU path: the misses run llama.cpp's CPU numerics (activation quantized
-    to Q8_K/Q8_0, integer dots), so the logits move off the exact path's - by less than 0.05 on this
-    fixture (its largest |logit| is ~5) - while the hits and everything else are unchanged; the default
-    stays bit-exact (the test above)."""
-    ids = _ids(12)
-    ref = _logits_per_position(_moe(packs, expert_cache=0), ids)
-    eng = _moe(packs, expert_cache=0, cpu_kernel="q8", threads=2)
-    assert eng.experts.kernel == "q8" and eng.experts.threads == 2
-    got = _logits_per_position(eng, ids)
-    d = max(float(np.max(np.abs(a - b))) for a, b in zip(ref, got))
-    assert 0.0 < d < 0.05, d
-    assert _moe(packs, expert_cache=0).experts.kernel == "exact"
+#: The largest |logit| difference the default ``q8`` misses may make against every expert resident (GPU
+#: kernels, no miss), teacher-forced over 16 positions with the cache empty and half full: at positions where
+#: every layer routed to the same experts as the all-resident run, and at all positions (a top-k flip moves
+#: the output discontinuously, as between llama.cpp's CPU and GPU). Measured on the sim, 2026-11-30, largest
+#: |logit| 1.2-1.35: same routing moe 0.019, llama_moe 0.023, qwen2moe 0.012, q3n 0.020; all positions
+#: llama_moe 0.219 (2 of 16 positions routed differently with the cache empty), the others as above.
+#: Bounds ~1.3-1.5x the largest.
+Q8_MISS_BOUND_SAME_ROUTING = 0.03
+Q8_MISS_BOUND = 0.33
+
+
+@pytest.mark.parametrize("name", ["moe", "llama_moe", "qwen2moe", "q3n"])
+def test_sim_q8_misses_stay_within_the_bound_for_any_cache(packs, name):
+    """The GPU path's default miss kernel is llama.cpp's CPU numerics (``q8``: 3.7-6.3x faster than the
+    exact replay on the 30B-A3B geometry): the logits with the cache empty and half full differ from the
+    all-resident run (no miss at all) by more than 0 and less than the bounds above; ``cpu_kernel="exact"``
+    makes them bit-identical (test_sim_fused_moe_equals_generic_bitwise_for_any_cache)."""
+    ids = _ids(16)
+
+    def run(**kw):
+        eng = load_engine(packs[name], device="cuda", n_ctx=48, backend=SimBackend(), threads=2, **kw)
+        routes: list[list[tuple[int, tuple[int, ...]]]] = [[] for _ in ids]
+        pos = [0]
+        eng.experts.on_route = lambda il, sel: routes[pos[0]].append((il, tuple(int(i) for i in sel)))
+        out = []
+        for p, t in enumerate(ids):
+            pos[0] = p
+            from strata.engine.layers import to_host
+            out.append(np.array(to_host(eng.model.step(t, p, eng.state, logits=True)), dtype=np.float32, copy=True))
+        return eng, out, routes
+
+    full_eng, full, full_routes = run()
+    assert full_eng.experts.kernel == "q8" and full_eng.experts.threads == 2
+    for kw in ({"expert_cache": 0}, {"resident": "half"}):
+        _eng, got, routes = run(**kw)
+        d = [float(np.max(np.abs(a - b))) for a, b in zip(full, got)]
+        same = [d[p] for p in range(len(ids)) if routes[p] == full_routes[p]]
+        assert len(same) >= len(ids) // 2, (name, kw, len(same))
+        assert 0.0 < max(d) < Q8_MISS_BOUND and max(same) < Q8_MISS_BOUND_SAME_ROUTING, (name, kw, max(same), max(d))
 
 
 def test_sim_fused_moe_launches_hybrid_and_full(packs):
@@ -333,7 +363,7 @@ def test_cuda_fused_tokens_match_cpu_and_generic(packs, name):
     assert grown == 0, f"decode allocated {grown} B of new device memory"
     gen = generate(load_engine(packs[name], device="cuda", n_ctx=64, fused=False), prompt_ids=ids, n_tokens=8,
                    ignore_eos=True)
-    cpu = generate(load_engine(packs[name], n_ctx=64), prompt_ids=ids, n_tokens=8, ignore_eos=True)
+    cpu = generate(load_engine(packs[name], n_ctx=64, cpu_kernel="exact"), prompt_ids=ids, n_tokens=8, ignore_eos=True)
     gap = max(abs(a[1] - b[1]) / max(1.0, abs(b[1])) for ra, rb in zip(r.top, cpu.top) for a, b in zip(ra, rb)
               if a[0] == b[0])
     print(f"\n[fused] {name}: graph {r.tokens_per_second:.0f} tok/s, generic {gen.tokens_per_second:.0f} tok/s; "
@@ -384,7 +414,7 @@ def test_cuda_fused_moe_cache_does_not_change_logits(packs):
             assert a.tobytes() == b.tobytes(), f"{key} position {pos}: logits differ from the all-miss run"
     gen = generate(load_engine(packs["moe"], device="cuda", n_ctx=48, fused=False), prompt_ids=PROMPT, n_tokens=8,
                    ignore_eos=True)
-    cpu = generate(load_engine(packs["moe"], n_ctx=48), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    cpu = generate(load_engine(packs["moe"], n_ctx=48, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
     fus = generate(load_engine(packs["moe"], device="cuda", n_ctx=48, resident="half"), prompt_ids=PROMPT,
                    n_tokens=8, ignore_eos=True)
     print(f"\n[fused moe] tokens {fus.output_ids}; generic {gen.output_ids}; cpu {cpu.output_ids}")
