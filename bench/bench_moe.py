@@ -9,8 +9,8 @@ random weights give meaningless text but real byte traffic), builds the pack, an
   prompt, ``--tokens`` generated, EOS ignored) with the experts of ALL layers resident, of the last
   half of the layers (layers 0..L/2-1 computed on the CPU: what llama.cpp's ``--n-cpu-moe L/2``
   keeps on the CPU), and of NONE (``--expert-cache 0``); the decode path and launches per token; the
-  hybrid rows once per ``--miss-kernels`` entry (``q8``: llama.cpp's CPU numerics, the engine's default;
-  ``exact``: misses bit-identical to hits, ``strata-engine generate --cpu-kernel exact``);
+  hybrid rows once per ``--miss-kernels`` entry (``exact``: misses bit-identical to hits, the engine's
+  default; ``q8``: llama.cpp's CPU numerics, ``strata-engine generate --cpu-kernel q8``);
 - strata ``--device cpu`` (``--cpu``);
 - llama.cpp (``--llama-bench PATH``, a CUDA build): ``llama-bench -p 0 -n N -ngl 99 -ncmoe 0,L/2,L``
   (and ``-ngl 0`` for the CPU row), its ``avg_ts``.
@@ -129,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu", action="store_true", help="also the CPU path (strata and llama.cpp -ngl 0)")
     ap.add_argument("--no-gpu", action="store_true", help="skip strata's GPU rows (a dry run without CuPy)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--miss-kernels", default="q8",
-                    help="CPU kernels of the hybrid rows' misses, comma-separated (q8: llama.cpp's CPU numerics, "
-                         "the engine's default; exact: bit-identical to a hit): one hybrid row per kernel")
+    ap.add_argument("--miss-kernels", default="exact,q8",
+                    help="CPU kernels of the hybrid rows' misses, comma-separated (exact: bit-identical to a hit, "
+                         "the engine's default; q8: llama.cpp's CPU numerics, --cpu-kernel q8): one hybrid row per kernel")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from strata import testing as synth
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             half = [(il, e, 1) for il in range(L // 2, L) for e in range(E)]  # last half resident
             cases = [("gpu, all experts resident", {}, 0)]
             for k in args.miss_kernels.split(","):
-                tag, ko = ("" if k == "q8" else f", {k} misses"), {"cpu_kernel": k}
+                tag, ko = ("" if k == "exact" else f", {k} misses"), {"cpu_kernel": k}
                 cases += [(f"gpu, layers {L // 2}..{L - 1} resident (ncmoe {L // 2}){tag}", {"profile": half, **ko},
                            L // 2),
                           (f"gpu, no expert resident{tag}", {"expert_cache": 0, **ko}, L)]

@@ -42,7 +42,7 @@ if [ "${STEP:-1}" = 1 ]; then
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_engine_cpu_q8.py 2>&1 | tee "$OUT/cpu_tests.txt" | tail -4
     step "strata rows"
     python3 bench/bench_moe.py --work "$WORK/bench" --geometry qwen3moe-30b-a3b --tokens "$TOKENS" \
-        --miss-kernels q8,exact --json "$OUT/bench_moe_strata.json" 2>&1 | tee "$OUT/bench_moe_strata.log" | tail -40
+        --miss-kernels exact,q8 --json "$OUT/bench_moe_strata.json" 2>&1 | tee "$OUT/bench_moe_strata.log" | tail -40
     step "llama.cpp build so far"
     tail -3 /tmp/lcp/build.log
 else
@@ -52,7 +52,7 @@ else
     LB=/tmp/lcp/llama.cpp/build/bin/llama-bench
     step "llama.cpp rows, qwen3moe-30b-a3b (strata's GPU rows ran in step 1)"
     python3 bench/bench_moe.py --work "$WORK/bench" --geometry qwen3moe-30b-a3b --tokens "$TOKENS" --no-gpu --cpu \
-        --miss-kernels q8,exact --llama-bench $LB --json "$OUT/bench_moe_llama.json" 2>&1 \
+        --miss-kernels exact,q8 --llama-bench $LB --json "$OUT/bench_moe_llama.json" 2>&1 \
         | tee "$OUT/bench_moe_llama.log" | tail -12
     step "qwen2-7b: strata GPU and CPU rows, llama.cpp rows"
     python3 bench/bench_moe.py --work "$WORK/bench" --geometry qwen2-7b --tokens "$TOKENS" --cpu \

@@ -151,17 +151,16 @@ class GpuExpertPath(ExpertPath):
     (``cpu_expert_ms``: host time computing misses and copying their outputs up; the wait for the
     expert's input to come down counts in :class:`strata.engine.layers.HostWait`).
 
-    ``kernel``: the CPU kernel of the misses (:data:`strata.engine.cpukernels.KERNELS`): ``"q8"`` (the
-    default: llama.cpp's CPU numerics, what llama.cpp's ``--n-cpu-moe`` computes; a miss differs from a hit
-    by the Q8 activation rounding, bounded in tests/test_gpu_fused.py) or ``"exact"`` (the GPU kernels'
-    summation order: a miss bit-identical to a hit, so the tokens cannot depend on residency; measured 3.7x
-    (half the layers' experts on the CPU) to 6.3x (none on the GPU) slower on the Qwen3-30B-A3B geometry,
-    H200 host, 16 cores: docs/DESIGN.md "Exact misses"). ``threads``: the CPU kernels' threads (default
-    all cores)."""
+    ``kernel``: the CPU kernel of the misses (:data:`strata.engine.cpukernels.KERNELS`): ``"exact"`` (the
+    default: the GPU kernels' summation order, a miss bit-identical to a hit, so the tokens cannot depend
+    on residency) or ``"q8"`` (llama.cpp's CPU numerics, what llama.cpp's ``--n-cpu-moe`` computes: 4.9-6.3x
+    faster on the Qwen3-30B-A3B geometry, a miss differs from a hit by the Q8 activation rounding, bounded
+    in tests/test_gpu_fused.py; docs/DESIGN.md "Exact misses"). ``threads``: the CPU kernels' threads
+    (default all cores)."""
 
     def __init__(self, source: ShardExperts, cache: SlotCache | None, backend: Backend, kernel: str | None = None,
                  threads: int | None = None):
-        super().__init__(source, cache, xp=backend.xp, kernel=kernel or "q8", threads=threads)
+        super().__init__(source, cache, xp=backend.xp, kernel=kernel or "exact", threads=threads)
         self.backend = backend
         self.cpu_expert_ms = 0.0
         self._x_host: tuple[int, Any, np.ndarray] | None = None
