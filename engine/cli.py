@@ -205,8 +205,8 @@ class TextStream:
                    "Q8_0/Q8_K, integer dots); exact: the GPU kernels' summation order; f32. cuda: the kernel of the "
                    "experts computed on the CPU (default exact: a miss is bit-identical to a hit, tokens do not "
                    "depend on the cache; q8 is faster and a miss differs by the Q8 activation rounding).")
-@click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
-              help="CPU kernel threads (default: the cores this process may use).")
+@click.option("-t", "--threads", type=click.IntRange(min=1, max=512), default=None,
+              help="CPU kernel threads, 1-512 (ggml's GGML_MAX_N_THREADS; default: the cores this process may use).")
 @kv_option(ENGINE_KV_TYPES)
 @expert_cache_option
 @expert_profile_option

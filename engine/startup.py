@@ -246,6 +246,12 @@ def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: 
     if opts.n_ctx is not None and opts.n_ctx < 1:
         raise GenerateError(f"n_ctx {opts.n_ctx} < 1")
     check_kv(opts.kv)
+    if opts.threads is not None and not 1 <= int(opts.threads) <= 512:
+        raise GenerateError(f"threads {opts.threads}: expected 1..512 (ggml's GGML_MAX_N_THREADS)")
+    from .cpukernels import KERNELS as CPU_KERNELS
+
+    if opts.cpu_kernel is not None and opts.cpu_kernel not in CPU_KERNELS:
+        raise GenerateError(f"cpu_kernel {opts.cpu_kernel!r}: expected one of {', '.join(CPU_KERNELS)}")
     if opts.stage_times and opts.graph and device != "cpu":
         # refused before any device is touched: a timer inside a captured graph would print zeros
         raise StageTimesRefused(

@@ -301,3 +301,16 @@ def test_gpu_path_refuses_huge_ctx_against_free_vram_before_weights(pack):
     assert seen == ["pack"]  # no weights stage
     load_engine(pack, device="cuda", n_ctx=64, backend=SimBackend(), on_warning=warned.append, warmup=False)
     assert warned == []
+
+
+def test_threads_and_cpu_kernel_out_of_range_are_refused_before_loading(tmp_path):
+    """--threads outside 1..512 (ggml's GGML_MAX_N_THREADS) and an unknown kernel are refused by the API
+    with the value named, before any pack is opened (the path need not exist)."""
+    from strata.engine.errors import GenerateError
+    from strata.engine.startup import load_engine
+
+    for bad in (0, -1, 513):
+        with pytest.raises(GenerateError, match=rf"threads {bad}: expected 1\.\.512"):
+            load_engine(tmp_path / "no-pack", threads=bad)
+    with pytest.raises(GenerateError, match=r"cpu_kernel 'bogus': expected one of exact, f32, q8"):
+        load_engine(tmp_path / "no-pack", cpu_kernel="bogus")
