@@ -105,6 +105,14 @@ def test_incident_1_head_after_the_cache_eats_the_reserve_and_is_refused(packs):
     assert eng.gpu.slot_plan.slots < 10 and eng.gpu.free_after_bytes >= reserve * F.MIB  # the head came first
 
 
+def test_fused_step_before_the_head_is_refused_by_name(packs):
+    """The fused step binds every matrix, the head included, when the prompt path is built: an order that
+    loads the head later is refused with the reason (the incident tests turn the fused step off)."""
+    late = ("weights", "session", "prompt path", "expert cache", "head")
+    with pytest.raises(GenerateError, match=r"binds the output head \(output\.weight\) .* load 'head' before 'prompt path'"):
+        load_engine(packs["moe"], device="cuda", n_ctx=64, backend=_sim(24 << 30), stage_order=late, warmup=False)
+
+
 def test_stage_orders_that_cannot_run_are_refused(packs):
     with pytest.raises(GenerateError, match="'session' must come before 'prompt path'"):
         load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(),

@@ -200,6 +200,11 @@ class GpuDevice:
         n_ctx = state.n_ctx
         runner: Any = model
         if (opts.fused is None or opts.fused) and why is None:
+            if not model.w.uploaded(model.head):
+                # the fused step binds every matrix, the head included, when it is built
+                raise GenerateError(f"stage order: the fused step binds the output head ({model.head}) when the "
+                                    "prompt path is built - load 'head' before 'prompt path', or turn the fused step "
+                                    "off (fused=False)")
             # the fused step: its buffers, one eager step (loads every kernel), then the graphs
             dec = FusedDecoder(model, bk, state, graph=opts.graph, stage_times=opts.stage_times)
             for pos in sorted({0, n_ctx - 1} if opts.warmup else {0}):

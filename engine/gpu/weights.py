@@ -58,7 +58,12 @@ class DeviceWeights:
         self.row_bytes = 0
 
     def has(self, name: str) -> bool:
+        """Whether ``name`` is one of this pack's dense tensors (uploaded or not yet)."""
         return name in self._entries
+
+    def uploaded(self, name: str) -> bool:
+        """Whether ``name`` is on the device in engine form (its start-up stage has run)."""
+        return name in self._buf
 
     def entry(self, name: str) -> IndexEntry:
         return self._entries[name]
