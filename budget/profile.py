@@ -83,9 +83,15 @@ def read_profile(path: str | Path) -> list[tuple[int, int, int]]:
     return rows
 
 
-def write_profile(rows: list[tuple[int, int, int]], out: str | Path) -> None:
+def write_profile(rows: list[tuple[int, int, int]], out: str | Path, *, force: bool = False,
+                  inputs: tuple[str | Path, ...] = ()) -> None:
     """Write ``(layer, expert, count)`` rows as Parquet: ``layer``, ``expert`` int32, ``count`` int64
-    (what :func:`read_profile` reads back)."""
+    (what :func:`read_profile` reads back).
+
+    Raises:
+        OutputError: ``out`` exists (without ``force``), is one of ``inputs``, a pack's file or a GGUF
+            (:func:`strata.packer.outputs.check_overwrite`).
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -94,7 +100,7 @@ def write_profile(rows: list[tuple[int, int, int]], out: str | Path) -> None:
     table = pa.table({"layer": pa.array([r[0] for r in rows], pa.int32()),
                       "expert": pa.array([r[1] for r in rows], pa.int32()),
                       "count": pa.array([r[2] for r in rows], pa.int64())})
-    with atomic_output(out) as tmp:  # written beside ``out`` and renamed: an interrupted write leaves nothing
+    with atomic_output(out, force=force, inputs=inputs) as tmp:  # beside ``out``, renamed: nothing half-written
         pq.write_table(table, tmp)
 
 

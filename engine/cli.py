@@ -385,12 +385,13 @@ main.add_command(click.Command("audit", callback=measure_cmd.callback, params=me
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False),
               help="Text file, one prompt per line.")
 @click.option("-o", "--out", default="expert-profile.parquet", show_default=True,
-              help="Parquet file to write (layer, expert, count).")
+              help="Parquet file to write (layer, expert, count); a new file unless --force, never a pack's file or a GGUF.")
+@click.option("--force", is_flag=True, help="Replace an existing -o file.")
 @click.option("-n", "--n-tokens", "n_tokens", default=16, show_default=True, help="Tokens generated per prompt.")
 @ctx_option
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where the routing runs (the counts are the same).")
-def profile_cmd(pack, prompts_file, out, n_tokens, n_ctx, device):
+def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, device):
     """Write an expert profile (Parquet: layer, expert, count) from routing over --prompts: the input of
     strata-budget check --expert-profile and strata-engine generate --expert-profile."""
     from strata.budget.profile import write_profile
@@ -405,18 +406,26 @@ def profile_cmd(pack, prompts_file, out, n_tokens, n_ctx, device):
         fail(f"-o/--out {out}: the directory {parent} does not exist")
     if Path(out).is_dir():
         fail(f"-o/--out {out}: is a directory")
+    from strata.packer.outputs import OutputError, check_overwrite
+
+    try:
+        check_overwrite(out, force=force, inputs=(prompts_file,))
+    except OutputError as e:
+        fail(f"-o/--out {e}")
     if n_tokens < 1:
         fail(f"-n/--n-tokens {n_tokens}: must be >= 1")
     if n_ctx is not None and n_ctx < 1:
         fail(f"--ctx {n_ctx}: must be >= 1")
-    if not Path(prompts_file).is_file():
+    if not Path(prompts_file).exists():
         fail(f"--prompts {prompts_file}: no such file")
+    if not Path(prompts_file).is_file():
+        fail(f"--prompts {prompts_file}: not a regular file (a text file, one prompt per line)")
     prompts = [ln for ln in Path(prompts_file).read_text().splitlines() if ln.strip()]
     if not prompts:
         fail(f"--prompts {prompts_file}: no prompts")
     try:
         rows = profile_routing(pack, prompts, n_tokens=n_tokens, n_ctx=n_ctx, device=device)
-        write_profile(rows, out)
+        write_profile(rows, out, force=force, inputs=(prompts_file,))
     except REFUSALS as e:
         fail(str(e))
     click.echo(f"profile: {len(rows)} (layer, expert) pairs, {sum(r[2] for r in rows)} selections "

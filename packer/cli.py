@@ -122,9 +122,11 @@ def verify(pack, source_dir, as_json):
 
 @main.command()
 @click.argument("path", type=click.Path())
-@click.option("--parquet", type=click.Path(dir_okay=False), help="Also write the table as Parquet.")
+@click.option("--parquet", type=click.Path(dir_okay=False), help="Also write the table as Parquet (a new file; "
+              "never over the input, a pack's file or a GGUF).")
+@click.option("--force", is_flag=True, help="Replace an existing --parquet file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
-def inspect(path, parquet, as_json):
+def inspect(path, parquet, force, as_json):
     """Print the tensor table of a GGUF file or a pack directory (name, type, shape in ggml ne order, bytes).
 
     Piped (stdout not a terminal): one plain line per tensor, columns padded, never cut, so
@@ -133,9 +135,13 @@ def inspect(path, parquet, as_json):
     from .inspect_cmd import print_table, tensor_table, write_parquet
 
     try:
+        if parquet:
+            from .outputs import check_overwrite
+
+            check_overwrite(parquet, force=force, inputs=(path,))
         rows = tensor_table(path)
         if parquet:
-            write_parquet(rows, parquet)
+            write_parquet(rows, parquet, force=force, inputs=(path,))
     except INPUT_ERRORS as e:
         _fail(_describe(e), 2, as_json)
     if as_json:

@@ -87,9 +87,15 @@ def print_table(rows: list[dict], title: str, *, terminal: bool) -> None:
     Console().print(t)
 
 
-def write_parquet(rows: list[dict], out: str | os.PathLike) -> None:
+def write_parquet(rows: list[dict], out: str | os.PathLike, *, force: bool = False,
+                  inputs: tuple[str | os.PathLike, ...] = ()) -> None:
     """Write :func:`tensor_table` rows as Parquet (shape as list<int64>), under a temporary name beside
-    ``out`` renamed into place when complete (an interrupted write leaves nothing)."""
+    ``out`` renamed into place when complete (an interrupted write leaves nothing).
+
+    Raises:
+        OutputError: ``out`` exists (without ``force``), is one of ``inputs``, a pack's file or a GGUF
+            (:func:`strata.packer.outputs.check_overwrite`).
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -97,5 +103,5 @@ def write_parquet(rows: list[dict], out: str | os.PathLike) -> None:
 
     cols = {k: [r[k] for r in rows] for k in ("name", "type", "src_type", "shape", "bytes", "location", "offset")}
     table = pa.table({k: pa.array(v, type=pa.list_(pa.int64()) if k == "shape" else None) for k, v in cols.items()})
-    with atomic_output(out) as tmp:
+    with atomic_output(out, force=force, inputs=inputs) as tmp:
         pq.write_table(table, tmp)

@@ -74,10 +74,48 @@ def write_error(e: OSError, target: str | os.PathLike, needed: int | None = None
     return OutputError(e.errno, f"{target}: cannot write: {e.strerror or e}; nothing was written")
 
 
+def check_overwrite(target: str | os.PathLike, *, force: bool = False,
+                    inputs: tuple[str | os.PathLike, ...] = ()) -> None:
+    """Refuse to write over what must not be lost: an existing ``target`` without ``force``; and, even
+    with ``force``, a directory, one of the command's ``inputs``, a file inside a pack directory (one
+    holding index.txt and pool.bin) or a GGUF file (its first 4 bytes ``GGUF``).
+
+    Raises:
+        OutputError: naming ``target`` and the reason; nothing is written.
+    """
+    t = Path(target)
+    if t.is_dir():
+        raise OutputError(errno.EISDIR, f"{t}: is a directory; give a file name for the output")
+    if not t.exists():
+        return
+    for p in inputs:
+        try:
+            if os.path.samefile(t, p):
+                raise OutputError(errno.EEXIST, f"{t}: is this command's input; refusing to write over it")
+        except FileNotFoundError:
+            pass
+    d = Path(os.path.abspath(t)).parent
+    if (d / "index.txt").is_file() and (d / "pool.bin").is_file():
+        raise OutputError(errno.EEXIST, f"{t}: is inside the pack {d}; refusing to write over a pack's file")
+    try:
+        with open(t, "rb") as f:
+            magic = f.read(4)
+    except OSError:
+        magic = b""
+    if magic == b"GGUF":
+        raise OutputError(errno.EEXIST, f"{t}: is a GGUF file; refusing to write over it")
+    if not force:
+        raise OutputError(errno.EEXIST, f"{t} already exists; pass --force to replace it")
+
+
 @contextmanager
-def atomic_output(target: str | os.PathLike, needed: int | None = None) -> Iterator[Path]:
+def atomic_output(target: str | os.PathLike, needed: int | None = None, *, force: bool = False,
+                  inputs: tuple[str | os.PathLike, ...] = ()) -> Iterator[Path]:
     """Yield a temporary path beside ``target``; on success rename it to ``target`` (``os.replace``),
-    on any failure or interruption remove it. Write errors come out as :func:`write_error`."""
+    on any failure or interruption remove it. Write errors come out as :func:`write_error`. What
+    :func:`check_overwrite` refuses (an existing target without ``force``, an input, a pack's file, a
+    GGUF) is refused before anything is written."""
+    check_overwrite(target, force=force, inputs=inputs)
     target = Path(target)
     try:
         fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=Path(os.path.abspath(target)).parent)
@@ -101,4 +139,5 @@ def atomic_output(target: str | os.PathLike, needed: int | None = None) -> Itera
         raise
 
 
-__all__ = ["WRITE_ERRNOS", "OutputError", "atomic_output", "check_free_space", "free_bytes", "write_error"]
+__all__ = ["WRITE_ERRNOS", "OutputError", "atomic_output", "check_free_space", "check_overwrite", "free_bytes",
+           "write_error"]

@@ -277,6 +277,18 @@ def test_profile_refusals_exit_2(pack, tmp_path):
     r = runner.invoke(main, ["profile", str(pack), "--prompts", str(prompts), "-o", str(tmp_path / "x.parquet")])
     assert r.exit_code == 2, r.output
     assert "has no routed experts (a dense model); nothing to profile" in r.stderr
+    # the output is checked before any routing runs: never a pack's file, a GGUF or an existing file without --force
+    gguf_file = tmp_path / "victim.gguf"
+    gguf_file.write_bytes(b"GGUF" + bytes(28))
+    existing = tmp_path / "old.parquet"
+    existing.write_bytes(b"x")
+    for out, msg in ((pack / "pool.bin", f"is inside the pack {pack}"), (gguf_file, "is a GGUF file"),
+                     (existing, "already exists; pass --force to replace it")):
+        r = runner.invoke(main, ["profile", str(pack), "--prompts", str(prompts), "-o", str(out)])
+        assert r.exit_code == 2 and msg in r.stderr, (out, r.stderr)
+    assert gguf_file.stat().st_size == 32 and existing.read_bytes() == b"x"
+    r = runner.invoke(main, ["profile", str(pack), "--prompts", "/dev/null", "-o", str(tmp_path / "y.parquet")])
+    assert r.exit_code == 2 and "--prompts /dev/null: not a regular file" in r.stderr
     try:
         import cupy  # noqa: F401
         has_cupy = True

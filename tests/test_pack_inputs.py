@@ -85,10 +85,13 @@ def test_not_enough_free_space_refused_before_copying(dense, tmp_path, monkeypat
     copied = []
     monkeypatch.setattr(B, "write_pool", lambda *a, **k: copied.append(1))
     out = tmp_path / "p"
-    need = _pool_bytes(dense)
+    pool = _pool_bytes(dense)
+    need = pool + (16 << 20)  # pool.bin + the tables' allowance (build.TABLES_ALLOWANCE_BYTES)
+    assert B.TABLES_ALLOWANCE_BYTES == 16 << 20
     r = CliRunner().invoke(pack_main, ["build", str(dense), "-o", str(out)])
     assert r.exit_code == 2 and not copied
-    assert r.stderr == (f"error: {out}: not enough free space: the pack's pool.bin needs {need:,} bytes "
+    assert r.stderr == (f"error: {out}: not enough free space: the pack (pool.bin {pool:,} bytes + up to 16 MiB of "
+                        f"tables) needs {need:,} bytes "
                         f"({need / 2**20:,.1f} MiB), 1,000 bytes (0.0 MiB) free on the filesystem of {tmp_path}; "
                         f"nothing was written\n")
     assert _left(tmp_path) == []
@@ -104,7 +107,7 @@ def test_full_disk_mid_copy_names_the_pack_and_the_bytes(dense, tmp_path, monkey
     monkeypatch.setattr(O, "free_bytes", lambda d: 4096 if d != "/" else 0)
     monkeypatch.setattr(B, "check_free_space", lambda *a, **k: None)  # the disk filled up after the check
     out = tmp_path / "p"
-    need = _pool_bytes(dense)
+    need = _pool_bytes(dense) + B.TABLES_ALLOWANCE_BYTES
     with pytest.raises(OutputError) as e:
         build_pack(dense, out, progress=False)
     assert str(e.value) == (f"{out}: no space left on the device: the output needs {need:,} bytes ({need / 2**20:,.1f} MiB), "
@@ -159,3 +162,26 @@ def test_fetch_write_failures_name_the_model_file(tmp_path, monkeypatch):
     assert r.exit_code == 2
     assert r.stderr == f"error: {target}: cannot write here: {tmp_path} is not writable (Permission denied); nothing was written\n"
     assert _left(tmp_path) == []
+
+
+def test_outputs_never_overwrite_inputs_packs_or_ggufs(dense, tmp_path):
+    """inspect --parquet: an existing file needs --force; the input itself, a pack's file and any GGUF are
+    refused even with --force (exit 2, the file named, its bytes unchanged)."""
+    pack = tmp_path / "p"
+    build_pack(dense, pack, progress=False)
+    before = {p: p.read_bytes() for p in (dense, pack / "pool.bin")}
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF" + b"\0" * 60)
+    cases = [([str(dense), "--parquet", str(dense), "--force"], "is this command's input"),
+             ([str(pack), "--parquet", str(pack / "pool.bin"), "--force"], f"is inside the pack {pack}"),
+             ([str(dense), "--parquet", str(other), "--force"], "is a GGUF file"),
+             ([str(dense), "--parquet", str(tmp_path)], "is a directory")]
+    for args, msg in cases:
+        r = CliRunner().invoke(pack_main, ["inspect", *args])
+        assert r.exit_code == 2 and msg in r.stderr, (args, r.stderr)
+    assert all(p.read_bytes() == b for p, b in before.items()) and other.stat().st_size == 64
+    out = tmp_path / "t.parquet"
+    assert CliRunner().invoke(pack_main, ["inspect", str(dense), "--parquet", str(out)]).exit_code == 0
+    r = CliRunner().invoke(pack_main, ["inspect", str(dense), "--parquet", str(out)])
+    assert r.exit_code == 2 and f"{out} already exists; pass --force to replace it" in r.stderr
+    assert CliRunner().invoke(pack_main, ["inspect", str(dense), "--parquet", str(out), "--force"]).exit_code == 0
