@@ -41,9 +41,9 @@ from strata.manifests.contract import (
     Geometry, ManifestError, StateSpec, evaluate, geometry_from_metadata, geometry_from_params, load_manifest,
 )
 from strata.manifests.keys import KeysRefusedError, Refusal, key_refusals
-from strata.manifests.names import expert_part, is_per_layer, tensor_name
+from strata.manifests.names import is_per_layer, tensor_name
 from strata.packer import quants
-from strata.packer.conformance import check_conformance
+from strata.packer.conformance import check_conformance, expert_tensors
 from strata.packer.findings import Finding, pad4, trim_ne
 from strata.packer.gguf_file import GGUFError, GGUFHeader, TensorInfo, read_header
 from strata.packer.pack import Pack, not_a_pack, pool_layout_findings, read_pack
@@ -202,9 +202,7 @@ class _Auditor:
                 headers.append(None)
                 continue
             headers.append(h)
-            for t in h.tensors:
-                if expert_part(t.name) is not None:
-                    tensors[t.name] = (k, t)
+            tensors.update(expert_tensors(h, k))
         return headers, tensors
 
     def engine_types(self, expected, present: dict[str, tuple[tuple[int, ...], int]]) -> None:

@@ -19,4 +19,19 @@ class StartupRefused(GenerateError):
     ran out of device memory at a stage: refused with the stage and the numbers."""
 
 
-__all__ = ["GenerateError", "StageTimesRefused", "StartupRefused"]
+class NonFiniteLogits(GenerateError):
+    """A step produced NaN or infinite logits: refused at that position (a wrong byte offset or damaged
+    weights decode to garbage; better a stop than tokens sampled from NaN). ``position``: the token
+    position (0-based); ``row``: the f32 logits ``[n_vocab]``."""
+
+    def __init__(self, position: int, row):
+        import numpy as np
+
+        bad = ~np.isfinite(row)
+        self.position = position
+        super().__init__(f"position {position}: {int(bad.sum())} of {row.size} logits are NaN or infinite (first at "
+                         f"token id {int(np.argmax(bad))}); the weights or the expert offsets this pack points at "
+                         f"are damaged - run strata-pack verify and strata-budget check on it")
+
+
+__all__ = ["GenerateError", "NonFiniteLogits", "StageTimesRefused", "StartupRefused"]

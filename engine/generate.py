@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from .checkpoints import Checkpoint
 from .decoder import State
-from .errors import GenerateError
+from .errors import GenerateError, NonFiniteLogits
 from .experts import ExpertPath
 from .layers import to_host
 from .sampling import Sampler, top_k_pairs
@@ -115,6 +115,8 @@ def decode(model, state: State, prompt_ids: list[int], n_new: int, pick: Callabl
         logits = model.step(ids[pos], pos, state, logits=emit)
         if emit:
             row = to_host(logits).astype(np.float32, copy=False)
+            if not np.isfinite(row).all():
+                raise NonFiniteLogits(pos, row)
         timers = probe.end() if probe is not None else {}
         t1 = time.perf_counter()
         st = StepStat(position=pos, phase="prompt" if not emit else ("first" if pos == n_prompt - 1 else "decode"),

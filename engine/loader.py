@@ -28,7 +28,8 @@ from pathlib import Path
 from strata.manifests.contract import Geometry
 from strata.manifests.names import expert_role, tensor_name
 from strata.packer import quants
-from strata.packer.conformance import ExpertShapes, check_conformance
+from strata.packer.conformance import ExpertShapes, check_conformance, expert_tensors
+from strata.packer.gguf_file import GGUFError, read_header
 from strata.packer.findings import Finding
 from strata.packer.packfmt import EXPERTS_FILE, INDEX_FILE, ExpertLayer, IndexEntry
 from strata.packer.pack import Pack
@@ -92,6 +93,17 @@ def check_pack(pack: Pack, geom: Geometry) -> LoadPlan:
     plan = LoadPlan(conf.dense, dict(conf.experts), dict(conf.expert_shapes))
     if conf.experts:
         _check_shards(pack, plan)
+        # every row of native_experts.txt against the shards' own tensor tables (types, offsets, strides,
+        # bytes): a wrong offset inside the shard would decode to plausible garbage, so it is refused here
+        shard_tensors: dict = {}
+        for k, p in sorted(plan.shard_paths.items()):
+            try:
+                shard_tensors.update(expert_tensors(read_header(p), k))
+            except (OSError, GGUFError, quants.GGMLTypeError) as e:
+                raise LoadError(f"{pack.path / EXPERTS_FILE}: expert shard {k} {p}: cannot re-read its header ({e})") from None
+        conf = check_conformance(geom, pack.index.entries, pack.experts, shard_tensors)
+        if conf.findings:
+            raise _refuse(pack, conf.findings[0])
     draft = geom.draft_layers
     if draft:  # the drafter: its own stage; its experts stay in the shards
         prefixes = tuple(tensor_name("attn_norm.weight", il).rsplit("attn_norm.weight", 1)[0] for il in draft)

@@ -329,4 +329,13 @@ def check_conformance(geom: Geometry, entries: list[IndexEntry], experts: Native
     return c.out
 
 
-__all__ = ["Conformance", "ExpertShapes", "PARTS", "check_conformance", "expert_part_ne"]
+def expert_tensors(header: "GGUFHeader", k: int) -> dict[str, tuple[int, "TensorInfo"]]:
+    """The routed-expert tensors (``blk.N.ffn_{gate,up,down,gate_up}_exps.weight``) of shard ``k``'s
+    re-read header, as ``name -> (k, TensorInfo)``: the ``shard_tensors`` argument of
+    :func:`check_conformance` (used by the budget audit and the engine's load)."""
+    from strata.manifests.names import expert_part
+
+    return {t.name: (k, t) for t in header.tensors if expert_part(t.name) is not None}
+
+
+__all__ = ["Conformance", "ExpertShapes", "PARTS", "check_conformance", "expert_part_ne", "expert_tensors"]

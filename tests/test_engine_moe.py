@@ -155,3 +155,49 @@ def test_batched_cpu_expert_path_equals_one_at_a_time(moe_pack, numerics):
     a, b = path(il, x, ids, w), one(il, x, ids, w)
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
     assert path.take_step() == one.take_step()
+
+
+def test_a_wrong_expert_offset_inside_the_shard_is_refused_at_load(moe_pack, tmp_path):
+    """native_experts.txt with layer 1's gate_off moved 32 bytes (still inside the shard: it would decode to
+    plausible garbage) is refused at load, naming the file, the column and both numbers - checked against
+    the shard's own tensor table, as strata-budget check does."""
+    import shutil
+
+    from strata.engine.loader import LoadError
+
+    bad = tmp_path / "pack"
+    shutil.copytree(moe_pack, bad)
+    lines = (bad / "native_experts.txt").read_text().split("\n")
+    for i, ln in enumerate(lines):
+        cols = ln.split(" ")
+        if cols and cols[0] == "1":  # layer 1's row: column 7 is gate_off (packer/packfmt.py)
+            old = int(cols[7])
+            cols[7] = str(old + 32)
+            lines[i] = " ".join(cols)
+            break
+    else:
+        raise AssertionError("no layer-1 row")
+    (bad / "native_experts.txt").write_text("\n".join(lines))
+    with pytest.raises(LoadError, match=rf"native_experts\.txt: layer 1: gate_off {old + 32} disagrees with the shard's "
+                                        rf"tensor table \({old}\)"):
+        load_engine(bad, n_ctx=32)
+
+
+def test_non_finite_logits_stop_generation_with_the_position(moe_pack, monkeypatch):
+    """A step whose logits hold NaN is refused at that position (NonFiniteLogits, a GenerateError: exit 2
+    on the CLI), never sampled."""
+    from strata.engine.errors import NonFiniteLogits
+
+    eng = load_engine(moe_pack, n_ctx=32)
+    real = eng.model.step
+
+    def step(tok, pos, state, logits=True):
+        out = real(tok, pos, state, logits=logits)
+        if logits and pos == 4:
+            out = np.array(out, dtype=np.float32, copy=True)
+            out[7] = np.nan
+        return out
+
+    monkeypatch.setattr(eng.model, "step", step)
+    with pytest.raises(NonFiniteLogits, match=r"position 4: 1 of \d+ logits are NaN or infinite \(first at token id 7\)"):
+        generate(eng, prompt_ids=[3, 4, 5], n_tokens=6, ignore_eos=True)
