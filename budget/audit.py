@@ -47,7 +47,7 @@ from strata.packer.conformance import check_conformance, expert_tensors
 from strata.packer.findings import Finding, pad4, trim_ne
 from strata.packer.gguf_file import GGUFError, GGUFHeader, TensorInfo, read_header
 from strata.packer.pack import Pack, not_a_pack, pool_layout_findings, read_pack
-from strata.packer.packfmt import GEOMETRY_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE, NotAPackError
+from strata.packer.packfmt import GEOMETRY_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE, NotAPackError, PackFormatError
 
 from . import formulas as F
 from .plan import DenseTensor, ExpertLayerFacts, ModelFacts
@@ -183,7 +183,10 @@ class _Auditor:
         if key == "tokenizer.ggml.tokens" and (self.path / VOCAB_FILE).exists():
             import pyarrow.parquet as pq
 
-            return pq.read_metadata(self.path / VOCAB_FILE).num_rows
+            try:
+                return pq.read_metadata(self.path / VOCAB_FILE).num_rows
+            except Exception as e:  # pyarrow's own error types for a damaged file
+                raise PackFormatError(f"{self.path / VOCAB_FILE}: unreadable ({e})") from None
         return None  # geometry_from_metadata then names the missing key
 
     # ------------------------------------------------------------------ shards

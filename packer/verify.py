@@ -23,7 +23,7 @@ from strata.manifests.contract import geometry_params_text
 
 from . import quants
 from .build import CHUNK_BYTES, layout_pool, metadata_items, resolve_geometry, tabulate_experts
-from .gguf_file import GGUFError, open_model
+from .gguf_file import GGUFError, open_model, read_array
 from .packfmt import (GEOMETRY_VERSION_LINE, INDEX_FILE, POOL_FILE, NotAPackError, PackFormatError, build_record_path,
                       read_kv_text)
 from .pack import check_pool_layout, read_pack
@@ -53,6 +53,53 @@ def read_pack_or_refuse(pack_dir, source_dir=None):
         raise
     except PackFormatError as e:
         raise VerifyError(str(e)) from None
+
+
+def _verify_tokenizer(model, pack_dir: Path) -> None:
+    """vocab.parquet (and merges.parquet) against the source's ``tokenizer.ggml.*`` arrays: present exactly
+    when the source has them, readable, and equal (token bytes, scores, token types, merges).
+
+    Raises:
+        VerifyError: naming the file and the first difference (or why it cannot be read).
+    """
+    import pyarrow.parquet as pq
+
+    from .packfmt import MERGES_FILE, VOCAB_FILE
+
+    h = model.shards[0]
+    for fname, key, cols in ((VOCAB_FILE, "tokenizer.ggml.tokens", (("token", "tokenizer.ggml.tokens"),
+                                                                   ("score", "tokenizer.ggml.scores"),
+                                                                   ("token_type", "tokenizer.ggml.token_type"))),
+                             (MERGES_FILE, "tokenizer.ggml.merges", (("merge", "tokenizer.ggml.merges"),))):
+        path = pack_dir / fname
+        if key not in h.kv or (fname == MERGES_FILE and "tokenizer.ggml.tokens" not in h.kv):
+            if path.exists():
+                raise VerifyError(f"{path}: present, but the source has no {key}")
+            continue
+        if not path.is_file():
+            raise VerifyError(f"{path}: missing; the source has {key} (the pack's tokenizer)")
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # pyarrow raises its own types for a damaged file
+            raise VerifyError(f"{path}: unreadable ({e})") from None
+        for col, k in cols:
+            if k not in h.kv:
+                continue
+            want = read_array(h, k)
+            if col not in table.column_names:
+                raise VerifyError(f"{path}: no column {col!r}; the source has {k}")
+            got = table.column(col).to_pylist()
+            if col in ("token", "merge"):
+                want = [bytes(w) if not isinstance(w, str) else w.encode() for w in want]
+                got = [bytes(g) if g is not None else b"" for g in got]
+            else:
+                want = np.asarray(want, dtype=np.float32 if col == "score" else np.int32).tolist()
+                got = np.asarray(got, dtype=np.float32 if col == "score" else np.int32).tolist()
+            if len(got) != len(want):
+                raise VerifyError(f"{path}: column {col} has {len(got)} entries, the source's {k} {len(want)}")
+            if got != want:
+                i = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
+                raise VerifyError(f"{path}: column {col} entry {i} is {got[i]!r}, the source's {k} gives {want[i]!r}")
 
 
 def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir: str | os.PathLike | None = None) -> VerifyResult:
@@ -149,6 +196,8 @@ def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir:
                 f"max_blob {want_ex.max_blob} n_expert {want_ex.n_expert}"
             )
         n_layers = len(got_ex.layers)
+
+    _verify_tokenizer(model, pack.path)
 
     fds = [os.open(p, os.O_RDONLY) for p in paths]
     pfd = os.open(pack.pool_path, os.O_RDONLY)

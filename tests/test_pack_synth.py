@@ -348,3 +348,31 @@ def test_custom_alignment(alignment, tmp_path):
     assert [t.abs_offset for t in h.tensors] == [lay.data_offset + t.rel_offset for t in h.tensors]
     build_pack(src, tmp_path / "p", progress=False)
     verify_pack(tmp_path / "p")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete", "other_vocab"])
+def test_verify_checks_the_tokenizer_tables(moe_split, tmp_path, damage):
+    """vocab.parquet truncated, deleted or holding another token list: verify exits with a mismatch (VerifyError)
+    naming vocab.parquet - a pack whose tokenizer the engine would refuse is not 'ok'."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _, paths = moe_split
+    out = tmp_path / "pack"
+    build_pack(paths[0], out, progress=False)
+    verify_pack(out)  # intact: ok
+    v = out / "vocab.parquet"
+    if damage == "truncate":
+        v.write_bytes(v.read_bytes()[:1000])
+        want = r"vocab\.parquet: unreadable"
+    elif damage == "delete":
+        v.unlink()
+        want = r"vocab\.parquet: missing; the source has tokenizer\.ggml\.tokens"
+    else:
+        t = pq.read_table(v)
+        tokens = t.column("token").to_pylist()
+        tokens[5] = b"zzz-not-the-source"
+        pq.write_table(t.set_column(t.column_names.index("token"), "token", pa.array(tokens, pa.binary())), v)
+        want = r"vocab\.parquet: column token entry 5 is b'zzz-not-the-source', the source's tokenizer\.ggml\.tokens gives"
+    with pytest.raises(VerifyError, match=want):
+        verify_pack(out)
