@@ -184,7 +184,15 @@ class _Contract:
         argv = list(sys.argv[1:] if args is None else args)
         self._as_json = "--json" in argv
         with signal_handlers():
-            return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
+            if not (self._as_json and standalone_mode):
+                return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
+            try:  # --json: a bad option is one {"ok": false, "error": ...} object on stdout too
+                return super().main(argv, prog_name, complete_var, False, **extra)
+            except click.ClickException as e:
+                msg = " ".join(e.format_message().split("\n"))
+                click.echo(json.dumps(self.json_error(msg) if self.json_error else {"ok": False, "error": msg}))
+                click.echo(f"error: {msg}", err=True)
+                sys.exit(e.exit_code)
 
     def invoke(self, ctx):
         with exit_contract(getattr(self, "_as_json", False), self.json_error):

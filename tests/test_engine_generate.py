@@ -326,3 +326,14 @@ def test_threads_and_cpu_kernel_out_of_range_are_refused_before_loading(tmp_path
             load_engine(tmp_path / "no-pack", threads=bad)
     with pytest.raises(GenerateError, match=r"cpu_kernel 'bogus': expected one of exact, f32, q8"):
         load_engine(tmp_path / "no-pack", cpu_kernel="bogus")
+
+
+def test_json_mode_reports_option_errors_as_one_object(tmp_path):
+    """With --json, an option click refuses (out of range, not a choice) is still one {"ok": false} object on
+    stdout and one error line on stderr, exit 2 - a script reading stdout gets JSON either way."""
+    runner = CliRunner()
+    for args, want in ((["--threads", "0"], "Invalid value for '-t' / '--threads': 0 is not in the range 1<=x<=512."),
+                       (["--cpu-kernel", "bogus"], "Invalid value for '--cpu-kernel': 'bogus' is not one of 'q8', 'exact', 'f32'.")):
+        r = runner.invoke(main, ["generate", str(tmp_path), "-p", "hi", "--json", *args])
+        assert r.exit_code == 2 and json.loads(r.stdout) == {"ok": False, "error": want}
+        assert r.stderr == f"error: {want}\n"
