@@ -198,8 +198,9 @@ class TextStream:
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="cpu: NumPy; cuda: CuPy on the local GPU (pip install -e '.[cuda]').")
 @click.option("--numerics", "numerics_", type=click.Choice(sorted(PROFILES)), default=DEFAULT_NUMERICS, show_default=True,
-              help="CPU: f32 = exact math; llamacpp = llama.cpp CPU's activation roundings (Q8 activations, "
-                   "f16 attention operands, fp16 GELU table).")
+              help="CPU: activation roundings beside the kernels' own. f32 = none (the default q8 kernel still "
+                   "quantizes the activations of the products it runs, as llama.cpp does); llamacpp = also f16 "
+                   "attention operands, the fp16 GELU table and Q8 activations for products the kernel does not cover.")
 @click.option("--cpu-kernel", "cpu_kernel", type=click.Choice(["q8", "exact", "f32"]), default=None,
               help="The CPU matvec kernels. cpu (default q8): llama.cpp's CPU numerics (activations quantized to "
                    "Q8_0/Q8_K, integer dots); exact: the GPU kernels' summation order; f32. cuda: the kernel of the "
