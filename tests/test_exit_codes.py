@@ -271,3 +271,16 @@ def test_closed_stdout_exits_141_silently(world):
                        text=True, executable="/bin/bash", timeout=120)
     assert r.stderr == "", r.stderr
     assert r.stdout.startswith("Hello") and r.stdout.endswith(" 141\n"), r.stdout
+
+
+@pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_while_the_tools_import_exits_quietly(sig, code):
+    """The console scripts install quiet handlers before the heavy imports (strata.packer.entry): a signal
+    in that window exits 128 + N with one line, no KeyboardInterrupt traceback from inside an import."""
+    import subprocess
+    import sys
+
+    prog = ("from strata.packer.entry import early_signals; import os, signal; early_signals(); "
+            f"os.kill(os.getpid(), signal.{sig}); import time; time.sleep(10)")
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60)
+    assert r.returncode == code and r.stderr == f"error: interrupted by {sig} while starting; nothing was done\n"

@@ -1,0 +1,17 @@
+"""Console-script entry point of ``strata-engine``: quiet signal handlers first, then the command line
+(:func:`strata.packer.entry.early_signals`: a Ctrl-C while the heavy imports run exits 130, no traceback)."""
+
+from __future__ import annotations
+
+from strata.packer.entry import early_signals
+
+
+def main() -> None:
+    """``strata-engine``."""
+    early_signals()
+    from strata.engine.cli import main as cli
+
+    cli()
+
+
+__all__ = ["main"]
