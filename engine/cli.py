@@ -259,12 +259,16 @@ def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperatur
     try:
         opts = EngineOptions(n_ctx=n_ctx, resident=resident, kv=kv, numerics=numerics_, stage_times=stage_times,
                              card=emulated_card(card_name, card_mib), cpu_kernel=cpu_kernel, threads=threads)
-        if device != "cpu":
-            from strata.budget.profile import read_profile
+        from strata.budget.profile import read_profile
 
+        profile_rows = read_profile(expert_profile) if expert_profile else None  # checked on every device
+        if device != "cpu":
             opts.expert_cache = "auto" if ec is None else ec
             opts.vram_reserve_mib, opts.graph = vram_reserve_mib, not no_graph
-            opts.profile = read_profile(expert_profile) if expert_profile else None
+            opts.profile = profile_rows
+        elif profile_rows is not None:
+            warn(f"--expert-profile {expert_profile}: the CPU path has no expert cache; the profile was read and "
+                 "is not used (it fills the GPU's cache with --device cuda)")
         engine = load_engine(pack, device=device, options=opts, on_checkpoint=print_checkpoint if verbose else None,
                              on_warning=warn)
         for line in engine.notes:  # what the forward pass knowingly leaves out, said once

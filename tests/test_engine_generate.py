@@ -337,3 +337,12 @@ def test_json_mode_reports_option_errors_as_one_object(tmp_path):
         r = runner.invoke(main, ["generate", str(tmp_path), "-p", "hi", "--json", *args])
         assert r.exit_code == 2 and json.loads(r.stdout) == {"ok": False, "error": want}
         assert r.stderr == f"error: {want}\n"
+
+
+def test_cpu_path_checks_the_expert_profile_too(pack, tmp_path):
+    """--expert-profile on --device cpu (no expert cache there) is still read: a file that is not a profile is
+    refused (exit 2, named) rather than silently ignored."""
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"GGUF" + bytes(60))
+    r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "1", "--expert-profile", str(bad)])
+    assert r.exit_code == 2 and f"--expert-profile {bad}: not a readable Parquet file" in r.stderr
