@@ -52,7 +52,7 @@ def check_request(*, n_tokens: int, n_ctx: int | None, temperature: float, top_k
     if n_tokens < 1:
         return f"-n/--n-tokens {n_tokens}: must be >= 1"
     if n_ctx is not None and n_tokens > n_ctx:  # the prompt has at least one token: 1 + n - 1 positions
-        return (f"-n/--n-tokens {n_tokens} needs at least {n_tokens} positions (a prompt of one token + {n_tokens} "
+        return (f"-n/--n-tokens {n_tokens} needs at least {n_tokens} positions (even a one-token prompt + {n_tokens} "
                 f"new tokens - 1), more than --ctx {n_ctx}")
     return None
 
