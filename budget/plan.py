@@ -334,6 +334,9 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         raise PlanInputError(f"--expert-cache {o.expert_cache}: this {facts.arch} model has no routed experts",
                              tensor="--expert-cache", found=str(o.expert_cache), required="0 (no routed experts)")
     n_ctx = o.max_context if o.max_context is not None else facts.n_ctx_train
+    if o.kv_resident is not None and o.kv_resident > n_ctx:
+        raise PlanInputError(f"--kv-resident {o.kv_resident}: more positions than the context ({n_ctx}); at most {n_ctx}",
+                             tensor="--kv-resident", found=str(o.kv_resident), required=f"at most {n_ctx}")
     terms = _terms(facts, card, o, n_ctx)
     before = sum(t.bytes for t in terms)
     free = card.total_bytes - before

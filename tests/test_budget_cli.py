@@ -507,3 +507,11 @@ def test_table_details_need_no_file_outside_the_repository(pack):
     for t in (out, out2, help_text):
         for ref in ("DESIGN", "generate.cpp", ".md", "2941"):
             assert ref not in t, (ref, t)
+
+
+def test_kv_resident_above_the_context_is_refused(pack):
+    """--kv-resident N caps the KV positions kept in VRAM: above the context it would be capped silently while the
+    plan's line said N, so it is refused with both numbers (exit 2)."""
+    r = CliRunner().invoke(main, ["check", str(pack), "--card", "24G", "--ctx", "2048", "--kv-resident", "100000"])
+    assert r.exit_code == 2 and "--kv-resident 100000: more positions than the context (2048); at most 2048" in r.stderr
+    assert CliRunner().invoke(main, ["check", str(pack), "--card", "24G", "--ctx", "2048", "--kv-resident", "2048"]).exit_code == 0
