@@ -84,12 +84,18 @@ def test_no_gpu_kernel_is_refused_with_the_list():
 
 
 def test_cuda_files_are_package_data():
+    """Every file under engine/gpu/cuda ships in the wheel: its folder is a package of pyproject.toml
+    (strata.engine.gpu.cuda, .cuda.types) whose package-data globs match it."""
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    pkg_dir = ROOT / cfg["package-dir"]["strata.engine.gpu"]
-    globs = cfg["package-data"]["strata.engine.gpu"]
-    files = [p.relative_to(pkg_dir).as_posix() for p in K.CUDA_DIR.rglob("*") if p.is_file()]
-    assert files and K.CUDA_DIR == pkg_dir.resolve() / "cuda"
-    missing = [f for f in files if not any(fnmatch.fnmatch(f, g) and f.count("/") == g.count("/") for g in globs)]
+    dirs = {pkg: (ROOT / d).resolve() for pkg, d in cfg["package-dir"].items() if pkg.startswith("strata.engine.gpu.cuda")}
+    assert K.CUDA_DIR == dirs["strata.engine.gpu.cuda"] and set(dirs) <= set(cfg["packages"])
+    files = [p for p in K.CUDA_DIR.rglob("*") if p.is_file()]
+    assert files
+    missing = []
+    for p in files:
+        pkg = next((k for k, d in dirs.items() if p.parent == d), None)
+        if pkg is None or not any(fnmatch.fnmatch(p.name, g) for g in cfg["package-data"].get(pkg, [])):
+            missing.append(p.relative_to(K.CUDA_DIR).as_posix())
     assert missing == []
 
 
