@@ -527,7 +527,8 @@ def geometry_from_params(arch: str, params: dict[str, str]) -> Geometry:
     values = {}
     for name, p in m.params.items():
         if name not in params:
-            raise ManifestError(f"geometry.txt: param {name!r} of {arch} is missing")
+            raise ManifestError(f"geometry.txt: param {name!r} of {arch} is missing (a pack built by an older strata? "
+                                f"rebuild it from its GGUF: strata-pack build GGUF -o PACK --force)")
         try:
             values[name] = parse_value(p.kind, params[name])
         except ValueError as e:
