@@ -51,6 +51,7 @@
 // vpdpbusd for the u8 x s8 dots where present; -DSTRATA_SCALAR (or a host without AVX2) compiles the portable
 // scalar code. Rows are split over OpenMP threads.
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -160,9 +161,17 @@ void quantize_q8_0(const float* x, int n, i8* q, float* d, i16* s) {
     for (int b = 0; b < n / 32; ++b) {
         const float* xb = x + (i64)b * 32;
         float amax = 0.0f;
+        int bad = 0;
         for (int j = 0; j < 32; ++j) {
             const float a = fabsf(xb[j]);
             amax = a > amax ? a : amax;
+            bad |= !(a <= 3.40282347e38f);  // NaN or infinite (a max would drop a NaN silently)
+        }
+        if (bad) {  // a non-finite activation stays visible: the block's products become NaN
+            d[b] = NAN;
+            for (int j = 0; j < 32; ++j) q[(i64)b * 32 + j] = 0;
+            s[2 * b] = s[2 * b + 1] = 0;
+            continue;
         }
         d[b] = q8_h2f(q8_f2h(amax / 127.0f));
         const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
@@ -189,9 +198,17 @@ void quantize_q8_K(const float* x, int n, i8* q, float* d, i16* s) {
         const float* xb = x + (i64)b * 256;
         i8* qb = q + (i64)b * 256;
         float mx = 0.0f, amax = 0.0f;
+        int bad = 0;
         for (int j = 0; j < 256; ++j) {
             const float a = fabsf(xb[j]);
             if (a > amax) { amax = a; mx = xb[j]; }
+            bad |= !(a <= 3.40282347e38f);  // NaN or infinite
+        }
+        if (bad) {  // a non-finite activation stays visible: the block's products become NaN
+            d[b] = NAN;
+            for (int j = 0; j < 256; ++j) qb[j] = 0;
+            for (int j = 0; j < 16; ++j) s[16 * b + j] = 0;
+            continue;
         }
         if (amax == 0.0f) {
             d[b] = 0.0f;

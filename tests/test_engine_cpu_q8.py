@@ -286,3 +286,22 @@ def test_against_ggml_vec_dot(type_id):
     for r in range(rows):
         fn(ne0, out.ctypes.data, 0, raw.ctypes.data + r * rb, 0, act.ctypes.data, 0, 1)
         assert abs(float(out[0]) - float(ours[r])) <= (ne0 // t.block_elems + 8) * 8 * U * mag[r]
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_q8_keeps_a_non_finite_activation_visible(name, bad):
+    """A NaN or infinite activation makes every output row NaN (its block's scale is NaN), where a max over
+    |x| would drop a NaN and quantize the block as zeros - finite garbage the engine's non-finite-logits check
+    could not see. Finite inputs are untouched (the bit-exact tests above)."""
+    from strata.engine import cpukernels as C
+    from strata.packer import quants
+    from strata.testing import make_random_blocks
+
+    rng = np.random.default_rng(0)
+    t = quants.by_name(name)
+    w = np.asarray(make_random_blocks(t.id, 4 * 256, rng)).reshape(-1)
+    x = rng.standard_normal(256).astype(np.float32)
+    assert np.isfinite(C.matvec(t.id, w, 4, 256, x, kernel="q8")).all()
+    x[5] = bad
+    assert np.isnan(C.matvec(t.id, w, 4, 256, x, kernel="q8")).all()
