@@ -111,7 +111,7 @@ def kv_tokens(n_ctx: int, window: int | None, chunk: int, kv_resident: int | Non
       (llama.cpp allocates a little more, ``n_swa + n_ubatch`` padded; this is the engine's need.)
     """
     n = n_ctx if window is None else min(n_ctx, window + max(chunk, 1) - 1)
-    if kv_resident is not None:
+    if kv_resident is not None and window is None:  # a sliding layer keeps its window whatever N is
         n = min(n, kv_resident)
     return max(n, 0)
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from strata.packer.pack import Pack
-from strata.packer.packfmt import MERGES_FILE, VOCAB_FILE
+from strata.packer.packfmt import MERGES_FILE, TOKENIZER_COLUMN_TYPES, VOCAB_FILE
 from strata.packer.tokenizer_rules import (
     MODEL_DEFAULTS, PRE_RULES, SPECIAL_TYPES, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_UNUSED,
     TOKEN_USER_DEFINED, bytes_to_unicode, pre_rule,
@@ -259,9 +259,18 @@ def _read_parquet(path: Path):
 
 
 def _column(table, path: Path, name: str):
+    """Column ``name`` of a vocab/merges table, of the type the packer writes (:data:`strata.packer.packfmt.TOKENIZER_COLUMN_TYPES`).
+
+    Raises:
+        TokenizerError: the column is missing or of another type (file and column named).
+    """
     if name not in table.column_names:
         raise TokenizerError(f"{path}: no column {name!r} (columns: {', '.join(table.column_names)})")
-    return table.column(name)
+    col = table.column(name)
+    want = TOKENIZER_COLUMN_TYPES.get(name)
+    if want is not None and str(col.type) != want:
+        raise TokenizerError(f"{path}: column {name!r} has type {col.type}, the packer writes {want}")
+    return col
 
 
 # ------------------------------------------------------------------ pieces (llama.cpp token_to_piece)

@@ -51,6 +51,9 @@ EXPERTS_FILE = "native_experts.txt"
 GEOMETRY_FILE = "geometry.txt"
 METADATA_FILE = "metadata.txt"
 VOCAB_FILE = "vocab.parquet"
+#: The Arrow type of each column of vocab.parquet (id, token, score, token_type) and merges.parquet (merge), as
+#: strata-pack build writes them; score and token_type only where the GGUF has tokenizer.ggml.scores / .token_type.
+TOKENIZER_COLUMN_TYPES = {"id": "int32", "token": "binary", "score": "float", "token_type": "int32", "merge": "binary"}
 MERGES_FILE = "merges.parquet"
 BUILD_FILE = "build.json"
 #: The build record's name before 2026-11-30 ("manifest" also named the contracts): read, never written.

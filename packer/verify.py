@@ -64,7 +64,7 @@ def _verify_tokenizer(model, pack_dir: Path) -> None:
     """
     import pyarrow.parquet as pq
 
-    from .packfmt import MERGES_FILE, VOCAB_FILE
+    from .packfmt import MERGES_FILE, TOKENIZER_COLUMN_TYPES, VOCAB_FILE
 
     h = model.shards[0]
     for fname, key, cols in ((VOCAB_FILE, "tokenizer.ggml.tokens", (("token", "tokenizer.ggml.tokens"),
@@ -82,6 +82,19 @@ def _verify_tokenizer(model, pack_dir: Path) -> None:
             table = pq.read_table(path)
         except Exception as e:  # pyarrow raises its own types for a damaged file
             raise VerifyError(f"{path}: unreadable ({e})") from None
+        want_cols = (["id"] if fname == VOCAB_FILE else []) + [c for c, k in cols if k in h.kv]
+        if table.column_names != want_cols:
+            raise VerifyError(f"{path}: columns {table.column_names}, the source gives {want_cols} (as strata-pack build "
+                              f"writes them)")
+        for c in want_cols:
+            if str(table.column(c).type) != TOKENIZER_COLUMN_TYPES[c]:
+                raise VerifyError(f"{path}: column {c!r} has type {table.column(c).type}, strata-pack build writes "
+                                  f"{TOKENIZER_COLUMN_TYPES[c]}")
+        if fname == VOCAB_FILE:
+            ids = table.column("id").to_numpy()
+            if not np.array_equal(ids, np.arange(len(ids))):
+                i = int(np.argmax(ids != np.arange(len(ids))))
+                raise VerifyError(f"{path}: column id entry {i} is {int(ids[i])}, expected {i} (ids 0..{len(ids) - 1})")
         for col, k in cols:
             if k not in h.kv:
                 continue

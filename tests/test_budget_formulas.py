@@ -386,3 +386,11 @@ def test_expert_cache_cap_is_the_automatic_cap():
     assert "at most 24 slots fit (capped at the model's 24 (layer, expert) pairs" in over.refused
     assert [(s.option, s.value) for s in over.suggestions] == [("--expert-cache", "24")]
     assert make_plan(facts, card, PlanOptions(max_context=64, expert_cache=24)).fits
+
+
+def test_kv_resident_caps_full_context_layers_only():
+    """--kv-resident N caps the full-context layers' resident positions; a sliding layer keeps its window
+    (+ chunk - 1): Gemma 3 270M at ctx 2048, N = 100, window 512, chunk 1: 100 and 512 positions."""
+    assert F.kv_tokens(2048, None, 1, 100) == 100
+    assert F.kv_tokens(2048, 512, 1, 100) == 512
+    assert F.kv_tokens(2048, 512, 1, None) == 512 and F.kv_tokens(300, 512, 1, 100) == 300

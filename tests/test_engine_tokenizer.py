@@ -88,3 +88,21 @@ def test_qwen_tokenizer_equals_llama_cpp(qwen05_pack, qwen05_gguf):
     for p in load_fixture("qwen2.5-0.5b")["prompts"]:
         assert tok.encode(p["prompt"]) == p["prompt_ids"]
     _against_llama_cpp(qwen05_pack, qwen05_gguf)
+
+
+def test_a_tokenizer_column_of_another_type_is_refused(tmp_path_factory, tmp_path):
+    """merges.parquet whose merge column was rewritten as strings (not the binary the packer writes): refused
+    naming the file, the column and both types - not an AttributeError deep in the merges loop."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pack = tmp_path / "p"
+    shutil.copytree(synthetic_pack(tmp_path_factory, "synthetic-qwen2"), pack)
+    m = pack / "merges.parquet"
+    t = pq.read_table(m)
+    pq.write_table(pa.table({"merge": pa.array([b.decode("utf-8", "replace") for b in t.column("merge").to_pylist()],
+                                               pa.string())}), m)
+    with pytest.raises(TokenizerError, match=r"merges\.parquet: column 'merge' has type string, the packer writes binary"):
+        load_tokenizer(open_pack(pack))

@@ -350,7 +350,7 @@ def test_custom_alignment(alignment, tmp_path):
     verify_pack(tmp_path / "p")
 
 
-@pytest.mark.parametrize("damage", ["truncate", "delete", "other_vocab"])
+@pytest.mark.parametrize("damage", ["truncate", "delete", "other_vocab", "id", "extra_column", "string_tokens"])
 def test_verify_checks_the_tokenizer_tables(moe_split, tmp_path, damage):
     """vocab.parquet truncated, deleted or holding another token list: verify exits with a mismatch (VerifyError)
     naming vocab.parquet - a pack whose tokenizer the engine would refuse is not 'ok'."""
@@ -368,6 +368,22 @@ def test_verify_checks_the_tokenizer_tables(moe_split, tmp_path, damage):
     elif damage == "delete":
         v.unlink()
         want = r"vocab\.parquet: missing; the source has tokenizer\.ggml\.tokens"
+    elif damage == "id":
+        t = pq.read_table(v)
+        ids = t.column("id").to_numpy().copy()
+        ids[3] = 99999
+        pq.write_table(t.set_column(0, "id", pa.array(ids, pa.int32())), v)
+        want = r"vocab\.parquet: column id entry 3 is 99999, expected 3"
+    elif damage == "extra_column":
+        t = pq.read_table(v)
+        pq.write_table(t.append_column("extra", pa.array([0] * t.num_rows, pa.int32())), v)
+        want = r"vocab\.parquet: columns \[.*'extra'\], the source gives \["
+    elif damage == "string_tokens":
+        t = pq.read_table(v)
+        i = t.column_names.index("token")
+        pq.write_table(t.set_column(i, "token", pa.array([b.decode("utf-8", "replace") for b in t.column("token").to_pylist()],
+                                                         pa.string())), v)
+        want = r"vocab\.parquet: column 'token' has type string, strata-pack build writes binary"
     else:
         t = pq.read_table(v)
         tokens = t.column("token").to_pylist()
