@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from strata.packer.entry import early_signals
+from strata.packer.entry import early_signals, finished
 
 
 def main() -> None:
@@ -11,7 +11,10 @@ def main() -> None:
     early_signals()
     from strata.budget.cli import main as cli
 
-    cli()
+    try:
+        cli()
+    finally:
+        finished()
 
 
 __all__ = ["main"]

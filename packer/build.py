@@ -33,7 +33,8 @@ from . import quants
 from .findings import fmt_ne, pad4
 from .gguf_file import ArrayRef, GGUFModel, GGUFError, TensorInfo, open_model, read_array
 from .packfmt import (
-    BUILD_FILE, EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, LEGACY_BUILD_FILE, MERGES_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE,
+    BUILD_FILE, EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, LEGACY_BUILD_FILE, MERGES_FILE, METADATA_FILE, PACK_FILES, POOL_FILE,
+    VOCAB_FILE,
     ExpertLayer, IndexEntry, NativeExperts, PackIndex, write_experts, write_geometry, write_index,
     write_metadata,
 )
@@ -396,6 +397,11 @@ def check_target(out: Path, source_paths: list[Path], force: bool) -> None:
         if not ((out / INDEX_FILE).is_file() and ((out / BUILD_FILE).is_file() or (out / LEGACY_BUILD_FILE).is_file())):
             raise BuildError(f"{out} exists and is not a strata pack (no {INDEX_FILE} and {BUILD_FILE}); "
                              f"refusing to replace it even with --force")
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in PACK_FILES)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise BuildError(f"{out} holds files that are not the pack's ({shown}); --force replaces a pack "
+                             f"directory as a whole, so it refuses one that holds anything else")
 
 
 def _rename_noreplace(src: Path, dst: Path) -> None:

@@ -29,12 +29,25 @@ def early_signals() -> None:
             pass
 
 
+def finished() -> None:
+    """Ignore SIGINT / SIGTERM / SIGHUP from here on: the command has answered (its exit status is set),
+    and a signal while the interpreter shuts down must not turn that into a 'while starting' message."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except (ValueError, OSError):
+            pass
+
+
 def pack() -> None:
     """``strata-pack``."""
     early_signals()
     from strata.packer.cli import main
 
-    main()
+    try:
+        main()
+    finally:
+        finished()
 
 
-__all__ = ["early_signals", "pack"]
+__all__ = ["early_signals", "finished", "pack"]

@@ -77,8 +77,9 @@ def write_error(e: OSError, target: str | os.PathLike, needed: int | None = None
 def check_overwrite(target: str | os.PathLike, *, force: bool = False,
                     inputs: tuple[str | os.PathLike, ...] = ()) -> None:
     """Refuse to write over what must not be lost: an existing ``target`` without ``force``; and, even
-    with ``force``, a directory, one of the command's ``inputs``, a file inside a pack directory (one
-    holding index.txt and pool.bin) or a GGUF file (its first 4 bytes ``GGUF``).
+    with ``force``, a directory, anything inside a pack directory (one holding index.txt and pool.bin:
+    a pack holds only its own files), something that is not a regular file (a FIFO would block), one of
+    the command's ``inputs`` or a GGUF file (its first 4 bytes ``GGUF``).
 
     Raises:
         OutputError: naming ``target`` and the reason; nothing is written.
@@ -86,17 +87,21 @@ def check_overwrite(target: str | os.PathLike, *, force: bool = False,
     t = Path(target)
     if t.is_dir():
         raise OutputError(errno.EISDIR, f"{t}: is a directory; give a file name for the output")
+    d = Path(os.path.abspath(t)).parent
+    if (d / "index.txt").is_file() and (d / "pool.bin").is_file():
+        raise OutputError(errno.EEXIST, f"{t}: is inside the pack {d}; a pack directory holds only the pack's files "
+                                        "(strata-pack build --force replaces it whole): write the output elsewhere")
     if not t.exists():
         return
+    if not t.is_file():
+        raise OutputError(errno.EEXIST, f"{t}: exists and is not a regular file (a FIFO, socket or device); "
+                                        "refusing to write there")
     for p in inputs:
         try:
             if os.path.samefile(t, p):
                 raise OutputError(errno.EEXIST, f"{t}: is this command's input; refusing to write over it")
         except FileNotFoundError:
             pass
-    d = Path(os.path.abspath(t)).parent
-    if (d / "index.txt").is_file() and (d / "pool.bin").is_file():
-        raise OutputError(errno.EEXIST, f"{t}: is inside the pack {d}; refusing to write over a pack's file")
     try:
         with open(t, "rb") as f:
             magic = f.read(4)

@@ -58,6 +58,9 @@ MERGES_FILE = "merges.parquet"
 BUILD_FILE = "build.json"
 #: The build record's name before 2026-11-30 ("manifest" also named the contracts): read, never written.
 LEGACY_BUILD_FILE = "manifest.json"
+#: Every file a pack directory may hold (what strata-pack build writes; the legacy build record too).
+PACK_FILES = frozenset({POOL_FILE, INDEX_FILE, EXPERTS_FILE, GEOMETRY_FILE, METADATA_FILE, VOCAB_FILE, MERGES_FILE,
+                        BUILD_FILE, LEGACY_BUILD_FILE})
 
 
 def build_record_path(pack_dir) -> "Path":

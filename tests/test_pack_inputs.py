@@ -185,3 +185,30 @@ def test_outputs_never_overwrite_inputs_packs_or_ggufs(dense, tmp_path):
     r = CliRunner().invoke(pack_main, ["inspect", str(dense), "--parquet", str(out)])
     assert r.exit_code == 2 and f"{out} already exists; pass --force to replace it" in r.stderr
     assert CliRunner().invoke(pack_main, ["inspect", str(dense), "--parquet", str(out), "--force"]).exit_code == 0
+
+
+def test_outputs_refuse_fifos_and_new_files_inside_a_pack(dense, tmp_path):
+    """A FIFO as the output is refused (opening it to look would block forever), and a new file inside a pack
+    directory is refused too: a pack holds only its own files (build --force replaces it whole)."""
+    import os
+
+    pack = tmp_path / "p"
+    build_pack(dense, pack, progress=False)
+    fifo = tmp_path / "f.parquet"
+    os.mkfifo(fifo)
+    r = CliRunner().invoke(pack_main, ["inspect", str(dense), "--parquet", str(fifo), "--force"])
+    assert r.exit_code == 2 and "exists and is not a regular file" in r.stderr
+    r = CliRunner().invoke(pack_main, ["inspect", str(dense), "--parquet", str(pack / "new.parquet")])
+    assert r.exit_code == 2 and f"is inside the pack {pack}; a pack directory holds only the pack's files" in r.stderr
+    assert not (pack / "new.parquet").exists()
+
+
+def test_build_force_refuses_a_pack_directory_holding_other_files(dense, tmp_path):
+    """--force replaces a pack directory whole: one that also holds a user's file (here a GGUF another pack
+    was built from) is refused naming the file, and nothing is touched."""
+    pack = tmp_path / "p"
+    build_pack(dense, pack, progress=False)
+    (pack / "inside.gguf").write_bytes(b"GGUF" + bytes(60))
+    r = CliRunner().invoke(pack_main, ["build", str(dense), "-o", str(pack), "--force"])
+    assert r.exit_code == 2 and "holds files that are not the pack's (inside.gguf)" in r.stderr
+    assert (pack / "inside.gguf").stat().st_size == 64
