@@ -25,6 +25,7 @@ from strata.packer import quants
 from . import formulas as F
 from . import engine_terms as ET
 from .cards import Card, check_mib
+from .profile import check_profile_pairs, layer_span
 from .errors import PlanInputError
 from .formulas import DEFAULT_RESERVE_MIB, MIB
 from .plan_model import DenseTensor, ExpertLayerFacts, ModelFacts  # noqa: F401  (the plan's inputs, re-exported)
@@ -229,16 +230,7 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
     return terms
 
 
-def _span(layers: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0..2, 5"`` (at most 6 pieces shown)."""
-    parts: list[str] = []
-    for L in sorted(set(layers)):
-        if parts and isinstance(parts[-1], list) and parts[-1][1] == L - 1:
-            parts[-1][1] = L
-        else:
-            parts.append([L, L])
-    text = [f"{a}" if a == b else f"{a}..{b}" for a, b in parts]
-    return ", ".join(text[:6]) + (f", ... ({len(set(layers))} layers)" if len(text) > 6 else "")
+_span = layer_span  # one definition: strata.budget.profile
 
 
 def _kv_tensor(facts: ModelFacts, il: int, part: str) -> str:
@@ -398,27 +390,8 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
 
 
 def _check_profile(facts: ModelFacts, pairs: list[tuple[int, int, int]], src: str = "expert profile") -> None:
-    """Every row names an MoE layer and an expert id in range, once, with a count >= 0 (the row
-    numbered from 0, as the file stores it)."""
-    moe = {L.layer for L in facts.expert_layers}
-    seen: dict[tuple[int, int], int] = {}
-    for i, (layer, expert, count) in enumerate(pairs):
-        if layer not in moe:
-            raise PlanInputError(f"{src} row {i}: layer {layer} has no routed experts (MoE layers: {_span(sorted(moe))})",
-                                 tensor=f"{src} row {i}", found=f"layer {layer}", required=f"an MoE layer ({_span(sorted(moe))})")
-        if not 0 <= expert < facts.n_expert:
-            raise PlanInputError(f"{src} row {i}: layer {layer} expert {expert} is outside 0..{facts.n_expert - 1}",
-                                 tensor=f"{src} row {i}", found=f"expert {expert}", required=f"0..{facts.n_expert - 1}")
-        if count < 0:
-            raise PlanInputError(f"{src} row {i}: layer {layer} expert {expert} has negative count {count}",
-                                 tensor=f"{src} row {i}", found=f"count {count}", required="a count >= 0")
-        if (layer, expert) in seen:
-            j = seen[layer, expert]
-            raise PlanInputError(f"{src} rows {j} and {i}: the pair (layer {layer}, expert {expert}) appears twice "
-                                 f"(counts {pairs[j][2]} and {count}); each (layer, expert) pair must appear once",
-                                 tensor=f"{src} row {i}", found=f"(layer {layer}, expert {expert}) again (first at row {j})",
-                                 required="each (layer, expert) pair once")
-        seen[layer, expert] = i
+    """:func:`strata.budget.profile.check_profile_pairs` against the pack's MoE layers and expert count."""
+    check_profile_pairs(pairs, {L.layer for L in facts.expert_layers}, facts.n_expert, src)
 
 
 # ----------------------------------------------------------------------------- shrinking

@@ -104,4 +104,47 @@ def write_profile(rows: list[tuple[int, int, int]], out: str | Path, *, force: b
         pq.write_table(table, tmp)
 
 
-__all__ = ["PROFILE_COLUMNS", "read_profile", "write_profile"]
+
+
+def check_profile_pairs(pairs: list[tuple[int, int, int]], moe: set[int], n_expert: int,
+                        src: str = "expert profile") -> None:
+    """Every ``(layer, expert, count)`` row names an MoE layer of ``moe`` and an expert id in ``0..n_expert-1``,
+    once, with a count >= 0 (rows numbered from 0, as the file stores them). Used by the budget's plan and
+    by strata-engine generate (one rule for both).
+
+    Raises:
+        PlanInputError: the first bad row (file, row, what was found and what is required).
+    """
+    seen: dict[tuple[int, int], int] = {}
+    for i, (layer, expert, count) in enumerate(pairs):
+        if layer not in moe:
+            raise PlanInputError(f"{src} row {i}: layer {layer} has no routed experts (MoE layers: {layer_span(sorted(moe))})",
+                                 tensor=f"{src} row {i}", found=f"layer {layer}", required=f"an MoE layer ({layer_span(sorted(moe))})")
+        if not 0 <= expert < n_expert:
+            raise PlanInputError(f"{src} row {i}: layer {layer} expert {expert} is outside 0..{n_expert - 1}",
+                                 tensor=f"{src} row {i}", found=f"expert {expert}", required=f"0..{n_expert - 1}")
+        if count < 0:
+            raise PlanInputError(f"{src} row {i}: layer {layer} expert {expert} has negative count {count}",
+                                 tensor=f"{src} row {i}", found=f"count {count}", required="a count >= 0")
+        if (layer, expert) in seen:
+            j = seen[layer, expert]
+            raise PlanInputError(f"{src} rows {j} and {i}: the pair (layer {layer}, expert {expert}) appears twice "
+                                 f"(counts {pairs[j][2]} and {count}); each (layer, expert) pair must appear once",
+                                 tensor=f"{src} row {i}", found=f"(layer {layer}, expert {expert}) again (first at row {j})",
+                                 required="each (layer, expert) pair once")
+        seen[layer, expert] = i
+
+
+def layer_span(layers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0..2, 5"`` (at most 6 pieces shown)."""
+    parts: list[str] = []
+    for L in sorted(set(layers)):
+        if parts and isinstance(parts[-1], list) and parts[-1][1] == L - 1:
+            parts[-1][1] = L
+        else:
+            parts.append([L, L])
+    text = [f"{a}" if a == b else f"{a}..{b}" for a, b in parts]
+    return ", ".join(text[:6]) + (f", ... ({len(set(layers))} layers)" if len(text) > 6 else "")
+
+
+__all__ = ["PROFILE_COLUMNS", "check_profile_pairs", "layer_span", "read_profile", "write_profile"]

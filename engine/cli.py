@@ -261,12 +261,12 @@ def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperatur
                              card=emulated_card(card_name, card_mib), cpu_kernel=cpu_kernel, threads=threads)
         from strata.budget.profile import read_profile
 
-        profile_rows = read_profile(expert_profile) if expert_profile else None  # checked on every device
+        # read and checked against the pack on every device (load_engine); it fills the GPU's cache
+        opts.profile = read_profile(expert_profile) if expert_profile else None
         if device != "cpu":
             opts.expert_cache = "auto" if ec is None else ec
             opts.vram_reserve_mib, opts.graph = vram_reserve_mib, not no_graph
-            opts.profile = profile_rows
-        elif profile_rows is not None:
+        elif opts.profile is not None:
             warn(f"--expert-profile {expert_profile}: the CPU path has no expert cache; the profile was read and "
                  "is not used (it fills the GPU's cache with --device cuda)")
         engine = load_engine(pack, device=device, options=opts, on_checkpoint=print_checkpoint if verbose else None,

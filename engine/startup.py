@@ -279,6 +279,17 @@ def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: 
         note["numerics"] = nx.name
         note["tensors checked"] = len(plan.dense)
         note["expert layers checked"] = len(plan.experts)
+        if opts.profile is not None:  # the budget's rule, before anything is loaded
+            from strata.budget.errors import BudgetInputError
+            from strata.budget.profile import check_profile_pairs
+
+            if not plan.experts:
+                raise GenerateError(f"expert profile: this {pack.arch} model has no routed experts, so there is no "
+                                    f"expert cache for its {len(opts.profile)} (layer, expert) pairs to fill")
+            try:
+                check_profile_pairs(opts.profile, set(plan.experts), int(geom["n_expert"]))
+            except BudgetInputError as e:
+                raise GenerateError(str(e)) from None
         dev.mark("pack", note)
 
     weights = dev.make_weights(pack, plan, nx)

@@ -346,3 +346,19 @@ def test_cpu_path_checks_the_expert_profile_too(pack, tmp_path):
     bad.write_bytes(b"GGUF" + bytes(60))
     r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "1", "--expert-profile", str(bad)])
     assert r.exit_code == 2 and f"--expert-profile {bad}: not a readable Parquet file" in r.stderr
+    from strata.budget.profile import write_profile
+
+    prof = tmp_path / "p.parquet"
+    write_profile([(0, 1, 5)], prof)
+    r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "1", "--expert-profile", str(prof)])
+    assert r.exit_code == 2 and "has no routed experts, so there is no expert cache for its 1 (layer, expert) pairs" in r.stderr
+
+
+def test_engine_checks_profile_rows_as_the_budget_does(tmp_path_factory):
+    """A profile row naming a layer without experts or an expert id out of range is refused at load, with the
+    budget's own message (budget.profile.check_profile_pairs), on the CPU path too."""
+    moe = synthetic_pack(tmp_path_factory, "synthetic-qwen3moe")
+    for rows, msg in (([(99, 0, 1)], r"expert profile row 0: layer 99 has no routed experts"),
+                      ([(0, 777, 1)], r"expert profile row 0: layer 0 expert 777 is outside 0\.\.")):
+        with pytest.raises(GenerateError, match=msg):
+            load_engine(moe, n_ctx=32, profile=rows)
