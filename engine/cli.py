@@ -261,6 +261,9 @@ def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperatur
                              card=emulated_card(card_name, card_mib), cpu_kernel=cpu_kernel, threads=threads)
         from strata.budget.profile import read_profile
 
+        from strata.budget.cards import check_mib
+
+        check_mib("--vram-reserve-mib", vram_reserve_mib)  # on every device, as strata-budget check does
         # read and checked against the pack on every device (load_engine); it fills the GPU's cache
         opts.profile = read_profile(expert_profile) if expert_profile else None
         if device != "cpu":

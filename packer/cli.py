@@ -10,6 +10,7 @@ does not match its source or is corrupt (verify) / the download failed (fetch), 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -105,6 +106,8 @@ def verify(pack, source_dir, as_json):
     """
     from .verify import VerifyError, verify_pack
 
+    if source_dir is not None and not os.path.isdir(source_dir):
+        _fail(f"--source-dir {source_dir}: no such directory; nothing was compared", 2, as_json)
     try:
         r = verify_pack(pack, progress=sys.stderr.isatty(), source_dir=source_dir)
     except VerifyError as e:

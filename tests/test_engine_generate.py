@@ -362,3 +362,8 @@ def test_engine_checks_profile_rows_as_the_budget_does(tmp_path_factory):
                       ([(0, 777, 1)], r"expert profile row 0: layer 0 expert 777 is outside 0\.\.")):
         with pytest.raises(GenerateError, match=msg):
             load_engine(moe, n_ctx=32, profile=rows)
+
+
+def test_negative_reserve_is_refused_on_the_cpu_path_too(pack):
+    r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "1", "--vram-reserve-mib", "-5"])
+    assert r.exit_code == 2 and "--vram-reserve-mib -5: must be at least 0 MiB" in r.stderr

@@ -212,3 +212,10 @@ def test_build_force_refuses_a_pack_directory_holding_other_files(dense, tmp_pat
     r = CliRunner().invoke(pack_main, ["build", str(dense), "-o", str(pack), "--force"])
     assert r.exit_code == 2 and "holds files that are not the pack's (inside.gguf)" in r.stderr
     assert (pack / "inside.gguf").stat().st_size == 64
+
+
+def test_verify_source_dir_that_does_not_exist_is_refused(dense, tmp_path):
+    pack = tmp_path / "p"
+    build_pack(dense, pack, progress=False)
+    r = CliRunner().invoke(pack_main, ["verify", str(pack), "--source-dir", str(tmp_path / "nodir")])
+    assert r.exit_code == 2 and f"--source-dir {tmp_path / 'nodir'}: no such directory; nothing was compared" in r.stderr
