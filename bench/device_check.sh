@@ -4,19 +4,14 @@
 #   bash bench/device_check.sh        # on the H200, repo root, carry [".whl"]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
 OUT=${OUT:-/tmp/device_check}
 WORK=${WORK:-/tmp/device_check_work}
 TOKENS=${TOKENS:-32}
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    >/dev/null 2>&1 || echo "!! wheel install failed"
-mkdir -p "$WORK/src/strata"
-for d in packer budget engine manifests testing; do ln -sfn "$ROOT/$d" "$WORK/src/strata/$d"; done
-export PYTHONPATH=$WORK/src:/tmp/site
+. bench/device_env.sh
+device_env "$WORK" || echo "!! wheel install failed"
 T0=$(date +%s)
-step() { echo; echo "== [$(( $(date +%s) - T0 )) s] $*"; }
 step "GPU tests"
 python3 -m pytest -q -p no:cacheprovider -m "gpu and not real" ${TESTS:-tests/} 2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
 step "qwen3next: strata-engine measure (recurrent state + KV exact)"

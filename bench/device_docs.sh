@@ -41,20 +41,14 @@ exec > >(tee -a "$OUT/device_docs.log") 2>&1
 export PYTHONUNBUFFERED=1
 FAILED=0
 T0=$(date +%s)
-step() { echo; echo "== [$(( $(date +%s) - T0 )) s] $*"; }
+. bench/device_env.sh
 fail() { echo "!! FAILED: $*"; FAILED=$((FAILED + 1)); }
 # every step's time limit is cut to what is left of DEADLINE (default 525 s: the whole run under 9 minutes)
 DEADLINE=${DEADLINE:-525}
 limit() { local left=$(( DEADLINE - ($(date +%s) - T0) )); [ "$left" -lt 5 ] && left=5; [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
 
 step "environment"
-if ls .whl/*.whl >/dev/null 2>&1; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        >/dev/null 2>&1 || fail "wheel install"
-fi
-mkdir -p "$DOCS_DIR/src/strata"
-for d in packer budget engine manifests testing; do ln -sfn "$ROOT/$d" "$DOCS_DIR/src/strata/$d"; done
-export PYTHONPATH=$DOCS_DIR/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+device_env "$DOCS_DIR" || fail "wheel install"
 $PY -c "import strata.engine.cli, strata.testing; from strata.engine.gpu import kernels as K; print('gpu:', K.gpu_available())" \
     || fail "imports"
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv 2>/dev/null || true

@@ -8,11 +8,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/device_final}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    >/dev/null 2>&1 || echo "!! wheel install failed"
-W=/tmp/final; mkdir -p $W/src/strata
-for d in packer budget engine manifests testing; do ln -sfn "$PWD/$d" "$W/src/strata/$d"; done
-export PYTHONPATH=$W/src:/tmp/site
+. bench/device_env.sh
+device_env /tmp/final || echo "!! wheel install failed"
 T0=$(date +%s)
 timeout ${TEST_S:-170} python3 -m pytest -q -p no:cacheprovider -m "gpu and not real" tests/test_gpu_fused.py \
     tests/test_gpu_engine.py tests/test_gpu_kernels.py tests/test_metadata_keys.py \

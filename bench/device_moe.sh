@@ -10,19 +10,14 @@
 # media/, gguf-py/ and the server's web assets. Everything lands in $OUT (at most 8 files come back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
 OUT=${OUT:-/tmp/device_moe}
 WORK=${WORK:-/tmp/device_moe_work}
 TOKENS=${TOKENS:-32}
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    >/dev/null 2>&1 || echo "!! wheel install failed"
-mkdir -p "$WORK/src/strata"
-for d in packer budget engine manifests testing; do ln -sfn "$ROOT/$d" "$WORK/src/strata/$d"; done
-export PYTHONPATH=$WORK/src:/tmp/site
+. bench/device_env.sh
+device_env "$WORK" || echo "!! wheel install failed"
 T0=$(date +%s)
-step() { echo; echo "== [$(( $(date +%s) - T0 )) s] $*"; }
 
 if [ "${STEP:-1}" = 1 ]; then
     step "llama.cpp CUDA build (background)"

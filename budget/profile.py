@@ -17,6 +17,22 @@ from .errors import PlanInputError
 PROFILE_COLUMNS = ("layer", "expert", "count")
 
 
+def _once(seen: dict[tuple[int, int], int], rows: list[tuple[int, int, int]], i: int, src) -> None:
+    """Row ``i``'s (layer, expert) pair has not appeared before (``seen``: pair -> first row); record it.
+
+    Raises:
+        PlanInputError: naming both rows, the pair and both counts.
+    """
+    layer, expert, count = rows[i]
+    if (layer, expert) in seen:
+        j = seen[layer, expert]
+        raise PlanInputError(f"{src} rows {j} and {i}: the pair (layer {layer}, expert {expert}) appears twice "
+                             f"(counts {rows[j][2]} and {count}); each (layer, expert) pair must appear once",
+                             tensor=f"{src} row {i}", found=f"(layer {layer}, expert {expert}) again (first at row {j})",
+                             required="each (layer, expert) pair once")
+    seen[layer, expert] = i
+
+
 def read_profile(path: str | Path) -> list[tuple[int, int, int]]:
     """Read an expert profile: Parquet with integer columns ``layer``, ``expert``, ``count``; one row
     per (layer, expert) pair, every value >= 0. Only integer column types are accepted: a float
@@ -73,13 +89,7 @@ def read_profile(path: str | Path) -> list[tuple[int, int, int]]:
             if v < 0:
                 raise PlanInputError(f"{path} row {i}: {c} {v} is negative (layer {layer}, expert {expert}, count {count})",
                                      tensor=f"{path} row {i}", found=f"{c} {v}", required=f"{c} >= 0")
-        if (layer, expert) in seen:
-            j = seen[layer, expert]
-            raise PlanInputError(f"{path} rows {j} and {i}: the pair (layer {layer}, expert {expert}) appears twice "
-                                 f"(counts {rows[j][2]} and {count}); each (layer, expert) pair must appear once",
-                                 tensor=f"{path} row {i}", found=f"(layer {layer}, expert {expert}) again (first at row {j})",
-                                 required="each (layer, expert) pair once")
-        seen[layer, expert] = i
+        _once(seen, rows, i, path)
     return rows
 
 
@@ -126,13 +136,7 @@ def check_profile_pairs(pairs: list[tuple[int, int, int]], moe: set[int], n_expe
         if count < 0:
             raise PlanInputError(f"{src} row {i}: layer {layer} expert {expert} has negative count {count}",
                                  tensor=f"{src} row {i}", found=f"count {count}", required="a count >= 0")
-        if (layer, expert) in seen:
-            j = seen[layer, expert]
-            raise PlanInputError(f"{src} rows {j} and {i}: the pair (layer {layer}, expert {expert}) appears twice "
-                                 f"(counts {pairs[j][2]} and {count}); each (layer, expert) pair must appear once",
-                                 tensor=f"{src} row {i}", found=f"(layer {layer}, expert {expert}) again (first at row {j})",
-                                 required="each (layer, expert) pair once")
-        seen[layer, expert] = i
+        _once(seen, pairs, i, src)
 
 
 def layer_span(layers: list[int]) -> str:

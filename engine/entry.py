@@ -1,20 +1,14 @@
-"""Console-script entry point of ``strata-engine``: quiet signal handlers first, then the command line
-(:func:`strata.packer.entry.early_signals`: a Ctrl-C while the heavy imports run exits 130, no traceback)."""
+"""Console-script entry point of ``strata-engine`` (:func:`strata.packer.entry.run`: quiet signal handlers
+before the heavy imports, so a Ctrl-C while the tool starts exits 130 without a traceback)."""
 
 from __future__ import annotations
 
-from strata.packer.entry import early_signals, finished
+from strata.packer.entry import run
 
 
 def main() -> None:
     """``strata-engine``."""
-    early_signals()
-    from strata.engine.cli import main as cli
-
-    try:
-        cli()
-    finally:
-        finished()
+    run("strata.engine.cli")
 
 
 __all__ = ["main"]

@@ -39,15 +39,22 @@ def finished() -> None:
             pass
 
 
-def pack() -> None:
-    """``strata-pack``."""
-    early_signals()
-    from strata.packer.cli import main
+def run(module: str) -> None:
+    """Run the click command line ``main`` of ``module`` (e.g. ``"strata.engine.cli"``) between
+    :func:`early_signals` (installed before the import) and :func:`finished`."""
+    import importlib
 
+    early_signals()
+    main = importlib.import_module(module).main
     try:
         main()
     finally:
         finished()
 
 
-__all__ = ["early_signals", "finished", "pack"]
+def pack() -> None:
+    """``strata-pack``."""
+    run("strata.packer.cli")
+
+
+__all__ = ["early_signals", "finished", "pack", "run"]

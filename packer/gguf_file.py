@@ -25,6 +25,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,18 @@ from gguf.gguf_reader import GGUFReader
 from . import quants
 
 GGUF_MAGIC = b"GGUF"
+
+
+def has_gguf_magic(path) -> bool:
+    """Whether the regular file at ``path`` starts with the 4 bytes ``GGUF`` (False when unreadable or not
+    a regular file: a FIFO is never opened)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        with open(path, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_STRING_LEN = 1 << 30  # gguf.cpp: GGUF_MAX_STRING_LENGTH-like bound

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from .gguf_file import has_gguf_magic
+
 
 #: errno values of a failed write (full disk, quota, read-only or forbidden target, file too large):
 #: reported naming the output the user gave (:func:`write_error`), never a temporary name
@@ -102,12 +104,7 @@ def check_overwrite(target: str | os.PathLike, *, force: bool = False,
                 raise OutputError(errno.EEXIST, f"{t}: is this command's input; refusing to write over it")
         except FileNotFoundError:
             pass
-    try:
-        with open(t, "rb") as f:
-            magic = f.read(4)
-    except OSError:
-        magic = b""
-    if magic == b"GGUF":
+    if has_gguf_magic(t):
         raise OutputError(errno.EEXIST, f"{t}: is a GGUF file; refusing to write over it")
     if not force:
         raise OutputError(errno.EEXIST, f"{t} already exists; pass --force to replace it")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import quants
 from .findings import Finding, fmt_ne, trim_ne
+from .gguf_file import has_gguf_magic
 from .packfmt import (
     EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, METADATA_FILE, POOL_FILE, NativeExperts, NotAPackError, PackFormatError,
     PackIndex, read_experts, read_geometry_params, read_index, read_metadata,
@@ -157,12 +158,7 @@ def not_a_pack(path: str | os.PathLike) -> str | None:
     """
     p = Path(path)
     if p.is_file():
-        try:
-            with open(p, "rb") as f:
-                magic = f.read(4)
-        except OSError:
-            magic = b""
-        if magic == b"GGUF":
+        if has_gguf_magic(p):
             return (f"{p}: this is a GGUF file, not a pack directory: build a pack first with "
                     f"strata-pack build {p} -o PACK")
     if not p.is_dir():

@@ -17,21 +17,10 @@ from typing import Any
 
 from gguf.constants import GGUFValueType
 
+from strata.packer.tokenizer_rules import bytes_to_unicode  # one definition (llama.cpp unicode.cpp)
+
 __all__ = ["BPE_EXTRA_TOKENS", "SPECIAL_TOKENS", "SPM_EXTRA_TOKENS", "SynthTokenizer", "TOKENIZER_CASES", "bytes_to_unicode",
            "synth_tokenizer", "tokenizer_case_kv", "tokenizer_kv"]
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable unicode mapping (the one byte-level BPE vocabularies use)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 _CORPUS = """\

@@ -50,3 +50,14 @@ def qwen05_pack(qwen05_gguf, tmp_path_factory):
     build_pack(qwen05_gguf, out, progress=False)
     yield out
     shutil.rmtree(out, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def qwen3moe_pack(tmp_path_factory):
+    """strata.testing's default qwen3moe preset (3 MoE layers, 8 experts), packed once per session."""
+    from strata import testing as synth
+
+    d = tmp_path_factory.mktemp("qwen3moe")
+    paths = synth.write_model(d / "moe.gguf", synth.qwen3moe_spec())
+    build_pack(paths[0], d / "pack", progress=False)
+    return d / "pack"

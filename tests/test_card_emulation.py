@@ -160,14 +160,8 @@ def test_card_options_for_the_engine():
 # ------------------------------------------------------------------ the simulated card (CI)
 
 @pytest.fixture(scope="module")
-def moe_pack(tmp_path_factory):
-    from strata import testing as synth
-    from strata.packer.build import build_pack
-
-    d = tmp_path_factory.mktemp("emu")
-    paths = synth.write_model(d / "moe.gguf", synth.qwen3moe_spec())
-    build_pack(paths[0], d / "pack", progress=False)
-    return d / "pack"
+def moe_pack(qwen3moe_pack):
+    return qwen3moe_pack  # tests/conftest.py
 
 
 def test_sim_card_checkpoints_show_the_card(moe_pack):
