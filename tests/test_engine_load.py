@@ -335,3 +335,21 @@ def test_pool_bin_that_is_a_directory_is_refused(packs, tmp_path):
     r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "2"])
     assert r.exit_code == 2, r.output
     assert f"error: {pack / 'pool.bin'}: not a file (a directory)" in r.stderr
+
+
+def test_a_pack_from_an_older_strata_missing_a_geometry_param_says_to_rebuild(tmp_path_factory, tmp_path):
+    """geometry.txt without a param the manifest now has (a pack built before rope_dim was added) is refused
+    naming the file, the param and the way out; the generate CLI exits 2 with the same line."""
+    pack = tmp_path / "p"
+    shutil.copytree(synthetic_pack(tmp_path_factory, "synthetic-qwen2"), pack)
+    g = pack / "geometry.txt"
+    lines = g.read_text().splitlines(keepends=True)
+    assert any(ln.startswith("rope_dim ") for ln in lines)
+    g.write_text("".join(ln for ln in lines if not ln.startswith("rope_dim ")))
+    want = "geometry.txt: param 'rope_dim' of qwen2 is missing (a pack built by an older strata? rebuild it from its GGUF"
+    from strata.manifests.expr import ManifestError
+
+    with pytest.raises(ManifestError, match=re.escape(want)):
+        load_engine(pack, n_ctx=32)
+    r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "1"])
+    assert r.exit_code == 2 and want in r.stderr
