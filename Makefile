@@ -34,7 +34,7 @@ bench-gpu: install
 
 # MoE / dense decode at real models' geometry, strata vs llama.cpp (LLAMA_BENCH=path/to/llama-bench)
 bench-moe: install
-	$(PYTHON) bench/bench_moe.py --geometry qwen3moe-30b-a3b --geometry qwen2-7b --cpu $(if $(LLAMA_BENCH),--llama-bench $(LLAMA_BENCH),)
+	$(PYTHON) bench/bench_moe.py --geometry qwen3moe-30b-a3b --geometry qwen2-7b --geometry qwen2-0.5b --geometry gemma3-270m --cpu $(if $(LLAMA_BENCH),--llama-bench $(LLAMA_BENCH),)
 
 # CPU decode, strata vs llama.cpp (llama-cpp-python; LCP = a directory with it, e.g. an AVX2 build) on the real
 # Gemma 3 270M and Qwen2.5 0.5B, 2 threads and all cores, best of 3; Q7B=1 adds the synthetic Qwen2.5-7B geometry

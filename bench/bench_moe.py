@@ -24,6 +24,10 @@ Geometries (``--geometry``, repeatable; sizes of the written file):
   128 experts of 768 (8 used), vocab 151936; experts Q4_K gate/up + Q6_K down, dense Q8_0 (~18 GiB);
 - ``qwen2-7b``: Qwen2.5-7B's shape: 28 layers, n_embd 3584, 28 / 4 heads of 128, n_ff 18944, vocab
   152064; Q4_K with Q6_K ffn_down and output (~4.6 GiB);
+- ``gemma3-270m``: Gemma 3 270M's shape: 18 layers, n_embd 640, 4 q / 1 kv head of 256, n_ff 2048, vocab
+  262144, tied output; Q5_0 with a Q8_0 token_embd and attn_v, Q4_K attn_output, Q6_K ffn_down (~0.25 GiB);
+- ``qwen2-0.5b``: Qwen2.5 0.5B's shape: 24 layers, n_embd 896, 14 / 2 heads of 64, n_ff 4864, vocab 151936;
+  Q5_0 with a Q8_0 output and attn_v, Q6_K ffn_down (~0.4 GiB);
 - ``qwen3moe-small``: a 4-layer, 32-expert qwen3moe for a dry run of this script (any machine).
 
     python bench/bench_moe.py --work /tmp/bench_moe [--geometry qwen3moe-30b-a3b] [--tokens 64]
@@ -57,12 +61,24 @@ def geometries():
         tensor_types={"ffn_down": "Q6_K", "output": "Q6_K", "attn_output": "Q4_K"},
         dims={"n_embd": 3584, "n_head": 28, "n_head_kv": 4, "head_dim": 128, "n_ff": 18944, "n_vocab": 152064,
               "context_length": 32768})
+    # the two small dense rows of issue 9, with the real files' type mix (the registry's Gemma 3 270M Q4_K_M and
+    # Qwen2.5 0.5B: n_embd 640 / 896 rows are not multiples of 256, so most of their tensors are Q5_0 / Q8_0)
+    g270 = synth.gemma3_spec(
+        name="synthetic Gemma-3-270M geometry", n_layers=18, fill="pattern", seed=1, dense_type="Q5_0",
+        tensor_types={"token_embd": "Q8_0", "attn_output": "Q4_K", "attn_v": "Q8_0", "ffn_down": "Q6_K"},
+        dims={"n_embd": 640, "n_head": 4, "n_head_kv": 1, "head_dim": 256, "n_ff": 2048, "n_vocab": 262144,
+              "context_length": 32768, "sliding_window": 512, "sliding_window_pattern": 6})
+    q05 = synth.qwen2_spec(
+        name="synthetic Qwen2.5-0.5B geometry", n_layers=24, fill="pattern", seed=1, dense_type="Q5_0",
+        tensor_types={"token_embd": "Q5_0", "output": "Q8_0", "attn_v": "Q8_0", "ffn_down": "Q6_K"},
+        dims={"n_embd": 896, "n_head": 14, "n_head_kv": 2, "head_dim": 64, "n_ff": 4864, "n_vocab": 151936,
+              "context_length": 32768})
     small = synth.qwen3moe_spec(
         name="small qwen3moe (dry run)", n_layers=4, fill="pattern", seed=1,
         dims={"n_embd": 512, "n_head": 8, "n_head_kv": 2, "head_dim": 64, "n_expert": 32, "n_expert_used": 4,
               "n_ff_exp": 256, "n_vocab": 2048},
         expert_types=[("Q4_K", "Q6_K")] * 4)
-    return {"qwen3moe-30b-a3b": q30, "qwen2-7b": q7, "qwen3moe-small": small}
+    return {"qwen3moe-30b-a3b": q30, "qwen2-7b": q7, "gemma3-270m": g270, "qwen2-0.5b": q05, "qwen3moe-small": small}
 
 
 def _prompt_ids(n: int = 16) -> list[int]:

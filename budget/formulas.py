@@ -495,6 +495,14 @@ def fill_profile(pairs: Iterable[tuple[int, int, int]], slots: int) -> ProfileFi
 #: ``strata.engine.gpu.fused.PARAM_BYTES``.
 FUSED_PARAM_BYTES = 16
 
+#: The fused step's logit summary (engine/gpu/cuda/logit_top.cu, read by the greedy decode instead of the whole
+#: row): the best LOGIT_TOP_K (id, logit) pairs, ranked by LOGIT_TOP_PARTS CTAs then merged, into
+#: LOGIT_TOP_WORDS int32 words (the non-finite count, the ids at 1.., the logits' bits at 8..).
+LOGIT_TOP_K, LOGIT_TOP_PARTS, LOGIT_TOP_WORDS = 5, 64, 16
+#: Device bytes of that summary: per part LOGIT_TOP_K logits, LOGIT_TOP_K ids and a count (4 bytes each), and
+#: the LOGIT_TOP_WORDS words of the result.
+FUSED_TOP_BYTES = 4 * (LOGIT_TOP_PARTS * (2 * LOGIT_TOP_K + 1) + LOGIT_TOP_WORDS)
+
 
 def gdn_step_bytes(conv_dim: int, value_dim: int, conv_weight_elements: int) -> int:
     """The fused step's gated-delta-net buffers (bytes; ``strata.engine.gpu.fused_gdn.GdnBuffers``): the
@@ -512,8 +520,8 @@ def fused_step_bytes(n_embd: int, n_head: int, head_dim: int, head_dim_v: int, n
     allocated at the "prompt path" checkpoint, before the expert cache): the residual and normed rows
     (``2 n_embd``), the query and attention outputs (``n_head x head_dim``, ``n_head x head_dim_v``), the
     gated activation of the widest dense FFN or shared expert (``n_ff_max``, 1 without one), the attention
-    scores (``n_head x`` the longest KV cache of any layer) - f32 each - and the staging row
-    (:data:`FUSED_PARAM_BYTES` + ``4 n_embd``). With routed experts (``n_expert`` > 0) the MoE step's
+    scores (``n_head x`` the longest KV cache of any layer) - f32 each - the staging row
+    (:data:`FUSED_PARAM_BYTES` + ``4 n_embd``) and the logit summary (:data:`FUSED_TOP_BYTES`). With routed experts (``n_expert`` > 0) the MoE step's
     (``strata.engine.gpu.fused_moe.MoeStep.nbytes``): router probabilities (``n_expert``), the selected
     weights (``n_expert_used``), gate, up and activation of the selected experts (``3 x n_expert_used x
     n_ff_exp``), their outputs (``n_expert_used x n_embd``), the combined row (``n_embd``), the shared gate
@@ -521,7 +529,7 @@ def fused_step_bytes(n_embd: int, n_head: int, head_dim: int, head_dim_v: int, n
     expert (u64), the routing ids and slots (int32) and the cache's address (u64). The one definition of
     the budget's "prefill/activations" term on the fused path; tests check it against the engine's."""
     dense = (F32_BYTES * (2 * n_embd + n_head * head_dim + n_head * head_dim_v + max(n_ff_max, 1) + n_head * kv_positions_max)
-             + FUSED_PARAM_BYTES + F32_BYTES * n_embd)
+             + FUSED_PARAM_BYTES + F32_BYTES * n_embd + FUSED_TOP_BYTES)
     if not n_expert:
         return dense
     E, K, n = n_expert, n_expert_used, n_embd

@@ -85,6 +85,29 @@ static float row_exact(const u8* row, int ne0, const float* x, const float* xt) 
     float w[8 * 32];   // the same, transposed: w[i * 8 + k] = value i of chunk k
     for (int l = 0; l < 32; ++l) acc[l] = 0.0f;
     int c = 0;
+#ifdef EXACT_BLOCK8
+    // one block (8 chunks) at a time, its 8 sums in the lanes of one vector (cpu_exact_simd.c); chunk c + k
+    // accumulates into acc[(c + k) & 31] = lane k of av[(c / 8) & 3], in ascending c as below
+    __m256 av[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (; c + 16 <= n_chunk; c += 16) {  // two blocks side by side
+        const u8* b2[2] = {row + (i64)(c / CPB) * BB, row + (i64)(c / CPB + 1) * BB};
+        const float* x2[2] = {xt + (i64)c * 32, xt + (i64)(c + 8) * 32};
+        __m256 s[2];
+        exact_block8_2(b2, x2, s);
+        const int v = (c >> 3) & 3;  // even: the pair's lane groups v, v + 1
+        av[v] = _mm256_add_ps(av[v], s[0]);
+        av[v + 1] = _mm256_add_ps(av[v + 1], s[1]);
+    }
+    for (; c + 8 <= n_chunk; c += 8) {
+        const u8* b1[1] = {row + (i64)(c / CPB) * BB};
+        const float* x1[1] = {xt + (i64)c * 32};
+        __m256 s[1];
+        exact_block8_1(b1, x1, s);
+        const int v = (c >> 3) & 3;
+        av[v] = _mm256_add_ps(av[v], s[0]);
+    }
+    for (int v = 0; v < 4; ++v) _mm256_storeu_ps(acc + 8 * v, av[v]);
+#endif
     // 8 chunks at a time: their 32-term sums are independent, so they run side by side in vector
     // lanes; each one is still s = s + w[i] * x[i] for i = 0..31 in order (the GPU's order)
     for (; c + 8 <= n_chunk; c += 8) {

@@ -50,6 +50,8 @@ from .errors import GenerateError
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "cpu_driver.c"
+#: The exact kernel's AVX2 block dots (Q4_K, Q6_K), concatenated before the driver.
+EXACT_SIMD = HERE / "cpu_exact_simd.c"
 #: The quantized-activation (llama.cpp) kernels: the common part, then the per-type dots and entry points.
 Q8_SOURCES = (HERE / "cpu_q8.c", HERE / "cpu_q8_dots.c")
 #: Compiler flags: IEEE f32 (no contraction into FMA, no fast-math), the host's vector units, OpenMP.
@@ -111,7 +113,7 @@ def source(type_id: int, scalar: bool = False) -> str:
 
     t = quants.qtype(type_id)
     head = f"#define STRATA_T_{t.name} 1\n" + ("#define STRATA_SCALAR 1\n" if scalar else "")
-    return (head + _STUBS + K.source_for(type_id, with_kernels=False) + "\n" + DRIVER.read_text() + "\n"
+    return (head + _STUBS + K.source_for(type_id, with_kernels=False) + "\n" + EXACT_SIMD.read_text() + "\n" + DRIVER.read_text() + "\n"
             + "\n".join(p.read_text() for p in Q8_SOURCES))
 
 

@@ -31,6 +31,22 @@ from . import cpukernels, layers
 from .dequant import dequantize_rows
 from .loader import LoadPlan
 
+#: ``MADV_POPULATE_READ`` (linux/mman.h, Linux 5.14): prefault page tables, reading pages as needed.
+MADV_POPULATE_READ = 22
+
+
+def mem_available() -> int | None:
+    """The host's available memory in bytes (``MemAvailable`` of /proc/meminfo, kB x 1024); None where there
+    is no /proc/meminfo or no such line."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
 
 class ShardExperts:
     """Routed experts read by offset from the memory-mapped GGUF shards (see the module docstring)."""
@@ -43,6 +59,43 @@ class ShardExperts:
     @property
     def layers(self) -> list[int]:
         return sorted(self.rows)
+
+    def shard_bytes(self) -> int:
+        """Total bytes of the mapped shards (every shard that holds an expert of this pack)."""
+        return sum(int(m.size) for m in self._maps.values())
+
+    def prefetch(self) -> str:
+        """Start :meth:`populate` in a background thread when the shards fit in the host's available memory
+        (``MemAvailable`` of /proc/meminfo, bytes), so that decode takes no page fault on an expert's first use
+        and start-up does not wait for it. Returns what was done, for the start-up notes: ``"started"``, or why
+        not (a model larger than the available memory would only evict itself)."""
+        import threading
+
+        need = self.shard_bytes()
+        avail = mem_available()
+        if avail is None:
+            return "skipped: no /proc/meminfo"
+        if need > avail:
+            return f"skipped: the shards ({need / 2**30:.1f} GiB) exceed available memory ({avail / 2**30:.1f} GiB)"
+        threading.Thread(target=self.populate, name="strata-expert-prefetch", daemon=True).start()
+        return f"started ({need / 2**30:.1f} GiB of shards)"
+
+    def populate(self) -> bool:
+        """Map every page of the shards into this process's page tables now (``madvise(MADV_POPULATE_READ)``,
+        Linux 5.14+; what llama.cpp's ``MAP_POPULATE`` does at load), so that the token path takes no page
+        fault on an expert's first use. The pages are file-backed (page cache): RssFile grows, RssAnon does
+        not. Slow for shards not in the page cache (it reads them); the engine calls it from a background
+        thread only when the shards fit in available memory (:func:`strata.engine.startup` ``prefetch``).
+        Returns False where the kernel refuses it (nothing changes then)."""
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        ok = True
+        for m in self._maps.values():
+            if m.size and libc.madvise(m.ctypes.data, m.size, MADV_POPULATE_READ) != 0:
+                ok = False
+        return ok
 
     def raw(self, il: int, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Expert ``e`` of layer ``il`` as three read-only byte views ``(gate, up, down)`` of the shards."""

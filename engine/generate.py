@@ -14,6 +14,8 @@ from typing import Callable
 import numpy as np
 from pydantic import BaseModel, Field
 
+from strata.budget import formulas as F
+
 from .checkpoints import Checkpoint
 from .decoder import State
 from .errors import GenerateError, NonFiniteLogits
@@ -22,7 +24,9 @@ from .layers import to_host
 from .sampling import Sampler, top_k_pairs
 from .core import Engine, StepProbe
 
-TOP_K_RECORDED = 5
+#: Best (id, logit) pairs recorded per generated token: the size of the fused GPU step's logit summary
+#: (strata.budget.formulas.LOGIT_TOP_K), so a greedy decode there reads the pairs instead of the row.
+TOP_K_RECORDED = F.LOGIT_TOP_K
 
 
 # ------------------------------------------------------------------ results
@@ -102,6 +106,9 @@ def decode(model, state: State, prompt_ids: list[int], n_new: int, pick: Callabl
     """
     ids = list(prompt_ids)
     n_prompt = len(ids)
+    # a greedy pick from the device's logit summary (the fused GPU step ranks the row itself: FusedDecoder.
+    # logit_summary): the same token and top pairs as argmax / top_k_pairs on the row, without reading it
+    summary = getattr(model, "logit_summary", None) if getattr(pick, "greedy", False) is True else None
     out: list[int] = []
     top: list[list[tuple[int, float]]] = []
     steps: list[StepStat] = []
@@ -113,7 +120,12 @@ def decode(model, state: State, prompt_ids: list[int], n_new: int, pick: Callabl
         if probe is not None:
             probe.begin()
         logits = model.step(ids[pos], pos, state, logits=emit)
-        if emit:
+        pairs = None
+        if emit and summary is not None:
+            bad, pairs = summary()
+            if bad:
+                raise NonFiniteLogits(pos, to_host(logits).astype(np.float32, copy=False))
+        elif emit:
             row = to_host(logits).astype(np.float32, copy=False)
             if not np.isfinite(row).all():
                 raise NonFiniteLogits(pos, row)
@@ -122,8 +134,11 @@ def decode(model, state: State, prompt_ids: list[int], n_new: int, pick: Callabl
         st = StepStat(position=pos, phase="prompt" if not emit else ("first" if pos == n_prompt - 1 else "decode"),
                       token_in=ids[pos], forward_ms=(t1 - t0) * 1000, **timers)
         if emit:
-            tok = pick(row)
-            top.append(top_k_pairs(row, TOP_K_RECORDED))
+            if pairs is not None:
+                tok = pairs[0][0]
+            else:
+                tok, pairs = pick(row), top_k_pairs(row, TOP_K_RECORDED)
+            top.append(pairs)
             ids.append(tok)
             out.append(tok)
             st.token_out = tok

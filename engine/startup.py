@@ -317,6 +317,8 @@ def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: 
     def cache_stage(note):
         if experts is not None:
             dev.open_expert_cache(experts, geom, opts, note)
+            # the shards' page tables filled in the background (no page fault when a miss first reads an expert)
+            note["shard prefetch"] = experts.source.prefetch()
         else:
             note["resident"] = "none (dense model)"
 

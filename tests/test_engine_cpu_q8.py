@@ -204,6 +204,36 @@ def test_simd_and_scalar_builds_give_the_same_bits(type_id):
         assert np.array_equal(y.view(np.uint32), y2.view(np.uint32))
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+def test_exact_kernel_simd_block_dots_equal_the_scalar_build_and_the_gpu_replica(name):
+    """engine/cpu_exact_simd.c (the exact kernel's AVX2 block dots for Q4_K / Q6_K: value i of a block's 8 chunks
+    cut from transposed quant bytes) gives the scalar build's bits and the GPU replica's
+    (strata.engine.gpu.reference.matvec), on valid blocks and on wild ones (any bytes: extreme scales, the
+    non-finite results compared as NaN / inf where both are). Rows of 1, 3, 4, 5 and 7 blocks: every position
+    of a block among the 4 lane groups of the accumulator."""
+    t = quants.by_name(name)
+    for wild in (False, True):
+        for nb in (1, 3, 4, 5, 7):
+            rng = np.random.default_rng(nb + 10 * wild)
+            ne0, rows = 256 * nb, 19
+            raw = (_wild_blocks if wild else make_random_blocks)(t.id, rows * ne0, rng).view(np.uint8).reshape(-1)
+            x = _x(rng, ne0)
+            y = CK.matvec(t.id, raw, rows, ne0, x, kernel="exact", threads=2)
+            lib = CK.library(t.id, True)
+            y2 = np.empty(rows, np.float32)
+            sc = np.zeros(4 * ne0 + 64, np.uint8)
+            lib.matvec_exact(raw.ctypes.data, rows, ne0, quants.row_nbytes(t.id, ne0), x.ctypes.data,
+                             y2.ctypes.data, 1, (sc.ctypes.data + 63) // 64 * 64)
+            fin = np.isfinite(y)
+            assert np.array_equal(fin, np.isfinite(y2)) and np.array_equal(np.isnan(y), np.isnan(y2))
+            assert np.array_equal(y[fin].view(np.uint32), y2[fin].view(np.uint32)), (wild, nb)
+            assert np.array_equal(y[np.isinf(y)], y2[np.isinf(y2)])
+            if not wild:
+                assert fin.all()
+                W = dequantize_rows(raw.reshape(rows, -1), t.id, ne0)
+                assert np.array_equal(y.view(np.uint32), R.matvec(t.id, W, x).view(np.uint32))
+
+
 def test_q8_types_are_the_registry_rows_with_q8_activations():
     for type_id in Q8:
         fmt = CK.library(type_id).q8_act_format()

@@ -201,3 +201,27 @@ def test_non_finite_logits_stop_generation_with_the_position(moe_pack, monkeypat
     monkeypatch.setattr(eng.model, "step", step)
     with pytest.raises(NonFiniteLogits, match=r"position 4: 1 of \d+ logits are NaN or infinite \(first at token id 7\)"):
         generate(eng, prompt_ids=[3, 4, 5], n_tokens=6, ignore_eos=True)
+
+
+def test_shard_prefetch_maps_the_shards_and_changes_nothing(moe_pack, monkeypatch):
+    """The expert cache stage starts the shards' page-table fill in the background (madvise MADV_POPULATE_READ,
+    what llama.cpp's MAP_POPULATE does) when they fit in available memory, and says so; too little available
+    memory skips it with both numbers; populated or not, a miss computes the same bits."""
+    from strata.engine.startup import open_checked
+
+    eng = load_engine(moe_pack, n_ctx=64)
+    cp = {c.name: c for c in eng.checkpoints}
+    src = eng.model.experts.source
+    _, _, plan = open_checked(moe_pack)
+    assert src.shard_bytes() == sum(p.stat().st_size for p in plan.shard_paths.values()) > 0
+    gib = src.shard_bytes() / 2**30
+    assert cp["expert cache"].extra["shard prefetch"] == f"started ({gib:.1f} GiB of shards)"
+    il = src.layers[0]
+    x = np.random.default_rng(0).standard_normal(src.shapes[il].gate[0]).astype(np.float32)
+    before = src.ffn_many(il, [0, 1], x, kernel="q8", threads=1)
+    assert src.populate() is True  # Linux >= 5.14 (the CI and GPU machines run 6.x)
+    assert np.array_equal(src.ffn_many(il, [0, 1], x, kernel="q8", threads=1).view(np.uint32), before.view(np.uint32))
+    monkeypatch.setattr(X, "mem_available", lambda: 1024)
+    assert src.prefetch() == f"skipped: the shards ({gib:.1f} GiB) exceed available memory (0.0 GiB)"
+    monkeypatch.setattr(X, "mem_available", lambda: None)
+    assert src.prefetch() == "skipped: no /proc/meminfo"

@@ -131,11 +131,12 @@ def test_sim_fused_ring_equals_full_cache(packs):
 def test_fused_launch_count(packs, name, per_layer):
     """Per layer: q, k and v in one matvec_group launch when they share a type (gemma_swa's attn_v is
     Q8_0, its q/k Q5_0: two launches), qk_prep, attn, out, norm, gate + up in one launch, act, down,
-    norm = 9 (10); plus the staging copy and the embedding norm, plus the head matvec and the logits copy."""
+    norm = 9 (10); plus the staging copy and the embedding norm, plus the head matvec, the logit summary's two
+    kernels (cuda/logit_top.cu) and the copies of the logits and of the summary."""
     eng = load_engine(packs[name], device="cuda", n_ctx=32, backend=SimBackend())
     n_layer = eng.model.hp.n_layer
     c = eng.decoder.launches_per_token(True)
-    assert c == {"kernels": per_layer * n_layer + 2, "memcpy": 2, "total": per_layer * n_layer + 4, "host": 0}
+    assert c == {"kernels": per_layer * n_layer + 4, "memcpy": 3, "total": per_layer * n_layer + 7, "host": 0}
     assert eng.decoder.launches_per_token(False)["total"] == per_layer * n_layer + 2  # prompt positions: no head
     assert eng.gpu.launches_per_token == c
     stages = eng.decoder.stages(True)
@@ -268,14 +269,15 @@ def test_sim_q8_misses_stay_within_the_bound_for_any_cache(packs, name):
 def test_sim_fused_moe_launches_hybrid_and_full(packs):
     """Per MoE layer: q/k/v (one matvec_group launch), qk_prep, attn, out, norm; router, moe_route,
     gate + up of the selected experts (one batched launch; the preset's types agree per layer), silu_mul,
-    down, moe_combine, norm = 12 kernels. The hybrid path adds 2 copies (routing, input) and 2 host
+    down, moe_combine, norm = 12 kernels (the step's head: 4 kernels and 3 copies, test_fused_launch_count). The
+    hybrid path adds 2 copies (routing, input) and 2 host
     points per layer; with every expert resident the step is the full list: no host point."""
     full = _moe(packs, expert_cache="auto", resident="all")
     hyb = _moe(packs, expert_cache="auto", resident="half")
     L = full.model.hp.n_layer
-    assert full.decoder.launches_per_token(True) == {"kernels": 12 * L + 2, "memcpy": 2, "total": 12 * L + 4, "host": 0}
-    assert hyb.decoder.launches_per_token(True) == {"kernels": 12 * L + 2, "memcpy": 2 + 2 * L,
-                                                    "total": 14 * L + 4, "host": 2 * L}
+    assert full.decoder.launches_per_token(True) == {"kernels": 12 * L + 4, "memcpy": 3, "total": 12 * L + 7, "host": 0}
+    assert hyb.decoder.launches_per_token(True) == {"kernels": 12 * L + 4, "memcpy": 3 + 2 * L,
+                                                    "total": 14 * L + 7, "host": 2 * L}
     assert "every expert resident" in full.gpu.decode_path and "hybrid" in hyb.gpu.decode_path
     assert len(hyb.decoder.segments(True)) == 2 * L + 1
     r = generate(full, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)
@@ -451,3 +453,75 @@ def test_sim_profile_routing_two_prompts_on_the_fused_step(packs):
     sim = profile_routing(str(packs["moe"]), prompts, n_tokens=3, n_ctx=32, device="sim")
     cpu = profile_routing(str(packs["moe"]), prompts, n_tokens=3, n_ctx=32, device="cpu")
     assert sim == cpu and sum(c for _il, _e, c in sim) > 0
+
+
+# ------------------------------------------------------------------ the logit summary (cuda/logit_top.cu)
+
+def _summary_rows(rng) -> list[tuple[str, np.ndarray]]:
+    """Rows the summary must rank exactly as top_k_pairs: random, ties everywhere (a few distinct values), the best
+    value repeated at far-apart ids, +0.0 / -0.0 ties, one NaN, infinities, a vocabulary that is not a multiple of
+    anything, and the gemma vocabulary."""
+    r = [("random", rng.standard_normal(151936).astype(np.float32)),
+         ("ties", rng.integers(0, 3, 50257).astype(np.float32)),
+         ("max repeated", np.full(262144, -1.0, np.float32)),
+         ("signed zeros", np.where(rng.random(1000) < 0.5, np.float32(0.0), np.float32(-0.0)).astype(np.float32)),
+         ("small", rng.standard_normal(7).astype(np.float32))]
+    r[2][1][[262143, 5, 131072, 77, 200000, 6]] = 3.0
+    nan = rng.standard_normal(4099).astype(np.float32)
+    nan[1234] = np.nan
+    inf = rng.standard_normal(4099).astype(np.float32)
+    inf[[3, 4000]] = [np.inf, -np.inf]
+    return r + [("nan", nan), ("inf", inf)]
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+def test_cuda_logit_summary_ranks_as_top_k_pairs():
+    """The device's ranking (count of non-finite logits, best 5 by logit descending then id ascending) equals
+    strata.engine.sampling.top_k_pairs and numpy's argmax on every row, bit for bit in the logits."""
+    import cupy as cp
+
+    from strata.budget import formulas as F
+    from strata.engine.gpu.fused_ops import TOP_WORDS, CudaOps
+    from strata.engine.sampling import top_k_pairs
+
+    stream = cp.cuda.Stream(non_blocking=False)
+    ops = CudaOps(stream)
+    part = cp.zeros((F.FUSED_TOP_BYTES - 4 * TOP_WORDS) // 4, dtype=cp.float32)
+    out = cp.zeros(TOP_WORDS, dtype=cp.int32)
+    for name, row in _summary_rows(np.random.default_rng(11)):
+        y = cp.asarray(row)
+        ops.logit_top_part(y, part)()
+        ops.logit_top_final(part, out)()
+        stream.synchronize()
+        w = out.get()
+        bad = int(np.count_nonzero(~np.isfinite(row)))
+        assert w[0] == bad, name
+        if bad:
+            continue
+        k = min(5, row.size)
+        got = [(int(w[1 + i]), w[8 + i:9 + i].view(np.float32)[0].tobytes()) for i in range(k)]
+        want = [(i, np.float32(v).tobytes()) for i, v in top_k_pairs(row, 5)]
+        assert got == want, name
+        assert got[0][0] == int(np.argmax(row)), name
+
+
+def test_sim_greedy_decode_reads_the_summary_and_agrees_with_the_row(packs):
+    """A greedy decode on the fused step takes its token and top pairs from the logit summary (the row is not
+    ranked on the host); a non-greedy pick of the same argmax reads the row: the same tokens and pairs."""
+    from strata.engine.sampling import Sampler
+
+    eng = load_engine(packs["gemma3"], device="cuda", n_ctx=48, backend=SimBackend())
+    calls = []
+    real = eng.decoder.logit_summary
+
+    def spy():
+        calls.append(1)
+        return real()
+
+    eng.decoder.logit_summary = spy
+    a = generate(eng, prompt_ids=PROMPT, n_tokens=6, ignore_eos=True, sampler=Sampler())
+    assert len(calls) == 6
+    b = generate(load_engine(packs["gemma3"], device="cuda", n_ctx=48, backend=SimBackend()), prompt_ids=PROMPT,
+                 n_tokens=6, ignore_eos=True, sampler=lambda row: int(np.argmax(row)))
+    assert a.output_ids == b.output_ids and a.top == b.top

@@ -99,11 +99,12 @@ def test_cuda_files_are_package_data():
     assert missing == []
 
 
-def test_fused_source_is_prelude_and_fused_file():
+def test_fused_source_is_prelude_fused_file_and_logit_summary():
     from strata.engine.gpu import fused_ops as fused
 
     src = fused.fused_source()
-    assert src.startswith(K.cuda_file("prelude.cuh")) and src.endswith(K.cuda_file("fused.cu"))
+    top = f"#define TOPK {fused.TOP_K}\n#define TOP_THREADS {fused.TOP_THREADS}\n"
+    assert src == K.cuda_file("prelude.cuh") + K.cuda_file("fused.cu") + top + K.cuda_file("logit_top.cu")
     for name in fused.FUSED_KERNEL_NAMES:
         assert f'extern "C" __global__ void {name}(' in src
 

@@ -70,6 +70,7 @@ from typing import Any
 
 import numpy as np
 
+from strata.budget import formulas as F
 from strata.manifests.names import tensor_name
 
 from .. import layers
@@ -78,7 +79,7 @@ from ..recipe import Attention as AttentionSpec
 from ..recipe import DeltaNet, DenseFFN, MoEFFN
 from .fused_gdn import GdnBuffers, build_delta_layer, gdn_unsupported
 from .fused_moe import MAX_EXPERTS_USED, MoeStep
-from .fused_ops import MAX_GROUP, AttnIO, CudaOps, Launch, SimOps
+from .fused_ops import MAX_GROUP, TOP_K, TOP_WORDS, AttnIO, CudaOps, Launch, SimOps
 
 #: Bytes at the start of the staging buffer holding the step's integers (``pos`` at 0).
 PARAM_BYTES = 16
@@ -220,7 +221,9 @@ class FusedDecoder:
         self.stage_dev = bk.empty_bytes(stage_bytes)
         self.params_dev = self.stage_dev[:PARAM_BYTES].view(np.int32)
         self.row_dev = self.stage_dev[PARAM_BYTES:].view(np.float32)
-        self.nbytes = 4 * (2 * h.n_embd + nq + nao + n_ff + h.n_head * self.max_size) + stage_bytes
+        self.top_part = bk.empty_bytes(F.FUSED_TOP_BYTES - 4 * TOP_WORDS).view(np.float32)
+        self.top_dev = bk.empty_bytes(4 * TOP_WORDS).view(np.int32)
+        self.nbytes = 4 * (2 * h.n_embd + nq + nao + n_ff + h.n_head * self.max_size) + stage_bytes + F.FUSED_TOP_BYTES
         if self.cuda:
             import cupy as cp
 
@@ -229,10 +232,13 @@ class FusedDecoder:
             self.stage_host = np.frombuffer(self._stage_mem, np.uint8, stage_bytes)
             self._logit_mem = cp.cuda.alloc_pinned_memory(4 * n_vocab)
             self.logits_host = np.frombuffer(self._logit_mem, np.float32, n_vocab)
-            self.pinned_bytes = stage_bytes + 4 * n_vocab
+            self._top_mem = cp.cuda.alloc_pinned_memory(4 * TOP_WORDS)
+            self.top_host = np.frombuffer(self._top_mem, np.int32, TOP_WORDS)
+            self.pinned_bytes = stage_bytes + 4 * n_vocab + 4 * TOP_WORDS
         else:
             self.stage_host = np.zeros(stage_bytes, dtype=np.uint8)
             self.logits_host = np.zeros(n_vocab, dtype=np.float32)
+            self.top_host = np.zeros(TOP_WORDS, dtype=np.int32)
             self.pinned_bytes = 0
         self.stage_host[:] = 0
         self.params_host = self.stage_host[:PARAM_BYTES].view(np.int32)
@@ -321,10 +327,14 @@ class FusedDecoder:
         cap = h.logit_softcap
         if bias is not None or cap:
             add("logit_post", "head", ops.logit_post(y, bias, cap))
+        add("logit summary, part", "head", ops.logit_top_part(y, self.top_part))
+        add("logit summary", "head", ops.logit_top_final(self.top_part, self.top_dev, y))
         if self.cuda:
             add("copy logits to host", "head", ops.d2h(self._logit_mem.ptr, y, 4 * self.n_vocab), "memcpy")
+            add("copy logit summary to host", "head", ops.d2h(self._top_mem.ptr, self.top_dev, 4 * TOP_WORDS), "memcpy")
         else:
             add("copy logits to host", "head", ops.d2h(self.logits_host, y, 4 * self.n_vocab), "memcpy")
+            add("copy logit summary to host", "head", ops.d2h(self.top_host, self.top_dev, 4 * TOP_WORDS), "memcpy")
         return plan
 
     def _attention_layer(self, il, b, add, mv, mv_group, opt, norm_of) -> None:
@@ -504,6 +514,16 @@ class FusedDecoder:
         self._done.synchronize()
         layers.HostWait.ms += (time.perf_counter() - t0) * 1000
         return self.logits_host
+
+    def logit_summary(self) -> tuple[int, list[tuple[int, float]]]:
+        """After a step with logits: ``(non-finite count, pairs)`` - the count of NaN / infinite logits and the
+        best ``min(TOP_K, n_vocab)`` ``(id, logit)`` pairs by logit descending then id ascending
+        (:func:`strata.engine.sampling.top_k_pairs`'s definition; pairs[0] is the greedy token), ranked on the
+        device (cuda/logit_top.cu). The pairs mean nothing when the count is above 0."""
+        w = self.top_host
+        k = min(TOP_K, self.n_vocab)
+        vals = w[8:8 + k].view(np.float32)
+        return int(w[0]), [(int(w[1 + i]), float(vals[i])) for i in range(k)]
 
     # ------------------------------------------------------------ benchmark helpers
 

@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from strata.budget import formulas as F
+
 from .. import layers
 
 #: Threads per CTA of the attention kernel (one CTA per query head; warps split the positions).
@@ -21,15 +23,21 @@ ATTN_THREADS = 1024
 
 
 FUSED_KERNEL_NAMES = ("resid_norm", "qk_prep", "attn", "act_mul", "logit_post", "moe_route", "moe_combine",
-                      "gate_mul", "gdn_conv", "gdn_step")
+                      "gate_mul", "gdn_conv", "gdn_step", "logit_top_part", "logit_top_final")
+
+#: The logits' summary (cuda/logit_top.cu; sizes from strata.budget.formulas, which counts its bytes): the best
+#: TOP_K pairs, from TOP_PARTS CTAs of TOP_THREADS threads, into TOP_WORDS words.
+TOP_K, TOP_PARTS, TOP_WORDS = F.LOGIT_TOP_K, F.LOGIT_TOP_PARTS, F.LOGIT_TOP_WORDS
+TOP_THREADS = 256
 
 
 def fused_source() -> str:
-    """The CUDA source of the fused kernels: ``cuda/prelude.cuh`` + ``cuda/fused.cu`` (compiled with
-    :data:`strata.engine.gpu.kernels.NVRTC_OPTIONS`)."""
+    """The CUDA source of the fused kernels: ``cuda/prelude.cuh`` + ``cuda/fused.cu`` + ``cuda/logit_top.cu``
+    (compiled with :data:`strata.engine.gpu.kernels.NVRTC_OPTIONS`)."""
     from . import kernels as K
 
-    return K.cuda_file("prelude.cuh") + K.cuda_file("fused.cu")
+    top = f"#define TOPK {TOP_K}\n#define TOP_THREADS {TOP_THREADS}\n"
+    return K.cuda_file("prelude.cuh") + K.cuda_file("fused.cu") + top + K.cuda_file("logit_top.cu")
 
 
 @functools.lru_cache(maxsize=1)
@@ -241,6 +249,12 @@ class CudaOps:
         return self._call(self.k["logit_post"], ((n + 255) // 256,), (256,),
                           (y, self._p(bias), np.int32(n), inv, np.float32(cap or 0), np.int32(bool(cap))))
 
+    def logit_top_part(self, y, part):
+        return self._call(self.k["logit_top_part"], (TOP_PARTS,), (TOP_THREADS,), (y, np.int32(y.size), part))
+
+    def logit_top_final(self, part, out, y=None):
+        return self._call(self.k["logit_top_final"], (1,), (TOP_PARTS,), (part, out))
+
     def moe_route(self, M: MoeIO):
         return self._call(self.k["moe_route"], (1,), (_threads(min(M.n_expert, 1024)),),
                           (M.logits, np.int32(M.n_expert), np.int32(M.k), np.int32(M.norm), M.slot_of,
@@ -422,9 +436,26 @@ class SimOps:
     def d2h(self, dst, src, nbytes: int):
         return lambda: dst.__setitem__(Ellipsis, src)
 
+    def logit_top_part(self, y, part):
+        return lambda: None  # the sim ranks in logit_top_final
+
+    def logit_top_final(self, part, out, y=None):
+        """``out`` (int32 [TOP_WORDS]) as cuda/logit_top.cu fills it, from ``y`` by top_k_pairs' definition."""
+        from ..sampling import top_k_pairs
+
+        def run():
+            bad = int(np.count_nonzero(~np.isfinite(y)))
+            out[...] = 0
+            out[0] = bad
+            if not bad:
+                pairs = top_k_pairs(y, TOP_K)
+                out[1:1 + len(pairs)] = [i for i, _ in pairs]
+                out[8:8 + len(pairs)] = np.array([v for _, v in pairs], dtype=np.float32).view(np.int32)
+        return run
+
 
 # ---------------------------------------------------------------------------- the decoder
 
 
-__all__ = ["ATTN_THREADS", "MAX_GROUP", "AttnIO", "CudaOps", "FUSED_KERNEL_NAMES", "GdnIO", "Launch", "MoeIO", "SimOps",
+__all__ = ["ATTN_THREADS", "MAX_GROUP", "TOP_K", "TOP_PARTS", "TOP_THREADS", "TOP_WORDS", "AttnIO", "CudaOps", "FUSED_KERNEL_NAMES", "GdnIO", "Launch", "MoeIO", "SimOps",
            "fused_kernels", "fused_source"]

@@ -101,6 +101,9 @@ COMPILE_MODE: str | None = None
 WARPS_PER_CTA = 4
 ROWS_PER_WARP = int(os.environ.get("STRATA_MATVEC_RPW", "2"))
 MATVEC_MIN_BLOCKS = int(os.environ.get("STRATA_MATVEC_MIN_BLOCKS", "5"))
+#: ``STRATA_PLAIN_I2F=1``: the per-value int -> f32 conversions by I2F instead of prelude.cuh ``i2f``'s
+#: exact add-and-subtract (the same floats; for bench/matvec_variants.py and bench_gpu.py A/B runs only).
+PLAIN_I2F = os.environ.get("STRATA_PLAIN_I2F") == "1"
 ROWS_PER_CTA = WARPS_PER_CTA * ROWS_PER_WARP
 
 #: The CUDA source files, installed with the package (pyproject.toml package-data).
@@ -173,7 +176,7 @@ def source_for(type_id: int, *, with_kernels: bool = True) -> str:
                                   f"{sorted(quants.qtype(i).name for i in SUPPORTED_TYPES)}")
     plain = t.block_elems == 1
     type_code = cuda_file(f"types/{t.name}.cuh")
-    code = cuda_file("prelude.cuh") + _tables_source(type_code) + ("" if plain else type_defines(t.id)) + type_code
+    code = ("#define STRATA_PLAIN_I2F 1\n" if PLAIN_I2F else "") + cuda_file("prelude.cuh") + _tables_source(type_code) + ("" if plain else type_defines(t.id)) + type_code
     if not with_kernels:
         return code
     shape = (f"#define RPW {ROWS_PER_WARP}\n#define MV_BOUNDS "

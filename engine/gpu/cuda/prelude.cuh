@@ -37,6 +37,22 @@ __device__ __forceinline__ u32 ld16_aligned(const u8* p) {
     return (u32)v;
 #endif
 }
+#ifdef __CUDA_ARCH__
+// On the device without a branch on the alignment (lanes whose chunks differ in alignment - 210-byte Q6_K
+// blocks - would run every branch): the aligned words around p, funnel-shifted by p's byte offset. The word past
+// the last is read only when p is not aligned (its bytes are then inside the buffer: the blocks are contiguous).
+__device__ __forceinline__ void load_words(const u8* __restrict__ p, u32* w, const int n) {
+    const u32* a = (const u32*)(((unsigned long long)p) & ~3ull);
+    const u32 sh = 8u * (u32)(((unsigned long long)p) & 3ull);
+    u32 prev = a[0];
+#pragma unroll
+    for (int i = 0; i < n / 4; ++i) {
+        const u32 nxt = (i + 1 < n / 4 || sh) ? a[i + 1] : 0u;
+        w[i] = __funnelshift_r(prev, nxt, sh);
+        prev = nxt;
+    }
+}
+#else
 __device__ __forceinline__ void load_words(const u8* __restrict__ p, u32* w, const int n) {
     if ((((unsigned long long)p) & 3ull) == 0) {
 #pragma unroll
@@ -49,6 +65,7 @@ __device__ __forceinline__ void load_words(const u8* __restrict__ p, u32* w, con
         for (int i = 0; i < n / 4; ++i) w[i] = ld32(p + 4 * i);
     }
 }
+#endif
 #define byte_of(w, i) ((int)(((w)[(i) >> 2] >> (8 * ((i) & 3))) & 255u))
 // IEEE fp16 -> f32, exact for every finite pattern (subnormals included). On the device the
 // hardware conversion (cvt.f32.f16); the software version is its host twin for the CPU check.
@@ -70,6 +87,21 @@ __device__ __forceinline__ float h2f(u32 h) {
     if (ex == 31) return __uint_as_float(sign | 0x7f800000u | (man << 13));
     return __uint_as_float(sign | ((ex + 112u) << 23) | (man << 13));
 }
+#endif
+// An int v with |v| < 2^22 as f32: exactly (float)v. On the device through 1.5 * 2^23 (0x4B400000): adding v to
+// that float's bit pattern gives the float 12582912 + v (the mantissa stays in range, ulp 1), and subtracting
+// 12582912.0f leaves v, both steps exact - an integer add and an f32 subtract instead of the I2F conversion,
+// which Hopper issues at 16 per clock per SM (CUDA C++ Programming Guide, arithmetic instruction throughput)
+// against 64-128 for the integer and f32 ops. On the host (and with STRATA_PLAIN_I2F, for benchmarks) the plain
+// conversion: the same value.
+// u2f: the same for an unsigned v < 2^23 through 2^23 (0x4B000000): an OR the compiler merges with the mask
+// that extracted v (one LOP3), then the exact subtract.
+#if defined(__CUDA_ARCH__) && !defined(STRATA_PLAIN_I2F)
+__device__ __forceinline__ float i2f(int v) { return __int_as_float(0x4B400000 + v) - 12582912.0f; }
+__device__ __forceinline__ float u2f(u32 v) { return __uint_as_float(0x4B000000u | v) - 8388608.0f; }
+#else
+__device__ __forceinline__ float i2f(int v) { return (float)v; }
+__device__ __forceinline__ float u2f(u32 v) { return (float)v; }
 #endif
 // Q4_K / Q5_K 6-bit scale and min of sub-block g (ggml-quants.c get_scale_min_k4).
 __device__ __forceinline__ void scale_min_k4(const u8* s, int g, int* scv, int* mv) {

@@ -18,7 +18,7 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
             const u32 sg = ksigns_iq2xs[v >> 9];
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                const float w = db * (float)g[j];
+                const float w = db * i2f(g[j]);
                 y[16 * half + 8 * m + j] = ((sg >> j) & 1u) ? -w : w;
             }
         }

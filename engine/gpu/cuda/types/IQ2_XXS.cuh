@@ -14,7 +14,7 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
         const u32 sg = ksigns_iq2xs[(a1 >> (7 * l)) & 127u];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            const float v = db * (float)g[j];
+            const float v = db * i2f(g[j]);
             y[8 * l + j] = ((sg >> j) & 1u) ? -v : v;
         }
     }

@@ -14,8 +14,8 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
         const u8* g2 = iq3xxs_grid + 4 * qs[2 * l + 1];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const float v1 = db * (float)g1[j];
-            const float v2 = db * (float)g2[j];
+            const float v1 = db * i2f(g1[j]);
+            const float v2 = db * i2f(g2[j]);
             y[8 * l + j] = ((sg >> j) & 1u) ? -v1 : v1;
             y[8 * l + 4 + j] = ((sg >> (j + 4)) & 1u) ? -v2 : v2;
         }

@@ -5,7 +5,7 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
     const float d = sc[0];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-        y[j] = d * (float)kvalues_iq4nl[q[j] & 15];
-        y[j + 16] = d * (float)kvalues_iq4nl[q[j] >> 4];
+        y[j] = d * i2f(kvalues_iq4nl[q[j] & 15]);
+        y[j + 16] = d * i2f(kvalues_iq4nl[q[j] >> 4]);
     }
 }

@@ -10,7 +10,7 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
     const float dl = d * (float)(ls - 32);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-        y[j] = dl * (float)kvalues_iq4nl[qs[j] & 15];
-        y[j + 16] = dl * (float)kvalues_iq4nl[qs[j] >> 4];
+        y[j] = dl * i2f(kvalues_iq4nl[qs[j] & 15]);
+        y[j + 16] = dl * i2f(kvalues_iq4nl[qs[j] >> 4]);
     }
 }

@@ -5,5 +5,5 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
     const float d = sc[0];
     const u8* qb = q + 8 * sub;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) y[j] = (float)((int)((qb[j >> 2] >> (2 * (j & 3))) & 3) - 1) * d;
+    for (int j = 0; j < 32; ++j) y[j] = i2f((int)((qb[j >> 2] >> (2 * (j & 3))) & 3) - 1) * d;
 }

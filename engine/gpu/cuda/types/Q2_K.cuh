@@ -14,7 +14,7 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
 #pragma unroll
         for (int l = 0; l < 16; ++l) {
             const int ll = 16 * half + l;
-            y[ll] = dl * (float)((qs[32 * h + ll] >> sh) & 3) - ml;
+            y[ll] = dl * u2f((u32)(qs[32 * h + ll] >> sh) & 3u) - ml;
         }
     }
 }

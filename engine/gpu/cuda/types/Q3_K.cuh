@@ -18,7 +18,7 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
             const int ll = 16 * half + l;
             const int ql = (qs[32 * h + ll] >> sh) & 3;
             const int hb = (hm[ll] >> sub) & 1;
-            y[ll] = dl * (float)(ql - ((hb ^ 1) << 2));
+            y[ll] = dl * i2f(ql - ((hb ^ 1) << 2));
         }
     }
 }

@@ -7,7 +7,7 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
     load_words(q, b, 16);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-        y[j] = d * (float)((int)(byte_of(b, j) & 15) - 8);
-        y[j + 16] = d * (float)((int)(byte_of(b, j) >> 4) - 8);
+        y[j] = d * i2f((int)(byte_of(b, j) & 15) - 8);
+        y[j + 16] = d * i2f((int)(byte_of(b, j) >> 4) - 8);
     }
 }

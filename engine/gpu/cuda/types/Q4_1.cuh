@@ -4,7 +4,7 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
     const float d = sc[0], m = sc[1];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-        y[j] = d * (float)(q[j] & 15) + m;
-        y[j + 16] = d * (float)(q[j] >> 4) + m;
+        y[j] = d * i2f(q[j] & 15) + m;
+        y[j + 16] = d * i2f(q[j] >> 4) + m;
     }
 }

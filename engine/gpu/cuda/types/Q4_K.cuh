@@ -14,5 +14,5 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
     load_words(qs + 32 * (g >> 1), qq, 32);
     const int sh = 4 * (g & 1);
 #pragma unroll
-    for (int l = 0; l < 32; ++l) y[l] = D * (float)((byte_of(qq, l) >> sh) & 15) - DM;
+    for (int l = 0; l < 32; ++l) y[l] = D * u2f((u32)(byte_of(qq, l) >> sh) & 15u) - DM;
 }

@@ -9,7 +9,7 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
     for (int j = 0; j < 16; ++j) {
         const int lo = (int)((qs[j] & 15) | (((qh >> j) & 1u) << 4));
         const int hi = (int)((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
-        y[j] = d * (float)(lo - 16);
-        y[j + 16] = d * (float)(hi - 16);
+        y[j] = d * i2f(lo - 16);
+        y[j + 16] = d * i2f(hi - 16);
     }
 }

@@ -8,7 +8,7 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
     for (int j = 0; j < 16; ++j) {
         const u32 lo = (qs[j] & 15) | (((qh >> j) & 1u) << 4);
         const u32 hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4);
-        y[j] = d * (float)lo + m;
-        y[j + 16] = d * (float)hi + m;
+        y[j] = d * i2f((int)lo) + m;
+        y[j + 16] = d * i2f((int)hi) + m;
     }
 }

@@ -17,6 +17,6 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
 #pragma unroll
     for (int l = 0; l < 32; ++l) {
         const int v = ((byte_of(qq, l) >> sh) & 15) | (((byte_of(hh, l) >> g) & 1) << 4);
-        y[l] = D * (float)v - DM;
+        y[l] = D * u2f((u32)v) - DM;
     }
 }

@@ -19,7 +19,7 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
         for (int l = 0; l < 16; ++l) {
             const int ll = 16 * half + l;
             const int v = ((byte_of(lq, ll) >> lsh) & 15) | (((byte_of(hq, ll) >> hsh) & 3) << 4);
-            y[ll] = D * (float)(v - 32);
+            y[ll] = D * i2f(v - 32);
         }
     }
 }

@@ -5,5 +5,5 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
     u32 b[8];
     load_words(q, b, 32);
 #pragma unroll
-    for (int j = 0; j < 32; ++j) y[j] = (float)(int)(i8)byte_of(b, j) * d;
+    for (int j = 0; j < 32; ++j) y[j] = i2f((int)(i8)byte_of(b, j)) * d;
 }
