@@ -17,6 +17,39 @@
 // low 4 bits (ql[64 h + 32 (k & 1) + i] >> 4 (k >> 1)) & 15, high 2 bits (qh[32 h + i] >> 2 k) & 3,
 // scale scales[2 c + (i >= 16)] (ggml-quants.c dequantize_row_q6_K).
 
+// Shared with the q8 kernels (cpu_q8.c, cpu_q8_dots.c, concatenated after this file):
+// unaligned little-endian loads - one instruction on x86 (the SIMD builds), the prelude's portable byte loads in
+// the scalar build (any host, the same values) - and the Q4_K / Q5_K scale unpacking.
+#if defined(__AVX2__) && !defined(STRATA_SCALAR)
+static inline u32 q8_ld32(const u8* p) { u32 v; memcpy(&v, p, 4); return v; }
+static inline u32 q8_ld16(const u8* p) { unsigned short v; memcpy(&v, p, 2); return v; }
+#else
+#define q8_ld32 ld32
+#define q8_ld16 ld16
+#endif
+// fp16 -> f32, exact: F16C's conversion where the SIMD build has it, else the prelude's h2f (the same value).
+static inline float q8_h2f(u32 h) {
+#if defined(__AVX2__) && !defined(STRATA_SCALAR) && defined(__F16C__)
+    return _cvtsh_ss((unsigned short)h);
+#else
+    return h2f(h);
+#endif
+}
+
+#if defined(STRATA_T_Q4_K) || defined(STRATA_T_Q5_K)
+// The 8 scales and 8 mins (6 bits each) of scales[12] as bytes 0..7 and 8..15 of u[4] (little-endian words):
+// get_scale_min_k4 (ggml-quants.c) for g = 0..7, by the word masks of ggml-cpu/quants.c
+// ggml_vec_dot_q4_K_q8_K_generic (kmask1 0x3f3f3f3f, kmask2 0x0f0f0f0f, kmask3 0x03030303).
+static inline void k4_scales(const u8* s, u32* u) {
+    const u32 a = q8_ld32(s), b = q8_ld32(s + 4), c = q8_ld32(s + 8);
+    u[0] = a & 0x3f3f3f3fu;                                                  // scales 0..3
+    u[1] = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);             // scales 4..7
+    u[2] = b & 0x3f3f3f3fu;                                                  // mins 0..3
+    u[3] = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);      // mins 4..7
+}
+static inline int k4_byte(const u32* u, int i) { return (int)((u[i >> 2] >> (8 * (i & 3))) & 0xffu); }
+#endif
+
 #if defined(__AVX2__) && !defined(STRATA_SCALAR) && (defined(STRATA_T_Q4_K) || defined(STRATA_T_Q6_K))
 #define EXACT_BLOCK8 1
 
@@ -36,6 +69,28 @@ static inline void transpose_bytes_4x32(const u8* r0, const u8* r1, const u8* r2
     _mm256_storeu_si256((__m256i*)(words + 24), _mm256_permute2x128_si256(w2, w3, 0x31));
 }
 
+#if defined(STRATA_T_Q4_K)
+// D[g] = d * scale_g, DM[g] = dmin * min_g for the 8 sub-blocks (k4_scales' bytes widened to f32 in 8 lanes: the
+// scalar d * (float)scv of deq_chunk, lane by lane).
+static inline void q4k_scales8(const u8* b, __m256* D, __m256* DM) {
+    u32 u[4];
+    k4_scales(b + 4, u);
+    const __m128i bytes = _mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]);  // registers, not memory
+    *D = _mm256_mul_ps(_mm256_set1_ps(q8_h2f(q8_ld16(b))), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)));
+    *DM = _mm256_mul_ps(_mm256_set1_ps(q8_h2f(q8_ld16(b + 2))),
+                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))));
+}
+#else
+// D0[c] = d * scales[2c], D1[c] = d * scales[2c + 1] (int8) for the 8 chunks (deq_chunk's d * (float)(int)scs[..]).
+static inline void q6k_scales8(const u8* b, __m256* D0, __m256* D1) {
+    const __m128i sc = _mm_loadu_si128((const __m128i*)(b + 192));
+    const __m128i eo = _mm_shuffle_epi8(sc, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+    const __m256 d = _mm256_set1_ps(q8_h2f(q8_ld16(b + 208)));
+    *D0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eo)));
+    *D1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(eo, 8))));
+}
+#endif
+
 // Lanes of s[j] = the 32-term sums of the 8 chunks of block blk[j] (native bytes), j < NB (1 or 2), against x
 // laid out as exact_prep does: value i of chunk k at xx[j][8 i + k]. Two blocks run in one loop so that their
 // chains of additions (each s[j] is 32 dependent adds, the add's latency bounds one chain) overlap.
@@ -53,18 +108,10 @@ static inline void transpose_bytes_4x32(const u8* r0, const u8* r1, const u8* r2
 // per block: D = d * sc, DM = dmin * m per sub-block g (lane g); word_i's nibble g is value i of sub-block g
 #define EXACT_PREP(NB)                                                                                            \
     for (int j = 0; j < NB; ++j) {                                                                                \
-        const float d = h2f(ld16(blk[j])), dmin = h2f(ld16(blk[j] + 2));                                          \
-        float D[8], DM[8];                                                                                        \
-        for (int g = 0; g < 8; ++g) {                                                                             \
-            int scv, mv;                                                                                          \
-            scale_min_k4(blk[j] + 4, g, &scv, &mv);                                                               \
-            D[g] = d * (float)scv;                                                                                \
-            DM[g] = dmin * (float)mv;                                                                             \
-        }                                                                                                         \
         const u8* qs = blk[j] + 16;                                                                               \
         transpose_bytes_4x32(qs, qs + 32, qs + 64, qs + 96, words[j]);                                            \
-        vd[j][0] = vd[j][1] = _mm256_loadu_ps(D);                                                                 \
-        vm[j] = _mm256_loadu_ps(DM);                                                                              \
+        q4k_scales8(blk[j], &vd[j][0], &vm[j]);                                                                   \
+        vd[j][1] = vd[j][0];                                                                                      \
     }                                                                                                             \
     const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), m15 = _mm256_set1_epi32(15);
 #define EXACT_W(j, i)                                                                                             \
@@ -76,17 +123,9 @@ static inline void transpose_bytes_4x32(const u8* r0, const u8* r1, const u8* r2
     for (int j = 0; j < NB; ++j) {                                                                                \
         const u8* ql = blk[j];                                                                                    \
         const u8* qh = blk[j] + 128;                                                                              \
-        const i8* scs = (const i8*)(blk[j] + 192);                                                                \
-        const float d = h2f(ld16(blk[j] + 208));                                                                  \
-        float D0[8], D1[8];                                                                                       \
-        for (int c = 0; c < 8; ++c) {                                                                             \
-            D0[c] = d * (float)(int)scs[2 * c];                                                                   \
-            D1[c] = d * (float)(int)scs[2 * c + 1];                                                               \
-        }                                                                                                         \
         transpose_bytes_4x32(ql, ql + 32, ql + 64, ql + 96, words[j]);                                            \
         transpose_bytes_4x32(qh, qh + 32, qh, qh + 32, hwords[j]); /* bytes 2, 3 unused */                        \
-        vd[j][0] = _mm256_loadu_ps(D0);                                                                           \
-        vd[j][1] = _mm256_loadu_ps(D1);                                                                           \
+        q6k_scales8(blk[j], &vd[j][0], &vd[j][1]);                                                                \
         vm[j] = _mm256_setzero_ps();                                                                              \
     }                                                                                                             \
     const __m256i shl = _mm256_setr_epi32(0, 8, 4, 12, 16, 24, 20, 28);                                           \
@@ -100,4 +139,106 @@ static inline void transpose_bytes_4x32(const u8* r0, const u8* r1, const u8* r2
 #endif
 EXACT_BLOCKS(1)
 EXACT_BLOCKS(2)
+
+// AVX-512: two blocks per 16-lane vector, lane 2k + j = chunk k of block j of the pair (the 32-bit words of both
+// blocks interleaved into 64-bit pairs, one broadcast per value); x laid out to match (exact_prep_pairs). The
+// same per-lane arithmetic as the 8-lane code above, twice as many lanes per instruction.
+#if defined(__AVX512F__)
+#define EXACT_PAIR512 1
+
+// xt for the pair path: blocks 2p, 2p + 1 (of 8 chunks each) at xt[512 p + 16 i + 2 k + j] (value i of chunk k of
+// block 2p + j); a last odd block in exact_prep's layout (xt[256 b + 8 i + k]).
+static void exact_prep_pairs(const float* x, int ne0, float* xt) {
+    const int nb = ne0 / 256;
+    for (int p = 0; p < nb / 2; ++p)
+        for (int j = 0; j < 2; ++j)
+            for (int k = 0; k < 8; ++k)
+                for (int i = 0; i < 32; ++i) xt[512 * p + 16 * i + 2 * k + j] = x[(i64)(8 * (2 * p + j) + k) * 32 + i];
+    if (nb & 1)
+        for (int k = 0; k < 8; ++k)
+            for (int i = 0; i < 32; ++i) xt[256 * (nb - 1) + 8 * i + k] = x[(i64)(8 * (nb - 1) + k) * 32 + i];
+}
+
+// w64[i] = a[i] | b[i] << 32 (i < 32)
+static inline void pair_words(const u32* a, const u32* b, unsigned long long* w64) {
+    for (int q = 0; q < 4; ++q) {
+        const __m256i va = _mm256_loadu_si256((const __m256i*)(a + 8 * q)), vb = _mm256_loadu_si256((const __m256i*)(b + 8 * q));
+        const __m256i lo = _mm256_unpacklo_epi32(va, vb), hi = _mm256_unpackhi_epi32(va, vb);
+        _mm256_storeu_si256((__m256i*)(w64 + 8 * q), _mm256_permute2x128_si256(lo, hi, 0x20));
+        _mm256_storeu_si256((__m256i*)(w64 + 8 * q + 4), _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+}
+
+// lane 2k + j = lane k of v[j]
+static inline __m512 interleave16(__m256 a, __m256 b) {
+    const __m512i idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    return _mm512_permutex2var_ps(_mm512_castps256_ps512(a), idx, _mm512_castps256_ps512(b));
+}
+
+// s[t] (t < NP pairs): lane 2k + j = the 32-term sum of chunk k of block blk[2t + j], against xx[t] (the pair
+// layout). The pairs' chains run in one loop.
+#if defined(STRATA_T_Q4_K)
+#define EXACT_PAIRS(NP)                                                                                           \
+    static inline void exact_pair512_##NP(const u8* const* blk, const float* const* xx, __m512* s) {             \
+        unsigned long long w64[NP][32];                                                                           \
+        __m512 vd[NP], vm[NP];                                                                                    \
+        for (int t = 0; t < NP; ++t) {                                                                            \
+            u32 words[2][32];                                                                                     \
+            __m256 D[2], DM[2];                                                                                   \
+            for (int j = 0; j < 2; ++j) {                                                                         \
+                const u8* b = blk[2 * t + j];                                                                     \
+                q4k_scales8(b, &D[j], &DM[j]);                                                                    \
+                transpose_bytes_4x32(b + 16, b + 48, b + 80, b + 112, words[j]);                                  \
+            }                                                                                                     \
+            pair_words(words[0], words[1], w64[t]);                                                               \
+            vd[t] = interleave16(D[0], D[1]);                                                                     \
+            vm[t] = interleave16(DM[0], DM[1]);                                                                   \
+            s[t] = _mm512_setzero_ps();                                                                           \
+        }                                                                                                         \
+        const __m512i sh = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);           \
+        const __m512i m15 = _mm512_set1_epi32(15);                                                                \
+        for (int i = 0; i < 32; ++i)                                                                              \
+            for (int t = 0; t < NP; ++t) {                                                                        \
+                const __m512i q = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi64((long long)w64[t][i]), sh), m15); \
+                const __m512 w = _mm512_sub_ps(_mm512_mul_ps(vd[t], _mm512_cvtepi32_ps(q)), vm[t]);              \
+                s[t] = _mm512_add_ps(s[t], _mm512_mul_ps(w, _mm512_loadu_ps(xx[t] + 16 * i)));                    \
+            }                                                                                                     \
+    }
+#else  // Q6_K
+#define EXACT_PAIRS(NP)                                                                                           \
+    static inline void exact_pair512_##NP(const u8* const* blk, const float* const* xx, __m512* s) {             \
+        unsigned long long w64[NP][32], h64[NP][32];                                                              \
+        __m512 vd[NP][2];                                                                                         \
+        for (int t = 0; t < NP; ++t) {                                                                            \
+            u32 words[2][32], hwords[2][32];                                                                      \
+            __m256 D0[2], D1[2];                                                                                  \
+            for (int j = 0; j < 2; ++j) {                                                                         \
+                const u8* b = blk[2 * t + j];                                                                     \
+                q6k_scales8(b, &D0[j], &D1[j]);                                                                   \
+                transpose_bytes_4x32(b, b + 32, b + 64, b + 96, words[j]);                                        \
+                transpose_bytes_4x32(b + 128, b + 160, b + 128, b + 160, hwords[j]);                              \
+            }                                                                                                     \
+            pair_words(words[0], words[1], w64[t]);                                                               \
+            pair_words(hwords[0], hwords[1], h64[t]);                                                             \
+            vd[t][0] = interleave16(D0[0], D0[1]);                                                                \
+            vd[t][1] = interleave16(D1[0], D1[1]);                                                                \
+            s[t] = _mm512_setzero_ps();                                                                           \
+        }                                                                                                         \
+        const __m512i shl = _mm512_setr_epi32(0, 0, 8, 8, 4, 4, 12, 12, 16, 16, 24, 24, 20, 20, 28, 28);          \
+        const __m512i shh = _mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14);              \
+        const __m512i m15 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3), b32 = _mm512_set1_epi32(32);        \
+        for (int half = 0; half < 2; ++half) /* the scale is per 16 values: constant in each half */              \
+            for (int i = 16 * half; i < 16 * half + 16; ++i)                                                      \
+                for (int t = 0; t < NP; ++t) {                                                                    \
+                    const __m512i lo = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi64((long long)w64[t][i]), shl), m15); \
+                    const __m512i hi = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi64((long long)h64[t][i]), shh), m3);  \
+                    const __m512i v = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), b32);       \
+                    const __m512 w = _mm512_mul_ps(vd[t][half], _mm512_cvtepi32_ps(v));                           \
+                    s[t] = _mm512_add_ps(s[t], _mm512_mul_ps(w, _mm512_loadu_ps(xx[t] + 16 * i)));                \
+                }                                                                                                 \
+    }
+#endif
+EXACT_PAIRS(1)
+EXACT_PAIRS(2)
+#endif
 #endif

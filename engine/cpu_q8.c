@@ -88,25 +88,11 @@ int q8_simd(void) {
 #endif
 }
 
-// Unaligned little-endian loads: one instruction on x86 (the SIMD build); the prelude's portable byte loads in the
-// scalar build (any host, same values).
-#ifdef Q8_AVX2
-static inline u32 q8_ld32(const u8* p) { u32 v; memcpy(&v, p, 4); return v; }
-static inline u32 q8_ld16(const u8* p) { unsigned short v; memcpy(&v, p, 2); return v; }
-#else
-#define q8_ld32 ld32
-#define q8_ld16 ld16
-#endif
+// q8_ld32 / q8_ld16 (unaligned little-endian loads): cpu_exact_simd.c, concatenated first.
 
 // ------------------------------------------------------------------ fp16 <-> f32 (exact / round to nearest even)
 
-static inline float q8_h2f(u32 h) {
-#if defined(Q8_AVX2) && defined(__F16C__)
-    return _cvtsh_ss((unsigned short)h);
-#else
-    return h2f(h);
-#endif
-}
+// q8_h2f (fp16 -> f32, exact): cpu_exact_simd.c, concatenated first.
 
 // f32 -> fp16 bits, round to nearest even (IEEE; what F16C's _cvtss_sh(x, 0) and numpy's astype(float16) do):
 // overflow to inf, subnormal halves rounded at 2^-24, NaN -> 0x7e00.

@@ -140,19 +140,7 @@ static float dot_row(const u8* row, const Act* A, int ne0) {
 #define HAS_MIN 0
 #endif
 
-#if defined(STRATA_T_Q4_K) || defined(STRATA_T_Q5_K)
-// The 8 scales and 8 mins (6 bits each) of scales[12] as bytes 0..7 and 8..15 of u[4] (little-endian words):
-// get_scale_min_k4 (ggml-quants.c) for g = 0..7, by the word masks of ggml-cpu/quants.c
-// ggml_vec_dot_q4_K_q8_K_generic (kmask1 0x3f3f3f3f, kmask2 0x0f0f0f0f, kmask3 0x03030303).
-static inline void k4_scales(const u8* s, u32* u) {
-    const u32 a = q8_ld32(s), b = q8_ld32(s + 4), c = q8_ld32(s + 8);
-    u[0] = a & 0x3f3f3f3fu;                                                  // scales 0..3
-    u[1] = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);             // scales 4..7
-    u[2] = b & 0x3f3f3f3fu;                                                  // mins 0..3
-    u[3] = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);      // mins 4..7
-}
-static inline int k4_byte(const u32* u, int i) { return (int)((u[i >> 2] >> (8 * (i & 3))) & 0xffu); }
-#endif
+// k4_scales / k4_byte (Q4_K, Q5_K scale unpacking): cpu_exact_simd.c, concatenated first.
 
 #if defined(STRATA_T_Q3_K)
 // The 16 scales of scales[12] (6 bits, before the -32) as bytes 0..15 of u[4]: dequantize_row_q3_K's
