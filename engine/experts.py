@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
+from strata.packer import quants
 from strata.packer.packfmt import ExpertLayer
 
 from . import cpukernels, layers
@@ -55,6 +56,17 @@ class ShardExperts:
         self.rows: dict[int, ExpertLayer] = dict(plan.experts)
         self.shapes = dict(plan.expert_shapes)
         self._maps = {k: np.memmap(p, dtype=np.uint8, mode="r") for k, p in plan.shard_paths.items()}
+        # each shard's address in this process and size (bytes): the token path hands the C kernels addresses
+        self._base = {k: (int(m.ctypes.data) if m.size else 0, int(m.size)) for k, m in self._maps.items()}
+        for il, r in self.rows.items():  # a part's bytes are its rows x the row size of its type (checked once)
+            shp = self.shapes[il]
+            for part, t, (ne0, rows), nbytes in (("gate", r.gate_type, shp.gate, r.gate_bytes),
+                                                 ("up", r.up_type, shp.up, r.up_bytes),
+                                                 ("down", r.down_type, shp.down, r.down_bytes)):
+                need = quants.row_nbytes(t, ne0) * rows
+                if nbytes != need:
+                    raise ValueError(f"blk.{il} {part} experts: {nbytes} bytes per expert in native_experts.txt, "
+                                     f"{quants.qtype(t).name} x {ne0} x {rows} is {need}")
 
     @property
     def layers(self) -> list[int]:
@@ -97,16 +109,34 @@ class ShardExperts:
                 ok = False
         return ok
 
-    def raw(self, il: int, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Expert ``e`` of layer ``il`` as three read-only byte views ``(gate, up, down)`` of the shards."""
+    def locate(self, il: int, e: int) -> list[tuple[int, int, int]]:
+        """Where expert ``e`` of layer ``il`` is: ``(shard, absolute offset, bytes)`` of its gate, up and down
+        weights (``native_experts.txt``), each checked to lie inside its shard - the one place an expert's bytes
+        are located (:meth:`raw` and :meth:`addresses` use it).
+
+        Raises:
+            KeyError: ``il`` is not an MoE layer. ValueError: a negative ``e``, or bytes past the shard's end
+            (both numbers in the message).
+        """
         out = []
         for part, shard, off, nbytes in self.rows[il].ranges(e):
-            m = self._maps[shard]
-            if e < 0 or off + nbytes > m.size:
+            size = self._base[shard][1]
+            if e < 0 or off + nbytes > size:
                 raise ValueError(f"blk.{il} expert {e}: {part} bytes {off}..{off + nbytes} are not in shard {shard} "
-                                 f"({m.size} bytes)")
-            out.append(m[off:off + nbytes])
-        return out[0], out[1], out[2]
+                                 f"({size} bytes)")
+            out.append((shard, off, nbytes))
+        return out
+
+    def raw(self, il: int, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Expert ``e`` of layer ``il`` as three read-only byte views ``(gate, up, down)`` of the shards."""
+        v = [self._maps[shard][off:off + nbytes] for shard, off, nbytes in self.locate(il, e)]
+        return v[0], v[1], v[2]
+
+    def addresses(self, il: int, e: int) -> tuple[int, int, int]:
+        """The addresses in this process of expert ``e``'s gate, up and down bytes (the mapped shards; valid
+        while this object lives): what the token path hands the C kernels, without building views."""
+        a = [self._base[shard][0] + off for shard, off, _n in self.locate(il, e)]
+        return a[0], a[1], a[2]
 
     def weights(self, il: int, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Expert ``e`` of layer ``il`` dequantized: f32 ``gate [n_ff, n_embd]``, ``up [n_ff, n_embd]``,
@@ -159,22 +189,34 @@ class ShardExperts:
         def prep(v: np.ndarray, t: int) -> np.ndarray:
             return qa(np, v, t) if act_quant and cpukernels.kernel_for(t, kernel) != "q8" else v
 
-        raws = [self.raw(il, int(e)) for e in experts]
-        n = len(raws)
+        if x.shape != (ge0,) or ue0 != ge0:
+            raise ValueError(f"blk.{il} experts: x has shape {x.shape}, the gate and up rows have {ge0} / {ue0} values")
+        addrs = [self.addresses(il, int(e)) for e in experts]
+        n = len(addrs)
         if n == 0:
             return np.zeros((0, dr), dtype=np.float32)
+
+        ga, ua, da = ([a[p] for a in addrs] for p in range(3))
+
+        def products(t: int, bases: list[int], rows: int, ne0: int, xs: list[np.ndarray]) -> np.ndarray:
+            # y[m] = W_m @ xs[m] in one C call (the parts' byte counts were checked at construction, x's above)
+            out = np.empty(len(xs) * rows, dtype=np.float32)
+            ptrs = np.array([v.__array_interface__["data"][0] for v in xs], dtype=np.uint64)
+            cpukernels.call_many(t, kernel, np.array(bases, dtype=np.uint64), rows, ne0, quants.row_nbytes(t, ne0),
+                                 ptrs, out, threads)
+            return out.reshape(len(xs), rows)
+
         xg, xu = prep(x, gt), prep(x, ut)
         if (gt, ge0, gr) == (ut, ue0, ur) and (xg is xu or gt == ut):
-            gu = cpukernels.matvec_many(gt, [r[0] for r in raws] + [r[1] for r in raws], gr, ge0,
-                                        [xg] * n + [xu] * n, kernel=kernel, threads=threads)
+            gu = products(gt, ga + ua, gr, ge0, [xg] * n + [xu] * n)  # gate and up in one call
             g, u = gu[:n], gu[n:]
         else:
-            g = cpukernels.matvec_many(gt, [r[0] for r in raws], gr, ge0, [xg] * n, kernel=kernel, threads=threads)
-            u = cpukernels.matvec_many(ut, [r[1] for r in raws], ur, ue0, [xu] * n, kernel=kernel, threads=threads)
+            g, u = products(gt, ga, gr, ge0, [xg] * n), products(ut, ua, ur, ue0, [xu] * n)
         h = silu_mul(g, u) if silu_mul is not None else layers.silu(np, g) * u
         h = np.ascontiguousarray(h, dtype=np.float32)
-        return cpukernels.matvec_many(dt, [r[2] for r in raws], dr, de0, [prep(h[k], dt) for k in range(n)],
-                                      kernel=kernel, threads=threads)
+        if h.shape != (n, de0):
+            raise ValueError(f"blk.{il} experts: the activation has shape {h.shape}, the down rows have {de0} values")
+        return products(dt, da, dr, de0, [np.ascontiguousarray(prep(h[k], dt), dtype=np.float32) for k in range(n)])
 
     def types(self, il: int) -> tuple[int, int, int]:
         """ggml types of layer ``il``'s gate, up and down experts."""

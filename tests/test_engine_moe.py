@@ -80,12 +80,13 @@ def test_misses_read_only_the_selected_experts_by_offset(moe_pack, monkeypatch):
     src = eng.experts.source
     read: list[tuple[int, int]] = []
     orig = X.ShardExperts.raw
+    orig_locate = X.ShardExperts.locate
 
     def spy(self, il, e):
         read.append((il, e))
-        return orig(self, il, e)
+        return orig_locate(self, il, e)
 
-    monkeypatch.setattr(X.ShardExperts, "raw", spy)
+    monkeypatch.setattr(X.ShardExperts, "locate", spy)  # the one place an expert's bytes are located
     selected: list[tuple[int, int]] = []
     orig_call = X.ExpertPath.__call__
 
