@@ -155,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
 
     geos = geometries()
     names = args.geometry or ["qwen3moe-30b-a3b"]
+    unknown = [n for n in names if n not in geos]
+    if unknown:
+        ap.error(f"--geometry {', '.join(unknown)}: known: {', '.join(geos)}")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     results: dict = {"tokens": args.tokens, "threads": args.threads, "rows": []}

@@ -2,9 +2,8 @@
 over ``--used`` random experts (the same choice for each kernel), per ``--kernel``, timed per pass - pass 0 touches
 the experts' pages for the first time in this mapping, later passes find them mapped - with and without
 ``populate()`` (the shards' page tables filled up front). Says how much of a hybrid token's time is the CPU's
-arithmetic and how much is page faults. On the GPU machine, after bench_moe.py wrote its packs:
-
-    python bench/cpu_moe_layers.py /tmp/bench_moe/qwen3moe-30b-a3b-pack [--kernel q8 --kernel exact] [--threads 16]
+arithmetic and how much is page faults. On the GPU machine, after bench_moe.py wrote its packs, e.g.
+``python bench/cpu_moe_layers.py /tmp/bench_moe/qwen3moe-30b-a3b-pack --kernel q8 --kernel exact --threads 16``.
 """
 
 from __future__ import annotations
@@ -21,16 +20,26 @@ import numpy as np
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("pack")
-    ap.add_argument("--kernel", action="append", default=None)
+    ap.add_argument("--kernel", action="append", default=None, choices=["q8", "exact", "f32"])
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--used", type=int, default=8)
+    ap.add_argument("--used", type=int, default=8, help="experts per layer (default 8)")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    for name in ("threads", "used", "passes"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} {getattr(args, name)}: must be at least 1")
     from strata.engine.experts import ShardExperts
     from strata.engine.startup import open_checked
 
-    _, geom, plan = open_checked(args.pack)
+    try:
+        _, geom, plan = open_checked(args.pack)
+    except Exception as e:  # a missing or broken pack: the engine's own message
+        ap.error(f"{args.pack}: {e}")
+    if not plan.experts:
+        ap.error(f"{args.pack}: a {geom.manifest.arch} model without routed experts: nothing to time")
+    if args.used > int(geom.env["n_expert"]):
+        ap.error(f"--used {args.used}: the model has {geom.env['n_expert']} experts per layer")
     rng = np.random.default_rng(0)
     out = []
     for populate in (False, True):

@@ -300,7 +300,7 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     """
     o = options
     for name, v, lo in (("--batch", o.batch, 1), ("--prefill", o.prefill, 0), ("--vram-reserve-mib", o.vram_reserve_mib, 0),
-                        ("--max-context", o.max_context, 1), ("--kv-resident", o.kv_resident, 1),
+                        ("--ctx", o.max_context, 1), ("--kv-resident", o.kv_resident, 1),
                         ("--expert-cache", o.expert_cache, 0)):
         if v is not None and v < lo:
             raise PlanInputError(f"{name} {v}: must be at least {lo}", tensor=name, found=str(v), required=f"at least {lo}")
@@ -360,9 +360,9 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     used = before + cache + bind
     fits = free - reserve - bind >= 0 and refused is None
     if o.max_context is None:
-        warnings.append(f"--max-context not given: budgeted at the model's maximum context, {facts.n_ctx_train} tokens")
+        warnings.append(f"--ctx not given: budgeted at the model's maximum context, {facts.n_ctx_train} tokens")
     elif n_ctx > facts.n_ctx_train:
-        warnings.append(f"--max-context {n_ctx} is beyond the model's trained context {facts.n_ctx_train}")
+        warnings.append(f"--ctx {n_ctx} is beyond the model's trained context {facts.n_ctx_train}")
     if o.vram_reserve_mib < LOW_MIB:
         # 30 MiB left -> the driver paged, a request stalled; the documents' serve check calls under
         # 256 MiB free LOW (docs/DESIGN.md "Incident 1: the head before the cache" and

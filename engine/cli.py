@@ -33,6 +33,20 @@ from .numerics import DEFAULT_NUMERICS, PROFILES
 from .sampling import Sampler
 from .startup import Engine, EngineOptions, load_engine
 
+def not_utf8(opt: str, text: str | None) -> str | None:
+    """The refusal for an option's text that is not valid UTF-8 (on POSIX, Python hands undecodable argv bytes over
+    as lone surrogates, U+DC80..U+DCFF), naming the first bad byte and its character position; None when it is."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        ch = ord(text[e.start])
+        what = f"byte 0x{ch - 0xDC00:02x}" if 0xDC80 <= ch <= 0xDCFF else f"U+{ch:04X}"
+        return f"{opt} is not valid UTF-8 text: {what} at character {e.start}"
+    return None
+
+
 def check_request(*, n_tokens: int, n_ctx: int | None, temperature: float, top_k: int, top_p: float, seed: int) -> str | None:
     """Option checks that need no pack (each refusal names the option), else None."""
     if not math.isfinite(temperature):
@@ -235,6 +249,10 @@ def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperatur
     def refuse(msg: str) -> None:
         fail(msg, as_json=as_json)
 
+    for opt, text in (("--prompt", prompt), ("--system", system)):
+        bad = not_utf8(opt, text)
+        if bad:
+            refuse(bad)
     if system is not None and not chat:
         refuse("--system needs --chat (the system message goes through the model's chat template)")
     if chat and not parse_special:
@@ -428,7 +446,10 @@ def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, device):
         fail(f"--prompts {prompts_file}: no such file")
     if not Path(prompts_file).is_file():
         fail(f"--prompts {prompts_file}: not a regular file (a text file, one prompt per line)")
-    prompts = [ln for ln in Path(prompts_file).read_text().splitlines() if ln.strip()]
+    try:
+        prompts = [ln for ln in Path(prompts_file).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    except UnicodeDecodeError as e:
+        fail(f"--prompts {prompts_file}: not UTF-8 text: byte 0x{e.object[e.start]:02x} at offset {e.start}")
     if not prompts:
         fail(f"--prompts {prompts_file}: no prompts")
     try:

@@ -83,14 +83,17 @@ class ShardExperts:
         not (a model larger than the available memory would only evict itself)."""
         import threading
 
+        def size(b: int) -> str:
+            return f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+
         need = self.shard_bytes()
         avail = mem_available()
         if avail is None:
             return "skipped: no /proc/meminfo"
         if need > avail:
-            return f"skipped: the shards ({need / 2**30:.1f} GiB) exceed available memory ({avail / 2**30:.1f} GiB)"
+            return f"skipped: the shards ({size(need)}) exceed available memory ({size(avail)})"
         threading.Thread(target=self.populate, name="strata-expert-prefetch", daemon=True).start()
-        return f"started ({need / 2**30:.1f} GiB of shards)"
+        return f"started ({size(need)} of shards)"
 
     def populate(self) -> bool:
         """Map every page of the shards into this process's page tables now (``madvise(MADV_POPULATE_READ)``,

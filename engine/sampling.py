@@ -55,7 +55,11 @@ class Sampler:
         idx = np.argsort(-x, kind="stable")
         if self.top_k:
             idx = idx[: self.top_k]
-        z = x[idx] / self.temperature
+        with np.errstate(over="ignore"):
+            z = x[idx] / self.temperature
+        if not np.isfinite(z).all():  # a temperature so small that logit / T overflows: the same p from the
+            with np.errstate(over="ignore"):  # differences to the largest (0 there, -inf or finite)
+                z = (x[idx] - x[idx[0]]) / self.temperature
         p = np.exp(z - z.max())
         p /= p.sum()
         if self.top_p < 1.0:

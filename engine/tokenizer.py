@@ -328,7 +328,8 @@ def load_tokenizer(pack: Pack) -> Tokenizer:
 
     Raises:
         TokenizerError: no vocab.parquet, an unknown ``tokenizer.ggml.model`` or ``pre``,
-            a gpt2 model without merges.parquet, or a vocab with duplicate pieces.
+            a gpt2 model without merges.parquet, a merge whose pieces or result are not tokens, or a vocab with
+            duplicate pieces.
     """
     from tokenizers import Regex, models, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as HFTokenizer
@@ -385,7 +386,13 @@ def load_tokenizer(pack: Pack) -> Tokenizer:
             cut = text.find(" ", 1)  # llama.cpp: word.find(' ', 1)
             if cut < 0:
                 raise TokenizerError(f"{mpath}: merge {k} {m!r} is not two pieces separated by a space")
-            merges.append((text[:cut], text[cut + 1:]))
+            a, b = text[:cut], text[cut + 1:]
+            for piece in (a, b, a + b):  # a merge names two tokens and forms a third (llama.cpp byte-falls back
+                if piece not in vocab:   # on one that is not a token; the BPE model cannot represent that)
+                    raise TokenizerError(f"{mpath}: merge {k} ({a!r} + {b!r}) needs the token {piece!r}, which is not "
+                                         f"in the vocabulary ({n} tokens): the GGUF's tokenizer.ggml.merges do not "
+                                         "match its tokenizer.ggml.tokens")
+            merges.append((a, b))
         hf = HFTokenizer(models.BPE(vocab, merges, ignore_merges=rule.ignore_merges))
         hf.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in rule.regexes]

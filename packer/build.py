@@ -385,6 +385,10 @@ def check_target(out: Path, source_paths: list[Path], force: bool) -> None:
     out_abs = Path(os.path.abspath(out))
     if not out_abs.parent.is_dir():
         raise BuildError(f"{out}: parent directory {out_abs.parent} does not exist")
+    for d in (out_abs.parent, *out_abs.parent.parents):  # a pack directory holds only the pack's own files
+        if (d / INDEX_FILE).is_file() and (d / "pool.bin").is_file():
+            raise BuildError(f"{out}: is inside the pack {d}; a pack directory holds only the pack's files "
+                             "(strata-pack build --force replaces it whole): build the pack elsewhere")
     for p in source_paths:
         src_dir = Path(os.path.abspath(p)).parent
         if out_abs == src_dir or out_abs in src_dir.parents:

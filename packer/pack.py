@@ -43,16 +43,17 @@ class Pack:
     source_dir_override: Path | None = None
 
     def source_path(self, name: str) -> Path:
-        """Where the source shard file ``name`` is: in ``source_dir_override`` if set (``--source-dir``),
-        else in the directory recorded at build time (metadata.txt ``strata.source_dir``) if it is
-        there, else beside the pack. Returns the first candidate that exists, or the recorded one
-        (so the caller's "missing" error names the path the pack expects)."""
+        """Where the source shard file ``name`` is: in ``source_dir_override`` when set (``--source-dir``: there
+        and nowhere else, so a copy of the sources elsewhere is what gets read, or the caller's "missing" error
+        names that directory), else in the directory recorded at build time (metadata.txt
+        ``strata.source_dir``) if it is there, else beside the pack. Returns the first candidate that exists,
+        or the recorded one (so the caller's "missing" error names the path the pack expects)."""
         p = Path(name)
         if p.is_absolute():
             return p
-        cands = []
         if self.source_dir_override is not None:
-            cands.append(Path(self.source_dir_override) / name)
+            return Path(self.source_dir_override) / name
+        cands = []
         src_dir = self.metadata.get("strata.source_dir")
         if isinstance(src_dir, str):
             cands.append(Path(src_dir) / name)

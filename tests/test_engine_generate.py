@@ -367,3 +367,28 @@ def test_engine_checks_profile_rows_as_the_budget_does(tmp_path_factory):
 def test_negative_reserve_is_refused_on_the_cpu_path_too(pack):
     r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "1", "--vram-reserve-mib", "-5"])
     assert r.exit_code == 2 and "--vram-reserve-mib -5: must be at least 0 MiB" in r.stderr
+
+
+def test_a_tiny_temperature_samples_the_largest_logit_without_nan():
+    """logit / T overflows for T = 1e-320: the probabilities come from the differences to the largest logit instead
+    (exactly 1 there), so the pick is the argmax (among ties: one of them), never a NaN error."""
+    logits = np.array([0.5, 3.0, -1.0, 2.999, 3.0], dtype=np.float32)
+    for t in (1e-320, 5e-324, 1e-300):
+        picks = {Sampler(temperature=t, seed=s)(logits) for s in range(30)}
+        assert picks <= {1, 4} and picks, (t, picks)
+        assert Sampler(temperature=t, top_p=0.5, seed=1)(logits) in {1, 4}
+    assert Sampler(temperature=1e-320, seed=0)(np.array([1.0, 2.0, 0.0], np.float32)) == 1
+
+
+def test_prompt_text_that_is_not_utf8_is_refused_with_the_byte(pack, tmp_path):
+    """Undecodable argv bytes reach Python as lone surrogates: --prompt / --system / a --prompts file that is not
+    UTF-8 are refused in one line naming the byte and where it is (exit 2), never a tokenizer traceback."""
+    runner = CliRunner()
+    r = runner.invoke(main, ["generate", str(pack), "-p", "caf\udcc3", "-n", "1"])
+    assert r.exit_code == 2 and "--prompt is not valid UTF-8 text: byte 0xc3 at character 3" in r.output
+    r = runner.invoke(main, ["generate", str(pack), "-p", "hi", "--chat", "--system", "\udcff", "-n", "1", "--json"])
+    assert r.exit_code == 2 and json.loads(r.output.splitlines()[0])["error"].startswith("--system is not valid UTF-8")
+    bad = tmp_path / "prompts.txt"
+    bad.write_bytes(b"fine\ncaf\xc3\n")
+    r = runner.invoke(main, ["profile", str(pack), "--prompts", str(bad), "-o", str(tmp_path / "p.parquet")])
+    assert r.exit_code == 2 and "not UTF-8 text: byte 0xc3 at offset 8" in r.output

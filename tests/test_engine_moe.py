@@ -215,14 +215,14 @@ def test_shard_prefetch_maps_the_shards_and_changes_nothing(moe_pack, monkeypatc
     src = eng.model.experts.source
     _, _, plan = open_checked(moe_pack)
     assert src.shard_bytes() == sum(p.stat().st_size for p in plan.shard_paths.values()) > 0
-    gib = src.shard_bytes() / 2**30
-    assert cp["expert cache"].extra["shard prefetch"] == f"started ({gib:.1f} GiB of shards)"
+    mib = src.shard_bytes() / 2**20
+    assert mib < 1024 and cp["expert cache"].extra["shard prefetch"] == f"started ({mib:.1f} MiB of shards)"
     il = src.layers[0]
     x = np.random.default_rng(0).standard_normal(src.shapes[il].gate[0]).astype(np.float32)
     before = src.ffn_many(il, [0, 1], x, kernel="q8", threads=1)
     assert src.populate() is True  # Linux >= 5.14 (the CI and GPU machines run 6.x)
     assert np.array_equal(src.ffn_many(il, [0, 1], x, kernel="q8", threads=1).view(np.uint32), before.view(np.uint32))
     monkeypatch.setattr(X, "mem_available", lambda: 1024)
-    assert src.prefetch() == f"skipped: the shards ({gib:.1f} GiB) exceed available memory (0.0 GiB)"
+    assert src.prefetch() == f"skipped: the shards ({mib:.1f} MiB) exceed available memory (0.0 MiB)"
     monkeypatch.setattr(X, "mem_available", lambda: None)
     assert src.prefetch() == "skipped: no /proc/meminfo"

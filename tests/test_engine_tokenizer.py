@@ -106,3 +106,25 @@ def test_a_tokenizer_column_of_another_type_is_refused(tmp_path_factory, tmp_pat
                                                pa.string())}), m)
     with pytest.raises(TokenizerError, match=r"merges\.parquet: column 'merge' has type string, the packer writes binary"):
         load_tokenizer(open_pack(pack))
+
+
+def test_a_merge_whose_result_is_not_a_token_is_refused_at_load(tmp_path_factory, tmp_path):
+    """A GGUF whose merges do not match its tokens (one flipped bit in a merge: "Be Rl" forms "BeRl", no token)
+    packs and verifies (the pack matches its source), and the engine refuses it at load naming the merge and the
+    missing token - not the tokenizers library's 'Error while initializing BPE' traceback."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pack = tmp_path / "p"
+    shutil.copytree(synthetic_pack(tmp_path_factory, "synthetic-qwen2"), pack)
+    m = pack / "merges.parquet"
+    merges = pq.read_table(m).column("merge").to_pylist()
+    k = next(i for i, b in enumerate(merges) if b" " in b[1:])
+    a, b = merges[k].split(b" ", 1)
+    merges[k] = a + b" " + b + b"\xc2\xa7"  # the same first piece; the second and the result are not tokens
+    pq.write_table(pa.table({"merge": pa.array(merges, pa.binary())}), m)
+    with pytest.raises(TokenizerError, match=rf"merges\.parquet: merge {k} \(.* needs the token .*which is not in the "
+                                             r"vocabulary \(\d+ tokens\)"):
+        load_tokenizer(open_pack(pack))

@@ -219,3 +219,27 @@ def test_verify_source_dir_that_does_not_exist_is_refused(dense, tmp_path):
     build_pack(dense, pack, progress=False)
     r = CliRunner().invoke(pack_main, ["verify", str(pack), "--source-dir", str(tmp_path / "nodir")])
     assert r.exit_code == 2 and f"--source-dir {tmp_path / 'nodir'}: no such directory; nothing was compared" in r.stderr
+
+
+def test_a_pack_is_not_built_inside_another_pack(dense, tmp_path):
+    """-o PACK/inner would leave a foreign directory in PACK (which --force then refuses to replace): refused before
+    anything is written, naming the pack."""
+    pack = tmp_path / "p"
+    build_pack(dense, pack, progress=False)
+    before = sorted(x.name for x in pack.iterdir())
+    r = CliRunner().invoke(pack_main, ["build", str(dense), "-o", str(pack / "inner")])
+    assert r.exit_code == 2 and f"is inside the pack {pack}" in r.stderr
+    assert sorted(x.name for x in pack.iterdir()) == before
+
+
+def test_verify_source_dir_is_the_only_place_looked_at(dense, tmp_path):
+    """--source-dir names where the sources are now: a directory without them is refused naming the path there,
+    even when the build-time directory still holds them (a copy elsewhere must be what gets compared)."""
+    pack = tmp_path / "p"
+    build_pack(dense, pack, progress=False)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = CliRunner().invoke(pack_main, ["verify", str(pack), "--source-dir", str(empty)])
+    assert r.exit_code != 0 and f"not found at {empty / Path(dense).name}" in r.stderr
+    r = CliRunner().invoke(pack_main, ["verify", str(pack), "--source-dir", str(Path(dense).parent)])
+    assert r.exit_code == 0, r.output
