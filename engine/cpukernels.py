@@ -58,25 +58,6 @@ Q8_SOURCES = (HERE / "cpu_q8.c", HERE / "cpu_q8_dots.c")
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-fPIC", "-shared",
           "-Wno-unknown-pragmas")
 
-#: libgomp's spin before an idle OpenMP thread sleeps (``GOMP_SPINCOUNT``, iterations) on the CPU path
-#: (:func:`short_spin`): libgomp's default (300,000) keeps every thread spinning between the token's many short
-#: parallel regions, which is fastest on an idle machine but collapses when another process holds a core (a
-#: spinning thread waits on a preempted one). Gemma 3 270M on 2 cores (tok/s): idle 35.1 default / 34.6 at 10,000
-#: / 21.8 at 0; with one busy process beside it 4.6 / 10.9 (``--threads 1``: ~20). On a shared machine,
-#: ``--threads`` below the free cores is still the better choice.
-GOMP_SPINCOUNT = "10000"
-
-
-def short_spin() -> bool:
-    """Set ``GOMP_SPINCOUNT`` to :data:`GOMP_SPINCOUNT` for this process unless the user set it or
-    ``OMP_WAIT_POLICY``. libgomp reads it once, when it loads with the first kernel library, so the CPU path calls
-    this before loading any (the GPU path keeps libgomp's default: its hybrid figures were measured with it).
-    Returns True when the value is in effect (set now or before, libgomp not loaded yet)."""
-    if "OMP_WAIT_POLICY" in os.environ or library.cache_info().currsize:
-        return False
-    os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
-    return os.environ["GOMP_SPINCOUNT"] == GOMP_SPINCOUNT
-
 #: Kernels of :func:`matvec`: ``"exact"`` the GPU's summation order (f32), ``"f32"`` a dequantized row and a
 #: 16-way dot, ``"q8"`` llama.cpp's CPU numerics (activation quantized to Q8_0 / Q8_K, integer block dots).
 KERNELS = ("exact", "f32", "q8")
@@ -330,5 +311,5 @@ def dequant_rows(type_id: int, raw: np.ndarray, ne0: int, ids) -> np.ndarray:
     return out
 
 
-__all__ = ["CFLAGS", "GOMP_SPINCOUNT", "KERNELS", "Q8_TYPES", "CpuKernelError", "cache_dir", "call_many", "default_threads", "dequant_rows", "entry_point", "short_spin",
+__all__ = ["CFLAGS", "KERNELS", "Q8_TYPES", "CpuKernelError", "cache_dir", "call_many", "default_threads", "dequant_rows", "entry_point",
            "kernel_for", "library", "matvec", "matvec_many", "quantize_activation", "scratch_bytes", "source"]

@@ -149,9 +149,7 @@ class CpuDevice:
         return host_ram_bytes(), "host RAM (SC_PHYS_PAGES x SC_PAGE_SIZE)"
 
     def __init__(self, exact: bool = False, threads: int | None = None, kernel: str | None = None):
-        from .cpukernels import default_threads, kernel_for, short_spin
-
-        short_spin()  # before the first kernel library loads (libgomp reads it then)
+        from .cpukernels import default_threads, kernel_for
 
         # "q8" (llama.cpp's CPU numerics, the default), "exact" (the GPU's order) or "f32" (strata.engine.cpukernels)
         self.kernel = kernel or ("exact" if exact else "q8")

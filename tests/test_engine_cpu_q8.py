@@ -336,18 +336,3 @@ def test_q8_keeps_a_non_finite_activation_visible(name, bad):
     x[5] = bad
     assert np.isnan(C.matvec(t.id, w, 4, 256, x, kernel="q8")).all()
 
-
-def test_the_cpu_path_shortens_libgomps_spin_unless_the_user_chose():
-    """cpukernels.short_spin sets GOMP_SPINCOUNT (read once, when libgomp loads with the first kernel library) unless
-    GOMP_SPINCOUNT or OMP_WAIT_POLICY is set; a fresh interpreter each (this one has loaded libgomp already)."""
-    import os
-    import subprocess
-    import sys
-
-    code = "import os; from strata.engine import cpukernels as K; print(K.short_spin(), os.environ.get('GOMP_SPINCOUNT'))"
-    base = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    run = lambda extra: subprocess.run([sys.executable, "-c", code], env={**base, **extra}, capture_output=True,  # noqa: E731
-                                       text=True, check=True).stdout.split()
-    assert run({}) == ["True", CK.GOMP_SPINCOUNT]
-    assert run({"GOMP_SPINCOUNT": "500"}) == ["False", "500"]
-    assert run({"OMP_WAIT_POLICY": "active"}) == ["False", "None"]
