@@ -163,7 +163,14 @@ def card_from_options(name: str | None, mib: int | None, cuda_context_mib: int |
                             f"({', '.join(known_cards())}) or --card-mib gives its size; leave --card out for the local GPU",
                             tensor="--card", found=name, required=f"one of {', '.join(known_cards())}")
         return measure_card(cuda_context_mib=cuda_context_mib, cuda_runtime_mib=cuda_runtime_mib)
-    return card_preset(name, cuda_context_mib, cuda_runtime_mib)
+    try:
+        return card_preset(name, cuda_context_mib, cuda_runtime_mib)
+    except CardError as e:
+        if allow_measure:
+            raise
+        # the engine emulates a named card: "--card measure" is not one of its choices
+        raise CardError(str(e).replace(" (or --card-mib N, or --card measure)", " (or --card-mib N)"),
+                        tensor="--card", found=name, required=e.required.replace(", measure", "")) from None
 
 
 def runtime_model() -> tuple[dict[str, int], str]:

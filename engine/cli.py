@@ -287,9 +287,15 @@ def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperatur
         if device != "cpu":
             opts.expert_cache = "auto" if ec is None else ec
             opts.vram_reserve_mib, opts.graph = vram_reserve_mib, not no_graph
-        elif opts.profile is not None:
-            warn(f"--expert-profile {expert_profile}: the CPU path has no expert cache; the profile was read and "
-                 "is not used (it fills the GPU's cache with --device cuda)")
+        else:  # what only the GPU path uses: said, not silently dropped
+            if opts.profile is not None:
+                warn(f"--expert-profile {expert_profile}: the CPU path has no expert cache; the profile was read and "
+                     "is not used (it fills the GPU's cache with --device cuda)")
+            if ec is not None:
+                warn(f"--expert-cache {expert_cache}: the CPU path has no expert cache (it sizes the GPU's, "
+                     "--device cuda); not used")
+            if no_graph:
+                warn("--no-graph: the CPU path has no CUDA graphs (--device cuda); not used")
         engine = load_engine(pack, device=device, options=opts, on_checkpoint=print_checkpoint if verbose else None,
                              on_warning=warn)
         for line in engine.notes:  # what the forward pass knowingly leaves out, said once

@@ -313,6 +313,8 @@ def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: 
     def session_stage(note):
         got["state"] = dev.open_session(model, opts, n_ctx, note)
         got["tokenizer"] = load_tokenizer(pack)
+        for w in got["tokenizer"].warnings if on_warning is not None else ():
+            on_warning(w)
 
     def cache_stage(note):
         if experts is not None:

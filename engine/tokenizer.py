@@ -153,6 +153,7 @@ class Tokenizer:
     pieces: tuple[bytes, ...] = ()
     texts: tuple[bytes, ...] = ()
     chat_template: str | None = None
+    warnings: tuple[str, ...] = ()  # what llama.cpp warns about at load (a special id outside the vocabulary)
 
     def partition(self, text: str, parse_special: bool = True) -> list[str | int]:
         """``text`` split into plain-text fragments (str) and special token ids (int), as llama.cpp's
@@ -412,7 +413,20 @@ def load_tokenizer(pack: Pack) -> Tokenizer:
     return Tokenizer(hf, model, n, bos, add_bos, eog, control, eos_id=eos, add_eos=add_eos,
                      add_space_prefix=bool(md.get("tokenizer.ggml.add_space_prefix", def_space)) if model == "llama" else False,
                      special=_special_tokens(tokens, attrs, invalid, md), pieces=_pieces(model, texts, attrs),
-                     texts=tuple(texts), chat_template=tmpl if isinstance(tmpl, str) else None)
+                     texts=tuple(texts), chat_template=tmpl if isinstance(tmpl, str) else None,
+                     warnings=tuple(_special_id_warnings(md, n)))
+
+
+def _special_id_warnings(md: dict, n: int) -> list[str]:
+    """A special-token id in the metadata outside the vocabulary (llama.cpp warns and falls back to the model's
+    default, as :func:`_special_id` does): one line per key, with the id and the vocabulary size."""
+    out = []
+    for key in sorted(k for k in md if k.startswith("tokenizer.ggml.") and k.endswith("_token_id")):
+        v = md[key]
+        if isinstance(v, int) and not 0 <= v < n:
+            out.append(f"metadata: {key} {v} is outside the vocabulary ({n} tokens); ignored (the model's default id "
+                       "is used where it has one, as llama.cpp does)")
+    return out
 
 
 def _special_id(md: dict, key: str, default: int | None, n: int) -> int | None:

@@ -128,3 +128,28 @@ def test_a_merge_whose_result_is_not_a_token_is_refused_at_load(tmp_path_factory
     with pytest.raises(TokenizerError, match=rf"merges\.parquet: merge {k} \(.* needs the token .*which is not in the "
                                              r"vocabulary \(\d+ tokens\)"):
         load_tokenizer(open_pack(pack))
+
+
+def test_a_special_id_outside_the_vocabulary_is_warned_and_ignored(tmp_path_factory, tmp_path):
+    """eos_token_id = n_vocab (one past the end) or 2^32 - 1: llama.cpp warns and keeps the model's default; so
+    does strata, and the warning reaches the engine's on_warning with the key, the id and the vocabulary size."""
+    import shutil
+
+    from strata.engine.startup import load_engine
+
+    pack = tmp_path / "p"
+    shutil.copytree(synthetic_pack(tmp_path_factory, "synthetic-qwen2"), pack)
+    base = load_tokenizer(open_pack(pack))
+    n = base.n_vocab
+    md = pack / "metadata.txt"
+    lines = md.read_text().splitlines()
+    assert any(ln.startswith("tokenizer.ggml.eos_token_id ") for ln in lines)
+    md.write_text("\n".join(f"tokenizer.ggml.eos_token_id int {n}" if ln.startswith("tokenizer.ggml.eos_token_id ")
+                            else ln for ln in lines) + "\n")
+    tok = load_tokenizer(open_pack(pack))
+    assert tok.warnings == (f"metadata: tokenizer.ggml.eos_token_id {n} is outside the vocabulary ({n} tokens); "
+                            "ignored (the model's default id is used where it has one, as llama.cpp does)",)
+    assert tok.eos_id != n
+    seen: list[str] = []
+    load_engine(pack, n_ctx=32, on_warning=seen.append)
+    assert tok.warnings[0] in seen
