@@ -201,7 +201,8 @@ class _Auditor:
                 h = read_header(p)
             except (OSError, GGUFError, quants.GGMLTypeError) as e:
                 self.err(f"shard {k} {name}", f"unreadable ({e})", "the GGUF shard the experts live in",
-                         f"cannot re-read expert shard {k} at {p}")
+                         f"cannot re-read expert shard {k} at {p}"
+                         + ("" if p.exists() else " (moved? pass --source-dir DIR)"))
                 headers.append(None)
                 continue
             headers.append(h)
@@ -413,8 +414,10 @@ class _MissingTensor(KeyError):
         return str(self.args[0])
 
 
-def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True) -> AuditResult:
-    """Audit the pack directory ``path`` (see the module docstring for every check).
+def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True,
+               source_dir: str | os.PathLike | None = None) -> AuditResult:
+    """Audit the pack directory ``path`` (see the module docstring for every check); ``source_dir``: where the
+    source shards are now if they moved since the build (:meth:`strata.packer.pack.Pack.source_path`).
 
     Returns an :class:`AuditResult` whose ``errors`` lists every failure (empty: the pack means
     what the kernels assume) and whose ``facts`` feed :func:`strata.budget.plan.make_plan`.
@@ -429,7 +432,7 @@ def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True) -> AuditResul
     if why:
         raise NotAPackError(why)
     a = _Auditor(path, bf16_scan)
-    pack = read_pack(path)
+    pack = read_pack(path, source_dir=source_dir)  # source_dir: where the source shards are now (strata-pack verify's)
     t = a.timed("read", t0)
     pool = path / POOL_FILE
     a.findings(pool_layout_findings(pack.index, pool.stat().st_size if pool.is_file() else None))

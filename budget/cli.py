@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -87,9 +88,12 @@ def main() -> None:
 @expert_cache_option
 @expert_profile_option
 @click.option("--bf16-scan/--no-bf16-scan", default=True, show_default=True, help="Scan every BF16-source value in pool.bin.")
+@click.option("--source-dir", type=click.Path(file_okay=False), default=None,
+              help="Where the source shards are now, if they moved since the build (as strata-pack verify's).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def check(pack, card_name, card_mib, cuda_context_mib, cuda_runtime_mib, n_ctx, kv_resident, kv, batch, prefill, logits_all,
-          engine, prefill_model, embeddings_on_host, vram_reserve_mib, expert_cache, expert_profile, bf16_scan, as_json):
+          engine, prefill_model, embeddings_on_host, vram_reserve_mib, expert_cache, expert_profile, bf16_scan, source_dir,
+          as_json):
     """Audit PACK and plan its VRAM on a card.
 
     \b
@@ -111,8 +115,10 @@ def check(pack, card_name, card_mib, cuda_context_mib, cuda_runtime_mib, n_ctx, 
         pairs = read_profile(expert_profile) if expert_profile else None
     except BudgetInputError as e:
         _fail(e, as_json, t0)
+    if source_dir is not None and not Path(source_dir).is_dir():
+        _fail(f"--source-dir {source_dir}: no such directory; nothing was audited", as_json, t0)
     try:
-        audit = audit_pack(pack, bf16_scan=bf16_scan)
+        audit = audit_pack(pack, bf16_scan=bf16_scan, source_dir=source_dir)
     except (PackFormatError, ManifestError) as e:
         _fail(e, as_json, t0)
     except EVALUATION_ERRORS as e:

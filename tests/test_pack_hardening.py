@@ -248,6 +248,15 @@ def test_moved_sources_found_with_source_dir(moe, tmp_path):
     r = cli("verify", tmp_path / "p", "--source-dir", moved)
     assert r.returncode == 0, r.stderr
     assert open_pack(tmp_path / "p", source_dir=moved).shard_path(2) == moved / moe[2].name
+    # the budget audit reads the shards' headers too: refused without, audited with --source-dir
+    budget = [sys.executable, "-m", "strata.budget.cli", "check", str(tmp_path / "p"), "--card", "24G", "--json"]
+    r = subprocess.run(budget, capture_output=True, text=True)
+    assert r.returncode == 2 and f"cannot re-read expert shard 0 at {src / moe[0].name} (moved? pass --source-dir DIR)" \
+        in r.stdout
+    r = subprocess.run(budget + ["--source-dir", str(moved)], capture_output=True, text=True)
+    assert r.returncode == 0 and json.loads(r.stdout)["verdict"] == "fits", r.stdout[-800:] + r.stderr[-800:]
+    r = subprocess.run(budget + ["--source-dir", str(tmp_path / "nodir")], capture_output=True, text=True)
+    assert r.returncode == 2 and "--source-dir" in r.stdout and "no such directory" in r.stdout
 
 
 # ------------------------------------------------------------------ CLI: exit codes, JSON, interruption
