@@ -153,7 +153,7 @@ class GpuExpertPath(ExpertPath):
 
     ``kernel``: the CPU kernel of the misses (:data:`strata.engine.cpukernels.KERNELS`): ``"exact"`` (the
     default: the GPU kernels' summation order, a miss bit-identical to a hit, so the tokens cannot depend
-    on residency) or ``"q8"`` (llama.cpp's CPU numerics, what llama.cpp's ``--n-cpu-moe`` computes: 1.3-1.6x
+    on residency) or ``"q8"`` (llama.cpp's CPU numerics, what llama.cpp's ``--n-cpu-moe`` computes: 1.2-2x
     faster on the Qwen3-30B-A3B geometry, a miss differs from a hit by the Q8 activation rounding, bounded
     in tests/test_gpu_fused.py; docs/DESIGN.md "Exact misses"). ``threads``: the CPU kernels' threads
     (default all cores)."""
