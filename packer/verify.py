@@ -115,6 +115,35 @@ def _verify_tokenizer(model, pack_dir: Path) -> None:
                 raise VerifyError(f"{path}: column {col} entry {i} is {got[i]!r}, the source's {k} gives {want[i]!r}")
 
 
+def _check_build_record(pack) -> dict[str, int | None]:
+    """The build record (``build.json``, or an older pack's ``manifest.json``) read and held against the pack's
+    own files: the architecture, the alignment, the pool's bytes, the dense tensors and every source (file name,
+    bytes) as index.txt and metadata record them. Returns each source's recorded modification time (ns).
+
+    Raises:
+        VerifyError: the record missing or unreadable, or a field that differs (both values): the pack is corrupt.
+    """
+    rp = build_record_path(pack.path)
+    try:
+        rec = json.loads(rp.read_text())
+        srcs = [(str(x["file"]), int(x["bytes"])) for x in rec["sources"]]
+        fields = {"arch": rec["arch"], "align": int(rec["align"]), "pool_bytes": int(rec["pool_bytes"]),
+                  "dense_tensors": int(rec["dense_tensors"])}
+        mtimes = {str(x["file"]): x.get("mtime_ns") for x in rec["sources"]}
+    except FileNotFoundError:
+        raise VerifyError(f"{rp}: missing (strata-pack build writes it); the pack is incomplete") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise VerifyError(f"{rp}: unreadable ({type(e).__name__}: {e}); the pack is corrupt") from None
+    have = {"arch": pack.arch, "align": pack.index.align, "pool_bytes": pack.index.pool_bytes,
+            "dense_tensors": len(pack.index.entries)}
+    for k, v in fields.items():
+        if v != have[k]:
+            raise VerifyError(f"{rp}: {k} is {v!r}, the pack's files say {have[k]!r}; the pack is corrupt")
+    if srcs != [(n, int(b)) for n, b in pack.index.sources]:
+        raise VerifyError(f"{rp}: sources {srcs}, index.txt says {list(pack.index.sources)}; the pack is corrupt")
+    return mtimes
+
+
 def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir: str | os.PathLike | None = None) -> VerifyResult:
     """Compare a pack with its source shards (see module docstring).
 
@@ -123,7 +152,8 @@ def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir:
 
     Raises:
         VerifyError: first mismatch (tensor or file, both numbers); a pack file that does not
-            parse (PackFormatError) is reported the same way: the pack is corrupt.
+            parse (PackFormatError) is reported the same way: the pack is corrupt (the build record too:
+            missing, unreadable, or disagreeing with index.txt).
         NotAPackError: the path is not a pack at all (missing, a file, a GGUF file, no index.txt).
         GGUFError: a source shard missing (moved: ``source_dir``) or unreadable; nothing compared.
     """
@@ -146,11 +176,7 @@ def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir:
                             f"nothing was compared")
         if p.stat().st_size != size:
             raise VerifyError(f"{p}: source is {p.stat().st_size} bytes, the pack was built from {size} bytes")
-    try:
-        recorded = {s["file"]: s.get("mtime_ns") for s in json.loads(build_record_path(pack.path).read_text())["sources"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        recorded = {}
-        warnings.append(f"{build_record_path(pack.path)}: unreadable; source modification times not checked")
+    recorded = _check_build_record(pack)
     for (name, _), p in zip(pack.index.sources, paths):
         if recorded.get(name) is not None and p.stat().st_mtime_ns != recorded[name]:
             warnings.append(f"{p}: modified since the pack was built (mtime differs); expert bytes are read from it")

@@ -44,3 +44,41 @@ def test_a_directory_without_a_build_record_is_not_replaced(pack, tmp_path):
     (p / "build.json").unlink()
     with pytest.raises(BuildError, match="is not a strata pack .*build.json"):
         build_pack(src, p, force=True, progress=False)
+
+
+@pytest.mark.parametrize("damage,message", [
+    ("missing", r"build\.json: missing \(strata-pack build writes it\); the pack is incomplete"),
+    ("empty", r"build\.json: unreadable \(JSONDecodeError: .*\); the pack is corrupt"),
+    ("truncated", r"build\.json: unreadable \(JSONDecodeError: .*\); the pack is corrupt"),
+    ("pool_bytes", r"build\.json: pool_bytes is \d+, the pack's files say \d+; the pack is corrupt"),
+    ("source bytes", r"build\.json: sources \[\('m\.gguf', \d+\)\], index\.txt says \[\('m\.gguf', \d+\)\]"),
+])
+def test_verify_refuses_a_damaged_build_record(pack, damage, message):
+    """The build record is a pack file: verify names it when it is missing, unreadable, or disagrees with
+    index.txt (both values), instead of a warning and "ok"; the exit code is the corrupt pack's (1)."""
+    from click.testing import CliRunner
+
+    from strata.packer.cli import main as pack_main
+    from strata.packer.verify import VerifyError
+
+    _, p = pack
+    f = p / "build.json"
+    text = f.read_text()
+    if damage == "missing":
+        f.unlink()
+    elif damage == "empty":
+        f.write_text("")
+    elif damage == "truncated":
+        f.write_text(text[: len(text) // 2])
+    elif damage == "pool_bytes":
+        rec = json.loads(text)
+        rec["pool_bytes"] += 32
+        f.write_text(json.dumps(rec))
+    else:
+        rec = json.loads(text)
+        rec["sources"][0]["bytes"] -= 1
+        f.write_text(json.dumps(rec))
+    with pytest.raises(VerifyError, match=message):
+        verify_pack(p)
+    r = CliRunner().invoke(pack_main, ["verify", str(p)])
+    assert r.exit_code == 1, r.output
