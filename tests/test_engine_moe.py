@@ -226,3 +226,36 @@ def test_shard_prefetch_maps_the_shards_and_changes_nothing(moe_pack, monkeypatc
     assert src.prefetch() == f"skipped: the shards ({mib:.1f} MiB) exceed available memory (0.0 MiB)"
     monkeypatch.setattr(X, "mem_available", lambda: None)
     assert src.prefetch() == "skipped: no /proc/meminfo"
+
+
+def test_shard_experts_check_part_sizes_and_x_before_any_address_reaches_the_kernels(moe_pack):
+    """ffn_many hands the C kernels raw addresses, so what they rely on is checked first: each layer's part bytes
+    against rows x the row size of its type (at construction, both numbers named), an expert id inside its shard
+    and x's length (per call)."""
+    import dataclasses
+
+    from strata.engine.startup import open_checked
+    from strata.packer import quants
+
+    _, _, plan = open_checked(moe_pack)
+    src = X.ShardExperts(plan)
+    il = src.layers[0]
+    row, shp = plan.experts[il], plan.expert_shapes[il]
+    need = quants.row_nbytes(row.down_type, shp.down[0]) * shp.down[1]
+    bad = dataclasses.replace(plan, experts={**plan.experts, il: dataclasses.replace(row, down_bytes=need + 2)})
+    t = quants.qtype(row.down_type).name
+    with pytest.raises(ValueError, match=rf"blk\.{il} down experts: {need + 2} bytes per expert in native_experts\.txt, "
+                                         rf"{t} x {shp.down[0]} x {shp.down[1]} is {need}"):
+        X.ShardExperts(bad)
+    with pytest.raises(ValueError, match=rf"blk\.{il} experts: x has shape \(7,\), the gate and up rows have "
+                                         rf"{shp.gate[0]} / {shp.up[0]} values"):
+        src.ffn_many(il, [0], np.zeros(7, np.float32))
+    with pytest.raises(ValueError, match=rf"blk\.{il} expert -1: gate bytes .* are not in shard"):
+        src.ffn_many(il, [-1], np.zeros(shp.gate[0], np.float32))
+    far = 10**6
+    shard = row.gate_shard
+    end = row.gate_off + far * row.gate_stride
+    size = src.shard_bytes() if len(plan.shard_paths) == 1 else plan.shard_paths[shard].stat().st_size
+    with pytest.raises(ValueError, match=rf"blk\.{il} expert {far}: gate bytes {end}\.\.{end + row.gate_bytes} are not "
+                                         rf"in shard {shard} \({size} bytes\)"):
+        src.addresses(il, far)
