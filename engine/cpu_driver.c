@@ -45,10 +45,6 @@ static inline void deq_native(const u8* blk, int sub, float* y) {
 // x laid out for row_exact (once per matvec, shared by all rows): for each whole group of 8 chunks, value i of
 // chunk k of the group at xt[256 g + 8 i + k]; the chunks after the last whole group as they are.
 static void exact_prep(const float* x, int ne0, float* xt) {
-#ifdef EXACT_PAIR512
-    exact_prep_pairs(x, ne0, xt);  // QK = 256: blocks of 8 chunks, two per 16-lane vector (cpu_exact_simd.c)
-    return;
-#endif
     const int n_chunk = (ne0 / QK) * CPB, ng = n_chunk / 8;
     for (int g = 0; g < ng; ++g)
         for (int k = 0; k < 8; ++k)
@@ -100,35 +96,6 @@ static float row_exact(const u8* row, int ne0, const float* x, const float* xt) 
     // one block (8 chunks) at a time, its 8 sums in the lanes of one vector (cpu_exact_simd.c); chunk c + k
     // accumulates into acc[(c + k) & 31] = lane k of av[(c / 8) & 3], in ascending c as below
     __m256 av[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-#ifdef EXACT_PAIR512
-    {  // pairs of blocks in 16 lanes (two pairs per loop); lane 2k + j of aw[q] = lane k of av[2q + j]
-        __m512 aw[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-        for (; c + 32 <= n_chunk; c += 32) {
-            const int b = c / CPB;
-            const u8* bl[4] = {row + (i64)b * BB, row + (i64)(b + 1) * BB, row + (i64)(b + 2) * BB, row + (i64)(b + 3) * BB};
-            const float* xp[2] = {xt + (i64)c * 32, xt + (i64)(c + 16) * 32};
-            __m512 s[2];
-            exact_pair512_2(bl, xp, s);
-            aw[0] = _mm512_add_ps(aw[0], s[0]);  // pair b / 2 (even): chunk groups 0, 1; the next: 2, 3
-            aw[1] = _mm512_add_ps(aw[1], s[1]);
-        }
-        for (; c + 16 <= n_chunk; c += 16) {
-            const int b = c / CPB;
-            const u8* bl[2] = {row + (i64)b * BB, row + (i64)(b + 1) * BB};
-            const float* xp[1] = {xt + (i64)c * 32};
-            __m512 s[1];
-            exact_pair512_1(bl, xp, s);
-            aw[(c >> 4) & 1] = _mm512_add_ps(aw[(c >> 4) & 1], s[0]);
-        }
-        for (int q = 0; q < 2; ++q) {
-            float t16[16], a0[8], a1[8];
-            _mm512_storeu_ps(t16, aw[q]);
-            for (int k = 0; k < 8; ++k) { a0[k] = t16[2 * k]; a1[k] = t16[2 * k + 1]; }
-            av[2 * q] = _mm256_add_ps(av[2 * q], _mm256_loadu_ps(a0));
-            av[2 * q + 1] = _mm256_add_ps(av[2 * q + 1], _mm256_loadu_ps(a1));
-        }
-    }
-#endif
     for (; c + 16 <= n_chunk; c += 16) {  // two blocks side by side
         const u8* b2[2] = {row + (i64)(c / CPB) * BB, row + (i64)(c / CPB + 1) * BB};
         const float* x2[2] = {xt + (i64)c * 32, xt + (i64)(c + 8) * 32};

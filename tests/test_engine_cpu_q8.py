@@ -337,29 +337,3 @@ def test_q8_keeps_a_non_finite_activation_visible(name, bad):
     assert np.isnan(C.matvec(t.id, w, 4, 256, x, kernel="q8")).all()
 
 
-
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
-def test_exact_kernel_avx2_build_equals_the_scalar_build(name, monkeypatch):
-    """On a host with AVX-512 the exact kernel's pairs of blocks run 16 lanes wide; the 8-lane AVX2 pair path
-    (hosts without AVX-512) is built here with -mno-avx512f and compared with the scalar build, bit for bit."""
-    import platform
-
-    if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("x86 SIMD builds only")
-    t = quants.by_name(name)
-    monkeypatch.setattr(CK, "CFLAGS", CK.CFLAGS + ("-mno-avx512f",))
-    avx2 = CK.library.__wrapped__(t.id)  # a build of its own (the flags are in its cache key), not the cached one
-    scalar = CK.library(t.id, True)
-    for nb in (1, 2, 3, 4, 6, 7):
-        rng = np.random.default_rng(nb)
-        ne0, rows = 256 * nb, 11
-        raw = make_random_blocks(t.id, rows * ne0, rng).view(np.uint8).reshape(-1)
-        x = _x(rng, ne0)
-        ys = []
-        for lib in (avx2, scalar):
-            y = np.empty(rows, np.float32)
-            sc = np.zeros(4 * ne0 + 128, np.uint8)
-            lib.matvec_exact(raw.ctypes.data, rows, ne0, quants.row_nbytes(t.id, ne0), x.ctypes.data, y.ctypes.data, 1,
-                             (sc.ctypes.data + 63) // 64 * 64)
-            ys.append(y)
-        assert np.array_equal(ys[0].view(np.uint32), ys[1].view(np.uint32)), nb
