@@ -17,15 +17,24 @@ from typing import Callable
 from pydantic import BaseModel, Field
 
 
-def rss_bytes() -> int:
-    """Current resident set size of this process in bytes."""
+def proc_kib_bytes(path: str, key: str) -> int | None:
+    """The ``key:`` line of a /proc file given in kB (``/proc/self/status`` ``VmRSS``, ``/proc/meminfo``
+    ``MemAvailable``), in bytes (kB x 1024); None where the file or the line is missing."""
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
-        pass
+        return None
+    return None
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process in bytes."""
+    v = proc_kib_bytes("/proc/self/status", "VmRSS")
+    if v is not None:
+        return v
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r if sys.platform == "darwin" else r * 1024
 

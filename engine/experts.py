@@ -29,6 +29,7 @@ from strata.packer import quants
 from strata.packer.packfmt import ExpertLayer
 
 from . import cpukernels, layers
+from .checkpoints import proc_kib_bytes
 from .dequant import dequantize_rows
 from .loader import LoadPlan
 
@@ -39,14 +40,7 @@ MADV_POPULATE_READ = 22
 def mem_available() -> int | None:
     """The host's available memory in bytes (``MemAvailable`` of /proc/meminfo, kB x 1024); None where there
     is no /proc/meminfo or no such line."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+    return proc_kib_bytes("/proc/meminfo", "MemAvailable")
 
 
 class ShardExperts:
