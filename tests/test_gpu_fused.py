@@ -507,8 +507,10 @@ def test_cuda_logit_summary_ranks_as_top_k_pairs():
 
 
 def test_sim_greedy_decode_reads_the_summary_and_agrees_with_the_row(packs):
-    """A greedy decode on the fused step takes its token and top pairs from the logit summary (the row is not
-    ranked on the host); a non-greedy pick of the same argmax reads the row: the same tokens and pairs."""
+    """The wiring: a greedy decode on the fused step takes its token and top pairs from the logit summary, once per
+    generated token, and its token is the summary's first pair; a custom pick (argmax of the row) reads the row and
+    gives the same tokens and pairs. (On the sim the summary IS top_k_pairs; the device's ranking is checked against
+    it in test_cuda_logit_summary_ranks_as_top_k_pairs.)"""
     from strata.engine.sampling import Sampler
 
     eng = load_engine(packs["gemma3"], device="cuda", n_ctx=48, backend=SimBackend())
@@ -521,7 +523,7 @@ def test_sim_greedy_decode_reads_the_summary_and_agrees_with_the_row(packs):
 
     eng.decoder.logit_summary = spy
     a = generate(eng, prompt_ids=PROMPT, n_tokens=6, ignore_eos=True, sampler=Sampler())
-    assert len(calls) == 6
+    assert len(calls) == 6 and [t[0][0] for t in a.top] == a.output_ids
     b = generate(load_engine(packs["gemma3"], device="cuda", n_ctx=48, backend=SimBackend()), prompt_ids=PROMPT,
                  n_tokens=6, ignore_eos=True, sampler=lambda row: int(np.argmax(row)))
     assert a.output_ids == b.output_ids and a.top == b.top
