@@ -8,9 +8,9 @@ random weights give meaningless text but real byte traffic), builds the pack, an
 - strata ``--device cuda``: start-up per checkpoint (s), then greedy decode tok/s (a 16-token
   prompt, ``--tokens`` generated, EOS ignored) with the experts of ALL layers resident, of the last
   half of the layers (layers 0..L/2-1 computed on the CPU: what llama.cpp's ``--n-cpu-moe L/2``
-  keeps on the CPU), and of NONE (``--expert-cache 0``); the decode path and launches per token; the
-  hybrid rows once per ``--miss-kernels`` entry (``exact``: misses bit-identical to hits, the engine's
-  default; ``q8``: llama.cpp's CPU numerics, ``strata-engine generate --cpu-kernel q8``);
+  keeps on the CPU), and of NONE (``--expert-cache 0``); the decode path and launches per token; every
+  row once per ``--kernels`` entry (``q8``, the engine's default: llama.cpp's numerics on the GPU and for
+  the CPU misses, bit-identical to each other; ``exact``: ``strata-engine generate --kernel exact``);
 - strata ``--device cpu`` (``--cpu``);
 - llama.cpp (``--llama-bench PATH``, a CUDA build): ``llama-bench -p 0 -n N -ngl 99 -ncmoe 0,L/2,L``
   (and ``-ngl 0`` for the CPU row), its ``avg_ts``.
@@ -145,9 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu", action="store_true", help="also the CPU path (strata and llama.cpp -ngl 0)")
     ap.add_argument("--no-gpu", action="store_true", help="skip strata's GPU rows (a dry run without CuPy)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--miss-kernels", default="exact,q8",
-                    help="CPU kernels of the hybrid rows' misses, comma-separated (exact: bit-identical to a hit, "
-                         "the engine's default; q8: llama.cpp's CPU numerics, --cpu-kernel q8): one hybrid row per kernel")
+    ap.add_argument("--kernels", default="q8,exact",
+                    help="matvec kernels, comma-separated, one strata row per kernel and case (--kernel: q8, the "
+                         "default, llama.cpp's numerics on the GPU and for the CPU misses, bit-identical to each "
+                         "other; exact: f32 products in the exact kernels' order on both)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from strata import testing as synth
@@ -184,16 +185,18 @@ def main(argv: list[str] | None = None) -> int:
         E = spec.dims.n_expert
         # strata rows: key -> engine options; llama.cpp's -ncmoe value for the same share on the CPU
         cases: list[tuple[str, dict, int | None]] = []
-        if moe:
-            half = [(il, e, 1) for il in range(L // 2, L) for e in range(E)]  # last half resident
-            cases = [("gpu, all experts resident", {}, 0)]
-            for k in args.miss_kernels.split(","):
-                tag, ko = ("" if k == "exact" else f", {k} misses"), {"cpu_kernel": k}
-                cases += [(f"gpu, layers {L // 2}..{L - 1} resident (ncmoe {L // 2}){tag}", {"profile": half, **ko},
+        for k in args.kernels.split(","):
+            if k not in ("q8", "exact"):
+                ap.error(f"--kernels {k}: expected q8 or exact")
+            tag, ko = ("" if k == "q8" else f", {k}"), {"cpu_kernel": k}
+            if moe:
+                half = [(il, e, 1) for il in range(L // 2, L) for e in range(E)]  # last half resident
+                cases += [(f"gpu, all experts resident{tag}", ko, 0),
+                          (f"gpu, layers {L // 2}..{L - 1} resident (ncmoe {L // 2}){tag}", {"profile": half, **ko},
                            L // 2),
                           (f"gpu, no expert resident{tag}", {"expert_cache": 0, **ko}, L)]
-        else:
-            cases = [("gpu", {}, None)]
+            else:
+                cases.append((f"gpu{tag}", ko, None))
         lb: dict[int | None, float] = {}
         if args.llama_bench and Path(args.llama_bench).exists():
             try:

@@ -10,5 +10,5 @@ python3 bench/bench_moe.py --work $WORK/bench --geometry qwen3moe-30b-a3b --toke
 step "CPU expert work per token, 16 threads"
 python3 bench/cpu_moe_layers.py $WORK/bench/qwen3moe-30b-a3b-pack --kernel exact --kernel q8 --json $OUT/cpu_moe_layers.json 2>&1 | grep '"populate": false'
 step "strata rows"
-python3 bench/bench_moe.py --work $WORK/bench --geometry qwen3moe-30b-a3b --tokens 32 --miss-kernels exact,q8 --json $OUT/bench_moe_hybrid.json 2>&1 | tail -6
+python3 bench/bench_moe.py --work $WORK/bench --geometry qwen3moe-30b-a3b --tokens 32 --kernels q8,exact --json $OUT/bench_moe_hybrid.json 2>&1 | tail -6
 step done

@@ -77,11 +77,11 @@ def activation_term(facts: ModelFacts, n_ctx: int) -> tuple[int, str, bool]:
     pos = kv_positions(facts, n_ctx)
     if decode_path(facts) == "fused":
         moe = facts.trunk_experts
+        _fusable, conv_dim, value_dim, conv_el = gdn_facts(facts)
         nb = F.fused_step_bytes(facts.n_embd, facts.n_head, facts.head_dim, facts.head_dim_v or facts.head_dim,
                                 _n_ff_max(facts), pos, n_layer=facts.n_layer if moe else 0,
                                 n_expert=facts.n_expert if moe else 0, n_expert_used=facts.n_expert_used if moe else 0,
-                                n_ff_exp=facts.n_ff_exp if moe else 0)
-        _fusable, conv_dim, value_dim, conv_el = gdn_facts(facts)
+                                n_ff_exp=facts.n_ff_exp if moe else 0, value_dim=value_dim)
         nb += F.gdn_step_bytes(conv_dim, value_dim, conv_el)
         return nb, f"fused decode step's device buffers (exact; scores over {pos} positions)", True
     kv_el = max((L.k + L.v for L in facts.kv_layers), default=0)
@@ -165,7 +165,11 @@ def runtime_term(facts: ModelFacts, card: Card, n_ctx: int, kv: str) -> tuple[in
         return card.cuda_runtime_bytes, card.cuda_runtime_source
     c, src = (card.runtime_model, "card") if card.runtime_model else runtime_model()
     path = decode_path(facts)
-    n_mod = len(kernel_types(facts)) + 1 + (1 if path == "fused" else 0)  # + the expert activation, + the fused step
+    types = kernel_types(facts)
+    n_mod = len(types) + 1 + (1 if path == "fused" else 0)  # + the expert activation, + the fused step
+    q8 = [t for t in types if quants.qtype(t).q8_kernel]
+    if path == "fused" and q8:  # the default q8 numerics: the q8 modules of those types and the quantizer
+        n_mod += len(q8) + 1
     graphs = FG.fused_graph_count(len(facts.trunk_experts)) if path == "fused" else 0
     allocs = allocations(facts, n_ctx, kv)
     nb = FG.cuda_runtime_bytes(n_mod, graphs, allocs, module_bytes=c["module_bytes"], graph_bytes=c["graph_bytes"],

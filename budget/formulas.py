@@ -504,6 +504,17 @@ LOGIT_TOP_K, LOGIT_TOP_PARTS, LOGIT_TOP_WORDS = 5, 64, 16
 FUSED_TOP_BYTES = 4 * (LOGIT_TOP_PARTS * (2 * LOGIT_TOP_K + 1) + LOGIT_TOP_WORDS)
 
 
+def q8_act_bytes(n: int) -> int:
+    """Bytes of one quantized activation vector of ``n`` values (``n`` a multiple of 32) as strata's q8 kernels lay
+    it out on both devices (engine/q8_layout.h ``act_nbytes_of``): int8 values, f32 block scales (one per 32
+    slots), int16 sums per 16 and per 32 values, each plane padded to 64 bytes. The C function and this one are
+    compared in tests/test_engine_cpu_q8.py."""
+    def pad(b: int) -> int:
+        return (b + 63) // 64 * 64
+
+    return pad(n) + pad(n // 32 * 4) + pad(n // 16 * 2) + pad(n // 32 * 2)
+
+
 def gdn_step_bytes(conv_dim: int, value_dim: int, conv_weight_elements: int) -> int:
     """The fused step's gated-delta-net buffers (bytes; ``strata.engine.gpu.fused_gdn.GdnBuffers``): the
     conv output (``conv_dim``) and the gated-normed output (``value_dim``), shared by the layers, and
@@ -515,22 +526,29 @@ def gdn_step_bytes(conv_dim: int, value_dim: int, conv_weight_elements: int) -> 
 
 
 def fused_step_bytes(n_embd: int, n_head: int, head_dim: int, head_dim_v: int, n_ff_max: int, kv_positions_max: int,
-                     *, n_layer: int = 0, n_expert: int = 0, n_expert_used: int = 0, n_ff_exp: int = 0) -> int:
+                     *, n_layer: int = 0, n_expert: int = 0, n_expert_used: int = 0, n_ff_exp: int = 0,
+                     value_dim: int = 0) -> int:
     """Device buffers of strata's fused GPU decode step (bytes; ``strata.engine.gpu.fused.FusedDecoder.nbytes``,
     allocated at the "prompt path" checkpoint, before the expert cache): the residual and normed rows
     (``2 n_embd``), the query and attention outputs (``n_head x head_dim``, ``n_head x head_dim_v``), the
     gated activation of the widest dense FFN or shared expert (``n_ff_max``, 1 without one), the attention
     scores (``n_head x`` the longest KV cache of any layer) - f32 each - the staging row
-    (:data:`FUSED_PARAM_BYTES` + ``4 n_embd``) and the logit summary (:data:`FUSED_TOP_BYTES`). With routed experts (``n_expert`` > 0) the MoE step's
+    (:data:`FUSED_PARAM_BYTES` + ``4 n_embd``), the logit summary (:data:`FUSED_TOP_BYTES`) and the q8 kernels'
+    quantized input (:func:`q8_act_bytes` of the longest matvec input: ``n_embd``, ``n_head x head_dim_v``,
+    ``n_ff_max`` or a delta-net layer's ``value_dim``; allocated whatever the kernel, so the term does not
+    depend on ``--kernel``). With routed experts (``n_expert`` > 0) the MoE step's
     (``strata.engine.gpu.fused_moe.MoeStep.nbytes``): router probabilities (``n_expert``), the selected
     weights (``n_expert_used``), gate, up and activation of the selected experts (``3 x n_expert_used x
     n_ff_exp``), their outputs (``n_expert_used x n_embd``), the combined row (``n_embd``), the shared gate
     (1) and the slot table (``n_layer x n_expert``) in f32 / int32, the three part addresses per selected
-    expert (u64), the routing ids and slots (int32) and the cache's address (u64). The one definition of
+    expert (u64), the routing ids and slots (int32), the cache's address (u64) and the selected experts'
+    quantized down-projection inputs (``n_expert_used x q8_act_bytes(n_ff_exp)``). The one definition of
     the budget's "prefill/activations" term on the fused path; tests check it against the engine's."""
     dense = (F32_BYTES * (2 * n_embd + n_head * head_dim + n_head * head_dim_v + max(n_ff_max, 1) + n_head * kv_positions_max)
-             + FUSED_PARAM_BYTES + F32_BYTES * n_embd + FUSED_TOP_BYTES)
+             + FUSED_PARAM_BYTES + F32_BYTES * n_embd + FUSED_TOP_BYTES
+             + q8_act_bytes(max(n_embd, n_head * head_dim_v, max(n_ff_max, 1), value_dim)))
     if not n_expert:
         return dense
     E, K, n = n_expert, n_expert_used, n_embd
-    return dense + 4 * (E + K + 3 * K * n_ff_exp + K * n + n + 1 + n_layer * E) + 8 * 3 * K + 4 * 2 * K + 8
+    return (dense + 4 * (E + K + 3 * K * n_ff_exp + K * n + n + 1 + n_layer * E) + 8 * 3 * K + 4 * 2 * K + 8
+            + K * q8_act_bytes(n_ff_exp))

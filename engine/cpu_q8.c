@@ -65,7 +65,6 @@
 #endif
 #endif
 
-typedef short i16;
 typedef int i32;
 
 #if defined(STRATA_T_Q4_0) || defined(STRATA_T_Q5_0) || defined(STRATA_T_Q8_0) || defined(STRATA_T_IQ4_NL)
@@ -121,13 +120,9 @@ void f16_round(const float* x, i64 n, float* out) {
 
 // ------------------------------------------------------------------ the quantized activation
 
-// One activation vector of n values (n a multiple of the format's block): int8 q[n], then f32 d[n / 32] (Q8_0:
-// one per 32; Q8_K: one per 256, the rest unused), then int16 s[n / 16] (sums of q per 16 values), then int32
-// int16 t[n / 32] (sums per 32, |t| <= 4064), each at a 64-byte aligned offset of the caller's buffer.
-static inline i64 act_d_off(int n) { return ((i64)n + 63) & ~(i64)63; }
-static inline i64 act_s_off(int n) { return act_d_off(n) + ((((i64)n / 32) * 4 + 63) & ~(i64)63); }
-static inline i64 act_t_off(int n) { return act_s_off(n) + ((((i64)n / 16) * 2 + 63) & ~(i64)63); }
-i64 act_nbytes(int n) { return act_t_off(n) + ((((i64)n / 32) * 2 + 63) & ~(i64)63); }
+// One activation vector of n values: engine/q8_layout.h (act_d_off, act_s_off, act_t_off, act_nbytes_of), concatenated
+// first, the layout the GPU kernels read too.
+i64 act_nbytes(int n) { return act_nbytes_of(n); }
 
 typedef struct {
     const i8* q;

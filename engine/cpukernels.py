@@ -54,17 +54,20 @@ DRIVER = HERE / "cpu_driver.c"
 EXACT_SIMD = HERE / "cpu_exact_simd.c"
 #: The quantized-activation (llama.cpp) kernels: the common part, then the per-type dots and entry points.
 Q8_SOURCES = (HERE / "cpu_q8.c", HERE / "cpu_q8_dots.c")
+#: The quantized activation's layout, shared with the GPU q8 kernels (concatenated before :data:`Q8_SOURCES`).
+Q8_LAYOUT = HERE / "q8_layout.h"
 #: Compiler flags: IEEE f32 (no contraction into FMA, no fast-math), the host's vector units, OpenMP.
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-fPIC", "-shared",
           "-Wno-unknown-pragmas")
 
 #: Kernels of :func:`matvec`: ``"exact"`` the GPU's summation order (f32), ``"f32"`` a dequantized row and a
-#: 16-way dot, ``"q8"`` llama.cpp's CPU numerics (activation quantized to Q8_0 / Q8_K, integer block dots).
-KERNELS = ("exact", "f32", "q8")
+#: 16-way dot, ``"q8"`` llama.cpp's CPU numerics (activation quantized to Q8_0 / Q8_K, integer block dots),
+#: ``"q8-exact"`` the GPU path's q8 numerics: ``"q8"`` for :data:`Q8_TYPES`, ``"exact"`` for the rest (what the
+#: GPU's q8 step runs, so a miss computed here equals a hit bit for bit).
+KERNELS = ("exact", "f32", "q8", "q8-exact")
 #: Types with a ``"q8"`` kernel (engine/cpu_q8_dots.c); any other type runs ``"f32"`` when ``"q8"`` is asked.
 #: IQ2/IQ3 types, IQ4_XS, Q4_1/Q5_1 (Q8_1 activations), Q1_0/Q2_0 and the plain types have none yet.
-Q8_TYPES: frozenset[int] = frozenset(quants.by_name(n).id for n in
-                                     ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
+Q8_TYPES: frozenset[int] = frozenset(t.id for t in quants.QTYPES.values() if t.q8_kernel)
 
 # The CUDA keywords and intrinsics the per-type device code uses, for a host compiler (the x86 intrinsics
 # header first, before the keyword stubs can touch it).
@@ -114,6 +117,7 @@ def source(type_id: int, scalar: bool = False) -> str:
     t = quants.qtype(type_id)
     head = f"#define STRATA_T_{t.name} 1\n" + ("#define STRATA_SCALAR 1\n" if scalar else "")
     return (head + _STUBS + K.source_for(type_id, with_kernels=False) + "\n" + EXACT_SIMD.read_text() + "\n" + DRIVER.read_text() + "\n"
+            + "#define Q8_FN static inline\n" + Q8_LAYOUT.read_text() + "\n"
             + "\n".join(p.read_text() for p in Q8_SOURCES))
 
 
@@ -185,9 +189,12 @@ def _scratch(nbytes: int) -> int:
 
 def kernel_for(type_id: int, kernel: str) -> str:
     """The kernel that runs ``kernel`` for ``type_id``: ``"q8"`` falls back to ``"f32"`` for a type without
-    an integer kernel (:data:`Q8_TYPES`). Raises ValueError for a name not in :data:`KERNELS`."""
+    an integer kernel (:data:`Q8_TYPES`), ``"q8-exact"`` to ``"exact"``. Raises ValueError for a name not in
+    :data:`KERNELS`."""
     if kernel not in KERNELS:
         raise ValueError(f"CPU kernel {kernel!r}: expected one of {', '.join(KERNELS)}")
+    if kernel == "q8-exact":
+        return "q8" if type_id in Q8_TYPES else "exact"
     return "f32" if kernel == "q8" and type_id not in Q8_TYPES else kernel
 
 

@@ -94,6 +94,9 @@ class QuantType:
             ``float32[n_blocks, block_elems]``) when ``cpu_dequant == "strata"``, else None.
         gpu_kernel: True when ``engine/gpu/cuda/types/<name>.cuh`` holds the type's CUDA device
             code (:mod:`strata.engine.gpu.kernels`).
+        q8_kernel: True when strata has the type's integer product with llama.cpp's CPU numerics (activation
+            quantized to ``act_format``), on the CPU (engine/cpu_q8_dots.c) and the GPU
+            (``engine/gpu/cuda/q8/<name>.cuh``), bit-identical to each other (the ``q8`` kernels).
     """
 
     id: int
@@ -106,6 +109,7 @@ class QuantType:
     cpu_dequant: CpuDequant | None = None
     own_dequantize: Callable | None = None
     gpu_kernel: bool = False
+    q8_kernel: bool = False
 
     def __post_init__(self):
         if (self.cpu_dequant == "strata") != (self.own_dequantize is not None):
@@ -152,36 +156,36 @@ class QuantType:
         return self.payload_block_bytes if self.widened else self.block_bytes
 
 
-def _t(id_, name, be, bb, scales=(), *, widened=False, act="f32", cpu=None, own=None, gpu=False):
-    return QuantType(id_, name, be, bb, tuple(scales), widened, act, cpu, own, gpu)
+def _t(id_, name, be, bb, scales=(), *, widened=False, act="f32", cpu=None, own=None, gpu=False, q8=False):
+    return QuantType(id_, name, be, bb, tuple(scales), widened, act, cpu, own, gpu, q8)
 
 
 #: Every ggml tensor type id that exists, keyed by id. Columns: id, name, block elems, block
-#: bytes, fp16 scale offsets; engine form; llama.cpp CPU activation; CPU dequantizer; GPU kernel.
+#: bytes, fp16 scale offsets; engine form; llama.cpp CPU activation; CPU dequantizer; GPU kernel; q8 kernels.
 QTYPES: dict[int, QuantType] = {
     t.id: t
     for t in (
         _t(0, "F32", 1, 4, act="f32", cpu="view", gpu=True),
         _t(1, "F16", 1, 2, act="f16", cpu="view", gpu=True),
-        _t(2, "Q4_0", 32, 18, (0,), widened=True, act="q8_0", cpu="gguf", gpu=True),
+        _t(2, "Q4_0", 32, 18, (0,), widened=True, act="q8_0", cpu="gguf", gpu=True, q8=True),
         _t(3, "Q4_1", 32, 20, (0, 2), widened=True, act="q8_0", cpu="gguf", gpu=True),  # meets Q8_1
-        _t(6, "Q5_0", 32, 22, (0,), widened=True, act="q8_0", cpu="gguf", gpu=True),
+        _t(6, "Q5_0", 32, 22, (0,), widened=True, act="q8_0", cpu="gguf", gpu=True, q8=True),
         _t(7, "Q5_1", 32, 24, (0, 2), widened=True, act="q8_0", cpu="gguf", gpu=True),  # meets Q8_1
-        _t(8, "Q8_0", 32, 34, (0,), widened=True, act="q8_0", cpu="gguf", gpu=True),
+        _t(8, "Q8_0", 32, 34, (0,), widened=True, act="q8_0", cpu="gguf", gpu=True, q8=True),
         # Q8_1 is an activation-only type: 36 B in ggml master (d, s fp16 + 32 int8);
         # the gguf 0.19.0 wheel still says 40. It never appears in a model file.
         _t(9, "Q8_1", 32, 36, (0, 2)),
-        _t(10, "Q2_K", 256, 84, (80, 82), act="q8_K", cpu="gguf", gpu=True),
-        _t(11, "Q3_K", 256, 110, (108,), act="q8_K", cpu="gguf", gpu=True),
-        _t(12, "Q4_K", 256, 144, (0, 2), act="q8_K", cpu="gguf", gpu=True),
-        _t(13, "Q5_K", 256, 176, (0, 2), act="q8_K", cpu="gguf", gpu=True),
-        _t(14, "Q6_K", 256, 210, (208,), act="q8_K", cpu="gguf", gpu=True),
+        _t(10, "Q2_K", 256, 84, (80, 82), act="q8_K", cpu="gguf", gpu=True, q8=True),
+        _t(11, "Q3_K", 256, 110, (108,), act="q8_K", cpu="gguf", gpu=True, q8=True),
+        _t(12, "Q4_K", 256, 144, (0, 2), act="q8_K", cpu="gguf", gpu=True, q8=True),
+        _t(13, "Q5_K", 256, 176, (0, 2), act="q8_K", cpu="gguf", gpu=True, q8=True),
+        _t(14, "Q6_K", 256, 210, (208,), act="q8_K", cpu="gguf", gpu=True, q8=True),
         _t(15, "Q8_K", 256, 292),  # activation-only; d is f32: nothing to widen
         _t(16, "IQ2_XXS", 256, 66, (0,), act="q8_K", cpu="gguf", gpu=True),
         _t(17, "IQ2_XS", 256, 74, (0,), act="q8_K", cpu="gguf", gpu=True),
         _t(18, "IQ3_XXS", 256, 98, (0,), act="q8_K", cpu="gguf", gpu=True),
         _t(19, "IQ1_S", 256, 50, (0,), act="q8_K", cpu="gguf"),
-        _t(20, "IQ4_NL", 32, 18, (0,), widened=True, act="q8_0", cpu="gguf", gpu=True),
+        _t(20, "IQ4_NL", 32, 18, (0,), widened=True, act="q8_0", cpu="gguf", gpu=True, q8=True),
         _t(21, "IQ3_S", 256, 110, (0,), act="q8_K", cpu="gguf"),
         _t(22, "IQ2_S", 256, 82, (0,), act="q8_K", cpu="gguf", gpu=True),
         _t(23, "IQ4_XS", 256, 136, (0,), act="q8_K", cpu="gguf", gpu=True),

@@ -333,7 +333,7 @@ def test_json_mode_reports_option_errors_as_one_object(tmp_path):
     stdout and one error line on stderr, exit 2 - a script reading stdout gets JSON either way."""
     runner = CliRunner()
     for args, want in ((["--threads", "0"], "Invalid value for '-t' / '--threads': 0 is not in the range 1<=x<=512."),
-                       (["--cpu-kernel", "bogus"], "Invalid value for '--cpu-kernel': 'bogus' is not one of 'q8', 'exact', 'f32'.")):
+                       (["--cpu-kernel", "bogus"], "Invalid value for '--kernel' / '--cpu-kernel': 'bogus' is not one of 'q8', 'exact', 'f32'.")):
         r = runner.invoke(main, ["generate", str(tmp_path), "-p", "hi", "--json", *args])
         assert r.exit_code == 2 and json.loads(r.stdout) == {"ok": False, "error": want}
         assert r.stderr == f"error: {want}\n"

@@ -96,23 +96,28 @@ def test_profile_fill_follows_budget_rule():
     assert order[0] == (0, 1)  # highest count first
 
 
-def test_sim_tokens_identical_for_empty_half_full_cache(packs):
+@pytest.mark.parametrize("kernel", ["q8", "exact"])
+def test_sim_tokens_identical_for_empty_half_full_cache(packs, kernel):
+    """Misses bit-identical to hits with either kernel (q8: the GPU's matvec_q8 and the CPU's q8 kernel; exact: the
+    exact kernels' order on both): the same tokens and top logits with 0, 12 and all slots; tokens = the CPU path's
+    with the same kernel."""
     runs = {}
     for ec in (0, 12, "auto"):
         eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=ec,
-                          cpu_kernel="exact")  # misses bit-identical to hits (the default q8: a bound, test_gpu_fused)
+                          cpu_kernel=kernel)
         runs[ec] = _run(eng)
     assert runs[0].expert_hits == 0 and runs["auto"].expert_misses == 0 and runs[12].expert_hits > 0
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids
     assert _tops_equal(runs[0], runs[12]) and _tops_equal(runs[0], runs["auto"])
-    cpu = _run(load_engine(packs["moe"], n_ctx=64, cpu_kernel="exact"))
+    cpu = _run(load_engine(packs["moe"], n_ctx=64, cpu_kernel=kernel))
     assert cpu.output_ids == runs[0].output_ids
 
 
+@pytest.mark.parametrize("kernel", ["q8", "exact"])
 @pytest.mark.parametrize("name", ["qwen2", "gemma3"])
-def test_sim_dense_models_match_cpu_tokens(packs, name):
-    sim = _run(load_engine(packs[name], device="cuda", n_ctx=64, backend=SimBackend()))
-    cpu = _run(load_engine(packs[name], n_ctx=64, cpu_kernel="exact"))  # the GPU kernels' order
+def test_sim_dense_models_match_cpu_tokens(packs, name, kernel):
+    sim = _run(load_engine(packs[name], device="cuda", n_ctx=64, backend=SimBackend(), cpu_kernel=kernel))
+    cpu = _run(load_engine(packs[name], n_ctx=64, cpu_kernel=kernel))
     assert sim.output_ids == cpu.output_ids
 
 

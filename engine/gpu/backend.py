@@ -67,9 +67,10 @@ class Backend:
         self.alloc_bytes += int(nbytes)
         self.alloc_rounded_bytes += -(-int(nbytes) // self.POOL_UNIT) * self.POOL_UNIT
 
-    def prepare(self, type_ids) -> None:
-        """Compile / load the kernels of ``type_ids`` (and the expert activation) now, so their
-        modules are loaded before the expert cache measures free memory."""
+    def prepare(self, type_ids, q8: bool = False) -> None:
+        """Compile / load the kernels of ``type_ids`` (and the expert activation; with ``q8`` the q8 kernels of
+        those types that have one and the activation quantizer) now, so their modules are loaded before the
+        expert cache measures free memory."""
 
     def external(self, nbytes: int, what: str) -> None:
         """Device memory the engine allocated with the array module itself (KV cache, rope tables,
@@ -85,6 +86,7 @@ class Backend:
     def empty_f32(self, n: int) -> Any: ...
     def copy_into(self, dst: Any, host: np.ndarray) -> None: ...
     def matvec(self, type_id: int, buf: Any, rows: int, ne0: int, x: Any, out: Any = None) -> Any: ...
+    def matvec_q8(self, type_id: int, buf: Any, rows: int, ne0: int, x: Any, out: Any = None) -> Any: ...
     def silu_mul(self, g: Any, u: Any, out: Any = None) -> Any: ...
     def mem_info(self) -> MemInfo: ...
     def synchronize(self) -> None: ...
@@ -133,9 +135,13 @@ class CudaBackend(Backend):
         self._account(4 * int(n))
         return self.cp.zeros(int(n), dtype=self.cp.float32)
 
-    def prepare(self, type_ids):
+    def prepare(self, type_ids, q8: bool = False):
         for t in sorted(set(type_ids)):
             self.K.kernels_for(t)
+            if q8 and t in self.K.Q8_GPU_TYPES:
+                self.K.q8_kernels_for(t)
+        if q8:
+            self.K.quantize_kernel()
         self.K.silu_kernel()
 
     def span_timer(self):
@@ -147,6 +153,9 @@ class CudaBackend(Backend):
 
     def matvec(self, type_id, buf, rows, ne0, x, out=None):
         return self.K.matvec(type_id, buf, rows, ne0, x, out=out)
+
+    def matvec_q8(self, type_id, buf, rows, ne0, x, out=None):
+        return self.K.matvec_q8(type_id, buf, rows, ne0, x, out=out)
 
     def silu_mul(self, g, u, out=None):
         return self.K.silu_mul(g, u, out=out)
@@ -264,6 +273,22 @@ class SimBackend(Backend):
 
     def matvec(self, type_id, buf, rows, ne0, x, out=None):
         y = R.matvec(type_id, self._weights(type_id, buf, rows, ne0), x)
+        if out is None:
+            return y
+        out[...] = y
+        return out
+
+    def matvec_q8(self, type_id, buf, rows, ne0, x, out=None):
+        """The q8 product (llama.cpp's CPU numerics) by the CPU's ``"q8"`` kernel on the native blocks: what the
+        device's ``matvec_q8`` gives bit for bit (tests/test_gpu_q8.py)."""
+        from strata.engine import cpukernels
+
+        key = (buf.__array_interface__["data"][0], buf.nbytes, type_id, rows, ne0, "native")
+        raw = self._deq.get(key)
+        if raw is None:
+            pool_t, src_t = _engine_pool_src(type_id)
+            raw = self._deq[key] = EF.from_engine_form(buf, pool_t, src_t, (ne0, rows)).reshape(-1)
+        y = cpukernels.matvec(type_id, raw, rows, ne0, np.asarray(x, dtype=np.float32), kernel="q8", threads=1)
         if out is None:
             return y
         out[...] = y

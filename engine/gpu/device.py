@@ -42,6 +42,13 @@ from .slots import GpuExpertPath, GpuStepProbe, SlotCache, SlotPlan
 from .weights import DeviceWeights
 
 
+
+def step_kernel(opts: EngineOptions) -> str:
+    """The matvec numerics of the fused GPU step: ``"q8"`` (the default: llama.cpp's CPU numerics, bit-identical to
+    the CPU's ``q8`` kernel, :mod:`strata.engine.gpu.kernels`) or ``"exact"`` (``cpu_kernel`` ``"exact"`` or
+    ``"f32"``, or ``exact=True``: f32 products in the exact kernels' order; the misses then run the kernel asked)."""
+    return "exact" if opts.exact or opts.cpu_kernel in ("exact", "f32") else "q8"
+
 class ExpertCacheError(GenerateError):
     """An expert cache that cannot be built as asked (both numbers in the message)."""
 
@@ -191,8 +198,9 @@ class GpuDevice:
         info, bk = self.info, self.bk
         source = self.experts.source if self.experts is not None else None
         expert_types = {t for r in source.rows.values() for t in (r.gate_type, r.up_type, r.down_type)} if source else set()
-        bk.prepare(model.w.types() | expert_types)
         why = fused_unsupported(model)
+        kernel = step_kernel(opts)
+        bk.prepare(model.w.types() | expert_types, q8=kernel == "q8" and why is None and opts.fused is not False)
         if opts.fused and why:
             raise FusedUnsupported(why)
         if opts.stage_times and why:
@@ -206,7 +214,7 @@ class GpuDevice:
                                     "prompt path is built - load 'head' before 'prompt path', or turn the fused step "
                                     "off (fused=False)")
             # the fused step: its buffers, one eager step (loads every kernel), then the graphs
-            dec = FusedDecoder(model, bk, state, graph=opts.graph, stage_times=opts.stage_times)
+            dec = FusedDecoder(model, bk, state, graph=opts.graph, stage_times=opts.stage_times, kernel=kernel)
             for pos in sorted({0, n_ctx - 1} if opts.warmup else {0}):
                 dec.step(0, pos, state, logits=True)
             dec.capture()

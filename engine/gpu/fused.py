@@ -77,9 +77,10 @@ from .. import layers
 from ..errors import GenerateError, StageTimesRefused
 from ..recipe import Attention as AttentionSpec
 from ..recipe import DeltaNet, DenseFFN, MoEFFN
+from . import kernels as K
 from .fused_gdn import GdnBuffers, build_delta_layer, gdn_unsupported
 from .fused_moe import MAX_EXPERTS_USED, MoeStep
-from .fused_ops import MAX_GROUP, TOP_K, TOP_WORDS, AttnIO, CudaOps, Launch, SimOps
+from .fused_ops import TOP_K, TOP_WORDS, AttnIO, CudaOps, Launch, MatvecLaunches, SimOps
 
 #: Bytes at the start of the staging buffer holding the step's integers (``pos`` at 0).
 PARAM_BYTES = 16
@@ -158,7 +159,9 @@ class FusedDecoder:
             records nothing).
     """
 
-    def __init__(self, model, backend, state, *, graph: bool = True, stage_times: bool = False):
+    def __init__(self, model, backend, state, *, graph: bool = True, stage_times: bool = False, kernel: str = "exact"):
+        if kernel not in ("exact", "q8"):
+            raise ValueError(f"fused step kernel {kernel!r}: expected 'exact' or 'q8'")
         why = fused_unsupported(model)
         if why:
             raise FusedUnsupported(why)
@@ -168,6 +171,7 @@ class FusedDecoder:
                 "record nothing): refusing rather than reporting zeros; use --no-graph for per-stage times")
         self.model, self.backend, self.state = model, backend, state
         self.graph_on, self.stage_times_on = bool(graph), bool(stage_times)
+        self.kernel = kernel
         self.cuda = backend.name == "cuda"
         self.stream = None
         self.graphs: dict[bool, Any] = {}  # the whole step (dense, or every expert resident)
@@ -223,7 +227,12 @@ class FusedDecoder:
         self.row_dev = self.stage_dev[PARAM_BYTES:].view(np.float32)
         self.top_part = bk.empty_bytes(F.FUSED_TOP_BYTES - 4 * TOP_WORDS).view(np.float32)
         self.top_dev = bk.empty_bytes(4 * TOP_WORDS).view(np.int32)
-        self.nbytes = 4 * (2 * h.n_embd + nq + nao + n_ff + h.n_head * self.max_size) + stage_bytes + F.FUSED_TOP_BYTES
+        # the q8 kernels' quantized input: the longest matvec input (allocated whatever the kernel: the budget's term)
+        value_dim = m.delta_dims.value_dim if m.delta_dims is not None else 0
+        self.xq_cap = max(h.n_embd, nao, n_ff, value_dim)
+        self.xq = bk.empty_bytes(F.q8_act_bytes(self.xq_cap))
+        self.nbytes = (4 * (2 * h.n_embd + nq + nao + n_ff + h.n_head * self.max_size) + stage_bytes + F.FUSED_TOP_BYTES
+                       + F.q8_act_bytes(self.xq_cap))
         if self.cuda:
             import cupy as cp
 
@@ -259,31 +268,8 @@ class FusedDecoder:
         def add(name, stage, run, kind="kernel"):
             plan.append(Launch(name, stage, run, kind))
 
-        def mv(name, x, stage, out=None):
-            t, buf, rows, ne0, o = w.matvec_args(name)
-            out = o if out is None else out
-            add(f"matvec {name}", stage, ops.matvec(t, buf, rows, ne0, x, out))
-            return out
-
-        def mv_group(names, x, stage):
-            """Matvecs of ``names`` on one ``x``: one ``matvec_group`` launch per run of weights with the
-            same type and row length (q/k/v; gate/up), a plain matvec for a weight alone. Returns the
-            outputs in order."""
-            args = [w.matvec_args(nm) for nm in names]
-            outs = [a[4] for a in args]
-            i = 0
-            while i < len(args):
-                j = i + 1
-                while j < len(args) and j - i < MAX_GROUP and args[j][0] == args[i][0] and args[j][3] == args[i][3]:
-                    j += 1
-                if j - i == 1:
-                    mv(names[i], x, stage)
-                else:
-                    parts = [(a[1], a[2], a[4]) for a in args[i:j]]
-                    add(f"matvec_group {' + '.join(names[i:j])}", stage,
-                        ops.matvec_group(args[i][0], parts, args[i][3], x))
-                i = j
-            return outs
+        mvs = MatvecLaunches(ops, w, add, self.q8_format, self.xq, self.xq_cap)
+        mv, mv_group = mvs.mv, mvs.group
 
         def opt(name):
             return w.get(name) if name and w.has(name) else None
@@ -336,6 +322,11 @@ class FusedDecoder:
             add("copy logits to host", "head", ops.d2h(self.logits_host, y, 4 * self.n_vocab), "memcpy")
             add("copy logit summary to host", "head", ops.d2h(self.top_host, self.top_dev, 4 * TOP_WORDS), "memcpy")
         return plan
+
+    def q8_format(self, type_id: int) -> int:
+        """The activation format a matvec of ``type_id`` quantizes to in this step (1 = Q8_0, 2 = Q8_K), or 0: the
+        exact kernel (``kernel="exact"``, or a type without a q8 kernel)."""
+        return K.q8_act_format(type_id) if self.kernel == "q8" and type_id in K.Q8_GPU_TYPES else 0
 
     def _attention_layer(self, il, b, add, mv, mv_group, opt, norm_of) -> None:
         """Layer ``il``'s attention launches (q/k/v, ``qk_prep``, ``attn``, the output gate when the query
@@ -561,7 +552,7 @@ def describe(dec: FusedDecoder) -> str:
         what = f"fused MoE step, hybrid ({n} MoE layers: the host reads the routing and computes misses)"
         how = f"{c['host'] + 1} {graph} segments" if dec.graph_on else "eager"
     return (f"{what}, {how}: {c['kernels']} kernels + {c['memcpy']} copies per token "
-            f"({dec.model.hp.n_layer} layers)")
+            f"({dec.model.hp.n_layer} layers; {dec.kernel} matvecs)")
 
 
 __all__ = ["FusedDecoder", "FusedUnsupported", "StageTimesRefused", "StageTimes", "fused_unsupported",

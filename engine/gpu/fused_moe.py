@@ -86,7 +86,10 @@ class MoeStep:
         self.slot_of[...] = -1
         self.storage_ptr = bk.empty_bytes(8).view(np.uint64)
         self.storage_ptr[...] = 0
-        self.nbytes = 4 * (E + K + 3 * K * self.n_ff + K * n + n + 1 + h.n_layer * E) + 8 * 3 * K + 4 * 2 * K + 8
+        self.hq_stride = F.q8_act_bytes(self.n_ff)  # the selected experts' quantized down inputs (q8 kernel)
+        self.Hq = bk.empty_bytes(K * self.hq_stride)
+        self.nbytes = (4 * (E + K + 3 * K * self.n_ff + K * n + n + 1 + h.n_layer * E) + 8 * 3 * K + 4 * 2 * K + 8
+                       + K * self.hq_stride)
         if dec.cuda:
             import cupy as cp
 
@@ -133,17 +136,28 @@ class MoeStep:
         gt, ut, dt = self.source.types(il)
         pb = self.part_bytes[il]
         store = self._storage
+        fg, fu, fd = dec.q8_format(gt), dec.q8_format(ut), dec.q8_format(dt)
+
+        def xn_q8(fmt, what):  # the layer's input quantized for the q8 kernel of the parts that follow
+            if fmt:
+                add(f"quantize q8 experts {what} L{il}", sf, ops.quantize(dec.xn, dec.xq, fmt, n))
+            return dec.xq if fmt else None
+
         if gt == ut and pb[0] == pb[1]:  # gate and up of every selected expert: one launch (G, U adjacent)
             add(f"experts gate+up L{il}", sf, ops.matvec_batched(gt, self.bases[0:2 * K], nff, n, dec.xn, 0, self.GU,
-                                                                 storage=store, nbytes=pb[0]))
+                                                                 storage=store, nbytes=pb[0], xq=xn_q8(fg, "gate+up")))
         else:
             add(f"experts gate L{il}", sf, ops.matvec_batched(gt, self.bases[0:K], nff, n, dec.xn, 0, self.G,
-                                                              storage=store, nbytes=pb[0]))
+                                                              storage=store, nbytes=pb[0], xq=xn_q8(fg, "gate")))
             add(f"experts up L{il}", sf, ops.matvec_batched(ut, self.bases[K:2 * K], nff, n, dec.xn, 0, self.U,
-                                                            storage=store, nbytes=pb[1]))
+                                                            storage=store, nbytes=pb[1], xq=xn_q8(fu, "up")))
         add(f"experts silu_mul L{il}", sf, ops.silu_mul(self.G, self.U, self.H))
+        if fd:
+            add(f"quantize q8 experts down L{il}", sf,
+                ops.quantize(self.H, self.Hq, fd, nff, rows=K, x_stride=nff, out_stride=self.hq_stride))
         add(f"experts down L{il}", sf, ops.matvec_batched(dt, self.bases[2 * K:3 * K], n, nff, self.H, nff, self.D,
-                                                          storage=store, nbytes=pb[2]))
+                                                          storage=store, nbytes=pb[2], xq=self.Hq if fd else None,
+                                                          xq_stride=self.hq_stride))
         add(f"fill misses L{il}", sf, lambda: self.on_fill(il), "fill")
         S = gdot = None
         if ffn.shared_expert:
@@ -227,6 +241,12 @@ class MoeStep:
             ex.on_route(il, ids)
         ex.count(il, K - len(self._misses), len(self._misses))
 
+    def miss_kernel(self, asked: str) -> str:
+        """The CPU kernel of a miss: with the step's q8 numerics ``"q8-exact"`` (q8 for the types the GPU runs q8,
+        exact for the rest: a miss is bit-identical to a hit either way); else the one asked (``"exact"`` by
+        default, bit-identical to the exact GPU kernels)."""
+        return "q8-exact" if self.dec.kernel == "q8" else asked
+
     def on_fill(self, il: int) -> None:
         """Compute layer ``il``'s missed experts on the CPU (bit-identical to hits with the default
         ``"exact"`` miss kernel, :class:`~strata.engine.gpu.slots.GpuExpertPath`; all of them in one
@@ -237,7 +257,7 @@ class MoeStep:
         dec, ex, n = self.dec, self.model.experts, self.n_embd
         t0 = time.perf_counter()
         ks = [k for k, _e in self._misses]
-        ys = self.source.ffn_many(il, [e for _k, e in self._misses], self.xn_host, kernel=ex.kernel,
+        ys = self.source.ffn_many(il, [e for _k, e in self._misses], self.xn_host, kernel=self.miss_kernel(ex.kernel),
                                   threads=ex.threads, silu_mul=R.silu_mul)
         for j, k in enumerate(ks):
             self.miss_host[k * n:(k + 1) * n] = ys[j]

@@ -69,6 +69,59 @@ class Launch:
     kind: str = "kernel"  # "kernel" | "memcpy" | "route" (host reads the routing) | "fill" (host fills misses)
 
 
+class MatvecLaunches:
+    """The step's matrix-vector launches, added to the list in order by ``add(name, stage, run)``: the exact
+    kernels, or - for a weight type ``q8_format`` gives a format (1 = Q8_0, 2 = Q8_K) - one ``quantize_q8`` of the
+    input into ``xq`` (``xq_cap`` values at most; reused in stream order) then the ``matvec_q8`` launches.
+    ``w``: the device weights (``matvec_args(name)`` = type, buffer, rows, ne0, output)."""
+
+    def __init__(self, ops, w, add, q8_format, xq, xq_cap: int):
+        self.ops, self.w, self.add, self.q8_format, self.xq, self.xq_cap = ops, w, add, q8_format, xq, xq_cap
+
+    def quantize(self, x, fmt: int, n: int, stage: str, what: str) -> None:
+        """One launch: ``x`` (``n`` values) quantized to ``fmt`` for the q8 matvecs that follow."""
+        if n > self.xq_cap:
+            raise AssertionError(f"q8 input of {n} values > the buffer's {self.xq_cap}")
+        self.add(f"quantize q8 {what}", stage, self.ops.quantize(x, self.xq, fmt, n))
+
+    def mv(self, name: str, x, stage: str, out=None):
+        """``name`` @ ``x`` into its preallocated output (or ``out``); returns the output."""
+        t, buf, rows, ne0, o = self.w.matvec_args(name)
+        out = o if out is None else out
+        fmt = self.q8_format(t)
+        if fmt:
+            self.quantize(x, fmt, ne0, stage, name)
+            self.add(f"matvec_q8 {name}", stage, self.ops.matvec(t, buf, rows, ne0, x, out, xq=self.xq))
+        else:
+            self.add(f"matvec {name}", stage, self.ops.matvec(t, buf, rows, ne0, x, out))
+        return out
+
+    def group(self, names: list[str], x, stage: str) -> list:
+        """Matvecs of ``names`` on one ``x``: one ``matvec_group`` launch per run of weights with the same type
+        and row length (q/k/v; gate/up), a plain matvec for a weight alone; with the q8 kernels ``x`` is quantized
+        once per activation format the weights meet. Returns the outputs in order."""
+        ops, args = self.ops, [self.w.matvec_args(nm) for nm in names]
+        for fmt in sorted({self.q8_format(a[0]) for a in args}):
+            sel = [i for i, a in enumerate(args) if self.q8_format(a[0]) == fmt]
+            if fmt:
+                self.quantize(x, fmt, args[sel[0]][3], stage, " + ".join(names[i] for i in sel))
+            xq, kind = (self.xq, "matvec_q8") if fmt else (None, "matvec")
+            i = 0
+            while i < len(sel):
+                j, a0 = i + 1, args[sel[i]]
+                while j < len(sel) and j - i < MAX_GROUP and args[sel[j]][0] == a0[0] and args[sel[j]][3] == a0[3]:
+                    j += 1
+                run = sel[i:j]
+                if len(run) == 1:
+                    self.add(f"{kind} {names[run[0]]}", stage, ops.matvec(a0[0], a0[1], a0[2], a0[3], x, a0[4], xq=xq))
+                else:
+                    parts = [(args[r][1], args[r][2], args[r][4]) for r in run]
+                    self.add(f"{kind}_group {' + '.join(names[r] for r in run)}", stage,
+                             ops.matvec_group(a0[0], parts, a0[3], x, xq=xq))
+                i = j
+        return [a[4] for a in args]
+
+
 @dataclass
 class MoeIO:
     """Everything one layer's routed experts read and write (device arrays; :meth:`CudaOps.moe_route`).
@@ -166,17 +219,30 @@ class CudaOps:
         s = self.stream
         return lambda: f(grid, block, args, shared_mem=shmem, stream=s)
 
-    def matvec(self, type_id, buf, rows, ne0, x, out):
+    def quantize(self, x, xq, fmt, n, rows=1, x_stride=0, out_stride=0):
+        """``quantize_q8`` of ``rows`` rows of ``n`` values of ``x`` (``x_stride`` floats apart) into ``xq``
+        (``out_stride`` bytes apart): the q8 kernels' input (:func:`strata.engine.gpu.kernels.quantize_q8`)."""
         from . import kernels as K
 
+        return self._call(K.quantize_kernel(), ((n + 255) // 256, rows), (256,),
+                          (x, np.int32(n), np.int64(x_stride or n), np.int32(fmt), xq, np.int64(out_stride)))
+
+    def matvec(self, type_id, buf, rows, ne0, x, out, xq=None):
+        """``matvec`` (exact) of ``x``, or with ``xq`` (``x`` quantized by :meth:`quantize`) ``matvec_q8``."""
+        from . import kernels as K
+
+        if xq is not None:
+            k8 = K.q8_kernels_for(type_id)
+            return self._call(k8.matvec, ((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA,),
+                              (32 * K.Q8_ROWS_PER_CTA,), (buf, np.int64(rows), np.int32(ne0), xq, out))
         k = K.kernels_for(type_id)
         K.check_matvec(k, rows, ne0)
         return self._call(k.matvec, ((rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA,), (32 * K.WARPS_PER_CTA,),
                           (buf, np.int64(rows), np.int32(ne0), x, out))
 
-    def matvec_group(self, type_id, parts, ne0, x):
-        """One launch of ``matvec_group`` over ``parts`` = [(buf, rows, out)] (1 to 4) of one type and row
-        length; addresses and row counts travel as kernel parameters."""
+    def matvec_group(self, type_id, parts, ne0, x, xq=None):
+        """One launch of ``matvec_group`` (or with ``xq``, ``matvec_q8_group``) over ``parts`` = [(buf, rows,
+        out)] (1 to 4) of one type and row length; addresses and row counts travel as kernel parameters."""
         from . import kernels as K
 
         k = K.kernels_for(type_id)
@@ -191,6 +257,10 @@ class CudaOps:
         rows = [np.int64(r) for _b, r, _o in full]
         outs = [np.uint64(o.data.ptr) for _b, _r, o in full]
         max_rows = max(int(r) for _b, r, _o in parts)
+        if xq is not None:
+            return self._call(K.q8_kernels_for(type_id).matvec_group,
+                              ((max_rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, n), (32 * K.Q8_ROWS_PER_CTA,),
+                              (*bases, *rows, np.int32(ne0), xq, *outs))
         return self._call(k.matvec_group, ((max_rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA, n),
                           (32 * K.WARPS_PER_CTA,), (*bases, *rows, np.int32(ne0), x, *outs))
 
@@ -261,13 +331,19 @@ class CudaOps:
                            np.int32(M.il), M.storage_ptr, np.int64(M.slot_bytes), np.int64(M.offsets[0]),
                            np.int64(M.offsets[1]), np.int64(M.offsets[2]), M.probs, M.weights, M.bases, M.info))
 
-    def matvec_batched(self, type_id, bases, rows, ne0, X, x_stride, out, storage=None, nbytes=0):
-        """The batched matvec over the addresses in ``bases`` (``storage``/``nbytes``: the sim's)."""
+    def matvec_batched(self, type_id, bases, rows, ne0, X, x_stride, out, storage=None, nbytes=0, xq=None,
+                       xq_stride=0):
+        """The batched matvec over the addresses in ``bases`` (``storage``/``nbytes``: the sim's); with ``xq``
+        (``X`` quantized by :meth:`quantize`, rows ``xq_stride`` bytes apart, 0 = one for all) ``matvec_q8_batched``."""
         from . import kernels as K
 
         k = K.kernels_for(type_id)
         K.check_matvec(k, rows, ne0)
         n = int(bases.size)
+        if xq is not None:
+            return self._call(K.q8_kernels_for(type_id).matvec_batched,
+                              ((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, n), (32 * K.Q8_ROWS_PER_CTA,),
+                              (bases, np.int64(rows), np.int32(ne0), xq, np.int64(xq_stride), out))
         return self._call(k.matvec_batched, ((rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA, n),
                           (32 * K.WARPS_PER_CTA,), (bases, np.int64(rows), np.int32(ne0), X, np.int64(x_stride), out))
 
@@ -297,8 +373,14 @@ class SimOps:
     def __init__(self, backend):
         self.bk = backend
 
-    def matvec(self, type_id, buf, rows, ne0, x, out):
+    def quantize(self, x, xq, fmt, n, rows=1, x_stride=0, out_stride=0):
+        """No work: the sim's q8 matvec quantizes its f32 input itself (the CPU kernel), as the device's equals."""
+        return lambda: None
+
+    def matvec(self, type_id, buf, rows, ne0, x, out, xq=None):
         bk = self.bk
+        if xq is not None:
+            return lambda: bk.matvec_q8(type_id, buf, rows, ne0, x, out=out)
         return lambda: bk.matvec(type_id, buf, rows, ne0, x, out=out)
 
     def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode):
@@ -357,12 +439,13 @@ class SimOps:
                 y[...] = np.tanh(y * np.float32(1.0 / cap)) * np.float32(cap)
         return run
 
-    def matvec_group(self, type_id, parts, ne0, x):
+    def matvec_group(self, type_id, parts, ne0, x, xq=None):
         bk = self.bk
+        mv = bk.matvec if xq is None else bk.matvec_q8
 
         def run():
             for buf, rows, out in parts:
-                out[...] = bk.matvec(type_id, buf, rows, ne0, x)
+                out[...] = mv(type_id, buf, rows, ne0, x)
         return run
 
     def gate_mul(self, ao, qg, n_head, hd):
@@ -402,8 +485,10 @@ class SimOps:
                 M.info[k], M.info[M.k + k] = e, slot
         return run
 
-    def matvec_batched(self, type_id, bases, rows, ne0, X, x_stride, out, storage=None, nbytes=0):
+    def matvec_batched(self, type_id, bases, rows, ne0, X, x_stride, out, storage=None, nbytes=0, xq=None,
+                       xq_stride=0):
         bk = self.bk
+        mv = bk.matvec if xq is None else bk.matvec_q8
 
         def run():
             # sim addresses: 1 + byte offset into the slot storage (0: a miss, skipped)
@@ -413,7 +498,7 @@ class SimOps:
                 if b == 0:
                     continue
                 x = X[item * x_stride: item * x_stride + ne0] if x_stride else X[:ne0]
-                out[item * rows:(item + 1) * rows] = bk.matvec(type_id, store[b - 1:b - 1 + nbytes], rows, ne0, x)
+                out[item * rows:(item + 1) * rows] = mv(type_id, store[b - 1:b - 1 + nbytes], rows, ne0, x)
         return run
 
     def silu_mul(self, g, u, out):

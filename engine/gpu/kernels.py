@@ -57,6 +57,13 @@ per output (Higham, gamma_k): ``|y - y_exact| <= k * u * sum|w x|``, ``u = 2**-2
 pointers: e.g. the routed experts found in cache slots), one ``x`` row per item or one ``x`` for
 all (``x_stride = 0``).
 
+**q8 numerics** (:func:`q8_kernels_for`, :func:`quantize_kernel`): llama.cpp's CPU numerics on the GPU,
+bit-identical to the CPU's ``"q8"`` kernel (engine/cpu_q8.c, cpu_q8_dots.c) - the activation quantized to
+Q8_0 / Q8_K by ``cuda/q8_act.cu`` exactly as the CPU quantizes it (one layout for both: engine/q8_layout.h),
+integer block dots by DP4A (exact), and the CPU's fixed f32 order for the block scales (``cuda/matvec_q8.cu``
+over the type's ``cuda/q8/<TYPE>.cuh``). For the types in :data:`Q8_GPU_TYPES` (the CPU's
+:data:`strata.engine.cpukernels.Q8_TYPES`); about one instruction per weight instead of the exact kernel's 7-8.
+
 CuPy is imported lazily: importing this module without CuPy works; :func:`gpu_available` says
 why kernels cannot run.
 """
@@ -77,7 +84,8 @@ from strata.packer import quants
 __all__ = [
     "SUPPORTED_TYPES", "gpu_available", "kernels_for", "dequantize", "matvec", "matvec_batched", "silu_mul",
     "matvec_error_depth", "source_for", "type_defines", "cuda_file", "load_module", "check_matvec", "silu_kernel",
-    "NVRTC_OPTIONS",
+    "NVRTC_OPTIONS", "Q8_GPU_TYPES", "q8_act_format", "q8_source_for", "q8_kernels_for", "quantize_kernel",
+    "quantize_q8", "matvec_q8",
 ]
 
 #: NVRTC options for every module: no FMA contraction, IEEE subnormals, IEEE division (bit-exact
@@ -127,6 +135,120 @@ def type_defines(type_id: int) -> str:
 
 #: ggml type ids with GPU kernels: the registry rows with ``gpu_kernel`` (each has ``cuda/types/<NAME>.cuh``).
 SUPPORTED_TYPES: frozenset[int] = frozenset(t.id for t in quants.QTYPES.values() if t.gpu_kernel)
+
+
+#: ggml type ids with q8 GPU kernels: the registry rows with ``q8_kernel`` (each has ``cuda/q8/<NAME>.cuh``; the
+#: CPU's ``"q8"`` kernel covers the same set).
+Q8_GPU_TYPES: frozenset[int] = frozenset(t.id for t in quants.QTYPES.values() if t.q8_kernel)
+#: The quantized activation's layout (shared with the CPU kernels, engine/q8_layout.h).
+Q8_LAYOUT = CUDA_DIR.parent.parent / "q8_layout.h"
+
+
+def q8_act_format(type_id: int) -> int:
+    """The activation format a q8 product of ``type_id`` quantizes its input to (llama.cpp's
+    ``vec_dot_type``): 1 = Q8_0 (blocks of 32, for the 32-value weight types), 2 = Q8_K (blocks of 256, K-quants).
+
+    Raises:
+        ValueError: a type without a q8 kernel (:data:`Q8_GPU_TYPES`).
+    """
+    if type_id not in Q8_GPU_TYPES:
+        raise ValueError(f"{quants.qtype(type_id).name}: no q8 GPU kernel (have "
+                         f"{sorted(quants.qtype(i).name for i in Q8_GPU_TYPES)})")
+    return 1 if quants.qtype(type_id).block_elems == 32 else 2
+
+
+def _q8_layout_source() -> str:
+    return "#define Q8_FN __device__ __forceinline__\n" + Q8_LAYOUT.read_text(encoding="utf-8") + "\n"
+
+
+def q8_source_for(type_id: int, *, with_kernels: bool = True) -> str:
+    """The CUDA source of ``type_id``'s q8 module: prelude, the activation layout, tables, generated defines,
+    ``q8/<TYPE>.cuh`` and (``with_kernels``) ``matvec_q8.cu``. Raises ValueError for a type without one."""
+    q8_act_format(type_id)
+    t = quants.qtype(type_id)
+    type_code = cuda_file(f"q8/{t.name}.cuh")
+    code = cuda_file("prelude.cuh") + _q8_layout_source() + _tables_source(type_code) + type_defines(t.id) + type_code
+    return code + cuda_file("matvec_q8.cu") if with_kernels else code
+
+
+@dataclass(frozen=True)
+class Q8Kernels:
+    """The compiled q8 kernels of one ggml type (``matvec_q8``, ``matvec_q8_batched``, ``matvec_q8_group``)."""
+
+    type_id: int
+    fmt: int
+    matvec: object
+    matvec_batched: object
+    matvec_group: object
+
+
+#: Rows per CTA of the q8 kernels (one warp per row: ``Q8_WARPS`` in matvec_q8.cu).
+Q8_ROWS_PER_CTA = 4
+
+
+@functools.lru_cache(maxsize=None)
+def q8_kernels_for(type_id: int) -> Q8Kernels:
+    """Compile (once per process) the q8 module of ``type_id`` (:func:`load_module`)."""
+    f = load_module(q8_source_for(type_id), ("matvec_q8", "matvec_q8_batched", "matvec_q8_group"))
+    return Q8Kernels(type_id, q8_act_format(type_id), f["matvec_q8"], f["matvec_q8_batched"], f["matvec_q8_group"])
+
+
+@functools.lru_cache(maxsize=1)
+def quantize_kernel():
+    """The compiled ``quantize_q8`` kernel (``cuda/q8_act.cu``; grid ``(ceil(n / 256), rows)``, 256 threads)."""
+    return load_module(cuda_file("prelude.cuh") + _q8_layout_source() + cuda_file("q8_act.cu"),
+                       ("quantize_q8",))["quantize_q8"]
+
+
+def quantize_q8(x, fmt: int, out=None, *, n: int | None = None, rows: int = 1, x_stride: int | None = None,
+                out_stride: int | None = None):
+    """Quantize ``rows`` activation rows of ``n`` f32 values each (``x``: cupy f32, row r at ``r * x_stride``
+    floats, default ``n``; ``n`` default ``x.size // rows``) to ``fmt`` (1 = Q8_0, 2 = Q8_K) in engine/q8_layout.h's
+    layout; returns ``cupy.uint8[rows * out_stride]`` (``out`` if given; ``out_stride`` default
+    :func:`strata.budget.formulas.q8_act_bytes` of ``n``). Bit for bit the CPU kernels' quantization
+    (:func:`strata.engine.cpukernels.quantize_activation`). Launches on the current CuPy stream.
+
+    Raises:
+        ValueError: ``n`` not a positive multiple of the format's block (32 or 256), or an unknown format.
+    """
+    import cupy as cp
+
+    from strata.budget.formulas import q8_act_bytes
+
+    n = int(x.size) // rows if n is None else int(n)
+    blk = {1: 32, 2: 256}.get(fmt)
+    if blk is None or n <= 0 or n % blk:
+        raise ValueError(f"q8 activation format {fmt}: {n} values is not a positive multiple of {blk}")
+    ob = q8_act_bytes(n) if out_stride is None else int(out_stride)
+    if out is None:
+        out = cp.zeros(rows * ob, dtype=cp.uint8)
+    quantize_kernel()(((n + 255) // 256, rows), (256,),
+                      (x, np.int32(n), np.int64(n if x_stride is None else x_stride), np.int32(fmt), out, np.int64(ob)))
+    return out
+
+
+def matvec_q8(type_id: int, buf, rows: int, ne0: int, x, out=None):
+    """``y = W @ x`` with the q8 numerics (module docstring) for an engine-form weight (ggml ``ne = (ne0,
+    rows)``) and ``x = cupy.float32[ne0]``: quantizes ``x`` (:func:`quantize_q8`) then one ``matvec_q8``
+    launch; returns ``cupy.float32[rows]``, bit-identical to ``strata.engine.cpukernels.matvec(...,
+    kernel="q8")`` on the native blocks.
+
+    Raises:
+        ValueError: a type without a q8 kernel, ``ne0`` not a multiple of the block, a wrong-sized buffer.
+    """
+    import cupy as cp
+
+    k = q8_kernels_for(type_id)
+    if ne0 % quants.qtype(type_id).block_elems or ne0 % (32 if k.fmt == 1 else 256) or rows < 0:
+        raise ValueError(f"{quants.qtype(type_id).name}: matvec_q8 shape rows={rows} ne0={ne0}")
+    _check_buf(buf, type_id, (ne0, rows))
+    xq = quantize_q8(x, k.fmt)
+    if out is None:
+        out = cp.empty(rows, dtype=cp.float32)
+    if rows:
+        k.matvec(((rows + Q8_ROWS_PER_CTA - 1) // Q8_ROWS_PER_CTA,), (32 * Q8_ROWS_PER_CTA,),
+                 (buf, np.int64(rows), np.int32(ne0), xq, out))
+    return out
 
 
 def _c_array(ctype: str, name: str, values) -> str:

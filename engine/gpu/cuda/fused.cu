@@ -1,11 +1,6 @@
 // The fused decode-step kernels of strata.engine.gpu.fused (resid_norm, qk_prep, attn, act_mul,
-// logit_post). Concatenated after prelude.cuh (typedefs, h2f); the f32 reductions below run in a
+// logit_post). Concatenated after prelude.cuh (typedefs, h2f, f2h); the f32 reductions below run in a
 // fixed order so that every thread of a CTA gets the same bits.
-__device__ __forceinline__ u16 f2h(float f) {  // round to nearest even, like numpy's astype(float16)
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
 __device__ __forceinline__ float load_kv(const void* p, const i64 i, const int f16) {
     return f16 ? h2f(((const u16*)p)[i]) : ((const float*)p)[i];
 }

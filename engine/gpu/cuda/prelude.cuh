@@ -5,6 +5,7 @@
 typedef unsigned char u8;
 typedef signed char i8;
 typedef unsigned short u16;
+typedef short i16;
 typedef unsigned int u32;
 typedef long long i64;
 
@@ -88,6 +89,24 @@ __device__ __forceinline__ float h2f(u32 h) {
     return __uint_as_float(sign | ((ex + 112u) << 23) | (man << 13));
 }
 #endif
+#ifdef __CUDA_ARCH__
+// f32 -> fp16 bits, round to nearest even (IEEE, overflow to inf): numpy's astype(float16), F16C's _cvtss_sh(x, 0).
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#endif
+// c + the sum of the four products of the signed bytes of a and b (exact int32): the DP4A instruction on the
+// device; its host twin for the CPU check of the q8 kernels' source.
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
+#else
+__device__ __forceinline__ int dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; ++i) c += (int)(i8)(a >> (8 * i)) * (int)(i8)(b >> (8 * i));
+    return c;
+}
+#endif
 // An int v with |v| < 2^22 as f32: exactly (float)v. On the device through 1.5 * 2^23 (0x4B400000): adding v to
 // that float's bit pattern gives the float 12582912 + v (the mantissa stays in range, ulp 1), and subtracting
 // 12582912.0f leaves v, both steps exact - an integer add and an f32 subtract instead of the I2F conversion,
@@ -103,6 +122,20 @@ __device__ __forceinline__ float u2f(u32 v) { return __uint_as_float(0x4B000000u
 __device__ __forceinline__ float i2f(int v) { return (float)v; }
 __device__ __forceinline__ float u2f(u32 v) { return (float)v; }
 #endif
+// Byte i (0..11) of the 12 bytes in s[0..3) for a run-time i, in registers (indexing a register array by a
+// run-time index would put it in local memory).
+__device__ __forceinline__ int byte12(const u32* s, const int i) {
+    const unsigned long long lo = (unsigned long long)s[0] | ((unsigned long long)s[1] << 32);
+    return (int)(i < 8 ? (lo >> (8 * (i & 7))) & 255u : (s[2] >> (8 * (i & 3))) & 255u);
+}
+// scale_min_k4 of the scales[12] bytes held as 3 little-endian words (the q8 kernels' run-time g).
+__device__ __forceinline__ void scale_min_k4_words(const u32* s, int g, int* scv, int* mv) {
+    if (g < 4) { *scv = byte12(s, g) & 63; *mv = byte12(s, g + 4) & 63; }
+    else {
+        *scv = (byte12(s, g + 4) & 15) | ((byte12(s, g - 4) >> 2) & 0x30);
+        *mv = (byte12(s, g + 4) >> 4) | ((byte12(s, g) >> 2) & 0x30);
+    }
+}
 // Q4_K / Q5_K 6-bit scale and min of sub-block g (ggml-quants.c get_scale_min_k4).
 __device__ __forceinline__ void scale_min_k4(const u8* s, int g, int* scv, int* mv) {
     if (g < 4) { *scv = s[g] & 63; *mv = s[g + 4] & 63; }

@@ -1,0 +1,29 @@
+// IQ4_NL with Q8_0 activations (matvec_q8.cu): engine form sc[0] = fp32(d), payload = qs[16]: value j =
+// kvalues_iq4nl[qs[j] & 15], value j + 16 = kvalues_iq4nl[qs[j] >> 4] (int8). Lanes as Q4_0.
+#define Q8_FMT 1
+#define LPB 4
+#define HAS_MIN 0
+__device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict__ q, const i8* __restrict__ y,
+                                          const i16* __restrict__ ys, const i16* __restrict__ yt, const int p,
+                                          int* S, int* M) {
+    (void)sc; (void)ys; (void)yt;
+    u32 w[2], yv[2];
+    load_words(q + 8 * (p & 1), w, 8);
+    load_words((const u8*)(y + 8 * p), yv, 8);
+    const int sh = 4 * (p >> 1);
+    int dot = 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        u32 v = 0;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) v |= (u32)(u8)kvalues_iq4nl[(w[i] >> (8 * b + sh)) & 15u] << (8 * b);
+        dot = dp4a((int)v, (int)yv[i], dot);
+    }
+    *S = dot;
+    *M = 0;
+}
+__device__ __forceinline__ void blk_scales(const float* sc, const u8* __restrict__ q, float* dw, float* dm) {
+    (void)q;
+    *dw = sc[0];
+    *dm = 0.0f;
+}

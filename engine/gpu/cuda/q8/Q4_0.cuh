@@ -1,0 +1,28 @@
+// Q4_0 with Q8_0 activations (matvec_q8.cu): engine form sc[0] = fp32(d), payload = qs[16]: value j =
+// (qs[j] & 15) - 8, value j + 16 = (qs[j] >> 4) - 8. Lane p (4 per block): values 8p .. 8p + 8 = the low
+// (p < 2) or high (p >= 2) nibbles of qs[8 (p & 1) .. +8); sum((n - 8) y) = sum(n y) - 8 sum(y), exact.
+#define Q8_FMT 1
+#define LPB 4
+#define HAS_MIN 0
+__device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict__ q, const i8* __restrict__ y,
+                                          const i16* __restrict__ ys, const i16* __restrict__ yt, const int p,
+                                          int* S, int* M) {
+    (void)sc; (void)ys; (void)yt;
+    u32 w[2], yv[2];
+    load_words(q + 8 * (p & 1), w, 8);
+    load_words((const u8*)(y + 8 * p), yv, 8);
+    const int sh = 4 * (p >> 1);
+    int dot = 0, ysum = 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        dot = dp4a((int)((w[i] >> sh) & 0x0f0f0f0fu), (int)yv[i], dot);
+        ysum = dp4a(0x01010101, (int)yv[i], ysum);
+    }
+    *S = dot - 8 * ysum;
+    *M = 0;
+}
+__device__ __forceinline__ void blk_scales(const float* sc, const u8* __restrict__ q, float* dw, float* dm) {
+    (void)q;
+    *dw = sc[0];
+    *dm = 0.0f;
+}
