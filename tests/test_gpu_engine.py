@@ -181,11 +181,12 @@ def test_sim_kv_f32_doubles_the_kv_term(packs):
 
 @pytest.mark.gpu
 @skip_no_gpu
+@pytest.mark.parametrize("kernel", ["q8", "exact"])
 @pytest.mark.parametrize("name", ["moe", "qwen2", "gemma3"])
-def test_cuda_tokens_match_cpu(packs, name):
-    eng = load_engine(packs[name], device="cuda", n_ctx=64)
+def test_cuda_tokens_match_cpu(packs, name, kernel):
+    eng = load_engine(packs[name], device="cuda", n_ctx=64, cpu_kernel=kernel)
     r = _run(eng, 8)
-    cpu = _run(load_engine(packs[name], n_ctx=64, cpu_kernel="exact"), 8)
+    cpu = _run(load_engine(packs[name], n_ctx=64, cpu_kernel=kernel), 8)
     diff = max(abs(a[1] - b[1]) for ra, rb in zip(r.top, cpu.top) for a, b in zip(ra, rb))
     print(f"\n[gpu-engine] {name}: cuda {r.output_ids} cpu {cpu.output_ids} max|top logit diff|={diff:.2e} "
           f"decode {r.tokens_per_second:.1f} tok/s")
@@ -194,10 +195,11 @@ def test_cuda_tokens_match_cpu(packs, name):
 
 @pytest.mark.gpu
 @skip_no_gpu
-def test_cuda_new_expert_types_tokens_identical(packs):
-    runs = {ec: _run(load_engine(packs["moe_new"], device="cuda", n_ctx=64, expert_cache=ec), 8)
+@pytest.mark.parametrize("kernel", ["q8", "exact"])
+def test_cuda_new_expert_types_tokens_identical(packs, kernel):
+    runs = {ec: _run(load_engine(packs["moe_new"], device="cuda", n_ctx=64, expert_cache=ec, cpu_kernel=kernel), 8)
             for ec in (0, 12, "auto")}
-    cpu = _run(load_engine(packs["moe_new"], n_ctx=64, cpu_kernel="exact"), 8)
+    cpu = _run(load_engine(packs["moe_new"], n_ctx=64, cpu_kernel=kernel), 8)
     print(f"\n[gpu-engine] Q1_0/Q2_0/IQ2_S experts: cuda {runs[0].output_ids} cpu {cpu.output_ids}")
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids == cpu.output_ids
     assert _tops_equal(runs[0], runs[12]) and _tops_equal(runs[0], runs["auto"])

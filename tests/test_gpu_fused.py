@@ -368,24 +368,32 @@ def test_cuda_graph_and_eager_logits_bit_identical(packs, name, n):
 
 @pytest.mark.gpu
 @skip_no_gpu
+@pytest.mark.parametrize("kernel", ["q8", "exact"])
 @pytest.mark.parametrize("name", ["qwen2", "gemma3", "gemma_swa", "llama", "qwen3", "llama_moe", "qwen2moe", "q3n"])
-def test_cuda_fused_tokens_match_cpu_and_generic(packs, name):
+def test_cuda_fused_tokens_match_cpu_and_generic(packs, name, kernel):
+    """The fused step's tokens equal the CPU path's with the same kernel (q8: the same integer numerics for the
+    q8 types; exact: the same order), and with the exact kernels the generic GPU path's; the top logits within
+    1e-3 relative of the CPU's (exact), 3e-2 (q8: an activation that differs by float order between the devices -
+    attention, norms - can round to the neighbouring int8 step, 1/127 of its block's largest value; measured on
+    the H200 2026-11-30: gemma_swa 1.07e-2); decode allocates nothing."""
     import cupy as cp
 
     ids = _ids(30)
-    eng = load_engine(packs[name], device="cuda", n_ctx=64)
+    eng = load_engine(packs[name], device="cuda", n_ctx=64, cpu_kernel=kernel)
     r = generate(eng, prompt_ids=ids, n_tokens=8, ignore_eos=True)
     grown = cp.get_default_memory_pool().total_bytes() - eng.gpu.pool_after_warmup
     assert grown == 0, f"decode allocated {grown} B of new device memory"
-    gen = generate(load_engine(packs[name], device="cuda", n_ctx=64, fused=False), prompt_ids=ids, n_tokens=8,
-                   ignore_eos=True)
-    cpu = generate(load_engine(packs[name], n_ctx=64, cpu_kernel="exact"), prompt_ids=ids, n_tokens=8, ignore_eos=True)
+    cpu = generate(load_engine(packs[name], n_ctx=64, cpu_kernel=kernel), prompt_ids=ids, n_tokens=8, ignore_eos=True)
     gap = max(abs(a[1] - b[1]) / max(1.0, abs(b[1])) for ra, rb in zip(r.top, cpu.top) for a, b in zip(ra, rb)
               if a[0] == b[0])
-    print(f"\n[fused] {name}: graph {r.tokens_per_second:.0f} tok/s, generic {gen.tokens_per_second:.0f} tok/s; "
+    print(f"\n[fused] {name} {kernel}: graph {r.tokens_per_second:.0f} tok/s; "
           f"tokens {r.output_ids}; max relative top-5 logit gap vs cpu {gap:.2e}")
-    assert r.output_ids == cpu.output_ids == gen.output_ids
-    assert gap < 1e-3
+    assert r.output_ids == cpu.output_ids
+    assert gap < (1e-3 if kernel == "exact" else 3e-2)
+    if kernel == "exact":
+        gen = generate(load_engine(packs[name], device="cuda", n_ctx=64, fused=False), prompt_ids=ids, n_tokens=8,
+                       ignore_eos=True)
+        assert r.output_ids == gen.output_ids
 
 
 @pytest.mark.gpu
@@ -407,10 +415,10 @@ def test_cuda_replay_and_stage_timer_guard(packs):
 @pytest.mark.gpu
 @skip_no_gpu
 def test_cuda_fused_moe_cache_does_not_change_logits(packs):
-    """On the device: none, half (hybrid: segment graphs, CPU misses) or all (one graph) resident,
-    graph or eager, with admission: the logits are bit-identical at every position (a miss replays
-    the hit's arithmetic); the tokens equal the generic path's and the CPU path's; decode allocates
-    no device memory."""
+    """On the device, the default q8 kernels: none, half (hybrid: segment graphs, CPU misses) or all (one graph)
+    resident, graph or eager, with admission: the logits are bit-identical at every position (a miss replays
+    the hit's arithmetic: the CPU q8 kernel = the GPU's matvec_q8); decode allocates no device memory. The tokens
+    equal the CPU path's with the same kernel (and, with the exact kernels, the generic path's)."""
     import cupy as cp
 
     ids = _ids(24)
@@ -431,10 +439,14 @@ def test_cuda_fused_moe_cache_does_not_change_logits(packs):
     gen = generate(load_engine(packs["moe"], device="cuda", n_ctx=48, fused=False), prompt_ids=PROMPT, n_tokens=8,
                    ignore_eos=True)
     cpu = generate(load_engine(packs["moe"], n_ctx=48, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
-    fus = generate(load_engine(packs["moe"], device="cuda", n_ctx=48, resident="half"), prompt_ids=PROMPT,
-                   n_tokens=8, ignore_eos=True)
+    fus = generate(load_engine(packs["moe"], device="cuda", n_ctx=48, resident="half", cpu_kernel="exact"),
+                   prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
     print(f"\n[fused moe] tokens {fus.output_ids}; generic {gen.output_ids}; cpu {cpu.output_ids}")
     assert fus.output_ids == gen.output_ids == cpu.output_ids
+    q8 = generate(load_engine(packs["moe"], device="cuda", n_ctx=48, resident="half"), prompt_ids=PROMPT, n_tokens=8,
+                  ignore_eos=True)
+    assert q8.output_ids == generate(load_engine(packs["moe"], n_ctx=48), prompt_ids=PROMPT, n_tokens=8,
+                                     ignore_eos=True).output_ids
 
 
 @pytest.mark.gpu
