@@ -5,9 +5,10 @@ Per MoE layer the step runs, on the device, with no host value in between:
 1. the router GEMV and ``moe_route`` (softmax, the ``n_expert_used`` best experts, renormalised
    weights, and the cache lookup: the device slot table ``slot_of[layer, expert]`` gives each
    selected expert's slot, hence the addresses of its gate, up and down parts; -1 = a miss);
-2. one batched matvec per part over the selected experts (``matvec_batched`` on the part addresses;
-   a miss's address is 0 and is skipped), ``silu_mul`` between them - one launch per projection,
-   not one per expert;
+2. one batched matvec per part over the selected experts (``matvec_batched`` or, with the q8 kernels,
+   ``matvec_q8_batched`` after one ``quantize_q8`` of the layer's input and one of the K down inputs, on the
+   part addresses; a miss's address is 0 and is skipped), ``silu_mul`` between them - one launch per
+   projection, not one per expert;
 3. ``moe_combine``: the weighted sum in selection order (plus the shared expert times its sigmoid
    gate, qwen3next / qwen2moe), then the residual add fused with the next norm.
 
@@ -17,8 +18,9 @@ step - every layer, the head - is one captured CUDA graph, like the dense step.
 **Some resident (the hybrid path)**: the step is cut after each layer's routing. The host waits for
 the routing (the ids and slots, and the layer's input, copied to pinned memory: one round trip per
 MoE layer), launches the batched matvecs for the hits, computes the misses on the CPU meanwhile
-(:meth:`strata.engine.experts.ShardExperts.ffn` with ``exact=True``: the GPU kernels' summation
-order and the GPU's silu replica, so a miss is bit-identical to what a hit would give), copies their
+(:meth:`strata.engine.experts.ShardExperts.ffn_many` with the step's numerics - :meth:`MoeStep.miss_kernel`:
+the CPU q8 kernel for the types the GPU runs ``matvec_q8``, the exact kernels' order for the rest - and the
+GPU's silu replica, so a miss is bit-identical to what a hit would give), copies their
 rows into the expert outputs, and launches the rest of the layer. The segments between those points
 are captured as CUDA graphs too. Nothing is allocated on the token path: every device and pinned
 buffer is made once, at start-up.

@@ -151,12 +151,11 @@ class GpuExpertPath(ExpertPath):
     (``cpu_expert_ms``: host time computing misses and copying their outputs up; the wait for the
     expert's input to come down counts in :class:`strata.engine.layers.HostWait`).
 
-    ``kernel``: the CPU kernel of the misses (:data:`strata.engine.cpukernels.KERNELS`): ``"exact"`` (the
-    default: the GPU kernels' summation order, a miss bit-identical to a hit, so the tokens cannot depend
-    on residency) or ``"q8"`` (llama.cpp's CPU numerics, what llama.cpp's ``--n-cpu-moe`` computes: 1.2-2x
-    faster on the Qwen3-30B-A3B geometry, a miss differs from a hit by the Q8 activation rounding, bounded
-    in tests/test_gpu_fused.py; docs/DESIGN.md "Exact misses"). ``threads``: the CPU kernels' threads
-    (default all cores)."""
+    ``kernel``: the CPU kernel of the misses on the generic path (:data:`strata.engine.cpukernels.KERNELS`):
+    ``"exact"`` (the default: the exact GPU kernels' summation order, a miss bit-identical to a hit, so the
+    tokens cannot depend on residency) or another kernel asked for; the fused step picks its own from its
+    numerics (:meth:`strata.engine.gpu.fused_moe.MoeStep.miss_kernel`; docs/DESIGN.md "Misses equal hits").
+    ``threads``: the CPU kernels' threads (default all cores)."""
 
     def __init__(self, source: ShardExperts, cache: SlotCache | None, backend: Backend, kernel: str | None = None,
                  threads: int | None = None):
