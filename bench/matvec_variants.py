@@ -1,7 +1,9 @@
 """Matvec launch-shape variants (not a test): rows per warp and the CTAs-per-SM launch bound of
-the GPU matvec kernels (``STRATA_MATVEC_RPW``, ``STRATA_MATVEC_MIN_BLOCKS``; the arithmetic is the
-same in every variant), timed as the pure graph replay of bench_moe.py's geometries, one process
-per variant. On the H200: ``python bench/matvec_variants.py --work DIR [--variant 4,5 ...]``."""
+the GPU matvec kernels (``STRATA_MATVEC_RPW``, ``STRATA_MATVEC_MIN_BLOCKS``: ``--variant RPW,MIN_BLOCKS``), or
+any environment (``--variant STRATA_Q8_RPW=2,STRATA_Q8_WARPS=8``: the q8 kernels' rows per warp and warps per
+CTA); the arithmetic is the same in every variant. Timed as the pure graph replay of bench_moe.py's
+geometries (default kernel: q8), one process per variant. On the H200:
+``python bench/matvec_variants.py --work DIR [--variant 4,5 ...]``."""
 
 from __future__ import annotations
 
@@ -51,11 +53,15 @@ def main(argv=None) -> int:
         packs.append(str(pack))
     rows = []
     for v in args.variant or ["4,5", "2,5", "4,0", "2,0", "4,4"]:
-        rpw, mb = v.split(",")
-        env = {**os.environ, "STRATA_MATVEC_RPW": rpw, "STRATA_MATVEC_MIN_BLOCKS": mb}
-        r = subprocess.run([sys.executable, "-c", CHILD, *packs], capture_output=True, text=True, env=env)
+        if "=" in v:
+            envs = dict(kv.split("=", 1) for kv in v.split(","))
+        else:
+            rpw, mb = v.split(",")
+            envs = {"STRATA_MATVEC_RPW": rpw, "STRATA_MATVEC_MIN_BLOCKS": mb}
+        r = subprocess.run([sys.executable, "-c", CHILD, *packs], capture_output=True, text=True,
+                           env={**os.environ, **envs})
         res = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {"error": r.stderr[-500:]}
-        rows.append({"rpw": int(rpw), "min_blocks": int(mb), "replay_ms": res})
+        rows.append({"env": envs, "replay_ms": res})
         print(json.dumps(rows[-1]), flush=True)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "matvec_variants.json").write_text(json.dumps(rows, indent=1) + "\n")

@@ -128,7 +128,7 @@ def test_batched_and_group_q8_equal_the_single_product(type_id):
     bases = cp.asarray(np.array([b.data.ptr for _r, b in cases[:2]] + [0], dtype=np.uint64))
     Y = cp.full((3, rows), -1.0, dtype=cp.float32)
     grid = ((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, 3)
-    k8.matvec_batched(grid, (32 * K.Q8_ROWS_PER_CTA,), (bases, np.int64(rows), np.int32(ne0), xq, np.int64(stride), Y))
+    k8.matvec_batched(grid, (32 * K.Q8_WARPS,), (bases, np.int64(rows), np.int32(ne0), xq, np.int64(stride), Y))
     Y = cp.asnumpy(Y)
     assert _same(Y[0], want[0]) and _same(Y[1], want[1])
     assert (Y[2] == -1.0).all()  # a miss's rows are left for the host
@@ -139,6 +139,6 @@ def test_batched_and_group_q8_equal_the_single_product(type_id):
     args = ([np.uint64(b.data.ptr) for _r, b in cases] + [np.uint64(cases[0][1].data.ptr)]
             + [np.int64(rows)] * 4 + [np.int32(ne0), xq0] + [np.uint64(o.data.ptr) for o in outs]
             + [np.uint64(outs[0].data.ptr)])
-    k8.matvec_group(((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, 3), (32 * K.Q8_ROWS_PER_CTA,), tuple(args))
+    k8.matvec_group(((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, 3), (32 * K.Q8_WARPS,), tuple(args))
     for o, w in zip(outs, want0):
         assert _same(cp.asnumpy(o), w)

@@ -234,7 +234,7 @@ class CudaOps:
         if xq is not None:
             k8 = K.q8_kernels_for(type_id)
             return self._call(k8.matvec, ((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA,),
-                              (32 * K.Q8_ROWS_PER_CTA,), (buf, np.int64(rows), np.int32(ne0), xq, out))
+                              (32 * K.Q8_WARPS,), (buf, np.int64(rows), np.int32(ne0), xq, out))
         k = K.kernels_for(type_id)
         K.check_matvec(k, rows, ne0)
         return self._call(k.matvec, ((rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA,), (32 * K.WARPS_PER_CTA,),
@@ -259,7 +259,7 @@ class CudaOps:
         max_rows = max(int(r) for _b, r, _o in parts)
         if xq is not None:
             return self._call(K.q8_kernels_for(type_id).matvec_group,
-                              ((max_rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, n), (32 * K.Q8_ROWS_PER_CTA,),
+                              ((max_rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, n), (32 * K.Q8_WARPS,),
                               (*bases, *rows, np.int32(ne0), xq, *outs))
         return self._call(k.matvec_group, ((max_rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA, n),
                           (32 * K.WARPS_PER_CTA,), (*bases, *rows, np.int32(ne0), x, *outs))
@@ -342,7 +342,7 @@ class CudaOps:
         n = int(bases.size)
         if xq is not None:
             return self._call(K.q8_kernels_for(type_id).matvec_batched,
-                              ((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, n), (32 * K.Q8_ROWS_PER_CTA,),
+                              ((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, n), (32 * K.Q8_WARPS,),
                               (bases, np.int64(rows), np.int32(ne0), xq, np.int64(xq_stride), out))
         return self._call(k.matvec_batched, ((rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA, n),
                           (32 * K.WARPS_PER_CTA,), (bases, np.int64(rows), np.int32(ne0), X, np.int64(x_stride), out))

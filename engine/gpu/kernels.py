@@ -168,7 +168,8 @@ def q8_source_for(type_id: int, *, with_kernels: bool = True) -> str:
     t = quants.qtype(type_id)
     type_code = cuda_file(f"q8/{t.name}.cuh")
     code = cuda_file("prelude.cuh") + _q8_layout_source() + _tables_source(type_code) + type_defines(t.id) + type_code
-    return code + cuda_file("matvec_q8.cu") if with_kernels else code
+    shape = f"#define Q8_WARPS {Q8_WARPS}\n#define Q8_RPW {Q8_RPW}\n"
+    return code + shape + cuda_file("matvec_q8.cu") if with_kernels else code
 
 
 @dataclass(frozen=True)
@@ -182,8 +183,11 @@ class Q8Kernels:
     matvec_group: object
 
 
-#: Rows per CTA of the q8 kernels (one warp per row: ``Q8_WARPS`` in matvec_q8.cu).
-Q8_ROWS_PER_CTA = 4
+#: Warps per CTA and rows per warp of the q8 kernels (``Q8_WARPS`` / ``Q8_RPW`` in matvec_q8.cu; neither changes
+#: the arithmetic). ``STRATA_Q8_WARPS`` / ``STRATA_Q8_RPW`` override them for benchmarks (bench/bench_moe.py).
+Q8_WARPS = int(os.environ.get("STRATA_Q8_WARPS", "4"))
+Q8_RPW = int(os.environ.get("STRATA_Q8_RPW", "1"))
+Q8_ROWS_PER_CTA = Q8_WARPS * Q8_RPW
 
 
 @functools.lru_cache(maxsize=None)
@@ -246,7 +250,7 @@ def matvec_q8(type_id: int, buf, rows: int, ne0: int, x, out=None):
     if out is None:
         out = cp.empty(rows, dtype=cp.float32)
     if rows:
-        k.matvec(((rows + Q8_ROWS_PER_CTA - 1) // Q8_ROWS_PER_CTA,), (32 * Q8_ROWS_PER_CTA,),
+        k.matvec(((rows + Q8_ROWS_PER_CTA - 1) // Q8_ROWS_PER_CTA,), (32 * Q8_WARPS,),
                  (buf, np.int64(rows), np.int32(ne0), xq, out))
     return out
 
