@@ -216,12 +216,12 @@ class TextStream:
                    "quantizes the activations of the products it runs, as llama.cpp does); llamacpp = also f16 "
                    "attention operands, the fp16 GELU table and Q8 activations for products the kernel does not cover.")
 @click.option("--kernel", "--cpu-kernel", "cpu_kernel", type=click.Choice(["q8", "exact", "f32"]), default=None,
-              help="The matvec kernels (default q8). q8: llama.cpp's CPU numerics (activations quantized to "
+              help="[default: q8] The matvec kernels. q8: llama.cpp's CPU numerics (activations quantized to "
                    "Q8_0/Q8_K, integer block dots) on the CPU and, with --device cuda, on the GPU for every weight "
                    "type that has a q8 kernel - bit-identical on both devices, so an expert computed on the CPU (a "
                    "cache miss) equals a hit and the tokens do not depend on the cache; exact: f32 products in the "
-                   "exact kernels' summation order on both devices (also bit-identical, slower); f32: CPU rows "
-                   "dequantized, a 16-way dot (cuda: the misses' kernel, the GPU runs exact).")
+                   "exact kernels' summation order on both devices (also bit-identical, slower); f32 (CPU "
+                   "only): rows dequantized, a 16-way dot.")
 @click.option("-t", "--threads", type=click.IntRange(min=1, max=512), default=None,
               help="CPU kernel threads, 1-512 (ggml's GGML_MAX_N_THREADS; default: the cores this process may use).")
 @kv_option(ENGINE_KV_TYPES)

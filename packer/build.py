@@ -30,6 +30,7 @@ from strata.manifests.keys import KeysRefusedError, check_metadata_keys
 from strata.manifests.names import expert_part
 
 from . import quants
+from .expert_samples import expert_sample_digests
 from .findings import fmt_ne, pad4
 from .gguf_file import ArrayRef, GGUFModel, GGUFError, TensorInfo, open_model, read_array
 from .packfmt import (
@@ -507,7 +508,8 @@ def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = D
                                  "mtime_ns": s.path.stat().st_mtime_ns} for s in model.shards],
                     "align": align, "pool_bytes": index.pool_bytes, "dense_tensors": len(index.entries),
                     "expert_layers": result.expert_layers, "expert_total_bytes": result.expert_total_bytes,
-                    "max_blob": result.max_blob, "bf16_promoted": result.bf16_promoted}
+                    "max_blob": result.max_blob, "bf16_promoted": result.bf16_promoted,
+                    "expert_sample_sha256": expert_sample_digests(model.paths, experts) if experts else {}}
         with open(tmp / BUILD_FILE, "w") as f:
             json.dump(record, f, indent=1)
         # verify what was written before it becomes visible

@@ -4,9 +4,10 @@ The pack is rebuilt in memory from the source GGUF (same code as ``build``) and 
 with what is on disk: every index.txt row (pool type, offsets, sizes, alignment, source
 offsets), every native_experts.txt row and shard name, geometry.txt and metadata.txt; then
 every dense tensor's pool bytes are compared with its source bytes (BF16 sources after
-promotion to F32) in bounded chunks. The routed experts are not copied into the pack, so
-their bytes are not compared; a source shard whose size or modification time differs from
-build time is reported (size: an error; mtime: a warning). The first mismatch is reported
+promotion to F32) in bounded chunks. The routed experts are not copied into the pack: their bytes
+are checked through the build record's samples (the first and last 256 B of every expert's weights,
+:mod:`strata.packer.expert_samples`; a difference is an error naming the layer); a source shard whose
+size or modification time differs from build time is reported (size: an error; mtime: a warning). The first mismatch is reported
 with the tensor (or file) name and both numbers.
 """
 
@@ -23,6 +24,7 @@ from strata.manifests.contract import geometry_params_text
 
 from . import quants
 from .build import CHUNK_BYTES, layout_pool, metadata_items, resolve_geometry, tabulate_experts
+from .expert_samples import EXPERT_SAMPLE_BYTES, expert_sample_digests
 from .gguf_file import GGUFError, open_model, read_array
 from .packfmt import (GEOMETRY_VERSION_LINE, INDEX_FILE, POOL_FILE, NotAPackError, PackFormatError, build_record_path,
                       read_kv_text)
@@ -113,6 +115,31 @@ def _verify_tokenizer(model, pack_dir: Path) -> None:
             if got != want:
                 i = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
                 raise VerifyError(f"{path}: column {col} entry {i} is {got[i]!r}, the source's {k} gives {want[i]!r}")
+
+
+def _check_expert_samples(pack, paths: list[Path]) -> str | None:
+    """Re-read the expert samples the build record keeps (:func:`strata.packer.build.expert_sample_digests`);
+    a warning for a pack built before they were recorded, else None.
+
+    Raises:
+        VerifyError: a layer whose samples differ (the layer, its shards and both digests): a source shard was
+            modified after the build.
+    """
+    rec = json.loads(build_record_path(pack.path).read_text()).get("expert_sample_sha256")
+    if pack.experts is None:
+        return None
+    if rec is None:
+        return "the build record holds no expert samples (a pack built before they were recorded): expert bytes unchecked"
+    now = expert_sample_digests(paths, pack.experts)
+    for L in pack.experts.layers:
+        a, b = rec.get(str(L.layer)), now[str(L.layer)]
+        if a != b:
+            shards = sorted({pack.experts.shards[s] for s in (L.gate_shard, L.up_shard, L.down_shard)})
+            raise VerifyError(
+                f"experts of layer {L.layer} ({', '.join(shards)}): the first and last {EXPERT_SAMPLE_BYTES} B of "
+                f"each expert's weights hash to {b[:16]}..., the build recorded {str(a)[:16]}...: the source was "
+                f"modified after the pack was built; rebuild the pack (strata-pack build --force)")
+    return None
 
 
 def _check_build_record(pack) -> dict[str, int | None]:
@@ -237,6 +264,9 @@ def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir:
         n_layers = len(got_ex.layers)
 
     _verify_tokenizer(model, pack.path)
+    note = _check_expert_samples(pack, paths)
+    if note:
+        warnings.append(note)
 
     fds = [os.open(p, os.O_RDONLY) for p in paths]
     pfd = os.open(pack.pool_path, os.O_RDONLY)

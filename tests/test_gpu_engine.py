@@ -258,3 +258,12 @@ def test_cuda_hit_miss_bit_identical_and_no_decode_allocation(packs):
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids
     assert _tops_equal(runs[0], runs[12]) and _tops_equal(runs[0], runs["auto"])
 
+
+
+def test_f32_kernel_is_refused_on_the_gpu_path(packs):
+    """``--kernel f32`` would compute the misses in f32 while the hits run the GPU's kernels (the tokens would
+    depend on the cache): refused before anything loads, naming the two kernels that keep misses = hits."""
+    from strata.engine.errors import GenerateError
+
+    with pytest.raises(GenerateError, match=r"--kernel f32 runs on the CPU only: .* use q8 \(the default\) or exact"):
+        load_engine(packs["moe"], device="cuda", n_ctx=32, backend=SimBackend(), cpu_kernel="f32")

@@ -82,3 +82,43 @@ def test_verify_refuses_a_damaged_build_record(pack, damage, message):
         verify_pack(p)
     r = CliRunner().invoke(pack_main, ["verify", str(p)])
     assert r.exit_code == 1, r.output
+
+
+def test_verify_refuses_an_expert_shard_edited_in_place(tmp_path):
+    """The routed experts stay in the source: the build record keeps, per MoE layer, a sha256 of the first and
+    last 256 B of every expert's weights, and verify re-reads them. One byte changed in place (same size) at the
+    start of expert 5's down weights of layer 1 is refused naming the layer and both digests (exit 1), where
+    size and mtime alone gave a warning and "ok"; a pack recorded before the samples existed says so."""
+    from click.testing import CliRunner
+
+    from strata.packer.cli import main
+    from strata.packer.expert_samples import expert_sample_digests
+    from strata.packer.pack import open_pack
+    from strata.packer.verify import VerifyError
+
+    src = synth.write_model(tmp_path / "m.gguf", synth.qwen3moe_spec())[0]
+    p = tmp_path / "pack"
+    build_pack(src, p, progress=False)
+    rec = json.loads((p / "build.json").read_text())
+    pk = open_pack(p)
+    assert rec["expert_sample_sha256"] == expert_sample_digests([src], pk.experts)
+    assert sorted(rec["expert_sample_sha256"]) == [str(L.layer) for L in pk.experts.layers]
+    assert not verify_pack(p).warnings
+    L = next(L for L in pk.experts.layers if L.layer == 1)
+    _part, _shard, off, _n = L.ranges(5)[2]
+    size = src.stat().st_size
+    with open(src, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 0x40]))
+    assert src.stat().st_size == size
+    with pytest.raises(VerifyError, match=r"experts of layer 1 \(m\.gguf\): the first and last 256 B of each "
+                                          r"expert's weights hash to [0-9a-f]{16}\.\.\., the build recorded "
+                                          r"[0-9a-f]{16}\.\.\.: the source was modified after the pack was built"):
+        verify_pack(p)
+    r = CliRunner().invoke(main, ["verify", str(p)])
+    assert r.exit_code == 1 and "experts of layer 1" in r.output
+    del rec["expert_sample_sha256"]  # an older pack's record: verify says what it could not check
+    (p / "build.json").write_text(json.dumps(rec))
+    assert any("no expert samples" in w for w in verify_pack(p).warnings)

@@ -109,7 +109,8 @@ class CudaBackend(Backend):
         before = nvml_memory(0) if card is not None and primary_context_active(0) is False else None
         ok, why = kernels.gpu_available()
         if not ok:
-            raise GpuUnavailable(f"--device cuda: {why}")
+            hint = " - install it with pip install -e '.[cuda]' (a CuPy wheel for your CUDA)" if "CuPy" in why and "importable" in why else ""
+            raise GpuUnavailable(f"--device cuda: {why}{hint}")
         import cupy as cp
 
         self.cp = cp

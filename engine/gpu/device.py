@@ -45,9 +45,10 @@ from .weights import DeviceWeights
 
 def step_kernel(opts: EngineOptions) -> str:
     """The matvec numerics of the fused GPU step: ``"q8"`` (the default: llama.cpp's CPU numerics, bit-identical to
-    the CPU's ``q8`` kernel, :mod:`strata.engine.gpu.kernels`) or ``"exact"`` (``cpu_kernel`` ``"exact"`` or
-    ``"f32"``, or ``exact=True``: f32 products in the exact kernels' order; the misses then run the kernel asked)."""
-    return "exact" if opts.exact or opts.cpu_kernel in ("exact", "f32") else "q8"
+    the CPU's ``q8`` kernel, :mod:`strata.engine.gpu.kernels`) or ``"exact"`` (``cpu_kernel="exact"``
+    or ``exact=True``: f32 products in the exact kernels' order on both devices). ``"f32"`` is refused by
+    :meth:`GpuDevice.check_options`."""
+    return "exact" if opts.exact or opts.cpu_kernel == "exact" else "q8"
 
 class ExpertCacheError(GenerateError):
     """An expert cache that cannot be built as asked (both numbers in the message)."""
@@ -118,6 +119,10 @@ class GpuDevice:
         return self.info.device
 
     def check_options(self, opts: EngineOptions) -> None:
+        if opts.cpu_kernel == "f32":
+            raise GenerateError("--kernel f32 runs on the CPU only: on a GPU an expert missed by the cache would be "
+                                "computed in f32 while a hit runs the GPU's kernels, so the tokens would depend on "
+                                "the cache; use q8 (the default) or exact, both bit-identical on the two devices")
         if opts.expert_cache != "auto" and int(opts.expert_cache) < 0:
             raise ExpertCacheError(f"--expert-cache {opts.expert_cache}: a slot count cannot be negative")
         self.info.kv = opts.kv
