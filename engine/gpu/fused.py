@@ -21,7 +21,9 @@ options as the matvec kernels (:data:`strata.engine.gpu.kernels.NVRTC_OPTIONS`):
   sum of V, GQA - one launch (one CTA per query head);
 - ``act_mul``: ``gelu_tanh(g) * u`` or ``silu(g) * u``; ``logit_post``: output bias / soft-cap;
 - the matvec kernels of :mod:`strata.engine.gpu.kernels`, unchanged, into the weights'
-  preallocated outputs.
+  preallocated outputs: by default (``kernel="q8"``) the q8 kernels - llama.cpp's numerics, bit-identical to
+  the CPU's q8 kernel - after one ``quantize_q8`` per input and activation format (:class:`MatvecLaunches`),
+  the exact kernels for the types without one; ``kernel="exact"``: the exact kernels throughout.
 
 That is 12 launches per layer (3 for q/k/v, prep, attention, output, norm, gate, up, act, down,
 norm) plus embedding, head and two copies: 220 per token for an 18-layer model, against 1883 on the
