@@ -203,8 +203,14 @@ def scratch_bytes(type_id: int, kernel: str, ne0: int, nmat: int, threads: int) 
     (``act_nbytes``), ``"exact"`` one laid-out f32 input per matrix, ``"f32"`` one f32 row per thread."""
     kernel = kernel_for(type_id, kernel)
     if kernel == "q8":
-        return nmat * int(library(type_id).act_nbytes(ne0))
+        return nmat * _act_nbytes(type_id, ne0)
     return 4 * ne0 * (nmat if kernel == "exact" else threads)
+
+
+@functools.lru_cache(maxsize=None)
+def _act_nbytes(type_id: int, ne0: int) -> int:
+    """Bytes of one quantized activation of ``ne0`` values (engine/q8_layout.h), asked of the C library once."""
+    return int(library(type_id).act_nbytes(ne0))
 
 
 def entry_point(type_id: int, kernel: str):

@@ -52,6 +52,7 @@ class ShardExperts:
         self._maps = {k: np.memmap(p, dtype=np.uint8, mode="r") for k, p in plan.shard_paths.items()}
         # each shard's address in this process and size (bytes): the token path hands the C kernels addresses
         self._base = {k: (int(m.ctypes.data) if m.size else 0, int(m.size)) for k, m in self._maps.items()}
+        self._addr: dict[tuple[int, int], tuple[int, int, int]] = {}  # (layer, expert) -> addresses, located once
         for il, r in self.rows.items():  # a part's bytes are its rows x the row size of its type (checked once)
             shp = self.shapes[il]
             for part, t, (ne0, rows), nbytes in (("gate", r.gate_type, shp.gate, r.gate_bytes),
@@ -132,8 +133,11 @@ class ShardExperts:
     def addresses(self, il: int, e: int) -> tuple[int, int, int]:
         """The addresses in this process of expert ``e``'s gate, up and down bytes (the mapped shards; valid
         while this object lives): what the token path hands the C kernels, without building views."""
-        a = [self._base[shard][0] + off for shard, off, _n in self.locate(il, e)]
-        return a[0], a[1], a[2]
+        got = self._addr.get((il, e))
+        if got is None:
+            a = [self._base[shard][0] + off for shard, off, _n in self.locate(il, e)]
+            got = self._addr[(il, e)] = (a[0], a[1], a[2])
+        return got
 
     def weights(self, il: int, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Expert ``e`` of layer ``il`` dequantized: f32 ``gate [n_ff, n_embd]``, ``up [n_ff, n_embd]``,
@@ -195,25 +199,31 @@ class ShardExperts:
 
         ga, ua, da = ([a[p] for a in addrs] for p in range(3))
 
-        def products(t: int, bases: list[int], rows: int, ne0: int, xs: list[np.ndarray]) -> np.ndarray:
-            # y[m] = W_m @ xs[m] in one C call (the parts' byte counts were checked at construction, x's above)
-            out = np.empty(len(xs) * rows, dtype=np.float32)
-            ptrs = np.array([v.__array_interface__["data"][0] for v in xs], dtype=np.uint64)
+        def products(t: int, bases: list[int], rows: int, ne0: int, ptrs: np.ndarray) -> np.ndarray:
+            # y[m] = W_m @ x_m in one C call, x_m at address ptrs[m] (the parts' byte counts were checked at
+            # construction, x's above); equal consecutive addresses are quantized / laid out once
+            out = np.empty(len(ptrs) * rows, dtype=np.float32)
             cpukernels.call_many(t, kernel, np.array(bases, dtype=np.uint64), rows, ne0, quants.row_nbytes(t, ne0),
                                  ptrs, out, threads)
-            return out.reshape(len(xs), rows)
+            return out.reshape(len(ptrs), rows)
+
+        def same(v: np.ndarray, m: int) -> np.ndarray:  # m times the address of v
+            return np.full(m, v.__array_interface__["data"][0], dtype=np.uint64)
 
         xg, xu = prep(x, gt), prep(x, ut)
         if (gt, ge0, gr) == (ut, ue0, ur) and (xg is xu or gt == ut):
-            gu = products(gt, ga + ua, gr, ge0, [xg] * n + [xu] * n)  # gate and up in one call
+            gu = products(gt, ga + ua, gr, ge0, np.concatenate([same(xg, n), same(xu, n)]))  # gate and up: one call
             g, u = gu[:n], gu[n:]
         else:
-            g, u = products(gt, ga, gr, ge0, [xg] * n), products(ut, ua, ur, ue0, [xu] * n)
+            g, u = products(gt, ga, gr, ge0, same(xg, n)), products(ut, ua, ur, ue0, same(xu, n))
         h = silu_mul(g, u) if silu_mul is not None else layers.silu(np, g) * u
         h = np.ascontiguousarray(h, dtype=np.float32)
         if h.shape != (n, de0):
             raise ValueError(f"blk.{il} experts: the activation has shape {h.shape}, the down rows have {de0} values")
-        return products(dt, da, dr, de0, [np.ascontiguousarray(prep(h[k], dt), dtype=np.float32) for k in range(n)])
+        if act_quant and cpukernels.kernel_for(dt, kernel) != "q8":
+            h = np.ascontiguousarray(np.stack([prep(h[k], dt) for k in range(n)]), dtype=np.float32)
+        # row k of h at its address (rows are distinct inputs: each quantized / laid out by itself)
+        return products(dt, da, dr, de0, h.__array_interface__["data"][0] + np.arange(n, dtype=np.uint64) * (4 * de0))
 
     def types(self, il: int) -> tuple[int, int, int]:
         """ggml types of layer ``il``'s gate, up and down experts."""
