@@ -535,8 +535,8 @@ def fused_step_bytes(n_embd: int, n_head: int, head_dim: int, head_dim_v: int, n
     scores (``n_head x`` the longest KV cache of any layer) - f32 each - the staging row
     (:data:`FUSED_PARAM_BYTES` + ``4 n_embd``), the logit summary (:data:`FUSED_TOP_BYTES`) and the q8 kernels'
     quantized input (:func:`q8_act_bytes` of the longest matvec input: ``n_embd``, ``n_head x head_dim_v``,
-    ``n_ff_max`` or a delta-net layer's ``value_dim``; allocated whatever the kernel, so the term does not
-    depend on ``--kernel``). With routed experts (``n_expert`` > 0) the MoE step's
+    ``n_ff_max`` or a delta-net layer's ``value_dim``, and the normed row's, written by its ``resid_norm``:
+    ``n_embd``; allocated whatever the kernel, so the term does not depend on ``--kernel``). With routed experts (``n_expert`` > 0) the MoE step's
     (``strata.engine.gpu.fused_moe.MoeStep.nbytes``): router probabilities (``n_expert``), the selected
     weights (``n_expert_used``), gate, up and activation of the selected experts (``3 x n_expert_used x
     n_ff_exp``), their outputs (``n_expert_used x n_embd``), the combined row (``n_embd``), the shared gate
@@ -546,7 +546,7 @@ def fused_step_bytes(n_embd: int, n_head: int, head_dim: int, head_dim_v: int, n
     the budget's "prefill/activations" term on the fused path; tests check it against the engine's."""
     dense = (F32_BYTES * (2 * n_embd + n_head * head_dim + n_head * head_dim_v + max(n_ff_max, 1) + n_head * kv_positions_max)
              + FUSED_PARAM_BYTES + F32_BYTES * n_embd + FUSED_TOP_BYTES
-             + q8_act_bytes(max(n_embd, n_head * head_dim_v, max(n_ff_max, 1), value_dim)))
+             + q8_act_bytes(max(n_embd, n_head * head_dim_v, max(n_ff_max, 1), value_dim)) + q8_act_bytes(n_embd))
     if not n_expert:
         return dense
     E, K, n = n_expert, n_expert_used, n_embd

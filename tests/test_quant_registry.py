@@ -104,7 +104,8 @@ def test_fused_source_is_prelude_fused_file_and_logit_summary():
 
     src = fused.fused_source()
     top = f"#define TOPK {fused.TOP_K}\n#define TOP_THREADS {fused.TOP_THREADS}\n"
-    assert src == K.cuda_file("prelude.cuh") + K.cuda_file("fused.cu") + top + K.cuda_file("logit_top.cu")
+    assert src == (K.cuda_file("prelude.cuh") + K.q8_quant_source() + K.cuda_file("fused.cu") + top
+                   + K.cuda_file("logit_top.cu"))
     for name in fused.FUSED_KERNEL_NAMES:
         assert f'extern "C" __global__ void {name}(' in src
 

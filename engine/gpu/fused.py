@@ -233,8 +233,9 @@ class FusedDecoder:
         value_dim = m.delta_dims.value_dim if m.delta_dims is not None else 0
         self.xq_cap = max(h.n_embd, nao, n_ff, value_dim)
         self.xq = bk.empty_bytes(F.q8_act_bytes(self.xq_cap))
+        self.xnq = bk.empty_bytes(F.q8_act_bytes(h.n_embd))  # the normed row, quantized by its resid_norm
         self.nbytes = (4 * (2 * h.n_embd + nq + nao + n_ff + h.n_head * self.max_size) + stage_bytes + F.FUSED_TOP_BYTES
-                       + F.q8_act_bytes(self.xq_cap))
+                       + F.q8_act_bytes(self.xq_cap) + F.q8_act_bytes(h.n_embd))
         if self.cuda:
             import cupy as cp
 
@@ -270,8 +271,14 @@ class FusedDecoder:
         def add(name, stage, run, kind="kernel"):
             plan.append(Launch(name, stage, run, kind))
 
-        mvs = MatvecLaunches(ops, w, add, self.q8_format, self.xq, self.xq_cap)
+        mvs = self.matvecs = MatvecLaunches(ops, w, add, self.q8_format, self.xq, self.xq_cap, plan, self.xn, self.xnq)
         mv, mv_group = mvs.mv, mvs.group
+
+        def norm(name, stage, a, ab, wa, wn, scale, mode):
+            """``resid_norm`` into ``xn``; the first q8 reader of that ``xn`` makes it write the quantized row too."""
+            args = (self.x, a, ab, wa, wn, self.xn, h.rms_eps, scale, mode)
+            add(name, stage, ops.resid_norm(*args))
+            mvs.normed(len(plan) - 1, lambda fmt: ops.resid_norm(*args, xq=self.xnq, qfmt=fmt))
 
         def opt(name):
             return w.get(name) if name and w.has(name) else None
@@ -285,18 +292,16 @@ class FusedDecoder:
         else:
             add("copy pos+row to device", "embed", ops.h2d(self.stage_dev, self.stage_host, nbytes), "memcpy")
         scale = float(m.embd_scale)
-        add("resid_norm embed+attn_norm", "embed",
-            ops.resid_norm(self.x, self.row_dev, None, None, norm_of(m.blocks[0].mixer_norm, 0), self.xn, h.rms_eps,
-                           scale, 0))
+        norm("resid_norm embed+attn_norm", "embed", self.row_dev, None, None, norm_of(m.blocks[0].mixer_norm, 0),
+             scale, 0)
         for il in range(h.n_layer):
             b = m.blocks[il]
             sa, sf = f"L{il} attn", f"L{il} ffn"
             if m.delta[il] is not None:  # a gated-delta-net layer (fused_gdn)
                 o = build_delta_layer(self, il, add, mv, mv_group, sa)
-                add(f"resid_norm L{il} +gdn, ffn norm", sa,
-                    ops.resid_norm(self.x, o, None, None, norm_of(b.ffn_norm, il), self.xn, h.rms_eps, 1.0, 1))
+                norm(f"resid_norm L{il} +gdn, ffn norm", sa, o, None, None, norm_of(b.ffn_norm, il), 1.0, 1)
             else:
-                self._attention_layer(il, b, add, mv, mv_group, opt, norm_of)
+                self._attention_layer(il, b, add, mv, mv_group, opt, norm_of, norm)
             if isinstance(b.ffn, MoEFFN):
                 assert self.moe is not None
                 f = self.moe.build_layer(il, b.ffn, add, mv, mv_group, self.act)
@@ -307,8 +312,8 @@ class FusedDecoder:
                 f = mv(tensor_name("ffn_down.weight", il), act, sf)
             nxt = norm_of(m.blocks[il + 1].mixer_norm, il + 1) if il + 1 < h.n_layer else norm_of("output_norm.weight", None)
             post = norm_of(b.ffn_post_norm, il) if b.ffn_post_norm else None
-            add(f"resid_norm L{il} +ffn{' post-norm' if post is not None else ''}, next norm", sf,
-                ops.resid_norm(self.x, f, None, post, nxt, self.xn, h.rms_eps, 1.0, 2 if post is not None else 1))
+            norm(f"resid_norm L{il} +ffn{' post-norm' if post is not None else ''}, next norm", sf, f, None, post, nxt,
+                 1.0, 2 if post is not None else 1)
         y = mv(m.head, self.xn, "head")
         self.y = y
         bias = opt("output.bias")
@@ -330,7 +335,7 @@ class FusedDecoder:
         exact kernel (``kernel="exact"``, or a type without a q8 kernel)."""
         return K.q8_act_format(type_id) if self.kernel == "q8" and type_id in K.Q8_GPU_TYPES else 0
 
-    def _attention_layer(self, il, b, add, mv, mv_group, opt, norm_of) -> None:
+    def _attention_layer(self, il, b, add, mv, mv_group, opt, norm_of, norm) -> None:
         """Layer ``il``'s attention launches (q/k/v, ``qk_prep``, ``attn``, the output gate when the query
         projection carries one, the output projection) and the residual add fused with the FFN norm."""
         m, ops, st, h = self.model, self._ops, self.state, self.model.hp
@@ -357,9 +362,8 @@ class FusedDecoder:
             add(f"gate_mul L{il}", sa, ops.gate_mul(self.ao, q, A.n_head, A.hd))
         o = mv(n.out, self.ao, sa)
         post = norm_of(b.mixer_post_norm, il) if b.mixer_post_norm else None
-        add(f"resid_norm L{il} +attn{' post-norm' if post is not None else ''}, ffn norm", sa,
-            ops.resid_norm(self.x, o, opt(n.out_bias), post, norm_of(b.ffn_norm, il), self.xn, h.rms_eps, 1.0,
-                           2 if post is not None else 1))
+        norm(f"resid_norm L{il} +attn{' post-norm' if post is not None else ''}, ffn norm", sa, o, opt(n.out_bias), post,
+             norm_of(b.ffn_norm, il), 1.0, 2 if post is not None else 1)
 
     @property
     def hybrid(self) -> bool:

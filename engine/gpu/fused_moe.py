@@ -141,9 +141,7 @@ class MoeStep:
         fg, fu, fd = dec.q8_format(gt), dec.q8_format(ut), dec.q8_format(dt)
 
         def xn_q8(fmt, what):  # the layer's input quantized for the q8 kernel of the parts that follow
-            if fmt:
-                add(f"quantize q8 experts {what} L{il}", sf, ops.quantize(dec.xn, dec.xq, fmt, n))
-            return dec.xq if fmt else None
+            return dec.matvecs.input(dec.xn, fmt, n, sf, f"experts {what} L{il}") if fmt else None
 
         if gt == ut and pb[0] == pb[1]:  # gate and up of every selected expert: one launch (G, U adjacent)
             add(f"experts gate+up L{il}", sf, ops.matvec_batched(gt, self.bases[0:2 * K], nff, n, dec.xn, 0, self.GU,

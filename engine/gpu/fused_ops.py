@@ -32,12 +32,14 @@ TOP_THREADS = 256
 
 
 def fused_source() -> str:
-    """The CUDA source of the fused kernels: ``cuda/prelude.cuh`` + ``cuda/fused.cu`` + ``cuda/logit_top.cu``
+    """The CUDA source of the fused kernels: ``cuda/prelude.cuh`` + the q8 quantizers (``resid_norm`` quantizes
+    the row it normalizes) + ``cuda/fused.cu`` + ``cuda/logit_top.cu``
     (compiled with :data:`strata.engine.gpu.kernels.NVRTC_OPTIONS`)."""
     from . import kernels as K
 
     top = f"#define TOPK {TOP_K}\n#define TOP_THREADS {TOP_THREADS}\n"
-    return K.cuda_file("prelude.cuh") + K.cuda_file("fused.cu") + top + K.cuda_file("logit_top.cu")
+    return (K.cuda_file("prelude.cuh") + K.q8_quant_source() + K.cuda_file("fused.cu") + top
+            + K.cuda_file("logit_top.cu"))
 
 
 @functools.lru_cache(maxsize=1)
@@ -75,11 +77,35 @@ class MatvecLaunches:
     input into ``xq`` (``xq_cap`` values at most; reused in stream order) then the ``matvec_q8`` launches.
     ``w``: the device weights (``matvec_args(name)`` = type, buffer, rows, ne0, output)."""
 
-    def __init__(self, ops, w, add, q8_format, xq, xq_cap: int):
+    def __init__(self, ops, w, add, q8_format, xq, xq_cap: int, plan: list, xn=None, xnq=None):
         self.ops, self.w, self.add, self.q8_format, self.xq, self.xq_cap = ops, w, add, q8_format, xq, xq_cap
+        self.plan, self.xn, self.xnq = plan, xn, xnq
+        self._pending: tuple[int, Callable[[int], Callable[[], None]]] | None = None
+        self._xn_fmt = 0
+
+    def normed(self, index: int, rebuild: Callable[[int], Callable[[], None]]) -> None:
+        """The launch at ``plan[index]`` (a ``resid_norm``) wrote a new ``xn``; ``rebuild(fmt)`` is that launch also
+        writing it quantized to ``fmt`` into ``xnq``. The first q8 matvec that reads this ``xn`` picks the format;
+        matvecs of that format then read ``xnq`` (no quantize launch), others quantize ``xn`` into ``xq``."""
+        self._pending, self._xn_fmt = (index, rebuild), 0
+
+    def input(self, x, fmt: int, n: int, stage: str, what: str):
+        """The quantized ``x`` for q8 matvecs of format ``fmt``: ``xnq`` when ``x`` is the normed row and its norm
+        writes that format (chosen here by its first reader), else one ``quantize_q8`` launch into ``xq``."""
+        if x is self.xn and self.xnq is not None:
+            if self._pending is not None:
+                index, rebuild = self._pending
+                self._pending = None
+                self.plan[index].run = rebuild(fmt)
+                self.plan[index].name += f" + quantize q8 ({'Q8_0' if fmt == 1 else 'Q8_K'})"
+                self._xn_fmt = fmt
+            if fmt == self._xn_fmt:
+                return self.xnq
+        self.quantize(x, fmt, n, stage, what)
+        return self.xq
 
     def quantize(self, x, fmt: int, n: int, stage: str, what: str) -> None:
-        """One launch: ``x`` (``n`` values) quantized to ``fmt`` for the q8 matvecs that follow."""
+        """One launch: ``x`` (``n`` values) quantized to ``fmt`` into ``xq`` for the q8 matvecs that follow."""
         if n > self.xq_cap:
             raise AssertionError(f"q8 input of {n} values > the buffer's {self.xq_cap}")
         self.add(f"quantize q8 {what}", stage, self.ops.quantize(x, self.xq, fmt, n))
@@ -90,8 +116,8 @@ class MatvecLaunches:
         out = o if out is None else out
         fmt = self.q8_format(t)
         if fmt:
-            self.quantize(x, fmt, ne0, stage, name)
-            self.add(f"matvec_q8 {name}", stage, self.ops.matvec(t, buf, rows, ne0, x, out, xq=self.xq))
+            xq = self.input(x, fmt, ne0, stage, name)
+            self.add(f"matvec_q8 {name}", stage, self.ops.matvec(t, buf, rows, ne0, x, out, xq=xq))
         else:
             self.add(f"matvec {name}", stage, self.ops.matvec(t, buf, rows, ne0, x, out))
         return out
@@ -103,9 +129,8 @@ class MatvecLaunches:
         ops, args = self.ops, [self.w.matvec_args(nm) for nm in names]
         for fmt in sorted({self.q8_format(a[0]) for a in args}):
             sel = [i for i, a in enumerate(args) if self.q8_format(a[0]) == fmt]
-            if fmt:
-                self.quantize(x, fmt, args[sel[0]][3], stage, " + ".join(names[i] for i in sel))
-            xq, kind = (self.xq, "matvec_q8") if fmt else (None, "matvec")
+            xq = self.input(x, fmt, args[sel[0]][3], stage, " + ".join(names[i] for i in sel)) if fmt else None
+            kind = "matvec_q8" if fmt else "matvec"
             i = 0
             while i < len(sel):
                 j, a0 = i + 1, args[sel[i]]
@@ -224,7 +249,7 @@ class CudaOps:
         (``out_stride`` bytes apart): the q8 kernels' input (:func:`strata.engine.gpu.kernels.quantize_q8`)."""
         from . import kernels as K
 
-        return self._call(K.quantize_kernel(), ((n + 255) // 256, rows), (256,),
+        return self._call(K.quantize_kernel(), K.quantize_grid(n, fmt, rows), (256,),
                           (x, np.int32(n), np.int64(x_stride or n), np.int32(fmt), xq, np.int64(out_stride)))
 
     def matvec(self, type_id, buf, rows, ne0, x, out, xq=None):
@@ -264,11 +289,12 @@ class CudaOps:
         return self._call(k.matvec_group, ((max_rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA, n),
                           (32 * K.WARPS_PER_CTA,), (*bases, *rows, np.int32(ne0), x, *outs))
 
-    def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode):
+    def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode, xq=None, qfmt=0):
+        """``resid_norm``; with ``xq``/``qfmt`` it also writes ``xn`` quantized (q8 layout) for the q8 matvecs."""
         n = int(x.size)
         return self._call(self.k["resid_norm"], (1,), (_threads(n),),
                           (x, a, self._p(ab), self._p(wa), self._p(w), self._p(xn), np.int32(n), np.float32(eps),
-                           np.float32(scale), np.int32(mode)))
+                           np.float32(scale), np.int32(mode), self._p(xq), np.int32(qfmt)))
 
     def qk_prep(self, L: AttnIO):
         kc, vc = L.cache.k[L.il], L.cache.v[L.il]
@@ -383,8 +409,8 @@ class SimOps:
             return lambda: bk.matvec_q8(type_id, buf, rows, ne0, x, out=out)
         return lambda: bk.matvec(type_id, buf, rows, ne0, x, out=out)
 
-    def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode):
-        def run():
+    def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode, xq=None, qfmt=0):
+        def run():  # xq / qfmt: nothing to write (the sim's q8 matvec quantizes its f32 input itself)
             v = a if ab is None else a + ab
             if mode == 0:
                 x[...] = v * np.float32(scale)

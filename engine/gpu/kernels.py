@@ -205,8 +205,20 @@ def q8_kernels_for(type_id: int) -> Q8Kernels:
 @functools.lru_cache(maxsize=1)
 def quantize_kernel():
     """The compiled ``quantize_q8`` kernel (``cuda/q8_act.cu``; grid ``(ceil(n / 256), rows)``, 256 threads)."""
-    return load_module(cuda_file("prelude.cuh") + _q8_layout_source() + cuda_file("q8_act.cu"),
+    return load_module(cuda_file("prelude.cuh") + q8_quant_source() + cuda_file("q8_act.cu"),
                        ("quantize_q8",))["quantize_q8"]
+
+
+def q8_quant_source() -> str:
+    """The activation layout and the warp-level quantizers (``q8_quant.cuh``) - after the prelude, in the
+    quantizer's module and the fused step's (whose ``resid_norm`` quantizes the row it normalizes)."""
+    return _q8_layout_source() + cuda_file("q8_quant.cuh")
+
+
+def quantize_grid(n: int, fmt: int, rows: int = 1) -> tuple[int, int]:
+    """``quantize_q8``'s grid for ``rows`` vectors of ``n`` values in format ``fmt``: a warp per block, 8 per CTA."""
+    blocks = n // (32 if fmt == 1 else 256)
+    return (blocks + 7) // 8, rows
 
 
 def quantize_q8(x, fmt: int, out=None, *, n: int | None = None, rows: int = 1, x_stride: int | None = None,
@@ -231,7 +243,7 @@ def quantize_q8(x, fmt: int, out=None, *, n: int | None = None, rows: int = 1, x
     ob = q8_act_bytes(n) if out_stride is None else int(out_stride)
     if out is None:
         out = cp.zeros(rows * ob, dtype=cp.uint8)
-    quantize_kernel()(((n + 255) // 256, rows), (256,),
+    quantize_kernel()(quantize_grid(n, fmt, rows), (256,),
                       (x, np.int32(n), np.int64(n if x_stride is None else x_stride), np.int32(fmt), out, np.int64(ob)))
     return out
 

@@ -39,11 +39,14 @@ __device__ float block_max(float v, float* red) {
 }
 
 // One CTA. mode 0: x = (a + ab) * scale (the embedding row); 1: x = x + (a + ab);
-// 2: x = x + rms_norm(a + ab) * wa (gemma's post-norms). Then, if w: xn = rms_norm(x) * w.
+// 2: x = x + rms_norm(a + ab) * wa (gemma's post-norms). Then, if w: xn = rms_norm(x) * w, and if qfmt (1 = Q8_0,
+// 2 = Q8_K): xn quantized into xq for the q8 matvecs that read it (q8_quant.cuh; the bits of quantize_q8's, one
+// launch less per normed row).
 // rms_norm(v) = v * (1 / sqrt(sum(v*v) / n + eps)), as strata.engine.layers.rms_norm.
 extern "C" __global__ void resid_norm(float* __restrict__ x, const float* __restrict__ a, const float* __restrict__ ab,
                                       const float* __restrict__ wa, const float* __restrict__ w, float* __restrict__ xn,
-                                      const int n, const float eps, const float scale, const int mode) {
+                                      const int n, const float eps, const float scale, const int mode,
+                                      u8* __restrict__ xq, const int qfmt) {
     __shared__ float red[32];
     const int tid = threadIdx.x, nt = blockDim.x;
     float inv_a = 0.0f;
@@ -72,6 +75,12 @@ extern "C" __global__ void resid_norm(float* __restrict__ x, const float* __rest
         const float ms = block_sum(s2, red) / (float)n;
         const float r = 1.0f / sqrtf(ms + eps);
         for (int i = tid; i < n; i += nt) xn[i] = (x[i] * r) * w[i];
+        if (qfmt) {
+            __syncthreads();  // every thread's xn values are visible to the CTA
+            const int lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+            if (qfmt == 1) for (int b = warp; b < n / 32; b += nw) q8_quant_block32(xn, xq, n, b, lane);
+            else for (int b = warp; b < n / 256; b += nw) q8_quant_block256(xn, xq, n, b, lane);
+        }
     }
 }
 
