@@ -22,8 +22,9 @@ options as the matvec kernels (:data:`strata.engine.gpu.kernels.NVRTC_OPTIONS`):
 - ``act_mul``: ``gelu_tanh(g) * u`` or ``silu(g) * u``; ``logit_post``: output bias / soft-cap;
 - the matvec kernels of :mod:`strata.engine.gpu.kernels`, unchanged, into the weights'
   preallocated outputs: by default (``kernel="q8"``) the q8 kernels - llama.cpp's numerics, bit-identical to
-  the CPU's q8 kernel - after one ``quantize_q8`` per input and activation format (:class:`MatvecLaunches`),
-  the exact kernels for the types without one; ``kernel="exact"``: the exact kernels throughout.
+  the CPU's q8 kernel - on inputs quantized once per activation format: the normed row by its own
+  ``resid_norm`` (the format of its first q8 reader), other inputs by one ``quantize_q8`` launch
+  (:class:`MatvecLaunches`); the exact kernels for the types without one; ``kernel="exact"``: exact throughout.
 
 That is 12 launches per layer (3 for q/k/v, prep, attention, output, norm, gate, up, act, down,
 norm) plus embedding, head and two copies: 220 per token for an 18-layer model, against 1883 on the

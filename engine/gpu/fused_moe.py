@@ -6,8 +6,8 @@ Per MoE layer the step runs, on the device, with no host value in between:
    weights, and the cache lookup: the device slot table ``slot_of[layer, expert]`` gives each
    selected expert's slot, hence the addresses of its gate, up and down parts; -1 = a miss);
 2. one batched matvec per part over the selected experts (``matvec_batched`` or, with the q8 kernels,
-   ``matvec_q8_batched`` after one ``quantize_q8`` of the layer's input and one of the K down inputs, on the
-   part addresses; a miss's address is 0 and is skipped), ``silu_mul`` between them - one launch per
+   ``matvec_q8_batched`` on the layer's input quantized by its norm kernel (or one ``quantize_q8``) and on the
+   K down inputs quantized by one ``quantize_q8``, on the part addresses; a miss's address is 0 and is skipped), ``silu_mul`` between them - one launch per
    projection, not one per expert;
 3. ``moe_combine``: the weighted sum in selection order (plus the shared expert times its sigmoid
    gate, qwen3next / qwen2moe), then the residual add fused with the next norm.
