@@ -310,20 +310,23 @@ def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperatur
     stream = TextStream(engine.tokenizer, frozenset() if ignore_eos else engine.tokenizer.eog_ids, echo=not as_json)
     show_stats = _stats_line(engine) if stats else None
 
+    echoed = [as_json or chat]  # the prompt is echoed at the first position: after generate's checks passed
+
     def on_step(st: StepStat) -> None:
+        if not echoed[0]:
+            echoed[0] = True
+            click.echo(prompt, nl=False)
+            sys.stdout.flush()
         if show_stats:
             show_stats(st)
         if st.token_out is not None:
             stream(st.token_out)
 
-    if not as_json and not chat:
-        click.echo(prompt, nl=False)
-        sys.stdout.flush()
     try:
         r = generate(engine, text, n_tokens, sampler=sampler, ignore_eos=ignore_eos, on_step=on_step, stats=stats,
                      parse_special=parse_special)
     except REFUSALS as e:
-        if not as_json and not chat:
+        if echoed[0] and not as_json and not chat:
             click.echo("")  # ends the echoed prompt's line
         refuse(str(e))
     except KeyboardInterrupt as e:

@@ -385,7 +385,8 @@ def check_target(out: Path, source_paths: list[Path], force: bool) -> None:
     """
     out_abs = Path(os.path.abspath(out))
     if not out_abs.parent.is_dir():
-        raise BuildError(f"{out}: parent directory {out_abs.parent} does not exist")
+        why = "is a file, not a directory" if out_abs.parent.exists() else "does not exist"
+        raise BuildError(f"{out}: parent directory {out_abs.parent} {why}")
     for d in (out_abs.parent, *out_abs.parent.parents):  # a pack directory holds only the pack's own files
         if (d / INDEX_FILE).is_file() and (d / "pool.bin").is_file():
             raise BuildError(f"{out}: is inside the pack {d}; a pack directory holds only the pack's files "

@@ -311,7 +311,11 @@ def fetch_model(name: str, cache_dir: Path | None = None, progress: bool = True)
     """
     spec = _spec(name)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # e.g. $STRATA_CACHE naming a file
+        what = "a file, not a directory" if cache.exists() and not cache.is_dir() else (e.strerror or str(e))
+        raise FetchError(f"cache directory {cache} ({CACHE_ENV} or --cache-dir): {what}") from None
     target = cache / spec.file
 
     if _is_verified(target, spec):

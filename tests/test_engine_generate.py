@@ -403,3 +403,12 @@ def test_gpu_only_options_on_the_cpu_are_said_not_dropped(pack):
     assert "warning: --no-graph: the CPU path has no CUDA graphs (--device cuda); not used" in r.stderr
     r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "2", "--device", "cuda", "--card", "99G"])
     assert r.exit_code == 2 and "unknown card '99G'" in r.stderr and "measure" not in r.stderr
+
+
+def test_a_prompt_that_does_not_fit_is_not_echoed_before_the_refusal(pack):
+    """The prompt is echoed at the first position, after generate's checks: a prompt + -n that exceed --ctx
+    (known only once the prompt is tokenized) leaves stdout empty and says why on stderr, exit 2."""
+    r = _gen(pack, "-n", "4", "--ctx", "4")
+    assert r.exit_code == 2 and r.stdout == "" and "needs" in r.stderr and "n_ctx 4 (use --ctx)" in r.stderr
+    ok = _gen(pack, "-n", "2")
+    assert ok.exit_code == 0 and ok.stdout.startswith("hi")

@@ -200,3 +200,14 @@ def test_shipped_table_is_consistent():
     assert (q15.file, q15.size, q15.version, len(q15.packages)) == (
         "1.5b.gguf", 1_117_320_768, "0.2.0", 22)
     assert q15.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+
+
+def test_a_cache_path_that_is_a_file_is_named_as_one(fake_registry, tmp_path):
+    """``STRATA_CACHE`` (or ``--cache-dir``) pointing at a file: one line naming it, nothing downloaded, the file
+    unchanged (was Python's ``[Errno 17] File exists``)."""
+    f = tmp_path / "not_a_dir"
+    f.write_text("keep")
+    with pytest.raises(F.FetchError, match=r"cache directory .*not_a_dir \(STRATA_CACHE or --cache-dir\): a file, "
+                                           r"not a directory"):
+        F.fetch_model("toy", cache_dir=f, progress=False)
+    assert fake_registry["calls"] == [] and f.read_text() == "keep"

@@ -72,6 +72,10 @@ def test_parent_must_exist_and_nothing_is_created(moe, tmp_path):
     with pytest.raises(BuildError, match="parent directory .*np1/np2 does not exist"):
         build_pack(moe[0], tmp_path / "np1" / "np2" / "p", progress=False)
     assert not (tmp_path / "np1").exists()
+    (tmp_path / "afile").write_text("x")  # a parent that exists but is a file is said to be one
+    with pytest.raises(BuildError, match="parent directory .*afile is a file, not a directory"):
+        build_pack(moe[0], tmp_path / "afile" / "p", progress=False)
+    assert (tmp_path / "afile").read_text() == "x"
 
 
 def test_rename_noreplace_refuses_a_target_that_appeared(tmp_path):
