@@ -35,7 +35,7 @@ from typing import Callable
 from strata.budget import formulas as F
 from strata.manifests.contract import Geometry, geometry_from_params
 from strata.manifests.keys import KeysRefusedError, check_metadata_keys
-from strata.packer.packfmt import METADATA_FILE, POOL_FILE
+from strata.packer.packfmt import METADATA_FILE, POOL_FILE, sources_modified
 from strata.packer.pack import Pack, open_pack
 
 from .checkpoints import Checkpoint, Checkpoints
@@ -279,6 +279,9 @@ def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: 
         note["numerics"] = nx.name
         note["tensors checked"] = len(plan.dense)
         note["expert layers checked"] = len(plan.experts)
+        for p in sources_modified(pack_dir, sorted(set(plan.shard_paths.values()))) if on_warning is not None else ():
+            on_warning(f"{p}: modified since the pack was built (mtime differs); the experts are read from it - run "
+                       "strata-pack verify before trusting the output")
         if opts.profile is not None:  # the budget's rule, before anything is loaded
             from strata.budget.errors import BudgetInputError
             from strata.budget.profile import check_profile_pairs

@@ -385,21 +385,22 @@ def check_target(out: Path, source_paths: list[Path], force: bool) -> None:
     """
     out_abs = Path(os.path.abspath(out))
     if not out_abs.parent.is_dir():
-        why = "is a file, not a directory" if out_abs.parent.exists() else "does not exist"
-        raise BuildError(f"{out}: parent directory {out_abs.parent} {why}")
+        blocker = next((a for a in out_abs.parents if a.exists() and not a.is_dir()), None)
+        if blocker is not None:
+            raise BuildError(f"{out}: {blocker} is a file, not a directory")
+        raise BuildError(f"{out}: parent directory {out_abs.parent} does not exist")
     for d in (out_abs.parent, *out_abs.parent.parents):  # a pack directory holds only the pack's own files
         if (d / INDEX_FILE).is_file() and (d / "pool.bin").is_file():
             raise BuildError(f"{out}: is inside the pack {d}; a pack directory holds only the pack's files "
                              "(strata-pack build --force replaces it whole): build the pack elsewhere")
     for p in source_paths:
-        src_dir = Path(os.path.abspath(p)).parent
-        if out_abs == src_dir or out_abs in src_dir.parents:
+        if out_abs == (src_dir := Path(os.path.abspath(p)).parent) or out_abs in src_dir.parents:
             raise BuildError(f"{out}: the output directory holds the source {p}; choose another directory")
     if out.exists() or out.is_symlink():
+        if not out.is_dir() or out.is_symlink():  # --force replaces packs only: no hint that leads nowhere
+            raise BuildError(f"{out} exists and is not a directory; refusing to replace it (choose another path)")
         if not force:
             raise BuildError(f"{out} already exists; pass --force to replace it")
-        if not out.is_dir() or out.is_symlink():
-            raise BuildError(f"{out} exists and is not a directory; refusing to replace it")
         if not ((out / INDEX_FILE).is_file() and ((out / BUILD_FILE).is_file() or (out / LEGACY_BUILD_FILE).is_file())):
             raise BuildError(f"{out} exists and is not a strata pack (no {INDEX_FILE} and {BUILD_FILE}); "
                              f"refusing to replace it even with --force")
@@ -468,8 +469,9 @@ def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = D
     out = Path(out)
     if not MIN_ALIGN <= align <= MAX_ALIGN or align & (align - 1):
         raise BuildError(f"pack alignment {align} must be a power of two in [{MIN_ALIGN}, {MAX_ALIGN}]")
-    if (out.exists() or out.is_symlink()) and not force:
-        raise BuildError(f"{out} already exists; pass --force to replace it")
+    if (out.exists() or out.is_symlink()) and not force:  # --force replaces packs only: no hint that leads nowhere
+        raise BuildError(f"{out} exists and is not a directory; refusing to replace it (choose another path)"
+                         if not out.is_dir() or out.is_symlink() else f"{out} already exists; pass --force to replace it")
     model = open_model(src)
     check_target(out, model.paths, force)
     geom = resolve_geometry(model)

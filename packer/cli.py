@@ -120,7 +120,9 @@ def verify(pack, source_dir, as_json):
          "expert_layers": r.expert_layers, "warnings": r.warnings}
     click.echo(json.dumps(d) if as_json else
                f"ok: {r.dense_tensors} dense tensors ({r.dense_bytes} B) equal their source; index, geometry, "
-               f"metadata and {r.expert_layers} expert layers match the shards")
+               f"metadata and {r.expert_layers} expert layers match the shards"
+               + (" (experts' bytes: the first and last 256 B of each expert, as sampled at build)"
+                  if r.expert_layers else ""))
 
 
 @main.command()

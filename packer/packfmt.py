@@ -28,6 +28,7 @@ with :class:`PackFormatError` naming the file and the line number.
 from __future__ import annotations
 
 import codecs
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,26 @@ def build_record_path(pack_dir) -> "Path":
 
     d = Path(pack_dir)
     return d / LEGACY_BUILD_FILE if not (d / BUILD_FILE).exists() and (d / LEGACY_BUILD_FILE).exists() else d / BUILD_FILE
+
+
+def sources_modified(pack_dir: str | os.PathLike, paths: list[Path]) -> list[Path]:
+    """The source shards among ``paths`` whose modification time differs from the build record's (``build.json``;
+    matched by file name): the expert bytes the engine reads from them may have changed since the build (``strata-pack
+    verify`` re-reads the experts' samples). A record that is missing or unreadable gives [] (verify reports it)."""
+    try:
+        rec = json.loads(build_record_path(Path(pack_dir)).read_text())
+        mtimes = {str(x["file"]): x.get("mtime_ns") for x in rec["sources"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    out = []
+    for p in paths:
+        t = mtimes.get(Path(p).name)
+        try:
+            if t is not None and Path(p).stat().st_mtime_ns != int(t):
+                out.append(Path(p))
+        except (OSError, ValueError, TypeError):
+            continue
+    return out
 
 
 class PackFormatError(ValueError):

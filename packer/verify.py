@@ -27,7 +27,7 @@ from .build import CHUNK_BYTES, layout_pool, metadata_items, resolve_geometry, t
 from .expert_samples import EXPERT_SAMPLE_BYTES, expert_sample_digests
 from .gguf_file import GGUFError, open_model, read_array
 from .packfmt import (GEOMETRY_VERSION_LINE, INDEX_FILE, POOL_FILE, NotAPackError, PackFormatError, build_record_path,
-                      read_kv_text)
+                      read_kv_text, sources_modified)
 from .pack import check_pool_layout, read_pack
 
 
@@ -125,14 +125,22 @@ def _check_expert_samples(pack, paths: list[Path]) -> str | None:
         VerifyError: a layer whose samples differ (the layer, its shards and both digests): a source shard was
             modified after the build.
     """
-    rec = json.loads(build_record_path(pack.path).read_text()).get("expert_sample_sha256")
+    rp = build_record_path(pack.path)
+    full = json.loads(rp.read_text())
     if pack.experts is None:
         return None
-    if rec is None:
+    if "expert_sample_sha256" not in full:
         return "the build record holds no expert samples (a pack built before they were recorded): expert bytes unchecked"
+    rec = full["expert_sample_sha256"]
+    want = {str(L.layer) for L in pack.experts.layers}
+    if not isinstance(rec, dict) or set(rec) != want or not all(
+            isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v) for v in rec.values()):
+        got = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
+        raise VerifyError(f"{rp}: expert_sample_sha256 must map each MoE layer {sorted(want, key=int)} to a sha256 "
+                          f"(64 lower-case hex digits), it holds {got}; the pack is corrupt")
     now = expert_sample_digests(paths, pack.experts)
     for L in pack.experts.layers:
-        a, b = rec.get(str(L.layer)), now[str(L.layer)]
+        a, b = rec[str(L.layer)], now[str(L.layer)]
         if a != b:
             shards = sorted({pack.experts.shards[s] for s in (L.gate_shard, L.up_shard, L.down_shard)})
             raise VerifyError(
@@ -203,10 +211,9 @@ def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir:
                             f"nothing was compared")
         if p.stat().st_size != size:
             raise VerifyError(f"{p}: source is {p.stat().st_size} bytes, the pack was built from {size} bytes")
-    recorded = _check_build_record(pack)
-    for (name, _), p in zip(pack.index.sources, paths):
-        if recorded.get(name) is not None and p.stat().st_mtime_ns != recorded[name]:
-            warnings.append(f"{p}: modified since the pack was built (mtime differs); expert bytes are read from it")
+    _check_build_record(pack)
+    for p in sources_modified(pack.path, paths):
+        warnings.append(f"{p}: modified since the pack was built (mtime differs); expert bytes are read from it")
 
     model = open_model(paths[0])
     names = [s.path.name for s in model.shards]

@@ -207,7 +207,12 @@ def test_a_cache_path_that_is_a_file_is_named_as_one(fake_registry, tmp_path):
     unchanged (was Python's ``[Errno 17] File exists``)."""
     f = tmp_path / "not_a_dir"
     f.write_text("keep")
-    with pytest.raises(F.FetchError, match=r"cache directory .*not_a_dir \(STRATA_CACHE or --cache-dir\): a file, "
-                                           r"not a directory"):
-        F.fetch_model("toy", cache_dir=f, progress=False)
+    for cache in (f, f / "sub"):
+        with pytest.raises(F.CacheDirError, match=r"cache directory .*not_a_dir.* \(STRATA_CACHE or --cache-dir\): "
+                                                  r".*not_a_dir is a file, not a directory"):
+            F.fetch_model("toy", cache_dir=cache, progress=False)
     assert fake_registry["calls"] == [] and f.read_text() == "keep"
+    from strata.packer.cli import main
+
+    r = CliRunner().invoke(main, ["fetch", "toy"], env={"STRATA_CACHE": str(f)})
+    assert r.exit_code == 2 and "is a file, not a directory" in r.output  # bad input, as --help says

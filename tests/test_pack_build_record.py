@@ -122,3 +122,51 @@ def test_verify_refuses_an_expert_shard_edited_in_place(tmp_path):
     del rec["expert_sample_sha256"]  # an older pack's record: verify says what it could not check
     (p / "build.json").write_text(json.dumps(rec))
     assert any("no expert samples" in w for w in verify_pack(p).warnings)
+
+
+@pytest.mark.parametrize("value", ["garbage", [1, 2, 3], 42, None, {}, "layers-missing", "layer-extra", "upper-hex"])
+def test_a_damaged_expert_sample_record_is_a_corrupt_pack(tmp_path, value):
+    """``expert_sample_sha256`` of the wrong type, with a layer missing or extra, or not 64 lower-case hex digits:
+    the build record is corrupt (exit 1, the field and what it holds named) - not a traceback, and not blamed on
+    the source, which is intact."""
+    from strata.packer.verify import VerifyError
+
+    src = synth.write_model(tmp_path / "m.gguf", synth.qwen3moe_spec())[0]
+    p = tmp_path / "pack"
+    build_pack(src, p, progress=False)
+    rec = json.loads((p / "build.json").read_text())
+    good = rec["expert_sample_sha256"]
+    first = sorted(good, key=int)[0]
+    if value == "layers-missing":
+        value = {k: v for k, v in good.items() if k != first}
+    elif value == "layer-extra":
+        value = {**good, "7": good[first]}
+    elif value == "upper-hex":
+        value = {**good, first: good[first].upper()}
+    rec["expert_sample_sha256"] = value
+    (p / "build.json").write_text(json.dumps(rec))
+    with pytest.raises(VerifyError, match=r"build\.json: expert_sample_sha256 must map each MoE layer \[.*\] to a "
+                                          r"sha256 \(64 lower-case hex digits\), it holds .*; the pack is corrupt"):
+        verify_pack(p)
+
+
+def test_generate_warns_when_an_expert_shard_changed_since_the_build(tmp_path):
+    """The engine reads the routed experts from the source shards: a shard whose mtime differs from the build
+    record's is named at start-up with the advice to verify (one stat per shard; verify is the check)."""
+    import os
+
+    from click.testing import CliRunner
+
+    from strata.engine.cli import main
+
+    src = synth.write_model(tmp_path / "m.gguf", synth.qwen3moe_spec())[0]
+    p = tmp_path / "pack"
+    build_pack(src, p, progress=False)
+    r = CliRunner().invoke(main, ["generate", str(p), "-p", "hi", "-n", "2"])
+    assert r.exit_code == 0 and "modified since the pack was built" not in r.stderr
+    st = src.stat()
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    r = CliRunner().invoke(main, ["generate", str(p), "-p", "hi", "-n", "2"])
+    assert r.exit_code == 0
+    assert f"warning: {src}: modified since the pack was built (mtime differs); the experts are read from it - run " \
+           "strata-pack verify before trusting the output" in r.stderr

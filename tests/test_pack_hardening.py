@@ -72,9 +72,13 @@ def test_parent_must_exist_and_nothing_is_created(moe, tmp_path):
     with pytest.raises(BuildError, match="parent directory .*np1/np2 does not exist"):
         build_pack(moe[0], tmp_path / "np1" / "np2" / "p", progress=False)
     assert not (tmp_path / "np1").exists()
-    (tmp_path / "afile").write_text("x")  # a parent that exists but is a file is said to be one
-    with pytest.raises(BuildError, match="parent directory .*afile is a file, not a directory"):
-        build_pack(moe[0], tmp_path / "afile" / "p", progress=False)
+    (tmp_path / "afile").write_text("x")  # a parent (or an ancestor) that is a file is said to be one
+    for out in (tmp_path / "afile" / "p", tmp_path / "afile" / "x" / "p"):
+        with pytest.raises(BuildError, match=r"afile is a file, not a directory"):
+            build_pack(moe[0], out, progress=False)
+    with pytest.raises(BuildError, match=r"afile exists and is not a directory; refusing to replace it \(choose "
+                                         r"another path\)"):  # no "--force" hint: --force replaces packs only
+        build_pack(moe[0], tmp_path / "afile", progress=False)
     assert (tmp_path / "afile").read_text() == "x"
 
 
