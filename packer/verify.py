@@ -150,10 +150,10 @@ def _check_expert_samples(pack, paths: list[Path]) -> str | None:
     return None
 
 
-def _check_build_record(pack) -> dict[str, int | None]:
+def _check_build_record(pack) -> None:
     """The build record (``build.json``, or an older pack's ``manifest.json``) read and held against the pack's
     own files: the architecture, the alignment, the pool's bytes, the dense tensors and every source (file name,
-    bytes) as index.txt and metadata record them. Returns each source's recorded modification time (ns).
+    bytes) as index.txt and metadata record them (the sources' recorded mtimes: :func:`sources_modified`).
 
     Raises:
         VerifyError: the record missing or unreadable, or a field that differs (both values): the pack is corrupt.
@@ -164,7 +164,6 @@ def _check_build_record(pack) -> dict[str, int | None]:
         srcs = [(str(x["file"]), int(x["bytes"])) for x in rec["sources"]]
         fields = {"arch": rec["arch"], "align": int(rec["align"]), "pool_bytes": int(rec["pool_bytes"]),
                   "dense_tensors": int(rec["dense_tensors"])}
-        mtimes = {str(x["file"]): x.get("mtime_ns") for x in rec["sources"]}
     except FileNotFoundError:
         raise VerifyError(f"{rp}: missing (strata-pack build writes it); the pack is incomplete") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -176,7 +175,6 @@ def _check_build_record(pack) -> dict[str, int | None]:
             raise VerifyError(f"{rp}: {k} is {v!r}, the pack's files say {have[k]!r}; the pack is corrupt")
     if srcs != [(n, int(b)) for n, b in pack.index.sources]:
         raise VerifyError(f"{rp}: sources {srcs}, index.txt says {list(pack.index.sources)}; the pack is corrupt")
-    return mtimes
 
 
 def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir: str | os.PathLike | None = None) -> VerifyResult:

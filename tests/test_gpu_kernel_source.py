@@ -56,6 +56,17 @@ extern "C" void run_dequant(const u8* base, i64 n, float* out) {
 """
 
 
+def compile_host(d, name: str, code: str) -> ctypes.CDLL:
+    """``_PRELUDE + code`` compiled by g++ as the host twin of NVRTC's options (``-ffp-contract=off``) into
+    ``d/<name>.so`` and loaded; a compile error fails the test with g++'s message."""
+    cpp, so = d / f"{name}.cpp", d / f"{name}.so"
+    cpp.write_text(_PRELUDE + code)
+    r = subprocess.run(["g++", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-o", str(so), str(cpp)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, f"{name}: kernel source does not compile as C++:\n{r.stderr[:4000]}"
+    return ctypes.CDLL(str(so))
+
+
 @pytest.fixture(scope="module")
 def host_build(tmp_path_factory):
     d = tmp_path_factory.mktemp("kernel_src")
@@ -63,14 +74,8 @@ def host_build(tmp_path_factory):
 
     def build(type_id: int):
         if type_id not in libs:
-            name = quants.qtype(type_id).name
-            cpp, so = d / f"{name}.cpp", d / f"{name}.so"
             driver = _DRIVER_PLAIN if quants.qtype(type_id).block_elems == 1 else _DRIVER_BLOCK
-            cpp.write_text(_PRELUDE + K.source_for(type_id, with_kernels=False) + driver)
-            r = subprocess.run(["g++", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-o", str(so), str(cpp)],
-                               capture_output=True, text=True)
-            assert r.returncode == 0, f"{name}: kernel source does not compile as C++:\n{r.stderr[:4000]}"
-            libs[type_id] = ctypes.CDLL(str(so))
+            libs[type_id] = compile_host(d, quants.qtype(type_id).name, K.source_for(type_id, with_kernels=False) + driver)
         return libs[type_id]
 
     return build

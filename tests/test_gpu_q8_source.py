@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -24,22 +23,13 @@ from strata.engine import cpukernels
 from strata.engine.gpu import kernels as K
 from strata.packer import quants
 
+from test_gpu_kernel_source import compile_host
 from test_gpu_kernels import _random_blocks, _wild_blocks
 
 Q8 = sorted(K.Q8_GPU_TYPES, key=lambda i: quants.qtype(i).name)
 Q8_IDS = [quants.qtype(i).name for i in Q8]
 
-_PRELUDE = r"""
-#include <cstring>
-#include <cmath>
-#define __device__
-#define __global__
-#define __forceinline__ inline
-#define __restrict__
-static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-"""
-
-# matvec_q8.cu's q8_row with the 32 lanes run one after another: lane p of block b adds its integer share; the
+# matvec_q8.cu's q8_rows (one row) with the 32 lanes run one after another: lane p of block b adds its integer share; the
 # float part in the kernel's (and cpu_q8.c's) order.
 _DRIVER = r"""
 extern "C" void run_rows(const u8* base, i64 rows, int ne0, const u8* act, float* out) {
@@ -93,13 +83,8 @@ def host_q8(tmp_path_factory):
 
     def build(type_id: int):
         if type_id not in libs:
-            name = quants.qtype(type_id).name
-            cpp, so = d / f"{name}.cpp", d / f"{name}.so"
-            cpp.write_text(_PRELUDE + K.q8_source_for(type_id, with_kernels=False) + _DRIVER)
-            r = subprocess.run(["g++", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-o", str(so), str(cpp)],
-                               capture_output=True, text=True)
-            assert r.returncode == 0, f"{name}: q8 kernel source does not compile as C++:\n{r.stderr[:4000]}"
-            libs[type_id] = ctypes.CDLL(str(so))
+            libs[type_id] = compile_host(d, quants.qtype(type_id).name,
+                                         K.q8_source_for(type_id, with_kernels=False) + _DRIVER)
         return libs[type_id]
 
     return build

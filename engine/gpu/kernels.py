@@ -163,11 +163,13 @@ def _q8_layout_source() -> str:
 
 def q8_source_for(type_id: int, *, with_kernels: bool = True) -> str:
     """The CUDA source of ``type_id``'s q8 module: prelude, the activation layout, tables, generated defines,
-    ``q8/<TYPE>.cuh`` and (``with_kernels``) ``matvec_q8.cu``. Raises ValueError for a type without one."""
+    ``q8_lane.cuh`` (the lane code's shared helpers), ``q8/<TYPE>.cuh`` and (``with_kernels``) ``matvec_q8.cu``.
+    Raises ValueError for a type without one."""
     q8_act_format(type_id)
     t = quants.qtype(type_id)
     type_code = cuda_file(f"q8/{t.name}.cuh")
-    code = cuda_file("prelude.cuh") + _q8_layout_source() + _tables_source(type_code) + type_defines(t.id) + type_code
+    code = (cuda_file("prelude.cuh") + _q8_layout_source() + _tables_source(type_code) + type_defines(t.id)
+            + cuda_file("q8_lane.cuh") + type_code)
     shape = f"#define Q8_WARPS {Q8_WARPS}\n#define Q8_RPW {Q8_RPW}\n"
     return code + shape + cuda_file("matvec_q8.cu") if with_kernels else code
 

@@ -7,7 +7,8 @@
 // per block), HAS_MIN, and
 //   lane_sums(sc, blk, y, ys, yt, p, &S, &M): lane p's share (p < LPB) of block blk's exact integer sums
 //       S = sum of scale * w * y and M = sum of min * (sum of y) (cpu_q8_dots.c sb_sums / blk_dot);
-//   blk_scales(sc, blk, &dw, &dm): the block's f32 scale (fp32 of the fp16 d, or the engine form's f32) and min.
+//   blk_scales(sc, blk, &dw, &dm): the block's f32 scale (fp32 of the fp16 d) and min - for the widened types
+//       (the engine form's f32 scale plane) q8_lane.cuh defines it, with the 8-value dots the lane code uses.
 // The activation (q, d, s, t of q8_layout.h) is made by q8_act.cu's quantize_q8 for ne0 values.
 //
 // One warp per Q8_RPW rows: lane l works on block b0 + l / LPB of each step of 32 / LPB blocks. The integer partial sums

@@ -11,19 +11,11 @@ __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict_
     load_words(q + 8 * (p & 1), w, 8);
     load_words((const u8*)(y + 8 * p), yv, 8);
     const int sh = 4 * (p >> 1);
-    int dot = 0;
+    u32 v[2] = {0u, 0u};
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        u32 v = 0;
+    for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int b = 0; b < 4; ++b) v |= (u32)(u8)kvalues_iq4nl[(w[i] >> (8 * b + sh)) & 15u] << (8 * b);
-        dot = dp4a((int)v, (int)yv[i], dot);
-    }
-    *S = dot;
+        for (int b = 0; b < 4; ++b) v[i] |= (u32)(u8)kvalues_iq4nl[(w[i] >> (8 * b + sh)) & 15u] << (8 * b);
+    *S = dot8(v, yv, 0);
     *M = 0;
-}
-__device__ __forceinline__ void blk_scales(const float* sc, const u8* __restrict__ q, float* dw, float* dm) {
-    (void)q;
-    *dw = sc[0];
-    *dm = 0.0f;
 }

@@ -21,11 +21,9 @@ __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict_
     for (int k = 0; k < 4; ++k) {
         u32 yv[2];
         load_words((const u8*)(y + 128 * h + 32 * k + l0), yv, 8);
-        int dot = 0;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) dot = dp4a((int)((q[i] >> (2 * k)) & 0x03030303u), (int)yv[i], dot);
+        const u32 v[2] = {(q[0] >> (2 * k)) & 0x03030303u, (q[1] >> (2 * k)) & 0x03030303u};
         const int b = (int)((scw >> (8 * (2 * k + sel))) & 0xffu);
-        tot += (b & 15) * dot;
+        tot += (b & 15) * dot8(v, yv, 0);
         if ((l0 & 8) == 0) mt += (b >> 4) * (int)ys[8 * h + 2 * k + sel];
     }
     *S = tot;

@@ -28,15 +28,11 @@ __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict_
     for (int k = 0; k < 4; ++k) {
         u32 yv[2];
         load_words((const u8*)(y + 128 * h + 32 * k + l0), yv, 8);
-        int dot = 0, ysum = 0;
+        u32 v[2];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const u32 v = ((q[i] >> (2 * k)) & 0x03030303u) | (((hm[i] >> (4 * h + k)) & 0x01010101u) << 2);
-            dot = dp4a((int)v, (int)yv[i], dot);
-            ysum = dp4a(0x01010101, (int)yv[i], ysum);
-        }
+        for (int i = 0; i < 2; ++i) v[i] = ((q[i] >> (2 * k)) & 0x03030303u) | (((hm[i] >> (4 * h + k)) & 0x01010101u) << 2);
         const int scale = (int)((scw >> (8 * (2 * k + sel))) & 0xffu) - 32;
-        tot += scale * (dot - 4 * ysum);
+        tot += scale * (dot8(v, yv, 0) - 4 * sum8(yv));
     }
     *S = tot;
     *M = 0;

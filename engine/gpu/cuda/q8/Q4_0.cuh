@@ -12,17 +12,7 @@ __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict_
     load_words(q + 8 * (p & 1), w, 8);
     load_words((const u8*)(y + 8 * p), yv, 8);
     const int sh = 4 * (p >> 1);
-    int dot = 0, ysum = 0;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        dot = dp4a((int)((w[i] >> sh) & 0x0f0f0f0fu), (int)yv[i], dot);
-        ysum = dp4a(0x01010101, (int)yv[i], ysum);
-    }
-    *S = dot - 8 * ysum;
+    const u32 v[2] = {(w[0] >> sh) & 0x0f0f0f0fu, (w[1] >> sh) & 0x0f0f0f0fu};
+    *S = dot8(v, yv, 0) - 8 * sum8(yv);
     *M = 0;
-}
-__device__ __forceinline__ void blk_scales(const float* sc, const u8* __restrict__ q, float* dw, float* dm) {
-    (void)q;
-    *dw = sc[0];
-    *dm = 0.0f;
 }

@@ -15,19 +15,13 @@ __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict_
     load_words((const u8*)(y + 8 * p), yv, 8);
     const int sh = 4 * (p >> 1);
     const u32 bits = (qh >> (8 * p)) & 0xffu;
-    int dot = 0, ysum = 0;
+    u32 v[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const u32 hb = bits >> (4 * i);  // bits of values 4i .. 4i + 3 of this lane
         const u32 hi = ((hb & 1u) | ((hb & 2u) << 7) | ((hb & 4u) << 14) | ((hb & 8u) << 21)) << 4;
-        dot = dp4a((int)(((w[i] >> sh) & 0x0f0f0f0fu) | hi), (int)yv[i], dot);
-        ysum = dp4a(0x01010101, (int)yv[i], ysum);
+        v[i] = ((w[i] >> sh) & 0x0f0f0f0fu) | hi;
     }
-    *S = dot - 16 * ysum;
+    *S = dot8(v, yv, 0) - 16 * sum8(yv);
     *M = 0;
-}
-__device__ __forceinline__ void blk_scales(const float* sc, const u8* __restrict__ q, float* dw, float* dm) {
-    (void)q;
-    *dw = sc[0];
-    *dm = 0.0f;
 }

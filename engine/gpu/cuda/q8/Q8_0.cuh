@@ -10,11 +10,6 @@ __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict_
     u32 w[2], yv[2];
     load_words(q + 8 * p, w, 8);
     load_words((const u8*)(y + 8 * p), yv, 8);
-    *S = dp4a((int)w[1], (int)yv[1], dp4a((int)w[0], (int)yv[0], 0));
+    *S = dot8(w, yv, 0);
     *M = 0;
-}
-__device__ __forceinline__ void blk_scales(const float* sc, const u8* __restrict__ q, float* dw, float* dm) {
-    (void)q;
-    *dw = sc[0];
-    *dm = 0.0f;
 }
