@@ -51,13 +51,17 @@ def write_documents_model(path: Path, n_layers: int):
         if n_layers < 48 or n_layers % 4:
             raise SystemExit(f"--layers {n_layers}: use 48 or more, a multiple of 4")
         kv["qwen3next.block_count"] = n_layers
-        head = [t for t in tensors if not t[0].startswith("blk.") and t[0] != "output_norm.weight" and t[0] != "output.weight"]
+        head = [
+            t
+            for t in tensors
+            if not t[0].startswith("blk.") and t[0] != "output_norm.weight" and t[0] != "output.weight"
+        ]
         tail = [t for t in tensors if t[0] in ("output_norm.weight", "output.weight")]
         body = [t for t in tensors if t[0].startswith("blk.")]
         extra = []
         for il in range(48, n_layers):
             src = f"blk.{il - 48}."
-            extra += [(f"blk.{il}." + n[len(src):], ty, ne) for n, ty, ne in body if n.startswith(src)]
+            extra += [(f"blk.{il}." + n[len(src) :], ty, ne) for n, ty, ne in body if n.startswith(src)]
         tensors = head + body + extra + tail
     return write_header_only(path, "qwen3next", kv, tensors), len(tensors)
 
@@ -88,34 +92,54 @@ def run(args, n_layers: int) -> None:
         t0 = time.perf_counter()
         r = build_pack(src, work / "pack", progress=False)
         t_build = time.perf_counter() - t0
-        print(f"\n== {n_layers} layers: model {src.stat().st_size / 2**30:.1f} GiB logical, {n_tensors} tensors, written in {t_write:.2f} s; "
-              f"pack: {r.dense_tensors} dense tensors, pool {r.pool_bytes / 2**30:.2f} GiB, {r.expert_layers} expert "
-              f"layers, built in {t_build:.1f} s")
+        print(
+            f"\n== {n_layers} layers: model {src.stat().st_size / 2**30:.1f} GiB logical, {n_tensors} tensors, "
+            f"written in {t_write:.2f} s; "
+            f"pack: {r.dense_tensors} dense tensors, pool {r.pool_bytes / 2**30:.2f} GiB, {r.expert_layers} expert "
+            f"layers, built in {t_build:.1f} s"
+        )
 
         audit_pack(work / "pack")  # warm the page cache and the imports
         t_full, res = best(lambda: audit_pack(work / "pack"), args.repeat)
         t_rest, _ = best(lambda: audit_pack(work / "pack", bf16_scan=False), args.repeat)
         card = card_preset("24G")
-        t_plan, plan = best(lambda: make_plan(audit_pack(work / "pack").facts, card, PlanOptions(max_context=32768)),
-                            args.repeat)
+        t_plan, plan = best(
+            lambda: make_plan(audit_pack(work / "pack").facts, card, PlanOptions(max_context=32768)), args.repeat
+        )
         assert res.ok, res.errors[:5]
-        print(f"audit, full (BF16 scan of {res.bf16_tensors} tensors, {res.bf16_values_scanned:,} values): {t_full:.3f} s")
+        print(
+            f"audit, full (BF16 scan of {res.bf16_tensors} tensors, {res.bf16_values_scanned:,} values): {t_full:.3f} s"
+        )
         print(f"audit without the BF16 value scan:                         {t_rest:.3f} s")
         print(f"audit + plan (24G, 32K context):                            {t_plan:.3f} s")
         print("audit stages (last full run): " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in res.seconds.items()))
-        cmd = [sys.executable, "-m", "strata.budget.cli", "check", str(work / "pack"), "--card", "24G",
-               "--max-context", "32768", "--json"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "strata.budget.cli",
+            "check",
+            str(work / "pack"),
+            "--card",
+            "24G",
+            "--max-context",
+            "32768",
+            "--json",
+        ]
         times = []
         for _ in range(args.repeat):
             t0 = time.perf_counter()
             p = subprocess.run(cmd, capture_output=True, text=True)
             times.append(time.perf_counter() - t0)
         d = json.loads(p.stdout)
-        print(f"strata-budget check (child process, imports included):     {min(times):.3f} s  (exit {p.returncode}: "
-              f"{d['verdict_line']})")
-        print(f"  max_blob {d['max_blob']:,} B engine form ({d['max_blob_source']:,} B source), {d['slots']} slots, "
-              f"KV {d['kv_bytes_per_token']:,} B/token, recurrent {d['recurrent_state_bytes_per_seq']:,} B/seq, "
-              f"widened +{d['widened_scale_bytes']:,} B, BF16 saved {d['bf16_saved_bytes']:,} B")
+        print(
+            f"strata-budget check (child process, imports included):     {min(times):.3f} s  (exit {p.returncode}: "
+            f"{d['verdict_line']})"
+        )
+        print(
+            f"  max_blob {d['max_blob']:,} B engine form ({d['max_blob_source']:,} B source), {d['slots']} slots, "
+            f"KV {d['kv_bytes_per_token']:,} B/token, recurrent {d['recurrent_state_bytes_per_seq']:,} B/seq, "
+            f"widened +{d['widened_scale_bytes']:,} B, BF16 saved {d['bf16_saved_bytes']:,} B"
+        )
     finally:
         if args.keep:
             print(f"kept {work}")

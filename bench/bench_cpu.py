@@ -49,13 +49,26 @@ def q7b_spec():
     from strata import testing as synth
 
     return synth.qwen2_spec(
-        name="synthetic Qwen2.5-7B geometry", n_layers=28, fill="pattern", seed=1, dense_type="Q4_K",
+        name="synthetic Qwen2.5-7B geometry",
+        n_layers=28,
+        fill="pattern",
+        seed=1,
+        dense_type="Q4_K",
         tensor_types={"ffn_down": "Q6_K", "output": "Q6_K"},
-        dims={"n_embd": 3584, "n_head": 28, "n_head_kv": 4, "head_dim": 128, "n_ff": 18944, "n_vocab": 152064,
-              "context_length": 32768})
+        dims={
+            "n_embd": 3584,
+            "n_head": 28,
+            "n_head_kv": 4,
+            "head_dim": 128,
+            "n_ff": 18944,
+            "n_vocab": 152064,
+            "context_length": 32768,
+        },
+    )
 
 
 # ------------------------------------------------------------------ workers (one process per measurement)
+
 
 def _rss_anon() -> int:
     with open("/proc/self/status") as f:
@@ -95,9 +108,12 @@ def strata_worker(a) -> dict:
     eng = load_engine(a.pack, n_ctx=256, threads=a.threads, cpu_kernel=a.kernel)
     startup = time.perf_counter() - t0
     pool = str(Path(a.pack, "pool.bin").resolve())
-    out = {"startup_s": round(startup, 2), "rss_anon_after_start_mib": round(_rss_anon() / 2**20, 1),
-           "pool_rss_after_start_kib": round(_mapping_rss(pool) / 1024, 1),
-           "f32_vectors_kib": round(eng.weights.nbytes_f32 / 1024, 1)}
+    out = {
+        "startup_s": round(startup, 2),
+        "rss_anon_after_start_mib": round(_rss_anon() / 2**20, 1),
+        "pool_rss_after_start_kib": round(_mapping_rss(pool) / 1024, 1),
+        "f32_vectors_kib": round(eng.weights.nbytes_f32 / 1024, 1),
+    }
     rates = []
     for rep in range(a.reps + 1):
         r = generate(eng, prompt_ids=PROMPT, n_tokens=a.tokens, ignore_eos=True)
@@ -105,8 +121,13 @@ def strata_worker(a) -> dict:
             rates.append(float(r.tokens_per_second))
     stop.set()
     peak[0] = max(peak[0], _rss_anon())
-    out.update(tok_s=round(max(rates), 2), runs=[round(x, 2) for x in rates], tokens=r.output_ids[:8],
-               rss_anon_peak_mib=round(peak[0] / 2**20, 1), rss_anon_end_mib=round(_rss_anon() / 2**20, 1))
+    out.update(
+        tok_s=round(max(rates), 2),
+        runs=[round(x, 2) for x in rates],
+        tokens=r.output_ids[:8],
+        rss_anon_peak_mib=round(peak[0] / 2**20, 1),
+        rss_anon_end_mib=round(_rss_anon() / 2**20, 1),
+    )
     return out
 
 
@@ -135,8 +156,13 @@ def llama_worker(a) -> dict:
             toks.append(tok)
         if rep:
             rates.append((a.tokens - 1) / (time.perf_counter() - t0))
-    return {"startup_s": round(startup, 2), "tok_s": round(max(rates), 2), "runs": [round(x, 2) for x in rates],
-            "tokens": toks[:8], "rss_anon_end_mib": round(_rss_anon() / 2**20, 1)}
+    return {
+        "startup_s": round(startup, 2),
+        "tok_s": round(max(rates), 2),
+        "runs": [round(x, 2) for x in rates],
+        "tokens": toks[:8],
+        "rss_anon_end_mib": round(_rss_anon() / 2**20, 1),
+    }
 
 
 # ------------------------------------------------------------------ the driver
@@ -165,8 +191,11 @@ def _run_worker(kind: str, env_extra: dict, **kw) -> dict:
     if p.returncode != 0:
         return {"error": (p.stderr or p.stdout)[-1500:], "load_before": load0, "load_after": load1}
     r = json.loads(p.stdout.strip().splitlines()[-1])
-    r.update(load_before=[round(x, 2) for x in load0], load_after=[round(x, 2) for x in load1],
-             waited_for_quiet_s=round(waited))
+    r.update(
+        load_before=[round(x, 2) for x in load0],
+        load_after=[round(x, 2) for x in load1],
+        waited_for_quiet_s=round(waited),
+    )
     return r
 
 
@@ -219,8 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="/tmp/bench_cpu")
     ap.add_argument("--lcp", default="/opt/lcp_avx2" if Path("/opt/lcp_avx2").is_dir() else "")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--quiet", type=float, default=None, help="wait before each run until the 1-min load average "
-                    "is below this (a shared machine)")
+    ap.add_argument(
+        "--quiet",
+        type=float,
+        default=None,
+        help="wait before each run until the 1-min load average is below this (a shared machine)",
+    )
     ap.add_argument("--quiet-wait", type=float, default=1800, help="at most this many seconds per wait")
     args = ap.parse_args(argv)
     QUIET.update(load=args.quiet, wait_s=args.quiet_wait)
@@ -237,8 +270,15 @@ def main(argv: list[str] | None = None) -> int:
     lcp_env = {"PYTHONPATH": os.pathsep.join(p for p in (args.lcp, os.environ.get("PYTHONPATH", "")) if p)}
     up = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"host {socket.gethostname()}, {ncores} cores, uptime: {up}", flush=True)
-    results = {"host": socket.gethostname(), "cores": ncores, "uptime_start": up, "tokens": args.tokens,
-               "reps": args.reps, "prompt_ids": PROMPT, "rows": []}
+    results = {
+        "host": socket.gethostname(),
+        "cores": ncores,
+        "uptime_start": up,
+        "tokens": args.tokens,
+        "reps": args.reps,
+        "prompt_ids": PROMPT,
+        "rows": [],
+    }
     table = []
     for name, gguf, pack in _models(args, work):
         for t in threads:
@@ -252,20 +292,34 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  [{name}, {t} threads] llama.cpp: {r}", flush=True)
             results["rows"].append(row)
             for k, s in row["strata"].items():
-                table.append((name, t, k, s.get("tok_s"), r.get("tok_s"), s.get("rss_anon_peak_mib"),
-                               max(s.get("load_before", [0])[0], s.get("load_after", [0])[0])))
+                table.append(
+                    (
+                        name,
+                        t,
+                        k,
+                        s.get("tok_s"),
+                        r.get("tok_s"),
+                        s.get("rss_anon_peak_mib"),
+                        max(s.get("load_before", [0])[0], s.get("load_after", [0])[0]),
+                    )
+                )
     results["uptime_end"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    path = Path(args.json or ROOT / "bench" / "results" /
-                f"cpu-{socket.gethostname()}-{datetime.date.today().isoformat()}.json")
+    path = Path(
+        args.json or ROOT / "bench" / "results" / f"cpu-{socket.gethostname()}-{datetime.date.today().isoformat()}.json"
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1) + "\n")
     print(f"\nresults: {path}\nuptime at the end: {results['uptime_end']}")
-    print(f"\n{'model':<34} {'thr':>3} {'kernel':<6} {'strata tok/s':>12} {'llama.cpp':>10} {'ratio':>6} "
-          f"{'RssAnon MiB':>11} {'load':>5}")
+    print(
+        f"\n{'model':<34} {'thr':>3} {'kernel':<6} {'strata tok/s':>12} {'llama.cpp':>10} {'ratio':>6} "
+        f"{'RssAnon MiB':>11} {'load':>5}"
+    )
     for name, t, k, s, ll, rss, load in table:
         ratio = f"{s / ll:.2f}" if s and ll else "-"
-        print(f"{name:<34} {t:>3} {k:<6} {s if s else '-':>12} {ll if ll else '-':>10} {ratio:>6} "
-              f"{rss if rss else '-':>11} {load:>5.1f}")
+        print(
+            f"{name:<34} {t:>3} {k:<6} {s if s else '-':>12} {ll if ll else '-':>10} {ratio:>6} "
+            f"{rss if rss else '-':>11} {load:>5.1f}"
+        )
     return 0
 
 

@@ -36,8 +36,13 @@ MIB = 1 << 20
 def _run_json(args: list[str], timeout: int) -> tuple[dict | None, str, float]:
     t0 = time.perf_counter()
     try:
-        p = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        p = subprocess.run(
+            [sys.executable, "-m", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     except subprocess.TimeoutExpired:
         return None, f"timed out after {timeout} s", time.perf_counter() - t0
     dt = time.perf_counter() - t0
@@ -49,22 +54,46 @@ def _run_json(args: list[str], timeout: int) -> tuple[dict | None, str, float]:
         return None, (p.stderr or out)[-2000:], dt
 
 
-def run_card(pack: str, card: str, ctx: int, profile: str | None, n_tokens: int, timeout: int, label: str = "",
-             sim: bool = False) -> dict:
+def run_card(
+    pack: str, card: str, ctx: int, profile: str | None, n_tokens: int, timeout: int, label: str = "", sim: bool = False
+) -> dict:
     """One row: the plan and the measurement of ``pack`` on the emulated ``card`` (``sim``: the NumPy
     stand-in of the card, a dry run without a GPU)."""
     prof = ["--expert-profile", profile] if profile else []
-    check, check_err, check_s = _run_json(["strata.budget.cli", "check", pack, "--card", card, "--ctx", str(ctx),
-                                           "--json", "--no-bf16-scan", *prof], timeout)
-    meas, meas_err, meas_s = _run_json(["strata.engine.cli", "measure", pack, "--card", card, "--ctx", str(ctx),
-                                        "-n", str(n_tokens), "--json", *prof, *(["--device", "sim"] if sim else [])],
-                                       timeout)
-    row: dict = {"label": label or card, "card": card, "pack": pack, "check_s": round(check_s, 1), "measure_s": round(meas_s, 1)}
+    check, check_err, check_s = _run_json(
+        ["strata.budget.cli", "check", pack, "--card", card, "--ctx", str(ctx), "--json", "--no-bf16-scan", *prof],
+        timeout,
+    )
+    meas, meas_err, meas_s = _run_json(
+        [
+            "strata.engine.cli",
+            "measure",
+            pack,
+            "--card",
+            card,
+            "--ctx",
+            str(ctx),
+            "-n",
+            str(n_tokens),
+            "--json",
+            *prof,
+            *(["--device", "sim"] if sim else []),
+        ],
+        timeout,
+    )
+    row: dict = {
+        "label": label or card,
+        "card": card,
+        "pack": pack,
+        "check_s": round(check_s, 1),
+        "measure_s": round(meas_s, 1),
+    }
     if check is None or check.get("verdict") == "error":
         row["check_error"] = (check or {}).get("verdict_line") or check_err
     else:
-        row["check"] = {k: check[k] for k in ("verdict_line", "slots", "free_bytes", "used_bytes", "draft_bind_bytes")
-                        if k in check}
+        row["check"] = {
+            k: check[k] for k in ("verdict_line", "slots", "free_bytes", "used_bytes", "draft_bind_bytes") if k in check
+        }
         row["check"]["terms"] = {t["name"]: t["bytes"] for t in check["terms"]}
         row["check"]["expected_hit_rate"] = (check.get("profile") or {}).get("expected_hit_rate")
     if meas is None or meas.get("ok") is False:
@@ -77,8 +106,10 @@ def run_card(pack: str, card: str, ctx: int, profile: str | None, n_tokens: int,
 def table(rows: list[dict]) -> list[str]:
     """The compact table: per row the slots (check / engine), total diff, exact terms, reserve, hit rate
     (predicted / measured), decode tok/s and CPU misses per position, start-up seconds."""
-    out = [f"{'row':10s} {'slots chk/eng':>14s} {'total diff':>12s} {'exact':>6s} {'reserve':>8s} "
-           f"{'hit pred/meas':>15s} {'tok/s':>6s} {'miss/pos':>8s} {'start s':>8s}"]
+    out = [
+        f"{'row':10s} {'slots chk/eng':>14s} {'total diff':>12s} {'exact':>6s} {'reserve':>8s} "
+        f"{'hit pred/meas':>15s} {'tok/s':>6s} {'miss/pos':>8s} {'start s':>8s}"
+    ]
     for r in rows:
         m, c = r.get("measure"), r.get("check", {})
         if m is None:
@@ -88,10 +119,12 @@ def table(rows: list[dict]) -> list[str]:
         pred = g.get("hit_rate_predicted_plan", c.get("expected_hit_rate"))
         hit = f"{pred:.1%}/" if pred is not None else "-/"
         hit += f"{g['hit_rate_measured']:.1%}" if g.get("hit_rate_measured") is not None else "-"
-        out.append(f"{r['label']:10s} {str(c.get('slots', '-')) + '/' + str(m['slots']):>14s} "
-                   f"{m['total_diff_bytes'] / MIB:+10.1f}Mi {'ok' if m['exact_ok'] else 'DIFF':>6s} "
-                   f"{'free' if m['reserve_ok'] else 'EATEN':>8s} {hit:>15s} {g.get('decode_tok_s') or 0:6.2f} "
-                   f"{g.get('cpu_misses_per_token', 0):8.1f} {sum(m['checkpoints_s'].values()):8.1f}")
+        out.append(
+            f"{r['label']:10s} {str(c.get('slots', '-')) + '/' + str(m['slots']):>14s} "
+            f"{m['total_diff_bytes'] / MIB:+10.1f}Mi {'ok' if m['exact_ok'] else 'DIFF':>6s} "
+            f"{'free' if m['reserve_ok'] else 'EATEN':>8s} {hit:>15s} {g.get('decode_tok_s') or 0:6.2f} "
+            f"{g.get('cpu_misses_per_token', 0):8.1f} {sum(m['checkpoints_s'].values()):8.1f}"
+        )
     return out
 
 
@@ -105,13 +138,20 @@ def term_table(rows: list[dict]) -> list[str]:
         out.append(f"-- {r['label']} ({r['card']}): term, predicted, measured, diff (bytes)")
         for t in m["terms"]:
             d = t["measured_bytes"] - t["predicted_bytes"]
-            out.append(f"   {t['term']:20s} {t['predicted_bytes']:>16,d} {t['measured_bytes']:>16,d} {d:>+14,d} "
-                       f"{'exact' if t['exact'] else 'estimate'}")
-        out.append(f"   {'total':20s} {m['predicted_total_bytes']:>16,d} {m['measured_total_bytes']:>16,d} "
-                   f"{m['total_diff_bytes']:>+14,d} (within 0.5% or 32 MiB: {'yes' if m['total_ok'] else 'NO'})")
-        out.append("   start-up (s): " + ", ".join(f"{k} {v:.2f}" for k, v in m["checkpoints_s"].items())
-                   + f"; slots: check {r.get('check', {}).get('slots', '-')}, engine {m['slots']}; "
-                   f"free after start-up {m['free_after_bytes'] / MIB:.1f} MiB (reserve {m['reserve_bytes'] / MIB:.0f} MiB)")
+            out.append(
+                f"   {t['term']:20s} {t['predicted_bytes']:>16,d} {t['measured_bytes']:>16,d} {d:>+14,d} "
+                f"{'exact' if t['exact'] else 'estimate'}"
+            )
+        out.append(
+            f"   {'total':20s} {m['predicted_total_bytes']:>16,d} {m['measured_total_bytes']:>16,d} "
+            f"{m['total_diff_bytes']:>+14,d} (within 0.5% or 32 MiB: {'yes' if m['total_ok'] else 'NO'})"
+        )
+        out.append(
+            "   start-up (s): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in m["checkpoints_s"].items())
+            + f"; slots: check {r.get('check', {}).get('slots', '-')}, engine {m['slots']}; "
+            f"free after start-up {m['free_after_bytes'] / MIB:.1f} MiB (reserve {m['reserve_bytes'] / MIB:.0f} MiB)"
+        )
     return out
 
 
@@ -138,7 +178,9 @@ def main() -> int:
         rows.append(run_card(pack, card, a.ctx, a.profile, a.tokens, a.timeout, label=label, sim=a.sim))
         print("\n".join(table(rows[-1:])[1:]), flush=True)
         # after every row: a run cut short still leaves the rows it finished
-        Path(a.json).write_text(json.dumps({"ctx": a.ctx, "tokens": a.tokens, "profile": a.profile, "rows": rows}, indent=1))
+        Path(a.json).write_text(
+            json.dumps({"ctx": a.ctx, "tokens": a.tokens, "profile": a.profile, "rows": rows}, indent=1)
+        )
     print("\n".join(term_table(rows)))
     print("\n".join(table(rows)))
     return 0 if all("measure" in r and r["measure"]["exact_ok"] and r["measure"]["reserve_ok"] for r in rows) else 1

@@ -61,7 +61,7 @@ def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> dict:
     src = cp.empty(nbytes, dtype=cp.uint8)
     src[:] = 1
     dst = cp.empty_like(src)
-    ms = _events_median_ms(lambda: dst.__setitem__(slice(None), src), reps)
+    ms = _events_median_ms(lambda dst=dst, src=src: dst.__setitem__(slice(None), src), reps)
     del src, dst
     return {"bytes": nbytes, "ms": ms, "gbps_rw": 2 * nbytes / ms / 1e6}
 
@@ -79,7 +79,7 @@ def _random_engine_weight(type_id: int, rows: int, ne0: int):
     buf = cp.random.randint(0, 256, size=lay.nbytes, dtype=cp.int32).astype(cp.uint8)
     if t.name in ("F32", "F16", "BF16"):
         n = rows * ne0
-        vals = (cp.random.standard_normal(n, dtype=cp.float32) * 0.02)
+        vals = cp.random.standard_normal(n, dtype=cp.float32) * 0.02
         if t.name == "F32":
             buf = vals.view(cp.uint8)
         elif t.name == "F16":
@@ -88,7 +88,7 @@ def _random_engine_weight(type_id: int, rows: int, ne0: int):
             buf = (vals.view(cp.uint32) >> 16).astype(cp.uint16).view(cp.uint8)
         return buf, lay
     if lay.kind == "widened":
-        buf[:lay.scales_nbytes].view(cp.float32)[:] = 0.01
+        buf[: lay.scales_nbytes].view(cp.float32)[:] = 0.01
     else:
         blocks = buf.reshape(lay.n_blocks, t.block_bytes)
         h = np.frombuffer(np.float16(0.001).tobytes(), dtype=np.uint8)
@@ -118,17 +118,33 @@ def bench_kernels(types: list[int], mib: int, reps: int, copy: dict) -> list[dic
         t0 = time.perf_counter()
         K.kernels_for(tid)
         compile_s = time.perf_counter() - t0
-        ms = _events_median_ms(lambda: K.matvec(tid, buf, rows, ne0, x, out=y), reps)
+        ms = _events_median_ms(
+            lambda tid=tid, buf=buf, rows=rows, ne0=ne0, x=x, y=y: K.matvec(tid, buf, rows, ne0, x, out=y), reps
+        )
         n = rows * ne0
         out = cp.empty(n, dtype=cp.float32)
-        dq_ms = _events_median_ms(lambda: K.dequantize(tid, buf.reshape(-1), n, out=out), max(5, reps // 3))
+        dq_ms = _events_median_ms(
+            lambda tid=tid, buf=buf, n=n, out=out: K.dequantize(tid, buf.reshape(-1), n, out=out), max(5, reps // 3)
+        )
         gbps = lay.nbytes / ms / 1e6
-        r = {"type": t.name, "rows": rows, "ne0": ne0, "engine_bytes": lay.nbytes, "matvec_ms": ms,
-             "matvec_gbps": gbps, "matvec_pct_of_copy": 100 * gbps / copy["gbps_rw"],
-             "dequant_ms": dq_ms, "dequant_gbps_rw": (lay.nbytes + 4 * n) / dq_ms / 1e6, "compile_s": compile_s}
+        r = {
+            "type": t.name,
+            "rows": rows,
+            "ne0": ne0,
+            "engine_bytes": lay.nbytes,
+            "matvec_ms": ms,
+            "matvec_gbps": gbps,
+            "matvec_pct_of_copy": 100 * gbps / copy["gbps_rw"],
+            "dequant_ms": dq_ms,
+            "dequant_gbps_rw": (lay.nbytes + 4 * n) / dq_ms / 1e6,
+            "compile_s": compile_s,
+        }
         rows_out.append(r)
-        print(f"  {t.name:8s} W[{rows}x{ne0}] {lay.nbytes / 2**20:7.1f} MiB  matvec {ms:7.3f} ms {gbps:7.0f} GB/s "
-              f"({r['matvec_pct_of_copy']:4.0f}% of copy)  dequant {dq_ms:7.3f} ms", flush=True)
+        print(
+            f"  {t.name:8s} W[{rows}x{ne0}] {lay.nbytes / 2**20:7.1f} MiB  matvec {ms:7.3f} ms {gbps:7.0f} GB/s "
+            f"({r['matvec_pct_of_copy']:4.0f}% of copy)  dequant {dq_ms:7.3f} ms",
+            flush=True,
+        )
         del buf, out, x, y
         cp.get_default_memory_pool().free_all_blocks()
     return rows_out
@@ -142,10 +158,21 @@ def gemma_like_spec(n_vocab: int = 262144):
     from strata import testing as synth
 
     return synth.gemma3_spec(
-        n_layers=18, fill="pattern", dense_type="Q5_0",
+        n_layers=18,
+        fill="pattern",
+        dense_type="Q5_0",
         tensor_types={"token_embd": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q4_K", "ffn_down": "Q6_K"},
-        dims={"n_embd": 640, "n_head": 4, "n_head_kv": 1, "head_dim": 256, "n_ff": 2048, "n_vocab": n_vocab,
-              "sliding_window": 512, "sliding_window_pattern": 6})
+        dims={
+            "n_embd": 640,
+            "n_head": 4,
+            "n_head_kv": 1,
+            "head_dim": 256,
+            "n_ff": 2048,
+            "n_vocab": n_vocab,
+            "sliding_window": 512,
+            "sliding_window_pattern": 6,
+        },
+    )
 
 
 def synth_packs(root: str, big_mib: int, gemma_like_vocab: int = 0) -> list[tuple[str, str]]:
@@ -155,12 +182,19 @@ def synth_packs(root: str, big_mib: int, gemma_like_vocab: int = 0) -> list[tupl
     from strata import testing as synth
     from strata.packer.build import build_pack
 
-    specs = [("synth qwen3moe (3 layers, 8 experts)", "moe", synth.qwen3moe_spec()),
-             ("synth qwen2 (2 layers)", "qwen2", synth.qwen2_spec()),
-             ("synth gemma3 (2 layers, BF16)", "gemma3", synth.gemma3_spec())]
+    specs = [
+        ("synth qwen3moe (3 layers, 8 experts)", "moe", synth.qwen3moe_spec()),
+        ("synth qwen2 (2 layers)", "qwen2", synth.qwen2_spec()),
+        ("synth gemma3 (2 layers, BF16)", "gemma3", synth.gemma3_spec()),
+    ]
     if gemma_like_vocab:
-        specs.append((f"synth gemma3 270M-like (18 layers, vocab {gemma_like_vocab})", "gemma-like",
-                      gemma_like_spec(gemma_like_vocab)))
+        specs.append(
+            (
+                f"synth gemma3 270M-like (18 layers, vocab {gemma_like_vocab})",
+                "gemma-like",
+                gemma_like_spec(gemma_like_vocab),
+            )
+        )
     if big_mib:
         specs.append((f"synth big dense qwen2 (~{big_mib} MiB Q8_0)", "big", synth.big_dense_spec(big_mib << 20)))
     out = []
@@ -219,11 +253,21 @@ def generic_launch_count(eng) -> tuple[int | None, str]:
 def _tops_equal(a, b) -> bool:
     return len(a.top) == len(b.top) and all(
         x[0] == y[0] and np.float32(x[1]).tobytes() == np.float32(y[1]).tobytes()
-        for ra, rb in zip(a.top, b.top) for x, y in zip(ra, rb))
+        for ra, rb in zip(a.top, b.top)
+        for x, y in zip(ra, rb)
+    )
 
 
-def bench_decode(packs: list[tuple[str, str]], n_tokens: int, copy: dict, *, modes=("generic", "eager", "graph"),
-                 stage_times: bool = False, cpu: bool = False, replay: int = 200) -> list[dict]:
+def bench_decode(
+    packs: list[tuple[str, str]],
+    n_tokens: int,
+    copy: dict,
+    *,
+    modes=("generic", "eager", "graph"),
+    stage_times: bool = False,
+    cpu: bool = False,
+    replay: int = 200,
+) -> list[dict]:
     """Decode tok/s (batch 1, greedy, --ignore-eos) per pack on the GPU path, per decode path:
 
     - ``generic``: the shared layers with CuPy arrays, one launch per array operation (MoE models
@@ -251,16 +295,27 @@ def bench_decode(packs: list[tuple[str, str]], n_tokens: int, copy: dict, *, mod
             ce = load_engine(pk, n_ctx=n_ctx)
             cpu_r = generate(ce, prompt_ids=prompt, n_tokens=n_tokens, ignore_eos=True)
             print(f"  {label} [cpu path]: {cpu_r.tokens_per_second:.1f} tok/s", flush=True)
-            rows.append({"pack": label, "mode": "cpu", "expert_cache": "-", "tok_s": cpu_r.tokens_per_second,
-                         "n_tokens": n_tokens, "ms_per_token": 1000 / cpu_r.tokens_per_second})
+            rows.append(
+                {
+                    "pack": label,
+                    "mode": "cpu",
+                    "expert_cache": "-",
+                    "tok_s": cpu_r.tokens_per_second,
+                    "n_tokens": n_tokens,
+                    "ms_per_token": 1000 / cpu_r.tokens_per_second,
+                }
+            )
             del ce
         moe = None
         for mode in modes:
             if mode != "generic" and moe:
                 continue
-            kw = dict(fused=False) if mode == "generic" else dict(graph=(mode == "graph"),
-                                                                   stage_times=stage_times and mode == "eager")
-            for ec in (("auto", 0) if moe else ("auto",)):
+            kw = (
+                dict(fused=False)
+                if mode == "generic"
+                else dict(graph=(mode == "graph"), stage_times=stage_times and mode == "eager")
+            )
+            for ec in ("auto", 0) if moe else ("auto",):
                 eng = load_engine(pk, device="cuda", n_ctx=n_ctx, expert_cache=ec, **kw)
                 moe = eng.experts is not None
                 g = eng.gpu
@@ -273,12 +328,23 @@ def bench_decode(packs: list[tuple[str, str]], n_tokens: int, copy: dict, *, mod
                 floor_tps = copy["gbps_rw"] * 1e9 / per_tok
                 grown = cp.get_default_memory_pool().total_bytes() - g.pool_after_warmup
                 dec = getattr(eng, "decoder", None)
-                row = {"pack": label, "mode": mode, "decode_path": g.decode_path, "expert_cache": ec,
-                       "tok_s": r.tokens_per_second, "n_tokens": n_tokens, "bytes_per_token": per_tok,
-                       "floor_tok_s": floor_tps, "floor_ms": 1000 / floor_tps, "hits": r.expert_hits,
-                       "misses": r.expert_misses, "decode_pool_growth_bytes": grown,
-                       "ms_per_token": 1000 / r.tokens_per_second if r.tokens_per_second else None,
-                       "tokens_equal_generic": None, "tokens_equal_cpu": None}
+                row = {
+                    "pack": label,
+                    "mode": mode,
+                    "decode_path": g.decode_path,
+                    "expert_cache": ec,
+                    "tok_s": r.tokens_per_second,
+                    "n_tokens": n_tokens,
+                    "bytes_per_token": per_tok,
+                    "floor_tok_s": floor_tps,
+                    "floor_ms": 1000 / floor_tps,
+                    "hits": r.expert_hits,
+                    "misses": r.expert_misses,
+                    "decode_pool_growth_bytes": grown,
+                    "ms_per_token": 1000 / r.tokens_per_second if r.tokens_per_second else None,
+                    "tokens_equal_generic": None,
+                    "tokens_equal_cpu": None,
+                }
                 if dec is not None:
                     row["launches_per_token"] = dec.launches_per_token(True)["total"]
                     row["launches_how"] = "the fused launch list (kernels + 2 copies)"
@@ -301,13 +367,20 @@ def bench_decode(packs: list[tuple[str, str]], n_tokens: int, copy: dict, *, mod
                 extra = ""
                 if "replay_tok_s" in row:
                     extra = f", pure-GPU replay {row['replay_tok_s']:.0f} tok/s ({row['replay_ms']:.3f} ms)"
-                print(f"  {label} [{mode}, cache {ec}]: {r.tokens_per_second:.1f} tok/s ({row['ms_per_token']:.3f} "
-                      f"ms/token), {row['launches_per_token']} launches/token{extra}, floor {floor_tps:.0f} tok/s "
-                      f"({per_tok / 2**20:.1f} MiB/token), hits {r.expert_hits} / misses {r.expert_misses} (counts), "
-                      f"pool growth during decode {grown} B, tokens = generic: {row['tokens_equal_generic']}, "
-                      f"= cpu: {row['tokens_equal_cpu']}"
-                      + (f", top-5 bitwise = eager: {row['top5_bitwise_equal_eager']}" if "top5_bitwise_equal_eager" in row else "")
-                      + (f", stages ms/token: {row['stage_ms']}" if "stage_ms" in row else ""), flush=True)
+                print(
+                    f"  {label} [{mode}, cache {ec}]: {r.tokens_per_second:.1f} tok/s ({row['ms_per_token']:.3f} "
+                    f"ms/token), {row['launches_per_token']} launches/token{extra}, floor {floor_tps:.0f} tok/s "
+                    f"({per_tok / 2**20:.1f} MiB/token), hits {r.expert_hits} / misses {r.expert_misses} (counts), "
+                    f"pool growth during decode {grown} B, tokens = generic: {row['tokens_equal_generic']}, "
+                    f"= cpu: {row['tokens_equal_cpu']}"
+                    + (
+                        f", top-5 bitwise = eager: {row['top5_bitwise_equal_eager']}"
+                        if "top5_bitwise_equal_eager" in row
+                        else ""
+                    )
+                    + (f", stages ms/token: {row['stage_ms']}" if "stage_ms" in row else ""),
+                    flush=True,
+                )
                 del eng, dec
                 cp.get_default_memory_pool().free_all_blocks()
     return rows
@@ -321,13 +394,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pack", action="append", default=[], help="pack directory for the decode benchmark (repeatable)")
     ap.add_argument("--synth", default=None, help="make synthetic packs in this folder and bench decode on them")
     ap.add_argument("--big-mib", type=int, default=1024, help="size of the synthetic big dense model (0: none)")
-    ap.add_argument("--gemma-like-vocab", type=int, default=262144,
-                    help="with --synth: vocabulary of the Gemma-3-270M-shaped synthetic pack (0: none)")
+    ap.add_argument(
+        "--gemma-like-vocab",
+        type=int,
+        default=262144,
+        help="with --synth: vocabulary of the Gemma-3-270M-shaped synthetic pack (0: none)",
+    )
     ap.add_argument("--no-kernels", action="store_true")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--no-graph", action="store_true", help="decode paths generic and eager only (no CUDA graph)")
-    ap.add_argument("--stage-times", action="store_true",
-                    help="per-stage device times of the eager fused step (needs --no-graph: refused with the graph on)")
+    ap.add_argument(
+        "--stage-times",
+        action="store_true",
+        help="per-stage device times of the eager fused step (needs --no-graph: refused with the graph on)",
+    )
     ap.add_argument("--cpu", action="store_true", help="also the CPU path's tok/s and tokens on each pack")
     ap.add_argument("--replay", type=int, default=200, help="graph replays timed for the pure-GPU figure")
     ap.add_argument("--json", default=None)
@@ -335,9 +415,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.stage_times and not a.no_graph:
         # a stage timer inside a captured graph records nothing: refuse instead of printing zeros
-        print("bench_gpu: --stage-times needs --no-graph: events recorded between the launches of a captured CUDA "
-              "graph record nothing, so per-stage times cannot be measured with the graph on; refusing",
-              file=sys.stderr)
+        print(
+            "bench_gpu: --stage-times needs --no-graph: events recorded between the launches of a captured CUDA "
+            "graph record nothing, so per-stage times cannot be measured with the graph on; refusing",
+            file=sys.stderr,
+        )
         return 2
 
     from strata.engine.gpu import kernels as K
@@ -360,28 +442,43 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(a.synth, exist_ok=True)
         packs += synth_packs(a.synth, a.big_mib, a.gemma_like_vocab)
     modes = ("generic", "eager") if a.no_graph else ("generic", "eager", "graph")
-    dec = bench_decode(packs, a.tokens, copy, modes=modes, stage_times=a.stage_times, cpu=a.cpu,
-                       replay=a.replay) if packs else []
+    dec = (
+        bench_decode(packs, a.tokens, copy, modes=modes, stage_times=a.stage_times, cpu=a.cpu, replay=a.replay)
+        if packs
+        else []
+    )
 
     print("\n| type | W MiB | matvec ms | GB/s | % of copy | dequant ms |")
     print("|---|---|---|---|---|---|")
     for r in kern:
-        print(f"| {r['type']} | {r['engine_bytes'] / 2**20:.0f} | {r['matvec_ms']:.3f} | {r['matvec_gbps']:.0f} | "
-              f"{r['matvec_pct_of_copy']:.0f}% | {r['dequant_ms']:.3f} |")
+        print(
+            f"| {r['type']} | {r['engine_bytes'] / 2**20:.0f} | {r['matvec_ms']:.3f} | {r['matvec_gbps']:.0f} | "
+            f"{r['matvec_pct_of_copy']:.0f}% | {r['dequant_ms']:.3f} |"
+        )
     if dec:
+
         def f(v, fmt):
             return "-" if v is None else format(v, fmt)
-        print("\n| pack | path | expert cache | decode tok/s | ms/token | launches/token | pure-GPU replay tok/s "
-              "(ms) | floor tok/s (ms) | tokens = generic / cpu | hits/misses |")
+
+        print(
+            "\n| pack | path | expert cache | decode tok/s | ms/token | launches/token | pure-GPU replay tok/s "
+            "(ms) | floor tok/s (ms) | tokens = generic / cpu | hits/misses |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|")
         for r in dec:
             rp = f"{r['replay_tok_s']:.0f} ({r['replay_ms']:.3f})" if "replay_tok_s" in r else "-"
             fl = f"{r['floor_tok_s']:.0f} ({r['floor_ms']:.4f})" if "floor_tok_s" in r else "-"
-            print(f"| {r['pack']} | {r['mode']} | {r['expert_cache']} | {f(r['tok_s'], '.1f')} | "
-                  f"{f(r['ms_per_token'], '.3f')} | {f(r.get('launches_per_token'), 'd')} | {rp} | {fl} | "
-                  f"{r.get('tokens_equal_generic')} / {r.get('tokens_equal_cpu')} | {r.get('hits', '-')}/{r.get('misses', '-')} |")
+            print(
+                f"| {r['pack']} | {r['mode']} | {r['expert_cache']} | {f(r['tok_s'], '.1f')} | "
+                f"{f(r['ms_per_token'], '.3f')} | {f(r.get('launches_per_token'), 'd')} | {rp} | {fl} | "
+                f"{r.get('tokens_equal_generic')} / {r.get('tokens_equal_cpu')} | "
+                f"{r.get('hits', '-')}/{r.get('misses', '-')} |"
+            )
         bad = [r for r in dec if r.get("top5_bitwise_equal_eager") is False]
-        print(f"\ngraph vs eager top-5 logits bit for bit: {'DIFFER on ' + str([r['pack'] for r in bad]) if bad else 'equal'}")
+        print(
+            "\ngraph vs eager top-5 logits bit for bit: "
+            f"{'DIFFER on ' + str([r['pack'] for r in bad]) if bad else 'equal'}"
+        )
     path = a.json or (os.path.join(os.environ["OUT"], "bench_gpu.json") if os.environ.get("OUT") else None)
     if path:
         with open(path, "w") as fh:

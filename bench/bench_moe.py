@@ -52,32 +52,95 @@ def geometries():
     from strata import testing as synth
 
     q30 = synth.qwen3moe_spec(
-        name="synthetic Qwen3-30B-A3B geometry", n_layers=48, fill="pattern", seed=1,
-        dims={"n_embd": 2048, "n_head": 32, "n_head_kv": 4, "head_dim": 128, "n_expert": 128, "n_expert_used": 8,
-              "n_ff_exp": 768, "n_vocab": 151936, "context_length": 40960},
-        expert_types=[("Q4_K", "Q6_K")] * 48)
+        name="synthetic Qwen3-30B-A3B geometry",
+        n_layers=48,
+        fill="pattern",
+        seed=1,
+        dims={
+            "n_embd": 2048,
+            "n_head": 32,
+            "n_head_kv": 4,
+            "head_dim": 128,
+            "n_expert": 128,
+            "n_expert_used": 8,
+            "n_ff_exp": 768,
+            "n_vocab": 151936,
+            "context_length": 40960,
+        },
+        expert_types=[("Q4_K", "Q6_K")] * 48,
+    )
     q7 = synth.qwen2_spec(
-        name="synthetic Qwen2.5-7B geometry", n_layers=28, fill="pattern", seed=1, dense_type="Q4_K",
+        name="synthetic Qwen2.5-7B geometry",
+        n_layers=28,
+        fill="pattern",
+        seed=1,
+        dense_type="Q4_K",
         tensor_types={"ffn_down": "Q6_K", "output": "Q6_K", "attn_output": "Q4_K"},
-        dims={"n_embd": 3584, "n_head": 28, "n_head_kv": 4, "head_dim": 128, "n_ff": 18944, "n_vocab": 152064,
-              "context_length": 32768})
+        dims={
+            "n_embd": 3584,
+            "n_head": 28,
+            "n_head_kv": 4,
+            "head_dim": 128,
+            "n_ff": 18944,
+            "n_vocab": 152064,
+            "context_length": 32768,
+        },
+    )
     # the two small dense rows of issue 9, with the real files' type mix (the registry's Gemma 3 270M Q4_K_M and
     # Qwen2.5 0.5B: n_embd 640 / 896 rows are not multiples of 256, so most of their tensors are Q5_0 / Q8_0)
     g270 = synth.gemma3_spec(
-        name="synthetic Gemma-3-270M geometry", n_layers=18, fill="pattern", seed=1, dense_type="Q5_0",
+        name="synthetic Gemma-3-270M geometry",
+        n_layers=18,
+        fill="pattern",
+        seed=1,
+        dense_type="Q5_0",
         tensor_types={"token_embd": "Q8_0", "attn_output": "Q4_K", "attn_v": "Q8_0", "ffn_down": "Q6_K"},
-        dims={"n_embd": 640, "n_head": 4, "n_head_kv": 1, "head_dim": 256, "n_ff": 2048, "n_vocab": 262144,
-              "context_length": 32768, "sliding_window": 512, "sliding_window_pattern": 6})
+        dims={
+            "n_embd": 640,
+            "n_head": 4,
+            "n_head_kv": 1,
+            "head_dim": 256,
+            "n_ff": 2048,
+            "n_vocab": 262144,
+            "context_length": 32768,
+            "sliding_window": 512,
+            "sliding_window_pattern": 6,
+        },
+    )
     q05 = synth.qwen2_spec(
-        name="synthetic Qwen2.5-0.5B geometry", n_layers=24, fill="pattern", seed=1, dense_type="Q5_0",
+        name="synthetic Qwen2.5-0.5B geometry",
+        n_layers=24,
+        fill="pattern",
+        seed=1,
+        dense_type="Q5_0",
         tensor_types={"token_embd": "Q5_0", "output": "Q8_0", "attn_v": "Q8_0", "ffn_down": "Q6_K"},
-        dims={"n_embd": 896, "n_head": 14, "n_head_kv": 2, "head_dim": 64, "n_ff": 4864, "n_vocab": 151936,
-              "context_length": 32768})
+        dims={
+            "n_embd": 896,
+            "n_head": 14,
+            "n_head_kv": 2,
+            "head_dim": 64,
+            "n_ff": 4864,
+            "n_vocab": 151936,
+            "context_length": 32768,
+        },
+    )
     small = synth.qwen3moe_spec(
-        name="small qwen3moe (dry run)", n_layers=4, fill="pattern", seed=1,
-        dims={"n_embd": 512, "n_head": 8, "n_head_kv": 2, "head_dim": 64, "n_expert": 32, "n_expert_used": 4,
-              "n_ff_exp": 256, "n_vocab": 2048},
-        expert_types=[("Q4_K", "Q6_K")] * 4)
+        name="small qwen3moe (dry run)",
+        n_layers=4,
+        fill="pattern",
+        seed=1,
+        dims={
+            "n_embd": 512,
+            "n_head": 8,
+            "n_head_kv": 2,
+            "head_dim": 64,
+            "n_expert": 32,
+            "n_expert_used": 4,
+            "n_ff_exp": 256,
+            "n_vocab": 2048,
+        },
+        expert_types=[("Q4_K", "Q6_K")] * 4,
+    )
     return {"qwen3moe-30b-a3b": q30, "qwen2-7b": q7, "gemma3-270m": g270, "qwen2-0.5b": q05, "qwen3moe-small": small}
 
 
@@ -107,11 +170,15 @@ def strata_run(pack: Path, device: str, tokens: int, **opts) -> dict:
     eng = load_engine(pack, device=device, n_ctx=512, **opts)
     startup = time.perf_counter() - t0
     r = generate(eng, prompt_ids=_prompt_ids(), n_tokens=tokens, ignore_eos=True)
-    out = {"startup_s": round(startup, 2),
-           "checkpoints_s": {c.name: round(c.seconds, 2) for c in eng.checkpoints if hasattr(c, "seconds")},
-           "decode_tok_s": round(float(r.tokens_per_second), 2), "tokens": r.output_ids[:8],
-           "expert_hits": getattr(r, "expert_hits", None), "expert_misses": getattr(r, "expert_misses", None),
-           "rss_anon_mib": {"before_load": anon0, "after_decode": _rss_anon_mib()}}
+    out = {
+        "startup_s": round(startup, 2),
+        "checkpoints_s": {c.name: round(c.seconds, 2) for c in eng.checkpoints if hasattr(c, "seconds")},
+        "decode_tok_s": round(float(r.tokens_per_second), 2),
+        "tokens": r.output_ids[:8],
+        "expert_hits": getattr(r, "expert_hits", None),
+        "expert_misses": getattr(r, "expert_misses", None),
+        "rss_anon_mib": {"before_load": anon0, "after_decode": _rss_anon_mib()},
+    }
     gpu = getattr(eng, "gpu", None)
     if gpu is not None:
         out["decode_path"] = gpu.decode_path
@@ -124,16 +191,38 @@ def strata_run(pack: Path, device: str, tokens: int, **opts) -> dict:
 
 def llama_bench(exe: str, gguf: Path, tokens: int, ngl: int, ncmoe: list[int] | None, threads: int) -> list[dict]:
     """llama-bench's tg rows (``avg_ts``) for ``ncmoe`` values (None: no -ncmoe flag)."""
-    cmd = [exe, "-m", str(gguf), "-p", "0", "-n", str(tokens), "-ngl", str(ngl), "-r", "2", "-t", str(threads),
-           "-o", "json"]
+    cmd = [
+        exe,
+        "-m",
+        str(gguf),
+        "-p",
+        "0",
+        "-n",
+        str(tokens),
+        "-ngl",
+        str(ngl),
+        "-r",
+        "2",
+        "-t",
+        str(threads),
+        "-o",
+        "json",
+    ]
     if ncmoe is not None:
         cmd += ["-ncmoe", ",".join(str(n) for n in ncmoe)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} -> exit {p.returncode}: {p.stderr[-800:]}")
     rows = json.loads(p.stdout)
-    return [{"n_cpu_moe": r.get("n_cpu_moe"), "ngl": r.get("n_gpu_layers"), "avg_ts": r.get("avg_ts"),
-             "stddev_ts": r.get("stddev_ts")} for r in rows]
+    return [
+        {
+            "n_cpu_moe": r.get("n_cpu_moe"),
+            "ngl": r.get("n_gpu_layers"),
+            "avg_ts": r.get("avg_ts"),
+            "stddev_ts": r.get("stddev_ts"),
+        }
+        for r in rows
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,10 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu", action="store_true", help="also the CPU path (strata and llama.cpp -ngl 0)")
     ap.add_argument("--no-gpu", action="store_true", help="skip strata's GPU rows (a dry run without CuPy)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--kernels", default="q8,exact",
-                    help="matvec kernels, comma-separated, one strata row per kernel and case (--kernel: q8, the "
-                         "default, llama.cpp's numerics on the GPU and for the CPU misses, bit-identical to each "
-                         "other; exact: f32 products in the exact kernels' order on both)")
+    ap.add_argument(
+        "--kernels",
+        default="q8,exact",
+        help="matvec kernels, comma-separated, one strata row per kernel and case (--kernel: q8, the "
+        "default, llama.cpp's numerics on the GPU and for the CPU misses, bit-identical to each "
+        "other; exact: f32 products in the exact kernels' order on both)",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from strata import testing as synth
@@ -177,9 +269,15 @@ def main(argv: list[str] | None = None) -> int:
         t_pack = time.perf_counter() - t0
         gib = gguf.stat().st_size / 2**30
         print(f"[{name}] {gib:.2f} GiB written in {t_write:.1f} s, packed in {t_pack:.1f} s", flush=True)
-        row: dict = {"geometry": name, "file_gib": round(gib, 3), "write_s": round(t_write, 1),
-                     "pack_s": round(t_pack, 1), "spec": spec.model_dump(mode="json", exclude={"expert_types"}),
-                     "strata": {}, "llama.cpp": {}}
+        row: dict = {
+            "geometry": name,
+            "file_gib": round(gib, 3),
+            "write_s": round(t_write, 1),
+            "pack_s": round(t_pack, 1),
+            "spec": spec.model_dump(mode="json", exclude={"expert_types"}),
+            "strata": {},
+            "llama.cpp": {},
+        }
         L = spec.n_layers
         moe = bool(synth.moe_layers(spec))
         E = spec.dims.n_expert
@@ -191,18 +289,24 @@ def main(argv: list[str] | None = None) -> int:
             tag, ko = ("" if k == "q8" else f", {k}"), {"cpu_kernel": k}
             if moe:
                 half = [(il, e, 1) for il in range(L // 2, L) for e in range(E)]  # last half resident
-                cases += [(f"gpu, all experts resident{tag}", ko, 0),
-                          (f"gpu, layers {L // 2}..{L - 1} resident (ncmoe {L // 2}){tag}", {"profile": half, **ko},
-                           L // 2),
-                          (f"gpu, no expert resident{tag}", {"expert_cache": 0, **ko}, L)]
+                cases += [
+                    (f"gpu, all experts resident{tag}", ko, 0),
+                    (f"gpu, layers {L // 2}..{L - 1} resident (ncmoe {L // 2}){tag}", {"profile": half, **ko}, L // 2),
+                    (f"gpu, no expert resident{tag}", {"expert_cache": 0, **ko}, L),
+                ]
             else:
                 cases.append((f"gpu{tag}", ko, None))
         lb: dict[int | None, float] = {}
         if args.llama_bench and Path(args.llama_bench).exists():
             try:
-                rows = llama_bench(args.llama_bench, gguf, args.tokens, 99,
-                                   sorted({c[2] for c in cases}) if moe else None,
-                                   args.threads)
+                rows = llama_bench(
+                    args.llama_bench,
+                    gguf,
+                    args.tokens,
+                    99,
+                    sorted({c[2] for c in cases}) if moe else None,
+                    args.threads,
+                )
                 row["llama.cpp"]["gpu"] = rows
                 for r in rows:
                     lb[r["n_cpu_moe"] if moe else None] = r["avg_ts"]
@@ -241,9 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     if path:
         Path(path).write_text(json.dumps(results, indent=1) + "\n")
     print(f"\n{'geometry':<18} {'case':<54} {'strata tok/s':>12} {'llama.cpp':>10} {'ratio':>6}")
-    for name, key, s, l in table:
-        ratio = f"{s / l:.2f}" if s and l else "-"
-        print(f"{name:<18} {key:<54} {s if s is not None else '-':>12} {l if l is not None else '-':>10} {ratio:>6}")
+    for name, key, s, lcpp in table:
+        ratio = f"{s / lcpp:.2f}" if s and lcpp else "-"
+        print(
+            f"{name:<18} {key:<54} {s if s is not None else '-':>12} {lcpp if lcpp is not None else '-':>10} {ratio:>6}"
+        )
     return 0
 
 

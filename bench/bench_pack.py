@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 
-
 def timed(cmd: list[str]) -> tuple[float, int]:
     """Run cmd; return (seconds, peak RSS of the child in bytes)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -45,7 +44,10 @@ def bench_header(d: Path) -> None:
     synth.documents_qwen3next_header_only(p)
     best = min(_time(lambda: read_header(p)) for _ in range(3))
     h = read_header(p)
-    print(f"header read, documents model ({len(h.tensors)} tensors, 150k vocab): {best * 1e3:.1f} ms (goal: well under 1 s)")
+    print(
+        f"header read, documents model ({len(h.tensors)} tensors, 150k vocab): {best * 1e3:.1f} ms (goal: well "
+        "under 1 s)"
+    )
     g = cached_path("gemma3-270m")
     if g is not None:
         import gguf
@@ -73,22 +75,38 @@ def main() -> None:
         t0 = time.perf_counter()
         # written by a child process, so this process stays small: a forked child's ru_maxrss
         # starts from the parent's RSS, which would inflate the build's figure
-        subprocess.run([sys.executable, "-c", "import sys; from strata.testing import write_big_dense; "
-                        f"write_big_dense({str(src)!r}, {int(a.gib * 2**30)})"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from strata.testing import write_big_dense; "
+                f"write_big_dense({str(src)!r}, {int(a.gib * 2**30)})",
+            ],
+            check=True,
+        )
         from strata.packer.gguf_file import read_header
 
         dense = sum(t.nbytes for t in read_header(src).tensors)
-        print(f"wrote {src} ({src.stat().st_size / 2**30:.2f} GiB, {dense} dense bytes) in {time.perf_counter() - t0:.1f} s")
+        print(
+            f"wrote {src} ({src.stat().st_size / 2**30:.2f} GiB, {dense} dense bytes) in "
+            f"{time.perf_counter() - t0:.1f} s"
+        )
         t_cp1, _ = timed(["cp", str(src), str(d / "copy1")])
         os.remove(d / "copy1")
-        # build in a fresh child: ru_maxrss of RUSAGE_CHILDREN is the max over children, so run it first among python children
-        code = ("import sys; from strata.packer.build import build_pack; "
-                f"build_pack({str(src)!r}, {str(d / 'pack')!r}, progress=False)")
+        # build in a fresh child: ru_maxrss of RUSAGE_CHILDREN is the max over children, so run it first among
+        # python children
+        code = (
+            "import sys; from strata.packer.build import build_pack; "
+            f"build_pack({str(src)!r}, {str(d / 'pack')!r}, progress=False)"
+        )
         t_build, rss = timed([sys.executable, "-c", code])
         t_cp2, _ = timed(["cp", str(src), str(d / "copy2")])
         t_cp = min(t_cp1, t_cp2)
         print(f"cp:    {t_cp1:.2f} s, {t_cp2:.2f} s (best {t_cp:.2f} s, {dense / t_cp / 2**30:.2f} GiB/s)")
-        print(f"build: {t_build:.2f} s ({dense / t_build / 2**30:.2f} GiB/s), ratio build/cp = {t_build / t_cp:.2f} (goal <= 1.5)")
+        print(
+            f"build: {t_build:.2f} s ({dense / t_build / 2**30:.2f} GiB/s), ratio build/cp = {t_build / t_cp:.2f} "
+            "(goal <= 1.5)"
+        )
         print(f"build peak RSS: {rss / 2**20:.1f} MiB (goal < 300 MB)")
         bench_header(d)
     finally:

@@ -52,13 +52,21 @@ def main(argv: list[str] | None = None) -> int:
             picks = {il: rng.choice(n_expert, size=args.used, replace=False).tolist() for il in src.layers}
             xs = {il: rng.standard_normal(src.shapes[il].gate[0]).astype(np.float32) for il in src.layers}
             times = []
-            for p in range(args.passes):
+            for _p in range(args.passes):
                 t0 = time.perf_counter()
                 for il in src.layers:
                     src.ffn_many(il, picks[il], xs[il], kernel=kernel, threads=args.threads)
                 times.append(round((time.perf_counter() - t0) * 1e3, 2))
-            row = {"kernel": kernel, "populate": populate, "populated": populated, "populate_s": round(t_pop, 2),
-                   "layers": len(src.layers), "used": args.used, "threads": args.threads, "ms_per_pass": times}
+            row = {
+                "kernel": kernel,
+                "populate": populate,
+                "populated": populated,
+                "populate_s": round(t_pop, 2),
+                "layers": len(src.layers),
+                "used": args.used,
+                "threads": args.threads,
+                "ms_per_pass": times,
+            }
             print(json.dumps(row), flush=True)
             out.append(row)
             del src

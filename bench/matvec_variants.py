@@ -38,6 +38,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "bench"))
     import bench_moe as B
+
     from strata import testing as synth
     from strata.packer.build import build_pack
 
@@ -58,8 +59,9 @@ def main(argv=None) -> int:
         else:
             rpw, mb = v.split(",")
             envs = {"STRATA_MATVEC_RPW": rpw, "STRATA_MATVEC_MIN_BLOCKS": mb}
-        r = subprocess.run([sys.executable, "-c", CHILD, *packs], capture_output=True, text=True,
-                           env={**os.environ, **envs})
+        r = subprocess.run(
+            [sys.executable, "-c", CHILD, *packs], capture_output=True, text=True, env={**os.environ, **envs}
+        )
         res = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {"error": r.stderr[-500:]}
         rows.append({"env": envs, "replay_ms": res})
         print(json.dumps(rows[-1]), flush=True)

@@ -38,7 +38,13 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from strata.manifests.contract import (
-    Geometry, ManifestError, StateSpec, evaluate, geometry_from_metadata, geometry_from_params, load_manifest,
+    Geometry,
+    ManifestError,
+    StateSpec,
+    evaluate,
+    geometry_from_metadata,
+    geometry_from_params,
+    load_manifest,
 )
 from strata.manifests.keys import KeysRefusedError, Refusal, key_refusals
 from strata.manifests.names import is_per_layer, tensor_name
@@ -54,8 +60,13 @@ from .plan import DenseTensor, ExpertLayerFacts, ModelFacts
 
 #: The [state] terms and the layer kinds they are evaluated on ("attention", "recurrent", "all").
 STATE_TERMS: dict[str, str] = {
-    "k_per_token": "attention", "v_per_token": "attention", "indexer_k_per_token": "attention",
-    "conv_state": "recurrent", "ssm_state": "recurrent", "act_per_token": "all", "logits_per_token": "all",
+    "k_per_token": "attention",
+    "v_per_token": "attention",
+    "indexer_k_per_token": "attention",
+    "conv_state": "recurrent",
+    "ssm_state": "recurrent",
+    "act_per_token": "all",
+    "logits_per_token": "all",
 }
 assert set(STATE_TERMS) == set(StateSpec.model_fields), "every [state] term needs its layer kinds here"
 _NE_ROLE = re.compile(r"""ne\(\s*['"]([^'"]+)['"]""")
@@ -91,7 +102,9 @@ class AuditResult(BaseModel):
     pack: str
     arch: str
     errors: list[AuditError] = Field(default_factory=list)
-    warnings: list[AuditError] = Field(default_factory=list)  # not semantic errors (e.g. types with no engine kernel yet)
+    warnings: list[AuditError] = Field(
+        default_factory=list
+    )  # not semantic errors (e.g. types with no engine kernel yet)
     checks: list[TermCheck] = Field(default_factory=list)
     facts: ModelFacts | None = None
     dense_tensors: int = 0
@@ -132,7 +145,12 @@ class _Auditor:
     def geometry(self, pack: Pack) -> Geometry | None:
         arch = pack.metadata.get("general.architecture")
         if arch != pack.arch:
-            self.err(f"{METADATA_FILE}:general.architecture", arch, pack.arch, "metadata.txt and geometry.txt name different architectures")
+            self.err(
+                f"{METADATA_FILE}:general.architecture",
+                arch,
+                pack.arch,
+                "metadata.txt and geometry.txt name different architectures",
+            )
         m = load_manifest(pack.arch)
         arrays: dict[str, list] = {}
         lengths: dict[str, int] = {}
@@ -142,8 +160,11 @@ class _Auditor:
                 n = self._array_len(pack, key)
                 if n is not None:
                     lengths[key] = n
-            elif (p.kind in ("int_array", "bool_array") and key not in pack.metadata
-                  and pack.geometry_params.get(name, "none") not in ("none",)):
+            elif (
+                p.kind in ("int_array", "bool_array")
+                and key not in pack.metadata
+                and pack.geometry_params.get(name, "none") not in ("none",)
+            ):
                 # a pack whose metadata.txt predates its per-layer arrays: the array from geometry.txt
                 v = pack.geometry_params[name]
                 if "," in v or v == "-" or p.kind == "bool_array":
@@ -170,8 +191,12 @@ class _Auditor:
         for name in m.params:
             a, b = g.values.get(name), gp.values.get(name)
             if a != b and not (isinstance(a, float) and isinstance(b, float) and np.float32(a) == np.float32(b)):
-                self.err(f"{GEOMETRY_FILE}:{name}", b, f"{a} (from metadata.txt through the manifest)",
-                         f"geometry.txt param {name} disagrees with the metadata")
+                self.err(
+                    f"{GEOMETRY_FILE}:{name}",
+                    b,
+                    f"{a} (from metadata.txt through the manifest)",
+                    f"geometry.txt param {name} disagrees with the metadata",
+                )
         return g
 
     def refused(self, refusals: list[Refusal]) -> None:
@@ -200,9 +225,13 @@ class _Auditor:
             try:
                 h = read_header(p)
             except (OSError, GGUFError, quants.GGMLTypeError) as e:
-                self.err(f"shard {k} {name}", f"unreadable ({e})", "the GGUF shard the experts live in",
-                         f"cannot re-read expert shard {k} at {p}"
-                         + ("" if p.exists() else " (moved? pass --source-dir DIR)"))
+                self.err(
+                    f"shard {k} {name}",
+                    f"unreadable ({e})",
+                    "the GGUF shard the experts live in",
+                    f"cannot re-read expert shard {k} at {p}"
+                    + ("" if p.exists() else " (moved? pass --source-dir DIR)"),
+                )
                 headers.append(None)
                 continue
             headers.append(h)
@@ -217,9 +246,15 @@ class _Auditor:
             t = quants.QTYPES.get(type_id)
             if spec is None or t is None or spec.types is not None or t.engine_supported:
                 continue
-            self.warnings.append(AuditError(tensor=name, found=t.name, required="a type strata's engine has a kernel for",
-                                            message=f"tensor {name}: type {t.name} has no strata engine kernel yet "
-                                                    f"(the budget holds; strata's engine refuses the type at load)"))
+            self.warnings.append(
+                AuditError(
+                    tensor=name,
+                    found=t.name,
+                    required="a type strata's engine has a kernel for",
+                    message=f"tensor {name}: type {t.name} has no strata engine kernel yet "
+                    f"(the budget holds; strata's engine refuses the type at load)",
+                )
+            )
 
     # ------------------------------------------------------------------ 5. terms twice
     def terms(self, g: Geometry, present: dict[str, tuple[tuple[int, ...], int]], expected) -> dict[str, list[int]]:
@@ -261,23 +296,36 @@ class _Auditor:
                 try:
                     b = int(evaluate(e_tens, {**env, "ne": ne, "has": has}))
                 except _MissingTensor as x:
-                    self.err(str(x), "absent", f"a tensor to derive {term} of layer {il} from",
-                             f"{term} of layer {il} cannot be derived from the tensors: {x} is missing")
+                    self.err(
+                        str(x),
+                        "absent",
+                        f"a tensor to derive {term} of layer {il} from",
+                        f"{term} of layer {il} cannot be derived from the tensors: {x} is missing",
+                    )
                     continue
                 except (ManifestError, TypeError, ZeroDivisionError) as x:
-                    self.err(f"[state_from_tensors] {term}", "an expression that does not evaluate", "a number",
-                             f"layer {il}: {x}")
+                    self.err(
+                        f"[state_from_tensors] {term}",
+                        "an expression that does not evaluate",
+                        "a number",
+                        f"layer {il}: {x}",
+                    )
                     continue
                 names = [at(r) for r in _NE_ROLE.findall(e_tens)]
                 names = [n for n in names if n in present]
                 # name the tensor the disagreement comes from: one whose shape is not its role's
                 names = [n for n in names if n in expected and pad4(present[n][0]) != pad4(expected[n][1])] + names
                 names = names or [f"[state] {term}"]
-                self.checks.append(TermCheck(term=term, where=f"layer {il}", unit="elements", from_metadata=a, from_tensors=b))
+                self.checks.append(
+                    TermCheck(term=term, where=f"layer {il}", unit="elements", from_metadata=a, from_tensors=b)
+                )
                 if a != b:
-                    self.err(names[0], f"{term} = {b} elements per layer {il} (from the tensor shapes: {e_tens})",
-                             f"{term} = {a} (from the metadata: {e_meta})",
-                             f"budget term {term} of layer {il} disagrees between the metadata and the tensors")
+                    self.err(
+                        names[0],
+                        f"{term} = {b} elements per layer {il} (from the tensor shapes: {e_tens})",
+                        f"{term} = {a} (from the metadata: {e_meta})",
+                        f"budget term {term} of layer {il} disagrees between the metadata and the tensors",
+                    )
         return values
 
     # ------------------------------------------------------------------ 4. experts
@@ -297,14 +345,33 @@ class _Auditor:
             except (quants.GGMLTypeError, quants.ShapeError):
                 blob, engine, slot = r.blob_bytes, r.blob_bytes, None  # named by the conformance check
             if r.layer in blob_from_tensors:
-                self.checks.append(TermCheck(term="expert blob", where=f"layer {r.layer}", unit="bytes",
-                                             from_metadata=r.blob_bytes, from_tensors=blob_from_tensors[r.layer]))
+                self.checks.append(
+                    TermCheck(
+                        term="expert blob",
+                        where=f"layer {r.layer}",
+                        unit="bytes",
+                        from_metadata=r.blob_bytes,
+                        from_tensors=blob_from_tensors[r.layer],
+                    )
+                )
                 if blob_from_tensors[r.layer] != r.blob_bytes:
-                    self.err(tensor_name("ffn_down_exps.weight", r.layer), f"blob {blob_from_tensors[r.layer]} B (from the shard strides)",
-                             f"blob_bytes {r.blob_bytes} (native_experts.txt)",
-                             f"layer {r.layer}: expert blob disagrees with the shard strides")
-            out.append(ExpertLayerFacts(layer=r.layer, gate_type=r.gate_type, up_type=r.up_type, down_type=r.down_type,
-                                        blob_bytes=blob, blob_engine_bytes=engine, slot_bytes=slot))
+                    self.err(
+                        tensor_name("ffn_down_exps.weight", r.layer),
+                        f"blob {blob_from_tensors[r.layer]} B (from the shard strides)",
+                        f"blob_bytes {r.blob_bytes} (native_experts.txt)",
+                        f"layer {r.layer}: expert blob disagrees with the shard strides",
+                    )
+            out.append(
+                ExpertLayerFacts(
+                    layer=r.layer,
+                    gate_type=r.gate_type,
+                    up_type=r.up_type,
+                    down_type=r.down_type,
+                    blob_bytes=blob,
+                    blob_engine_bytes=engine,
+                    slot_bytes=slot,
+                )
+            )
         return out
 
     # ------------------------------------------------------------------ dense twice + widened + BF16
@@ -338,22 +405,53 @@ class _Auditor:
                 bf_pack += e.nbytes // 2
         known = [e for e in pack.index.entries if e.name in expected]
         self.checks += [
-            TermCheck(term="dense weights, pack form", where="tensors in the contract", unit="bytes",
-                      from_metadata=meta_pack, from_tensors=sum(e.nbytes for e in known)),
-            TermCheck(term="dense weights, engine form", where="all dense tensors", unit="bytes",
-                      from_metadata=meta_engine + sum(F.engine_form(e.type, e.src_type, trim_ne(e.ne)).engine
-                                                      for e in pack.index.entries if e.name not in expected
-                                                      and e.type in quants.QTYPES),
-                      from_tensors=tens_engine),
-            TermCheck(term="widened scale bytes", where="all dense tensors", unit="bytes", from_metadata=wid_reg, from_tensors=wid_pack),
-            TermCheck(term="bf16 saved bytes", where="all dense tensors", unit="bytes", from_metadata=bf_reg, from_tensors=bf_pack),
+            TermCheck(
+                term="dense weights, pack form",
+                where="tensors in the contract",
+                unit="bytes",
+                from_metadata=meta_pack,
+                from_tensors=sum(e.nbytes for e in known),
+            ),
+            TermCheck(
+                term="dense weights, engine form",
+                where="all dense tensors",
+                unit="bytes",
+                from_metadata=meta_engine
+                + sum(
+                    F.engine_form(e.type, e.src_type, trim_ne(e.ne)).engine
+                    for e in pack.index.entries
+                    if e.name not in expected and e.type in quants.QTYPES
+                ),
+                from_tensors=tens_engine,
+            ),
+            TermCheck(
+                term="widened scale bytes",
+                where="all dense tensors",
+                unit="bytes",
+                from_metadata=wid_reg,
+                from_tensors=wid_pack,
+            ),
+            TermCheck(
+                term="bf16 saved bytes",
+                where="all dense tensors",
+                unit="bytes",
+                from_metadata=bf_reg,
+                from_tensors=bf_pack,
+            ),
         ]
         for c in self.checks[-4:]:
             if not c.ok:
-                more = f" (tensors that differ: {', '.join(differ[:5])}{' ...' if len(differ) > 5 else ''})" if differ else ""
-                self.err(differ[0] if differ else f"[{c.term}]", f"{c.from_tensors} B (from index.txt)",
-                         f"{c.from_metadata} B (from the registry and the contract)",
-                         f"budget term '{c.term}' disagrees between the contract and the pack{more}")
+                more = (
+                    f" (tensors that differ: {', '.join(differ[:5])}{' ...' if len(differ) > 5 else ''})"
+                    if differ
+                    else ""
+                )
+                self.err(
+                    differ[0] if differ else f"[{c.term}]",
+                    f"{c.from_tensors} B (from index.txt)",
+                    f"{c.from_metadata} B (from the registry and the contract)",
+                    f"budget term '{c.term}' disagrees between the contract and the pack{more}",
+                )
         return out
 
     def bf16_values(self, pack: Pack) -> tuple[int, int]:
@@ -362,8 +460,12 @@ class _Auditor:
         scanned = 0
         for e in bf:
             if e.type != quants.F32.id:
-                self.err(e.name, f"pool type {quants.QTYPES.get(e.type, e.type)}", "F32 (BF16 promoted: bf16 << 16)",
-                         f"tensor {e.name}: a BF16 source must be F32 in the pool")
+                self.err(
+                    e.name,
+                    f"pool type {quants.QTYPES.get(e.type, e.type)}",
+                    "F32 (BF16 promoted: bf16 << 16)",
+                    f"tensor {e.name}: a BF16 source must be F32 in the pool",
+                )
         if not self.bf16_scan or not bf or not pool.exists():
             return len(bf), 0
         size = pool.stat().st_size
@@ -377,9 +479,13 @@ class _Auditor:
                 bad, first, first_v = _bf16_scan(mm, e.offset, n)
                 scanned += n
                 if bad:
-                    self.err(e.name, f"{bad} of {n} values with nonzero low 16 bits (first: element {first} = 0x{first_v:08x})",
-                             "every value bf16-exact (low 16 bits zero: the pool holds bf16 << 16)",
-                             f"tensor {e.name}: BF16-source values are not bf16-exact, re-rounding to 16 bits would change them")
+                    self.err(
+                        e.name,
+                        f"{bad} of {n} values with nonzero low 16 bits (first: element {first} = 0x{first_v:08x})",
+                        "every value bf16-exact (low 16 bits zero: the pool holds bf16 << 16)",
+                        f"tensor {e.name}: BF16-source values are not bf16-exact, re-rounding to 16 bits would "
+                        "change them",
+                    )
         finally:
             mm.close()
         return len(bf), scanned
@@ -414,8 +520,9 @@ class _MissingTensor(KeyError):
         return str(self.args[0])
 
 
-def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True,
-               source_dir: str | os.PathLike | None = None) -> AuditResult:
+def audit_pack(
+    path: str | os.PathLike, *, bf16_scan: bool = True, source_dir: str | os.PathLike | None = None
+) -> AuditResult:
     """Audit the pack directory ``path`` (see the module docstring for every check); ``source_dir``: where the
     source shards are now if they moved since the build (:meth:`strata.packer.pack.Pack.source_path`).
 
@@ -464,24 +571,47 @@ def audit_pack(path: str | os.PathLike, *, bf16_scan: bool = True,
     m = g.manifest
     att, rec = set(m.layers.attention_kinds), set(m.layers.recurrent_kinds)
     names = {e.name for e in pack.index.entries}
-    head = "output.weight" if "output.weight" in names else ("token_embd.weight" if "token_embd.weight" in names else None)
+    head = (
+        "output.weight" if "output.weight" in names else ("token_embd.weight" if "token_embd.weight" in names else None)
+    )
     res.facts = ModelFacts(
-        arch=g.arch, n_ctx_train=int(g["n_ctx_train"]), n_vocab=int(g.get("n_vocab", 0) or 0), dense=dense, head=head,
+        arch=g.arch,
+        n_ctx_train=int(g["n_ctx_train"]),
+        n_vocab=int(g.get("n_vocab", 0) or 0),
+        dense=dense,
+        head=head,
         embeddings="token_embd.weight" if "token_embd.weight" in names else None,
-        kv_layers=[F.KVLayer(il, values["k_per_token"][il], values["v_per_token"][il], values["indexer_k_per_token"][il],
-                             g.layer_window(il)) for il, k in enumerate(g.layer_kinds) if k in att],
-        recurrent_layers=[F.RecurrentLayer(il, values["conv_state"][il], values["ssm_state"][il])
-                          for il, k in enumerate(g.layer_kinds) if k in rec],
-        act_per_token=max(values["act_per_token"], default=0), logits_per_token=max(values["logits_per_token"], default=0),
-        n_expert=int(g.get("n_expert", 0) or 0) if expert_facts else 0, expert_layers=expert_facts,
+        kv_layers=[
+            F.KVLayer(
+                il,
+                values["k_per_token"][il],
+                values["v_per_token"][il],
+                values["indexer_k_per_token"][il],
+                g.layer_window(il),
+            )
+            for il, k in enumerate(g.layer_kinds)
+            if k in att
+        ],
+        recurrent_layers=[
+            F.RecurrentLayer(il, values["conv_state"][il], values["ssm_state"][il])
+            for il, k in enumerate(g.layer_kinds)
+            if k in rec
+        ],
+        act_per_token=max(values["act_per_token"], default=0),
+        logits_per_token=max(values["logits_per_token"], default=0),
+        n_expert=int(g.get("n_expert", 0) or 0) if expert_facts else 0,
+        expert_layers=expert_facts,
         head_dim=int(g.get("head_dim") or 0) if any(k in att for k in g.layer_kinds) else 0,
         head_dim_v=int(g.get("head_dim_v") or g.get("head_dim") or 0) if any(k in att for k in g.layer_kinds) else 0,
-        n_embd=int(g["n_embd"]), n_ff_exp=int(g.get("n_ff_exp", 0) or 0) if expert_facts else 0,
+        n_embd=int(g["n_embd"]),
+        n_ff_exp=int(g.get("n_ff_exp", 0) or 0) if expert_facts else 0,
         # rope tables: one per distinct (rope base, frequency scale) the layers use: rope_base with
         # rope_freq_scale, rope_base_swa with rope_freq_scale_swa (else rope_freq_scale), ...
         rope_dim=int(g.get("rope_dim") or g.get("head_dim") or 0) if any(k in att for k in g.layer_kinds) else 0,
         rope_tables=len(rope_tables(g)) if any(k in att for k in g.layer_kinds) else 0,
-        n_layer=g.n_trunk, n_head=int(g.get("n_head") or 0), n_expert_used=int(g.get("n_expert_used") or 0),
+        n_layer=g.n_trunk,
+        n_head=int(g.get("n_head") or 0),
+        n_expert_used=int(g.get("n_expert_used") or 0),
         draft_layers=g.draft_layers,
     )
     res.expert_layers = len(expert_facts)
@@ -499,7 +629,7 @@ def rope_tables(g: Geometry) -> set[tuple[float, float]]:
     out = set()
     for n in g.manifest.params:
         if n.startswith("rope_base") and g.get(n) is not None:
-            suffix = n[len("rope_base"):]
+            suffix = n[len("rope_base") :]
             scale = g.get("rope_freq_scale" + suffix, g.get("rope_freq_scale", 1.0))
             out.add((float(g[n]), float(scale)))
     return out

@@ -37,12 +37,17 @@ def check_mib(option: str, value: int, *, lo: int = 0, error: type[BudgetInputEr
     """
     if value < lo:
         what = "a positive number of MiB" if lo == 1 else f"at least {lo} MiB"
-        raise error(f"{option} {value}: must be {what}", tensor=option, found=f"{value} MiB",
-                    required=f"{lo}..{MAX_MIB} MiB")
+        raise error(
+            f"{option} {value}: must be {what}", tensor=option, found=f"{value} MiB", required=f"{lo}..{MAX_MIB} MiB"
+        )
     if value > MAX_MIB:
-        raise error(f"{option} {value}: {value:,} MiB is more than 16 TiB ({MAX_MIB:,} MiB), larger than any GPU "
-                    f"(a size in bytes given as MiB?)", tensor=option, found=f"{value} MiB",
-                    required=f"{lo}..{MAX_MIB} MiB (16 TiB)")
+        raise error(
+            f"{option} {value}: {value:,} MiB is more than 16 TiB ({MAX_MIB:,} MiB), larger than any GPU "
+            f"(a size in bytes given as MiB?)",
+            tensor=option,
+            found=f"{value} MiB",
+            required=f"{lo}..{MAX_MIB} MiB (16 TiB)",
+        )
 
 
 class CardPreset(BaseModel):
@@ -56,10 +61,12 @@ class CardPreset(BaseModel):
     cuda_context_mib: int | None = None
 
     @model_validator(mode="after")
-    def _agree(self) -> "CardPreset":
+    def _agree(self) -> CardPreset:
         if self.total_bytes <= 0 or round(self.total_bytes / MIB) != self.total_mib:
-            raise ValueError(f"{self.card}: total_bytes {self.total_bytes} is {self.total_bytes / MIB:.2f} MiB, "
-                             f"total_mib says {self.total_mib}")
+            raise ValueError(
+                f"{self.card}: total_bytes {self.total_bytes} is {self.total_bytes / MIB:.2f} MiB, "
+                f"total_mib says {self.total_mib}"
+            )
         return self
 
 
@@ -120,8 +127,12 @@ def known_cards() -> list[str]:
 def _context(defaults: CardDefaults, preset: CardPreset | None, override_mib: int | None) -> tuple[int, str]:
     if override_mib is not None:
         if override_mib < 0:
-            raise CardError(f"--cuda-context-mib {override_mib} is negative", tensor="--cuda-context-mib",
-                            found=f"{override_mib} MiB", required=f"0..{MAX_MIB} MiB")
+            raise CardError(
+                f"--cuda-context-mib {override_mib} is negative",
+                tensor="--cuda-context-mib",
+                found=f"{override_mib} MiB",
+                required=f"0..{MAX_MIB} MiB",
+            )
         check_mib("--cuda-context-mib", override_mib)
         return override_mib * MIB, "--cuda-context-mib"
     if preset is not None and preset.cuda_context_mib is not None:
@@ -133,16 +144,26 @@ def runtime_term(cuda_runtime_mib: int | None = None) -> tuple[int, str]:
     """(bytes, source) of the CUDA runtime's first-use memory: ``--cuda-runtime-mib`` or cards.toml [defaults]."""
     if cuda_runtime_mib is not None:
         if cuda_runtime_mib < 0:
-            raise CardError(f"--cuda-runtime-mib {cuda_runtime_mib} is negative", tensor="--cuda-runtime-mib",
-                            found=f"{cuda_runtime_mib} MiB", required=f"0..{MAX_MIB} MiB")
+            raise CardError(
+                f"--cuda-runtime-mib {cuda_runtime_mib} is negative",
+                tensor="--cuda-runtime-mib",
+                found=f"{cuda_runtime_mib} MiB",
+                required=f"0..{MAX_MIB} MiB",
+            )
         check_mib("--cuda-runtime-mib", cuda_runtime_mib)
         return cuda_runtime_mib * MIB, "--cuda-runtime-mib"
     defaults, _ = load_cards()
     return defaults.cuda_runtime_mib * MIB, "cards.toml [defaults]: " + " ".join(defaults.cuda_runtime_source.split())
 
 
-def card_from_options(name: str | None, mib: int | None, cuda_context_mib: int | None = None,
-                      cuda_runtime_mib: int | None = None, *, allow_measure: bool = True) -> Card:
+def card_from_options(
+    name: str | None,
+    mib: int | None,
+    cuda_context_mib: int | None = None,
+    cuda_runtime_mib: int | None = None,
+    *,
+    allow_measure: bool = True,
+) -> Card:
     """The card of ``--card NAME|measure`` or ``--card-mib N`` (exactly one of them), as ``strata-budget
     check`` and ``strata-engine --card`` read them.
 
@@ -154,14 +175,20 @@ def card_from_options(name: str | None, mib: int | None, cuda_context_mib: int |
     if name is not None and mib is not None:
         raise CardError("give --card or --card-mib, not both")
     if name is None and mib is None:
-        raise CardError(f"no card: give --card ({', '.join(known_cards())}, measure) or --card-mib N; a size is never guessed")
+        raise CardError(
+            f"no card: give --card ({', '.join(known_cards())}, measure) or --card-mib N; a size is never guessed"
+        )
     if mib is not None:
         return card_from_mib(mib, cuda_context_mib, cuda_runtime_mib)
     if name.strip().lower() == "measure":
         if not allow_measure:
-            raise CardError("--card measure: the engine runs on the local GPU unless --card names a card to emulate "
-                            f"({', '.join(known_cards())}) or --card-mib gives its size; leave --card out for the local GPU",
-                            tensor="--card", found=name, required=f"one of {', '.join(known_cards())}")
+            raise CardError(
+                "--card measure: the engine runs on the local GPU unless --card names a card to emulate "
+                f"({', '.join(known_cards())}) or --card-mib gives its size; leave --card out for the local GPU",
+                tensor="--card",
+                found=name,
+                required=f"one of {', '.join(known_cards())}",
+            )
         return measure_card(cuda_context_mib=cuda_context_mib, cuda_runtime_mib=cuda_runtime_mib)
     try:
         return card_preset(name, cuda_context_mib, cuda_runtime_mib)
@@ -169,17 +196,28 @@ def card_from_options(name: str | None, mib: int | None, cuda_context_mib: int |
         if allow_measure:
             raise
         # the engine emulates a named card: "--card measure" is not one of its choices
-        raise CardError(str(e).replace(" (or --card-mib N, or --card measure)", " (or --card-mib N)"),
-                        tensor="--card", found=name, required=e.required.replace(", measure", "")) from None
+        raise CardError(
+            str(e).replace(" (or --card-mib N, or --card measure)", " (or --card-mib N)"),
+            tensor="--card",
+            found=name,
+            required=e.required.replace(", measure", ""),
+        ) from None
 
 
 def runtime_model() -> tuple[dict[str, int], str]:
     """cards.toml's constants of strata's engine's runtime term (bytes) and their source:
     ``module_bytes``, ``graph_bytes``, ``generic_path_bytes``, ``granularity``, ``packed_max``."""
     d, _ = load_cards()
-    return ({"module_bytes": d.cuda_module_kib << 10, "graph_bytes": d.cuda_graph_kib << 10,
-             "generic_path_bytes": d.cuda_generic_path_kib << 10, "granularity": d.cuda_alloc_granularity_kib << 10,
-             "packed_max": d.cuda_alloc_packed_max_kib << 10}, " ".join(d.cuda_runtime_model_source.split()))
+    return (
+        {
+            "module_bytes": d.cuda_module_kib << 10,
+            "graph_bytes": d.cuda_graph_kib << 10,
+            "generic_path_bytes": d.cuda_generic_path_kib << 10,
+            "granularity": d.cuda_alloc_granularity_kib << 10,
+            "packed_max": d.cuda_alloc_packed_max_kib << 10,
+        },
+        " ".join(d.cuda_runtime_model_source.split()),
+    )
 
 
 def short_source(text: str, limit: int = 60) -> str:
@@ -201,32 +239,55 @@ def card_preset(name: str, cuda_context_mib: int | None = None, cuda_runtime_mib
     defaults, presets = load_cards()
     key = {k.upper(): k for k in presets}.get(preset_key(name))
     if key is None:
-        raise CardError(f"unknown card {name!r}; presets: {', '.join(presets)} (or --card-mib N, or --card measure)",
-                        tensor="--card", found=name, required=f"one of {', '.join(presets)}, measure")
+        raise CardError(
+            f"unknown card {name!r}; presets: {', '.join(presets)} (or --card-mib N, or --card measure)",
+            tensor="--card",
+            found=name,
+            required=f"one of {', '.join(presets)}, measure",
+        )
     p = presets[key]
     ctx, ctx_src = _context(defaults, p, cuda_context_mib)
     rt, rt_src = runtime_term(cuda_runtime_mib)
-    return Card(name=f"{key} ({p.card}, {p.total_mib} MiB)", total_bytes=p.total_bytes,
-                source=" ".join(p.source.split()), cuda_context_bytes=ctx, cuda_context_source=ctx_src,
-                cuda_runtime_bytes=rt, cuda_runtime_source=rt_src, cuda_runtime_fixed=cuda_runtime_mib is not None)
+    return Card(
+        name=f"{key} ({p.card}, {p.total_mib} MiB)",
+        total_bytes=p.total_bytes,
+        source=" ".join(p.source.split()),
+        cuda_context_bytes=ctx,
+        cuda_context_source=ctx_src,
+        cuda_runtime_bytes=rt,
+        cuda_runtime_source=rt_src,
+        cuda_runtime_fixed=cuda_runtime_mib is not None,
+    )
 
 
 def card_from_mib(total_mib: int, cuda_context_mib: int | None = None, cuda_runtime_mib: int | None = None) -> Card:
     """A card of ``total_mib`` MiB as CUDA reports it. Raises CardError for zero or negative sizes,
     and for sizes above :data:`MAX_MIB` (16 TiB: a typo or a unit mistake, never a card)."""
     if total_mib <= 0:
-        raise CardError(f"--card-mib {total_mib}: a card size must be a positive number of MiB", tensor="--card-mib",
-                        found=f"{total_mib} MiB", required=f"1..{MAX_MIB} MiB")
+        raise CardError(
+            f"--card-mib {total_mib}: a card size must be a positive number of MiB",
+            tensor="--card-mib",
+            found=f"{total_mib} MiB",
+            required=f"1..{MAX_MIB} MiB",
+        )
     check_mib("--card-mib", total_mib, lo=1)
     defaults, _ = load_cards()
     ctx, ctx_src = _context(defaults, None, cuda_context_mib)
     rt, rt_src = runtime_term(cuda_runtime_mib)
-    return Card(name=f"{total_mib} MiB card", total_bytes=total_mib * MIB, source="--card-mib",
-                cuda_context_bytes=ctx, cuda_context_source=ctx_src, cuda_runtime_bytes=rt, cuda_runtime_source=rt_src,
-                cuda_runtime_fixed=cuda_runtime_mib is not None)
+    return Card(
+        name=f"{total_mib} MiB card",
+        total_bytes=total_mib * MIB,
+        source="--card-mib",
+        cuda_context_bytes=ctx,
+        cuda_context_source=ctx_src,
+        cuda_runtime_bytes=rt,
+        cuda_runtime_source=rt_src,
+        cuda_runtime_fixed=cuda_runtime_mib is not None,
+    )
 
 
 # ----------------------------------------------------------------------------- measurement
+
 
 class _NvmlMemory(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
@@ -274,8 +335,13 @@ def measure_card(device: int = 0, cuda_context_mib: int | None = None, cuda_runt
     """
     card = _measure_card(device, cuda_context_mib)
     rt, rt_src = runtime_term(cuda_runtime_mib)
-    return card.model_copy(update={"cuda_runtime_bytes": rt, "cuda_runtime_source": rt_src,
-                                   "cuda_runtime_fixed": cuda_runtime_mib is not None})
+    return card.model_copy(
+        update={
+            "cuda_runtime_bytes": rt,
+            "cuda_runtime_source": rt_src,
+            "cuda_runtime_fixed": cuda_runtime_mib is not None,
+        }
+    )
 
 
 def _measure_card(device: int, cuda_context_mib: int | None) -> Card:
@@ -301,24 +367,43 @@ def _measure_card(device: int, cuda_context_mib: int | None) -> Card:
         if before is not None and after is not None and cuda_context_mib is None:
             ctx = max(0, after[1] - before[1])
             in_use = max(0, total - free - ctx)
-            return Card(name=f"measured: {name} (GPU {device})", total_bytes=int(total),
-                        source="cudaMemGetInfo through CuPy; context = NVML used after - before creating it",
-                        cuda_context_bytes=ctx, cuda_context_source=f"measured (NVML {before[1]} -> {after[1]} B used)",
-                        in_use_bytes=in_use)
+            return Card(
+                name=f"measured: {name} (GPU {device})",
+                total_bytes=int(total),
+                source="cudaMemGetInfo through CuPy; context = NVML used after - before creating it",
+                cuda_context_bytes=ctx,
+                cuda_context_source=f"measured (NVML {before[1]} -> {after[1]} B used)",
+                in_use_bytes=in_use,
+            )
         if cuda_context_mib is not None:
             ctx = cuda_context_mib * MIB
-            return Card(name=f"measured: {name} (GPU {device})", total_bytes=int(total),
-                        source="cudaMemGetInfo through CuPy", cuda_context_bytes=ctx,
-                        cuda_context_source="--cuda-context-mib", in_use_bytes=max(0, total - free - ctx))
-        return Card(name=f"measured: {name} (GPU {device})", total_bytes=int(total),
-                    source="cudaMemGetInfo through CuPy (NVML unavailable)", cuda_context_bytes=0,
-                    cuda_context_source="included in the measured in-use memory", in_use_bytes=int(total - free))
+            return Card(
+                name=f"measured: {name} (GPU {device})",
+                total_bytes=int(total),
+                source="cudaMemGetInfo through CuPy",
+                cuda_context_bytes=ctx,
+                cuda_context_source="--cuda-context-mib",
+                in_use_bytes=max(0, total - free - ctx),
+            )
+        return Card(
+            name=f"measured: {name} (GPU {device})",
+            total_bytes=int(total),
+            source="cudaMemGetInfo through CuPy (NVML unavailable)",
+            cuda_context_bytes=0,
+            cuda_context_source="included in the measured in-use memory",
+            in_use_bytes=int(total - free),
+        )
     if before is not None:
         total, used, name = before
         defaults, _ = load_cards()
         ctx, ctx_src = _context(defaults, None, cuda_context_mib)
-        return Card(name=f"measured: {name} (GPU {device})", total_bytes=total,
-                    source="NVML nvmlDeviceGetMemoryInfo (whole framebuffer; CuPy unavailable)",
-                    cuda_context_bytes=ctx, cuda_context_source=ctx_src, in_use_bytes=used)
+        return Card(
+            name=f"measured: {name} (GPU {device})",
+            total_bytes=total,
+            source="NVML nvmlDeviceGetMemoryInfo (whole framebuffer; CuPy unavailable)",
+            cuda_context_bytes=ctx,
+            cuda_context_source=ctx_src,
+            in_use_bytes=used,
+        )
     why.append("NVML (libnvidia-ml.so.1) is not loadable or sees no device")
     raise CardError("--card measure: no GPU to measure: " + "; ".join(why) + ". Use --card PRESET or --card-mib N.")

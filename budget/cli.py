@@ -18,7 +18,15 @@ from . import formulas as F
 from .audit import AuditError, AuditResult, audit_pack
 from .cards import Card, card_from_options, short_source
 from .errors import BudgetInputError
-from .options import card_options, ctx_option, expert_cache_option, expert_profile_option, kv_option, parse_expert_cache, reserve_option
+from .options import (
+    card_options,
+    ctx_option,
+    expert_cache_option,
+    expert_profile_option,
+    kv_option,
+    parse_expert_cache,
+    reserve_option,
+)
 from .plan import DEFAULT_PREFILL_CHUNK, Plan, PlanOptions, make_plan
 from .profile import read_profile
 
@@ -29,11 +37,37 @@ EVALUATION_ERRORS = (ValueError, ArithmeticError, OSError)
 #: Every key of the --json object, in order: a success, a semantic error and an input error all
 #: carry every key (null where it does not apply).
 JSON_KEYS = (
-    "verdict", "verdict_line", "card_total_bytes", "terms", "free_bytes", "reserve_bytes", "max_blob", "slots",
-    "kv_bytes_per_token", "recurrent_state_bytes_per_seq", "widened_scale_bytes", "bf16_saved_bytes", "errors",
-    "audit_warnings", "card", "n_ctx", "used_bytes", "left_bytes", "max_blob_source", "slots_fit", "slots_cap",
-    "expert_cache_bytes", "refused", "kv_bytes_per_token_window_layers", "dense_types", "profile", "warnings",
-    "suggestions", "options", "audit", "seconds",
+    "verdict",
+    "verdict_line",
+    "card_total_bytes",
+    "terms",
+    "free_bytes",
+    "reserve_bytes",
+    "max_blob",
+    "slots",
+    "kv_bytes_per_token",
+    "recurrent_state_bytes_per_seq",
+    "widened_scale_bytes",
+    "bf16_saved_bytes",
+    "errors",
+    "audit_warnings",
+    "card",
+    "n_ctx",
+    "used_bytes",
+    "left_bytes",
+    "max_blob_source",
+    "slots_fit",
+    "slots_cap",
+    "expert_cache_bytes",
+    "refused",
+    "kv_bytes_per_token_window_layers",
+    "dense_types",
+    "profile",
+    "warnings",
+    "suggestions",
+    "options",
+    "audit",
+    "seconds",
 )
 #: Names shown per group of identical audit warnings in the table (--json lists every one).
 WARNING_NAMES_SHOWN = 3
@@ -67,33 +101,87 @@ def main() -> None:
 @main.command()
 @click.argument("pack", type=click.Path())
 @card_options()
-@click.option("--cuda-context-mib", type=int, help="CUDA context cost in MiB [default: the card preset's / cards.toml's].")
-@click.option("--cuda-runtime-mib", type=int, help="CUDA runtime first-use memory (kernel modules) in MiB [default: cards.toml's].")
+@click.option(
+    "--cuda-context-mib", type=int, help="CUDA context cost in MiB [default: the card preset's / cards.toml's]."
+)
+@click.option(
+    "--cuda-runtime-mib",
+    type=int,
+    help="CUDA runtime first-use memory (kernel modules) in MiB [default: cards.toml's].",
+)
 @ctx_option
 @click.option("--kv-resident", type=int, help="Tokens of KV kept in VRAM per full-context layer (the rest streams).")
 @kv_option(F.KV_CACHE_TYPES)
-@click.option("--batch", type=int, default=1, show_default=True, help="Sequences decoded at once (KV, recurrent state, decode rows).")
-@click.option("--prefill", "prefill", type=int, default=DEFAULT_PREFILL_CHUNK, show_default=True,
-              help="Prompt chunk in tokens (0: the decode path, one token at a time).")
+@click.option(
+    "--batch",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Sequences decoded at once (KV, recurrent state, decode rows).",
+)
+@click.option(
+    "--prefill",
+    "prefill",
+    type=int,
+    default=DEFAULT_PREFILL_CHUNK,
+    show_default=True,
+    help="Prompt chunk in tokens (0: the decode path, one token at a time).",
+)
 @click.option("--logits-all", is_flag=True, help="Every chunk position emits logits (logits buffer = chunk x vocab).")
-@click.option("--engine", "engine", type=click.Choice(["strata", "documents"]), default="strata", show_default=True,
-              help="The engine planned for: strata's own (one position per step, untied embeddings on the host, "
-                   "activation and runtime terms from what it allocates and loads; the --prefill, --prefill-model, "
-                   "--logits-all and --embeddings-on-host options do not apply) or the documents' C++ engine.")
-@click.option("--prefill-model", type=click.Choice(["geometry", "documents"]), default="geometry", show_default=True,
-              help="Activation buffers from the geometry (manifest act_per_token), or the reference C++ engine's "
-                   "measured prompt-path reserve, 160 MiB + 680 KiB per chunk token.")
+@click.option(
+    "--engine",
+    "engine",
+    type=click.Choice(["strata", "documents"]),
+    default="strata",
+    show_default=True,
+    help="The engine planned for: strata's own (one position per step, untied embeddings on the host, "
+    "activation and runtime terms from what it allocates and loads; the --prefill, --prefill-model, "
+    "--logits-all and --embeddings-on-host options do not apply) or the documents' C++ engine.",
+)
+@click.option(
+    "--prefill-model",
+    type=click.Choice(["geometry", "documents"]),
+    default="geometry",
+    show_default=True,
+    help="Activation buffers from the geometry (manifest act_per_token), or the reference C++ engine's "
+    "measured prompt-path reserve, 160 MiB + 680 KiB per chunk token.",
+)
 @click.option("--embeddings-on-host", is_flag=True, help="Keep token embeddings on the host (not charged to VRAM).")
 @reserve_option
 @expert_cache_option
 @expert_profile_option
-@click.option("--bf16-scan/--no-bf16-scan", default=True, show_default=True, help="Scan every BF16-source value in pool.bin.")
-@click.option("--source-dir", type=click.Path(file_okay=False), default=None,
-              help="Where the source shards are now, if they moved since the build (as strata-pack verify's).")
+@click.option(
+    "--bf16-scan/--no-bf16-scan", default=True, show_default=True, help="Scan every BF16-source value in pool.bin."
+)
+@click.option(
+    "--source-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where the source shards are now, if they moved since the build (as strata-pack verify's).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def check(pack, card_name, card_mib, cuda_context_mib, cuda_runtime_mib, n_ctx, kv_resident, kv, batch, prefill, logits_all,
-          engine, prefill_model, embeddings_on_host, vram_reserve_mib, expert_cache, expert_profile, bf16_scan, source_dir,
-          as_json):
+def check(
+    pack,
+    card_name,
+    card_mib,
+    cuda_context_mib,
+    cuda_runtime_mib,
+    n_ctx,
+    kv_resident,
+    kv,
+    batch,
+    prefill,
+    logits_all,
+    engine,
+    prefill_model,
+    embeddings_on_host,
+    vram_reserve_mib,
+    expert_cache,
+    expert_profile,
+    bf16_scan,
+    source_dir,
+    as_json,
+):
     """Audit PACK and plan its VRAM on a card.
 
     \b
@@ -125,10 +213,21 @@ def check(pack, card_name, card_mib, cuda_context_mib, cuda_runtime_mib, n_ctx, 
         _fail(f"{pack}: cannot audit the pack: {e}", as_json, t0)
     plan = None
     if audit.facts is not None:
-        opts = PlanOptions(max_context=n_ctx, kv_resident=kv_resident, kv=kv, batch=batch, prefill=prefill,
-                           logits_all=logits_all, prefill_model=prefill_model, embeddings_on_host=embeddings_on_host,
-                           vram_reserve_mib=vram_reserve_mib, expert_cache=expert_cache, profile_pairs=pairs,
-                           profile_path=expert_profile, engine=engine)
+        opts = PlanOptions(
+            max_context=n_ctx,
+            kv_resident=kv_resident,
+            kv=kv,
+            batch=batch,
+            prefill=prefill,
+            logits_all=logits_all,
+            prefill_model=prefill_model,
+            embeddings_on_host=embeddings_on_host,
+            vram_reserve_mib=vram_reserve_mib,
+            expert_cache=expert_cache,
+            profile_pairs=pairs,
+            profile_path=expert_profile,
+            engine=engine,
+        )
         try:
             plan = make_plan(audit.facts, card, opts)
         except EVALUATION_ERRORS as e:
@@ -153,8 +252,11 @@ def _card(name: str | None, mib: int | None, ctx: int | None, runtime: int | Non
 def error_json(error: BudgetInputError | Exception | str, seconds: float | None = None) -> dict:
     """The --json object of an input error: every key of a success (:data:`JSON_KEYS`), null where it
     does not apply, ``verdict`` "error" and ``errors`` holding ``{tensor, found, required, message}``."""
-    entry = (error.as_error() if isinstance(error, BudgetInputError)
-             else {"tensor": "", "found": "", "required": "", "message": _one_line(error)})
+    entry = (
+        error.as_error()
+        if isinstance(error, BudgetInputError)
+        else {"tensor": "", "found": "", "required": "", "message": _one_line(error)}
+    )
     d: dict = dict.fromkeys(JSON_KEYS)
     d.update(verdict="error", verdict_line=f"error: {entry['message']}", errors=[entry], seconds=seconds)
     return d
@@ -182,16 +284,29 @@ def _verdict(audit: AuditResult, plan: Plan | None) -> str:
     if not plan.fits:
         short = plan.reserve_bytes + plan.draft_bind_bytes - plan.free_bytes
         first = next((s for s in plan.suggestions if s.fits_alone), None)  # safest first (plan.suggestions)
-        hint = (f"; e.g. {s_text(first)}" if first else
-                "; no single change fits on its own: combine the suggestions" if plan.suggestions else "")
-        return (f"does not fit: {c.name}: the terms leave {_mib(plan.free_bytes)} MiB, "
-                f"{_mib(short)} MiB short of the {plan.options.vram_reserve_mib} MiB reserve{hint}")
-    slots = (f"{plan.slots} expert slots ({_mib(plan.expert_cache_bytes)} MiB"
-             + (f", expected hit rate {plan.profile.expected_hit_rate:.1%}" if plan.profile else "") + ")"
-             if plan.max_blob else "no routed experts")
-    return (f"fits: {c.name}: {_mib(plan.used_bytes)} MiB planned, {slots}, "
-            f"{_mib(plan.left_bytes - plan.reserve_bytes)} MiB left for use after the "
-            f"{plan.options.vram_reserve_mib} MiB reserve")
+        hint = (
+            f"; e.g. {s_text(first)}"
+            if first
+            else "; no single change fits on its own: combine the suggestions"
+            if plan.suggestions
+            else ""
+        )
+        return (
+            f"does not fit: {c.name}: the terms leave {_mib(plan.free_bytes)} MiB, "
+            f"{_mib(short)} MiB short of the {plan.options.vram_reserve_mib} MiB reserve{hint}"
+        )
+    slots = (
+        f"{plan.slots} expert slots ({_mib(plan.expert_cache_bytes)} MiB"
+        + (f", expected hit rate {plan.profile.expected_hit_rate:.1%}" if plan.profile else "")
+        + ")"
+        if plan.max_blob
+        else "no routed experts"
+    )
+    return (
+        f"fits: {c.name}: {_mib(plan.used_bytes)} MiB planned, {slots}, "
+        f"{_mib(plan.left_bytes - plan.reserve_bytes)} MiB left for use after the "
+        f"{plan.options.vram_reserve_mib} MiB reserve"
+    )
 
 
 def s_text(s) -> str:
@@ -218,20 +333,36 @@ def to_json(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float)
         "audit_warnings": [e.model_dump() for e in audit.warnings],
     }
     if plan:
-        d.update({
-            "card": plan.card.model_dump(), "n_ctx": plan.n_ctx, "used_bytes": plan.used_bytes, "left_bytes": plan.left_bytes,
-            "max_blob_source": plan.max_blob_source, "slots_fit": plan.slots_fit, "slots_cap": plan.slots_cap,
-            "expert_cache_bytes": plan.expert_cache_bytes, "refused": plan.refused,
-            "kv_bytes_per_token_window_layers": plan.kv_bytes_per_token_window_layers,
-            "dense_types": [r.model_dump() for r in plan.types],
-            "profile": plan.profile.model_dump() if plan.profile else None,
-            "warnings": plan.warnings, "suggestions": [s.model_dump() for s in plan.suggestions],
-            "options": plan.options.model_dump(exclude={"profile_pairs"}),
-        })
-    d["audit"] = {"pack": audit.pack, "arch": audit.arch, "dense_tensors": audit.dense_tensors,
-                  "expert_layers": audit.expert_layers, "checks": len(audit.checks),
-                  "checks_failed": sum(1 for c in audit.checks if not c.ok), "bf16_tensors": audit.bf16_tensors,
-                  "bf16_values_scanned": audit.bf16_values_scanned, "seconds": audit.seconds}
+        d.update(
+            {
+                "card": plan.card.model_dump(),
+                "n_ctx": plan.n_ctx,
+                "used_bytes": plan.used_bytes,
+                "left_bytes": plan.left_bytes,
+                "max_blob_source": plan.max_blob_source,
+                "slots_fit": plan.slots_fit,
+                "slots_cap": plan.slots_cap,
+                "expert_cache_bytes": plan.expert_cache_bytes,
+                "refused": plan.refused,
+                "kv_bytes_per_token_window_layers": plan.kv_bytes_per_token_window_layers,
+                "dense_types": [r.model_dump() for r in plan.types],
+                "profile": plan.profile.model_dump() if plan.profile else None,
+                "warnings": plan.warnings,
+                "suggestions": [s.model_dump() for s in plan.suggestions],
+                "options": plan.options.model_dump(exclude={"profile_pairs"}),
+            }
+        )
+    d["audit"] = {
+        "pack": audit.pack,
+        "arch": audit.arch,
+        "dense_tensors": audit.dense_tensors,
+        "expert_layers": audit.expert_layers,
+        "checks": len(audit.checks),
+        "checks_failed": sum(1 for c in audit.checks if not c.ok),
+        "bf16_tensors": audit.bf16_tensors,
+        "bf16_values_scanned": audit.bf16_values_scanned,
+        "seconds": audit.seconds,
+    }
     d["seconds"] = seconds
     assert tuple(d) == JSON_KEYS, "every --json key is listed in JSON_KEYS, in order"
     return d
@@ -276,13 +407,17 @@ def _print(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float) 
             t.add_row(escape(e.tensor), escape(e.found), escape(e.required), escape(e.message))
         con.print(t)
     else:
-        con.print(f"audit: {audit.dense_tensors} dense tensors, {audit.expert_layers} expert layers, "
-                  f"{len(audit.checks)} budget terms derived twice and equal, {audit.bf16_tensors} BF16 tensors "
-                  f"({audit.bf16_values_scanned} values scanned{'' if audit.bf16_scan else ', scan skipped'}): ok")
+        con.print(
+            f"audit: {audit.dense_tensors} dense tensors, {audit.expert_layers} expert layers, "
+            f"{len(audit.checks)} budget terms derived twice and equal, {audit.bf16_tensors} BF16 tensors "
+            f"({audit.bf16_values_scanned} values scanned{'' if audit.bf16_scan else ', scan skipped'}): ok"
+        )
     for line in warning_lines(audit.warnings):
         con.print(f"[yellow]audit warning:[/yellow] {escape(line)}")
     if plan is not None:
-        t = Table(title=f"VRAM plan: {plan.card.name}, context {plan.n_ctx}, {plan.options.kv} KV, batch {plan.options.batch}")
+        t = Table(
+            title=f"VRAM plan: {plan.card.name}, context {plan.n_ctx}, {plan.options.kv} KV, batch {plan.options.batch}"
+        )
         t.add_column("term")
         t.add_column("bytes", justify="right")
         t.add_column("MiB", justify="right")
@@ -291,23 +426,40 @@ def _print(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float) 
             t.add_row(term.name, f"{term.bytes:,}", _mib(term.bytes), escape(short_source(term.detail, 90)))
         t.add_row("= planned", f"{plan.used_bytes:,}", _mib(plan.used_bytes), "")
         t.add_row("reserve (kept free)", f"{plan.reserve_bytes:,}", _mib(plan.reserve_bytes), "--vram-reserve-mib")
-        t.add_row("card total", f"{plan.card.total_bytes:,}", _mib(plan.card.total_bytes), escape(short_source(plan.card.source, 90)))
+        t.add_row(
+            "card total",
+            f"{plan.card.total_bytes:,}",
+            _mib(plan.card.total_bytes),
+            escape(short_source(plan.card.source, 90)),
+        )
         con.print(t)
         d = Table(title="dense weights by type (bytes): pack form -> engine form")
         for c in ("type", "tensors", "pack", "engine", "payload", "f32 scales", "widened +", "bf16 saved"):
             d.add_column(c, justify="left" if c == "type" else "right")
         for r in plan.types:
-            d.add_row(r.type, str(r.tensors), f"{r.pack_bytes:,}", f"{r.engine_bytes:,}", f"{r.payload_bytes:,}",
-                      f"{r.scales_f32_bytes:,}", f"{r.widened_extra_bytes:,}", f"{r.bf16_saved_bytes:,}")
+            d.add_row(
+                r.type,
+                str(r.tensors),
+                f"{r.pack_bytes:,}",
+                f"{r.engine_bytes:,}",
+                f"{r.payload_bytes:,}",
+                f"{r.scales_f32_bytes:,}",
+                f"{r.widened_extra_bytes:,}",
+                f"{r.bf16_saved_bytes:,}",
+            )
         con.print(d)
-        con.print(f"KV per token (one sequence): {plan.kv_bytes_per_token:,} B on full-context layers, "
-                  f"{plan.kv_bytes_per_token_window_layers:,} B on sliding-window layers; recurrent state "
-                  f"{plan.recurrent_state_bytes_per_seq:,} B per sequence; free when the expert cache opens "
-                  f"{plan.free_bytes:,} B; max_blob {plan.max_blob:,} B engine form ({plan.max_blob_source:,} B source)")
+        con.print(
+            f"KV per token (one sequence): {plan.kv_bytes_per_token:,} B on full-context layers, "
+            f"{plan.kv_bytes_per_token_window_layers:,} B on sliding-window layers; recurrent state "
+            f"{plan.recurrent_state_bytes_per_seq:,} B per sequence; free when the expert cache opens "
+            f"{plan.free_bytes:,} B; max_blob {plan.max_blob:,} B engine form ({plan.max_blob_source:,} B source)"
+        )
         if plan.profile:
             p = plan.profile
-            con.print(f"profile fill (ranked by count, per-layer ranges, a full layer skips only its own pairs): "
-                      f"{p.filled} of {p.pairs} pairs in {p.slots} slots, expected hit rate {p.expected_hit_rate:.2%}")
+            con.print(
+                f"profile fill (ranked by count, per-layer ranges, a full layer skips only its own pairs): "
+                f"{p.filled} of {p.pairs} pairs in {p.slots} slots, expected hit rate {p.expected_hit_rate:.2%}"
+            )
         for w in plan.warnings:
             con.print(f"[yellow]warning:[/yellow] {escape(w)}")
         if plan.suggestions:

@@ -57,8 +57,12 @@ def gdn_facts(facts: ModelFacts) -> tuple[bool, int, int, int]:
 def decode_path(facts: ModelFacts) -> str:
     """``"fused"`` or ``"generic"``: the GPU decode step strata's engine runs this model with."""
     biases = any(_role(t) in ("ffn_gate.bias", "ffn_up.bias", "ffn_down.bias") for t in facts.dense)
-    return FG.strata_decode_path(len(facts.recurrent_layers), biases, facts.n_expert_used if facts.expert_layers else 0,
-                                 recurrent_fusable=gdn_facts(facts)[0])
+    return FG.strata_decode_path(
+        len(facts.recurrent_layers),
+        biases,
+        facts.n_expert_used if facts.expert_layers else 0,
+        recurrent_fusable=gdn_facts(facts)[0],
+    )
 
 
 def kv_positions(facts: ModelFacts, n_ctx: int) -> int:
@@ -67,8 +71,11 @@ def kv_positions(facts: ModelFacts, n_ctx: int) -> int:
 
 
 def _n_ff_max(facts: ModelFacts) -> int:
-    widths = [int(t.ne[1]) for t in facts.dense if not facts.is_draft(t.name)
-              and t.name.split(".", 2)[-1] in ("ffn_gate.weight", "ffn_gate_shexp.weight")]
+    widths = [
+        int(t.ne[1])
+        for t in facts.dense
+        if not facts.is_draft(t.name) and t.name.split(".", 2)[-1] in ("ffn_gate.weight", "ffn_gate_shexp.weight")
+    ]
     return max(widths, default=1)
 
 
@@ -78,17 +85,32 @@ def activation_term(facts: ModelFacts, n_ctx: int) -> tuple[int, str, bool]:
     if decode_path(facts) == "fused":
         moe = facts.trunk_experts
         _fusable, conv_dim, value_dim, conv_el = gdn_facts(facts)
-        nb = F.fused_step_bytes(facts.n_embd, facts.n_head, facts.head_dim, facts.head_dim_v or facts.head_dim,
-                                _n_ff_max(facts), pos, n_layer=facts.n_layer if moe else 0,
-                                n_expert=facts.n_expert if moe else 0, n_expert_used=facts.n_expert_used if moe else 0,
-                                n_ff_exp=facts.n_ff_exp if moe else 0, value_dim=value_dim)
+        nb = F.fused_step_bytes(
+            facts.n_embd,
+            facts.n_head,
+            facts.head_dim,
+            facts.head_dim_v or facts.head_dim,
+            _n_ff_max(facts),
+            pos,
+            n_layer=facts.n_layer if moe else 0,
+            n_expert=facts.n_expert if moe else 0,
+            n_expert_used=facts.n_expert_used if moe else 0,
+            n_ff_exp=facts.n_ff_exp if moe else 0,
+            value_dim=value_dim,
+        )
         nb += F.gdn_step_bytes(conv_dim, value_dim, conv_el)
         return nb, f"fused decode step's device buffers (exact; scores over {pos} positions)", True
     kv_el = max((L.k + L.v for L in facts.kv_layers), default=0)
     ssm = max((L.ssm for L in facts.recurrent_layers), default=0)
     nb = FG.generic_step_bytes(facts.act_per_token, facts.logits_per_token, pos, kv_el, facts.n_head, ssm)
-    return nb, (f"generic per-layer path: warm-up temporaries at position {max(pos - 1, 0)} (estimate: f32 K/V of "
-                f"{pos} positions, scores, delta-net state temporaries)"), False
+    return (
+        nb,
+        (
+            f"generic per-layer path: warm-up temporaries at position {max(pos - 1, 0)} (estimate: f32 K/V of "
+            f"{pos} positions, scores, delta-net state temporaries)"
+        ),
+        False,
+    )
 
 
 def _split(facts: ModelFacts) -> tuple[list, list, list]:
@@ -172,13 +194,31 @@ def runtime_term(facts: ModelFacts, card: Card, n_ctx: int, kv: str) -> tuple[in
         n_mod += len(q8) + 1
     graphs = FG.fused_graph_count(len(facts.trunk_experts)) if path == "fused" else 0
     allocs = allocations(facts, n_ctx, kv)
-    nb = FG.cuda_runtime_bytes(n_mod, graphs, allocs, module_bytes=c["module_bytes"], graph_bytes=c["graph_bytes"],
-                               generic_path_bytes=c["generic_path_bytes"], granularity=c["granularity"],
-                               packed_max=c["packed_max"], generic=path == "generic")
+    nb = FG.cuda_runtime_bytes(
+        n_mod,
+        graphs,
+        allocs,
+        module_bytes=c["module_bytes"],
+        graph_bytes=c["graph_bytes"],
+        generic_path_bytes=c["generic_path_bytes"],
+        granularity=c["granularity"],
+        packed_max=c["packed_max"],
+        generic=path == "generic",
+    )
     rounding = FG.allocation_rounding_bytes(allocs, c["granularity"], c["packed_max"])
-    return nb, (f"{n_mod} kernel modules, {graphs} CUDA graphs, {path} path, driver rounding of {len(allocs)} "
-                f"allocations {rounding} B (cards.toml constants, estimate)")
+    return nb, (
+        f"{n_mod} kernel modules, {graphs} CUDA graphs, {path} path, driver rounding of {len(allocs)} "
+        f"allocations {rounding} B (cards.toml constants, estimate)"
+    )
 
 
-__all__ = ["activation_term", "allocations", "decode_path", "draft_bind", "draft_weights_bytes", "kernel_types",
-           "kv_positions", "runtime_term"]
+__all__ = [
+    "activation_term",
+    "allocations",
+    "decode_path",
+    "draft_bind",
+    "draft_weights_bytes",
+    "kernel_types",
+    "kv_positions",
+    "runtime_term",
+]

@@ -63,6 +63,7 @@ def mib(nbytes: int) -> float:
 
 # ----------------------------------------------------------------------------- KV cache
 
+
 def kv_row_bytes(elements: int, kv: str) -> int:
     """Bytes of one token's K (or V) row of ``elements`` values in the cache (``kv``: ``f16`` | ``int8``).
 
@@ -80,8 +81,8 @@ def kv_row_bytes(elements: int, kv: str) -> int:
 class KVLayer:
     """One attention layer's per-token cache in elements: ``k`` and ``v`` = n_head_kv x head_dim
     (n_head_kv, never n_head), ``indexer_k`` = a sparse-attention indexer's ONE shared key head
-    (docs/DESIGN.md "Round 194: every budget term twice"), ``window`` = sliding window in tokens (None: the whole context).
-    Multi-head latent attention (deepseek2) is the same two terms: ``k`` = the latent + the rope key
+    (docs/DESIGN.md "Round 194: every budget term twice"), ``window`` = sliding window in tokens (None: the
+    whole context). Multi-head latent attention (deepseek2) is the same two terms: ``k`` = the latent + the rope key
     (kv_lora_rank + rope dims, ONE "head"), ``v`` = 0 (llama.cpp allocates no V cache under MLA:
     llama-kv-cache.cpp ``has_v = !is_mla``); the manifest's [state] says so (manifests/deepseek2.toml)."""
 
@@ -116,8 +117,9 @@ def kv_tokens(n_ctx: int, window: int | None, chunk: int, kv_resident: int | Non
     return max(n, 0)
 
 
-def kv_cache_bytes(layers: Iterable[KVLayer], n_ctx: int, chunk: int, kv: str, batch: int,
-                   kv_resident: int | None = None) -> int:
+def kv_cache_bytes(
+    layers: Iterable[KVLayer], n_ctx: int, chunk: int, kv: str, batch: int, kv_resident: int | None = None
+) -> int:
     """KV cache for ``batch`` sequences of up to ``n_ctx`` tokens: attention layers only (recurrent
     layers hold no KV), each at :func:`kv_tokens` tokens x :func:`kv_bytes_per_token`."""
     per_seq = sum(kv_bytes_per_token(L, kv) * kv_tokens(n_ctx, L.window, chunk, kv_resident) for L in layers)
@@ -130,8 +132,15 @@ LLAMACPP_N_UBATCH = 512
 LLAMACPP_CELL_PAD = 256
 
 
-def llamacpp_kv_cells(n_ctx: int, window: int | None, *, n_ubatch: int = LLAMACPP_N_UBATCH, n_seq: int = 1,
-                      swa_full: bool = True, unified: bool = False) -> int:
+def llamacpp_kv_cells(
+    n_ctx: int,
+    window: int | None,
+    *,
+    n_ubatch: int = LLAMACPP_N_UBATCH,
+    n_seq: int = 1,
+    swa_full: bool = True,
+    unified: bool = False,
+) -> int:
     """Cells (token positions) llama.cpp allocates for one layer's KV cache per stream - the reference
     engine's sizing, not strata's (strata's is :func:`kv_tokens`):
 
@@ -142,6 +151,7 @@ def llamacpp_kv_cells(n_ctx: int, window: int | None, *, n_ubatch: int = LLAMACP
       unified else 1) + n_ubatch), 256)`` (llama-kv-cache-iswa.cpp, llama_kv_cache_iswa ctor: "the SWA
       cache is always padded to 256"); with ``swa_full`` (llama.cpp's default) it is ``n_ctx_seq`` too.
     """
+
     def pad(n: int) -> int:
         return (n + LLAMACPP_CELL_PAD - 1) // LLAMACPP_CELL_PAD * LLAMACPP_CELL_PAD
 
@@ -151,19 +161,31 @@ def llamacpp_kv_cells(n_ctx: int, window: int | None, *, n_ubatch: int = LLAMACP
     return pad(min(n_ctx_seq, window * (n_seq if unified else 1) + n_ubatch))
 
 
-def llamacpp_kv_cache_bytes(layers: Iterable[KVLayer], n_ctx: int, kv: str, *, n_ubatch: int = LLAMACPP_N_UBATCH,
-                            n_seq: int = 1, swa_full: bool = True, unified: bool = False) -> int:
+def llamacpp_kv_cache_bytes(
+    layers: Iterable[KVLayer],
+    n_ctx: int,
+    kv: str,
+    *,
+    n_ubatch: int = LLAMACPP_N_UBATCH,
+    n_seq: int = 1,
+    swa_full: bool = True,
+    unified: bool = False,
+) -> int:
     """The KV cache llama.cpp allocates for ``layers`` (strata's per-token rows, :func:`kv_bytes_per_token`)
     at a context of ``n_ctx``: each layer's row bytes x :func:`llamacpp_kv_cells` x its streams
     (llama-kv-cache.cpp, llama_kv_cache ctor: one ``[row, kv_size, n_stream]`` K tensor, and a V tensor
     unless the row is absent, as under MLA). What tests/test_budget_llamacpp.py compares with llama.cpp."""
     streams = 1 if unified else max(n_seq, 1)
-    return sum(kv_bytes_per_token(L, kv) * streams * llamacpp_kv_cells(n_ctx, L.window, n_ubatch=n_ubatch, n_seq=n_seq,
-                                                                         swa_full=swa_full, unified=unified)
-               for L in layers)
+    return sum(
+        kv_bytes_per_token(L, kv)
+        * streams
+        * llamacpp_kv_cells(n_ctx, L.window, n_ubatch=n_ubatch, n_seq=n_seq, swa_full=swa_full, unified=unified)
+        for L in layers
+    )
 
 
 # ----------------------------------------------------------------------------- recurrent state
+
 
 @dataclass(frozen=True)
 class RecurrentLayer:
@@ -189,8 +211,10 @@ def recurrent_state_bytes(layers: Iterable[RecurrentLayer], batch: int) -> int:
 
 # ----------------------------------------------------------------------------- activations
 
-def activation_bytes(chunk: int, act_per_token: int, logits_per_token: int, logits_all: bool = False,
-                     batch: int = 1) -> int:
+
+def activation_bytes(
+    chunk: int, act_per_token: int, logits_per_token: int, logits_all: bool = False, batch: int = 1
+) -> int:
     """Prompt-path / activation buffers, geometry model.
 
     ``rows = max(chunk, batch, 1)`` positions (a prompt chunk of ``chunk`` positions, or one decode
@@ -215,6 +239,7 @@ def documents_prefill_bytes(chunk: int) -> int:
 
 
 # ----------------------------------------------------------------------------- weights
+
 
 @dataclass(frozen=True)
 class EngineForm:
@@ -253,8 +278,9 @@ def engine_form(pool_type: int, src_type: int, ne: Sequence[int]) -> EngineForm:
     return EngineForm(pack, engine, engine, 0, 0, 0)
 
 
-def expert_blob_bytes(gate_type: int, up_type: int, down_type: int, n_embd: int, n_ff_exp: int,
-                      *, engine: bool = False) -> int:
+def expert_blob_bytes(
+    gate_type: int, up_type: int, down_type: int, n_embd: int, n_ff_exp: int, *, engine: bool = False
+) -> int:
     """Bytes of one expert (gate + up + down) in source form, or in engine form (widened types carry f32
     scales: what one cache slot holds). Worked example (docs/DESIGN.md "Expert sizes change per layer"):
     IQ2_XS gate/up + IQ4_NL down at n_embd 2560, n_ff_exp 640: 473,600 + 473,600 + 921,600 = 1,868,800 B
@@ -271,8 +297,13 @@ def align_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
-def expert_slot_layout(gate_type: int, up_type: int, down_type: int, n_embd: int, n_ff_exp: int,
-                       ) -> tuple[tuple[tuple[int, int], ...], int]:
+def expert_slot_layout(
+    gate_type: int,
+    up_type: int,
+    down_type: int,
+    n_embd: int,
+    n_ff_exp: int,
+) -> tuple[tuple[tuple[int, int], ...], int]:
     """Where one expert sits inside an expert-cache slot: ``((offset, nbytes) for gate, up, down)``
     in engine form, each part at a multiple of :data:`EXPERT_PART_ALIGN`, and the slot stride (the end
     of ``down`` rounded up to the same alignment). strata's engine lays its slots out with this."""
@@ -294,6 +325,7 @@ def expert_slot_bytes(gate_type: int, up_type: int, down_type: int, n_embd: int,
 
 
 # ----------------------------------------------------------------------------- engine buffers
+
 
 def matvec_out_bytes(ne: Sequence[int]) -> int:
     """strata's engine keeps one f32 output vector per weight matrix it multiplies (a GEMV writes
@@ -352,8 +384,8 @@ def expert_slots(free_bytes: int, reserve_bytes: int, max_blob: int, cap: int | 
     largest per-expert blob in engine form: every slot must hold any layer's expert. The cache is ONE
     allocation and, above :data:`DRIVER_PACKED_MAX_BYTES`, the driver takes it in whole
     :data:`DRIVER_PAGE_BYTES` pages: the count is the largest whose pages still leave the reserve free (a
-    smaller cache is packed into pages the driver already holds and counted at its size) (measured on the H200, 2026-11-30: the
-    unrounded count left 698.5 of 700 MiB free after start-up)."""
+    smaller cache is packed into pages the driver already holds and counted at its size) (measured on the
+    H200, 2026-11-30: the unrounded count left 698.5 of 700 MiB free after start-up)."""
     if max_blob <= 0:
         return 0
     room = free_bytes - reserve_bytes
@@ -369,14 +401,21 @@ def expert_slots(free_bytes: int, reserve_bytes: int, max_blob: int, cap: int | 
 class CacheSize:
     """How many expert-cache slots a start-up takes (:func:`size_expert_cache`)."""
 
-    slots: int            # the slots allocated (0 when refused)
-    slots_fit: int        # the most that fit: the automatic value
-    cap: int | None       # the (layer, expert) pairs that can fill a slot (None: no cap)
-    refused: str | None   # why an asked N is refused (both numbers), else None
+    slots: int  # the slots allocated (0 when refused)
+    slots_fit: int  # the most that fit: the automatic value
+    cap: int | None  # the (layer, expert) pairs that can fill a slot (None: no cap)
+    refused: str | None  # why an asked N is refused (both numbers), else None
 
 
-def size_expert_cache(free_bytes: int, reserve_bytes: int, slot_bytes: int, cap: int | None,
-                      asked: int | None = None, *, cap_what: str = "") -> CacheSize:
+def size_expert_cache(
+    free_bytes: int,
+    reserve_bytes: int,
+    slot_bytes: int,
+    cap: int | None,
+    asked: int | None = None,
+    *,
+    cap_what: str = "",
+) -> CacheSize:
     """The expert cache size, as both the planner and the engine decide it (one definition).
 
     Automatic (``asked`` None): :func:`expert_slots` of what is free minus the reserve, at most ``cap`` (the
@@ -393,13 +432,22 @@ def size_expert_cache(free_bytes: int, reserve_bytes: int, slot_bytes: int, cap:
     room = expert_slots(free_bytes, reserve_bytes, slot_bytes)
     why = []
     if cap is not None and asked > cap:
-        why.append(f"capped at {cap_what or f'{cap} (layer, expert) pairs'}, as the automatic value is: a slot "
-                   f"beyond them is never filled")
+        why.append(
+            f"capped at {cap_what or f'{cap} (layer, expert) pairs'}, as the automatic value is: a slot "
+            f"beyond them is never filled"
+        )
     if asked > room:
-        why.append(f"{mib(max(free_bytes - reserve_bytes, 0)):.1f} MiB free after the {mib(reserve_bytes):.0f} MiB "
-                   f"reserve holds {room}")
-    return CacheSize(0, fit, cap, f"--expert-cache {asked} refused: {asked} slots x {slot_bytes} B = {asked * slot_bytes} B "
-                                  f"({mib(asked * slot_bytes):.1f} MiB) asked, at most {fit} slots fit ({'; '.join(why)})")
+        why.append(
+            f"{mib(max(free_bytes - reserve_bytes, 0)):.1f} MiB free after the {mib(reserve_bytes):.0f} MiB "
+            f"reserve holds {room}"
+        )
+    return CacheSize(
+        0,
+        fit,
+        cap,
+        f"--expert-cache {asked} refused: {asked} slots x {slot_bytes} B = {asked * slot_bytes} B "
+        f"({mib(asked * slot_bytes):.1f} MiB) asked, at most {fit} slots fit ({'; '.join(why)})",
+    )
 
 
 @dataclass
@@ -509,6 +557,7 @@ def q8_act_bytes(n: int) -> int:
     it out on both devices (engine/q8_layout.h ``act_nbytes_of``): int8 values, f32 block scales (one per 32
     slots), int16 sums per 16 and per 32 values, each plane padded to 64 bytes. The C function and this one are
     compared in tests/test_engine_cpu_q8.py."""
+
     def pad(b: int) -> int:
         return (b + 63) // 64 * 64
 
@@ -525,9 +574,20 @@ def gdn_step_bytes(conv_dim: int, value_dim: int, conv_weight_elements: int) -> 
     return F32_BYTES * (conv_dim + value_dim + conv_weight_elements)
 
 
-def fused_step_bytes(n_embd: int, n_head: int, head_dim: int, head_dim_v: int, n_ff_max: int, kv_positions_max: int,
-                     *, n_layer: int = 0, n_expert: int = 0, n_expert_used: int = 0, n_ff_exp: int = 0,
-                     value_dim: int = 0) -> int:
+def fused_step_bytes(
+    n_embd: int,
+    n_head: int,
+    head_dim: int,
+    head_dim_v: int,
+    n_ff_max: int,
+    kv_positions_max: int,
+    *,
+    n_layer: int = 0,
+    n_expert: int = 0,
+    n_expert_used: int = 0,
+    n_ff_exp: int = 0,
+    value_dim: int = 0,
+) -> int:
     """Device buffers of strata's fused GPU decode step (bytes; ``strata.engine.gpu.fused.FusedDecoder.nbytes``,
     allocated at the "prompt path" checkpoint, before the expert cache): the residual and normed rows
     (``2 n_embd``), the query and attention outputs (``n_head x head_dim``, ``n_head x head_dim_v``), the
@@ -536,19 +596,32 @@ def fused_step_bytes(n_embd: int, n_head: int, head_dim: int, head_dim_v: int, n
     (:data:`FUSED_PARAM_BYTES` + ``4 n_embd``), the logit summary (:data:`FUSED_TOP_BYTES`) and the q8 kernels'
     quantized input (:func:`q8_act_bytes` of the longest matvec input: ``n_embd``, ``n_head x head_dim_v``,
     ``n_ff_max`` or a delta-net layer's ``value_dim``, and the normed row's, written by its ``resid_norm``:
-    ``n_embd``; allocated whatever the kernel, so the term does not depend on ``--kernel``). With routed experts (``n_expert`` > 0) the MoE step's
-    (``strata.engine.gpu.fused_moe.MoeStep.nbytes``): router probabilities (``n_expert``), the selected
-    weights (``n_expert_used``), gate, up and activation of the selected experts (``3 x n_expert_used x
-    n_ff_exp``), their outputs (``n_expert_used x n_embd``), the combined row (``n_embd``), the shared gate
-    (1) and the slot table (``n_layer x n_expert``) in f32 / int32, the three part addresses per selected
-    expert (u64), the routing ids and slots (int32), the cache's address (u64) and the selected experts'
-    quantized down-projection inputs (``n_expert_used x q8_act_bytes(n_ff_exp)``). The one definition of
-    the budget's "prefill/activations" term on the fused path; tests check it against the engine's."""
-    dense = (F32_BYTES * (2 * n_embd + n_head * head_dim + n_head * head_dim_v + max(n_ff_max, 1) + n_head * kv_positions_max)
-             + FUSED_PARAM_BYTES + F32_BYTES * n_embd + FUSED_TOP_BYTES
-             + q8_act_bytes(max(n_embd, n_head * head_dim_v, max(n_ff_max, 1), value_dim)) + q8_act_bytes(n_embd))
+    ``n_embd``; allocated whatever the kernel, so the term does not depend on ``--kernel``). With routed
+    experts (``n_expert`` > 0) the MoE step's (``strata.engine.gpu.fused_moe.MoeStep.nbytes``): router
+    probabilities (``n_expert``), the selected weights (``n_expert_used``), gate, up and activation of the
+    selected experts (``3 x n_expert_used x n_ff_exp``), their outputs (``n_expert_used x n_embd``), the
+    combined row (``n_embd``), the shared gate (1) and the slot table (``n_layer x n_expert``) in f32 / int32,
+    the three part addresses per selected expert (u64), the routing ids and slots (int32), the cache's address
+    (u64) and the selected experts' quantized down-projection inputs (``n_expert_used x
+    q8_act_bytes(n_ff_exp)``). The one definition of the budget's "prefill/activations" term on the fused
+    path; tests check it against the engine's."""
+    dense = (
+        F32_BYTES
+        * (2 * n_embd + n_head * head_dim + n_head * head_dim_v + max(n_ff_max, 1) + n_head * kv_positions_max)
+        + FUSED_PARAM_BYTES
+        + F32_BYTES * n_embd
+        + FUSED_TOP_BYTES
+        + q8_act_bytes(max(n_embd, n_head * head_dim_v, max(n_ff_max, 1), value_dim))
+        + q8_act_bytes(n_embd)
+    )
     if not n_expert:
         return dense
     E, K, n = n_expert, n_expert_used, n_embd
-    return (dense + 4 * (E + K + 3 * K * n_ff_exp + K * n + n + 1 + n_layer * E) + 8 * 3 * K + 4 * 2 * K + 8
-            + K * q8_act_bytes(n_ff_exp))
+    return (
+        dense
+        + 4 * (E + K + 3 * K * n_ff_exp + K * n + n + 1 + n_layer * E)
+        + 8 * 3 * K
+        + 4 * 2 * K
+        + 8
+        + K * q8_act_bytes(n_ff_exp)
+    )

@@ -14,8 +14,8 @@ from strata.packer import quants
 from . import formulas as F
 from .formulas import F32_BYTES, align_up, kv_bytes_per_token, matvec_out_bytes, vector_f32_bytes  # noqa: F401
 
-
 # ----------------------------------------------------------------------------- card emulation
+
 
 def emulated_used_bytes(physical_total: int, physical_free: int, other_bytes: int) -> int:
     """Device memory THIS process holds on the physical GPU: what ``cudaMemGetInfo`` reports used
@@ -69,21 +69,24 @@ def allocation_rounding_bytes(sizes: Iterable[int], granularity: int, packed_max
     the memory outside every allocator grew with the number of large allocations on the H200 (157 MiB at
     Qwen3-30B-A3B scale with one allocation per tensor, 6 MiB on a 270M model) - the reason the engine
     now allocates per stage arenas (:func:`arena_layout`)."""
-    return sum(align_up(int(n), granularity) - int(n) if int(n) > packed_max else align_up(int(n), 512) - int(n)
-               for n in sizes)
+    return sum(
+        align_up(int(n), granularity) - int(n) if int(n) > packed_max else align_up(int(n), 512) - int(n) for n in sizes
+    )
 
 
 # ----------------------------------------------------------------------------- the drafter
 
-def draft_bind_bytes(tensors: Iterable[tuple[int, int, Sequence[int]]], kv_bytes_per_token: int, n_ctx: int,
-                     n_embd: int) -> int:
+
+def draft_bind_bytes(
+    tensors: Iterable[tuple[int, int, Sequence[int]]], kv_per_token: int, n_ctx: int, n_embd: int
+) -> int:
     """The draft head's bind buffers (bytes): what strata's engine allocates for a NextN / MTP draft head
     at the ``bind`` stage, after the expert cache, into room the cache sizing reserved for it (the
     documents' ``reserve = (vram_reserve_mib + prefill_mib) MiB + draft_head_bind_bytes``,
     docs/DESIGN.md "The automatic slot count"): one f32 GEMV output per draft matrix
     (:func:`matvec_out_bytes`), an f32 copy of every draft vector whose engine form is not F32
     (:func:`vector_f32_bytes`), the draft blocks' K/V cache for ``n_ctx`` positions
-    (``kv_bytes_per_token``: :func:`kv_bytes_per_token` summed over the draft blocks) and the f32
+    (``kv_per_token``: :func:`kv_bytes_per_token` summed over the draft blocks) and the f32
     ``[embedding | hidden]`` row its ``eh_proj`` reads (``2 x n_embd``; llama.cpp qwen3next.cpp
     ``graph_mtp``). ``tensors``: ``(pool type, source type, ne)`` of the draft blocks' dense tensors.
     The buffers are one allocation, made in whole driver pages (:data:`BIND_PAGE_BYTES`) when larger
@@ -95,7 +98,7 @@ def draft_bind_bytes(tensors: Iterable[tuple[int, int, Sequence[int]]], kv_bytes
             total += vector_f32_bytes(pool_t, src_t, ne)
         else:
             total += matvec_out_bytes(ne)
-    total += int(kv_bytes_per_token) * int(n_ctx) + F32_BYTES * 2 * int(n_embd)
+    total += int(kv_per_token) * int(n_ctx) + F32_BYTES * 2 * int(n_embd)
     return align_up(total, BIND_PAGE_BYTES) if total > BIND_PACKED_MAX_BYTES else total
 
 
@@ -104,8 +107,14 @@ BIND_PAGE_BYTES = F.DRIVER_PAGE_BYTES
 BIND_PACKED_MAX_BYTES = F.DRIVER_PACKED_MAX_BYTES
 
 
-def generic_step_bytes(act_per_token: int, logits_per_token: int, kv_positions_max: int, kv_elements_max: int,
-                       n_head: int, ssm_elements_max: int) -> int:
+def generic_step_bytes(
+    act_per_token: int,
+    logits_per_token: int,
+    kv_positions_max: int,
+    kv_elements_max: int,
+    n_head: int,
+    ssm_elements_max: int,
+) -> int:
     """An estimate (bytes) of what the generic per-layer GPU path's warm-up leaves cached in CuPy's pool:
     the largest temporaries of one step at the last position - f32 copies of one layer's K and V for every
     position it holds (``kv_positions_max x kv_elements_max``, K and V elements per token), the attention
@@ -113,12 +122,18 @@ def generic_step_bytes(act_per_token: int, logits_per_token: int, kv_positions_m
     (decay, outer product, readout: ``3 x ssm_elements_max``), one position's activations and the
     logits. Not exact: the pool keeps freed blocks by size; ``strata-engine measure`` reports it beside the
     measured growth."""
-    return F32_BYTES * (act_per_token + logits_per_token + kv_positions_max * kv_elements_max
-                        + 2 * n_head * kv_positions_max + 3 * ssm_elements_max)
+    return F32_BYTES * (
+        act_per_token
+        + logits_per_token
+        + kv_positions_max * kv_elements_max
+        + 2 * n_head * kv_positions_max
+        + 3 * ssm_elements_max
+    )
 
 
-def strata_decode_path(n_recurrent_layers: int, mlp_biases: bool, n_expert_used: int = 0,
-                       recurrent_fusable: bool = True) -> str:
+def strata_decode_path(
+    n_recurrent_layers: int, mlp_biases: bool, n_expert_used: int = 0, recurrent_fusable: bool = True
+) -> str:
     """``"fused"`` when strata's GPU engine runs the model with its fused step, else ``"generic"`` (the
     per-layer path): the rule of ``strata.engine.gpu.fused.fused_unsupported`` for the architectures the
     engine runs (delta-net layers the fused step cannot build - the legacy ``ssm_in`` projection, a head
@@ -135,14 +150,27 @@ def fused_graph_count(n_moe_layers: int) -> int:
     return 2 + (2 * (2 * n_moe_layers + 1) if n_moe_layers else 0)
 
 
-def cuda_runtime_bytes(n_modules: int, n_graphs: int, allocations: Iterable[int], *, module_bytes: int,
-                       graph_bytes: int, generic_path_bytes: int, granularity: int, packed_max: int,
-                       generic: bool) -> int:
+def cuda_runtime_bytes(
+    n_modules: int,
+    n_graphs: int,
+    allocations: Iterable[int],
+    *,
+    module_bytes: int,
+    graph_bytes: int,
+    generic_path_bytes: int,
+    granularity: int,
+    packed_max: int,
+    generic: bool,
+) -> int:
     """Device memory taken outside the engine's buffers (bytes): ``n_modules`` kernel modules (one per
     kernel type the engine loads, the expert activation, the fused step's) at ``module_bytes`` each,
     ``n_graphs`` captured CUDA graphs at ``graph_bytes``, CuPy's own kernels of the generic path
     (``generic_path_bytes`` when ``generic``), and the driver's rounding of the engine's allocations
     (:func:`allocation_rounding_bytes`). Constants: ``cards.toml``; what the engine loads: the budget's
     reading of the pack (``strata.budget.engine_terms``)."""
-    return (n_modules * module_bytes + n_graphs * graph_bytes + (generic_path_bytes if generic else 0)
-            + allocation_rounding_bytes(allocations, granularity, packed_max))
+    return (
+        n_modules * module_bytes
+        + n_graphs * graph_bytes
+        + (generic_path_bytes if generic else 0)
+        + allocation_rounding_bytes(allocations, granularity, packed_max)
+    )

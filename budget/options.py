@@ -10,7 +10,7 @@ does with the same value).
 | expert-cache slots | ``--expert-cache`` | automatic |
 | expert profile (Parquet) | ``--expert-profile`` (``--profile``: the engine's earlier name) | none |
 | the card | ``--card PRESET`` or ``--card-mib N`` (the budget also ``--card measure``) | budget: required; engine: the local GPU |
-"""
+"""  # noqa: E501 - a Markdown table: a row cannot be wrapped
 
 from __future__ import annotations
 
@@ -18,14 +18,20 @@ import click
 
 from . import formulas as F
 
-CTX_HELP = ("Context length: positions the KV cache holds per sequence (prompt + generated - 1 must fit) "
-            "[default: the model's trained context, like llama.cpp's -c 0].")
+CTX_HELP = (
+    "Context length: positions the KV cache holds per sequence (prompt + generated - 1 must fit) "
+    "[default: the model's trained context, like llama.cpp's -c 0]."
+)
 RESERVE_HELP = "VRAM kept free after the expert cache, in MiB (never allocated)."
-EXPERT_CACHE_HELP = ("Expert-cache slots: auto = floor((free - reserve) / largest slot) at the expert-cache "
-                     "checkpoint, at most the (layer, expert) pairs that can fill them; N = exactly N, refused "
-                     "with N and the most that fit when it does not fit (never a smaller cache).")
-EXPERT_PROFILE_HELP = ("Expert profile: Parquet with integer columns layer, expert, count (strata-engine profile "
-                       "writes it); fills the expert cache at start-up, ranked by count.")
+EXPERT_CACHE_HELP = (
+    "Expert-cache slots: auto = floor((free - reserve) / largest slot) at the expert-cache "
+    "checkpoint, at most the (layer, expert) pairs that can fill them; N = exactly N, refused "
+    "with N and the most that fit when it does not fit (never a smaller cache)."
+)
+EXPERT_PROFILE_HELP = (
+    "Expert profile: Parquet with integer columns layer, expert, count (strata-engine profile "
+    "writes it); fills the expert cache at start-up, ranked by count."
+)
 
 
 def parse_expert_cache(value: str | int | None) -> tuple[int | None, str | None]:
@@ -42,21 +48,29 @@ def parse_expert_cache(value: str | int | None) -> tuple[int | None, str | None]
     return n, None
 
 
-CARD_HELP = ("Card preset from budget/cards.toml (24G, 16G, 12G, 8G, 6G; 24GB and 24GiB name the same)")
+CARD_HELP = "Card preset from budget/cards.toml (24G, 16G, 12G, 8G, 6G; 24GB and 24GiB name the same)"
 CARD_MIB_HELP = "Card total in MiB as CUDA reports it (instead of --card; 1 MiB to 16 TiB)."
-ENGINE_CARD_HELP = (CARD_HELP + " to emulate on the GPU: free memory at every start-up checkpoint is that card's total "
-                    "minus what this process holds, an allocation past it fails, the automatic expert cache is sized "
-                    "as on that card [default: the local GPU as it is].")
+ENGINE_CARD_HELP = (
+    CARD_HELP + " to emulate on the GPU: free memory at every start-up checkpoint is that card's total "
+    "minus what this process holds, an allocation past it fails, the automatic expert cache is sized "
+    "as on that card [default: the local GPU as it is]."
+)
 
 
 def card_options(engine: bool = False):
     """``--card`` and ``--card-mib`` (``card_name``, ``card_mib``): the budget's card, or the card the
     engine emulates (``engine``)."""
+
     def deco(f):
         f = click.option("--card-mib", "card_mib", type=int, default=None, help=CARD_MIB_HELP)(f)
-        return click.option("--card", "card_name", metavar="PRESET" if engine else "PRESET|measure",
-                            default=None, help=ENGINE_CARD_HELP if engine else
-                            CARD_HELP + " or 'measure' (ask the local GPU).")(f)
+        return click.option(
+            "--card",
+            "card_name",
+            metavar="PRESET" if engine else "PRESET|measure",
+            default=None,
+            help=ENGINE_CARD_HELP if engine else CARD_HELP + " or 'measure' (ask the local GPU).",
+        )(f)
+
     return deco
 
 
@@ -66,16 +80,28 @@ def ctx_option(f):
 
 def kv_option(choices):
     def deco(f):
-        return click.option("--kv", type=click.Choice(list(choices)), default=F.DEFAULT_KV, show_default=True,
-                            help="KV cache type: K and V stored as f16 (llama.cpp's default), f32"
-                                 + (", or int8 (ggml Q8_0 blocks, llama.cpp's q8_0 cache)" if "int8" in choices else "")
-                                 + "; the budget plans and the engine allocates the same bytes.")(f)
+        return click.option(
+            "--kv",
+            type=click.Choice(list(choices)),
+            default=F.DEFAULT_KV,
+            show_default=True,
+            help="KV cache type: K and V stored as f16 (llama.cpp's default), f32"
+            + (", or int8 (ggml Q8_0 blocks, llama.cpp's q8_0 cache)" if "int8" in choices else "")
+            + "; the budget plans and the engine allocates the same bytes.",
+        )(f)
+
     return deco
 
 
 def reserve_option(f):
-    return click.option("--vram-reserve-mib", "vram_reserve_mib", type=int, default=F.DEFAULT_RESERVE_MIB,
-                        show_default=True, help=RESERVE_HELP)(f)
+    return click.option(
+        "--vram-reserve-mib",
+        "vram_reserve_mib",
+        type=int,
+        default=F.DEFAULT_RESERVE_MIB,
+        show_default=True,
+        help=RESERVE_HELP,
+    )(f)
 
 
 def expert_cache_option(f):
@@ -83,9 +109,19 @@ def expert_cache_option(f):
 
 
 def expert_profile_option(f):
-    return click.option("--expert-profile", "--profile", "expert_profile", type=click.Path(), default=None,
-                        help=EXPERT_PROFILE_HELP)(f)
+    return click.option(
+        "--expert-profile", "--profile", "expert_profile", type=click.Path(), default=None, help=EXPERT_PROFILE_HELP
+    )(f)
 
 
-__all__ = ["CARD_HELP", "CTX_HELP", "card_options", "ctx_option", "expert_cache_option", "expert_profile_option", "kv_option",
-           "parse_expert_cache", "reserve_option"]
+__all__ = [
+    "CARD_HELP",
+    "CTX_HELP",
+    "card_options",
+    "ctx_option",
+    "expert_cache_option",
+    "expert_profile_option",
+    "kv_option",
+    "parse_expert_cache",
+    "reserve_option",
+]

@@ -22,13 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from strata.packer import quants
 
-from . import formulas as F
 from . import engine_terms as ET
+from . import formulas as F
 from .cards import Card, check_mib
-from .profile import check_profile_pairs, layer_span
 from .errors import PlanInputError
 from .formulas import DEFAULT_RESERVE_MIB, MIB
 from .plan_model import DenseTensor, ExpertLayerFacts, ModelFacts  # noqa: F401  (the plan's inputs, re-exported)
+from .profile import check_profile_pairs, layer_span
 
 #: The documents' prompt path chunk (docs/DESIGN.md "Incident 3: the reserve and the prompt buffers").
 DEFAULT_PREFILL_CHUNK = 256
@@ -136,8 +136,19 @@ def dense_types(facts: ModelFacts) -> list[TypeRow]:
     for t in facts.dense:
         f = F.engine_form(t.type, t.src_type, t.ne)
         label = quants.qtype(t.type).name + (" (from BF16)" if t.src_type == quants.BF16.id else "")
-        r = rows.setdefault(label, TypeRow(type=label, tensors=0, pack_bytes=0, engine_bytes=0, payload_bytes=0,
-                                           scales_f32_bytes=0, widened_extra_bytes=0, bf16_saved_bytes=0))
+        r = rows.setdefault(
+            label,
+            TypeRow(
+                type=label,
+                tensors=0,
+                pack_bytes=0,
+                engine_bytes=0,
+                payload_bytes=0,
+                scales_f32_bytes=0,
+                widened_extra_bytes=0,
+                bf16_saved_bytes=0,
+            ),
+        )
         r.tensors += 1
         r.pack_bytes += f.pack
         r.engine_bytes += f.engine
@@ -184,8 +195,11 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
     on_host = o.embeddings_on_host or strata  # strata's engine looks untied embeddings up in the host pool
     embd = 0 if facts.tied or on_host else _engine(facts, facts.embeddings)
     special = {facts.head, facts.embeddings}
-    dense = sum(F.engine_form(t.type, t.src_type, t.ne).engine for t in facts.dense
-                if t.name not in special and not facts.is_draft(t.name))
+    dense = sum(
+        F.engine_form(t.type, t.src_type, t.ne).engine
+        for t in facts.dense
+        if t.name not in special and not facts.is_draft(t.name)
+    )
     chunk = F.ENGINE_PREFILL_CHUNK if strata else o.prefill
     kv = F.kv_cache_bytes(facts.kv_layers, n_ctx, chunk, o.kv, o.batch, o.kv_resident)
     rec = F.recurrent_state_bytes(facts.recurrent_layers, o.batch)
@@ -195,37 +209,73 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
         act = F.documents_prefill_bytes(o.prefill)
         # formulas.documents_prefill_bytes: the documents' engine (generate.cpp:2941-2960;
         # docs/DESIGN.md "The automatic slot count")
-        act_detail = (f"prompt buffers of the reference C++ engine (measured): 160 MiB + {o.prefill} tokens x 680 KiB"
-                      if o.prefill > 0 else "prompt buffers of the reference C++ engine: none without a prompt chunk")
+        act_detail = (
+            f"prompt buffers of the reference C++ engine (measured): 160 MiB + {o.prefill} tokens x 680 KiB"
+            if o.prefill > 0
+            else "prompt buffers of the reference C++ engine: none without a prompt chunk"
+        )
     else:
         act = F.activation_bytes(o.prefill, facts.act_per_token, facts.logits_per_token, o.logits_all, o.batch)
         rows = max(o.prefill, o.batch, 1)
-        act_detail = (f"{rows} rows x {facts.act_per_token} f32 activations + "
-                      f"{rows if o.logits_all else o.batch} x {facts.logits_per_token} f32 logits")
+        act_detail = (
+            f"{rows} rows x {facts.act_per_token} f32 activations + "
+            f"{rows if o.logits_all else o.batch} x {facts.logits_per_token} f32 logits"
+        )
     n_full = sum(1 for L in facts.kv_layers if L.window is None)
     n_win = len(facts.kv_layers) - n_full
-    rt, rt_detail = ET.runtime_term(facts, card, n_ctx, o.kv) if strata else (card.cuda_runtime_bytes,
-                                                                               card.cuda_runtime_source)
-    terms = [Term(name="CUDA context", bytes=card.cuda_context_bytes, detail=card.cuda_context_source),
-             Term(name="CUDA runtime", bytes=rt, detail=rt_detail)]
+    rt, rt_detail = (
+        ET.runtime_term(facts, card, n_ctx, o.kv) if strata else (card.cuda_runtime_bytes, card.cuda_runtime_source)
+    )
+    terms = [
+        Term(name="CUDA context", bytes=card.cuda_context_bytes, detail=card.cuda_context_source),
+        Term(name="CUDA runtime", bytes=rt, detail=rt_detail),
+    ]
     if card.in_use_bytes is not None:
         terms.append(Term(name="in use before start", bytes=card.in_use_bytes, detail="measured"))
     terms += [
-        Term(name="dense weights", bytes=dense, detail=f"engine form, {len(facts.dense) - len(special - {None})} tensors"),
-        Term(name="output head", bytes=head, detail=(f"{facts.head} (tied to the embeddings)" if facts.tied else str(facts.head))),
-        Term(name="token embeddings", bytes=embd, detail=("shared with the output head" if facts.tied else
-                                                          "kept on the host" if on_host else str(facts.embeddings))),
-        Term(name="KV cache", bytes=kv, detail=(f"{o.kv}, {n_full} full-context + {n_win} sliding-window layers, "
-                                                f"{n_ctx} tokens x {o.batch} seq"
-                                                + (f", {o.kv_resident} resident" if o.kv_resident else ""))),
+        Term(
+            name="dense weights", bytes=dense, detail=f"engine form, {len(facts.dense) - len(special - {None})} tensors"
+        ),
+        Term(
+            name="output head",
+            bytes=head,
+            detail=(f"{facts.head} (tied to the embeddings)" if facts.tied else str(facts.head)),
+        ),
+        Term(
+            name="token embeddings",
+            bytes=embd,
+            detail=(
+                "shared with the output head"
+                if facts.tied
+                else "kept on the host"
+                if on_host
+                else str(facts.embeddings)
+            ),
+        ),
+        Term(
+            name="KV cache",
+            bytes=kv,
+            detail=(
+                f"{o.kv}, {n_full} full-context + {n_win} sliding-window layers, "
+                f"{n_ctx} tokens x {o.batch} seq" + (f", {o.kv_resident} resident" if o.kv_resident else "")
+            ),
+        ),
         Term(name="recurrent state", bytes=rec, detail=f"{len(facts.recurrent_layers)} layers, f32, x {o.batch} seq"),
-        Term(name="engine buffers", bytes=engine_buffer_bytes(facts, n_ctx),
-             detail=f"f32 GEMV outputs, non-F32 vectors as f32, {facts.rope_tables} rope table(s) of {n_ctx} x "
-                    f"{facts.rope_dim}, embedding row, expert hit path"),
+        Term(
+            name="engine buffers",
+            bytes=engine_buffer_bytes(facts, n_ctx),
+            detail=f"f32 GEMV outputs, non-F32 vectors as f32, {facts.rope_tables} rope table(s) of {n_ctx} x "
+            f"{facts.rope_dim}, embedding row, expert hit path",
+        ),
     ]
     if facts.draft_layers:
-        terms.append(Term(name="draft head", bytes=ET.draft_weights_bytes(facts),
-                          detail=f"NextN blocks {_span(facts.draft_layers)}: weights in engine form (the drafter)"))
+        terms.append(
+            Term(
+                name="draft head",
+                bytes=ET.draft_weights_bytes(facts),
+                detail=f"NextN blocks {_span(facts.draft_layers)}: weights in engine form (the drafter)",
+            )
+        )
     terms.append(Term(name="prefill/activations", bytes=act, detail=act_detail))
     return terms
 
@@ -236,7 +286,11 @@ _span = layer_span  # one definition: strata.budget.profile
 def _kv_tensor(facts: ModelFacts, il: int, part: str) -> str:
     """The projection whose rows one layer's K / V / indexer-K cache row comes from."""
     names = {t.name for t in facts.dense}
-    own = {"K": f"blk.{il}.attn_k.weight", "V": f"blk.{il}.attn_v.weight", "indexer K": f"blk.{il}.indexer.attn_k.weight"}[part]
+    own = {
+        "K": f"blk.{il}.attn_k.weight",
+        "V": f"blk.{il}.attn_v.weight",
+        "indexer K": f"blk.{il}.indexer.attn_k.weight",
+    }[part]
     fused = f"blk.{il}.attn_qkv.weight"
     return own if own in names or fused not in names else fused
 
@@ -254,8 +308,11 @@ def kv_type_error(facts: ModelFacts, kv: str) -> PlanInputError | None:
     B = t.block_elems
     if B == 1:
         return None
-    heads = {"K": (facts.head_dim, "key_length"), "V": (facts.head_dim_v or facts.head_dim, "value_length"),
-             "indexer K": (0, "indexer key_length")}
+    heads = {
+        "K": (facts.head_dim, "key_length"),
+        "V": (facts.head_dim_v or facts.head_dim, "value_length"),
+        "indexer K": (0, "indexer key_length"),
+    }
     bad: list[tuple[int, str, int, int]] = []  # layer, part, row elements, head elements (0: unknown)
     for L in facts.kv_layers:
         for part, n in (("K", L.k), ("V", L.v), ("indexer K", L.indexer_k)):
@@ -280,7 +337,10 @@ def kv_type_error(facts: ModelFacts, kv: str) -> PlanInputError | None:
         f"--kv {kv}: the {part} cache of layer {il} ({tensor}) has {what}, not a multiple of the "
         f"{t.name} block of {B} ({size} = {size // B} x {B} + {size % B}); {len(set(layers))} attention layer(s) "
         f"affected ({_span(layers)}); use --kv f16 or --kv f32",
-        tensor=tensor, found=found, required=f"a multiple of {B} elements ({t.name} block) for --kv {kv}")
+        tensor=tensor,
+        found=found,
+        required=f"a multiple of {B} elements ({t.name} block) for --kv {kv}",
+    )
 
 
 def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: bool = True) -> Plan:
@@ -299,36 +359,62 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
             naming a layer without experts or an expert id out of range.
     """
     o = options
-    for name, v, lo in (("--batch", o.batch, 1), ("--prefill", o.prefill, 0), ("--vram-reserve-mib", o.vram_reserve_mib, 0),
-                        ("--ctx", o.max_context, 1), ("--kv-resident", o.kv_resident, 1),
-                        ("--expert-cache", o.expert_cache, 0)):
+    for name, v, lo in (
+        ("--batch", o.batch, 1),
+        ("--prefill", o.prefill, 0),
+        ("--vram-reserve-mib", o.vram_reserve_mib, 0),
+        ("--ctx", o.max_context, 1),
+        ("--kv-resident", o.kv_resident, 1),
+        ("--expert-cache", o.expert_cache, 0),
+    ):
         if v is not None and v < lo:
-            raise PlanInputError(f"{name} {v}: must be at least {lo}", tensor=name, found=str(v), required=f"at least {lo}")
+            raise PlanInputError(
+                f"{name} {v}: must be at least {lo}", tensor=name, found=str(v), required=f"at least {lo}"
+            )
     check_mib("--vram-reserve-mib", o.vram_reserve_mib, error=PlanInputError)
     if (e := kv_type_error(facts, o.kv)) is not None:
         raise e
     if o.engine == "strata":
-        for bad, why in ((o.batch != 1, f"--batch {o.batch}: strata's engine decodes one sequence"),
-                         (o.kv not in F.ENGINE_KV_TYPES, f"--kv {o.kv}: strata's engine stores K/V as "
-                                                         f"{' or '.join(F.ENGINE_KV_TYPES)}")):
+        for bad, why in (
+            (o.batch != 1, f"--batch {o.batch}: strata's engine decodes one sequence"),
+            (
+                o.kv not in F.ENGINE_KV_TYPES,
+                f"--kv {o.kv}: strata's engine stores K/V as {' or '.join(F.ENGINE_KV_TYPES)}",
+            ),
+        ):
             if bad:
-                raise PlanInputError(why + " (plan the documents' engine with --engine documents)", tensor="--engine",
-                                     found="strata", required="--batch 1, --kv f16 or f32")
+                raise PlanInputError(
+                    why + " (plan the documents' engine with --engine documents)",
+                    tensor="--engine",
+                    found="strata",
+                    required="--batch 1, --kv f16 or f32",
+                )
     src = o.profile_path or "expert profile"
     if o.profile_pairs is not None:
         if not facts.expert_layers:
             raise PlanInputError(
                 f"--expert-profile {src}: this {facts.arch} model has no routed experts, so there is no expert cache "
                 f"for its {len(o.profile_pairs)} (layer, expert) pairs to fill; drop --expert-profile",
-                tensor=src, found=f"a profile of {len(o.profile_pairs)} pairs", required="a model with routed experts")
+                tensor=src,
+                found=f"a profile of {len(o.profile_pairs)} pairs",
+                required="a model with routed experts",
+            )
         _check_profile(facts, o.profile_pairs, src)
     if o.expert_cache and not facts.expert_layers:
-        raise PlanInputError(f"--expert-cache {o.expert_cache}: this {facts.arch} model has no routed experts",
-                             tensor="--expert-cache", found=str(o.expert_cache), required="0 (no routed experts)")
+        raise PlanInputError(
+            f"--expert-cache {o.expert_cache}: this {facts.arch} model has no routed experts",
+            tensor="--expert-cache",
+            found=str(o.expert_cache),
+            required="0 (no routed experts)",
+        )
     n_ctx = o.max_context if o.max_context is not None else facts.n_ctx_train
     if o.kv_resident is not None and o.kv_resident > n_ctx:
-        raise PlanInputError(f"--kv-resident {o.kv_resident}: more positions than the context ({n_ctx}); at most {n_ctx}",
-                             tensor="--kv-resident", found=str(o.kv_resident), required=f"at most {n_ctx}")
+        raise PlanInputError(
+            f"--kv-resident {o.kv_resident}: more positions than the context ({n_ctx}); at most {n_ctx}",
+            tensor="--kv-resident",
+            found=str(o.kv_resident),
+            required=f"at most {n_ctx}",
+        )
     terms = _terms(facts, card, o, n_ctx)
     before = sum(t.bytes for t in terms)
     free = card.total_bytes - before
@@ -347,16 +433,39 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     warnings: list[str] = []
     if o.profile_pairs is not None:
         fill = F.fill_profile(o.profile_pairs, slots)
-        profile = ProfileReport(pairs=fill.pairs, slots=slots, filled=fill.used, expected_hit_rate=fill.hit_rate,
-                                layers=[dict(layer=L.layer, range=L.range, filled=L.filled, hit_count=L.hit_count,
-                                             total_count=L.total_count) for L in fill.layers])
+        profile = ProfileReport(
+            pairs=fill.pairs,
+            slots=slots,
+            filled=fill.used,
+            expected_hit_rate=fill.hit_rate,
+            layers=[
+                dict(layer=L.layer, range=L.range, filled=L.filled, hit_count=L.hit_count, total_count=L.total_count)
+                for L in fill.layers
+            ],
+        )
     cache = slots * blob
-    terms.append(Term(name="expert cache", bytes=cache,
-                      detail=(f"{slots} slots x {blob} B (largest expert, engine form)" if facts.expert_layers else "no routed experts")))
+    terms.append(
+        Term(
+            name="expert cache",
+            bytes=cache,
+            detail=(
+                f"{slots} slots x {blob} B (largest expert, engine form)"
+                if facts.expert_layers
+                else "no routed experts"
+            ),
+        )
+    )
     if facts.draft_layers:
-        terms.append(Term(name="draft head bind", bytes=bind, detail=(
-            "the draft head's GEMV outputs, f32 vectors, K/V cache and eh_proj row: reserved when the cache is "
-            "sized (the documents' reserve + draft-head bind bytes), allocated after it")))
+        terms.append(
+            Term(
+                name="draft head bind",
+                bytes=bind,
+                detail=(
+                    "the draft head's GEMV outputs, f32 vectors, K/V cache and eh_proj row: reserved when the cache is "
+                    "sized (the documents' reserve + draft-head bind bytes), allocated after it"
+                ),
+            )
+        )
     used = before + cache + bind
     fits = free - reserve - bind >= 0 and refused is None
     if o.max_context is None:
@@ -367,22 +476,42 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         # 30 MiB left -> the driver paged, a request stalled; the documents' serve check calls under
         # 256 MiB free LOW (docs/DESIGN.md "Incident 1: the head before the cache" and
         # "Incident 3: the reserve and the prompt buffers")
-        warnings.append(f"--vram-reserve-mib {o.vram_reserve_mib} is under {LOW_MIB} MiB, where a serving engine's "
-                        f"memory check reports LOW: allocations the plan does not see (driver, other processes, "
-                        f"fragmentation) can make the driver page and requests stall")
+        warnings.append(
+            f"--vram-reserve-mib {o.vram_reserve_mib} is under {LOW_MIB} MiB, where a serving engine's "
+            f"memory check reports LOW: allocations the plan does not see (driver, other processes, "
+            f"fragmentation) can make the driver page and requests stall"
+        )
     full = [L for L in facts.kv_layers if L.window is None]
     types = dense_types(facts)
     plan = Plan(
-        card=card, options=o, n_ctx=n_ctx, terms=terms, free_bytes=free, reserve_bytes=reserve, max_blob=blob,
-        draft_bind_bytes=bind, decode_path=ET.decode_path(facts) if o.engine == "strata" else "",
-        max_blob_source=facts.max_blob_source, slots=slots, slots_fit=slots_fit, slots_cap=cap,
-        expert_cache_bytes=cache, used_bytes=used, left_bytes=card.total_bytes - used, fits=fits, refused=refused,
+        card=card,
+        options=o,
+        n_ctx=n_ctx,
+        terms=terms,
+        free_bytes=free,
+        reserve_bytes=reserve,
+        max_blob=blob,
+        draft_bind_bytes=bind,
+        decode_path=ET.decode_path(facts) if o.engine == "strata" else "",
+        max_blob_source=facts.max_blob_source,
+        slots=slots,
+        slots_fit=slots_fit,
+        slots_cap=cap,
+        expert_cache_bytes=cache,
+        used_bytes=used,
+        left_bytes=card.total_bytes - used,
+        fits=fits,
+        refused=refused,
         kv_bytes_per_token=sum(F.kv_bytes_per_token(L, o.kv) for L in full),
-        kv_bytes_per_token_window_layers=sum(F.kv_bytes_per_token(L, o.kv) for L in facts.kv_layers if L.window is not None),
+        kv_bytes_per_token_window_layers=sum(
+            F.kv_bytes_per_token(L, o.kv) for L in facts.kv_layers if L.window is not None
+        ),
         recurrent_state_bytes_per_seq=F.recurrent_state_bytes_per_seq(facts.recurrent_layers),
         widened_scale_bytes=sum(r.widened_extra_bytes for r in types),
         bf16_saved_bytes=sum(r.bf16_saved_bytes for r in types),
-        types=types, profile=profile, warnings=warnings,
+        types=types,
+        profile=profile,
+        warnings=warnings,
     )
     if suggest and not fits:
         plan.suggestions = suggestions(facts, card, o, plan)
@@ -395,6 +524,7 @@ def _check_profile(facts: ModelFacts, pairs: list[tuple[int, int, int]], src: st
 
 
 # ----------------------------------------------------------------------------- shrinking
+
 
 def _margin(facts: ModelFacts, card: Card, o: PlanOptions) -> int:
     """Bytes left after the terms, the reserve and an asked expert cache (>= 0: fits)."""
@@ -430,11 +560,16 @@ def suggestions(facts: ModelFacts, card: Card, o: PlanOptions, plan: Plan) -> li
     suggestion."""
     out: list[Suggestion] = []
     if o.expert_cache is not None and plan.refused:
-        out.append(Suggestion(option="--expert-cache", value=str(plan.slots_fit),
-                              saves_bytes=(o.expert_cache - plan.slots_fit) * plan.max_blob,
-                              fits_alone=plan.free_bytes >= plan.reserve_bytes,
-                              text=f"at most {plan.slots_fit} slots fit (the automatic value): ask for that many or "
-                                   f"leave it automatic"))
+        out.append(
+            Suggestion(
+                option="--expert-cache",
+                value=str(plan.slots_fit),
+                saves_bytes=(o.expert_cache - plan.slots_fit) * plan.max_blob,
+                fits_alone=plan.free_bytes >= plan.reserve_bytes,
+                text=f"at most {plan.slots_fit} slots fit (the automatic value): ask for that many or "
+                f"leave it automatic",
+            )
+        )
         if plan.slots_cap is not None and o.expert_cache > plan.slots_cap:
             return out
     base = _margin(facts, card, o)
@@ -442,60 +577,114 @@ def suggestions(facts: ModelFacts, card: Card, o: PlanOptions, plan: Plan) -> li
     def with_(**kw) -> PlanOptions:
         return o.model_copy(update=kw)
 
-    def knob(option: str, limit, to: Callable[[object], PlanOptions], search: Callable[[], object] | None,
-             fit_text: Callable[[object], str], limit_text: str) -> None:
+    def knob(
+        option: str,
+        limit,
+        to: Callable[[object], PlanOptions],
+        search: Callable[[], object] | None,
+        fit_text: Callable[[object], str],
+        limit_text: str,
+    ) -> None:
         """``limit``: the knob moved as far as it goes; ``search()``: the least change that fits (or None)."""
         m = _margin(facts, card, to(limit))
         if m <= base:
             return  # saves nothing
         if m < 0:
-            out.append(Suggestion(option=option, value=str(limit), saves_bytes=m - base, fits_alone=False, text=limit_text))
+            out.append(
+                Suggestion(option=option, value=str(limit), saves_bytes=m - base, fits_alone=False, text=limit_text)
+            )
             return
         value = search() if search is not None else None
         value = limit if value is None else value
         mv = _margin(facts, card, to(value))
-        out.append(Suggestion(option=option, value=str(value), saves_bytes=mv - base, fits_alone=mv >= 0, text=fit_text(value)))
+        out.append(
+            Suggestion(option=option, value=str(value), saves_bytes=mv - base, fits_alone=mv >= 0, text=fit_text(value))
+        )
 
     if plan.n_ctx > 1:
-        knob("--max-context", 1, lambda c: with_(max_context=c),
-             lambda: _largest(1, plan.n_ctx - 1, lambda c: _margin(facts, card, with_(max_context=c)) >= 0),
-             lambda c: f"the largest context that fits is {c} tokens" + (
-                 f", above the model's trained context of {facts.n_ctx_train} tokens (it was not trained for "
-                 f"more; --ctx {facts.n_ctx_train} fits too)" if c > facts.n_ctx_train else ""),
-             "not enough on its own, even at a 1-token context")
+        knob(
+            "--max-context",
+            1,
+            lambda c: with_(max_context=c),
+            lambda: _largest(1, plan.n_ctx - 1, lambda c: _margin(facts, card, with_(max_context=c)) >= 0),
+            lambda c: (
+                f"the largest context that fits is {c} tokens"
+                + (
+                    f", above the model's trained context of {facts.n_ctx_train} tokens (it was not trained for "
+                    f"more; --ctx {facts.n_ctx_train} fits too)"
+                    if c > facts.n_ctx_train
+                    else ""
+                )
+            ),
+            "not enough on its own, even at a 1-token context",
+        )
     smaller_kv = {"f32": "f16", "f16": "int8" if o.engine != "strata" else None}.get(o.kv)
     if facts.kv_layers and smaller_kv and kv_type_error(facts, smaller_kv) is None:
-        why = ("f16 KV cache: 2 B per value instead of 4" if smaller_kv == "f16" else
-               "int8 (Q8_0) KV cache: 34 B per 32 values instead of 64 (llama.cpp's q8_0 cache; strata's own engine "
-               "stores f16 or f32)")
+        why = (
+            "f16 KV cache: 2 B per value instead of 4"
+            if smaller_kv == "f16"
+            else "int8 (Q8_0) KV cache: 34 B per 32 values instead of 64 (llama.cpp's q8_0 cache; strata's own engine "
+            "stores f16 or f32)"
+        )
         knob("--kv", smaller_kv, lambda k: with_(kv=k), None, lambda _k: why, why + ": not enough on its own")
     if o.batch > 1:
-        knob("--batch", 1, lambda b: with_(batch=b),
-             lambda: _largest(1, o.batch - 1, lambda b: _margin(facts, card, with_(batch=b)) >= 0),
-             lambda b: f"the largest batch that fits is {b}", "not enough on its own, even at batch 1")
+        knob(
+            "--batch",
+            1,
+            lambda b: with_(batch=b),
+            lambda: _largest(1, o.batch - 1, lambda b: _margin(facts, card, with_(batch=b)) >= 0),
+            lambda b: f"the largest batch that fits is {b}",
+            "not enough on its own, even at batch 1",
+        )
     if o.prefill > 0:
-        knob("--prefill", 0, lambda c: with_(prefill=c),
-             lambda: _largest(0, o.prefill - 1, lambda c: _margin(facts, card, with_(prefill=c)) >= 0),
-             lambda c: f"the largest prompt chunk that fits is {c} tokens" + (" (0: one token at a time)" if c == 0 else ""),
-             "not enough on its own, even at 0 (one prompt token at a time)")
+        knob(
+            "--prefill",
+            0,
+            lambda c: with_(prefill=c),
+            lambda: _largest(0, o.prefill - 1, lambda c: _margin(facts, card, with_(prefill=c)) >= 0),
+            lambda c: (
+                f"the largest prompt chunk that fits is {c} tokens" + (" (0: one token at a time)" if c == 0 else "")
+            ),
+            "not enough on its own, even at 0 (one prompt token at a time)",
+        )
     if not o.embeddings_on_host and not facts.tied and facts.embeddings:
-        knob("--embeddings-on-host", "", lambda _v: with_(embeddings_on_host=True), None,
-             lambda _v: "look token embeddings up on the host", "look token embeddings up on the host: not enough on its own")
+        knob(
+            "--embeddings-on-host",
+            "",
+            lambda _v: with_(embeddings_on_host=True),
+            None,
+            lambda _v: "look token embeddings up on the host",
+            "look token embeddings up on the host: not enough on its own",
+        )
     if any(L.window is None for L in facts.kv_layers):
         top = min(o.kv_resident or plan.n_ctx, plan.n_ctx)
         if top > 1:
-            knob("--kv-resident", 1, lambda r: with_(kv_resident=r),
-                 lambda: _largest(1, top - 1, lambda r: _margin(facts, card, with_(kv_resident=r)) >= 0),
-                 lambda r: f"keep {r} tokens of KV per full-context layer in VRAM and stream older ones from the host (slower)",
-                 "not enough on its own, even with 1 resident token")
+            knob(
+                "--kv-resident",
+                1,
+                lambda r: with_(kv_resident=r),
+                lambda: _largest(1, top - 1, lambda r: _margin(facts, card, with_(kv_resident=r)) >= 0),
+                lambda r: (
+                    f"keep {r} tokens of KV per full-context layer in VRAM and stream older ones from the host (slower)"
+                ),
+                "not enough on its own, even with 1 resident token",
+            )
     if o.vram_reserve_mib > LOW_MIB:
+
         def reserve_search():
             new = o.vram_reserve_mib - (-base + MIB - 1) // MIB
             return new if new >= LOW_MIB else None
 
-        knob("--vram-reserve-mib", LOW_MIB, lambda r: with_(vram_reserve_mib=r), reserve_search,
-             lambda r: (f"the last resort: a {r} MiB reserve fits, but the reserve is the room for allocations the plan "
-                        f"does not see (driver, other processes); never below {LOW_MIB} MiB"),
-             f"not enough on its own, even at {LOW_MIB} MiB: a smaller reserve is never suggested (under {LOW_MIB} MiB "
-             f"free a serving engine reports memory LOW and the driver may page)")
+        knob(
+            "--vram-reserve-mib",
+            LOW_MIB,
+            lambda r: with_(vram_reserve_mib=r),
+            reserve_search,
+            lambda r: (
+                f"the last resort: a {r} MiB reserve fits, but the reserve is the room for allocations the plan "
+                f"does not see (driver, other processes); never below {LOW_MIB} MiB"
+            ),
+            f"not enough on its own, even at {LOW_MIB} MiB: a smaller reserve is never suggested (under {LOW_MIB} MiB "
+            f"free a serving engine reports memory LOW and the driver may page)",
+        )
     return out

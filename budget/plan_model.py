@@ -97,7 +97,9 @@ class ModelFacts(BaseModel):
     def is_draft(self, name: str) -> bool:
         """True for a tensor of a NextN draft block (``blk.N.`` with N a draft layer)."""
         parts = name.split(".", 2)
-        return bool(self.draft_layers) and parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) in self.draft_layers
+        return (
+            bool(self.draft_layers) and parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) in self.draft_layers
+        )
 
 
 __all__ = ["DenseTensor", "ExpertLayerFacts", "ModelFacts"]

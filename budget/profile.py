@@ -26,10 +26,13 @@ def _once(seen: dict[tuple[int, int], int], rows: list[tuple[int, int, int]], i:
     layer, expert, count = rows[i]
     if (layer, expert) in seen:
         j = seen[layer, expert]
-        raise PlanInputError(f"{src} rows {j} and {i}: the pair (layer {layer}, expert {expert}) appears twice "
-                             f"(counts {rows[j][2]} and {count}); each (layer, expert) pair must appear once",
-                             tensor=f"{src} row {i}", found=f"(layer {layer}, expert {expert}) again (first at row {j})",
-                             required="each (layer, expert) pair once")
+        raise PlanInputError(
+            f"{src} rows {j} and {i}: the pair (layer {layer}, expert {expert}) appears twice "
+            f"(counts {rows[j][2]} and {count}); each (layer, expert) pair must appear once",
+            tensor=f"{src} row {i}",
+            found=f"(layer {layer}, expert {expert}) again (first at row {j})",
+            required="each (layer, expert) pair once",
+        )
     seen[layer, expert] = i
 
 
@@ -48,20 +51,36 @@ def read_profile(path: str | Path) -> list[tuple[int, int, int]]:
 
     p = Path(path)
     if not p.exists():
-        raise PlanInputError(f"--expert-profile {path}: no such file", tensor=str(path), found="no such file",
-                             required="a Parquet file with columns layer, expert, count")
+        raise PlanInputError(
+            f"--expert-profile {path}: no such file",
+            tensor=str(path),
+            found="no such file",
+            required="a Parquet file with columns layer, expert, count",
+        )
     if p.is_dir():
-        raise PlanInputError(f"--expert-profile {path}: is a directory, not a Parquet file", tensor=str(path),
-                             found="a directory", required="a Parquet file with columns layer, expert, count")
+        raise PlanInputError(
+            f"--expert-profile {path}: is a directory, not a Parquet file",
+            tensor=str(path),
+            found="a directory",
+            required="a Parquet file with columns layer, expert, count",
+        )
     try:
         table = pq.read_table(p)
     except Exception as e:  # pyarrow raises several types for unreadable files
-        raise PlanInputError(f"--expert-profile {path}: not a readable Parquet file ({e})", tensor=str(path),
-                             found="not Parquet", required="a Parquet file with columns layer, expert, count") from None
+        raise PlanInputError(
+            f"--expert-profile {path}: not a readable Parquet file ({e})",
+            tensor=str(path),
+            found="not Parquet",
+            required="a Parquet file with columns layer, expert, count",
+        ) from None
     missing = [c for c in PROFILE_COLUMNS if c not in table.column_names]
     if missing:
-        raise PlanInputError(f"{path}: expert profile lacks column(s) {missing}; it has {table.column_names}",
-                             tensor=str(path), found=f"columns {table.column_names}", required="columns layer, expert, count")
+        raise PlanInputError(
+            f"{path}: expert profile lacks column(s) {missing}; it has {table.column_names}",
+            tensor=str(path),
+            found=f"columns {table.column_names}",
+            required="columns layer, expert, count",
+        )
     cols = []
     for c in PROFILE_COLUMNS:
         col = table.column(c)
@@ -71,30 +90,47 @@ def read_profile(path: str | Path) -> list[tuple[int, int, int]]:
             if pa.types.is_floating(col.type):  # show a value truncation would have changed
                 i = next((k for k, v in enumerate(values) if v is not None and not float(v).is_integer()), 0)
             example = f"; row {i} holds {values[i]!r}" if values else ""
-            raise PlanInputError(f"{path}: column {c} has type {col.type}, an expert profile needs integer columns "
-                                 f"(int8..int64 or uint8..uint64; values are never truncated or converted){example}",
-                                 tensor=f"{path}:{c}", found=str(col.type), required="an integer type")
+            raise PlanInputError(
+                f"{path}: column {c} has type {col.type}, an expert profile needs integer columns "
+                f"(int8..int64 or uint8..uint64; values are never truncated or converted){example}",
+                tensor=f"{path}:{c}",
+                found=str(col.type),
+                required="an integer type",
+            )
         if col.null_count:
             i = next(k for k, v in enumerate(col.to_pylist()) if v is None)
-            raise PlanInputError(f"{path}: column {c} has {col.null_count} null value(s), the first at row {i}",
-                                 tensor=f"{path}:{c}", found=f"{col.null_count} null(s)", required="no nulls")
+            raise PlanInputError(
+                f"{path}: column {c} has {col.null_count} null value(s), the first at row {i}",
+                tensor=f"{path}:{c}",
+                found=f"{col.null_count} null(s)",
+                required="no nulls",
+            )
         cols.append(col.to_pylist())
     rows = list(zip(*cols))
     if not rows:
-        raise PlanInputError(f"{path}: the expert profile has no rows", tensor=str(path), found="0 rows",
-                             required="one row per profiled (layer, expert) pair")
+        raise PlanInputError(
+            f"{path}: the expert profile has no rows",
+            tensor=str(path),
+            found="0 rows",
+            required="one row per profiled (layer, expert) pair",
+        )
     seen: dict[tuple[int, int], int] = {}
     for i, (layer, expert, count) in enumerate(rows):
         for c, v in zip(PROFILE_COLUMNS, (layer, expert, count)):
             if v < 0:
-                raise PlanInputError(f"{path} row {i}: {c} {v} is negative (layer {layer}, expert {expert}, count {count})",
-                                     tensor=f"{path} row {i}", found=f"{c} {v}", required=f"{c} >= 0")
+                raise PlanInputError(
+                    f"{path} row {i}: {c} {v} is negative (layer {layer}, expert {expert}, count {count})",
+                    tensor=f"{path} row {i}",
+                    found=f"{c} {v}",
+                    required=f"{c} >= 0",
+                )
         _once(seen, rows, i, path)
     return rows
 
 
-def write_profile(rows: list[tuple[int, int, int]], out: str | Path, *, force: bool = False,
-                  inputs: tuple[str | Path, ...] = ()) -> None:
+def write_profile(
+    rows: list[tuple[int, int, int]], out: str | Path, *, force: bool = False, inputs: tuple[str | Path, ...] = ()
+) -> None:
     """Write ``(layer, expert, count)`` rows as Parquet: ``layer``, ``expert`` int32, ``count`` int64
     (what :func:`read_profile` reads back).
 
@@ -107,17 +143,20 @@ def write_profile(rows: list[tuple[int, int, int]], out: str | Path, *, force: b
 
     from strata.packer.outputs import atomic_output
 
-    table = pa.table({"layer": pa.array([r[0] for r in rows], pa.int32()),
-                      "expert": pa.array([r[1] for r in rows], pa.int32()),
-                      "count": pa.array([r[2] for r in rows], pa.int64())})
+    table = pa.table(
+        {
+            "layer": pa.array([r[0] for r in rows], pa.int32()),
+            "expert": pa.array([r[1] for r in rows], pa.int32()),
+            "count": pa.array([r[2] for r in rows], pa.int64()),
+        }
+    )
     with atomic_output(out, force=force, inputs=inputs) as tmp:  # beside ``out``, renamed: nothing half-written
         pq.write_table(table, tmp)
 
 
-
-
-def check_profile_pairs(pairs: list[tuple[int, int, int]], moe: set[int], n_expert: int,
-                        src: str = "expert profile") -> None:
+def check_profile_pairs(
+    pairs: list[tuple[int, int, int]], moe: set[int], n_expert: int, src: str = "expert profile"
+) -> None:
     """Every ``(layer, expert, count)`` row names an MoE layer of ``moe`` and an expert id in ``0..n_expert-1``,
     once, with a count >= 0 (rows numbered from 0, as the file stores them). Used by the budget's plan and
     by strata-engine generate (one rule for both).
@@ -128,14 +167,26 @@ def check_profile_pairs(pairs: list[tuple[int, int, int]], moe: set[int], n_expe
     seen: dict[tuple[int, int], int] = {}
     for i, (layer, expert, count) in enumerate(pairs):
         if layer not in moe:
-            raise PlanInputError(f"{src} row {i}: layer {layer} has no routed experts (MoE layers: {layer_span(sorted(moe))})",
-                                 tensor=f"{src} row {i}", found=f"layer {layer}", required=f"an MoE layer ({layer_span(sorted(moe))})")
+            raise PlanInputError(
+                f"{src} row {i}: layer {layer} has no routed experts (MoE layers: {layer_span(sorted(moe))})",
+                tensor=f"{src} row {i}",
+                found=f"layer {layer}",
+                required=f"an MoE layer ({layer_span(sorted(moe))})",
+            )
         if not 0 <= expert < n_expert:
-            raise PlanInputError(f"{src} row {i}: layer {layer} expert {expert} is outside 0..{n_expert - 1}",
-                                 tensor=f"{src} row {i}", found=f"expert {expert}", required=f"0..{n_expert - 1}")
+            raise PlanInputError(
+                f"{src} row {i}: layer {layer} expert {expert} is outside 0..{n_expert - 1}",
+                tensor=f"{src} row {i}",
+                found=f"expert {expert}",
+                required=f"0..{n_expert - 1}",
+            )
         if count < 0:
-            raise PlanInputError(f"{src} row {i}: layer {layer} expert {expert} has negative count {count}",
-                                 tensor=f"{src} row {i}", found=f"count {count}", required="a count >= 0")
+            raise PlanInputError(
+                f"{src} row {i}: layer {layer} expert {expert} has negative count {count}",
+                tensor=f"{src} row {i}",
+                found=f"count {count}",
+                required="a count >= 0",
+            )
         _once(seen, pairs, i, src)
 
 

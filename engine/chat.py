@@ -35,8 +35,15 @@ def _raise(message: str):
     raise ChatTemplateError(f"the chat template refused the messages: {message}")
 
 
-def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos_token: str = "",
-                add_bos: bool = False, add_eos: bool = False) -> str:
+def render_chat(
+    template: str,
+    messages: list[dict],
+    *,
+    bos_token: str = "",
+    eos_token: str = "",
+    add_bos: bool = False,
+    add_eos: bool = False,
+) -> str:
     """The prompt text of ``messages`` (``[{"role": ..., "content": ...}]``) under ``template``
     (module docstring). Raises ChatTemplateError for a template that does not parse or refuses."""
     import jinja2
@@ -48,14 +55,15 @@ def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
-        text = env.from_string(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
-                                                add_generation_prompt=True)
+        text = env.from_string(template).render(
+            messages=messages, bos_token=bos_token, eos_token=eos_token, add_generation_prompt=True
+        )
     except ChatTemplateError:
         raise
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"tokenizer.chat_template cannot be rendered: {type(e).__name__}: {e}") from None
     if add_bos and bos_token and text.startswith(bos_token):
-        text = text[len(bos_token):]
+        text = text[len(bos_token) :]
     if add_eos and eos_token and text.endswith(eos_token):
         text = text[: -len(eos_token)]
     return text
@@ -68,12 +76,18 @@ def chat_prompt(tok: Tokenizer, user: str, system: str | None = None, where: str
         ChatTemplateError: the pack has no ``tokenizer.chat_template`` (a base model), or it refuses.
     """
     if not tok.chat_template:
-        raise ChatTemplateError(f"{where} has no tokenizer.chat_template (a base model, not an instruct one?): "
-                                f"--chat needs the model's template; give the text with --prompt alone")
-    messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": user}]
+        raise ChatTemplateError(
+            f"{where} has no tokenizer.chat_template (a base model, not an instruct one?): "
+            f"--chat needs the model's template; give the text with --prompt alone"
+        )
+    messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": user}
+    ]
     bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
     eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-    return render_chat(tok.chat_template, messages, bos_token=bos, eos_token=eos, add_bos=tok.add_bos, add_eos=tok.add_eos)
+    return render_chat(
+        tok.chat_template, messages, bos_token=bos, eos_token=eos, add_bos=tok.add_bos, add_eos=tok.add_eos
+    )
 
 
 __all__ = ["ChatTemplateError", "chat_prompt", "render_chat"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import resource
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Callable
 
 from pydantic import BaseModel, Field
 
@@ -50,8 +50,10 @@ class Checkpoint(BaseModel):
 
     def line(self) -> str:
         notes = "".join(f", {k} {v}" for k, v in self.extra.items())
-        return (f"checkpoint {self.name}: {self.seconds * 1000:.0f} ms, rss {self.rss_bytes / 2**20:.0f} MiB "
-                f"({self.rss_delta_bytes / 2**20:+.0f} MiB){notes}")
+        return (
+            f"checkpoint {self.name}: {self.seconds * 1000:.0f} ms, rss {self.rss_bytes / 2**20:.0f} MiB "
+            f"({self.rss_delta_bytes / 2**20:+.0f} MiB){notes}"
+        )
 
 
 class Checkpoints:

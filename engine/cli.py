@@ -14,17 +14,22 @@ import codecs
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import click
 
 from strata.budget.formulas import ENGINE_KV_TYPES
-
-from strata.packer.exits import StrataGroup, interrupted
 from strata.budget.options import (
-    card_options, ctx_option, expert_cache_option, expert_profile_option, kv_option, parse_expert_cache, reserve_option,
+    card_options,
+    ctx_option,
+    expert_cache_option,
+    expert_profile_option,
+    kv_option,
+    parse_expert_cache,
+    reserve_option,
 )
+from strata.packer.exits import StrataGroup, interrupted
 
 from .chat import chat_prompt
 from .clikit import REFUSALS, check_pack_dir, fail, print_checkpoint, warn
@@ -32,6 +37,7 @@ from .generate import GenerationResult, StepStat, generate
 from .numerics import DEFAULT_NUMERICS, PROFILES
 from .sampling import Sampler
 from .startup import Engine, EngineOptions, load_engine
+
 
 def not_utf8(opt: str, text: str | None) -> str | None:
     """The refusal for an option's text that is not valid UTF-8 (on POSIX, Python hands undecodable argv bytes over
@@ -47,7 +53,9 @@ def not_utf8(opt: str, text: str | None) -> str | None:
     return None
 
 
-def check_request(*, n_tokens: int, n_ctx: int | None, temperature: float, top_k: int, top_p: float, seed: int) -> str | None:
+def check_request(
+    *, n_tokens: int, n_ctx: int | None, temperature: float, top_k: int, top_p: float, seed: int
+) -> str | None:
     """Option checks that need no pack (each refusal names the option), else None."""
     if not math.isfinite(temperature):
         return f"--temperature {temperature}: not a finite number"
@@ -66,8 +74,10 @@ def check_request(*, n_tokens: int, n_ctx: int | None, temperature: float, top_k
     if n_tokens < 1:
         return f"-n/--n-tokens {n_tokens}: must be >= 1"
     if n_ctx is not None and n_tokens > n_ctx:  # the prompt has at least one token: 1 + n - 1 positions
-        return (f"-n/--n-tokens {n_tokens} needs at least {n_tokens} positions (even a one-token prompt + {n_tokens} "
-                f"new tokens - 1), more than --ctx {n_ctx}")
+        return (
+            f"-n/--n-tokens {n_tokens} needs at least {n_tokens} positions (even a one-token prompt + {n_tokens} "
+            f"new tokens - 1), more than --ctx {n_ctx}"
+        )
     return None
 
 
@@ -111,10 +121,12 @@ def main() -> None:
     """
 
 
-STATS_UNITS = ("stats: one line per position. Units: 'ms' = milliseconds; forward/sample/cpu-experts/wait are host "
-               "wall-clock times, gpu is the device time between CUDA events at the step's start and end (it includes "
-               "time the GPU sat idle waiting for the host); 'hits/misses' are COUNTS of routed experts (not ms), per "
-               "MoE layer as layer:hits/misses.")
+STATS_UNITS = (
+    "stats: one line per position. Units: 'ms' = milliseconds; forward/sample/cpu-experts/wait are host "
+    "wall-clock times, gpu is the device time between CUDA events at the step's start and end (it includes "
+    "time the GPU sat idle waiting for the host); 'hits/misses' are COUNTS of routed experts (not ms), per "
+    "MoE layer as layer:hits/misses."
+)
 
 
 def _stats_header(engine: Engine) -> None:
@@ -134,14 +146,21 @@ def _ms(v: float | None) -> str:
 def stats_line(s: StepStat, piece: Callable[[int], str] | None = None, gpu: bool = False, experts: bool = False) -> str:
     """One ``--stats`` line; every figure says its unit (ms = milliseconds, counts of experts)."""
     out = "" if s.token_out is None else f" -> {s.token_out}" + (f" {piece(s.token_out)!r}" if piece else "")
-    line = (f"stats: pos {s.position:4d} {s.phase:6s} {s.token_in}{out} | forward {s.forward_ms:.2f} ms (wall) | "
-            f"sample {s.sample_ms:.2f} ms (wall)")
+    line = (
+        f"stats: pos {s.position:4d} {s.phase:6s} {s.token_in}{out} | forward {s.forward_ms:.2f} ms (wall) | "
+        f"sample {s.sample_ms:.2f} ms (wall)"
+    )
     if gpu:
-        line += (f" | gpu {_ms(s.gpu_ms)} ms (event span) | cpu-experts {_ms(s.cpu_expert_ms)} ms (wall) | "
-                 f"wait {_ms(s.wait_ms)} ms (wall)")
+        line += (
+            f" | gpu {_ms(s.gpu_ms)} ms (event span) | cpu-experts {_ms(s.cpu_expert_ms)} ms (wall) | "
+            f"wait {_ms(s.wait_ms)} ms (wall)"
+        )
     if experts:
         per = " ".join(f"{il}:{h}/{m}" for il, (h, m) in sorted((s.expert_layers or {}).items()))
-        line += f" | experts {s.expert_hits} hits / {s.expert_misses} misses (counts); per layer hits/misses (counts): {per}"
+        line += (
+            f" | experts {s.expert_hits} hits / {s.expert_misses} misses (counts); "
+            f"per layer hits/misses (counts): {per}"
+        )
     return line
 
 
@@ -150,6 +169,7 @@ def _stats_line(engine: Engine) -> Callable[[StepStat], None]:
 
     def show(s: StepStat) -> None:
         click.echo(stats_line(s, engine.tokenizer.piece, gpu, experts), err=True)
+
     return show
 
 
@@ -157,9 +177,11 @@ def _summary(r: GenerationResult) -> str:
     tps = f"{r.tokens_per_second:.2f} tok/s" if r.tokens_per_second else "n/a (one token)"
     pps = f"{r.prompt_tokens_per_second:.2f} tok/s" if r.prompt_tokens_per_second else "n/a"
     n_after = r.n_output_tokens - 1
-    line = (f"[{r.arch}, {r.device}] decode: {tps} ({n_after} token{'' if n_after == 1 else 's'} after the first in "
-            f"{r.decode_seconds:.2f} s, batch 1) | prompt: {r.n_prompt_tokens} tokens in {r.prompt_seconds:.2f} s "
-            f"({pps}, incl. the first generated token) | stop: {r.stop_reason}")
+    line = (
+        f"[{r.arch}, {r.device}] decode: {tps} ({n_after} token{'' if n_after == 1 else 's'} after the first in "
+        f"{r.decode_seconds:.2f} s, batch 1) | prompt: {r.n_prompt_tokens} tokens in {r.prompt_seconds:.2f} s "
+        f"({pps}, incl. the first generated token) | stop: {r.stop_reason}"
+    )
     if r.expert_hits or r.expert_misses:
         line += f" | experts: {r.expert_hits} hits / {r.expert_misses} misses (counts)"
     return line
@@ -193,61 +215,150 @@ class TextStream:
 
 @main.command("generate")
 @click.argument("pack", type=click.Path())
-@click.option("-p", "--prompt", required=True, help="Prompt text, tokenized as llama.cpp's llama-cli does: special "
-              "tokens written in it (<|im_start|>, <start_of_turn>) are those tokens. With --chat: the user message.")
-@click.option("--chat", is_flag=True, help="Apply the model's chat template (tokenizer.chat_template of the GGUF, "
-              "rendered with Jinja2 as Hugging Face does) to --prompt as a user message; prints only the reply.")
+@click.option(
+    "-p",
+    "--prompt",
+    required=True,
+    help="Prompt text, tokenized as llama.cpp's llama-cli does: special "
+    "tokens written in it (<|im_start|>, <start_of_turn>) are those tokens. With --chat: the user message.",
+)
+@click.option(
+    "--chat",
+    is_flag=True,
+    help="Apply the model's chat template (tokenizer.chat_template of the GGUF, "
+    "rendered with Jinja2 as Hugging Face does) to --prompt as a user message; prints only the reply.",
+)
 @click.option("--system", default=None, help="With --chat: a system message before the user message.")
-@click.option("--parse-special/--no-parse-special", "parse_special", default=True, show_default=True,
-              help="Parse special-token text in the prompt as special tokens (llama.cpp's default), or keep it plain text.")
+@click.option(
+    "--parse-special/--no-parse-special",
+    "parse_special",
+    default=True,
+    show_default=True,
+    help="Parse special-token text in the prompt as special tokens (llama.cpp's default), or keep it plain text.",
+)
 @click.option("-n", "--n-tokens", "n_tokens", default=32, show_default=True, help="Tokens to generate.")
 @click.option("--temperature", default=0.0, show_default=True, help="0 = greedy (argmax).")
-@click.option("--top-k", "top_k", default=0, show_default=True, help="Keep the k best logits before sampling (0 = all).")
+@click.option(
+    "--top-k", "top_k", default=0, show_default=True, help="Keep the k best logits before sampling (0 = all)."
+)
 @click.option("--top-p", "top_p", default=1.0, show_default=True, help="Nucleus mass to keep before sampling.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the sampler's generator.")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-generation tokens.")
 @ctx_option
-@click.option("--resident", default="all", show_default=True, callback=lambda c, p, v: _resident(v),
-              help="MoE: experts held by the expert cache (all | none | half | fraction); the rest are misses.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="cpu: NumPy; cuda: CuPy on the local GPU (pip install -e '.[cuda]').")
-@click.option("--numerics", "numerics_", type=click.Choice(sorted(PROFILES)), default=DEFAULT_NUMERICS, show_default=True,
-              help="CPU: activation roundings beside the kernels' own. f32 = none (the default q8 kernel still "
-                   "quantizes the activations of the products it runs, as llama.cpp does); llamacpp = also f16 "
-                   "attention operands, the fp16 GELU table and Q8 activations for products the kernel does not cover.")
-@click.option("--kernel", "--cpu-kernel", "cpu_kernel", type=click.Choice(["q8", "exact", "f32"]), default=None,
-              help="[default: q8] The matvec kernels. q8: llama.cpp's CPU numerics (activations quantized to "
-                   "Q8_0/Q8_K, integer block dots) on the CPU and, with --device cuda, on the GPU for every weight "
-                   "type that has a q8 kernel - bit-identical on both devices, so an expert computed on the CPU (a "
-                   "cache miss) equals a hit and the tokens do not depend on the cache; exact: f32 products in the "
-                   "exact kernels' summation order on both devices (also bit-identical, slower); f32 (CPU "
-                   "only): rows dequantized, a 16-way dot.")
-@click.option("-t", "--threads", type=click.IntRange(min=1, max=512), default=None,
-              help="CPU kernel threads, 1-512 (ggml's GGML_MAX_N_THREADS; default: the cores this process may use).")
+@click.option(
+    "--resident",
+    default="all",
+    show_default=True,
+    callback=lambda c, p, v: _resident(v),
+    help="MoE: experts held by the expert cache (all | none | half | fraction); the rest are misses.",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda"]),
+    default="cpu",
+    show_default=True,
+    help="cpu: NumPy; cuda: CuPy on the local GPU (pip install -e '.[cuda]').",
+)
+@click.option(
+    "--numerics",
+    "numerics_",
+    type=click.Choice(sorted(PROFILES)),
+    default=DEFAULT_NUMERICS,
+    show_default=True,
+    help="CPU: activation roundings beside the kernels' own. f32 = none (the default q8 kernel still "
+    "quantizes the activations of the products it runs, as llama.cpp does); llamacpp = also f16 "
+    "attention operands, the fp16 GELU table and Q8 activations for products the kernel does not cover.",
+)
+@click.option(
+    "--kernel",
+    "--cpu-kernel",
+    "cpu_kernel",
+    type=click.Choice(["q8", "exact", "f32"]),
+    default=None,
+    help="[default: q8] The matvec kernels. q8: llama.cpp's CPU numerics (activations quantized to "
+    "Q8_0/Q8_K, integer block dots) on the CPU and, with --device cuda, on the GPU for every weight "
+    "type that has a q8 kernel - bit-identical on both devices, so an expert computed on the CPU (a "
+    "cache miss) equals a hit and the tokens do not depend on the cache; exact: f32 products in the "
+    "exact kernels' summation order on both devices (also bit-identical, slower); f32 (CPU "
+    "only): rows dequantized, a 16-way dot.",
+)
+@click.option(
+    "-t",
+    "--threads",
+    type=click.IntRange(min=1, max=512),
+    default=None,
+    help="CPU kernel threads, 1-512 (ggml's GGML_MAX_N_THREADS; default: the cores this process may use).",
+)
 @kv_option(ENGINE_KV_TYPES)
 @expert_cache_option
 @expert_profile_option
 @reserve_option
 @card_options(engine=True)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (prompt_ids, output_ids, text, "
-              "tokens_per_second, top, ...) instead of text.")
-@click.option("--stats", is_flag=True, help="Per-position timing on stderr (units on every line; cuda: gpu, "
-              "cpu-experts and wait ms, and per-layer expert hits/misses; synchronises every step).")
-@click.option("--no-graph", "no_graph", is_flag=True, help="cuda: launch the fused dense step's kernels one by one "
-              "instead of replaying it as a CUDA graph (same kernels, bit-identical logits).")
-@click.option("--stage-times", "stage_times", is_flag=True, help="cuda, with --no-graph: device ms per stage "
-              "(embedding, each layer's attention and FFN, head) from CUDA events, printed at the end. Refused "
-              "with the graph on: events between the launches of a captured graph record nothing.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object (prompt_ids, output_ids, text, tokens_per_second, top, ...) instead of text.",
+)
+@click.option(
+    "--stats",
+    is_flag=True,
+    help="Per-position timing on stderr (units on every line; cuda: gpu, "
+    "cpu-experts and wait ms, and per-layer expert hits/misses; synchronises every step).",
+)
+@click.option(
+    "--no-graph",
+    "no_graph",
+    is_flag=True,
+    help="cuda: launch the fused dense step's kernels one by one "
+    "instead of replaying it as a CUDA graph (same kernels, bit-identical logits).",
+)
+@click.option(
+    "--stage-times",
+    "stage_times",
+    is_flag=True,
+    help="cuda, with --no-graph: device ms per stage "
+    "(embedding, each layer's attention and FFN, head) from CUDA events, printed at the end. Refused "
+    "with the graph on: events between the launches of a captured graph record nothing.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Start-up checkpoints (time, memory) on stderr.")
-def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperature, top_k, top_p, seed, ignore_eos,
-                 n_ctx, resident, device, numerics_, cpu_kernel, threads, kv, expert_cache, expert_profile, vram_reserve_mib, card_name, card_mib,
-                 as_json, stats, no_graph, stage_times, verbose):
+def generate_cmd(
+    pack,
+    prompt,
+    chat,
+    system,
+    parse_special,
+    n_tokens,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    ignore_eos,
+    n_ctx,
+    resident,
+    device,
+    numerics_,
+    cpu_kernel,
+    threads,
+    kv,
+    expert_cache,
+    expert_profile,
+    vram_reserve_mib,
+    card_name,
+    card_mib,
+    as_json,
+    stats,
+    no_graph,
+    stage_times,
+    verbose,
+):
     """Generate text from PACK after --prompt and report tok/s.
 
     Text mode prints the prompt (not with --chat) and then each token as it is generated; Ctrl-C
     stops there (exit 130) keeping what was printed. --json prints one object at the end (on an
     interruption: {"ok": false, ...} with the tokens generated so far).
     """
+
     def refuse(msg: str) -> None:
         fail(msg, as_json=as_json)
 
@@ -258,11 +369,14 @@ def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperatur
     if system is not None and not chat:
         refuse("--system needs --chat (the system message goes through the model's chat template)")
     if chat and not parse_special:
-        refuse("--no-parse-special with --chat would make the chat template's own markers plain text; "
-               "llama.cpp always parses them in a chat prompt")
+        refuse(
+            "--no-parse-special with --chat would make the chat template's own markers plain text; "
+            "llama.cpp always parses them in a chat prompt"
+        )
 
-    bad = check_pack_dir(pack) or check_request(n_tokens=n_tokens, n_ctx=n_ctx, temperature=temperature, top_k=top_k,
-                                                top_p=top_p, seed=seed)
+    bad = check_pack_dir(pack) or check_request(
+        n_tokens=n_tokens, n_ctx=n_ctx, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+    )
     if bad:
         refuse(bad)
     try:
@@ -277,11 +391,18 @@ def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperatur
     if expert_profile is not None and not Path(expert_profile).is_file():
         refuse(f"--expert-profile {expert_profile}: no such file")
     try:
-        opts = EngineOptions(n_ctx=n_ctx, resident=resident, kv=kv, numerics=numerics_, stage_times=stage_times,
-                             card=emulated_card(card_name, card_mib), cpu_kernel=cpu_kernel, threads=threads)
-        from strata.budget.profile import read_profile
-
+        opts = EngineOptions(
+            n_ctx=n_ctx,
+            resident=resident,
+            kv=kv,
+            numerics=numerics_,
+            stage_times=stage_times,
+            card=emulated_card(card_name, card_mib),
+            cpu_kernel=cpu_kernel,
+            threads=threads,
+        )
         from strata.budget.cards import check_mib
+        from strata.budget.profile import read_profile
 
         check_mib("--vram-reserve-mib", vram_reserve_mib)  # on every device, as strata-budget check does
         # read and checked against the pack on every device (load_engine); it fills the GPU's cache
@@ -291,15 +412,20 @@ def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperatur
             opts.vram_reserve_mib, opts.graph = vram_reserve_mib, not no_graph
         else:  # what only the GPU path uses: said, not silently dropped
             if opts.profile is not None:
-                warn(f"--expert-profile {expert_profile}: the CPU path has no expert cache; the profile was read and "
-                     "is not used (it fills the GPU's cache with --device cuda)")
+                warn(
+                    f"--expert-profile {expert_profile}: the CPU path has no expert cache; the profile was read and "
+                    "is not used (it fills the GPU's cache with --device cuda)"
+                )
             if ec is not None:
-                warn(f"--expert-cache {expert_cache}: the CPU path has no expert cache (it sizes the GPU's, "
-                     "--device cuda); not used")
+                warn(
+                    f"--expert-cache {expert_cache}: the CPU path has no expert cache (it sizes the GPU's, "
+                    "--device cuda); not used"
+                )
             if no_graph:
                 warn("--no-graph: the CPU path has no CUDA graphs (--device cuda); not used")
-        engine = load_engine(pack, device=device, options=opts, on_checkpoint=print_checkpoint if verbose else None,
-                             on_warning=warn)
+        engine = load_engine(
+            pack, device=device, options=opts, on_checkpoint=print_checkpoint if verbose else None, on_warning=warn
+        )
         for line in engine.notes:  # what the forward pass knowingly leaves out, said once
             click.echo(f"note: {line}", err=True)
         text = chat_prompt(engine.tokenizer, prompt, system, where=str(pack)) if chat else prompt
@@ -323,17 +449,27 @@ def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperatur
             stream(st.token_out)
 
     try:
-        r = generate(engine, text, n_tokens, sampler=sampler, ignore_eos=ignore_eos, on_step=on_step, stats=stats,
-                     parse_special=parse_special)
+        r = generate(
+            engine,
+            text,
+            n_tokens,
+            sampler=sampler,
+            ignore_eos=ignore_eos,
+            on_step=on_step,
+            stats=stats,
+            parse_special=parse_special,
+        )
     except REFUSALS as e:
         if echoed[0] and not as_json and not chat:
             click.echo("")  # ends the echoed prompt's line
         refuse(str(e))
     except KeyboardInterrupt as e:
         stream.finish()
-        raise interrupted(e, f"stopped after {len(stream.ids)} generated token(s)"
-                             + ("" if as_json else " (printed above)"),
-                          {"output_ids": stream.ids, "text": engine.tokenizer.decode(stream.ids)}) from None
+        raise interrupted(
+            e,
+            f"stopped after {len(stream.ids)} generated token(s)" + ("" if as_json else " (printed above)"),
+            {"output_ids": stream.ids, "text": engine.tokenizer.decode(stream.ids)},
+        ) from None
     st = _stage_summary(engine) if stage_times else None
     if as_json:
         d = r.model_dump()
@@ -346,19 +482,22 @@ def generate_cmd(pack, prompt, chat, system, parse_special, n_tokens, temperatur
     stream.finish()
     click.echo(_summary(r), err=True)
     if st is not None:
-        click.echo("stage times: device ms per position (CUDA events between stages, eager fused step; "
-                   "attn/ffn summed over layers): " + ", ".join(f"{k} {v:.3f} ms" for k, v in st["grouped"].items()),
-                   err=True)
+        click.echo(
+            "stage times: device ms per position (CUDA events between stages, eager fused step; "
+            "attn/ffn summed over layers): " + ", ".join(f"{k} {v:.3f} ms" for k, v in st["grouped"].items()),
+            err=True,
+        )
 
 
 def _stage_summary(engine: Engine) -> dict | None:
     dec = engine.decoder
     if dec is None or not dec.stage_times.steps:
         return None
-    return {"steps": dec.stage_times.steps, "grouped": dec.stage_times.grouped(),
-            "per_stage": dec.stage_times.per_token()}
-
-
+    return {
+        "steps": dec.stage_times.steps,
+        "grouped": dec.stage_times.grouped(),
+        "per_stage": dec.stage_times.per_token(),
+    }
 
 
 @main.command("measure")
@@ -369,15 +508,38 @@ def _stage_summary(engine: Engine) -> dict | None:
 @reserve_option
 @kv_option(ENGINE_KV_TYPES)
 @card_options(engine=True)
-@click.option("-n", "--n-tokens", "n_tokens", default=0, show_default=True,
-              help="Then generate this many tokens (greedy, end-of-generation ignored) and report the expert hit rate "
-                   "measured during generation beside the profile's prediction.")
+@click.option(
+    "-n",
+    "--n-tokens",
+    "n_tokens",
+    default=0,
+    show_default=True,
+    help="Then generate this many tokens (greedy, end-of-generation ignored) and report the expert hit rate "
+    "measured during generation beside the profile's prediction.",
+)
 @click.option("-p", "--prompt", default="The capital of France is", show_default=True, help="The prompt of -n.")
-@click.option("--device", type=click.Choice(["cuda", "sim"]), default="cuda", hidden=True,
-              help="sim: the NumPy stand-in of a card (dry runs of bench/device_docs.sh without a GPU).")
+@click.option(
+    "--device",
+    type=click.Choice(["cuda", "sim"]),
+    default="cuda",
+    hidden=True,
+    help="sim: the NumPy stand-in of a card (dry runs of bench/device_docs.sh without a GPU).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
-def measure_cmd(pack, n_ctx, expert_cache, expert_profile, vram_reserve_mib, kv, card_name, card_mib, n_tokens, prompt,
-                device, as_json):
+def measure_cmd(
+    pack,
+    n_ctx,
+    expert_cache,
+    expert_profile,
+    vram_reserve_mib,
+    kv,
+    card_name,
+    card_mib,
+    n_tokens,
+    prompt,
+    device,
+    as_json,
+):
     """Load PACK on the GPU (on an emulated card with --card) and print, per budget term, the bytes
     strata.budget predicts for strata's engine (the plan of strata-budget check --card ...) next to the
     bytes this engine allocated; the plan's slot count beside the engine's; the reserve measured free
@@ -399,8 +561,18 @@ def measure_cmd(pack, n_ctx, expert_cache, expert_profile, vram_reserve_mib, kv,
 
         card = emulated_card(card_name, card_mib)
         profile = read_profile(expert_profile) if expert_profile else None
-        a = measure_pack(pack, n_ctx=n_ctx, expert_cache="auto" if ec is None else ec, vram_reserve_mib=vram_reserve_mib,
-                         kv=kv, card=card, profile=profile, prompt=prompt, n_tokens=n_tokens, device=device)
+        a = measure_pack(
+            pack,
+            n_ctx=n_ctx,
+            expert_cache="auto" if ec is None else ec,
+            vram_reserve_mib=vram_reserve_mib,
+            kv=kv,
+            card=card,
+            profile=profile,
+            prompt=prompt,
+            n_tokens=n_tokens,
+            device=device,
+        )
     except REFUSALS as e:
         fail(str(e), as_json=as_json)
     if as_json:
@@ -413,21 +585,35 @@ def measure_cmd(pack, n_ctx, expert_cache, expert_profile, vram_reserve_mib, kv,
 
 
 # the command's earlier name (it measures; it does not audit the pack - strata-budget check does)
-main.add_command(click.Command("audit", callback=measure_cmd.callback, params=measure_cmd.params, hidden=True,
-                               help="Old name of `measure`."))
+main.add_command(
+    click.Command(
+        "audit", callback=measure_cmd.callback, params=measure_cmd.params, hidden=True, help="Old name of `measure`."
+    )
+)
 
 
 @main.command("profile")
 @click.argument("pack", type=click.Path())
-@click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False),
-              help="Text file, one prompt per line.")
-@click.option("-o", "--out", default="expert-profile.parquet", show_default=True,
-              help="Parquet file to write (layer, expert, count); a new file unless --force, never a pack's file or a GGUF.")
+@click.option(
+    "--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False), help="Text file, one prompt per line."
+)
+@click.option(
+    "-o",
+    "--out",
+    default="expert-profile.parquet",
+    show_default=True,
+    help="Parquet file to write (layer, expert, count); a new file unless --force, never a pack's file or a GGUF.",
+)
 @click.option("--force", is_flag=True, help="Replace an existing -o file.")
 @click.option("-n", "--n-tokens", "n_tokens", default=16, show_default=True, help="Tokens generated per prompt.")
 @ctx_option
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="Where the routing runs (the counts are the same).")
+@click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda"]),
+    default="cpu",
+    show_default=True,
+    help="Where the routing runs (the counts are the same).",
+)
 def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, device):
     """Write an expert profile (Parquet: layer, expert, count) from routing over --prompts: the input of
     strata-budget check --expert-profile and strata-engine generate --expert-profile."""
@@ -468,8 +654,10 @@ def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, device):
         write_profile(rows, out, force=force, inputs=(prompts_file,))
     except REFUSALS as e:
         fail(str(e))
-    click.echo(f"profile: {len(rows)} (layer, expert) pairs, {sum(r[2] for r in rows)} selections "
-               f"(counts) from {len(prompts)} prompts -> {out}")
+    click.echo(
+        f"profile: {len(rows)} (layer, expert) pairs, {sum(r[2] for r in rows)} selections "
+        f"(counts) from {len(prompts)} prompts -> {out}"
+    )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,20 @@ from .tokenizer import TokenizerError
 from .weights import WeightError
 
 #: Exceptions a command reports as a refusal (exit 2, one line naming the file, tensor or numbers).
-REFUSALS = (PackFormatError, ManifestError, LoadError, UnsupportedModel, TokenizerError, GenerateError, DequantError,
-            WeightError, BudgetInputError, FileNotFoundError, PermissionError, OutputError)
+REFUSALS = (
+    PackFormatError,
+    ManifestError,
+    LoadError,
+    UnsupportedModel,
+    TokenizerError,
+    GenerateError,
+    DequantError,
+    WeightError,
+    BudgetInputError,
+    FileNotFoundError,
+    PermissionError,
+    OutputError,
+)
 
 
 def fail(msg: str, code: int = 2, as_json: bool = False) -> None:

@@ -21,6 +21,7 @@ from .numerics import DEFAULT_NUMERICS
 from .tokenizer import Tokenizer
 from .weights import Weights
 
+
 class StepProbe(Protocol):
     """Per-step timers a device supplies (``begin`` before the step, ``end`` after it returns
     ``gpu_ms``, ``cpu_expert_ms``, ``wait_ms``; values may be None where a device cannot measure)."""

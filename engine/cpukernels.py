@@ -57,8 +57,16 @@ Q8_SOURCES = (HERE / "cpu_q8.c", HERE / "cpu_q8_dots.c")
 #: The quantized activation's layout, shared with the GPU q8 kernels (concatenated before :data:`Q8_SOURCES`).
 Q8_LAYOUT = HERE / "q8_layout.h"
 #: Compiler flags: IEEE f32 (no contraction into FMA, no fast-math), the host's vector units, OpenMP.
-CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-fPIC", "-shared",
-          "-Wno-unknown-pragmas")
+CFLAGS = (
+    "-O3",
+    "-march=native",
+    "-ffp-contract=off",
+    "-fno-fast-math",
+    "-fopenmp",
+    "-fPIC",
+    "-shared",
+    "-Wno-unknown-pragmas",
+)
 
 #: Kernels of :func:`matvec`: ``"exact"`` the GPU's summation order (f32), ``"f32"`` a dequantized row and a
 #: 16-way dot, ``"q8"`` llama.cpp's CPU numerics (activation quantized to Q8_0 / Q8_K, integer block dots),
@@ -96,8 +104,9 @@ class CpuKernelError(GenerateError):
 def _compiler() -> str:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
-        raise CpuKernelError("strata's CPU kernels are C compiled on first use and no C compiler was found "
-                             "(install gcc, or set CC)")
+        raise CpuKernelError(
+            "strata's CPU kernels are C compiled on first use and no C compiler was found (install gcc, or set CC)"
+        )
     return cc
 
 
@@ -116,12 +125,23 @@ def source(type_id: int, scalar: bool = False) -> str:
 
     t = quants.qtype(type_id)
     head = f"#define STRATA_T_{t.name} 1\n" + ("#define STRATA_SCALAR 1\n" if scalar else "")
-    return (head + _STUBS + K.source_for(type_id, with_kernels=False) + "\n" + EXACT_SIMD.read_text() + "\n" + DRIVER.read_text() + "\n"
-            + "#define Q8_FN static inline\n" + Q8_LAYOUT.read_text() + "\n"
-            + "\n".join(p.read_text() for p in Q8_SOURCES))
+    return (
+        head
+        + _STUBS
+        + K.source_for(type_id, with_kernels=False)
+        + "\n"
+        + EXACT_SIMD.read_text()
+        + "\n"
+        + DRIVER.read_text()
+        + "\n"
+        + "#define Q8_FN static inline\n"
+        + Q8_LAYOUT.read_text()
+        + "\n"
+        + "\n".join(p.read_text() for p in Q8_SOURCES)
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def library(type_id: int, scalar: bool = False) -> ctypes.CDLL:
     """The compiled library of ``type_id`` (built and cached on first use; ``scalar``: see :func:`source`).
 
@@ -148,11 +168,19 @@ def library(type_id: int, scalar: bool = False) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(so))
     i64, vp, ci = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     many = [vp, ci, i64, ci, i64, vp, vp, ci, vp]  # bases, nmat, rows, ne0, row_bytes, xs, y, threads, scratch
-    sigs = {"matvec_exact": [vp, i64, ci, i64, vp, vp, ci, vp], "matvec_exact_many": many,
-            "matvec_fast": [vp, i64, ci, i64, vp, vp, ci, vp], "matvec_fast_many": many,
-            "dequant_rows": [vp, vp, i64, ci, i64, vp], "quantize_q8_0": [vp, ci, vp, vp, vp],
-            "quantize_q8_K": [vp, ci, vp, vp, vp], "q8_act_format": [], "q8_simd": [], "act_nbytes": [ci],
-            "f16_round": [vp, i64, vp]}
+    sigs = {
+        "matvec_exact": [vp, i64, ci, i64, vp, vp, ci, vp],
+        "matvec_exact_many": many,
+        "matvec_fast": [vp, i64, ci, i64, vp, vp, ci, vp],
+        "matvec_fast_many": many,
+        "dequant_rows": [vp, vp, i64, ci, i64, vp],
+        "quantize_q8_0": [vp, ci, vp, vp, vp],
+        "quantize_q8_K": [vp, ci, vp, vp, vp],
+        "q8_act_format": [],
+        "q8_simd": [],
+        "act_nbytes": [ci],
+        "f16_round": [vp, i64, vp],
+    }
     if type_id in Q8_TYPES:
         sigs.update(matvec_q8=[vp, i64, ci, i64, vp, vp, ci, vp], matvec_q8_many=many)
     for name, args in sigs.items():
@@ -207,7 +235,7 @@ def scratch_bytes(type_id: int, kernel: str, ne0: int, nmat: int, threads: int) 
     return 4 * ne0 * (nmat if kernel == "exact" else threads)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _act_nbytes(type_id: int, ne0: int) -> int:
     """Bytes of one quantized activation of ``ne0`` values (engine/q8_layout.h), asked of the C library once."""
     return int(library(type_id).act_nbytes(ne0))
@@ -217,12 +245,22 @@ def entry_point(type_id: int, kernel: str):
     """The C function of ``kernel`` (after :func:`kernel_for`) for ``type_id``: ``(bases, nmat, rows, ne0,
     row_bytes, xs, out, threads, scratch)`` as in :func:`call_many` (addresses as ints)."""
     kernel = kernel_for(type_id, kernel)
-    return getattr(library(type_id), {"q8": "matvec_q8_many", "exact": "matvec_exact_many",
-                                      "f32": "matvec_fast_many"}[kernel])
+    return getattr(
+        library(type_id), {"q8": "matvec_q8_many", "exact": "matvec_exact_many", "f32": "matvec_fast_many"}[kernel]
+    )
 
 
-def call_many(type_id: int, kernel: str, bases: np.ndarray, rows: int, ne0: int, row_bytes: int, xs: np.ndarray,
-              out: np.ndarray, threads: int) -> None:
+def call_many(
+    type_id: int,
+    kernel: str,
+    bases: np.ndarray,
+    rows: int,
+    ne0: int,
+    row_bytes: int,
+    xs: np.ndarray,
+    out: np.ndarray,
+    threads: int,
+) -> None:
     """The C entry point without checks (the engine's token path; :func:`matvec_many` checks its arguments):
     ``out[m * rows + r] = W_m[r] . x_m``. ``bases``/``xs``: uint64 arrays of ``nmat`` addresses (weights in
     native blocks, f32 inputs of ``ne0``), ``out`` f32 ``[nmat * rows]`` C-contiguous."""
@@ -241,8 +279,18 @@ def _check(type_id: int, raw: np.ndarray, rows: int, ne0: int, x: np.ndarray) ->
     return row_bytes, x
 
 
-def matvec(type_id: int, raw: np.ndarray, rows: int, ne0: int, x: np.ndarray, out: np.ndarray | None = None, *,
-           exact: bool = True, threads: int | None = None, kernel: str | None = None) -> np.ndarray:
+def matvec(
+    type_id: int,
+    raw: np.ndarray,
+    rows: int,
+    ne0: int,
+    x: np.ndarray,
+    out: np.ndarray | None = None,
+    *,
+    exact: bool = True,
+    threads: int | None = None,
+    kernel: str | None = None,
+) -> np.ndarray:
     """``y = W @ x`` for a weight of ggml type ``type_id`` held as native GGUF blocks in ``raw``
     (``uint8``, C-contiguous, ``rows`` rows of ``ne0`` values each: ggml ``ne = (ne0, rows)``, numpy
     ``[rows, ne0]``) and ``x`` f32 ``[ne0]``. Returns f32 ``[rows]`` (``out`` if given).
@@ -260,13 +308,31 @@ def matvec(type_id: int, raw: np.ndarray, rows: int, ne0: int, x: np.ndarray, ou
     row_bytes, x = _check(type_id, raw, rows, ne0, x)
     if out is None:
         out = np.empty(rows, dtype=np.float32)
-    call_many(type_id, kernel or ("exact" if exact else "q8"), np.array([_ptr(raw)], dtype=np.uint64), rows, ne0,
-              row_bytes, np.array([_ptr(x)], dtype=np.uint64), out, threads or default_threads())
+    call_many(
+        type_id,
+        kernel or ("exact" if exact else "q8"),
+        np.array([_ptr(raw)], dtype=np.uint64),
+        rows,
+        ne0,
+        row_bytes,
+        np.array([_ptr(x)], dtype=np.uint64),
+        out,
+        threads or default_threads(),
+    )
     return out
 
 
-def matvec_many(type_id: int, raws: list[np.ndarray], rows: int, ne0: int, xs: list[np.ndarray], *,
-                exact: bool = True, threads: int | None = None, kernel: str | None = None) -> np.ndarray:
+def matvec_many(
+    type_id: int,
+    raws: list[np.ndarray],
+    rows: int,
+    ne0: int,
+    xs: list[np.ndarray],
+    *,
+    exact: bool = True,
+    threads: int | None = None,
+    kernel: str | None = None,
+) -> np.ndarray:
     """``y[m] = W_m @ xs[m]`` for ``len(raws)`` weights of one type and shape (each as in :func:`matvec`),
     in ONE C call: one OpenMP region over all ``(m, row)`` pairs; inputs that are the same array object
     in consecutive positions are quantized / laid out once. Returns f32 ``[len(raws), rows]`` (numpy
@@ -284,13 +350,23 @@ def matvec_many(type_id: int, raws: list[np.ndarray], rows: int, ne0: int, xs: l
         keep.append(x if xc is x else xc)  # the same object stays the same object (shared input)
     out = np.empty((len(raws), rows), dtype=np.float32)
     if raws:
-        call_many(type_id, kernel or ("exact" if exact else "q8"), np.array([_ptr(r) for r in raws], dtype=np.uint64),
-                  rows, ne0, quants.row_nbytes(type_id, ne0), np.array([_ptr(x) for x in keep], dtype=np.uint64),
-                  out, threads or default_threads())
+        call_many(
+            type_id,
+            kernel or ("exact" if exact else "q8"),
+            np.array([_ptr(r) for r in raws], dtype=np.uint64),
+            rows,
+            ne0,
+            quants.row_nbytes(type_id, ne0),
+            np.array([_ptr(x) for x in keep], dtype=np.uint64),
+            out,
+            threads or default_threads(),
+        )
     return out
 
 
-def quantize_activation(type_id: int, x: np.ndarray, *, scalar: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantize_activation(
+    type_id: int, x: np.ndarray, *, scalar: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``x`` (f32, length a multiple of the block) quantized by the C kernels for a weight of ``type_id``
     (a :data:`Q8_TYPES` member): ``(q int8 [n], d f32 [n / 32 or n / 256], s int16 [n / 16])`` - the values,
     the block scales and the sums of ``q`` per 16 values. For tests: ``d * q`` must equal
@@ -324,5 +400,21 @@ def dequant_rows(type_id: int, raw: np.ndarray, ne0: int, ids) -> np.ndarray:
     return out
 
 
-__all__ = ["CFLAGS", "KERNELS", "Q8_TYPES", "CpuKernelError", "cache_dir", "call_many", "default_threads", "dequant_rows", "entry_point",
-           "kernel_for", "library", "matvec", "matvec_many", "quantize_activation", "scratch_bytes", "source"]
+__all__ = [
+    "CFLAGS",
+    "KERNELS",
+    "Q8_TYPES",
+    "CpuKernelError",
+    "cache_dir",
+    "call_many",
+    "default_threads",
+    "dequant_rows",
+    "entry_point",
+    "kernel_for",
+    "library",
+    "matvec",
+    "matvec_many",
+    "quantize_activation",
+    "scratch_bytes",
+    "source",
+]

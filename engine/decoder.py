@@ -23,8 +23,8 @@ then ``logits = head(rms_norm(x) * output_norm)`` (+ ``output.bias``), soft-capp
 from __future__ import annotations
 
 import math
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 from strata.budget import formulas as F
 from strata.manifests.contract import Geometry
@@ -86,14 +86,23 @@ class Hyper:
     logit_softcap: float | None = None
 
     @classmethod
-    def from_geometry(cls, g: Geometry, recipe: Recipe) -> "Hyper":
+    def from_geometry(cls, g: Geometry, recipe: Recipe) -> Hyper:
         cap = g.get(recipe.logit_softcap) if recipe.logit_softcap else None
         return cls(
-            n_layer=g.n_trunk, n_embd=int(g["n_embd"]), n_head=int(g["n_head"]), n_head_kv=int(g["n_head_kv"]),
-            head_dim=int(g["head_dim"]), head_dim_v=int(g["head_dim_v"]), rms_eps=float(g["rms_eps"]),
-            rope_base=float(g["rope_base"]), attn_scale=float(g["attn_scale"]), n_vocab=int(g["n_vocab"]),
-            n_expert=int(g.get("n_expert") or 0), n_expert_used=int(g.get("n_expert_used") or 0),
-            n_ff_exp=int(g.get("n_ff_exp") or 0), logit_softcap=float(cap) if cap else None,
+            n_layer=g.n_trunk,
+            n_embd=int(g["n_embd"]),
+            n_head=int(g["n_head"]),
+            n_head_kv=int(g["n_head_kv"]),
+            head_dim=int(g["head_dim"]),
+            head_dim_v=int(g["head_dim_v"]),
+            rms_eps=float(g["rms_eps"]),
+            rope_base=float(g["rope_base"]),
+            attn_scale=float(g["attn_scale"]),
+            n_vocab=int(g["n_vocab"]),
+            n_expert=int(g.get("n_expert") or 0),
+            n_expert_used=int(g.get("n_expert_used") or 0),
+            n_ff_exp=int(g.get("n_ff_exp") or 0),
+            logit_softcap=float(cap) if cap else None,
         )
 
 
@@ -122,7 +131,7 @@ class Decoder:
         # the numerics profile travels with the weight store (strata.engine.numerics); a store without one is f32
         self.nx = getattr(w, "nx", None) or numerics("f32")
         self.hp = Hyper.from_geometry(g, recipe)
-        self.kinds = list(g.layer_kinds[:g.n_trunk])  # draft blocks (NextN heads) come last and are not run
+        self.kinds = list(g.layer_kinds[: g.n_trunk])  # draft blocks (NextN heads) come last and are not run
         try:
             self.blocks: list[Block] = [recipe.block(k) for k in self.kinds]
         except KeyError as e:
@@ -136,16 +145,30 @@ class Decoder:
         for il, b in enumerate(self.blocks):
             m = b.mixer
             if isinstance(m, AttentionSpec):
-                self.attn.append(Attention(w, il, n_head=h.n_head, n_head_kv=h.n_head_kv, head_dim=h.head_dim,
-                                           head_dim_v=h.head_dim_v, scale=h.attn_scale, window=g.layer_window(il),
-                                           eps=h.rms_eps, qk_norm=m.qk_norm, scale_q=m.scale_q,
-                                           f16_operands=self.nx.attn_f16, output_gate=m.output_gate))
+                self.attn.append(
+                    Attention(
+                        w,
+                        il,
+                        n_head=h.n_head,
+                        n_head_kv=h.n_head_kv,
+                        head_dim=h.head_dim,
+                        head_dim_v=h.head_dim_v,
+                        scale=h.attn_scale,
+                        window=g.layer_window(il),
+                        eps=h.rms_eps,
+                        qk_norm=m.qk_norm,
+                        scale_q=m.scale_q,
+                        f16_operands=self.nx.attn_f16,
+                        output_gate=m.output_gate,
+                    )
+                )
                 self.delta.append(None)
             else:
                 assert isinstance(m, DeltaNet)
                 if self.delta_dims is None:
-                    self.delta_dims = DeltaNetDims(int(g["d_conv"]), int(g["d_state"]), int(g["n_group"]),
-                                                   int(g["dt_rank"]), h.rms_eps)
+                    self.delta_dims = DeltaNetDims(
+                        int(g["d_conv"]), int(g["d_state"]), int(g["n_group"]), int(g["dt_rank"]), h.rms_eps
+                    )
                 self.attn.append(None)
                 self.delta.append(GatedDeltaNet(w, il, self.delta_dims))
         self.embd_scale = self.xp.float32(math.sqrt(h.n_embd)) if recipe.embed_scale else self.xp.float32(1.0)
@@ -173,8 +196,11 @@ class Decoder:
 
     def rope_dim(self) -> int:
         """Rotated dims per head (the recipe's ``rope_dim`` param, head_dim when it has none)."""
-        dims = {int(self.g[b.mixer.rope_dim]) if b.mixer.rope_dim else self.hp.head_dim
-                for b in self.blocks if isinstance(b.mixer, AttentionSpec)}
+        dims = {
+            int(self.g[b.mixer.rope_dim]) if b.mixer.rope_dim else self.hp.head_dim
+            for b in self.blocks
+            if isinstance(b.mixer, AttentionSpec)
+        }
         if len(dims) > 1:
             raise UnsupportedModel(f"{self.arch}: layers rotate different numbers of dims {sorted(dims)}")
         return dims.pop() if dims else self.hp.head_dim
@@ -212,8 +238,10 @@ class Decoder:
             raise ValueError(f"sliding {sliding!r}: expected ring or full")
         if sliding == "full":
             return [n_ctx if a is not None else 0 for a in self.attn]
-        return [F.kv_tokens(n_ctx, w, F.ENGINE_PREFILL_CHUNK) if a is not None else 0
-                for a, w in zip(self.attn, self.layer_windows())]
+        return [
+            F.kv_tokens(n_ctx, w, F.ENGINE_PREFILL_CHUNK) if a is not None else 0
+            for a, w in zip(self.attn, self.layer_windows())
+        ]
 
     def new_state(self, n_ctx: int, kv: str = "f16", sliding: str = "ring") -> State:
         """KV cache (``kv``: f16 | f32, :meth:`kv_sizes` positions per layer) and rope tables for
@@ -229,8 +257,11 @@ class Decoder:
         ihd = self.indexer_head_dim
         if ihd:  # the documents' engine keeps the indexer's ONE shared key head per position (round 194)
             dt = self.xp.float16 if kv == "f16" else self.xp.float32
-            st.indexer = {il: self.xp.zeros((n, ihd), dtype=dt)
-                          for il, n in enumerate(self.kv_sizes(n_ctx, sliding)) if self.attn[il] is not None}
+            st.indexer = {
+                il: self.xp.zeros((n, ihd), dtype=dt)
+                for il, n in enumerate(self.kv_sizes(n_ctx, sliding))
+                if self.attn[il] is not None
+            }
         return st
 
     @property

@@ -32,7 +32,6 @@ values and ``d_state x d_inner`` delta values per recurrent layer per sequence.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 from strata.manifests.names import tensor_name
@@ -81,8 +80,8 @@ class RecurrentState:
         self.conv, self.ssm = {}, {}
         for k, il in enumerate(layers):
             base = k * (nc + ns)
-            self.conv[il] = self.arena[base:base + nc].reshape(conv_shape)
-            self.ssm[il] = self.arena[base + nc:base + nc + ns].reshape(ssm_shape)
+            self.conv[il] = self.arena[base : base + nc].reshape(conv_shape)
+            self.ssm[il] = self.arena[base + nc : base + nc + ns].reshape(ssm_shape)
 
     @property
     def nbytes(self) -> int:
@@ -100,7 +99,7 @@ def l2_norm(xp, x, eps: float):
     n = x.shape[-1]
     ms = xp.mean(x * x, axis=-1, keepdims=True, dtype=xp.float32)
     y = x * (xp.float32(1.0) / xp.sqrt(ms + xp.float32(eps / n)))
-    return y * xp.float32(1.0 / n ** 0.5)
+    return y * xp.float32(1.0 / n**0.5)
 
 
 def softplus(xp, x):
@@ -134,8 +133,8 @@ class GatedDeltaNet:
         r = d.dt_rank // d.n_group
         per = m.reshape(d.n_group, 2 * d.d_state + 2 * d.d_state * r)
         s = d.d_state
-        q, k = per[:, :s], per[:, s:2 * s]
-        v, z = per[:, 2 * s:2 * s + s * r], per[:, 2 * s + s * r:]
+        q, k = per[:, :s], per[:, s : 2 * s]
+        v, z = per[:, 2 * s : 2 * s + s * r], per[:, 2 * s + s * r :]
         return xp.concatenate([q.reshape(-1), k.reshape(-1), v.reshape(-1)]), z.reshape(-1)
 
     def __call__(self, xp, x, state: RecurrentState):
@@ -173,9 +172,9 @@ def delta_rule(xp, h, z, ba, S, dt_bias, ssm_a, norm_w, d: DeltaNetDims):
     g = softplus(xp, ba[:, 1, :].reshape(-1) + dt_bias) * ssm_a
     kd = d.key_dim
     q = l2_norm(xp, h[:kd].reshape(d.n_group, d.d_state), d.eps)
-    k = l2_norm(xp, h[kd:2 * kd].reshape(d.n_group, d.d_state), d.eps)
-    v = h[2 * kd:].reshape(d.dt_rank, d.d_state)
-    q = xp.repeat(q, r, axis=0) * f32(1.0 / d.d_state ** 0.5)  # v head i reads k head i // r
+    k = l2_norm(xp, h[kd : 2 * kd].reshape(d.n_group, d.d_state), d.eps)
+    v = h[2 * kd :].reshape(d.dt_rank, d.d_state)
+    q = xp.repeat(q, r, axis=0) * f32(1.0 / d.d_state**0.5)  # v head i reads k head i // r
     k = xp.repeat(k, r, axis=0)
     S *= xp.exp(g)[:, None, None]
     sk = (S * k[:, None, :]).sum(axis=-1)

@@ -62,8 +62,9 @@ def dequantize_blocks(raw: np.ndarray, type_id: int) -> np.ndarray:
         return t.own_dequantize(blocks).reshape(-1)
     import gguf
 
-    return np.asarray(gguf.quants.dequantize(blocks.reshape(-1), gguf.GGMLQuantizationType(type_id)),
-                      dtype=np.float32).reshape(-1)
+    return np.asarray(
+        gguf.quants.dequantize(blocks.reshape(-1), gguf.GGMLQuantizationType(type_id)), dtype=np.float32
+    ).reshape(-1)
 
 
 def supported(type_id: int) -> bool:
@@ -76,8 +77,9 @@ def supported(type_id: int) -> bool:
     return t.cpu_dequant != "gguf" or _gguf_class(type_id) is not None
 
 
-def dequantize_rows(raw: np.ndarray, type_id: int, ne0: int, *, name: str = "tensor",
-                    out: np.ndarray | None = None) -> np.ndarray:
+def dequantize_rows(
+    raw: np.ndarray, type_id: int, ne0: int, *, name: str = "tensor", out: np.ndarray | None = None
+) -> np.ndarray:
     """Dequantize ``raw`` (uint8, shape ``[rows, row_bytes]``) of ggml type ``type_id`` to f32
     ``[rows, ne0]``, bit-identical to ``gguf.quants.dequantize``.
 
@@ -90,7 +92,9 @@ def dequantize_rows(raw: np.ndarray, type_id: int, ne0: int, *, name: str = "ten
     rows = raw.shape[0]
     row_bytes = quants.row_nbytes(type_id, ne0)
     if raw.ndim != 2 or raw.shape[1] != row_bytes:
-        raise DequantError(f"{name}: rows of {raw.shape[1:]} bytes, {quants.QTYPES[type_id].name} x {ne0} needs {row_bytes}")
+        raise DequantError(
+            f"{name}: rows of {raw.shape[1:]} bytes, {quants.QTYPES[type_id].name} x {ne0} needs {row_bytes}"
+        )
     if out is None:
         out = np.empty((rows, ne0), dtype=np.float32)
     t = quants.QTYPES[type_id]
@@ -103,9 +107,9 @@ def dequantize_rows(raw: np.ndarray, type_id: int, ne0: int, *, name: str = "ten
     step = max(1, CHUNK_ELEMS // max(ne0, 1))
     for r0 in range(0, rows, step):
         # np.asarray: gguf-py's .view() calls want an ndarray, not a memmap slice
-        chunk = np.asarray(raw[r0:r0 + step])
+        chunk = np.asarray(raw[r0 : r0 + step])
         if own is not None:
-            out[r0:r0 + step] = own(chunk.reshape(-1, bb)).reshape(chunk.shape[0], ne0)
+            out[r0 : r0 + step] = own(chunk.reshape(-1, bb)).reshape(chunk.shape[0], ne0)
         else:
-            out[r0:r0 + step] = cls.dequantize_rows(chunk)
+            out[r0 : r0 + step] = cls.dequantize_rows(chunk)
     return out

@@ -45,8 +45,15 @@ from strata.packer import quants
 from strata.packer.quants import QuantType
 
 __all__ = [
-    "EngineFormError", "EngineLayout", "engine_layout", "engine_type", "to_engine_form",
-    "from_engine_form", "split_widened", "join_widened", "dequantize_engine_form",
+    "EngineFormError",
+    "EngineLayout",
+    "engine_layout",
+    "engine_type",
+    "to_engine_form",
+    "from_engine_form",
+    "split_widened",
+    "join_widened",
+    "dequantize_engine_form",
 ]
 
 Kind = Literal["widened", "native", "bf16"]
@@ -114,8 +121,9 @@ def engine_layout(pool_type: int, src_type: int, ne: tuple[int, ...] | list[int]
     n_blocks = nbytes // t.block_bytes
     nf, pb = t.engine_scale_fields, t.engine_payload_bytes  # 0 and block_bytes for native blocks
     sb = 4 * nf * n_blocks
-    return EngineLayout(t.id, "widened" if t.widened else "native", n, n_blocks, nf, sb + pb * n_blocks,
-                        0, sb, sb, pb * n_blocks, pb)
+    return EngineLayout(
+        t.id, "widened" if t.widened else "native", n, n_blocks, nf, sb + pb * n_blocks, 0, sb, sb, pb * n_blocks, pb
+    )
 
 
 def _payload_columns(t: QuantType) -> np.ndarray:
@@ -146,7 +154,7 @@ def split_widened(raw: np.ndarray, type_id: int) -> tuple[np.ndarray, np.ndarray
     blocks = b.reshape(-1, t.block_bytes)
     scales = np.empty((blocks.shape[0], len(t.fp16_scale_offsets)), dtype="<f4")
     for k, o in enumerate(t.fp16_scale_offsets):
-        scales[:, k] = blocks[:, o:o + 2].copy().view("<f2")[:, 0].astype(np.float32)
+        scales[:, k] = blocks[:, o : o + 2].copy().view("<f2")[:, 0].astype(np.float32)
     payload = blocks[:, _payload_columns(t)]
     return scales, np.ascontiguousarray(payload)
 
@@ -169,12 +177,13 @@ def join_widened(scales: np.ndarray, payload: np.ndarray, type_id: int) -> np.nd
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise EngineFormError(f"{t.name}: scale {sc[i, k]!r} of block {i} is not an fp16 value")
-        blocks[:, o:o + 2] = h.view(np.uint8).reshape(-1, 2)
+        blocks[:, o : o + 2] = h.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(-1)
 
 
-def to_engine_form(raw: np.ndarray, pool_type: int, src_type: int, ne: tuple[int, ...] | list[int],
-                   *, name: str | None = None) -> np.ndarray:
+def to_engine_form(
+    raw: np.ndarray, pool_type: int, src_type: int, ne: tuple[int, ...] | list[int], *, name: str | None = None
+) -> np.ndarray:
     """Convert one tensor's pool-form bytes to its engine-form buffer.
 
     Args:
@@ -207,12 +216,13 @@ def to_engine_form(raw: np.ndarray, pool_type: int, src_type: int, ne: tuple[int
             i = int(np.flatnonzero(low)[0])
             raise EngineFormError(
                 f"{who}: pool F32 value {i} (bits 0x{int(u32[i]):08x}) has non-zero low 16 bits; "
-                "a tensor promoted from BF16 cannot, so these are not its bytes")
+                "a tensor promoted from BF16 cannot, so these are not its bytes"
+            )
         return quants.f32_to_bf16_rne(u32).view(np.uint8).copy()
     scales, payload = split_widened(b, pool_type)
     out = np.empty(lay.nbytes, dtype=np.uint8)
-    out[:lay.scales_nbytes] = scales.reshape(-1).view(np.uint8)
-    out[lay.payload_offset:] = payload.reshape(-1)
+    out[: lay.scales_nbytes] = scales.reshape(-1).view(np.uint8)
+    out[lay.payload_offset :] = payload.reshape(-1)
     return out
 
 
@@ -227,12 +237,14 @@ def from_engine_form(buf: np.ndarray, pool_type: int, src_type: int, ne: tuple[i
         return b.copy()
     if lay.kind == "bf16":
         return quants.bf16_to_f32_bits(b.view("<u2")).astype("<u4").view(np.uint8)
-    scales = b[:lay.scales_nbytes].view("<f4").reshape(lay.n_blocks, lay.n_fields)
-    payload = b[lay.payload_offset:].reshape(lay.n_blocks, lay.payload_block_bytes)
+    scales = b[: lay.scales_nbytes].view("<f4").reshape(lay.n_blocks, lay.n_fields)
+    payload = b[lay.payload_offset :].reshape(lay.n_blocks, lay.payload_block_bytes)
     return join_widened(scales, payload, pool_type)
 
 
-def dequantize_engine_form(buf: np.ndarray, pool_type: int, src_type: int, ne: tuple[int, ...] | list[int]) -> np.ndarray:
+def dequantize_engine_form(
+    buf: np.ndarray, pool_type: int, src_type: int, ne: tuple[int, ...] | list[int]
+) -> np.ndarray:
     """NumPy reference dequantization of an engine-form buffer: ``float32`` with numpy shape
     ``reversed(ne)`` (rows of ``ne[0]``), via ``gguf.quants.dequantize`` of the native blocks
     (strata's own for Q1_0 and Q2_0, which gguf-py lacks: the row's ``own_dequantize``).

@@ -29,9 +29,11 @@ class NonFiniteLogits(GenerateError):
 
         bad = ~np.isfinite(row)
         self.position = position
-        super().__init__(f"position {position}: {int(bad.sum())} of {row.size} logits are NaN or infinite (first at "
-                         f"token id {int(np.argmax(bad))}); the weights or the expert offsets this pack points at "
-                         f"are damaged - run strata-pack verify and strata-budget check on it")
+        super().__init__(
+            f"position {position}: {int(bad.sum())} of {row.size} logits are NaN or infinite (first at "
+            f"token id {int(np.argmax(bad))}); the weights or the expert offsets this pack points at "
+            f"are damaged - run strata-pack verify and strata-budget check on it"
+        )
 
 
 __all__ = ["GenerateError", "NonFiniteLogits", "StageTimesRefused", "StartupRefused"]

@@ -20,8 +20,9 @@ experts are resident. ``tests/test_engine_moe.py`` checks all / half / none resi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -55,13 +56,17 @@ class ShardExperts:
         self._addr: dict[tuple[int, int], tuple[int, int, int]] = {}  # (layer, expert) -> addresses, located once
         for il, r in self.rows.items():  # a part's bytes are its rows x the row size of its type (checked once)
             shp = self.shapes[il]
-            for part, t, (ne0, rows), nbytes in (("gate", r.gate_type, shp.gate, r.gate_bytes),
-                                                 ("up", r.up_type, shp.up, r.up_bytes),
-                                                 ("down", r.down_type, shp.down, r.down_bytes)):
+            for part, t, (ne0, rows), nbytes in (
+                ("gate", r.gate_type, shp.gate, r.gate_bytes),
+                ("up", r.up_type, shp.up, r.up_bytes),
+                ("down", r.down_type, shp.down, r.down_bytes),
+            ):
                 need = quants.row_nbytes(t, ne0) * rows
                 if nbytes != need:
-                    raise ValueError(f"blk.{il} {part} experts: {nbytes} bytes per expert in native_experts.txt, "
-                                     f"{quants.qtype(t).name} x {ne0} x {rows} is {need}")
+                    raise ValueError(
+                        f"blk.{il} {part} experts: {nbytes} bytes per expert in native_experts.txt, "
+                        f"{quants.qtype(t).name} x {ne0} x {rows} is {need}"
+                    )
 
     @property
     def layers(self) -> list[int]:
@@ -120,14 +125,15 @@ class ShardExperts:
         for part, shard, off, nbytes in self.rows[il].ranges(e):
             size = self._base[shard][1]
             if e < 0 or off + nbytes > size:
-                raise ValueError(f"blk.{il} expert {e}: {part} bytes {off}..{off + nbytes} are not in shard {shard} "
-                                 f"({size} bytes)")
+                raise ValueError(
+                    f"blk.{il} expert {e}: {part} bytes {off}..{off + nbytes} are not in shard {shard} ({size} bytes)"
+                )
             out.append((shard, off, nbytes))
         return out
 
     def raw(self, il: int, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Expert ``e`` of layer ``il`` as three read-only byte views ``(gate, up, down)`` of the shards."""
-        v = [self._maps[shard][off:off + nbytes] for shard, off, nbytes in self.locate(il, e)]
+        v = [self._maps[shard][off : off + nbytes] for shard, off, nbytes in self.locate(il, e)]
         return v[0], v[1], v[2]
 
     def addresses(self, il: int, e: int) -> tuple[int, int, int]:
@@ -145,20 +151,44 @@ class ShardExperts:
         row, shp = self.rows[il], self.shapes[il]
         g, u, d = self.raw(il, e)
         out = []
-        for raw, t, (ne0, ne1) in ((g, row.gate_type, shp.gate), (u, row.up_type, shp.up), (d, row.down_type, shp.down)):
+        for raw, t, (ne0, ne1) in (
+            (g, row.gate_type, shp.gate),
+            (u, row.up_type, shp.up),
+            (d, row.down_type, shp.down),
+        ):
             out.append(dequantize_rows(raw.reshape(ne1, -1), t, ne0, name=f"blk.{il} expert {e}"))
         return out[0], out[1], out[2]
 
-    def ffn(self, il: int, e: int, x: np.ndarray, *, exact: bool = False, threads: int | None = None,
-            act_quant: bool = False, silu_mul=None, kernel: str | None = None) -> np.ndarray:
+    def ffn(
+        self,
+        il: int,
+        e: int,
+        x: np.ndarray,
+        *,
+        exact: bool = False,
+        threads: int | None = None,
+        act_quant: bool = False,
+        silu_mul=None,
+        kernel: str | None = None,
+    ) -> np.ndarray:
         """Expert ``e`` of layer ``il`` on ``x`` (f32 ``[n_embd]``): ``down @ (silu(gate @ x) * (up @ x))``,
         f32 ``[n_embd]``; :meth:`ffn_many` of one expert (the same bits)."""
-        return self.ffn_many(il, [e], x, exact=exact, threads=threads, act_quant=act_quant, silu_mul=silu_mul,
-                             kernel=kernel)[0]
+        return self.ffn_many(
+            il, [e], x, exact=exact, threads=threads, act_quant=act_quant, silu_mul=silu_mul, kernel=kernel
+        )[0]
 
-    def ffn_many(self, il: int, experts: list[int], x: np.ndarray, *, exact: bool = False,
-                 silu_mul: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None, threads: int | None = None,
-                 act_quant: bool = False, kernel: str | None = None) -> np.ndarray:
+    def ffn_many(
+        self,
+        il: int,
+        experts: list[int],
+        x: np.ndarray,
+        *,
+        exact: bool = False,
+        silu_mul: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+        threads: int | None = None,
+        act_quant: bool = False,
+        kernel: str | None = None,
+    ) -> np.ndarray:
         """Experts ``experts`` of layer ``il`` on the same ``x`` (f32 ``[n_embd]``): f32 ``[len(experts), n_embd]``
         (numpy order), row ``k`` = ``down_k @ silu_mul(gate_k @ x, up_k @ x)``, read in place from the mapped
         shards (nothing dequantized is kept; each expert's bytes are located by ``native_experts.txt``).
@@ -203,8 +233,9 @@ class ShardExperts:
             # y[m] = W_m @ x_m in one C call, x_m at address ptrs[m] (the parts' byte counts were checked at
             # construction, x's above); equal consecutive addresses are quantized / laid out once
             out = np.empty(len(ptrs) * rows, dtype=np.float32)
-            cpukernels.call_many(t, kernel, np.array(bases, dtype=np.uint64), rows, ne0, quants.row_nbytes(t, ne0),
-                                 ptrs, out, threads)
+            cpukernels.call_many(
+                t, kernel, np.array(bases, dtype=np.uint64), rows, ne0, quants.row_nbytes(t, ne0), ptrs, out, threads
+            )
             return out.reshape(len(ptrs), rows)
 
         def same(v: np.ndarray, m: int) -> np.ndarray:  # m times the address of v
@@ -251,8 +282,15 @@ class CpuExpertCache:
 
     nbytes = 0
 
-    def __init__(self, source: ShardExperts, pairs: Iterable[tuple[int, int]], act_quant: bool = False,
-                 exact: bool = False, threads: int | None = None, kernel: str | None = None):
+    def __init__(
+        self,
+        source: ShardExperts,
+        pairs: Iterable[tuple[int, int]],
+        act_quant: bool = False,
+        exact: bool = False,
+        threads: int | None = None,
+        kernel: str | None = None,
+    ):
         self._pairs = set(pairs)
         self._source = source
         self._act_quant, self._threads = act_quant, threads
@@ -313,8 +351,16 @@ class ExpertPath:
     ``kernel`` (default ``"exact"`` if ``exact`` else ``"q8"``): the CPU kernels of the misses.
     """
 
-    def __init__(self, source: ShardExperts, cache: ExpertCache | None, xp=np, act_quant: bool = False,
-                 exact: bool = False, threads: int | None = None, kernel: str | None = None):
+    def __init__(
+        self,
+        source: ShardExperts,
+        cache: ExpertCache | None,
+        xp=np,
+        act_quant: bool = False,
+        exact: bool = False,
+        threads: int | None = None,
+        kernel: str | None = None,
+    ):
         self.source = source
         self.cache = cache
         self.xp = xp
@@ -386,8 +432,7 @@ class CpuExpertPath(ExpertPath):
     the hit/miss counts."""
 
     def outputs(self, il: int, x, ids: list[int]) -> list:
-        ys = self.source.ffn_many(il, list(ids), x, threads=self.threads, act_quant=self.act_quant,
-                                  kernel=self.kernel)
+        ys = self.source.ffn_many(il, list(ids), x, threads=self.threads, act_quant=self.act_quant, kernel=self.kernel)
         for e in ids:
             hit = self.cache is not None and self.cache.resident(il, e)
             self.count(il, int(hit), int(not hit))

@@ -9,7 +9,7 @@ prompt position's logits, and computes no logits for the prompt positions before
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -17,12 +17,12 @@ from pydantic import BaseModel, Field
 from strata.budget import formulas as F
 
 from .checkpoints import Checkpoint
+from .core import Engine, StepProbe
 from .decoder import State
 from .errors import GenerateError, NonFiniteLogits
 from .experts import ExpertPath
 from .layers import to_host
 from .sampling import Sampler, top_k_pairs
-from .core import Engine, StepProbe
 
 #: Best (id, logit) pairs recorded per generated token: the size of the fused GPU step's logit summary
 #: (strata.budget.formulas.LOGIT_TOP_K), so a greedy decode there reads the pairs instead of the row.
@@ -30,6 +30,7 @@ TOP_K_RECORDED = F.LOGIT_TOP_K
 
 
 # ------------------------------------------------------------------ results
+
 
 class StepStat(BaseModel):
     """One position of the loop. Times in milliseconds; expert figures are counts of experts.
@@ -80,8 +81,9 @@ class GenerationResult(BaseModel):
     decode_seconds: float
     tokens_per_second: float | None
     prompt_tokens_per_second: float | None
-    tokens_per_second_basis: str = ("generated tokens after the first / wall seconds of their steps "
-                                    "(forward + sampling, batch 1)")
+    tokens_per_second_basis: str = (
+        "generated tokens after the first / wall seconds of their steps (forward + sampling, batch 1)"
+    )
     top: list[list[tuple[int, float]]]
     sampling: dict
     expert_hits: int = 0
@@ -92,9 +94,19 @@ class GenerationResult(BaseModel):
 
 # ------------------------------------------------------------------ the loop
 
-def decode(model, state: State, prompt_ids: list[int], n_new: int, pick: Callable[[np.ndarray], int], *,
-           stop_ids: frozenset[int] = frozenset(), experts: ExpertPath | None = None,
-           on_step: Callable[[StepStat], None] | None = None, probe: StepProbe | None = None):
+
+def decode(
+    model,
+    state: State,
+    prompt_ids: list[int],
+    n_new: int,
+    pick: Callable[[np.ndarray], int],
+    *,
+    stop_ids: frozenset[int] = frozenset(),
+    experts: ExpertPath | None = None,
+    on_step: Callable[[StepStat], None] | None = None,
+    probe: StepProbe | None = None,
+):
     """Teacher-force ``prompt_ids`` and generate up to ``n_new`` tokens, one position per step.
 
     ``probe`` (stats): device timers around every step; the step then ends synchronised, so
@@ -115,7 +127,7 @@ def decode(model, state: State, prompt_ids: list[int], n_new: int, pick: Callabl
     stop = "length"
     t_first = None
     for pos in range(n_prompt + n_new - 1):
-        emit = pos >= n_prompt - 1           # the last prompt position and every generated one
+        emit = pos >= n_prompt - 1  # the last prompt position and every generated one
         t0 = time.perf_counter()
         if probe is not None:
             probe.begin()
@@ -131,8 +143,13 @@ def decode(model, state: State, prompt_ids: list[int], n_new: int, pick: Callabl
                 raise NonFiniteLogits(pos, row)
         timers = probe.end() if probe is not None else {}
         t1 = time.perf_counter()
-        st = StepStat(position=pos, phase="prompt" if not emit else ("first" if pos == n_prompt - 1 else "decode"),
-                      token_in=ids[pos], forward_ms=(t1 - t0) * 1000, **timers)
+        st = StepStat(
+            position=pos,
+            phase="prompt" if not emit else ("first" if pos == n_prompt - 1 else "decode"),
+            token_in=ids[pos],
+            forward_ms=(t1 - t0) * 1000,
+            **timers,
+        )
         if emit:
             if pairs is not None:
                 tok = pairs[0][0]
@@ -160,10 +177,18 @@ def decode(model, state: State, prompt_ids: list[int], n_new: int, pick: Callabl
     return out, top, steps, stop, t_first if t_first is not None else t_end, t_end
 
 
-def generate(engine: Engine, prompt: str | None = None, n_tokens: int = 32, *, prompt_ids: list[int] | None = None,
-             sampler: Sampler | Callable[[np.ndarray], int] | None = None, ignore_eos: bool = False,
-             on_step: Callable[[StepStat], None] | None = None, stats: bool = False,
-             parse_special: bool = True) -> GenerationResult:
+def generate(
+    engine: Engine,
+    prompt: str | None = None,
+    n_tokens: int = 32,
+    *,
+    prompt_ids: list[int] | None = None,
+    sampler: Sampler | Callable[[np.ndarray], int] | None = None,
+    ignore_eos: bool = False,
+    on_step: Callable[[StepStat], None] | None = None,
+    stats: bool = False,
+    parse_special: bool = True,
+) -> GenerationResult:
     """Generate ``n_tokens`` tokens after ``prompt`` (or after ``prompt_ids``, already tokenized).
 
     ``prompt`` is tokenized as llama.cpp's llama-cli does: special tokens in the text (``<|im_start|>``,
@@ -183,34 +208,62 @@ def generate(engine: Engine, prompt: str | None = None, n_tokens: int = 32, *, p
         raise GenerateError("give exactly one of prompt (text) and prompt_ids")
     if n_tokens < 1:
         raise GenerateError(f"n_tokens {n_tokens} < 1")
-    ids = (engine.tokenizer.encode(prompt, parse_special=parse_special) if prompt is not None
-           else [int(i) for i in prompt_ids])
+    ids = (
+        engine.tokenizer.encode(prompt, parse_special=parse_special)
+        if prompt is not None
+        else [int(i) for i in prompt_ids]
+    )
     if not ids:
-        raise GenerateError("the prompt is empty after tokenization (and the model adds no BOS); nothing to condition on")
+        raise GenerateError(
+            "the prompt is empty after tokenization (and the model adds no BOS); nothing to condition on"
+        )
     n_vocab = engine.model.hp.n_vocab
     bad = [i for i in ids if not 0 <= i < n_vocab]
     if bad:
         raise GenerateError(f"prompt token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
     if len(ids) + n_tokens - 1 > engine.n_ctx:
-        raise GenerateError(f"prompt of {len(ids)} tokens + {n_tokens} new tokens needs {len(ids) + n_tokens - 1} "
-                            f"positions, the engine was loaded with n_ctx {engine.n_ctx} (use --ctx)")
+        raise GenerateError(
+            f"prompt of {len(ids)} tokens + {n_tokens} new tokens needs {len(ids) + n_tokens - 1} "
+            f"positions, the engine was loaded with n_ctx {engine.n_ctx} (use --ctx)"
+        )
     sampler = sampler or Sampler()
     stop_ids = frozenset() if ignore_eos else engine.tokenizer.eog_ids
     if engine.experts is not None:
         engine.experts.reset_counts()
     t0 = time.perf_counter()
-    out, top, steps, stop, t_first, t_end = decode(engine.model, engine.state, ids, n_tokens, sampler,
-                                                   stop_ids=stop_ids, experts=engine.experts, on_step=on_step,
-                                                   probe=engine.probe if stats else None)
+    out, top, steps, stop, t_first, t_end = decode(
+        engine.model,
+        engine.state,
+        ids,
+        n_tokens,
+        sampler,
+        stop_ids=stop_ids,
+        experts=engine.experts,
+        on_step=on_step,
+        probe=engine.probe if stats else None,
+    )
     prompt_s, decode_s = t_first - t0, t_end - t_first
     text_ids = out[:-1] if stop == "eog" else out
     return GenerationResult(
-        pack=str(engine.pack.path), arch=engine.pack.arch, device=engine.device, kv=engine.kv, prompt=prompt, prompt_ids=ids,
-        output_ids=out, text=engine.tokenizer.decode(text_ids), stop_reason=stop, n_prompt_tokens=len(ids),
-        n_output_tokens=len(out), prompt_seconds=prompt_s, decode_seconds=decode_s,
+        pack=str(engine.pack.path),
+        arch=engine.pack.arch,
+        device=engine.device,
+        kv=engine.kv,
+        prompt=prompt,
+        prompt_ids=ids,
+        output_ids=out,
+        text=engine.tokenizer.decode(text_ids),
+        stop_reason=stop,
+        n_prompt_tokens=len(ids),
+        n_output_tokens=len(out),
+        prompt_seconds=prompt_s,
+        decode_seconds=decode_s,
         tokens_per_second=(len(out) - 1) / decode_s if len(out) > 1 and decode_s > 0 else None,
         prompt_tokens_per_second=len(ids) / prompt_s if prompt_s > 0 else None,
-        top=top, sampling=sampler.describe() if hasattr(sampler, "describe") else {"mode": "custom"},
-        expert_hits=sum(s.expert_hits for s in steps), expert_misses=sum(s.expert_misses for s in steps),
-        steps=steps, checkpoints=list(engine.checkpoints),
+        top=top,
+        sampling=sampler.describe() if hasattr(sampler, "describe") else {"mode": "custom"},
+        expert_hits=sum(s.expert_hits for s in steps),
+        expert_misses=sum(s.expert_misses for s in steps),
+        steps=steps,
+        checkpoints=list(engine.checkpoints),
     )

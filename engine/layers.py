@@ -47,7 +47,11 @@ GELU_C = math.sqrt(2.0 / math.pi)
 
 def gelu_tanh(xp, x):
     """GELU, tanh approximation (ggml_gelu): ``0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2)))``."""
-    return xp.float32(0.5) * x * (xp.float32(1.0) + xp.tanh(xp.float32(GELU_C) * x * (xp.float32(1.0) + xp.float32(0.044715) * x * x)))
+    return (
+        xp.float32(0.5)
+        * x
+        * (xp.float32(1.0) + xp.tanh(xp.float32(GELU_C) * x * (xp.float32(1.0) + xp.float32(0.044715) * x * x)))
+    )
 
 
 def gelu_f16_table(xp, x):
@@ -74,15 +78,17 @@ class Rope:
     ``theta_i(p) = freq_scale * p * base^(-2i/n_rot) / factors[i]`` for ``i < n_rot/2`` (``factors``:
     the ``rope_freqs.weight`` tensor of Llama 3.1+ files, ggml_rope_ext's ``freq_factors``; 1 without
     it; ``freq_scale``: linear rope scaling, 1 / ``rope.scaling.factor``: ggml ``rope_yarn`` with
-    ``ext_factor`` 0 takes ``theta_interp = freq_scale * theta_extrap``); dims past ``n_rot`` pass through. ``mode`` picks the pairing (:data:`ROPE_MODES`). The
-    table is allocated once per session (the token path allocates nothing of its own).
+    ``ext_factor`` 0 takes ``theta_interp = freq_scale * theta_extrap``); dims past ``n_rot`` pass through.
+    ``mode`` picks the pairing (:data:`ROPE_MODES`). The table is allocated once per session (the token path
+    allocates nothing of its own).
 
     Raises:
         ValueError: an unknown ``mode``, or ``factors`` whose length is not ``n_rot/2``.
     """
 
-    def __init__(self, xp, n_rot: int, base: float, n_ctx: int, mode: str = "neox", factors=None,
-                 freq_scale: float = 1.0):
+    def __init__(
+        self, xp, n_rot: int, base: float, n_ctx: int, mode: str = "neox", factors=None, freq_scale: float = 1.0
+    ):
         if mode not in ROPE_MODES:
             raise ValueError(f"rope mode {mode!r}: expected one of {ROPE_MODES}")
         inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
@@ -101,13 +107,13 @@ class Rope:
         h = self.n_rot // 2
         c, s = self.cos[pos], self.sin[pos]
         if self.mode == "norm":
-            x0, x1 = x[:, 0:self.n_rot:2], x[:, 1:self.n_rot:2]
+            x0, x1 = x[:, 0 : self.n_rot : 2], x[:, 1 : self.n_rot : 2]
             r = xp.stack([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1).reshape(x.shape[0], self.n_rot)
         else:
-            x0, x1 = x[:, :h], x[:, h:self.n_rot]
+            x0, x1 = x[:, :h], x[:, h : self.n_rot]
             r = xp.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
         if self.n_rot < x.shape[-1]:
-            r = xp.concatenate([r, x[:, self.n_rot:]], axis=-1)
+            r = xp.concatenate([r, x[:, self.n_rot :]], axis=-1)
         return r
 
 
@@ -159,9 +165,9 @@ class KVCache:
         a, b = lo % n, hi % n
         k, v = self.k[il], self.v[il]
         if a <= b:
-            K, V = k[a:b + 1], v[a:b + 1]
+            K, V = k[a : b + 1], v[a : b + 1]
         else:  # wrapped: the older part is at the end of the ring
-            K, V = self.xp.concatenate((k[a:], k[:b + 1])), self.xp.concatenate((v[a:], v[:b + 1]))
+            K, V = self.xp.concatenate((k[a:], k[: b + 1])), self.xp.concatenate((v[a:], v[: b + 1]))
         return K.astype(self.xp.float32), V.astype(self.xp.float32)
 
 
@@ -209,7 +215,7 @@ class AttentionNames:
     k_norm: str | None
 
     @classmethod
-    def of(cls, w, il: int, qk_norm: bool) -> "AttentionNames":
+    def of(cls, w, il: int, qk_norm: bool) -> AttentionNames:
         def n(role: str) -> str:
             return tensor_name(role, il)
 
@@ -217,10 +223,18 @@ class AttentionNames:
             return n(role) if w.has(n(role)) else None
 
         return cls(
-            qkv=opt("attn_qkv.weight"), q=n("attn_q.weight"), k=n("attn_k.weight"), v=n("attn_v.weight"),
-            q_bias=opt("attn_q.bias"), k_bias=opt("attn_k.bias"), v_bias=opt("attn_v.bias"),
-            qkv_bias=opt("attn_qkv.bias"), out=n("attn_output.weight"), out_bias=opt("attn_output.bias"),
-            q_norm=n("attn_q_norm.weight") if qk_norm else None, k_norm=n("attn_k_norm.weight") if qk_norm else None,
+            qkv=opt("attn_qkv.weight"),
+            q=n("attn_q.weight"),
+            k=n("attn_k.weight"),
+            v=n("attn_v.weight"),
+            q_bias=opt("attn_q.bias"),
+            k_bias=opt("attn_k.bias"),
+            v_bias=opt("attn_v.bias"),
+            qkv_bias=opt("attn_qkv.bias"),
+            out=n("attn_output.weight"),
+            out_bias=opt("attn_output.bias"),
+            q_norm=n("attn_q_norm.weight") if qk_norm else None,
+            k_norm=n("attn_k_norm.weight") if qk_norm else None,
         )
 
 
@@ -236,9 +250,23 @@ class Attention:
     ``build_layer_attn``: Qcur_full reshaped to ``[2 * head_dim, n_head]``, viewed as query and gate).
     """
 
-    def __init__(self, w, il: int, *, n_head: int, n_head_kv: int, head_dim: int, head_dim_v: int,
-                 scale: float, window: int | None, eps: float, qk_norm: bool, scale_q: bool = False,
-                 f16_operands: bool = False, output_gate: bool = False):
+    def __init__(
+        self,
+        w,
+        il: int,
+        *,
+        n_head: int,
+        n_head_kv: int,
+        head_dim: int,
+        head_dim_v: int,
+        scale: float,
+        window: int | None,
+        eps: float,
+        qk_norm: bool,
+        scale_q: bool = False,
+        f16_operands: bool = False,
+        output_gate: bool = False,
+    ):
         self.w, self.il = w, il
         self.names = AttentionNames.of(w, il, qk_norm)
         self.n_head, self.n_head_kv, self.hd, self.hd_v = n_head, n_head_kv, head_dim, head_dim_v
@@ -252,13 +280,13 @@ class Attention:
             qkv = w.matmul(n.qkv, x)
             if n.qkv_bias is not None:
                 qkv = qkv + w.get(n.qkv_bias)
-            q, k, v = qkv[:nq], qkv[nq:nq + nk], qkv[nq + nk:]
+            q, k, v = qkv[:nq], qkv[nq : nq + nk], qkv[nq + nk :]
         else:
             q, k, v = w.matmul(n.q, x), w.matmul(n.k, x), w.matmul(n.v, x)
         gate = None
         if self.output_gate:
             qg = q.reshape(self.n_head, 2 * self.hd)
-            q, gate = qg[:, :self.hd].reshape(-1), qg[:, self.hd:].reshape(-1)
+            q, gate = qg[:, : self.hd].reshape(-1), qg[:, self.hd :].reshape(-1)
         if n.q_bias is not None:
             q = q + w.get(n.q_bias)
         if n.k_bias is not None:

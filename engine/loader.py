@@ -29,10 +29,10 @@ from strata.manifests.contract import Geometry
 from strata.manifests.names import expert_role, tensor_name
 from strata.packer import quants
 from strata.packer.conformance import ExpertShapes, check_conformance, expert_tensors
-from strata.packer.gguf_file import GGUFError, read_header
 from strata.packer.findings import Finding
-from strata.packer.packfmt import EXPERTS_FILE, INDEX_FILE, ExpertLayer, IndexEntry
+from strata.packer.gguf_file import GGUFError, read_header
 from strata.packer.pack import Pack
+from strata.packer.packfmt import EXPERTS_FILE, INDEX_FILE, ExpertLayer, IndexEntry
 
 from . import dequant
 
@@ -89,7 +89,9 @@ def check_pack(pack: Pack, geom: Geometry) -> LoadPlan:
     where = pack.path / INDEX_FILE
     for name, e in conf.dense.items():
         if not dequant.supported(e.type):
-            raise LoadError(f"{where}: tensor {name} has type {_type_name(e.type)}, which the CPU engine cannot dequantize")
+            raise LoadError(
+                f"{where}: tensor {name} has type {_type_name(e.type)}, which the CPU engine cannot dequantize"
+            )
     plan = LoadPlan(conf.dense, dict(conf.experts), dict(conf.expert_shapes))
     if conf.experts:
         _check_shards(pack, plan)
@@ -100,7 +102,9 @@ def check_pack(pack: Pack, geom: Geometry) -> LoadPlan:
             try:
                 shard_tensors.update(expert_tensors(read_header(p), k))
             except (OSError, GGUFError, quants.GGMLTypeError) as e:
-                raise LoadError(f"{pack.path / EXPERTS_FILE}: expert shard {k} {p}: cannot re-read its header ({e})") from None
+                raise LoadError(
+                    f"{pack.path / EXPERTS_FILE}: expert shard {k} {p}: cannot re-read its header ({e})"
+                ) from None
         conf = check_conformance(geom, pack.index.entries, pack.experts, shard_tensors)
         if conf.findings:
             raise _refuse(pack, conf.findings[0])
@@ -131,7 +135,9 @@ def _check_shards(pack: Pack, plan: LoadPlan) -> None:
         with open(p, "rb") as f:
             magic = f.read(4)
         if magic != b"GGUF":
-            raise LoadError(f"{where}: expert shard {k} {p}: first 4 bytes are {magic!r}, a GGUF file starts with b'GGUF'")
+            raise LoadError(
+                f"{where}: expert shard {k} {p}: first 4 bytes are {magic!r}, a GGUF file starts with b'GGUF'"
+            )
         if name in recorded and recorded[name] != sizes[k]:
             raise LoadError(f"{where}: shard {p} is {sizes[k]} bytes, index.txt recorded {recorded[name]} at pack time")
         plan.shard_paths[k] = p
@@ -140,10 +146,14 @@ def _check_shards(pack: Pack, plan: LoadPlan) -> None:
         for p in ("gate", "up", "down"):
             t = getattr(row, f"{p}_type")
             if not dequant.supported(t):
-                raise LoadError(f"{where}: layer {il} {p} experts ({tensor_name(expert_role(p), il)}) have type "
-                                f"{_type_name(t)}, which the CPU engine cannot dequantize")
+                raise LoadError(
+                    f"{where}: layer {il} {p} experts ({tensor_name(expert_role(p), il)}) have type "
+                    f"{_type_name(t)}, which the CPU engine cannot dequantize"
+                )
             k = getattr(row, f"{p}_shard")
             end = getattr(row, f"{p}_off") + (n_expert - 1) * getattr(row, f"{p}_stride") + getattr(row, f"{p}_bytes")
             if end > sizes[k]:
-                raise LoadError(f"{where}: layer {il} {p}: expert {n_expert - 1} ends at byte {end}, past the end of "
-                                f"shard {plan.shard_paths[k]} ({sizes[k]} bytes)")
+                raise LoadError(
+                    f"{where}: layer {il} {p}: expert {n_expert - 1} ends at byte {end}, past the end of "
+                    f"shard {plan.shard_paths[k]} ({sizes[k]} bytes)"
+                )

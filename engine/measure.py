@@ -101,11 +101,21 @@ def _free_cuda_pool() -> None:
         pass  # load_engine refuses with the reason
 
 
-def measure_pack(pack: str, *, n_ctx: int | None = F.DEFAULT_CTX, expert_cache="auto",
-                 vram_reserve_mib: int = F.DEFAULT_RESERVE_MIB, kv: str = F.DEFAULT_KV, device: str = "cuda",
-                 backend=None, resident="all", card: Card | None = None,
-                 profile: list[tuple[int, int, int]] | None = None, prompt: str = "The capital of France is",
-                 n_tokens: int = 0) -> Measurement:
+def measure_pack(
+    pack: str,
+    *,
+    n_ctx: int | None = F.DEFAULT_CTX,
+    expert_cache="auto",
+    vram_reserve_mib: int = F.DEFAULT_RESERVE_MIB,
+    kv: str = F.DEFAULT_KV,
+    device: str = "cuda",
+    backend=None,
+    resident="all",
+    card: Card | None = None,
+    profile: list[tuple[int, int, int]] | None = None,
+    prompt: str = "The capital of France is",
+    n_tokens: int = 0,
+) -> Measurement:
     """Load ``pack`` on the GPU path (on the emulated ``card`` when given) and compare every budget term
     with what was allocated; with ``n_tokens`` > 0 then generate that many tokens after ``prompt``
     (greedy, end-of-generation ignored) and report the expert hit rate measured beside the prediction.
@@ -127,11 +137,23 @@ def measure_pack(pack: str, *, n_ctx: int | None = F.DEFAULT_CTX, expert_cache="
 
         ok, why = gpu_available()
         if not ok:  # named for this command: measure has no --device option to change
-            raise GenerateError(f"measure needs a CUDA GPU (it measures the device memory the engine allocates): {why}; "
-                                f"on a machine without one, plan with strata-budget check PACK --card PRESET")
+            raise GenerateError(
+                f"measure needs a CUDA GPU (it measures the device memory the engine allocates): {why}; "
+                f"on a machine without one, plan with strata-budget check PACK --card PRESET"
+            )
         _free_cuda_pool()
-    eng = load_engine(pack, device=device, backend=backend, n_ctx=n_ctx, expert_cache=expert_cache,
-                      vram_reserve_mib=vram_reserve_mib, kv=kv, resident=resident, card=card, profile=profile)
+    eng = load_engine(
+        pack,
+        device=device,
+        backend=backend,
+        n_ctx=n_ctx,
+        expert_cache=expert_cache,
+        vram_reserve_mib=vram_reserve_mib,
+        kv=kv,
+        resident=resident,
+        card=card,
+        profile=profile,
+    )
     g = eng.gpu
     if g is None:
         raise GenerateError(f"measure: device {device!r} has no device memory to measure; use --device cuda")
@@ -151,51 +173,117 @@ def _compare(pack, eng, facts, card, vram_reserve_mib, kv, expert_cache, profile
     slots = g.slot_plan.slots if g.slot_plan else 0
     if card is None:
         rt, rt_src = runtime_term()
-        card = Card(name=f"measured ({g.device})", total_bytes=total, source="cudaMemGetInfo", cuda_context_bytes=ctx,
-                    cuda_context_source="measured: used before the first allocation", cuda_runtime_bytes=rt,
-                    cuda_runtime_source=rt_src)
+        card = Card(
+            name=f"measured ({g.device})",
+            total_bytes=total,
+            source="cudaMemGetInfo",
+            cuda_context_bytes=ctx,
+            cuda_context_source="measured: used before the first allocation",
+            cuda_runtime_bytes=rt,
+            cuda_runtime_source=rt_src,
+        )
         ctx_exact = True
     else:
         ctx_exact = False
     opts = dict(engine="strata", max_context=n_ctx, vram_reserve_mib=vram_reserve_mib, kv=kv, profile_pairs=profile)
-    auto = make_plan(facts, card, PlanOptions(**opts, expert_cache=None if expert_cache == "auto" else int(expert_cache)),
-                     suggest=False) if facts.expert_layers else None
-    plan = make_plan(facts, card, PlanOptions(**opts, expert_cache=slots if facts.expert_layers else None), suggest=False)
+    auto = (
+        make_plan(
+            facts,
+            card,
+            PlanOptions(**opts, expert_cache=None if expert_cache == "auto" else int(expert_cache)),
+            suggest=False,
+        )
+        if facts.expert_layers
+        else None
+    )
+    plan = make_plan(
+        facts, card, PlanOptions(**opts, expert_cache=slots if facts.expert_layers else None), suggest=False
+    )
     pred = {t.name: t.bytes for t in plan.terms}
-    a = Measurement(pack=str(pack), device=g.device, card_total_bytes=total, context_bytes=ctx, n_ctx=n_ctx, kv=kv,
-                    slots=slots, slot_mode=g.slot_plan.mode if g.slot_plan else "", card=card.name,
-                    physical_total_bytes=marks["pack"].get("physical_total_bytes"), decode_path=g.decode_path,
-                    predicted_slots=auto.slots if auto is not None and expert_cache == "auto" else None,
-                    reserve_bytes=g.reserve_bytes, free_after_bytes=g.free_after_bytes)
+    a = Measurement(
+        pack=str(pack),
+        device=g.device,
+        card_total_bytes=total,
+        context_bytes=ctx,
+        n_ctx=n_ctx,
+        kv=kv,
+        slots=slots,
+        slot_mode=g.slot_plan.mode if g.slot_plan else "",
+        card=card.name,
+        physical_total_bytes=marks["pack"].get("physical_total_bytes"),
+        decode_path=g.decode_path,
+        predicted_slots=auto.slots if auto is not None and expert_cache == "auto" else None,
+        reserve_bytes=g.reserve_bytes,
+        free_after_bytes=g.free_after_bytes,
+    )
     end = marks[eng.checkpoints[-1].name]
     cache_bytes = g.slot_plan.cache_bytes if g.slot_plan else 0
     act = g.fused_buffer_bytes if g.fused else g.warmup_pool_bytes
-    exact_sum = (g.weights_engine_bytes + g.head_engine_bytes + g.kv_bytes + g.recurrent_bytes + g.buffer_bytes
-                 + cache_bytes + g.draft_engine_bytes + g.draft_bind_bytes + (act if g.fused else 0))
+    exact_sum = (
+        g.weights_engine_bytes
+        + g.head_engine_bytes
+        + g.kv_bytes
+        + g.recurrent_bytes
+        + g.buffer_bytes
+        + cache_bytes
+        + g.draft_engine_bytes
+        + g.draft_bind_bytes
+        + (act if g.fused else 0)
+    )
     runtime = end["gpu_used_bytes"] - ctx - exact_sum - (0 if g.fused else act)
     rows = [
-        ("CUDA context", ctx, "cudaMemGetInfo used before the first allocation" + (
-            "" if ctx_exact else f"; predicted: {card.cuda_context_source[:60]}"), ctx_exact),
-        ("CUDA runtime", runtime, "cudaMemGetInfo used - context - the engine's buffers (kernel modules, graphs, "
-                                  "allocator rounding); predicted: budget/engine_terms.py", False),
+        (
+            "CUDA context",
+            ctx,
+            "cudaMemGetInfo used before the first allocation"
+            + ("" if ctx_exact else f"; predicted: {card.cuda_context_source[:60]}"),
+            ctx_exact,
+        ),
+        (
+            "CUDA runtime",
+            runtime,
+            "cudaMemGetInfo used - context - the engine's buffers (kernel modules, graphs, "
+            "allocator rounding); predicted: budget/engine_terms.py",
+            False,
+        ),
         ("dense weights", g.weights_engine_bytes, "engine-form bytes uploaded (sum of buffer sizes)", True),
         ("output head", g.head_engine_bytes, "engine-form bytes of the head tensors", True),
         ("token embeddings", 0, "kept on the host (untied) or shared with the head", True),
-        ("KV cache", g.kv_bytes, f"K and V arrays allocated ({kv}; sliding-window layers as rings; indexer keys)", True),
+        (
+            "KV cache",
+            g.kv_bytes,
+            f"K and V arrays allocated ({kv}; sliding-window layers as rings; indexer keys)",
+            True,
+        ),
         ("recurrent state", g.recurrent_bytes, "conv + delta state arrays allocated (f32, one sequence)", True),
-        ("engine buffers", g.buffer_bytes, "GEMV outputs + f32 vector copies + embedding row + rope tables + "
-                                           "hit-path vectors (sum of buffer sizes)", True),
+        (
+            "engine buffers",
+            g.buffer_bytes,
+            "GEMV outputs + f32 vector copies + embedding row + rope tables + hit-path vectors (sum of buffer sizes)",
+            True,
+        ),
     ]
     if g.draft_engine_bytes or "draft head" in pred:
-        rows.append(("draft head", g.draft_engine_bytes, "the NextN draft head's engine-form bytes (stage drafter)", True))
-    rows.append(("prefill/activations", act, "the fused step's device buffers (sum of buffer sizes)" if g.fused else
-                 "CuPy pool growth at the prompt path (the generic path's warm-up temporaries)", g.fused))
+        rows.append(
+            ("draft head", g.draft_engine_bytes, "the NextN draft head's engine-form bytes (stage drafter)", True)
+        )
+    rows.append(
+        (
+            "prefill/activations",
+            act,
+            "the fused step's device buffers (sum of buffer sizes)"
+            if g.fused
+            else "CuPy pool growth at the prompt path (the generic path's warm-up temporaries)",
+            g.fused,
+        )
+    )
     rows.append(("expert cache", cache_bytes, "slots x slot bytes (one allocation)", True))
     if g.draft_bind_bytes or "draft head bind" in pred:
         rows.append(("draft head bind", g.draft_bind_bytes, "the draft head's bind buffers (stage bind)", True))
     for name, meas, how, exact in rows:
-        a.terms.append(AuditTerm(term=name, predicted_bytes=pred.get(name, 0), measured_bytes=meas, measured_how=how,
-                                 exact=exact))
+        a.terms.append(
+            AuditTerm(term=name, predicted_bytes=pred.get(name, 0), measured_bytes=meas, measured_how=how, exact=exact)
+        )
     a.predicted_total_bytes = plan.used_bytes
     a.measured_total_bytes = end["gpu_used_bytes"]
     assert sum(t.measured_bytes for t in a.terms) == a.measured_total_bytes
@@ -205,8 +293,12 @@ def _compare(pack, eng, facts, card, vram_reserve_mib, kv, expert_cache, profile
         d = marks[c.name]
         if prev is not None:
             used, pool = d["gpu_used_bytes"] - prev["gpu_used_bytes"], d["pool_total_bytes"] - prev["pool_total_bytes"]
-            a.stages[c.name] = {"used": used, "pool": pool, "outside_pool": used - pool,
-                                "allocated_rounded": g.alloc_rounded.get(c.name, 0)}
+            a.stages[c.name] = {
+                "used": used,
+                "pool": pool,
+                "outside_pool": used - pool,
+                "allocated_rounded": g.alloc_rounded.get(c.name, 0),
+            }
         prev = d
     _pool_checks(a, g)
     _notes(a, g, plan, auto, facts)
@@ -223,25 +315,35 @@ def _pool_checks(a: Measurement, g) -> None:
         prev = names[i - 1]
         grew = marks[stage]["pool_used_bytes"] - marks[prev]["pool_used_bytes"]
         asked = g.alloc_rounded[stage] - g.alloc_rounded[prev] + (g.session_rounded_bytes if stage == "session" else 0)
-        a.pool_checks.append(f"{stage}: pool used +{grew} B, engine allocations rounded to 512 B: {asked} B "
-                             f"({'equal' if grew == asked else 'DIFFER'})")
+        a.pool_checks.append(
+            f"{stage}: pool used +{grew} B, engine allocations rounded to 512 B: {asked} B "
+            f"({'equal' if grew == asked else 'DIFFER'})"
+        )
 
 
 def _notes(a: Measurement, g, plan, auto, facts) -> None:
     if g.slot_plan:
         sp = g.slot_plan
-        a.notes.append(f"expert cache {sp.mode}: {sp.slots} slots of {sp.slot_bytes} B (budget.formulas.expert_slot_bytes; "
-                       f"largest engine-form blob {sp.max_blob_engine} B) from {sp.free_bytes} B free at the checkpoint "
-                       f"- {sp.reserve_bytes} B reserve (with the draft head's bind bytes)"
-                       + (f", capped at {sp.cap} pairs" if sp.cap is not None else ""))
+        a.notes.append(
+            f"expert cache {sp.mode}: {sp.slots} slots of {sp.slot_bytes} B (budget.formulas.expert_slot_bytes; "
+            f"largest engine-form blob {sp.max_blob_engine} B) from {sp.free_bytes} B free at the checkpoint "
+            f"- {sp.reserve_bytes} B reserve (with the draft head's bind bytes)"
+            + (f", capped at {sp.cap} pairs" if sp.cap is not None else "")
+        )
     if auto is not None and a.predicted_slots is not None:
-        a.notes.append(f"slots: strata-budget check predicts {a.predicted_slots}, the engine took {a.slots} "
-                       f"({a.slots - a.predicted_slots:+d}; the estimate terms move the free figure)")
-    a.notes.append(f"reserve: {a.free_after_bytes} B free after start-up ({a.free_after_bytes / F.MIB:.1f} MiB), "
-                   f"{'at least' if a.reserve_ok else 'UNDER'} the {a.reserve_bytes / F.MIB:.0f} MiB reserve (measured)")
+        a.notes.append(
+            f"slots: strata-budget check predicts {a.predicted_slots}, the engine took {a.slots} "
+            f"({a.slots - a.predicted_slots:+d}; the estimate terms move the free figure)"
+        )
+    a.notes.append(
+        f"reserve: {a.free_after_bytes} B free after start-up ({a.free_after_bytes / F.MIB:.1f} MiB), "
+        f"{'at least' if a.reserve_ok else 'UNDER'} the {a.reserve_bytes / F.MIB:.0f} MiB reserve (measured)"
+    )
     a.notes.append(f"decode path: {a.decode_path}; the budget reads it as {plan.decode_path}")
-    a.notes.append(f"measured total = cudaMemGetInfo used at the end of start-up = the measured column's sum; "
-                   f"the warm-up took {g.runtime_bytes} B outside the pool and grew it by {g.warmup_pool_bytes} B")
+    a.notes.append(
+        f"measured total = cudaMemGetInfo used at the end of start-up = the measured column's sum; "
+        f"the warm-up took {g.runtime_bytes} B outside the pool and grew it by {g.warmup_pool_bytes} B"
+    )
 
 
 def _generate(a: Measurement, eng, prompt: str, n_tokens: int, profile) -> None:
@@ -252,11 +354,17 @@ def _generate(a: Measurement, eng, prompt: str, n_tokens: int, profile) -> None:
     r = generate(eng, prompt, n_tokens, ignore_eos=True)
     sel = r.expert_hits + r.expert_misses
     steps = max(r.n_prompt_tokens + r.n_output_tokens - 1, 1)
-    gen: dict = {"prompt_tokens": r.n_prompt_tokens, "tokens": r.n_output_tokens, "decode_tok_s": r.tokens_per_second,
-                 "prompt_s": round(r.prompt_seconds, 3), "decode_s": round(r.decode_seconds, 3),
-                 "expert_hits": r.expert_hits, "expert_misses": r.expert_misses,
-                 "cpu_misses_per_token": round(r.expert_misses / steps, 2),
-                 "hit_rate_measured": r.expert_hits / sel if sel else None}
+    gen: dict = {
+        "prompt_tokens": r.n_prompt_tokens,
+        "tokens": r.n_output_tokens,
+        "decode_tok_s": r.tokens_per_second,
+        "prompt_s": round(r.prompt_seconds, 3),
+        "decode_s": round(r.decode_seconds, 3),
+        "expert_hits": r.expert_hits,
+        "expert_misses": r.expert_misses,
+        "cpu_misses_per_token": round(r.expert_misses / steps, 2),
+        "hit_rate_measured": r.expert_hits / sel if sel else None,
+    }
     if profile is not None and eng.gpu.slot_plan is not None:
         gen["hit_rate_predicted_engine_slots"] = F.fill_profile(profile, eng.gpu.slot_plan.slots).hit_rate
         if a.predicted_slots is not None:
@@ -267,29 +375,39 @@ def _generate(a: Measurement, eng, prompt: str, n_tokens: int, profile) -> None:
 def print_measurement(a: Measurement) -> None:
     """The table (every figure in bytes), then the checks, slots, reserve, hit rate and notes."""
     phys = f" (physical {a.physical_total_bytes / F.MIB:.0f} MiB)" if a.physical_total_bytes else ""
-    click.echo(f"measure {a.pack} on {a.device}: card {a.card_total_bytes / F.MIB:.0f} MiB{phys}, n_ctx {a.n_ctx}, "
-               f"kv {a.kv}, {a.slots} expert slots ({a.slot_mode or 'no experts'}); every figure in bytes")
+    click.echo(
+        f"measure {a.pack} on {a.device}: card {a.card_total_bytes / F.MIB:.0f} MiB{phys}, n_ctx {a.n_ctx}, "
+        f"kv {a.kv}, {a.slots} expert slots ({a.slot_mode or 'no experts'}); every figure in bytes"
+    )
     click.echo(f"{'term':22s} {'predicted':>16s} {'measured':>16s} {'diff':>12s}  kind")
     for t in a.terms:
         kind = "exact" if t.exact else "estimate"
         ok = "" if (not t.exact or t.diff_bytes == 0) else "  <-- differs"
         click.echo(f"{t.term:22s} {t.predicted_bytes:16d} {t.measured_bytes:16d} {t.diff_bytes:+12d}  {kind}{ok}")
     d = a.total_diff_bytes
-    click.echo(f"{'total':22s} {a.predicted_total_bytes:16d} {a.measured_total_bytes:16d} {d:+12d}  "
-               f"(diff {d / F.MIB:+.1f} MiB = {100 * d / max(a.measured_total_bytes, 1):+.2f}%; goal within 0.5% or "
-               f"32 MiB: {'ok' if a.total_ok else 'MISSED'}; exact terms: {'all equal' if a.exact_ok else 'DIFFER'}; "
-               f"reserve free after start-up: {'yes' if a.reserve_ok else 'NO'})")
+    click.echo(
+        f"{'total':22s} {a.predicted_total_bytes:16d} {a.measured_total_bytes:16d} {d:+12d}  "
+        f"(diff {d / F.MIB:+.1f} MiB = {100 * d / max(a.measured_total_bytes, 1):+.2f}%; goal within 0.5% or "
+        f"32 MiB: {'ok' if a.total_ok else 'MISSED'}; exact terms: {'all equal' if a.exact_ok else 'DIFFER'}; "
+        f"reserve free after start-up: {'yes' if a.reserve_ok else 'NO'})"
+    )
     if a.generation:
         gn = a.generation
         pred = gn.get("hit_rate_predicted_plan", gn.get("hit_rate_predicted_engine_slots"))
         rate = gn["hit_rate_measured"]
-        click.echo(f"generation: {gn['tokens']} tokens after a {gn['prompt_tokens']}-token prompt, {gn['decode_tok_s'] or 0:.2f} "
-                   f"tok/s decode; experts {gn['expert_hits']} hits / {gn['expert_misses']} misses (counts), "
-                   f"{gn['cpu_misses_per_token']} CPU misses per position; hit rate measured "
-                   + (f"{rate:.2%}" if rate is not None else "n/a")
-                   + (f", predicted by the profile {pred:.2%}" if pred is not None else "")
-                   + (f" (at the engine's {a.slots} slots: {gn['hit_rate_predicted_engine_slots']:.2%})"
-                      if "hit_rate_predicted_engine_slots" in gn else ""))
+        click.echo(
+            f"generation: {gn['tokens']} tokens after a {gn['prompt_tokens']}-token prompt, "
+            f"{gn['decode_tok_s'] or 0:.2f} "
+            f"tok/s decode; experts {gn['expert_hits']} hits / {gn['expert_misses']} misses (counts), "
+            f"{gn['cpu_misses_per_token']} CPU misses per position; hit rate measured "
+            + (f"{rate:.2%}" if rate is not None else "n/a")
+            + (f", predicted by the profile {pred:.2%}" if pred is not None else "")
+            + (
+                f" (at the engine's {a.slots} slots: {gn['hit_rate_predicted_engine_slots']:.2%})"
+                if "hit_rate_predicted_engine_slots" in gn
+                else ""
+            )
+        )
     for c in a.pool_checks:
         click.echo(f"pool check: {c}")
     for n in a.notes:

@@ -27,7 +27,7 @@ Which block a layer uses comes from its *kind* (``manifests/<arch>.toml`` ``[lay
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal
 
 Act = Literal["silu", "gelu"]
 
@@ -90,8 +90,8 @@ class MoEFFN:
     shared_gate: bool = False
 
 
-Mixer = Union[Attention, DeltaNet]
-FFN = Union[DenseFFN, MoEFFN]
+Mixer = Attention | DeltaNet
+FFN = DenseFFN | MoEFFN
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,9 @@ class Recipe:
         try:
             return self.blocks[kind]
         except KeyError:
-            raise KeyError(f"layer kind {kind!r} has no block in the recipe (kinds: {', '.join(self.blocks)})") from None
+            raise KeyError(
+                f"layer kind {kind!r} has no block in the recipe (kinds: {', '.join(self.blocks)})"
+            ) from None
 
     @property
     def moe(self) -> bool:

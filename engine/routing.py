@@ -14,8 +14,9 @@ from .generate import generate
 from .startup import load_engine
 
 
-def profile_routing(pack: str, prompts: list[str], *, n_tokens: int, n_ctx: int | None = None,
-                    device: str = "cpu") -> list[tuple[int, int, int]]:
+def profile_routing(
+    pack: str, prompts: list[str], *, n_tokens: int, n_ctx: int | None = None, device: str = "cpu"
+) -> list[tuple[int, int, int]]:
     """Route ``prompts`` through the engine (``n_tokens`` generated after each, EOS ignored, a fresh
     KV cache per prompt) and count, per (layer, expert), how often it was selected. Returns
     ``(layer, expert, count)`` rows sorted by layer, expert (pairs never selected are left out).

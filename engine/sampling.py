@@ -45,8 +45,13 @@ class Sampler:
         return self.temperature == 0.0
 
     def describe(self) -> dict:
-        return {"mode": "greedy" if self.greedy else "sample", "temperature": self.temperature,
-                "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}
+        return {
+            "mode": "greedy" if self.greedy else "sample",
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "seed": self.seed,
+        }
 
     def __call__(self, logits: np.ndarray) -> int:
         if self.greedy:

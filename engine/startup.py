@@ -29,14 +29,14 @@ reserve is still free (measured): a start that ate it is refused (incident 1).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from strata.budget import formulas as F
 from strata.manifests.contract import Geometry, geometry_from_params
 from strata.manifests.keys import KeysRefusedError, check_metadata_keys
-from strata.packer.packfmt import METADATA_FILE, POOL_FILE, sources_modified
 from strata.packer.pack import Pack, open_pack
+from strata.packer.packfmt import METADATA_FILE, POOL_FILE, sources_modified
 
 from .checkpoints import Checkpoint, Checkpoints
 from .core import Device, Engine, EngineOptions
@@ -69,8 +69,10 @@ def open_checked(pack_dir: str | Path, *, runnable: bool = False) -> tuple[Pack,
     """
     pool = Path(pack_dir) / POOL_FILE
     if pool.exists() and not pool.is_file():
-        raise LoadError(f"{pool}: not a file (a {'directory' if pool.is_dir() else 'special file'}); the dense "
-                        f"weights pool must be a regular file")
+        raise LoadError(
+            f"{pool}: not a file (a {'directory' if pool.is_dir() else 'special file'}); the dense "
+            f"weights pool must be a regular file"
+        )
     pack = open_pack(pack_dir)
     if runnable:
         recipe_for(pack.arch)
@@ -88,8 +90,11 @@ def kv_cache_need_bytes(model: Decoder, n_ctx: int, kv: str, sliding: str = "rin
     layers as rings unless ``sliding="full"``)."""
     h = model.hp
     windows = model.layer_windows() if sliding == "ring" else [None] * h.n_layer
-    layers = [F.KVLayer(il, h.n_head_kv * h.head_dim, h.n_head_kv * h.head_dim_v, model.indexer_head_dim, w)
-              for il, w in enumerate(windows) if model.attn[il] is not None]
+    layers = [
+        F.KVLayer(il, h.n_head_kv * h.head_dim, h.n_head_kv * h.head_dim_v, model.indexer_head_dim, w)
+        for il, w in enumerate(windows)
+        if model.attn[il] is not None
+    ]
     return F.kv_cache_bytes(layers, n_ctx, F.ENGINE_PREFILL_CHUNK, kv, 1)
 
 
@@ -98,8 +103,16 @@ def host_ram_bytes() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def check_ctx(model: Decoder, geom: Geometry, n_ctx: int, kv: str, available: int, what: str, sliding: str = "ring",
-              on_warning: Callable[[str], None] | None = None) -> int:
+def check_ctx(
+    model: Decoder,
+    geom: Geometry,
+    n_ctx: int,
+    kv: str,
+    available: int,
+    what: str,
+    sliding: str = "ring",
+    on_warning: Callable[[str], None] | None = None,
+) -> int:
     """Refuse an ``n_ctx`` whose KV cache does not fit in ``available`` bytes (``what`` names that
     memory), before any weight is loaded; warn (``on_warning``) past the model's ``n_ctx_train``.
     Returns the KV cache bytes.
@@ -109,24 +122,31 @@ def check_ctx(model: Decoder, geom: Geometry, n_ctx: int, kv: str, available: in
     """
     need = kv_cache_need_bytes(model, n_ctx, kv, sliding)
     if need > available:
-        raise GenerateError(f"--ctx {n_ctx}: the KV cache ({kv}) would need {need} bytes ({F.mib(need):.1f} MiB, "
-                            f"strata.budget.formulas.kv_cache_bytes), more than the {available} bytes "
-                            f"({F.mib(available):.1f} MiB) of {what}; lower --ctx")
+        raise GenerateError(
+            f"--ctx {n_ctx}: the KV cache ({kv}) would need {need} bytes ({F.mib(need):.1f} MiB, "
+            f"strata.budget.formulas.kv_cache_bytes), more than the {available} bytes "
+            f"({F.mib(available):.1f} MiB) of {what}; lower --ctx"
+        )
     train = geom.get("n_ctx_train")
     if on_warning is not None and train and n_ctx > int(train):
-        on_warning(f"--ctx {n_ctx} exceeds the model's training context n_ctx_train {int(train)} (geometry.txt); "
-                   f"positions past it are outside what the model was trained on")
+        on_warning(
+            f"--ctx {n_ctx} exceeds the model's training context n_ctx_train {int(train)} (geometry.txt); "
+            f"positions past it are outside what the model was trained on"
+        )
     return need
 
 
 def check_kv(kv: str) -> None:
     """Refuse a KV cache type strata's engine does not implement (names the ones it does)."""
     if kv not in F.ENGINE_KV_TYPES:
-        raise GenerateError(f"--kv {kv}: strata's engine stores K/V as {' or '.join(F.ENGINE_KV_TYPES)} "
-                            f"({kv} is budgeted by strata-budget for other engines only)")
+        raise GenerateError(
+            f"--kv {kv}: strata's engine stores K/V as {' or '.join(F.ENGINE_KV_TYPES)} "
+            f"({kv} is budgeted by strata-budget for other engines only)"
+        )
 
 
 # ------------------------------------------------------------------ the CPU device
+
 
 class CpuDevice:
     """The NumPy path: dense weights held by :class:`strata.engine.weights.CpuWeights`, resident
@@ -160,15 +180,17 @@ class CpuDevice:
         return CpuWeights(pack, plan.dense, nx, threads=self.threads, kernel=self.kernel)
 
     def make_experts(self, plan: LoadPlan, nx) -> ExpertPath:
-        return CpuExpertPath(ShardExperts(plan), None, act_quant=nx.act_quant, threads=self.threads,
-                             kernel=self.kernel)
+        return CpuExpertPath(ShardExperts(plan), None, act_quant=nx.act_quant, threads=self.threads, kernel=self.kernel)
 
     def load_weights(self, weights: CpuWeights, names: list[str], stage: str, note: dict) -> None:
         before = weights.nbytes_f32
         weights.load(names)
         note["f32 vector KiB"] = round((weights.nbytes_f32 - before) / 2**10, 1)
-        what = {"q8": "llama.cpp numerics (Q8 activations, integer dots)", "exact": "GPU order (exact f32)",
-                "f32": "f32 dot"}[self.kernel]
+        what = {
+            "q8": "llama.cpp numerics (Q8 activations, integer dots)",
+            "exact": "GPU order (exact f32)",
+            "f32": "f32 dot",
+        }[self.kernel]
         note["kernels"] = f"quantized, {what}, {self.threads} threads"
 
     def open_session(self, model: Decoder, opts: EngineOptions, n_ctx: int, note: dict) -> State:
@@ -193,8 +215,9 @@ class CpuDevice:
     def open_expert_cache(self, experts: ExpertPath, geom: Geometry, opts: EngineOptions, note: dict) -> None:
         n_expert = int(geom["n_expert"])
         pairs = resident_pairs(opts.resident, experts.source.layers, n_expert)
-        experts.cache = CpuExpertCache(experts.source, pairs, act_quant=experts.act_quant, threads=experts.threads,
-                                       kernel=experts.kernel)
+        experts.cache = CpuExpertCache(
+            experts.source, pairs, act_quant=experts.act_quant, threads=experts.threads, kernel=experts.kernel
+        )
         note["resident"] = f"{len(pairs)} of {len(experts.source.layers) * n_expert} experts ({opts.resident})"
 
     def load_drafter(self, pack: Pack, plan: LoadPlan, model: Decoder, note: dict) -> None:
@@ -224,9 +247,15 @@ def make_device(name: str, **kw) -> Device:
     raise GenerateError(f"--device {name!r}: expected one of {', '.join(DEVICES)}")
 
 
-def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: EngineOptions | None = None,
-                on_checkpoint: Callable[[Checkpoint], None] | None = None,
-                on_warning: Callable[[str], None] | None = None, **kw) -> Engine:
+def load_engine(
+    pack_dir: str | Path,
+    *,
+    device: str | Device = "cpu",
+    options: EngineOptions | None = None,
+    on_checkpoint: Callable[[Checkpoint], None] | None = None,
+    on_warning: Callable[[str], None] | None = None,
+    **kw,
+) -> Engine:
     """Open, check and load the pack at ``pack_dir`` on ``device`` (stages in the module docstring).
 
     Options come as ``options`` or as keywords of :class:`EngineOptions` (``n_ctx=256, kv="f32"``);
@@ -256,7 +285,8 @@ def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: 
         # refused before any device is touched: a timer inside a captured graph would print zeros
         raise StageTimesRefused(
             "--stage-times: stage timers cannot measure inside a captured CUDA graph (events recorded between its "
-            "launches record nothing); refusing rather than reporting zeros - add --no-graph")
+            "launches record nothing); refusing rather than reporting zeros - add --no-graph"
+        )
     if opts.card is not None and device == "cpu":
         raise GenerateError(f"--card {opts.card.name}: a card is emulated on the GPU path; add --device cuda")
     if isinstance(device, str):
@@ -280,15 +310,19 @@ def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: 
         note["tensors checked"] = len(plan.dense)
         note["expert layers checked"] = len(plan.experts)
         for p in sources_modified(pack_dir, sorted(set(plan.shard_paths.values()))) if on_warning is not None else ():
-            on_warning(f"{p}: modified since the pack was built (mtime differs); the experts are read from it - run "
-                       "strata-pack verify before trusting the output")
+            on_warning(
+                f"{p}: modified since the pack was built (mtime differs); the experts are read from it - run "
+                "strata-pack verify before trusting the output"
+            )
         if opts.profile is not None:  # the budget's rule, before anything is loaded
             from strata.budget.errors import BudgetInputError
             from strata.budget.profile import check_profile_pairs
 
             if not plan.experts:
-                raise GenerateError(f"expert profile: this {pack.arch} model has no routed experts, so there is no "
-                                    f"expert cache for its {len(opts.profile)} (layer, expert) pairs to fill")
+                raise GenerateError(
+                    f"expert profile: this {pack.arch} model has no routed experts, so there is no "
+                    f"expert cache for its {len(opts.profile)} (layer, expert) pairs to fill"
+                )
             try:
                 check_profile_pairs(opts.profile, set(plan.experts), int(geom["n_expert"]))
             except BudgetInputError as e:
@@ -327,11 +361,15 @@ def load_engine(pack_dir: str | Path, *, device: str | Device = "cpu", options: 
         else:
             note["resident"] = "none (dense model)"
 
-    run = {"weights": weights_stage, "head": head_stage, "session": session_stage,
-           "drafter": lambda note: dev.load_drafter(pack, plan, model, note),
-           "prompt path": lambda note: got.__setitem__("runner", dev.prompt_path(model, got["state"], opts, note)),
-           "expert cache": cache_stage,
-           "bind": lambda note: dev.bind_drafter(plan, model, opts, n_ctx, note)}
+    run = {
+        "weights": weights_stage,
+        "head": head_stage,
+        "session": session_stage,
+        "drafter": lambda note: dev.load_drafter(pack, plan, model, note),
+        "prompt path": lambda note: got.__setitem__("runner", dev.prompt_path(model, got["state"], opts, note)),
+        "expert cache": cache_stage,
+        "bind": lambda note: dev.bind_drafter(plan, model, opts, n_ctx, note),
+    }
     for stage in stage_order(opts.stage_order, bool(plan.draft)):
         with cps.stage(stage) as note:
             try:
@@ -385,5 +423,19 @@ def unused_notes(recipe, plan: LoadPlan) -> list[str]:
     return out
 
 
-__all__ = ["CpuDevice", "DEVICES", "Device", "Engine", "EngineOptions", "STAGES", "check_ctx", "check_kv",
-           "host_ram_bytes", "kv_cache_need_bytes", "load_engine", "make_device", "open_checked", "stage_order"]
+__all__ = [
+    "CpuDevice",
+    "DEVICES",
+    "Device",
+    "Engine",
+    "EngineOptions",
+    "STAGES",
+    "check_ctx",
+    "check_kv",
+    "host_ram_bytes",
+    "kv_cache_need_bytes",
+    "load_engine",
+    "make_device",
+    "open_checked",
+    "stage_order",
+]

@@ -41,8 +41,17 @@ import numpy as np
 from strata.packer.pack import Pack
 from strata.packer.packfmt import MERGES_FILE, TOKENIZER_COLUMN_TYPES, VOCAB_FILE
 from strata.packer.tokenizer_rules import (
-    MODEL_DEFAULTS, PRE_RULES, SPECIAL_TYPES, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_UNUSED,
-    TOKEN_USER_DEFINED, bytes_to_unicode, pre_rule,
+    MODEL_DEFAULTS,
+    PRE_RULES,
+    SPECIAL_TYPES,
+    TOKEN_BYTE,
+    TOKEN_CONTROL,
+    TOKEN_NORMAL,
+    TOKEN_UNKNOWN,
+    TOKEN_UNUSED,
+    TOKEN_USER_DEFINED,
+    bytes_to_unicode,
+    pre_rule,
 )
 
 #: kept for importers: the regexes of every supported pre-tokenizer
@@ -51,25 +60,80 @@ _SPACES = " \t\n\v\f\r"  # C isspace() in the "C" locale: what LSTRIP/RSTRIP str
 #: llama.cpp's special tokens found by their text when the GGUF does not name them (``llama_vocab::impl::load``,
 #: "auto-detect special tokens by text"): key -> candidate texts; the one found becomes control.
 _AUTO_DETECT = {
-    "tokenizer.ggml.eot_token_id": ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                                    "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
-                                    "<end_of_utterance>"),
+    "tokenizer.ggml.eot_token_id": (
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|end_of_text|>",
+        "<EOT>",
+        "_<EOT>",
+        "[EOT]",
+        "<｜end▁of▁sentence｜>",
+        "<end_of_utterance>",
+    ),
     "tokenizer.ggml.eom_token_id": ("<|eom_id|>",),
-    "tokenizer.ggml.fim_pre_token_id": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>",
-                                        "▁<PRE>", "<|code_prefix|>", "<|prefix|>"),
-    "tokenizer.ggml.fim_suf_token_id": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>",
-                                        "▁<SUF>", "<|code_suffix|>", "<|suffix|>"),
-    "tokenizer.ggml.fim_mid_token_id": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>",
-                                        "▁<MID>", "<|code_middle|>", "<|middle|>"),
+    "tokenizer.ggml.fim_pre_token_id": (
+        "<|fim_prefix|>",
+        "<fim-prefix>",
+        "<fim_prefix>",
+        "<｜fim▁begin｜>",
+        "<PRE>",
+        "▁<PRE>",
+        "<|code_prefix|>",
+        "<|prefix|>",
+    ),
+    "tokenizer.ggml.fim_suf_token_id": (
+        "<|fim_suffix|>",
+        "<fim-suffix>",
+        "<fim_suffix>",
+        "<｜fim▁hole｜>",
+        "<SUF>",
+        "▁<SUF>",
+        "<|code_suffix|>",
+        "<|suffix|>",
+    ),
+    "tokenizer.ggml.fim_mid_token_id": (
+        "<|fim_middle|>",
+        "<fim-middle>",
+        "<fim_middle>",
+        "<｜fim▁end｜>",
+        "<MID>",
+        "▁<MID>",
+        "<|code_middle|>",
+        "<|middle|>",
+    ),
     "tokenizer.ggml.fim_pad_token_id": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
     "tokenizer.ggml.fim_rep_token_id": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     "tokenizer.ggml.fim_sep_token_id": ("<|file_sep|>",),
 }
 #: llama.cpp's end-of-generation texts (same function, "maintain a list of tokens that cause end-of-generation"):
 #: each present is an EOG token and becomes control.
-_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
-              "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
-              "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")
+_EOG_TEXTS = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
+)
 #: gpt-oss: always rendered (made user-defined)
 _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
@@ -92,8 +156,15 @@ def _llama_attrs(tokens: list[str], types, md: dict, vocab: dict[str, int], n: i
         if hits:
             found[key] = hits[0]
             attrs[hits[0]] = TOKEN_CONTROL
-    eog = {found[k] for k in ("tokenizer.ggml.fim_pad_token_id", "tokenizer.ggml.fim_rep_token_id",
-                              "tokenizer.ggml.fim_sep_token_id") if k in found}
+    eog = {
+        found[k]
+        for k in (
+            "tokenizer.ggml.fim_pad_token_id",
+            "tokenizer.ggml.fim_rep_token_id",
+            "tokenizer.ggml.fim_sep_token_id",
+        )
+        if k in found
+    }
     for x in _EOG_TEXTS:
         if x in vocab:
             eog.add(vocab[x])
@@ -102,11 +173,16 @@ def _llama_attrs(tokens: list[str], types, md: dict, vocab: dict[str, int], n: i
     for x in _ALWAYS_RENDERED:
         if x in vocab:
             attrs[vocab[x]] = TOKEN_USER_DEFINED
-    eog |= {i for i in (eos, found.get("tokenizer.ggml.eot_token_id"), found.get("tokenizer.ggml.eom_token_id"))
-            if i is not None}
+    eog |= {
+        i
+        for i in (eos, found.get("tokenizer.ggml.eot_token_id"), found.get("tokenizer.ggml.eom_token_id"))
+        if i is not None
+    }
     texts = {tokens[i] for i in eog}
-    if "<|end|>" in texts and (("<|return|>" in texts and ("<|call|>" in texts or "<|calls|>" in texts))
-                               or (("<|call|>" in texts or "<|calls|>" in texts) and "<|flush|>" in texts)):
+    if "<|end|>" in texts and (
+        ("<|return|>" in texts and ("<|call|>" in texts or "<|calls|>" in texts))
+        or (("<|call|>" in texts or "<|calls|>" in texts) and "<|flush|>" in texts)
+    ):
         eog.discard(vocab["<|end|>"])
         attrs[vocab["<|end|>"]] = TOKEN_USER_DEFINED
     if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
@@ -260,7 +336,8 @@ def _read_parquet(path: Path):
 
 
 def _column(table, path: Path, name: str):
-    """Column ``name`` of a vocab/merges table, of the type the packer writes (:data:`strata.packer.packfmt.TOKENIZER_COLUMN_TYPES`).
+    """Column ``name`` of a vocab/merges table, of the type the packer writes
+    (:data:`strata.packer.packfmt.TOKENIZER_COLUMN_TYPES`).
 
     Raises:
         TokenizerError: the column is missing or of another type (file and column named).
@@ -275,6 +352,7 @@ def _column(table, path: Path, name: str):
 
 
 # ------------------------------------------------------------------ pieces (llama.cpp token_to_piece)
+
 
 def _byte_decoder() -> dict[str, int]:
     return {c: b for b, c in bytes_to_unicode().items()}
@@ -343,21 +421,30 @@ def load_tokenizer(pack: Pack) -> Tokenizer:
     ids = _column(table, vpath, "id").to_numpy()
     if not np.array_equal(ids, np.arange(len(ids))):
         raise TokenizerError(f"{vpath}: ids are not 0..{len(ids) - 1} in order")
-    texts = [bytes(t) if t else f"[EMPTY_{i}]".encode()  # llama.cpp names an empty token so
-             for i, t in enumerate(_column(table, vpath, "token").to_pylist())]
+    texts = [
+        bytes(t) if t else f"[EMPTY_{i}]".encode()  # llama.cpp names an empty token so
+        for i, t in enumerate(_column(table, vpath, "token").to_pylist())
+    ]
     n = len(texts)
-    types = (table.column("token_type").to_numpy().astype(np.int32) if "token_type" in table.column_names
-             else np.full(n, TOKEN_NORMAL, np.int32))
+    types = (
+        table.column("token_type").to_numpy().astype(np.int32)
+        if "token_type" in table.column_names
+        else np.full(n, TOKEN_NORMAL, np.int32)
+    )
     tokens, invalid = _vocab_strings(texts)
     vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
         if t in vocab:
-            raise TokenizerError(f"{vpath}: token {i} {t!r} duplicates token {vocab[t]} (llama.cpp refuses such a vocab too)")
+            raise TokenizerError(
+                f"{vpath}: token {i} {t!r} duplicates token {vocab[t]} (llama.cpp refuses such a vocab too)"
+            )
         vocab[t] = i
 
     model = md.get("tokenizer.ggml.model")
     if model not in MODEL_DEFAULTS:
-        raise TokenizerError(f"tokenizer.ggml.model {model!r} is not supported (supported: {', '.join(map(repr, MODEL_DEFAULTS))})")
+        raise TokenizerError(
+            f"tokenizer.ggml.model {model!r} is not supported (supported: {', '.join(map(repr, MODEL_DEFAULTS))})"
+        )
     def_bos, def_eos, def_add_bos, def_space = MODEL_DEFAULTS[model]
     if model == "llama":
         if "score" not in table.column_names:
@@ -365,15 +452,18 @@ def load_tokenizer(pack: Pack) -> Tokenizer:
         scores = table.column("score").to_numpy().astype(np.float32)
         unk_id = md.get("tokenizer.ggml.unknown_token_id", 0)
         unk = tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < n else None
-        hf = HFTokenizer(models.BPE(vocab, _spm_merges(vocab, scores, invalid), unk_token=unk, fuse_unk=True,
-                                    byte_fallback=True))
+        hf = HFTokenizer(
+            models.BPE(vocab, _spm_merges(vocab, scores, invalid), unk_token=unk, fuse_unk=True, byte_fallback=True)
+        )
         hf.normalizer = normalizers.Replace(" ", "\u2581")
     else:
         pre = md.get("tokenizer.ggml.pre")
         try:
             rule = pre_rule(pre)
         except KeyError:
-            raise TokenizerError(f"tokenizer.ggml.pre {pre!r} is not supported; known: {', '.join(sorted(PRE_RULES))}") from None
+            raise TokenizerError(
+                f"tokenizer.ggml.pre {pre!r} is not supported; known: {', '.join(sorted(PRE_RULES))}"
+            ) from None
         def_add_bos = rule.add_bos
         mpath = Path(pack.path) / MERGES_FILE
         if not mpath.exists():
@@ -387,17 +477,20 @@ def load_tokenizer(pack: Pack) -> Tokenizer:
             cut = text.find(" ", 1)  # llama.cpp: word.find(' ', 1)
             if cut < 0:
                 raise TokenizerError(f"{mpath}: merge {k} {m!r} is not two pieces separated by a space")
-            a, b = text[:cut], text[cut + 1:]
+            a, b = text[:cut], text[cut + 1 :]
             for piece in (a, b, a + b):  # a merge names two tokens and forms a third (llama.cpp byte-falls back
-                if piece not in vocab:   # on one that is not a token; the BPE model cannot represent that)
-                    raise TokenizerError(f"{mpath}: merge {k} ({a!r} + {b!r}) needs the token {piece!r}, which is not "
-                                         f"in the vocabulary ({n} tokens): the GGUF's tokenizer.ggml.merges do not "
-                                         "match its tokenizer.ggml.tokens")
+                if piece not in vocab:  # on one that is not a token; the BPE model cannot represent that)
+                    raise TokenizerError(
+                        f"{mpath}: merge {k} ({a!r} + {b!r}) needs the token {piece!r}, which is not "
+                        f"in the vocabulary ({n} tokens): the GGUF's tokenizer.ggml.merges do not "
+                        "match its tokenizer.ggml.tokens"
+                    )
             merges.append((a, b))
         hf = HFTokenizer(models.BPE(vocab, merges, ignore_merges=rule.ignore_merges))
         hf.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in rule.regexes]
-            + [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)]
+        )
 
     bos = _special_id(md, "tokenizer.ggml.bos_token_id", def_bos, n)
     eos = _special_id(md, "tokenizer.ggml.eos_token_id", def_eos, n)
@@ -410,11 +503,23 @@ def load_tokenizer(pack: Pack) -> Tokenizer:
     attrs, eog = _llama_attrs(tokens, types, md, vocab, n, eos)
     control = frozenset(i for i, a in enumerate(attrs) if a in (TOKEN_CONTROL, TOKEN_UNUSED))
     tmpl = md.get("tokenizer.chat_template")
-    return Tokenizer(hf, model, n, bos, add_bos, eog, control, eos_id=eos, add_eos=add_eos,
-                     add_space_prefix=bool(md.get("tokenizer.ggml.add_space_prefix", def_space)) if model == "llama" else False,
-                     special=_special_tokens(tokens, attrs, invalid, md), pieces=_pieces(model, texts, attrs),
-                     texts=tuple(texts), chat_template=tmpl if isinstance(tmpl, str) else None,
-                     warnings=tuple(_special_id_warnings(md, n)))
+    return Tokenizer(
+        hf,
+        model,
+        n,
+        bos,
+        add_bos,
+        eog,
+        control,
+        eos_id=eos,
+        add_eos=add_eos,
+        add_space_prefix=bool(md.get("tokenizer.ggml.add_space_prefix", def_space)) if model == "llama" else False,
+        special=_special_tokens(tokens, attrs, invalid, md),
+        pieces=_pieces(model, texts, attrs),
+        texts=tuple(texts),
+        chat_template=tmpl if isinstance(tmpl, str) else None,
+        warnings=tuple(_special_id_warnings(md, n)),
+    )
 
 
 def _special_id_warnings(md: dict, n: int) -> list[str]:
@@ -424,8 +529,10 @@ def _special_id_warnings(md: dict, n: int) -> list[str]:
     for key in sorted(k for k in md if k.startswith("tokenizer.ggml.") and k.endswith("_token_id")):
         v = md[key]
         if isinstance(v, int) and not 0 <= v < n:
-            out.append(f"metadata: {key} {v} is outside the vocabulary ({n} tokens); ignored (the model's default id "
-                       "is used where it has one, as llama.cpp does)")
+            out.append(
+                f"metadata: {key} {v} is outside the vocabulary ({n} tokens); ignored (the model's default id "
+                "is used where it has one, as llama.cpp does)"
+            )
     return out
 
 
@@ -447,7 +554,9 @@ def _special_tokens(tokens: list[str], attrs: list[int], invalid: set[int], md: 
     for i, (t, a) in enumerate(zip(tokens, attrs)):
         if a not in SPECIAL_TYPES or i in invalid:
             continue
-        out.append(SpecialToken(t, i, a == TOKEN_USER_DEFINED, rstrip=phi3 and t not in ("<unk>", "<s>", "<|endoftext|>")))
+        out.append(
+            SpecialToken(t, i, a == TOKEN_USER_DEFINED, rstrip=phi3 and t not in ("<unk>", "<s>", "<|endoftext|>"))
+        )
     out.sort(key=lambda s: -len(s.text.encode()))
     return tuple(out)
 

@@ -26,8 +26,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from strata.packer import quants
-from strata.packer.packfmt import IndexEntry
 from strata.packer.pack import Pack
+from strata.packer.packfmt import IndexEntry
 
 from . import cpukernels as CK
 from .dequant import dequantize_rows
@@ -76,8 +76,16 @@ class CpuWeights:
 
     xp = np
 
-    def __init__(self, pack: Pack, dense: dict[str, IndexEntry], nx: str | Numerics = "f32", *,
-                 exact: bool = False, threads: int | None = None, kernel: str | None = None):
+    def __init__(
+        self,
+        pack: Pack,
+        dense: dict[str, IndexEntry],
+        nx: str | Numerics = "f32",
+        *,
+        exact: bool = False,
+        threads: int | None = None,
+        kernel: str | None = None,
+    ):
         # read-only map: a stray write raises instead of corrupting the pack
         self._path = pack.pool_path
         self._pool = np.memmap(pack.pool_path, dtype=np.uint8, mode="r")
@@ -114,7 +122,7 @@ class CpuWeights:
     def raw(self, name: str) -> np.ndarray:
         """The tensor's pool bytes (a read-only view of the mapped pool, no copy)."""
         e = self._entries[name]
-        return self._pool[e.offset:e.offset + e.nbytes]
+        return self._pool[e.offset : e.offset + e.nbytes]
 
     def _read(self, offset: int, nbytes: int) -> np.ndarray:
         """Pool bytes read with pread (a copy): start-up reads vectors and checks BF16 tensors this way, so
@@ -141,8 +149,10 @@ class CpuWeights:
                     part = self._read(e.offset + off, min(1 << 24, e.nbytes - off)).view(np.uint32)
                     bad += int(np.count_nonzero(part & np.uint32(0xFFFF)))
                 if bad:
-                    raise WeightError(f"tensor {name}: pool F32 promoted from BF16 has non-zero low 16 bits "
-                                      f"({bad} values); it is not bf16-exact")
+                    raise WeightError(
+                        f"tensor {name}: pool F32 promoted from BF16 has non-zero low 16 bits "
+                        f"({bad} values); it is not bf16-exact"
+                    )
             if _rows(e) == 1:
                 self.get(name)
 
@@ -169,8 +179,10 @@ class CpuWeights:
             e = self._entries[name]
             row_bytes = quants.row_nbytes(e.type, e.ne0)
             if e.nbytes != _rows(e) * row_bytes or e.offset + e.nbytes > self._pool.size:
-                raise WeightError(f"tensor {name}: {e.nbytes} bytes at {e.offset} are not {_rows(e)} rows of "
-                                  f"{row_bytes} inside the {self._pool.size}-byte pool")
+                raise WeightError(
+                    f"tensor {name}: {e.nbytes} bytes at {e.offset} are not {_rows(e)} rows of "
+                    f"{row_bytes} inside the {self._pool.size}-byte pool"
+                )
             kernel = CK.kernel_for(e.type, self.kernel)
             base = np.array([self._pool_addr + e.offset], dtype=np.uint64)
             self._keep.append(base)
@@ -179,8 +191,14 @@ class CpuWeights:
                 self._scratch = np.zeros(need + 64, dtype=np.uint8)
                 p = self._scratch.__array_interface__["data"][0]
                 self._scratch_at = p + (-p % 64)
-            c = self._calls[name] = (e.type, kernel, _rows(e), e.ne0, CK.entry_point(e.type, kernel),
-                                     (base.__array_interface__["data"][0], 1, _rows(e), e.ne0, row_bytes, self._xs_addr))
+            c = self._calls[name] = (
+                e.type,
+                kernel,
+                _rows(e),
+                e.ne0,
+                CK.entry_point(e.type, kernel),
+                (base.__array_interface__["data"][0], 1, _rows(e), e.ne0, row_bytes, self._xs_addr),
+            )
         return c
 
     def matmul(self, name: str, x: np.ndarray) -> np.ndarray:

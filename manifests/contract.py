@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -181,18 +181,18 @@ class Manifest(BaseModel):
     @field_validator("derived")
     @classmethod
     def _exprs_parse(cls, v: dict[str, str]) -> dict[str, str]:
-        for k, e in v.items():
+        for _k, e in v.items():
             parse(e)
         return v
 
     @model_validator(mode="after")
-    def _keys_match_params(self) -> "Manifest":
+    def _keys_match_params(self) -> Manifest:
         for key, spec in self.keys.items():
             spec.validate_for(key, self.params)
         return self
 
     @model_validator(mode="after")
-    def _every_term_twice(self) -> "Manifest":
+    def _every_term_twice(self) -> Manifest:
         for name in StateSpec.model_fields:
             for spec in (self.state, self.state_from_tensors):
                 parse(getattr(spec, name))
@@ -257,7 +257,7 @@ def _resolve(data: dict, path: Path, seen: tuple[str, ...] = ()) -> dict:
     return merge_manifest(merged, data)
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_manifest(arch: str) -> Manifest:
     """Load ``manifests/<arch>.toml``, merge its ``extends`` bases and validate it.
 
@@ -286,6 +286,7 @@ def known_archs() -> list[str]:
 
 # ----------------------------------------------------------------------- geometry
 
+
 class Geometry:
     """Resolved geometry of one model: params and derived numbers, and per-layer kinds.
 
@@ -303,7 +304,7 @@ class Geometry:
             except (ZeroDivisionError, TypeError, IndexError) as e:
                 raise ManifestError(f"{manifest.arch}: derived {name} = {expr}: {e}") from None
         self.env = env
-        for expr in (manifest.checks if check else ()):
+        for expr in manifest.checks if check else ():
             try:
                 ok = evaluate(expr, env)
             except (ZeroDivisionError, TypeError, IndexError) as e:
@@ -387,8 +388,14 @@ class Geometry:
         return out
 
 
-def geometry_from_metadata(arch: str, kv: dict[str, Any], array_lengths: dict[str, int] | None = None,
-                           arrays: dict[str, list] | None = None, *, check: bool = True) -> Geometry:
+def geometry_from_metadata(
+    arch: str,
+    kv: dict[str, Any],
+    array_lengths: dict[str, int] | None = None,
+    arrays: dict[str, list] | None = None,
+    *,
+    check: bool = True,
+) -> Geometry:
     """Resolve an architecture's params from GGUF metadata through its manifest.
 
     Args:
@@ -435,7 +442,9 @@ def geometry_from_metadata(arch: str, kv: dict[str, Any], array_lengths: dict[st
             raise ManifestError(f"{arch}: metadata key {key} (param {name}) is missing and has no default")
         want = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}.get(p.kind)
         if want is not None and (not isinstance(v, want) or (p.kind != "bool" and isinstance(v, bool))):
-            raise ManifestError(f"{arch}: metadata key {key} (param {name}) is {type(v).__name__} {v!r}, expected {p.kind}")
+            raise ManifestError(
+                f"{arch}: metadata key {key} (param {name}) is {type(v).__name__} {v!r}, expected {p.kind}"
+            )
         if p.kind == "float":
             v = float(v)
         if check:
@@ -527,8 +536,10 @@ def geometry_from_params(arch: str, params: dict[str, str]) -> Geometry:
     values = {}
     for name, p in m.params.items():
         if name not in params:
-            raise ManifestError(f"geometry.txt: param {name!r} of {arch} is missing (a pack built by an older strata? "
-                                f"rebuild it from its GGUF: strata-pack build GGUF -o PACK --force)")
+            raise ManifestError(
+                f"geometry.txt: param {name!r} of {arch} is missing (a pack built by an older strata? "
+                f"rebuild it from its GGUF: strata-pack build GGUF -o PACK --force)"
+            )
         try:
             values[name] = parse_value(p.kind, params[name])
         except ValueError as e:

@@ -28,13 +28,25 @@ class ManifestError(ValueError):
 
 
 BINOPS = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
-    ast.Div: operator.truediv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Div: operator.truediv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
 }
 CMPOPS = {
-    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-    ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
-    ast.Is: operator.is_, ast.IsNot: operator.is_not,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
 }
 FUNCS = {"min": min, "max": max, "sqrt": math.sqrt, "int": int, "len": len, "is_list": lambda x: isinstance(x, list)}
 #: Functions an expression may call only when the caller binds them in ``env``: ``ne(role, d)`` (dim
@@ -51,14 +63,37 @@ def parse(expr: str) -> ast.Expression:
     except SyntaxError as e:
         raise ManifestError(f"bad expression {expr!r}: {e.msg}") from None
     for node in ast.walk(tree):
-        ok = isinstance(node, (
-            ast.Expression, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.IfExp, ast.Name, ast.Constant,
-            ast.Subscript, ast.Call, ast.Load, ast.And, ast.Or, ast.Not, ast.USub, ast.UAdd, ast.Tuple,
-        )) or type(node) in BINOPS or type(node) in CMPOPS
+        ok = (
+            isinstance(
+                node,
+                (
+                    ast.Expression,
+                    ast.BinOp,
+                    ast.UnaryOp,
+                    ast.Compare,
+                    ast.BoolOp,
+                    ast.IfExp,
+                    ast.Name,
+                    ast.Constant,
+                    ast.Subscript,
+                    ast.Call,
+                    ast.Load,
+                    ast.And,
+                    ast.Or,
+                    ast.Not,
+                    ast.USub,
+                    ast.UAdd,
+                    ast.Tuple,
+                ),
+            )
+            or type(node) in BINOPS
+            or type(node) in CMPOPS
+        )
         if not ok:
             raise ManifestError(f"expression {expr!r}: {type(node).__name__} is not allowed")
-        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name)
-                                               and node.func.id in (*FUNCS, *ENV_FUNCS, "defined")):
+        if isinstance(node, ast.Call) and not (
+            isinstance(node.func, ast.Name) and node.func.id in (*FUNCS, *ENV_FUNCS, "defined")
+        ):
             raise ManifestError(f"expression {expr!r}: only min/max/sqrt/int/len/is_list/defined/ne/has may be called")
     return tree
 

@@ -35,7 +35,8 @@ three tools: ``strata.packer.build.resolve_geometry`` (on the GGUF's metadata), 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -121,7 +122,7 @@ class KeysRefusedError(ManifestError):
         super().__init__(message)
         self.refusals = list(refusals or [])
 
-    def with_file(self, path: Any) -> "KeysRefusedError":
+    def with_file(self, path: Any) -> KeysRefusedError:
         """The same refusals, the message prefixed with the file they come from."""
         return KeysRefusedError(f"{path}: {self}", self.refusals)
 
@@ -144,8 +145,9 @@ def _is_array(v: Any) -> bool:
     return isinstance(v, (list, tuple)) or (hasattr(v, "count") and hasattr(v, "elem_type"))
 
 
-def collapse_per_layer(arch: str, key: str, value: Any, n_layer: int | None, param: str | None = None,
-                       *, strict: bool = True) -> Any:
+def collapse_per_layer(
+    arch: str, key: str, value: Any, n_layer: int | None, param: str | None = None, *, strict: bool = True
+) -> Any:
     """A ``get_key_or_arr`` key's value as the one value strata implements: a scalar as is, an array of
     ``n_layer`` equal values as that value (llama.cpp ``llama_model_loader::get_key_or_arr`` fills
     every layer from a scalar, or copies the array after checking its length). ``strict=False`` (a writer
@@ -172,8 +174,12 @@ def collapse_per_layer(arch: str, key: str, value: Any, n_layer: int | None, par
         why = "an empty array"
     else:
         return value[0]
-    r = Refusal(key=full, value=value_text(value), implements=what,
-                message=f"metadata key {full} = {value_text(value)} is refused: {why}; strata implements {what}")
+    r = Refusal(
+        key=full,
+        value=value_text(value),
+        implements=what,
+        message=f"metadata key {full} = {value_text(value)} is refused: {why}; strata implements {what}",
+    )
     raise KeysRefusedError(r.message, [r])
 
 
@@ -230,8 +236,10 @@ def key_refusals(g: Any, kv: Mapping[str, Any], *, params_only: bool = False) ->
         if not ok:
             shown = [f"{n} = {g.env[n]!r}" for n in names_in(spec.allow) if n != "value" and n in g.env]
             ctx = f" ({', '.join(shown)})" if shown else ""
-            msg = (f"metadata key {full} = {value_text(v)} is refused: strata implements {spec.implements}{ctx} "
-                   f"[llama.cpp: {spec.source}]")
+            msg = (
+                f"metadata key {full} = {value_text(v)} is refused: strata implements {spec.implements}{ctx} "
+                f"[llama.cpp: {spec.source}]"
+            )
             out.append(Refusal(key=full, value=value_text(v), implements=spec.implements, message=msg))
     return out
 
@@ -256,5 +264,15 @@ def key_counts(keys: Mapping[str, KeySpec]) -> dict[str, int]:
     return out
 
 
-__all__ = ["KINDS", "KeySpec", "KeysRefusedError", "Refusal", "check_metadata_keys", "collapse_per_layer",
-           "gguf_key", "key_counts", "key_refusals", "value_text"]
+__all__ = [
+    "KINDS",
+    "KeySpec",
+    "KeysRefusedError",
+    "Refusal",
+    "check_metadata_keys",
+    "collapse_per_layer",
+    "gguf_key",
+    "key_counts",
+    "key_refusals",
+    "value_text",
+]

@@ -47,7 +47,7 @@ def _bases() -> tuple[frozenset[str], frozenset[str]]:
     per_layer, glob = set(), set()
     for v in TENSOR_NAMES.values():
         if v.startswith("blk.{bid}."):
-            per_layer.add(v[len("blk.{bid}."):])
+            per_layer.add(v[len("blk.{bid}.") :])
         elif "{" not in v:
             glob.add(v)
     return frozenset(per_layer), frozenset(glob)
@@ -75,8 +75,10 @@ def is_per_layer(role: str) -> bool:
     if base in glob:
         return False
     near = sorted(b for b in per_layer | glob if b.split(".")[0] == base.split(".")[0] or b.startswith(base[:4]))[:6]
-    raise TensorNameError(f"tensor role {role!r}: {base!r} is not a GGUF tensor name in gguf.constants.TENSOR_NAMES "
-                     f"(llama.cpp LLM_TENSOR_NAMES){'; similar: ' + ', '.join(near) if near else ''}")
+    raise TensorNameError(
+        f"tensor role {role!r}: {base!r} is not a GGUF tensor name in gguf.constants.TENSOR_NAMES "
+        f"(llama.cpp LLM_TENSOR_NAMES){'; similar: ' + ', '.join(near) if near else ''}"
+    )
 
 
 def tensor_name(role: str, il: int | None = None) -> str:
@@ -127,5 +129,16 @@ def expert_role(part: str) -> str:
     raise KeyError(f"expert part {part!r}: expected one of {', '.join(EXPERT_ROLES.values())}")
 
 
-__all__ = ["EXPERT_ROLES", "LAYER_PREFIX", "TensorNameError", "SUFFIXES", "expert_part", "expert_role", "is_per_layer",
-           "name_pattern", "parse_name", "split_role", "tensor_name"]
+__all__ = [
+    "EXPERT_ROLES",
+    "LAYER_PREFIX",
+    "TensorNameError",
+    "SUFFIXES",
+    "expert_part",
+    "expert_role",
+    "is_per_layer",
+    "name_pattern",
+    "parse_name",
+    "split_role",
+    "tensor_name",
+]

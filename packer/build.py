@@ -32,24 +32,51 @@ from strata.manifests.names import expert_part
 from . import quants
 from .expert_samples import expert_sample_digests
 from .findings import fmt_ne, pad4
-from .gguf_file import ArrayRef, GGUFModel, GGUFError, TensorInfo, open_model, read_array
-from .packfmt import (
-    BUILD_FILE, EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, LEGACY_BUILD_FILE, MERGES_FILE, METADATA_FILE, PACK_FILES, POOL_FILE,
-    VOCAB_FILE,
-    ExpertLayer, IndexEntry, NativeExperts, PackIndex, write_experts, write_geometry, write_index,
-    write_metadata,
-)
+from .gguf_file import ArrayRef, GGUFError, GGUFModel, TensorInfo, open_model, read_array
 from .outputs import WRITE_ERRNOS, OutputError, check_free_space, write_error
 from .pack import open_pack
+from .packfmt import (
+    BUILD_FILE,
+    EXPERTS_FILE,
+    GEOMETRY_FILE,
+    INDEX_FILE,
+    LEGACY_BUILD_FILE,
+    MERGES_FILE,
+    METADATA_FILE,
+    PACK_FILES,
+    POOL_FILE,
+    VOCAB_FILE,
+    ExpertLayer,
+    IndexEntry,
+    NativeExperts,
+    PackIndex,
+    write_experts,
+    write_geometry,
+    write_index,
+    write_metadata,
+)
 from .tokenizer_rules import tokenizer_refusal
 
 CHUNK_BYTES = 8 << 20
 DEFAULT_ALIGN = 64
 #: GGUF array element types metadata.txt holds (as ``int_array`` / ``float_array`` / ``bool_array``).
 ARRAY_KINDS = {
-    **{t: "int_array" for t in (GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
-                                GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64)},
-    GGUFValueType.FLOAT32: "float_array", GGUFValueType.FLOAT64: "float_array", GGUFValueType.BOOL: "bool_array",
+    **{
+        t: "int_array"
+        for t in (
+            GGUFValueType.UINT8,
+            GGUFValueType.INT8,
+            GGUFValueType.UINT16,
+            GGUFValueType.INT16,
+            GGUFValueType.UINT32,
+            GGUFValueType.INT32,
+            GGUFValueType.UINT64,
+            GGUFValueType.INT64,
+        )
+    },
+    GGUFValueType.FLOAT32: "float_array",
+    GGUFValueType.FLOAT64: "float_array",
+    GGUFValueType.BOOL: "bool_array",
 }
 
 
@@ -167,54 +194,82 @@ def tabulate_experts(model: GGUFModel, geom: Geometry) -> NativeExperts | None:
     n_expert = int(geom["n_expert"]) if "n_expert" in geom else None
     rows = []
     arena = 0
+
+    def path(k: int) -> Path:
+        return model.shards[k].path
+
+    def split(parts: dict, E: int, part: str):
+        k, t = parts[part]
+        stride = t.nbytes // E
+        if stride * E != t.nbytes:
+            raise BuildError(f"{path(k)}: tensor {t.name}: {t.nbytes} bytes do not divide into {E} experts")
+        return k, t, stride
+
     for il in sorted(by_layer):
         parts = by_layer[il]
-        path = lambda k: model.shards[k].path  # noqa: E731
-        for p, (k, t) in parts.items():
+        for _p, (k, t) in parts.items():
             if len(t.ne) != 3:
-                raise BuildError(f"{path(k)}: tensor {t.name} has shape {list(t.ne)}, expected 3 dims [ne0, n_ff, n_expert]")
+                raise BuildError(
+                    f"{path(k)}: tensor {t.name} has shape {list(t.ne)}, expected 3 dims [ne0, n_ff, n_expert]"
+                )
             if n_expert is not None and t.ne[2] != n_expert:
                 raise BuildError(
-                    f"{path(k)}: tensor {t.name} holds {t.ne[2]} experts (ne[2]) but the metadata says expert_count {n_expert}"
+                    f"{path(k)}: tensor {t.name} holds {t.ne[2]} experts (ne[2]) but the metadata says "
+                    f"expert_count {n_expert}"
                 )
         if "down" not in parts or not ("gate_up" in parts or ("gate" in parts and "up" in parts)):
-            raise BuildError(f"layer {il}: routed experts incomplete, found only {sorted(parts)} (need gate+up or gate_up, and down)")
+            raise BuildError(
+                f"layer {il}: routed experts incomplete, found only {sorted(parts)} (need gate+up or gate_up, and down)"
+            )
         if "gate_up" in parts and ("gate" in parts or "up" in parts):
             raise BuildError(f"layer {il}: both fused ffn_gate_up_exps and separate gate/up expert tensors")
         E = parts["down"][1].ne[2]
-
-        def split(part: str):
-            k, t = parts[part]
-            stride = t.nbytes // E
-            if stride * E != t.nbytes:
-                raise BuildError(f"{path(k)}: tensor {t.name}: {t.nbytes} bytes do not divide into {E} experts")
-            return k, t, stride
-
         if "gate_up" in parts:
-            k, t, stride = split("gate_up")
+            k, t, stride = split(parts, E, "gate_up")
             if t.ne[1] % 2:
-                raise BuildError(f"{path(k)}: fused tensor {t.name} has odd ne[1]={t.ne[1]}, cannot split into gate and up")
+                raise BuildError(
+                    f"{path(k)}: fused tensor {t.name} has odd ne[1]={t.ne[1]}, cannot split into gate and up"
+                )
             half = stride // 2
             g = (k, t.type_id, t.abs_offset, stride, half)
             u = (k, t.type_id, t.abs_offset + half, stride, half)
         else:
-            k, t, stride = split("gate")
+            k, t, stride = split(parts, E, "gate")
             g = (k, t.type_id, t.abs_offset, stride, stride)
-            k, t, stride = split("up")
+            k, t, stride = split(parts, E, "up")
             u = (k, t.type_id, t.abs_offset, stride, stride)
-        k, t, stride = split("down")
+        k, t, stride = split(parts, E, "down")
         d = (k, t.type_id, t.abs_offset, stride, stride)
         blob = g[4] + u[4] + d[4]
-        rows.append(ExpertLayer(
-            layer=il, gate_type=g[1], up_type=u[1], down_type=d[1], blob_bytes=blob, arena_offset=arena,
-            gate_shard=g[0], gate_off=g[2], gate_stride=g[3], up_shard=u[0], up_off=u[2], up_stride=u[3],
-            down_shard=d[0], down_off=d[2], down_stride=d[3], gate_bytes=g[4], up_bytes=u[4], down_bytes=d[4],
-        ))
+        rows.append(
+            ExpertLayer(
+                layer=il,
+                gate_type=g[1],
+                up_type=u[1],
+                down_type=d[1],
+                blob_bytes=blob,
+                arena_offset=arena,
+                gate_shard=g[0],
+                gate_off=g[2],
+                gate_stride=g[3],
+                up_shard=u[0],
+                up_off=u[2],
+                up_stride=u[3],
+                down_shard=d[0],
+                down_off=d[2],
+                down_stride=d[3],
+                gate_bytes=g[4],
+                up_bytes=u[4],
+                down_bytes=d[4],
+            )
+        )
         arena += E * blob
     counts = {by_layer[r.layer]["down"][1].ne[2] for r in rows}
     if len(counts) != 1:
         raise BuildError(f"expert tensors disagree on the expert count across layers: {sorted(counts)}")
-    return NativeExperts(int(counts.pop()), arena, max(r.blob_bytes for r in rows), [s.path.name for s in model.shards], rows)
+    return NativeExperts(
+        int(counts.pop()), arena, max(r.blob_bytes for r in rows), [s.path.name for s in model.shards], rows
+    )
 
 
 def metadata_items(model: GGUFModel, src_dir: Path) -> list[tuple[str, str, object]]:
@@ -232,8 +287,15 @@ def metadata_items(model: GGUFModel, src_dir: Path) -> list[tuple[str, str, obje
         if isinstance(v, ArrayRef):
             continue
         vt = h.kv_types[key]
-        kind = ("str" if vt == GGUFValueType.STRING else "bool" if vt == GGUFValueType.BOOL
-                else "float" if vt in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64) else "int")
+        kind = (
+            "str"
+            if vt == GGUFValueType.STRING
+            else "bool"
+            if vt == GGUFValueType.BOOL
+            else "float"
+            if vt in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64)
+            else "int"
+        )
         items.append((key, kind, v))
     items.append(("strata.source_dir", "str", str(src_dir)))
     return items
@@ -268,7 +330,10 @@ def _write_tokenizer(model: GGUFModel, out: Path) -> None:
     tokens = read_array(h, "tokenizer.ggml.tokens")
     n = len(tokens)
     cols = {"id": pa.array(np.arange(n, dtype=np.int32)), "token": pa.array(tokens, type=pa.binary())}
-    for key, col, dt in (("tokenizer.ggml.scores", "score", np.float32), ("tokenizer.ggml.token_type", "token_type", np.int32)):
+    for key, col, dt in (
+        ("tokenizer.ggml.scores", "score", np.float32),
+        ("tokenizer.ggml.token_type", "token_type", np.int32),
+    ):
         if key in h.kv:
             a = read_array(h, key)
             if len(a) != n:
@@ -324,8 +389,18 @@ def write_pool(model: GGUFModel, index: PackIndex, pool_path: Path, progress: bo
     fds = [os.open(s.path, os.O_RDONLY) for s in model.shards]
     buf = bytearray(CHUNK_BYTES)
     try:
-        with open(pool_path, "wb") as f, tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                                             desc="pool", disable=not progress, leave=False) as bar:
+        with (
+            open(pool_path, "wb") as f,
+            tqdm(
+                total=total,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc="pool",
+                disable=not progress,
+                leave=False,
+            ) as bar,
+        ):
             dst = f.fileno()
             pos = 0
             for e in index.entries:
@@ -363,7 +438,9 @@ def _sample_check(model: GGUFModel, pack_dir: Path, index: PackIndex) -> None:
                 else:
                     want = os.pread(fds[e.shard], n, e.src_offset + rel)
                 if got != want:
-                    raise BuildError(f"pool check failed: tensor {e.name} bytes at pool offset {e.offset + rel} differ from source")
+                    raise BuildError(
+                        f"pool check failed: tensor {e.name} bytes at pool offset {e.offset + rel} differ from source"
+                    )
     finally:
         for fd in fds:
             os.close(fd)
@@ -377,8 +454,8 @@ def check_target(out: Path, source_paths: list[Path], force: bool) -> None:
     """Refuse an output directory that could destroy data.
 
     ``out`` must not exist unless ``force`` is given, and then it must be a pack (it holds
-    ``index.txt`` and ``build.json`` (``manifest.json`` before the rename)) and must not be, or contain, a directory holding a
-    source shard. Its parent must exist (like ``cp``: no silent ``mkdir -p``).
+    ``index.txt`` and ``build.json`` (``manifest.json`` before the rename)) and must not be, or contain, a
+    directory holding a source shard. Its parent must exist (like ``cp``: no silent ``mkdir -p``).
 
     Raises:
         BuildError: naming the directory and the reason.
@@ -391,8 +468,10 @@ def check_target(out: Path, source_paths: list[Path], force: bool) -> None:
         raise BuildError(f"{out}: parent directory {out_abs.parent} does not exist")
     for d in (out_abs.parent, *out_abs.parent.parents):  # a pack directory holds only the pack's own files
         if (d / INDEX_FILE).is_file() and (d / "pool.bin").is_file():
-            raise BuildError(f"{out}: is inside the pack {d}; a pack directory holds only the pack's files "
-                             "(strata-pack build --force replaces it whole): build the pack elsewhere")
+            raise BuildError(
+                f"{out}: is inside the pack {d}; a pack directory holds only the pack's files "
+                "(strata-pack build --force replaces it whole): build the pack elsewhere"
+            )
     for p in source_paths:
         if out_abs == (src_dir := Path(os.path.abspath(p)).parent) or out_abs in src_dir.parents:
             raise BuildError(f"{out}: the output directory holds the source {p}; choose another directory")
@@ -402,13 +481,17 @@ def check_target(out: Path, source_paths: list[Path], force: bool) -> None:
         if not force:
             raise BuildError(f"{out} already exists; pass --force to replace it")
         if not ((out / INDEX_FILE).is_file() and ((out / BUILD_FILE).is_file() or (out / LEGACY_BUILD_FILE).is_file())):
-            raise BuildError(f"{out} exists and is not a strata pack (no {INDEX_FILE} and {BUILD_FILE}); "
-                             f"refusing to replace it even with --force")
+            raise BuildError(
+                f"{out} exists and is not a strata pack (no {INDEX_FILE} and {BUILD_FILE}); "
+                f"refusing to replace it even with --force"
+            )
         foreign = sorted(p.name for p in out.iterdir() if p.name not in PACK_FILES)
         if foreign:
             shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-            raise BuildError(f"{out} holds files that are not the pack's ({shown}); --force replaces a pack "
-                             f"directory as a whole, so it refuses one that holds anything else")
+            raise BuildError(
+                f"{out} holds files that are not the pack's ({shown}); --force replaces a pack "
+                f"directory as a whole, so it refuses one that holds anything else"
+            )
 
 
 def _rename_noreplace(src: Path, dst: Path) -> None:
@@ -428,8 +511,9 @@ def _rename_noreplace(src: Path, dst: Path) -> None:
             return
         e = ctypes.get_errno()
         if e == errno.EEXIST:
-            raise BuildError(f"{dst} appeared while the pack was being built (another build?); "
-                             f"pass --force to replace it")
+            raise BuildError(
+                f"{dst} appeared while the pack was being built (another build?); pass --force to replace it"
+            )
         if e not in (errno.ENOSYS, errno.EINVAL):
             raise OSError(e, os.strerror(e), str(dst))
     if dst.exists():
@@ -445,8 +529,14 @@ def stale_temp_dirs(out: Path) -> list[Path]:
     return sorted(p for p in parent.glob(f".{out.name}.tmp-*") if p.is_dir())
 
 
-def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = DEFAULT_ALIGN, force: bool = False,
-               progress: bool = True) -> BuildResult:
+def build_pack(
+    src: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    align: int = DEFAULT_ALIGN,
+    force: bool = False,
+    progress: bool = True,
+) -> BuildResult:
     """Build a pack from ``src`` (a GGUF file or any shard of a split model) into directory ``out``.
 
     The pack is written into a temporary directory beside ``out`` and renamed into place
@@ -470,8 +560,11 @@ def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = D
     if not MIN_ALIGN <= align <= MAX_ALIGN or align & (align - 1):
         raise BuildError(f"pack alignment {align} must be a power of two in [{MIN_ALIGN}, {MAX_ALIGN}]")
     if (out.exists() or out.is_symlink()) and not force:  # --force replaces packs only: no hint that leads nowhere
-        raise BuildError(f"{out} exists and is not a directory; refusing to replace it (choose another path)"
-                         if not out.is_dir() or out.is_symlink() else f"{out} already exists; pass --force to replace it")
+        raise BuildError(
+            f"{out} exists and is not a directory; refusing to replace it (choose another path)"
+            if not out.is_dir() or out.is_symlink()
+            else f"{out} already exists; pass --force to replace it"
+        )
     model = open_model(src)
     check_target(out, model.paths, force)
     geom = resolve_geometry(model)
@@ -481,8 +574,11 @@ def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = D
     index = layout_pool(model, align)
     experts = tabulate_experts(model, geom)
     needed = index.pool_bytes + TABLES_ALLOWANCE_BYTES
-    check_free_space(out, needed, f"the pack (pool.bin {index.pool_bytes:,} bytes + up to {TABLES_ALLOWANCE_BYTES >> 20} MiB "
-                                  "of tables)")
+    check_free_space(
+        out,
+        needed,
+        f"the pack (pool.bin {index.pool_bytes:,} bytes + up to {TABLES_ALLOWANCE_BYTES >> 20} MiB of tables)",
+    )
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=Path(os.path.abspath(out)).parent))
     except OSError as e:
@@ -500,19 +596,39 @@ def build_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = D
         write_metadata(tmp / METADATA_FILE, metadata_items(model, src_dir))
         _write_tokenizer(model, tmp)
         result = BuildResult(
-            pack=out, arch=geom.arch, shards=[str(p.resolve()) for p in model.paths], dense_tensors=len(index.entries),
+            pack=out,
+            arch=geom.arch,
+            shards=[str(p.resolve()) for p in model.paths],
+            dense_tensors=len(index.entries),
             pool_bytes=index.pool_bytes,
             bf16_promoted=sum(1 for e in index.entries if e.src_type == quants.BF16.id),
-            expert_layers=experts.n_layer if experts else 0, expert_total_bytes=experts.total if experts else 0,
-            max_blob=experts.max_blob if experts else 0, seconds=0.0,
+            expert_layers=experts.n_layer if experts else 0,
+            expert_total_bytes=experts.total if experts else 0,
+            max_blob=experts.max_blob if experts else 0,
+            seconds=0.0,
         )
-        record = {"format": "strata pack v1", "arch": geom.arch, "geometry": dict(geometry_params_text(geom)),
-                    "sources": [{"file": s.path.name, "path": str(s.path.resolve()), "bytes": s.file_size,
-                                 "mtime_ns": s.path.stat().st_mtime_ns} for s in model.shards],
-                    "align": align, "pool_bytes": index.pool_bytes, "dense_tensors": len(index.entries),
-                    "expert_layers": result.expert_layers, "expert_total_bytes": result.expert_total_bytes,
-                    "max_blob": result.max_blob, "bf16_promoted": result.bf16_promoted,
-                    "expert_sample_sha256": expert_sample_digests(model.paths, experts) if experts else {}}
+        record = {
+            "format": "strata pack v1",
+            "arch": geom.arch,
+            "geometry": dict(geometry_params_text(geom)),
+            "sources": [
+                {
+                    "file": s.path.name,
+                    "path": str(s.path.resolve()),
+                    "bytes": s.file_size,
+                    "mtime_ns": s.path.stat().st_mtime_ns,
+                }
+                for s in model.shards
+            ],
+            "align": align,
+            "pool_bytes": index.pool_bytes,
+            "dense_tensors": len(index.entries),
+            "expert_layers": result.expert_layers,
+            "expert_total_bytes": result.expert_total_bytes,
+            "max_blob": result.max_blob,
+            "bf16_promoted": result.bf16_promoted,
+            "expert_sample_sha256": expert_sample_digests(model.paths, experts) if experts else {},
+        }
         with open(tmp / BUILD_FILE, "w") as f:
             json.dump(record, f, indent=1)
         # verify what was written before it becomes visible
@@ -596,5 +712,21 @@ def check_layer_count(model: GGUFModel, geom: Geometry) -> None:
         )
 
 
-__all__ = ["ARRAY_KINDS", "BuildError", "BuildResult", "build_pack", "check_target", "check_foreign_shards", "check_tokenizer", "check_layer_count", "metadata_items", "metadata_values", "is_expert_tensor", "layout_pool", "resolve_geometry",
-           "tabulate_experts", "write_pool", "GGUFError"]
+__all__ = [
+    "ARRAY_KINDS",
+    "BuildError",
+    "BuildResult",
+    "build_pack",
+    "check_target",
+    "check_foreign_shards",
+    "check_tokenizer",
+    "check_layer_count",
+    "metadata_items",
+    "metadata_values",
+    "is_expert_tensor",
+    "layout_pool",
+    "resolve_geometry",
+    "tabulate_experts",
+    "write_pool",
+    "GGUFError",
+]

@@ -58,9 +58,13 @@ def main() -> None:
 
 @main.command()
 @click.argument("src", type=click.Path(dir_okay=False))
-@click.option("-o", "--out", "out", required=True, type=click.Path(), help="Pack directory to create (its parent must exist).")
+@click.option(
+    "-o", "--out", "out", required=True, type=click.Path(), help="Pack directory to create (its parent must exist)."
+)
 @click.option("--align", default=64, show_default=True, help="Pool alignment in bytes (power of two, 16..1048576).")
-@click.option("--force", is_flag=True, help="Replace an existing pack (only a strata pack holding no source is ever replaced).")
+@click.option(
+    "--force", is_flag=True, help="Replace an existing pack (only a strata pack holding no source is ever replaced)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr (when it is a terminal).")
 def build(src, out, align, force, as_json, progress):
@@ -116,19 +120,30 @@ def verify(pack, source_dir, as_json):
         _fail(_describe(e), 2, as_json)
     for w in r.warnings:
         click.echo(f"warning: {w}", err=True)
-    d = {"ok": True, "pack": str(r.pack), "dense_tensors": r.dense_tensors, "dense_bytes": r.dense_bytes,
-         "expert_layers": r.expert_layers, "warnings": r.warnings}
-    click.echo(json.dumps(d) if as_json else
-               f"ok: {r.dense_tensors} dense tensors ({r.dense_bytes} B) equal their source; index, geometry, "
-               f"metadata and {r.expert_layers} expert layers match the shards"
-               + (" (experts' bytes: the first and last 256 B of each expert, as sampled at build)"
-                  if r.expert_layers else ""))
+    d = {
+        "ok": True,
+        "pack": str(r.pack),
+        "dense_tensors": r.dense_tensors,
+        "dense_bytes": r.dense_bytes,
+        "expert_layers": r.expert_layers,
+        "warnings": r.warnings,
+    }
+    click.echo(
+        json.dumps(d)
+        if as_json
+        else f"ok: {r.dense_tensors} dense tensors ({r.dense_bytes} B) equal their source; index, geometry, "
+        f"metadata and {r.expert_layers} expert layers match the shards"
+        + (" (experts' bytes: the first and last 256 B of each expert, as sampled at build)" if r.expert_layers else "")
+    )
 
 
 @main.command()
 @click.argument("path", type=click.Path())
-@click.option("--parquet", type=click.Path(dir_okay=False), help="Also write the table as Parquet (a new file; "
-              "never over the input, a pack's file or a GGUF).")
+@click.option(
+    "--parquet",
+    type=click.Path(dir_okay=False),
+    help="Also write the table as Parquet (a new file; never over the input, a pack's file or a GGUF).",
+)
 @click.option("--force", is_flag=True, help="Replace an existing --parquet file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
 def inspect(path, parquet, force, as_json):

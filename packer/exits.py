@@ -23,8 +23,8 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 import click
 
@@ -36,44 +36,61 @@ EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
 
 #: What exit 1 means, per command (commands not listed never exit 1).
 NEGATIVE: dict[str, str] = {
-    "strata-pack verify": "the pack differs from its sources, or one of its files is corrupt (named, with both numbers)",
+    "strata-pack verify": "the pack differs from its sources, or one of its files is corrupt (named, with both "
+    "numbers)",
     "strata-pack fetch": "the download or its sha256/size check failed (nothing is left in the cache)",
     "strata-budget check": "the plan does not fit the card, or --expert-cache N does not fit",
-    "strata-engine measure": "a budget term differs from what the engine allocated, or the reserve was not free after start-up",
+    "strata-engine measure": "a budget term differs from what the engine allocated, or the reserve was not free "
+    "after start-up",
 }
 #: Every command, in the order of the README's table.
-COMMANDS = ("strata-pack build", "strata-pack verify", "strata-pack inspect", "strata-pack fetch",
-            "strata-budget check", "strata-engine generate", "strata-engine measure", "strata-engine profile")
+COMMANDS = (
+    "strata-pack build",
+    "strata-pack verify",
+    "strata-pack inspect",
+    "strata-pack fetch",
+    "strata-budget check",
+    "strata-engine generate",
+    "strata-engine measure",
+    "strata-engine profile",
+)
 
 
 #: What exit 2 means, per command (always one ``error: ...`` line; with ``--json`` an error object too).
 REFUSED: dict[str, str] = {
     "strata-pack build": "not a GGUF, a foreign shard or a big-endian file, an unsupported tokenizer, a metadata key "
-                         "whose value strata does not implement (key and value named), an output that exists or "
-                         "cannot be written (the bytes needed and free when the disk is full)",
-    "strata-pack verify": "not a pack (missing, empty, a GGUF file), a source shard moved (`--source-dir`) or unreadable: "
-                          "nothing compared",
+    "whose value strata does not implement (key and value named), an output that exists or "
+    "cannot be written (the bytes needed and free when the disk is full)",
+    "strata-pack verify": "not a pack (missing, empty, a GGUF file), a source shard moved (`--source-dir`) or "
+    "unreadable: "
+    "nothing compared",
     "strata-pack inspect": "neither a GGUF nor a pack, a `--parquet` file that cannot be written",
     "strata-pack fetch": "an unknown name, an unusable cache directory, not enough free space",
-    "strata-budget check": "a semantic error in the pack (every failure listed), not a pack, a bad card, option or profile",
+    "strata-budget check": "a semantic error in the pack (every failure listed), not a pack, a bad card, option or "
+    "profile",
     "strata-engine generate": "not a pack, a pack the engine cannot load, a refused request (`--chat` without a chat "
-                              "template, prompt + tokens beyond `--ctx`, ...), a start that does not fit the card "
-                              "(`--card`: the numbers)",
+    "template, prompt + tokens beyond `--ctx`, ...), a start that does not fit the card "
+    "(`--card`: the numbers)",
     "strata-engine measure": "no CUDA GPU, not a pack, a pack that cannot load, an option out of range",
     "strata-engine profile": "not a pack, a missing prompts file, an `-o` that cannot be written",
 }
 OK: dict[str, str] = {
-    "strata-pack build": "the pack is written and re-read", "strata-pack verify": "identical to its sources",
-    "strata-pack inspect": "the table is printed", "strata-pack fetch": "the verified model's path is printed",
-    "strata-budget check": "the audit passes and the plan fits", "strata-engine generate": "the text is generated",
+    "strata-pack build": "the pack is written and re-read",
+    "strata-pack verify": "identical to its sources",
+    "strata-pack inspect": "the table is printed",
+    "strata-pack fetch": "the verified model's path is printed",
+    "strata-budget check": "the audit passes and the plan fits",
+    "strata-engine generate": "the text is generated",
     "strata-engine measure": "every exact term equal, the total within tolerance, the reserve free",
     "strata-engine profile": "the profile is written",
 }
-SIGNALS_NOTE = ("Every command: **130** when interrupted by SIGINT (Ctrl-C), **143** by SIGTERM (128 + the signal "
-                "number; 129 for SIGHUP), after its cleanup: one `error: interrupted by SIG...` line, no traceback, "
-                "nothing half-written (outputs are written under a temporary name and renamed when complete; "
-                "`generate` keeps the tokens it printed). **141** when the reader of stdout goes away (`| head`), "
-                "silently.")
+SIGNALS_NOTE = (
+    "Every command: **130** when interrupted by SIGINT (Ctrl-C), **143** by SIGTERM (128 + the signal "
+    "number; 129 for SIGHUP), after its cleanup: one `error: interrupted by SIG...` line, no traceback, "
+    "nothing half-written (outputs are written under a temporary name and renamed when complete; "
+    "`generate` keeps the tokens it printed). **141** when the reader of stdout goes away (`| head`), "
+    "silently."
+)
 
 
 def exit_table() -> str:
@@ -157,8 +174,11 @@ def exit_contract(as_json: bool = False, json_error: Callable[[str], dict] | Non
         msg = f"interrupted by {sig.signal_name}" + (f"; {detail}" if detail else "")
         try:
             if as_json:
-                obj = (json_error(msg) if json_error else
-                       {"ok": False, "error": msg, "signal": sig.signal_name, "exit_code": sig.exit_code})
+                obj = (
+                    json_error(msg)
+                    if json_error
+                    else {"ok": False, "error": msg, "signal": sig.signal_name, "exit_code": sig.exit_code}
+                )
                 obj.update(getattr(e, "json_fields", None) or {})
                 click.echo(json.dumps(obj))
             if sys.stderr.isatty() and not detail.endswith("(printed above)"):
@@ -207,6 +227,24 @@ class StrataCommand(_Contract, click.Command):
     """A click command run on its own (``python -m strata.packer.fetch``) keeping the same contract."""
 
 
-__all__ = ["COMMANDS", "EXIT_NO", "EXIT_OK", "EXIT_REFUSED", "EXIT_SIGINT", "EXIT_SIGPIPE", "EXIT_SIGTERM",
-           "HANDLED_SIGNALS", "Interrupted", "NEGATIVE", "OK", "REFUSED", "SIGNALS_NOTE", "StrataCommand", "StrataGroup", "exit_contract", "exit_table",
-           "interrupted", "signal_handlers"]
+__all__ = [
+    "COMMANDS",
+    "EXIT_NO",
+    "EXIT_OK",
+    "EXIT_REFUSED",
+    "EXIT_SIGINT",
+    "EXIT_SIGPIPE",
+    "EXIT_SIGTERM",
+    "HANDLED_SIGNALS",
+    "Interrupted",
+    "NEGATIVE",
+    "OK",
+    "REFUSED",
+    "SIGNALS_NOTE",
+    "StrataCommand",
+    "StrataGroup",
+    "exit_contract",
+    "exit_table",
+    "interrupted",
+    "signal_handlers",
+]

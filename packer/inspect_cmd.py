@@ -22,8 +22,17 @@ def tensor_table(path: str | os.PathLike) -> list[dict]:
             ne = list(e.ne)
             while len(ne) > 1 and ne[-1] == 1:  # as the GGUF stores it: trailing 1s dropped
                 ne.pop()
-            rows.append({"name": e.name, "type": quants.qtype(e.type).name, "src_type": quants.qtype(e.src_type).name,
-                         "shape": ne, "bytes": e.nbytes, "location": "pool", "offset": e.offset})
+            rows.append(
+                {
+                    "name": e.name,
+                    "type": quants.qtype(e.type).name,
+                    "src_type": quants.qtype(e.src_type).name,
+                    "shape": ne,
+                    "bytes": e.nbytes,
+                    "location": "pool",
+                    "offset": e.offset,
+                }
+            )
         if pack.experts:
             E = pack.experts.n_expert
             n_embd = int(pack.geometry_params.get("n_embd", 0))
@@ -34,14 +43,31 @@ def tensor_table(path: str | os.PathLike) -> list[dict]:
                     # per-expert elements / n_embd = the other dim (n_ff_exp), from the bytes and the type
                     other = nbytes // t.block_bytes * t.block_elems // n_embd if n_embd else 0
                     shape = [n_embd, other, E] if part != "down" else [other, n_embd, E]
-                    rows.append({"name": f"blk.{r.layer}.ffn_{part}_exps.weight", "type": t.name, "src_type": t.name,
-                                 "shape": shape, "bytes": E * nbytes, "location": f"shard{getattr(r, f'{part}_shard')}",
-                                 "offset": getattr(r, f"{part}_off")})
+                    rows.append(
+                        {
+                            "name": f"blk.{r.layer}.ffn_{part}_exps.weight",
+                            "type": t.name,
+                            "src_type": t.name,
+                            "shape": shape,
+                            "bytes": E * nbytes,
+                            "location": f"shard{getattr(r, f'{part}_shard')}",
+                            "offset": getattr(r, f"{part}_off"),
+                        }
+                    )
         return rows
     model = open_model(p)
     for name, (k, t) in model.tensors.items():
-        rows.append({"name": name, "type": t.type_name, "src_type": t.type_name, "shape": list(t.ne), "bytes": t.nbytes,
-                     "location": f"shard{k}", "offset": t.abs_offset})
+        rows.append(
+            {
+                "name": name,
+                "type": t.type_name,
+                "src_type": t.type_name,
+                "shape": list(t.ne),
+                "bytes": t.nbytes,
+                "location": f"shard{k}",
+                "offset": t.abs_offset,
+            }
+        )
     return rows
 
 
@@ -87,8 +113,9 @@ def print_table(rows: list[dict], title: str, *, terminal: bool) -> None:
     Console().print(t)
 
 
-def write_parquet(rows: list[dict], out: str | os.PathLike, *, force: bool = False,
-                  inputs: tuple[str | os.PathLike, ...] = ()) -> None:
+def write_parquet(
+    rows: list[dict], out: str | os.PathLike, *, force: bool = False, inputs: tuple[str | os.PathLike, ...] = ()
+) -> None:
     """Write :func:`tensor_table` rows as Parquet (shape as list<int64>), under a temporary name beside
     ``out`` renamed into place when complete (an interrupted write leaves nothing).
 

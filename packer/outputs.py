@@ -12,12 +12,11 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from .gguf_file import has_gguf_magic
-
 
 #: errno values of a failed write (full disk, quota, read-only or forbidden target, file too large):
 #: reported naming the output the user gave (:func:`write_error`), never a temporary name
@@ -53,8 +52,11 @@ def check_free_space(target: str | os.PathLike, needed: int, what: str = "") -> 
     except OSError:
         return  # no statvfs here: the write itself reports a full disk
     if free < needed:
-        raise OutputError(errno.ENOSPC, f"{target}: not enough free space: {what or 'the output'} needs {_mib(needed)}, "
-                                        f"{_mib(free)} free on the filesystem of {parent}; nothing was written")
+        raise OutputError(
+            errno.ENOSPC,
+            f"{target}: not enough free space: {what or 'the output'} needs {_mib(needed)}, "
+            f"{_mib(free)} free on the filesystem of {parent}; nothing was written",
+        )
 
 
 def write_error(e: OSError, target: str | os.PathLike, needed: int | None = None) -> OutputError:
@@ -67,17 +69,24 @@ def write_error(e: OSError, target: str | os.PathLike, needed: int | None = None
         except OSError:
             free = "free space unknown"
         need = f"needs {_mib(needed)}, " if needed is not None else ""
-        return OutputError(e.errno, f"{target}: no space left on the device: the output {need}{free} on the "
-                                    f"filesystem of {parent}; nothing was written")
+        return OutputError(
+            e.errno,
+            f"{target}: no space left on the device: the output {need}{free} on the "
+            f"filesystem of {parent}; nothing was written",
+        )
     if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return OutputError(e.errno, f"{target}: cannot write here: {parent} is "
-                                    f"{'on a read-only filesystem' if e.errno == errno.EROFS else 'not writable'} "
-                                    f"({e.strerror}); nothing was written")
+        return OutputError(
+            e.errno,
+            f"{target}: cannot write here: {parent} is "
+            f"{'on a read-only filesystem' if e.errno == errno.EROFS else 'not writable'} "
+            f"({e.strerror}); nothing was written",
+        )
     return OutputError(e.errno, f"{target}: cannot write: {e.strerror or e}; nothing was written")
 
 
-def check_overwrite(target: str | os.PathLike, *, force: bool = False,
-                    inputs: tuple[str | os.PathLike, ...] = ()) -> None:
+def check_overwrite(
+    target: str | os.PathLike, *, force: bool = False, inputs: tuple[str | os.PathLike, ...] = ()
+) -> None:
     """Refuse to write over what must not be lost: an existing ``target`` without ``force``; and, even
     with ``force``, a directory, anything inside a pack directory (one holding index.txt and pool.bin:
     a pack holds only its own files), something that is not a regular file (a FIFO would block), one of
@@ -91,13 +100,17 @@ def check_overwrite(target: str | os.PathLike, *, force: bool = False,
         raise OutputError(errno.EISDIR, f"{t}: is a directory; give a file name for the output")
     d = Path(os.path.abspath(t)).parent
     if (d / "index.txt").is_file() and (d / "pool.bin").is_file():
-        raise OutputError(errno.EEXIST, f"{t}: is inside the pack {d}; a pack directory holds only the pack's files "
-                                        "(strata-pack build --force replaces it whole): write the output elsewhere")
+        raise OutputError(
+            errno.EEXIST,
+            f"{t}: is inside the pack {d}; a pack directory holds only the pack's files "
+            "(strata-pack build --force replaces it whole): write the output elsewhere",
+        )
     if not t.exists():
         return
     if not t.is_file():
-        raise OutputError(errno.EEXIST, f"{t}: exists and is not a regular file (a FIFO, socket or device); "
-                                        "refusing to write there")
+        raise OutputError(
+            errno.EEXIST, f"{t}: exists and is not a regular file (a FIFO, socket or device); refusing to write there"
+        )
     for p in inputs:
         try:
             if os.path.samefile(t, p):
@@ -111,8 +124,13 @@ def check_overwrite(target: str | os.PathLike, *, force: bool = False,
 
 
 @contextmanager
-def atomic_output(target: str | os.PathLike, needed: int | None = None, *, force: bool = False,
-                  inputs: tuple[str | os.PathLike, ...] = ()) -> Iterator[Path]:
+def atomic_output(
+    target: str | os.PathLike,
+    needed: int | None = None,
+    *,
+    force: bool = False,
+    inputs: tuple[str | os.PathLike, ...] = (),
+) -> Iterator[Path]:
     """Yield a temporary path beside ``target``; on success rename it to ``target`` (``os.replace``),
     on any failure or interruption remove it. Write errors come out as :func:`write_error`. What
     :func:`check_overwrite` refuses (an existing target without ``force``, an input, a pack's file, a
@@ -120,7 +138,9 @@ def atomic_output(target: str | os.PathLike, needed: int | None = None, *, force
     check_overwrite(target, force=force, inputs=inputs)
     target = Path(target)
     try:
-        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=Path(os.path.abspath(target)).parent)
+        fd, name = tempfile.mkstemp(
+            prefix=f".{target.name}.", suffix=".partial", dir=Path(os.path.abspath(target)).parent
+        )
     except OSError as e:
         raise write_error(e, target, needed) from None
     os.close(fd)
@@ -141,5 +161,12 @@ def atomic_output(target: str | os.PathLike, needed: int | None = None, *, force
         raise
 
 
-__all__ = ["WRITE_ERRNOS", "OutputError", "atomic_output", "check_free_space", "check_overwrite", "free_bytes",
-           "write_error"]
+__all__ = [
+    "WRITE_ERRNOS",
+    "OutputError",
+    "atomic_output",
+    "check_free_space",
+    "check_overwrite",
+    "free_bytes",
+    "write_error",
+]

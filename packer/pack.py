@@ -16,8 +16,19 @@ from . import quants
 from .findings import Finding, fmt_ne, trim_ne
 from .gguf_file import has_gguf_magic
 from .packfmt import (
-    EXPERTS_FILE, GEOMETRY_FILE, INDEX_FILE, METADATA_FILE, POOL_FILE, NativeExperts, NotAPackError, PackFormatError,
-    PackIndex, read_experts, read_geometry_params, read_index, read_metadata,
+    EXPERTS_FILE,
+    GEOMETRY_FILE,
+    INDEX_FILE,
+    METADATA_FILE,
+    POOL_FILE,
+    NativeExperts,
+    NotAPackError,
+    PackFormatError,
+    PackIndex,
+    read_experts,
+    read_geometry_params,
+    read_index,
+    read_metadata,
 )
 
 
@@ -69,8 +80,9 @@ class Pack:
         return self.source_path(self.experts.shards[k])
 
 
-def pool_layout_findings(index: PackIndex, pool_size: int | None, where: str = INDEX_FILE, *,
-                         contents: bool = True, gaps: bool = True) -> list[Finding]:
+def pool_layout_findings(
+    index: PackIndex, pool_size: int | None, where: str = INDEX_FILE, *, contents: bool = True, gaps: bool = True
+) -> list[Finding]:
     """Every pool-layout problem of ``index`` against a pool.bin of ``pool_size`` bytes (None: missing).
 
     Checks: pool.bin exists and has the header's size; per tensor (``contents``), ``nbytes`` equals
@@ -90,8 +102,12 @@ def pool_layout_findings(index: PackIndex, pool_size: int | None, where: str = I
     if pool_size is None:
         add(POOL_FILE, "missing", f"{index.pool_bytes} bytes", f"{POOL_FILE} is missing")
     elif pool_size != index.pool_bytes:
-        add(POOL_FILE, f"{pool_size} bytes", f"{index.pool_bytes} bytes (index.txt header)",
-            f"index says pool {index.pool_bytes} bytes, pool.bin has {pool_size}")
+        add(
+            POOL_FILE,
+            f"{pool_size} bytes",
+            f"{index.pool_bytes} bytes (index.txt header)",
+            f"index says pool {index.pool_bytes} bytes, pool.bin has {pool_size}",
+        )
     prev = None
     end = 0
     for e in sorted(index.entries, key=lambda e: (e.offset, e.name)):
@@ -102,36 +118,69 @@ def pool_layout_findings(index: PackIndex, pool_size: int | None, where: str = I
         except (quants.GGMLTypeError, quants.ShapeError) as x:
             add(e.name, f"type {e.type} ne {fmt_ne(ne)}", "a ggml type that can hold ne", str(x))
         if want is not None and want != e.nbytes:
-            add(e.name, f"nbytes {e.nbytes}", f"nbytes {want} ({quants.qtype(e.type).name} x {fmt_ne(ne)})",
-                f"tensor {e.name} has {e.nbytes} bytes, {quants.qtype(e.type).name} x {fmt_ne(ne)} is {want} bytes")
+            add(
+                e.name,
+                f"nbytes {e.nbytes}",
+                f"nbytes {want} ({quants.qtype(e.type).name} x {fmt_ne(ne)})",
+                f"tensor {e.name} has {e.nbytes} bytes, {quants.qtype(e.type).name} x {fmt_ne(ne)} is {want} bytes",
+            )
         if contents and not (e.type == e.src_type or (e.src_type == quants.BF16.id and e.type == quants.F32.id)):
-            add(e.name, f"pool type {_tname(e.type)}", f"pool type {_tname(e.src_type)} (the source type; F32 for BF16 sources)",
+            add(
+                e.name,
+                f"pool type {_tname(e.type)}",
+                f"pool type {_tname(e.src_type)} (the source type; F32 for BF16 sources)",
                 f"tensor {e.name} is stored as {_tname(e.type)} but came from {_tname(e.src_type)}; only BF16 -> F32 "
-                f"promotion is a pack form")
+                f"promotion is a pack form",
+            )
         if e.offset % index.align:
-            add(e.name, f"offset {e.offset}", f"a multiple of align {index.align}",
-                f"tensor {e.name}: pool offset {e.offset} is not a multiple of align {index.align}")
+            add(
+                e.name,
+                f"offset {e.offset}",
+                f"a multiple of align {index.align}",
+                f"tensor {e.name}: pool offset {e.offset} is not a multiple of align {index.align}",
+            )
         if pool_size is not None and e.offset + e.nbytes > pool_size:
-            add(e.name, f"[{e.offset}, {e.offset + e.nbytes})", f"inside pool.bin ({pool_size} bytes)",
-                f"tensor {e.name} [{e.offset}, {e.offset + e.nbytes}) runs past the end of pool.bin ({pool_size} bytes)")
+            add(
+                e.name,
+                f"[{e.offset}, {e.offset + e.nbytes})",
+                f"inside pool.bin ({pool_size} bytes)",
+                f"tensor {e.name} [{e.offset}, {e.offset + e.nbytes}) runs past the end of pool.bin ({pool_size} "
+                "bytes)",
+            )
         if prev is not None:
             pend = prev.offset + prev.nbytes
             if pend > e.offset:
-                add(e.name, f"offset {e.offset}", f">= {pend} (end of {prev.name})",
-                    f"tensor {e.name} at {e.offset} overlaps {prev.name} [{prev.offset}, {pend})")
+                add(
+                    e.name,
+                    f"offset {e.offset}",
+                    f">= {pend} (end of {prev.name})",
+                    f"tensor {e.name} at {e.offset} overlaps {prev.name} [{prev.offset}, {pend})",
+                )
             elif gaps and e.offset - pend >= index.align:
-                add(e.name, f"offset {e.offset}",
-                    f"offset {(pend + index.align - 1) // index.align * index.align} (first aligned byte after {prev.name})",
-                    f"tensor {e.name}: a {e.offset - pend}-byte gap after {prev.name}: offset shifted?")
+                add(
+                    e.name,
+                    f"offset {e.offset}",
+                    f"offset {(pend + index.align - 1) // index.align * index.align} (first aligned byte after "
+                    f"{prev.name})",
+                    f"tensor {e.name}: a {e.offset - pend}-byte gap after {prev.name}: offset shifted?",
+                )
         elif gaps and e.offset >= index.align:
-            add(e.name, f"offset {e.offset}", "offset 0 (first tensor of the pool)",
-                f"tensor {e.name}: the pool starts with a {e.offset}-byte gap: offset shifted?")
+            add(
+                e.name,
+                f"offset {e.offset}",
+                "offset 0 (first tensor of the pool)",
+                f"tensor {e.name}: the pool starts with a {e.offset}-byte gap: offset shifted?",
+            )
         prev = e
         end = max(end, e.offset + e.nbytes)
     want_pool = (end + index.align - 1) // index.align * index.align
     if gaps and index.entries and index.pool_bytes != want_pool:
-        add(INDEX_FILE, f"pool {index.pool_bytes}", f"pool {want_pool} (last tensor end {end} padded to {index.align})",
-            "index.txt pool size disagrees with its tensors")
+        add(
+            INDEX_FILE,
+            f"pool {index.pool_bytes}",
+            f"pool {want_pool} (last tensor end {end} padded to {index.align})",
+            "index.txt pool size disagrees with its tensors",
+        )
     return out
 
 
@@ -160,8 +209,9 @@ def not_a_pack(path: str | os.PathLike) -> str | None:
     p = Path(path)
     if p.is_file():
         if has_gguf_magic(p):
-            return (f"{p}: this is a GGUF file, not a pack directory: build a pack first with "
-                    f"strata-pack build {p} -o PACK")
+            return (
+                f"{p}: this is a GGUF file, not a pack directory: build a pack first with strata-pack build {p} -o PACK"
+            )
     if not p.is_dir():
         return f"{p}: not a pack directory"
     if not (p / INDEX_FILE).exists():

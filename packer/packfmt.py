@@ -33,7 +33,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 INDEX_VERSION_LINE = "# strata pack index v1"
 EXPERTS_VERSION_LINE = "# strata native experts v1"
 GEOMETRY_VERSION_LINE = "# strata geometry v1"
@@ -41,9 +40,24 @@ METADATA_VERSION_LINE = "# strata metadata v1"
 
 INDEX_COLUMNS = ("name", "type", "src_type", "offset", "nbytes", "ne0", "ne1", "ne2", "ne3", "shard", "src_offset")
 EXPERT_COLUMNS = (
-    "layer", "gate_type", "up_type", "down_type", "blob_bytes", "arena_offset",
-    "gate_shard", "gate_off", "gate_stride", "up_shard", "up_off", "up_stride",
-    "down_shard", "down_off", "down_stride", "gate_bytes", "up_bytes", "down_bytes",
+    "layer",
+    "gate_type",
+    "up_type",
+    "down_type",
+    "blob_bytes",
+    "arena_offset",
+    "gate_shard",
+    "gate_off",
+    "gate_stride",
+    "up_shard",
+    "up_off",
+    "up_stride",
+    "down_shard",
+    "down_off",
+    "down_stride",
+    "gate_bytes",
+    "up_bytes",
+    "down_bytes",
 )
 
 POOL_FILE = "pool.bin"
@@ -60,17 +74,30 @@ BUILD_FILE = "build.json"
 #: The build record's name before 2026-11-30 ("manifest" also named the contracts): read, never written.
 LEGACY_BUILD_FILE = "manifest.json"
 #: Every file a pack directory may hold (what strata-pack build writes; the legacy build record too).
-PACK_FILES = frozenset({POOL_FILE, INDEX_FILE, EXPERTS_FILE, GEOMETRY_FILE, METADATA_FILE, VOCAB_FILE, MERGES_FILE,
-                        BUILD_FILE, LEGACY_BUILD_FILE})
+PACK_FILES = frozenset(
+    {
+        POOL_FILE,
+        INDEX_FILE,
+        EXPERTS_FILE,
+        GEOMETRY_FILE,
+        METADATA_FILE,
+        VOCAB_FILE,
+        MERGES_FILE,
+        BUILD_FILE,
+        LEGACY_BUILD_FILE,
+    }
+)
 
 
-def build_record_path(pack_dir) -> "Path":
+def build_record_path(pack_dir) -> Path:
     """The pack's build record: ``build.json``, or ``manifest.json`` in a pack built before the rename
     (the path of ``build.json`` when neither exists)."""
     from pathlib import Path
 
     d = Path(pack_dir)
-    return d / LEGACY_BUILD_FILE if not (d / BUILD_FILE).exists() and (d / LEGACY_BUILD_FILE).exists() else d / BUILD_FILE
+    return (
+        d / LEGACY_BUILD_FILE if not (d / BUILD_FILE).exists() and (d / LEGACY_BUILD_FILE).exists() else d / BUILD_FILE
+    )
 
 
 def sources_modified(pack_dir: str | os.PathLike, paths: list[Path]) -> list[Path]:
@@ -190,6 +217,7 @@ class NativeExperts:
 
 # ------------------------------------------------------------------ writers
 
+
 def _atomic_text(path: Path, text: str) -> None:
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         f.write(text)
@@ -211,8 +239,10 @@ def write_index(path: Path, index: PackIndex) -> None:
 
 def write_experts(path: Path, ne: NativeExperts) -> None:
     """Write native_experts.txt."""
-    lines = [EXPERTS_VERSION_LINE,
-             f"# n_expert {ne.n_expert} n_layer {ne.n_layer} total {ne.total} max_blob {ne.max_blob}"]
+    lines = [
+        EXPERTS_VERSION_LINE,
+        f"# n_expert {ne.n_expert} n_layer {ne.n_layer} total {ne.total} max_blob {ne.max_blob}",
+    ]
     for k, name in enumerate(ne.shards):
         _check_token(name, "shard file name")
         lines.append(f"# shard {k} {name}")
@@ -270,9 +300,10 @@ def _check_token(s: str, what: str) -> None:
 
 # ------------------------------------------------------------------ readers
 
+
 def _lines(path: Path) -> list[str]:
     try:
-        with open(path, "r", encoding="utf-8", newline="") as f:
+        with open(path, encoding="utf-8", newline="") as f:
             return _check_text(path, f.read())
     except FileNotFoundError:
         raise PackFormatError(f"{path}: missing") from None
@@ -403,7 +434,9 @@ def read_experts(path: str | os.PathLike) -> NativeExperts:
         vals = [_int(t, path, lineno, c) for t, c in zip(tok, EXPERT_COLUMNS)]
         row = ExpertLayer(*vals)
         if rows and row.layer <= rows[-1].layer:
-            raise PackFormatError(f"{path}:{lineno}: layer {row.layer} after layer {rows[-1].layer}: layers must increase")
+            raise PackFormatError(
+                f"{path}:{lineno}: layer {row.layer} after layer {rows[-1].layer}: layers must increase"
+            )
         for part in ("gate", "up", "down"):
             sh = getattr(row, f"{part}_shard")
             if sh not in shards:

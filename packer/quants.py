@@ -43,8 +43,9 @@ largest decoded ``|value| / d`` to draw valid random blocks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 from strata.packer import dequant_own
 
@@ -201,7 +202,9 @@ QTYPES: dict[int, QuantType] = {
         _t(39, "MXFP4", 32, 17, act="q8_0", cpu="gguf"),
         _t(40, "NVFP4", 64, 36, act="q8_0", cpu="gguf"),
         # gguf-py 0.19.0 lacks Q1_0 / Q2_0: strata's NumPy definitions after ggml-quants.c
-        _t(41, "Q1_0", 128, 18, (0,), widened=True, act="q8_0", cpu="strata", own=dequant_own.dequantize_q1_0, gpu=True),
+        _t(
+            41, "Q1_0", 128, 18, (0,), widened=True, act="q8_0", cpu="strata", own=dequant_own.dequantize_q1_0, gpu=True
+        ),
         _t(42, "Q2_0", 64, 18, (0,), widened=True, act="q8_0", cpu="strata", own=dequant_own.dequantize_q2_0, gpu=True),
     )
 }
@@ -235,7 +238,9 @@ def qtype(type_id: int, *, tensor: str | None = None, file: str | None = None) -
     if file is not None:
         where += f" in {file}"
     why = "was removed from ggml" if type_id in REMOVED_IDS else "is not a ggml type"
-    raise GGMLTypeError(f"{where.strip() or 'tensor'}: type id {type_id} {why} (known ids: 0-42 less {sorted(REMOVED_IDS)})")
+    raise GGMLTypeError(
+        f"{where.strip() or 'tensor'}: type id {type_id} {why} (known ids: 0-42 less {sorted(REMOVED_IDS)})"
+    )
 
 
 def by_name(name: str) -> QuantType:

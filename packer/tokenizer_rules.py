@@ -27,10 +27,14 @@ TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TO
 #: user-defined always, control and unknown when special tokens are parsed (``tokenizer_st_partition``).
 SPECIAL_TYPES = (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN)
 
-_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
 
@@ -77,7 +81,11 @@ MODEL_DEFAULTS: dict[str, tuple[int, int, bool, bool]] = {
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map of byte-level BPE vocabularies (llama.cpp ``unicode.cpp``
     ``unicode_byte_to_utf8_map``): printable Latin-1 bytes map to themselves, the others to U+0100...."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\xa1"), ord("\xac") + 1))
+        + list(range(ord("\xae"), ord("\xff") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -107,24 +115,44 @@ def tokenizer_refusal(kv: dict, tokens: list[bytes] | None, types: list[int] | N
     if tokens is None or model is None:
         return None  # no vocabulary to run (the engine refuses a pack without a tokenizer model by name)
     if model not in MODEL_DEFAULTS:
-        return (f"{where}: tokenizer.ggml.model {model!r} is not supported by strata's tokenizer "
-                f"(supported: {', '.join(MODEL_DEFAULTS)})")
+        return (
+            f"{where}: tokenizer.ggml.model {model!r} is not supported by strata's tokenizer "
+            f"(supported: {', '.join(MODEL_DEFAULTS)})"
+        )
     if model == "gpt2":
         pre = kv.get("tokenizer.ggml.pre")
         if (pre or DEFAULT_PRE) not in PRE_RULES:
-            return (f"{where}: tokenizer.ggml.pre {pre!r} is not supported by strata's tokenizer "
-                    f"(supported: {', '.join(sorted(PRE_RULES))}); refusing rather than tokenizing it differently "
-                    f"from llama.cpp")
+            return (
+                f"{where}: tokenizer.ggml.pre {pre!r} is not supported by strata's tokenizer "
+                f"(supported: {', '.join(sorted(PRE_RULES))}); refusing rather than tokenizing it differently "
+                f"from llama.cpp"
+            )
     if types is not None:
         for i, (t, ty) in enumerate(zip(tokens, types)):
             if ty in SPECIAL_TYPES:
                 try:
                     t.decode("utf-8")
                 except UnicodeDecodeError:
-                    return (f"{where}: token {i} (type {ty}, special) is not valid UTF-8 ({t!r}): llama.cpp would match "
-                            f"its bytes inside the prompt's multi-byte characters; refused")
+                    return (
+                        f"{where}: token {i} (type {ty}, special) is not valid UTF-8 ({t!r}): llama.cpp would match "
+                        f"its bytes inside the prompt's multi-byte characters; refused"
+                    )
     return None
 
 
-__all__ = ["DEFAULT_PRE", "MODEL_DEFAULTS", "PRE_RULES", "PreRule", "SPECIAL_TYPES", "TOKEN_BYTE", "TOKEN_CONTROL",
-           "TOKEN_NORMAL", "TOKEN_UNKNOWN", "TOKEN_UNUSED", "TOKEN_USER_DEFINED", "bytes_to_unicode", "pre_rule", "tokenizer_refusal"]
+__all__ = [
+    "DEFAULT_PRE",
+    "MODEL_DEFAULTS",
+    "PRE_RULES",
+    "PreRule",
+    "SPECIAL_TYPES",
+    "TOKEN_BYTE",
+    "TOKEN_CONTROL",
+    "TOKEN_NORMAL",
+    "TOKEN_UNKNOWN",
+    "TOKEN_UNUSED",
+    "TOKEN_USER_DEFINED",
+    "bytes_to_unicode",
+    "pre_rule",
+    "tokenizer_refusal",
+]

@@ -7,8 +7,8 @@ every dense tensor's pool bytes are compared with its source bytes (BF16 sources
 promotion to F32) in bounded chunks. The routed experts are not copied into the pack: their bytes
 are checked through the build record's samples (the first and last 256 B of every expert's weights,
 :mod:`strata.packer.expert_samples`; a difference is an error naming the layer); a source shard whose
-size or modification time differs from build time is reported (size: an error; mtime: a warning). The first mismatch is reported
-with the tensor (or file) name and both numbers.
+size or modification time differs from build time is reported (size: an error; mtime: a warning). The
+first mismatch is reported with the tensor (or file) name and both numbers.
 """
 
 from __future__ import annotations
@@ -26,9 +26,17 @@ from . import quants
 from .build import CHUNK_BYTES, layout_pool, metadata_items, resolve_geometry, tabulate_experts
 from .expert_samples import EXPERT_SAMPLE_BYTES, expert_sample_digests
 from .gguf_file import GGUFError, open_model, read_array
-from .packfmt import (GEOMETRY_VERSION_LINE, INDEX_FILE, POOL_FILE, NotAPackError, PackFormatError, build_record_path,
-                      read_kv_text, sources_modified)
 from .pack import check_pool_layout, read_pack
+from .packfmt import (
+    GEOMETRY_VERSION_LINE,
+    INDEX_FILE,
+    POOL_FILE,
+    NotAPackError,
+    PackFormatError,
+    build_record_path,
+    read_kv_text,
+    sources_modified,
+)
 
 
 class VerifyError(ValueError):
@@ -69,10 +77,18 @@ def _verify_tokenizer(model, pack_dir: Path) -> None:
     from .packfmt import MERGES_FILE, TOKENIZER_COLUMN_TYPES, VOCAB_FILE
 
     h = model.shards[0]
-    for fname, key, cols in ((VOCAB_FILE, "tokenizer.ggml.tokens", (("token", "tokenizer.ggml.tokens"),
-                                                                   ("score", "tokenizer.ggml.scores"),
-                                                                   ("token_type", "tokenizer.ggml.token_type"))),
-                             (MERGES_FILE, "tokenizer.ggml.merges", (("merge", "tokenizer.ggml.merges"),))):
+    for fname, key, cols in (
+        (
+            VOCAB_FILE,
+            "tokenizer.ggml.tokens",
+            (
+                ("token", "tokenizer.ggml.tokens"),
+                ("score", "tokenizer.ggml.scores"),
+                ("token_type", "tokenizer.ggml.token_type"),
+            ),
+        ),
+        (MERGES_FILE, "tokenizer.ggml.merges", (("merge", "tokenizer.ggml.merges"),)),
+    ):
         path = pack_dir / fname
         if key not in h.kv or (fname == MERGES_FILE and "tokenizer.ggml.tokens" not in h.kv):
             if path.exists():
@@ -86,12 +102,15 @@ def _verify_tokenizer(model, pack_dir: Path) -> None:
             raise VerifyError(f"{path}: unreadable ({e})") from None
         want_cols = (["id"] if fname == VOCAB_FILE else []) + [c for c, k in cols if k in h.kv]
         if table.column_names != want_cols:
-            raise VerifyError(f"{path}: columns {table.column_names}, the source gives {want_cols} (as strata-pack build "
-                              f"writes them)")
+            raise VerifyError(
+                f"{path}: columns {table.column_names}, the source gives {want_cols} (as strata-pack build writes them)"
+            )
         for c in want_cols:
             if str(table.column(c).type) != TOKENIZER_COLUMN_TYPES[c]:
-                raise VerifyError(f"{path}: column {c!r} has type {table.column(c).type}, strata-pack build writes "
-                                  f"{TOKENIZER_COLUMN_TYPES[c]}")
+                raise VerifyError(
+                    f"{path}: column {c!r} has type {table.column(c).type}, strata-pack build writes "
+                    f"{TOKENIZER_COLUMN_TYPES[c]}"
+                )
         if fname == VOCAB_FILE:
             ids = table.column("id").to_numpy()
             if not np.array_equal(ids, np.arange(len(ids))):
@@ -130,14 +149,23 @@ def _check_expert_samples(pack, paths: list[Path]) -> str | None:
     if pack.experts is None:
         return None
     if "expert_sample_sha256" not in full:
-        return "the build record holds no expert samples (a pack built before they were recorded): expert bytes unchecked"
+        return (
+            "the build record holds no expert samples (a pack built before they were recorded): expert bytes unchecked"
+        )
     rec = full["expert_sample_sha256"]
     want = {str(L.layer) for L in pack.experts.layers}
-    if not isinstance(rec, dict) or set(rec) != want or not all(
-            isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v) for v in rec.values()):
+    if (
+        not isinstance(rec, dict)
+        or set(rec) != want
+        or not all(
+            isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v) for v in rec.values()
+        )
+    ):
         got = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
-        raise VerifyError(f"{rp}: expert_sample_sha256 must map each MoE layer {sorted(want, key=int)} to a sha256 "
-                          f"(64 lower-case hex digits), it holds {got}; the pack is corrupt")
+        raise VerifyError(
+            f"{rp}: expert_sample_sha256 must map each MoE layer {sorted(want, key=int)} to a sha256 "
+            f"(64 lower-case hex digits), it holds {got}; the pack is corrupt"
+        )
     now = expert_sample_digests(paths, pack.experts)
     for L in pack.experts.layers:
         a, b = rec[str(L.layer)], now[str(L.layer)]
@@ -146,7 +174,8 @@ def _check_expert_samples(pack, paths: list[Path]) -> str | None:
             raise VerifyError(
                 f"experts of layer {L.layer} ({', '.join(shards)}): the first and last {EXPERT_SAMPLE_BYTES} B of "
                 f"each expert's weights hash to {b[:16]}..., the build recorded {str(a)[:16]}...: the source was "
-                f"modified after the pack was built; rebuild the pack (strata-pack build --force)")
+                f"modified after the pack was built; rebuild the pack (strata-pack build --force)"
+            )
     return None
 
 
@@ -162,14 +191,22 @@ def _check_build_record(pack) -> None:
     try:
         rec = json.loads(rp.read_text())
         srcs = [(str(x["file"]), int(x["bytes"])) for x in rec["sources"]]
-        fields = {"arch": rec["arch"], "align": int(rec["align"]), "pool_bytes": int(rec["pool_bytes"]),
-                  "dense_tensors": int(rec["dense_tensors"])}
+        fields = {
+            "arch": rec["arch"],
+            "align": int(rec["align"]),
+            "pool_bytes": int(rec["pool_bytes"]),
+            "dense_tensors": int(rec["dense_tensors"]),
+        }
     except FileNotFoundError:
         raise VerifyError(f"{rp}: missing (strata-pack build writes it); the pack is incomplete") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise VerifyError(f"{rp}: unreadable ({type(e).__name__}: {e}); the pack is corrupt") from None
-    have = {"arch": pack.arch, "align": pack.index.align, "pool_bytes": pack.index.pool_bytes,
-            "dense_tensors": len(pack.index.entries)}
+    have = {
+        "arch": pack.arch,
+        "align": pack.index.align,
+        "pool_bytes": pack.index.pool_bytes,
+        "dense_tensors": len(pack.index.entries),
+    }
     for k, v in fields.items():
         if v != have[k]:
             raise VerifyError(f"{rp}: {k} is {v!r}, the pack's files say {have[k]!r}; the pack is corrupt")
@@ -177,7 +214,9 @@ def _check_build_record(pack) -> None:
         raise VerifyError(f"{rp}: sources {srcs}, index.txt says {list(pack.index.sources)}; the pack is corrupt")
 
 
-def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir: str | os.PathLike | None = None) -> VerifyResult:
+def verify_pack(
+    pack_dir: str | os.PathLike, progress: bool = False, source_dir: str | os.PathLike | None = None
+) -> VerifyResult:
     """Compare a pack with its source shards (see module docstring).
 
     Args:
@@ -205,8 +244,10 @@ def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir:
     paths = [pack.source_path(name) for name, _size in pack.index.sources]
     for (name, size), p in zip(pack.index.sources, paths):
         if not p.exists():
-            raise GGUFError(f"{pack.path}: source shard {name} not found at {p} (moved? pass --source-dir DIR); "
-                            f"nothing was compared")
+            raise GGUFError(
+                f"{pack.path}: source shard {name} not found at {p} (moved? pass --source-dir DIR); "
+                f"nothing was compared"
+            )
         if p.stat().st_size != size:
             raise VerifyError(f"{p}: source is {p.stat().st_size} bytes, the pack was built from {size} bytes")
     _check_build_record(pack)
@@ -216,7 +257,9 @@ def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir:
     model = open_model(paths[0])
     names = [s.path.name for s in model.shards]
     if names != [n for n, _ in pack.index.sources]:
-        raise VerifyError(f"index.txt sources {[n for n, _ in pack.index.sources]} differ from the model's shards {names}")
+        raise VerifyError(
+            f"index.txt sources {[n for n, _ in pack.index.sources]} differ from the model's shards {names}"
+        )
     want_index = layout_pool(model, pack.index.align)
     if want_index.pool_bytes != pack.index.pool_bytes or len(want_index.entries) != len(pack.index.entries):
         raise VerifyError(
@@ -225,8 +268,11 @@ def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir:
         )
     for w, g in zip(want_index.entries, pack.index.entries):
         if w != g:
-            diffs = [f"{f}: pack {getattr(g, f)} source {getattr(w, f)}" for f in w.__dataclass_fields__
-                     if getattr(w, f) != getattr(g, f)]
+            diffs = [
+                f"{f}: pack {getattr(g, f)} source {getattr(w, f)}"
+                for f in w.__dataclass_fields__
+                if getattr(w, f) != getattr(g, f)
+            ]
             raise VerifyError(f"index.txt tensor {g.name}: " + "; ".join(diffs))
 
     geom = resolve_geometry(model)
@@ -234,8 +280,10 @@ def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir:
     got_geo = read_kv_text(pack.path / "geometry.txt", GEOMETRY_VERSION_LINE)
     if want_geo != got_geo:
         keys = sorted(k for k in set(want_geo) | set(got_geo) if want_geo.get(k) != got_geo.get(k))
-        raise VerifyError("geometry.txt differs from the source: " + "; ".join(
-            f"{k}: pack {got_geo.get(k)} source {want_geo.get(k)}" for k in keys))
+        raise VerifyError(
+            "geometry.txt differs from the source: "
+            + "; ".join(f"{k}: pack {got_geo.get(k)} source {want_geo.get(k)}" for k in keys)
+        )
     want_meta = {k: v for k, _kind, v in metadata_items(model, Path("."))}
     for k in set(want_meta) | set(pack.metadata):
         if k == "strata.source_dir":
@@ -249,18 +297,30 @@ def verify_pack(pack_dir: str | os.PathLike, progress: bool = False, source_dir:
     want_ex = tabulate_experts(model, geom)
     got_ex = pack.experts
     if (want_ex is None) != (got_ex is None):
-        raise VerifyError("native_experts.txt " + ("present but the source has no routed experts" if got_ex
-                                                   else "missing but the source has routed experts"))
+        raise VerifyError(
+            "native_experts.txt "
+            + (
+                "present but the source has no routed experts"
+                if got_ex
+                else "missing but the source has routed experts"
+            )
+        )
     if got_ex is not None:
         if got_ex.shards != names:
             raise VerifyError(f"native_experts.txt shards {got_ex.shards} differ from the model's shards {names}")
         for w, g in zip(want_ex.layers, got_ex.layers):
             if w != g:
-                diffs = [f"{f}: pack {getattr(g, f)} source {getattr(w, f)}" for f in w.__dataclass_fields__
-                         if getattr(w, f) != getattr(g, f)]
+                diffs = [
+                    f"{f}: pack {getattr(g, f)} source {getattr(w, f)}"
+                    for f in w.__dataclass_fields__
+                    if getattr(w, f) != getattr(g, f)
+                ]
                 raise VerifyError(f"experts of layer {w.layer}: " + "; ".join(diffs))
         if len(want_ex.layers) != len(got_ex.layers) or (want_ex.total, want_ex.max_blob, want_ex.n_expert) != (
-                got_ex.total, got_ex.max_blob, got_ex.n_expert):
+            got_ex.total,
+            got_ex.max_blob,
+            got_ex.n_expert,
+        ):
             raise VerifyError(
                 f"native_experts.txt: {len(got_ex.layers)} layers total {got_ex.total} max_blob {got_ex.max_blob} "
                 f"n_expert {got_ex.n_expert}; source gives {len(want_ex.layers)} layers total {want_ex.total} "

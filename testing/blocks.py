@@ -24,8 +24,15 @@ from gguf.constants import GGMLQuantizationType
 from strata.packer import quants
 from strata.packer.quants import QuantType
 
-__all__ = ["GGUF_QUANTIZABLE", "make_random_blocks", "pattern_chunks", "pattern_fill", "role_values", "tensor_rng",
-           "to_type_id"]
+__all__ = [
+    "GGUF_QUANTIZABLE",
+    "make_random_blocks",
+    "pattern_chunks",
+    "pattern_fill",
+    "role_values",
+    "tensor_rng",
+    "to_type_id",
+]
 
 
 def tensor_rng(seed: int, name: str) -> np.random.Generator:
@@ -57,12 +64,23 @@ GGUF_QUANTIZABLE = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "TQ1_0", "
 #: dmin / m.
 _SPAN: dict[str, tuple[float, float]] = {
     "Q8_1": (128.0, 0.0),  # s is a sum field, not a scale
-    "Q2_K": (15 * 3, 15), "Q3_K": (32 * 4, 0), "Q4_K": (63 * 15, 63), "Q5_K": (63 * 31, 63),
+    "Q2_K": (15 * 3, 15),
+    "Q3_K": (32 * 4, 0),
+    "Q4_K": (63 * 15, 63),
+    "Q5_K": (63 * 31, 63),
     "Q6_K": (128 * 32, 0),
-    "IQ2_XXS": (15.5 * 0.25 * 43, 0), "IQ2_XS": (15.5 * 0.25 * 43, 0), "IQ2_S": (15.5 * 0.25 * 43, 0),
-    "IQ3_XXS": (15.5 * 0.5 * 62, 0), "IQ3_S": (31 * 15, 0), "IQ1_S": (15 * 1.125, 0),
-    "IQ1_M": (15 * 1.125, 0), "IQ4_NL": (127, 0), "IQ4_XS": (32 * 127, 0),
-    "Q1_0": (1, 0), "Q2_0": (2, 0), "Q8_K": (128, 0),
+    "IQ2_XXS": (15.5 * 0.25 * 43, 0),
+    "IQ2_XS": (15.5 * 0.25 * 43, 0),
+    "IQ2_S": (15.5 * 0.25 * 43, 0),
+    "IQ3_XXS": (15.5 * 0.5 * 62, 0),
+    "IQ3_S": (31 * 15, 0),
+    "IQ1_S": (15 * 1.125, 0),
+    "IQ1_M": (15 * 1.125, 0),
+    "IQ4_NL": (127, 0),
+    "IQ4_XS": (32 * 127, 0),
+    "Q1_0": (1, 0),
+    "Q2_0": (2, 0),
+    "Q8_K": (128, 0),
 }
 #: Target bounds on decoded values: |x| <= _MAX_ABS from d, + _MAX_ABS_MIN from dmin.
 _MAX_ABS = 0.2
@@ -74,7 +92,9 @@ def _f16_bytes(values: np.ndarray) -> np.ndarray:
     return values.astype("<f2").view(np.uint8).reshape(-1, 2)
 
 
-def make_random_blocks(type_id: int | str, n_elements: int, rng: np.random.Generator, *, std: float = 0.02) -> np.ndarray:
+def make_random_blocks(
+    type_id: int | str, n_elements: int, rng: np.random.Generator, *, std: float = 0.02
+) -> np.ndarray:
     """Random but valid data for ``n_elements`` values of ggml type ``type_id``.
 
     Args:
@@ -107,7 +127,11 @@ def make_random_blocks(type_id: int | str, n_elements: int, rng: np.random.Gener
         # round-to-nearest-even like ggml_compute_fp32_to_bf16 (normal values: no NaN case);
         # same bits as gguf.quants.quantize(x, BF16), ~50x faster
         bits = (rng.standard_normal(n, dtype=np.float32) * std).view(np.uint32)
-        return ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype("<u2").view(np.uint8)
+        return (
+            ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+            .astype("<u2")
+            .view(np.uint8)
+        )
     if t.name in ("I8", "I16", "I32", "I64"):
         dt = {"I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8"}[t.name]
         return rng.integers(-100, 100, size=n).astype(dt).view(np.uint8)
@@ -137,19 +161,19 @@ def make_random_blocks(type_id: int | str, n_elements: int, rng: np.random.Gener
     elif t.name == "NVFP4":
         # four UE4M3 scales d[4] (value = 0.5 * (1 + m/8) * 2**(e-7)); e=2, m<=2 -> d <= 0.0195,
         # e2m1 values <= 12 (kvalues doubled) -> |x| <= 0.24.
-        blocks[:, 0:4] = (np.uint8(2 << 3) | rng.integers(0, 3, size=(n_blocks, 4), dtype=np.uint8))
+        blocks[:, 0:4] = np.uint8(2 << 3) | rng.integers(0, 3, size=(n_blocks, 4), dtype=np.uint8)
     else:
         offs = t.fp16_scale_offsets
         if not offs:  # a registry type added later without a rule here
             raise ValueError(f"make_random_blocks has no rule for {t.name} (id {t.id}): no fp16 scale field to set")
-        blocks[:, offs[0]:offs[0] + 2] = _f16_bytes(d)
+        blocks[:, offs[0] : offs[0] + 2] = _f16_bytes(d)
         for o in offs[1:]:
             if span_min:  # dmin of Q2_K / Q4_K / Q5_K
                 m_hi = _MAX_ABS_MIN / span_min
-                blocks[:, o:o + 2] = _f16_bytes(rng.uniform(0.5 * m_hi, m_hi, size=n_blocks))
+                blocks[:, o : o + 2] = _f16_bytes(rng.uniform(0.5 * m_hi, m_hi, size=n_blocks))
             else:  # Q8_1's s = d * sum(qs): keep it consistent with the payload
                 qs = blocks[:, 4:].view(np.int8).astype(np.float32)
-                blocks[:, o:o + 2] = _f16_bytes(d.astype(np.float32) * qs.sum(axis=1))
+                blocks[:, o : o + 2] = _f16_bytes(d.astype(np.float32) * qs.sum(axis=1))
     return blocks.reshape(-1)
 
 
@@ -168,13 +192,14 @@ def pattern_fill(type_id: int, ne: Sequence[int], rng: np.random.Generator, patt
     pat, nbytes = _pattern(type_id, ne, rng, pattern_bytes)
     out = np.empty(nbytes, np.uint8)
     reps = nbytes // pat.size
-    out[:reps * pat.size].reshape(reps, pat.size)[:] = pat  # broadcast copy, memcpy speed
-    out[reps * pat.size:] = pat[:nbytes - reps * pat.size]
+    out[: reps * pat.size].reshape(reps, pat.size)[:] = pat  # broadcast copy, memcpy speed
+    out[reps * pat.size :] = pat[: nbytes - reps * pat.size]
     return out
 
 
-def pattern_chunks(type_id: int, ne: Sequence[int], rng: np.random.Generator, pattern_bytes: int = 1 << 16,
-                   chunk_bytes: int = 64 << 20):
+def pattern_chunks(
+    type_id: int, ne: Sequence[int], rng: np.random.Generator, pattern_bytes: int = 1 << 16, chunk_bytes: int = 64 << 20
+):
     """The bytes of :func:`pattern_fill` (same arguments, same bytes) as a sequence of ``uint8`` arrays
     of at most ~``chunk_bytes`` each, so a writer never holds a whole tensor (a 471 MB expert tensor of
     the documents' model is written from one 64 MiB buffer). Yields views of one reused buffer:
@@ -191,7 +216,7 @@ def pattern_chunks(type_id: int, ne: Sequence[int], rng: np.random.Generator, pa
     if full:
         yield buf[:full]
     if left - full:
-        yield pat[:left - full]
+        yield pat[: left - full]
 
 
 def role_values(role: str, n: int, rng: np.random.Generator, std: float = 0.02) -> np.ndarray | None:

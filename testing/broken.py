@@ -21,7 +21,14 @@ from strata.packer import quants
 
 from .blocks import make_random_blocks, tensor_rng
 from .gguf_writer import (
-    DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, KV, HeaderLayout, TensorLayout, align_up, encode_header,
+    DEFAULT_ALIGNMENT,
+    GGUF_MAGIC,
+    GGUF_VERSION,
+    KV,
+    HeaderLayout,
+    TensorLayout,
+    align_up,
+    encode_header,
     write_header_only,
 )
 
@@ -40,9 +47,9 @@ BROKEN_KINDS: dict[str, str] = {
     "tensor_beyond_eof": "d.weight's offset points 1 MiB past the end of the file (file length unchanged)",
     "overlapping_tensors": "b.weight's offset is a.weight's offset + 32: b starts inside a (a is 1024 B)",
     "nbytes_exceeds_span": "a.weight's ne becomes [64,5] (1280 B) but only 1024 B lie before b.weight's offset "
-                           "(GGUF stores no nbytes: the shape disagrees with the offsets)",
+    "(GGUF stores no nbytes: the shape disagrees with the offsets)",
     "nbytes_below_span": "a.weight's ne becomes [64,2] (512 B) but 1024 B lie before b.weight's offset "
-                         "(a gap: offsets are not the running padded sum ggml requires)",
+    "(a gap: offsets are not the running padded sum ggml requires)",
     "ne0_not_block_multiple": "b.weight (Q8_0, block 32) has ne [48,4]: ne0 not a multiple of 32",
     "element_count_overflow": "a.weight (F32) has ne [2**32, 2**31+1]: element count 2**63+2**32 > INT64_MAX",
     "unknown_type_4": "b.weight's type id is 4 (Q4_2, removed from ggml)",
@@ -72,9 +79,16 @@ def _base_decl() -> tuple[list[tuple[str, KV]], list[tuple[str, int, tuple[int, 
     return kvs, tensors
 
 
-def _write_raw(path: Path, kvs, infos: list[TensorLayout], payload: dict[str, np.ndarray], *,
-               magic: bytes = GGUF_MAGIC, version: int = GGUF_VERSION,
-               data_end: int | None = None) -> HeaderLayout:
+def _write_raw(
+    path: Path,
+    kvs,
+    infos: list[TensorLayout],
+    payload: dict[str, np.ndarray],
+    *,
+    magic: bytes = GGUF_MAGIC,
+    version: int = GGUF_VERSION,
+    data_end: int | None = None,
+) -> HeaderLayout:
     header, lay = encode_header(kvs, infos, alignment=DEFAULT_ALIGNMENT, magic=magic, version=version)
     lay.path = path
     end = data_end if data_end is not None else max(align_up(t.offset + len(payload[t.name]), 32) for t in infos)

@@ -27,7 +27,12 @@ from .gguf_writer import KV, DataMode, HeaderLayout, write_header_only
 from .shards import split_bounds, write_split
 from .tokenizer import SPECIAL_TOKENS, bytes_to_unicode
 
-__all__ = ["DOCUMENTS_EXPERT_CYCLE", "documents_qwen3next_header_only", "documents_qwen3next_plan", "write_documents_model"]
+__all__ = [
+    "DOCUMENTS_EXPERT_CYCLE",
+    "documents_qwen3next_header_only",
+    "documents_qwen3next_plan",
+    "write_documents_model",
+]
 
 
 #: (gate/up, down) expert types by layer for the documents' model: layer il uses entry il % 5.
@@ -39,7 +44,7 @@ DOCUMENTS_EXPERT_CYCLE: tuple[tuple[int, int], ...] = (
     (16, 42),  # IQ2_XXS + Q2_0   : 422,400 x 2 + 460,800 = 1,305,600
     (18, 42),  # IQ3_XXS + Q2_0   : 627,200 x 2 + 460,800 = 1,715,200
     (18, 20),  # IQ3_XXS + IQ4_NL : 627,200 x 2 + 921,600 = 2,176,000
-    (22, 2),   # IQ2_S   + Q4_0   : 524,800 x 2 + 921,600 = 1,971,200
+    (22, 2),  # IQ2_S   + Q4_0   : 524,800 x 2 + 921,600 = 1,971,200
 )
 
 
@@ -68,11 +73,16 @@ def _documents_vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
-def documents_qwen3next_plan(*, n_vocab: int = 150_000, indexer: bool = True,
-                             expert_cycle: Sequence[tuple[int, int]] = DOCUMENTS_EXPERT_CYCLE,
-                             n_layer: int = 48, n_expert: int = 512, nextn: int = 0,
-                             draft_head_type: int | str | None = None,
-                             ) -> tuple[dict[str, Any], list[tuple[str, int, tuple[int, ...]]]]:
+def documents_qwen3next_plan(
+    *,
+    n_vocab: int = 150_000,
+    indexer: bool = True,
+    expert_cycle: Sequence[tuple[int, int]] = DOCUMENTS_EXPERT_CYCLE,
+    n_layer: int = 48,
+    n_expert: int = 512,
+    nextn: int = 0,
+    draft_head_type: int | str | None = None,
+) -> tuple[dict[str, Any], list[tuple[str, int, tuple[int, ...]]]]:
     """KVs and tensor list ``(name, type_id, ne)`` of the documents' model geometry (docs/DESIGN.md
     "The documents' model"). The one definition: the header-only file, the full-size pattern-filled
     pair of shards (:func:`write_documents_model`) and their scaled-down copies all come from here.
@@ -145,16 +155,18 @@ def documents_qwen3next_plan(*, n_vocab: int = 150_000, indexer: bool = True,
     if indexer:
         kv[f"{a}.attention.indexer.head_count"] = 4
         kv[f"{a}.attention.indexer.key_length"] = 128
-    kv.update({
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": "qwen2",
-        "tokenizer.ggml.tokens": KV(V.ARRAY, tokens, V.STRING),
-        "tokenizer.ggml.token_type": KV(V.ARRAY, np.asarray(types, "<i4"), V.INT32),
-        "tokenizer.ggml.merges": KV(V.ARRAY, merges, V.STRING),
-        "tokenizer.ggml.eos_token_id": len(tokens) - 3,
-        "tokenizer.ggml.padding_token_id": len(tokens) - 3,
-        "tokenizer.ggml.add_bos_token": False,
-    })
+    kv.update(
+        {
+            "tokenizer.ggml.model": "gpt2",
+            "tokenizer.ggml.pre": "qwen2",
+            "tokenizer.ggml.tokens": KV(V.ARRAY, tokens, V.STRING),
+            "tokenizer.ggml.token_type": KV(V.ARRAY, np.asarray(types, "<i4"), V.INT32),
+            "tokenizer.ggml.merges": KV(V.ARRAY, merges, V.STRING),
+            "tokenizer.ggml.eos_token_id": len(tokens) - 3,
+            "tokenizer.ggml.padding_token_id": len(tokens) - 3,
+            "tokenizer.ggml.add_bos_token": False,
+        }
+    )
     F32, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K = 0, 30, 2, 6, 8, 12, 14
     T: list[tuple[str, int, tuple[int, ...]]] = [("token_embd.weight", Q4_K, (E, n_vocab))]
     for il in range(L + nextn):
@@ -213,8 +225,9 @@ def documents_qwen3next_plan(*, n_vocab: int = 150_000, indexer: bool = True,
     return kv, T
 
 
-def documents_qwen3next_header_only(path: str | Path, *, n_vocab: int = 150_000, indexer: bool = True,
-                                    data: DataMode | Mapping[str, bytes] = "sparse") -> HeaderLayout:
+def documents_qwen3next_header_only(
+    path: str | Path, *, n_vocab: int = 150_000, indexer: bool = True, data: DataMode | Mapping[str, bytes] = "sparse"
+) -> HeaderLayout:
     """Write the documents' qwen3next geometry (:func:`documents_qwen3next_plan`) as a header-only GGUF.
 
     The data section is a sparse hole (~47 GB logical, a few MB on disk). Per-expert blob bytes (gate + up +
@@ -225,8 +238,16 @@ def documents_qwen3next_header_only(path: str | Path, *, n_vocab: int = 150_000,
     return write_header_only(path, "qwen3next", kv, tensors, data=data)
 
 
-def write_documents_model(path: str | Path, *, n_shards: int = 2, seed: int = 0, fill: str = "pattern",
-                          only: set[int] | None = None, workers: int | None = None, **plan) -> list[Path]:
+def write_documents_model(
+    path: str | Path,
+    *,
+    n_shards: int = 2,
+    seed: int = 0,
+    fill: str = "pattern",
+    only: set[int] | None = None,
+    workers: int | None = None,
+    **plan,
+) -> list[Path]:
     """Write the documents' model (:func:`documents_qwen3next_plan` with ``plan``'s keywords: ``n_layer``,
     ``n_expert``, ``n_vocab``, ``nextn``, ``draft_head_type`` ...) as split files ``NAME-0000k-of-0000N.gguf``
     (:func:`strata.testing.shards.write_split`, pattern fill, parallel writers). Every tensor but the
@@ -240,12 +261,24 @@ def write_documents_model(path: str | Path, *, n_shards: int = 2, seed: int = 0,
             (``n_shards`` < 2: the experts need a shard of their own).
     """
     if n_shards < 2:
-        raise ValueError(f"n_shards={n_shards}: the documents' model keeps its routed experts in shards of their own (>= 2)")
+        raise ValueError(
+            f"n_shards={n_shards}: the documents' model keeps its routed experts in shards of their own (>= 2)"
+        )
     kv, tensors = documents_qwen3next_plan(**plan)
     dense = [i for i, (n, _t, _ne) in enumerate(tensors) if "_exps." not in n]
     experts = [i for i, (n, _t, _ne) in enumerate(tensors) if "_exps." in n]
     rest = split_bounds([quants.tensor_nbytes(tensors[i][1], tensors[i][2]) for i in experts], n_shards - 1)
     groups = [dense] + [[experts[k] for k in r] for r in rest]
-    lays = write_split(path, "qwen3next", kv, tensors, n_shards=n_shards, seed=seed, fill=fill,  # type: ignore[arg-type]
-                       groups=groups, only=only, workers=workers)
+    lays = write_split(
+        path,
+        "qwen3next",
+        kv,
+        tensors,
+        n_shards=n_shards,
+        seed=seed,
+        fill=fill,  # type: ignore[arg-type]
+        groups=groups,
+        only=only,
+        workers=workers,
+    )
     return [Path(lay.path) for lay in lays]

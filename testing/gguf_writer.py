@@ -30,8 +30,19 @@ from strata.packer.gguf_file import ARRAY_DTYPES, SCALAR_FORMATS
 from .blocks import make_random_blocks, pattern_fill, tensor_rng, to_type_id
 
 __all__ = [
-    "DEFAULT_ALIGNMENT", "GGUF_MAGIC", "GGUF_VERSION", "KV", "DataMode", "HeaderLayout", "TensorDecl",
-    "TensorLayout", "align_up", "encode_header", "infer_kv", "tensor_layouts", "write_header_only",
+    "DEFAULT_ALIGNMENT",
+    "GGUF_MAGIC",
+    "GGUF_VERSION",
+    "KV",
+    "DataMode",
+    "HeaderLayout",
+    "TensorDecl",
+    "TensorLayout",
+    "align_up",
+    "encode_header",
+    "infer_kv",
+    "tensor_layouts",
+    "write_header_only",
 ]
 
 GGUF_MAGIC = b"GGUF"
@@ -70,7 +81,7 @@ def infer_kv(value: Any) -> KV:
         v = int(value)
         if 0 <= v < 2**32:
             return KV(V.UINT32, v)
-        return KV(V.INT32, v) if -2**31 <= v < 0 else KV(V.INT64 if v < 0 else V.UINT64, v)
+        return KV(V.INT32, v) if -(2**31) <= v < 0 else KV(V.INT64 if v < 0 else V.UINT64, v)
     if isinstance(value, (float, np.floating)):
         return KV(V.FLOAT32, float(value))
     if isinstance(value, str):
@@ -88,7 +99,9 @@ def infer_kv(value: Any) -> KV:
             return KV(V.ARRAY, value, V.INT32)  # like gguf-py; use KV(ARRAY, v, UINT32) for u32
         if all(isinstance(x, (int, float, np.number)) for x in value):
             return KV(V.ARRAY, value, V.FLOAT32)
-    raise TypeError(f"cannot infer a GGUF type for {type(value).__name__} {value!r:.60}; pass KV(vtype, value, sub_type)")
+    raise TypeError(
+        f"cannot infer a GGUF type for {type(value).__name__} {value!r:.60}; pass KV(vtype, value, sub_type)"
+    )
 
 
 def _enc_str(s: str | bytes) -> bytes:
@@ -107,7 +120,7 @@ def _enc_value(vtype: int, value: Any, sub_type: int | None) -> bytes:
         if sub_type == V.STRING:
             enc = [s.encode() for s in value]
             lens = np.fromiter((len(b) for b in enc), dtype="<u8", count=len(enc)).tobytes()
-            return head + b"".join(x for i, b in enumerate(enc) for x in (lens[8 * i:8 * i + 8], b))
+            return head + b"".join(x for i, b in enumerate(enc) for x in (lens[8 * i : 8 * i + 8], b))
         return head + np.asarray(value).astype(ARRAY_DTYPES[V(sub_type)]).tobytes()
     return struct.pack(SCALAR_FORMATS[V(vtype)], value)
 
@@ -165,8 +178,14 @@ class HeaderLayout:
         raise KeyError(name)
 
 
-def encode_header(kvs: Sequence[tuple[str, KV]], infos: Sequence[TensorLayout], *, alignment: int,
-                   magic: bytes = GGUF_MAGIC, version: int = GGUF_VERSION) -> tuple[bytes, HeaderLayout]:
+def encode_header(
+    kvs: Sequence[tuple[str, KV]],
+    infos: Sequence[TensorLayout],
+    *,
+    alignment: int,
+    magic: bytes = GGUF_MAGIC,
+    version: int = GGUF_VERSION,
+) -> tuple[bytes, HeaderLayout]:
     """Header bytes (magic .. tensor infos, no padding) for exactly the given KVs and tensor infos (no
     checks: :mod:`.broken` uses it to write malformed headers). Fills each info's field positions."""
     parts = [magic, struct.pack("<IQQ", version, len(infos), len(kvs))]
@@ -226,9 +245,16 @@ def tensor_layouts(tensors: Sequence[TensorDecl], alignment: int = DEFAULT_ALIGN
     return infos, offset
 
 
-def write_header_only(path: str | Path, arch: str, kv: Mapping[str, Any], tensors: Sequence[TensorDecl], *,
-                      alignment: int = DEFAULT_ALIGNMENT,
-                      data: DataMode | Mapping[str, bytes | np.ndarray] = "sparse", seed: int = 0) -> HeaderLayout:
+def write_header_only(
+    path: str | Path,
+    arch: str,
+    kv: Mapping[str, Any],
+    tensors: Sequence[TensorDecl],
+    *,
+    alignment: int = DEFAULT_ALIGNMENT,
+    data: DataMode | Mapping[str, bytes | np.ndarray] = "sparse",
+    seed: int = 0,
+) -> HeaderLayout:
     """Write a GGUF v3 file with strata's own writer; the data section is a sparse hole by default.
 
     Args:
@@ -281,11 +307,17 @@ def write_header_only(path: str | Path, arch: str, kv: Mapping[str, Any], tensor
         for ti in infos:
             if isinstance(data, str) and data in ("random", "pattern"):
                 rng = tensor_rng(seed, ti.name)
-                buf = (make_random_blocks(ti.type_id, math.prod(ti.ne), rng) if data == "random"
-                       else pattern_fill(ti.type_id, ti.ne, rng))
+                buf = (
+                    make_random_blocks(ti.type_id, math.prod(ti.ne), rng)
+                    if data == "random"
+                    else pattern_fill(ti.type_id, ti.ne, rng)
+                )
             elif ti.name in explicit:
-                buf = np.frombuffer(bytes(explicit[ti.name]), np.uint8) if not isinstance(explicit[ti.name], np.ndarray) \
+                buf = (
+                    np.frombuffer(bytes(explicit[ti.name]), np.uint8)
+                    if not isinstance(explicit[ti.name], np.ndarray)
                     else explicit[ti.name].view(np.uint8).reshape(-1)
+                )
                 if buf.size != ti.nbytes:
                     raise ValueError(f"{ti.name}: {buf.size} bytes given, its shape needs {ti.nbytes}")
             elif data == "sparse" or isinstance(data, Mapping):

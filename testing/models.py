@@ -2,10 +2,11 @@
 
 :class:`ModelSpec` (with :class:`ModelDims` and per-layer :class:`ExpertTypes`) describes a model of any
 architecture with a manifest (``manifests/<arch>.toml``); :func:`plan_tensors` lists its tensors (names
-and shapes from the manifest, i.e. from llama.cpp's loaders, ``src/models/<arch>.cpp``; docs/FORMAT.md), :func:`model_kv` its metadata, and :func:`write_model` writes it: per-layer expert types,
-optional fused gate/up experts, llama-gguf-split style shards (:func:`shard_names`). Tensor data comes
-from :mod:`.blocks`, one random stream per tensor, so the same spec and seed give byte-identical
-files. The presets (:func:`strata.testing.presets.qwen3moe_spec` ...) live in :mod:`.presets`.
+and shapes from the manifest, i.e. from llama.cpp's loaders, ``src/models/<arch>.cpp``; docs/FORMAT.md),
+:func:`model_kv` its metadata, and :func:`write_model` writes it: per-layer expert types, optional fused
+gate/up experts, llama-gguf-split style shards (:func:`shard_names`). Tensor data comes from :mod:`.blocks`,
+one random stream per tensor, so the same spec and seed give byte-identical files. The presets
+(:func:`strata.testing.presets.qwen3moe_spec` ...) live in :mod:`.presets`.
 
 Shapes are always ggml ``ne`` order (``ne[0]`` = row length, fastest). Sizes are bytes.
 """
@@ -28,8 +29,22 @@ from .blocks import make_random_blocks, pattern_fill, role_values, tensor_rng, t
 from .tokenizer import synth_tokenizer, tokenizer_kv
 
 __all__ = [
-    "ARCHS", "DENSE_TYPES", "MOE_ARCHS", "ExpertTypes", "ModelDims", "ModelSpec", "PlannedTensor", "TypeId",
-    "fill_role", "kv_entry", "model_kv", "moe_layers", "plan_tensors", "shard_names", "spec_geometry", "write_model",
+    "ARCHS",
+    "DENSE_TYPES",
+    "MOE_ARCHS",
+    "ExpertTypes",
+    "ModelDims",
+    "ModelSpec",
+    "PlannedTensor",
+    "TypeId",
+    "fill_role",
+    "kv_entry",
+    "model_kv",
+    "moe_layers",
+    "plan_tensors",
+    "shard_names",
+    "spec_geometry",
+    "write_model",
 ]
 
 
@@ -77,8 +92,8 @@ class ModelDims(BaseModel):
     qwen3next / qwen2moe shared expert width ``n_ff_shexp``; deepseek2 ``n_expert_shared`` (shared
     experts of ``n_ff_exp`` each), ``n_layer_dense_lead``, ``kv_lora_rank``, ``q_lora_rank``. qwen3next
     gated delta net: ``ssm_d_state`` (head k/v dim), ``ssm_n_group`` (k heads), ``ssm_dt_rank`` (v
-    heads), ``ssm_d_conv``; layer il is full attention iff ``(il + 1) % full_attention_interval == 0``. gemma3: ``sliding_window`` and
-    ``sliding_window_pattern`` (layer il is sliding iff ``il % pattern < pattern - 1``).
+    heads), ``ssm_d_conv``; layer il is full attention iff ``(il + 1) % full_attention_interval == 0``.
+    gemma3: ``sliding_window`` and ``sliding_window_pattern`` (layer il is sliding iff ``il % pattern < pattern - 1``).
     K-quant / IQ expert types need ``n_embd`` and ``n_ff_exp`` to be multiples of 256.
     """
 
@@ -181,7 +196,7 @@ class ModelSpec(BaseModel):
     add_bos: bool = False
 
     @model_validator(mode="after")
-    def _check(self) -> "ModelSpec":
+    def _check(self) -> ModelSpec:
         from strata.manifests.contract import known_archs
 
         d = self.dims
@@ -192,7 +207,9 @@ class ModelSpec(BaseModel):
         moe = moe_layers(self)
         if moe:
             if len(self.expert_types) != self.n_layers:
-                raise ValueError(f"{self.arch}: expert_types has {len(self.expert_types)} entries for {self.n_layers} layers")
+                raise ValueError(
+                    f"{self.arch}: expert_types has {len(self.expert_types)} entries for {self.n_layers} layers"
+                )
             if missing := [il for il in moe if self.expert_types[il] is None]:
                 raise ValueError(f"{self.arch}: layers {missing} have routed experts, expert_types has None there")
             if not 0 < d.n_expert_used <= d.n_expert:
@@ -226,29 +243,44 @@ class PlannedTensor:
 #: table between the synthetic model's dimensions and the contracts' params. A param whose value is
 #: None (or that is not listed) is not written; the manifest's default then applies.
 PARAM_VALUES: dict[str, Any] = {
-    "n_embd": lambda s: s.dims.n_embd, "n_layer": lambda s: s.n_layers, "n_ctx_train": lambda s: s.dims.context_length,
-    "n_ff": lambda s: s.dims.n_ff, "n_head": lambda s: s.dims.n_head, "n_head_kv": lambda s: s.dims.n_head_kv,
-    "head_dim": lambda s: s.dims.head_dim, "head_dim_v": lambda s: s.dims.head_dim,
-    "rope_base": lambda s: s.dims.rope_freq_base, "rms_eps": lambda s: s.dims.rms_eps,
-    "n_expert": lambda s: s.dims.n_expert, "n_expert_used": lambda s: s.dims.n_expert_used,
-    "n_ff_exp": lambda s: s.dims.n_ff_exp, "n_ff_shexp": lambda s: s.dims.n_ff_shexp,
-    "d_conv": lambda s: s.dims.ssm_d_conv, "d_state": lambda s: s.dims.ssm_d_state, "n_group": lambda s: s.dims.ssm_n_group,
-    "dt_rank": lambda s: s.dims.ssm_dt_rank, "d_inner": lambda s: s.dims.ssm_d_inner,
-    "full_attention_interval": lambda s: s.dims.full_attention_interval, "rope_dim": lambda s: s.dims.rope_dim,
-    "sliding_window": lambda s: s.dims.sliding_window, "swa_pattern": lambda s: s.dims.sliding_window_pattern,
+    "n_embd": lambda s: s.dims.n_embd,
+    "n_layer": lambda s: s.n_layers,
+    "n_ctx_train": lambda s: s.dims.context_length,
+    "n_ff": lambda s: s.dims.n_ff,
+    "n_head": lambda s: s.dims.n_head,
+    "n_head_kv": lambda s: s.dims.n_head_kv,
+    "head_dim": lambda s: s.dims.head_dim,
+    "head_dim_v": lambda s: s.dims.head_dim,
+    "rope_base": lambda s: s.dims.rope_freq_base,
+    "rms_eps": lambda s: s.dims.rms_eps,
+    "n_expert": lambda s: s.dims.n_expert,
+    "n_expert_used": lambda s: s.dims.n_expert_used,
+    "n_ff_exp": lambda s: s.dims.n_ff_exp,
+    "n_ff_shexp": lambda s: s.dims.n_ff_shexp,
+    "d_conv": lambda s: s.dims.ssm_d_conv,
+    "d_state": lambda s: s.dims.ssm_d_state,
+    "n_group": lambda s: s.dims.ssm_n_group,
+    "dt_rank": lambda s: s.dims.ssm_dt_rank,
+    "d_inner": lambda s: s.dims.ssm_d_inner,
+    "full_attention_interval": lambda s: s.dims.full_attention_interval,
+    "rope_dim": lambda s: s.dims.rope_dim,
+    "sliding_window": lambda s: s.dims.sliding_window,
+    "swa_pattern": lambda s: s.dims.sliding_window_pattern,
     "rope_base_swa": lambda s: 10000.0,
-    "n_expert_shared": lambda s: s.dims.n_expert_shared, "n_layer_dense_lead": lambda s: s.dims.n_layer_dense_lead,
-    "kv_lora_rank": lambda s: s.dims.kv_lora_rank, "q_lora_rank": lambda s: s.dims.q_lora_rank,
+    "n_expert_shared": lambda s: s.dims.n_expert_shared,
+    "n_layer_dense_lead": lambda s: s.dims.n_layer_dense_lead,
+    "kv_lora_rank": lambda s: s.dims.kv_lora_rank,
+    "q_lora_rank": lambda s: s.dims.q_lora_rank,
 }
 
 
-def _manifest(spec: "ModelSpec"):
+def _manifest(spec: ModelSpec):
     from strata.manifests.contract import load_manifest
 
     return load_manifest(spec.arch)
 
 
-def _param_kv(spec: "ModelSpec") -> list[tuple[str, int, Any, int | None]]:
+def _param_kv(spec: ModelSpec) -> list[tuple[str, int, Any, int | None]]:
     """The architecture's metadata keys, from its manifest's ``[params]`` (key, GGUF value type, value):
     counts u32, floats f32 (llama.cpp reads them with those types); ``spec.params`` overrides."""
     V = GGUFValueType
@@ -304,14 +336,14 @@ def kv_entry(key: str, value: Any) -> tuple[str, int, Any, int | None]:
     return key, scalar(value), value, None
 
 
-def _spec_kv(spec: "ModelSpec") -> list[tuple[str, int, Any, int | None]]:
+def _spec_kv(spec: ModelSpec) -> list[tuple[str, int, Any, int | None]]:
     """The params' keys (:func:`_param_kv`) with ``spec.extra_kv`` added, replacing keys of the same name."""
     extra = [kv_entry(k[1:] if k.startswith("/") else f"{spec.arch}.{k}", v) for k, v in spec.extra_kv.items()]
     names = {e[0] for e in extra}
     return [e for e in _param_kv(spec) if e[0] not in names] + extra
 
 
-def spec_geometry(spec: "ModelSpec", *, check: bool = False):
+def spec_geometry(spec: ModelSpec, *, check: bool = False):
     """The spec's geometry through its architecture's manifest (what strata-pack build will resolve).
     Unchecked by default: tests write impossible geometries on purpose, to see them refused.
 
@@ -325,7 +357,7 @@ def spec_geometry(spec: "ModelSpec", *, check: bool = False):
     return geometry_from_metadata(spec.arch, kv, {"tokenizer.ggml.tokens": spec.dims.n_vocab}, arrays, check=check)
 
 
-def moe_layers(spec: "ModelSpec") -> list[int]:
+def moe_layers(spec: ModelSpec) -> list[int]:
     """The layers of ``spec`` whose geometry has routed experts (its contract's expert tensors there)."""
     return sorted({il for _n, ts, _ne, il in spec_geometry(spec).expected_tensors() if ts.expert and il is not None})
 
@@ -385,7 +417,7 @@ def plan_tensors(spec: ModelSpec) -> list[PlannedTensor]:
             et = spec.expert_types[il]
             type_id = et.down if ts.expert == "down" else et.gate_up
         else:
-            base = ts.role[:-len(".weight")] if ts.role.endswith(".weight") else ts.role
+            base = ts.role[: -len(".weight")] if ts.role.endswith(".weight") else ts.role
             type_id = spec.tensor_types.get(base, 0 if base == "ffn_gate_inp" else spec.dense_type)
         t = PlannedTensor(name, int(type_id), tuple(int(x) for x in ne), fill_role(ts.role, ne, ts.expert is not None))
         _ = t.nbytes  # validate block divisibility now, with the tensor's name in the message
@@ -403,8 +435,11 @@ def model_kv(spec: ModelSpec) -> list[tuple[str, int, Any, int | None]]:
     V = GGUFValueType
     own = _spec_kv(spec)
     names = {e[0] for e in own}
-    kv = [e for e in (("general.name", V.STRING, spec.name, None), ("general.quantization_version", V.UINT32, 2, None))
-          if e[0] not in names] + own
+    kv = [
+        e
+        for e in (("general.name", V.STRING, spec.name, None), ("general.quantization_version", V.UINT32, 2, None))
+        if e[0] not in names
+    ] + own
     kv += tokenizer_kv(synth_tokenizer(spec.dims.n_vocab), add_bos=spec.add_bos)
     return kv
 
@@ -440,7 +475,9 @@ def _partition(n: int, n_shards: int, empty_first: bool) -> list[range]:
     return ([range(0)] if empty_first else []) + parts
 
 
-def write_model(path: str | Path, spec: ModelSpec, tokenizer: list[tuple[str, int, Any, int | None]] | None = None) -> list[Path]:
+def write_model(
+    path: str | Path, spec: ModelSpec, tokenizer: list[tuple[str, int, Any, int | None]] | None = None
+) -> list[Path]:
     """Write the synthetic model ``spec`` with ``gguf.GGUFWriter``; returns the files written.
 
     One file at ``path``, or ``spec.n_shards`` files named by :func:`shard_names` laid out like
@@ -471,7 +508,10 @@ def write_model(path: str | Path, spec: ModelSpec, tokenizer: list[tuple[str, in
     if spec.n_shards > 1:
         infos = w.tensors[0]
         names = list(infos)
-        w.tensors = [{names[i]: infos[names[i]] for i in r} for r in _partition(len(names), spec.n_shards, spec.empty_first_shard)]
+        w.tensors = [
+            {names[i]: infos[names[i]] for i in r}
+            for r in _partition(len(names), spec.n_shards, spec.empty_first_shard)
+        ]
     w.write_header_to_file(path)
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()

@@ -28,7 +28,14 @@ from gguf.constants import GGUFValueType
 
 from .blocks import make_random_blocks, pattern_chunks, role_values, tensor_rng
 from .gguf_writer import (
-    DEFAULT_ALIGNMENT, KV, HeaderLayout, TensorDecl, TensorLayout, encode_header, infer_kv, tensor_layouts,
+    DEFAULT_ALIGNMENT,
+    KV,
+    HeaderLayout,
+    TensorDecl,
+    TensorLayout,
+    encode_header,
+    infer_kv,
+    tensor_layouts,
 )
 from .models import fill_role, shard_names
 
@@ -119,10 +126,20 @@ def _balance(jobs: list[tuple[str, TensorLayout]], workers: int) -> list[list[tu
     return [o for o in out if o]
 
 
-def write_split(path: str | Path, arch: str, kv: Mapping[str, Any], tensors: Sequence[TensorDecl], *,
-                n_shards: int = 2, seed: int = 0, fill: SplitFill = "pattern", groups: Sequence[Sequence[int]] | None = None,
-                only: set[int] | None = None, workers: int | None = None,
-                alignment: int = DEFAULT_ALIGNMENT) -> list[HeaderLayout]:
+def write_split(
+    path: str | Path,
+    arch: str,
+    kv: Mapping[str, Any],
+    tensors: Sequence[TensorDecl],
+    *,
+    n_shards: int = 2,
+    seed: int = 0,
+    fill: SplitFill = "pattern",
+    groups: Sequence[Sequence[int]] | None = None,
+    only: set[int] | None = None,
+    workers: int | None = None,
+    alignment: int = DEFAULT_ALIGNMENT,
+) -> list[HeaderLayout]:
     """Write ``tensors`` as ``n_shards`` split GGUF files named by :func:`strata.testing.models.shard_names`.
 
     Args:
@@ -166,9 +183,15 @@ def write_split(path: str | Path, arch: str, kv: Mapping[str, Any], tensors: Seq
     layouts: list[HeaderLayout] = []
     jobs: list[tuple[str, TensorLayout]] = []
     for no, group in enumerate(groups):
-        split = [] if n_shards == 1 else [("split.no", KV(GGUFValueType.UINT16, no)),
-                                          ("split.count", KV(GGUFValueType.UINT16, n_shards)),
-                                          ("split.tensors.count", KV(GGUFValueType.INT32, len(decls)))]
+        split = (
+            []
+            if n_shards == 1
+            else [
+                ("split.no", KV(GGUFValueType.UINT16, no)),
+                ("split.count", KV(GGUFValueType.UINT16, n_shards)),
+                ("split.tensors.count", KV(GGUFValueType.INT32, len(decls))),
+            ]
+        )
         kvs = (base + split) if no == 0 else split
         shard_infos, size = tensor_layouts([decls[i] for i in group], alignment)
         header, lay = encode_header(kvs, shard_infos, alignment=alignment)

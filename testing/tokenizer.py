@@ -19,8 +19,17 @@ from gguf.constants import GGUFValueType
 
 from strata.packer.tokenizer_rules import bytes_to_unicode  # one definition (llama.cpp unicode.cpp)
 
-__all__ = ["BPE_EXTRA_TOKENS", "SPECIAL_TOKENS", "SPM_EXTRA_TOKENS", "SynthTokenizer", "TOKENIZER_CASES", "bytes_to_unicode",
-           "synth_tokenizer", "tokenizer_case_kv", "tokenizer_kv"]
+__all__ = [
+    "BPE_EXTRA_TOKENS",
+    "SPECIAL_TOKENS",
+    "SPM_EXTRA_TOKENS",
+    "SynthTokenizer",
+    "TOKENIZER_CASES",
+    "bytes_to_unicode",
+    "synth_tokenizer",
+    "tokenizer_case_kv",
+    "tokenizer_kv",
+]
 
 
 _CORPUS = """\
@@ -79,8 +88,7 @@ def synth_tokenizer(n_vocab: int = 512) -> SynthTokenizer:
     tokens = [b2u[b] for b in range(256)]
     vocab = set(tokens)
     words = Counter(
-        tuple(b2u[b] for b in w.encode())
-        for w in re.findall(r" ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+", _CORPUS)
+        tuple(b2u[b] for b in w.encode()) for w in re.findall(r" ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+", _CORPUS)
     )
     merges: list[str] = []
     budget = n_vocab - n_special
@@ -146,7 +154,11 @@ def tokenizer_kv(tok: SynthTokenizer, add_bos: bool) -> list[tuple[str, int, Any
 #: words no merge reaches (what llama.cpp's whole-word lookup before merges finds), and a token whose
 #: bytes are not valid UTF-8 (never produced from text; it must load and decode as llama.cpp does).
 BPE_EXTRA_TOKENS: tuple[tuple[bytes, int], ...] = (
-    (b"<tool_call>", 4), (b"<unk>", 2), ("\u0120qqq".encode(), 1), (b"qqq", 1), (b"\xff\xfe", 1),
+    (b"<tool_call>", 4),
+    (b"<unk>", 2),
+    ("\u0120qqq".encode(), 1),
+    (b"qqq", 1),
+    (b"\xff\xfe", 1),
 )
 #: SentencePiece case: control and user-defined tokens beyond ``<unk>``, ``<s>``, ``</s>``.
 SPM_EXTRA_TOKENS: tuple[tuple[str, int], ...] = (("<start_of_turn>", 3), ("<end_of_turn>", 3), ("<tool_call>", 4))
@@ -160,11 +172,13 @@ def _bpe_case(pre: str | None, add_bos: bool | None, add_eos: bool | None):
     kv = [("tokenizer.ggml.model", V.STRING, "gpt2", None)]
     if pre is not None:
         kv.append(("tokenizer.ggml.pre", V.STRING, pre, None))
-    kv += [("tokenizer.ggml.tokens", V.ARRAY, tokens, V.STRING),
-           ("tokenizer.ggml.token_type", V.ARRAY, types, V.INT32),
-           ("tokenizer.ggml.merges", V.ARRAY, list(tok.merges), V.STRING),
-           ("tokenizer.ggml.eos_token_id", V.UINT32, tok.eos_id, None),
-           ("tokenizer.ggml.bos_token_id", V.UINT32, tok.bos_id, None)]
+    kv += [
+        ("tokenizer.ggml.tokens", V.ARRAY, tokens, V.STRING),
+        ("tokenizer.ggml.token_type", V.ARRAY, types, V.INT32),
+        ("tokenizer.ggml.merges", V.ARRAY, list(tok.merges), V.STRING),
+        ("tokenizer.ggml.eos_token_id", V.UINT32, tok.eos_id, None),
+        ("tokenizer.ggml.bos_token_id", V.UINT32, tok.bos_id, None),
+    ]
     if add_bos is not None:
         kv.append(("tokenizer.ggml.add_bos_token", V.BOOL, add_bos, None))
     if add_eos is not None:
@@ -199,14 +213,16 @@ def _spm_case(add_space_prefix: bool | None):
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces + [t for t, _ in SPM_EXTRA_TOKENS]
     types = [2, 3, 3] + [6] * 256 + [1] * len(pieces) + [ty for _, ty in SPM_EXTRA_TOKENS]
     scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))] + [0.0] * len(SPM_EXTRA_TOKENS)
-    kv = [("tokenizer.ggml.model", V.STRING, "llama", None),
-          ("tokenizer.ggml.pre", V.STRING, "default", None),
-          ("tokenizer.ggml.tokens", V.ARRAY, tokens, V.STRING),
-          ("tokenizer.ggml.scores", V.ARRAY, scores, V.FLOAT32),
-          ("tokenizer.ggml.token_type", V.ARRAY, types, V.INT32),
-          ("tokenizer.ggml.bos_token_id", V.UINT32, 1, None),
-          ("tokenizer.ggml.eos_token_id", V.UINT32, 2, None),
-          ("tokenizer.ggml.unknown_token_id", V.UINT32, 0, None)]
+    kv = [
+        ("tokenizer.ggml.model", V.STRING, "llama", None),
+        ("tokenizer.ggml.pre", V.STRING, "default", None),
+        ("tokenizer.ggml.tokens", V.ARRAY, tokens, V.STRING),
+        ("tokenizer.ggml.scores", V.ARRAY, scores, V.FLOAT32),
+        ("tokenizer.ggml.token_type", V.ARRAY, types, V.INT32),
+        ("tokenizer.ggml.bos_token_id", V.UINT32, 1, None),
+        ("tokenizer.ggml.eos_token_id", V.UINT32, 2, None),
+        ("tokenizer.ggml.unknown_token_id", V.UINT32, 0, None),
+    ]
     if add_space_prefix is not None:
         kv.append(("tokenizer.ggml.add_space_prefix", V.BOOL, add_space_prefix, None))
     return kv, len(tokens)
@@ -216,8 +232,10 @@ def _spm_case(add_space_prefix: bool | None):
 #: ``tokenizer.ggml.pre`` strata accepts (:data:`strata.packer.tokenizer_rules.PRE_RULES`), with no
 #: ``add_bos_token`` key so llama.cpp's per-pre default applies, plus a missing pre key and explicit BOS/EOS.
 TOKENIZER_CASES: dict[str, tuple[str, dict]] = {
-    **{f"bpe-{pre}": ("bpe", {"pre": pre, "add_bos": None, "add_eos": None})
-       for pre in ("default", "qwen2", "deepseek-r1-qwen", "llama3", "llama-v3", "llama-bpe", "gpt-2")},
+    **{
+        f"bpe-{pre}": ("bpe", {"pre": pre, "add_bos": None, "add_eos": None})
+        for pre in ("default", "qwen2", "deepseek-r1-qwen", "llama3", "llama-v3", "llama-bpe", "gpt-2")
+    },
     "bpe-no-pre": ("bpe", {"pre": None, "add_bos": None, "add_eos": None}),
     "bpe-qwen2-bos-eos": ("bpe", {"pre": "qwen2", "add_bos": True, "add_eos": True}),
     "spm": ("spm", {"add_space_prefix": None}),

@@ -20,17 +20,24 @@ from strata import testing as synth
 from strata.budget.audit import audit_pack
 from strata.budget.cli import main as budget_main
 from strata.manifests.contract import ManifestError, load_manifest
+from strata.packer import quants
 from strata.packer.build import build_pack
 from strata.packer.cli import main as pack_main
 from strata.packer.pack import open_pack
-from strata.packer import quants
 
 MIB = 1 << 20
-NEW = {"llama": synth.llama_spec, "llama_moe": synth.llama_moe_spec, "qwen3": synth.qwen3_spec,
-       "qwen2moe": synth.qwen2moe_spec, "deepseek2": synth.deepseek2_spec, "gpt_oss": synth.gpt_oss_spec,
-       # a legacy (pre-MLA) deepseek2 file: attn_kv_b, no *_mla keys, one K/V head per query head
-       "deepseek2_mha": lambda: synth.deepseek2_spec(params={"n_head_kv": 4, "head_dim": 96, "head_dim_v": 64,
-                                                                "expert_gating_func": 1})}
+NEW = {
+    "llama": synth.llama_spec,
+    "llama_moe": synth.llama_moe_spec,
+    "qwen3": synth.qwen3_spec,
+    "qwen2moe": synth.qwen2moe_spec,
+    "deepseek2": synth.deepseek2_spec,
+    "gpt_oss": synth.gpt_oss_spec,
+    # a legacy (pre-MLA) deepseek2 file: attn_kv_b, no *_mla keys, one K/V head per query head
+    "deepseek2_mha": lambda: synth.deepseek2_spec(
+        params={"n_head_kv": 4, "head_dim": 96, "head_dim_v": 64, "expert_gating_func": 1}
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +97,18 @@ def test_kv_rows_gpt_oss_alternate_sliding_window(packs):
 def test_llama_dense_or_experts_from_expert_count(packs):
     dense, moe = open_pack(packs["llama"]), open_pack(packs["llama_moe"])
     assert "llama.expert_count" not in dense.metadata and dense.experts is None
-    assert {"blk.0.ffn_gate.weight", "blk.1.ffn_down.weight", "rope_freqs.weight"} <= {e.name for e in dense.index.entries}
-    assert moe.metadata["llama.expert_count"] == 8 and "blk.0.ffn_gate.weight" not in {e.name for e in moe.index.entries}
+    assert {"blk.0.ffn_gate.weight", "blk.1.ffn_down.weight", "rope_freqs.weight"} <= {
+        e.name for e in dense.index.entries
+    }
+    assert moe.metadata["llama.expert_count"] == 8 and "blk.0.ffn_gate.weight" not in {
+        e.name for e in moe.index.entries
+    }
     # Mixtral's experts are feed_forward_length (256) wide: src/models/llama.cpp {n_embd, n_ff, n_expert}
     q4k, q6k, q8, q5k = (quants.by_name(t) for t in ("Q4_K", "Q6_K", "Q8_0", "Q5_K"))
-    want = [2 * 256 * 256 // 256 * q4k.block_bytes + 256 * 256 // 256 * q6k.block_bytes,
-            2 * 256 * 256 // 32 * q8.block_bytes + 256 * 256 // 256 * q5k.block_bytes]
+    want = [
+        2 * 256 * 256 // 256 * q4k.block_bytes + 256 * 256 // 256 * q6k.block_bytes,
+        2 * 256 * 256 // 32 * q8.block_bytes + 256 * 256 // 256 * q5k.block_bytes,
+    ]
     assert [r.blob_bytes for r in moe.experts.layers] == want == [127_488, 184_320]
 
 
@@ -103,8 +116,13 @@ def test_deepseek2_dense_lead_and_shared_experts(packs):
     p = open_pack(packs["deepseek2"])
     names = {e.name for e in p.index.entries}
     assert [r.layer for r in p.experts.layers] == [1, 2]  # leading_dense_block_count 1
-    assert {"blk.0.ffn_up.weight", "blk.1.ffn_gate_shexp.weight", "blk.2.exp_probs_b.bias",
-            "blk.0.attn_k_b.weight", "blk.0.attn_q_a_norm.weight"} <= names
+    assert {
+        "blk.0.ffn_up.weight",
+        "blk.1.ffn_gate_shexp.weight",
+        "blk.2.exp_probs_b.bias",
+        "blk.0.attn_k_b.weight",
+        "blk.0.attn_q_a_norm.weight",
+    } <= names
     assert "blk.1.ffn_up.weight" not in names and "blk.0.ffn_gate_inp.weight" not in names
     shexp = next(e for e in p.index.entries if e.name == "blk.1.ffn_down_shexp.weight")
     assert tuple(shexp.ne[:2]) == (256 * 1, 256)  # n_ff_exp x expert_shared_count
@@ -148,12 +166,16 @@ def test_mla_keys_that_do_not_describe_the_latent_are_refused(tmp_path):
 def test_gpt_oss_head_width_must_be_the_rope_width(tmp_path):
     # q/k/v are n_rot wide per head, cache rows key_length: llama.cpp needs them equal
     [src] = synth.write_model(tmp_path / "g.gguf", synth.gpt_oss_spec(dims={"rope_dim": 32}))
-    with pytest.raises(ManifestError, match=r"g\.gguf: metadata key gpt-oss\.rope\.dimension_count = 32 is refused.*head_dim = 64"):
+    with pytest.raises(
+        ManifestError, match=r"g\.gguf: metadata key gpt-oss\.rope\.dimension_count = 32 is refused.*head_dim = 64"
+    ):
         build_pack(src, tmp_path / "pack", progress=False)
 
 
 def test_llama_rope_dim_refused_like_llama_cpp(tmp_path):
     # llama-model.cpp load_hparams: "invalid n_rot" for LLM_ARCH_LLAMA unless rope.dimension_count == head dim
     [src] = synth.write_model(tmp_path / "l.gguf", synth.llama_spec(dims={"rope_dim": 32}))
-    with pytest.raises(ManifestError, match=r"l\.gguf: metadata key llama\.rope\.dimension_count = 32 is refused.*head_dim = 64"):
+    with pytest.raises(
+        ManifestError, match=r"l\.gguf: metadata key llama\.rope\.dimension_count = 32 is refused.*head_dim = 64"
+    ):
         build_pack(src, tmp_path / "pack", progress=False)

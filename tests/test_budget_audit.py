@@ -27,14 +27,31 @@ MIB = 1 << 20
 # 48 layers, interval 4 (layers 3, 7, ..., 47 full attention): small dims so the whole file is ~2 MB.
 # Expert types mix widened (Q4_0, Q8_0, IQ4_NL) and plain types; ssm_ba and attn_gate are BF16 so
 # the pool holds BF16-promoted tensors.
-Q3N_DIMS = dict(n_embd=64, n_head=2, n_head_kv=1, head_dim=32, n_expert=4, n_ff_exp=32, n_ff_shexp=32,
-                ssm_d_state=16, ssm_n_group=2, ssm_dt_rank=2, n_vocab=300, context_length=2048)
+Q3N_DIMS = dict(
+    n_embd=64,
+    n_head=2,
+    n_head_kv=1,
+    head_dim=32,
+    n_expert=4,
+    n_ff_exp=32,
+    n_ff_shexp=32,
+    ssm_d_state=16,
+    ssm_n_group=2,
+    ssm_dt_rank=2,
+    n_vocab=300,
+    context_length=2048,
+)
 Q3N_EXPERTS = [("Q4_0", "Q8_0"), ("Q8_0", "IQ4_NL"), ("Q4_0", "Q4_0"), ("Q8_0", "Q8_0")] * 12
 
 
 def q3n_spec(**kw):
-    return synth.qwen3next_spec(n_layers=48, expert_types=Q3N_EXPERTS, dims=dict(Q3N_DIMS),
-                                tensor_types={"ssm_ba": "BF16", "attn_gate": "BF16"}, **kw)
+    return synth.qwen3next_spec(
+        n_layers=48,
+        expert_types=Q3N_EXPERTS,
+        dims=dict(Q3N_DIMS),
+        tensor_types={"ssm_ba": "BF16", "attn_gate": "BF16"},
+        **kw,
+    )
 
 
 def write_variant(path: Path, spec, edit=lambda ts: ts, kv_edit=lambda kv: kv) -> Path:
@@ -71,14 +88,25 @@ def errors_for(res, tensor: str):
 
 # ----------------------------------------------------------------------------- the valid file
 
+
 def test_synthetic_qwen3next_passes_and_every_term_is_derived_twice(q3n):
     res = audit_pack(q3n)
     assert res.errors == []
     assert res.expert_layers == 48 and res.dense_tensors == len(open_pack(q3n).index.entries)
     assert all(c.ok for c in res.checks)
     terms = {c.term for c in res.checks}
-    assert {"k_per_token", "v_per_token", "conv_state", "ssm_state", "act_per_token", "logits_per_token",
-            "expert blob", "dense weights, engine form", "widened scale bytes", "bf16 saved bytes"} <= terms
+    assert {
+        "k_per_token",
+        "v_per_token",
+        "conv_state",
+        "ssm_state",
+        "act_per_token",
+        "logits_per_token",
+        "expert blob",
+        "dense weights, engine form",
+        "widened scale bytes",
+        "bf16 saved bytes",
+    } <= terms
     # KV terms checked on the 12 attention layers, recurrent terms on the 36 others
     assert sorted(int(c.where.split()[1]) for c in res.checks if c.term == "k_per_token") == list(range(3, 48, 4))
     assert len([c for c in res.checks if c.term == "conv_state"]) == 36
@@ -94,7 +122,9 @@ def test_kv_is_charged_to_the_12_attention_layers_only(q3n):
     attention = [il for il in range(n_layer) if (il + 1) % interval == 0]
     assert len(attention) == 12
     # K and V rows per token per layer: n_head_kv x key_length / value_length elements, f16 = 2 B each
-    per_layer = 2 * m[f"{a}.attention.head_count_kv"] * (m[f"{a}.attention.key_length"] + m[f"{a}.attention.value_length"])
+    per_layer = (
+        2 * m[f"{a}.attention.head_count_kv"] * (m[f"{a}.attention.key_length"] + m[f"{a}.attention.value_length"])
+    )
     res = audit_pack(q3n)
     assert [L.layer for L in res.facts.kv_layers] == attention
     card = card_from_mib(24000)
@@ -123,7 +153,10 @@ def test_recurrent_state_is_constant_in_context_and_linear_in_batch(q3n):
         assert p.recurrent_state_bytes_per_seq == per_seq
     assert seen == {per_seq}
     for batch in (1, 2, 3, 8):
-        assert make_plan(facts, card, PlanOptions(max_context=2048, batch=batch)).term("recurrent state") == batch * per_seq
+        assert (
+            make_plan(facts, card, PlanOptions(max_context=2048, batch=batch)).term("recurrent state")
+            == batch * per_seq
+        )
 
 
 def test_expert_blobs_and_max_blob_from_the_types(q3n):
@@ -140,6 +173,7 @@ def test_expert_blobs_and_max_blob_from_the_types(q3n):
 
 
 # ----------------------------------------------------------------------------- corruptions
+
 
 def test_kv_projection_sized_with_n_head_is_caught(tmp_path):
     # The tightening error: attn_k holds n_head heads instead of n_head_kv. Totals only grow, so a
@@ -158,7 +192,9 @@ def test_kv_projection_sized_with_n_head_is_caught(tmp_path):
     shape = [e for e in errs if "shape" in e.message]
     assert shape and shape[0].found == "[256, 256]" and shape[0].required == "[256, 128]"
     kv = [e for e in errs if "k_per_token" in e.message]
-    assert kv and kv[0].found.startswith("k_per_token = 256 elements") and kv[0].required.startswith("k_per_token = 128")
+    assert (
+        kv and kv[0].found.startswith("k_per_token = 256 elements") and kv[0].required.startswith("k_per_token = 128")
+    )
     assert all(e.tensor == "blk.1.attn_k.weight" for e in res.errors)
 
 
@@ -255,8 +291,12 @@ def test_round_194_indexer_key_store_is_one_shared_head(tmp_path, monkeypatch):
             out.append((n, t, ne))
             if n.endswith(".attn_k_norm.weight"):
                 p = n[: -len("attn_k_norm.weight")]
-                out += [(p + "indexer.attn_q_b.weight", 8, (E, 4 * 32)), (p + "indexer.attn_k.weight", 8, (E, 32)),
-                        (p + "indexer.k_norm.weight", 0, (32,)), (p + "indexer.proj.weight", 8, (E, 4))]
+                out += [
+                    (p + "indexer.attn_q_b.weight", 8, (E, 4 * 32)),
+                    (p + "indexer.attn_k.weight", 8, (E, 32)),
+                    (p + "indexer.k_norm.weight", 0, (32,)),
+                    (p + "indexer.proj.weight", 8, (E, 4)),
+                ]
         return out
 
     def kv_edit(kv):
@@ -275,7 +315,9 @@ def test_round_194_indexer_key_store_is_one_shared_head(tmp_path, monkeypatch):
     bad = audit_pack(tmp_path / "pack")
     [err] = bad.errors
     assert err.tensor == "blk.3.indexer.attn_k.weight"
-    assert err.found.startswith("indexer_k_per_token = 32 elements") and err.required.startswith("indexer_k_per_token = 128")
+    assert err.found.startswith("indexer_k_per_token = 32 elements") and err.required.startswith(
+        "indexer_k_per_token = 128"
+    )
 
 
 def test_missing_unexpected_and_choice_conflicts_are_named(tmp_path):
@@ -291,10 +333,17 @@ def test_missing_unexpected_and_choice_conflicts_are_named(tmp_path):
     src = write_variant(tmp_path / "q2.gguf", spec, edit)
     build_pack(src, tmp_path / "pack", progress=False)
     res = audit_pack(tmp_path / "pack")
-    missing = [e for e in errors_for(res, "blk.0.ffn_up.weight") if e.message.startswith("tensor blk.0.ffn_up.weight is missing; the qwen2 contract requires it")]
+    missing = [
+        e
+        for e in errors_for(res, "blk.0.ffn_up.weight")
+        if e.message.startswith("tensor blk.0.ffn_up.weight is missing; the qwen2 contract requires it")
+    ]
     assert missing and missing[0].required == f"[{E}, {spec.dims.n_ff}]" and missing[0].found == "absent"
     [unexpected] = errors_for(res, "blk.1.mystery.weight")
-    assert unexpected.message.startswith("tensor blk.1.mystery.weight is not in the qwen2 contract") and unexpected.found == f"[{E}, 32]"
+    assert (
+        unexpected.message.startswith("tensor blk.1.mystery.weight is not in the qwen2 contract")
+        and unexpected.found == f"[{E}, 32]"
+    )
     conflict = [e for e in res.errors if "qkv tensors present are not exactly one option" in e.message]
     assert conflict and "blk.1.attn_qkv.weight" in conflict[0].found
 

@@ -20,12 +20,35 @@ from strata.budget.cli import JSON_KEYS, main
 from strata.packer.build import build_pack
 
 MIB = 1 << 20
-KEYS = {"verdict", "card_total_bytes", "terms", "free_bytes", "reserve_bytes", "max_blob", "slots", "kv_bytes_per_token",
-        "recurrent_state_bytes_per_seq", "widened_scale_bytes", "bf16_saved_bytes", "errors"}
+KEYS = {
+    "verdict",
+    "card_total_bytes",
+    "terms",
+    "free_bytes",
+    "reserve_bytes",
+    "max_blob",
+    "slots",
+    "kv_bytes_per_token",
+    "recurrent_state_bytes_per_seq",
+    "widened_scale_bytes",
+    "bf16_saved_bytes",
+    "errors",
+}
 
 # qwen3next, 8 layers (2 full attention), 64 experts of width 32 per layer: max blob engine form 3 x 36 x 64 B
-DIMS = dict(n_embd=64, n_head=2, n_head_kv=1, head_dim=32, n_expert=64, n_ff_exp=32, n_ff_shexp=32,
-            ssm_d_state=16, ssm_n_group=2, ssm_dt_rank=2, n_vocab=300)
+DIMS = dict(
+    n_embd=64,
+    n_head=2,
+    n_head_kv=1,
+    head_dim=32,
+    n_expert=64,
+    n_ff_exp=32,
+    n_ff_shexp=32,
+    ssm_d_state=16,
+    ssm_n_group=2,
+    ssm_dt_rank=2,
+    n_vocab=300,
+)
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +102,39 @@ def test_default_context_is_flagged(pack):
 
 def _tight_card(pack):
     """A card whose free memory after the reserve holds fewer slots than there are pairs."""
-    code, d = run_json(pack, "--card-mib", 64, "--cuda-context-mib", 0, "--vram-reserve-mib", 0, "--max-context", 256,
-                       "--prefill", 0, "--expert-cache", 0)
+    code, d = run_json(
+        pack,
+        "--card-mib",
+        64,
+        "--cuda-context-mib",
+        0,
+        "--vram-reserve-mib",
+        0,
+        "--max-context",
+        256,
+        "--prefill",
+        0,
+        "--expert-cache",
+        0,
+    )
     assert code == 0
     reserve = d["free_bytes"] // MIB
-    return ["--card-mib", 64, "--cuda-context-mib", 0, "--vram-reserve-mib", reserve, "--max-context", 256, "--prefill", 0], \
-        (d["free_bytes"] - reserve * MIB) // d["max_blob"], d["max_blob"]
+    return (
+        [
+            "--card-mib",
+            64,
+            "--cuda-context-mib",
+            0,
+            "--vram-reserve-mib",
+            reserve,
+            "--max-context",
+            256,
+            "--prefill",
+            0,
+        ],
+        (d["free_bytes"] - reserve * MIB) // d["max_blob"],
+        d["max_blob"],
+    )
 
 
 def test_expert_cache_zero_vs_n_and_one_slot_too_many(pack):
@@ -108,7 +158,9 @@ def test_profile_fill_and_hit_rate(pack, tmp_path):
     # 8 layers x 64 experts; counts: expert e of layer L routed 1000 - 10 e + L times
     rows = [(L, e, 1000 - 10 * e + L) for L in range(8) for e in range(64)]
     p = tmp_path / "profile.parquet"
-    pq.write_table(pa.table({"layer": [r[0] for r in rows], "expert": [r[1] for r in rows], "count": [r[2] for r in rows]}), p)
+    pq.write_table(
+        pa.table({"layer": [r[0] for r in rows], "expert": [r[1] for r in rows], "count": [r[2] for r in rows]}), p
+    )
     code, d = run_json(pack, *args, "--expert-profile", p)
     assert code == 0
     prof = d["profile"]
@@ -124,8 +176,16 @@ def test_profile_fill_and_hit_rate(pack, tmp_path):
     code, d = run_json(pack, "--card", "24G", "--max-context", 256, "--expert-profile", p)
     assert d["slots"] == 512 and d["profile"]["expected_hit_rate"] == 1.0
     half = tmp_path / "half.parquet"
-    pq.write_table(pa.table({"layer": [r[0] for r in rows[::2]], "expert": [r[1] for r in rows[::2]],
-                             "count": [r[2] for r in rows[::2]]}), half)
+    pq.write_table(
+        pa.table(
+            {
+                "layer": [r[0] for r in rows[::2]],
+                "expert": [r[1] for r in rows[::2]],
+                "count": [r[2] for r in rows[::2]],
+            }
+        ),
+        half,
+    )
     code, d = run_json(pack, "--card", "24G", "--max-context", 256, "--expert-profile", half)
     assert d["slots"] == 256  # never more slots than profiled pairs (generate.cpp:2941-2960)
 
@@ -148,18 +208,23 @@ def test_not_fitting_exits_1_and_says_what_to_shrink(pack):
     assert int(s["--vram-reserve-mib"]["value"]) < 700
 
 
-@pytest.mark.parametrize("args, msg", [
-    (["--card", "20G"], "unknown card '20G'; presets: 24G"),
-    (["--card-mib", "0"], "--card-mib 0: a card size must be a positive number of MiB"),
-    ([], "no card: give --card"),
-    (["--card", "24G", "--card-mib", "1000"], "give --card or --card-mib, not both"),
-])
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["--card", "20G"], "unknown card '20G'; presets: 24G"),
+        (["--card-mib", "0"], "--card-mib 0: a card size must be a positive number of MiB"),
+        ([], "no card: give --card"),
+        (["--card", "24G", "--card-mib", "1000"], "give --card or --card-mib, not both"),
+    ],
+)
 def test_card_errors_exit_2(pack, args, msg):
     code, out = run(pack, *args)
     assert code == 2 and msg in out
 
 
-@pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="a GPU driver is present: measure would work")
+@pytest.mark.skipif(
+    ctypes.util.find_library("nvidia-ml") is not None, reason="a GPU driver is present: measure would work"
+)
 def test_card_measure_refuses_cleanly_without_a_gpu(pack):
     code, out = run(pack, "--card", "measure")
     assert code == 2
@@ -178,8 +243,19 @@ def test_semantic_error_exits_2_with_json_errors(pack, tmp_path):
 
 
 def test_documents_prefill_model(pack):
-    code, d = run_json(pack, "--engine", "documents", "--card", "24G", "--max-context", 256, "--prefill", 256,
-                       "--prefill-model", "documents")
+    code, d = run_json(
+        pack,
+        "--engine",
+        "documents",
+        "--card",
+        "24G",
+        "--max-context",
+        256,
+        "--prefill",
+        256,
+        "--prefill-model",
+        "documents",
+    )
     assert code == 0
     # docs/DESIGN.md "The automatic slot count": prefill_mib = 160 + chunk * 680 / 1024 = 160 + 170
     assert next(t["bytes"] for t in d["terms"] if t["name"] == "prefill/activations") == 330 * MIB
@@ -190,8 +266,22 @@ def test_tables_print_and_the_real_command_runs(pack):
     assert code == 0
     assert "VRAM plan: 12G (NVIDIA GeForce RTX 3060 12 GB, 12044 MiB)" in out
     assert "fits: 12G" in out and "expert slots" in out
-    r = subprocess.run([sys.executable, "-m", "strata.budget.cli", "check", str(pack), "--card", "8G", "--max-context", "512",
-                        "--json"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "strata.budget.cli",
+            "check",
+            str(pack),
+            "--card",
+            "8G",
+            "--max-context",
+            "512",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and json.loads(r.stdout)["verdict"] == "fits"
 
 
@@ -201,7 +291,9 @@ def test_kv_f32_doubles_the_kv_term_and_runtime_override(pack):
     kv = {k: next(t["bytes"] for t in d["terms"] if t["name"] == "KV cache") for k, d in (("f16", d16), ("f32", d32))}
     assert kv["f32"] == 2 * kv["f16"] > 0 and d32["kv_bytes_per_token"] == 2 * d16["kv_bytes_per_token"]
     _, d0 = run_json(pack, "--card", "24G", "--max-context", 256, "--cuda-runtime-mib", 0)
-    rt = {k: next(t["bytes"] for t in d["terms"] if t["name"] == "CUDA runtime") for k, d in (("default", d16), ("0", d0))}
+    rt = {
+        k: next(t["bytes"] for t in d["terms"] if t["name"] == "CUDA runtime") for k, d in (("default", d16), ("0", d0))
+    }
     assert rt["0"] == 0 and d0["free_bytes"] - d16["free_bytes"] == rt["default"] > 0
 
 
@@ -209,6 +301,7 @@ def test_kv_f32_doubles_the_kv_term_and_runtime_override(pack):
 # Every user error is one `error: ...` line on stderr and exit 2 (exit 1 means "does not fit"); with
 # --json, stdout holds one object with every key of a success (null where it does not apply),
 # verdict "error" and the error as {tensor, found, required, message}.
+
 
 @pytest.fixture(scope="module")
 def dense_pack(tmp_path_factory) -> Path:
@@ -262,27 +355,62 @@ def _profile(path: Path, **cols) -> Path:
     return path
 
 
-@pytest.mark.parametrize("cols, want, tensor, found", [
-    (dict(layer=[0, 0, 1], expert=[3, 3, 1], count=[5, 6, 7]),
-     "rows 0 and 1: the pair (layer 0, expert 3) appears twice (counts 5 and 6)", "row 1",
-     "(layer 0, expert 3) again (first at row 0)"),
-    (dict(layer=["0", "1"], expert=[1, 2], count=[5, 6]),
-     "column layer has type string, an expert profile needs integer columns", ":layer", "string"),
-    (dict(layer=[0, 1], expert=[[1], [2]], count=[5, 6]), "column expert has type list<", ":expert", "list<"),
-    (dict(layer=[0, 1], expert=[1, 2], count=[5.0, 6.5]),
-     "column count has type double, an expert profile needs integer columns", ":count", "double"),
-    (dict(layer=[0, 1], expert=[1, 2], count=[True, False]), "column count has type bool", ":count", "bool"),
-    (dict(layer=[0, 1], expert=[1, 2], count=[5, -6]), "row 1: count -6 is negative (layer 1, expert 2, count -6)",
-     "row 1", "count -6"),
-    (dict(layer=[0, -1], expert=[1, 2], count=[5, 6]), "row 1: layer -1 is negative", "row 1", "layer -1"),
-    (dict(layer=[0, 99], expert=[1, 2], count=[5, 6]), "row 1: layer 99 has no routed experts (MoE layers: 0..7)",
-     "row 1", "layer 99"),
-    (dict(layer=[0, 1], expert=[1, 64], count=[5, 6]), "row 1: layer 1 expert 64 is outside 0..63", "row 1", "expert 64"),
-    (dict(layer=pa.array([0, 1]), expert=pa.array([1, 2]), count=pa.array([5, None], pa.int64())),
-     "column count has 1 null value(s), the first at row 1", ":count", "1 null(s)"),
-    (dict(layer=pa.array([], pa.int32()), expert=pa.array([], pa.int32()), count=pa.array([], pa.int64())),
-     "the expert profile has no rows", "profile.parquet", "0 rows"),
-])
+@pytest.mark.parametrize(
+    "cols, want, tensor, found",
+    [
+        (
+            dict(layer=[0, 0, 1], expert=[3, 3, 1], count=[5, 6, 7]),
+            "rows 0 and 1: the pair (layer 0, expert 3) appears twice (counts 5 and 6)",
+            "row 1",
+            "(layer 0, expert 3) again (first at row 0)",
+        ),
+        (
+            dict(layer=["0", "1"], expert=[1, 2], count=[5, 6]),
+            "column layer has type string, an expert profile needs integer columns",
+            ":layer",
+            "string",
+        ),
+        (dict(layer=[0, 1], expert=[[1], [2]], count=[5, 6]), "column expert has type list<", ":expert", "list<"),
+        (
+            dict(layer=[0, 1], expert=[1, 2], count=[5.0, 6.5]),
+            "column count has type double, an expert profile needs integer columns",
+            ":count",
+            "double",
+        ),
+        (dict(layer=[0, 1], expert=[1, 2], count=[True, False]), "column count has type bool", ":count", "bool"),
+        (
+            dict(layer=[0, 1], expert=[1, 2], count=[5, -6]),
+            "row 1: count -6 is negative (layer 1, expert 2, count -6)",
+            "row 1",
+            "count -6",
+        ),
+        (dict(layer=[0, -1], expert=[1, 2], count=[5, 6]), "row 1: layer -1 is negative", "row 1", "layer -1"),
+        (
+            dict(layer=[0, 99], expert=[1, 2], count=[5, 6]),
+            "row 1: layer 99 has no routed experts (MoE layers: 0..7)",
+            "row 1",
+            "layer 99",
+        ),
+        (
+            dict(layer=[0, 1], expert=[1, 64], count=[5, 6]),
+            "row 1: layer 1 expert 64 is outside 0..63",
+            "row 1",
+            "expert 64",
+        ),
+        (
+            dict(layer=pa.array([0, 1]), expert=pa.array([1, 2]), count=pa.array([5, None], pa.int64())),
+            "column count has 1 null value(s), the first at row 1",
+            ":count",
+            "1 null(s)",
+        ),
+        (
+            dict(layer=pa.array([], pa.int32()), expert=pa.array([], pa.int32()), count=pa.array([], pa.int64())),
+            "the expert profile has no rows",
+            "profile.parquet",
+            "0 rows",
+        ),
+    ],
+)
 def test_bad_profile_is_one_error_line_exit_2(pack, tmp_path, cols, want, tensor, found):
     p = _profile(tmp_path / "profile.parquet", **cols)
     line, e = run_input_error(pack, "--card", "24G", "--max-context", 256, "--expert-profile", p)
@@ -311,8 +439,10 @@ def test_profile_for_a_dense_model_is_refused(dense_pack, tmp_path):
     # has none, so the profile cannot mean what the user thinks (wrong pack or wrong profile).
     p = _profile(tmp_path / "p.parquet", layer=[0, 1, 1], expert=[1, 2, 3], count=[5, 6, 7])
     line, e = run_input_error(dense_pack, "--card", "24G", "--max-context", 256, "--expert-profile", p)
-    assert (f"--expert-profile {p}: this qwen2 model has no routed experts, so there is no expert cache for its 3 "
-            "(layer, expert) pairs to fill") in line
+    assert (
+        f"--expert-profile {p}: this qwen2 model has no routed experts, so there is no expert cache for its 3 "
+        "(layer, expert) pairs to fill"
+    ) in line
     assert e["tensor"] == str(p) and e["required"] == "a model with routed experts"
     code, _ = run(dense_pack, "--card", "24G", "--max-context", 256)
     assert code == 0  # the same command without the profile plans
@@ -329,9 +459,11 @@ def head40_pack(tmp_path_factory) -> Path:
 
 def test_kv_int8_on_heads_that_are_not_whole_q8_0_blocks(head40_pack):
     line, e = run_input_error(head40_pack, "--card", "24G", "--max-context", 256, "--kv", "int8")
-    assert ("--kv int8: the K cache of layer 0 (blk.0.attn_k.weight) has a head dim (key_length) of 40 elements, "
-            "not a multiple of the Q8_0 block of 32 (40 = 1 x 32 + 8); 2 attention layer(s) affected (0..1); "
-            "use --kv f16 or --kv f32") in line
+    assert (
+        "--kv int8: the K cache of layer 0 (blk.0.attn_k.weight) has a head dim (key_length) of 40 elements, "
+        "not a multiple of the Q8_0 block of 32 (40 = 1 x 32 + 8); 2 attention layer(s) affected (0..1); "
+        "use --kv f16 or --kv f32"
+    ) in line
     assert e["tensor"] == "blk.0.attn_k.weight" and e["found"].startswith("K head of 40 elements")
     assert e["required"] == "a multiple of 32 elements (Q8_0 block) for --kv int8"
     assert run(head40_pack, "--card", "24G", "--max-context", 256)[0] == 0  # f16 plans
@@ -340,13 +472,21 @@ def test_kv_int8_on_heads_that_are_not_whole_q8_0_blocks(head40_pack):
     assert code == 1 and d["suggestions"] and all(s["option"] != "--kv" for s in d["suggestions"])
 
 
-@pytest.mark.parametrize("option, value", [("--card-mib", "99999999999999999999999"), ("--card-mib", str((16 << 20) + 1)),
-                                           ("--cuda-context-mib", "99999999999"), ("--vram-reserve-mib", "99999999999")])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--card-mib", "99999999999999999999999"),
+        ("--card-mib", str((16 << 20) + 1)),
+        ("--cuda-context-mib", "99999999999"),
+        ("--vram-reserve-mib", "99999999999"),
+    ],
+)
 def test_absurd_sizes_are_refused_with_the_number(pack, option, value):
     args = [option, value] if option == "--card-mib" else ["--card", "24G", option, value]
     line, e = run_input_error(pack, *args, "--max-context", 256)
-    assert line.startswith(f"error: {option} {value}: {int(value):,} MiB is more than 16 TiB (16,777,216 MiB), "
-                           f"larger than any GPU")
+    assert line.startswith(
+        f"error: {option} {value}: {int(value):,} MiB is more than 16 TiB (16,777,216 MiB), larger than any GPU"
+    )
     lo = 1 if option == "--card-mib" else 0
     assert e["tensor"] == option and e["found"] == f"{value} MiB" and e["required"] == f"{lo}..16777216 MiB (16 TiB)"
     if option == "--card-mib":
@@ -362,14 +502,20 @@ def test_geometry_that_breaks_the_byte_formulas_is_a_named_semantic_error(small_
     key = "qwen3moe.expert_feed_forward_length int"
     md.write_text(md.read_text().replace(f"{key} 256", f"{key} 40"))
     r = CliRunner().invoke(main, ["check", str(bad), "--card", "24G", "--max-context", "256"])
-    assert r.exit_code == 2 and (r.exception is None or isinstance(r.exception, SystemExit)) and "Traceback" not in r.output
+    assert (
+        r.exit_code == 2
+        and (r.exception is None or isinstance(r.exception, SystemExit))
+        and "Traceback" not in r.output
+    )
     code, d = run_json(bad, "--card", "24G", "--max-context", 256)
     assert code == 2 and d["verdict"] == "semantic error" and tuple(d) == JSON_KEYS
     e = next(x for x in d["errors"] if x["tensor"] == "blk.0.ffn_down_exps.weight" and "slice" in x["message"])
     assert e["found"] == "one expert's down slice ne [40, 256] of Q8_0"
     assert e["required"] == "ne[0] a multiple of the Q8_0 block of 32"
-    assert e["message"] == ("layer 0: one expert's down slice [40, 256] (from n_embd 256, n_ff_exp 40) is not whole "
-                            "Q8_0 blocks of 32: ne[0] = 40")
+    assert e["message"] == (
+        "layer 0: one expert's down slice [40, 256] (from n_embd 256, n_ff_exp 40) is not whole "
+        "Q8_0 blocks of 32: ne[0] = 40"
+    )
 
 
 def test_any_other_evaluation_error_is_one_line_exit_2(pack, monkeypatch):
@@ -381,11 +527,14 @@ def test_any_other_evaluation_error_is_one_line_exit_2(pack, monkeypatch):
 
     monkeypatch.setattr(cli, "audit_pack", boom)
     line, e = run_input_error(pack, "--card", "24G")
-    assert line == (f"error: {pack}: cannot audit the pack: blk.3.attn_k.weight: ne[0]=40 is not a multiple of the "
-                    "Q8_0 block size 32")
+    assert line == (
+        f"error: {pack}: cannot audit the pack: blk.3.attn_k.weight: ne[0]=40 is not a multiple of the "
+        "Q8_0 block size 32"
+    )
 
 
 # ----------------------------------------------------------------------------- --expert-cache and its cap
+
 
 def test_expert_cache_above_the_pairs_is_refused_with_the_automatic_cap(small_moe_pack, tmp_path):
     code, auto = run_json(small_moe_pack, "--card", "24G", "--max-context", 256)
@@ -394,8 +543,10 @@ def test_expert_cache_above_the_pairs_is_refused_with_the_automatic_cap(small_mo
     code, out = run(small_moe_pack, "--card", "24G", "--max-context", 256, "--expert-cache", 100)
     line = " ".join(out.split())
     assert code == 1
-    assert (f"--expert-cache 100 refused: 100 slots x {blob} B = {100 * blob} B ({100 * blob / MIB:.1f} MiB) asked, "
-            f"at most 24 slots fit (capped at the model's 24 (layer, expert) pairs, as the automatic value is") in line
+    assert (
+        f"--expert-cache 100 refused: 100 slots x {blob} B = {100 * blob} B ({100 * blob / MIB:.1f} MiB) asked, "
+        f"at most 24 slots fit (capped at the model's 24 (layer, expert) pairs, as the automatic value is"
+    ) in line
     code, d = run_json(small_moe_pack, "--card", "24G", "--max-context", 256, "--expert-cache", 100)
     assert code == 1 and d["verdict"] == "does not fit" and d["slots_fit"] == auto["slots"] == 24
     assert [(s["option"], s["value"], s["fits_alone"]) for s in d["suggestions"]] == [("--expert-cache", "24", True)]
@@ -405,7 +556,9 @@ def test_expert_cache_above_the_pairs_is_refused_with_the_automatic_cap(small_mo
     p = _profile(tmp_path / "p.parquet", layer=[0, 0, 1, 2, 2], expert=[0, 1, 2, 3, 4], count=[9, 8, 7, 6, 5])
     code, a = run_json(small_moe_pack, "--card", "24G", "--max-context", 256, "--expert-profile", p)
     assert code == 0 and a["slots"] == 5
-    code, d = run_json(small_moe_pack, "--card", "24G", "--max-context", 256, "--expert-profile", p, "--expert-cache", 6)
+    code, d = run_json(
+        small_moe_pack, "--card", "24G", "--max-context", 256, "--expert-profile", p, "--expert-cache", 6
+    )
     assert code == 1 and "--expert-cache 6 refused" in d["refused"]
     assert "at most 5 slots fit (capped at the profile's 5 (layer, expert) pairs" in d["refused"]
 
@@ -422,8 +575,16 @@ def test_expert_cache_refusal_names_both_limits_when_both_apply(pack):
 
 # ----------------------------------------------------------------------------- suggestions: safest first
 
-SAFETY_ORDER = ["--expert-cache", "--max-context", "--kv", "--batch", "--prefill", "--embeddings-on-host", "--kv-resident",
-                "--vram-reserve-mib"]
+SAFETY_ORDER = [
+    "--expert-cache",
+    "--max-context",
+    "--kv",
+    "--batch",
+    "--prefill",
+    "--embeddings-on-host",
+    "--kv-resident",
+    "--vram-reserve-mib",
+]
 
 
 def test_suggestions_are_safest_first_and_the_verdict_picks_the_safest_that_fits(pack):
@@ -439,7 +600,8 @@ def test_suggestions_are_safest_first_and_the_verdict_picks_the_safest_that_fits
     # the largest context that fits is above the trained 2048: the suggestion says so (issue 12)
     assert d["verdict_line"].endswith(
         f"e.g. --max-context {best} (the largest context that fits is {best} tokens, above the model's trained "
-        f"context of 2048 tokens (it was not trained for more; --ctx 2048 fits too))")
+        f"context of 2048 tokens (it was not trained for more; --ctx 2048 fits too))"
+    )
     assert run(pack, "--engine", "documents", "--card-mib", 1500, "--max-context", best)[0] == 0
     assert run(pack, "--engine", "documents", "--card-mib", 1500, "--max-context", best + 1)[0] == 1
 
@@ -458,8 +620,14 @@ def test_reserve_is_never_suggested_below_the_low_line_and_every_knob_is_listed_
     # consistency: a knob that saves memory is listed even when it cannot fit alone, at its limit
     # (the prefill was omitted in that case while the context was listed)
     assert [x["option"] for x in d["suggestions"]] == SAFETY_ORDER[1:]
-    assert {k: (s[k]["value"], s[k]["fits_alone"]) for k in ("--max-context", "--batch", "--prefill", "--kv-resident")} == {
-        "--max-context": ("1", False), "--batch": ("1", False), "--prefill": ("0", False), "--kv-resident": ("1", False)}
+    assert {
+        k: (s[k]["value"], s[k]["fits_alone"]) for k in ("--max-context", "--batch", "--prefill", "--kv-resident")
+    } == {
+        "--max-context": ("1", False),
+        "--batch": ("1", False),
+        "--prefill": ("0", False),
+        "--kv-resident": ("1", False),
+    }
     assert all(x["saves_bytes"] > 0 for x in d["suggestions"])
     # 800 MiB: the reserve alone fits at 261 MiB (>= 256): offered, last
     code, d = run_json(pack, "--engine", "documents", "--card-mib", 800, "--max-context", 2048, "--batch", 8)
@@ -469,6 +637,7 @@ def test_reserve_is_never_suggested_below_the_low_line_and_every_knob_is_listed_
 
 
 # ----------------------------------------------------------------------------- table output
+
 
 @pytest.fixture(scope="module")
 def unsupported_pack(tmp_path_factory) -> Path:
@@ -490,14 +659,27 @@ def test_identical_audit_warnings_are_one_table_line_and_all_in_json(unsupported
     code, out = run(unsupported_pack, "--card", "24G", "--max-context", 256)
     text = " ".join(out.split())
     assert out.count("audit warning:") == 1
-    assert (f"audit warning: {n} tensors: type IQ3_S has no strata engine kernel yet (the budget holds; strata's engine "
-            f"refuses the type at load): {', '.join(names[:3])} and {n - 3} more (all in --json)") in text
+    assert (
+        f"audit warning: {n} tensors: type IQ3_S has no strata engine kernel yet (the budget holds; strata's engine "
+        f"refuses the type at load): {', '.join(names[:3])} and {n - 3} more (all in --json)"
+    ) in text
 
 
 def test_table_details_need_no_file_outside_the_repository(pack):
     # documents' prefill model, a low reserve (warning) and a plan that does not fit (suggestions)
-    code, out = run(pack, "--engine", "documents", "--card-mib", 700, "--max-context", 2048, "--prefill-model", "documents",
-                    "--vram-reserve-mib", 300)
+    code, out = run(
+        pack,
+        "--engine",
+        "documents",
+        "--card-mib",
+        700,
+        "--max-context",
+        2048,
+        "--prefill-model",
+        "documents",
+        "--vram-reserve-mib",
+        300,
+    )
     assert code == 1
     text = " ".join(out.split())
     assert "prompt buffers of the reference C++ engine (measured): 160 MiB + 256 tokens x 680 KiB" in text
@@ -514,4 +696,9 @@ def test_kv_resident_above_the_context_is_refused(pack):
     plan's line said N, so it is refused with both numbers (exit 2)."""
     r = CliRunner().invoke(main, ["check", str(pack), "--card", "24G", "--ctx", "2048", "--kv-resident", "100000"])
     assert r.exit_code == 2 and "--kv-resident 100000: more positions than the context (2048); at most 2048" in r.stderr
-    assert CliRunner().invoke(main, ["check", str(pack), "--card", "24G", "--ctx", "2048", "--kv-resident", "2048"]).exit_code == 0
+    assert (
+        CliRunner()
+        .invoke(main, ["check", str(pack), "--card", "24G", "--ctx", "2048", "--kv-resident", "2048"])
+        .exit_code
+        == 0
+    )

@@ -19,6 +19,7 @@ IQ2_XXS, IQ2_XS, IQ4_NL, Q2_0, Q8_0, Q4_0, F16, F32, BF16, Q4_K = 16, 17, 20, 42
 
 # ----------------------------------------------------------------------------- worked numbers
 
+
 def test_expert_blob_worked_example_from_the_documents():
     # docs/DESIGN.md "Expert sizes change per layer" (the documents' native_experts example),
     # n_embd 2560, expert width 640:
@@ -43,7 +44,12 @@ def test_engine_form_both_directions():
     f = F.engine_form(Q8_0, Q8_0, (256, 512))
     blocks = 256 * 512 // 32
     assert (f.pack, f.payload, f.scales_f32, f.engine, f.widened_extra) == (
-        34 * blocks, 32 * blocks, 4 * blocks, 36 * blocks, 2 * blocks)
+        34 * blocks,
+        32 * blocks,
+        4 * blocks,
+        36 * blocks,
+        2 * blocks,
+    )
     # Q4_K keeps its native block (super-scales not widened).
     f = F.engine_form(Q4_K, Q4_K, (256, 4))
     assert f.pack == f.engine == 144 * 4 and f.widened_extra == 0
@@ -111,6 +117,7 @@ def test_expert_slots():
 
 # ----------------------------------------------------------------------------- profile fill
 
+
 def test_profile_fill_full_layer_skips_only_its_own_pairs():
     # Layer 0 is hot (counts 100..97), layer 1 cold (counts 10..7): with 4 slots each layer's range
     # is 2 (proportional to its 4 pairs). Ranked fill: 0/0, 0/1 fill layer 0; 0/2 and 0/3 are skipped
@@ -137,6 +144,7 @@ def test_profile_rejects_duplicates():
 
 
 # ----------------------------------------------------------------------------- cards
+
 
 def test_card_presets_are_the_documented_cuda_totals():
     defaults, presets = load_cards()
@@ -177,27 +185,57 @@ def test_measure_refuses_cleanly_without_a_gpu(monkeypatch):
 
 # ----------------------------------------------------------------------------- plan properties
 
+
 def _facts(n_layer, n_kv_heads, head_dim, n_rec, conv, ssm, dense_elems, blobs, n_expert, ctx_train=4096):
     kv = [F.KVLayer(il, n_kv_heads * head_dim, n_kv_heads * head_dim) for il in range(n_layer)]
     rec = [F.RecurrentLayer(n_layer + i, conv, ssm) for i in range(n_rec)]
-    dense = [DenseTensor(name="token_embd.weight", type=Q8_0, src_type=Q8_0, ne=(256, 64)),
-             DenseTensor(name="output.weight", type=Q8_0, src_type=Q8_0, ne=(256, 64)),
-             DenseTensor(name="blk.0.w", type=F32, src_type=BF16, ne=(dense_elems,))]
-    experts = [ExpertLayerFacts(layer=i, gate_type=Q8_0, up_type=Q8_0, down_type=Q8_0, blob_bytes=b, blob_engine_bytes=b)
-               for i, b in enumerate(blobs)]
-    return ModelFacts(arch="synthetic", n_ctx_train=ctx_train, n_vocab=64, dense=dense, head="output.weight",
-                      embeddings="token_embd.weight", kv_layers=kv, recurrent_layers=rec, act_per_token=1000,
-                      logits_per_token=64, n_expert=n_expert if blobs else 0, expert_layers=experts)
+    dense = [
+        DenseTensor(name="token_embd.weight", type=Q8_0, src_type=Q8_0, ne=(256, 64)),
+        DenseTensor(name="output.weight", type=Q8_0, src_type=Q8_0, ne=(256, 64)),
+        DenseTensor(name="blk.0.w", type=F32, src_type=BF16, ne=(dense_elems,)),
+    ]
+    experts = [
+        ExpertLayerFacts(layer=i, gate_type=Q8_0, up_type=Q8_0, down_type=Q8_0, blob_bytes=b, blob_engine_bytes=b)
+        for i, b in enumerate(blobs)
+    ]
+    return ModelFacts(
+        arch="synthetic",
+        n_ctx_train=ctx_train,
+        n_vocab=64,
+        dense=dense,
+        head="output.weight",
+        embeddings="token_embd.weight",
+        kv_layers=kv,
+        recurrent_layers=rec,
+        act_per_token=1000,
+        logits_per_token=64,
+        n_expert=n_expert if blobs else 0,
+        expert_layers=experts,
+    )
 
 
 facts_st = st.builds(
-    _facts, n_layer=st.integers(1, 8), n_kv_heads=st.integers(1, 4), head_dim=st.sampled_from([32, 64, 128]),
-    n_rec=st.integers(0, 6), conv=st.integers(0, 30_000), ssm=st.integers(0, 600_000),
-    dense_elems=st.integers(1, 50_000_000), blobs=st.lists(st.integers(1, 5_000_000), min_size=0, max_size=6),
-    n_expert=st.integers(1, 64))
-opts_st = st.builds(PlanOptions, max_context=st.integers(1, 65536), kv=st.sampled_from(["f16", "int8"]),
-                    batch=st.integers(1, 8), prefill=st.integers(0, 1024), vram_reserve_mib=st.integers(0, 2000),
-                    embeddings_on_host=st.booleans(), logits_all=st.booleans())
+    _facts,
+    n_layer=st.integers(1, 8),
+    n_kv_heads=st.integers(1, 4),
+    head_dim=st.sampled_from([32, 64, 128]),
+    n_rec=st.integers(0, 6),
+    conv=st.integers(0, 30_000),
+    ssm=st.integers(0, 600_000),
+    dense_elems=st.integers(1, 50_000_000),
+    blobs=st.lists(st.integers(1, 5_000_000), min_size=0, max_size=6),
+    n_expert=st.integers(1, 64),
+)
+opts_st = st.builds(
+    PlanOptions,
+    max_context=st.integers(1, 65536),
+    kv=st.sampled_from(["f16", "int8"]),
+    batch=st.integers(1, 8),
+    prefill=st.integers(0, 1024),
+    vram_reserve_mib=st.integers(0, 2000),
+    embeddings_on_host=st.booleans(),
+    logits_all=st.booleans(),
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -214,9 +252,25 @@ def test_slots_never_push_the_total_past_the_card(facts, o, card_mib):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(facts=facts_st, o=opts_st, card_mib=st.integers(1, 30_000), knob=st.sampled_from(
-    ["max_context", "batch", "prefill", "vram_reserve_mib", "kv", "embeddings_on_host", "logits_all", "card", "context"]),
-    more=st.integers(1, 5000))
+@given(
+    facts=facts_st,
+    o=opts_st,
+    card_mib=st.integers(1, 30_000),
+    knob=st.sampled_from(
+        [
+            "max_context",
+            "batch",
+            "prefill",
+            "vram_reserve_mib",
+            "kv",
+            "embeddings_on_host",
+            "logits_all",
+            "card",
+            "context",
+        ]
+    ),
+    more=st.integers(1, 5000),
+)
 def test_growing_any_term_never_grows_the_slots(facts, o, card_mib, knob, more):
     card = card_from_mib(card_mib, cuda_context_mib=300)
     base = make_plan(facts, card, o, suggest=False)
@@ -244,7 +298,9 @@ def test_growing_any_term_never_grows_the_slots(facts, o, card_mib, knob, more):
 def test_bigger_dense_weights_never_grow_the_slots(facts, o, card_mib, extra):
     card = card_from_mib(card_mib, cuda_context_mib=300)
     base = make_plan(facts, card, o, suggest=False)
-    heavier = facts.model_copy(update={"dense": facts.dense + [DenseTensor(name="blk.1.w", type=F32, src_type=F32, ne=(extra,))]})
+    heavier = facts.model_copy(
+        update={"dense": facts.dense + [DenseTensor(name="blk.1.w", type=F32, src_type=F32, ne=(extra,))]}
+    )
     assert make_plan(heavier, card, o, suggest=False).slots <= base.slots
 
 
@@ -305,12 +361,14 @@ def test_quants_registry_agrees_with_engine_form_for_every_widened_type():
 
 # ----------------------------------------------------------------------------- engine layout
 
+
 def test_expert_slot_layout_aligns_parts():
     # the documents' layer 0: every part a multiple of 256 B, so the slot is the engine blob itself
     parts, stride = F.expert_slot_layout(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640)
     assert parts == ((0, 473_600), (473_600, 473_600), (947_200, 1_024_000)) and stride == 1_971_200
-    assert F.expert_slot_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640) == F.expert_blob_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640,
-                                                                                        engine=True)
+    assert F.expert_slot_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640) == F.expert_blob_bytes(
+        IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640, engine=True
+    )
     # Q3_K (110 B per 256) gate/up at n_embd 256 x width 32: 3520 B each, so up starts at 3584 and
     # down (Q8_0 widened, 256 rows x 36 B = 9216 B) at 7168 (3584 + 3520 = 7104 rounded up); stride 16384
     q3k = quants.by_name("Q3_K").id
@@ -342,22 +400,30 @@ def test_runtime_term_is_charged_and_can_be_overridden():
 
 # ----------------------------------------------------------------------------- review fixes (plan API)
 
+
 def test_kv_int8_needs_whole_q8_0_blocks_per_row_and_per_head():
     card = card_from_mib(4000)
     # head dim unknown (0): the per-token row n_head_kv x head_dim = 1 x 40 is not whole blocks
     facts = _facts(2, 1, 40, 0, 0, 0, 10, [], 1)
     with pytest.raises(PlanInputError) as e:
         make_plan(facts, card, PlanOptions(max_context=64, kv="int8"))
-    assert str(e.value).startswith("--kv int8: the K cache of layer 0 (blk.0.attn_k.weight) has a row (n_head_kv x key_length) of "
-                                   "40 elements per token, not a multiple of the Q8_0 block of 32 (40 = 1 x 32 + 8); "
-                                   "2 attention layer(s) affected (0..1)")
-    assert (e.value.found, e.value.required) == ("K row of 40 elements per token",
-                                                 "a multiple of 32 elements (Q8_0 block) for --kv int8")
+    assert str(e.value).startswith(
+        "--kv int8: the K cache of layer 0 (blk.0.attn_k.weight) has a row (n_head_kv x key_length) of "
+        "40 elements per token, not a multiple of the Q8_0 block of 32 (40 = 1 x 32 + 8); "
+        "2 attention layer(s) affected (0..1)"
+    )
+    assert (e.value.found, e.value.required) == (
+        "K row of 40 elements per token",
+        "a multiple of 32 elements (Q8_0 block) for --kv int8",
+    )
     assert make_plan(facts, card, PlanOptions(max_context=64, kv="f16")).term("KV cache") == 2 * 64 * 2 * 40 * 2
     # 2 heads of 48: the row (96) is whole blocks, a head is not (llama.cpp refuses a quantized cache then)
     facts = _facts(3, 2, 48, 0, 0, 0, 10, [], 1).model_copy(update={"head_dim": 48})
-    with pytest.raises(PlanInputError, match=r"has a head dim \(key_length\) of 48 elements, not a multiple of the Q8_0 "
-                                             r"block of 32 \(48 = 1 x 32 \+ 16\); 3 attention layer\(s\) affected \(0..2\)"):
+    with pytest.raises(
+        PlanInputError,
+        match=r"has a head dim \(key_length\) of 48 elements, not a multiple of the Q8_0 "
+        r"block of 32 \(48 = 1 x 32 \+ 16\); 3 attention layer\(s\) affected \(0..2\)",
+    ):
         make_plan(facts, card, PlanOptions(max_context=64, kv="int8"))
     assert F.kv_row_bytes(96, "int8") == 3 * 34  # the formula alone would have accepted it
 
@@ -365,14 +431,22 @@ def test_kv_int8_needs_whole_q8_0_blocks_per_row_and_per_head():
 def test_plan_refuses_bad_profiles_naming_the_row():
     facts = _facts(2, 1, 64, 0, 0, 0, 10, [1000, 1000], 4)
     card = card_from_mib(1000)
-    with pytest.raises(PlanInputError, match=r"p.parquet rows 0 and 2: the pair \(layer 1, expert 3\) appears twice "
-                                             r"\(counts 5 and 7\)"):
+    with pytest.raises(
+        PlanInputError,
+        match=r"p.parquet rows 0 and 2: the pair \(layer 1, expert 3\) appears twice "
+        r"\(counts 5 and 7\)",
+    ):
         make_plan(facts, card, PlanOptions(profile_pairs=[(1, 3, 5), (0, 1, 6), (1, 3, 7)], profile_path="p.parquet"))
-    with pytest.raises(PlanInputError, match=r"expert profile row 1: layer 5 has no routed experts \(MoE layers: 0..1\)"):
+    with pytest.raises(
+        PlanInputError, match=r"expert profile row 1: layer 5 has no routed experts \(MoE layers: 0..1\)"
+    ):
         make_plan(facts, card, PlanOptions(profile_pairs=[(0, 1, 5), (5, 1, 6)]))
     dense = _facts(2, 1, 64, 0, 0, 0, 10, [], 4)
-    with pytest.raises(PlanInputError, match="this synthetic model has no routed experts, so there is no expert cache for "
-                                             r"its 1 \(layer, expert\) pairs to fill"):
+    with pytest.raises(
+        PlanInputError,
+        match="this synthetic model has no routed experts, so there is no expert cache for "
+        r"its 1 \(layer, expert\) pairs to fill",
+    ):
         make_plan(dense, card, PlanOptions(profile_pairs=[(0, 1, 5)]))
 
 

@@ -63,8 +63,9 @@ def built(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     out = {}
     for name, m in REF["models"].items():
         [src] = synth.write_model(d / f"{name}.gguf", synth.ModelSpec.model_validate(m["spec"]))
-        assert hashlib.sha256(src.read_bytes()).hexdigest() == m["sha256"], \
+        assert hashlib.sha256(src.read_bytes()).hexdigest() == m["sha256"], (
             f"{name}: the preset no longer writes the measured file (re-run tools/make_budget_reference.py)"
+        )
         build_pack(src, d / name, progress=False)
         out[name] = (src, d / name)
     return out
@@ -83,20 +84,27 @@ def strata_figures(src: Path, pack: Path, n_ctx: int) -> dict:
     kv = {}
     for key, swa_full in (("swa_full", True), ("swa_window", False)):
         caches = []
-        for group in ([full, swa] if swa else [full]):  # llama_kv_cache_iswa: the non-SWA cache first
+        for group in [full, swa] if swa else [full]:  # llama_kv_cache_iswa: the non-SWA cache first
             cells = {F.llamacpp_kv_cells(n_ctx, L.window, swa_full=swa_full) for L in group}
             assert len(cells) == 1
             [n] = cells
-            caches.append({"layers": len(group), "cells": n, "layer_ids": [L.layer for L in group],
-                           "k_bytes": sum(F.kv_row_bytes(L.k, REF["kv_type"]) for L in group) * n,
-                           "v_bytes": sum(F.kv_row_bytes(L.v, REF["kv_type"]) for L in group) * n,
-                           "total": F.llamacpp_kv_cache_bytes(group, n_ctx, REF["kv_type"], swa_full=swa_full)})
+            caches.append(
+                {
+                    "layers": len(group),
+                    "cells": n,
+                    "layer_ids": [L.layer for L in group],
+                    "k_bytes": sum(F.kv_row_bytes(L.k, REF["kv_type"]) for L in group) * n,
+                    "v_bytes": sum(F.kv_row_bytes(L.v, REF["kv_type"]) for L in group) * n,
+                    "total": F.llamacpp_kv_cache_bytes(group, n_ctx, REF["kv_type"], swa_full=swa_full),
+                }
+            )
         kv[key] = caches
     return {
         "weights": dense + (p.experts.total if p.experts else 0),
         "mapped": max(t.abs_offset + t.nbytes for t in tensors) - min(t.abs_offset for t in tensors),
         "blobs": {str(L.layer): L.blob_bytes for L in facts.expert_layers},
-        "k_rows": {L.layer: L.k for L in facts.kv_layers}, "v_rows": {L.layer: L.v for L in facts.kv_layers},
+        "k_rows": {L.layer: L.k for L in facts.kv_layers},
+        "v_rows": {L.layer: L.v for L in facts.kv_layers},
         "kv": kv,
     }
 
@@ -120,7 +128,11 @@ def compare(name: str, s: dict, ref: dict) -> None:
         for a, b in zip(mine, theirs):
             assert (a["layers"], a["cells"]) == (b["layers"], b["cells"]), (name, key)
             assert b["k_type"] == b["v_type"] == REF["kv_type"]
-            for mine_b, their_mib in ((a["k_bytes"], b["k_mib"]), (a["v_bytes"], b["v_mib"]), (a["total"], b["total_mib"])):
+            for mine_b, their_mib in (
+                (a["k_bytes"], b["k_mib"]),
+                (a["v_bytes"], b["v_mib"]),
+                (a["total"], b["total_mib"]),
+            ):
                 assert abs(mine_b - their_mib * MIB) <= MIB_ROUNDING, (name, key, mine_b, their_mib)
             assert a["total"] == a["k_bytes"] + a["v_bytes"]
         printed = ref["kv"][key]["cells"]  # "creating non-SWA / SWA KV cache, size = N cells" (iswa only)
@@ -159,7 +171,8 @@ def test_strata_equals_llama_cpp_live(name, built):
 
 
 def test_llamacpp_kv_cells_rules():
-    # llama-context.cpp: n_ctx padded to 256; llama-kv-cache-iswa.cpp: SWA cache GGML_PAD(min(n_ctx, n_swa + n_ubatch), 256)
+    # llama-context.cpp: n_ctx padded to 256;
+    # llama-kv-cache-iswa.cpp: SWA cache GGML_PAD(min(n_ctx, n_swa + n_ubatch), 256)
     assert F.llamacpp_kv_cells(4096, None) == 4096 and F.llamacpp_kv_cells(4000, None) == 4096
     assert F.llamacpp_kv_cells(4096, 128) == 4096  # swa_full: llama.cpp's default
     assert F.llamacpp_kv_cells(4096, 128, swa_full=False) == 768  # 128 + 512 -> 768

@@ -42,7 +42,11 @@ def test_real_packs_pass_the_audit(audits, real_packs, name):
 
 def test_qwen05b_kv_per_token_from_its_metadata(audits, real_packs):
     m = open_pack(real_packs["qwen2.5-0.5b"]).metadata
-    n_layer, n_head, n_head_kv = m["qwen2.block_count"], m["qwen2.attention.head_count"], m["qwen2.attention.head_count_kv"]
+    n_layer, n_head, n_head_kv = (
+        m["qwen2.block_count"],
+        m["qwen2.attention.head_count"],
+        m["qwen2.attention.head_count_kv"],
+    )
     # head_dim = attention.key_length, which llama.cpp defaults to n_embd / n_head (llama_model_base::load_hparams)
     head_dim = m.get("qwen2.attention.key_length", m["qwen2.embedding_length"] // n_head)
     assert (n_layer, n_head_kv, head_dim) == (24, 2, 64)
@@ -59,7 +63,11 @@ def test_qwen05b_kv_per_token_from_its_metadata(audits, real_packs):
 def test_gemma_sliding_layers_hold_their_window_global_layers_the_context(audits, real_packs):
     m = open_pack(real_packs["gemma3-270m"]).metadata
     n_layer, window = m["gemma3.block_count"], m["gemma3.attention.sliding_window"]
-    n_head_kv, k_len, v_len = m["gemma3.attention.head_count_kv"], m["gemma3.attention.key_length"], m["gemma3.attention.value_length"]
+    n_head_kv, k_len, v_len = (
+        m["gemma3.attention.head_count_kv"],
+        m["gemma3.attention.key_length"],
+        m["gemma3.attention.value_length"],
+    )
     assert "gemma3.attention.sliding_window_pattern" not in m
     # llama-hparams.cpp:8-22: pattern 6 by default, layer il slides iff il % 6 < 5
     glob = [il for il in range(n_layer) if il % 6 == 5]
@@ -85,7 +93,9 @@ def test_gemma_plan_on_24g(audits, real_packs):
     # engine form by hand from index.txt: Q8_0 (34 B / 32) and Q5_0 (22 B / 32) carry one fp16 d per
     # block, widened to f32: +2 B per block (docs/FORMAT.md "Quant types"); K-quants and F32 unchanged.
     per_block = {8: 34, 6: 22}
-    engine = {e.name: e.nbytes + (e.nbytes // per_block[e.type] * 2 if e.type in per_block else 0) for e in pack.index.entries}
+    engine = {
+        e.name: e.nbytes + (e.nbytes // per_block[e.type] * 2 if e.type in per_block else 0) for e in pack.index.entries
+    }
     assert "output.weight" not in engine  # tied: the head multiplies with token_embd
     assert p.term("output head") == engine["token_embd.weight"]
     assert p.term("token embeddings") == 0
@@ -94,7 +104,11 @@ def test_gemma_plan_on_24g(audits, real_packs):
     assert p.term("CUDA context") == defaults.cuda_context_mib * MIB
     m = pack.metadata
     # activations (manifest gemma3 act_per_token): 2 n_embd + q + k + v + attn out (q) + 2 n_ff
-    n_embd, n_ff, n_head = m["gemma3.embedding_length"], m["gemma3.feed_forward_length"], m["gemma3.attention.head_count"]
+    n_embd, n_ff, n_head = (
+        m["gemma3.embedding_length"],
+        m["gemma3.feed_forward_length"],
+        m["gemma3.attention.head_count"],
+    )
     q = n_head * m["gemma3.attention.key_length"]
     kv = m["gemma3.attention.head_count_kv"] * m["gemma3.attention.key_length"]
     act = 2 * n_embd + q + 2 * kv + q + 2 * n_ff
@@ -106,15 +120,44 @@ def test_gemma_plan_on_24g(audits, real_packs):
 
 
 def test_real_command_end_to_end(real_packs):
-    r = subprocess.run([sys.executable, "-m", "strata.budget.cli", "check", str(real_packs["gemma3-270m"]), "--card", "24G",
-                        "--max-context", "32768", "--json"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "strata.budget.cli",
+            "check",
+            str(real_packs["gemma3-270m"]),
+            "--card",
+            "24G",
+            "--max-context",
+            "32768",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["verdict"] == "fits" and d["errors"] == [] and d["kv_bytes_per_token"] == 3072
     assert d["card_total_bytes"] == 25_386_352_640
     assert sum(t["bytes"] for t in d["terms"]) == d["used_bytes"]
-    r = subprocess.run([sys.executable, "-m", "strata.budget.cli", "check", str(real_packs["qwen2.5-0.5b"]), "--card-mib", "600",
-                        "--engine", "documents", "--batch", "4"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "strata.budget.cli",
+            "check",
+            str(real_packs["qwen2.5-0.5b"]),
+            "--card-mib",
+            "600",
+            "--engine",
+            "documents",
+            "--batch",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 1
     assert "does not fit" in r.stdout and "--max-context" in r.stdout
 

@@ -13,8 +13,8 @@ from strata.budget.cards import CardError, card_from_mib, card_from_options, car
 from strata.engine.gpu.card import CardEmulation, CardOutOfMemory
 
 H200_TOTAL = 150_754_820_096  # cudaMemGetInfo total of an H200 (bytes)
-CTX = 552_402_944             # the H200's CUDA context (cards.toml [defaults], measured with NVML)
-C24 = card_preset("24G")      # 25,386,352,640 B
+CTX = 552_402_944  # the H200's CUDA context (cards.toml [defaults], measured with NVML)
+C24 = card_preset("24G")  # 25,386,352,640 B
 
 
 def test_emulated_free_is_the_card_minus_what_this_process_holds():
@@ -44,6 +44,7 @@ def test_the_slot_count_on_the_emulated_card_is_the_budget_formula():
 
 
 # ------------------------------------------------------------------ a stand-in for CuPy (no GPU here)
+
 
 class FakeBlock:
     """A pool block: going out of scope gives it back to the pool's cache (as CuPy's MemoryPointer)."""
@@ -134,8 +135,11 @@ def test_an_allocation_past_the_card_fails_as_on_the_card():
     alloc = cp.allocator
     kept = [alloc(1 << 30)]  # 1 GiB: held 1 GiB of 2 GiB
     assert emu.used(cp.total - cp.used) == 1 << 30
-    with pytest.raises(CardOutOfMemory, match=r"out of memory on the emulated card 2048 MiB card: an allocation of "
-                                               r"1610612736 B .* of the card's 2147483648 B .* fails as it would on that card"):
+    with pytest.raises(
+        CardOutOfMemory,
+        match=r"out of memory on the emulated card 2048 MiB card: an allocation of "
+        r"1610612736 B .* of the card's 2147483648 B .* fails as it would on that card",
+    ):
         alloc(1536 << 20)
     assert emu.refused == 1 and cp.pool.held == 1 << 30  # the block was given back
     cp.pool.cached, cp.pool.held, cp.used = 512 << 20, cp.pool.held + (512 << 20), cp.used + (512 << 20)
@@ -159,6 +163,7 @@ def test_card_options_for_the_engine():
 
 # ------------------------------------------------------------------ the simulated card (CI)
 
+
 @pytest.fixture(scope="module")
 def moe_pack(qwen3moe_pack):
     return qwen3moe_pack  # tests/conftest.py
@@ -179,14 +184,16 @@ def test_sim_card_checkpoints_show_the_card(moe_pack):
 
 
 def test_sim_card_too_small_for_the_weights_is_refused_with_the_numbers(moe_pack):
+    from strata.engine.gpu.backend import SimBackend
     from strata.engine.startup import load_engine
 
-    from strata.engine.gpu.backend import SimBackend
-
     bk = SimBackend(total_bytes=CTX + 200_000, context_bytes=CTX, card_name="tiny card")  # the KV cache fits, no more
-    with pytest.raises(CardOutOfMemory, match=r"start-up stage 'weights': out of memory on the simulated card tiny card: "
-                                               r"an allocation of \d+ B with 552402944 B held "
-                                               r"\(CUDA context included\) of the card's 552602944 B - the allocation fails"):
+    with pytest.raises(
+        CardOutOfMemory,
+        match=r"start-up stage 'weights': out of memory on the simulated card tiny card: "
+        r"an allocation of \d+ B with 552402944 B held "
+        r"\(CUDA context included\) of the card's 552602944 B - the allocation fails",
+    ):
         load_engine(moe_pack, device="cuda", n_ctx=64, backend=bk)
 
 

@@ -28,8 +28,10 @@ GPU_OK, GPU_WHY = K.gpu_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_OK, reason=f"needs CuPy and a CUDA GPU: {GPU_WHY}")]
 DOCS = os.environ.get("STRATA_DOCS_PACK")
 PROFILE = os.environ.get("STRATA_DOCS_PROFILE")
-need_docs = pytest.mark.skipif(not (DOCS and Path(DOCS).is_dir()),
-                               reason="needs the documents' full-size pack: STRATA_DOCS_PACK (bench/device_docs.sh writes it)")
+need_docs = pytest.mark.skipif(
+    not (DOCS and Path(DOCS).is_dir()),
+    reason="needs the documents' full-size pack: STRATA_DOCS_PACK (bench/device_docs.sh writes it)",
+)
 CTX = 4096
 
 
@@ -55,12 +57,16 @@ def test_cuda_emulated_card_checkpoints_and_slots(moe_pack):
     eng = load_engine(moe_pack, device="cuda", n_ctx=256, card=card, vram_reserve_mib=8)
     for cp in eng.checkpoints:
         x = cp.extra
-        print(f"[emu] {cp.name}: free {x['gpu_free_bytes']} of {x['gpu_total_bytes']} (physical {x['physical_free_bytes']} "
-              f"of {x['physical_total_bytes']})")
+        print(
+            f"[emu] {cp.name}: free {x['gpu_free_bytes']} of {x['gpu_total_bytes']} (physical "
+            f"{x['physical_free_bytes']} "
+            f"of {x['physical_total_bytes']})"
+        )
         assert x["gpu_total_bytes"] == card.total_bytes and x["physical_total_bytes"] > card.total_bytes
     sp = eng.gpu.slot_plan
-    assert sp.free_bytes <= card.total_bytes and sp.slots == F.expert_slots(sp.free_bytes, sp.reserve_bytes, sp.slot_bytes,
-                                                                             sp.cap)
+    assert sp.free_bytes <= card.total_bytes and sp.slots == F.expert_slots(
+        sp.free_bytes, sp.reserve_bytes, sp.slot_bytes, sp.cap
+    )
     assert eng.gpu.free_after_bytes >= 8 * F.MIB
     assert "emulated on" in eng.gpu.device
 
@@ -87,6 +93,7 @@ def test_cuda_measure_on_the_emulated_card(moe_pack):
 
 # ------------------------------------------------------------------ the documents' model (full size)
 
+
 @need_docs
 def test_docs_head_after_the_cache_eats_the_reserve_and_is_refused():
     from strata.engine.errors import StartupRefused
@@ -95,8 +102,9 @@ def test_docs_head_after_the_cache_eats_the_reserve_and_is_refused():
     _free_pool()
     late = ("weights", "session", "drafter", "prompt path", "expert cache", "bind", "head")
     with pytest.raises(StartupRefused, match=r"after start-up: \d+ B .* under the 734003200 B .* head 31\d{7} B"):
-        load_engine(DOCS, device="cuda", n_ctx=CTX, card=card_preset("6G"), stage_order=late, warmup=False,
-                    fused=False)  # the fused step binds the head when built: it needs the head first
+        load_engine(
+            DOCS, device="cuda", n_ctx=CTX, card=card_preset("6G"), stage_order=late, warmup=False, fused=False
+        )  # the fused step binds the head when built: it needs the head first
 
 
 @need_docs
@@ -122,8 +130,11 @@ def test_docs_expert_cache_above_the_fit_is_refused_with_both_numbers():
     from strata.engine.startup import load_engine
 
     _free_pool()
-    with pytest.raises(ExpertCacheError, match=r"--expert-cache 100000 refused: 100000 slots x 2278400 B .* at most \d+ "
-                                               r"slots fit"):
+    with pytest.raises(
+        ExpertCacheError,
+        match=r"--expert-cache 100000 refused: 100000 slots x 2278400 B .* at most \d+ "
+        r"slots fit",
+    ):
         load_engine(DOCS, device="cuda", n_ctx=CTX, card=card_preset("6G"), expert_cache=100000, warmup=False)
 
 
@@ -141,5 +152,7 @@ def test_docs_profile_fill_skips_only_full_layers():
     assert sorted(eng.experts.cache.where) == sorted(fill.order)
     assert {il for il, _ in eng.experts.cache.where} == {L.layer for L in fill.layers if L.range}
     full = [L.layer for L in fill.layers if L.filled == L.range]
-    print(f"[docs 6G] {slots} slots, {len(fill.layers)} profiled layers, {len(full)} filled to their range, "
-          f"expected hit rate {fill.hit_rate:.2%}")
+    print(
+        f"[docs 6G] {slots} slots, {len(fill.layers)} profiled layers, {len(full)} filled to their range, "
+        f"expected hit rate {fill.hit_rate:.2%}"
+    )

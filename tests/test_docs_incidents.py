@@ -40,9 +40,15 @@ CTX = 500 << 20  # the simulated card's CUDA context
 def packs(tmp_path_factory):
     d = tmp_path_factory.mktemp("incidents")
     out = {}
-    for name, spec in (("moe", synth.qwen3moe_spec()), ("qwen2", synth.qwen2_spec()), ("gemma3", synth.gemma3_spec()),
-                       ("qwen3", synth.qwen3_spec()), ("qwen2moe", synth.qwen2moe_spec()), ("llama", synth.llama_spec()),
-                       ("qwen3next", synth.qwen3next_spec())):
+    for name, spec in (
+        ("moe", synth.qwen3moe_spec()),
+        ("qwen2", synth.qwen2_spec()),
+        ("gemma3", synth.gemma3_spec()),
+        ("qwen3", synth.qwen3_spec()),
+        ("qwen2moe", synth.qwen2moe_spec()),
+        ("llama", synth.llama_spec()),
+        ("qwen3next", synth.qwen3next_spec()),
+    ):
         paths = synth.write_model(d / f"{name}.gguf", spec)
         build_pack(paths[0], d / f"{name}-pack", progress=False)
         out[name] = d / f"{name}-pack"
@@ -80,8 +86,11 @@ def _used_before_cache(pack, reserve_mib: int) -> tuple[int, int, int]:
     """(bytes allocated before the cache in the one order, the head stage's bytes, one slot's bytes)."""
     eng = load_engine(pack, device="cuda", n_ctx=64, backend=_sim(24 << 30), vram_reserve_mib=reserve_mib, **LATE_OK)
     m = eng.gpu.marks
-    return (m["prompt path"]["gpu_used_bytes"] - CTX, m["head"]["gpu_used_bytes"] - m["weights"]["gpu_used_bytes"],
-            eng.gpu.slot_plan.slot_bytes)
+    return (
+        m["prompt path"]["gpu_used_bytes"] - CTX,
+        m["head"]["gpu_used_bytes"] - m["weights"]["gpu_used_bytes"],
+        eng.gpu.slot_plan.slot_bytes,
+    )
 
 
 def test_incident_1_head_after_the_cache_eats_the_reserve_and_is_refused(packs):
@@ -96,10 +105,20 @@ def test_incident_1_head_after_the_cache_eats_the_reserve_and_is_refused(packs):
     assert head > left - reserve * F.MIB
     total = CTX + (before - head) + reserve * F.MIB + room
     late = ("weights", "session", "prompt path", "expert cache", "head")
-    with pytest.raises(StartupRefused, match=rf"after start-up: {left - head} B .* free on .*, under the "
-                                             rf"{reserve * F.MIB} B .* that must stay free .* head {head} B"):
-        load_engine(packs["moe"], device="cuda", n_ctx=64, backend=_sim(total), vram_reserve_mib=reserve,
-                    stage_order=late, **LATE_OK)
+    with pytest.raises(
+        StartupRefused,
+        match=rf"after start-up: {left - head} B .* free on .*, under the "
+        rf"{reserve * F.MIB} B .* that must stay free .* head {head} B",
+    ):
+        load_engine(
+            packs["moe"],
+            device="cuda",
+            n_ctx=64,
+            backend=_sim(total),
+            vram_reserve_mib=reserve,
+            stage_order=late,
+            **LATE_OK,
+        )
     eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=_sim(total), vram_reserve_mib=reserve, **LATE_OK)
     assert [c.name for c in eng.checkpoints] == ["pack", "weights", "head", "session", "prompt path", "expert cache"]
     assert eng.gpu.slot_plan.slots < 10 and eng.gpu.free_after_bytes >= reserve * F.MIB  # the head came first
@@ -109,14 +128,21 @@ def test_fused_step_before_the_head_is_refused_by_name(packs):
     """The fused step binds every matrix, the head included, when the prompt path is built: an order that
     loads the head later is refused with the reason (the incident tests turn the fused step off)."""
     late = ("weights", "session", "prompt path", "expert cache", "head")
-    with pytest.raises(GenerateError, match=r"binds the output head \(output\.weight\) .* load 'head' before 'prompt path'"):
+    with pytest.raises(
+        GenerateError, match=r"binds the output head \(output\.weight\) .* load 'head' before 'prompt path'"
+    ):
         load_engine(packs["moe"], device="cuda", n_ctx=64, backend=_sim(24 << 30), stage_order=late, warmup=False)
 
 
 def test_stage_orders_that_cannot_run_are_refused(packs):
     with pytest.raises(GenerateError, match="'session' must come before 'prompt path'"):
-        load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(),
-                    stage_order=("weights", "head", "prompt path", "session", "expert cache"))
+        load_engine(
+            packs["moe"],
+            device="cuda",
+            n_ctx=64,
+            backend=SimBackend(),
+            stage_order=("weights", "head", "prompt path", "session", "expert cache"),
+        )
     with pytest.raises(GenerateError, match="expected a permutation of"):
         load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), stage_order=("weights", "head"))
 
@@ -130,20 +156,27 @@ def test_incident_3_prompt_path_on_top_of_the_reserve_is_refused_with_the_number
     prompt = m["prompt path"]["gpu_used_bytes"] - m["session"]["gpu_used_bytes"]
     assert prompt == eng.gpu.fused_buffer_bytes > 0  # the fused step's buffers (the sim caches no temporaries)
     total = CTX + (m["session"]["gpu_used_bytes"] - CTX) + reserve * F.MIB + prompt // 2
-    with pytest.raises(StartupRefused, match=rf"expert cache: {reserve * F.MIB - prompt + prompt // 2} B .* free .* under "
-                                             rf"the {reserve * F.MIB} B .* prompt path {prompt} B"):
+    with pytest.raises(
+        StartupRefused,
+        match=rf"expert cache: {reserve * F.MIB - prompt + prompt // 2} B .* free .* under "
+        rf"the {reserve * F.MIB} B .* prompt path {prompt} B",
+    ):
         load_engine(packs["moe"], device="cuda", n_ctx=64, backend=_sim(total), vram_reserve_mib=reserve)
     facts = audit_pack(packs["moe"], bf16_scan=False).facts
     card = card_from_mib(1, cuda_context_mib=0, cuda_runtime_mib=0).model_copy(
-        update={"total_bytes": total, "cuda_context_bytes": CTX})
+        update={"total_bytes": total, "cuda_context_bytes": CTX}
+    )
     p = make_plan(facts, card, PlanOptions(engine="strata", max_context=64, vram_reserve_mib=reserve))
     assert not p.fits and p.term("prefill/activations") == eng.gpu.fused_buffer_bytes
 
 
 def test_fixed_cache_above_what_fits_is_refused_on_the_emulated_card(packs):
     card = card_from_mib(520, cuda_context_mib=500)
-    with pytest.raises(ExpertCacheError, match=r"--expert-cache 25 refused: 25 slots x \d+ B = \d+ B .* at most 24 slots "
-                                               r"fit \(capped at the 24 \(layer, expert\) pairs"):
+    with pytest.raises(
+        ExpertCacheError,
+        match=r"--expert-cache 25 refused: 25 slots x \d+ B = \d+ B .* at most 24 slots "
+        r"fit \(capped at the 24 \(layer, expert\) pairs",
+    ):
         load_engine(packs["moe"], device="sim", n_ctx=64, card=card, vram_reserve_mib=1, expert_cache=25)
     eng = load_engine(packs["moe"], device="sim", n_ctx=64, card=card, vram_reserve_mib=1, expert_cache="auto")
     fit = eng.gpu.slot_plan.slots
@@ -151,7 +184,9 @@ def test_fixed_cache_above_what_fits_is_refused_on_the_emulated_card(packs):
     e2 = load_engine(packs["moe"], device="sim", n_ctx=64, card=small, vram_reserve_mib=1)
     n = e2.gpu.slot_plan.slots
     assert n < fit
-    with pytest.raises(ExpertCacheError, match=rf"--expert-cache {n + 1} refused: .* at most {n} slots fit .* holds {n}\)"):
+    with pytest.raises(
+        ExpertCacheError, match=rf"--expert-cache {n + 1} refused: .* at most {n} slots fit .* holds {n}\)"
+    ):
         load_engine(packs["moe"], device="sim", n_ctx=64, card=small, vram_reserve_mib=1, expert_cache=n + 1)
 
 
@@ -169,6 +204,7 @@ def test_profile_fill_skips_only_a_full_layers_pairs_in_the_engine(packs):
 
 # ------------------------------------------------------------------ the drafter
 
+
 def test_nextn_draft_head_in_the_contract_budget_and_engine(packs):
     facts = audit_pack(packs["docs"]).facts
     assert facts.draft_layers == [4] and facts.n_layer == 4
@@ -178,16 +214,31 @@ def test_nextn_draft_head_in_the_contract_budget_and_engine(packs):
     card = card_from_mib(24210)
     p = make_plan(facts, card, PlanOptions(engine="strata", max_context=256))
     names = [t.name for t in p.terms]
-    assert names.index("draft head") < names.index("prefill/activations") < names.index("expert cache") \
+    assert (
+        names.index("draft head")
+        < names.index("prefill/activations")
+        < names.index("expert cache")
         < names.index("draft head bind")
+    )
     assert p.term("draft head") == sum(F.engine_form(t.type, t.src_type, t.ne).engine for t in draft)
     # the bind bytes: GEMV outputs + f32 vectors + the draft block's K/V for 256 positions + the eh_proj row
     kv_row = F.kv_bytes_per_token(F.KVLayer(4, 2 * 256, 2 * 256), "f16")
-    assert p.draft_bind_bytes == p.term("draft head bind") == FG.draft_bind_bytes(
-        [(t.type, t.src_type, t.ne) for t in draft], kv_row, 256, 2560)
+    assert (
+        p.draft_bind_bytes
+        == p.term("draft head bind")
+        == FG.draft_bind_bytes([(t.type, t.src_type, t.ne) for t in draft], kv_row, 256, 2560)
+    )
     eng = load_engine(packs["docs"], device="sim", n_ctx=256, card=card, warmup=False)  # sim: no warm-up steps
-    assert [c.name for c in eng.checkpoints] == ["pack", "weights", "head", "session", "drafter", "prompt path",
-                                                 "expert cache", "bind"]
+    assert [c.name for c in eng.checkpoints] == [
+        "pack",
+        "weights",
+        "head",
+        "session",
+        "drafter",
+        "prompt path",
+        "expert cache",
+        "bind",
+    ]
     assert eng.gpu.draft_engine_bytes == p.term("draft head") and eng.gpu.draft_bind_bytes == p.draft_bind_bytes
     assert 4 not in eng.experts.source.layers and eng.model.hp.n_layer == 4
     auto = next(c for c in eng.checkpoints if c.name == "expert cache").extra["auto"]
@@ -201,25 +252,41 @@ def test_a_bigger_draft_head_costs_slots_and_keeps_the_reserve(packs):
     grown = ET.draft_weights_bytes(big) - ET.draft_weights_bytes(base)
     assert grown == (2560 * 5000 // 256 * 144) - (2560 * 5000 // 128 * 20)  # Q4_K vs Q1_0 (engine form: widened)
     slot = base.max_slot_bytes
-    probe = load_engine(packs["docs"], device="sim", n_ctx=256, card=card_from_mib(24210), vram_reserve_mib=64,
-                        warmup=False)
+    probe = load_engine(
+        packs["docs"], device="sim", n_ctx=256, card=card_from_mib(24210), vram_reserve_mib=64, warmup=False
+    )
     need = probe.gpu.marks["prompt path"]["gpu_used_bytes"]
     total_mib = -(-(need + 64 * F.MIB + 20 * slot + probe.gpu.draft_bind_bytes) // F.MIB)  # ~20 slots fit
     card = card_from_mib(total_mib, cuda_context_mib=527)
-    runs = {k: load_engine(packs[k], device="sim", n_ctx=256, card=card, vram_reserve_mib=64, warmup=False)
-            for k in ("docs", "docs-big")}
+    runs = {
+        k: load_engine(packs[k], device="sim", n_ctx=256, card=card, vram_reserve_mib=64, warmup=False)
+        for k in ("docs", "docs-big")
+    }
     s = {k: e.gpu.slot_plan.slots for k, e in runs.items()}
     assert s["docs"] < 32 and s["docs"] - s["docs-big"] in (grown // slot, grown // slot + 1)
     for e in runs.values():
         assert e.gpu.free_after_bytes >= 64 * F.MIB  # the reserve stays free (measured)
     # the plan moves the same way; a slot count recorded for the old head is refused for the new one
-    plans = {k: make_plan(f, card, PlanOptions(engine="strata", max_context=256, vram_reserve_mib=64))
-             for k, f in (("docs", base), ("docs-big", big))}
+    plans = {
+        k: make_plan(f, card, PlanOptions(engine="strata", max_context=256, vram_reserve_mib=64))
+        for k, f in (("docs", base), ("docs-big", big))
+    }
     # the plan also charges the kernel modules: the bigger head's Q4_K is a type the model already loads,
     # its Q1_0 one module less (budget "CUDA runtime"); the slots move by what all the terms move
-    moved = sum(plans["docs-big"].term(t) - plans["docs"].term(t) for t in ("draft head", "draft head bind", "CUDA runtime"))
+    moved = sum(
+        plans["docs-big"].term(t) - plans["docs"].term(t) for t in ("draft head", "draft head bind", "CUDA runtime")
+    )
     assert moved <= grown
     assert plans["docs"].slots - plans["docs-big"].slots in (moved // slot, moved // slot + 1)
-    with pytest.raises(ExpertCacheError, match=rf"--expert-cache {s['docs']} refused: .* at most {s['docs-big']} slots fit"):
-        load_engine(packs["docs-big"], device="sim", n_ctx=256, card=card, vram_reserve_mib=64, expert_cache=s["docs"],
-                    warmup=False)
+    with pytest.raises(
+        ExpertCacheError, match=rf"--expert-cache {s['docs']} refused: .* at most {s['docs-big']} slots fit"
+    ):
+        load_engine(
+            packs["docs-big"],
+            device="sim",
+            n_ctx=256,
+            card=card,
+            vram_reserve_mib=64,
+            expert_cache=s["docs"],
+            warmup=False,
+        )

@@ -60,7 +60,10 @@ def test_small_copy_is_two_shards_with_the_worked_expert_bytes(small):
     m = open_model(paths[0])
     # shard 0: every tensor but the routed experts; shard 1: the experts, layer by layer
     assert {tensor_role(n) for n, (s, _) in m.tensors.items() if s == 1} == {
-        "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}
+        "ffn_gate_exps.weight",
+        "ffn_up_exps.weight",
+        "ffn_down_exps.weight",
+    }
     assert m.kv["qwen3next.block_count"] == 4 and m.kv["qwen3next.expert_count"] == 8
     assert m.kv["split.count"] == 2 and m.kv["split.tensors.count"] == len(m.tensors)
     per = {}
@@ -106,8 +109,10 @@ def test_full_size_plan_gives_the_worked_numbers():
     """The plan device_docs.sh writes at full size (the same function), checked without writing it."""
     kv, tensors = S.documents_qwen3next_plan()
     t = {n: (ty, ne) for n, ty, ne in tensors}
-    blob = {il: sum(quants.tensor_nbytes(*t[f"blk.{il}.ffn_{p}_exps.weight"]) for p in ("gate", "up", "down")) // 512
-            for il in range(48)}
+    blob = {
+        il: sum(quants.tensor_nbytes(*t[f"blk.{il}.ffn_{p}_exps.weight"]) for p in ("gate", "up", "down")) // 512
+        for il in range(48)
+    }
     assert blob[0] == 1_868_800 and blob[1] == 1_305_600
     assert 512 * blob[0] == 956_825_600  # layer 1's arena offset
     experts = sum(512 * b for b in blob.values())
@@ -122,8 +127,9 @@ def test_draft_head_variant_rewrites_only_shard_0(tmp_path):
     a = S.write_documents_model(tmp_path / "a.gguf", draft_head_type="Q1_0", **kw)
     b = S.write_documents_model(tmp_path / "b.gguf", draft_head_type="Q4_K", only={0}, **kw)
     os.link(a[1], b[1])
-    assert filecmp.cmp(S.write_documents_model(tmp_path / "c.gguf", draft_head_type="Q4_K", **kw)[1], b[1],
-                       shallow=False)
+    assert filecmp.cmp(
+        S.write_documents_model(tmp_path / "c.gguf", draft_head_type="Q4_K", **kw)[1], b[1], shallow=False
+    )
     ma, mb = open_model(a[0]), open_model(b[0])
     assert ma.kv["qwen3next.block_count"] == 5 and ma.kv["qwen3next.nextn_predict_layers"] == 1
     ha, hb = (m.tensors["blk.4.nextn.shared_head_head.weight"][1] for m in (ma, mb))
@@ -132,6 +138,12 @@ def test_draft_head_variant_rewrites_only_shard_0(tmp_path):
     full = {ty: quants.tensor_nbytes(quants.by_name(ty).id, (2560, 150_000)) for ty in ("Q1_0", "Q4_K")}
     assert full == {"Q1_0": 54_000_000, "Q4_K": 216_000_000}
     assert round((full["Q4_K"] - full["Q1_0"]) / F.MIB, 1) == 154.5
-    for n in ("nextn.eh_proj.weight", "nextn.enorm.weight", "nextn.hnorm.weight", "attn_q.weight", "ffn_gate_exps.weight"):
+    for n in (
+        "nextn.eh_proj.weight",
+        "nextn.enorm.weight",
+        "nextn.hnorm.weight",
+        "attn_q.weight",
+        "ffn_gate_exps.weight",
+    ):
         assert f"blk.4.{n}" in ma.tensors
     assert "blk.4.ssm_a" not in ma.tensors and "blk.4.indexer.attn_k.weight" not in ma.tensors

@@ -56,8 +56,9 @@ def test_llama_mlp_biases_used_on_cpu_and_generic_gpu_and_fused_step_steps_aside
     act_mul takes no bias, says so and leaves the model to the generic path."""
     from strata import testing as synth
 
-    spec = synth.llama_spec(seed=3, optional_tensors=("rope_freqs.weight", "ffn_gate.bias", "ffn_up.bias",
-                                                      "ffn_down.bias"))
+    spec = synth.llama_spec(
+        seed=3, optional_tensors=("rope_freqs.weight", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias")
+    )
     pk = _pack(tmp_path, spec, "llama-bias")
     cpu_eng = load_engine(pk, n_ctx=64)
     assert cpu_eng.model.w.has("blk.0.ffn_down.bias")
@@ -93,6 +94,9 @@ def test_engine_refuses_unimplemented_architectures_by_name(tmp_path, preset, ar
     from strata import testing as synth
 
     pk = _pack(tmp_path, synth.PRESETS[preset](), preset)
-    with pytest.raises(UnsupportedModel, match=rf"architecture '{arch}' has no forward pass in strata's engine; "
-                                               r"supported: .*llama.*qwen3"):
+    with pytest.raises(
+        UnsupportedModel,
+        match=rf"architecture '{arch}' has no forward pass in strata's engine; "
+        r"supported: .*llama.*qwen3",
+    ):
         load_engine(pk, n_ctx=32)

@@ -21,19 +21,18 @@ import ctypes
 import gguf
 import numpy as np
 import pytest
+from test_gpu_kernels import _wild_blocks
 
 from strata.engine import cpukernels as CK
 from strata.engine.dequant import dequantize_rows
 from strata.engine.gpu import reference as R
-from strata.engine.numerics import quantize_activation, quantize_q8_0, quantize_q8_K
+from strata.engine.numerics import quantize_activation
 from strata.packer import quants
 from strata.testing import make_random_blocks
 
-from test_gpu_kernels import _wild_blocks
-
 Q8 = sorted(CK.Q8_TYPES, key=lambda i: quants.qtype(i).name)
 Q8_IDS = [quants.qtype(i).name for i in Q8]
-U = 2.0 ** -24
+U = 2.0**-24
 
 
 def _x(rng, n: int) -> np.ndarray:
@@ -44,6 +43,7 @@ def _x(rng, n: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ activation quantization
+
 
 @pytest.mark.parametrize("scalar", [False, True], ids=["simd", "scalar"])
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_K"])  # a Q8_0 and a Q8_K weight type
@@ -96,9 +96,9 @@ def test_fp16_rounding_of_the_scale_is_round_to_nearest_even(scalar):
     x = x[np.isfinite(x)]
     # plus the edges: ties at every exponent of the half range, subnormal halves, overflow
     h = np.arange(0, 0x7C00, dtype=np.uint32)
-    lo = (h.astype(np.uint16).view(np.float16).astype(np.float32))
-    ties = ((lo.view(np.uint32) + (1 << 12)).view(np.float32))  # halfway between two normal halves
-    edge = np.float32([65504, 65519.99, 65520, 65536, 1e-8, 2.0 ** -25, 2.0 ** -24 * 1.5, 2.0 ** -14, -0.0])
+    lo = h.astype(np.uint16).view(np.float16).astype(np.float32)
+    ties = (lo.view(np.uint32) + (1 << 12)).view(np.float32)  # halfway between two normal halves
+    edge = np.float32([65504, 65519.99, 65520, 65536, 1e-8, 2.0**-25, 2.0**-24 * 1.5, 2.0**-14, -0.0])
     x = np.concatenate([x, ties, -ties, edge]).astype(np.float32)
     out = np.empty_like(x)
     CK.library(quants.by_name("Q8_0").id, scalar).f16_round(x.ctypes.data, x.size, out.ctypes.data)
@@ -108,6 +108,7 @@ def test_fp16_rounding_of_the_scale_is_round_to_nearest_even(scalar):
 
 
 # ------------------------------------------------------------------ the dot: NumPy replay of the documented order
+
 
 def _int_weights(t, raw: np.ndarray, rows: int, ne0: int) -> tuple[np.ndarray, np.ndarray | None]:
     """Integer weight values (int64 [rows, ne0]) before the fp16 super-scale: gguf-py's dequantizer on
@@ -120,7 +121,7 @@ def _int_weights(t, raw: np.ndarray, rows: int, ne0: int) -> tuple[np.ndarray, n
     def deq(vals):
         b = blocks.copy()
         for o, v in zip(offs, vals):
-            b[:, o:o + 2] = v
+            b[:, o : o + 2] = v
         y = gguf.quants.dequantize(b.reshape(rows, -1), gguf.GGMLQuantizationType(t.id)).astype(np.float64)
         assert np.array_equal(y, np.round(y))
         return y.astype(np.int64).reshape(rows, ne0)
@@ -139,7 +140,7 @@ def _replay(t, raw: np.ndarray, rows: int, ne0: int, x: np.ndarray) -> np.ndarra
     nb = ne0 // blk
     S = (w * q.astype(np.int64)).reshape(rows, nb, blk).sum(axis=2)
     fields = raw.reshape(rows, nb, t.block_bytes)
-    dw = fields[:, :, t.fp16_scale_offsets[0]:t.fp16_scale_offsets[0] + 2].copy().view("<f2")[..., 0].astype(f)
+    dw = fields[:, :, t.fp16_scale_offsets[0] : t.fp16_scale_offsets[0] + 2].copy().view("<f2")[..., 0].astype(f)
     if blk == 32:
         acc = np.zeros((rows, 8), f)
         for b in range(nb):
@@ -148,7 +149,7 @@ def _replay(t, raw: np.ndarray, rows: int, ne0: int, x: np.ndarray) -> np.ndarra
     sa, sm = np.zeros(rows, f), np.zeros(rows, f)
     if mins is not None:
         o = t.fp16_scale_offsets[1]
-        dm = fields[:, :, o:o + 2].copy().view("<f2")[..., 0].astype(f)
+        dm = fields[:, :, o : o + 2].copy().view("<f2")[..., 0].astype(f)
         M = (mins * q.astype(np.int64)).reshape(rows, nb, blk).sum(axis=2)
     for b in range(nb):
         sa = sa + (d[b] * dw[:, b]) * S[:, b].astype(f)
@@ -199,8 +200,16 @@ def test_simd_and_scalar_builds_give_the_same_bits(type_id):
         assert lib.q8_simd() == 0
         y2 = np.empty(rows, np.float32)
         sc = np.zeros(int(lib.act_nbytes(ne0)) + 64, np.uint8)
-        lib.matvec_q8(raw.ctypes.data, rows, ne0, quants.row_nbytes(type_id, ne0), x.ctypes.data, y2.ctypes.data, 1,
-                      sc.ctypes.data)
+        lib.matvec_q8(
+            raw.ctypes.data,
+            rows,
+            ne0,
+            quants.row_nbytes(type_id, ne0),
+            x.ctypes.data,
+            y2.ctypes.data,
+            1,
+            sc.ctypes.data,
+        )
         assert np.array_equal(y.view(np.uint32), y2.view(np.uint32))
 
 
@@ -222,8 +231,16 @@ def test_exact_kernel_simd_block_dots_equal_the_scalar_build_and_the_gpu_replica
             lib = CK.library(t.id, True)
             y2 = np.empty(rows, np.float32)
             sc = np.zeros(4 * ne0 + 64, np.uint8)
-            lib.matvec_exact(raw.ctypes.data, rows, ne0, quants.row_nbytes(t.id, ne0), x.ctypes.data,
-                             y2.ctypes.data, 1, (sc.ctypes.data + 63) // 64 * 64)
+            lib.matvec_exact(
+                raw.ctypes.data,
+                rows,
+                ne0,
+                quants.row_nbytes(t.id, ne0),
+                x.ctypes.data,
+                y2.ctypes.data,
+                1,
+                (sc.ctypes.data + 63) // 64 * 64,
+            )
             fin = np.isfinite(y)
             assert np.array_equal(fin, np.isfinite(y2)) and np.array_equal(np.isnan(y), np.isnan(y2))
             assert np.array_equal(y[fin].view(np.uint32), y2[fin].view(np.uint32)), (wild, nb)
@@ -246,6 +263,7 @@ def test_q8_types_are_the_registry_rows_with_q8_activations():
 
 # ------------------------------------------------------------------ many matrices in one call
 
+
 @pytest.mark.parametrize("kernel", CK.KERNELS)
 def test_matvec_many_is_each_matvec_bit_for_bit(kernel):
     t = quants.by_name("Q4_K")
@@ -266,6 +284,7 @@ def test_matvec_many_is_each_matvec_bit_for_bit(kernel):
 
 # ------------------------------------------------------------------ llama.cpp itself (llama-cpp-python's libggml-cpu)
 
+
 def _ggml():
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the reference extra) is not installed")
     from pathlib import Path
@@ -281,8 +300,17 @@ def _ggml():
     return g
 
 
-_VEC_DOT = {"Q4_0": "q4_0_q8_0", "Q5_0": "q5_0_q8_0", "Q8_0": "q8_0_q8_0", "IQ4_NL": "iq4_nl_q8_0",
-            "Q2_K": "q2_K_q8_K", "Q3_K": "q3_K_q8_K", "Q4_K": "q4_K_q8_K", "Q5_K": "q5_K_q8_K", "Q6_K": "q6_K_q8_K"}
+_VEC_DOT = {
+    "Q4_0": "q4_0_q8_0",
+    "Q5_0": "q5_0_q8_0",
+    "Q8_0": "q8_0_q8_0",
+    "IQ4_NL": "iq4_nl_q8_0",
+    "Q2_K": "q2_K_q8_K",
+    "Q3_K": "q3_K_q8_K",
+    "Q4_K": "q4_K_q8_K",
+    "Q5_K": "q5_K_q8_K",
+    "Q6_K": "q6_K_q8_K",
+}
 
 
 @pytest.mark.llama_cpp
@@ -305,8 +333,16 @@ def test_against_ggml_vec_dot(type_id):
         assert np.array_equal(act[:, 4:260].view(np.int8).reshape(-1), q)
         assert np.array_equal(act[:, 260:].copy().view("<i2").reshape(-1), s)
     fn = getattr(g, f"ggml_vec_dot_{_VEC_DOT[t.name]}")
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
-                   ctypes.c_size_t, ctypes.c_int]
+    fn.argtypes = [
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+    ]
     fn.restype = None
     rb = quants.row_nbytes(type_id, ne0)
     ours = CK.matvec(type_id, raw, rows, ne0, x, kernel="q8")
@@ -335,5 +371,3 @@ def test_q8_keeps_a_non_finite_activation_visible(name, bad):
     assert np.isfinite(C.matvec(t.id, w, 4, 256, x, kernel="q8")).all()
     x[5] = bad
     assert np.isnan(C.matvec(t.id, w, 4, 256, x, kernel="q8")).all()
-
-

@@ -27,7 +27,7 @@ def _block(d: float, qs: list[int]) -> np.ndarray:
     """One 18-byte block: fp16 d then the 16 bytes of qs."""
     b = np.zeros(18, np.uint8)
     b[0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
-    b[2:2 + len(qs)] = qs
+    b[2 : 2 + len(qs)] = qs
     return b
 
 

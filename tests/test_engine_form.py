@@ -4,10 +4,10 @@ for every pattern, and dequantizing engine form equals gguf-py on the native blo
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import pytest
 
-import gguf
 from strata.engine import engine_form as EF
 from strata.packer import quants
 
@@ -53,8 +53,10 @@ def test_widened_extra_bytes_worked_example():
 def _blocks(t, n_blocks, rng):
     b = rng.integers(0, 256, size=(n_blocks, t.block_bytes), dtype=np.uint8)
     for o in t.fp16_scale_offsets:
-        h = rng.integers(0, 0x7C00, size=n_blocks, dtype=np.uint16) | (rng.integers(0, 2, size=n_blocks, dtype=np.uint16) << 15)
-        b[:, o:o + 2] = h.astype("<u2").view(np.uint8).reshape(-1, 2)
+        h = rng.integers(0, 0x7C00, size=n_blocks, dtype=np.uint16) | (
+            rng.integers(0, 2, size=n_blocks, dtype=np.uint16) << 15
+        )
+        b[:, o : o + 2] = h.astype("<u2").view(np.uint8).reshape(-1, 2)
     return b
 
 
@@ -67,11 +69,11 @@ def test_widened_split_is_exact_and_invertible(type_id):
     ef = EF.to_engine_form(blocks.reshape(-1), type_id, type_id, ne)
     lay = EF.engine_layout(type_id, type_id, ne)
     assert ef.dtype == np.uint8 and ef.size == lay.nbytes
-    scales = ef[:lay.scales_nbytes].view("<f4").reshape(97, len(t.fp16_scale_offsets))
+    scales = ef[: lay.scales_nbytes].view("<f4").reshape(97, len(t.fp16_scale_offsets))
     for k, o in enumerate(t.fp16_scale_offsets):
-        want = blocks[:, o:o + 2].copy().view("<f2")[:, 0].astype(np.float32)
+        want = blocks[:, o : o + 2].copy().view("<f2")[:, 0].astype(np.float32)
         assert np.array_equal(scales[:, k].view("<u4"), want.view("<u4"))
-    payload = ef[lay.payload_offset:].reshape(97, t.payload_block_bytes)
+    payload = ef[lay.payload_offset :].reshape(97, t.payload_block_bytes)
     keep = [i for i in range(t.block_bytes) if all(not (o <= i < o + 2) for o in t.fp16_scale_offsets)]
     assert np.array_equal(payload, blocks[:, keep])
     assert np.array_equal(EF.from_engine_form(ef, type_id, type_id, ne), blocks.reshape(-1))
@@ -95,7 +97,7 @@ def test_bf16_reround_exact_for_every_pattern():
 
 
 def test_bf16_refuses_values_that_are_not_bf16():
-    pool = np.array([1.0, 1.0 + 2 ** -20], dtype="<f4").view(np.uint8)
+    pool = np.array([1.0, 1.0 + 2**-20], dtype="<f4").view(np.uint8)
     with pytest.raises(EF.EngineFormError, match="blk.0.attn_norm.weight.*low 16 bits"):
         EF.to_engine_form(pool, quants.F32.id, quants.BF16.id, (2,), name="blk.0.attn_norm.weight")
 
@@ -105,7 +107,10 @@ def test_wrong_byte_count_names_tensor():
         EF.to_engine_form(np.zeros(34, np.uint8), 2, 2, (64,), name="output.weight")
 
 
-GGUF_DEQ = [quants.by_name(n).id for n in ("F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q4_K", "Q6_K", "IQ2_XS")]
+GGUF_DEQ = [
+    quants.by_name(n).id
+    for n in ("F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q4_K", "Q6_K", "IQ2_XS")
+]
 
 
 @pytest.mark.parametrize("type_id", GGUF_DEQ, ids=[quants.QTYPES[i].name for i in GGUF_DEQ])
@@ -118,7 +123,7 @@ def test_dequantize_engine_form_equals_gguf(type_id):
     else:
         raw = _blocks(t, rows * ne0 // t.block_elems, rng).reshape(-1)
         for o in t.fp16_scale_offsets:  # keep scales small so nothing overflows
-            raw.reshape(-1, t.block_bytes)[:, o:o + 2] = np.float16(0.01).tobytes()[0], np.float16(0.01).tobytes()[1]
+            raw.reshape(-1, t.block_bytes)[:, o : o + 2] = np.float16(0.01).tobytes()[0], np.float16(0.01).tobytes()[1]
     ne = (ne0, rows)
     ef = EF.to_engine_form(raw, type_id, type_id, ne)
     got = EF.dequantize_engine_form(ef, type_id, type_id, ne)

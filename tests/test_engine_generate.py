@@ -11,10 +11,10 @@ from click.testing import CliRunner
 from test_engine_reference import load_fixture, synthetic_pack
 
 from strata.engine.cli import main
-from strata.engine.generate import decode, generate
-from strata.engine.startup import load_engine
 from strata.engine.errors import GenerateError
+from strata.engine.generate import decode, generate
 from strata.engine.sampling import Sampler, top_k_pairs
+from strata.engine.startup import load_engine
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +101,11 @@ def test_stops_at_end_of_generation(engine, monkeypatch):
 
 
 def test_context_overflow_and_bad_ids_refused(engine):
-    with pytest.raises(GenerateError, match=r"prompt of 60 tokens \+ 10 new tokens needs 69 positions, the engine was "
-                                            r"loaded with n_ctx 64"):
+    with pytest.raises(
+        GenerateError,
+        match=r"prompt of 60 tokens \+ 10 new tokens needs 69 positions, the engine was "
+        r"loaded with n_ctx 64",
+    ):
         generate(engine, prompt_ids=list(range(60)), n_tokens=10)
     with pytest.raises(GenerateError, match=r"prompt token id 9999 is outside the vocabulary \(0\.\.511\)"):
         generate(engine, prompt_ids=[9999], n_tokens=1)
@@ -117,7 +120,9 @@ def test_cli_text_json_stats_verbose(pack):
     assert r.stdout.startswith("The capital of France is")
     assert "decode:" in r.stderr and "tok/s" in r.stderr and "tokens after the first" in r.stderr
 
-    r = runner.invoke(main, ["generate", str(pack), "-p", "The capital of France is", "-n", "6", "--ignore-eos", "--json"])
+    r = runner.invoke(
+        main, ["generate", str(pack), "-p", "The capital of France is", "-n", "6", "--ignore-eos", "--json"]
+    )
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert {"prompt_ids", "output_ids", "text", "tokens_per_second", "top"} <= set(d)
@@ -128,7 +133,9 @@ def test_cli_text_json_stats_verbose(pack):
     r = runner.invoke(main, ["generate", str(pack), "-p", "hello", "-n", "3", "--stats", "--verbose"])
     assert r.exit_code == 0, r.output
     err = r.stderr
-    order = [err.index(f"checkpoint {n}:") for n in ("pack", "weights", "head", "session", "prompt path", "expert cache")]
+    order = [
+        err.index(f"checkpoint {n}:") for n in ("pack", "weights", "head", "session", "prompt path", "expert cache")
+    ]
     assert order == sorted(order)
     assert "forward ms" in err and "'ms' = milliseconds" in err  # the header says which unit is which
     lines = [ln for ln in err.splitlines() if ln.startswith("stats: pos")]
@@ -139,8 +146,26 @@ def test_cli_text_json_stats_verbose(pack):
     r = runner.invoke(main, ["generate", str(pack), "-p", "hello", "-n", "2", "--kv", "int8"])
     assert r.exit_code == 2  # click refuses a choice the engine does not implement
 
-    r = runner.invoke(main, ["generate", str(pack), "-p", "hi", "-n", "3", "--temperature", "0.8", "--top-k", "5",
-                             "--top-p", "0.9", "--seed", "3", "--json"])
+    r = runner.invoke(
+        main,
+        [
+            "generate",
+            str(pack),
+            "-p",
+            "hi",
+            "-n",
+            "3",
+            "--temperature",
+            "0.8",
+            "--top-k",
+            "5",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "3",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["sampling"]["mode"] == "sample"
 
@@ -150,8 +175,9 @@ def test_cli_text_json_stats_verbose(pack):
 def test_cli_real_gemma_end_to_end(gemma_pack):
     """`strata-engine generate` on the real Gemma pack prints llama.cpp's greedy continuation."""
     ref = next(p for p in load_fixture("gemma3-270m")["prompts"] if p["prompt"] == "The capital of France is")
-    r = CliRunner().invoke(main, ["generate", str(gemma_pack), "-p", ref["prompt"], "-n", "16", "--ignore-eos", "--json",
-                                  "--ctx", "64"])
+    r = CliRunner().invoke(
+        main, ["generate", str(gemma_pack), "-p", ref["prompt"], "-n", "16", "--ignore-eos", "--json", "--ctx", "64"]
+    )
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["prompt_ids"] == ref["prompt_ids"] == [2, 818, 5279, 529, 7001, 563]
@@ -165,6 +191,7 @@ def test_cli_real_gemma_end_to_end(gemma_pack):
 
 
 # ---------------------------------------------------------------- review fixes: request refusals (exit 2, named)
+
 
 def _gen(pack, *args):
     return CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", *args])
@@ -183,9 +210,12 @@ def test_huge_ctx_refused_before_weights_with_kv_bytes_and_host_ram(pack, monkey
     need = G.kv_cache_need_bytes(eng.model, 1000000000, "f16")
     assert need == 1000000000 * G.kv_cache_need_bytes(eng.model, 1, "f16")
     ram = G.host_ram_bytes()
-    assert (f"error: --ctx 1000000000: the KV cache (f16) would need {need} bytes" in r.stderr
-            and "strata.budget.formulas.kv_cache_bytes" in r.stderr and f"the {ram} bytes" in r.stderr
-            and "host RAM" in r.stderr)
+    assert (
+        f"error: --ctx 1000000000: the KV cache (f16) would need {need} bytes" in r.stderr
+        and "strata.budget.formulas.kv_cache_bytes" in r.stderr
+        and f"the {ram} bytes" in r.stderr
+        and "host RAM" in r.stderr
+    )
     # the figure is the budget's and equals what the engine allocates
     assert G.kv_cache_need_bytes(eng.model, 64, "f16") == eng.state.cache.nbytes
     assert G.kv_cache_need_bytes(eng.model, 64, "f32") == 2 * eng.state.cache.nbytes
@@ -215,19 +245,25 @@ def test_n_tokens_and_ctx_checked_before_loading(pack, monkeypatch):
     assert r.exit_code == 2 and "--ctx 0: must be >= 1" in r.stderr
 
 
-@pytest.mark.parametrize("args, msg", [
-    (["--temperature", "nan"], "--temperature nan: not a finite number"),
-    (["--temperature", "inf"], "--temperature inf: not a finite number"),
-    (["--temperature", "-1"], "--temperature -1.0: must be >= 0"),
-    (["--top-p", "nan"], "--top-p nan: not a finite number"),
-    (["--top-p", "inf"], "--top-p inf: not a finite number"),
-    (["--top-p", "0"], "--top-p 0.0: outside (0, 1]"),
-    (["--top-k", "-2"], "--top-k -2: must be >= 0"),
-    (["--seed", "-1"], "--seed -1: must be a non-negative integer"),
-    (["--expert-cache", "abc"], "--expert-cache 'abc': not an integer or 'auto'"),
-    (["--profile", "/tmp/none-strata-xyz.parquet"], "--expert-profile /tmp/none-strata-xyz.parquet: no such file"),
-    (["--expert-profile", "/tmp/none-strata-xyz.parquet"], "--expert-profile /tmp/none-strata-xyz.parquet: no such file"),
-])
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["--temperature", "nan"], "--temperature nan: not a finite number"),
+        (["--temperature", "inf"], "--temperature inf: not a finite number"),
+        (["--temperature", "-1"], "--temperature -1.0: must be >= 0"),
+        (["--top-p", "nan"], "--top-p nan: not a finite number"),
+        (["--top-p", "inf"], "--top-p inf: not a finite number"),
+        (["--top-p", "0"], "--top-p 0.0: outside (0, 1]"),
+        (["--top-k", "-2"], "--top-k -2: must be >= 0"),
+        (["--seed", "-1"], "--seed -1: must be a non-negative integer"),
+        (["--expert-cache", "abc"], "--expert-cache 'abc': not an integer or 'auto'"),
+        (["--profile", "/tmp/none-strata-xyz.parquet"], "--expert-profile /tmp/none-strata-xyz.parquet: no such file"),
+        (
+            ["--expert-profile", "/tmp/none-strata-xyz.parquet"],
+            "--expert-profile /tmp/none-strata-xyz.parquet: no such file",
+        ),
+    ],
+)
 def test_bad_options_refused_naming_the_option(pack, args, msg):
     r = _gen(pack, "-n", "2", *args)
     assert r.exit_code == 2, r.output
@@ -273,7 +309,9 @@ def test_profile_refusals_exit_2(pack, tmp_path):
     prompts.write_text("hello\n")
     runner = CliRunner()
     r = runner.invoke(main, ["profile", str(pack), "--prompts", str(prompts), "-o", "/nonexist/x.parquet"])
-    assert r.exit_code == 2 and "error: -o/--out /nonexist/x.parquet: the directory /nonexist does not exist" in r.stderr
+    assert (
+        r.exit_code == 2 and "error: -o/--out /nonexist/x.parquet: the directory /nonexist does not exist" in r.stderr
+    )
     r = runner.invoke(main, ["profile", str(pack), "--prompts", str(prompts), "-o", str(tmp_path / "x.parquet")])
     assert r.exit_code == 2, r.output
     assert "has no routed experts (a dense model); nothing to profile" in r.stderr
@@ -282,8 +320,11 @@ def test_profile_refusals_exit_2(pack, tmp_path):
     gguf_file.write_bytes(b"GGUF" + bytes(28))
     existing = tmp_path / "old.parquet"
     existing.write_bytes(b"x")
-    for out, msg in ((pack / "pool.bin", f"is inside the pack {pack}"), (gguf_file, "is a GGUF file"),
-                     (existing, "already exists; pass --force to replace it")):
+    for out, msg in (
+        (pack / "pool.bin", f"is inside the pack {pack}"),
+        (gguf_file, "is a GGUF file"),
+        (existing, "already exists; pass --force to replace it"),
+    ):
         r = runner.invoke(main, ["profile", str(pack), "--prompts", str(prompts), "-o", str(out)])
         assert r.exit_code == 2 and msg in r.stderr, (out, r.stderr)
     assert gguf_file.stat().st_size == 32 and existing.read_bytes() == b"x"
@@ -291,12 +332,15 @@ def test_profile_refusals_exit_2(pack, tmp_path):
     assert r.exit_code == 2 and "--prompts /dev/null: not a regular file" in r.stderr
     try:
         import cupy  # noqa: F401
+
         has_cupy = True
     except Exception:
         has_cupy = False
     if not has_cupy:
-        r = runner.invoke(main, ["profile", str(pack), "--prompts", str(prompts), "-o", str(tmp_path / "x.parquet"),
-                                 "--device", "cuda"])
+        r = runner.invoke(
+            main,
+            ["profile", str(pack), "--prompts", str(prompts), "-o", str(tmp_path / "x.parquet"), "--device", "cuda"],
+        )
         assert r.exit_code == 2, r.output
         assert r.stderr.startswith("error: --device cuda:") and "Traceback" not in r.output
 
@@ -307,8 +351,11 @@ def test_gpu_path_refuses_huge_ctx_against_free_vram_before_weights(pack):
 
     bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)
     seen, warned = [], []
-    with pytest.raises(GenerateError, match=r"--ctx 1000000000: the KV cache \(f16\) would need \d+ bytes .* more than "
-                                            rf"the {100 << 20} bytes \(100\.0 MiB\) of free VRAM on "):
+    with pytest.raises(
+        GenerateError,
+        match=r"--ctx 1000000000: the KV cache \(f16\) would need \d+ bytes .* more than "
+        rf"the {100 << 20} bytes \(100\.0 MiB\) of free VRAM on ",
+    ):
         load_engine(pack, device="cuda", n_ctx=10**9, backend=bk, on_checkpoint=lambda c: seen.append(c.name))
     assert seen == ["pack"]  # no weights stage
     load_engine(pack, device="cuda", n_ctx=64, backend=SimBackend(), on_warning=warned.append, warmup=False)
@@ -332,8 +379,13 @@ def test_json_mode_reports_option_errors_as_one_object(tmp_path):
     """With --json, an option click refuses (out of range, not a choice) is still one {"ok": false} object on
     stdout and one error line on stderr, exit 2 - a script reading stdout gets JSON either way."""
     runner = CliRunner()
-    for args, want in ((["--threads", "0"], "Invalid value for '-t' / '--threads': 0 is not in the range 1<=x<=512."),
-                       (["--cpu-kernel", "bogus"], "Invalid value for '--kernel' / '--cpu-kernel': 'bogus' is not one of 'q8', 'exact', 'f32'.")):
+    for args, want in (
+        (["--threads", "0"], "Invalid value for '-t' / '--threads': 0 is not in the range 1<=x<=512."),
+        (
+            ["--cpu-kernel", "bogus"],
+            "Invalid value for '--kernel' / '--cpu-kernel': 'bogus' is not one of 'q8', 'exact', 'f32'.",
+        ),
+    ):
         r = runner.invoke(main, ["generate", str(tmp_path), "-p", "hi", "--json", *args])
         assert r.exit_code == 2 and json.loads(r.stdout) == {"ok": False, "error": want}
         assert r.stderr == f"error: {want}\n"
@@ -351,15 +403,20 @@ def test_cpu_path_checks_the_expert_profile_too(pack, tmp_path):
     prof = tmp_path / "p.parquet"
     write_profile([(0, 1, 5)], prof)
     r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "1", "--expert-profile", str(prof)])
-    assert r.exit_code == 2 and "has no routed experts, so there is no expert cache for its 1 (layer, expert) pairs" in r.stderr
+    assert (
+        r.exit_code == 2
+        and "has no routed experts, so there is no expert cache for its 1 (layer, expert) pairs" in r.stderr
+    )
 
 
 def test_engine_checks_profile_rows_as_the_budget_does(tmp_path_factory):
     """A profile row naming a layer without experts or an expert id out of range is refused at load, with the
     budget's own message (budget.profile.check_profile_pairs), on the CPU path too."""
     moe = synthetic_pack(tmp_path_factory, "synthetic-qwen3moe")
-    for rows, msg in (([(99, 0, 1)], r"expert profile row 0: layer 99 has no routed experts"),
-                      ([(0, 777, 1)], r"expert profile row 0: layer 0 expert 777 is outside 0\.\.")):
+    for rows, msg in (
+        ([(99, 0, 1)], r"expert profile row 0: layer 99 has no routed experts"),
+        ([(0, 777, 1)], r"expert profile row 0: layer 0 expert 777 is outside 0\.\."),
+    ):
         with pytest.raises(GenerateError, match=msg):
             load_engine(moe, n_ctx=32, profile=rows)
 

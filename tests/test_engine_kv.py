@@ -20,10 +20,10 @@ from strata.budget import formulas as F
 from strata.budget.audit import audit_pack
 from strata.budget.cards import card_from_mib
 from strata.budget.plan import PlanOptions, make_plan
-from strata.engine.generate import generate
-from strata.engine.startup import load_engine
 from strata.engine.errors import GenerateError
+from strata.engine.generate import generate
 from strata.engine.layers import KVCache
+from strata.engine.startup import load_engine
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +36,7 @@ def _bits_equal(a, b) -> bool:
 
 
 # ------------------------------------------------------------------ the ring buffer itself
+
 
 def test_ring_write_read_order_and_wrap():
     c = KVCache(np, [4, 10], n_head_kv=1, head_dim=2, head_dim_v=2, kv="f32")
@@ -51,7 +52,7 @@ def test_ring_write_read_order_and_wrap():
 
 
 def test_kv_types_store_rounded_and_read_f32():
-    x = np.array([[1.0 + 2 ** -12, 3.14159265]], np.float32)  # not f16 values
+    x = np.array([[1.0 + 2**-12, 3.14159265]], np.float32)  # not f16 values
     for kv, dt in (("f16", np.float16), ("f32", np.float32)):
         c = KVCache(np, [3], 1, 2, 2, kv=kv)
         c.write(0, 0, x, x)
@@ -64,6 +65,7 @@ def test_kv_types_store_rounded_and_read_f32():
 
 
 # ------------------------------------------------------------------ engine vs budget
+
 
 @pytest.mark.parametrize("kv", ["f16", "f32"])
 @pytest.mark.parametrize("name,n_ctx", [("gemma3", 64), ("gemma3", 128), ("gemma3", 300), ("qwen2", 77)])
@@ -97,6 +99,7 @@ def test_f16_kv_is_what_the_cache_holds(syn):
 
 
 # ------------------------------------------------------------------ ring == full cache
+
 
 @pytest.mark.parametrize("kv", ["f16", "f32"])
 def test_ring_equals_full_cache_on_the_synthetic_gemma3_fixture(syn, kv):

@@ -18,17 +18,19 @@ from click.testing import CliRunner
 from test_engine_reference import synthetic_pack
 
 from strata.engine.cli import main
-from strata.engine.startup import load_engine
 from strata.engine.loader import LoadError
 from strata.engine.models import UnsupportedModel
+from strata.engine.startup import load_engine
 from strata.packer.packfmt import PackFormatError
 
 
 @pytest.fixture(scope="module")
 def packs(tmp_path_factory):
-    return {"qwen2": synthetic_pack(tmp_path_factory, "synthetic-qwen2"),
-            "moe": synthetic_pack(tmp_path_factory, "synthetic-qwen3moe"),
-            "gemma3": synthetic_pack(tmp_path_factory, "synthetic-gemma3")}  # BF16 weights, promoted to F32
+    return {
+        "qwen2": synthetic_pack(tmp_path_factory, "synthetic-qwen2"),
+        "moe": synthetic_pack(tmp_path_factory, "synthetic-qwen3moe"),
+        "gemma3": synthetic_pack(tmp_path_factory, "synthetic-gemma3"),
+    }  # BF16 weights, promoted to F32
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -53,7 +55,9 @@ def _set_fields(line: str, **cols) -> str:
 def test_wrong_shape_names_tensor_found_and_required(packs, tmp_path):
     pack = _copy(packs["qwen2"], tmp_path / "p")
     # attn_k is [n_embd 256, kv_dim 128]; claim [128, 256] (same bytes, so only the shape is wrong)
-    _edit_index(pack, lambda ls: [_set_fields(x, ne0=128, ne1=256) if x.startswith("blk.1.attn_k.weight ") else x for x in ls])
+    _edit_index(
+        pack, lambda ls: [_set_fields(x, ne0=128, ne1=256) if x.startswith("blk.1.attn_k.weight ") else x for x in ls]
+    )
     with pytest.raises(LoadError) as ei:
         load_engine(pack)
     msg = str(ei.value)
@@ -65,12 +69,17 @@ def test_missing_tensor_is_named(packs, tmp_path):
 
     def drop(lines):
         out = [x for x in lines if not x.startswith("blk.1.ffn_norm.weight ")]
-        return [re.sub(r"tensors (\d+)$", lambda m: f"tensors {int(m.group(1)) - 1}", x) if x.startswith("# align") else x
-                for x in out]
+        return [
+            re.sub(r"tensors (\d+)$", lambda m: f"tensors {int(m.group(1)) - 1}", x) if x.startswith("# align") else x
+            for x in out
+        ]
 
     _edit_index(pack, drop)
-    with pytest.raises(LoadError, match=r"tensor blk\.1\.ffn_norm\.weight is missing; the qwen2 contract requires it "
-                                        r"with shape \[256\]"):
+    with pytest.raises(
+        LoadError,
+        match=r"tensor blk\.1\.ffn_norm\.weight is missing; the qwen2 contract requires it "
+        r"with shape \[256\]",
+    ):
         load_engine(pack)
 
 
@@ -79,8 +88,10 @@ def test_missing_choice_member_is_named(packs, tmp_path):
 
     def drop(lines):
         out = [x for x in lines if not x.startswith("blk.0.attn_v.bias ")]
-        return [re.sub(r"tensors (\d+)$", lambda m: f"tensors {int(m.group(1)) - 1}", x) if x.startswith("# align") else x
-                for x in out]
+        return [
+            re.sub(r"tensors (\d+)$", lambda m: f"tensors {int(m.group(1)) - 1}", x) if x.startswith("# align") else x
+            for x in out
+        ]
 
     _edit_index(pack, drop)
     with pytest.raises(LoadError, match=r"tensor blk\.0\.attn_v\.bias is missing"):
@@ -96,7 +107,9 @@ def test_bad_index_line_names_file_and_line(packs, tmp_path):
 
 def test_bad_columns_line_is_refused(packs, tmp_path):
     pack = _copy(packs["qwen2"], tmp_path / "p")
-    _edit_index(pack, lambda ls: [x.replace(" nbytes ne0", " ne0 nbytes") if x.startswith("# columns") else x for x in ls])
+    _edit_index(
+        pack, lambda ls: [x.replace(" nbytes ne0", " ne0 nbytes") if x.startswith("# columns") else x for x in ls]
+    )
     with pytest.raises(PackFormatError, match=r"index\.txt:\d+: columns are .* this reader needs exactly"):
         load_engine(pack)
 
@@ -111,18 +124,27 @@ def test_tensor_the_forward_pass_does_not_read_is_refused(packs, tmp_path):
 def test_disallowed_type_is_refused(packs, tmp_path):
     pack = _copy(packs["qwen2"], tmp_path / "p")
     # a norm weight claimed to be F16 (the manifest allows F32 only); bytes halved to stay consistent
-    _edit_index(pack, lambda ls: [_set_fields(x, type=1, src_type=1, nbytes=512) if x.startswith("blk.0.attn_norm.weight ")
-                                  else x for x in ls])
-    with pytest.raises(LoadError, match=r"tensor blk\.0\.attn_norm\.weight has type F16, manifests/qwen2\.toml allows only F32"):
+    _edit_index(
+        pack,
+        lambda ls: [
+            _set_fields(x, type=1, src_type=1, nbytes=512) if x.startswith("blk.0.attn_norm.weight ") else x for x in ls
+        ],
+    )
+    with pytest.raises(
+        LoadError, match=r"tensor blk\.0\.attn_norm\.weight has type F16, manifests/qwen2\.toml allows only F32"
+    ):
         load_engine(pack)
 
 
 def test_byte_count_disagreeing_with_type_and_shape(packs, tmp_path):
     pack = _copy(packs["qwen2"], tmp_path / "p")
-    _edit_index(pack, lambda ls: [_set_fields(x, type=2, src_type=2) if x.startswith("blk.0.ffn_up.weight ") else x
-                                  for x in ls])  # Q8_0 bytes labelled Q4_0
+    _edit_index(
+        pack, lambda ls: [_set_fields(x, type=2, src_type=2) if x.startswith("blk.0.ffn_up.weight ") else x for x in ls]
+    )  # Q8_0 bytes labelled Q4_0
     # the pool layout (packfmt.pool_layout_findings, shared with the budget audit) refuses it when the pack is opened
-    with pytest.raises(PackFormatError, match=r"tensor blk\.0\.ffn_up\.weight has \d+ bytes, Q4_0 x \[256, 512\] is 73728 bytes"):
+    with pytest.raises(
+        PackFormatError, match=r"tensor blk\.0\.ffn_up\.weight has \d+ bytes, Q4_0 x \[256, 512\] is 73728 bytes"
+    ):
         load_engine(pack)
 
 
@@ -144,9 +166,12 @@ def test_expert_bytes_disagreeing_with_geometry(packs, tmp_path):
         return out
 
     _edit_experts(pack, bump)
-    with pytest.raises(LoadError, match=r"native_experts\.txt: layer 1 gate \(column gate_bytes\): found 18870 bytes per "
-                                        r"expert, required IQ2_XS x \[256, 256\] \(ggml ne of one expert of "
-                                        r"blk\.1\.ffn_gate_exps\.weight, from geometry\.txt\) = 18944 bytes"):
+    with pytest.raises(
+        LoadError,
+        match=r"native_experts\.txt: layer 1 gate \(column gate_bytes\): found 18870 bytes per "
+        r"expert, required IQ2_XS x \[256, 256\] \(ggml ne of one expert of "
+        r"blk\.1\.ffn_gate_exps\.weight, from geometry\.txt\) = 18944 bytes",
+    ):
         load_engine(pack)
 
 
@@ -178,8 +203,11 @@ def test_expert_offset_past_the_shard_is_refused(packs, tmp_path):
         return out
 
     _edit_experts(pack, shift)
-    with pytest.raises(LoadError, match=r"native_experts\.txt: layer 2 down: expert 7 ends at byte \d+, past the end of "
-                                        r"shard .*synthetic-qwen3moe\.gguf \(\d+ bytes\)"):
+    with pytest.raises(
+        LoadError,
+        match=r"native_experts\.txt: layer 2 down: expert 7 ends at byte \d+, past the end of "
+        r"shard .*synthetic-qwen3moe\.gguf \(\d+ bytes\)",
+    ):
         load_engine(pack)
 
 
@@ -200,8 +228,11 @@ def test_bf16_promoted_tensor_that_is_not_bf16_exact_is_refused(packs, tmp_path)
     with open(pack / "pool.bin", "r+b") as f:
         f.seek(e.offset + 4 * 17)
         f.write(b"\x01")  # low byte of value 17
-    with pytest.raises(WeightError, match=r"tensor blk\.0\.attn_q\.weight: pool F32 promoted from BF16 has non-zero low "
-                                          r"16 bits \(1 values\)"):
+    with pytest.raises(
+        WeightError,
+        match=r"tensor blk\.0\.attn_q\.weight: pool F32 promoted from BF16 has non-zero low "
+        r"16 bits \(1 values\)",
+    ):
         load_engine(pack)
 
 
@@ -211,14 +242,19 @@ def test_rope_scaling_is_refused_not_ignored(packs, tmp_path):
     pack = _copy(packs["qwen2"], tmp_path / "p")
     with open(pack / "metadata.txt", "a") as f:
         f.write("qwen2.rope.scaling.type str yarn\n")
-    with pytest.raises(UnsupportedModel, match=r"metadata key qwen2\.rope\.scaling\.type = 'yarn' is refused: strata "
-                                               r"implements rope unscaled or scaled linearly"):
+    with pytest.raises(
+        UnsupportedModel,
+        match=r"metadata key qwen2\.rope\.scaling\.type = 'yarn' is refused: strata "
+        r"implements rope unscaled or scaled linearly",
+    ):
         load_engine(pack)
 
 
 def test_refusal_happens_before_any_weight_is_loaded(packs, tmp_path):
     pack = _copy(packs["qwen2"], tmp_path / "p")
-    _edit_index(pack, lambda ls: [_set_fields(x, ne0=128, ne1=256) if x.startswith("blk.1.attn_k.weight ") else x for x in ls])
+    _edit_index(
+        pack, lambda ls: [_set_fields(x, ne0=128, ne1=256) if x.startswith("blk.1.attn_k.weight ") else x for x in ls]
+    )
     seen = []
     with pytest.raises(LoadError):
         load_engine(pack, on_checkpoint=lambda c: seen.append(c.name))
@@ -227,7 +263,9 @@ def test_refusal_happens_before_any_weight_is_loaded(packs, tmp_path):
 
 def test_cli_refusal_exit_code_and_message(packs, tmp_path):
     pack = _copy(packs["qwen2"], tmp_path / "p")
-    _edit_index(pack, lambda ls: [_set_fields(x, ne0=128, ne1=256) if x.startswith("blk.1.attn_k.weight ") else x for x in ls])
+    _edit_index(
+        pack, lambda ls: [_set_fields(x, ne0=128, ne1=256) if x.startswith("blk.1.attn_k.weight ") else x for x in ls]
+    )
     r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "2"])
     assert r.exit_code == 2
     assert "error:" in r.output and "blk.1.attn_k.weight has shape [128, 256]" in r.output
@@ -246,6 +284,7 @@ def test_checkpoints_in_order_head_before_expert_cache(packs):
 
 # ---------------------------------------------------------------- review fixes: shards, expert rows, pack paths
 
+
 def _edit_expert_col(pack: Path, layer: int, col: str, fn) -> None:
     from strata.packer.packfmt import EXPERT_COLUMNS
 
@@ -259,6 +298,7 @@ def _edit_expert_col(pack: Path, layer: int, col: str, fn) -> None:
                 tok[i] = str(fn(int(tok[i])))
             out.append(" ".join(tok))
         return out
+
     _edit_experts(pack, edit)
 
 
@@ -276,8 +316,11 @@ def _shard_copy(pack: Path, tmp_path: Path, mutate) -> None:
 def test_expert_shard_without_gguf_magic_is_refused(packs, tmp_path):
     pack = _copy(packs["moe"], tmp_path / "p")
     _shard_copy(pack, tmp_path, lambda b: b"XXXX" + b[4:])  # same size, wrong magic
-    with pytest.raises(LoadError, match=r"native_experts\.txt: expert shard 0 .*synthetic-qwen3moe\.gguf: first 4 bytes "
-                                        r"are b'XXXX', a GGUF file starts with b'GGUF'"):
+    with pytest.raises(
+        LoadError,
+        match=r"native_experts\.txt: expert shard 0 .*synthetic-qwen3moe\.gguf: first 4 bytes "
+        r"are b'XXXX', a GGUF file starts with b'GGUF'",
+    ):
         load_engine(pack)
 
 
@@ -290,9 +333,12 @@ def test_blob_bytes_not_the_sum_of_parts_is_refused(packs, tmp_path):
     last = rows[-1]
     _edit_expert_col(pack, last.layer, "blob_bytes", lambda v: v + 256)
     total = last.gate_bytes + last.up_bytes + last.down_bytes
-    with pytest.raises(LoadError, match=rf"layer {last.layer} column blob_bytes: found {total + 256}, required gate_bytes "
-                                        rf"\+ up_bytes \+ down_bytes = {last.gate_bytes} \+ {last.up_bytes} \+ "
-                                        rf"{last.down_bytes} = {total}"):
+    with pytest.raises(
+        LoadError,
+        match=rf"layer {last.layer} column blob_bytes: found {total + 256}, required gate_bytes "
+        rf"\+ up_bytes \+ down_bytes = {last.gate_bytes} \+ {last.up_bytes} \+ "
+        rf"{last.down_bytes} = {total}",
+    ):
         load_engine(pack)
 
 
@@ -303,14 +349,20 @@ def test_arena_offset_not_the_running_sum_is_refused(packs, tmp_path):
     rows = open_pack(pack).experts.layers
     want = rows[0].arena_offset + 8 * rows[0].blob_bytes
     _edit_expert_col(pack, rows[1].layer, "arena_offset", lambda v: v + 4096)
-    with pytest.raises(LoadError, match=rf"layer {rows[1].layer} column arena_offset: found {want + 4096}, required "
-                                        rf"{want} \(the running sum of n_expert x blob_bytes"):
+    with pytest.raises(
+        LoadError,
+        match=rf"layer {rows[1].layer} column arena_offset: found {want + 4096}, required "
+        rf"{want} \(the running sum of n_expert x blob_bytes",
+    ):
         load_engine(pack)
 
 
 def test_corrupt_or_empty_vocab_parquet_is_refused_exit_2(packs, tmp_path):
-    for name, data in (("vocab.parquet", b""), ("vocab.parquet", b"PAR1 garbage, not parquet"),
-                       ("merges.parquet", b"junk")):
+    for name, data in (
+        ("vocab.parquet", b""),
+        ("vocab.parquet", b"PAR1 garbage, not parquet"),
+        ("merges.parquet", b"junk"),
+    ):
         pack = _copy(packs["qwen2"], tmp_path / f"p{len(data)}{name}")
         (pack / name).write_bytes(data)
         r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "2"])
@@ -346,7 +398,9 @@ def test_a_pack_from_an_older_strata_missing_a_geometry_param_says_to_rebuild(tm
     lines = g.read_text().splitlines(keepends=True)
     assert any(ln.startswith("rope_dim ") for ln in lines)
     g.write_text("".join(ln for ln in lines if not ln.startswith("rope_dim ")))
-    want = "geometry.txt: param 'rope_dim' of qwen2 is missing (a pack built by an older strata? rebuild it from its GGUF"
+    want = (
+        "geometry.txt: param 'rope_dim' of qwen2 is missing (a pack built by an older strata? rebuild it from its GGUF"
+    )
     from strata.manifests.expr import ManifestError
 
     with pytest.raises(ManifestError, match=re.escape(want)):

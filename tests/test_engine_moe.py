@@ -42,8 +42,9 @@ def test_tokens_and_logits_identical_whatever_is_resident(moe_pack, numerics):
             assert a.output_ids == b.output_ids
             for ta, tb in zip(a.top, b.top):  # bit-identical, not approximately equal
                 assert [i for i, _ in ta] == [i for i, _ in tb]
-                assert np.array_equal(np.float32([v for _, v in ta]).view(np.uint32),
-                                      np.float32([v for _, v in tb]).view(np.uint32))
+                assert np.array_equal(
+                    np.float32([v for _, v in ta]).view(np.uint32), np.float32([v for _, v in tb]).view(np.uint32)
+                )
     # the split really differed: all hits, a mix, all misses
     hits = {r: sum(x.expert_hits for x in res) for r, (_, res) in runs.items()}
     misses = {r: sum(x.expert_misses for x in res) for r, (_, res) in runs.items()}
@@ -120,6 +121,7 @@ def test_routing_softmax_topk_renormalised():
 
 # ------------------------------------------------------------------ ShardExperts.ffn_many (the batched CPU expert call)
 
+
 @pytest.mark.parametrize("kernel", ["exact", "q8", "f32"])
 def test_ffn_many_rows_are_each_expert_alone_bit_for_bit(moe_pack, kernel):
     from strata.engine.gpu import reference as R
@@ -180,8 +182,11 @@ def test_a_wrong_expert_offset_inside_the_shard_is_refused_at_load(moe_pack, tmp
     else:
         raise AssertionError("no layer-1 row")
     (bad / "native_experts.txt").write_text("\n".join(lines))
-    with pytest.raises(LoadError, match=rf"native_experts\.txt: layer 1: gate_off {old + 32} disagrees with the shard's "
-                                        rf"tensor table \({old}\)"):
+    with pytest.raises(
+        LoadError,
+        match=rf"native_experts\.txt: layer 1: gate_off {old + 32} disagrees with the shard's "
+        rf"tensor table \({old}\)",
+    ):
         load_engine(bad, n_ctx=32)
 
 
@@ -201,7 +206,9 @@ def test_non_finite_logits_stop_generation_with_the_position(moe_pack, monkeypat
         return out
 
     monkeypatch.setattr(eng.model, "step", step)
-    with pytest.raises(NonFiniteLogits, match=r"position 4: 1 of \d+ logits are NaN or infinite \(first at token id 7\)"):
+    with pytest.raises(
+        NonFiniteLogits, match=r"position 4: 1 of \d+ logits are NaN or infinite \(first at token id 7\)"
+    ):
         generate(eng, prompt_ids=[3, 4, 5], n_tokens=6, ignore_eos=True)
 
 
@@ -245,11 +252,17 @@ def test_shard_experts_check_part_sizes_and_x_before_any_address_reaches_the_ker
     need = quants.row_nbytes(row.down_type, shp.down[0]) * shp.down[1]
     bad = dataclasses.replace(plan, experts={**plan.experts, il: dataclasses.replace(row, down_bytes=need + 2)})
     t = quants.qtype(row.down_type).name
-    with pytest.raises(ValueError, match=rf"blk\.{il} down experts: {need + 2} bytes per expert in native_experts\.txt, "
-                                         rf"{t} x {shp.down[0]} x {shp.down[1]} is {need}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"blk\.{il} down experts: {need + 2} bytes per expert in native_experts\.txt, "
+        rf"{t} x {shp.down[0]} x {shp.down[1]} is {need}",
+    ):
         X.ShardExperts(bad)
-    with pytest.raises(ValueError, match=rf"blk\.{il} experts: x has shape \(7,\), the gate and up rows have "
-                                         rf"{shp.gate[0]} / {shp.up[0]} values"):
+    with pytest.raises(
+        ValueError,
+        match=rf"blk\.{il} experts: x has shape \(7,\), the gate and up rows have "
+        rf"{shp.gate[0]} / {shp.up[0]} values",
+    ):
         src.ffn_many(il, [0], np.zeros(7, np.float32))
     with pytest.raises(ValueError, match=rf"blk\.{il} expert -1: gate bytes .* are not in shard"):
         src.ffn_many(il, [-1], np.zeros(shp.gate[0], np.float32))
@@ -257,6 +270,9 @@ def test_shard_experts_check_part_sizes_and_x_before_any_address_reaches_the_ker
     shard = row.gate_shard
     end = row.gate_off + far * row.gate_stride
     size = src.shard_bytes() if len(plan.shard_paths) == 1 else plan.shard_paths[shard].stat().st_size
-    with pytest.raises(ValueError, match=rf"blk\.{il} expert {far}: gate bytes {end}\.\.{end + row.gate_bytes} are not "
-                                         rf"in shard {shard} \({size} bytes\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"blk\.{il} expert {far}: gate bytes {end}\.\.{end + row.gate_bytes} are not "
+        rf"in shard {shard} \({size} bytes\)",
+    ):
         src.addresses(il, far)

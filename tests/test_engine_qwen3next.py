@@ -94,11 +94,15 @@ def _legacy_copy(src, dst, n_layers: int, dims) -> None:
             il = t.name.split(".")[1]
             qkv = np.asarray(t.data).reshape(ne[1], -1)
             z = np.asarray(by[f"blk.{il}.attn_gate.weight"].data).reshape(nv * s, -1)
-            q, k, v = qkv[:nk * s], qkv[nk * s:2 * nk * s], qkv[2 * nk * s:]
+            q, k, v = qkv[: nk * s], qkv[nk * s : 2 * nk * s], qkv[2 * nk * s :]
             rows = []
             for g in range(nk):
-                rows += [q[g * s:(g + 1) * s], k[g * s:(g + 1) * s], v[g * s * rr:(g + 1) * s * rr],
-                         z[g * s * rr:(g + 1) * s * rr]]
+                rows += [
+                    q[g * s : (g + 1) * s],
+                    k[g * s : (g + 1) * s],
+                    v[g * s * rr : (g + 1) * s * rr],
+                    z[g * s * rr : (g + 1) * s * rr],
+                ]
             name = f"blk.{il}.ssm_in.weight"
             tensors.append((name, int(t.tensor_type), (ne[0], 2 * nk * s + 2 * nv * s)))
             data[name] = np.concatenate(rows).reshape(-1)
@@ -125,5 +129,7 @@ def test_documents_indexer_is_loaded_and_named_unused(tmp_path):
     assert audit_pack(tmp_path / "pack").errors == []
     eng = load_engine(tmp_path / "pack", n_ctx=16)
     assert "blk.3.indexer.attn_k.weight" in eng.plan.dense
-    assert eng.notes == ["the sparse-attention indexer (blk.N.indexer.*) is checked and loaded, but this forward pass "
-                         "does not use it: no public implementation defines its computation for qwen3next (4 tensors)"]
+    assert eng.notes == [
+        "the sparse-attention indexer (blk.N.indexer.*) is checked and loaded, but this forward pass "
+        "does not use it: no public implementation defines its computation for qwen3next (4 tensors)"
+    ]

@@ -107,17 +107,19 @@ TOLERANCES = {
 # 0.0095 / 0.0015, qwen3moe f32 0.682 / 0.020 (0.802 / 0.044): with Q8
 # activations in the experts the f32-profile MoE rows route like llama.cpp more often. Own rows where not:
 TOLERANCES.update({(f, nx, "q8"): tol for (f, nx, k), tol in list(TOLERANCES.items())})
-TOLERANCES.update({
-    # one routing flip in 67 steps (llamacpp exact: the same 0.144; the f32 dot happens to miss it: 0.027)
-    ("synthetic-qwen3moe", "llamacpp", "q8"): (0.2, 0.01, 0.03, 40),
-    # Gemma amplifies 8-bit activation rounding (strata.engine.numerics): f32 profile + q8 1.397 / 0.244,
-    # llamacpp + q8 1.173 / 0.230 (llamacpp + f32 dot 1.095 / 0.229)
-    ("gemma3-270m", "f32", "q8"): (1.8, 0.35, 0.5, 48),
-    ("gemma3-270m", "llamacpp", "q8"): (1.5, 0.3, 0.5, 48),
-    # f32 profile + q8 0.349 / 0.068, llamacpp + q8 0.294 / 0.068 (llamacpp + f32 dot 0.282 / 0.060)
-    ("qwen2.5-0.5b", "f32", "q8"): (0.45, 0.1, 0.3, 60),
-    ("qwen2.5-0.5b", "llamacpp", "q8"): (0.4, 0.1, 0.3, 60),
-})
+TOLERANCES.update(
+    {
+        # one routing flip in 67 steps (llamacpp exact: the same 0.144; the f32 dot happens to miss it: 0.027)
+        ("synthetic-qwen3moe", "llamacpp", "q8"): (0.2, 0.01, 0.03, 40),
+        # Gemma amplifies 8-bit activation rounding (strata.engine.numerics): f32 profile + q8 1.397 / 0.244,
+        # llamacpp + q8 1.173 / 0.230 (llamacpp + f32 dot 1.095 / 0.229)
+        ("gemma3-270m", "f32", "q8"): (1.8, 0.35, 0.5, 48),
+        ("gemma3-270m", "llamacpp", "q8"): (1.5, 0.3, 0.5, 48),
+        # f32 profile + q8 0.349 / 0.068, llamacpp + q8 0.294 / 0.068 (llamacpp + f32 dot 0.282 / 0.060)
+        ("qwen2.5-0.5b", "f32", "q8"): (0.45, 0.1, 0.3, 60),
+        ("qwen2.5-0.5b", "llamacpp", "q8"): (0.4, 0.1, 0.3, 60),
+    }
+)
 
 
 def load_fixture(name: str) -> dict:
@@ -137,7 +139,8 @@ def synthetic_pack(tmp_path_factory, name: str) -> Path:
     digests = [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
     assert digests == want, (
         f"{name}: strata.testing no longer writes the file(s) the reference was recorded on "
-        "(regenerate with tools/make_synthetic_reference.py)")
+        "(regenerate with tools/make_synthetic_reference.py)"
+    )
     build_pack(paths[ref["synthetic"].get("pack_from_shard", 0)], d / "pack", progress=False)
     return d / "pack"
 
@@ -175,7 +178,8 @@ def compare(engine, ref: dict, tol: tuple[float, float, float, int]) -> dict:
                 checked += 1
                 assert int(np.argmax(row)) == p["output_ids"][s], (
                     f"{p['prompt'][:30]!r} step {s}: argmax {int(np.argmax(row))} != llama.cpp {p['output_ids'][s]} "
-                    f"(reference margin {rec['margin']:.4f} > {tol_margin})")
+                    f"(reference margin {rec['margin']:.4f} > {tol_margin})"
+                )
     assert worst[0] <= tol_logit, f"max |logit - llama.cpp| = {worst[0]:.4f} > {tol_logit} at {worst[1]}"
     mean = float(np.mean(diffs))
     assert mean <= tol_mean, f"mean |logit - llama.cpp| = {mean:.4f} > {tol_mean}"
@@ -185,21 +189,50 @@ def compare(engine, ref: dict, tol: tuple[float, float, float, int]) -> dict:
 
 # ------------------------------------------------------------------ synthetic (CI, seconds)
 
+
 @pytest.fixture(scope="module")
 def syn_packs(tmp_path_factory):
-    return {n: synthetic_pack(tmp_path_factory, f"synthetic-{n}")
-            for n in ("qwen3moe", "qwen2", "gemma3", "qwen3next", "qwen3next-split-fused", "llama", "llama_moe",
-                      "qwen3", "qwen2moe")}
+    return {
+        n: synthetic_pack(tmp_path_factory, f"synthetic-{n}")
+        for n in (
+            "qwen3moe",
+            "qwen2",
+            "gemma3",
+            "qwen3next",
+            "qwen3next-split-fused",
+            "llama",
+            "llama_moe",
+            "qwen3",
+            "qwen2moe",
+        )
+    }
 
 
-SYNTHETIC = [("qwen3moe", "llamacpp"), ("qwen3moe", "f32"), ("qwen2", "f32"), ("gemma3", "f32"), ("qwen3next", "llamacpp"),
-             ("qwen3next", "f32"), ("qwen3next-split-fused", "llamacpp"), ("qwen3next-split-fused", "f32"),
-             ("llama", "llamacpp"), ("llama", "f32"), ("llama_moe", "llamacpp"), ("llama_moe", "f32"),
-             ("qwen3", "llamacpp"), ("qwen3", "f32"), ("qwen2moe", "llamacpp"), ("qwen2moe", "f32")]
+SYNTHETIC = [
+    ("qwen3moe", "llamacpp"),
+    ("qwen3moe", "f32"),
+    ("qwen2", "f32"),
+    ("gemma3", "f32"),
+    ("qwen3next", "llamacpp"),
+    ("qwen3next", "f32"),
+    ("qwen3next-split-fused", "llamacpp"),
+    ("qwen3next-split-fused", "f32"),
+    ("llama", "llamacpp"),
+    ("llama", "f32"),
+    ("llama_moe", "llamacpp"),
+    ("llama_moe", "f32"),
+    ("qwen3", "llamacpp"),
+    ("qwen3", "f32"),
+    ("qwen2moe", "llamacpp"),
+    ("qwen2moe", "f32"),
+]
 
 
-@pytest.mark.parametrize("name,numerics,kernel", [(n, nx, "q8") for n, nx in SYNTHETIC]
-                         + [("qwen3moe", "llamacpp", "f32"), ("qwen2", "f32", "f32"), ("llama_moe", "f32", "f32")])
+@pytest.mark.parametrize(
+    "name,numerics,kernel",
+    [(n, nx, "q8") for n, nx in SYNTHETIC]
+    + [("qwen3moe", "llamacpp", "f32"), ("qwen2", "f32", "f32"), ("llama_moe", "f32", "f32")],
+)
 def test_synthetic_matches_llama_cpp(syn_packs, name, numerics, kernel):
     ref = load_fixture(f"synthetic-{name}")
     eng = load_engine(syn_packs[name], n_ctx=256, numerics=numerics, cpu_kernel=kernel)

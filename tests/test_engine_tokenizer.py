@@ -20,18 +20,46 @@ from strata.packer.pack import open_pack
 
 
 def _strings() -> list[str]:
-    fixed = ["The capital of France is", "", " ", "  leading", "trailing  ", "\n\n\nnewlines\n", "\t tab\r\n",
-             "Ünïcödé ñ 中文字符 日本語 한국어 emoji 😀🚀 done", "<bos> <eos> <start_of_turn>user <|im_start|> <tool_call> <table>",
-             "x = [1, 2, 3]; print(f'{x!r}')  # comment", "It's I'm we'll they've don't", "12345678 3.14159 1e-9",
-             "a" * 50, "http://example.com/path?q=1&r=2", "\u2581already escaped"]
+    fixed = [
+        "The capital of France is",
+        "",
+        " ",
+        "  leading",
+        "trailing  ",
+        "\n\n\nnewlines\n",
+        "\t tab\r\n",
+        "Ünïcödé ñ 中文字符 日本語 한국어 emoji 😀🚀 done",
+        "<bos> <eos> <start_of_turn>user <|im_start|> <tool_call> <table>",
+        "x = [1, 2, 3]; print(f'{x!r}')  # comment",
+        "It's I'm we'll they've don't",
+        "12345678 3.14159 1e-9",
+        "a" * 50,
+        "http://example.com/path?q=1&r=2",
+        "\u2581already escaped",
+    ]
     src = (Path(__file__).resolve().parents[1] / "engine" / "tokenizer.py").read_text()
     rnd = random.Random(0)
     for _ in range(150):
         i = rnd.randrange(len(src))
-        fixed.append(src[i:i + rnd.randrange(1, 120)])
+        fixed.append(src[i : i + rnd.randrange(1, 120)])
     for _ in range(50):
-        fixed.append("".join(chr(rnd.choice([rnd.randrange(32, 127), rnd.randrange(0xa0, 0x3000), rnd.randrange(0x4e00, 0x9fff),
-                                             0x1f600 + rnd.randrange(50), 10, 32])) for _ in range(rnd.randrange(1, 30))))
+        fixed.append(
+            "".join(
+                chr(
+                    rnd.choice(
+                        [
+                            rnd.randrange(32, 127),
+                            rnd.randrange(0xA0, 0x3000),
+                            rnd.randrange(0x4E00, 0x9FFF),
+                            0x1F600 + rnd.randrange(50),
+                            10,
+                            32,
+                        ]
+                    )
+                )
+                for _ in range(rnd.randrange(1, 30))
+            )
+        )
     return fixed
 
 
@@ -102,9 +130,15 @@ def test_a_tokenizer_column_of_another_type_is_refused(tmp_path_factory, tmp_pat
     shutil.copytree(synthetic_pack(tmp_path_factory, "synthetic-qwen2"), pack)
     m = pack / "merges.parquet"
     t = pq.read_table(m)
-    pq.write_table(pa.table({"merge": pa.array([b.decode("utf-8", "replace") for b in t.column("merge").to_pylist()],
-                                               pa.string())}), m)
-    with pytest.raises(TokenizerError, match=r"merges\.parquet: column 'merge' has type string, the packer writes binary"):
+    pq.write_table(
+        pa.table(
+            {"merge": pa.array([b.decode("utf-8", "replace") for b in t.column("merge").to_pylist()], pa.string())}
+        ),
+        m,
+    )
+    with pytest.raises(
+        TokenizerError, match=r"merges\.parquet: column 'merge' has type string, the packer writes binary"
+    ):
         load_tokenizer(open_pack(pack))
 
 
@@ -125,8 +159,11 @@ def test_a_merge_whose_result_is_not_a_token_is_refused_at_load(tmp_path_factory
     a, b = merges[k].split(b" ", 1)
     merges[k] = a + b" " + b + b"\xc2\xa7"  # the same first piece; the second and the result are not tokens
     pq.write_table(pa.table({"merge": pa.array(merges, pa.binary())}), m)
-    with pytest.raises(TokenizerError, match=rf"merges\.parquet: merge {k} \(.* needs the token .*which is not in the "
-                                             r"vocabulary \(\d+ tokens\)"):
+    with pytest.raises(
+        TokenizerError,
+        match=rf"merges\.parquet: merge {k} \(.* needs the token .*which is not in the "
+        r"vocabulary \(\d+ tokens\)",
+    ):
         load_tokenizer(open_pack(pack))
 
 
@@ -144,11 +181,18 @@ def test_a_special_id_outside_the_vocabulary_is_warned_and_ignored(tmp_path_fact
     md = pack / "metadata.txt"
     lines = md.read_text().splitlines()
     assert any(ln.startswith("tokenizer.ggml.eos_token_id ") for ln in lines)
-    md.write_text("\n".join(f"tokenizer.ggml.eos_token_id int {n}" if ln.startswith("tokenizer.ggml.eos_token_id ")
-                            else ln for ln in lines) + "\n")
+    md.write_text(
+        "\n".join(
+            f"tokenizer.ggml.eos_token_id int {n}" if ln.startswith("tokenizer.ggml.eos_token_id ") else ln
+            for ln in lines
+        )
+        + "\n"
+    )
     tok = load_tokenizer(open_pack(pack))
-    assert tok.warnings == (f"metadata: tokenizer.ggml.eos_token_id {n} is outside the vocabulary ({n} tokens); "
-                            "ignored (the model's default id is used where it has one, as llama.cpp does)",)
+    assert tok.warnings == (
+        f"metadata: tokenizer.ggml.eos_token_id {n} is outside the vocabulary ({n} tokens); "
+        "ignored (the model's default id is used where it has one, as llama.cpp does)",
+    )
     assert tok.eos_id != n
     seen: list[str] = []
     load_engine(pack, n_ctx=32, on_warning=seen.append)

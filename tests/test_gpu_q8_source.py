@@ -17,20 +17,19 @@ import shutil
 
 import numpy as np
 import pytest
+from test_gpu_kernel_source import compile_host
+from test_gpu_kernels import _random_blocks, _wild_blocks
 
 from strata.budget.formulas import q8_act_bytes
 from strata.engine import cpukernels
 from strata.engine.gpu import kernels as K
 from strata.packer import quants
 
-from test_gpu_kernel_source import compile_host
-from test_gpu_kernels import _random_blocks, _wild_blocks
-
 Q8 = sorted(K.Q8_GPU_TYPES, key=lambda i: quants.qtype(i).name)
 Q8_IDS = [quants.qtype(i).name for i in Q8]
 
-# matvec_q8.cu's q8_rows (one row) with the 32 lanes run one after another: lane p of block b adds its integer share; the
-# float part in the kernel's (and cpu_q8.c's) order.
+# matvec_q8.cu's q8_rows (one row) with the 32 lanes run one after another: lane p of block b adds its integer
+# share; the float part in the kernel's (and cpu_q8.c's) order.
 _DRIVER = r"""
 extern "C" void run_rows(const u8* base, i64 rows, int ne0, const u8* act, float* out) {
     const int nb = ne0 / QK;
@@ -73,7 +72,9 @@ extern "C" void run_rows(const u8* base, i64 rows, int ne0, const u8* act, float
 }
 """
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to compile the kernel source on the host")
+pytestmark = pytest.mark.skipif(
+    shutil.which("g++") is None, reason="needs g++ to compile the kernel source on the host"
+)
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +84,9 @@ def host_q8(tmp_path_factory):
 
     def build(type_id: int):
         if type_id not in libs:
-            libs[type_id] = compile_host(d, quants.qtype(type_id).name,
-                                         K.q8_source_for(type_id, with_kernels=False) + _DRIVER)
+            libs[type_id] = compile_host(
+                d, quants.qtype(type_id).name, K.q8_source_for(type_id, with_kernels=False) + _DRIVER
+            )
         return libs[type_id]
 
     return build
@@ -100,10 +102,10 @@ def _activation(type_id: int, x: np.ndarray) -> np.ndarray:
     soff = doff + pad(n // 32 * 4)
     toff = soff + pad(n // 16 * 2)
     buf[:n] = q.view(np.uint8)
-    buf[doff:doff + 4 * d.size] = d.view(np.uint8)
-    buf[soff:soff + 2 * s.size] = s.view(np.uint8)
+    buf[doff : doff + 4 * d.size] = d.view(np.uint8)
+    buf[soff : soff + 2 * s.size] = s.view(np.uint8)
     t = (s[0::2].astype(np.int32) + s[1::2]).astype(np.int16)
-    buf[toff:toff + 2 * t.size] = t.view(np.uint8)
+    buf[toff : toff + 2 * t.size] = t.view(np.uint8)
     return buf
 
 
@@ -125,8 +127,13 @@ def test_q8_lane_code_equals_the_cpu_q8_kernel(host_q8, type_id, kind):
             x[:32] = 0.0  # a zero block (Q8_0) / zeros inside a super-block
         act = _activation(type_id, x)
         got = np.full(rows, np.nan, np.float32)
-        lib.run_rows(ctypes.c_void_p(ef.ctypes.data), ctypes.c_longlong(rows), ctypes.c_int(ne0),
-                     ctypes.c_void_p(act.ctypes.data), ctypes.c_void_p(got.ctypes.data))
+        lib.run_rows(
+            ctypes.c_void_p(ef.ctypes.data),
+            ctypes.c_longlong(rows),
+            ctypes.c_int(ne0),
+            ctypes.c_void_p(act.ctypes.data),
+            ctypes.c_void_p(got.ctypes.data),
+        )
         want = cpukernels.matvec(type_id, raw, rows, ne0, x, kernel="q8", threads=1)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (quants.qtype(type_id).name, rows, ne0)
 

@@ -11,7 +11,7 @@ from strata.engine.gpu import kernels as K
 from strata.engine.gpu import reference as R
 from strata.packer import quants
 
-U = 2.0 ** -24
+U = 2.0**-24
 
 
 def test_exp_portable_accuracy():

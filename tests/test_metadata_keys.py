@@ -44,23 +44,50 @@ from strata.packer.packfmt import read_geometry_params, read_metadata
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = json.loads((ROOT / "tests" / "fixtures" / "llamacpp_keys.json").read_text())
 #: One preset per architecture (strata.testing.presets).
-PRESET = {"llama": synth.llama_spec, "qwen2": synth.qwen2_spec, "qwen3": synth.qwen3_spec, "qwen2moe": synth.qwen2moe_spec,
-          "qwen3moe": synth.qwen3moe_spec, "qwen3next": synth.qwen3next_spec, "gemma3": synth.gemma3_spec,
-          "deepseek2": synth.deepseek2_spec, "gpt-oss": synth.gpt_oss_spec}
+PRESET = {
+    "llama": synth.llama_spec,
+    "qwen2": synth.qwen2_spec,
+    "qwen3": synth.qwen3_spec,
+    "qwen2moe": synth.qwen2moe_spec,
+    "qwen3moe": synth.qwen3moe_spec,
+    "qwen3next": synth.qwen3next_spec,
+    "gemma3": synth.gemma3_spec,
+    "deepseek2": synth.deepseek2_spec,
+    "gpt-oss": synth.gpt_oss_spec,
+}
 #: The keys inert for an architecture the engine runs: llama.cpp reads them but uses them for nothing
 #: strata computes (a name, a flag only printed, XDRoPE's alpha, YaRN's original context, a type label).
-GENERIC_INERT = {"/general.name", "rope.scaling.alpha", "rope.scaling.finetuned", "rope.scaling.original_context_length",
-                 "vocab_size"}
+GENERIC_INERT = {
+    "/general.name",
+    "rope.scaling.alpha",
+    "rope.scaling.finetuned",
+    "rope.scaling.original_context_length",
+    "vocab_size",
+}
 #: Values strata does not implement, per refused key: the test takes the first one the key's rule refuses
 #: for the architecture's preset (a refused key without one here fails the test: add one).
 BAD = {
-    "embedding_length_out": [7], "attention.causal": [False], "pooling_type": [1], "classifier.pooling_type": [2],
-    "classifier.output_labels": [["yes", "no"]], "nextn_predict_layers": [1], "expert_count": [4],
-    "expert_used_count": [2], "expert_group_count": [2], "expert_group_used_count": [1],
-    "attention.key_length_swa": [128], "attention.value_length_swa": [128, 100], "rope.dimension_count": [32],
-    "rope.dimension_count_swa": [16, 8], "rope.scaling.type": ["yarn"], "rope.scaling.attn_factor": [2.0],
-    "expert_weights_scale": [2.5], "expert_weights_norm": [False, True], "expert_gating_func": [2],
-    "attn_logit_softcapping": [50.0], "attention.sliding_window_pattern": [[True, False, True, False, True]],
+    "embedding_length_out": [7],
+    "attention.causal": [False],
+    "pooling_type": [1],
+    "classifier.pooling_type": [2],
+    "classifier.output_labels": [["yes", "no"]],
+    "nextn_predict_layers": [1],
+    "expert_count": [4],
+    "expert_used_count": [2],
+    "expert_group_count": [2],
+    "expert_group_used_count": [1],
+    "attention.key_length_swa": [128],
+    "attention.value_length_swa": [128, 100],
+    "rope.dimension_count": [32],
+    "rope.dimension_count_swa": [16, 8],
+    "rope.scaling.type": ["yarn"],
+    "rope.scaling.attn_factor": [2.0],
+    "expert_weights_scale": [2.5],
+    "expert_weights_norm": [False, True],
+    "expert_gating_func": [2],
+    "attn_logit_softcapping": [50.0],
+    "attention.sliding_window_pattern": [[True, False, True, False, True]],
     "attention.recurrent_layers": [[True, True, True, False, True]],
 }
 
@@ -73,6 +100,7 @@ def _keys_tool():
 
 
 # ------------------------------------------------------------------ the list is llama.cpp's
+
 
 def test_the_fixture_covers_every_contract():
     assert sorted(FIXTURE["archs"]) == known_archs()
@@ -95,7 +123,9 @@ def test_every_key_llama_cpp_reads_is_listed_and_no_other(arch):
     claimed = {k for k, s in m.keys.items() if s.llamacpp}
     assert claimed == set(read), f"{arch}: listed as read by llama.cpp but not read: {sorted(claimed - set(read))}"
     extra = {k for k, s in m.keys.items() if not s.llamacpp}
-    assert extra <= set(FIXTURE["known_keys"]), f"{arch}: not keys of llama-arch.cpp: {sorted(extra - set(FIXTURE['known_keys']))}"
+    assert extra <= set(FIXTURE["known_keys"]), (
+        f"{arch}: not keys of llama-arch.cpp: {sorted(extra - set(FIXTURE['known_keys']))}"
+    )
     assert all(m.keys[k].status == "refuse" for k in extra)
 
 
@@ -140,6 +170,7 @@ def test_counts_per_architecture():
 
 
 # ------------------------------------------------------------------ refused at build, audit and load
+
 
 def _refuse_cases():
     out = []
@@ -190,17 +221,30 @@ def _with_metadata(pack: Path, dst: Path, *lines: str) -> Path:
 
 
 def test_budget_check_and_engine_refuse_the_same_keys_in_metadata_txt(moe_pack, tmp_path):
-    pack = _with_metadata(moe_pack, tmp_path / "p", "qwen3moe.rope.scaling.attn_factor float 2.0",
-                          "qwen3moe.expert_weights_norm bool false", "qwen3moe.attention.head_count int_array 4,8,4")
+    pack = _with_metadata(
+        moe_pack,
+        tmp_path / "p",
+        "qwen3moe.rope.scaling.attn_factor float 2.0",
+        "qwen3moe.expert_weights_norm bool false",
+        "qwen3moe.attention.head_count int_array 4,8,4",
+    )
     r = CliRunner().invoke(budget_main, ["check", str(pack), "--card", "24G", "--ctx", "256", "--json"])
     assert r.exit_code == 2, r.output
     errors = {e["tensor"]: e for e in json.loads(r.output)["errors"]}
-    assert sorted(errors) == ["metadata.txt:qwen3moe.attention.head_count", "metadata.txt:qwen3moe.expert_weights_norm",
-                              "metadata.txt:qwen3moe.rope.scaling.attn_factor"]
+    assert sorted(errors) == [
+        "metadata.txt:qwen3moe.attention.head_count",
+        "metadata.txt:qwen3moe.expert_weights_norm",
+        "metadata.txt:qwen3moe.rope.scaling.attn_factor",
+    ]
     for key, found, needle in (
-            ("qwen3moe.rope.scaling.attn_factor", "2.0", "= 2.0 is refused: strata implements rope without a magnitude factor"),
-            ("qwen3moe.expert_weights_norm", "False", "= False is refused: strata implements expert weights renormalised"),
-            ("qwen3moe.attention.head_count", "[4, 8, 4]", "= [4, 8, 4] is refused: a per-layer array whose values differ")):
+        (
+            "qwen3moe.rope.scaling.attn_factor",
+            "2.0",
+            "= 2.0 is refused: strata implements rope without a magnitude factor",
+        ),
+        ("qwen3moe.expert_weights_norm", "False", "= False is refused: strata implements expert weights renormalised"),
+        ("qwen3moe.attention.head_count", "[4, 8, 4]", "= [4, 8, 4] is refused: a per-layer array whose values differ"),
+    ):
         e = errors[f"metadata.txt:{key}"]
         assert e["found"] == found and f"metadata key {key} {needle}" in e["message"], e
     seen = []
@@ -208,7 +252,10 @@ def test_budget_check_and_engine_refuse_the_same_keys_in_metadata_txt(moe_pack, 
         load_engine(pack, n_ctx=32, on_checkpoint=lambda c: seen.append(c.name))
     msg = str(ei.value)
     assert msg.startswith(f"{pack / 'metadata.txt'}: metadata key qwen3moe.attention.head_count = [4, 8, 4] is refused")
-    assert "qwen3moe.rope.scaling.attn_factor = 2.0 is refused" in msg and "qwen3moe.expert_weights_norm = False is refused" in msg
+    assert (
+        "qwen3moe.rope.scaling.attn_factor = 2.0 is refused" in msg
+        and "qwen3moe.expert_weights_norm = False is refused" in msg
+    )
     assert seen == []  # refused in the 'pack' stage, before any weight is read
 
 
@@ -222,24 +269,36 @@ def test_a_refused_key_is_refused_by_the_cli_of_the_engine_too(moe_pack, tmp_pat
 
 def test_an_allowed_value_of_a_refuse_key_is_accepted(moe_pack, tmp_path):
     # the values that make the key a no-op: what llama.cpp computes without it
-    pack = _with_metadata(moe_pack, tmp_path / "p", "qwen3moe.rope.scaling.attn_factor float 1.0",
-                          "qwen3moe.expert_weights_norm bool true", "qwen3moe.rope.scaling.type str none",
-                          "qwen3moe.expert_gating_func int 1")
+    pack = _with_metadata(
+        moe_pack,
+        tmp_path / "p",
+        "qwen3moe.rope.scaling.attn_factor float 1.0",
+        "qwen3moe.expert_weights_norm bool true",
+        "qwen3moe.rope.scaling.type str none",
+        "qwen3moe.expert_gating_func int 1",
+    )
     assert audit_pack(pack).errors == []
     load_engine(pack, n_ctx=32)
 
 
 # ------------------------------------------------------------------ honoured: per-layer arrays
 
-ARRAYS = {"attention.head_count": [4, 4, 4], "attention.head_count_kv": [2, 2, 2], "expert_used_count": [2, 2, 2],
-          "expert_feed_forward_length": [256, 256, 256]}
+ARRAYS = {
+    "attention.head_count": [4, 4, 4],
+    "attention.head_count_kv": [2, 2, 2],
+    "expert_used_count": [2, 2, 2],
+    "expert_feed_forward_length": [256, 256, 256],
+}
 
 
 @pytest.fixture(scope="module")
 def array_packs(tmp_path_factory):
     d = tmp_path_factory.mktemp("keys_arrays")
     out = {}
-    for name, spec in (("scalar", synth.qwen3moe_spec(seed=5)), ("array", synth.qwen3moe_spec(seed=5, extra_kv=ARRAYS))):
+    for name, spec in (
+        ("scalar", synth.qwen3moe_spec(seed=5)),
+        ("array", synth.qwen3moe_spec(seed=5, extra_kv=ARRAYS)),
+    ):
         [src] = synth.write_model(d / f"{name}.gguf", spec)
         build_pack(src, d / name, progress=False)
         out[name] = d / name
@@ -254,14 +313,17 @@ def test_uniform_per_layer_arrays_are_honoured_as_their_one_value(array_packs):
     assert md["qwen3moe.attention.head_count"] == [4, 4, 4] and md["qwen3moe.expert_used_count"] == [2, 2, 2]
     a, s = audit_pack(array_packs["array"]), audit_pack(array_packs["scalar"])
     assert a.errors == [] and a.facts.kv_layers == s.facts.kv_layers
-    runs = [generate(load_engine(array_packs[n], n_ctx=32), prompt_ids=[1, 2, 3], n_tokens=4, ignore_eos=True)
-            for n in ("array", "scalar")]
+    runs = [
+        generate(load_engine(array_packs[n], n_ctx=32), prompt_ids=[1, 2, 3], n_tokens=4, ignore_eos=True)
+        for n in ("array", "scalar")
+    ]
     assert runs[0].output_ids == runs[1].output_ids
     assert all(np.float32(x[1]) == np.float32(y[1]) for ra, rb in zip(runs[0].top, runs[1].top) for x, y in zip(ra, rb))
 
 
-@pytest.mark.parametrize("value,why", [([4, 8, 4], "a per-layer array whose values differ"),
-                                       ([4, 4], "an array of 2 values for 3 layers")])
+@pytest.mark.parametrize(
+    "value,why", [([4, 8, 4], "a per-layer array whose values differ"), ([4, 4], "an array of 2 values for 3 layers")]
+)
 def test_a_non_uniform_or_short_per_layer_array_is_refused(tmp_path, value, why):
     [src] = synth.write_model(tmp_path / "m.gguf", synth.qwen3moe_spec(extra_kv={"attention.head_count": value}))
     with pytest.raises(KeysRefusedError) as ei:
@@ -270,6 +332,7 @@ def test_a_non_uniform_or_short_per_layer_array_is_refused(tmp_path, value, why)
 
 
 # ------------------------------------------------------------------ honoured: rope and sliding window
+
 
 @pytest.fixture(scope="module")
 def rope_packs(tmp_path_factory):
@@ -281,8 +344,11 @@ def rope_packs(tmp_path_factory):
 #: 0.0088 / 0.0010 (58), f32 0.023 / 0.0043 (58). The same weights without the keys, against the same
 #: references: gemma3 rotating the whole head misses llama.cpp's top-1 in its top 5; gemma3 unscaled
 #: 0.107 / 0.020, llama unscaled (llamacpp) 0.060 / 0.014: several times the tolerances.
-ROPE_TOL = {("gemma3-rope", "f32"): (0.015, 0.004, 0.015, 40), ("llama-rope-linear", "llamacpp"): (0.03, 0.005, 0.03, 40),
-            ("llama-rope-linear", "f32"): (0.05, 0.008, 0.03, 40)}
+ROPE_TOL = {
+    ("gemma3-rope", "f32"): (0.015, 0.004, 0.015, 40),
+    ("llama-rope-linear", "llamacpp"): (0.03, 0.005, 0.03, 40),
+    ("llama-rope-linear", "f32"): (0.05, 0.008, 0.03, 40),
+}
 
 
 @pytest.mark.parametrize("name,numerics", sorted(ROPE_TOL))
@@ -292,19 +358,32 @@ def test_partial_and_linearly_scaled_rope_matches_llama_cpp(rope_packs, name, nu
     print(f"{name} {numerics}: {r}")
 
 
-@pytest.mark.parametrize("name,numerics,without", [("gemma3-rope", "f32", "rope_dim"), ("gemma3-rope", "f32", "extra_kv"),
-                                                   ("llama-rope-linear", "llamacpp", "extra_kv")])
+@pytest.mark.parametrize(
+    "name,numerics,without",
+    [
+        ("gemma3-rope", "f32", "rope_dim"),
+        ("gemma3-rope", "f32", "extra_kv"),
+        ("llama-rope-linear", "llamacpp", "extra_kv"),
+    ],
+)
 def test_the_rope_keys_change_the_computation(tmp_path, name, numerics, without):
     """The same weights without rope.dimension_count (rotating the whole head) or without the linear scaling
     are measurably not what llama.cpp computed: the comparison above fails on them."""
     ref = load_fixture(f"synthetic-{name}")
     spec = synth.ModelSpec.model_validate(ref["synthetic"]["spec"])
-    plain = (spec.model_copy(update={"dims": spec.dims.model_copy(update={"rope_dim": None})}) if without == "rope_dim"
-             else spec.model_copy(update={"extra_kv": {}}))
+    plain = (
+        spec.model_copy(update={"dims": spec.dims.model_copy(update={"rope_dim": None})})
+        if without == "rope_dim"
+        else spec.model_copy(update={"extra_kv": {}})
+    )
     [src] = synth.write_model(tmp_path / "plain.gguf", plain)
     build_pack(src, tmp_path / "pack", progress=False)
     with pytest.raises(AssertionError, match=r"max \|logit - llama\.cpp\||argmax|top"):
-        compare(load_engine(tmp_path / "pack", n_ctx=256, numerics=numerics, cpu_kernel="f32"), ref, ROPE_TOL[(name, numerics)])
+        compare(
+            load_engine(tmp_path / "pack", n_ctx=256, numerics=numerics, cpu_kernel="f32"),
+            ref,
+            ROPE_TOL[(name, numerics)],
+        )
 
 
 def test_the_budget_plans_the_rope_the_engine_allocates(rope_packs):
@@ -325,7 +404,9 @@ def test_rope_table_angles_are_the_scaled_positions():
 
     r = Rope(np, 8, 10000.0, 16, freq_scale=0.125)
     p, inv = 13, 10000.0 ** (-np.arange(0, 8, 2) / 8)
-    assert np.allclose(r.cos[p], np.cos(0.125 * p * inv), atol=1e-7) and np.allclose(r.sin[p], np.sin(0.125 * p * inv), atol=1e-7)
+    assert np.allclose(r.cos[p], np.cos(0.125 * p * inv), atol=1e-7) and np.allclose(
+        r.sin[p], np.sin(0.125 * p * inv), atol=1e-7
+    )
 
 
 def test_gemma3_sliding_window_zero_means_no_sliding_layer(tmp_path):
@@ -347,7 +428,11 @@ def test_gemma3_sliding_window_pattern_as_an_array(tmp_path):
     build_pack(src, tmp_path / "pack", progress=False)
     eng = load_engine(tmp_path / "pack", n_ctx=256)
     assert eng.model.kinds == ["global", "swa", "swa"] and eng.model.layer_windows() == [None, 128, 128]
-    assert read_metadata(tmp_path / "pack" / "metadata.txt")["gemma3.attention.sliding_window_pattern"] == [False, True, True]
+    assert read_metadata(tmp_path / "pack" / "metadata.txt")["gemma3.attention.sliding_window_pattern"] == [
+        False,
+        True,
+        True,
+    ]
     assert audit_pack(tmp_path / "pack").errors == []
 
 
@@ -366,8 +451,19 @@ def _gpu_ok():
     return K.gpu_available()
 
 
-@pytest.mark.parametrize("device", ["sim", pytest.param("cuda", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not _gpu_ok()[0], reason=f"needs CuPy and a CUDA GPU: {_gpu_ok()[1]}")])])
+@pytest.mark.parametrize(
+    "device",
+    [
+        "sim",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not _gpu_ok()[0], reason=f"needs CuPy and a CUDA GPU: {_gpu_ok()[1]}"),
+            ],
+        ),
+    ],
+)
 @pytest.mark.parametrize("name", ["gemma3-rope", "llama-rope-linear"])
 def test_the_fused_gpu_step_rotates_and_scales_like_the_cpu(rope_packs, device, name):
     # the qk_prep kernel reads the same (base, scale) tables and rotates n_rot < head_dim dims (fused.cu)
@@ -378,7 +474,9 @@ def test_the_fused_gpu_step_rotates_and_scales_like_the_cpu(rope_packs, device, 
     assert type(eng.model).__name__ == "FusedDecoder"
     prompt = list(range(1, 40))
     gpu = generate(eng, prompt_ids=prompt, n_tokens=8, ignore_eos=True)
-    cpu = generate(load_engine(rope_packs[name], n_ctx=128, cpu_kernel="exact"), prompt_ids=prompt, n_tokens=8, ignore_eos=True)
+    cpu = generate(
+        load_engine(rope_packs[name], n_ctx=128, cpu_kernel="exact"), prompt_ids=prompt, n_tokens=8, ignore_eos=True
+    )
     assert gpu.output_ids == cpu.output_ids
     diff = max(abs(a[1] - b[1]) for ra, rb in zip(gpu.top, cpu.top) for a, b in zip(ra, rb))
     assert diff < 1e-3, diff

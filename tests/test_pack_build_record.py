@@ -46,13 +46,16 @@ def test_a_directory_without_a_build_record_is_not_replaced(pack, tmp_path):
         build_pack(src, p, force=True, progress=False)
 
 
-@pytest.mark.parametrize("damage,message", [
-    ("missing", r"build\.json: missing \(strata-pack build writes it\); the pack is incomplete"),
-    ("empty", r"build\.json: unreadable \(JSONDecodeError: .*\); the pack is corrupt"),
-    ("truncated", r"build\.json: unreadable \(JSONDecodeError: .*\); the pack is corrupt"),
-    ("pool_bytes", r"build\.json: pool_bytes is \d+, the pack's files say \d+; the pack is corrupt"),
-    ("source bytes", r"build\.json: sources \[\('m\.gguf', \d+\)\], index\.txt says \[\('m\.gguf', \d+\)\]"),
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        ("missing", r"build\.json: missing \(strata-pack build writes it\); the pack is incomplete"),
+        ("empty", r"build\.json: unreadable \(JSONDecodeError: .*\); the pack is corrupt"),
+        ("truncated", r"build\.json: unreadable \(JSONDecodeError: .*\); the pack is corrupt"),
+        ("pool_bytes", r"build\.json: pool_bytes is \d+, the pack's files say \d+; the pack is corrupt"),
+        ("source bytes", r"build\.json: sources \[\('m\.gguf', \d+\)\], index\.txt says \[\('m\.gguf', \d+\)\]"),
+    ],
+)
 def test_verify_refuses_a_damaged_build_record(pack, damage, message):
     """The build record is a pack file: verify names it when it is missing, unreadable, or disagrees with
     index.txt (both values), instead of a warning and "ok"; the exit code is the corrupt pack's (1)."""
@@ -113,9 +116,12 @@ def test_verify_refuses_an_expert_shard_edited_in_place(tmp_path):
         f.seek(off)
         f.write(bytes([b[0] ^ 0x40]))
     assert src.stat().st_size == size
-    with pytest.raises(VerifyError, match=r"experts of layer 1 \(m\.gguf\): the first and last 256 B of each "
-                                          r"expert's weights hash to [0-9a-f]{16}\.\.\., the build recorded "
-                                          r"[0-9a-f]{16}\.\.\.: the source was modified after the pack was built"):
+    with pytest.raises(
+        VerifyError,
+        match=r"experts of layer 1 \(m\.gguf\): the first and last 256 B of each "
+        r"expert's weights hash to [0-9a-f]{16}\.\.\., the build recorded "
+        r"[0-9a-f]{16}\.\.\.: the source was modified after the pack was built",
+    ):
         verify_pack(p)
     r = CliRunner().invoke(main, ["verify", str(p)])
     assert r.exit_code == 1 and "experts of layer 1" in r.output
@@ -145,8 +151,11 @@ def test_a_damaged_expert_sample_record_is_a_corrupt_pack(tmp_path, value):
         value = {**good, first: good[first].upper()}
     rec["expert_sample_sha256"] = value
     (p / "build.json").write_text(json.dumps(rec))
-    with pytest.raises(VerifyError, match=r"build\.json: expert_sample_sha256 must map each MoE layer \[.*\] to a "
-                                          r"sha256 \(64 lower-case hex digits\), it holds .*; the pack is corrupt"):
+    with pytest.raises(
+        VerifyError,
+        match=r"build\.json: expert_sample_sha256 must map each MoE layer \[.*\] to a "
+        r"sha256 \(64 lower-case hex digits\), it holds .*; the pack is corrupt",
+    ):
         verify_pack(p)
 
 
@@ -168,5 +177,7 @@ def test_generate_warns_when_an_expert_shard_changed_since_the_build(tmp_path):
     os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     r = CliRunner().invoke(main, ["generate", str(p), "-p", "hi", "-n", "2"])
     assert r.exit_code == 0
-    assert f"warning: {src}: modified since the pack was built (mtime differs); the experts are read from it - run " \
-           "strata-pack verify before trusting the output" in r.stderr
+    assert (
+        f"warning: {src}: modified since the pack was built (mtime differs); the experts are read from it - run "
+        "strata-pack verify before trusting the output" in r.stderr
+    )

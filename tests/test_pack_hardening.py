@@ -17,13 +17,15 @@ import pytest
 from strata import testing as synth
 from strata.manifests.contract import ManifestError
 from strata.packer.build import BuildError, _rename_noreplace, build_pack
-from strata.packer.packfmt import PackFormatError, read_index, read_metadata
 from strata.packer.pack import open_pack
+from strata.packer.packfmt import PackFormatError, read_index, read_metadata
 from strata.packer.verify import VerifyError, verify_pack
 
 
 def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "strata.packer.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "strata.packer.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +43,7 @@ def pack(moe, tmp_path):
 
 
 # ------------------------------------------------------------------ --force never destroys data
+
 
 def test_force_refuses_the_source_directory(moe, tmp_path):
     src_dir = tmp_path / "models"
@@ -76,8 +79,11 @@ def test_parent_must_exist_and_nothing_is_created(moe, tmp_path):
     for out in (tmp_path / "afile" / "p", tmp_path / "afile" / "x" / "p"):
         with pytest.raises(BuildError, match=r"afile is a file, not a directory"):
             build_pack(moe[0], out, progress=False)
-    with pytest.raises(BuildError, match=r"afile exists and is not a directory; refusing to replace it \(choose "
-                                         r"another path\)"):  # no "--force" hint: --force replaces packs only
+    with pytest.raises(
+        BuildError,
+        match=r"afile exists and is not a directory; refusing to replace it \(choose "
+        r"another path\)",
+    ):  # no "--force" hint: --force replaces packs only
         build_pack(moe[0], tmp_path / "afile", progress=False)
     assert (tmp_path / "afile").read_text() == "x"
 
@@ -99,16 +105,26 @@ def test_alignment_range(moe, tmp_path, align):
 
 # ------------------------------------------------------------------ impossible geometry
 
+
 def _gemma(tmp_path, **dims):
     return synth.write_model(tmp_path / "g.gguf", synth.gemma3_spec(dims=dims))[0]
 
 
-@pytest.mark.parametrize("dims,needle", [
-    ({"context_length": 0}, "gemma3 metadata: gemma3.context_length (param n_ctx_train) is 0, must be >= 1"),
-    ({"n_head": 0}, "gemma3 metadata: gemma3.attention.head_count (param n_head) is 0, must be >= 1"),
-    ({"rms_eps": math.nan}, "gemma3 metadata: gemma3.attention.layer_norm_rms_epsilon (param rms_eps) is nan, must be finite and > 0"),
-    ({"rope_freq_base": -1.0}, "gemma3 metadata: gemma3.rope.freq_base (param rope_base) is -1.0, must be finite and > 0"),
-])
+@pytest.mark.parametrize(
+    "dims,needle",
+    [
+        ({"context_length": 0}, "gemma3 metadata: gemma3.context_length (param n_ctx_train) is 0, must be >= 1"),
+        ({"n_head": 0}, "gemma3 metadata: gemma3.attention.head_count (param n_head) is 0, must be >= 1"),
+        (
+            {"rms_eps": math.nan},
+            "gemma3 metadata: gemma3.attention.layer_norm_rms_epsilon (param rms_eps) is nan, must be finite and > 0",
+        ),
+        (
+            {"rope_freq_base": -1.0},
+            "gemma3 metadata: gemma3.rope.freq_base (param rope_base) is -1.0, must be finite and > 0",
+        ),
+    ],
+)
 def test_impossible_geometry_refused_at_build(tmp_path, dims, needle):
     src = _gemma(tmp_path, **dims)
     with pytest.raises(ManifestError) as ei:
@@ -127,13 +143,24 @@ def test_sliding_window_pattern_zero_means_every_layer_sliding(tmp_path):
     assert g.layer_kinds == ["swa", "swa"]
 
 
-@pytest.mark.parametrize("n,needle", [(4_000_000_000, "qwen2.block_count (param n_layer) is 4000000000, larger than any real model"),
-                                      (1_000_000, "n_layer 1000000 is outside 1..4096")])
+@pytest.mark.parametrize(
+    "n,needle",
+    [
+        (4_000_000_000, "qwen2.block_count (param n_layer) is 4000000000, larger than any real model"),
+        (1_000_000, "n_layer 1000000 is outside 1..4096"),
+    ],
+)
 def test_huge_block_count_refused_before_iterating(tmp_path, n, needle):
     src = tmp_path / "h.gguf"
-    kv = {"qwen2.block_count": n, "qwen2.context_length": 64, "qwen2.embedding_length": 64,
-          "qwen2.feed_forward_length": 128, "qwen2.attention.head_count": 2,
-          "qwen2.attention.layer_norm_rms_epsilon": 1e-6, "tokenizer.ggml.tokens": ["a", "b"]}
+    kv = {
+        "qwen2.block_count": n,
+        "qwen2.context_length": 64,
+        "qwen2.embedding_length": 64,
+        "qwen2.feed_forward_length": 128,
+        "qwen2.attention.head_count": 2,
+        "qwen2.attention.layer_norm_rms_epsilon": 1e-6,
+        "tokenizer.ggml.tokens": ["a", "b"],
+    }
     synth.write_header_only(src, "qwen2", kv, [("blk.0.attn_norm.weight", "F32", (64,))], data="random")
     with pytest.raises(ManifestError, match=needle.replace("(", "\\(").replace(")", "\\)")):
         build_pack(src, tmp_path / "p", progress=False)
@@ -141,19 +168,31 @@ def test_huge_block_count_refused_before_iterating(tmp_path, n, needle):
 
 def test_block_count_must_match_the_layers_present(tmp_path):
     src = tmp_path / "h.gguf"
-    kv = {"qwen2.block_count": 3, "qwen2.context_length": 64, "qwen2.embedding_length": 64,
-          "qwen2.feed_forward_length": 128, "qwen2.attention.head_count": 2,
-          "qwen2.attention.layer_norm_rms_epsilon": 1e-6, "tokenizer.ggml.tokens": ["a", "b"]}
-    synth.write_header_only(src, "qwen2", kv, [("blk.0.attn_norm.weight", "F32", (64,)),
-                                               ("blk.1.attn_norm.weight", "F32", (64,))], data="random")
+    kv = {
+        "qwen2.block_count": 3,
+        "qwen2.context_length": 64,
+        "qwen2.embedding_length": 64,
+        "qwen2.feed_forward_length": 128,
+        "qwen2.attention.head_count": 2,
+        "qwen2.attention.layer_norm_rms_epsilon": 1e-6,
+        "tokenizer.ggml.tokens": ["a", "b"],
+    }
+    synth.write_header_only(
+        src,
+        "qwen2",
+        kv,
+        [("blk.0.attn_norm.weight", "F32", (64,)), ("blk.1.attn_norm.weight", "F32", (64,))],
+        data="random",
+    )
     with pytest.raises(BuildError, match="metadata block_count is 3 but the tensors hold layers 0..1 \\(2 distinct\\)"):
         build_pack(src, tmp_path / "p", progress=False)
 
 
 # ------------------------------------------------------------------ strict readers
 
+
 def _first_data(lines):
-    return next(i for i, l in enumerate(lines) if l and not l.startswith("#"))
+    return next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
 
 
 def _edit(path, old, new, count=1):
@@ -182,7 +221,9 @@ def test_integers_exactly_as_written(pack, bad):
     row[4] = bad  # nbytes column
     lines[i] = " ".join(row)
     idx.write_text("\n".join(lines))
-    with pytest.raises(PackFormatError, match=rf"index.txt:{i + 1}: column nbytes: .* is not a non-negative decimal integer"):
+    with pytest.raises(
+        PackFormatError, match=rf"index.txt:{i + 1}: column nbytes: .* is not a non-negative decimal integer"
+    ):
         read_index(idx)
 
 
@@ -202,6 +243,7 @@ def test_unknown_geometry_key_refused(pack):
 
 
 # ------------------------------------------------------------------ verify checks every file
+
 
 def test_verify_catches_swapped_shard_names(pack, moe):
     t = (pack / "native_experts.txt").read_text()
@@ -259,8 +301,10 @@ def test_moved_sources_found_with_source_dir(moe, tmp_path):
     # the budget audit reads the shards' headers too: refused without, audited with --source-dir
     budget = [sys.executable, "-m", "strata.budget.cli", "check", str(tmp_path / "p"), "--card", "24G", "--json"]
     r = subprocess.run(budget, capture_output=True, text=True)
-    assert r.returncode == 2 and f"cannot re-read expert shard 0 at {src / moe[0].name} (moved? pass --source-dir DIR)" \
-        in r.stdout
+    assert (
+        r.returncode == 2
+        and f"cannot re-read expert shard 0 at {src / moe[0].name} (moved? pass --source-dir DIR)" in r.stdout
+    )
     r = subprocess.run(budget + ["--source-dir", str(moved)], capture_output=True, text=True)
     assert r.returncode == 0 and json.loads(r.stdout)["verdict"] == "fits", r.stdout[-800:] + r.stderr[-800:]
     r = subprocess.run(budget + ["--source-dir", str(tmp_path / "nodir")], capture_output=True, text=True)
@@ -269,11 +313,15 @@ def test_moved_sources_found_with_source_dir(moe, tmp_path):
 
 # ------------------------------------------------------------------ CLI: exit codes, JSON, interruption
 
+
 def test_cli_errors_are_one_line_exit_2_with_json(tmp_path):
     (tmp_path / "not.gguf").write_text("hello, not a model")
     r = cli("build", tmp_path / "not.gguf", "-o", tmp_path / "p", "--json")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert json.loads(r.stdout) == {"ok": False, "error": f"{tmp_path / 'not.gguf'}: bad magic b'hell', expected b'GGUF' (not a GGUF file)"}
+    assert json.loads(r.stdout) == {
+        "ok": False,
+        "error": f"{tmp_path / 'not.gguf'}: bad magic b'hell', expected b'GGUF' (not a GGUF file)",
+    }
     (tmp_path / "f").write_text("x")
     r = cli("build", tmp_path / "not.gguf", "-o", tmp_path / "f" / "p")
     assert r.returncode == 2 and "Traceback" not in r.stderr
@@ -287,8 +335,12 @@ def test_sigterm_mid_build_leaves_no_temp_dir(scratch):
     src = synth.write_big_dense(scratch / "big.gguf", 512 << 20)
     out = scratch / "out"
     out.mkdir()
-    p = subprocess.Popen([sys.executable, "-m", "strata.packer.cli", "build", str(src), "-o", str(out / "p")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "strata.packer.cli", "build", str(src), "-o", str(out / "p")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 60
     while time.time() < deadline and not list(out.glob(".p.tmp-*/pool.bin")):
         time.sleep(0.01)
@@ -296,7 +348,9 @@ def test_sigterm_mid_build_leaves_no_temp_dir(scratch):
     _, err = p.communicate(timeout=60)
     if p.returncode == 0:
         pytest.skip("the build finished before the signal arrived")
-    assert p.returncode == 143 and "error: interrupted by SIGTERM; nothing was written" in err and "Traceback" not in err
+    assert (
+        p.returncode == 143 and "error: interrupted by SIGTERM; nothing was written" in err and "Traceback" not in err
+    )
     assert list(out.iterdir()) == []
 
 
@@ -306,7 +360,12 @@ def test_more_experts_per_token_than_experts_refused(pack, tmp_path):
     from strata.manifests.contract import geometry_from_params
 
     _edit(pack / "geometry.txt", b"n_expert_used 2", b"n_expert_used 9")
-    with pytest.raises(ManifestError, match=r"qwen3moe: geometry violates n_expert_used <= n_expert \(n_expert = 8, n_expert_used = 9\)"):
+    with pytest.raises(
+        ManifestError,
+        match=r"qwen3moe: geometry violates n_expert_used <= n_expert \(n_expert = 8, n_expert_used = 9\)",
+    ):
         geometry_from_params("qwen3moe", open_pack(pack).geometry_params)
-    r = subprocess.run([sys.executable, "-m", "strata.budget.cli", "check", str(pack), "--card", "24G"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "strata.budget.cli", "check", str(pack), "--card", "24G"], capture_output=True, text=True
+    )
     assert r.returncode == 2 and "n_expert_used <= n_expert" in (r.stdout + r.stderr)

@@ -38,9 +38,11 @@ def test_foreign_shard_refused_naming_shard_tensor_and_both_shapes(tmp_path):
     required = {"ffn_gate": (256, 512), "ffn_up": (256, 512), "ffn_down": (512, 256)}
     first = next(t for t in read_header(a[1]).tensors if t.name.split(".")[2] in required)
     assert fmt_ne(first.ne) != fmt_ne(required[first.name.split(".")[2]])
-    msg = (f"{a[1]}: tensor {first.name} has shape {fmt_ne(first.ne)}, but the geometry of the first shard {a[0].name} "
-           f"(qwen2) requires {fmt_ne(required[first.name.split('.')[2]])} (ggml ne): a shard of another model "
-           f"(foreign shard); refusing to pack it")
+    msg = (
+        f"{a[1]}: tensor {first.name} has shape {fmt_ne(first.ne)}, but the geometry of the first shard {a[0].name} "
+        f"(qwen2) requires {fmt_ne(required[first.name.split('.')[2]])} (ggml ne): a shard of another model "
+        f"(foreign shard); refusing to pack it"
+    )
     with pytest.raises(BuildError) as e:
         build_pack(a[0], tmp_path / "p", progress=False)
     assert str(e.value) == msg
@@ -58,8 +60,10 @@ def test_big_endian_gguf_named_as_such(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    msg = (f"{p}: this GGUF file is big-endian (its version 50331648 read byte-swapped is 3); strata reads "
-           f"little-endian GGUF only (gguf-py's gguf-convert-endian converts it)")
+    msg = (
+        f"{p}: this GGUF file is big-endian (its version 50331648 read byte-swapped is 3); strata reads "
+        f"little-endian GGUF only (gguf-py's gguf-convert-endian converts it)"
+    )
     with pytest.raises(GGUFError) as e:
         read_header(p)
     assert str(e.value) == msg
@@ -90,10 +94,12 @@ def test_not_enough_free_space_refused_before_copying(dense, tmp_path, monkeypat
     assert B.TABLES_ALLOWANCE_BYTES == 16 << 20
     r = CliRunner().invoke(pack_main, ["build", str(dense), "-o", str(out)])
     assert r.exit_code == 2 and not copied
-    assert r.stderr == (f"error: {out}: not enough free space: the pack (pool.bin {pool:,} bytes + up to 16 MiB of "
-                        f"tables) needs {need:,} bytes "
-                        f"({need / 2**20:,.1f} MiB), 1,000 bytes (0.0 MiB) free on the filesystem of {tmp_path}; "
-                        f"nothing was written\n")
+    assert r.stderr == (
+        f"error: {out}: not enough free space: the pack (pool.bin {pool:,} bytes + up to 16 MiB of "
+        f"tables) needs {need:,} bytes "
+        f"({need / 2**20:,.1f} MiB), 1,000 bytes (0.0 MiB) free on the filesystem of {tmp_path}; "
+        f"nothing was written\n"
+    )
     assert _left(tmp_path) == []
 
 
@@ -110,8 +116,10 @@ def test_full_disk_mid_copy_names_the_pack_and_the_bytes(dense, tmp_path, monkey
     need = _pool_bytes(dense) + B.TABLES_ALLOWANCE_BYTES
     with pytest.raises(OutputError) as e:
         build_pack(dense, out, progress=False)
-    assert str(e.value) == (f"{out}: no space left on the device: the output needs {need:,} bytes ({need / 2**20:,.1f} MiB), "
-                            f"4,096 bytes (0.0 MiB) free now on the filesystem of {tmp_path}; nothing was written")
+    assert str(e.value) == (
+        f"{out}: no space left on the device: the output needs {need:,} bytes ({need / 2**20:,.1f} MiB), "
+        f"4,096 bytes (0.0 MiB) free now on the filesystem of {tmp_path}; nothing was written"
+    )
     assert _left(tmp_path) == []  # the temporary directory is gone
 
 
@@ -123,7 +131,10 @@ def test_unwritable_target_names_the_pack_not_the_temporary_directory(dense, tmp
     out = tmp_path / "p"
     r = CliRunner().invoke(pack_main, ["build", str(dense), "-o", str(out)])
     assert r.exit_code == 2
-    assert r.stderr == f"error: {out}: cannot write here: {tmp_path} is not writable (Permission denied); nothing was written\n"
+    assert (
+        r.stderr
+        == f"error: {out}: cannot write here: {tmp_path} is not writable (Permission denied); nothing was written\n"
+    )
     assert ".tmp-" not in r.stderr
 
 
@@ -134,8 +145,12 @@ def test_inspect_piped_output_is_never_cut(tmp_path):
 
     spec = synth.qwen3moe_spec()
     src = synth.write_model(tmp_path / "moe.gguf", spec)[0]
-    r = subprocess.run([sys.executable, "-m", "strata.packer.cli", "inspect", str(src)], capture_output=True, text=True,
-                       env={"COLUMNS": "40", "PATH": "/usr/bin:/bin"})
+    r = subprocess.run(
+        [sys.executable, "-m", "strata.packer.cli", "inspect", str(src)],
+        capture_output=True,
+        text=True,
+        env={"COLUMNS": "40", "PATH": "/usr/bin:/bin"},
+    )
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("blk.2.ffn_down_exps.weight ")]
     assert len(lines) == 1 and "[256, 256, 8]" in lines[0] and len(lines[0]) > 40
@@ -151,7 +166,9 @@ def test_fetch_write_failures_name_the_model_file(tmp_path, monkeypatch):
     r = CliRunner().invoke(pack_main, ["fetch", "gemma3-270m", "--cache-dir", str(tmp_path)])
     assert r.exit_code == 2 and r.stderr == (
         f"error: {target}: not enough free space: the model gemma3-270m ({spec.file}) needs {spec.size:,} bytes "
-        f"({spec.size / 2**20:,.1f} MiB), 10,485,760 bytes (10.0 MiB) free on the filesystem of {tmp_path}; nothing was written\n")
+        f"({spec.size / 2**20:,.1f} MiB), 10,485,760 bytes (10.0 MiB) free on the filesystem of {tmp_path}; "
+        "nothing was written\n"
+    )
     monkeypatch.setattr(O, "free_bytes", lambda d: 1 << 40)
 
     def denied(prefix, suffix, dir):
@@ -160,7 +177,10 @@ def test_fetch_write_failures_name_the_model_file(tmp_path, monkeypatch):
     monkeypatch.setattr(fetch.tempfile, "mkstemp", denied)
     r = CliRunner().invoke(pack_main, ["fetch", "gemma3-270m", "--cache-dir", str(tmp_path)])
     assert r.exit_code == 2
-    assert r.stderr == f"error: {target}: cannot write here: {tmp_path} is not writable (Permission denied); nothing was written\n"
+    assert (
+        r.stderr
+        == f"error: {target}: cannot write here: {tmp_path} is not writable (Permission denied); nothing was written\n"
+    )
     assert _left(tmp_path) == []
 
 
@@ -172,10 +192,12 @@ def test_outputs_never_overwrite_inputs_packs_or_ggufs(dense, tmp_path):
     before = {p: p.read_bytes() for p in (dense, pack / "pool.bin")}
     other = tmp_path / "other.gguf"
     other.write_bytes(b"GGUF" + b"\0" * 60)
-    cases = [([str(dense), "--parquet", str(dense), "--force"], "is this command's input"),
-             ([str(pack), "--parquet", str(pack / "pool.bin"), "--force"], f"is inside the pack {pack}"),
-             ([str(dense), "--parquet", str(other), "--force"], "is a GGUF file"),
-             ([str(dense), "--parquet", str(tmp_path)], "is a directory")]
+    cases = [
+        ([str(dense), "--parquet", str(dense), "--force"], "is this command's input"),
+        ([str(pack), "--parquet", str(pack / "pool.bin"), "--force"], f"is inside the pack {pack}"),
+        ([str(dense), "--parquet", str(other), "--force"], "is a GGUF file"),
+        ([str(dense), "--parquet", str(tmp_path)], "is a directory"),
+    ]
     for args, msg in cases:
         r = CliRunner().invoke(pack_main, ["inspect", *args])
         assert r.exit_code == 2 and msg in r.stderr, (args, r.stderr)
@@ -218,7 +240,9 @@ def test_verify_source_dir_that_does_not_exist_is_refused(dense, tmp_path):
     pack = tmp_path / "p"
     build_pack(dense, pack, progress=False)
     r = CliRunner().invoke(pack_main, ["verify", str(pack), "--source-dir", str(tmp_path / "nodir")])
-    assert r.exit_code == 2 and f"--source-dir {tmp_path / 'nodir'}: no such directory; nothing was compared" in r.stderr
+    assert (
+        r.exit_code == 2 and f"--source-dir {tmp_path / 'nodir'}: no such directory; nothing was compared" in r.stderr
+    )
 
 
 def test_a_pack_is_not_built_inside_another_pack(dense, tmp_path):

@@ -4,8 +4,8 @@ import os
 import subprocess
 import sys
 
-import pytest
 import gguf
+import pytest
 
 from strata.packer.gguf_file import open_model, read_header
 from strata.packer.pack import open_pack
@@ -67,7 +67,9 @@ def test_cli_build_verify_inspect(gemma_gguf, tmp_path):
     r = run("build", str(gemma_gguf), "-o", str(out))
     assert r.returncode == 2 and "already exists" in r.stderr
     r = run("verify", str(out), "--json")
-    assert r.returncode == 0 and json.loads(r.stdout)["dense_bytes"] == sum(e.nbytes for e in open_pack(out).index.entries)
+    assert r.returncode == 0 and json.loads(r.stdout)["dense_bytes"] == sum(
+        e.nbytes for e in open_pack(out).index.entries
+    )
     pq_path = tmp_path / "t.parquet"
     r = run("inspect", str(out), "--parquet", str(pq_path), "--json")
     assert r.returncode == 0

@@ -35,7 +35,8 @@ BROKEN_EXPECT = {
     "tensor_beyond_eof": "tensor 'd.weight' (Q4_K [256, 2]) offset 1050368 leaves a gap",
     "overlapping_tensors": "tensor 'b.weight' (Q8_0 [64, 4]) offset 32 overlaps the previous tensor: expected 1024",
     "nbytes_exceeds_span": "tensor 'b.weight' (Q8_0 [64, 4]) offset 1024 overlaps the previous tensor: expected 1280",
-    "nbytes_below_span": "tensor 'b.weight' (Q8_0 [64, 4]) offset 1024 leaves a gap after the previous tensor: expected 512",
+    "nbytes_below_span": "tensor 'b.weight' (Q8_0 [64, 4]) offset 1024 leaves a gap after the previous tensor: "
+    "expected 512",
     "ne0_not_block_multiple": "b.weight: ne[0]=48 is not a multiple of the Q8_0 block size 32",
     "element_count_overflow": "a.weight: element count 9223372041149743104",
     "unknown_type_4": "tensor 'b.weight' in",
@@ -83,11 +84,13 @@ def test_base_of_broken_files_matches_gguf_reader(tmp_path):
     p = tmp_path / "base.gguf"
     synth.write_broken_base(p)
     ours, ref = read_header(p), gguf.GGUFReader(p)
-    assert [(t.name, t.type_id, list(t.ne), t.abs_offset) for t in ours.tensors] == \
-        [(t.name, int(t.tensor_type), [int(x) for x in t.shape], int(t.data_offset)) for t in ref.tensors]
+    assert [(t.name, t.type_id, list(t.ne), t.abs_offset) for t in ours.tensors] == [
+        (t.name, int(t.tensor_type), [int(x) for x in t.shape], int(t.data_offset)) for t in ref.tensors
+    ]
 
 
 # ----------------------------------------------------------------- MoE, split shards
+
 
 @pytest.fixture(scope="module")
 def moe_split(tmp_path_factory):
@@ -106,8 +109,9 @@ def test_split_reader_matches_gguf_reader_per_shard(moe_split):
     assert len(model.shards[0].tensors) == 0
     for s in model.shards:
         ref = gguf.GGUFReader(s.path)
-        assert [(t.name, t.type_id, list(t.ne), t.abs_offset) for t in s.tensors] == \
-            [(t.name, int(t.tensor_type), [int(x) for x in t.shape], int(t.data_offset)) for t in ref.tensors]
+        assert [(t.name, t.type_id, list(t.ne), t.abs_offset) for t in s.tensors] == [
+            (t.name, int(t.tensor_type), [int(x) for x in t.shape], int(t.data_offset)) for t in ref.tensors
+        ]
     assert model.kv["split.tensors.count"] == len(model.tensors)
 
 
@@ -134,12 +138,12 @@ def test_moe_pack_from_shard_two(moe_split, tmp_path):
             k, t = model.tensors[f"blk.{il}.ffn_{part}_exps.weight"]
             assert (getattr(row, f"{part}_shard"), getattr(row, f"{part}_off")) == (k, t.abs_offset)
     assert ex.total == arena == r.expert_total_bytes
-    assert ex.max_blob == max(l.blob_bytes for l in ex.layers)
+    assert ex.max_blob == max(layer.blob_bytes for layer in ex.layers)
     # per-layer types really differ: blob sizes are not a constant
-    assert len({l.blob_bytes for l in ex.layers}) == 3
+    assert len({layer.blob_bytes for layer in ex.layers}) == 3
     # every tensor exactly once across index.txt and native_experts.txt
     dense = {e.name for e in pack.index.entries}
-    experts = {f"blk.{l.layer}.ffn_{p}_exps.weight" for l in ex.layers for p in ("gate", "up", "down")}
+    experts = {f"blk.{layer.layer}.ffn_{p}_exps.weight" for layer in ex.layers for p in ("gate", "up", "down")}
     assert dense.isdisjoint(experts) and dense | experts == set(model.tensors)
     verify_pack(out)
 
@@ -171,7 +175,7 @@ def test_bf16_promoted_exactly_and_f16_unchanged(moe_split, tmp_path):
     pool = np.memmap(pack.pool_path, dtype=np.uint8, mode="r")
     for e in bf:
         assert e.type == quants.F32.id and e.nbytes == 4 * e.ne0 * e.ne1
-        f32 = pool[e.offset:e.offset + e.nbytes].view("<u4")
+        f32 = pool[e.offset : e.offset + e.nbytes].view("<u4")
         src = ref[e.name].data.view("<u2").ravel()
         assert np.array_equal(f32 >> 16, src) and not (f32 & 0xFFFF).any()
     out16 = pack.index.by_name()["output.weight"]
@@ -194,15 +198,20 @@ def test_fused_gate_up_split_into_halves(tmp_path):
         ref = gguf.GGUFReader(paths[0]).get_tensor(model.shards[0].tensors.index(t))
         _, _, off, n = row.ranges(3)[1]
         raw = np.fromfile(paths[0], np.uint8, count=n, offset=off)
-        assert np.array_equal(gguf.quants.dequantize(raw, ref.tensor_type).reshape(F, D),
-                              gguf.quants.dequantize(ref.data[3], ref.tensor_type)[F:])
+        assert np.array_equal(
+            gguf.quants.dequantize(raw, ref.tensor_type).reshape(F, D),
+            gguf.quants.dequantize(ref.data[3], ref.tensor_type)[F:],
+        )
     verify_pack(tmp_path / "pack")
 
 
 # ----------------------------------------------------------------- shard refusals
 
+
 def _split(tmp_path, name="m", seed=0, n_shards=3):
-    return synth.write_model(tmp_path / f"{name}.gguf", synth.qwen3moe_spec(n_shards=n_shards, empty_first_shard=True, seed=seed))
+    return synth.write_model(
+        tmp_path / f"{name}.gguf", synth.qwen3moe_spec(n_shards=n_shards, empty_first_shard=True, seed=seed)
+    )
 
 
 def test_missing_shard(tmp_path):
@@ -229,8 +238,10 @@ def test_duplicated_shard(tmp_path):
 
 def test_foreign_shard(tmp_path):
     paths = _split(tmp_path)
-    other = synth.write_model(tmp_path / "o.gguf", synth.qwen3moe_spec(n_shards=3, empty_first_shard=True, n_layers=2,
-                                                                        expert_types=[("Q4_K", "Q8_0")] * 2))
+    other = synth.write_model(
+        tmp_path / "o.gguf",
+        synth.qwen3moe_spec(n_shards=3, empty_first_shard=True, n_layers=2, expert_types=[("Q4_K", "Q8_0")] * 2),
+    )
     shutil.copy(other[2], paths[2])  # right position, different model
     with pytest.raises(GGUFError, match=r"m-00003-of-00003\.gguf: split\.tensors\.count is \d+ but shard 0 says \d+"):
         build_pack(paths[0], tmp_path / "p", progress=False)
@@ -246,20 +257,31 @@ def test_mismatched_shard_count(tmp_path):
 
 # ------------------------------------ worked example (docs/DESIGN.md "Expert sizes change per layer")
 
+
 def test_documents_worked_example_blob_bytes(tmp_path):
     """docs/DESIGN.md "Expert sizes change per layer": n_embd 2560, n_ff 640, 512 experts. Layer 0 IQ2_XS
     gate/up + IQ4_NL down: blob 1,868,800 B; layer 1 starts at 512 x 1,868,800 = 956,825,600; layer 1
     IQ2_XXS + Q2_0: 1,305,600 B. Header-only sparse file: ~1.5 GB logical, nothing on disk."""
-    kv = {"qwen3moe.block_count": 2, "qwen3moe.context_length": 4096, "qwen3moe.embedding_length": 2560,
-          "qwen3moe.attention.head_count": 24, "qwen3moe.attention.head_count_kv": 2,
-          "qwen3moe.attention.key_length": 256, "qwen3moe.attention.layer_norm_rms_epsilon": 1e-6,
-          "qwen3moe.expert_count": 512, "qwen3moe.expert_used_count": 8, "qwen3moe.expert_feed_forward_length": 640,
-          "tokenizer.ggml.tokens": ["a", "b"]}
+    kv = {
+        "qwen3moe.block_count": 2,
+        "qwen3moe.context_length": 4096,
+        "qwen3moe.embedding_length": 2560,
+        "qwen3moe.attention.head_count": 24,
+        "qwen3moe.attention.head_count_kv": 2,
+        "qwen3moe.attention.key_length": 256,
+        "qwen3moe.attention.layer_norm_rms_epsilon": 1e-6,
+        "qwen3moe.expert_count": 512,
+        "qwen3moe.expert_used_count": 8,
+        "qwen3moe.expert_feed_forward_length": 640,
+        "tokenizer.ggml.tokens": ["a", "b"],
+    }
     tensors = []
     for il, (gu, dn) in enumerate([(17, 20), (16, 42)]):
-        tensors += [(f"blk.{il}.ffn_gate_exps.weight", gu, (2560, 640, 512)),
-                    (f"blk.{il}.ffn_up_exps.weight", gu, (2560, 640, 512)),
-                    (f"blk.{il}.ffn_down_exps.weight", dn, (640, 2560, 512))]
+        tensors += [
+            (f"blk.{il}.ffn_gate_exps.weight", gu, (2560, 640, 512)),
+            (f"blk.{il}.ffn_up_exps.weight", gu, (2560, 640, 512)),
+            (f"blk.{il}.ffn_down_exps.weight", dn, (640, 2560, 512)),
+        ]
     src = tmp_path / "doc.gguf"
     synth.write_header_only(src, "qwen3moe", kv, tensors)
     assert src.stat().st_blocks * 512 < 1 << 20  # sparse
@@ -274,6 +296,7 @@ def test_documents_worked_example_blob_bytes(tmp_path):
 
 
 # ----------------------------------------------------------------- atomicity, read-only sources
+
 
 def test_failed_build_leaves_previous_pack_intact(moe_split, tmp_path, monkeypatch):
     _, paths = moe_split
@@ -336,15 +359,24 @@ def test_verify_catches_wrong_expert_offset(moe_split, tmp_path):
 def test_custom_alignment(alignment, tmp_path):
     """general.alignment other than the default 32: offsets follow it, the pack is byte-exact."""
     src = tmp_path / "a.gguf"
-    kv = {"qwen2.block_count": 1, "qwen2.context_length": 64, "qwen2.embedding_length": 64,
-          "qwen2.feed_forward_length": 128, "qwen2.attention.head_count": 2,
-          "qwen2.attention.layer_norm_rms_epsilon": 1e-6, "tokenizer.ggml.tokens": ["a", "b"]}
+    kv = {
+        "qwen2.block_count": 1,
+        "qwen2.context_length": 64,
+        "qwen2.embedding_length": 64,
+        "qwen2.feed_forward_length": 128,
+        "qwen2.attention.head_count": 2,
+        "qwen2.attention.layer_norm_rms_epsilon": 1e-6,
+        "tokenizer.ggml.tokens": ["a", "b"],
+    }
     tensors = [("x.weight", "F32", (3,)), ("y.weight", "Q8_0", (64, 2)), ("z.weight", "F16", (5, 1))]
     lay = synth.write_header_only(src, "qwen2", kv, tensors, alignment=alignment, data="random")
     h = read_header(src)
     assert h.alignment == alignment
-    assert [t.rel_offset for t in h.tensors] == [0, alignment * (-(-12 // alignment)),
-                                                 alignment * (-(-12 // alignment)) + alignment * (-(-136 // alignment))]
+    assert [t.rel_offset for t in h.tensors] == [
+        0,
+        alignment * (-(-12 // alignment)),
+        alignment * (-(-12 // alignment)) + alignment * (-(-136 // alignment)),
+    ]
     assert [t.abs_offset for t in h.tensors] == [lay.data_offset + t.rel_offset for t in h.tensors]
     build_pack(src, tmp_path / "p", progress=False)
     verify_pack(tmp_path / "p")
@@ -381,14 +413,20 @@ def test_verify_checks_the_tokenizer_tables(moe_split, tmp_path, damage):
     elif damage == "string_tokens":
         t = pq.read_table(v)
         i = t.column_names.index("token")
-        pq.write_table(t.set_column(i, "token", pa.array([b.decode("utf-8", "replace") for b in t.column("token").to_pylist()],
-                                                         pa.string())), v)
+        pq.write_table(
+            t.set_column(
+                i, "token", pa.array([b.decode("utf-8", "replace") for b in t.column("token").to_pylist()], pa.string())
+            ),
+            v,
+        )
         want = r"vocab\.parquet: column 'token' has type string, strata-pack build writes binary"
     else:
         t = pq.read_table(v)
         tokens = t.column("token").to_pylist()
         tokens[5] = b"zzz-not-the-source"
         pq.write_table(t.set_column(t.column_names.index("token"), "token", pa.array(tokens, pa.binary())), v)
-        want = r"vocab\.parquet: column token entry 5 is b'zzz-not-the-source', the source's tokenizer\.ggml\.tokens gives"
+        want = (
+            r"vocab\.parquet: column token entry 5 is b'zzz-not-the-source', the source's tokenizer\.ggml\.tokens gives"
+        )
     with pytest.raises(VerifyError, match=want):
         verify_pack(out)

@@ -42,8 +42,23 @@ def test_act_format_column():
     for t in quants.QTYPES.values():
         by.setdefault(t.act_format, set()).add(t.name)
     assert by["q8_0"] == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q1_0", "Q2_0", "MXFP4", "NVFP4"}
-    assert by["q8_K"] == {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
-                          "IQ1_S", "IQ1_M", "IQ4_XS", "TQ1_0", "TQ2_0"}
+    assert by["q8_K"] == {
+        "Q2_K",
+        "Q3_K",
+        "Q4_K",
+        "Q5_K",
+        "Q6_K",
+        "IQ2_XXS",
+        "IQ2_XS",
+        "IQ2_S",
+        "IQ3_XXS",
+        "IQ3_S",
+        "IQ1_S",
+        "IQ1_M",
+        "IQ4_XS",
+        "TQ1_0",
+        "TQ2_0",
+    }
     assert by["f16"] == {"F16"} and by["bf16"] == {"BF16"}
     assert set(by) == {"q8_0", "q8_K", "f16", "bf16", "f32"}
 
@@ -63,12 +78,29 @@ def test_gpu_kernel_files_are_exactly_the_gpu_kernel_rows():
     assert set(K.SUPPORTED_TYPES) == {quants.by_name(n).id for n in rows}
 
 
-@pytest.mark.parametrize("name,qk,nf,pb", [
-    ("Q4_0", 32, 1, 16), ("Q4_1", 32, 2, 16), ("Q5_0", 32, 1, 20), ("Q5_1", 32, 2, 20), ("Q8_0", 32, 1, 32),
-    ("IQ4_NL", 32, 1, 16), ("Q1_0", 128, 1, 16), ("Q2_0", 64, 1, 16), ("Q2_K", 256, 0, 84), ("Q3_K", 256, 0, 110),
-    ("Q4_K", 256, 0, 144), ("Q5_K", 256, 0, 176), ("Q6_K", 256, 0, 210), ("IQ2_XXS", 256, 0, 66),
-    ("IQ2_XS", 256, 0, 74), ("IQ2_S", 256, 0, 82), ("IQ3_XXS", 256, 0, 98), ("IQ4_XS", 256, 0, 136),
-])
+@pytest.mark.parametrize(
+    "name,qk,nf,pb",
+    [
+        ("Q4_0", 32, 1, 16),
+        ("Q4_1", 32, 2, 16),
+        ("Q5_0", 32, 1, 20),
+        ("Q5_1", 32, 2, 20),
+        ("Q8_0", 32, 1, 32),
+        ("IQ4_NL", 32, 1, 16),
+        ("Q1_0", 128, 1, 16),
+        ("Q2_0", 64, 1, 16),
+        ("Q2_K", 256, 0, 84),
+        ("Q3_K", 256, 0, 110),
+        ("Q4_K", 256, 0, 144),
+        ("Q5_K", 256, 0, 176),
+        ("Q6_K", 256, 0, 210),
+        ("IQ2_XXS", 256, 0, 66),
+        ("IQ2_XS", 256, 0, 74),
+        ("IQ2_S", 256, 0, 82),
+        ("IQ3_XXS", 256, 0, 98),
+        ("IQ4_XS", 256, 0, 136),
+    ],
+)
 def test_kernel_defines_are_generated_from_the_row(name, qk, nf, pb):
     t = quants.by_name(name)
     assert K.type_defines(t.id) == f"#define QK {qk}\n#define NF {nf}\n#define PB {pb}\n"
@@ -87,7 +119,9 @@ def test_cuda_files_are_package_data():
     """Every file under engine/gpu/cuda ships in the wheel: its folder is a package of pyproject.toml
     (strata.engine.gpu.cuda, .cuda.types) whose package-data globs match it."""
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    dirs = {pkg: (ROOT / d).resolve() for pkg, d in cfg["package-dir"].items() if pkg.startswith("strata.engine.gpu.cuda")}
+    dirs = {
+        pkg: (ROOT / d).resolve() for pkg, d in cfg["package-dir"].items() if pkg.startswith("strata.engine.gpu.cuda")
+    }
     assert K.CUDA_DIR == dirs["strata.engine.gpu.cuda"] and set(dirs) <= set(cfg["packages"])
     files = [p for p in K.CUDA_DIR.rglob("*") if p.is_file()]
     assert files
@@ -104,8 +138,9 @@ def test_fused_source_is_prelude_fused_file_and_logit_summary():
 
     src = fused.fused_source()
     top = f"#define TOPK {fused.TOP_K}\n#define TOP_THREADS {fused.TOP_THREADS}\n"
-    assert src == (K.cuda_file("prelude.cuh") + K.q8_quant_source() + K.cuda_file("fused.cu") + top
-                   + K.cuda_file("logit_top.cu"))
+    assert src == (
+        K.cuda_file("prelude.cuh") + K.q8_quant_source() + K.cuda_file("fused.cu") + top + K.cuda_file("logit_top.cu")
+    )
     for name in fused.FUSED_KERNEL_NAMES:
         assert f'extern "C" __global__ void {name}(' in src
 

@@ -29,7 +29,11 @@ def test_ids_beyond_the_wheel_are_known():
     q2_0 = quants.qtype(42)
     assert (q2_0.name, q2_0.block_elems, q2_0.block_bytes, q2_0.fp16_scale_offsets) == ("Q2_0", 64, 18, (0,))
     assert (quants.qtype(41).name, quants.qtype(41).block_elems, quants.qtype(41).block_bytes) == ("Q1_0", 128, 18)
-    assert (quants.qtype(40).name, quants.qtype(40).block_bytes, quants.qtype(40).fp16_scale_offsets) == ("NVFP4", 36, ())
+    assert (quants.qtype(40).name, quants.qtype(40).block_bytes, quants.qtype(40).fp16_scale_offsets) == (
+        "NVFP4",
+        36,
+        (),
+    )
 
 
 @pytest.mark.parametrize("bad", [4, 5, 31, 36, 38, 43, 99, -1])
@@ -46,15 +50,40 @@ def test_widening_rule_from_the_documents():
     widened = sorted(t.name for t in quants.QTYPES.values() if t.widened)
     assert widened == sorted(["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q1_0", "Q2_0"])
     # engine-form block bytes = block bytes + 2 per fp16 field (docs/FORMAT.md "Quant types", column "engine block")
-    expect = {"Q4_0": 20, "Q4_1": 24, "Q5_0": 24, "Q5_1": 28, "Q8_0": 36, "IQ4_NL": 20, "Q1_0": 20, "Q2_0": 20,
-              "Q4_K": 144, "IQ2_XS": 74, "Q6_K": 210, "F32": 4}
+    expect = {
+        "Q4_0": 20,
+        "Q4_1": 24,
+        "Q5_0": 24,
+        "Q5_1": 28,
+        "Q8_0": 36,
+        "IQ4_NL": 20,
+        "Q1_0": 20,
+        "Q2_0": 20,
+        "Q4_K": 144,
+        "IQ2_XS": 74,
+        "Q6_K": 210,
+        "F32": 4,
+    }
     for name, bb in expect.items():
         assert quants.by_name(name).engine_block_bytes == bb, name
 
 
 def test_fp16_scale_offsets_match_formats_table():
-    expect = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ2_XXS": (0,),
-              "IQ3_XXS": (0,), "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,), "Q8_K": (), "MXFP4": (), "IQ1_M": ()}
+    expect = {
+        "Q2_K": (80, 82),
+        "Q3_K": (108,),
+        "Q4_K": (0, 2),
+        "Q5_K": (0, 2),
+        "Q6_K": (208,),
+        "IQ2_XXS": (0,),
+        "IQ3_XXS": (0,),
+        "IQ4_XS": (0,),
+        "TQ1_0": (52,),
+        "TQ2_0": (64,),
+        "Q8_K": (),
+        "MXFP4": (),
+        "IQ1_M": (),
+    }
     for name, offs in expect.items():
         assert quants.by_name(name).fp16_scale_offsets == offs, name
 
@@ -64,13 +93,13 @@ def test_scale_offsets_really_hold_d_for_q8_0_and_q4_k():
     x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(1, 32) * 3.0
     blk = gguf.quants.quantize(x, GGMLQuantizationType.Q8_0)
     off = quants.by_name("Q8_0").fp16_scale_offsets[0]
-    d = blk[0, off:off + 2].view(np.float16)[0]
+    d = blk[0, off : off + 2].view(np.float16)[0]
     assert d == np.float16(3.0 / 127)
     # Q4_K: a block with d=1, dmin=0, all scales 1 and nibbles 0..15 dequantizes to the nibbles
     b = np.zeros(144, np.uint8)
     b[0:2] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
     b[4:8] = 1  # scales 0..3 = 1 (6-bit), mins 0
-    b[12:12 + 32] = 0x21  # low nibble 1, high nibble 2
+    b[12 : 12 + 32] = 0x21  # low nibble 1, high nibble 2
     y = gguf.quants.dequantize(b.reshape(1, 144), GGMLQuantizationType.Q4_K).ravel()
     assert y[0] == 1.0 and y[32] == 2.0
 

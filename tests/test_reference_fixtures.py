@@ -29,8 +29,7 @@ EXPECTED = {
         "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         "prompt_ids": [2, 818, 5279, 529, 7001, 563],
         "first_output_ids": [506, 5279, 529, 506, 2891, 529, 7001, 236761],
-        "top5": [(506, 18.9994), (496, 18.4923), (9079, 18.3238), (886, 18.1026),
-                 (3224, 17.7013)],
+        "top5": [(506, 18.9994), (496, 18.4923), (9079, 18.3238), (886, 18.1026), (3224, 17.7013)],
         "text_start": " the capital of the country of France. It is",
     },
     "qwen2.5-0.5b": {
@@ -38,8 +37,7 @@ EXPECTED = {
         "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         "prompt_ids": [785, 6722, 315, 9625, 374],
         "first_output_ids": [12095, 13, 576, 6722, 315, 279, 3639, 4180],
-        "top5": [(12095, 14.6050), (7148, 10.4966), (2598, 9.3791), (106004, 9.3363),
-                 (44245, 8.8263)],
+        "top5": [(12095, 14.6050), (7148, 10.4966), (2598, 9.3791), (106004, 9.3363), (44245, 8.8263)],
         "text_start": " Paris. The capital of the United States is",
     },
 }
@@ -73,7 +71,7 @@ def test_france_prompt_matches_published_numbers(name):
     assert step0["step"] == 0 and step0["position"] == len(exp["prompt_ids"]) - 1
     got = step0["top"][:5]
     assert [i for i, _ in got] == [i for i, _ in exp["top5"]]
-    for (gi, gv), (ei, ev) in zip(got, exp["top5"]):
+    for (gi, gv), (_ei, ev) in zip(got, exp["top5"]):
         assert gv == pytest.approx(ev, abs=1e-3), (gi, gv, ev, hint)
 
 

@@ -48,14 +48,14 @@ def _imports(mod: str, path: Path) -> list[tuple[str, list[str]]]:
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.name.startswith("strata."):
-                    out.append((a.name[len("strata."):], []))
+                    out.append((a.name[len("strata.") :], []))
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = pkg.split(".")
                 base = base[: len(base) - (node.level - 1)]
                 target = ".".join(base + ([node.module] if node.module else []))
             elif node.module and node.module.startswith("strata."):
-                target = node.module[len("strata."):]
+                target = node.module[len("strata.") :]
             else:
                 continue
             out.append((target, [a.name for a in node.names]))
@@ -107,7 +107,7 @@ def test_no_import_cycle():
         stack.append(m)
         for t in sorted(g[m]):
             if state.get(t) == 1:
-                cycles.append(stack[stack.index(t):] + [t])
+                cycles.append(stack[stack.index(t) :] + [t])
             elif t not in state:
                 visit(t, stack)
         stack.pop()
@@ -137,8 +137,13 @@ def test_no_private_name_imported_across_modules():
                 for a in node.names:
                     aliases[a.asname or a.name.split(".")[0]] = a.name
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
-                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
                 bad.append(f"{mod} uses {node.value.id}.{node.attr}")
     assert bad == []
 
@@ -152,8 +157,10 @@ def test_module_size(mod):
 def test_the_check_can_fail(tmp_path):
     # the walker sees relative, absolute and in-function imports (a check that cannot fail is a defect)
     p = tmp_path / "m.py"
-    p.write_text("from . import x\nfrom ..engine import y\nimport strata.budget.plan\n"
-                 "def f():\n    from strata.engine.gpu import kernels as K\n    return K._private\n")
+    p.write_text(
+        "from . import x\nfrom ..engine import y\nimport strata.budget.plan\n"
+        "def f():\n    from strata.engine.gpu import kernels as K\n    return K._private\n"
+    )
     got = _imports("packer.sub.m", p)
     assert ("packer.sub.x" not in [t for t, _ in got]) and ("packer.sub", ["x"]) in got
     assert ("packer.engine", ["y"]) in got and ("budget.plan", []) in got and ("engine.gpu", ["kernels"]) in got

@@ -50,7 +50,7 @@ def parse_header(path: Path) -> dict:
     def string():
         nonlocal pos
         n = take("<Q")
-        s = bytes(buf[pos:pos + n]).decode()
+        s = bytes(buf[pos : pos + n]).decode()
         pos += n
         return s
 
@@ -84,8 +84,15 @@ def parse_header(path: Path) -> dict:
         typ, off = take("<IQ")
         tensors.append((name, ne, typ, off))
     align = kv.get("general.alignment", (4, 32))[1]
-    return dict(magic=magic, version=version, kv=kv, tensors=tensors, header_end=pos,
-                data_offset=(pos + align - 1) // align * align if align else None, size=len(buf))
+    return dict(
+        magic=magic,
+        version=version,
+        kv=kv,
+        tensors=tensors,
+        header_end=pos,
+        data_offset=(pos + align - 1) // align * align if align else None,
+        size=len(buf),
+    )
 
 
 def _pad(n: int, a: int = 32) -> int:
@@ -101,8 +108,11 @@ def _field(r: gguf.GGUFReader, key: str):
 # 1. random blocks
 # ---------------------------------------------------------------------------------------------
 
-_GGUF_DEQUANT = [t for t in quants.QTYPES.values()
-                 if t.name not in ("Q8_1", "Q8_K", "Q1_0", "Q2_0", "I8", "I16", "I32", "I64", "F64")]
+_GGUF_DEQUANT = [
+    t
+    for t in quants.QTYPES.values()
+    if t.name not in ("Q8_1", "Q8_K", "Q1_0", "Q2_0", "I8", "I16", "I32", "I64", "F64")
+]
 
 
 @pytest.mark.parametrize("t", _GGUF_DEQUANT, ids=lambda t: t.name)
@@ -111,7 +121,11 @@ def test_random_blocks_decode_finite_and_small(t):
     raw = S.make_random_blocks(t.id, n_blocks * t.block_elems, np.random.default_rng(t.id))
     assert raw.dtype == np.uint8 and raw.ndim == 1
     assert raw.size == quants.tensor_nbytes(t.id, (n_blocks * t.block_elems,)) == n_blocks * t.block_bytes
-    data = raw.reshape(n_blocks, t.block_bytes) if t.block_elems > 1 else raw.view({"F32": "<f4", "F16": "<f2"}.get(t.name, np.uint8))
+    data = (
+        raw.reshape(n_blocks, t.block_bytes)
+        if t.block_elems > 1
+        else raw.view({"F32": "<f4", "F16": "<f2"}.get(t.name, np.uint8))
+    )
     x = gguf.quants.dequantize(data, GGMLQuantizationType(t.id))
     assert x.size == n_blocks * t.block_elems
     assert np.isfinite(x).all()
@@ -122,7 +136,7 @@ def test_random_blocks_decode_finite_and_small(t):
         # (types gguf-py quantizes carry the quantizer's own, signed, d)
         blocks = raw.reshape(n_blocks, t.block_bytes)
         for o in t.fp16_scale_offsets:
-            s = blocks[:, o:o + 2].copy().view("<f2").astype(np.float32)
+            s = blocks[:, o : o + 2].copy().view("<f2").astype(np.float32)
             assert (s > 0).all() and (s <= 0.02).all(), (t.name, o)
 
 
@@ -365,6 +379,7 @@ def test_tokenizer():
 # 3. own writer: header-only files
 # ---------------------------------------------------------------------------------------------
 
+
 def test_header_only_reads_back_with_gguf(tmp_path):
     kv = {
         "general.name": "hdr",
@@ -378,8 +393,13 @@ def test_header_only_reads_back_with_gguf(tmp_path):
         "t.af32": [0.25, 1.5],
         "t.au32": S.KV(V.ARRAY, [4, 5, 2**32 - 1], V.UINT32),
     }
-    tensors = [("big.weight", "F32", (4096, 4096)), ("q.weight", "Q4_K", (256, 64, 8)), ("n.weight", 0, (7,)),
-               ("e.weight", "IQ2_XS", (512, 3, 4)), ("m.weight", "Q8_0", (96, 5))]
+    tensors = [
+        ("big.weight", "F32", (4096, 4096)),
+        ("q.weight", "Q4_K", (256, 64, 8)),
+        ("n.weight", 0, (7,)),
+        ("e.weight", "IQ2_XS", (512, 3, 4)),
+        ("m.weight", "Q8_0", (96, 5)),
+    ]
     lay = S.write_header_only(tmp_path / "h.gguf", "qwen3moe", kv, tensors, alignment=64)
     r = gguf.GGUFReader(tmp_path / "h.gguf")
     assert _field(r, "general.architecture") == ([V.STRING], "qwen3moe")
@@ -470,11 +490,22 @@ def test_documents_geometry_and_disk(documents):
     path, lay, h = documents
     kv = h["kv"]
     assert kv["general.architecture"] == (8, "qwen3next")
-    for key, val in [("block_count", 48), ("embedding_length", 2560), ("expert_count", 512), ("expert_used_count", 8),
-                     ("expert_feed_forward_length", 640), ("attention.head_count", 24), ("attention.head_count_kv", 2),
-                     ("attention.key_length", 256), ("ssm.conv_kernel", 4), ("ssm.state_size", 128),
-                     ("ssm.group_count", 16), ("ssm.time_step_rank", 48), ("ssm.inner_size", 6144),
-                     ("full_attention_interval", 4)]:
+    for key, val in [
+        ("block_count", 48),
+        ("embedding_length", 2560),
+        ("expert_count", 512),
+        ("expert_used_count", 8),
+        ("expert_feed_forward_length", 640),
+        ("attention.head_count", 24),
+        ("attention.head_count_kv", 2),
+        ("attention.key_length", 256),
+        ("ssm.conv_kernel", 4),
+        ("ssm.state_size", 128),
+        ("ssm.group_count", 16),
+        ("ssm.time_step_rank", 48),
+        ("ssm.inner_size", 6144),
+        ("full_attention_interval", 4),
+    ]:
         assert kv[f"qwen3next.{key}"] == (4, val), key  # u32
     assert kv["tokenizer.ggml.tokens"][1][:2] == (8, 150_000)
     t = {n: (ne, typ) for n, ne, typ, _ in h["tensors"]}
@@ -522,6 +553,7 @@ def test_big_dense_2gib(scratch):
 # 4. broken files
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     p = tmp_path_factory.mktemp("broken") / "base.gguf"
@@ -532,7 +564,11 @@ def test_broken_base_is_valid(base):
     p, lay = base
     r = gguf.GGUFReader(p)
     assert [(t.name, t.tensor_type.name) for t in r.tensors] == [
-        ("a.weight", "F32"), ("b.weight", "Q8_0"), ("c.weight", "F16"), ("d.weight", "Q4_K")]
+        ("a.weight", "F32"),
+        ("b.weight", "Q8_0"),
+        ("c.weight", "F16"),
+        ("d.weight", "Q4_K"),
+    ]
     assert [t.data_offset for t in r.tensors] == [lay.data_offset + o for o in (0, 1024, 1312, 1504)]
     assert os.path.getsize(p) == lay.data_offset + 1504 + 288
     x = gguf.quants.dequantize(r.tensors[3].data, r.tensors[3].tensor_type)
@@ -554,27 +590,51 @@ BROKEN_CHECKS = {
     "version_4": (True, lambda p, lay: parse_header(p)["version"] == 4),
     "truncated_header": (True, lambda p, lay: os.path.getsize(p) == lay.tensor("b.weight").info_pos + 3),
     "truncated_data": (True, lambda p, lay: os.path.getsize(p) == lay.data_offset + 1504 + 144),
-    "tensor_beyond_eof": (True, lambda p, lay: (h := parse_header(p))["data_offset"] + _tensors(h)["d.weight"][2]
-                          > os.path.getsize(p) == os.path.getsize(lay.path)),
+    "tensor_beyond_eof": (
+        True,
+        lambda p, lay: (
+            (h := parse_header(p))["data_offset"] + _tensors(h)["d.weight"][2]
+            > os.path.getsize(p)
+            == os.path.getsize(lay.path)
+        ),
+    ),
     "overlapping_tensors": (False, lambda p, lay: _tensors(parse_header(p))["b.weight"][2] == 32),
-    "nbytes_exceeds_span": (False, lambda p, lay: (t := _tensors(parse_header(p)))["a.weight"][0] == (64, 5)
-                            and quants.tensor_nbytes(0, (64, 5)) > t["b.weight"][2] - t["a.weight"][2] == 1024),
-    "nbytes_below_span": (False, lambda p, lay: (t := _tensors(parse_header(p)))["a.weight"][0] == (64, 2)
-                          and _pad(quants.tensor_nbytes(0, (64, 2))) < t["b.weight"][2] - t["a.weight"][2] == 1024),
+    "nbytes_exceeds_span": (
+        False,
+        lambda p, lay: (
+            (t := _tensors(parse_header(p)))["a.weight"][0] == (64, 5)
+            and quants.tensor_nbytes(0, (64, 5)) > t["b.weight"][2] - t["a.weight"][2] == 1024
+        ),
+    ),
+    "nbytes_below_span": (
+        False,
+        lambda p, lay: (
+            (t := _tensors(parse_header(p)))["a.weight"][0] == (64, 2)
+            and _pad(quants.tensor_nbytes(0, (64, 2))) < t["b.weight"][2] - t["a.weight"][2] == 1024
+        ),
+    ),
     "ne0_not_block_multiple": (True, lambda p, lay: _tensors(parse_header(p))["b.weight"][:2] == ((48, 4), 8)),
     "element_count_overflow": (True, lambda p, lay: math.prod(_tensors(parse_header(p))["a.weight"][0]) > 2**63 - 1),
     "unknown_type_4": (True, lambda p, lay: _tensors(parse_header(p))["b.weight"][1] == 4),
     "unknown_type_99": (True, lambda p, lay: _tensors(parse_header(p))["b.weight"][1] == 99),
-    "duplicate_tensor_name": (True, lambda p, lay: [n for n, *_ in parse_header(p)["tensors"]]
-                              == ["a.weight", "a.weight", "c.weight", "d.weight"]),
+    "duplicate_tensor_name": (
+        True,
+        lambda p, lay: [n for n, *_ in parse_header(p)["tensors"]] == ["a.weight", "a.weight", "c.weight", "d.weight"],
+    ),
     "alignment_0": (True, lambda p, lay: parse_header(p)["kv"]["general.alignment"] == (4, 0)),
     "alignment_3": (True, lambda p, lay: parse_header(p)["kv"]["general.alignment"] == (4, 3)),
     "string_length_beyond_eof": (True, lambda p, lay: _u64(p, lay.kv_pos["general.name"] + 4) > os.path.getsize(p)),
-    "array_length_beyond_eof": (True, lambda p, lay: _u64(p, lay.kv_pos["tokenizer.ggml.tokens"] + 8) > os.path.getsize(p)),
+    "array_length_beyond_eof": (
+        True,
+        lambda p, lay: _u64(p, lay.kv_pos["tokenizer.ggml.tokens"] + 8) > os.path.getsize(p),
+    ),
     "misaligned_offset": (False, lambda p, lay: _tensors(parse_header(p))["c.weight"][2] % 32 == 8),
     "too_many_dims": (False, lambda p, lay: _tensors(parse_header(p))["a.weight"][0] == (64, 4, 1, 1, 1)),
     "name_too_long": (False, lambda p, lay: len(parse_header(p)["tensors"][0][0].encode()) >= 64),
-    "bad_kv_type": (True, lambda p, lay: struct.unpack_from("<I", Path(p).read_bytes(), lay.kv_pos["general.name"])[0] == 13),
+    "bad_kv_type": (
+        True,
+        lambda p, lay: struct.unpack_from("<I", Path(p).read_bytes(), lay.kv_pos["general.name"])[0] == 13,
+    ),
 }
 
 
@@ -606,7 +666,10 @@ def test_broken_unknown_kind(tmp_path):
 # llama.cpp accepts and runs the presets (skipped without llama-cpp-python)
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["qwen3moe", "qwen3next", "llama", "llama_moe", "qwen3", "qwen2moe", "deepseek2", "gpt_oss"])
+
+@pytest.mark.parametrize(
+    "name", ["qwen3moe", "qwen3next", "llama", "llama_moe", "qwen3", "qwen2moe", "deepseek2", "gpt_oss"]
+)
 def test_llama_cpp_runs_preset(name, preset_files):
     llama_cpp = pytest.importorskip("llama_cpp")
     llm = llama_cpp.Llama(str(preset_files[name]), n_ctx=128, n_threads=2, logits_all=True, verbose=False)
@@ -615,5 +678,5 @@ def test_llama_cpp_runs_preset(name, preset_files):
     llm.eval(toks)
     nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
     llm.eval([nxt])
-    scores = np.asarray(llm.scores[:llm.n_tokens])
+    scores = np.asarray(llm.scores[: llm.n_tokens])
     assert llm.n_vocab() == 512 and np.isfinite(scores).all() and scores.std() > 0

@@ -40,7 +40,8 @@ def cases(tmp_path_factory):
         g = write_tokenizer_case(d / f"{name}.gguf", name)
         assert hashlib.sha256(g.read_bytes()).hexdigest() == SYNTH["cases"][name]["gguf_sha256"], (
             f"{name}: strata.testing no longer writes the vocabulary llama.cpp was run on "
-            f"(regenerate with tools/make_tokenizer_reference.py)")
+            f"(regenerate with tools/make_tokenizer_reference.py)"
+        )
         build_pack(g, d / name, progress=False)
         out[name] = (g, d / name)
     return out
@@ -108,7 +109,9 @@ def _build_with(tmp_path, name: str, edit) -> str:
 
     kv, n = tokenizer_case_kv(name)
     kv = edit(kv)
-    spec = synth.qwen2_spec(n_layers=1, dims={"n_vocab": n, "n_embd": 64, "n_ff": 128, "n_head": 2, "n_head_kv": 1, "head_dim": 32})
+    spec = synth.qwen2_spec(
+        n_layers=1, dims={"n_vocab": n, "n_embd": 64, "n_ff": 128, "n_head": 2, "n_head_kv": 1, "head_dim": 32}
+    )
     g = synth.write_model(tmp_path / "m.gguf", spec, tokenizer=kv)[0]
     with pytest.raises(BuildError) as e:
         build_pack(g, tmp_path / "p", progress=False)
@@ -121,14 +124,23 @@ def test_unsupported_pre_tokenizer_refused_by_name_at_build(tmp_path):
         return lambda kv: [(k, t, value if k == "tokenizer.ggml.pre" else v, s) for k, t, v, s in kv]
 
     msg = _build_with(tmp_path, "bpe-qwen2", pre("smollm"))
-    assert msg == (f"{tmp_path / 'm.gguf'}: tokenizer.ggml.pre 'smollm' is not supported by strata's tokenizer "
-                   f"(supported: {', '.join(sorted(PRE_RULES))}); refusing rather than tokenizing it differently from llama.cpp")
-    assert "tokenizer.ggml.pre 'gpt2' is not supported" in _build_with(tmp_path, "bpe-qwen2", pre("gpt2"))  # llama.cpp: 'gpt-2'
+    assert msg == (
+        f"{tmp_path / 'm.gguf'}: tokenizer.ggml.pre 'smollm' is not supported by strata's tokenizer "
+        f"(supported: {', '.join(sorted(PRE_RULES))}); refusing rather than tokenizing it differently from llama.cpp"
+    )
+    assert "tokenizer.ggml.pre 'gpt2' is not supported" in _build_with(
+        tmp_path, "bpe-qwen2", pre("gpt2")
+    )  # llama.cpp: 'gpt-2'
 
 
 def test_unsupported_tokenizer_model_refused_by_name_at_build(tmp_path):
-    msg = _build_with(tmp_path, "bpe-qwen2", lambda kv: [(k, t, "bert" if k == "tokenizer.ggml.model" else v, s) for k, t, v, s in kv])
-    assert msg == f"{tmp_path / 'm.gguf'}: tokenizer.ggml.model 'bert' is not supported by strata's tokenizer (supported: llama, gpt2)"
+    msg = _build_with(
+        tmp_path, "bpe-qwen2", lambda kv: [(k, t, "bert" if k == "tokenizer.ggml.model" else v, s) for k, t, v, s in kv]
+    )
+    assert (
+        msg == f"{tmp_path / 'm.gguf'}: tokenizer.ggml.model 'bert' is not supported by strata's tokenizer (supported: "
+        "llama, gpt2)"
+    )
 
 
 def test_special_token_not_utf8_refused_by_id_at_build(tmp_path):
@@ -141,11 +153,14 @@ def test_special_token_not_utf8_refused_by_id_at_build(tmp_path):
         return out
 
     msg = _build_with(tmp_path, "bpe-qwen2", edit)
-    assert msg == (f"{tmp_path / 'm.gguf'}: token 516 (type 3, special) is not valid UTF-8 (b'\\xff\\xfe'): llama.cpp would "
-                   f"match its bytes inside the prompt's multi-byte characters; refused")
+    assert msg == (
+        f"{tmp_path / 'm.gguf'}: token 516 (type 3, special) is not valid UTF-8 (b'\\xff\\xfe'): llama.cpp would "
+        f"match its bytes inside the prompt's multi-byte characters; refused"
+    )
 
 
 # ------------------------------------------------------------------ real models, chat templates
+
 
 def _real(pack, name):
     tok = load_tokenizer(open_pack(pack))
@@ -154,7 +169,9 @@ def _real(pack, name):
         for s, want in zip(REAL["strings"], rec["ids"][mode]):
             assert tok.encode(s, parse_special=special) == want, (name, mode, s)
     if rec["chat_template_injected"]:
-        assert tok.chat_template is None  # a base model: --chat is refused (test below); the test uses llama.cpp's template
+        assert (
+            tok.chat_template is None
+        )  # a base model: --chat is refused (test below); the test uses llama.cpp's template
         tok.chat_template = rec["chat_template_injected"]
     for cname, c in rec["chats"].items():
         if "error" in c:
@@ -163,7 +180,7 @@ def _real(pack, name):
             continue
         text = chat_prompt(tok, c["user"], c["system"])
         bos = tok.token_text(tok.bos_id)
-        want = c["jinja2_text"][len(bos):] if tok.add_bos and c["jinja2_text"].startswith(bos) else c["jinja2_text"]
+        want = c["jinja2_text"][len(bos) :] if tok.add_bos and c["jinja2_text"].startswith(bos) else c["jinja2_text"]
         assert text == want
         if c["system"] is not None or rec["chat_template_injected"]:
             assert text == c["builtin_text"]  # llama.cpp's own renderer agrees (Qwen's adds no default system message)
@@ -183,34 +200,51 @@ def test_qwen_prompt_and_chat_ids_equal_llama_cpp(qwen05_pack):
 @pytest.mark.real
 def test_chat_cli_prompt_ids(qwen05_pack, gemma_pack):
     c = REAL["models"]["qwen2.5-0.5b"]["chats"]["system+user"]
-    r = CliRunner().invoke(engine_main, ["generate", str(qwen05_pack), "--chat", "-p", c["user"], "--system", c["system"],
-                                         "-n", "1", "--json"])
+    r = CliRunner().invoke(
+        engine_main,
+        ["generate", str(qwen05_pack), "--chat", "-p", c["user"], "--system", c["system"], "-n", "1", "--json"],
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["prompt_ids"] == c["ids"]
     r = CliRunner().invoke(engine_main, ["generate", str(gemma_pack), "--chat", "-p", "Hi", "-n", "1"])
     assert r.exit_code == 2
-    assert r.stderr == (f"error: {gemma_pack} has no tokenizer.chat_template (a base model, not an instruct one?): "
-                        f"--chat needs the model's template; give the text with --prompt alone\n")
+    assert r.stderr == (
+        f"error: {gemma_pack} has no tokenizer.chat_template (a base model, not an instruct one?): "
+        f"--chat needs the model's template; give the text with --prompt alone\n"
+    )
 
 
 def test_system_needs_chat(cases):
     r = CliRunner().invoke(engine_main, ["generate", str(cases["bpe-qwen2"][1]), "-p", "Hi", "--system", "x"])
-    assert r.exit_code == 2 and r.stderr == "error: --system needs --chat (the system message goes through the model's chat template)\n"
-    r = CliRunner().invoke(engine_main, ["generate", str(cases["bpe-qwen2"][1]), "-p", "Hi", "--chat", "--no-parse-special"])
-    assert r.exit_code == 2 and "--no-parse-special with --chat would make the chat template's own markers plain text" in r.stderr
+    assert (
+        r.exit_code == 2
+        and r.stderr == "error: --system needs --chat (the system message goes through the model's chat template)\n"
+    )
+    r = CliRunner().invoke(
+        engine_main, ["generate", str(cases["bpe-qwen2"][1]), "-p", "Hi", "--chat", "--no-parse-special"]
+    )
+    assert (
+        r.exit_code == 2
+        and "--no-parse-special with --chat would make the chat template's own markers plain text" in r.stderr
+    )
 
 
 def test_chat_template_kept_in_the_pack(tmp_path):
     """tokenizer.chat_template (a multi-line string with quotes and braces) survives metadata.txt."""
-    from strata import testing as synth
     from gguf.constants import GGUFValueType
 
+    from strata import testing as synth
+
     tmpl = REAL["models"]["qwen2.5-0.5b"]["chat_template_injected"] or (
-        "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>' + '\\n' }}{%- endfor %}\n"
-        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}\n")
+        "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>' + '\\n' }}{%- "
+        "endfor %}\n"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}\n"
+    )
     kv, n = tokenizer_case_kv("bpe-qwen2")
     kv = kv + [("tokenizer.chat_template", GGUFValueType.STRING, tmpl, None)]
-    spec = synth.qwen2_spec(n_layers=1, dims={"n_vocab": n, "n_embd": 64, "n_ff": 128, "n_head": 2, "n_head_kv": 1, "head_dim": 32})
+    spec = synth.qwen2_spec(
+        n_layers=1, dims={"n_vocab": n, "n_embd": 64, "n_ff": 128, "n_head": 2, "n_head_kv": 1, "head_dim": 32}
+    )
     g = synth.write_model(tmp_path / "m.gguf", spec, tokenizer=kv)[0]
     build_pack(g, tmp_path / "p", progress=False)
     tok = load_tokenizer(open_pack(tmp_path / "p"))
@@ -223,18 +257,48 @@ def test_chat_template_kept_in_the_pack(tmp_path):
 
 # ------------------------------------------------------------------ llama.cpp itself
 
+
 def _random_strings(n: int = 150) -> list[str]:
     rnd = random.Random(0)
-    pool = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "<unk>", "<s>", "</s>", "<start_of_turn>",
-            "<end_of_turn>", "qqq", " ", "  ", "\n", "\t", "'s", "'LL", "123", "4567", "x", "The", " capital", "中文", "😀",
-            "!!", "...", "é", "\u2581", "\r\n"]
+    pool = [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<tool_call>",
+        "<unk>",
+        "<s>",
+        "</s>",
+        "<start_of_turn>",
+        "<end_of_turn>",
+        "qqq",
+        " ",
+        "  ",
+        "\n",
+        "\t",
+        "'s",
+        "'LL",
+        "123",
+        "4567",
+        "x",
+        "The",
+        " capital",
+        "中文",
+        "😀",
+        "!!",
+        "...",
+        "é",
+        "\u2581",
+        "\r\n",
+    ]
     return ["".join(rnd.choice(pool) for _ in range(rnd.randrange(1, 12))) for _ in range(n)]
 
 
 @pytest.mark.llama_cpp
 @pytest.mark.parametrize("name", list(TOKENIZER_CASES))
 def test_random_prompts_equal_llama_cpp_live(cases, name):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (here: PYTHONPATH=/opt/lcp_avx2)")
+    llama_cpp = pytest.importorskip(
+        "llama_cpp", reason="llama-cpp-python is not installed (here: PYTHONPATH=/opt/lcp_avx2)"
+    )
     g, pack = cases[name]
     tok = load_tokenizer(open_pack(pack))
     llm = llama_cpp.Llama(model_path=str(g), vocab_only=True, verbose=False)
@@ -255,5 +319,7 @@ def test_cli_parses_special_tokens_unless_told_not_to(cases):
         r = CliRunner().invoke(engine_main, ["generate", pack, "-p", "<|im_start|>user", "-n", "1", "--json", flag])
         assert r.exit_code == 0, r.output
         ids[flag] = json.loads(r.stdout)["prompt_ids"]
-    assert ids["--parse-special"] == tok.encode("<|im_start|>user") and ids["--parse-special"][0] == tok.hf.token_to_id("<|im_start|>")
+    assert ids["--parse-special"] == tok.encode("<|im_start|>user") and ids["--parse-special"][0] == tok.hf.token_to_id(
+        "<|im_start|>"
+    )
     assert ids["--no-parse-special"] == tok.encode("<|im_start|>user", parse_special=False) != ids["--parse-special"]

@@ -62,11 +62,19 @@ PRESETS: dict[str, tuple[str, dict]] = {
     "deepseek2": ("deepseek2_spec", {}),
     # V2-Lite style: no q_lora_rank key, attn_q directly (llama.cpp reads the key only for other layer
     # counts: load_arch_hparams is_lite = 27 or 26 layers), 4 experts to keep the 27 layers small
-    "deepseek2_lite": ("deepseek2_spec", {"n_layers": 27, "dims": {"q_lora_rank": None, "n_expert": 4},
-                                          "expert_types": [None] + [("Q4_K", "Q8_0")] * 26}),
+    "deepseek2_lite": (
+        "deepseek2_spec",
+        {
+            "n_layers": 27,
+            "dims": {"q_lora_rank": None, "n_expert": 4},
+            "expert_types": [None] + [("Q4_K", "Q8_0")] * 26,
+        },
+    ),
     # a legacy (pre-MLA) file: attn_kv_b, no *_mla keys, one K and V head per query head
-    "deepseek2_mha": ("deepseek2_spec", {"params": {"n_head_kv": 4, "head_dim": 96, "head_dim_v": 64,
-                                                    "expert_gating_func": 1}}),
+    "deepseek2_mha": (
+        "deepseek2_spec",
+        {"params": {"n_head_kv": 4, "head_dim": 96, "head_dim_v": 64, "expert_gating_func": 1}},
+    ),
     "gpt_oss": ("gpt_oss_spec", {}),
     # the contracts strata had before, measured the same way
     "qwen2": ("qwen2_spec", {}),
@@ -74,8 +82,10 @@ PRESETS: dict[str, tuple[str, dict]] = {
     "qwen3moe": ("qwen3moe_spec", {}),
 }
 
-_KV_LINE = re.compile(r"llama_kv_cache: size = *([\d.]+) MiB \( *(\d+) cells, *(\d+) layers, *(\d+)/(\d+) seqs\), "
-                      r"K \((\w+)\): *([\d.]+) MiB, V \((\w+)\): *([\d.]+) MiB")
+_KV_LINE = re.compile(
+    r"llama_kv_cache: size = *([\d.]+) MiB \( *(\d+) cells, *(\d+) layers, *(\d+)/(\d+) seqs\), "
+    r"K \((\w+)\): *([\d.]+) MiB, V \((\w+)\): *([\d.]+) MiB"
+)
 _CELLS_LINE = re.compile(r"creating +(non-SWA|SWA) KV cache, size = (\d+) cells")
 _BUF_LINE = re.compile(r"load_tensors: +(\S+) model buffer size = *([\d.]+) MiB")
 _UNUSED = re.compile(r"model has unused tensor (\S+)")
@@ -100,9 +110,13 @@ class _Ggml:
         lib = ctypes.CDLL(str(lib_dir / "libggml-base.so"))
         lib.gguf_init_from_file.restype = ctypes.c_void_p
         lib.gguf_init_from_file.argtypes = [ctypes.c_char_p, self._Params]
-        for fn, res in (("gguf_get_n_tensors", ctypes.c_int64), ("gguf_get_tensor_name", ctypes.c_char_p),
-                        ("gguf_get_tensor_offset", ctypes.c_size_t), ("gguf_get_tensor_size", ctypes.c_size_t),
-                        ("gguf_get_data_offset", ctypes.c_size_t)):
+        for fn, res in (
+            ("gguf_get_n_tensors", ctypes.c_int64),
+            ("gguf_get_tensor_name", ctypes.c_char_p),
+            ("gguf_get_tensor_offset", ctypes.c_size_t),
+            ("gguf_get_tensor_size", ctypes.c_size_t),
+            ("gguf_get_data_offset", ctypes.c_size_t),
+        ):
             getattr(lib, fn).restype = res
         for fn in ("gguf_get_tensor_name", "gguf_get_tensor_offset", "gguf_get_tensor_size"):
             getattr(lib, fn).argtypes = [ctypes.c_void_p, ctypes.c_int64]
@@ -117,9 +131,13 @@ class _Ggml:
         if not ctx:
             raise RuntimeError(f"ggml's gguf reader refused {path}")
         try:
-            return {self.lib.gguf_get_tensor_name(ctx, i).decode(): (int(self.lib.gguf_get_tensor_offset(ctx, i)),
-                                                                     int(self.lib.gguf_get_tensor_size(ctx, i)))
-                    for i in range(self.lib.gguf_get_n_tensors(ctx))}
+            return {
+                self.lib.gguf_get_tensor_name(ctx, i).decode(): (
+                    int(self.lib.gguf_get_tensor_offset(ctx, i)),
+                    int(self.lib.gguf_get_tensor_size(ctx, i)),
+                )
+                for i in range(self.lib.gguf_get_n_tensors(ctx))
+            }
         finally:
             self.lib.gguf_free(ctx)
 
@@ -152,9 +170,13 @@ def measure(path: str | os.PathLike, n_ctx: int = N_CTX, *, n_tokens: int = 8) -
         out["unused_tensors"] = _UNUSED.findall(text)
         info = dict(_INFO.findall(text))
         n_layer = int(info["n_layer"])
-        out["hparams"] = {"n_layer": n_layer, "n_swa": int(info["n_swa"]), "n_expert": int(info.get("n_expert", 0)),
-                          "n_embd_k_gqa": _ints(info["n_embd_k_gqa"], n_layer),
-                          "n_embd_v_gqa": _ints(info["n_embd_v_gqa"], n_layer)}
+        out["hparams"] = {
+            "n_layer": n_layer,
+            "n_swa": int(info["n_swa"]),
+            "n_expert": int(info.get("n_expert", 0)),
+            "n_embd_k_gqa": _ints(info["n_embd_k_gqa"], n_layer),
+            "n_embd_v_gqa": _ints(info["n_embd_v_gqa"], n_layer),
+        }
         out["kv"] = {}
         n_vocab = C.llama_vocab_n_tokens(C.llama_model_get_vocab(model))
         for swa_full in (True, False):
@@ -168,9 +190,18 @@ def measure(path: str | os.PathLike, n_ctx: int = N_CTX, *, n_tokens: int = 8) -
                 raise RuntimeError(f"llama.cpp could not make a context for {path}:\n{''.join(lines[-20:])}")
             try:
                 text = "".join(lines[start:])
-                caches = [dict(total_mib=float(m.group(1)), cells=int(m.group(2)), layers=int(m.group(3)),
-                               k_type=m.group(6), k_mib=float(m.group(7)), v_type=m.group(8), v_mib=float(m.group(9)))
-                          for m in _KV_LINE.finditer(text)]
+                caches = [
+                    dict(
+                        total_mib=float(m.group(1)),
+                        cells=int(m.group(2)),
+                        layers=int(m.group(3)),
+                        k_type=m.group(6),
+                        k_mib=float(m.group(7)),
+                        v_type=m.group(8),
+                        v_mib=float(m.group(9)),
+                    )
+                    for m in _KV_LINE.finditer(text)
+                ]
                 cells = {k: int(v) for k, v in _CELLS_LINE.findall(text)}
                 toks = (ctypes.c_int32 * n_tokens)(*[(7 * i + 3) % n_vocab for i in range(n_tokens)])
                 if C.llama_decode(ctx, C.llama_batch_get_one(toks, n_tokens)) != 0:
@@ -212,8 +243,12 @@ def make_entry(name: str) -> dict:
     spec = build_spec(name)
     with tempfile.TemporaryDirectory() as d:
         [path] = synth.write_model(Path(d) / f"{name}.gguf", spec)
-        entry = {"preset": PRESETS[name][0], "spec": spec.model_dump(mode="json"),
-                 "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "file_bytes": path.stat().st_size}
+        entry = {
+            "preset": PRESETS[name][0],
+            "spec": spec.model_dump(mode="json"),
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "file_bytes": path.stat().st_size,
+        }
         entry.update(measure(path))
     return entry
 
@@ -226,15 +261,28 @@ def main(argv: list[str] | None = None) -> int:
     import llama_cpp
 
     data = json.loads(a.out.read_text()) if a.out.exists() else {}
-    data.update({"llama_cpp": f"llama-cpp-python {llama_cpp.__version__}", "n_ctx": N_CTX, "kv_type": KV_TYPE,
-                 "n_ubatch": N_UBATCH, "n_seq": 1})
+    data.update(
+        {
+            "llama_cpp": f"llama-cpp-python {llama_cpp.__version__}",
+            "n_ctx": N_CTX,
+            "kv_type": KV_TYPE,
+            "n_ubatch": N_UBATCH,
+            "n_seq": 1,
+        }
+    )
     models = data.setdefault("models", {})
     for name in a.names or list(PRESETS):
         models[name] = make_entry(name)
         m = models[name]
-        kv = "; ".join(f"{c['cells']} cells x {c['layers']} layers: {c['total_mib']} MiB" for c in m["kv"]["swa_full"]["caches"])
-        print(f"{name}: model {m['model_size_bytes']} B ({m['model_buffers_mib']}), KV {kv}, experts {m['expert_blob_bytes']}"
-              f"{', UNUSED ' + str(m['unused_tensors']) if m['unused_tensors'] else ''}", file=sys.stderr)
+        kv = "; ".join(
+            f"{c['cells']} cells x {c['layers']} layers: {c['total_mib']} MiB" for c in m["kv"]["swa_full"]["caches"]
+        )
+        print(
+            f"{name}: model {m['model_size_bytes']} B ({m['model_buffers_mib']}), KV {kv}, experts "
+            f"{m['expert_blob_bytes']}"
+            f"{', UNUSED ' + str(m['unused_tensors']) if m['unused_tensors'] else ''}",
+            file=sys.stderr,
+        )
     data["models"] = dict(sorted(models.items()))
     tmp = a.out.with_name(a.out.name + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=1) + "\n")

@@ -78,7 +78,7 @@ def function_body(src: str, qualified: str) -> str:
     m = re.search(rf"\b{re.escape(qualified)}\s*\([^)]*\)\s*(?:const\s*)?\{{", src)
     if not m:
         sys.exit(f"make_llamacpp_keys: no definition of {qualified}")
-    return src[m.end():_matching_brace(src, m.end() - 1)]
+    return src[m.end() : _matching_brace(src, m.end() - 1)]
 
 
 def _matching_brace(src: str, open_at: int) -> int:
@@ -123,17 +123,17 @@ def drop_other_arch_blocks(body: str, arch_enum: str) -> tuple[str, list[str]]:
         while depth:
             depth += {"(": 1, ")": -1}.get(body[j], 0)
             j += 1
-        cond = body[m.end():j - 1]
+        cond = body[m.end() : j - 1]
         k = j
         while k < len(body) and body[k].isspace():
             k += 1
         if k < len(body) and body[k] == "{" and arch_condition(cond, arch_enum) is False:
             end = _matching_brace(body, k)
-            out.append(body[i:m.start()])
+            out.append(body[i : m.start()])
             dropped.append(" ".join(cond.split()))
             i = end + 1
         else:
-            out.append(body[i:m.end()])
+            out.append(body[i : m.end()])
             i = m.end()
     return "".join(out), dropped
 
@@ -154,11 +154,14 @@ def reads(body: str, kv_names: dict[str, str], where: str) -> dict[str, dict]:
         while depth:  # the call's closing parenthesis: the last argument says whether the key is required
             depth += {"(": 1, ")": -1}.get(body[j], 0)
             j += 1
-        last = body[m.start(2):j - 1].split(",")[-1].strip()
+        last = body[m.start(2) : j - 1].split(",")[-1].strip()
         key = manifest_key(kv_names[enum])
         prev = found.get(key)
-        found[key] = {"how": how if prev is None or prev["how"] == how else f"{prev['how']}+{how}",
-                      "required": last != "false" or bool(prev and prev["required"]), "where": where}
+        found[key] = {
+            "how": how if prev is None or prev["how"] == how else f"{prev['how']}+{how}",
+            "required": last != "false" or bool(prev and prev["required"]),
+            "where": where,
+        }
     for m in _KV_TOKEN.finditer(body):
         if m.start() not in spans:
             sys.exit(f"make_llamacpp_keys: {where}: {m.group(0)} is used other than as ml.get_*(KEY, ...)")
@@ -183,7 +186,7 @@ def collect(src_dir: Path) -> dict:
     archs = {}
     for arch in ARCHS:
         enum = enum_of[arch]
-        cls = "llama_model_" + enum[len("LLM_ARCH_"):].lower()
+        cls = "llama_model_" + enum[len("LLM_ARCH_") :].lower()
         files = [p for p, s in model_files.items() if re.search(rf"\b{cls}::load_arch_hparams\b", s)]
         if len(files) != 1:
             sys.exit(f"make_llamacpp_keys: {cls}::load_arch_hparams defined in {len(files)} files")
@@ -195,11 +198,16 @@ def collect(src_dir: Path) -> dict:
         for name, hk in helpers.items():
             if re.search(rf"\b{name}\s*\(", text):
                 keys.update(hk)
-        archs[arch] = {"enum": enum, "class": cls, "file": rel, "skipped_conditions": dropped,
-                       "keys": dict(sorted(keys.items()))}
+        archs[arch] = {
+            "enum": enum,
+            "class": cls,
+            "file": rel,
+            "skipped_conditions": dropped,
+            "keys": dict(sorted(keys.items())),
+        }
     return {
         "source": "llama.cpp vendored in llama-cpp-python 0.3.36 (src/llama-arch.cpp LLM_KV_NAMES, src/llama-model.cpp "
-                  "llama_model_base::load_hparams and helpers, src/models/<arch>.cpp); written by tools/make_llamacpp_keys.py",
+        "llama_model_base::load_hparams and helpers, src/models/<arch>.cpp); written by tools/make_llamacpp_keys.py",
         "known_keys": sorted({manifest_key(v) for v in kv_names.values()}),
         "archs": archs,
     }
@@ -207,7 +215,9 @@ def collect(src_dir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--llama-cpp", default=DEFAULT_SRC, help="llama.cpp source tree (vendor/llama.cpp of llama-cpp-python)")
+    ap.add_argument(
+        "--llama-cpp", default=DEFAULT_SRC, help="llama.cpp source tree (vendor/llama.cpp of llama-cpp-python)"
+    )
     ap.add_argument("-o", "--out", default=str(FIXTURE))
     ap.add_argument("--check", action="store_true", help="compare with the fixture instead of writing it")
     a = ap.parse_args(argv)

@@ -77,8 +77,7 @@ def top_k(row: np.ndarray, k: int) -> list[tuple[int, float]]:
 def _load(model_path: Path, n_ctx: int, n_threads: int, logits_all: bool):
     from llama_cpp import Llama
 
-    return Llama(model_path=str(model_path), n_ctx=n_ctx, logits_all=logits_all,
-                 n_threads=n_threads, verbose=False)
+    return Llama(model_path=str(model_path), n_ctx=n_ctx, logits_all=logits_all, n_threads=n_threads, verbose=False)
 
 
 def greedy(llm, prompt: str, steps: int, k: int) -> dict:
@@ -99,21 +98,26 @@ def greedy(llm, prompt: str, steps: int, k: int) -> dict:
         tk = top_k(row, max(k, 2))
         tok = int(np.argmax(row))
         assert tok == tk[0][0], (tok, tk[0])
-        records.append({
-            "step": step,
-            "position": pos,
-            "top": [[i, v] for i, v in tk[:k]],
-            "margin": tk[0][1] - tk[1][1],
-        })
+        records.append(
+            {
+                "step": step,
+                "position": pos,
+                "top": [[i, v] for i, v in tk[:k]],
+                "margin": tk[0][1] - tk[1][1],
+            }
+        )
         out_ids.append(tok)
         if step + 1 < steps:
             llm.eval([tok])
     t_decode = time.perf_counter() - t1
     text = llm.detokenize(out_ids).decode("utf-8", errors="replace")
-    print(f"  prompt {prompt!r}: {len(prompt_ids)} tok in {t_prompt:.3f} s; "
-          f"{steps - 1} decode evals in {t_decode:.3f} s "
-          f"({(steps - 1) / t_decode if t_decode > 0 else float('nan'):.1f} tok/s, logits_all=True)"
-          f" -> {text!r}", file=sys.stderr)
+    print(
+        f"  prompt {prompt!r}: {len(prompt_ids)} tok in {t_prompt:.3f} s; "
+        f"{steps - 1} decode evals in {t_decode:.3f} s "
+        f"({(steps - 1) / t_decode if t_decode > 0 else float('nan'):.1f} tok/s, logits_all=True)"
+        f" -> {text!r}",
+        file=sys.stderr,
+    )
     return {
         "prompt": prompt,
         "prompt_ids": prompt_ids,
@@ -123,8 +127,14 @@ def greedy(llm, prompt: str, steps: int, k: int) -> dict:
     }
 
 
-def bench_decode(model_path: Path, n_threads: int, n_tokens: int, n_ctx: int = 512,
-                 prompt: str = DEFAULT_PROMPTS[0], repeats: int = 3) -> dict:
+def bench_decode(
+    model_path: Path,
+    n_threads: int,
+    n_tokens: int,
+    n_ctx: int = 512,
+    prompt: str = DEFAULT_PROMPTS[0],
+    repeats: int = 3,
+) -> dict:
     """Decode speed of llama.cpp (tokens/s) for single-token greedy evals.
 
     Loads with logits_all=False (only the last row is computed, as a server would),
@@ -142,12 +152,18 @@ def bench_decode(model_path: Path, n_threads: int, n_tokens: int, n_ctx: int = 5
             tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
             llm.eval([tok])
         rates.append(n_tokens / (time.perf_counter() - t0))
-    return {"model": model_path.name, "n_threads": n_threads, "n_tokens": n_tokens,
-            "tok_per_s_best": max(rates), "tok_per_s_all": rates}
+    return {
+        "model": model_path.name,
+        "n_threads": n_threads,
+        "n_tokens": n_tokens,
+        "tok_per_s_best": max(rates),
+        "tok_per_s_all": rates,
+    }
 
 
-def make_reference(model_path: Path, prompts: list[str], steps: int = 24, k: int = 5,
-                   n_ctx: int = 512, n_threads: int = 2) -> dict:
+def make_reference(
+    model_path: Path, prompts: list[str], steps: int = 24, k: int = 5, n_ctx: int = 512, n_threads: int = 2
+) -> dict:
     """Run greedy decoding for every prompt and return the fixture as a dict."""
     import llama_cpp
 
@@ -184,15 +200,24 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", type=Path, help="GGUF file")
     ap.add_argument("output", help="output JSON path ('-' for stdout)")
-    ap.add_argument("--prompts", nargs="+", default=None, metavar="TEXT",
-                    help="prompts to run (default: France, a Python def, a story opening)")
+    ap.add_argument(
+        "--prompts",
+        nargs="+",
+        default=None,
+        metavar="TEXT",
+        help="prompts to run (default: France, a Python def, a story opening)",
+    )
     ap.add_argument("--steps", type=int, default=24, help="greedy tokens per prompt (default 24)")
     ap.add_argument("--top-k", type=int, default=5, help="pairs recorded per step (default 5)")
     ap.add_argument("--n-ctx", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--bench", type=int, default=0, metavar="N",
-                    help="only measure decode tok/s over N tokens (logits_all=False); "
-                         "prints JSON, writes no fixture")
+    ap.add_argument(
+        "--bench",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only measure decode tok/s over N tokens (logits_all=False); prints JSON, writes no fixture",
+    )
     args = ap.parse_args(argv)
     if not args.model.is_file():
         ap.error(f"no such file: {args.model}")
@@ -204,8 +229,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(res))
         return 0
 
-    ref = make_reference(args.model, args.prompts or DEFAULT_PROMPTS, steps=args.steps,
-                         k=args.top_k, n_ctx=args.n_ctx, n_threads=args.threads)
+    ref = make_reference(
+        args.model,
+        args.prompts or DEFAULT_PROMPTS,
+        steps=args.steps,
+        k=args.top_k,
+        n_ctx=args.n_ctx,
+        n_threads=args.threads,
+    )
     text = json.dumps(ref, indent=1, ensure_ascii=False) + "\n"
     if args.output == "-":
         sys.stdout.write(text)

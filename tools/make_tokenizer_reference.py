@@ -41,15 +41,34 @@ FORMAT = "strata-tokenizer-reference-v1"
 #: (each pre-tokenizer splits digits differently), contractions, whitespace runs, non-Latin scripts,
 #: emoji, whole words no merge reaches (``qqq``), look-alikes of special tokens.
 STRINGS = [
-    "The capital of France is", "", " ", "  leading", "trailing  ", "\n\n\nnewlines\n", "\t tab\r\n",
-    "Hello, world!!! ... ?! (ok) [x] {y} <z>", "It's I'm we'll they've don't WE'LL", "12345678 3.14159 1e-9 007",
-    "x = [1, 2, 3]; print(f'{x!r}')  # comment", "Ünïcödé ñ 中文字符 日本語 한국어 emoji 😀🚀 done",
-    "qqq qqq  qqq\nqqq", "a" * 40, "http://example.com/path?q=1&r=2",
+    "The capital of France is",
+    "",
+    " ",
+    "  leading",
+    "trailing  ",
+    "\n\n\nnewlines\n",
+    "\t tab\r\n",
+    "Hello, world!!! ... ?! (ok) [x] {y} <z>",
+    "It's I'm we'll they've don't WE'LL",
+    "12345678 3.14159 1e-9 007",
+    "x = [1, 2, 3]; print(f'{x!r}')  # comment",
+    "Ünïcödé ñ 中文字符 日本語 한국어 emoji 😀🚀 done",
+    "qqq qqq  qqq\nqqq",
+    "a" * 40,
+    "http://example.com/path?q=1&r=2",
     "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
-    "<|endoftext|><|endoftext|>x<|im_end|>", "<|im_start|> spaced <|im_end|> text",
-    "<tool_call>{\"name\": \"f\"}</tool_call>", "a<tool_call>b", "<unk> and <s> and </s>", "<s>Hello</s>",
-    "<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n", " <start_of_turn>  x",
-    "<|im_start|", "<|im_start|><|im_start|>", "\u2581already escaped", "   spaces   between   ",
+    "<|endoftext|><|endoftext|>x<|im_end|>",
+    "<|im_start|> spaced <|im_end|> text",
+    '<tool_call>{"name": "f"}</tool_call>',
+    "a<tool_call>b",
+    "<unk> and <s> and </s>",
+    "<s>Hello</s>",
+    "<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n",
+    " <start_of_turn>  x",
+    "<|im_start|",
+    "<|im_start|><|im_start|>",
+    "\u2581already escaped",
+    "   spaces   between   ",
 ]
 #: Chat cases: name -> (system message or None, user message).
 CHATS = {
@@ -63,8 +82,10 @@ def sha256_file(path: Path) -> str:
 
 
 def _ids(llm, strings: list[str]) -> dict[str, list[list[int]]]:
-    return {"special": [[int(t) for t in llm.tokenize(s.encode(), add_bos=True, special=True)] for s in strings],
-            "text": [[int(t) for t in llm.tokenize(s.encode(), add_bos=True, special=False)] for s in strings]}
+    return {
+        "special": [[int(t) for t in llm.tokenize(s.encode(), add_bos=True, special=True)] for s in strings],
+        "text": [[int(t) for t in llm.tokenize(s.encode(), add_bos=True, special=False)] for s in strings],
+    }
 
 
 def _pieces(llm) -> list[str]:
@@ -93,8 +114,10 @@ def synthetic(out: Path) -> None:
             llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
             cases[name] = {"gguf_sha256": sha256_file(path), "ids": _ids(llm, STRINGS), "pieces_hex": _pieces(llm)}
             print(f"{name}: {llm.n_vocab()} tokens")
-    _write(out / "synthetic.json", {"format": FORMAT, "llama_cpp_python": llama_cpp.__version__, "strings": STRINGS,
-                                    "cases": cases})
+    _write(
+        out / "synthetic.json",
+        {"format": FORMAT, "llama_cpp_python": llama_cpp.__version__, "strings": STRINGS, "cases": cases},
+    )
 
 
 def _builtin_chat(template: str, messages: list[dict]) -> str:
@@ -127,7 +150,9 @@ def real(out: Path) -> None:
             gemma_tmpl = (cand / "google-gemma-2-2b-it.jinja").read_text()
             break
     if gemma_tmpl is None:
-        raise SystemExit("llama.cpp's models/templates/google-gemma-2-2b-it.jinja not found (the llama-cpp-python sdist)")
+        raise SystemExit(
+            "llama.cpp's models/templates/google-gemma-2-2b-it.jinja not found (the llama-cpp-python sdist)"
+        )
     models = {}
     for name in ("gemma3-270m", "qwen2.5-0.5b"):
         path = fetch_model(name, progress=False)
@@ -146,13 +171,25 @@ def real(out: Path) -> None:
                 chats[cname] = {"system": system, "user": user, "error": str(e)}
                 continue
             ids = [int(t) for t in llm.tokenize(text.encode(), add_bos=False, special=True)]
-            chats[cname] = {"system": system, "user": user, "jinja2_text": text, "builtin_text": _builtin_chat(tmpl, msgs),
-                            "ids": ids}
-        models[name] = {"file": path.name, "sha256": sha256_file(path), "chat_template_injected": tmpl if injected else None,
-                        "ids": _ids(llm, STRINGS), "chats": chats}
+            chats[cname] = {
+                "system": system,
+                "user": user,
+                "jinja2_text": text,
+                "builtin_text": _builtin_chat(tmpl, msgs),
+                "ids": ids,
+            }
+        models[name] = {
+            "file": path.name,
+            "sha256": sha256_file(path),
+            "chat_template_injected": tmpl if injected else None,
+            "ids": _ids(llm, STRINGS),
+            "chats": chats,
+        }
         print(f"{name}: {llm.n_vocab()} tokens, chats {list(chats)}")
-    _write(out / "real.json", {"format": FORMAT, "llama_cpp_python": llama_cpp.__version__, "strings": STRINGS,
-                               "models": models})
+    _write(
+        out / "real.json",
+        {"format": FORMAT, "llama_cpp_python": llama_cpp.__version__, "strings": STRINGS, "models": models},
+    )
 
 
 def _write(path: Path, obj: dict) -> None:

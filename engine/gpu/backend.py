@@ -109,7 +109,11 @@ class CudaBackend(Backend):
         before = nvml_memory(0) if card is not None and primary_context_active(0) is False else None
         ok, why = kernels.gpu_available()
         if not ok:
-            hint = " - install it with pip install -e '.[cuda]' (a CuPy wheel for your CUDA)" if "CuPy" in why and "importable" in why else ""
+            hint = (
+                " - install it with pip install -e '.[cuda]' (a CuPy wheel for your CUDA)"
+                if "CuPy" in why and "importable" in why
+                else ""
+            )
             raise GpuUnavailable(f"--device cuda: {why}{hint}")
         import cupy as cp
 
@@ -149,8 +153,11 @@ class CudaBackend(Backend):
         return _CudaSpan(self.cp)
 
     def copy_into(self, dst, host):
-        dst.set(np.ascontiguousarray(host).reshape(dst.shape).view(dst.dtype) if host.dtype != dst.dtype else
-                np.ascontiguousarray(host).reshape(dst.shape))
+        dst.set(
+            np.ascontiguousarray(host).reshape(dst.shape).view(dst.dtype)
+            if host.dtype != dst.dtype
+            else np.ascontiguousarray(host).reshape(dst.shape)
+        )
 
     def matvec(self, type_id, buf, rows, ne0, x, out=None):
         return self.K.matvec(type_id, buf, rows, ne0, x, out=out)
@@ -228,9 +235,11 @@ class SimBackend(Backend):
         held = self.context + self.allocated
         if held + int(nbytes) > self.total:
             raise CardOutOfMemory(
-                f"out of memory on the simulated card {self.card_name or f'of {self.total} B'}: {what} of {int(nbytes)} B "
+                f"out of memory on the simulated card {self.card_name or f'of {self.total} B'}: {what} of "
+                f"{int(nbytes)} B "
                 f"with {held} B held (CUDA context included) of the card's {self.total} B - the allocation fails as it "
-                f"would on that card")
+                f"would on that card"
+            )
 
     def _count(self, a: np.ndarray) -> np.ndarray:
         self.allocated += a.nbytes

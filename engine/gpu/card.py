@@ -101,17 +101,20 @@ class CardEmulation:
                 + (f" of {int(nbytes)} B ({F.mib(int(nbytes)):.1f} MiB)" if nbytes else "")
                 + f" with {used} B held ({F.mib(used):.1f} MiB, CUDA context included) of the card's"
                 f" {self.card.total_bytes} B ({F.mib(self.card.total_bytes):.0f} MiB) - the allocation fails as "
-                f"it would on that card (physical: {physical_free} B free of {self.physical_total} B)")
+                f"it would on that card (physical: {physical_free} B free of {self.physical_total} B)"
+            )
 
     def describe(self) -> str:
         """One line: the card, this process's context and what others held (not charged), and how measured."""
-        return (f"emulating {self.card.name}: {self.card.total_bytes} B; this process's CUDA context "
-                f"{self.context_bytes} B, others' memory {self.other_bytes} B not charged ({self.how})")
+        return (
+            f"emulating {self.card.name}: {self.card.total_bytes} B; this process's CUDA context "
+            f"{self.context_bytes} B, others' memory {self.other_bytes} B not charged ({self.how})"
+        )
 
     # ------------------------------------------------------------------ CuPy
 
     @classmethod
-    def start(cls, card: Card, cp: Any, nvml_before: tuple[int, int, str] | None, device: int = 0) -> "CardEmulation":
+    def start(cls, card: Card, cp: Any, nvml_before: tuple[int, int, str] | None, device: int = 0) -> CardEmulation:
         """Measure the baseline (module docstring) right after CUDA was initialised and install the
         allocation hook. ``nvml_before``: NVML's ``(total, used, name)`` taken before this process
         created its context (None: the context existed already, or NVML is not there)."""

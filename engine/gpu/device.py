@@ -30,17 +30,15 @@ from strata.budget.cards import Card
 from strata.manifests.contract import Geometry
 from strata.packer.pack import Pack
 
+from ..core import Engine, EngineOptions
 from ..decoder import Decoder, State
-from ..errors import GenerateError, StartupRefused
+from ..errors import GenerateError, StageTimesRefused, StartupRefused
 from ..experts import ShardExperts, resident_pairs
 from ..loader import LoadPlan
-from ..core import Engine, EngineOptions
 from .backend import Backend, make_backend
-from ..errors import StageTimesRefused
 from .fused import FusedDecoder, FusedUnsupported, StageTimes, describe, fused_unsupported
 from .slots import GpuExpertPath, GpuStepProbe, SlotCache, SlotPlan
 from .weights import DeviceWeights
-
 
 
 def step_kernel(opts: EngineOptions) -> str:
@@ -49,6 +47,7 @@ def step_kernel(opts: EngineOptions) -> str:
     or ``exact=True``: f32 products in the exact kernels' order on both devices). ``"f32"`` is refused by
     :meth:`GpuDevice.check_options`."""
     return "exact" if opts.exact or opts.cpu_kernel == "exact" else "q8"
+
 
 class ExpertCacheError(GenerateError):
     """An expert cache that cannot be built as asked (both numbers in the message)."""
@@ -120,9 +119,11 @@ class GpuDevice:
 
     def check_options(self, opts: EngineOptions) -> None:
         if opts.cpu_kernel == "f32":
-            raise GenerateError("--kernel f32 runs on the CPU only: on a GPU an expert missed by the cache would be "
-                                "computed in f32 while a hit runs the GPU's kernels, so the tokens would depend on "
-                                "the cache; use q8 (the default) or exact, both bit-identical on the two devices")
+            raise GenerateError(
+                "--kernel f32 runs on the CPU only: on a GPU an expert missed by the cache would be "
+                "computed in f32 while a hit runs the GPU's kernels, so the tokens would depend on "
+                "the cache; use q8 (the default) or exact, both bit-identical on the two devices"
+            )
         if opts.expert_cache != "auto" and int(opts.expert_cache) < 0:
             raise ExpertCacheError(f"--expert-cache {opts.expert_cache}: a slot count cannot be negative")
         self.info.kv = opts.kv
@@ -133,8 +134,13 @@ class GpuDevice:
         bk, info = self.bk, self.info
         bk.synchronize()
         m = bk.mem_info()
-        d = {"gpu_free_bytes": m.free, "gpu_used_bytes": m.total - m.free, "gpu_total_bytes": m.total,
-             "pool_used_bytes": m.pool_used, "pool_total_bytes": m.pool_total}
+        d = {
+            "gpu_free_bytes": m.free,
+            "gpu_used_bytes": m.total - m.free,
+            "gpu_total_bytes": m.total,
+            "pool_used_bytes": m.pool_used,
+            "pool_total_bytes": m.pool_total,
+        }
         if m.physical_free is not None:  # an emulated card (--card): the GPU's own figures beside the card's
             d |= {"physical_free_bytes": m.physical_free, "physical_total_bytes": m.physical_total}
             emu = getattr(bk, "emulation", None)
@@ -160,8 +166,13 @@ class GpuDevice:
 
     def make_experts(self, plan: LoadPlan, nx) -> GpuExpertPath:
         opts = getattr(self, "opts", None)
-        self.experts = GpuExpertPath(ShardExperts(plan), None, self.bk, kernel=opts.cpu_kernel if opts else None,
-                                     threads=opts.threads if opts else None)
+        self.experts = GpuExpertPath(
+            ShardExperts(plan),
+            None,
+            self.bk,
+            kernel=opts.cpu_kernel if opts else None,
+            threads=opts.threads if opts else None,
+        )
         return self.experts
 
     def load_weights(self, weights: DeviceWeights, names: list[str], stage: str, note: dict) -> None:
@@ -188,12 +199,19 @@ class GpuDevice:
         rec = state.recurrent
         info.recurrent_bytes = rec.nbytes if rec is not None else 0
         rec_arrays = [rec.arena] if rec is not None else []  # one allocation (deltanet.RecurrentState)
-        arrays = (state.cache.k + state.cache.v + list(state.indexer.values())
-                  + [a for r in state.ropes.values() for a in (r.cos, r.sin)] + rec_arrays)
+        arrays = (
+            state.cache.k
+            + state.cache.v
+            + list(state.indexer.values())
+            + [a for r in state.ropes.values() for a in (r.cos, r.sin)]
+            + rec_arrays
+        )
         info.session_rounded_bytes = _rounded(arrays, bk.POOL_UNIT)
         bk.external(sum(int(a.nbytes) for a in arrays), "the session's KV cache, rope tables and recurrent state")
         note["n_ctx"] = n_ctx
-        note["kv"] = f"{opts.kv}, {opts.sliding}: {min(state.cache.sizes)}..{max(state.cache.sizes)} positions per layer"
+        note["kv"] = (
+            f"{opts.kv}, {opts.sliding}: {min(state.cache.sizes)}..{max(state.cache.sizes)} positions per layer"
+        )
         note["kv_bytes"] = info.kv_bytes
         note["recurrent_bytes"] = info.recurrent_bytes
         note["buffer_bytes"] = info.buffer_bytes
@@ -202,7 +220,9 @@ class GpuDevice:
     def prompt_path(self, model: Decoder, state: State, opts: EngineOptions, note: dict) -> Any:
         info, bk = self.info, self.bk
         source = self.experts.source if self.experts is not None else None
-        expert_types = {t for r in source.rows.values() for t in (r.gate_type, r.up_type, r.down_type)} if source else set()
+        expert_types = (
+            {t for r in source.rows.values() for t in (r.gate_type, r.up_type, r.down_type)} if source else set()
+        )
         why = fused_unsupported(model)
         kernel = step_kernel(opts)
         bk.prepare(model.w.types() | expert_types, q8=kernel == "q8" and why is None and opts.fused is not False)
@@ -215,9 +235,11 @@ class GpuDevice:
         if (opts.fused is None or opts.fused) and why is None:
             if not model.w.uploaded(model.head):
                 # the fused step binds every matrix, the head included, when it is built
-                raise GenerateError(f"stage order: the fused step binds the output head ({model.head}) when the "
-                                    "prompt path is built - load 'head' before 'prompt path', or turn the fused step "
-                                    "off (fused=False)")
+                raise GenerateError(
+                    f"stage order: the fused step binds the output head ({model.head}) when the "
+                    "prompt path is built - load 'head' before 'prompt path', or turn the fused step "
+                    "off (fused=False)"
+                )
             # the fused step: its buffers, one eager step (loads every kernel), then the graphs
             dec = FusedDecoder(model, bk, state, graph=opts.graph, stage_times=opts.stage_times, kernel=kernel)
             for pos in sorted({0, n_ctx - 1} if opts.warmup else {0}):
@@ -262,9 +284,13 @@ class GpuDevice:
         if opts.admit:  # asked for admission: slots beyond the fill are taken by misses as they come
             cap = len(source.layers) * n_expert
             what = f"all {cap} (layer, expert) pairs (--admit fills slots beyond the initial fill)"
-        slot_bytes = max(F.expert_slot_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff) for r in source.rows.values())
-        max_blob = max(F.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff, engine=True)
-                       for r in source.rows.values())
+        slot_bytes = max(
+            F.expert_slot_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff) for r in source.rows.values()
+        )
+        max_blob = max(
+            F.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff, engine=True)
+            for r in source.rows.values()
+        )
         bk.synchronize()
         free = bk.mem_info().free
         bind = self.draft_bind_need
@@ -273,8 +299,10 @@ class GpuDevice:
         asked = None if opts.expert_cache == "auto" else int(opts.expert_cache)
         size = F.size_expert_cache(free, reserve, slot_bytes, cap, asked, cap_what=what)
         if size.refused:
-            raise ExpertCacheError(f"{size.refused}; refusing rather than building a smaller cache "
-                                   f"({free} B free at the expert cache checkpoint)")
+            raise ExpertCacheError(
+                f"{size.refused}; refusing rather than building a smaller cache "
+                f"({free} B free at the expert cache checkpoint)"
+            )
         slots = size.slots
         cache = SlotCache(source, bk, n_embd, n_ff, slots, bufs=experts.bufs)
         assert cache.slot_bytes == slot_bytes
@@ -294,8 +322,9 @@ class GpuDevice:
             info.decode_path = describe(dec)
             info.launches_per_token = dec.launches_per_token(True)
             note["decode path"] = info.decode_path
-        info.slot_plan = SlotPlan("auto" if asked is None else "fixed", slots, slot_bytes, max_blob, free, reserve, cap,
-                                  slots * slot_bytes)
+        info.slot_plan = SlotPlan(
+            "auto" if asked is None else "fixed", slots, slot_bytes, max_blob, free, reserve, cap, slots * slot_bytes
+        )
         note["slots"] = slots
         note["slot_bytes"] = slot_bytes
         note["max_blob_engine"] = max_blob
@@ -305,8 +334,10 @@ class GpuDevice:
         note["free_at_open_bytes"] = free
         note["reserve_bytes"] = reserve
         note["auto" if asked is None else "fixed"] = (
-            f"expert cache {'auto' if asked is None else 'fixed'}: {free / 2**30:.2f} GiB free, {opts.vram_reserve_mib} MiB "
-            f"reserved (+{bind / F.MIB:.1f} MiB for the draft head) -> {slots} slots")
+            f"expert cache {'auto' if asked is None else 'fixed'}: {free / 2**30:.2f} GiB free, "
+            f"{opts.vram_reserve_mib} MiB "
+            f"reserved (+{bind / F.MIB:.1f} MiB for the draft head) -> {slots} slots"
+        )
 
     # ------------------------------------------------------------------ the reserve and the drafter
 
@@ -327,9 +358,11 @@ class GpuDevice:
         raise StartupRefused(
             f"{where}: {free} B ({free / F.MIB:.1f} MiB) free on {self.info.device}, under the {reserve} B "
             f"({reserve / F.MIB:.1f} MiB) that must stay free (--vram-reserve-mib {self.opts.vram_reserve_mib}"
-            + (f" + {self.draft_bind_need} B of draft-head bind buffers" if self.draft_bind_need else "") + "); "
+            + (f" + {self.draft_bind_need} B of draft-head bind buffers" if self.draft_bind_need else "")
+            + "); "
             f"device memory taken by stage: {', '.join(took) or '-'}; refusing to start on top of the reserve "
-            f"(strata-budget check plans every term: a smaller --ctx, fewer slots or another card)")
+            f"(strata-budget check plans every term: a smaller --ctx, fewer slots or another card)"
+        )
 
     @property
     def draft_bind_need(self) -> int:
@@ -339,10 +372,12 @@ class GpuDevice:
     def load_drafter(self, pack: Pack, plan: LoadPlan, model: Decoder, note: dict) -> None:
         """The ``drafter`` stage: the NextN draft blocks' dense tensors in engine form, in one arena (the
         draft head is loaded where the plan puts it; this engine does not run speculative decoding), and
-        the bind bytes the expert cache must leave free for them (:func:`strata.budget.formulas_gpu.draft_bind_bytes`)."""
+        the bind bytes the expert cache must leave free for them
+        (:func:`strata.budget.formulas_gpu.draft_bind_bytes`)."""
+        import numpy as np
+
         from strata.engine import engine_form as EF
         from strata.packer import quants
-        import numpy as np
 
         ents = list(plan.draft.values())
         sizes = [quants.engine_nbytes(e.type, e.src_type, e.ne) for e in ents]
@@ -350,12 +385,16 @@ class GpuDevice:
         arena = self.bk.empty_bytes(total) if total else None
         pool = np.memmap(pack.pool_path, dtype=np.uint8, mode="r")
         for e, off, n in zip(ents, offs, sizes):
-            ef = EF.to_engine_form(pool[e.offset:e.offset + e.nbytes], e.type, e.src_type, e.ne, name=e.name)
-            self.bk.copy_into(arena[off:off + n], ef)
+            ef = EF.to_engine_form(pool[e.offset : e.offset + e.nbytes], e.type, e.src_type, e.ne, name=e.name)
+            self.bk.copy_into(arena[off : off + n], ef)
         self._draft_arena = arena
         self.info.draft_engine_bytes = sum(sizes)
-        self._bind_need = FG.draft_bind_bytes([(e.type, e.src_type, e.ne) for e in ents],
-                                             self._draft_kv_per_token(model, plan), self._n_ctx(model), model.hp.n_embd)
+        self._bind_need = FG.draft_bind_bytes(
+            [(e.type, e.src_type, e.ne) for e in ents],
+            self._draft_kv_per_token(model, plan),
+            self._n_ctx(model),
+            model.hp.n_embd,
+        )
         note["engine_bytes"] = self.info.draft_engine_bytes
         note["draft tensors"] = len(ents)
         note["bind_bytes_reserved"] = self._bind_need
@@ -367,8 +406,10 @@ class GpuDevice:
     def _draft_kv_per_token(self, model: Decoder, plan: LoadPlan) -> int:
         h = model.hp
         layers = sorted({int(n.split(".")[1]) for n in plan.draft})
-        return sum(F.kv_bytes_per_token(F.KVLayer(il, h.n_head_kv * h.head_dim, h.n_head_kv * h.head_dim_v),
-                                        self.info.kv) for il in layers)
+        return sum(
+            F.kv_bytes_per_token(F.KVLayer(il, h.n_head_kv * h.head_dim, h.n_head_kv * h.head_dim_v), self.info.kv)
+            for il in layers
+        )
 
     def bind_drafter(self, plan: LoadPlan, model: Decoder, opts: EngineOptions, n_ctx: int, note: dict) -> None:
         """The ``bind`` stage: the draft head's bind buffers (GEMV outputs, f32 vector copies, its K/V
@@ -377,8 +418,12 @@ class GpuDevice:
 
         bk = self.bk
         ents = list(plan.draft.values())
-        pieces = [F.matvec_out_bytes(e.ne) if quants.n_elements(e.ne) != e.ne[0]
-                  else F.vector_f32_bytes(e.type, e.src_type, e.ne) for e in ents]
+        pieces = [
+            F.matvec_out_bytes(e.ne)
+            if quants.n_elements(e.ne) != e.ne[0]
+            else F.vector_f32_bytes(e.type, e.src_type, e.ne)
+            for e in ents
+        ]
         kv = self._draft_kv_per_token(model, plan) * n_ctx
         pieces += [kv, F.F32_BYTES * 2 * model.hp.n_embd]
         # one allocation of exactly the reserved bytes: the f32-aligned pieces, rounded to the driver's pages

@@ -10,8 +10,8 @@ Gemma 3 270M's shape (bench/bench_gpu.py ``gemma_like_spec``) takes 1883 launche
 token on the generic path (counted as the nodes of one captured step), 49 ms per token.
 
 This module builds the step of a dense model (gemma3, qwen2) from a few fused kernels (CUDA source
-``cuda/fused.cu`` after ``cuda/prelude.cuh``: :func:`strata.engine.gpu.fused_ops.fused_source`), compiled with the same IEEE
-options as the matvec kernels (:data:`strata.engine.gpu.kernels.NVRTC_OPTIONS`):
+``cuda/fused.cu`` after ``cuda/prelude.cuh``: :func:`strata.engine.gpu.fused_ops.fused_source`), compiled
+with the same IEEE options as the matvec kernels (:data:`strata.engine.gpu.kernels.NVRTC_OPTIONS`):
 
 - ``resid_norm``: residual add (plain, or of an RMS-normed branch: gemma's sandwich norms), or the
   embedding (times ``sqrt(n_embd)`` for gemma), followed by the next RMS norm - one launch;
@@ -111,8 +111,11 @@ def fused_unsupported(model) -> str | None:
         return why
     if any(a is not None and a.output_gate and a.names.qkv is not None for a in model.attn):
         return f"{arch}: a fused attn_qkv with an output gate (the fused step reads the gate from attn_q)"
-    biases = [n for n in ("ffn_gate.bias", "ffn_up.bias", "ffn_down.bias")
-              if any(model.w.has(tensor_name(n, il)) for il in range(model.hp.n_layer))]
+    biases = [
+        n
+        for n in ("ffn_gate.bias", "ffn_up.bias", "ffn_down.bias")
+        if any(model.w.has(tensor_name(n, il)) for il in range(model.hp.n_layer))
+    ]
     if biases:
         return f"{arch}: MLP biases ({', '.join(biases)}): the fused act_mul kernel takes none"
     h = model.hp
@@ -171,7 +174,8 @@ class FusedDecoder:
         if graph and stage_times:
             raise StageTimesRefused(
                 "stage timers cannot measure inside a captured CUDA graph (events recorded between its launches "
-                "record nothing): refusing rather than reporting zeros; use --no-graph for per-stage times")
+                "record nothing): refusing rather than reporting zeros; use --no-graph for per-stage times"
+            )
         self.model, self.backend, self.state = model, backend, state
         self.graph_on, self.stage_times_on = bool(graph), bool(stage_times)
         self.kernel = kernel
@@ -211,9 +215,15 @@ class FusedDecoder:
         h = m.hp
         nq, nao = h.n_head * h.head_dim, h.n_head * h.head_dim_v
         # the gated activation buffer: the widest dense FFN or shared expert (routed experts: fused_moe)
-        n_ff = max([int(m.w.entry(name).ne1) for il in range(h.n_layer)
-                    for name in (tensor_name("ffn_gate.weight", il), tensor_name("ffn_gate_shexp.weight", il))
-                    if m.w.has(name)] or [1])
+        n_ff = max(
+            [
+                int(m.w.entry(name).ne1)
+                for il in range(h.n_layer)
+                for name in (tensor_name("ffn_gate.weight", il), tensor_name("ffn_gate_shexp.weight", il))
+                if m.w.has(name)
+            ]
+            or [1]
+        )
         self.max_size = max(st.cache.sizes)
         stage_bytes = PARAM_BYTES + 4 * h.n_embd
         n_vocab = int(m.w.entry(m.head).ne1)
@@ -235,8 +245,13 @@ class FusedDecoder:
         self.xq_cap = max(h.n_embd, nao, n_ff, value_dim)
         self.xq = bk.empty_bytes(F.q8_act_bytes(self.xq_cap))
         self.xnq = bk.empty_bytes(F.q8_act_bytes(h.n_embd))  # the normed row, quantized by its resid_norm
-        self.nbytes = (4 * (2 * h.n_embd + nq + nao + n_ff + h.n_head * self.max_size) + stage_bytes + F.FUSED_TOP_BYTES
-                       + F.q8_act_bytes(self.xq_cap) + F.q8_act_bytes(h.n_embd))
+        self.nbytes = (
+            4 * (2 * h.n_embd + nq + nao + n_ff + h.n_head * self.max_size)
+            + stage_bytes
+            + F.FUSED_TOP_BYTES
+            + F.q8_act_bytes(self.xq_cap)
+            + F.q8_act_bytes(h.n_embd)
+        )
         if self.cuda:
             import cupy as cp
 
@@ -293,8 +308,16 @@ class FusedDecoder:
         else:
             add("copy pos+row to device", "embed", ops.h2d(self.stage_dev, self.stage_host, nbytes), "memcpy")
         scale = float(m.embd_scale)
-        norm("resid_norm embed+attn_norm", "embed", self.row_dev, None, None, norm_of(m.blocks[0].mixer_norm, 0),
-             scale, 0)
+        norm(
+            "resid_norm embed+attn_norm",
+            "embed",
+            self.row_dev,
+            None,
+            None,
+            norm_of(m.blocks[0].mixer_norm, 0),
+            scale,
+            0,
+        )
         for il in range(h.n_layer):
             b = m.blocks[il]
             sa, sf = f"L{il} attn", f"L{il} ffn"
@@ -308,13 +331,25 @@ class FusedDecoder:
                 f = self.moe.build_layer(il, b.ffn, add, mv, mv_group, self.act)
             else:
                 g, u = mv_group([tensor_name("ffn_gate.weight", il), tensor_name("ffn_up.weight", il)], self.xn, sf)
-                act = self.act[:int(g.size)]
+                act = self.act[: int(g.size)]
                 add(f"act_mul L{il}", sf, ops.act_mul(g, u, act, b.ffn.act))
                 f = mv(tensor_name("ffn_down.weight", il), act, sf)
-            nxt = norm_of(m.blocks[il + 1].mixer_norm, il + 1) if il + 1 < h.n_layer else norm_of("output_norm.weight", None)
+            nxt = (
+                norm_of(m.blocks[il + 1].mixer_norm, il + 1)
+                if il + 1 < h.n_layer
+                else norm_of("output_norm.weight", None)
+            )
             post = norm_of(b.ffn_post_norm, il) if b.ffn_post_norm else None
-            norm(f"resid_norm L{il} +ffn{' post-norm' if post is not None else ''}, next norm", sf, f, None, post, nxt,
-                 1.0, 2 if post is not None else 1)
+            norm(
+                f"resid_norm L{il} +ffn{' post-norm' if post is not None else ''}, next norm",
+                sf,
+                f,
+                None,
+                post,
+                nxt,
+                1.0,
+                2 if post is not None else 1,
+            )
         y = mv(m.head, self.xn, "head")
         self.y = y
         bias = opt("output.bias")
@@ -339,32 +374,62 @@ class FusedDecoder:
     def _attention_layer(self, il, b, add, mv, mv_group, opt, norm_of, norm) -> None:
         """Layer ``il``'s attention launches (q/k/v, ``qk_prep``, ``attn``, the output gate when the query
         projection carries one, the output projection) and the residual add fused with the FFN norm."""
-        m, ops, st, h = self.model, self._ops, self.state, self.model.hp
+        m, ops, st = self.model, self._ops, self.state
         A = m.attn[il]
         n = A.names
         sa = f"L{il} attn"
         nq, nk = A.n_head * A.hd, A.n_head_kv * A.hd
         if n.qkv is not None:
             qkv = mv(n.qkv, self.xn, sa)
-            q, k, v = qkv[:nq], qkv[nq:nq + nk], qkv[nq + nk:]
+            q, k, v = qkv[:nq], qkv[nq : nq + nk], qkv[nq + nk :]
             bqkv = opt(n.qkv_bias)
-            qb, kb, vb = (None, None, None) if bqkv is None else (bqkv[:nq], bqkv[nq:nq + nk], bqkv[nq + nk:])
+            qb, kb, vb = (None, None, None) if bqkv is None else (bqkv[:nq], bqkv[nq : nq + nk], bqkv[nq + nk :])
         else:
             q, k, v = mv_group([n.q, n.k, n.v], self.xn, sa)
             qb, kb, vb = opt(n.q_bias), opt(n.k_bias), opt(n.v_bias)
         rope = st.ropes[m.rope_key_of(il)]
-        L = AttnIO(il=il, q=q, k=k, v=v, qb=qb, kb=kb, vb=vb, qnw=opt(n.q_norm), knw=opt(n.k_norm), rope=rope,
-                   cache=st.cache, n_head=A.n_head, n_kv=A.n_head_kv, hd=A.hd, hd_v=A.hd_v, window=A.window,
-                   eps=A.eps, scale=A.scale, scale_q=A.scale_q, params=self.params_dev, qo=self.qo, ao=self.ao,
-                   scores=self.scores, q_stride=2 * A.hd if A.output_gate else A.hd)
+        L = AttnIO(
+            il=il,
+            q=q,
+            k=k,
+            v=v,
+            qb=qb,
+            kb=kb,
+            vb=vb,
+            qnw=opt(n.q_norm),
+            knw=opt(n.k_norm),
+            rope=rope,
+            cache=st.cache,
+            n_head=A.n_head,
+            n_kv=A.n_head_kv,
+            hd=A.hd,
+            hd_v=A.hd_v,
+            window=A.window,
+            eps=A.eps,
+            scale=A.scale,
+            scale_q=A.scale_q,
+            params=self.params_dev,
+            qo=self.qo,
+            ao=self.ao,
+            scores=self.scores,
+            q_stride=2 * A.hd if A.output_gate else A.hd,
+        )
         add(f"qk_prep L{il}", sa, ops.qk_prep(L))
         add(f"attn L{il}", sa, ops.attn(L))
         if A.output_gate:  # qwen3next: the query projection's second half of every head gates the output
             add(f"gate_mul L{il}", sa, ops.gate_mul(self.ao, q, A.n_head, A.hd))
         o = mv(n.out, self.ao, sa)
         post = norm_of(b.mixer_post_norm, il) if b.mixer_post_norm else None
-        norm(f"resid_norm L{il} +attn{' post-norm' if post is not None else ''}, ffn norm", sa, o, opt(n.out_bias), post,
-             norm_of(b.ffn_norm, il), 1.0, 2 if post is not None else 1)
+        norm(
+            f"resid_norm L{il} +attn{' post-norm' if post is not None else ''}, ffn norm",
+            sa,
+            o,
+            opt(n.out_bias),
+            post,
+            norm_of(b.ffn_norm, il),
+            1.0,
+            2 if post is not None else 1,
+        )
 
     @property
     def hybrid(self) -> bool:
@@ -422,8 +487,9 @@ class FusedDecoder:
         for logits in (True, False):
             self.graphs[logits] = self._capture(self.launches(logits, hybrid=False))
             if self.moe is not None:
-                self.seg_graphs[logits] = [(self._capture(ls) if ls else None, host)
-                                           for ls, host in self.segments(logits)]
+                self.seg_graphs[logits] = [
+                    (self._capture(ls) if ls else None, host) for ls, host in self.segments(logits)
+                ]
         self.stream.synchronize()
         self.captured = True
 
@@ -439,8 +505,10 @@ class FusedDecoder:
                     g = s.end_capture()
             g.upload(s)
         except Exception as e:
-            raise GenerateError(f"CUDA graph capture of the decode step failed ({type(e).__name__}: {e}); "
-                                "--no-graph runs the same kernels eagerly") from e
+            raise GenerateError(
+                f"CUDA graph capture of the decode step failed ({type(e).__name__}: {e}); "
+                "--no-graph runs the same kernels eagerly"
+            ) from e
         return g
 
     def _run_eager(self, logits: bool) -> None:
@@ -520,7 +588,7 @@ class FusedDecoder:
         device (cuda/logit_top.cu). The pairs mean nothing when the count is above 0."""
         w = self.top_host
         k = min(TOP_K, self.n_vocab)
-        vals = w[8:8 + k].view(np.float32)
+        vals = w[8 : 8 + k].view(np.float32)
         return int(w[0]), [(int(w[1 + i]), float(vals[i])) for i in range(k)]
 
     # ------------------------------------------------------------ benchmark helpers
@@ -558,9 +626,10 @@ def describe(dec: FusedDecoder) -> str:
         n = c["host"] // 2
         what = f"fused MoE step, hybrid ({n} MoE layers: the host reads the routing and computes misses)"
         how = f"{c['host'] + 1} {graph} segments" if dec.graph_on else "eager"
-    return (f"{what}, {how}: {c['kernels']} kernels + {c['memcpy']} copies per token "
-            f"({dec.model.hp.n_layer} layers; {dec.kernel} matvecs)")
+    return (
+        f"{what}, {how}: {c['kernels']} kernels + {c['memcpy']} copies per token "
+        f"({dec.model.hp.n_layer} layers; {dec.kernel} matvecs)"
+    )
 
 
-__all__ = ["FusedDecoder", "FusedUnsupported", "StageTimesRefused", "StageTimes", "fused_unsupported",
-           "describe"]
+__all__ = ["FusedDecoder", "FusedUnsupported", "StageTimesRefused", "StageTimes", "fused_unsupported", "describe"]

@@ -67,12 +67,25 @@ def build_delta_layer(dec, il: int, add, mv, mv_group, stage: str):
     m, ops, w = dec.model, dec._ops, dec.model.w
     g, d, bufs, rec = m.delta[il], m.delta_dims, dec.gdn, dec.state.recurrent
     qkv, z, ba = mv_group([g.qkv, g.gate, g.ba], dec.xn, stage)
-    G = GdnIO(il=il, qkv=qkv, z=z, ba=ba, cs=rec.conv[il], S=rec.ssm[il], cw=bufs.cw[il], dt_bias=w.get(g.dt_bias),
-              ssm_a=w.get(g.a), norm_w=w.get(g.norm), h=bufs.h, o=bufs.o, params=dec.params_dev, dims=d)
+    G = GdnIO(
+        il=il,
+        qkv=qkv,
+        z=z,
+        ba=ba,
+        cs=rec.conv[il],
+        S=rec.ssm[il],
+        cw=bufs.cw[il],
+        dt_bias=w.get(g.dt_bias),
+        ssm_a=w.get(g.a),
+        norm_w=w.get(g.norm),
+        h=bufs.h,
+        o=bufs.o,
+        params=dec.params_dev,
+        dims=d,
+    )
     add(f"gdn_conv L{il}", stage, ops.gdn_conv(G))
     add(f"gdn_step L{il}", stage, ops.gdn_step(G))
     return mv(g.out, bufs.o, stage)
 
 
 __all__ = ["GdnBuffers", "build_delta_layer", "gdn_unsupported"]
-

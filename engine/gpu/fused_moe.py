@@ -7,8 +7,8 @@ Per MoE layer the step runs, on the device, with no host value in between:
    selected expert's slot, hence the addresses of its gate, up and down parts; -1 = a miss);
 2. one batched matvec per part over the selected experts (``matvec_batched`` or, with the q8 kernels,
    ``matvec_q8_batched`` on the layer's input quantized by its norm kernel (or one ``quantize_q8``) and on the
-   K down inputs quantized by one ``quantize_q8``, on the part addresses; a miss's address is 0 and is skipped), ``silu_mul`` between them - one launch per
-   projection, not one per expert;
+   K down inputs quantized by one ``quantize_q8``, on the part addresses; a miss's address is 0 and is
+   skipped), ``silu_mul`` between them - one launch per projection, not one per expert;
 3. ``moe_combine``: the weighted sum in selection order (plus the shared expert times its sigmoid
    gate, qwen3next / qwen2moe), then the residual add fused with the next norm.
 
@@ -79,7 +79,7 @@ class MoeStep:
         self.bases = bk.empty_bytes(8 * 3 * K).view(np.uint64)
         self.info = bk.empty_bytes(4 * 2 * K).view(np.int32)
         self.GU = bk.empty_f32(2 * K * self.n_ff)  # gate outputs then up outputs: one batched launch fills both
-        self.G, self.U = self.GU[:K * self.n_ff], self.GU[K * self.n_ff:]
+        self.G, self.U = self.GU[: K * self.n_ff], self.GU[K * self.n_ff :]
         self.H = bk.empty_f32(K * self.n_ff)
         self.D = bk.empty_f32(K * n)
         self.y = bk.empty_f32(n)
@@ -90,8 +90,13 @@ class MoeStep:
         self.storage_ptr[...] = 0
         self.hq_stride = F.q8_act_bytes(self.n_ff)  # the selected experts' quantized down inputs (q8 kernel)
         self.Hq = bk.empty_bytes(K * self.hq_stride)
-        self.nbytes = (4 * (E + K + 3 * K * self.n_ff + K * n + n + 1 + h.n_layer * E) + 8 * 3 * K + 4 * 2 * K + 8
-                       + K * self.hq_stride)
+        self.nbytes = (
+            4 * (E + K + 3 * K * self.n_ff + K * n + n + 1 + h.n_layer * E)
+            + 8 * 3 * K
+            + 4 * 2 * K
+            + 8
+            + K * self.hq_stride
+        )
         if dec.cuda:
             import cupy as cp
 
@@ -124,9 +129,21 @@ class MoeStep:
         sf = f"L{il} ffn"
         K, n, nff = self.K, self.n_embd, self.n_ff
         logits = mv(tensor_name("ffn_gate_inp.weight", il), dec.xn, sf)
-        M = MoeIO(il=il, logits=logits, n_expert=self.E, k=K, norm=ffn.norm_weights, slot_of=self.slot_of,
-                  storage_ptr=self.storage_ptr, slot_bytes=self.slot_bytes, offsets=self.offsets[il],
-                  probs=self.probs, weights=self.weights, bases=self.bases, info=self.info)
+        M = MoeIO(
+            il=il,
+            logits=logits,
+            n_expert=self.E,
+            k=K,
+            norm=ffn.norm_weights,
+            slot_of=self.slot_of,
+            storage_ptr=self.storage_ptr,
+            slot_bytes=self.slot_bytes,
+            offsets=self.offsets[il],
+            probs=self.probs,
+            weights=self.weights,
+            bases=self.bases,
+            info=self.info,
+        )
         add(f"moe_route L{il}", sf, ops.moe_route(M))
         if dec.cuda:
             add(f"copy routing L{il} to host", sf, ops.d2h(self._info_mem.ptr, self.info, 4 * 2 * K), "host")
@@ -144,26 +161,77 @@ class MoeStep:
             return dec.matvecs.input(dec.xn, fmt, n, sf, f"experts {what} L{il}") if fmt else None
 
         if gt == ut and pb[0] == pb[1]:  # gate and up of every selected expert: one launch (G, U adjacent)
-            add(f"experts gate+up L{il}", sf, ops.matvec_batched(gt, self.bases[0:2 * K], nff, n, dec.xn, 0, self.GU,
-                                                                 storage=store, nbytes=pb[0], xq=xn_q8(fg, "gate+up")))
+            add(
+                f"experts gate+up L{il}",
+                sf,
+                ops.matvec_batched(
+                    gt,
+                    self.bases[0 : 2 * K],
+                    nff,
+                    n,
+                    dec.xn,
+                    0,
+                    self.GU,
+                    storage=store,
+                    nbytes=pb[0],
+                    xq=xn_q8(fg, "gate+up"),
+                ),
+            )
         else:
-            add(f"experts gate L{il}", sf, ops.matvec_batched(gt, self.bases[0:K], nff, n, dec.xn, 0, self.G,
-                                                              storage=store, nbytes=pb[0], xq=xn_q8(fg, "gate")))
-            add(f"experts up L{il}", sf, ops.matvec_batched(ut, self.bases[K:2 * K], nff, n, dec.xn, 0, self.U,
-                                                            storage=store, nbytes=pb[1], xq=xn_q8(fu, "up")))
+            add(
+                f"experts gate L{il}",
+                sf,
+                ops.matvec_batched(
+                    gt, self.bases[0:K], nff, n, dec.xn, 0, self.G, storage=store, nbytes=pb[0], xq=xn_q8(fg, "gate")
+                ),
+            )
+            add(
+                f"experts up L{il}",
+                sf,
+                ops.matvec_batched(
+                    ut,
+                    self.bases[K : 2 * K],
+                    nff,
+                    n,
+                    dec.xn,
+                    0,
+                    self.U,
+                    storage=store,
+                    nbytes=pb[1],
+                    xq=xn_q8(fu, "up"),
+                ),
+            )
         add(f"experts silu_mul L{il}", sf, ops.silu_mul(self.G, self.U, self.H))
         if fd:
-            add(f"quantize q8 experts down L{il}", sf,
-                ops.quantize(self.H, self.Hq, fd, nff, rows=K, x_stride=nff, out_stride=self.hq_stride))
-        add(f"experts down L{il}", sf, ops.matvec_batched(dt, self.bases[2 * K:3 * K], n, nff, self.H, nff, self.D,
-                                                          storage=store, nbytes=pb[2], xq=self.Hq if fd else None,
-                                                          xq_stride=self.hq_stride))
+            add(
+                f"quantize q8 experts down L{il}",
+                sf,
+                ops.quantize(self.H, self.Hq, fd, nff, rows=K, x_stride=nff, out_stride=self.hq_stride),
+            )
+        add(
+            f"experts down L{il}",
+            sf,
+            ops.matvec_batched(
+                dt,
+                self.bases[2 * K : 3 * K],
+                n,
+                nff,
+                self.H,
+                nff,
+                self.D,
+                storage=store,
+                nbytes=pb[2],
+                xq=self.Hq if fd else None,
+                xq_stride=self.hq_stride,
+            ),
+        )
         add(f"fill misses L{il}", sf, lambda: self.on_fill(il), "fill")
         S = gdot = None
         if ffn.shared_expert:
-            g, u = mv_group([tensor_name("ffn_gate_shexp.weight", il), tensor_name("ffn_up_shexp.weight", il)],
-                            dec.xn, sf)
-            a = act_buf[:int(g.size)]
+            g, u = mv_group(
+                [tensor_name("ffn_gate_shexp.weight", il), tensor_name("ffn_up_shexp.weight", il)], dec.xn, sf
+            )
+            a = act_buf[: int(g.size)]
             add(f"act_mul shexp L{il}", sf, ops.act_mul(g, u, a, "silu"))
             S = mv(tensor_name("ffn_down_shexp.weight", il), a, sf)
             if ffn.shared_gate:
@@ -206,8 +274,13 @@ class MoeStep:
 
             i = il * self.E + e
             self.slot_host[i] = slot
-            cp.cuda.runtime.memcpyAsync(self.slot_of.data.ptr + 4 * i, self._slot_mem.ptr + 4 * i, 4,
-                                        cp.cuda.runtime.memcpyHostToDevice, self.dec.stream.ptr)
+            cp.cuda.runtime.memcpyAsync(
+                self.slot_of.data.ptr + 4 * i,
+                self._slot_mem.ptr + 4 * i,
+                4,
+                cp.cuda.runtime.memcpyHostToDevice,
+                self.dec.stream.ptr,
+            )
         else:
             self.slot_of[il * self.E + e] = slot
 
@@ -234,7 +307,7 @@ class MoeStep:
             layers.HostWait.ms += (time.perf_counter() - t0) * 1000
         K = self.K
         ids = [int(i) for i in self.info_host[:K]]
-        slots = self.info_host[K:2 * K]
+        slots = self.info_host[K : 2 * K]
         self._misses = [(k, ids[k]) for k in range(K) if slots[k] < 0]
         ex = self.model.experts
         if ex.on_route is not None:
@@ -257,21 +330,32 @@ class MoeStep:
         dec, ex, n = self.dec, self.model.experts, self.n_embd
         t0 = time.perf_counter()
         ks = [k for k, _e in self._misses]
-        ys = self.source.ffn_many(il, [e for _k, e in self._misses], self.xn_host, kernel=self.miss_kernel(ex.kernel),
-                                  threads=ex.threads, silu_mul=R.silu_mul)
+        ys = self.source.ffn_many(
+            il,
+            [e for _k, e in self._misses],
+            self.xn_host,
+            kernel=self.miss_kernel(ex.kernel),
+            threads=ex.threads,
+            silu_mul=R.silu_mul,
+        )
         for j, k in enumerate(ks):
-            self.miss_host[k * n:(k + 1) * n] = ys[j]
+            self.miss_host[k * n : (k + 1) * n] = ys[j]
         ex.cpu_expert_ms += (time.perf_counter() - t0) * 1000
         if dec.cuda:
             import cupy as cp
 
             rt = cp.cuda.runtime
             for k, _e in self._misses:
-                rt.memcpyAsync(self.D.data.ptr + 4 * k * n, self._miss_mem.ptr + 4 * k * n, 4 * n,
-                               rt.memcpyHostToDevice, dec.stream.ptr)
+                rt.memcpyAsync(
+                    self.D.data.ptr + 4 * k * n,
+                    self._miss_mem.ptr + 4 * k * n,
+                    4 * n,
+                    rt.memcpyHostToDevice,
+                    dec.stream.ptr,
+                )
         else:
             for k, _e in self._misses:
-                self.D[k * n:(k + 1) * n] = self.miss_host[k * n:(k + 1) * n]
+                self.D[k * n : (k + 1) * n] = self.miss_host[k * n : (k + 1) * n]
         if self.cache is not None:
             for _k, e in self._misses:
                 self.cache.admit(il, e)

@@ -9,8 +9,9 @@ so the list can be replayed eagerly or captured into a CUDA graph without rebuil
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -22,8 +23,20 @@ from .. import layers
 ATTN_THREADS = 1024
 
 
-FUSED_KERNEL_NAMES = ("resid_norm", "qk_prep", "attn", "act_mul", "logit_post", "moe_route", "moe_combine",
-                      "gate_mul", "gdn_conv", "gdn_step", "logit_top_part", "logit_top_final")
+FUSED_KERNEL_NAMES = (
+    "resid_norm",
+    "qk_prep",
+    "attn",
+    "act_mul",
+    "logit_post",
+    "moe_route",
+    "moe_combine",
+    "gate_mul",
+    "gdn_conv",
+    "gdn_step",
+    "logit_top_part",
+    "logit_top_final",
+)
 
 #: The logits' summary (cuda/logit_top.cu; sizes from strata.budget.formulas, which counts its bytes): the best
 #: TOP_K pairs, from TOP_PARTS CTAs of TOP_THREADS threads, into TOP_WORDS words.
@@ -38,8 +51,9 @@ def fused_source() -> str:
     from . import kernels as K
 
     top = f"#define TOPK {TOP_K}\n#define TOP_THREADS {TOP_THREADS}\n"
-    return (K.cuda_file("prelude.cuh") + K.q8_quant_source() + K.cuda_file("fused.cu") + top
-            + K.cuda_file("logit_top.cu"))
+    return (
+        K.cuda_file("prelude.cuh") + K.q8_quant_source() + K.cuda_file("fused.cu") + top + K.cuda_file("logit_top.cu")
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -60,6 +74,7 @@ MAX_GROUP = 4
 
 
 # ---------------------------------------------------------------------------- the launch list
+
 
 @dataclass
 class Launch:
@@ -141,8 +156,11 @@ class MatvecLaunches:
                     self.add(f"{kind} {names[run[0]]}", stage, ops.matvec(a0[0], a0[1], a0[2], a0[3], x, a0[4], xq=xq))
                 else:
                     parts = [(args[r][1], args[r][2], args[r][4]) for r in run]
-                    self.add(f"{kind}_group {' + '.join(names[r] for r in run)}", stage,
-                             ops.matvec_group(a0[0], parts, a0[3], x, xq=xq))
+                    self.add(
+                        f"{kind}_group {' + '.join(names[r] for r in run)}",
+                        stage,
+                        ops.matvec_group(a0[0], parts, a0[3], x, xq=xq),
+                    )
                 i = j
         return [a[4] for a in args]
 
@@ -249,8 +267,12 @@ class CudaOps:
         (``out_stride`` bytes apart): the q8 kernels' input (:func:`strata.engine.gpu.kernels.quantize_q8`)."""
         from . import kernels as K
 
-        return self._call(K.quantize_kernel(), K.quantize_grid(n, fmt, rows), (256,),
-                          (x, np.int32(n), np.int64(x_stride or n), np.int32(fmt), xq, np.int64(out_stride)))
+        return self._call(
+            K.quantize_kernel(),
+            K.quantize_grid(n, fmt, rows),
+            (256,),
+            (x, np.int32(n), np.int64(x_stride or n), np.int32(fmt), xq, np.int64(out_stride)),
+        )
 
     def matvec(self, type_id, buf, rows, ne0, x, out, xq=None):
         """``matvec`` (exact) of ``x``, or with ``xq`` (``x`` quantized by :meth:`quantize`) ``matvec_q8``."""
@@ -258,12 +280,20 @@ class CudaOps:
 
         if xq is not None:
             k8 = K.q8_kernels_for(type_id)
-            return self._call(k8.matvec, ((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA,),
-                              (32 * K.Q8_WARPS,), (buf, np.int64(rows), np.int32(ne0), xq, out))
+            return self._call(
+                k8.matvec,
+                ((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA,),
+                (32 * K.Q8_WARPS,),
+                (buf, np.int64(rows), np.int32(ne0), xq, out),
+            )
         k = K.kernels_for(type_id)
         K.check_matvec(k, rows, ne0)
-        return self._call(k.matvec, ((rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA,), (32 * K.WARPS_PER_CTA,),
-                          (buf, np.int64(rows), np.int32(ne0), x, out))
+        return self._call(
+            k.matvec,
+            ((rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA,),
+            (32 * K.WARPS_PER_CTA,),
+            (buf, np.int64(rows), np.int32(ne0), x, out),
+        )
 
     def matvec_group(self, type_id, parts, ne0, x, xq=None):
         """One launch of ``matvec_group`` (or with ``xq``, ``matvec_q8_group``) over ``parts`` = [(buf, rows,
@@ -283,29 +313,78 @@ class CudaOps:
         outs = [np.uint64(o.data.ptr) for _b, _r, o in full]
         max_rows = max(int(r) for _b, r, _o in parts)
         if xq is not None:
-            return self._call(K.q8_kernels_for(type_id).matvec_group,
-                              ((max_rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, n), (32 * K.Q8_WARPS,),
-                              (*bases, *rows, np.int32(ne0), xq, *outs))
-        return self._call(k.matvec_group, ((max_rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA, n),
-                          (32 * K.WARPS_PER_CTA,), (*bases, *rows, np.int32(ne0), x, *outs))
+            return self._call(
+                K.q8_kernels_for(type_id).matvec_group,
+                ((max_rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, n),
+                (32 * K.Q8_WARPS,),
+                (*bases, *rows, np.int32(ne0), xq, *outs),
+            )
+        return self._call(
+            k.matvec_group,
+            ((max_rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA, n),
+            (32 * K.WARPS_PER_CTA,),
+            (*bases, *rows, np.int32(ne0), x, *outs),
+        )
 
     def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode, xq=None, qfmt=0):
         """``resid_norm``; with ``xq``/``qfmt`` it also writes ``xn`` quantized (q8 layout) for the q8 matvecs."""
         n = int(x.size)
-        return self._call(self.k["resid_norm"], (1,), (_threads(n),),
-                          (x, a, self._p(ab), self._p(wa), self._p(w), self._p(xn), np.int32(n), np.float32(eps),
-                           np.float32(scale), np.int32(mode), self._p(xq), np.int32(qfmt)))
+        return self._call(
+            self.k["resid_norm"],
+            (1,),
+            (_threads(n),),
+            (
+                x,
+                a,
+                self._p(ab),
+                self._p(wa),
+                self._p(w),
+                self._p(xn),
+                np.int32(n),
+                np.float32(eps),
+                np.float32(scale),
+                np.int32(mode),
+                self._p(xq),
+                np.int32(qfmt),
+            ),
+        )
 
     def qk_prep(self, L: AttnIO):
         kc, vc = L.cache.k[L.il], L.cache.v[L.il]
-        return self._call(self.k["qk_prep"], (L.n_head + L.n_kv,), (_threads(max(L.hd, L.hd_v)),),
-                          (L.q, L.k, L.v, self._p(L.qb), self._p(L.kb), self._p(L.vb), self._p(L.qnw),
-                           self._p(L.knw), L.rope.cos, L.rope.sin, L.params, L.qo, kc, vc, np.int32(L.n_head),
-                           np.int32(L.n_kv), np.int32(L.hd), np.int32(L.hd_v), np.int32(L.rope.n_rot),
-                           np.int32(L.cache.sizes[L.il]), np.float32(L.eps), np.float32(L.scale),
-                           np.int32(L.scale_q), np.int32(L.cache.kv == "f16"), np.int32(L.rope.mode == "norm"),
-                           np.int32(L.q_stride or L.hd)),
-                          shmem=4 * L.hd)
+        return self._call(
+            self.k["qk_prep"],
+            (L.n_head + L.n_kv,),
+            (_threads(max(L.hd, L.hd_v)),),
+            (
+                L.q,
+                L.k,
+                L.v,
+                self._p(L.qb),
+                self._p(L.kb),
+                self._p(L.vb),
+                self._p(L.qnw),
+                self._p(L.knw),
+                L.rope.cos,
+                L.rope.sin,
+                L.params,
+                L.qo,
+                kc,
+                vc,
+                np.int32(L.n_head),
+                np.int32(L.n_kv),
+                np.int32(L.hd),
+                np.int32(L.hd_v),
+                np.int32(L.rope.n_rot),
+                np.int32(L.cache.sizes[L.il]),
+                np.float32(L.eps),
+                np.float32(L.scale),
+                np.int32(L.scale_q),
+                np.int32(L.cache.kv == "f16"),
+                np.int32(L.rope.mode == "norm"),
+                np.int32(L.q_stride or L.hd),
+            ),
+            shmem=4 * L.hd,
+        )
 
     def gate_mul(self, ao, qg, n_head, hd):
         n = n_head * hd
@@ -313,37 +392,91 @@ class CudaOps:
 
     def gdn_conv(self, G: GdnIO):
         d = G.dims
-        return self._call(self.k["gdn_conv"], ((d.conv_dim + 255) // 256,), (256,),
-                          (G.qkv, G.cs, G.cw, np.int32(d.conv_dim), np.int32(d.d_conv), G.params, G.h))
+        return self._call(
+            self.k["gdn_conv"],
+            ((d.conv_dim + 255) // 256,),
+            (256,),
+            (G.qkv, G.cs, G.cw, np.int32(d.conv_dim), np.int32(d.d_conv), G.params, G.h),
+        )
 
     def gdn_step(self, G: GdnIO):
         d = G.dims
-        return self._call(self.k["gdn_step"], (d.dt_rank,), (d.d_state,),
-                          (G.h, G.z, G.ba, G.S, G.dt_bias, G.ssm_a, G.norm_w, G.params, np.int32(d.n_group),
-                           np.int32(d.dt_rank), np.int32(d.d_state), np.float32(d.eps),
-                           np.float32(1.0 / d.d_state ** 0.5), G.o), shmem=8 * d.d_state)
+        return self._call(
+            self.k["gdn_step"],
+            (d.dt_rank,),
+            (d.d_state,),
+            (
+                G.h,
+                G.z,
+                G.ba,
+                G.S,
+                G.dt_bias,
+                G.ssm_a,
+                G.norm_w,
+                G.params,
+                np.int32(d.n_group),
+                np.int32(d.dt_rank),
+                np.int32(d.d_state),
+                np.float32(d.eps),
+                np.float32(1.0 / d.d_state**0.5),
+                G.o,
+            ),
+            shmem=8 * d.d_state,
+        )
 
     def attn(self, L: AttnIO):
         kc, vc = L.cache.k[L.il], L.cache.v[L.il]
         stride = int(L.scores.size) // L.n_head
-        return self._call(self.k["attn"], (L.n_head,), (ATTN_THREADS,),
-                          (L.qo, kc, vc, L.params, L.scores, L.ao, np.int32(L.n_head), np.int32(L.n_kv),
-                           np.int32(L.hd), np.int32(L.hd_v), np.int32(L.cache.sizes[L.il]),
-                           np.int32(L.window or 0), np.float32(L.kq_scale), np.int32(L.cache.kv == "f16"),
-                           np.int32(stride)),
-                          shmem=4 * ATTN_THREADS)
+        return self._call(
+            self.k["attn"],
+            (L.n_head,),
+            (ATTN_THREADS,),
+            (
+                L.qo,
+                kc,
+                vc,
+                L.params,
+                L.scores,
+                L.ao,
+                np.int32(L.n_head),
+                np.int32(L.n_kv),
+                np.int32(L.hd),
+                np.int32(L.hd_v),
+                np.int32(L.cache.sizes[L.il]),
+                np.int32(L.window or 0),
+                np.float32(L.kq_scale),
+                np.int32(L.cache.kv == "f16"),
+                np.int32(stride),
+            ),
+            shmem=4 * ATTN_THREADS,
+        )
 
     def act_mul(self, g, u, out, kind):
         n = int(out.size)
-        return self._call(self.k["act_mul"], ((n + 255) // 256,), (256,),
-                          (g, u, out, np.int32(n), np.int32(1 if kind == "gelu" else 0),
-                           np.float32(layers.GELU_C), np.float32(0.044715)))
+        return self._call(
+            self.k["act_mul"],
+            ((n + 255) // 256,),
+            (256,),
+            (
+                g,
+                u,
+                out,
+                np.int32(n),
+                np.int32(1 if kind == "gelu" else 0),
+                np.float32(layers.GELU_C),
+                np.float32(0.044715),
+            ),
+        )
 
     def logit_post(self, y, bias, cap):
         n = int(y.size)
         inv = np.float32(1.0 / cap) if cap else np.float32(0)
-        return self._call(self.k["logit_post"], ((n + 255) // 256,), (256,),
-                          (y, self._p(bias), np.int32(n), inv, np.float32(cap or 0), np.int32(bool(cap))))
+        return self._call(
+            self.k["logit_post"],
+            ((n + 255) // 256,),
+            (256,),
+            (y, self._p(bias), np.int32(n), inv, np.float32(cap or 0), np.int32(bool(cap))),
+        )
 
     def logit_top_part(self, y, part):
         return self._call(self.k["logit_top_part"], (TOP_PARTS,), (TOP_THREADS,), (y, np.int32(y.size), part))
@@ -352,13 +485,30 @@ class CudaOps:
         return self._call(self.k["logit_top_final"], (1,), (TOP_PARTS,), (part, out))
 
     def moe_route(self, M: MoeIO):
-        return self._call(self.k["moe_route"], (1,), (_threads(min(M.n_expert, 1024)),),
-                          (M.logits, np.int32(M.n_expert), np.int32(M.k), np.int32(M.norm), M.slot_of,
-                           np.int32(M.il), M.storage_ptr, np.int64(M.slot_bytes), np.int64(M.offsets[0]),
-                           np.int64(M.offsets[1]), np.int64(M.offsets[2]), M.probs, M.weights, M.bases, M.info))
+        return self._call(
+            self.k["moe_route"],
+            (1,),
+            (_threads(min(M.n_expert, 1024)),),
+            (
+                M.logits,
+                np.int32(M.n_expert),
+                np.int32(M.k),
+                np.int32(M.norm),
+                M.slot_of,
+                np.int32(M.il),
+                M.storage_ptr,
+                np.int64(M.slot_bytes),
+                np.int64(M.offsets[0]),
+                np.int64(M.offsets[1]),
+                np.int64(M.offsets[2]),
+                M.probs,
+                M.weights,
+                M.bases,
+                M.info,
+            ),
+        )
 
-    def matvec_batched(self, type_id, bases, rows, ne0, X, x_stride, out, storage=None, nbytes=0, xq=None,
-                       xq_stride=0):
+    def matvec_batched(self, type_id, bases, rows, ne0, X, x_stride, out, storage=None, nbytes=0, xq=None, xq_stride=0):
         """The batched matvec over the addresses in ``bases`` (``storage``/``nbytes``: the sim's); with ``xq``
         (``X`` quantized by :meth:`quantize`, rows ``xq_stride`` bytes apart, 0 = one for all) ``matvec_q8_batched``."""
         from . import kernels as K
@@ -367,11 +517,18 @@ class CudaOps:
         K.check_matvec(k, rows, ne0)
         n = int(bases.size)
         if xq is not None:
-            return self._call(K.q8_kernels_for(type_id).matvec_batched,
-                              ((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, n), (32 * K.Q8_WARPS,),
-                              (bases, np.int64(rows), np.int32(ne0), xq, np.int64(xq_stride), out))
-        return self._call(k.matvec_batched, ((rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA, n),
-                          (32 * K.WARPS_PER_CTA,), (bases, np.int64(rows), np.int32(ne0), X, np.int64(x_stride), out))
+            return self._call(
+                K.q8_kernels_for(type_id).matvec_batched,
+                ((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, n),
+                (32 * K.Q8_WARPS,),
+                (bases, np.int64(rows), np.int32(ne0), xq, np.int64(xq_stride), out),
+            )
+        return self._call(
+            k.matvec_batched,
+            ((rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA, n),
+            (32 * K.WARPS_PER_CTA,),
+            (bases, np.int64(rows), np.int32(ne0), X, np.int64(x_stride), out),
+        )
 
     def silu_mul(self, g, u, out):
         from . import kernels as K
@@ -380,8 +537,12 @@ class CudaOps:
         return self._call(f, ((n + 255) // 256,), (256,), (g, u, out, np.int64(n)))
 
     def moe_combine(self, D, w, k, n, S, gdot, y):
-        return self._call(self.k["moe_combine"], ((n + 255) // 256,), (256,),
-                          (D, w, np.int32(k), np.int32(n), self._p(S), self._p(gdot), y))
+        return self._call(
+            self.k["moe_combine"],
+            ((n + 255) // 256,),
+            (256,),
+            (D, w, np.int32(k), np.int32(n), self._p(S), self._p(gdot), y),
+        )
 
     def h2d(self, dst, src_ptr: int, nbytes: int):
         rt, s = self.cp.cuda.runtime, self.stream
@@ -420,6 +581,7 @@ class SimOps:
                 x[...] = x + layers.rms_norm(np, v, wa, eps)
             if w is not None:
                 xn[...] = layers.rms_norm(np, x, w, eps)
+
         return run
 
     def qk_prep(self, L: AttnIO):
@@ -432,7 +594,7 @@ class SimOps:
                 k = k + L.kb
             if L.vb is not None:
                 v = v + L.vb
-            q = q.reshape(L.n_head, L.q_stride or L.hd)[:, :L.hd]
+            q = q.reshape(L.n_head, L.q_stride or L.hd)[:, : L.hd]
             k = k.reshape(L.n_kv, L.hd)
             if L.qnw is not None:
                 q = layers.rms_norm(np, q, L.qnw, L.eps)
@@ -443,6 +605,7 @@ class SimOps:
             if L.scale_q:
                 q = q * np.float32(L.scale)
             L.qo[...] = q.reshape(-1)
+
         return run
 
     def attn(self, L: AttnIO):
@@ -451,6 +614,7 @@ class SimOps:
             lo = 0 if L.window is None else max(0, pos + 1 - L.window)
             K, V = L.cache.read(L.il, lo, pos)
             L.ao[...] = layers.attend(np, L.qo.reshape(L.n_head, L.hd), K, V, L.kq_scale)
+
         return run
 
     def act_mul(self, g, u, out, kind):
@@ -463,6 +627,7 @@ class SimOps:
                 y[...] = y + bias
             if cap:
                 y[...] = np.tanh(y * np.float32(1.0 / cap)) * np.float32(cap)
+
         return run
 
     def matvec_group(self, type_id, parts, ne0, x, xq=None):
@@ -472,12 +637,14 @@ class SimOps:
         def run():
             for buf, rows, out in parts:
                 out[...] = mv(type_id, buf, rows, ne0, x)
+
         return run
 
     def gate_mul(self, ao, qg, n_head, hd):
         def run():
             g = qg.reshape(n_head, 2 * hd)[:, hd:].reshape(-1)
             ao[...] = ao * layers.sigmoid(np, g)
+
         return run
 
     def gdn_conv(self, G: GdnIO):
@@ -487,6 +654,7 @@ class SimOps:
             if int(G.params[0]) == 0:
                 G.cs[...] = 0
             G.h[...] = conv_silu(np, G.qkv, G.cs, G.cw.reshape(G.dims.conv_dim, G.dims.d_conv))
+
         return run
 
     def gdn_step(self, G: GdnIO):
@@ -496,6 +664,7 @@ class SimOps:
             if int(G.params[0]) == 0:
                 G.S[...] = 0
             G.o[...] = delta_rule(np, G.h, G.z, G.ba, G.S, G.dt_bias, G.ssm_a, G.norm_w, G.dims)
+
         return run
 
     def moe_route(self, M: MoeIO):
@@ -509,10 +678,10 @@ class SimOps:
                 for j in range(3):
                     M.bases[j * M.k + k] = b + M.offsets[j] if slot >= 0 else 0
                 M.info[k], M.info[M.k + k] = e, slot
+
         return run
 
-    def matvec_batched(self, type_id, bases, rows, ne0, X, x_stride, out, storage=None, nbytes=0, xq=None,
-                       xq_stride=0):
+    def matvec_batched(self, type_id, bases, rows, ne0, X, x_stride, out, storage=None, nbytes=0, xq=None, xq_stride=0):
         bk = self.bk
         mv = bk.matvec if xq is None else bk.matvec_q8
 
@@ -523,8 +692,9 @@ class SimOps:
                 b = int(bases[item])
                 if b == 0:
                     continue
-                x = X[item * x_stride: item * x_stride + ne0] if x_stride else X[:ne0]
-                out[item * rows:(item + 1) * rows] = mv(type_id, store[b - 1:b - 1 + nbytes], rows, ne0, x)
+                x = X[item * x_stride : item * x_stride + ne0] if x_stride else X[:ne0]
+                out[item * rows : (item + 1) * rows] = mv(type_id, store[b - 1 : b - 1 + nbytes], rows, ne0, x)
+
         return run
 
     def silu_mul(self, g, u, out):
@@ -535,10 +705,11 @@ class SimOps:
         def run():
             acc = D[:n] * w[0]
             for j in range(1, k):
-                acc = acc + D[j * n:(j + 1) * n] * w[j]
+                acc = acc + D[j * n : (j + 1) * n] * w[j]
             if S is not None:
                 acc = acc + S * layers.sigmoid(np, gdot[0])
             y[...] = acc
+
         return run
 
     def h2d(self, dst, src, nbytes: int):
@@ -560,13 +731,29 @@ class SimOps:
             out[0] = bad
             if not bad:
                 pairs = top_k_pairs(y, TOP_K)
-                out[1:1 + len(pairs)] = [i for i, _ in pairs]
-                out[8:8 + len(pairs)] = np.array([v for _, v in pairs], dtype=np.float32).view(np.int32)
+                out[1 : 1 + len(pairs)] = [i for i, _ in pairs]
+                out[8 : 8 + len(pairs)] = np.array([v for _, v in pairs], dtype=np.float32).view(np.int32)
+
         return run
 
 
 # ---------------------------------------------------------------------------- the decoder
 
 
-__all__ = ["ATTN_THREADS", "MAX_GROUP", "TOP_K", "TOP_PARTS", "TOP_THREADS", "TOP_WORDS", "AttnIO", "CudaOps", "FUSED_KERNEL_NAMES", "GdnIO", "Launch", "MoeIO", "SimOps",
-           "fused_kernels", "fused_source"]
+__all__ = [
+    "ATTN_THREADS",
+    "MAX_GROUP",
+    "TOP_K",
+    "TOP_PARTS",
+    "TOP_THREADS",
+    "TOP_WORDS",
+    "AttnIO",
+    "CudaOps",
+    "FUSED_KERNEL_NAMES",
+    "GdnIO",
+    "Launch",
+    "MoeIO",
+    "SimOps",
+    "fused_kernels",
+    "fused_source",
+]

@@ -82,10 +82,28 @@ import numpy as np
 from strata.packer import quants
 
 __all__ = [
-    "SUPPORTED_TYPES", "gpu_available", "kernels_for", "dequantize", "matvec", "matvec_batched", "silu_mul",
-    "matvec_error_depth", "source_for", "type_defines", "cuda_file", "load_module", "check_matvec", "silu_kernel",
-    "NVRTC_OPTIONS", "Q8_GPU_TYPES", "q8_act_format", "q8_source_for", "q8_kernels_for", "quantize_kernel",
-    "quantize_q8", "matvec_q8",
+    "SUPPORTED_TYPES",
+    "gpu_available",
+    "kernels_for",
+    "dequantize",
+    "matvec",
+    "matvec_batched",
+    "silu_mul",
+    "matvec_error_depth",
+    "source_for",
+    "type_defines",
+    "cuda_file",
+    "load_module",
+    "check_matvec",
+    "silu_kernel",
+    "NVRTC_OPTIONS",
+    "Q8_GPU_TYPES",
+    "q8_act_format",
+    "q8_source_for",
+    "q8_kernels_for",
+    "quantize_kernel",
+    "quantize_q8",
+    "matvec_q8",
 ]
 
 #: NVRTC options for every module: no FMA contraction, IEEE subnormals, IEEE division (bit-exact
@@ -118,7 +136,7 @@ ROWS_PER_CTA = WARPS_PER_CTA * ROWS_PER_WARP
 CUDA_DIR = Path(__file__).resolve().parent / "cuda"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cuda_file(relpath: str) -> str:
     """The text of ``cuda/<relpath>`` (e.g. ``"prelude.cuh"``, ``"types/Q4_K.cuh"``)."""
     return (CUDA_DIR / relpath).read_text(encoding="utf-8")
@@ -152,8 +170,10 @@ def q8_act_format(type_id: int) -> int:
         ValueError: a type without a q8 kernel (:data:`Q8_GPU_TYPES`).
     """
     if type_id not in Q8_GPU_TYPES:
-        raise ValueError(f"{quants.qtype(type_id).name}: no q8 GPU kernel (have "
-                         f"{sorted(quants.qtype(i).name for i in Q8_GPU_TYPES)})")
+        raise ValueError(
+            f"{quants.qtype(type_id).name}: no q8 GPU kernel (have "
+            f"{sorted(quants.qtype(i).name for i in Q8_GPU_TYPES)})"
+        )
     return 1 if quants.qtype(type_id).block_elems == 32 else 2
 
 
@@ -168,8 +188,14 @@ def q8_source_for(type_id: int, *, with_kernels: bool = True) -> str:
     q8_act_format(type_id)
     t = quants.qtype(type_id)
     type_code = cuda_file(f"q8/{t.name}.cuh")
-    code = (cuda_file("prelude.cuh") + _q8_layout_source() + _tables_source(type_code) + type_defines(t.id)
-            + cuda_file("q8_lane.cuh") + type_code)
+    code = (
+        cuda_file("prelude.cuh")
+        + _q8_layout_source()
+        + _tables_source(type_code)
+        + type_defines(t.id)
+        + cuda_file("q8_lane.cuh")
+        + type_code
+    )
     shape = f"#define Q8_WARPS {Q8_WARPS}\n#define Q8_RPW {Q8_RPW}\n"
     return code + shape + cuda_file("matvec_q8.cu") if with_kernels else code
 
@@ -197,7 +223,7 @@ Q8_RPW = int(os.environ.get("STRATA_Q8_RPW", "1"))
 Q8_ROWS_PER_CTA = Q8_WARPS * Q8_RPW
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def q8_kernels_for(type_id: int) -> Q8Kernels:
     """Compile (once per process) the q8 module of ``type_id`` (:func:`load_module`)."""
     f = load_module(q8_source_for(type_id), ("matvec_q8", "matvec_q8_batched", "matvec_q8_group"))
@@ -207,8 +233,9 @@ def q8_kernels_for(type_id: int) -> Q8Kernels:
 @functools.lru_cache(maxsize=1)
 def quantize_kernel():
     """The compiled ``quantize_q8`` kernel (``cuda/q8_act.cu``; grid ``(ceil(n / 256), rows)``, 256 threads)."""
-    return load_module(cuda_file("prelude.cuh") + q8_quant_source() + cuda_file("q8_act.cu"),
-                       ("quantize_q8",))["quantize_q8"]
+    return load_module(cuda_file("prelude.cuh") + q8_quant_source() + cuda_file("q8_act.cu"), ("quantize_q8",))[
+        "quantize_q8"
+    ]
 
 
 def q8_quant_source() -> str:
@@ -223,8 +250,16 @@ def quantize_grid(n: int, fmt: int, rows: int = 1) -> tuple[int, int]:
     return (blocks + 7) // 8, rows
 
 
-def quantize_q8(x, fmt: int, out=None, *, n: int | None = None, rows: int = 1, x_stride: int | None = None,
-                out_stride: int | None = None):
+def quantize_q8(
+    x,
+    fmt: int,
+    out=None,
+    *,
+    n: int | None = None,
+    rows: int = 1,
+    x_stride: int | None = None,
+    out_stride: int | None = None,
+):
     """Quantize ``rows`` activation rows of ``n`` f32 values each (``x``: cupy f32, row r at ``r * x_stride``
     floats, default ``n``; ``n`` default ``x.size // rows``) to ``fmt`` (1 = Q8_0, 2 = Q8_K) in engine/q8_layout.h's
     layout; returns ``cupy.uint8[rows * out_stride]`` (``out`` if given; ``out_stride`` default
@@ -245,8 +280,11 @@ def quantize_q8(x, fmt: int, out=None, *, n: int | None = None, rows: int = 1, x
     ob = q8_act_bytes(n) if out_stride is None else int(out_stride)
     if out is None:
         out = cp.zeros(rows * ob, dtype=cp.uint8)
-    quantize_kernel()(quantize_grid(n, fmt, rows), (256,),
-                      (x, np.int32(n), np.int64(n if x_stride is None else x_stride), np.int32(fmt), out, np.int64(ob)))
+    quantize_kernel()(
+        quantize_grid(n, fmt, rows),
+        (256,),
+        (x, np.int32(n), np.int64(n if x_stride is None else x_stride), np.int32(fmt), out, np.int64(ob)),
+    )
     return out
 
 
@@ -269,8 +307,11 @@ def matvec_q8(type_id: int, buf, rows: int, ne0: int, x, out=None):
     if out is None:
         out = cp.empty(rows, dtype=cp.float32)
     if rows:
-        k.matvec(((rows + Q8_ROWS_PER_CTA - 1) // Q8_ROWS_PER_CTA,), (32 * Q8_WARPS,),
-                 (buf, np.int64(rows), np.int32(ne0), xq, out))
+        k.matvec(
+            ((rows + Q8_ROWS_PER_CTA - 1) // Q8_ROWS_PER_CTA,),
+            (32 * Q8_WARPS,),
+            (buf, np.int64(rows), np.int32(ne0), xq, out),
+        )
     return out
 
 
@@ -279,7 +320,7 @@ def _c_array(ctype: str, name: str, values) -> str:
     return f"__device__ const {ctype} {name}[{len(values)}] = {{{vals}}};\n"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tables_source(code: str) -> str:
     """The ggml lookup tables that ``code`` uses (comments aside), as CUDA arrays built from
     gguf-py's copies (byte-identical to ``ggml-common.h``: ksigns_iq2xs, kvalues_iq4nl,
@@ -293,8 +334,12 @@ def _tables_source(code: str) -> str:
         src.append(_c_array("u8", "ksigns_iq2xs", np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8)))
     if "kvalues_iq4nl" in code:
         src.append(_c_array("i8", "kvalues_iq4nl", gq.IQ4_NL.kvalues))
-    for cls, name in ((gq.IQ2_XXS, "iq2xxs_grid"), (gq.IQ2_XS, "iq2xs_grid"), (gq.IQ2_S, "iq2s_grid"),
-                      (gq.IQ3_XXS, "iq3xxs_grid")):
+    for cls, name in (
+        (gq.IQ2_XXS, "iq2xxs_grid"),
+        (gq.IQ2_XS, "iq2xs_grid"),
+        (gq.IQ2_S, "iq2s_grid"),
+        (gq.IQ3_XXS, "iq3xxs_grid"),
+    ):
         if name not in code:
             continue
         cls.init_grid()
@@ -317,15 +362,25 @@ def source_for(type_id: int, *, with_kernels: bool = True) -> str:
     """
     t = quants.qtype(type_id)
     if not t.gpu_kernel:
-        raise NotImplementedError(f"no GPU kernel for {t.name} (type {t.id}); have "
-                                  f"{sorted(quants.qtype(i).name for i in SUPPORTED_TYPES)}")
+        raise NotImplementedError(
+            f"no GPU kernel for {t.name} (type {t.id}); have {sorted(quants.qtype(i).name for i in SUPPORTED_TYPES)}"
+        )
     plain = t.block_elems == 1
     type_code = cuda_file(f"types/{t.name}.cuh")
-    code = ("#define STRATA_PLAIN_I2F 1\n" if PLAIN_I2F else "") + cuda_file("prelude.cuh") + _tables_source(type_code) + ("" if plain else type_defines(t.id)) + type_code
+    code = (
+        ("#define STRATA_PLAIN_I2F 1\n" if PLAIN_I2F else "")
+        + cuda_file("prelude.cuh")
+        + _tables_source(type_code)
+        + ("" if plain else type_defines(t.id))
+        + type_code
+    )
     if not with_kernels:
         return code
-    shape = (f"#define RPW {ROWS_PER_WARP}\n#define MV_BOUNDS "
-             + (f"__launch_bounds__(32 * WARPS, {MATVEC_MIN_BLOCKS})" if MATVEC_MIN_BLOCKS > 0 else "") + "\n")
+    shape = (
+        f"#define RPW {ROWS_PER_WARP}\n#define MV_BOUNDS "
+        + (f"__launch_bounds__(32 * WARPS, {MATVEC_MIN_BLOCKS})" if MATVEC_MIN_BLOCKS > 0 else "")
+        + "\n"
+    )
     return code + shape + cuda_file("matvec_plain.cu" if plain else "matvec_block.cu") + cuda_file("matvec.cu")
 
 
@@ -335,8 +390,9 @@ def _silu_source() -> str:
     defines of their f32 bits)."""
     from strata.engine.gpu.reference import EXP_CONSTANTS
 
-    consts = "".join(f"#define {k} __uint_as_float(0x{int(np.float32(v).view(np.uint32)):08x}u)\n"
-                     for k, v in EXP_CONSTANTS.items())
+    consts = "".join(
+        f"#define {k} __uint_as_float(0x{int(np.float32(v).view(np.uint32)):08x}u)\n" for k, v in EXP_CONSTANTS.items()
+    )
     return consts + cuda_file("silu.cu")
 
 
@@ -450,13 +506,14 @@ def _nvrtc_module(nvrtc, source: str):
     return cp.RawModule(path=path)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kernels_for(type_id: int) -> TypeKernels:
     """Compile (once per process) the module of ``type_id`` (see :func:`load_module`)."""
     t = quants.qtype(type_id)
     f = load_module(source_for(type_id), ("dequant", "matvec", "matvec_batched", "matvec_group"))
-    return TypeKernels(t.id, t.block_elems, t.block_elems == 1, f["dequant"], f["matvec"], f["matvec_batched"],
-                       f["matvec_group"])
+    return TypeKernels(
+        t.id, t.block_elems, t.block_elems == 1, f["dequant"], f["matvec"], f["matvec_batched"], f["matvec_group"]
+    )
 
 
 def _check_buf(buf, type_id: int, ne: tuple[int, ...]):
@@ -466,8 +523,10 @@ def _check_buf(buf, type_id: int, ne: tuple[int, ...]):
     pool = quants.F32.id if type_id == quants.BF16.id else type_id
     lay = engine_layout(pool, src, ne)
     if buf.dtype != np.uint8 or buf.ndim != 1 or buf.size != lay.nbytes:
-        raise ValueError(f"{quants.qtype(type_id).name} {list(ne)}: engine-form buffer must be 1-D uint8 of "
-                         f"{lay.nbytes} bytes, got {buf.dtype} {buf.shape}")
+        raise ValueError(
+            f"{quants.qtype(type_id).name} {list(ne)}: engine-form buffer must be 1-D uint8 of "
+            f"{lay.nbytes} bytes, got {buf.dtype} {buf.shape}"
+        )
     return lay
 
 
@@ -486,8 +545,11 @@ def dequantize(type_id: int, buf, n_elements: int, out=None):
     else:  # one warp per 32 chunks of 32 values
         n_work, per_cta = lay.n_blocks * (k.block_elems // 32), 32 * WARPS_PER_CTA
     if n_work:
-        k.dequant(((n_work + per_cta - 1) // per_cta,), (256 if k.plain else 32 * WARPS_PER_CTA,),
-                  (buf, np.int64(lay.n_blocks), out))
+        k.dequant(
+            ((n_work + per_cta - 1) // per_cta,),
+            (256 if k.plain else 32 * WARPS_PER_CTA,),
+            (buf, np.int64(lay.n_blocks), out),
+        )
     return out
 
 
@@ -495,7 +557,9 @@ def check_matvec(k: TypeKernels, rows: int, ne0: int):
     """Refuse a matvec shape the kernels of ``k`` cannot run (ValueError naming the type): ``ne0``
     not a multiple of the block size (or of 32 for block types), ``ne0 >= 2**31``, ``rows < 0``."""
     if ne0 % k.block_elems or (not k.plain and ne0 % 32):
-        raise ValueError(f"{quants.qtype(k.type_id).name}: ne0={ne0} is not a multiple of the block size {k.block_elems}")
+        raise ValueError(
+            f"{quants.qtype(k.type_id).name}: ne0={ne0} is not a multiple of the block size {k.block_elems}"
+        )
     if ne0 >= 2**31 or rows < 0:
         raise ValueError(f"matvec shape rows={rows} ne0={ne0} out of range")
 
@@ -512,8 +576,11 @@ def matvec(type_id: int, buf, rows: int, ne0: int, x, out=None):
         _check_buf(buf, type_id, (ne0, rows))
         out = cp.empty(rows, dtype=cp.float32)
     if rows:
-        k.matvec(((rows + ROWS_PER_CTA - 1) // ROWS_PER_CTA,), (32 * WARPS_PER_CTA,),
-                 (buf, np.int64(rows), np.int32(ne0), x, out))
+        k.matvec(
+            ((rows + ROWS_PER_CTA - 1) // ROWS_PER_CTA,),
+            (32 * WARPS_PER_CTA,),
+            (buf, np.int64(rows), np.int32(ne0), x, out),
+        )
     return out
 
 
@@ -537,8 +604,11 @@ def matvec_batched(type_id: int, bases, rows: int, ne0: int, X, out=None, *, x_s
     if out is None:
         out = cp.empty((n, rows), dtype=cp.float32)
     if n and rows:
-        k.matvec_batched(((rows + ROWS_PER_CTA - 1) // ROWS_PER_CTA, n), (32 * WARPS_PER_CTA,),
-                         (bases, np.int64(rows), np.int32(ne0), X, np.int64(x_stride), out))
+        k.matvec_batched(
+            ((rows + ROWS_PER_CTA - 1) // ROWS_PER_CTA, n),
+            (32 * WARPS_PER_CTA,),
+            (bases, np.int64(rows), np.int32(ne0), X, np.int64(x_stride), out),
+        )
     return out
 
 

@@ -30,11 +30,19 @@ _F = np.float32
 
 #: Constants of :func:`exp_portable` as float32 (the CUDA source embeds their exact bits).
 EXP_CONSTANTS: dict[str, np.float32] = {
-    "LO": _F(-80.0), "HI": _F(88.0),
-    "LOG2E": _F(1.4426950408889634), "HALF": _F(0.5),
-    "LN2_HI": _F(0.693145751953125), "LN2_LO": _F(1.4286068203094172e-06),
-    "C7": _F(1.0 / 5040.0), "C6": _F(1.0 / 720.0), "C5": _F(1.0 / 120.0), "C4": _F(1.0 / 24.0), "C3": _F(1.0 / 6.0),
-    "C2": _F(0.5), "ONE": _F(1.0),
+    "LO": _F(-80.0),
+    "HI": _F(88.0),
+    "LOG2E": _F(1.4426950408889634),
+    "HALF": _F(0.5),
+    "LN2_HI": _F(0.693145751953125),
+    "LN2_LO": _F(1.4286068203094172e-06),
+    "C7": _F(1.0 / 5040.0),
+    "C6": _F(1.0 / 720.0),
+    "C5": _F(1.0 / 120.0),
+    "C4": _F(1.0 / 24.0),
+    "C3": _F(1.0 / 6.0),
+    "C2": _F(0.5),
+    "ONE": _F(1.0),
 }
 
 
@@ -117,8 +125,9 @@ def matvec(type_id: int, W: np.ndarray, x: np.ndarray) -> np.ndarray:
     return _butterfly(acc)
 
 
-def expert_ffn(types: tuple[int, int, int], gate: np.ndarray, up: np.ndarray, down: np.ndarray,
-               x: np.ndarray) -> np.ndarray:
+def expert_ffn(
+    types: tuple[int, int, int], gate: np.ndarray, up: np.ndarray, down: np.ndarray, x: np.ndarray
+) -> np.ndarray:
     """One routed expert ``down @ silu_mul(gate @ x, up @ x)`` on the CPU, bit-identical to the GPU
     hit path (:class:`strata.engine.gpu.experts.GpuExpertCache`). ``types`` = ggml types of
     gate, up, down; matrices f32 in numpy order ``[rows, row length]``."""

@@ -14,8 +14,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -44,11 +45,11 @@ class PartLayout:
 class SlotPlan:
     """How the expert cache was sized (bytes; the numbers the audit compares)."""
 
-    mode: str                  # "auto" | "fixed"
+    mode: str  # "auto" | "fixed"
     slots: int
-    slot_bytes: int            # per-slot stride (largest engine-form blob, parts aligned)
-    max_blob_engine: int       # budget.formulas.expert_blob_bytes(engine=True), largest layer
-    free_bytes: int            # cudaMemGetInfo free when the cache was opened
+    slot_bytes: int  # per-slot stride (largest engine-form blob, parts aligned)
+    max_blob_engine: int  # budget.formulas.expert_blob_bytes(engine=True), largest layer
+    free_bytes: int  # cudaMemGetInfo free when the cache was opened
     reserve_bytes: int
     cap: int | None
     cache_bytes: int
@@ -64,16 +65,31 @@ class SlotCache:
     hit path's preallocated vectors (``bufs``: gate, up, act, out).
     """
 
-    def __init__(self, source: ShardExperts, backend: Backend, n_embd: int, n_ff: int, n_slots: int,
-                 bufs: tuple[Any, Any, Any, Any] | None = None):
+    def __init__(
+        self,
+        source: ShardExperts,
+        backend: Backend,
+        n_embd: int,
+        n_ff: int,
+        n_slots: int,
+        bufs: tuple[Any, Any, Any, Any] | None = None,
+    ):
         self.source, self.backend = source, backend
         self.layouts: dict[int, tuple[PartLayout, PartLayout, PartLayout]] = {}
         stride = 0
         for il in source.layers:
             row, shp = source.rows[il], source.shapes[il]
-            ((go, gb), (uo, ub), (do, db)), st = F.expert_slot_layout(row.gate_type, row.up_type, row.down_type, n_embd, n_ff)
-            parts = [PartLayout(t, ne0, rows, off, nb) for t, (ne0, rows), (off, nb) in
-                     ((row.gate_type, shp.gate, (go, gb)), (row.up_type, shp.up, (uo, ub)), (row.down_type, shp.down, (do, db)))]
+            ((go, gb), (uo, ub), (do, db)), st = F.expert_slot_layout(
+                row.gate_type, row.up_type, row.down_type, n_embd, n_ff
+            )
+            parts = [
+                PartLayout(t, ne0, rows, off, nb)
+                for t, (ne0, rows), (off, nb) in (
+                    (row.gate_type, shp.gate, (go, gb)),
+                    (row.up_type, shp.up, (uo, ub)),
+                    (row.down_type, shp.down, (do, db)),
+                )
+            ]
             for p in parts:  # the loader's shapes are the budget's expert_part_ne
                 assert p.nbytes == quants.engine_nbytes(p.type_id, p.type_id, (p.ne0, p.rows)), (il, p)
             self.layouts[il] = (parts[0], parts[1], parts[2])
@@ -102,7 +118,7 @@ class SlotCache:
         raws = self.source.raw(il, e)
         for part, raw in zip(self.layouts[il], raws):
             ef = EF.to_engine_form(raw, part.type_id, part.type_id, (part.ne0, part.rows), name=f"blk.{il} expert {e}")
-            dst = self.storage[base + part.offset: base + part.offset + part.nbytes]
+            dst = self.storage[base + part.offset : base + part.offset + part.nbytes]
             self.backend.copy_into(dst, ef)
         self.where[(il, e)] = s
 
@@ -132,7 +148,7 @@ class SlotCache:
 
     def _view(self, s: int, p: PartLayout):
         b = s * self.slot_bytes + p.offset
-        return self.storage[b:b + p.nbytes]
+        return self.storage[b : b + p.nbytes]
 
     def ffn(self, il: int, e: int, x):
         s = self.where[(il, e)]
@@ -157,8 +173,14 @@ class GpuExpertPath(ExpertPath):
     numerics (:meth:`strata.engine.gpu.fused_moe.MoeStep.miss_kernel`; docs/DESIGN.md "Misses equal hits").
     ``threads``: the CPU kernels' threads (default all cores)."""
 
-    def __init__(self, source: ShardExperts, cache: SlotCache | None, backend: Backend, kernel: str | None = None,
-                 threads: int | None = None):
+    def __init__(
+        self,
+        source: ShardExperts,
+        cache: SlotCache | None,
+        backend: Backend,
+        kernel: str | None = None,
+        threads: int | None = None,
+    ):
         super().__init__(source, cache, xp=backend.xp, kernel=kernel or "exact", threads=threads)
         self.backend = backend
         self.cpu_expert_ms = 0.0

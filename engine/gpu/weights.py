@@ -8,7 +8,8 @@ byte offset from the memory-mapped ``pool.bin``. Every size is one function of
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -16,8 +17,8 @@ from strata.budget import formulas as F
 from strata.budget import formulas_gpu as FG
 from strata.engine import engine_form as EF
 from strata.packer import quants
-from strata.packer.packfmt import IndexEntry
 from strata.packer.pack import Pack
+from strata.packer.packfmt import IndexEntry
 
 from .. import cpukernels
 from ..dequant import dequantize_rows
@@ -70,7 +71,7 @@ class DeviceWeights:
         return self._entries[name]
 
     def _raw(self, e: IndexEntry) -> np.ndarray:
-        return self._pool[e.offset:e.offset + e.nbytes]
+        return self._pool[e.offset : e.offset + e.nbytes]
 
     def types(self) -> set[int]:
         """Kernel types of the uploaded tensors."""
@@ -101,7 +102,7 @@ class DeviceWeights:
         for k, (name, e) in enumerate(zip(todo, ents)):
             ef = EF.to_engine_form(self._raw(e), e.type, e.src_type, e.ne, name=name)
             assert ef.size == sizes[k], (name, ef.size, sizes[k])
-            buf = arena[offs[k]:offs[k] + sizes[k]]
+            buf = arena[offs[k] : offs[k] + sizes[k]]
             self.backend.copy_into(buf, ef)
             self._buf[name] = buf
             self._type[name] = EF.engine_type(e.type, e.src_type)
@@ -112,12 +113,12 @@ class DeviceWeights:
                 else:
                     v = dequantize_rows(np.asarray(self._raw(e)).reshape(1, -1), e.type, e.ne0, name=name)[0]
                     assert v.nbytes == vecs[k]
-                    dst = vec_arena[v_offs[k]:v_offs[k] + vecs[k]]
+                    dst = vec_arena[v_offs[k] : v_offs[k] + vecs[k]]
                     self.backend.copy_into(dst, v.view(np.uint8))
                     self._f32[name] = dst.view(self.xp.float32)
                 self.f32_vector_bytes += vecs[k]
             else:
-                self._out[name] = out_arena[o_offs[k]:o_offs[k] + outs[k]].view(self.xp.float32)
+                self._out[name] = out_arena[o_offs[k] : o_offs[k] + outs[k]].view(self.xp.float32)
                 self.output_bytes += outs[k]
         self.engine_bytes += added
         return added
@@ -182,7 +183,7 @@ class DeviceWeights:
         try:  # the C dequantizer (the CPU path's rows: the same floats as gguf-py's, ~20x faster per token)
             out[...] = cpukernels.dequant_rows(e.type, raw.reshape(-1), e.ne0, [row])[0]
         except cpukernels.CpuKernelError:  # no C compiler: gguf-py's dequantizer
-            out[...] = dequantize_rows(raw[row:row + 1], e.type, e.ne0, name=name)[0]
+            out[...] = dequantize_rows(raw[row : row + 1], e.type, e.ne0, name=name)[0]
 
     def rows(self, name: str, ids: list[int]):
         e = self._entries[name]

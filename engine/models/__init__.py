@@ -34,8 +34,9 @@ def recipe_for(arch: str) -> Recipe:
     try:
         return recipes()[arch]
     except KeyError:
-        raise UnsupportedModel(f"architecture {arch!r} has no forward pass in strata's engine; "
-                               f"supported: {', '.join(sorted(recipes()))}") from None
+        raise UnsupportedModel(
+            f"architecture {arch!r} has no forward pass in strata's engine; supported: {', '.join(sorted(recipes()))}"
+        ) from None
 
 
 __all__ = ["UnsupportedModel", "recipe_for", "recipes"]

@@ -23,9 +23,16 @@ ARCH = "gemma3"
 
 
 def _block(rope_base: str, rope_scale: str) -> Block:
-    return Block(Attention(qk_norm=True, scale_q=True, rope_base=rope_base, rope_scale=rope_scale), DenseFFN("gelu"),
-                 mixer_post_norm="post_attention_norm.weight", ffn_post_norm="post_ffw_norm.weight")
+    return Block(
+        Attention(qk_norm=True, scale_q=True, rope_base=rope_base, rope_scale=rope_scale),
+        DenseFFN("gelu"),
+        mixer_post_norm="post_attention_norm.weight",
+        ffn_post_norm="post_ffw_norm.weight",
+    )
 
 
-RECIPE = Recipe(blocks={"swa": _block("rope_base_swa", "rope_freq_scale_swa"), "global": _block("rope_base", "rope_freq_scale")},
-                embed_scale=True, logit_softcap="logit_softcap")
+RECIPE = Recipe(
+    blocks={"swa": _block("rope_base_swa", "rope_freq_scale_swa"), "global": _block("rope_base", "rope_freq_scale")},
+    embed_scale=True,
+    logit_softcap="logit_softcap",
+)

@@ -17,5 +17,9 @@ LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX)``.
 from ..recipe import Attention, Block, DenseFFN, MoEFFN, Recipe
 
 ARCH = "llama"
-RECIPE = Recipe(blocks={"dense": Block(Attention(rope="norm"), DenseFFN("silu")),
-                        "moe": Block(Attention(rope="norm"), MoEFFN("silu", norm_weights=True))})
+RECIPE = Recipe(
+    blocks={
+        "dense": Block(Attention(rope="norm"), DenseFFN("silu")),
+        "moe": Block(Attention(rope="norm"), MoEFFN("silu", norm_weights=True)),
+    }
+)

@@ -12,5 +12,6 @@ scaled by ``sigmoid(ffn_gate_inp_shexp . h)``.
 from ..recipe import Attention, Block, MoEFFN, Recipe
 
 ARCH = "qwen2moe"
-RECIPE = Recipe(blocks={"attention": Block(Attention(), MoEFFN("silu", norm_weights=False, shared_expert=True,
-                                                              shared_gate=True))})
+RECIPE = Recipe(
+    blocks={"attention": Block(Attention(), MoEFFN("silu", norm_weights=False, shared_expert=True, shared_gate=True))}
+)

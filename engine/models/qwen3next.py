@@ -24,9 +24,12 @@ _FFN = MoEFFN("silu", norm_weights=True, shared_expert=True, shared_gate=True)
 RECIPE = Recipe(
     blocks={
         "recurrent": Block(DeltaNet(), _FFN, ffn_norm="post_attention_norm.weight"),
-        "attention": Block(Attention(qk_norm=True, rope_dim="rope_dim", output_gate=True), _FFN,
-                           ffn_norm="post_attention_norm.weight"),
+        "attention": Block(
+            Attention(qk_norm=True, rope_dim="rope_dim", output_gate=True), _FFN, ffn_norm="post_attention_norm.weight"
+        ),
     },
-    unused={"indexer.": "the sparse-attention indexer (blk.N.indexer.*) is checked and loaded, but this forward "
-                        "pass does not use it: no public implementation defines its computation for qwen3next"},
+    unused={
+        "indexer.": "the sparse-attention indexer (blk.N.indexer.*) is checked and loaded, but this forward "
+        "pass does not use it: no public implementation defines its computation for qwen3next"
+    },
 )
