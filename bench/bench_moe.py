@@ -160,8 +160,19 @@ def _rss_anon_mib() -> float | None:
     return None
 
 
-def strata_run(pack: Path, device: str, tokens: int, **opts) -> dict:
-    """Load the engine (start-up timed per checkpoint) and decode; returns the figures."""
+def spread(values: list[float]) -> dict:
+    """Mean, sample standard deviation, min and max of ``values`` (tok/s), rounded to 0.01: the same
+    two figures llama-bench reports per row (``avg_ts``, ``stddev_ts``), plus the range."""
+    n = len(values)
+    mean = sum(values) / n
+    sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5 if n > 1 else 0.0
+    return {"mean": round(mean, 2), "stddev": round(sd, 2), "min": round(min(values), 2), "max": round(max(values), 2)}
+
+
+def strata_run(pack: Path, device: str, tokens: int, repeats: int = 1, **opts) -> dict:
+    """Load the engine (start-up timed per checkpoint) and decode ``repeats`` times (each: the 16-token
+    prompt, then ``tokens`` tokens); ``decode_tok_s`` is the mean over the repeats (tokens after the
+    first / seconds), ``decode_tok_s_spread`` their mean, sample stddev, min and max."""
     from strata.engine.generate import generate
     from strata.engine.startup import load_engine
 
@@ -169,11 +180,15 @@ def strata_run(pack: Path, device: str, tokens: int, **opts) -> dict:
     t0 = time.perf_counter()
     eng = load_engine(pack, device=device, n_ctx=512, **opts)
     startup = time.perf_counter() - t0
-    r = generate(eng, prompt_ids=_prompt_ids(), n_tokens=tokens, ignore_eos=True)
+    runs = [generate(eng, prompt_ids=_prompt_ids(), n_tokens=tokens, ignore_eos=True) for _ in range(repeats)]
+    r = runs[-1]
+    rates = [float(x.tokens_per_second) for x in runs]
     out = {
         "startup_s": round(startup, 2),
         "checkpoints_s": {c.name: round(c.seconds, 2) for c in eng.checkpoints if hasattr(c, "seconds")},
-        "decode_tok_s": round(float(r.tokens_per_second), 2),
+        "decode_tok_s": spread(rates)["mean"],
+        "decode_tok_s_spread": spread(rates),
+        "decode_tok_s_runs": [round(v, 2) for v in rates],
         "tokens": r.output_ids[:8],
         "expert_hits": getattr(r, "expert_hits", None),
         "expert_misses": getattr(r, "expert_misses", None),
@@ -189,8 +204,11 @@ def strata_run(pack: Path, device: str, tokens: int, **opts) -> dict:
     return out
 
 
-def llama_bench(exe: str, gguf: Path, tokens: int, ngl: int, ncmoe: list[int] | None, threads: int) -> list[dict]:
-    """llama-bench's tg rows (``avg_ts``) for ``ncmoe`` values (None: no -ncmoe flag)."""
+def llama_bench(
+    exe: str, gguf: Path, tokens: int, ngl: int, ncmoe: list[int] | None, threads: int, repeats: int = 5
+) -> list[dict]:
+    """llama-bench's tg rows (``avg_ts``, ``stddev_ts`` over ``repeats`` runs) for ``ncmoe`` values (None: no
+    -ncmoe flag)."""
     cmd = [
         exe,
         "-m",
@@ -202,7 +220,7 @@ def llama_bench(exe: str, gguf: Path, tokens: int, ngl: int, ncmoe: list[int] | 
         "-ngl",
         str(ngl),
         "-r",
-        "2",
+        str(repeats),
         "-t",
         str(threads),
         "-o",
@@ -241,6 +259,13 @@ def main(argv: list[str] | None = None) -> int:
         "default, llama.cpp's numerics on the GPU and for the CPU misses, bit-identical to each "
         "other; exact: f32 products in the exact kernels' order on both)",
     )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="decode runs per strata row and llama-bench repetitions (-r) per llama.cpp row; both report "
+        "mean and sample stddev",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from strata import testing as synth
@@ -254,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     results: dict = {"tokens": args.tokens, "threads": args.threads, "rows": []}
-    table: list[tuple[str, str, float | None, float | None]] = []
+    table: list[tuple[str, str, tuple[float, float] | None, tuple[float, float] | None]] = []
     for name in names:
         spec = geos[name]
         gguf = work / f"{name}.gguf"
@@ -296,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                 ]
             else:
                 cases.append((f"gpu{tag}", ko, None))
-        lb: dict[int | None, float] = {}
+        lb: dict[int | None, tuple[float, float]] = {}
         if args.llama_bench and Path(args.llama_bench).exists():
             try:
                 rows = llama_bench(
@@ -306,10 +331,11 @@ def main(argv: list[str] | None = None) -> int:
                     99,
                     sorted({c[2] for c in cases}) if moe else None,
                     args.threads,
+                    args.repeats,
                 )
                 row["llama.cpp"]["gpu"] = rows
                 for r in rows:
-                    lb[r["n_cpu_moe"] if moe else None] = r["avg_ts"]
+                    lb[r["n_cpu_moe"] if moe else None] = (r["avg_ts"], r["stddev_ts"])
             except Exception as e:  # reported, the strata rows still run
                 row["llama.cpp"]["gpu_error"] = str(e)
                 print(f"  llama-bench failed: {e}", flush=True)
@@ -318,12 +344,13 @@ def main(argv: list[str] | None = None) -> int:
                 table.append((name, key, None, lb.get(ncmoe)))
                 continue
             try:
-                r = strata_run(pack, "cuda", args.tokens, **opts)
+                r = strata_run(pack, "cuda", args.tokens, args.repeats, **opts)
             except Exception as e:
                 r = {"error": f"{type(e).__name__}: {e}"}
             row["strata"][key] = r
             print(f"  strata {key}: {r}", flush=True)
-            table.append((name, key, r.get("decode_tok_s"), lb.get(ncmoe)))
+            sp = r.get("decode_tok_s_spread")
+            table.append((name, key, (sp["mean"], sp["stddev"]) if sp else None, lb.get(ncmoe)))
         if args.cpu:
             try:
                 r = strata_run(pack, "cpu", max(8, args.tokens // 8))
@@ -336,20 +363,24 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     rows = llama_bench(args.llama_bench, gguf, max(8, args.tokens // 8), 0, None, args.threads)
                     row["llama.cpp"]["cpu"] = rows
-                    lcpu = rows[0]["avg_ts"]
+                    lcpu = (rows[0]["avg_ts"], rows[0]["stddev_ts"])
                 except Exception as e:
                     row["llama.cpp"]["cpu_error"] = str(e)
-            table.append((name, f"cpu ({args.threads} threads)", r.get("decode_tok_s"), lcpu))
+            sp = r.get("decode_tok_s_spread")
+            table.append((name, f"cpu ({args.threads} threads)", (sp["mean"], sp["stddev"]) if sp else None, lcpu))
         results["rows"].append(row)
     path = args.json or (os.path.join(os.environ["OUT"], "bench_moe.json") if os.environ.get("OUT") else None)
     if path:
         Path(path).write_text(json.dumps(results, indent=1) + "\n")
-    print(f"\n{'geometry':<18} {'case':<54} {'strata tok/s':>12} {'llama.cpp':>10} {'ratio':>6}")
-    for name, key, s, lcpp in table:
-        ratio = f"{s / lcpp:.2f}" if s and lcpp else "-"
-        print(
-            f"{name:<18} {key:<54} {s if s is not None else '-':>12} {lcpp if lcpp is not None else '-':>10} {ratio:>6}"
-        )
+
+    def cell(v: tuple[float, float] | None) -> str:
+        return f"{v[0]:.1f} +- {v[1]:.1f}" if v else "-"
+
+    print(f"\n{'geometry':<18} {'case':<54} {'strata tok/s':>14} {'llama.cpp':>14} {'ratio':>6}")
+    for name, key, st, lcpp in table:
+        ratio = f"{st[0] / lcpp[0]:.2f}" if st and lcpp else "-"
+        print(f"{name:<18} {key:<54} {cell(st):>14} {cell(lcpp):>14} {ratio:>6}")
+    print("(mean +- sample stddev over the repeats; both columns from this run, on the same files)")
     return 0
 
 
