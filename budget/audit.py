@@ -37,6 +37,9 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
+from strata.layout import engine_form as LE
+from strata.layout import experts as LX
+from strata.layout import kv as LK
 from strata.manifests.contract import (
     Geometry,
     ManifestError,
@@ -55,7 +58,6 @@ from strata.packer.gguf_file import GGUFError, GGUFHeader, TensorInfo, read_head
 from strata.packer.pack import Pack, not_a_pack, pool_layout_findings, read_pack
 from strata.packer.packfmt import GEOMETRY_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE, NotAPackError, PackFormatError
 
-from . import formulas as F
 from .plan import DenseTensor, ExpertLayerFacts, ModelFacts
 
 #: The [state] terms and the layer kinds they are evaluated on ("attention", "recurrent", "all").
@@ -339,9 +341,9 @@ class _Auditor:
         n_embd, n_ff = int(g["n_embd"]), int(g.get("n_ff_exp", 0) or 0)
         for r in pack.experts.layers:
             try:
-                blob = F.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff)
-                engine = F.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff, engine=True)
-                slot = F.expert_slot_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff)
+                blob = LX.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff)
+                engine = LX.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff, engine=True)
+                slot = LX.expert_slot_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff)
             except (quants.GGMLTypeError, quants.ShapeError):
                 blob, engine, slot = r.blob_bytes, r.blob_bytes, None  # named by the conformance check
             if r.layer in blob_from_tensors:
@@ -383,7 +385,7 @@ class _Auditor:
         for e in pack.index.entries:
             ne = trim_ne(e.ne)
             try:
-                f = F.engine_form(e.type, e.src_type, ne)
+                f = LE.engine_form(e.type, e.src_type, ne)
             except (quants.GGMLTypeError, quants.ShapeError):
                 continue  # named by the pool check
             out.append(DenseTensor(name=e.name, type=e.type, src_type=e.src_type, ne=ne))
@@ -418,7 +420,7 @@ class _Auditor:
                 unit="bytes",
                 from_metadata=meta_engine
                 + sum(
-                    F.engine_form(e.type, e.src_type, trim_ne(e.ne)).engine
+                    LE.engine_form(e.type, e.src_type, trim_ne(e.ne)).engine
                     for e in pack.index.entries
                     if e.name not in expected and e.type in quants.QTYPES
                 ),
@@ -582,7 +584,7 @@ def audit_pack(
         head=head,
         embeddings="token_embd.weight" if "token_embd.weight" in names else None,
         kv_layers=[
-            F.KVLayer(
+            LK.KVLayer(
                 il,
                 values["k_per_token"][il],
                 values["v_per_token"][il],
@@ -593,7 +595,7 @@ def audit_pack(
             if k in att
         ],
         recurrent_layers=[
-            F.RecurrentLayer(il, values["conv_state"][il], values["ssm_state"][il])
+            LK.RecurrentLayer(il, values["conv_state"][il], values["ssm_state"][il])
             for il, k in enumerate(g.layer_kinds)
             if k in rec
         ],

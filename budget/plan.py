@@ -20,6 +20,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from strata.layout import buffers as LB
+from strata.layout import engine_form as LE
+from strata.layout import experts as LX
+from strata.layout import kv as LK
 from strata.packer import quants
 
 from . import engine_terms as ET
@@ -134,7 +138,7 @@ def dense_types(facts: ModelFacts) -> list[TypeRow]:
     """Per pool type: pack bytes, engine bytes (payload + f32 scales), widened extra, BF16 saving."""
     rows: dict[str, TypeRow] = {}
     for t in facts.dense:
-        f = F.engine_form(t.type, t.src_type, t.ne)
+        f = LE.engine_form(t.type, t.src_type, t.ne)
         label = quants.qtype(t.type).name + (" (from BF16)" if t.src_type == quants.BF16.id else "")
         r = rows.setdefault(
             label,
@@ -171,21 +175,21 @@ def engine_buffer_bytes(facts: ModelFacts, n_ctx: int) -> int:
         if t.name in rows_only or facts.is_draft(t.name):  # the draft head's buffers: its bind term
             continue
         if quants.n_elements(t.ne) == int(t.ne[0]):  # one row: a vector
-            total += F.vector_f32_bytes(t.type, t.src_type, t.ne)
+            total += LB.vector_f32_bytes(t.type, t.src_type, t.ne)
         else:
-            total += F.matvec_out_bytes(t.ne)
+            total += LB.matvec_out_bytes(t.ne)
     if rows_only and facts.n_embd:
-        total += F.embedding_row_bytes(facts.n_embd)
-    total += facts.rope_tables * F.rope_table_bytes(n_ctx, facts.rope_dim)
+        total += LB.embedding_row_bytes(facts.n_embd)
+    total += facts.rope_tables * LB.rope_table_bytes(n_ctx, facts.rope_dim)
     if facts.expert_layers and facts.n_embd:
-        total += F.expert_hit_buffer_bytes(facts.n_embd, facts.n_ff_exp)
+        total += LX.expert_hit_buffer_bytes(facts.n_embd, facts.n_ff_exp)
     return total
 
 
 def _engine(facts: ModelFacts, name: str | None) -> int:
     for t in facts.dense:
         if t.name == name:
-            return F.engine_form(t.type, t.src_type, t.ne).engine
+            return LE.engine_form(t.type, t.src_type, t.ne).engine
     return 0
 
 
@@ -196,13 +200,13 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
     embd = 0 if facts.tied or on_host else _engine(facts, facts.embeddings)
     special = {facts.head, facts.embeddings}
     dense = sum(
-        F.engine_form(t.type, t.src_type, t.ne).engine
+        LE.engine_form(t.type, t.src_type, t.ne).engine
         for t in facts.dense
         if t.name not in special and not facts.is_draft(t.name)
     )
-    chunk = F.ENGINE_PREFILL_CHUNK if strata else o.prefill
-    kv = F.kv_cache_bytes(facts.kv_layers, n_ctx, chunk, o.kv, o.batch, o.kv_resident)
-    rec = F.recurrent_state_bytes(facts.recurrent_layers, o.batch)
+    chunk = LK.ENGINE_PREFILL_CHUNK if strata else o.prefill
+    kv = LK.kv_cache_bytes(facts.kv_layers, n_ctx, chunk, o.kv, o.batch, o.kv_resident)
+    rec = LK.recurrent_state_bytes(facts.recurrent_layers, o.batch)
     if strata:
         act, act_detail, _exact = ET.activation_term(facts, n_ctx)
     elif o.prefill_model == "documents":
@@ -300,11 +304,11 @@ def kv_type_error(facts: ModelFacts, kv: str) -> PlanInputError | None:
 
     A block-quantized cache (``int8`` = ggml Q8_0, 32 values per block) stores every head's row in
     whole blocks: llama.cpp refuses a quantized K (V) cache unless the block size divides
-    n_embd_head_k (n_embd_head_v) (llama-context.cpp), and :func:`formulas.kv_row_bytes` needs the
+    n_embd_head_k (n_embd_head_v) (llama-context.cpp), and :func:`strata.layout.kv.kv_row_bytes` needs the
     per-token row (n_head_kv x head dim) to be whole blocks. The error names the first layer's
     projection tensor, the dimension and the numbers, and how many layers are affected.
     """
-    t = quants.qtype(F.KV_CACHE_TYPES[kv])
+    t = quants.qtype(LK.KV_CACHE_TYPES[kv])
     B = t.block_elems
     if B == 1:
         return None
@@ -378,8 +382,8 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         for bad, why in (
             (o.batch != 1, f"--batch {o.batch}: strata's engine decodes one sequence"),
             (
-                o.kv not in F.ENGINE_KV_TYPES,
-                f"--kv {o.kv}: strata's engine stores K/V as {' or '.join(F.ENGINE_KV_TYPES)}",
+                o.kv not in LK.ENGINE_KV_TYPES,
+                f"--kv {o.kv}: strata's engine stores K/V as {' or '.join(LK.ENGINE_KV_TYPES)}",
             ),
         ):
             if bad:
@@ -502,11 +506,11 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         left_bytes=card.total_bytes - used,
         fits=fits,
         refused=refused,
-        kv_bytes_per_token=sum(F.kv_bytes_per_token(L, o.kv) for L in full),
+        kv_bytes_per_token=sum(LK.kv_bytes_per_token(L, o.kv) for L in full),
         kv_bytes_per_token_window_layers=sum(
-            F.kv_bytes_per_token(L, o.kv) for L in facts.kv_layers if L.window is not None
+            LK.kv_bytes_per_token(L, o.kv) for L in facts.kv_layers if L.window is not None
         ),
-        recurrent_state_bytes_per_seq=F.recurrent_state_bytes_per_seq(facts.recurrent_layers),
+        recurrent_state_bytes_per_seq=LK.recurrent_state_bytes_per_seq(facts.recurrent_layers),
         widened_scale_bytes=sum(r.widened_extra_bytes for r in types),
         bf16_saved_bytes=sum(r.bf16_saved_bytes for r in types),
         types=types,

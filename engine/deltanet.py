@@ -25,7 +25,7 @@ As llama.cpp computes it for one token (``src/models/qwen3next.cpp``
 6. ``o`` RMS-normed per head with ``ssm_norm``, times ``silu(z)`` (the gated norm), then ``ssm_out``.
 
 The state is f32 and its size is exactly the budget's recurrent-state term
-(:func:`strata.budget.formulas.recurrent_state_bytes_per_seq`): ``(d_conv - 1) x conv_dim`` conv
+(:func:`strata.layout.kv.recurrent_state_bytes_per_seq`): ``(d_conv - 1) x conv_dim`` conv
 values and ``d_state x d_inner`` delta values per recurrent layer per sequence.
 """
 
@@ -67,7 +67,7 @@ class RecurrentState:
     """Per recurrent layer, the conv state ``[d_conv - 1, conv_dim]`` and the delta state
     ``[dt_rank, d_state, d_state]`` (f32, zeros at the start of a sequence), allocated once.
 
-    ``nbytes`` is :func:`strata.budget.formulas.recurrent_state_bytes_per_seq` of these layers. Every
+    ``nbytes`` is :func:`strata.layout.kv.recurrent_state_bytes_per_seq` of these layers. Every
     layer's two arrays are views of ONE allocation (``arena``, layers in order, conv then delta state),
     so the device allocator rounds one size, not two per layer."""
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from strata import testing as synth
-from strata.budget import formulas as F
 from strata.budget.audit import audit_pack
 from strata.engine.generate import decode
 from strata.engine.startup import load_engine
+from strata.layout import kv as LK
 from strata.packer.build import build_pack
 
 PROMPT = [280, 315, 263, 503, 312, 281, 350]
@@ -44,10 +44,10 @@ def test_state_bytes_are_the_budget_terms(q3n):
     spec = synth.qwen3next_spec(seed=3)
     d = spec.dims
     per_layer = 4 * ((d.ssm_d_conv - 1) * d.ssm_conv_dim + d.ssm_d_state * d.ssm_d_inner)
-    assert eng.state.recurrent.nbytes == F.recurrent_state_bytes(facts.recurrent_layers, 1) == 3 * per_layer
+    assert eng.state.recurrent.nbytes == LK.recurrent_state_bytes(facts.recurrent_layers, 1) == 3 * per_layer
     assert sorted(eng.state.recurrent.ssm) == [0, 1, 2]
     # KV cache: the one attention layer (3), n_ctx positions of n_head_kv x head_dim K and V in f16
-    assert eng.state.cache.nbytes == F.kv_cache_bytes(facts.kv_layers, n_ctx, F.ENGINE_PREFILL_CHUNK, "f16", 1)
+    assert eng.state.cache.nbytes == LK.kv_cache_bytes(facts.kv_layers, n_ctx, LK.ENGINE_PREFILL_CHUNK, "f16", 1)
     assert eng.state.cache.nbytes == n_ctx * 2 * (d.n_head_kv * d.head_dim) * 2
     assert [L.layer for L in facts.kv_layers] == [3]
 
