@@ -2,7 +2,7 @@
 ``strata-engine measure``): what its GPU path really allocates and loads, derived from the pack.
 
 The model's own terms (weights, KV cache, recurrent state, engine buffers) are the same for every
-engine (:mod:`.formulas`); these are the ones that depend on how strata's engine runs the model:
+engine (:mod:`strata.layout`, :mod:`.formulas`); these are the ones that depend on how strata's engine runs the model:
 
 - the decode path it takes (:func:`strata.budget.formulas_gpu.strata_decode_path`: the fused step, or
   the generic per-layer path for a delta-net model);

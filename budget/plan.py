@@ -1,5 +1,5 @@
 """The VRAM plan: what a card holds when the engine has started, term by term, and how many expert
-slots are left - a model of what the engine allocates, built only from :mod:`.formulas`.
+slots are left - a model of what the engine allocates, built only from :mod:`strata.layout` and :mod:`.formulas`.
 
 Terms, in the engine's start-up order (docs/DESIGN.md "Start-up order"): CUDA
 context; the CUDA runtime's first-use memory (kernel modules: a measured constant, cards.toml);
@@ -165,7 +165,7 @@ def dense_types(facts: ModelFacts) -> list[TypeRow]:
 
 def engine_buffer_bytes(facts: ModelFacts, n_ctx: int) -> int:
     """The f32 buffers strata's engine preallocates before the first token (each from one function
-    of :mod:`.formulas`, the ones the engine's allocator calls): one GEMV output per matrix it
+    of :mod:`strata.layout.buffers`, the ones the engine's allocator calls): one GEMV output per matrix it
     multiplies, an f32 copy of every vector whose engine form is not F32, one rope table per rope
     base for ``n_ctx`` positions, the row an untied embedding is looked up into, and the expert hit
     path's vectors. Untied token embeddings are read by rows only (no GEMV output)."""

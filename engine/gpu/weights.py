@@ -3,7 +3,7 @@
 Matrices live in engine form (:mod:`strata.engine.engine_form`: f32 scale planes for the widened
 types, native blocks for K-quants and IQ types, BF16 re-rounded from the pool's F32), uploaded by
 byte offset from the memory-mapped ``pool.bin``. Every size is one function of
-:mod:`strata.budget.formulas` (the budget's "dense weights", "output head" and "engine buffers").
+:mod:`strata.layout` (the budget's "dense weights", "output head" and "engine buffers").
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class DeviceWeights:
     get an f32 copy (``f32_vector_bytes``). Tensors read only by rows (an untied ``token_embd``)
     stay in the memory-mapped pool on the host: one row is dequantized there per token and copied
     up into a preallocated buffer (``row_bytes``; the budget's "embeddings on host").
-    Every size is one function of :mod:`strata.budget.formulas` (the budget's "engine buffers").
+    Every size is one function of :mod:`strata.layout.buffers` (the budget's "engine buffers").
     """
 
     def __init__(self, pack: Pack, dense: dict[str, IndexEntry], backend: Backend):
