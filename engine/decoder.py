@@ -166,9 +166,7 @@ class Decoder:
             else:
                 assert isinstance(m, DeltaNet)
                 if self.delta_dims is None:
-                    self.delta_dims = DeltaNetDims(
-                        int(g["d_conv"]), int(g["d_state"]), int(g["n_group"]), int(g["dt_rank"]), h.rms_eps
-                    )
+                    self.delta_dims = DeltaNetDims.of(g, h.rms_eps)
                 self.attn.append(None)
                 self.delta.append(GatedDeltaNet(w, il, self.delta_dims))
         self.embd_scale = self.xp.float32(math.sqrt(h.n_embd)) if recipe.embed_scale else self.xp.float32(1.0)

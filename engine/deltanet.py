@@ -42,25 +42,29 @@ from .layers import rms_norm, sigmoid, silu
 @dataclass(frozen=True)
 class DeltaNetDims:
     """Dimensions of one gated-delta-net layer (counts): ``d_conv`` conv kernel, ``d_state`` head dim
-    of q, k and v, ``n_group`` k heads, ``dt_rank`` v heads; ``eps`` of the norms."""
+    of q, k and v, ``n_group`` k heads, ``dt_rank`` v heads; ``eps`` of the norms; the widths ``key_dim``
+    (q and k), ``value_dim`` (v, z and the output) and ``conv_dim`` (the conv's channels: q, k and v) as the
+    geometry derives them (manifests/qwen3next.toml ``[derived]``: the one definition; :meth:`of`)."""
 
     d_conv: int
     d_state: int
     n_group: int
     dt_rank: int
     eps: float
+    key_dim: int
+    value_dim: int
+    conv_dim: int
 
-    @property
-    def key_dim(self) -> int:
-        return self.d_state * self.n_group
+    @classmethod
+    def of(cls, g, eps: float) -> DeltaNetDims:
+        """The dims of a resolved geometry ``g`` (:class:`strata.manifests.contract.Geometry`: its params
+        ``d_conv``, ``d_state``, ``n_group``, ``dt_rank`` and derived ``key_dim``, ``value_dim``, ``conv_dim``).
 
-    @property
-    def value_dim(self) -> int:
-        return self.d_state * self.dt_rank
-
-    @property
-    def conv_dim(self) -> int:
-        return 2 * self.key_dim + self.value_dim
+        Raises:
+            KeyError: ``g`` has no delta-net params (not a qwen3next geometry).
+        """
+        n = ("d_conv", "d_state", "n_group", "dt_rank")
+        return cls(*(int(g[k]) for k in n), eps, *(int(g[k]) for k in ("key_dim", "value_dim", "conv_dim")))
 
 
 class RecurrentState:
