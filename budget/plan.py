@@ -20,19 +20,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from strata.layout import buffers as LB
 from strata.layout import engine_form as LE
-from strata.layout import experts as LX
 from strata.layout import kv as LK
-from strata.packer import quants
 
 from . import engine_terms as ET
 from . import formulas as F
 from .cards import Card, check_mib
 from .errors import PlanInputError
 from .formulas import DEFAULT_RESERVE_MIB, MIB
+from .kv_check import kv_type_error
 from .plan_model import DenseTensor, ExpertLayerFacts, ModelFacts  # noqa: F401  (the plan's inputs, re-exported)
 from .profile import check_profile_pairs, layer_span
+from .tensor_terms import TypeRow, dense_types, engine_buffer_bytes
 
 #: The documents' prompt path chunk (docs/DESIGN.md "Incident 3: the reserve and the prompt buffers").
 DEFAULT_PREFILL_CHUNK = 256
@@ -68,19 +67,6 @@ class Term(BaseModel):
     name: str
     bytes: int
     detail: str = ""
-
-
-class TypeRow(BaseModel):
-    """Dense weights of one pool type (bytes): pack form, engine form and its parts."""
-
-    type: str
-    tensors: int
-    pack_bytes: int
-    engine_bytes: int
-    payload_bytes: int
-    scales_f32_bytes: int
-    widened_extra_bytes: int
-    bf16_saved_bytes: int
 
 
 class Suggestion(BaseModel):
@@ -132,58 +118,6 @@ class Plan(BaseModel):
 
     def term(self, name: str) -> int:
         return next(t.bytes for t in self.terms if t.name == name)
-
-
-def dense_types(facts: ModelFacts) -> list[TypeRow]:
-    """Per pool type: pack bytes, engine bytes (payload + f32 scales), widened extra, BF16 saving."""
-    rows: dict[str, TypeRow] = {}
-    for t in facts.dense:
-        f = LE.engine_form(t.type, t.src_type, t.ne)
-        label = quants.qtype(t.type).name + (" (from BF16)" if t.src_type == quants.BF16.id else "")
-        r = rows.setdefault(
-            label,
-            TypeRow(
-                type=label,
-                tensors=0,
-                pack_bytes=0,
-                engine_bytes=0,
-                payload_bytes=0,
-                scales_f32_bytes=0,
-                widened_extra_bytes=0,
-                bf16_saved_bytes=0,
-            ),
-        )
-        r.tensors += 1
-        r.pack_bytes += f.pack
-        r.engine_bytes += f.engine
-        r.payload_bytes += f.payload
-        r.scales_f32_bytes += f.scales_f32
-        r.widened_extra_bytes += f.widened_extra
-        r.bf16_saved_bytes += f.bf16_saved
-    return sorted(rows.values(), key=lambda r: -r.engine_bytes)
-
-
-def engine_buffer_bytes(facts: ModelFacts, n_ctx: int) -> int:
-    """The f32 buffers strata's engine preallocates before the first token (each from one function
-    of :mod:`strata.layout.buffers`, the ones the engine's allocator calls): one GEMV output per matrix it
-    multiplies, an f32 copy of every vector whose engine form is not F32, one rope table per rope
-    base for ``n_ctx`` positions, the row an untied embedding is looked up into, and the expert hit
-    path's vectors. Untied token embeddings are read by rows only (no GEMV output)."""
-    rows_only = {facts.embeddings} if facts.embeddings and not facts.tied else set()
-    total = 0
-    for t in facts.dense:
-        if t.name in rows_only or facts.is_draft(t.name):  # the draft head's buffers: its bind term
-            continue
-        if quants.n_elements(t.ne) == int(t.ne[0]):  # one row: a vector
-            total += LB.vector_f32_bytes(t.type, t.src_type, t.ne)
-        else:
-            total += LB.matvec_out_bytes(t.ne)
-    if rows_only and facts.n_embd:
-        total += LB.embedding_row_bytes(facts.n_embd)
-    total += facts.rope_tables * LB.rope_table_bytes(n_ctx, facts.rope_dim)
-    if facts.expert_layers and facts.n_embd:
-        total += LX.expert_hit_buffer_bytes(facts.n_embd, facts.n_ff_exp)
-    return total
 
 
 def _engine(facts: ModelFacts, name: str | None) -> int:
@@ -285,66 +219,6 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
 
 
 _span = layer_span  # one definition: strata.budget.profile
-
-
-def _kv_tensor(facts: ModelFacts, il: int, part: str) -> str:
-    """The projection whose rows one layer's K / V / indexer-K cache row comes from."""
-    names = {t.name for t in facts.dense}
-    own = {
-        "K": f"blk.{il}.attn_k.weight",
-        "V": f"blk.{il}.attn_v.weight",
-        "indexer K": f"blk.{il}.indexer.attn_k.weight",
-    }[part]
-    fused = f"blk.{il}.attn_qkv.weight"
-    return own if own in names or fused not in names else fused
-
-
-def kv_type_error(facts: ModelFacts, kv: str) -> PlanInputError | None:
-    """Why the ``kv`` cache type cannot store this model's K/V rows (None: it can).
-
-    A block-quantized cache (``int8`` = ggml Q8_0, 32 values per block) stores every head's row in
-    whole blocks: llama.cpp refuses a quantized K (V) cache unless the block size divides
-    n_embd_head_k (n_embd_head_v) (llama-context.cpp), and :func:`strata.layout.kv.kv_row_bytes` needs the
-    per-token row (n_head_kv x head dim) to be whole blocks. The error names the first layer's
-    projection tensor, the dimension and the numbers, and how many layers are affected.
-    """
-    t = quants.qtype(LK.KV_CACHE_TYPES[kv])
-    B = t.block_elems
-    if B == 1:
-        return None
-    heads = {
-        "K": (facts.head_dim, "key_length"),
-        "V": (facts.head_dim_v or facts.head_dim, "value_length"),
-        "indexer K": (0, "indexer key_length"),
-    }
-    bad: list[tuple[int, str, int, int]] = []  # layer, part, row elements, head elements (0: unknown)
-    for L in facts.kv_layers:
-        for part, n in (("K", L.k), ("V", L.v), ("indexer K", L.indexer_k)):
-            head = heads[part][0]
-            if n and (n % B or (head and head % B)):
-                bad.append((L.layer, part, n, head))
-    if not bad:
-        return None
-    il, part, n, head = bad[0]
-    tensor = _kv_tensor(facts, il, part)
-    layers = [b[0] for b in bad]
-    if head and head % B:
-        what = f"a head dim ({heads[part][1]}) of {head} elements"
-        size = head
-        found = f"{part} head of {head} elements ({n} per token in layer {il})"
-    else:
-        dim = f"n_head_kv x {heads[part][1]}" if part != "indexer K" else heads[part][1]
-        what = f"a row ({dim}) of {n} elements per token"
-        size = n
-        found = f"{part} row of {n} elements per token"
-    return PlanInputError(
-        f"--kv {kv}: the {part} cache of layer {il} ({tensor}) has {what}, not a multiple of the "
-        f"{t.name} block of {B} ({size} = {size // B} x {B} + {size % B}); {len(set(layers))} attention layer(s) "
-        f"affected ({_span(layers)}); use --kv f16 or --kv f32",
-        tensor=tensor,
-        found=found,
-        required=f"a multiple of {B} elements ({t.name} block) for --kv {kv}",
-    )
 
 
 def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: bool = True) -> Plan:
