@@ -20,14 +20,14 @@ this audit checks meaning, and collects every failure (never just the first):
    from index.txt; widened-scale and BF16 bytes from the registry per element and from the pack's
    byte counts; expert blobs from types x geometry and from the shard strides. Any disagreement,
    in either direction, is an error.
-6. BF16: every BF16-source tensor is F32 in the pool with the low 16 bits of every value zero.
+6. BF16: every BF16-source tensor is F32 in the pool with the low 16 bits of every value zero
+   (:mod:`strata.budget.audit_bf16`).
 
 Each error names the tensor, what was found and what is required.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 import time
@@ -37,6 +37,9 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
+from strata.layout import engine_form as LE
+from strata.layout import experts as LX
+from strata.layout import kv as LK
 from strata.manifests.contract import (
     Geometry,
     ManifestError,
@@ -55,7 +58,7 @@ from strata.packer.gguf_file import GGUFError, GGUFHeader, TensorInfo, read_head
 from strata.packer.pack import Pack, not_a_pack, pool_layout_findings, read_pack
 from strata.packer.packfmt import GEOMETRY_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE, NotAPackError, PackFormatError
 
-from . import formulas as F
+from .audit_bf16 import bf16_values
 from .plan import DenseTensor, ExpertLayerFacts, ModelFacts
 
 #: The [state] terms and the layer kinds they are evaluated on ("attention", "recurrent", "all").
@@ -70,7 +73,6 @@ STATE_TERMS: dict[str, str] = {
 }
 assert set(STATE_TERMS) == set(StateSpec.model_fields), "every [state] term needs its layer kinds here"
 _NE_ROLE = re.compile(r"""ne\(\s*['"]([^'"]+)['"]""")
-BF16_SCAN_CHUNK = 1 << 24  # values per numpy call: bounded memory on multi-GB tensors
 
 
 class AuditError(BaseModel):
@@ -339,9 +341,9 @@ class _Auditor:
         n_embd, n_ff = int(g["n_embd"]), int(g.get("n_ff_exp", 0) or 0)
         for r in pack.experts.layers:
             try:
-                blob = F.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff)
-                engine = F.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff, engine=True)
-                slot = F.expert_slot_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff)
+                blob = LX.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff)
+                engine = LX.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff, engine=True)
+                slot = LX.expert_slot_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff)
             except (quants.GGMLTypeError, quants.ShapeError):
                 blob, engine, slot = r.blob_bytes, r.blob_bytes, None  # named by the conformance check
             if r.layer in blob_from_tensors:
@@ -383,7 +385,7 @@ class _Auditor:
         for e in pack.index.entries:
             ne = trim_ne(e.ne)
             try:
-                f = F.engine_form(e.type, e.src_type, ne)
+                f = LE.engine_form(e.type, e.src_type, ne)
             except (quants.GGMLTypeError, quants.ShapeError):
                 continue  # named by the pool check
             out.append(DenseTensor(name=e.name, type=e.type, src_type=e.src_type, ne=ne))
@@ -418,7 +420,7 @@ class _Auditor:
                 unit="bytes",
                 from_metadata=meta_engine
                 + sum(
-                    F.engine_form(e.type, e.src_type, trim_ne(e.ne)).engine
+                    LE.engine_form(e.type, e.src_type, trim_ne(e.ne)).engine
                     for e in pack.index.entries
                     if e.name not in expected and e.type in quants.QTYPES
                 ),
@@ -455,64 +457,8 @@ class _Auditor:
         return out
 
     def bf16_values(self, pack: Pack) -> tuple[int, int]:
-        pool = self.path / POOL_FILE
-        bf = [e for e in pack.index.entries if e.src_type == quants.BF16.id]
-        scanned = 0
-        for e in bf:
-            if e.type != quants.F32.id:
-                self.err(
-                    e.name,
-                    f"pool type {quants.QTYPES.get(e.type, e.type)}",
-                    "F32 (BF16 promoted: bf16 << 16)",
-                    f"tensor {e.name}: a BF16 source must be F32 in the pool",
-                )
-        if not self.bf16_scan or not bf or not pool.exists():
-            return len(bf), 0
-        size = pool.stat().st_size
-        with open(pool, "rb") as fh:
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            for e in bf:
-                if e.type != quants.F32.id or e.offset + e.nbytes > size or e.offset % 4:
-                    continue  # named above or by the pool layout check
-                n = e.nbytes // 4
-                bad, first, first_v = _bf16_scan(mm, e.offset, n)
-                scanned += n
-                if bad:
-                    self.err(
-                        e.name,
-                        f"{bad} of {n} values with nonzero low 16 bits (first: element {first} = 0x{first_v:08x})",
-                        "every value bf16-exact (low 16 bits zero: the pool holds bf16 << 16)",
-                        f"tensor {e.name}: BF16-source values are not bf16-exact, re-rounding to 16 bits would "
-                        "change them",
-                    )
-        finally:
-            mm.close()
-        return len(bf), scanned
-
-
-_LOW16 = np.uint64(0x0000FFFF0000FFFF)
-
-
-def _bf16_scan(mm: mmap.mmap, offset: int, n: int) -> tuple[int, int | None, int]:
-    """Count the f32 values of ``[offset, offset + 4n)`` whose low 16 bits are not zero; returns
-    ``(bad, first bad element, its bits)``. Two f32 per u64 masked at once, in bounded chunks (the
-    common all-clean case reads each byte once); only a dirty chunk is looked at value by value.
-    Every numpy view of ``mm`` dies with this frame, so the caller can close the map."""
-    bad, first, first_v = 0, None, 0
-    for s in range(0, n, BF16_SCAN_CHUNK):
-        k = min(BF16_SCAN_CHUNK, n - s)
-        pairs = np.frombuffer(mm, dtype="<u8", count=k // 2, offset=offset + 4 * s)
-        dirty = bool(np.bitwise_and(pairs, _LOW16).any())
-        if k % 2:
-            dirty = dirty or bool(np.frombuffer(mm, dtype="<u4", count=1, offset=offset + 4 * (s + k - 1))[0] & 0xFFFF)
-        if dirty:
-            u32 = np.frombuffer(mm, dtype="<u4", count=k, offset=offset + 4 * s)
-            nz = np.flatnonzero(u32 & 0xFFFF)
-            bad += len(nz)
-            if first is None:
-                first, first_v = s + int(nz[0]), int(u32[nz[0]])
-    return bad, first, first_v
+        """6. BF16, every failure an error (:func:`strata.budget.audit_bf16.bf16_values`)."""
+        return bf16_values(self.path / POOL_FILE, pack.index.entries, self.bf16_scan, self.err)
 
 
 class _MissingTensor(KeyError):
@@ -582,7 +528,7 @@ def audit_pack(
         head=head,
         embeddings="token_embd.weight" if "token_embd.weight" in names else None,
         kv_layers=[
-            F.KVLayer(
+            LK.KVLayer(
                 il,
                 values["k_per_token"][il],
                 values["v_per_token"][il],
@@ -593,7 +539,7 @@ def audit_pack(
             if k in att
         ],
         recurrent_layers=[
-            F.RecurrentLayer(il, values["conv_state"][il], values["ssm_state"][il])
+            LK.RecurrentLayer(il, values["conv_state"][il], values["ssm_state"][il])
             for il, k in enumerate(g.layer_kinds)
             if k in rec
         ],

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from strata.layout import kv as LK
 from strata.manifests.contract import ManifestError
 from strata.packer.exits import StrataGroup
 from strata.packer.packfmt import PackFormatError
@@ -111,7 +112,7 @@ def main() -> None:
 )
 @ctx_option
 @click.option("--kv-resident", type=int, help="Tokens of KV kept in VRAM per full-context layer (the rest streams).")
-@kv_option(F.KV_CACHE_TYPES)
+@kv_option(LK.KV_CACHE_TYPES)
 @click.option(
     "--batch",
     type=int,

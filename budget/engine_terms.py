@@ -2,27 +2,30 @@
 ``strata-engine measure``): what its GPU path really allocates and loads, derived from the pack.
 
 The model's own terms (weights, KV cache, recurrent state, engine buffers) are the same for every
-engine (:mod:`.formulas`); these are the ones that depend on how strata's engine runs the model:
+engine (:mod:`strata.layout`, :mod:`.formulas`); these are the ones that depend on how strata's engine runs the model:
 
 - the decode path it takes (:func:`strata.budget.formulas_gpu.strata_decode_path`: the fused step, or
   the generic per-layer path for a delta-net model);
 - "prefill/activations": the fused step's device buffers, exactly
-  (:func:`strata.budget.formulas.fused_step_bytes`, the engine's ``GpuInfo.fused_buffer_bytes``), or the
-  generic path's warm-up temporaries (:func:`strata.budget.formulas_gpu.generic_step_bytes`, an
+  (:func:`strata.layout.step.fused_step_bytes`, the engine's ``GpuInfo.fused_buffer_bytes``), or the
+  generic path's warm-up temporaries (:func:`strata.layout.step.generic_step_bytes`, an
   estimate); one position per step (the prompt goes through the decode path);
 - "CUDA runtime": the kernel modules of the types it loads, the CUDA graphs it captures, CuPy's kernels
   on the generic path, and the driver's rounding of each of its large allocations
   (:func:`strata.budget.formulas_gpu.cuda_runtime_bytes` over :func:`allocations`);
 - the drafter: a NextN draft head's weights in engine form, loaded before the cache, and its bind
-  buffers (:func:`strata.budget.formulas_gpu.draft_bind_bytes`), reserved when the cache is sized and
+  buffers (:func:`strata.layout.buffers.draft_bind_bytes`), reserved when the cache is sized and
   allocated after it (docs/DESIGN.md "The automatic slot count").
 """
 
 from __future__ import annotations
 
+from strata.layout import buffers as LB
+from strata.layout import engine_form as LE
+from strata.layout import kv as LK
+from strata.layout import step as LS
 from strata.packer import quants
 
-from . import formulas as F
 from . import formulas_gpu as FG
 from .cards import Card, runtime_model
 from .plan_model import ModelFacts
@@ -66,8 +69,8 @@ def decode_path(facts: ModelFacts) -> str:
 
 
 def kv_positions(facts: ModelFacts, n_ctx: int) -> int:
-    """The longest KV cache of any attention layer at one position per step (``formulas.kv_tokens``)."""
-    return max((F.kv_tokens(n_ctx, L.window, F.ENGINE_PREFILL_CHUNK) for L in facts.kv_layers), default=0)
+    """The longest KV cache of any attention layer at one position per step (``strata.layout.kv.kv_tokens``)."""
+    return max((LK.kv_tokens(n_ctx, L.window, LK.ENGINE_PREFILL_CHUNK) for L in facts.kv_layers), default=0)
 
 
 def _n_ff_max(facts: ModelFacts) -> int:
@@ -85,7 +88,7 @@ def activation_term(facts: ModelFacts, n_ctx: int) -> tuple[int, str, bool]:
     if decode_path(facts) == "fused":
         moe = facts.trunk_experts
         _fusable, conv_dim, value_dim, conv_el = gdn_facts(facts)
-        nb = F.fused_step_bytes(
+        nb = LS.fused_step_bytes(
             facts.n_embd,
             facts.n_head,
             facts.head_dim,
@@ -98,11 +101,11 @@ def activation_term(facts: ModelFacts, n_ctx: int) -> tuple[int, str, bool]:
             n_ff_exp=facts.n_ff_exp if moe else 0,
             value_dim=value_dim,
         )
-        nb += F.gdn_step_bytes(conv_dim, value_dim, conv_el)
+        nb += LS.gdn_step_bytes(conv_dim, value_dim, conv_el)
         return nb, f"fused decode step's device buffers (exact; scores over {pos} positions)", True
     kv_el = max((L.k + L.v for L in facts.kv_layers), default=0)
     ssm = max((L.ssm for L in facts.recurrent_layers), default=0)
-    nb = FG.generic_step_bytes(facts.act_per_token, facts.logits_per_token, pos, kv_el, facts.n_head, ssm)
+    nb = LS.generic_step_bytes(facts.act_per_token, facts.logits_per_token, pos, kv_el, facts.n_head, ssm)
     return (
         nb,
         (
@@ -126,28 +129,29 @@ def _split(facts: ModelFacts) -> tuple[list, list, list]:
 
 
 def _arenas(tensors) -> list[int]:
-    """The three allocations of one upload (formulas_gpu.arena_layout): tensors, GEMV outputs, f32 vector copies."""
+    """The three allocations of one upload (:func:`strata.layout.buffers.arena_layout`): tensors, GEMV outputs,
+    f32 vector copies."""
     sizes = [quants.engine_nbytes(t.type, t.src_type, t.ne) for t in tensors]
-    outs = [F.matvec_out_bytes(t.ne) for t in tensors if not _is_vector(t.ne)]
-    vecs = [F.vector_f32_bytes(t.type, t.src_type, t.ne) for t in tensors if _is_vector(t.ne)]
-    return [n for n in (FG.arena_layout(x)[1] for x in (sizes, outs, vecs)) if n]
+    outs = [LB.matvec_out_bytes(t.ne) for t in tensors if not _is_vector(t.ne)]
+    vecs = [LB.vector_f32_bytes(t.type, t.src_type, t.ne) for t in tensors if _is_vector(t.ne)]
+    return [n for n in (LB.arena_layout(x)[1] for x in (sizes, outs, vecs)) if n]
 
 
 def draft_weights_bytes(facts: ModelFacts) -> int:
     """The draft head's dense tensors in engine form (bytes; 0 without one)."""
-    return sum(F.engine_form(t.type, t.src_type, t.ne).engine for t in facts.dense if facts.is_draft(t.name))
+    return sum(LE.engine_form(t.type, t.src_type, t.ne).engine for t in facts.dense if facts.is_draft(t.name))
 
 
 def draft_bind(facts: ModelFacts, n_ctx: int, kv: str) -> int:
-    """The draft head's bind buffers at ``n_ctx`` positions (:func:`strata.budget.formulas_gpu.draft_bind_bytes`;
+    """The draft head's bind buffers at ``n_ctx`` positions (:func:`strata.layout.buffers.draft_bind_bytes`;
     0 without a draft head): its attention blocks' K/V rows are the decoder's (``n_head_kv x head_dim``)."""
     if not facts.draft_layers:
         return 0
     k = facts.kv_layers[0].k if facts.kv_layers else 0
     v = facts.kv_layers[0].v if facts.kv_layers else 0
-    per_token = sum(F.kv_bytes_per_token(F.KVLayer(il, k, v), kv) for il in facts.draft_layers)
+    per_token = sum(LK.kv_bytes_per_token(LK.KVLayer(il, k, v), kv) for il in facts.draft_layers)
     tensors = [(t.type, t.src_type, t.ne) for t in facts.dense if facts.is_draft(t.name)]
-    return FG.draft_bind_bytes(tensors, per_token, n_ctx, facts.n_embd)
+    return LB.draft_bind_bytes(tensors, per_token, n_ctx, facts.n_embd)
 
 
 def allocations(facts: ModelFacts, n_ctx: int, kv: str) -> list[int]:
@@ -158,15 +162,15 @@ def allocations(facts: ModelFacts, n_ctx: int, kv: str) -> list[int]:
     w, h, d = _split(facts)
     out = _arenas(w) + _arenas(h)
     if d:
-        out.append(FG.arena_layout([quants.engine_nbytes(t.type, t.src_type, t.ne) for t in d])[1])
+        out.append(LB.arena_layout([quants.engine_nbytes(t.type, t.src_type, t.ne) for t in d])[1])
         out.append(draft_bind(facts, n_ctx, kv))
     for L in facts.kv_layers:
-        n = F.kv_tokens(n_ctx, L.window, F.ENGINE_PREFILL_CHUNK)
-        out += [n * F.kv_row_bytes(x, kv) for x in (L.k, L.v, L.indexer_k) if x]
+        n = LK.kv_tokens(n_ctx, L.window, LK.ENGINE_PREFILL_CHUNK)
+        out += [n * LK.kv_row_bytes(x, kv) for x in (L.k, L.v, L.indexer_k) if x]
     if facts.rope_tables and facts.rope_dim:
-        out += [n_ctx * (facts.rope_dim // 2) * F.F32_BYTES] * (2 * facts.rope_tables)
+        out += [n_ctx * (facts.rope_dim // 2) * LB.F32_BYTES] * (2 * facts.rope_tables)
     if facts.recurrent_layers:
-        out.append(F.recurrent_state_bytes(facts.recurrent_layers, 1))
+        out.append(LK.recurrent_state_bytes(facts.recurrent_layers, 1))
     return out
 
 

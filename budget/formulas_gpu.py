@@ -1,18 +1,15 @@
-"""The GPU half of the budget formulas (:mod:`strata.budget.formulas` holds the model's terms): card
-emulation, the engine's device allocations and what the CUDA runtime and the driver take beyond them,
-the decode path strata's engine takes, the drafter's bind buffers. Pure functions, bytes in and out,
-called by both ``strata-budget`` (``budget/plan.py``, ``budget/engine_terms.py``) and the engine
-(``engine/gpu``) - one definition each.
+"""The GPU half of the budget's rules (:mod:`strata.budget.formulas` holds the model's): card
+emulation, what the CUDA runtime and the driver take beyond the engine's buffers, the decode path
+strata's engine takes. The engine's own device buffers (arenas, step buffers, the drafter's bind
+buffers) are :mod:`strata.layout`. Pure functions, bytes in and out, called by both ``strata-budget``
+(``budget/plan.py``, ``budget/engine_terms.py``) and the engine (``engine/gpu``) - one definition each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
-from strata.packer import quants
-
-from . import formulas as F
-from .formulas import F32_BYTES, align_up, kv_bytes_per_token, matvec_out_bytes, vector_f32_bytes  # noqa: F401
+from strata.layout.buffers import align_up
 
 # ----------------------------------------------------------------------------- card emulation
 
@@ -41,24 +38,7 @@ def emulated_allocation_fits(card_total: int, used_after: int) -> bool:
     return int(used_after) <= int(card_total)
 
 
-# ----------------------------------------------------------------------------- device allocations
-
-#: Alignment of every tensor inside one of the engine's device arenas (bytes): CuPy's own allocation
-#: alignment, so a view behaves as a separate allocation would (f32 planes, u16 BF16 rows, native blocks).
-ARENA_ALIGN = 256
-
-
-def arena_layout(sizes: Sequence[int], align: int = ARENA_ALIGN) -> tuple[list[int], int]:
-    """Offsets of ``sizes`` (bytes) packed into one device allocation, each at a multiple of ``align``,
-    and the allocation's size (the end of the last, rounded up to ``align``). strata's engine uploads each
-    start-up stage's tensors (and their GEMV outputs and f32 vector copies) into such arenas
-    (``strata.engine.gpu.weights.DeviceWeights.upload``); a zero size takes no room."""
-    offs, off = [], 0
-    for n in sizes:
-        off = align_up(off, align)
-        offs.append(off)
-        off += int(n)
-    return offs, align_up(off, align) if off else 0
+# ----------------------------------------------------------------------------- the driver's rounding
 
 
 def allocation_rounding_bytes(sizes: Iterable[int], granularity: int, packed_max: int) -> int:
@@ -68,67 +48,13 @@ def allocation_rounding_bytes(sizes: Iterable[int], granularity: int, packed_max
     (``cards.toml`` ``cuda_alloc_granularity_kib`` / ``cuda_alloc_packed_max_kib``); the model explains why
     the memory outside every allocator grew with the number of large allocations on the H200 (157 MiB at
     Qwen3-30B-A3B scale with one allocation per tensor, 6 MiB on a 270M model) - the reason the engine
-    now allocates per stage arenas (:func:`arena_layout`)."""
+    now allocates per stage arenas (:func:`strata.layout.buffers.arena_layout`)."""
     return sum(
         align_up(int(n), granularity) - int(n) if int(n) > packed_max else align_up(int(n), 512) - int(n) for n in sizes
     )
 
 
-# ----------------------------------------------------------------------------- the drafter
-
-
-def draft_bind_bytes(
-    tensors: Iterable[tuple[int, int, Sequence[int]]], kv_per_token: int, n_ctx: int, n_embd: int
-) -> int:
-    """The draft head's bind buffers (bytes): what strata's engine allocates for a NextN / MTP draft head
-    at the ``bind`` stage, after the expert cache, into room the cache sizing reserved for it (the
-    documents' ``reserve = (vram_reserve_mib + prefill_mib) MiB + draft_head_bind_bytes``,
-    docs/DESIGN.md "The automatic slot count"): one f32 GEMV output per draft matrix
-    (:func:`matvec_out_bytes`), an f32 copy of every draft vector whose engine form is not F32
-    (:func:`vector_f32_bytes`), the draft blocks' K/V cache for ``n_ctx`` positions
-    (``kv_per_token``: :func:`kv_bytes_per_token` summed over the draft blocks) and the f32
-    ``[embedding | hidden]`` row its ``eh_proj`` reads (``2 x n_embd``; llama.cpp qwen3next.cpp
-    ``graph_mtp``). ``tensors``: ``(pool type, source type, ne)`` of the draft blocks' dense tensors.
-    The buffers are one allocation, made in whole driver pages (:data:`BIND_PAGE_BYTES`) when larger
-    than :data:`BIND_PACKED_MAX_BYTES`: what the device takes, so the reserve holds all of it (measured on
-    the H200, 2026-11-30: 9,100,224 B asked took 10,485,760 B and left the reserve 1.25 MiB short)."""
-    total = 0
-    for pool_t, src_t, ne in tensors:
-        if quants.n_elements(ne) == int(ne[0]):
-            total += vector_f32_bytes(pool_t, src_t, ne)
-        else:
-            total += matvec_out_bytes(ne)
-    total += int(kv_per_token) * int(n_ctx) + F32_BYTES * 2 * int(n_embd)
-    return align_up(total, BIND_PAGE_BYTES) if total > BIND_PACKED_MAX_BYTES else total
-
-
-#: The driver's page and packing limit (:data:`strata.budget.formulas.DRIVER_PAGE_BYTES`, one definition).
-BIND_PAGE_BYTES = F.DRIVER_PAGE_BYTES
-BIND_PACKED_MAX_BYTES = F.DRIVER_PACKED_MAX_BYTES
-
-
-def generic_step_bytes(
-    act_per_token: int,
-    logits_per_token: int,
-    kv_positions_max: int,
-    kv_elements_max: int,
-    n_head: int,
-    ssm_elements_max: int,
-) -> int:
-    """An estimate (bytes) of what the generic per-layer GPU path's warm-up leaves cached in CuPy's pool:
-    the largest temporaries of one step at the last position - f32 copies of one layer's K and V for every
-    position it holds (``kv_positions_max x kv_elements_max``, K and V elements per token), the attention
-    scores and probabilities (``2 x n_head x kv_positions_max``), three delta-net state-sized temporaries
-    (decay, outer product, readout: ``3 x ssm_elements_max``), one position's activations and the
-    logits. Not exact: the pool keeps freed blocks by size; ``strata-engine measure`` reports it beside the
-    measured growth."""
-    return F32_BYTES * (
-        act_per_token
-        + logits_per_token
-        + kv_positions_max * kv_elements_max
-        + 2 * n_head * kv_positions_max
-        + 3 * ssm_elements_max
-    )
+# ----------------------------------------------------------------------------- strata's engine
 
 
 def strata_decode_path(

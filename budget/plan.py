@@ -1,5 +1,5 @@
 """The VRAM plan: what a card holds when the engine has started, term by term, and how many expert
-slots are left - a model of what the engine allocates, built only from :mod:`.formulas`.
+slots are left - a model of what the engine allocates, built only from :mod:`strata.layout` and :mod:`.formulas`.
 
 Terms, in the engine's start-up order (docs/DESIGN.md "Start-up order"): CUDA
 context; the CUDA runtime's first-use memory (kernel modules: a measured constant, cards.toml);
@@ -20,15 +20,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from strata.packer import quants
+from strata.layout import engine_form as LE
+from strata.layout import kv as LK
 
 from . import engine_terms as ET
 from . import formulas as F
 from .cards import Card, check_mib
 from .errors import PlanInputError
 from .formulas import DEFAULT_RESERVE_MIB, MIB
+from .kv_check import kv_type_error
 from .plan_model import DenseTensor, ExpertLayerFacts, ModelFacts  # noqa: F401  (the plan's inputs, re-exported)
 from .profile import check_profile_pairs, layer_span
+from .tensor_terms import TypeRow, dense_types, engine_buffer_bytes
 
 #: The documents' prompt path chunk (docs/DESIGN.md "Incident 3: the reserve and the prompt buffers").
 DEFAULT_PREFILL_CHUNK = 256
@@ -64,19 +67,6 @@ class Term(BaseModel):
     name: str
     bytes: int
     detail: str = ""
-
-
-class TypeRow(BaseModel):
-    """Dense weights of one pool type (bytes): pack form, engine form and its parts."""
-
-    type: str
-    tensors: int
-    pack_bytes: int
-    engine_bytes: int
-    payload_bytes: int
-    scales_f32_bytes: int
-    widened_extra_bytes: int
-    bf16_saved_bytes: int
 
 
 class Suggestion(BaseModel):
@@ -130,62 +120,10 @@ class Plan(BaseModel):
         return next(t.bytes for t in self.terms if t.name == name)
 
 
-def dense_types(facts: ModelFacts) -> list[TypeRow]:
-    """Per pool type: pack bytes, engine bytes (payload + f32 scales), widened extra, BF16 saving."""
-    rows: dict[str, TypeRow] = {}
-    for t in facts.dense:
-        f = F.engine_form(t.type, t.src_type, t.ne)
-        label = quants.qtype(t.type).name + (" (from BF16)" if t.src_type == quants.BF16.id else "")
-        r = rows.setdefault(
-            label,
-            TypeRow(
-                type=label,
-                tensors=0,
-                pack_bytes=0,
-                engine_bytes=0,
-                payload_bytes=0,
-                scales_f32_bytes=0,
-                widened_extra_bytes=0,
-                bf16_saved_bytes=0,
-            ),
-        )
-        r.tensors += 1
-        r.pack_bytes += f.pack
-        r.engine_bytes += f.engine
-        r.payload_bytes += f.payload
-        r.scales_f32_bytes += f.scales_f32
-        r.widened_extra_bytes += f.widened_extra
-        r.bf16_saved_bytes += f.bf16_saved
-    return sorted(rows.values(), key=lambda r: -r.engine_bytes)
-
-
-def engine_buffer_bytes(facts: ModelFacts, n_ctx: int) -> int:
-    """The f32 buffers strata's engine preallocates before the first token (each from one function
-    of :mod:`.formulas`, the ones the engine's allocator calls): one GEMV output per matrix it
-    multiplies, an f32 copy of every vector whose engine form is not F32, one rope table per rope
-    base for ``n_ctx`` positions, the row an untied embedding is looked up into, and the expert hit
-    path's vectors. Untied token embeddings are read by rows only (no GEMV output)."""
-    rows_only = {facts.embeddings} if facts.embeddings and not facts.tied else set()
-    total = 0
-    for t in facts.dense:
-        if t.name in rows_only or facts.is_draft(t.name):  # the draft head's buffers: its bind term
-            continue
-        if quants.n_elements(t.ne) == int(t.ne[0]):  # one row: a vector
-            total += F.vector_f32_bytes(t.type, t.src_type, t.ne)
-        else:
-            total += F.matvec_out_bytes(t.ne)
-    if rows_only and facts.n_embd:
-        total += F.embedding_row_bytes(facts.n_embd)
-    total += facts.rope_tables * F.rope_table_bytes(n_ctx, facts.rope_dim)
-    if facts.expert_layers and facts.n_embd:
-        total += F.expert_hit_buffer_bytes(facts.n_embd, facts.n_ff_exp)
-    return total
-
-
 def _engine(facts: ModelFacts, name: str | None) -> int:
     for t in facts.dense:
         if t.name == name:
-            return F.engine_form(t.type, t.src_type, t.ne).engine
+            return LE.engine_form(t.type, t.src_type, t.ne).engine
     return 0
 
 
@@ -196,13 +134,13 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
     embd = 0 if facts.tied or on_host else _engine(facts, facts.embeddings)
     special = {facts.head, facts.embeddings}
     dense = sum(
-        F.engine_form(t.type, t.src_type, t.ne).engine
+        LE.engine_form(t.type, t.src_type, t.ne).engine
         for t in facts.dense
         if t.name not in special and not facts.is_draft(t.name)
     )
-    chunk = F.ENGINE_PREFILL_CHUNK if strata else o.prefill
-    kv = F.kv_cache_bytes(facts.kv_layers, n_ctx, chunk, o.kv, o.batch, o.kv_resident)
-    rec = F.recurrent_state_bytes(facts.recurrent_layers, o.batch)
+    chunk = LK.ENGINE_PREFILL_CHUNK if strata else o.prefill
+    kv = LK.kv_cache_bytes(facts.kv_layers, n_ctx, chunk, o.kv, o.batch, o.kv_resident)
+    rec = LK.recurrent_state_bytes(facts.recurrent_layers, o.batch)
     if strata:
         act, act_detail, _exact = ET.activation_term(facts, n_ctx)
     elif o.prefill_model == "documents":
@@ -283,66 +221,6 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
 _span = layer_span  # one definition: strata.budget.profile
 
 
-def _kv_tensor(facts: ModelFacts, il: int, part: str) -> str:
-    """The projection whose rows one layer's K / V / indexer-K cache row comes from."""
-    names = {t.name for t in facts.dense}
-    own = {
-        "K": f"blk.{il}.attn_k.weight",
-        "V": f"blk.{il}.attn_v.weight",
-        "indexer K": f"blk.{il}.indexer.attn_k.weight",
-    }[part]
-    fused = f"blk.{il}.attn_qkv.weight"
-    return own if own in names or fused not in names else fused
-
-
-def kv_type_error(facts: ModelFacts, kv: str) -> PlanInputError | None:
-    """Why the ``kv`` cache type cannot store this model's K/V rows (None: it can).
-
-    A block-quantized cache (``int8`` = ggml Q8_0, 32 values per block) stores every head's row in
-    whole blocks: llama.cpp refuses a quantized K (V) cache unless the block size divides
-    n_embd_head_k (n_embd_head_v) (llama-context.cpp), and :func:`formulas.kv_row_bytes` needs the
-    per-token row (n_head_kv x head dim) to be whole blocks. The error names the first layer's
-    projection tensor, the dimension and the numbers, and how many layers are affected.
-    """
-    t = quants.qtype(F.KV_CACHE_TYPES[kv])
-    B = t.block_elems
-    if B == 1:
-        return None
-    heads = {
-        "K": (facts.head_dim, "key_length"),
-        "V": (facts.head_dim_v or facts.head_dim, "value_length"),
-        "indexer K": (0, "indexer key_length"),
-    }
-    bad: list[tuple[int, str, int, int]] = []  # layer, part, row elements, head elements (0: unknown)
-    for L in facts.kv_layers:
-        for part, n in (("K", L.k), ("V", L.v), ("indexer K", L.indexer_k)):
-            head = heads[part][0]
-            if n and (n % B or (head and head % B)):
-                bad.append((L.layer, part, n, head))
-    if not bad:
-        return None
-    il, part, n, head = bad[0]
-    tensor = _kv_tensor(facts, il, part)
-    layers = [b[0] for b in bad]
-    if head and head % B:
-        what = f"a head dim ({heads[part][1]}) of {head} elements"
-        size = head
-        found = f"{part} head of {head} elements ({n} per token in layer {il})"
-    else:
-        dim = f"n_head_kv x {heads[part][1]}" if part != "indexer K" else heads[part][1]
-        what = f"a row ({dim}) of {n} elements per token"
-        size = n
-        found = f"{part} row of {n} elements per token"
-    return PlanInputError(
-        f"--kv {kv}: the {part} cache of layer {il} ({tensor}) has {what}, not a multiple of the "
-        f"{t.name} block of {B} ({size} = {size // B} x {B} + {size % B}); {len(set(layers))} attention layer(s) "
-        f"affected ({_span(layers)}); use --kv f16 or --kv f32",
-        tensor=tensor,
-        found=found,
-        required=f"a multiple of {B} elements ({t.name} block) for --kv {kv}",
-    )
-
-
 def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: bool = True) -> Plan:
     """Plan ``facts`` on ``card`` with ``options``.
 
@@ -378,8 +256,8 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         for bad, why in (
             (o.batch != 1, f"--batch {o.batch}: strata's engine decodes one sequence"),
             (
-                o.kv not in F.ENGINE_KV_TYPES,
-                f"--kv {o.kv}: strata's engine stores K/V as {' or '.join(F.ENGINE_KV_TYPES)}",
+                o.kv not in LK.ENGINE_KV_TYPES,
+                f"--kv {o.kv}: strata's engine stores K/V as {' or '.join(LK.ENGINE_KV_TYPES)}",
             ),
         ):
             if bad:
@@ -502,11 +380,11 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         left_bytes=card.total_bytes - used,
         fits=fits,
         refused=refused,
-        kv_bytes_per_token=sum(F.kv_bytes_per_token(L, o.kv) for L in full),
+        kv_bytes_per_token=sum(LK.kv_bytes_per_token(L, o.kv) for L in full),
         kv_bytes_per_token_window_layers=sum(
-            F.kv_bytes_per_token(L, o.kv) for L in facts.kv_layers if L.window is not None
+            LK.kv_bytes_per_token(L, o.kv) for L in facts.kv_layers if L.window is not None
         ),
-        recurrent_state_bytes_per_seq=F.recurrent_state_bytes_per_seq(facts.recurrent_layers),
+        recurrent_state_bytes_per_seq=LK.recurrent_state_bytes_per_seq(facts.recurrent_layers),
         widened_scale_bytes=sum(r.widened_extra_bytes for r in types),
         bf16_saved_bytes=sum(r.bf16_saved_bytes for r in types),
         types=types,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .formulas import KVLayer, RecurrentLayer
+from strata.layout.kv import KVLayer, RecurrentLayer
 
 
 class DenseTensor(BaseModel):
@@ -21,7 +21,7 @@ class DenseTensor(BaseModel):
 
 class ExpertLayerFacts(BaseModel):
     """One MoE layer: expert types and one expert's bytes in source and engine form, and the bytes
-    of a cache slot that holds it (engine form, parts aligned: :func:`formulas.expert_slot_bytes`;
+    of a cache slot that holds it (engine form, parts aligned: :func:`strata.layout.experts.expert_slot_bytes`;
     None = the engine blob)."""
 
     layer: int

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import click
 
-from strata.budget.formulas import ENGINE_KV_TYPES
 from strata.budget.options import (
     card_options,
     ctx_option,
@@ -29,6 +28,7 @@ from strata.budget.options import (
     parse_expert_cache,
     reserve_option,
 )
+from strata.layout.kv import ENGINE_KV_TYPES
 from strata.packer.exits import StrataGroup, interrupted
 
 from .chat import chat_prompt

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from strata.budget import formulas as F
+from strata.layout import kv as LK
 from strata.manifests.contract import Geometry
 from strata.manifests.names import tensor_name
 
@@ -166,9 +166,7 @@ class Decoder:
             else:
                 assert isinstance(m, DeltaNet)
                 if self.delta_dims is None:
-                    self.delta_dims = DeltaNetDims(
-                        int(g["d_conv"]), int(g["d_state"]), int(g["n_group"]), int(g["dt_rank"]), h.rms_eps
-                    )
+                    self.delta_dims = DeltaNetDims.of(g, h.rms_eps)
                 self.attn.append(None)
                 self.delta.append(GatedDeltaNet(w, il, self.delta_dims))
         self.embd_scale = self.xp.float32(math.sqrt(h.n_embd)) if recipe.embed_scale else self.xp.float32(1.0)
@@ -232,14 +230,14 @@ class Decoder:
 
     def kv_sizes(self, n_ctx: int, sliding: str = "ring") -> list[int]:
         """Positions each layer's KV cache holds: ``n_ctx``, or for a sliding-window layer the
-        budget's :func:`strata.budget.formulas.kv_tokens` at the engine's one-position prompt path
+        :func:`strata.layout.kv.kv_tokens` at the engine's one-position prompt path
         (``sliding="ring"``; ``"full"``: ``n_ctx`` everywhere, the reference the ring is tested against)."""
         if sliding not in ("ring", "full"):
             raise ValueError(f"sliding {sliding!r}: expected ring or full")
         if sliding == "full":
             return [n_ctx if a is not None else 0 for a in self.attn]
         return [
-            F.kv_tokens(n_ctx, w, F.ENGINE_PREFILL_CHUNK) if a is not None else 0
+            LK.kv_tokens(n_ctx, w, LK.ENGINE_PREFILL_CHUNK) if a is not None else 0
             for a, w in zip(self.attn, self.layer_windows())
         ]
 
@@ -268,7 +266,7 @@ class Decoder:
     def indexer_head_dim(self) -> int:
         """Width of a sparse-attention indexer's cached key (``indexer_head_dim``, one shared head), 0 without
         one. The session holds its key store as the documents' engine does, so the KV term is what the
-        budget plans (:class:`strata.budget.formulas.KVLayer` ``indexer_k``); this forward pass does not
+        budget plans (:class:`strata.layout.kv.KVLayer` ``indexer_k``); this forward pass does not
         compute the indexer (the model file says so), the store stays zero."""
         v = self.g.get("indexer_head_dim")
         return int(v) if v else 0

@@ -25,7 +25,7 @@ As llama.cpp computes it for one token (``src/models/qwen3next.cpp``
 6. ``o`` RMS-normed per head with ``ssm_norm``, times ``silu(z)`` (the gated norm), then ``ssm_out``.
 
 The state is f32 and its size is exactly the budget's recurrent-state term
-(:func:`strata.budget.formulas.recurrent_state_bytes_per_seq`): ``(d_conv - 1) x conv_dim`` conv
+(:func:`strata.layout.kv.recurrent_state_bytes_per_seq`): ``(d_conv - 1) x conv_dim`` conv
 values and ``d_state x d_inner`` delta values per recurrent layer per sequence.
 """
 
@@ -42,32 +42,36 @@ from .layers import rms_norm, sigmoid, silu
 @dataclass(frozen=True)
 class DeltaNetDims:
     """Dimensions of one gated-delta-net layer (counts): ``d_conv`` conv kernel, ``d_state`` head dim
-    of q, k and v, ``n_group`` k heads, ``dt_rank`` v heads; ``eps`` of the norms."""
+    of q, k and v, ``n_group`` k heads, ``dt_rank`` v heads; ``eps`` of the norms; the widths ``key_dim``
+    (q and k), ``value_dim`` (v, z and the output) and ``conv_dim`` (the conv's channels: q, k and v) as the
+    geometry derives them (manifests/qwen3next.toml ``[derived]``: the one definition; :meth:`of`)."""
 
     d_conv: int
     d_state: int
     n_group: int
     dt_rank: int
     eps: float
+    key_dim: int
+    value_dim: int
+    conv_dim: int
 
-    @property
-    def key_dim(self) -> int:
-        return self.d_state * self.n_group
+    @classmethod
+    def of(cls, g, eps: float) -> DeltaNetDims:
+        """The dims of a resolved geometry ``g`` (:class:`strata.manifests.contract.Geometry`: its params
+        ``d_conv``, ``d_state``, ``n_group``, ``dt_rank`` and derived ``key_dim``, ``value_dim``, ``conv_dim``).
 
-    @property
-    def value_dim(self) -> int:
-        return self.d_state * self.dt_rank
-
-    @property
-    def conv_dim(self) -> int:
-        return 2 * self.key_dim + self.value_dim
+        Raises:
+            KeyError: ``g`` has no delta-net params (not a qwen3next geometry).
+        """
+        n = ("d_conv", "d_state", "n_group", "dt_rank")
+        return cls(*(int(g[k]) for k in n), eps, *(int(g[k]) for k in ("key_dim", "value_dim", "conv_dim")))
 
 
 class RecurrentState:
     """Per recurrent layer, the conv state ``[d_conv - 1, conv_dim]`` and the delta state
     ``[dt_rank, d_state, d_state]`` (f32, zeros at the start of a sequence), allocated once.
 
-    ``nbytes`` is :func:`strata.budget.formulas.recurrent_state_bytes_per_seq` of these layers. Every
+    ``nbytes`` is :func:`strata.layout.kv.recurrent_state_bytes_per_seq` of these layers. Every
     layer's two arrays are views of ONE allocation (``arena``, layers in order, conv then delta state),
     so the device allocator rounds one size, not two per layer."""
 

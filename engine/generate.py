@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 from pydantic import BaseModel, Field
 
-from strata.budget import formulas as F
+from strata.layout import step as LS
 
 from .checkpoints import Checkpoint
 from .core import Engine, StepProbe
@@ -25,8 +25,8 @@ from .layers import to_host
 from .sampling import Sampler, top_k_pairs
 
 #: Best (id, logit) pairs recorded per generated token: the size of the fused GPU step's logit summary
-#: (strata.budget.formulas.LOGIT_TOP_K), so a greedy decode there reads the pairs instead of the row.
-TOP_K_RECORDED = F.LOGIT_TOP_K
+#: (strata.layout.step.LOGIT_TOP_K), so a greedy decode there reads the pairs instead of the row.
+TOP_K_RECORDED = LS.LOGIT_TOP_K
 
 
 # ------------------------------------------------------------------ results

@@ -117,7 +117,7 @@ class Rope:
         return r
 
 
-#: ``--kv`` choice -> the dtype K and V are stored in (strata.budget.formulas.ENGINE_KV_TYPES).
+#: ``--kv`` choice -> the dtype K and V are stored in (strata.layout.kv.ENGINE_KV_TYPES).
 KV_DTYPES = {"f16": "float16", "f32": "float32"}
 
 
@@ -127,7 +127,7 @@ class KVCache:
     read back as f32.
 
     ``sizes[il]`` positions per layer: ``n_ctx`` for a full-context layer; for a sliding-window layer
-    the budget's :func:`strata.budget.formulas.kv_tokens` (its window, at most ``n_ctx``) - a ring
+    :func:`strata.layout.kv.kv_tokens` (its window, at most ``n_ctx``) - a ring
     buffer: position ``p`` lives in slot ``p % size``, overwriting the position ``size`` before it,
     which the window no longer sees. :meth:`read` returns positions in chronological order, so the
     arithmetic over them is the same as over a full cache.

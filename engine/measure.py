@@ -325,7 +325,7 @@ def _notes(a: Measurement, g, plan, auto, facts) -> None:
     if g.slot_plan:
         sp = g.slot_plan
         a.notes.append(
-            f"expert cache {sp.mode}: {sp.slots} slots of {sp.slot_bytes} B (budget.formulas.expert_slot_bytes; "
+            f"expert cache {sp.mode}: {sp.slots} slots of {sp.slot_bytes} B (strata.layout.experts.expert_slot_bytes; "
             f"largest engine-form blob {sp.max_blob_engine} B) from {sp.free_bytes} B free at the checkpoint "
             f"- {sp.reserve_bytes} B reserve (with the draft head's bind bytes)"
             + (f", capped at {sp.cap} pairs" if sp.cap is not None else "")

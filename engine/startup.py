@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from strata.budget import formulas as F
+from strata.layout import kv as LK
 from strata.manifests.contract import Geometry, geometry_from_params
 from strata.manifests.keys import KeysRefusedError, check_metadata_keys
 from strata.packer.pack import Pack, open_pack
@@ -86,16 +87,16 @@ def open_checked(pack_dir: str | Path, *, runnable: bool = False) -> tuple[Pack,
 
 def kv_cache_need_bytes(model: Decoder, n_ctx: int, kv: str, sliding: str = "ring") -> int:
     """Bytes the KV cache of ``model`` takes for ``n_ctx`` positions at ``kv``, from the budget's
-    :func:`strata.budget.formulas.kv_cache_bytes` (the figure ``strata-budget`` plans; sliding-window
+    :func:`strata.layout.kv.kv_cache_bytes` (the figure ``strata-budget`` plans; sliding-window
     layers as rings unless ``sliding="full"``)."""
     h = model.hp
     windows = model.layer_windows() if sliding == "ring" else [None] * h.n_layer
     layers = [
-        F.KVLayer(il, h.n_head_kv * h.head_dim, h.n_head_kv * h.head_dim_v, model.indexer_head_dim, w)
+        LK.KVLayer(il, h.n_head_kv * h.head_dim, h.n_head_kv * h.head_dim_v, model.indexer_head_dim, w)
         for il, w in enumerate(windows)
         if model.attn[il] is not None
     ]
-    return F.kv_cache_bytes(layers, n_ctx, F.ENGINE_PREFILL_CHUNK, kv, 1)
+    return LK.kv_cache_bytes(layers, n_ctx, LK.ENGINE_PREFILL_CHUNK, kv, 1)
 
 
 def host_ram_bytes() -> int:
@@ -124,7 +125,7 @@ def check_ctx(
     if need > available:
         raise GenerateError(
             f"--ctx {n_ctx}: the KV cache ({kv}) would need {need} bytes ({F.mib(need):.1f} MiB, "
-            f"strata.budget.formulas.kv_cache_bytes), more than the {available} bytes "
+            f"strata.layout.kv.kv_cache_bytes), more than the {available} bytes "
             f"({F.mib(available):.1f} MiB) of {what}; lower --ctx"
         )
     train = geom.get("n_ctx_train")
@@ -138,9 +139,9 @@ def check_ctx(
 
 def check_kv(kv: str) -> None:
     """Refuse a KV cache type strata's engine does not implement (names the ones it does)."""
-    if kv not in F.ENGINE_KV_TYPES:
+    if kv not in LK.ENGINE_KV_TYPES:
         raise GenerateError(
-            f"--kv {kv}: strata's engine stores K/V as {' or '.join(F.ENGINE_KV_TYPES)} "
+            f"--kv {kv}: strata's engine stores K/V as {' or '.join(LK.ENGINE_KV_TYPES)} "
             f"({kv} is budgeted by strata-budget for other engines only)"
         )
 

@@ -284,6 +284,26 @@ def known_archs() -> list[str]:
     return sorted(p.stem for p in MANIFEST_DIR.glob("*.toml"))
 
 
+def derived_value(arch: str, name: str, values: dict[str, Any]) -> Any:
+    """One ``[derived]`` number of ``arch``'s manifest from the params in ``values``, the derived numbers its
+    expression reads evaluated first from their own: the one definition of a width (qwen3next's delta-net
+    ``key_dim``, ``value_dim``, ``conv_dim``) for code that writes a geometry instead of reading one
+    (:mod:`strata.testing`'s synthetic files); a resolved :class:`Geometry` holds every one already.
+
+    Raises:
+        ManifestError: ``name`` is not a derived number of ``arch`` (listing them), or a name its
+            expression reads is neither in ``values`` nor derived.
+    """
+    derived = load_manifest(arch).derived
+    if name not in derived:
+        raise ManifestError(f"{arch}: no derived number {name!r}; known: {', '.join(derived)}")
+    env = dict(values)
+    for n in names_in(derived[name]):
+        if n not in env and n in derived:
+            env[n] = derived_value(arch, n, values)
+    return evaluate(derived[name], env)
+
+
 # ----------------------------------------------------------------------- geometry
 
 

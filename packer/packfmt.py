@@ -30,6 +30,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -342,6 +343,53 @@ def _columns(line: str, expected: tuple[str, ...], path: Path, lineno: int) -> N
         )
 
 
+def _table_lines(
+    path: Path,
+    version_line: str,
+    columns: tuple[str, ...],
+    first: str,
+    header: Callable[[list[str], int], bool],
+    ready: Callable[[], bool],
+    *,
+    quote_early_line: bool,
+) -> Iterator[tuple[int, list[str]]]:
+    """The header loop index.txt and native_experts.txt share: the version line, then ``# `` header lines up to
+    the ``# columns`` line, then data lines. Yields each data line as ``(lineno, tokens)`` with exactly
+    ``len(columns)`` space-separated tokens, once ``ready()`` says the file's own header (``# first ...``) was
+    read. ``header(tokens, lineno)`` reads one file-specific ``# `` line and returns False for one it does not
+    know. ``quote_early_line``: the "data line before" error quotes the line (index.txt's message does).
+
+    Raises:
+        PackFormatError: wrong version line, a header line after the columns line, an unknown header line,
+            unexpected columns, a data line before the headers, a wrong field count, or a missing header
+            (each naming the file and line number), and whatever ``header`` raises.
+    """
+    lines = _lines(path)
+    _expect_version(lines, version_line, path)
+    cols_seen = False
+    for lineno, line in enumerate(lines[1:], start=2):
+        if line == "" and lineno == len(lines):
+            break
+        tok = line.split(" ")
+        if line.startswith("# "):
+            if cols_seen:
+                raise PackFormatError(f"{path}:{lineno}: header line after the columns line: {line!r}")
+            if tok[1] == "columns":
+                _columns(line, columns, path, lineno)
+                cols_seen = True
+            elif not header(tok, lineno):
+                raise PackFormatError(f"{path}:{lineno}: unknown header line {line!r}")
+            continue
+        if not cols_seen or not ready():
+            quoted = f": {line!r}" if quote_early_line else ""
+            raise PackFormatError(f"{path}:{lineno}: data line before the '# {first}' and '# columns' lines{quoted}")
+        if len(tok) != len(columns):
+            raise PackFormatError(f"{path}:{lineno}: {len(tok)} fields, expected {len(columns)}: {line!r}")
+        yield lineno, tok
+    if not ready() or not cols_seen:
+        raise PackFormatError(f"{path}: missing '# {first} ...' or '# columns ...' header line")
+
+
 def read_index(path: str | os.PathLike) -> PackIndex:
     """Read index.txt strictly.
 
@@ -351,44 +399,33 @@ def read_index(path: str | os.PathLike) -> PackIndex:
             (each naming the file and line number).
     """
     path = Path(path)
-    lines = _lines(path)
-    _expect_version(lines, INDEX_VERSION_LINE, path)
     sources: list[tuple[str, int]] = []
-    align = pool = count = None
-    cols_seen = False
+    head: dict[str, int] = {}
+
+    def header(tok: list[str], lineno: int) -> bool:
+        if tok[1] == "source" and len(tok) == 4:
+            sources.append((tok[2], _int(tok[3], path, lineno, "size")))
+        elif tok[1] == "align" and len(tok) == 7 and tok[3] == "pool" and tok[5] == "tensors":
+            head["align"] = _int(tok[2], path, lineno, "align")
+            head["pool"] = _int(tok[4], path, lineno, "pool")
+            head["count"] = _int(tok[6], path, lineno, "tensors")
+        else:
+            return False
+        return True
+
     entries: list[IndexEntry] = []
     names: set[str] = set()
-    for lineno, line in enumerate(lines[1:], start=2):
-        if line == "" and lineno == len(lines):
-            break
-        tok = line.split(" ")
-        if line.startswith("# "):
-            if cols_seen:
-                raise PackFormatError(f"{path}:{lineno}: header line after the columns line: {line!r}")
-            if tok[1] == "source" and len(tok) == 4:
-                sources.append((tok[2], _int(tok[3], path, lineno, "size")))
-            elif tok[1] == "align" and len(tok) == 7 and tok[3] == "pool" and tok[5] == "tensors":
-                align = _int(tok[2], path, lineno, "align")
-                pool = _int(tok[4], path, lineno, "pool")
-                count = _int(tok[6], path, lineno, "tensors")
-            elif tok[1] == "columns":
-                _columns(line, INDEX_COLUMNS, path, lineno)
-                cols_seen = True
-            else:
-                raise PackFormatError(f"{path}:{lineno}: unknown header line {line!r}")
-            continue
-        if not cols_seen or align is None:
-            raise PackFormatError(f"{path}:{lineno}: data line before the '# align' and '# columns' lines: {line!r}")
-        if len(tok) != len(INDEX_COLUMNS):
-            raise PackFormatError(f"{path}:{lineno}: {len(tok)} fields, expected {len(INDEX_COLUMNS)}: {line!r}")
+    rows = _table_lines(
+        path, INDEX_VERSION_LINE, INDEX_COLUMNS, "align", header, lambda: bool(head), quote_early_line=True
+    )
+    for lineno, tok in rows:
         name = tok[0]
         if name in names:
             raise PackFormatError(f"{path}:{lineno}: duplicate tensor {name!r}")
         names.add(name)
         vals = [_int(t, path, lineno, c) for t, c in zip(tok[1:], INDEX_COLUMNS[1:])]
         entries.append(IndexEntry(name, *vals))
-    if align is None or not cols_seen:
-        raise PackFormatError(f"{path}: missing '# align ...' or '# columns ...' header line")
+    align, pool, count = head["align"], head["pool"], head["count"]
     if align == 0 or align & (align - 1):
         raise PackFormatError(f"{path}: align {align} is not a power of two")
     if count != len(entries):
@@ -401,36 +438,26 @@ def read_index(path: str | os.PathLike) -> PackIndex:
 def read_experts(path: str | os.PathLike) -> NativeExperts:
     """Read native_experts.txt strictly (see :func:`read_index` for the errors)."""
     path = Path(path)
-    lines = _lines(path)
-    _expect_version(lines, EXPERTS_VERSION_LINE, path)
-    head = None
+    head: list[int] = []
     shards: dict[int, str] = {}
-    cols_seen = False
+
+    def header(tok: list[str], lineno: int) -> bool:
+        if tok[1] == "n_expert" and len(tok) == 9 and tok[3:9:2] == ["n_layer", "total", "max_blob"]:
+            head[:] = [_int(tok[i], path, lineno, tok[i - 1]) for i in (2, 4, 6, 8)]
+        elif tok[1] == "shard" and len(tok) == 4:
+            k = _int(tok[2], path, lineno, "shard")
+            if k != len(shards):
+                raise PackFormatError(f"{path}:{lineno}: shard {k} out of order, expected {len(shards)}")
+            shards[k] = tok[3]
+        else:
+            return False
+        return True
+
     rows: list[ExpertLayer] = []
-    for lineno, line in enumerate(lines[1:], start=2):
-        if line == "" and lineno == len(lines):
-            break
-        tok = line.split(" ")
-        if line.startswith("# "):
-            if cols_seen:
-                raise PackFormatError(f"{path}:{lineno}: header line after the columns line: {line!r}")
-            if tok[1] == "n_expert" and len(tok) == 9 and tok[3:9:2] == ["n_layer", "total", "max_blob"]:
-                head = [_int(tok[i], path, lineno, tok[i - 1]) for i in (2, 4, 6, 8)]
-            elif tok[1] == "shard" and len(tok) == 4:
-                k = _int(tok[2], path, lineno, "shard")
-                if k != len(shards):
-                    raise PackFormatError(f"{path}:{lineno}: shard {k} out of order, expected {len(shards)}")
-                shards[k] = tok[3]
-            elif tok[1] == "columns":
-                _columns(line, EXPERT_COLUMNS, path, lineno)
-                cols_seen = True
-            else:
-                raise PackFormatError(f"{path}:{lineno}: unknown header line {line!r}")
-            continue
-        if not cols_seen or head is None:
-            raise PackFormatError(f"{path}:{lineno}: data line before the '# n_expert' and '# columns' lines")
-        if len(tok) != len(EXPERT_COLUMNS):
-            raise PackFormatError(f"{path}:{lineno}: {len(tok)} fields, expected {len(EXPERT_COLUMNS)}: {line!r}")
+    lines = _table_lines(
+        path, EXPERTS_VERSION_LINE, EXPERT_COLUMNS, "n_expert", header, lambda: bool(head), quote_early_line=False
+    )
+    for lineno, tok in lines:
         vals = [_int(t, path, lineno, c) for t, c in zip(tok, EXPERT_COLUMNS)]
         row = ExpertLayer(*vals)
         if rows and row.layer <= rows[-1].layer:
@@ -442,8 +469,6 @@ def read_experts(path: str | os.PathLike) -> NativeExperts:
             if sh not in shards:
                 raise PackFormatError(f"{path}:{lineno}: layer {row.layer} {part}_shard {sh} has no '# shard' line")
         rows.append(row)
-    if head is None or not cols_seen:
-        raise PackFormatError(f"{path}: missing '# n_expert ...' or '# columns ...' header line")
     n_expert, n_layer, total, max_blob = head
     if n_layer != len(rows):
         raise PackFormatError(f"{path}: header says n_layer {n_layer}, found {len(rows)} lines")

@@ -4,8 +4,9 @@ Every ggml type id that exists in ggml master (0..42, minus the removed ids) is 
 :data:`QTYPES` (a :class:`QuantType`) carrying everything the three tools and the engine need
 to know about that type:
 
-- **file layout**: block size in elements and in bytes, byte offsets of the fp16 super-scale
-  fields inside a block (block structs in llama.cpp ``ggml/src/ggml-common.h``, lines 180-459
+- **file layout**: block size in elements and in bytes, the fp16 super-scale fields inside a block
+  (:class:`Fp16Field`: name and byte offset, the offset written as the sum of the struct members
+  before it; block structs in llama.cpp ``ggml/src/ggml-common.h``, lines 180-459
   of the tree vendored in llama-cpp-python 0.3.36; type ids in ``ggml/include/ggml.h``:
   NVFP4=40, Q1_0=41, Q2_0=42; sizes agree with ``gguf.constants.GGML_QUANT_SIZES`` of gguf
   0.19.0 except Q8_1, see its row);
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from strata.packer import dequant_own
 
@@ -62,6 +63,41 @@ class ShapeError(ValueError):
     overflowing element counts)."""
 
 
+#: Elements per super-block of the K-quant, IQ (but IQ4_NL) and TQ types (ggml-common.h ``QK_K``).
+QK_K = 256
+#: Bytes of one ``ggml_half``: an fp16 scale field.
+HALF = 2
+
+
+class Fp16Field(NamedTuple):
+    """One fp16 super-scale field inside a block: its member name in the ggml block struct (``d``, ``dmin``,
+    ``m``, ``s``) and its byte offset, written in the rows as the sum of the sizes of the members before it
+    (ggml-common.h; gguf-py's ``gguf/quants.py`` splits a block the same way, candle's ``k_quants.rs`` names
+    them as struct fields). The field is :data:`HALF` bytes long."""
+
+    name: str
+    offset: int
+
+
+#: ``d`` first (``ggml_half d`` at byte 0, then the quants): Q4_0, Q5_0, Q8_0, the IQ types, Q1_0, Q2_0.
+D_FIRST = (Fp16Field("d", 0),)
+#: ``d`` then ``m`` (the block minimum): Q4_1, Q5_1.
+D_M_FIRST = (Fp16Field("d", 0), Fp16Field("m", HALF))
+#: ``d`` then ``s`` (``d`` times the sum of the quants): Q8_1.
+D_S_FIRST = (Fp16Field("d", 0), Fp16Field("s", HALF))
+#: ``d`` then ``dmin`` (super-block scale of the mins): Q4_K, Q5_K.
+D_DMIN_FIRST = (Fp16Field("d", 0), Fp16Field("dmin", HALF))
+#: block_q2_K: ``scales[QK_K/16]``, ``qs[QK_K/4]``, then ``d`` and ``dmin``.
+Q2_K_SCALES = (Fp16Field("d", QK_K // 16 + QK_K // 4), Fp16Field("dmin", QK_K // 16 + QK_K // 4 + HALF))
+#: block_q3_K: ``hmask[QK_K/8]``, ``qs[QK_K/4]``, ``scales[12]``, then ``d``.
+Q3_K_SCALES = (Fp16Field("d", QK_K // 8 + QK_K // 4 + 12),)
+#: block_q6_K: ``ql[QK_K/2]``, ``qh[QK_K/4]``, ``scales[QK_K/16]``, then ``d``.
+Q6_K_SCALES = (Fp16Field("d", QK_K // 2 + QK_K // 4 + QK_K // 16),)
+#: block_tq1_0: ``qs[(QK_K - 4 * QK_K / 64) / 5]``, ``qh[QK_K/64]``, then ``d``.
+TQ1_0_SCALES = (Fp16Field("d", (QK_K - 4 * QK_K // 64) // 5 + QK_K // 64),)
+#: block_tq2_0: ``qs[QK_K/4]``, then ``d``.
+TQ2_0_SCALES = (Fp16Field("d", QK_K // 4),)
+
 #: Activation formats of llama.cpp's CPU backend (see :attr:`QuantType.act_format`).
 ActFormat = Literal["q8_0", "q8_K", "f16", "bf16", "f32"]
 #: How the CPU reference path dequantizes a type (see :attr:`QuantType.cpu_dequant`).
@@ -77,9 +113,10 @@ class QuantType:
         name: ggml name, e.g. ``"Q4_K"``.
         block_elems: elements per block (1 for plain types, 32 / 64 / 128 / 256 for quants).
         block_bytes: bytes per block in the GGUF file (ggml ``type_size``).
-        fp16_scale_offsets: byte offsets, inside one block, of every fp16 super-scale
-            field (``d``, ``dmin``, ``m``). Empty for types with no fp16 super-scale
-            (plain types, Q8_K's f32 ``d``, MXFP4/NVFP4's 8-bit scales, IQ1_M's packed scale).
+        fp16_scales: every fp16 super-scale field inside one block (:class:`Fp16Field`: ``d``,
+            ``dmin``, ``m``, ``s`` and its byte offset; :attr:`fp16_scale_offsets` the offsets). Empty for
+            types with no fp16 super-scale (plain types, Q8_K's f32 ``d``, MXFP4/NVFP4's 8-bit scales,
+            IQ1_M's packed scale).
         widened: True when the engine holds this type as an f32 scale plane plus a
             payload plane (each fp16 scale widened exactly to f32).
         act_format: what llama.cpp's CPU backend quantizes the activation to before a dot
@@ -104,7 +141,7 @@ class QuantType:
     name: str
     block_elems: int
     block_bytes: int
-    fp16_scale_offsets: tuple[int, ...] = ()
+    fp16_scales: tuple[Fp16Field, ...] = ()
     widened: bool = False
     act_format: ActFormat = "f32"
     cpu_dequant: CpuDequant | None = None
@@ -117,6 +154,11 @@ class QuantType:
             raise ValueError(f"{self.name}: own_dequantize is given exactly when cpu_dequant is 'strata'")
         if self.widened and not self.fp16_scale_offsets:
             raise ValueError(f"{self.name}: a widened type needs fp16 scale fields")
+
+    @property
+    def fp16_scale_offsets(self) -> tuple[int, ...]:
+        """Byte offsets, inside one block, of the fp16 super-scale fields (:attr:`fp16_scales`), in order."""
+        return tuple(f.offset for f in self.fp16_scales)
 
     @property
     def is_quantized(self) -> bool:
@@ -162,50 +204,70 @@ def _t(id_, name, be, bb, scales=(), *, widened=False, act="f32", cpu=None, own=
 
 
 #: Every ggml tensor type id that exists, keyed by id. Columns: id, name, block elems, block
-#: bytes, fp16 scale offsets; engine form; llama.cpp CPU activation; CPU dequantizer; GPU kernel; q8 kernels.
+#: bytes, fp16 scale fields; engine form; llama.cpp CPU activation; CPU dequantizer; GPU kernel; q8 kernels.
 QTYPES: dict[int, QuantType] = {
     t.id: t
     for t in (
         _t(0, "F32", 1, 4, act="f32", cpu="view", gpu=True),
         _t(1, "F16", 1, 2, act="f16", cpu="view", gpu=True),
-        _t(2, "Q4_0", 32, 18, (0,), widened=True, act="q8_0", cpu="gguf", gpu=True, q8=True),
-        _t(3, "Q4_1", 32, 20, (0, 2), widened=True, act="q8_0", cpu="gguf", gpu=True),  # meets Q8_1
-        _t(6, "Q5_0", 32, 22, (0,), widened=True, act="q8_0", cpu="gguf", gpu=True, q8=True),
-        _t(7, "Q5_1", 32, 24, (0, 2), widened=True, act="q8_0", cpu="gguf", gpu=True),  # meets Q8_1
-        _t(8, "Q8_0", 32, 34, (0,), widened=True, act="q8_0", cpu="gguf", gpu=True, q8=True),
+        _t(2, "Q4_0", 32, 18, D_FIRST, widened=True, act="q8_0", cpu="gguf", gpu=True, q8=True),
+        _t(3, "Q4_1", 32, 20, D_M_FIRST, widened=True, act="q8_0", cpu="gguf", gpu=True),  # meets Q8_1
+        _t(6, "Q5_0", 32, 22, D_FIRST, widened=True, act="q8_0", cpu="gguf", gpu=True, q8=True),
+        _t(7, "Q5_1", 32, 24, D_M_FIRST, widened=True, act="q8_0", cpu="gguf", gpu=True),  # meets Q8_1
+        _t(8, "Q8_0", 32, 34, D_FIRST, widened=True, act="q8_0", cpu="gguf", gpu=True, q8=True),
         # Q8_1 is an activation-only type: 36 B in ggml master (d, s fp16 + 32 int8);
         # the gguf 0.19.0 wheel still says 40. It never appears in a model file.
-        _t(9, "Q8_1", 32, 36, (0, 2)),
-        _t(10, "Q2_K", 256, 84, (80, 82), act="q8_K", cpu="gguf", gpu=True, q8=True),
-        _t(11, "Q3_K", 256, 110, (108,), act="q8_K", cpu="gguf", gpu=True, q8=True),
-        _t(12, "Q4_K", 256, 144, (0, 2), act="q8_K", cpu="gguf", gpu=True, q8=True),
-        _t(13, "Q5_K", 256, 176, (0, 2), act="q8_K", cpu="gguf", gpu=True, q8=True),
-        _t(14, "Q6_K", 256, 210, (208,), act="q8_K", cpu="gguf", gpu=True, q8=True),
-        _t(15, "Q8_K", 256, 292),  # activation-only; d is f32: nothing to widen
-        _t(16, "IQ2_XXS", 256, 66, (0,), act="q8_K", cpu="gguf", gpu=True),
-        _t(17, "IQ2_XS", 256, 74, (0,), act="q8_K", cpu="gguf", gpu=True),
-        _t(18, "IQ3_XXS", 256, 98, (0,), act="q8_K", cpu="gguf", gpu=True),
-        _t(19, "IQ1_S", 256, 50, (0,), act="q8_K", cpu="gguf"),
-        _t(20, "IQ4_NL", 32, 18, (0,), widened=True, act="q8_0", cpu="gguf", gpu=True, q8=True),
-        _t(21, "IQ3_S", 256, 110, (0,), act="q8_K", cpu="gguf"),
-        _t(22, "IQ2_S", 256, 82, (0,), act="q8_K", cpu="gguf", gpu=True),
-        _t(23, "IQ4_XS", 256, 136, (0,), act="q8_K", cpu="gguf", gpu=True),
+        _t(9, "Q8_1", 32, 36, D_S_FIRST),
+        _t(10, "Q2_K", QK_K, 84, Q2_K_SCALES, act="q8_K", cpu="gguf", gpu=True, q8=True),
+        _t(11, "Q3_K", QK_K, 110, Q3_K_SCALES, act="q8_K", cpu="gguf", gpu=True, q8=True),
+        _t(12, "Q4_K", QK_K, 144, D_DMIN_FIRST, act="q8_K", cpu="gguf", gpu=True, q8=True),
+        _t(13, "Q5_K", QK_K, 176, D_DMIN_FIRST, act="q8_K", cpu="gguf", gpu=True, q8=True),
+        _t(14, "Q6_K", QK_K, 210, Q6_K_SCALES, act="q8_K", cpu="gguf", gpu=True, q8=True),
+        _t(15, "Q8_K", QK_K, 292),  # activation-only; d is f32: nothing to widen
+        _t(16, "IQ2_XXS", QK_K, 66, D_FIRST, act="q8_K", cpu="gguf", gpu=True),
+        _t(17, "IQ2_XS", QK_K, 74, D_FIRST, act="q8_K", cpu="gguf", gpu=True),
+        _t(18, "IQ3_XXS", QK_K, 98, D_FIRST, act="q8_K", cpu="gguf", gpu=True),
+        _t(19, "IQ1_S", QK_K, 50, D_FIRST, act="q8_K", cpu="gguf"),
+        _t(20, "IQ4_NL", 32, 18, D_FIRST, widened=True, act="q8_0", cpu="gguf", gpu=True, q8=True),
+        _t(21, "IQ3_S", QK_K, 110, D_FIRST, act="q8_K", cpu="gguf"),
+        _t(22, "IQ2_S", QK_K, 82, D_FIRST, act="q8_K", cpu="gguf", gpu=True),
+        _t(23, "IQ4_XS", QK_K, 136, D_FIRST, act="q8_K", cpu="gguf", gpu=True),
         _t(24, "I8", 1, 1),
         _t(25, "I16", 1, 2),
         _t(26, "I32", 1, 4),
         _t(27, "I64", 1, 8),
         _t(28, "F64", 1, 8),
-        _t(29, "IQ1_M", 256, 56, act="q8_K", cpu="gguf"),  # fp16 super-scale packed in nibbles: no field to widen
+        _t(29, "IQ1_M", QK_K, 56, act="q8_K", cpu="gguf"),  # fp16 super-scale packed in nibbles: no field to widen
         _t(30, "BF16", 1, 2, act="bf16", cpu="gguf", gpu=True),
-        _t(34, "TQ1_0", 256, 54, (52,), act="q8_K", cpu="gguf"),
-        _t(35, "TQ2_0", 256, 66, (64,), act="q8_K", cpu="gguf"),
+        _t(34, "TQ1_0", QK_K, 54, TQ1_0_SCALES, act="q8_K", cpu="gguf"),
+        _t(35, "TQ2_0", QK_K, 66, TQ2_0_SCALES, act="q8_K", cpu="gguf"),
         _t(39, "MXFP4", 32, 17, act="q8_0", cpu="gguf"),
         _t(40, "NVFP4", 64, 36, act="q8_0", cpu="gguf"),
         # gguf-py 0.19.0 lacks Q1_0 / Q2_0: strata's NumPy definitions after ggml-quants.c
         _t(
-            41, "Q1_0", 128, 18, (0,), widened=True, act="q8_0", cpu="strata", own=dequant_own.dequantize_q1_0, gpu=True
+            41,
+            "Q1_0",
+            128,
+            18,
+            D_FIRST,
+            widened=True,
+            act="q8_0",
+            cpu="strata",
+            own=dequant_own.dequantize_q1_0,
+            gpu=True,
         ),
-        _t(42, "Q2_0", 64, 18, (0,), widened=True, act="q8_0", cpu="strata", own=dequant_own.dequantize_q2_0, gpu=True),
+        _t(
+            42,
+            "Q2_0",
+            64,
+            18,
+            D_FIRST,
+            widened=True,
+            act="q8_0",
+            cpu="strata",
+            own=dequant_own.dequantize_q2_0,
+            gpu=True,
+        ),
     )
 }
 

@@ -115,13 +115,16 @@ def documents_qwen3next_plan(
     bump that made the draft head 110-180 MiB larger (docs/DESIGN.md "Incident 3: the reserve and the
     prompt buffers").
     """
+    from strata.manifests.contract import derived_value
+
     if n_layer < 1 or n_expert < 8 or nextn < 0:
         raise ValueError(f"n_layer {n_layer} (>= 1), n_expert {n_expert} (>= 8, 8 are used), nextn {nextn} (>= 0)")
     a, E, L, NE, FF, FFS = "qwen3next", 2560, n_layer, n_expert, 640, 640
     H, HKV, HD = 24, 2, 256
     d_state, n_group, dt_rank, d_conv = 128, 16, 48, 4
-    d_inner = d_state * dt_rank
-    conv_dim = 2 * d_state * n_group + d_inner
+    widths = {"d_state": d_state, "n_group": n_group, "dt_rank": dt_rank}
+    d_inner = derived_value(a, "value_dim", widths)  # manifests/qwen3next.toml [derived]: the one definition
+    conv_dim = derived_value(a, "conv_dim", widths)
     assert (d_inner, conv_dim) == (6144, 10240)
     V = GGUFValueType
     tokens, types, merges = _documents_vocab(n_vocab)

@@ -124,20 +124,30 @@ class ModelDims(BaseModel):
     rms_eps: float = 1e-6
     rope_dim: int | None = None  # rotated dims per head (rope.dimension_count); None: not written
 
+    def _delta_width(self, name: str) -> int:
+        """A qwen3next delta-net width from its manifest's ``[derived]`` (manifests/qwen3next.toml: the one
+        definition), at these dims."""
+        from strata.manifests.contract import derived_value
+
+        params = {"d_state": self.ssm_d_state, "n_group": self.ssm_n_group, "dt_rank": self.ssm_dt_rank}
+        return int(derived_value("qwen3next", name, params))
+
     @property
     def ssm_d_inner(self) -> int:
-        """Delta-net value dim = ``ssm_d_state * ssm_dt_rank`` (key ``ssm.inner_size``)."""
-        return self.ssm_d_state * self.ssm_dt_rank
+        """Delta-net value dim, the manifest's ``value_dim`` (``d_state * dt_rank``), written as key
+        ``ssm.inner_size``."""
+        return self._delta_width("value_dim")
 
     @property
     def ssm_key_dim(self) -> int:
-        """``ssm_d_state * ssm_n_group``."""
-        return self.ssm_d_state * self.ssm_n_group
+        """The manifest's ``key_dim`` (``d_state * n_group``)."""
+        return self._delta_width("key_dim")
 
     @property
     def ssm_conv_dim(self) -> int:
-        """Conv channels = ``2 * key_dim + value_dim`` (= ne1 of attn_qkv and ssm_conv1d)."""
-        return 2 * self.ssm_key_dim + self.ssm_d_inner
+        """Conv channels, the manifest's ``conv_dim`` (``2 * key_dim + value_dim`` = ne1 of attn_qkv and
+        ssm_conv1d)."""
+        return self._delta_width("conv_dim")
 
 
 class ModelSpec(BaseModel):

@@ -11,6 +11,10 @@ from hypothesis import strategies as st
 from strata.budget import formulas as F
 from strata.budget.cards import CardError, card_from_mib, card_preset, known_cards, load_cards, measure_card
 from strata.budget.plan import DenseTensor, ExpertLayerFacts, ModelFacts, PlanInputError, PlanOptions, make_plan
+from strata.layout import buffers as LB
+from strata.layout import engine_form as LE
+from strata.layout import experts as LX
+from strata.layout import kv as LK
 from strata.packer import quants
 
 MIB = 1 << 20
@@ -25,23 +29,23 @@ def test_expert_blob_worked_example_from_the_documents():
     # n_embd 2560, expert width 640:
     # layer 0 IQ2_XS gate/up (74 B per 256) + IQ4_NL down (18 B per 32):
     # 2560*640/256*74 = 473,600 each, 640*2560/32*18 = 921,600 -> 1,868,800 B.
-    assert F.expert_blob_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640) == 473_600 * 2 + 921_600 == 1_868_800
+    assert LX.expert_blob_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640) == 473_600 * 2 + 921_600 == 1_868_800
     # layer 1 IQ2_XXS (66 B per 256) + Q2_0 (18 B per 64): 422,400 * 2 + 460,800 = 1,305,600 B.
-    assert F.expert_blob_bytes(IQ2_XXS, IQ2_XXS, Q2_0, 2560, 640) == 1_305_600
+    assert LX.expert_blob_bytes(IQ2_XXS, IQ2_XXS, Q2_0, 2560, 640) == 1_305_600
     # layer 1 starts at 512 x 1,868,800 = 956,825,600 in the arena (the documents' table).
-    assert 512 * F.expert_blob_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640) == 956_825_600
+    assert 512 * LX.expert_blob_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640) == 956_825_600
     # engine form: IQ4_NL and Q2_0 are widened (fp16 d -> f32: +2 B per block), IQ2_* stay native:
     # IQ4_NL down 640*2560/32 = 51,200 blocks x 20 B = 1,024,000; Q2_0 down 25,600 blocks x 20 B = 512,000.
-    assert F.expert_blob_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640, engine=True) == 473_600 * 2 + 1_024_000
-    assert F.expert_blob_bytes(IQ2_XXS, IQ2_XXS, Q2_0, 2560, 640, engine=True) == 422_400 * 2 + 512_000
+    assert LX.expert_blob_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640, engine=True) == 473_600 * 2 + 1_024_000
+    assert LX.expert_blob_bytes(IQ2_XXS, IQ2_XXS, Q2_0, 2560, 640, engine=True) == 422_400 * 2 + 512_000
 
 
 def test_engine_form_both_directions():
     # BF16 source: pool F32 (4 B) -> engine 16-bit (2 B): saves 2 B per element.
-    f = F.engine_form(F32, BF16, (2560, 512))
+    f = LE.engine_form(F32, BF16, (2560, 512))
     assert (f.pack, f.engine, f.bf16_saved, f.widened_extra) == (2560 * 512 * 4, 2560 * 512 * 2, 2560 * 512 * 2, 0)
     # Q8_0 (34 B per 32, one fp16 d): 4096 blocks -> payload 32 B + f32 scale 4 B per block.
-    f = F.engine_form(Q8_0, Q8_0, (256, 512))
+    f = LE.engine_form(Q8_0, Q8_0, (256, 512))
     blocks = 256 * 512 // 32
     assert (f.pack, f.payload, f.scales_f32, f.engine, f.widened_extra) == (
         34 * blocks,
@@ -51,39 +55,39 @@ def test_engine_form_both_directions():
         2 * blocks,
     )
     # Q4_K keeps its native block (super-scales not widened).
-    f = F.engine_form(Q4_K, Q4_K, (256, 4))
+    f = LE.engine_form(Q4_K, Q4_K, (256, 4))
     assert f.pack == f.engine == 144 * 4 and f.widened_extra == 0
 
 
 def test_kv_rows_f16_and_int8():
-    assert F.kv_row_bytes(128, "f16") == 256
-    assert F.kv_row_bytes(128, "f32") == 512  # strata's engine --kv f32
-    assert F.ENGINE_KV_TYPES == ("f16", "f32") and set(F.ENGINE_KV_TYPES) < set(F.KV_CACHE_TYPES)
+    assert LK.kv_row_bytes(128, "f16") == 256
+    assert LK.kv_row_bytes(128, "f32") == 512  # strata's engine --kv f32
+    assert LK.ENGINE_KV_TYPES == ("f16", "f32") and set(LK.ENGINE_KV_TYPES) < set(LK.KV_CACHE_TYPES)
     # int8 = Q8_0 blocks: 34 B per 32 values (llama.cpp --cache-type-k q8_0)
-    assert F.kv_row_bytes(128, "int8") == 4 * 34
-    assert F.kv_bytes_per_token(F.KVLayer(0, 512, 512, indexer_k=128), "f16") == 2 * (512 + 512 + 128)
+    assert LK.kv_row_bytes(128, "int8") == 4 * 34
+    assert LK.kv_bytes_per_token(LK.KVLayer(0, 512, 512, indexer_k=128), "f16") == 2 * (512 + 512 + 128)
     with pytest.raises(KeyError, match="unknown KV cache type 'q4'"):
-        F.kv_row_bytes(128, "q4")
+        LK.kv_row_bytes(128, "q4")
 
 
 def test_kv_tokens_sliding_window_holds_window_plus_chunk():
     # llama.cpp is_masked_swa: a position sees the window positions p-w+1..p; a chunk of c needs w + c - 1.
-    assert F.kv_tokens(32768, 512, 256) == 512 + 256 - 1
-    assert F.kv_tokens(32768, 512, 0) == 512  # decode path: the window itself
-    assert F.kv_tokens(300, 512, 256) == 300  # never more than the context
-    assert F.kv_tokens(32768, None, 256) == 32768  # full-context layer: the whole context
-    assert F.kv_tokens(262144, None, 256, kv_resident=32768) == 32768
+    assert LK.kv_tokens(32768, 512, 256) == 512 + 256 - 1
+    assert LK.kv_tokens(32768, 512, 0) == 512  # decode path: the window itself
+    assert LK.kv_tokens(300, 512, 256) == 300  # never more than the context
+    assert LK.kv_tokens(32768, None, 256) == 32768  # full-context layer: the whole context
+    assert LK.kv_tokens(262144, None, 256, kv_resident=32768) == 32768
 
 
 def test_recurrent_state_is_f32_per_sequence():
     # Qwen3-Next-80B (docs/DESIGN.md "Recurrent state per sequence"; llama.cpp llama_hparams::n_embd_r /
     # n_embd_s): d_conv 4, d_inner 4096, n_group 16, d_state 128:
     # conv (4-1)*(4096 + 2*16*128) = 24,576 floats, ssm 128*4096 = 524,288 floats; 36 layers ~ 75.4 MiB.
-    layers = [F.RecurrentLayer(il, 3 * (4096 + 2 * 16 * 128), 128 * 4096) for il in range(36)]
-    per_seq = F.recurrent_state_bytes_per_seq(layers)
+    layers = [LK.RecurrentLayer(il, 3 * (4096 + 2 * 16 * 128), 128 * 4096) for il in range(36)]
+    per_seq = LK.recurrent_state_bytes_per_seq(layers)
     assert per_seq == 36 * 4 * (24_576 + 524_288)
     assert round(per_seq / MIB, 1) == 75.4
-    assert F.recurrent_state_bytes(layers, 4) == 4 * per_seq
+    assert LK.recurrent_state_bytes(layers, 4) == 4 * per_seq
 
 
 def test_documents_prefill_formula():
@@ -187,8 +191,8 @@ def test_measure_refuses_cleanly_without_a_gpu(monkeypatch):
 
 
 def _facts(n_layer, n_kv_heads, head_dim, n_rec, conv, ssm, dense_elems, blobs, n_expert, ctx_train=4096):
-    kv = [F.KVLayer(il, n_kv_heads * head_dim, n_kv_heads * head_dim) for il in range(n_layer)]
-    rec = [F.RecurrentLayer(n_layer + i, conv, ssm) for i in range(n_rec)]
+    kv = [LK.KVLayer(il, n_kv_heads * head_dim, n_kv_heads * head_dim) for il in range(n_layer)]
+    rec = [LK.RecurrentLayer(n_layer + i, conv, ssm) for i in range(n_rec)]
     dense = [
         DenseTensor(name="token_embd.weight", type=Q8_0, src_type=Q8_0, ne=(256, 64)),
         DenseTensor(name="output.weight", type=Q8_0, src_type=Q8_0, ne=(256, 64)),
@@ -354,7 +358,7 @@ def test_quants_registry_agrees_with_engine_form_for_every_widened_type():
     for t in quants.QTYPES.values():
         if t.widened:
             ne = (t.block_elems * 4, 3)
-            f = F.engine_form(t.id, t.id, ne)
+            f = LE.engine_form(t.id, t.id, ne)
             assert f.engine == quants.engine_nbytes(t.id, t.id, ne)
             assert f.widened_extra == 12 * t.widen_extra_bytes
 
@@ -364,26 +368,26 @@ def test_quants_registry_agrees_with_engine_form_for_every_widened_type():
 
 def test_expert_slot_layout_aligns_parts():
     # the documents' layer 0: every part a multiple of 256 B, so the slot is the engine blob itself
-    parts, stride = F.expert_slot_layout(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640)
+    parts, stride = LX.expert_slot_layout(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640)
     assert parts == ((0, 473_600), (473_600, 473_600), (947_200, 1_024_000)) and stride == 1_971_200
-    assert F.expert_slot_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640) == F.expert_blob_bytes(
+    assert LX.expert_slot_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640) == LX.expert_blob_bytes(
         IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640, engine=True
     )
     # Q3_K (110 B per 256) gate/up at n_embd 256 x width 32: 3520 B each, so up starts at 3584 and
     # down (Q8_0 widened, 256 rows x 36 B = 9216 B) at 7168 (3584 + 3520 = 7104 rounded up); stride 16384
     q3k = quants.by_name("Q3_K").id
-    parts, stride = F.expert_slot_layout(q3k, q3k, Q8_0, 256, 32)
+    parts, stride = LX.expert_slot_layout(q3k, q3k, Q8_0, 256, 32)
     assert parts == ((0, 3520), (3584, 3520), (7168, 9216)) and stride == 16384
-    assert all(off % F.EXPERT_PART_ALIGN == 0 for off, _ in parts)
+    assert all(off % LX.EXPERT_PART_ALIGN == 0 for off, _ in parts)
 
 
 def test_engine_buffer_formulas():
-    assert F.matvec_out_bytes((640, 262144)) == 4 * 262144
-    assert F.vector_f32_bytes(F32, F32, (640,)) == 0  # viewed in place
-    assert F.vector_f32_bytes(F32, BF16, (640,)) == 4 * 640  # engine form is bf16: an f32 copy
-    assert F.vector_f32_bytes(F16, F16, (640,)) == 4 * 640
-    assert F.rope_table_bytes(1024, 256) == 2 * 1024 * 128 * 4
-    assert F.expert_hit_buffer_bytes(2560, 640) == 4 * (3 * 640 + 2560)
+    assert LB.matvec_out_bytes((640, 262144)) == 4 * 262144
+    assert LB.vector_f32_bytes(F32, F32, (640,)) == 0  # viewed in place
+    assert LB.vector_f32_bytes(F32, BF16, (640,)) == 4 * 640  # engine form is bf16: an f32 copy
+    assert LB.vector_f32_bytes(F16, F16, (640,)) == 4 * 640
+    assert LB.rope_table_bytes(1024, 256) == 2 * 1024 * 128 * 4
+    assert LX.expert_hit_buffer_bytes(2560, 640) == 4 * (3 * 640 + 2560)
 
 
 def test_runtime_term_is_charged_and_can_be_overridden():
@@ -425,7 +429,7 @@ def test_kv_int8_needs_whole_q8_0_blocks_per_row_and_per_head():
         r"block of 32 \(48 = 1 x 32 \+ 16\); 3 attention layer\(s\) affected \(0..2\)",
     ):
         make_plan(facts, card, PlanOptions(max_context=64, kv="int8"))
-    assert F.kv_row_bytes(96, "int8") == 3 * 34  # the formula alone would have accepted it
+    assert LK.kv_row_bytes(96, "int8") == 3 * 34  # the formula alone would have accepted it
 
 
 def test_plan_refuses_bad_profiles_naming_the_row():
@@ -465,6 +469,6 @@ def test_expert_cache_cap_is_the_automatic_cap():
 def test_kv_resident_caps_full_context_layers_only():
     """--kv-resident N caps the full-context layers' resident positions; a sliding layer keeps its window
     (+ chunk - 1): Gemma 3 270M at ctx 2048, N = 100, window 512, chunk 1: 100 and 512 positions."""
-    assert F.kv_tokens(2048, None, 1, 100) == 100
-    assert F.kv_tokens(2048, 512, 1, 100) == 512
-    assert F.kv_tokens(2048, 512, 1, None) == 512 and F.kv_tokens(300, 512, 1, 100) == 300
+    assert LK.kv_tokens(2048, None, 1, 100) == 100
+    assert LK.kv_tokens(2048, 512, 1, 100) == 512
+    assert LK.kv_tokens(2048, 512, 1, None) == 512 and LK.kv_tokens(300, 512, 1, 100) == 300

@@ -32,6 +32,7 @@ import pytest
 from strata import testing as synth
 from strata.budget import formulas as F
 from strata.budget.audit import audit_pack
+from strata.layout import kv as LK
 from strata.packer import quants
 from strata.packer.build import build_pack
 from strata.packer.findings import trim_ne
@@ -93,8 +94,8 @@ def strata_figures(src: Path, pack: Path, n_ctx: int) -> dict:
                     "layers": len(group),
                     "cells": n,
                     "layer_ids": [L.layer for L in group],
-                    "k_bytes": sum(F.kv_row_bytes(L.k, REF["kv_type"]) for L in group) * n,
-                    "v_bytes": sum(F.kv_row_bytes(L.v, REF["kv_type"]) for L in group) * n,
+                    "k_bytes": sum(LK.kv_row_bytes(L.k, REF["kv_type"]) for L in group) * n,
+                    "v_bytes": sum(LK.kv_row_bytes(L.v, REF["kv_type"]) for L in group) * n,
                     "total": F.llamacpp_kv_cache_bytes(group, n_ctx, REF["kv_type"], swa_full=swa_full),
                 }
             )
@@ -180,5 +181,5 @@ def test_llamacpp_kv_cells_rules():
     assert F.llamacpp_kv_cells(8192, 4096, swa_full=False, n_ubatch=512) == 4608
     # 2 sequences, not unified: n_ctx_seq = pad(4096 / 2) per stream
     assert F.llamacpp_kv_cells(4096, None, n_seq=2) == 2048
-    L = F.KVLayer(0, 160, 0)  # MLA: one K row of latent + rope, no V
+    L = LK.KVLayer(0, 160, 0)  # MLA: one K row of latent + rope, no V
     assert F.llamacpp_kv_cache_bytes([L], 4096, "f16") == 4096 * 160 * 2

@@ -23,7 +23,6 @@ import pytest
 from strata import testing as synth
 from strata.budget import engine_terms as ET
 from strata.budget import formulas as F
-from strata.budget import formulas_gpu as FG
 from strata.budget.audit import audit_pack
 from strata.budget.cards import card_from_mib
 from strata.budget.plan import PlanOptions, make_plan
@@ -31,6 +30,9 @@ from strata.engine.errors import GenerateError, StartupRefused
 from strata.engine.gpu.backend import SimBackend
 from strata.engine.gpu.device import ExpertCacheError
 from strata.engine.startup import load_engine
+from strata.layout import buffers as LB
+from strata.layout import engine_form as LE
+from strata.layout import kv as LK
 from strata.packer.build import build_pack
 
 CTX = 500 << 20  # the simulated card's CUDA context
@@ -220,13 +222,13 @@ def test_nextn_draft_head_in_the_contract_budget_and_engine(packs):
         < names.index("expert cache")
         < names.index("draft head bind")
     )
-    assert p.term("draft head") == sum(F.engine_form(t.type, t.src_type, t.ne).engine for t in draft)
+    assert p.term("draft head") == sum(LE.engine_form(t.type, t.src_type, t.ne).engine for t in draft)
     # the bind bytes: GEMV outputs + f32 vectors + the draft block's K/V for 256 positions + the eh_proj row
-    kv_row = F.kv_bytes_per_token(F.KVLayer(4, 2 * 256, 2 * 256), "f16")
+    kv_row = LK.kv_bytes_per_token(LK.KVLayer(4, 2 * 256, 2 * 256), "f16")
     assert (
         p.draft_bind_bytes
         == p.term("draft head bind")
-        == FG.draft_bind_bytes([(t.type, t.src_type, t.ne) for t in draft], kv_row, 256, 2560)
+        == LB.draft_bind_bytes([(t.type, t.src_type, t.ne) for t in draft], kv_row, 256, 2560)
     )
     eng = load_engine(packs["docs"], device="sim", n_ctx=256, card=card, warmup=False)  # sim: no warm-up steps
     assert [c.name for c in eng.checkpoints] == [

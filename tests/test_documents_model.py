@@ -13,6 +13,7 @@ import pytest
 
 from strata import testing as S
 from strata.budget import formulas as F
+from strata.layout import experts as LX
 from strata.packer import quants
 from strata.packer.gguf_file import open_model
 from strata.testing.blocks import make_random_blocks, pattern_chunks, pattern_fill, role_values, tensor_rng
@@ -102,7 +103,7 @@ def test_small_copy_packs_with_the_worked_numbers(small, tmp_path):
     res = audit_pack(tmp_path / "pack")
     assert res.errors == [], [e.message for e in res.errors[:3]]
     # the engine-form blobs the cache sizes its slots from (docs/DESIGN.md "Expert sizes change per layer")
-    assert F.expert_blob_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640, engine=True) == 1_971_200
+    assert LX.expert_blob_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640, engine=True) == 1_971_200
 
 
 def test_full_size_plan_gives_the_worked_numbers():

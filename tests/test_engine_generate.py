@@ -199,7 +199,7 @@ def _gen(pack, *args):
 
 def test_huge_ctx_refused_before_weights_with_kv_bytes_and_host_ram(pack, monkeypatch):
     import strata.engine.startup as G
-    from strata.budget import formulas as F
+    from strata.layout import kv as LK
 
     loaded = []
     monkeypatch.setattr(G.CpuWeights, "load", lambda self, names: loaded.append(names))
@@ -212,14 +212,14 @@ def test_huge_ctx_refused_before_weights_with_kv_bytes_and_host_ram(pack, monkey
     ram = G.host_ram_bytes()
     assert (
         f"error: --ctx 1000000000: the KV cache (f16) would need {need} bytes" in r.stderr
-        and "strata.budget.formulas.kv_cache_bytes" in r.stderr
+        and "strata.layout.kv.kv_cache_bytes" in r.stderr
         and f"the {ram} bytes" in r.stderr
         and "host RAM" in r.stderr
     )
     # the figure is the budget's and equals what the engine allocates
     assert G.kv_cache_need_bytes(eng.model, 64, "f16") == eng.state.cache.nbytes
     assert G.kv_cache_need_bytes(eng.model, 64, "f32") == 2 * eng.state.cache.nbytes
-    assert F.kv_cache_bytes  # the one formula
+    assert LK.kv_cache_bytes  # the one formula
 
 
 def test_ctx_past_n_ctx_train_warns(pack):

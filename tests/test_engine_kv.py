@@ -2,7 +2,7 @@
 
 - K/V are stored rounded to the cache type and read back as f32 (f16 is llama.cpp's default
   cache type and strata's); the bytes the engine allocates are exactly what
-  ``strata.budget.formulas.kv_cache_bytes`` (and so ``strata-budget check --kv``) charges.
+  ``strata.layout.kv.kv_cache_bytes`` (and so ``strata-budget check --kv``) charges.
 - A sliding-window layer holds ``kv_tokens(n_ctx, window, 1)`` positions (its window) in a ring
   buffer; a full-context layer ``n_ctx``. The ring gives IDENTICAL logits (bit for bit) to the
   full-cache implementation (``sliding="full"``): the synthetic gemma3 fixture's window is 128
@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from test_engine_reference import load_fixture, synthetic_pack, teacher_forced
 
-from strata.budget import formulas as F
 from strata.budget.audit import audit_pack
 from strata.budget.cards import card_from_mib
 from strata.budget.plan import PlanOptions, make_plan
@@ -24,6 +23,7 @@ from strata.engine.errors import GenerateError
 from strata.engine.generate import generate
 from strata.engine.layers import KVCache
 from strata.engine.startup import load_engine
+from strata.layout import kv as LK
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_kv_types_store_rounded_and_read_f32():
 def test_engine_kv_bytes_are_the_budget_kv_term(syn, name, n_ctx, kv):
     eng = load_engine(syn[name], n_ctx=n_ctx, kv=kv)
     facts = audit_pack(syn[name]).facts
-    want = F.kv_cache_bytes(facts.kv_layers, n_ctx, F.ENGINE_PREFILL_CHUNK, kv, 1)
+    want = LK.kv_cache_bytes(facts.kv_layers, n_ctx, LK.ENGINE_PREFILL_CHUNK, kv, 1)
     assert eng.state.cache.nbytes == want
     # strata-budget check --kv, at the engine's one-position prompt path (--prefill 0 or 1)
     for chunk in (0, 1):

@@ -1,7 +1,8 @@
 """qwen3next's forward pass beyond the llama.cpp fixtures (tests/test_engine_reference.py): the
 recurrent state and KV cache the engine allocates are the budget's terms to the byte, the legacy
 fused ``ssm_in`` projection computes what the ``attn_qkv`` + ``attn_gate`` pair computes, the
-documents' indexer is loaded and named as unused, and the expert cache does not change the logits.
+documents' indexer is loaded and named as unused, the expert cache does not change the logits, and the
+delta-net widths come from the manifest alone.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import numpy as np
 import pytest
 
 from strata import testing as synth
-from strata.budget import formulas as F
 from strata.budget.audit import audit_pack
 from strata.engine.generate import decode
 from strata.engine.startup import load_engine
+from strata.layout import kv as LK
+from strata.manifests.contract import ManifestError, derived_value
 from strata.packer.build import build_pack
 
 PROMPT = [280, 315, 263, 503, 312, 281, 350]
@@ -44,12 +46,24 @@ def test_state_bytes_are_the_budget_terms(q3n):
     spec = synth.qwen3next_spec(seed=3)
     d = spec.dims
     per_layer = 4 * ((d.ssm_d_conv - 1) * d.ssm_conv_dim + d.ssm_d_state * d.ssm_d_inner)
-    assert eng.state.recurrent.nbytes == F.recurrent_state_bytes(facts.recurrent_layers, 1) == 3 * per_layer
+    assert eng.state.recurrent.nbytes == LK.recurrent_state_bytes(facts.recurrent_layers, 1) == 3 * per_layer
     assert sorted(eng.state.recurrent.ssm) == [0, 1, 2]
     # KV cache: the one attention layer (3), n_ctx positions of n_head_kv x head_dim K and V in f16
-    assert eng.state.cache.nbytes == F.kv_cache_bytes(facts.kv_layers, n_ctx, F.ENGINE_PREFILL_CHUNK, "f16", 1)
+    assert eng.state.cache.nbytes == LK.kv_cache_bytes(facts.kv_layers, n_ctx, LK.ENGINE_PREFILL_CHUNK, "f16", 1)
     assert eng.state.cache.nbytes == n_ctx * 2 * (d.n_head_kv * d.head_dim) * 2
     assert [L.layer for L in facts.kv_layers] == [3]
+
+
+def test_delta_net_widths_have_one_definition(q3n):
+    # the manifest's [derived] key_dim / value_dim / conv_dim: read by the engine (through the geometry) and
+    # by the synthetic writer (derived_value), computed nowhere else
+    _, pack = q3n
+    d = load_engine(pack, n_ctx=32).model.delta_dims
+    dims = synth.qwen3next_spec(seed=3).dims
+    assert (d.key_dim, d.value_dim, d.conv_dim) == (dims.ssm_key_dim, dims.ssm_d_inner, dims.ssm_conv_dim)
+    assert (d.key_dim, d.value_dim, d.conv_dim) == (64 * 2, 64 * 4, 2 * 64 * 2 + 64 * 4)
+    with pytest.raises(ManifestError, match="no derived number 'conv'"):
+        derived_value("qwen3next", "conv", {})
 
 
 def test_recurrent_state_starts_over_at_position_zero(q3n):

@@ -21,6 +21,7 @@ from strata.engine.gpu import kernels as K
 from strata.engine.gpu.backend import SimBackend
 from strata.engine.gpu.device import ExpertCacheError
 from strata.engine.startup import load_engine
+from strata.layout import experts as LX
 
 GPU_OK, GPU_WHY = K.gpu_available()
 skip_no_gpu = pytest.mark.skipif(not GPU_OK, reason=f"needs CuPy and a CUDA GPU: {GPU_WHY}")
@@ -182,7 +183,7 @@ def test_sim_audit_exact_terms_equal_the_budget(packs, name):
         assert terms["KV cache"].measured_bytes == 2 * 2 * 64 * (128 + 200)  # K+V, f16, 1 KV head of 64
     if name == "moe":
         # the preset's layers: (Q4_K, Q8_0), (IQ2_XS, IQ4_NL), (Q6_K, Q5_0) as (gate/up, down) at 256 x 256
-        slot = max(F.expert_slot_bytes(g, g, d, 256, 256) for g, d in ((12, 8), (17, 20), (14, 6)))
+        slot = max(LX.expert_slot_bytes(g, g, d, 256, 256) for g, d in ((12, 8), (17, 20), (14, 6)))
         assert terms["expert cache"].measured_bytes == a.slots * slot
 
 

@@ -599,13 +599,13 @@ def test_cuda_logit_summary_ranks_as_top_k_pairs():
     strata.engine.sampling.top_k_pairs and numpy's argmax on every row, bit for bit in the logits."""
     import cupy as cp
 
-    from strata.budget import formulas as F
     from strata.engine.gpu.fused_ops import TOP_WORDS, CudaOps
     from strata.engine.sampling import top_k_pairs
+    from strata.layout import step as LS
 
     stream = cp.cuda.Stream(non_blocking=False)
     ops = CudaOps(stream)
-    part = cp.zeros((F.FUSED_TOP_BYTES - 4 * TOP_WORDS) // 4, dtype=cp.float32)
+    part = cp.zeros((LS.FUSED_TOP_BYTES - 4 * TOP_WORDS) // 4, dtype=cp.float32)
     out = cp.zeros(TOP_WORDS, dtype=cp.int32)
     for name, row in _summary_rows(np.random.default_rng(11)):
         y = cp.asarray(row)

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from test_gpu_kernels import _random_blocks, _wild_blocks
 
-from strata.budget.formulas import q8_act_bytes
 from strata.engine import cpukernels
 from strata.engine import engine_form as EF
 from strata.engine.gpu import kernels as K
+from strata.layout.step import q8_act_bytes
 from strata.packer import quants
 
 GPU_OK, GPU_WHY = K.gpu_available()

@@ -7,7 +7,7 @@ order - on an activation quantized by the CPU library. The rows must equal the C
 
 This catches layout, lane-split and scale-unpacking mistakes in CI; the device's own run of the kernels is
 tests/test_gpu_q8.py. Also: the quantized activation's layout is one (engine/q8_layout.h): the C library's
-``act_nbytes`` equals the budget's :func:`strata.budget.formulas.q8_act_bytes`. Skips without g++.
+``act_nbytes`` equals the layout's :func:`strata.layout.step.q8_act_bytes`. Skips without g++.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import pytest
 from test_gpu_kernel_source import compile_host
 from test_gpu_kernels import _random_blocks, _wild_blocks
 
-from strata.budget.formulas import q8_act_bytes
 from strata.engine import cpukernels
 from strata.engine.gpu import kernels as K
+from strata.layout.step import q8_act_bytes
 from strata.packer import quants
 
 Q8 = sorted(K.Q8_GPU_TYPES, key=lambda i: quants.qtype(i).name)

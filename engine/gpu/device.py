@@ -5,7 +5,7 @@ in (every stage records ``cudaMemGetInfo`` and the CuPy pool's bytes in its chec
 ``gpu_free_bytes``, ``gpu_used_bytes``, ``pool_used_bytes``, ``pool_total_bytes``):
 
 - ``weights`` / ``head``: engine-form upload by byte offset (:class:`DeviceWeights`), one
-  preallocated f32 GEMV output per matrix (:func:`strata.budget.formulas.matvec_out_bytes`);
+  preallocated f32 GEMV output per matrix (:func:`strata.layout.buffers.matvec_out_bytes`);
 - ``session``: KV cache, rope tables, the embedding row, the expert hit path's vectors;
 - ``prompt path``: every kernel compiled and loaded (dense and expert types). Models whose recipe
   the fused step builds get it (:mod:`strata.engine.gpu.fused`): its buffers and pinned staging
@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata.budget import formulas as F
-from strata.budget import formulas_gpu as FG
 from strata.budget.cards import Card
+from strata.layout import buffers as LB
+from strata.layout import experts as LX
+from strata.layout import kv as LK
 from strata.manifests.contract import Geometry
 from strata.packer.pack import Pack
 
@@ -90,7 +92,7 @@ class GpuInfo:
     fused_buffer_bytes: int = 0  # the fused step's activation buffers (in "prefill/activations")
     fused: bool = False  # the decode step is the fused one (else the generic per-layer path)
     draft_engine_bytes: int = 0  # the draft head's weights in engine form (stage "drafter")
-    draft_bind_bytes: int = 0  # its bind buffers (stage "bind": formulas_gpu.draft_bind_bytes)
+    draft_bind_bytes: int = 0  # its bind buffers (stage "bind": strata.layout.buffers.draft_bind_bytes)
     reserve_bytes: int = 0  # --vram-reserve-mib, kept free after start-up
     free_after_bytes: int = 0  # free at the end of start-up (measured; >= reserve_bytes, or the start is refused)
 
@@ -285,10 +287,10 @@ class GpuDevice:
             cap = len(source.layers) * n_expert
             what = f"all {cap} (layer, expert) pairs (--admit fills slots beyond the initial fill)"
         slot_bytes = max(
-            F.expert_slot_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff) for r in source.rows.values()
+            LX.expert_slot_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff) for r in source.rows.values()
         )
         max_blob = max(
-            F.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff, engine=True)
+            LX.expert_blob_bytes(r.gate_type, r.up_type, r.down_type, n_embd, n_ff, engine=True)
             for r in source.rows.values()
         )
         bk.synchronize()
@@ -373,7 +375,7 @@ class GpuDevice:
         """The ``drafter`` stage: the NextN draft blocks' dense tensors in engine form, in one arena (the
         draft head is loaded where the plan puts it; this engine does not run speculative decoding), and
         the bind bytes the expert cache must leave free for them
-        (:func:`strata.budget.formulas_gpu.draft_bind_bytes`)."""
+        (:func:`strata.layout.buffers.draft_bind_bytes`)."""
         import numpy as np
 
         from strata.engine import engine_form as EF
@@ -381,7 +383,7 @@ class GpuDevice:
 
         ents = list(plan.draft.values())
         sizes = [quants.engine_nbytes(e.type, e.src_type, e.ne) for e in ents]
-        offs, total = FG.arena_layout(sizes)
+        offs, total = LB.arena_layout(sizes)
         arena = self.bk.empty_bytes(total) if total else None
         pool = np.memmap(pack.pool_path, dtype=np.uint8, mode="r")
         for e, off, n in zip(ents, offs, sizes):
@@ -389,7 +391,7 @@ class GpuDevice:
             self.bk.copy_into(arena[off : off + n], ef)
         self._draft_arena = arena
         self.info.draft_engine_bytes = sum(sizes)
-        self._bind_need = FG.draft_bind_bytes(
+        self._bind_need = LB.draft_bind_bytes(
             [(e.type, e.src_type, e.ne) for e in ents],
             self._draft_kv_per_token(model, plan),
             self._n_ctx(model),
@@ -407,7 +409,7 @@ class GpuDevice:
         h = model.hp
         layers = sorted({int(n.split(".")[1]) for n in plan.draft})
         return sum(
-            F.kv_bytes_per_token(F.KVLayer(il, h.n_head_kv * h.head_dim, h.n_head_kv * h.head_dim_v), self.info.kv)
+            LK.kv_bytes_per_token(LK.KVLayer(il, h.n_head_kv * h.head_dim, h.n_head_kv * h.head_dim_v), self.info.kv)
             for il in layers
         )
 
@@ -419,18 +421,18 @@ class GpuDevice:
         bk = self.bk
         ents = list(plan.draft.values())
         pieces = [
-            F.matvec_out_bytes(e.ne)
+            LB.matvec_out_bytes(e.ne)
             if quants.n_elements(e.ne) != e.ne[0]
-            else F.vector_f32_bytes(e.type, e.src_type, e.ne)
+            else LB.vector_f32_bytes(e.type, e.src_type, e.ne)
             for e in ents
         ]
         kv = self._draft_kv_per_token(model, plan) * n_ctx
-        pieces += [kv, F.F32_BYTES * 2 * model.hp.n_embd]
+        pieces += [kv, LB.F32_BYTES * 2 * model.hp.n_embd]
         # one allocation of exactly the reserved bytes: the f32-aligned pieces, rounded to the driver's pages
-        # as formulas_gpu.draft_bind_bytes rounds them
+        # as strata.layout.buffers.draft_bind_bytes rounds them
         total = sum(pieces)
-        if total > FG.BIND_PACKED_MAX_BYTES:
-            total = -(-total // FG.BIND_PAGE_BYTES) * FG.BIND_PAGE_BYTES
+        if total > LB.DRIVER_PACKED_MAX_BYTES:
+            total = -(-total // LB.DRIVER_PAGE_BYTES) * LB.DRIVER_PAGE_BYTES
         self._bind_arena = bk.empty_bytes(total)
         self.info.draft_bind_bytes = total
         assert self.info.draft_bind_bytes == self._bind_need, (self.info.draft_bind_bytes, self._bind_need)

@@ -73,7 +73,7 @@ from typing import Any
 
 import numpy as np
 
-from strata.budget import formulas as F
+from strata.layout import step as LS
 from strata.manifests.names import tensor_name
 
 from .. import layers
@@ -84,9 +84,6 @@ from . import kernels as K
 from .fused_gdn import GdnBuffers, build_delta_layer, gdn_unsupported
 from .fused_moe import MAX_EXPERTS_USED, MoeStep
 from .fused_ops import TOP_K, TOP_WORDS, AttnIO, CudaOps, Launch, MatvecLaunches, SimOps
-
-#: Bytes at the start of the staging buffer holding the step's integers (``pos`` at 0).
-PARAM_BYTES = 16
 
 
 class FusedUnsupported(GenerateError):
@@ -225,7 +222,7 @@ class FusedDecoder:
             or [1]
         )
         self.max_size = max(st.cache.sizes)
-        stage_bytes = PARAM_BYTES + 4 * h.n_embd
+        stage_bytes = LS.FUSED_PARAM_BYTES + 4 * h.n_embd
         n_vocab = int(m.w.entry(m.head).ne1)
         self.n_vocab = n_vocab
         # device buffers: through the backend (counted like the engine's other allocations)
@@ -236,21 +233,21 @@ class FusedDecoder:
         self.act = bk.empty_f32(n_ff)
         self.scores = bk.empty_f32(h.n_head * self.max_size)
         self.stage_dev = bk.empty_bytes(stage_bytes)
-        self.params_dev = self.stage_dev[:PARAM_BYTES].view(np.int32)
-        self.row_dev = self.stage_dev[PARAM_BYTES:].view(np.float32)
-        self.top_part = bk.empty_bytes(F.FUSED_TOP_BYTES - 4 * TOP_WORDS).view(np.float32)
+        self.params_dev = self.stage_dev[: LS.FUSED_PARAM_BYTES].view(np.int32)
+        self.row_dev = self.stage_dev[LS.FUSED_PARAM_BYTES :].view(np.float32)
+        self.top_part = bk.empty_bytes(LS.FUSED_TOP_BYTES - 4 * TOP_WORDS).view(np.float32)
         self.top_dev = bk.empty_bytes(4 * TOP_WORDS).view(np.int32)
         # the q8 kernels' quantized input: the longest matvec input (allocated whatever the kernel: the budget's term)
         value_dim = m.delta_dims.value_dim if m.delta_dims is not None else 0
         self.xq_cap = max(h.n_embd, nao, n_ff, value_dim)
-        self.xq = bk.empty_bytes(F.q8_act_bytes(self.xq_cap))
-        self.xnq = bk.empty_bytes(F.q8_act_bytes(h.n_embd))  # the normed row, quantized by its resid_norm
+        self.xq = bk.empty_bytes(LS.q8_act_bytes(self.xq_cap))
+        self.xnq = bk.empty_bytes(LS.q8_act_bytes(h.n_embd))  # the normed row, quantized by its resid_norm
         self.nbytes = (
             4 * (2 * h.n_embd + nq + nao + n_ff + h.n_head * self.max_size)
             + stage_bytes
-            + F.FUSED_TOP_BYTES
-            + F.q8_act_bytes(self.xq_cap)
-            + F.q8_act_bytes(h.n_embd)
+            + LS.FUSED_TOP_BYTES
+            + LS.q8_act_bytes(self.xq_cap)
+            + LS.q8_act_bytes(h.n_embd)
         )
         if self.cuda:
             import cupy as cp
@@ -269,8 +266,8 @@ class FusedDecoder:
             self.top_host = np.zeros(TOP_WORDS, dtype=np.int32)
             self.pinned_bytes = 0
         self.stage_host[:] = 0
-        self.params_host = self.stage_host[:PARAM_BYTES].view(np.int32)
-        self.row_host = self.stage_host[PARAM_BYTES:].view(np.float32)
+        self.params_host = self.stage_host[: LS.FUSED_PARAM_BYTES].view(np.int32)
+        self.row_host = self.stage_host[LS.FUSED_PARAM_BYTES :].view(np.float32)
 
     # ------------------------------------------------------------ the list
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strata.budget import formulas as F
+from strata.layout import step as LS
 
 from .fused_ops import GdnIO
 
@@ -57,7 +57,7 @@ class GdnBuffers:
             backend.copy_into(buf, host)
             self.cw[il] = buf
             n_conv += host.size
-        self.nbytes = F.gdn_step_bytes(d.conv_dim, d.value_dim, n_conv)  # the budget's definition
+        self.nbytes = LS.gdn_step_bytes(d.conv_dim, d.value_dim, n_conv)  # the layout's definition
         assert self.nbytes == 4 * (self.h.size + self.o.size + n_conv)
 
 

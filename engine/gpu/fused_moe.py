@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from strata.budget import formulas as F
+from strata.layout import experts as LX
+from strata.layout import step as LS
 from strata.manifests.names import tensor_name
 
 from .. import layers
@@ -69,7 +70,7 @@ class MoeStep:
         self.slot_bytes = 0
         for il in self.layers:  # the SlotCache's layout: one function of the budget
             g, u, d = src.types(il)
-            (pg, pu, pd), stride = F.expert_slot_layout(g, u, d, self.n_embd, self.n_ff)
+            (pg, pu, pd), stride = LX.expert_slot_layout(g, u, d, self.n_embd, self.n_ff)
             self.offsets[il] = (pg[0], pu[0], pd[0])
             self.part_bytes[il] = (pg[1], pu[1], pd[1])
             self.slot_bytes = max(self.slot_bytes, stride)
@@ -88,7 +89,7 @@ class MoeStep:
         self.slot_of[...] = -1
         self.storage_ptr = bk.empty_bytes(8).view(np.uint64)
         self.storage_ptr[...] = 0
-        self.hq_stride = F.q8_act_bytes(self.n_ff)  # the selected experts' quantized down inputs (q8 kernel)
+        self.hq_stride = LS.q8_act_bytes(self.n_ff)  # the selected experts' quantized down inputs (q8 kernel)
         self.Hq = bk.empty_bytes(K * self.hq_stride)
         self.nbytes = (
             4 * (E + K + 3 * K * self.n_ff + K * n + n + 1 + h.n_layer * E)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from strata.budget import formulas as F
+from strata.layout import step as LS
 
 from .. import layers
 
@@ -38,9 +38,9 @@ FUSED_KERNEL_NAMES = (
     "logit_top_final",
 )
 
-#: The logits' summary (cuda/logit_top.cu; sizes from strata.budget.formulas, which counts its bytes): the best
+#: The logits' summary (cuda/logit_top.cu; sizes from strata.layout.step, which counts its bytes): the best
 #: TOP_K pairs, from TOP_PARTS CTAs of TOP_THREADS threads, into TOP_WORDS words.
-TOP_K, TOP_PARTS, TOP_WORDS = F.LOGIT_TOP_K, F.LOGIT_TOP_PARTS, F.LOGIT_TOP_WORDS
+TOP_K, TOP_PARTS, TOP_WORDS = LS.LOGIT_TOP_K, LS.LOGIT_TOP_PARTS, LS.LOGIT_TOP_WORDS
 TOP_THREADS = 256
 
 

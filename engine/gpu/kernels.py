@@ -263,7 +263,7 @@ def quantize_q8(
     """Quantize ``rows`` activation rows of ``n`` f32 values each (``x``: cupy f32, row r at ``r * x_stride``
     floats, default ``n``; ``n`` default ``x.size // rows``) to ``fmt`` (1 = Q8_0, 2 = Q8_K) in engine/q8_layout.h's
     layout; returns ``cupy.uint8[rows * out_stride]`` (``out`` if given; ``out_stride`` default
-    :func:`strata.budget.formulas.q8_act_bytes` of ``n``). Bit for bit the CPU kernels' quantization
+    :func:`strata.layout.step.q8_act_bytes` of ``n``). Bit for bit the CPU kernels' quantization
     (:func:`strata.engine.cpukernels.quantize_activation`). Launches on the current CuPy stream.
 
     Raises:
@@ -271,7 +271,7 @@ def quantize_q8(
     """
     import cupy as cp
 
-    from strata.budget.formulas import q8_act_bytes
+    from strata.layout.step import q8_act_bytes
 
     n = int(x.size) // rows if n is None else int(n)
     blk = {1: 32, 2: 256}.get(fmt)

@@ -1,7 +1,7 @@
 """The expert cache in device memory, and the hit/miss split of the GPU path.
 
 - :class:`SlotCache`: VRAM slots holding experts in engine form, laid out by
-  :func:`strata.budget.formulas.expert_slot_layout`, filled once at start-up (from a profile, in
+  :func:`strata.layout.experts.expert_slot_layout`, filled once at start-up (from a profile, in
   the order :func:`strata.budget.formulas.fill_profile` gives, or from the ``resident`` policy) and
   optionally by first-come admission of misses (no eviction);
 - :class:`GpuExpertPath`: :class:`strata.engine.experts.ExpertPath` whose misses run on the CPU from
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from strata.budget import formulas as F
 from strata.engine import engine_form as EF
+from strata.layout import experts as LX
 from strata.packer import quants
 
 from .. import layers
@@ -48,7 +48,7 @@ class SlotPlan:
     mode: str  # "auto" | "fixed"
     slots: int
     slot_bytes: int  # per-slot stride (largest engine-form blob, parts aligned)
-    max_blob_engine: int  # budget.formulas.expert_blob_bytes(engine=True), largest layer
+    max_blob_engine: int  # strata.layout.experts.expert_blob_bytes(engine=True), largest layer
     free_bytes: int  # cudaMemGetInfo free when the cache was opened
     reserve_bytes: int
     cap: int | None
@@ -57,7 +57,7 @@ class SlotPlan:
 
 class SlotCache:
     """VRAM slots holding experts in engine form, laid out by
-    :func:`strata.budget.formulas.expert_slot_layout` (gate | up | down, each part 256-aligned).
+    :func:`strata.layout.experts.expert_slot_layout` (gate | up | down, each part 256-aligned).
 
     One allocation of ``slots * slot_bytes`` bytes, made once. ``fill(pairs)`` loads experts by
     offset from the memory-mapped shards (converted to engine form); ``admit`` takes a free slot at
@@ -79,7 +79,7 @@ class SlotCache:
         stride = 0
         for il in source.layers:
             row, shp = source.rows[il], source.shapes[il]
-            ((go, gb), (uo, ub), (do, db)), st = F.expert_slot_layout(
+            ((go, gb), (uo, ub), (do, db)), st = LX.expert_slot_layout(
                 row.gate_type, row.up_type, row.down_type, n_embd, n_ff
             )
             parts = [
@@ -192,7 +192,7 @@ class GpuExpertPath(ExpertPath):
         """Preallocate the hit path's f32 vectors (gate, up, act: ``n_ff``; out: ``n_embd``)."""
         bk = self.backend
         self.bufs = (bk.empty_f32(n_ff), bk.empty_f32(n_ff), bk.empty_f32(n_ff), bk.empty_f32(n_embd))
-        self.buffer_bytes = F.expert_hit_buffer_bytes(n_embd, n_ff)
+        self.buffer_bytes = LX.expert_hit_buffer_bytes(n_embd, n_ff)
         assert self.buffer_bytes == sum(4 * b.size for b in self.bufs)
         return self.buffer_bytes
 

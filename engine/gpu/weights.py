@@ -3,7 +3,7 @@
 Matrices live in engine form (:mod:`strata.engine.engine_form`: f32 scale planes for the widened
 types, native blocks for K-quants and IQ types, BF16 re-rounded from the pool's F32), uploaded by
 byte offset from the memory-mapped ``pool.bin``. Every size is one function of
-:mod:`strata.budget.formulas` (the budget's "dense weights", "output head" and "engine buffers").
+:mod:`strata.layout` (the budget's "dense weights", "output head" and "engine buffers").
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from strata.budget import formulas as F
-from strata.budget import formulas_gpu as FG
 from strata.engine import engine_form as EF
+from strata.layout import buffers as LB
 from strata.packer import quants
 from strata.packer.pack import Pack
 from strata.packer.packfmt import IndexEntry
@@ -41,7 +40,7 @@ class DeviceWeights:
     get an f32 copy (``f32_vector_bytes``). Tensors read only by rows (an untied ``token_embd``)
     stay in the memory-mapped pool on the host: one row is dequantized there per token and copied
     up into a preallocated buffer (``row_bytes``; the budget's "embeddings on host").
-    Every size is one function of :mod:`strata.budget.formulas` (the budget's "engine buffers").
+    Every size is one function of :mod:`strata.layout.buffers` (the budget's "engine buffers").
     """
 
     def __init__(self, pack: Pack, dense: dict[str, IndexEntry], backend: Backend):
@@ -80,7 +79,7 @@ class DeviceWeights:
     def upload(self, names: Iterable[str]) -> int:
         """Upload ``names`` in engine form (by byte offset from the pool); returns engine bytes added.
 
-        One call makes three device allocations (:func:`strata.budget.formulas_gpu.arena_layout`), not three
+        One call makes three device allocations (:func:`strata.layout.buffers.arena_layout`), not three
         per tensor: the engine-form tensors, the f32 GEMV outputs of the matrices, the f32 copies of the
         vectors whose engine form is not F32 - each tensor a view at a 256-byte aligned offset. Few large
         allocations instead of hundreds keep the driver's rounding of each one out of the budget (the
@@ -90,12 +89,12 @@ class DeviceWeights:
             return 0
         ents = [self._entries[n] for n in todo]
         sizes = [quants.engine_nbytes(e.type, e.src_type, e.ne) for e in ents]
-        offs, total = FG.arena_layout(sizes)
+        offs, total = LB.arena_layout(sizes)
         arena = self.backend.empty_bytes(total)
-        outs = [F.matvec_out_bytes(e.ne) if rows_of(e) > 1 else 0 for e in ents]
-        vecs = [F.vector_f32_bytes(e.type, e.src_type, e.ne) if rows_of(e) == 1 else 0 for e in ents]
-        o_offs, o_total = FG.arena_layout(outs)
-        v_offs, v_total = FG.arena_layout(vecs)
+        outs = [LB.matvec_out_bytes(e.ne) if rows_of(e) > 1 else 0 for e in ents]
+        vecs = [LB.vector_f32_bytes(e.type, e.src_type, e.ne) if rows_of(e) == 1 else 0 for e in ents]
+        o_offs, o_total = LB.arena_layout(outs)
+        v_offs, v_total = LB.arena_layout(vecs)
         out_arena = self.backend.empty_bytes(o_total) if o_total else None
         vec_arena = self.backend.empty_bytes(v_total) if v_total else None
         added = 0
@@ -126,7 +125,7 @@ class DeviceWeights:
     def alloc_row_buffer(self, name: str) -> int:
         """Preallocate the f32 row ``rows(name, [id])`` is looked up into; returns its bytes."""
         e = self._entries[name]
-        nb = F.embedding_row_bytes(e.ne0)
+        nb = LB.embedding_row_bytes(e.ne0)
         self._row_buf = self.backend.empty_f32(nb // 4)
         self.row_bytes += nb
         return nb

@@ -1,0 +1,64 @@
+"""One expert in strata's expert cache (bytes): its blob in source and engine form, where its parts sit
+inside a cache slot, and the hit path's f32 vectors. How MANY slots a start-up takes, and which
+(layer, expert) pairs fill them, are the budget's rules (:func:`strata.budget.formulas.size_expert_cache`,
+:func:`strata.budget.formulas.fill_profile`).
+"""
+
+from __future__ import annotations
+
+from strata.packer import quants
+from strata.packer.conformance import expert_part_ne
+
+from .buffers import F32_BYTES, align_up
+
+#: Alignment of every part (gate, up, down) of an expert inside an expert-cache slot, and of the
+#: slot stride: a widened part starts with an f32 scale plane (needs 4), native blocks of 66/98/110 B
+#: leave odd offsets behind them; 256 keeps every part's loads aligned.
+EXPERT_PART_ALIGN = 256
+
+
+def expert_blob_bytes(
+    gate_type: int, up_type: int, down_type: int, n_embd: int, n_ff_exp: int, *, engine: bool = False
+) -> int:
+    """Bytes of one expert (gate + up + down) in source form, or in engine form (widened types carry f32
+    scales: what one cache slot holds). Worked example (docs/DESIGN.md "Expert sizes change per layer"):
+    IQ2_XS gate/up + IQ4_NL down at n_embd 2560, n_ff_exp 640: 473,600 + 473,600 + 921,600 = 1,868,800 B
+    source; the IQ4_NL down widens 18 -> 20 B per 32: 1,024,000, so 1,971,200 B engine form."""
+    total = 0
+    for part, t in (("gate", gate_type), ("up", up_type), ("down", down_type)):
+        ne = expert_part_ne(part, n_embd, n_ff_exp)
+        total += quants.engine_nbytes(t, t, ne) if engine else quants.tensor_nbytes(t, ne)
+    return total
+
+
+def expert_slot_layout(
+    gate_type: int,
+    up_type: int,
+    down_type: int,
+    n_embd: int,
+    n_ff_exp: int,
+) -> tuple[tuple[tuple[int, int], ...], int]:
+    """Where one expert sits inside an expert-cache slot: ``((offset, nbytes) for gate, up, down)``
+    in engine form, each part at a multiple of :data:`EXPERT_PART_ALIGN`, and the slot stride (the end
+    of ``down`` rounded up to the same alignment). strata's engine lays its slots out with this."""
+    off, parts = 0, []
+    for part, t in (("gate", gate_type), ("up", up_type), ("down", down_type)):
+        nb = quants.engine_nbytes(t, t, expert_part_ne(part, n_embd, n_ff_exp))
+        off = align_up(off, EXPERT_PART_ALIGN)
+        parts.append((off, nb))
+        off += nb
+    return tuple(parts), align_up(off, EXPERT_PART_ALIGN)
+
+
+def expert_slot_bytes(gate_type: int, up_type: int, down_type: int, n_embd: int, n_ff_exp: int) -> int:
+    """Bytes one expert-cache slot must hold for an expert of these types: its engine-form blob
+    (:func:`expert_blob_bytes` ``engine=True``) with each part aligned to :data:`EXPERT_PART_ALIGN`. Equal
+    to the blob whenever every part is a multiple of 256 B (the documents' model:
+    docs/DESIGN.md "Expert sizes change per layer")."""
+    return expert_slot_layout(gate_type, up_type, down_type, n_embd, n_ff_exp)[1]
+
+
+def expert_hit_buffer_bytes(n_embd: int, n_ff_exp: int) -> int:
+    """The expert hit path's preallocated f32 vectors: gate, up, and silu(gate) * up (``n_ff_exp``
+    each) and the expert's output (``n_embd``)."""
+    return F32_BYTES * (3 * n_ff_exp + n_embd)
