@@ -29,8 +29,9 @@ import numpy as np
 from strata.packer import quants
 from strata.packer.packfmt import ExpertLayer
 
-from . import cpukernels, layers
+from . import layers
 from .checkpoints import proc_kib_bytes
+from .cpu import kernels as cpukernels
 from .dequant import dequantize_rows
 from .loader import LoadPlan
 
@@ -198,7 +199,7 @@ class ShardExperts:
         down products - so the threads spread over experts x rows. Row ``k`` is bit-identical to
         :meth:`ffn` of expert ``experts[k]`` alone (the same per-row code; the activation is elementwise).
 
-        ``kernel`` (default ``"exact"`` if ``exact`` else ``"q8"``, :data:`strata.engine.cpukernels.KERNELS`):
+        ``kernel`` (default ``"exact"`` if ``exact`` else ``"q8"``, :data:`strata.engine.cpu.kernels.KERNELS`):
         ``"exact"`` is the GPU kernels' summation order (with ``silu_mul=strata.engine.gpu.reference.silu_mul``
         a miss equals the GPU's hit bit for bit); ``"q8"`` llama.cpp's CPU numerics. ``silu_mul``: the
         activation on ``[len(experts), n_ff]`` arrays (default ``silu(g) * u``, :func:`strata.engine.layers.silu`).

@@ -169,9 +169,9 @@ class CpuDevice:
         return host_ram_bytes(), "host RAM (SC_PHYS_PAGES x SC_PAGE_SIZE)"
 
     def __init__(self, exact: bool = False, threads: int | None = None, kernel: str | None = None):
-        from .cpukernels import default_threads, kernel_for
+        from .cpu.kernels import default_threads, kernel_for
 
-        # "q8" (llama.cpp's CPU numerics, the default), "exact" (the GPU's order) or "f32" (strata.engine.cpukernels)
+        # "q8" (llama.cpp's CPU numerics, the default), "exact" (the GPU's order) or "f32" (strata.engine.cpu.kernels)
         self.kernel = kernel or ("exact" if exact else "q8")
         kernel_for(0, self.kernel)  # refuse an unknown name now
         self.exact, self.threads = self.kernel == "exact", threads or default_threads()
@@ -201,7 +201,7 @@ class CpuDevice:
         return state
 
     def prompt_path(self, model: Decoder, state: State, opts: EngineOptions, note: dict) -> Decoder:
-        from .cpukernels import library
+        from .cpu.kernels import library
 
         types = set(model.w.types())
         if model.experts is not None:
@@ -277,7 +277,7 @@ def load_engine(
     check_kv(opts.kv)
     if opts.threads is not None and not 1 <= int(opts.threads) <= 512:
         raise GenerateError(f"threads {opts.threads}: expected 1..512 (ggml's GGML_MAX_N_THREADS)")
-    from .cpukernels import KERNELS as CPU_KERNELS
+    from .cpu.kernels import KERNELS as CPU_KERNELS
 
     if opts.cpu_kernel is not None and opts.cpu_kernel not in CPU_KERNELS:
         raise GenerateError(f"cpu_kernel {opts.cpu_kernel!r}: expected one of {', '.join(CPU_KERNELS)}")

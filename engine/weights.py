@@ -9,7 +9,7 @@ A model never touches pool bytes. It asks its :class:`Weights` for
 - ``has(name)``: whether an optional tensor (biases, fused qkv, output head) is in the pack.
 
 :class:`CpuWeights` is the CPU path: the pool stays memory-mapped read-only and every product runs
-the quantized kernels of :mod:`strata.engine.cpukernels` on the tensor's native blocks in place -
+the quantized kernels of :mod:`strata.engine.cpu.kernels` on the tensor's native blocks in place -
 no dequantized copy of any matrix is kept (a 30B-A3B pack's f32 copies would be ~120 GB). Only
 vectors (norms, biases: a few KB each) are held as f32. Start-up reads no weight bytes except the
 vectors' and the BF16-promoted tensors' (their bytes are checked), and it reads those with pread, not
@@ -29,7 +29,7 @@ from strata.packer import quants
 from strata.packer.pack import Pack
 from strata.packer.packfmt import IndexEntry
 
-from . import cpukernels as CK
+from .cpu import kernels as CK
 from .dequant import dequantize_rows
 from .numerics import Numerics, numerics, quantize_activation
 
@@ -60,7 +60,7 @@ def _rows(e: IndexEntry) -> int:
 class CpuWeights:
     """Dense weights of one pack for the CPU path (see the module docstring).
 
-    ``matmul`` runs the kernels of :mod:`strata.engine.cpukernels` on ``threads`` threads (default: the
+    ``matmul`` runs the kernels of :mod:`strata.engine.cpu.kernels` on ``threads`` threads (default: the
     cores this process may use), chosen by ``kernel`` (default ``"exact"`` if ``exact`` else ``"q8"``):
     ``"q8"`` llama.cpp's CPU numerics - the activation quantized to Q8_0 / Q8_K as llama.cpp does for the
     weight's type, integer block dots (a type without an integer kernel runs ``"f32"``); ``"exact"`` the

@@ -10,7 +10,7 @@ Gemma 3 270M's shape (bench/bench_gpu.py ``gemma_like_spec``) takes 1883 launche
 token on the generic path (counted as the nodes of one captured step), 49 ms per token.
 
 This module builds the step of a dense model (gemma3, qwen2) from a few fused kernels (CUDA source
-``cuda/fused.cu`` after ``cuda/prelude.cuh``: :func:`strata.engine.gpu.fused_ops.fused_source`), compiled
+``cuda/fused.cu`` after ``kernel_src/prelude.cuh``: :func:`strata.engine.gpu.fused_ops.fused_source`), compiled
 with the same IEEE options as the matvec kernels (:data:`strata.engine.gpu.kernels.NVRTC_OPTIONS`):
 
 - ``resid_norm``: residual add (plain, or of an RMS-normed branch: gemma's sandwich norms), or the

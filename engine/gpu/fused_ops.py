@@ -45,14 +45,15 @@ TOP_THREADS = 256
 
 
 def fused_source() -> str:
-    """The CUDA source of the fused kernels: ``cuda/prelude.cuh`` + the q8 quantizers (``resid_norm`` quantizes
+    """The CUDA source of the fused kernels: ``kernel_src/prelude.cuh`` + the q8 quantizers (``resid_norm`` quantizes
     the row it normalizes) + ``cuda/fused.cu`` + ``cuda/logit_top.cu``
     (compiled with :data:`strata.engine.gpu.kernels.NVRTC_OPTIONS`)."""
+    from ..kernel_src import assembly as A
     from . import kernels as K
 
     top = f"#define TOPK {TOP_K}\n#define TOP_THREADS {TOP_THREADS}\n"
     return (
-        K.cuda_file("prelude.cuh") + K.q8_quant_source() + K.cuda_file("fused.cu") + top + K.cuda_file("logit_top.cu")
+        A.source_file("prelude.cuh") + K.q8_quant_source() + K.cuda_file("fused.cu") + top + K.cuda_file("logit_top.cu")
     )
 
 

@@ -1,5 +1,5 @@
-// Shared prelude of every CUDA module of strata.engine.gpu (kernels.py and fused.py concatenate
-// the files; nothing is #included): integer typedefs, unaligned little-endian loads, fp16 -> f32
+// Shared prelude of every CUDA module of strata.engine.gpu and of the CPU kernels (strata.engine.kernel_src.assembly,
+// gpu/kernels.py and gpu/fused_ops.py concatenate the files; nothing is #included): integer typedefs, unaligned little-endian loads, fp16 -> f32
 // with its host twin (tests/test_gpu_kernel_source.py compiles the per-type code with g++), and
 // the K-quant 6-bit scale helper.
 typedef unsigned char u8;
