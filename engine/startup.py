@@ -40,6 +40,7 @@ from strata.packer.packfmt import METADATA_FILE, POOL_FILE, sources_modified
 
 from .checkpoints import Checkpoint, Checkpoints
 from .core import Device, Engine, EngineOptions
+from .cpu.weights import CpuWeights
 from .decoder import Decoder, State
 from .errors import GenerateError, StageTimesRefused, StartupRefused
 from .experts import CpuExpertCache, CpuExpertPath, ExpertPath, ShardExperts, resident_pairs
@@ -47,7 +48,6 @@ from .loader import LoadError, LoadPlan, check_pack
 from .models import UnsupportedModel, recipe_for
 from .numerics import numerics as get_numerics
 from .tokenizer import load_tokenizer
-from .weights import CpuWeights
 
 #: The devices :func:`load_engine` knows (``--device``); ``cuda`` and ``sim`` live in strata.engine.gpu.
 DEVICES = ("cpu", "cuda", "sim")

@@ -29,9 +29,9 @@ from strata.packer import quants
 from strata.packer.pack import Pack
 from strata.packer.packfmt import IndexEntry
 
-from .cpu import kernels as CK
-from .dequant import dequantize_rows
-from .numerics import Numerics, numerics, quantize_activation
+from ..dequant import dequantize_rows
+from ..numerics import Numerics, numerics, quantize_activation
+from . import kernels as CK
 
 
 class Weights(Protocol):
