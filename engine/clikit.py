@@ -15,12 +15,12 @@ from strata.packer.pack import not_a_pack
 from strata.packer.packfmt import PackFormatError
 
 from .checkpoints import Checkpoint
-from .cpu.weights import WeightError
 from .dequant import DequantError
 from .errors import GenerateError
 from .loader import LoadError
 from .models import UnsupportedModel
 from .tokenizer import TokenizerError
+from .weights import WeightError
 
 #: Exceptions a command reports as a refusal (exit 2, one line naming the file, tensor or numbers).
 REFUSALS = (

@@ -14,12 +14,12 @@ from strata.manifests.contract import Geometry
 from strata.packer.pack import Pack
 
 from .checkpoints import Checkpoint
-from .cpu.weights import Weights
 from .decoder import Decoder, State
 from .experts import ExpertPath
 from .loader import LoadPlan
 from .numerics import DEFAULT_NUMERICS
 from .tokenizer import Tokenizer
+from .weights import Weights
 
 
 class StepProbe(Protocol):

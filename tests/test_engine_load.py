@@ -219,7 +219,7 @@ def test_missing_native_experts_file(packs, tmp_path):
 
 
 def test_bf16_promoted_tensor_that_is_not_bf16_exact_is_refused(packs, tmp_path):
-    from strata.engine.cpu.weights import WeightError
+    from strata.engine.weights import WeightError
     from strata.packer.pack import open_pack
 
     pack = _copy(packs["gemma3"], tmp_path / "p")

@@ -1,27 +1,16 @@
-"""Weight access for the forward pass: the small interface the models are written against.
+"""The CPU device's weight store (:class:`CpuWeights`, the :class:`strata.engine.weights.Weights` interface).
 
-A model never touches pool bytes. It asks its :class:`Weights` for
-
-- ``get(name)``: a small tensor as an f32 array (norm weights, biases, routers' vectors);
-- ``matmul(name, x)``: ``W @ x`` for a weight of ggml shape ``[ne0 = len(x), ne1]`` (the result
-  has ``ne1`` values) - the one place a device decides how a quantized weight meets an activation;
-- ``rows(name, ids)``: rows of a matrix (embedding lookup), f32 ``[len(ids), ne0]``;
-- ``has(name)``: whether an optional tensor (biases, fused qkv, output head) is in the pack.
-
-:class:`CpuWeights` is the CPU path: the pool stays memory-mapped read-only and every product runs
-the quantized kernels of :mod:`strata.engine.cpu.kernels` on the tensor's native blocks in place -
-no dequantized copy of any matrix is kept (a 30B-A3B pack's f32 copies would be ~120 GB). Only
-vectors (norms, biases: a few KB each) are held as f32. Start-up reads no weight bytes except the
-vectors' and the BF16-promoted tensors' (their bytes are checked), and it reads those with pread, not
-through the map: no page of the mapping is resident before the first token. The GPU path supplies its
-own object with the same methods (engine form in VRAM, its own kernels); ``xp`` tells the shared
-layers which array module the activations live in.
+The pool stays memory-mapped read-only and every product runs the quantized kernels of
+:mod:`strata.engine.cpu.kernels` on the tensor's native blocks in place - no dequantized copy of any
+matrix is kept (a 30B-A3B pack's f32 copies would be ~120 GB). Only vectors (norms, biases: a few KB
+each) are held as f32. Start-up reads no weight bytes except the vectors' and the BF16-promoted tensors'
+(their bytes are checked), and it reads those with pread, not through the map: no page of the mapping is
+resident before the first token.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Protocol
 
 import numpy as np
 
@@ -31,26 +20,8 @@ from strata.packer.packfmt import IndexEntry
 
 from ..dequant import dequantize_rows
 from ..numerics import Numerics, numerics, quantize_activation
+from ..weights import WeightError
 from . import kernels as CK
-
-
-class Weights(Protocol):
-    """What a forward pass may ask of a weight store (see the module docstring)."""
-
-    xp: Any
-    # optional: ``nx`` (a strata.engine.numerics.Numerics); a store without it runs the f32 profile
-
-    def has(self, name: str) -> bool: ...
-
-    def get(self, name: str) -> Any: ...
-
-    def matmul(self, name: str, x: Any) -> Any: ...
-
-    def rows(self, name: str, ids: list[int]) -> Any: ...
-
-
-class WeightError(ValueError):
-    """Weight bytes that are not what the index says (e.g. a BF16-promoted tensor that is not bf16-exact)."""
 
 
 def _rows(e: IndexEntry) -> int:
