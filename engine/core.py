@@ -1,6 +1,6 @@
 """The engine's core types: start-up options, the loaded engine, and what a device must do.
 
-Below :mod:`strata.engine.startup` (which runs the stages) and the devices (the CPU device there,
+Below :mod:`strata.engine.startup` (which runs the stages) and the devices (:mod:`strata.engine.cpu.device`,
 ``strata.engine.gpu.device``), so that both import these without importing each other.
 """
 
