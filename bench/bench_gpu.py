@@ -423,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from strata.engine.gpu import kernels as K
+    from strata.engine.kernel_src import assembly as A
     from strata.packer import quants
 
     ok, why = K.gpu_available()
@@ -435,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.types:
         types = [quants.by_name(s.strip()).id for s in a.types.split(",") if s.strip()]
     else:
-        types = sorted(K.SUPPORTED_TYPES, key=lambda i: quants.qtype(i).name)
+        types = sorted(A.SUPPORTED_TYPES, key=lambda i: quants.qtype(i).name)
     kern = [] if a.no_kernels else bench_kernels(types, a.mib, a.reps, copy)
     packs = [(p, p) for p in a.pack]
     if a.synth:

@@ -1,6 +1,6 @@
 """The engine's core types: start-up options, the loaded engine, and what a device must do.
 
-Below :mod:`strata.engine.startup` (which runs the stages) and the devices (the CPU device there,
+Below :mod:`strata.engine.startup` (which runs the stages) and the devices (:mod:`strata.engine.cpu.device`,
 ``strata.engine.gpu.device``), so that both import these without importing each other.
 """
 
@@ -48,7 +48,7 @@ class EngineOptions:
         exact: CPU products in the GPU kernels' summation order (bit-identical to the GPU; slower): the
             same as ``cpu_kernel="exact"``; ``cpu_kernel``: the CPU matvec kernels, ``"q8"`` (the default:
             llama.cpp's CPU numerics, activations quantized to Q8_0/Q8_K and integer dots), ``"exact"`` or
-            ``"f32"`` (:mod:`strata.engine.cpukernels`); ``threads``: CPU kernel threads (default: the
+            ``"f32"`` (:mod:`strata.engine.cpu.kernels`); ``threads``: CPU kernel threads (default: the
             cores this process may use).
         graph / fused / stage_times / warmup: the GPU decode step (:mod:`strata.engine.gpu.fused`).
         card: a card to emulate on the GPU (``--card``, a :class:`strata.budget.cards.Card`): free memory,

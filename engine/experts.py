@@ -7,8 +7,9 @@ Three pieces, each replaceable by the GPU path:
   for ``gate_bytes`` in shard ``gate_shard``; likewise up and down). ``weights(il, e)`` dequantizes
   one expert; nothing else is read, so an unused expert's pages are never touched.
 - an :class:`ExpertCache` - the resident set: ``resident(il, e)`` says whether expert ``e`` of
-  layer ``il`` is a hit, ``ffn(il, e, x)`` runs a hit. :class:`CpuExpertCache` is the CPU stand-in
-  (resident experts dequantized once at start-up); the GPU path plugs in its VRAM cache.
+  layer ``il`` is a hit, ``ffn(il, e, x)`` runs a hit. :class:`strata.engine.cpu.experts.CpuExpertCache` is the
+  CPU stand-in (a set of resident pairs; the CPU computes hits and misses alike); the GPU path plugs in its VRAM
+  cache.
 - :class:`ExpertPath` - per MoE layer, sends every selected expert to the cache (hit) or computes it
   from the shards (miss), then combines the outputs **in selection order**, whatever the split.
 
@@ -20,7 +21,7 @@ experts are resident. ``tests/test_engine_moe.py`` checks all / half / none resi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -29,8 +30,9 @@ import numpy as np
 from strata.packer import quants
 from strata.packer.packfmt import ExpertLayer
 
-from . import cpukernels, layers
+from . import layers
 from .checkpoints import proc_kib_bytes
+from .cpu import kernels as cpukernels
 from .dequant import dequantize_rows
 from .loader import LoadPlan
 
@@ -198,7 +200,7 @@ class ShardExperts:
         down products - so the threads spread over experts x rows. Row ``k`` is bit-identical to
         :meth:`ffn` of expert ``experts[k]`` alone (the same per-row code; the activation is elementwise).
 
-        ``kernel`` (default ``"exact"`` if ``exact`` else ``"q8"``, :data:`strata.engine.cpukernels.KERNELS`):
+        ``kernel`` (default ``"exact"`` if ``exact`` else ``"q8"``, :data:`strata.engine.cpu.kernels.KERNELS`):
         ``"exact"`` is the GPU kernels' summation order (with ``silu_mul=strata.engine.gpu.reference.silu_mul``
         a miss equals the GPU's hit bit for bit); ``"q8"`` llama.cpp's CPU numerics. ``silu_mul``: the
         activation on ``[len(experts), n_ff]`` arrays (default ``silu(g) * u``, :func:`strata.engine.layers.silu`).
@@ -267,43 +269,12 @@ class ShardExperts:
 
 
 class ExpertCache(Protocol):
-    """The resident set the hit path serves (GPU: VRAM slots; CPU: :class:`CpuExpertCache`)."""
+    """The resident set the hit path serves (GPU: VRAM slots; CPU:
+    :class:`strata.engine.cpu.experts.CpuExpertCache`)."""
 
     def resident(self, il: int, e: int) -> bool: ...
 
     def ffn(self, il: int, e: int, x: Any) -> Any: ...
-
-
-class CpuExpertCache:
-    """The CPU stand-in for the VRAM expert cache: the set of resident (layer, expert) pairs. On the
-    CPU every expert is computed from the mapped shard by the same kernels, hit or miss (so the
-    result cannot depend on residency); the set only decides the hit/miss counts. Holds no weights
-    (``nbytes`` 0). ``kernel``: as :meth:`ShardExperts.ffn_many` (default ``"exact"`` if ``exact`` else ``"q8"``)."""
-
-    nbytes = 0
-
-    def __init__(
-        self,
-        source: ShardExperts,
-        pairs: Iterable[tuple[int, int]],
-        act_quant: bool = False,
-        exact: bool = False,
-        threads: int | None = None,
-        kernel: str | None = None,
-    ):
-        self._pairs = set(pairs)
-        self._source = source
-        self._act_quant, self._threads = act_quant, threads
-        self._kernel = kernel or ("exact" if exact else "q8")
-
-    def __len__(self) -> int:
-        return len(self._pairs)
-
-    def resident(self, il: int, e: int) -> bool:
-        return (il, e) in self._pairs
-
-    def ffn(self, il: int, e: int, x: np.ndarray) -> np.ndarray:
-        return self._source.ffn(il, e, x, threads=self._threads, act_quant=self._act_quant, kernel=self._kernel)
 
 
 def resident_pairs(policy: str | float, layers_: list[int], n_expert: int) -> list[tuple[int, int]]:
@@ -422,18 +393,3 @@ class ExpertPath:
         """(hits, misses) since the previous call (summed over layers; resets like :meth:`take_step`)."""
         per = self.take_step()
         return sum(h for h, _ in per.values()), sum(m for _, m in per.values())
-
-
-class CpuExpertPath(ExpertPath):
-    """The CPU engine's :class:`ExpertPath`: every selected expert of a layer - hit or miss, the CPU
-    computes both from the mapped shards with the same kernels - in one :meth:`ShardExperts.ffn_many`
-    (two OpenMP regions per layer instead of three per expert); each output is bit-identical to the
-    one-at-a-time path, so the combined sum is too. ``cache`` (a :class:`CpuExpertCache`) only decides
-    the hit/miss counts."""
-
-    def outputs(self, il: int, x, ids: list[int]) -> list:
-        ys = self.source.ffn_many(il, list(ids), x, threads=self.threads, act_quant=self.act_quant, kernel=self.kernel)
-        for e in ids:
-            hit = self.cache is not None and self.cache.resident(il, e)
-            self.count(il, int(hit), int(not hit))
-        return list(ys)

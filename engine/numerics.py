@@ -26,7 +26,7 @@ the GPU must give what the CPU path would have).
    ``quantize_row_q8_K_ref`` in ``ggml-quants.c``); F16 weights meet f16 activations, BF16 weights
    bf16 ones, F32 weights f32. Emulated here as ``x -> d * q`` followed by the same f32 GEMV: the
    integer dot products of llama.cpp then differ only by float summation order (~1e-7 relative).
-   The CPU's ``q8`` kernels (:mod:`strata.engine.cpukernels`, engine/cpu_q8.c; the CPU engine's default
+   The CPU's ``q8`` kernels (:mod:`strata.engine.cpu.kernels`, engine/cpu/cpu_q8.c; the CPU engine's default
    kernel) compute with exactly these values - ``quantize_q8_0`` / ``quantize_q8_K`` below are their
    definition, and tests/test_engine_cpu_q8.py checks both against ggml's own quantize_row_q8_0 /
    quantize_row_q8_K bit for bit - as integer block dots, like llama.cpp; where they run, the

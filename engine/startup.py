@@ -2,8 +2,8 @@
 
 :func:`load_engine` runs the stages below in this order, each timed and measured
 (:mod:`strata.engine.checkpoints`, printed by ``--verbose``). What a stage does on a device is the
-device's (:class:`Device`: :class:`CpuDevice` here, ``strata.engine.gpu.device.GpuDevice`` for
-``cuda`` and its NumPy simulation ``sim``); the order is written once, here:
+device's (:class:`Device`: :class:`strata.engine.cpu.device.CpuDevice`, ``strata.engine.gpu.device.GpuDevice``
+for ``cuda`` and its NumPy simulation ``sim``); the order is written once, here:
 
 1. ``pack``: the strict readers (:func:`strata.packer.packfmt.open_pack`), the geometry from
    geometry.txt, and every load-time assertion (:func:`strata.engine.loader.check_pack`) - all
@@ -28,7 +28,6 @@ reserve is still free (measured): a start that ate it is refused (incident 1).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,14 +40,13 @@ from strata.packer.packfmt import METADATA_FILE, POOL_FILE, sources_modified
 
 from .checkpoints import Checkpoint, Checkpoints
 from .core import Device, Engine, EngineOptions
-from .decoder import Decoder, State
+from .cpu.device import CpuDevice
+from .decoder import Decoder
 from .errors import GenerateError, StageTimesRefused, StartupRefused
-from .experts import CpuExpertCache, CpuExpertPath, ExpertPath, ShardExperts, resident_pairs
 from .loader import LoadError, LoadPlan, check_pack
 from .models import UnsupportedModel, recipe_for
 from .numerics import numerics as get_numerics
 from .tokenizer import load_tokenizer
-from .weights import CpuWeights
 
 #: The devices :func:`load_engine` knows (``--device``); ``cuda`` and ``sim`` live in strata.engine.gpu.
 DEVICES = ("cpu", "cuda", "sim")
@@ -99,11 +97,6 @@ def kv_cache_need_bytes(model: Decoder, n_ctx: int, kv: str, sliding: str = "rin
     return LK.kv_cache_bytes(layers, n_ctx, LK.ENGINE_PREFILL_CHUNK, kv, 1)
 
 
-def host_ram_bytes() -> int:
-    """Physical host memory: ``SC_PHYS_PAGES x SC_PAGE_SIZE``."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def check_ctx(
     model: Decoder,
     geom: Geometry,
@@ -144,92 +137,6 @@ def check_kv(kv: str) -> None:
             f"--kv {kv}: strata's engine stores K/V as {' or '.join(LK.ENGINE_KV_TYPES)} "
             f"({kv} is budgeted by strata-budget for other engines only)"
         )
-
-
-# ------------------------------------------------------------------ the CPU device
-
-
-class CpuDevice:
-    """The NumPy path: dense weights held by :class:`strata.engine.weights.CpuWeights`, resident
-    experts by :class:`strata.engine.experts.CpuExpertCache` (chosen by ``resident``), the rest
-    computed from the memory-mapped shards."""
-
-    name = "cpu"
-
-    def describe(self) -> str:
-        return "CPU (NumPy)"
-
-    def check_options(self, opts: EngineOptions) -> None:
-        if opts.stage_times:
-            raise GenerateError("--stage-times: per-stage device timers exist on --device cuda only")
-
-    def mark(self, stage: str, note: dict) -> None:
-        pass
-
-    def memory_available(self) -> tuple[int, str]:
-        return host_ram_bytes(), "host RAM (SC_PHYS_PAGES x SC_PAGE_SIZE)"
-
-    def __init__(self, exact: bool = False, threads: int | None = None, kernel: str | None = None):
-        from .cpukernels import default_threads, kernel_for
-
-        # "q8" (llama.cpp's CPU numerics, the default), "exact" (the GPU's order) or "f32" (strata.engine.cpukernels)
-        self.kernel = kernel or ("exact" if exact else "q8")
-        kernel_for(0, self.kernel)  # refuse an unknown name now
-        self.exact, self.threads = self.kernel == "exact", threads or default_threads()
-
-    def make_weights(self, pack: Pack, plan: LoadPlan, nx) -> CpuWeights:
-        return CpuWeights(pack, plan.dense, nx, threads=self.threads, kernel=self.kernel)
-
-    def make_experts(self, plan: LoadPlan, nx) -> ExpertPath:
-        return CpuExpertPath(ShardExperts(plan), None, act_quant=nx.act_quant, threads=self.threads, kernel=self.kernel)
-
-    def load_weights(self, weights: CpuWeights, names: list[str], stage: str, note: dict) -> None:
-        before = weights.nbytes_f32
-        weights.load(names)
-        note["f32 vector KiB"] = round((weights.nbytes_f32 - before) / 2**10, 1)
-        what = {
-            "q8": "llama.cpp numerics (Q8 activations, integer dots)",
-            "exact": "GPU order (exact f32)",
-            "f32": "f32 dot",
-        }[self.kernel]
-        note["kernels"] = f"quantized, {what}, {self.threads} threads"
-
-    def open_session(self, model: Decoder, opts: EngineOptions, n_ctx: int, note: dict) -> State:
-        state = model.new_state(n_ctx, kv=opts.kv, sliding=opts.sliding)
-        note["n_ctx"] = n_ctx
-        note["kv"] = f"{opts.kv}, {opts.sliding}"
-        note["kv MiB"] = round(state.cache.nbytes / 2**20, 1)
-        return state
-
-    def prompt_path(self, model: Decoder, state: State, opts: EngineOptions, note: dict) -> Decoder:
-        from .cpukernels import library
-
-        types = set(model.w.types())
-        if model.experts is not None:
-            types |= {t for il in model.experts.source.layers for t in model.experts.source.types(il)}
-        for t in sorted(types):
-            library(t)  # build / load each type's kernels now, not at the first token
-        note["decode path"] = "NumPy step over quantized kernels, one position per step (the prompt too)"
-        note["kernel types"] = len(types)
-        return model
-
-    def open_expert_cache(self, experts: ExpertPath, geom: Geometry, opts: EngineOptions, note: dict) -> None:
-        n_expert = int(geom["n_expert"])
-        pairs = resident_pairs(opts.resident, experts.source.layers, n_expert)
-        experts.cache = CpuExpertCache(
-            experts.source, pairs, act_quant=experts.act_quant, threads=experts.threads, kernel=experts.kernel
-        )
-        note["resident"] = f"{len(pairs)} of {len(experts.source.layers) * n_expert} experts ({opts.resident})"
-
-    def load_drafter(self, pack: Pack, plan: LoadPlan, model: Decoder, note: dict) -> None:
-        note["draft tensors"] = len(plan.draft)
-        note["where"] = "kept in the memory-mapped pool (the CPU path does not run the draft head)"
-
-    def bind_drafter(self, plan: LoadPlan, model: Decoder, opts: EngineOptions, n_ctx: int, note: dict) -> None:
-        note["bind"] = "none on the CPU path"
-
-    def finish(self, engine: Engine) -> None:
-        pass
 
 
 def make_device(name: str, **kw) -> Device:
@@ -278,7 +185,7 @@ def load_engine(
     check_kv(opts.kv)
     if opts.threads is not None and not 1 <= int(opts.threads) <= 512:
         raise GenerateError(f"threads {opts.threads}: expected 1..512 (ggml's GGML_MAX_N_THREADS)")
-    from .cpukernels import KERNELS as CPU_KERNELS
+    from .cpu.kernels import KERNELS as CPU_KERNELS
 
     if opts.cpu_kernel is not None and opts.cpu_kernel not in CPU_KERNELS:
         raise GenerateError(f"cpu_kernel {opts.cpu_kernel!r}: expected one of {', '.join(CPU_KERNELS)}")
@@ -425,7 +332,6 @@ def unused_notes(recipe, plan: LoadPlan) -> list[str]:
 
 
 __all__ = [
-    "CpuDevice",
     "DEVICES",
     "Device",
     "Engine",
@@ -433,7 +339,6 @@ __all__ = [
     "STAGES",
     "check_ctx",
     "check_kv",
-    "host_ram_bytes",
     "kv_cache_need_bytes",
     "load_engine",
     "make_device",

@@ -23,7 +23,7 @@ FUSED_TOP_BYTES = 4 * (LOGIT_TOP_PARTS * (2 * LOGIT_TOP_K + 1) + LOGIT_TOP_WORDS
 
 def q8_act_bytes(n: int) -> int:
     """Bytes of one quantized activation vector of ``n`` values (``n`` a multiple of 32) as strata's q8 kernels lay
-    it out on both devices (engine/q8_layout.h ``act_nbytes_of``): int8 values, f32 block scales (one per 32
+    it out on both devices (engine/kernel_src/q8_layout.h ``act_nbytes_of``): int8 values, f32 block scales (one per 32
     slots), int16 sums per 16 and per 32 values, each plane padded to 64 bytes. The C function and this one are
     compared in tests/test_engine_cpu_q8.py."""
 

@@ -21,9 +21,9 @@ to know about that type:
 - **CPU dequantization**: a NumPy view (F32, F16), gguf-py 0.19.0's class
   ``gguf.quants.<NAME>``, or strata's own NumPy function (:mod:`strata.packer.dequant_own`, for
   Q1_0 / Q2_0, which gguf-py lacks); :mod:`strata.engine.dequant` dispatches through the row;
-- **GPU kernel**: whether ``engine/gpu/cuda/types/<NAME>.cuh`` exists;
-  :mod:`strata.engine.gpu.kernels` generates the kernel's ``QK`` / ``NF`` / ``PB`` defines from
-  the row (:func:`strata.engine.gpu.kernels.type_defines`).
+- **GPU kernel**: whether ``engine/kernel_src/types/<NAME>.cuh`` exists;
+  :mod:`strata.engine.kernel_src.assembly` generates the kernel's ``QK`` / ``NF`` / ``PB`` defines from
+  the row (:func:`strata.engine.kernel_src.assembly.type_defines`).
 
 A type is **engine-supported** when it has both a CPU dequantizer and a GPU kernel.
 
@@ -33,7 +33,7 @@ A type is **engine-supported** when it has both a CPU dequantizer and a GPU kern
   (``uint8[n_blocks, block_bytes] -> float32[n_blocks, block_elems]``) named by the row's
   ``own_dequantize``;
 - if the engine gets a kernel (``gpu_kernel=True``): one CUDA device-code file
-  ``engine/gpu/cuda/types/<NAME>.cuh`` defining ``deq_chunk`` (block types) or ``load_w``
+  ``engine/kernel_src/types/<NAME>.cuh`` defining ``deq_chunk`` (block types) or ``load_w``
   (plain types), bit-exact with the CPU dequantizer (tests/test_gpu_kernel_source.py checks it
   on the host, tests/test_gpu_kernels.py on a GPU).
 
@@ -130,11 +130,11 @@ class QuantType:
             None (no dequantizer in strata's stack).
         own_dequantize: strata's NumPy dequantizer (``uint8[n_blocks, block_bytes]`` ->
             ``float32[n_blocks, block_elems]``) when ``cpu_dequant == "strata"``, else None.
-        gpu_kernel: True when ``engine/gpu/cuda/types/<name>.cuh`` holds the type's CUDA device
+        gpu_kernel: True when ``engine/kernel_src/types/<name>.cuh`` holds the type's CUDA device
             code (:mod:`strata.engine.gpu.kernels`).
         q8_kernel: True when strata has the type's integer product with llama.cpp's CPU numerics (activation
-            quantized to ``act_format``), on the CPU (engine/cpu_q8_dots.c) and the GPU
-            (``engine/gpu/cuda/q8/<name>.cuh``), bit-identical to each other (the ``q8`` kernels).
+            quantized to ``act_format``), on the CPU (engine/cpu/cpu_q8_dots.c) and the GPU
+            (``engine/kernel_src/q8/<name>.cuh``), bit-identical to each other (the ``q8`` kernels).
     """
 
     id: int

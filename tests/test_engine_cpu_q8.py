@@ -1,4 +1,4 @@
-"""The CPU path's llama.cpp-numerics kernel (``kernel="q8"``, engine/cpu_q8.c + cpu_q8_dots.c), checked
+"""The CPU path's llama.cpp-numerics kernel (``kernel="q8"``, engine/cpu/cpu_q8.c + cpu_q8_dots.c), checked
 against NumPy definitions written here from the ggml sources, bit for bit where the order is ours:
 
 - the activation quantizers (Q8_0, Q8_K) give exactly the values of the ``llamacpp`` numerics profile
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from test_gpu_kernels import _wild_blocks
 
-from strata.engine import cpukernels as CK
+from strata.engine.cpu import kernels as CK
 from strata.engine.dequant import dequantize_rows
 from strata.engine.gpu import reference as R
 from strata.engine.numerics import quantize_activation
@@ -132,7 +132,7 @@ def _int_weights(t, raw: np.ndarray, rows: int, ne0: int) -> tuple[np.ndarray, n
 
 
 def _replay(t, raw: np.ndarray, rows: int, ne0: int, x: np.ndarray) -> np.ndarray:
-    """engine/cpu_q8.c's item 3 in NumPy float32, from exact int64 block sums."""
+    """engine/cpu/cpu_q8.c's item 3 in NumPy float32, from exact int64 block sums."""
     f = np.float32
     q, d, s = CK.quantize_activation(t.id, x)
     w, mins = _int_weights(t, raw, rows, ne0)
@@ -215,7 +215,7 @@ def test_simd_and_scalar_builds_give_the_same_bits(type_id):
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
 def test_exact_kernel_simd_block_dots_equal_the_scalar_build_and_the_gpu_replica(name):
-    """engine/cpu_exact_simd.c (the exact kernel's AVX2 block dots for Q4_K / Q6_K: value i of a block's 8 chunks
+    """engine/cpu/cpu_exact_simd.c (the exact kernel's AVX2 block dots for Q4_K / Q6_K: value i of a block's 8 chunks
     cut from transposed quant bytes) gives the scalar build's bits and the GPU replica's
     (strata.engine.gpu.reference.matvec), on valid blocks and on wild ones (any bytes: extreme scales, the
     non-finite results compared as NaN / inf where both are). Rows of 1, 3, 4, 5 and 7 blocks: every position
@@ -360,7 +360,7 @@ def test_q8_keeps_a_non_finite_activation_visible(name, bad):
     """A NaN or infinite activation makes every output row NaN (its block's scale is NaN), where a max over
     |x| would drop a NaN and quantize the block as zeros - finite garbage the engine's non-finite-logits check
     could not see. Finite inputs are untouched (the bit-exact tests above)."""
-    from strata.engine import cpukernels as C
+    from strata.engine.cpu import kernels as C
     from strata.packer import quants
     from strata.testing import make_random_blocks
 

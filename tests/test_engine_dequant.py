@@ -121,9 +121,9 @@ def test_row_size_mismatch_is_refused():
 def test_engine_supported_means_a_kernel_on_both_paths():
     """The registry's engine_supported is exactly the types with a CPU dequantizer and a GPU kernel
     (so the budget audit warns "no engine kernel" only for types the engine really cannot run)."""
-    from strata.engine.gpu import kernels as K
+    from strata.engine.kernel_src import assembly as A
 
-    assert set(ENGINE_TYPES) == set(K.SUPPORTED_TYPES)
+    assert set(ENGINE_TYPES) == set(A.SUPPORTED_TYPES)
     assert all(dequant.supported(t) for t in ENGINE_TYPES)
 
 

@@ -198,18 +198,19 @@ def _gen(pack, *args):
 
 
 def test_huge_ctx_refused_before_weights_with_kv_bytes_and_host_ram(pack, monkeypatch):
+    import strata.engine.cpu.device as D
     import strata.engine.startup as G
     from strata.layout import kv as LK
 
     loaded = []
-    monkeypatch.setattr(G.CpuWeights, "load", lambda self, names: loaded.append(names))
+    monkeypatch.setattr(D.CpuWeights, "load", lambda self, names: loaded.append(names))
     r = _gen(pack, "-n", "2", "--ctx", "1000000000")
     assert r.exit_code == 2, r.output
     assert loaded == []  # refused before any weight was loaded
     eng = load_engine(pack, n_ctx=64)
     need = G.kv_cache_need_bytes(eng.model, 1000000000, "f16")
     assert need == 1000000000 * G.kv_cache_need_bytes(eng.model, 1, "f16")
-    ram = G.host_ram_bytes()
+    ram = D.host_ram_bytes()
     assert (
         f"error: --ctx 1000000000: the KV cache (f16) would need {need} bytes" in r.stderr
         and "strata.layout.kv.kv_cache_bytes" in r.stderr

@@ -15,6 +15,7 @@ from test_engine_reference import load_fixture, synthetic_pack
 
 from strata.engine import experts as X
 from strata.engine import layers
+from strata.engine.cpu import experts as CX
 from strata.engine.generate import generate
 from strata.engine.startup import load_engine
 
@@ -151,7 +152,7 @@ def test_ffn_many_rows_are_each_expert_alone_bit_for_bit(moe_pack, kernel):
 def test_batched_cpu_expert_path_equals_one_at_a_time(moe_pack, numerics):
     eng = load_engine(moe_pack, n_ctx=32, resident="half", numerics=numerics)
     path = eng.experts
-    assert isinstance(path, X.CpuExpertPath)
+    assert isinstance(path, CX.CpuExpertPath)
     one = X.ExpertPath(path.source, path.cache, act_quant=path.act_quant, threads=path.threads, kernel=path.kernel)
     il = path.source.layers[1]
     x = np.random.default_rng(6).standard_normal(path.source.shapes[il].gate[0]).astype(np.float32)

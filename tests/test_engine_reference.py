@@ -44,7 +44,7 @@ f16 cache: with ``--kv f32`` the synthetic MoE drifts to 0.85, routing flips.)
 
 CPU kernels: each row names one (``cpu_kernel``). The figures above were measured with the ``f32`` dot;
 the CPU engine's default is now ``q8`` (llama.cpp's own arithmetic: Q8_0/Q8_K activations, integer block
-dots; strata.engine.cpukernels), whose figures are beside TOLERANCES - the same level, with the f32-profile
+dots; strata.engine.cpu.kernels), whose figures are beside TOLERANCES - the same level, with the f32-profile
 MoE rows closer (routing follows llama.cpp's more often) and the real models' f32-profile rows a little
 further (their activations are now quantized while attention stays f32).
 
@@ -68,7 +68,7 @@ from strata.engine.startup import load_engine
 FIXTURES = Path(__file__).parent / "fixtures" / "reference"
 
 #: (fixture, numerics, CPU kernel) -> (TOL_LOGIT, TOL_MEAN, TOL_MARGIN, MIN_CHECKED steps of all prompts).
-#: Kernel "q8" is the CPU engine's default (llama.cpp's integer dots, strata.engine.cpukernels); "f32" rows are
+#: Kernel "q8" is the CPU engine's default (llama.cpp's integer dots, strata.engine.cpu.kernels); "f32" rows are
 #: the f32 dot the figures of the module docstring were measured with (the default before the q8 kernel).
 TOLERANCES = {
     ("gemma3-270m", "f32", "f32"): (1.5, 0.3, 0.5, 48),

@@ -29,12 +29,13 @@ from strata.engine import engine_form as EF
 from strata.engine.dequant import OWN_DEQUANTIZERS, dequantize_blocks
 from strata.engine.gpu import kernels as K
 from strata.engine.gpu import reference as R
+from strata.engine.kernel_src import assembly as A
 from strata.packer import quants
 
 GPU_OK, GPU_WHY = K.gpu_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_OK, reason=f"needs CuPy and a CUDA GPU: {GPU_WHY}")]
 
-TYPES = sorted(K.SUPPORTED_TYPES, key=lambda i: quants.qtype(i).name)
+TYPES = sorted(A.SUPPORTED_TYPES, key=lambda i: quants.qtype(i).name)
 IDS = [quants.qtype(i).name for i in TYPES]
 U = 2.0**-24
 

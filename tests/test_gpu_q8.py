@@ -1,5 +1,5 @@
 """The GPU q8 kernels (strata.engine.gpu.kernels: ``quantize_q8``, ``matvec_q8`` and its batched / grouped forms)
-against the CPU's ``"q8"`` kernel (engine/cpu_q8.c, cpu_q8_dots.c), on a CUDA device: BIT FOR BIT.
+against the CPU's ``"q8"`` kernel (engine/cpu/cpu_q8.c, cpu_q8_dots.c), on a CUDA device: BIT FOR BIT.
 
 That equality is what lets the GPU path run llama.cpp's numerics while an expert computed on the CPU (a cache
 miss) still equals a hit: tokens that do not depend on the cache. Checked for every type with a q8 kernel, on
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from test_gpu_kernels import _random_blocks, _wild_blocks
 
-from strata.engine import cpukernels
 from strata.engine import engine_form as EF
+from strata.engine.cpu import kernels as cpukernels
 from strata.engine.gpu import kernels as K
 from strata.layout.step import q8_act_bytes
 from strata.packer import quants

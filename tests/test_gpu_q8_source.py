@@ -1,12 +1,12 @@
-"""The GPU q8 kernels' per-type code (``engine/gpu/cuda/q8/<TYPE>.cuh``: ``lane_sums``, ``blk_scales``), checked
+"""The GPU q8 kernels' per-type code (``engine/kernel_src/q8/<TYPE>.cuh``: ``lane_sums``, ``blk_scales``), checked
 WITHOUT a GPU: compiled as C++ with g++ (``-ffp-contract=off``, NVRTC's ``--fmad=false``; ``dp4a`` and
 ``load_words`` have host twins in prelude.cuh) behind a driver that runs matvec_q8.cu's per-row work lane by
 lane - every lane's integer share of a block, summed (integers: any order), then the float part in the kernel's
 order - on an activation quantized by the CPU library. The rows must equal the CPU's ``"q8"`` kernel
-(engine/cpu_q8_dots.c) BIT FOR BIT, for every q8 type on valid and wild blocks.
+(engine/cpu/cpu_q8_dots.c) BIT FOR BIT, for every q8 type on valid and wild blocks.
 
 This catches layout, lane-split and scale-unpacking mistakes in CI; the device's own run of the kernels is
-tests/test_gpu_q8.py. Also: the quantized activation's layout is one (engine/q8_layout.h): the C library's
+tests/test_gpu_q8.py. Also: the quantized activation's layout is one (engine/kernel_src/q8_layout.h): the C library's
 ``act_nbytes`` equals the layout's :func:`strata.layout.step.q8_act_bytes`. Skips without g++.
 """
 
@@ -20,8 +20,9 @@ import pytest
 from test_gpu_kernel_source import compile_host
 from test_gpu_kernels import _random_blocks, _wild_blocks
 
-from strata.engine import cpukernels
+from strata.engine.cpu import kernels as cpukernels
 from strata.engine.gpu import kernels as K
+from strata.engine.kernel_src import assembly as A
 from strata.layout.step import q8_act_bytes
 from strata.packer import quants
 
@@ -93,7 +94,7 @@ def host_q8(tmp_path_factory):
 
 
 def _activation(type_id: int, x: np.ndarray) -> np.ndarray:
-    """x quantized by the CPU library, laid out as engine/q8_layout.h says (q, d, s, t planes)."""
+    """x quantized by the CPU library, laid out as engine/kernel_src/q8_layout.h says (q, d, s, t planes)."""
     n = x.size
     q, d, s = cpukernels.quantize_activation(type_id, x)
     buf = np.zeros(q8_act_bytes(n), np.uint8)
@@ -140,12 +141,12 @@ def test_q8_lane_code_equals_the_cpu_q8_kernel(host_q8, type_id, kind):
 
 @pytest.mark.parametrize("n", [32, 64, 96, 256, 768, 2048, 2880, 3584, 18944])
 def test_q8_activation_layout_is_one(n):
-    """The C library's ``act_nbytes`` (engine/q8_layout.h) and the budget's formula are the same number."""
+    """The C library's ``act_nbytes`` (engine/kernel_src/q8_layout.h) and the budget's formula are the same number."""
     assert int(cpukernels.library(quants.by_name("Q4_K").id).act_nbytes(n)) == q8_act_bytes(n)
 
 
 def test_q8_types_have_their_files():
     """Every registry row with ``q8_kernel`` has its CUDA file, and no other type has one."""
-    files = {p.stem for p in (K.CUDA_DIR / "q8").glob("*.cuh")}
+    files = {p.stem for p in (A.SRC_DIR / "q8").glob("*.cuh")}
     assert files == {quants.qtype(i).name for i in K.Q8_GPU_TYPES}
     assert K.Q8_GPU_TYPES == cpukernels.Q8_TYPES

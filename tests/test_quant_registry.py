@@ -1,7 +1,7 @@
 """The registry row is the one definition of each per-type fact (strata.packer.quants): the CPU
-dequantizer it names exists where it says, the GPU kernel files under engine/gpu/cuda/types are
+dequantizer it names exists where it says, the per-type kernel files under engine/kernel_src/types are
 exactly the rows with ``gpu_kernel``, the kernels' QK/NF/PB defines come from the row, and the
-CUDA files are declared as package data (so a non-editable install ships them)."""
+CUDA and C files are declared as package data (so a non-editable install ships them)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from strata.engine import dequant
 from strata.engine import engine_form as EF
 from strata.engine.gpu import kernels as K
+from strata.engine.kernel_src import assembly as A
 from strata.packer import dequant_own, quants
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,10 +73,10 @@ def test_engine_geometry_of_the_row_is_the_engine_form_layout():
 
 
 def test_gpu_kernel_files_are_exactly_the_gpu_kernel_rows():
-    files = {p.stem for p in (K.CUDA_DIR / "types").glob("*.cuh")}
+    files = {p.stem for p in (A.SRC_DIR / "types").glob("*.cuh")}
     rows = {t.name for t in quants.QTYPES.values() if t.gpu_kernel}
     assert files == rows
-    assert set(K.SUPPORTED_TYPES) == {quants.by_name(n).id for n in rows}
+    assert set(A.SUPPORTED_TYPES) == {quants.by_name(n).id for n in rows}
 
 
 @pytest.mark.parametrize(
@@ -103,11 +104,11 @@ def test_gpu_kernel_files_are_exactly_the_gpu_kernel_rows():
 )
 def test_kernel_defines_are_generated_from_the_row(name, qk, nf, pb):
     t = quants.by_name(name)
-    assert K.type_defines(t.id) == f"#define QK {qk}\n#define NF {nf}\n#define PB {pb}\n"
+    assert A.type_defines(t.id) == f"#define QK {qk}\n#define NF {nf}\n#define PB {pb}\n"
     src = K.source_for(t.id)
-    assert src.count("#define QK ") == 1 and K.type_defines(t.id) in src
+    assert src.count("#define QK ") == 1 and A.type_defines(t.id) in src
     # the hand-written device code defines no block geometry of its own
-    assert not re.search(r"#define\s+(QK|NF|PB)\b", K.cuda_file(f"types/{name}.cuh"))
+    assert not re.search(r"#define\s+(QK|NF|PB)\b", A.source_file(f"types/{name}.cuh"))
 
 
 def test_no_gpu_kernel_is_refused_with_the_list():
@@ -133,13 +134,34 @@ def test_cuda_files_are_package_data():
     assert missing == []
 
 
+@pytest.mark.parametrize("pkg", ["strata.engine.kernel_src", "strata.engine.cpu"])
+def test_kernel_sources_are_package_data(pkg):
+    """Every source file under engine/kernel_src (the per-type device code both devices compile) and engine/cpu
+    (the CPU's C kernels) ships in the wheel: its folder is a package of pyproject.toml whose package-data globs
+    match it, and it is the folder the source assembly reads."""
+    from strata.engine.cpu import kernels as CK
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dirs = {p: (ROOT / d).resolve() for p, d in cfg["package-dir"].items() if p == pkg or p.startswith(pkg + ".")}
+    assert set(dirs) <= set(cfg["packages"])
+    assert {"strata.engine.kernel_src": A.SRC_DIR, "strata.engine.cpu": CK.HERE}[pkg] == dirs[pkg]
+    files = [p for p in dirs[pkg].rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")]
+    assert files
+    missing = []
+    for p in files:
+        owner = next((k for k, d in dirs.items() if p.parent == d), None)
+        if owner is None or not any(fnmatch.fnmatch(p.name, g) for g in cfg["package-data"].get(owner, [])):
+            missing.append(p.relative_to(dirs[pkg]).as_posix())
+    assert missing == []
+
+
 def test_fused_source_is_prelude_fused_file_and_logit_summary():
     from strata.engine.gpu import fused_ops as fused
 
     src = fused.fused_source()
     top = f"#define TOPK {fused.TOP_K}\n#define TOP_THREADS {fused.TOP_THREADS}\n"
     assert src == (
-        K.cuda_file("prelude.cuh") + K.q8_quant_source() + K.cuda_file("fused.cu") + top + K.cuda_file("logit_top.cu")
+        A.source_file("prelude.cuh") + K.q8_quant_source() + K.cuda_file("fused.cu") + top + K.cuda_file("logit_top.cu")
     )
     for name in fused.FUSED_KERNEL_NAMES:
         assert f'extern "C" __global__ void {name}(' in src

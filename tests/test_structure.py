@@ -6,6 +6,14 @@ Imports go one way: the contracts (``manifests/``) at the bottom, then the pack 
 and the pack format only. Within that: no import cycle between modules, no module importing another
 module's ``_private`` name, no module over 600 lines. Parsed with ``ast`` (every import, also inside
 functions), no code run.
+
+Inside the engine each device has its room (:data:`ENGINE_ROOMS`): ``engine/cpu/`` (the CPU device: its C
+kernels, weights, experts), ``engine/gpu/`` (the GPU device) and ``engine/kernel_src/`` (the per-type kernel
+sources both devices compile, and their assembly); the device-neutral modules (start-up, core, decoder, recipes,
+models, ...) sit in ``engine/`` and may use any room. ``strata.engine.cpu`` never imports ``strata.engine.gpu``,
+and ``strata.engine.kernel_src`` imports neither. The one arrow between the device rooms goes from the GPU to
+the CPU: the GPU package may import the CPU's kernels where it computes on the host (the ``sim`` backend's q8
+matvec, an embedding row read on the host; its expert misses run through :mod:`strata.engine.experts`).
 """
 
 from __future__ import annotations
@@ -25,6 +33,11 @@ ALLOWED = {
     "budget": {"manifests", "packer", "layout"},
     "engine": {"manifests", "packer", "layout", "budget"},
     "testing": {"manifests", "packer"},
+}
+#: engine room -> the engine packages it must not import (module docstring)
+ENGINE_ROOMS = {
+    "engine.cpu": {"engine.gpu"},
+    "engine.kernel_src": {"engine.cpu", "engine.gpu"},
 }
 MAX_LINES = 600
 
@@ -88,14 +101,30 @@ def _graph() -> dict[str, set[str]]:
     return g
 
 
+def _inside(mod: str, pkg: str) -> bool:
+    return mod == pkg or mod.startswith(pkg + ".")
+
+
+def _floor_violations(mod: str, target: str, names: list[str]) -> list[str]:
+    """What is wrong with ``mod`` importing ``names`` from ``target`` (as :func:`_imports` gives them): a package
+    importing one above it (:data:`ALLOWED`), or an engine room importing a room it must not
+    (:data:`ENGINE_ROOMS`; ``from strata.engine import gpu`` is an import of ``engine.gpu``). Empty if none."""
+    bad = []
+    top, other = mod.split(".")[0], target.split(".")[0]
+    if other in PACKAGES and other != top and other not in ALLOWED[top]:
+        bad.append(f"{mod} imports {target} ({top} may import {sorted(ALLOWED[top]) or 'nothing of strata'})")
+    for room, banned in ENGINE_ROOMS.items():
+        if _inside(mod, room):
+            for t, _n in _resolve(target, names):
+                bad += [f"{mod} imports {t} ({room} must not import {b})" for b in sorted(banned) if _inside(t, b)]
+    return bad
+
+
 def test_imports_go_down_the_floors():
     bad = []
     for mod, path in MODULES.items():
-        top = mod.split(".")[0]
-        for target, _names in _imports(mod, path):
-            other = target.split(".")[0]
-            if other in PACKAGES and other != top and other not in ALLOWED[top]:
-                bad.append(f"{mod} imports {target} ({top} may import {sorted(ALLOWED[top]) or 'nothing of strata'})")
+        for target, names in _imports(mod, path):
+            bad += _floor_violations(mod, target, names)
     assert bad == []
 
 
@@ -166,3 +195,38 @@ def test_the_check_can_fail(tmp_path):
     got = _imports("packer.sub.m", p)
     assert ("packer.sub.x" not in [t for t, _ in got]) and ("packer.sub", ["x"]) in got
     assert ("packer.engine", ["y"]) in got and ("budget.plan", []) in got and ("engine.gpu", ["kernels"]) in got
+
+
+@pytest.mark.parametrize(
+    "mod,src,want",
+    [
+        ("engine.cpu.m", "from ..gpu import kernels\n", "engine.cpu.m imports engine.gpu.kernels (engine.cpu must not"),
+        ("engine.cpu.m", "from strata.engine import gpu\n", "engine.cpu.m imports engine.gpu (engine.cpu must not"),
+        ("engine.cpu.m", "def f():\n    import strata.engine.gpu.fused\n", "engine.cpu.m imports engine.gpu.fused ("),
+        ("engine.kernel_src.m", "from ..cpu import kernels\n", "engine.kernel_src.m imports engine.cpu.kernels ("),
+        ("engine.kernel_src.m", "from strata.engine.gpu.kernels import cuda_file\n", "engine.kernel_src.m imports"),
+        ("budget.m", "from strata.engine.startup import load_engine\n", "budget.m imports engine.startup (budget may"),
+        ("budget.m", "from ..engine.cpu import kernels\n", "budget.m imports engine.cpu (budget may"),
+    ],
+)
+def test_the_floors_refuse_an_upward_import(tmp_path, mod, src, want):
+    # each rule reports a violating import (a floor that cannot fail is a defect)
+    p = tmp_path / "m.py"
+    p.write_text(src)
+    bad = [b for target, names in _imports(mod, p) for b in _floor_violations(mod, target, names)]
+    assert len(bad) == 1 and bad[0].startswith(want), bad
+
+
+@pytest.mark.parametrize(
+    "mod,src",
+    [
+        ("engine.gpu.m", "from ..cpu import kernels\nfrom ..kernel_src import assembly\n"),
+        ("engine.cpu.m", "from ..kernel_src import assembly\nfrom .. import experts\n"),
+        ("engine.m", "from .cpu import device\nfrom .gpu import device as gd\n"),
+        ("budget.m", "from strata.packer import quants\n"),
+    ],
+)
+def test_the_floors_let_a_downward_import_pass(tmp_path, mod, src):
+    p = tmp_path / "m.py"
+    p.write_text(src)
+    assert [b for target, names in _imports(mod, p) for b in _floor_violations(mod, target, names)] == []

@@ -291,7 +291,7 @@ class SimBackend(Backend):
     def matvec_q8(self, type_id, buf, rows, ne0, x, out=None):
         """The q8 product (llama.cpp's CPU numerics) by the CPU's ``"q8"`` kernel on the native blocks: what the
         device's ``matvec_q8`` gives bit for bit (tests/test_gpu_q8.py)."""
-        from strata.engine import cpukernels
+        from strata.engine.cpu import kernels as cpukernels
 
         key = (buf.__array_interface__["data"][0], buf.nbytes, type_id, rows, ne0, "native")
         raw = self._deq.get(key)

@@ -10,7 +10,7 @@ Gemma 3 270M's shape (bench/bench_gpu.py ``gemma_like_spec``) takes 1883 launche
 token on the generic path (counted as the nodes of one captured step), 49 ms per token.
 
 This module builds the step of a dense model (gemma3, qwen2) from a few fused kernels (CUDA source
-``cuda/fused.cu`` after ``cuda/prelude.cuh``: :func:`strata.engine.gpu.fused_ops.fused_source`), compiled
+``cuda/fused.cu`` after ``kernel_src/prelude.cuh``: :func:`strata.engine.gpu.fused_ops.fused_source`), compiled
 with the same IEEE options as the matvec kernels (:data:`strata.engine.gpu.kernels.NVRTC_OPTIONS`):
 
 - ``resid_norm``: residual add (plain, or of an RMS-normed branch: gemma's sandwich norms), or the
@@ -81,9 +81,12 @@ from ..errors import GenerateError, StageTimesRefused
 from ..recipe import Attention as AttentionSpec
 from ..recipe import DeltaNet, DenseFFN, MoEFFN
 from . import kernels as K
+from .fused_attn import build_attention_layer
 from .fused_gdn import GdnBuffers, build_delta_layer, gdn_unsupported
+from .fused_launch import Launch, MatvecLaunches
 from .fused_moe import MAX_EXPERTS_USED, MoeStep
-from .fused_ops import TOP_K, TOP_WORDS, AttnIO, CudaOps, Launch, MatvecLaunches, SimOps
+from .fused_ops import TOP_K, TOP_WORDS, CudaOps
+from .fused_sim import SimOps
 
 
 class FusedUnsupported(GenerateError):
@@ -322,7 +325,7 @@ class FusedDecoder:
                 o = build_delta_layer(self, il, add, mv, mv_group, sa)
                 norm(f"resid_norm L{il} +gdn, ffn norm", sa, o, None, None, norm_of(b.ffn_norm, il), 1.0, 1)
             else:
-                self._attention_layer(il, b, add, mv, mv_group, opt, norm_of, norm)
+                build_attention_layer(self, il, b, add, mv, mv_group, opt, norm_of, norm)
             if isinstance(b.ffn, MoEFFN):
                 assert self.moe is not None
                 f = self.moe.build_layer(il, b.ffn, add, mv, mv_group, self.act)
@@ -367,66 +370,6 @@ class FusedDecoder:
         """The activation format a matvec of ``type_id`` quantizes to in this step (1 = Q8_0, 2 = Q8_K), or 0: the
         exact kernel (``kernel="exact"``, or a type without a q8 kernel)."""
         return K.q8_act_format(type_id) if self.kernel == "q8" and type_id in K.Q8_GPU_TYPES else 0
-
-    def _attention_layer(self, il, b, add, mv, mv_group, opt, norm_of, norm) -> None:
-        """Layer ``il``'s attention launches (q/k/v, ``qk_prep``, ``attn``, the output gate when the query
-        projection carries one, the output projection) and the residual add fused with the FFN norm."""
-        m, ops, st = self.model, self._ops, self.state
-        A = m.attn[il]
-        n = A.names
-        sa = f"L{il} attn"
-        nq, nk = A.n_head * A.hd, A.n_head_kv * A.hd
-        if n.qkv is not None:
-            qkv = mv(n.qkv, self.xn, sa)
-            q, k, v = qkv[:nq], qkv[nq : nq + nk], qkv[nq + nk :]
-            bqkv = opt(n.qkv_bias)
-            qb, kb, vb = (None, None, None) if bqkv is None else (bqkv[:nq], bqkv[nq : nq + nk], bqkv[nq + nk :])
-        else:
-            q, k, v = mv_group([n.q, n.k, n.v], self.xn, sa)
-            qb, kb, vb = opt(n.q_bias), opt(n.k_bias), opt(n.v_bias)
-        rope = st.ropes[m.rope_key_of(il)]
-        L = AttnIO(
-            il=il,
-            q=q,
-            k=k,
-            v=v,
-            qb=qb,
-            kb=kb,
-            vb=vb,
-            qnw=opt(n.q_norm),
-            knw=opt(n.k_norm),
-            rope=rope,
-            cache=st.cache,
-            n_head=A.n_head,
-            n_kv=A.n_head_kv,
-            hd=A.hd,
-            hd_v=A.hd_v,
-            window=A.window,
-            eps=A.eps,
-            scale=A.scale,
-            scale_q=A.scale_q,
-            params=self.params_dev,
-            qo=self.qo,
-            ao=self.ao,
-            scores=self.scores,
-            q_stride=2 * A.hd if A.output_gate else A.hd,
-        )
-        add(f"qk_prep L{il}", sa, ops.qk_prep(L))
-        add(f"attn L{il}", sa, ops.attn(L))
-        if A.output_gate:  # qwen3next: the query projection's second half of every head gates the output
-            add(f"gate_mul L{il}", sa, ops.gate_mul(self.ao, q, A.n_head, A.hd))
-        o = mv(n.out, self.ao, sa)
-        post = norm_of(b.mixer_post_norm, il) if b.mixer_post_norm else None
-        norm(
-            f"resid_norm L{il} +attn{' post-norm' if post is not None else ''}, ffn norm",
-            sa,
-            o,
-            opt(n.out_bias),
-            post,
-            norm_of(b.ffn_norm, il),
-            1.0,
-            2 if post is not None else 1,
-        )
 
     @property
     def hybrid(self) -> bool:

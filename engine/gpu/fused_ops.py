@@ -1,6 +1,7 @@
-"""The kernels of the fused decode step and how one launch of each is bound (CUDA, or NumPy
-stand-ins on the ``sim`` backend). :mod:`strata.engine.gpu.fused` builds the step's launch list
-from these; the CUDA source is ``cuda/fused.cu`` (with the shared prelude).
+"""The kernels of the fused decode step and how one launch of each is bound on CUDA (:class:`CudaOps`; their
+NumPy stand-ins for the ``sim`` backend: :class:`strata.engine.gpu.fused_sim.SimOps`), and the records of what
+a layer's launches read and write. :mod:`strata.engine.gpu.fused` builds the step's launch list from these
+(:mod:`strata.engine.gpu.fused_launch`); the CUDA source is ``cuda/fused.cu`` (with the shared prelude).
 
 Each ``ops.X(...)`` returns a closure that performs one launch (or copy) with arguments bound once,
 so the list can be replayed eagerly or captured into a CUDA graph without rebuilding anything.
@@ -9,7 +10,6 @@ so the list can be replayed eagerly or captured into a CUDA graph without rebuil
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,14 +45,15 @@ TOP_THREADS = 256
 
 
 def fused_source() -> str:
-    """The CUDA source of the fused kernels: ``cuda/prelude.cuh`` + the q8 quantizers (``resid_norm`` quantizes
+    """The CUDA source of the fused kernels: ``kernel_src/prelude.cuh`` + the q8 quantizers (``resid_norm`` quantizes
     the row it normalizes) + ``cuda/fused.cu`` + ``cuda/logit_top.cu``
     (compiled with :data:`strata.engine.gpu.kernels.NVRTC_OPTIONS`)."""
+    from ..kernel_src import assembly as A
     from . import kernels as K
 
     top = f"#define TOPK {TOP_K}\n#define TOP_THREADS {TOP_THREADS}\n"
     return (
-        K.cuda_file("prelude.cuh") + K.q8_quant_source() + K.cuda_file("fused.cu") + top + K.cuda_file("logit_top.cu")
+        A.source_file("prelude.cuh") + K.q8_quant_source() + K.cuda_file("fused.cu") + top + K.cuda_file("logit_top.cu")
     )
 
 
@@ -71,98 +72,6 @@ def _threads(n: int, cap: int = 1024) -> int:
 
 #: Most weights one ``matvec_group`` launch takes (its parameters carry 4 addresses).
 MAX_GROUP = 4
-
-
-# ---------------------------------------------------------------------------- the launch list
-
-
-@dataclass
-class Launch:
-    """One entry of the step: a kernel launch or a copy (``kind``), in stage ``stage``."""
-
-    name: str
-    stage: str
-    run: Callable[[], None]
-    kind: str = "kernel"  # "kernel" | "memcpy" | "route" (host reads the routing) | "fill" (host fills misses)
-
-
-class MatvecLaunches:
-    """The step's matrix-vector launches, added to the list in order by ``add(name, stage, run)``: the exact
-    kernels, or - for a weight type ``q8_format`` gives a format (1 = Q8_0, 2 = Q8_K) - one ``quantize_q8`` of the
-    input into ``xq`` (``xq_cap`` values at most; reused in stream order) then the ``matvec_q8`` launches.
-    ``w``: the device weights (``matvec_args(name)`` = type, buffer, rows, ne0, output)."""
-
-    def __init__(self, ops, w, add, q8_format, xq, xq_cap: int, plan: list, xn=None, xnq=None):
-        self.ops, self.w, self.add, self.q8_format, self.xq, self.xq_cap = ops, w, add, q8_format, xq, xq_cap
-        self.plan, self.xn, self.xnq = plan, xn, xnq
-        self._pending: tuple[int, Callable[[int], Callable[[], None]]] | None = None
-        self._xn_fmt = 0
-
-    def normed(self, index: int, rebuild: Callable[[int], Callable[[], None]]) -> None:
-        """The launch at ``plan[index]`` (a ``resid_norm``) wrote a new ``xn``; ``rebuild(fmt)`` is that launch also
-        writing it quantized to ``fmt`` into ``xnq``. The first q8 matvec that reads this ``xn`` picks the format;
-        matvecs of that format then read ``xnq`` (no quantize launch), others quantize ``xn`` into ``xq``."""
-        self._pending, self._xn_fmt = (index, rebuild), 0
-
-    def input(self, x, fmt: int, n: int, stage: str, what: str):
-        """The quantized ``x`` for q8 matvecs of format ``fmt``: ``xnq`` when ``x`` is the normed row and its norm
-        writes that format (chosen here by its first reader), else one ``quantize_q8`` launch into ``xq``."""
-        if x is self.xn and self.xnq is not None:
-            if self._pending is not None:
-                index, rebuild = self._pending
-                self._pending = None
-                self.plan[index].run = rebuild(fmt)
-                self.plan[index].name += f" + quantize q8 ({'Q8_0' if fmt == 1 else 'Q8_K'})"
-                self._xn_fmt = fmt
-            if fmt == self._xn_fmt:
-                return self.xnq
-        self.quantize(x, fmt, n, stage, what)
-        return self.xq
-
-    def quantize(self, x, fmt: int, n: int, stage: str, what: str) -> None:
-        """One launch: ``x`` (``n`` values) quantized to ``fmt`` into ``xq`` for the q8 matvecs that follow."""
-        if n > self.xq_cap:
-            raise AssertionError(f"q8 input of {n} values > the buffer's {self.xq_cap}")
-        self.add(f"quantize q8 {what}", stage, self.ops.quantize(x, self.xq, fmt, n))
-
-    def mv(self, name: str, x, stage: str, out=None):
-        """``name`` @ ``x`` into its preallocated output (or ``out``); returns the output."""
-        t, buf, rows, ne0, o = self.w.matvec_args(name)
-        out = o if out is None else out
-        fmt = self.q8_format(t)
-        if fmt:
-            xq = self.input(x, fmt, ne0, stage, name)
-            self.add(f"matvec_q8 {name}", stage, self.ops.matvec(t, buf, rows, ne0, x, out, xq=xq))
-        else:
-            self.add(f"matvec {name}", stage, self.ops.matvec(t, buf, rows, ne0, x, out))
-        return out
-
-    def group(self, names: list[str], x, stage: str) -> list:
-        """Matvecs of ``names`` on one ``x``: one ``matvec_group`` launch per run of weights with the same type
-        and row length (q/k/v; gate/up), a plain matvec for a weight alone; with the q8 kernels ``x`` is quantized
-        once per activation format the weights meet. Returns the outputs in order."""
-        ops, args = self.ops, [self.w.matvec_args(nm) for nm in names]
-        for fmt in sorted({self.q8_format(a[0]) for a in args}):
-            sel = [i for i, a in enumerate(args) if self.q8_format(a[0]) == fmt]
-            xq = self.input(x, fmt, args[sel[0]][3], stage, " + ".join(names[i] for i in sel)) if fmt else None
-            kind = "matvec_q8" if fmt else "matvec"
-            i = 0
-            while i < len(sel):
-                j, a0 = i + 1, args[sel[i]]
-                while j < len(sel) and j - i < MAX_GROUP and args[sel[j]][0] == a0[0] and args[sel[j]][3] == a0[3]:
-                    j += 1
-                run = sel[i:j]
-                if len(run) == 1:
-                    self.add(f"{kind} {names[run[0]]}", stage, ops.matvec(a0[0], a0[1], a0[2], a0[3], x, a0[4], xq=xq))
-                else:
-                    parts = [(args[r][1], args[r][2], args[r][4]) for r in run]
-                    self.add(
-                        f"{kind}_group {' + '.join(names[r] for r in run)}",
-                        stage,
-                        ops.matvec_group(a0[0], parts, a0[3], x, xq=xq),
-                    )
-                i = j
-        return [a[4] for a in args]
 
 
 @dataclass
@@ -553,193 +462,6 @@ class CudaOps:
         return lambda: rt.memcpyAsync(dst_ptr, src.data.ptr, nbytes, rt.memcpyDeviceToHost, s.ptr)
 
 
-class SimOps:
-    """NumPy stand-ins of the fused kernels for the ``sim`` backend, written with the CPU path's own
-    layer functions (so a sim run equals the CPU path except for the matvec replica's order)."""
-
-    def __init__(self, backend):
-        self.bk = backend
-
-    def quantize(self, x, xq, fmt, n, rows=1, x_stride=0, out_stride=0):
-        """No work: the sim's q8 matvec quantizes its f32 input itself (the CPU kernel), as the device's equals."""
-        return lambda: None
-
-    def matvec(self, type_id, buf, rows, ne0, x, out, xq=None):
-        bk = self.bk
-        if xq is not None:
-            return lambda: bk.matvec_q8(type_id, buf, rows, ne0, x, out=out)
-        return lambda: bk.matvec(type_id, buf, rows, ne0, x, out=out)
-
-    def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode, xq=None, qfmt=0):
-        def run():  # xq / qfmt: nothing to write (the sim's q8 matvec quantizes its f32 input itself)
-            v = a if ab is None else a + ab
-            if mode == 0:
-                x[...] = v * np.float32(scale)
-            elif mode == 1:
-                x[...] = x + v
-            else:
-                x[...] = x + layers.rms_norm(np, v, wa, eps)
-            if w is not None:
-                xn[...] = layers.rms_norm(np, x, w, eps)
-
-        return run
-
-    def qk_prep(self, L: AttnIO):
-        def run():
-            pos = int(L.params[0])
-            q, k, v = L.q, L.k, L.v
-            if L.qb is not None:
-                q = q + L.qb
-            if L.kb is not None:
-                k = k + L.kb
-            if L.vb is not None:
-                v = v + L.vb
-            q = q.reshape(L.n_head, L.q_stride or L.hd)[:, : L.hd]
-            k = k.reshape(L.n_kv, L.hd)
-            if L.qnw is not None:
-                q = layers.rms_norm(np, q, L.qnw, L.eps)
-                k = layers.rms_norm(np, k, L.knw, L.eps)
-            q = L.rope(np, q, pos)
-            k = L.rope(np, k, pos)
-            L.cache.write(L.il, pos, k, v.reshape(L.n_kv, L.hd_v))
-            if L.scale_q:
-                q = q * np.float32(L.scale)
-            L.qo[...] = q.reshape(-1)
-
-        return run
-
-    def attn(self, L: AttnIO):
-        def run():
-            pos = int(L.params[0])
-            lo = 0 if L.window is None else max(0, pos + 1 - L.window)
-            K, V = L.cache.read(L.il, lo, pos)
-            L.ao[...] = layers.attend(np, L.qo.reshape(L.n_head, L.hd), K, V, L.kq_scale)
-
-        return run
-
-    def act_mul(self, g, u, out, kind):
-        f = layers.gelu_tanh if kind == "gelu" else layers.silu
-        return lambda: out.__setitem__(Ellipsis, f(np, g) * u)
-
-    def logit_post(self, y, bias, cap):
-        def run():
-            if bias is not None:
-                y[...] = y + bias
-            if cap:
-                y[...] = np.tanh(y * np.float32(1.0 / cap)) * np.float32(cap)
-
-        return run
-
-    def matvec_group(self, type_id, parts, ne0, x, xq=None):
-        bk = self.bk
-        mv = bk.matvec if xq is None else bk.matvec_q8
-
-        def run():
-            for buf, rows, out in parts:
-                out[...] = mv(type_id, buf, rows, ne0, x)
-
-        return run
-
-    def gate_mul(self, ao, qg, n_head, hd):
-        def run():
-            g = qg.reshape(n_head, 2 * hd)[:, hd:].reshape(-1)
-            ao[...] = ao * layers.sigmoid(np, g)
-
-        return run
-
-    def gdn_conv(self, G: GdnIO):
-        from ..deltanet import conv_silu
-
-        def run():
-            if int(G.params[0]) == 0:
-                G.cs[...] = 0
-            G.h[...] = conv_silu(np, G.qkv, G.cs, G.cw.reshape(G.dims.conv_dim, G.dims.d_conv))
-
-        return run
-
-    def gdn_step(self, G: GdnIO):
-        from ..deltanet import delta_rule
-
-        def run():
-            if int(G.params[0]) == 0:
-                G.S[...] = 0
-            G.o[...] = delta_rule(np, G.h, G.z, G.ba, G.S, G.dt_bias, G.ssm_a, G.norm_w, G.dims)
-
-        return run
-
-    def moe_route(self, M: MoeIO):
-        def run():
-            ids, w = layers.route_topk(np, M.logits, M.k, norm=M.norm)
-            M.weights[...] = w
-            base = int(M.storage_ptr[0])
-            for k, e in enumerate(ids):
-                slot = int(M.slot_of[M.il * M.n_expert + e])
-                b = base + slot * M.slot_bytes if slot >= 0 else 0
-                for j in range(3):
-                    M.bases[j * M.k + k] = b + M.offsets[j] if slot >= 0 else 0
-                M.info[k], M.info[M.k + k] = e, slot
-
-        return run
-
-    def matvec_batched(self, type_id, bases, rows, ne0, X, x_stride, out, storage=None, nbytes=0, xq=None, xq_stride=0):
-        bk = self.bk
-        mv = bk.matvec if xq is None else bk.matvec_q8
-
-        def run():
-            # sim addresses: 1 + byte offset into the slot storage (0: a miss, skipped)
-            store = storage()
-            for item in range(int(bases.size)):
-                b = int(bases[item])
-                if b == 0:
-                    continue
-                x = X[item * x_stride : item * x_stride + ne0] if x_stride else X[:ne0]
-                out[item * rows : (item + 1) * rows] = mv(type_id, store[b - 1 : b - 1 + nbytes], rows, ne0, x)
-
-        return run
-
-    def silu_mul(self, g, u, out):
-        bk = self.bk
-        return lambda: out.__setitem__(Ellipsis, bk.silu_mul(g, u))
-
-    def moe_combine(self, D, w, k, n, S, gdot, y):
-        def run():
-            acc = D[:n] * w[0]
-            for j in range(1, k):
-                acc = acc + D[j * n : (j + 1) * n] * w[j]
-            if S is not None:
-                acc = acc + S * layers.sigmoid(np, gdot[0])
-            y[...] = acc
-
-        return run
-
-    def h2d(self, dst, src, nbytes: int):
-        return lambda: dst.__setitem__(Ellipsis, src)
-
-    def d2h(self, dst, src, nbytes: int):
-        return lambda: dst.__setitem__(Ellipsis, src)
-
-    def logit_top_part(self, y, part):
-        return lambda: None  # the sim ranks in logit_top_final
-
-    def logit_top_final(self, part, out, y=None):
-        """``out`` (int32 [TOP_WORDS]) as cuda/logit_top.cu fills it, from ``y`` by top_k_pairs' definition."""
-        from ..sampling import top_k_pairs
-
-        def run():
-            bad = int(np.count_nonzero(~np.isfinite(y)))
-            out[...] = 0
-            out[0] = bad
-            if not bad:
-                pairs = top_k_pairs(y, TOP_K)
-                out[1 : 1 + len(pairs)] = [i for i, _ in pairs]
-                out[8 : 8 + len(pairs)] = np.array([v for _, v in pairs], dtype=np.float32).view(np.int32)
-
-        return run
-
-
-# ---------------------------------------------------------------------------- the decoder
-
-
 __all__ = [
     "ATTN_THREADS",
     "MAX_GROUP",
@@ -751,9 +473,7 @@ __all__ = [
     "CudaOps",
     "FUSED_KERNEL_NAMES",
     "GdnIO",
-    "Launch",
     "MoeIO",
-    "SimOps",
     "fused_kernels",
     "fused_source",
 ]

@@ -9,20 +9,15 @@ Every kernel reads the layout defined once in :mod:`strata.engine.engine_form`:
 - F32, F16, BF16 (BF16 = the pool's F32-from-BF16 re-rounded; ``u16 << 16`` is exact).
 
 **Where the CUDA lives.** Nothing is written in Python strings: the source of a module is the
-concatenation of files under ``cuda/`` (installed with the package), in this order:
+concatenation of files installed with the package, in this order:
 
-- ``cuda/prelude.cuh`` - typedefs, unaligned loads, ``h2f`` (with its host twin), ``scale_min_k4``;
-- the ggml lookup tables the type's code names, built from gguf-py's copies;
-- block types: :func:`type_defines` - ``QK`` / ``NF`` / ``PB`` GENERATED from the type's registry
-  row (:class:`strata.packer.quants.QuantType`: ``block_elems``, ``engine_scale_fields``,
-  ``engine_payload_bytes``; plain types' kernels index elements and need no block geometry);
-- ``cuda/types/<TYPE>.cuh`` - the type's only hand-written code: ``deq_chunk`` (block types) or
-  ``load_w`` (F32, F16, BF16);
+- the type's device code, shared with the CPU kernels: :func:`strata.engine.kernel_src.assembly.type_source`
+  (``engine/kernel_src/``: ``prelude.cuh``, the ggml lookup tables, the ``QK`` / ``NF`` / ``PB`` defines
+  generated from the type's registry row, ``types/<TYPE>.cuh``);
 - ``cuda/matvec_block.cu`` or ``cuda/matvec_plain.cu`` (``dequant`` and ``warp_dot``), then
   ``cuda/matvec.cu`` (``matvec``, ``matvec_batched``).
 
-:data:`SUPPORTED_TYPES` is the registry rows with ``gpu_kernel=True``; giving a new type a kernel
-is its row plus its ``types/<TYPE>.cuh`` (tests check that the files and the rows agree).
+:data:`strata.engine.kernel_src.assembly.SUPPORTED_TYPES` is the registry rows with ``gpu_kernel=True``.
 ``cuda/silu.cu`` holds ``silu_mul`` (its constants generated from
 :data:`strata.engine.gpu.reference.EXP_CONSTANTS`), ``cuda/fused.cu`` the fused decode-step kernels
 of :mod:`strata.engine.gpu.fused`.
@@ -58,11 +53,11 @@ pointers: e.g. the routed experts found in cache slots), one ``x`` row per item 
 all (``x_stride = 0``).
 
 **q8 numerics** (:func:`q8_kernels_for`, :func:`quantize_kernel`): llama.cpp's CPU numerics on the GPU,
-bit-identical to the CPU's ``"q8"`` kernel (engine/cpu_q8.c, cpu_q8_dots.c) - the activation quantized to
-Q8_0 / Q8_K by ``cuda/q8_act.cu`` exactly as the CPU quantizes it (one layout for both: engine/q8_layout.h),
+bit-identical to the CPU's ``"q8"`` kernel (engine/cpu/cpu_q8.c, cpu_q8_dots.c) - the activation quantized to
+Q8_0 / Q8_K by ``cuda/q8_act.cu`` exactly as the CPU quantizes it (one layout for both: engine/kernel_src/q8_layout.h),
 integer block dots by DP4A (exact), and the CPU's fixed f32 order for the block scales (``cuda/matvec_q8.cu``
-over the type's ``cuda/q8/<TYPE>.cuh``). For the types in :data:`Q8_GPU_TYPES` (the CPU's
-:data:`strata.engine.cpukernels.Q8_TYPES`); about one instruction per weight instead of the exact kernel's 7-8.
+over the type's ``kernel_src/q8/<TYPE>.cuh``). For the types in :data:`Q8_GPU_TYPES` (the CPU's
+:data:`strata.engine.cpu.kernels.Q8_TYPES`); about one instruction per weight instead of the exact kernel's 7-8.
 
 CuPy is imported lazily: importing this module without CuPy works; :func:`gpu_available` says
 why kernels cannot run.
@@ -73,7 +68,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,8 +75,9 @@ import numpy as np
 
 from strata.packer import quants
 
+from ..kernel_src import assembly as A
+
 __all__ = [
-    "SUPPORTED_TYPES",
     "gpu_available",
     "kernels_for",
     "dequantize",
@@ -91,7 +86,6 @@ __all__ = [
     "silu_mul",
     "matvec_error_depth",
     "source_for",
-    "type_defines",
     "cuda_file",
     "load_module",
     "check_matvec",
@@ -127,39 +121,22 @@ COMPILE_MODE: str | None = None
 WARPS_PER_CTA = 4
 ROWS_PER_WARP = int(os.environ.get("STRATA_MATVEC_RPW", "2"))
 MATVEC_MIN_BLOCKS = int(os.environ.get("STRATA_MATVEC_MIN_BLOCKS", "5"))
-#: ``STRATA_PLAIN_I2F=1``: the per-value int -> f32 conversions by I2F instead of prelude.cuh ``i2f``'s
-#: exact add-and-subtract (the same floats; for bench/matvec_variants.py and bench_gpu.py A/B runs only).
-PLAIN_I2F = os.environ.get("STRATA_PLAIN_I2F") == "1"
 ROWS_PER_CTA = WARPS_PER_CTA * ROWS_PER_WARP
 
-#: The CUDA source files, installed with the package (pyproject.toml package-data).
+#: The GPU's own CUDA source files (the kernels; the per-type device code is :mod:`strata.engine.kernel_src`'s),
+#: installed with the package (pyproject.toml package-data).
 CUDA_DIR = Path(__file__).resolve().parent / "cuda"
 
 
 @functools.cache
 def cuda_file(relpath: str) -> str:
-    """The text of ``cuda/<relpath>`` (e.g. ``"prelude.cuh"``, ``"types/Q4_K.cuh"``)."""
+    """The text of ``cuda/<relpath>`` (e.g. ``"matvec.cu"``, ``"q8_quant.cuh"``)."""
     return (CUDA_DIR / relpath).read_text(encoding="utf-8")
 
 
-def type_defines(type_id: int) -> str:
-    """The ``#define`` lines a type's kernels need, generated from its registry row:
-    ``QK`` = values per block (``block_elems``), ``NF`` = f32 scales per block in the engine
-    form's scale plane (``engine_scale_fields``; 0 for native blocks), ``PB`` = bytes per block in
-    the payload plane (``engine_payload_bytes``; the native block bytes for native types)."""
-    t = quants.qtype(type_id)
-    return f"#define QK {t.block_elems}\n#define NF {t.engine_scale_fields}\n#define PB {t.engine_payload_bytes}\n"
-
-
-#: ggml type ids with GPU kernels: the registry rows with ``gpu_kernel`` (each has ``cuda/types/<NAME>.cuh``).
-SUPPORTED_TYPES: frozenset[int] = frozenset(t.id for t in quants.QTYPES.values() if t.gpu_kernel)
-
-
-#: ggml type ids with q8 GPU kernels: the registry rows with ``q8_kernel`` (each has ``cuda/q8/<NAME>.cuh``; the
+#: ggml type ids with q8 GPU kernels: the registry rows with ``q8_kernel`` (each has ``kernel_src/q8/<NAME>.cuh``; the
 #: CPU's ``"q8"`` kernel covers the same set).
 Q8_GPU_TYPES: frozenset[int] = frozenset(t.id for t in quants.QTYPES.values() if t.q8_kernel)
-#: The quantized activation's layout (shared with the CPU kernels, engine/q8_layout.h).
-Q8_LAYOUT = CUDA_DIR.parent.parent / "q8_layout.h"
 
 
 def q8_act_format(type_id: int) -> int:
@@ -177,25 +154,13 @@ def q8_act_format(type_id: int) -> int:
     return 1 if quants.qtype(type_id).block_elems == 32 else 2
 
 
-def _q8_layout_source() -> str:
-    return "#define Q8_FN __device__ __forceinline__\n" + Q8_LAYOUT.read_text(encoding="utf-8") + "\n"
-
-
 def q8_source_for(type_id: int, *, with_kernels: bool = True) -> str:
-    """The CUDA source of ``type_id``'s q8 module: prelude, the activation layout, tables, generated defines,
-    ``q8_lane.cuh`` (the lane code's shared helpers), ``q8/<TYPE>.cuh`` and (``with_kernels``) ``matvec_q8.cu``.
+    """The CUDA source of ``type_id``'s q8 module: the type's q8 lane code
+    (:func:`strata.engine.kernel_src.assembly.q8_type_source`: prelude, the activation layout, tables, generated
+    defines, ``q8_lane.cuh``, ``q8/<TYPE>.cuh``) and (``with_kernels``) ``matvec_q8.cu``.
     Raises ValueError for a type without one."""
     q8_act_format(type_id)
-    t = quants.qtype(type_id)
-    type_code = cuda_file(f"q8/{t.name}.cuh")
-    code = (
-        cuda_file("prelude.cuh")
-        + _q8_layout_source()
-        + _tables_source(type_code)
-        + type_defines(t.id)
-        + cuda_file("q8_lane.cuh")
-        + type_code
-    )
+    code = A.q8_type_source(type_id)
     shape = f"#define Q8_WARPS {Q8_WARPS}\n#define Q8_RPW {Q8_RPW}\n"
     return code + shape + cuda_file("matvec_q8.cu") if with_kernels else code
 
@@ -233,7 +198,7 @@ def q8_kernels_for(type_id: int) -> Q8Kernels:
 @functools.lru_cache(maxsize=1)
 def quantize_kernel():
     """The compiled ``quantize_q8`` kernel (``cuda/q8_act.cu``; grid ``(ceil(n / 256), rows)``, 256 threads)."""
-    return load_module(cuda_file("prelude.cuh") + q8_quant_source() + cuda_file("q8_act.cu"), ("quantize_q8",))[
+    return load_module(A.source_file("prelude.cuh") + q8_quant_source() + cuda_file("q8_act.cu"), ("quantize_q8",))[
         "quantize_q8"
     ]
 
@@ -241,7 +206,7 @@ def quantize_kernel():
 def q8_quant_source() -> str:
     """The activation layout and the warp-level quantizers (``q8_quant.cuh``) - after the prelude, in the
     quantizer's module and the fused step's (whose ``resid_norm`` quantizes the row it normalizes)."""
-    return _q8_layout_source() + cuda_file("q8_quant.cuh")
+    return A.q8_layout_source() + cuda_file("q8_quant.cuh")
 
 
 def quantize_grid(n: int, fmt: int, rows: int = 1) -> tuple[int, int]:
@@ -261,10 +226,10 @@ def quantize_q8(
     out_stride: int | None = None,
 ):
     """Quantize ``rows`` activation rows of ``n`` f32 values each (``x``: cupy f32, row r at ``r * x_stride``
-    floats, default ``n``; ``n`` default ``x.size // rows``) to ``fmt`` (1 = Q8_0, 2 = Q8_K) in engine/q8_layout.h's
-    layout; returns ``cupy.uint8[rows * out_stride]`` (``out`` if given; ``out_stride`` default
-    :func:`strata.layout.step.q8_act_bytes` of ``n``). Bit for bit the CPU kernels' quantization
-    (:func:`strata.engine.cpukernels.quantize_activation`). Launches on the current CuPy stream.
+    floats, default ``n``; ``n`` default ``x.size // rows``) to ``fmt`` (1 = Q8_0, 2 = Q8_K) in
+    engine/kernel_src/q8_layout.h's layout; returns ``cupy.uint8[rows * out_stride]`` (``out`` if given;
+    ``out_stride`` default :func:`strata.layout.step.q8_act_bytes` of ``n``). Bit for bit the CPU kernels'
+    quantization (:func:`strata.engine.cpu.kernels.quantize_activation`). Launches on the current CuPy stream.
 
     Raises:
         ValueError: ``n`` not a positive multiple of the format's block (32 or 256), or an unknown format.
@@ -291,7 +256,7 @@ def quantize_q8(
 def matvec_q8(type_id: int, buf, rows: int, ne0: int, x, out=None):
     """``y = W @ x`` with the q8 numerics (module docstring) for an engine-form weight (ggml ``ne = (ne0,
     rows)``) and ``x = cupy.float32[ne0]``: quantizes ``x`` (:func:`quantize_q8`) then one ``matvec_q8``
-    launch; returns ``cupy.float32[rows]``, bit-identical to ``strata.engine.cpukernels.matvec(...,
+    launch; returns ``cupy.float32[rows]``, bit-identical to ``strata.engine.cpu.kernels.matvec(...,
     kernel="q8")`` on the native blocks.
 
     Raises:
@@ -315,65 +280,17 @@ def matvec_q8(type_id: int, buf, rows: int, ne0: int, x, out=None):
     return out
 
 
-def _c_array(ctype: str, name: str, values) -> str:
-    vals = ",".join(str(int(v)) for v in values)
-    return f"__device__ const {ctype} {name}[{len(values)}] = {{{vals}}};\n"
-
-
-@functools.cache
-def _tables_source(code: str) -> str:
-    """The ggml lookup tables that ``code`` uses (comments aside), as CUDA arrays built from
-    gguf-py's copies (byte-identical to ``ggml-common.h``: ksigns_iq2xs, kvalues_iq4nl,
-    iq2xxs_grid, iq2xs_grid, iq2s_grid, iq3xxs_grid)."""
-    from gguf import quants as gq
-
-    code = re.sub(r"//[^\n]*", "", code)
-
-    src = []
-    if "ksigns_iq2xs" in code:
-        src.append(_c_array("u8", "ksigns_iq2xs", np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8)))
-    if "kvalues_iq4nl" in code:
-        src.append(_c_array("i8", "kvalues_iq4nl", gq.IQ4_NL.kvalues))
-    for cls, name in (
-        (gq.IQ2_XXS, "iq2xxs_grid"),
-        (gq.IQ2_XS, "iq2xs_grid"),
-        (gq.IQ2_S, "iq2s_grid"),
-        (gq.IQ3_XXS, "iq3xxs_grid"),
-    ):
-        if name not in code:
-            continue
-        cls.init_grid()
-        g = np.asarray(cls.grid, dtype=np.float32).reshape(-1)
-        gi = g.astype(np.uint8)
-        assert np.array_equal(gi.astype(np.float32), g), name  # small non-negative integers
-        src.append(_c_array("u8", name, gi))
-    return "".join(src)
-
-
 def source_for(type_id: int, *, with_kernels: bool = True) -> str:
-    """The CUDA source of one type's module (dequant, matvec, matvec_batched): prelude, tables,
-    generated defines (block types), ``types/<TYPE>.cuh``, kernel bodies (module docstring). With
-    ``with_kernels=False`` only the per-type device code (prelude, tables, defines and
-    ``deq_chunk`` or ``load_w``): the part tests/test_gpu_kernel_source.py compiles and runs on
-    the host.
+    """The CUDA source of one type's module (dequant, matvec, matvec_batched): the type's device code
+    (:func:`strata.engine.kernel_src.assembly.type_source`: prelude, tables, generated defines (block types),
+    ``types/<TYPE>.cuh``) and the kernel bodies (module docstring). With ``with_kernels=False`` only the
+    per-type device code (``deq_chunk`` or ``load_w``): the part tests/test_gpu_kernel_source.py compiles
+    and runs on the host.
 
     Raises:
         NotImplementedError: the type has no GPU kernel (names the ones that have).
     """
-    t = quants.qtype(type_id)
-    if not t.gpu_kernel:
-        raise NotImplementedError(
-            f"no GPU kernel for {t.name} (type {t.id}); have {sorted(quants.qtype(i).name for i in SUPPORTED_TYPES)}"
-        )
-    plain = t.block_elems == 1
-    type_code = cuda_file(f"types/{t.name}.cuh")
-    code = (
-        ("#define STRATA_PLAIN_I2F 1\n" if PLAIN_I2F else "")
-        + cuda_file("prelude.cuh")
-        + _tables_source(type_code)
-        + ("" if plain else type_defines(t.id))
-        + type_code
-    )
+    code = A.type_source(type_id)
     if not with_kernels:
         return code
     shape = (
@@ -381,6 +298,7 @@ def source_for(type_id: int, *, with_kernels: bool = True) -> str:
         + (f"__launch_bounds__(32 * WARPS, {MATVEC_MIN_BLOCKS})" if MATVEC_MIN_BLOCKS > 0 else "")
         + "\n"
     )
+    plain = quants.qtype(type_id).block_elems == 1
     return code + shape + cuda_file("matvec_plain.cu" if plain else "matvec_block.cu") + cuda_file("matvec.cu")
 
 

@@ -167,7 +167,7 @@ class GpuExpertPath(ExpertPath):
     (``cpu_expert_ms``: host time computing misses and copying their outputs up; the wait for the
     expert's input to come down counts in :class:`strata.engine.layers.HostWait`).
 
-    ``kernel``: the CPU kernel of the misses on the generic path (:data:`strata.engine.cpukernels.KERNELS`):
+    ``kernel``: the CPU kernel of the misses on the generic path (:data:`strata.engine.cpu.kernels.KERNELS`):
     ``"exact"`` (the default: the exact GPU kernels' summation order, a miss bit-identical to a hit, so the
     tokens cannot depend on residency) or another kernel asked for; the fused step picks its own from its
     numerics (:meth:`strata.engine.gpu.fused_moe.MoeStep.miss_kernel`; docs/DESIGN.md "Misses equal hits").

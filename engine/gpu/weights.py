@@ -19,7 +19,7 @@ from strata.packer import quants
 from strata.packer.pack import Pack
 from strata.packer.packfmt import IndexEntry
 
-from .. import cpukernels
+from ..cpu import kernels as cpukernels
 from ..dequant import dequantize_rows
 from ..errors import GenerateError
 from .backend import Backend

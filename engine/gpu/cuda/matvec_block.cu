@@ -1,6 +1,6 @@
 // Kernels of the block types (QK > 1): dequant, and warp_dot for matvec.cu. Concatenated after
 // prelude.cuh, the ggml lookup tables the type uses, the type's generated defines
-// (kernels.type_defines, from its registry row: QK = values per block, NF = f32 scales per block
+// (kernel_src/assembly.type_defines, from its registry row: QK = values per block, NF = f32 scales per block
 // in the engine form's scale plane (0 = native block), PB = payload bytes per block in the payload
 // plane (the native block bytes when NF == 0)) and types/<TYPE>.cuh, which defines
 //   deq_chunk(const float* sc, const u8* q, int sub, float* y)
@@ -35,7 +35,7 @@ extern "C" __global__ void dequant(const u8* __restrict__ base, const i64 n_bloc
 // acc[r] = dot(W[row0 + r, :], x) for r < RPW, on one warp. Lane l takes chunks l, l+32, ... of
 // the row in ascending order: s = s + w[i] * x[i] over the chunk's 32 values, acc += s; then
 // a fixed xor butterfly. That is the whole arithmetic, and it is the same as one row at a time
-// (strata.engine.gpu.reference.matvec, engine/cpu_driver.c row_exact): bit-identical results.
+// (strata.engine.gpu.reference.matvec, engine/cpu/cpu_driver.c row_exact): bit-identical results.
 //
 // Where the bytes come from (not the arithmetic): the kernel walks the row in steps of 32 chunks.
 // Each step's x slice (32 x 32 floats) is staged ONCE PER CTA into a shared tile (every warp of

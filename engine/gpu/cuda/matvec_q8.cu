@@ -1,8 +1,8 @@
-// Matrix-vector products with llama.cpp's CPU numerics on the GPU: BIT-IDENTICAL to engine/cpu_q8_dots.c
-// (strata.engine.cpukernels kernel "q8"), so a q8 product gives the same bits on both devices - an expert
+// Matrix-vector products with llama.cpp's CPU numerics on the GPU: BIT-IDENTICAL to engine/cpu/cpu_q8_dots.c
+// (strata.engine.cpu.kernels kernel "q8"), so a q8 product gives the same bits on both devices - an expert
 // computed on the CPU (a cache miss) equals the same expert on the GPU (a hit).
 //
-// Concatenated after prelude.cuh, engine/q8_layout.h, the tables, the type's generated defines (QK, NF, PB) and
+// Concatenated after prelude.cuh, engine/kernel_src/q8_layout.h, the tables, the type's generated defines (QK, NF, PB) and
 // q8/<TYPE>.cuh, which defines Q8_FMT (1: Q8_0 activations, blocks of 32; 2: Q8_K, blocks of 256), LPB (lanes
 // per block), HAS_MIN, and
 //   lane_sums(sc, blk, y, ys, yt, p, &S, &M): lane p's share (p < LPB) of block blk's exact integer sums

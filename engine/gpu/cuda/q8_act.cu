@@ -1,5 +1,5 @@
 // Activation quantization of the GPU q8 kernels (strata.engine.gpu.kernels, q8 numerics): bit for bit
-// engine/cpu_q8.c quantize_q8_0 / quantize_q8_K / act_quantize, into the layout of engine/q8_layout.h
+// engine/cpu/cpu_q8.c quantize_q8_0 / quantize_q8_K / act_quantize, into the layout of engine/kernel_src/q8_layout.h
 // (concatenated before this file, after prelude.cuh, with q8_quant.cuh's warp functions). The rules (cpu_q8.c's
 // header, after ggml-quants.c):
 //   Q8_0 (fmt 1, blocks of 32): amax = max |x|; d = fp32(fp16(amax / 127)) (round to nearest even);

@@ -1,5 +1,5 @@
-// The q8 kernels' activation quantization as warp-level device functions: bit for bit engine/cpu_q8.c
-// quantize_q8_0 / quantize_q8_K / act_quantize (the rules are in q8_act.cu's header), into engine/q8_layout.h's
+// The q8 kernels' activation quantization as warp-level device functions: bit for bit engine/cpu/cpu_q8.c
+// quantize_q8_0 / quantize_q8_K / act_quantize (the rules are in q8_act.cu's header), into engine/kernel_src/q8_layout.h's
 // layout at o (a vector of n values). Used by q8_act.cu's quantize_q8 and by fused.cu's resid_norm (the normed row
 // quantized where it is made). Every lane of the warp calls them (shuffles); the warp owns block b.
 

@@ -1,4 +1,4 @@
-// The exact kernel's inner block for Q4_K and Q6_K with AVX2 (strata.engine.cpukernels; concatenated
+// The exact kernel's inner block for Q4_K and Q6_K with AVX2 (strata.engine.cpu.kernels; concatenated
 // before cpu_driver.c, which calls exact_block8 when EXACT_BLOCK8 is defined).
 //
 // The arithmetic is the exact kernel's, unchanged (cpu_driver.c row_exact, the GPU's warp_dot): for each

@@ -1,4 +1,4 @@
-// Helpers of the q8 lane code (q8/<TYPE>.cuh), concatenated before it by kernels.q8_source_for (after the type's
+// Helpers of the q8 lane code (q8/<TYPE>.cuh), concatenated before it by assembly.q8_type_source (after the type's
 // generated defines): 8-value integer dots and the widened types' block scale. Integers only: exact in any order.
 
 // c + the dot of 8 weight bytes (two words w, signed bytes) with 8 activation bytes (two words yv).

@@ -1,6 +1,6 @@
-// The quantized activation vector of strata's q8 kernels, ONE layout for the CPU (engine/cpu_q8.c) and the GPU
-// (engine/gpu/cuda/q8_act.cu, matvec_q8.cu): concatenated first by strata.engine.cpukernels.source (Q8_FN =
-// static inline) and strata.engine.gpu.kernels (Q8_FN = __device__ __forceinline__). For n values (n % 32 == 0):
+// The quantized activation vector of strata's q8 kernels, ONE layout for the CPU (engine/cpu/cpu_q8.c) and the GPU
+// (engine/gpu/cuda/q8_act.cu, matvec_q8.cu): concatenated first by strata.engine.kernel_src.assembly.q8_layout_source
+// (Q8_FN = static inline for the CPU, __device__ __forceinline__ for the GPU). For n values (n % 32 == 0):
 //   int8  q[n]         at 0                the quantized values
 //   f32   d[n / 32]    at act_d_off(n)     block scales (Q8_0: one per 32 values; Q8_K: one per 256, the rest unused)
 //   int16 s[n / 16]    at act_s_off(n)     sums of q per 16 values (ggml's Q8_K bsums)

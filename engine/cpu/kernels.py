@@ -2,9 +2,9 @@
 
 The CPU path keeps no dequantized copy of a quantized weight: every product reads the weight's
 native blocks (``pool.bin`` for dense tensors, the GGUF shard for a routed expert) and dequantizes
-them on the fly. The per-type code is the GPU's own (:mod:`strata.engine.gpu.kernels`:
-``cuda/prelude.cuh``, the generated ``QK``/``NF``/``PB`` defines, the lookup tables and
-``cuda/types/<TYPE>.cuh``), compiled for the host by the C compiler with ``engine/cpu_driver.c``:
+them on the fly. The per-type code is the GPU's own (:func:`strata.engine.kernel_src.assembly.type_source`:
+``kernel_src/prelude.cuh``, the generated ``QK``/``NF``/``PB`` defines, the lookup tables and
+``kernel_src/types/<TYPE>.cuh``), compiled for the host by the C compiler with ``engine/cpu/cpu_driver.c``:
 one definition of each ggml type for both devices.
 
 Three kernels (:data:`KERNELS`; ``kernel=`` of :func:`matvec`, :func:`matvec_many`):
@@ -14,7 +14,7 @@ Three kernels (:data:`KERNELS`; ``kernel=`` of :func:`matvec`, :func:`matvec_man
   bit-identical to the same expert computed on the GPU (a hit) - the design's "the hit path is all or
   nothing". Why compiled C and not a Python JIT: the same source as the GPU kernels means the CPU
   dequantizes exactly what the GPU dequantizes. ``x`` is laid out for the lanes once per call.
-- ``"q8"`` is llama.cpp's CPU numerics (``engine/cpu_q8.c``, ``cpu_q8_dots.c``): the activation quantized
+- ``"q8"`` is llama.cpp's CPU numerics (``engine/cpu/cpu_q8.c``, ``cpu_q8_dots.c``): the activation quantized
   once per product to Q8_0 / Q8_K exactly as ggml's ``quantize_row_q8_0`` / ``quantize_row_q8_K`` do (the
   values of :func:`strata.engine.numerics.quantize_activation`), integer block dots (exact), and a fixed
   f32 order for the block scales; AVX2 (+VNNI) intrinsics or portable C with the same bits. For the types
@@ -46,7 +46,8 @@ import numpy as np
 
 from strata.packer import quants
 
-from .errors import GenerateError
+from ..errors import GenerateError
+from ..kernel_src import assembly as A
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "cpu_driver.c"
@@ -54,8 +55,6 @@ DRIVER = HERE / "cpu_driver.c"
 EXACT_SIMD = HERE / "cpu_exact_simd.c"
 #: The quantized-activation (llama.cpp) kernels: the common part, then the per-type dots and entry points.
 Q8_SOURCES = (HERE / "cpu_q8.c", HERE / "cpu_q8_dots.c")
-#: The quantized activation's layout, shared with the GPU q8 kernels (concatenated before :data:`Q8_SOURCES`).
-Q8_LAYOUT = HERE / "q8_layout.h"
 #: Compiler flags: IEEE f32 (no contraction into FMA, no fast-math), the host's vector units, OpenMP.
 CFLAGS = (
     "-O3",
@@ -73,7 +72,7 @@ CFLAGS = (
 #: ``"q8-exact"`` the GPU path's q8 numerics: ``"q8"`` for :data:`Q8_TYPES`, ``"exact"`` for the rest (what the
 #: GPU's q8 step runs, so a miss computed here equals a hit bit for bit).
 KERNELS = ("exact", "f32", "q8", "q8-exact")
-#: Types with a ``"q8"`` kernel (engine/cpu_q8_dots.c); any other type runs ``"f32"`` when ``"q8"`` is asked.
+#: Types with a ``"q8"`` kernel (engine/cpu/cpu_q8_dots.c); any other type runs ``"f32"`` when ``"q8"`` is asked.
 #: IQ2/IQ3 types, IQ4_XS, Q4_1/Q5_1 (Q8_1 activations), Q1_0/Q2_0 and the plain types have none yet.
 Q8_TYPES: frozenset[int] = frozenset(t.id for t in quants.QTYPES.values() if t.q8_kernel)
 
@@ -121,22 +120,18 @@ def source(type_id: int, scalar: bool = False) -> str:
     type's device code (as the GPU compiles it, without the GPU kernels), the CPU driver and the
     quantized-activation kernels. ``scalar``: ``STRATA_SCALAR`` - the portable code without SIMD
     intrinsics (the same results; tests compare the two)."""
-    from .gpu import kernels as K
-
     t = quants.qtype(type_id)
     head = f"#define STRATA_T_{t.name} 1\n" + ("#define STRATA_SCALAR 1\n" if scalar else "")
     return (
         head
         + _STUBS
-        + K.source_for(type_id, with_kernels=False)
+        + A.type_source(type_id)
         + "\n"
         + EXACT_SIMD.read_text()
         + "\n"
         + DRIVER.read_text()
         + "\n"
-        + "#define Q8_FN static inline\n"
-        + Q8_LAYOUT.read_text()
-        + "\n"
+        + A.q8_layout_source("static inline")
         + "\n".join(p.read_text() for p in Q8_SOURCES)
     )
 
@@ -237,7 +232,8 @@ def scratch_bytes(type_id: int, kernel: str, ne0: int, nmat: int, threads: int) 
 
 @functools.cache
 def _act_nbytes(type_id: int, ne0: int) -> int:
-    """Bytes of one quantized activation of ``ne0`` values (engine/q8_layout.h), asked of the C library once."""
+    """Bytes of one quantized activation of ``ne0`` values (engine/kernel_src/q8_layout.h), asked of the C library
+    once."""
     return int(library(type_id).act_nbytes(ne0))
 
 
@@ -297,7 +293,7 @@ def matvec(
 
     ``kernel`` (:data:`KERNELS`; default ``"exact"`` if ``exact`` else ``"q8"``): ``"exact"`` sums in the
     GPU kernel's order (bit-identical to the GPU's matvec); ``"q8"`` quantizes ``x`` as llama.cpp's CPU
-    backend does for this weight type and takes integer block dots (engine/cpu_q8.c: the formats, the
+    backend does for this weight type and takes integer block dots (engine/cpu/cpu_q8.c: the formats, the
     rounding rules and the fixed float order; ``"f32"`` for a type outside :data:`Q8_TYPES`); ``"f32"``
     dequantizes a row and takes a 16-way f32 dot. The memory-mapped bytes are read in place (no copy).
 

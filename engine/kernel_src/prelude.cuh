@@ -1,7 +1,7 @@
-// Shared prelude of every CUDA module of strata.engine.gpu (kernels.py and fused.py concatenate
-// the files; nothing is #included): integer typedefs, unaligned little-endian loads, fp16 -> f32
-// with its host twin (tests/test_gpu_kernel_source.py compiles the per-type code with g++), and
-// the K-quant 6-bit scale helper.
+// Shared prelude of every CUDA module of strata.engine.gpu and of the CPU kernels (kernel_src/assembly.py,
+// gpu/kernels.py and gpu/fused_ops.py concatenate the files; nothing is #included): integer typedefs,
+// unaligned little-endian loads, fp16 -> f32 with its host twin (tests/test_gpu_kernel_source.py
+// compiles the per-type code with g++), and the K-quant 6-bit scale helper.
 typedef unsigned char u8;
 typedef signed char i8;
 typedef unsigned short u16;

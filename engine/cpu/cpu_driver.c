@@ -1,7 +1,7 @@
-// CPU driver of strata's quantized matrix-vector products (strata.engine.cpukernels).
+// CPU driver of strata's quantized matrix-vector products (strata.engine.cpu.kernels).
 //
 // Compiled for the host by the C compiler, once per ggml type, AFTER the type's device code:
-// engine/gpu/cuda/prelude.cuh + the generated QK/NF/PB defines + the lookup tables + types/<T>.cuh
+// engine/kernel_src/prelude.cuh + the generated QK/NF/PB defines + the lookup tables + types/<T>.cuh
 // (the very code NVRTC compiles for the GPU; the CUDA keywords are stubbed before it). So a value
 // dequantized here is the value the GPU dequantizes: one definition of each type.
 //

@@ -1,6 +1,6 @@
-// Quantized-activation matvec of strata's CPU path: llama.cpp's CPU numerics (strata.engine.cpukernels,
+// Quantized-activation matvec of strata's CPU path: llama.cpp's CPU numerics (strata.engine.cpu.kernels,
 // kernel "q8"). Compiled into each type's library after cpu_driver.c; the type is known by the
-// STRATA_T_<NAME> define cpukernels.source() puts first.
+// STRATA_T_<NAME> define strata.engine.cpu.kernels.source() puts first.
 //
 // What llama.cpp's CPU backend does for y = W @ x with a quantized W (ggml-cpu.c ggml_compute_forward_mul_mat:
 // the activation row is converted ONCE per matvec to type_traits_cpu[W.type].vec_dot_type, then every row is
@@ -20,7 +20,7 @@
 //
 // 2. Integer dot products per block, EXACT (int32; every product and sum is an integer well inside range, so the
 //    order of integer additions cannot change a bit). Weight formats (ggml-common.h block structs; the value
-//    layout as in engine/gpu/cuda/types/<T>.cuh, which the tests check against gguf-py):
+//    layout as in engine/kernel_src/types/<T>.cuh, which the tests check against gguf-py):
 //    - Q4_0: fp16 d, qs[16]: value j = (qs[j] & 15) - 8, value j+16 = (qs[j] >> 4) - 8.
 //    - Q5_0: fp16 d, qh (u32 LE), qs[16]: value j = ((qs[j] & 15) | bit j of qh << 4) - 16, j+16 likewise with
 //      qs[j] >> 4 and bit j+16.
@@ -120,7 +120,7 @@ void f16_round(const float* x, i64 n, float* out) {
 
 // ------------------------------------------------------------------ the quantized activation
 
-// One activation vector of n values: engine/q8_layout.h (act_d_off, act_s_off, act_t_off, act_nbytes_of), concatenated
+// One activation vector of n values: engine/kernel_src/q8_layout.h (act_d_off, act_s_off, act_t_off, act_nbytes_of), concatenated
 // first, the layout the GPU kernels read too.
 i64 act_nbytes(int n) { return act_nbytes_of(n); }
 
@@ -280,4 +280,4 @@ static inline float hsum8_f32(const float* a) {
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 
-// The per-type dots and the entry points follow (cpu_q8_dots.c, appended by strata.engine.cpukernels.source).
+// The per-type dots and the entry points follow (cpu_q8_dots.c, appended by strata.engine.cpu.kernels.source).
