@@ -19,6 +19,7 @@ from .audit import AuditError, AuditResult, audit_pack
 from .cards import Card, card_from_options, short_source
 from .errors import BudgetInputError
 from .options import (
+    AliasChoice,
     card_options,
     ctx_option,
     expert_cache_option,
@@ -27,7 +28,7 @@ from .options import (
     parse_expert_cache,
     reserve_option,
 )
-from .plan import DEFAULT_PREFILL_CHUNK, Plan, PlanOptions, make_plan
+from .plan import DEFAULT_PREFILL_CHUNK, ENGINE_ALIASES, Plan, PlanOptions, make_plan
 from .profile import read_profile
 
 EXIT_FITS, EXIT_NO_FIT, EXIT_SEMANTIC = 0, 1, 2
@@ -131,16 +132,16 @@ def main() -> None:
 @click.option(
     "--engine",
     "engine",
-    type=click.Choice(["strata", "documents"]),
+    type=AliasChoice(["strata", "cpp"], ENGINE_ALIASES),
     default="strata",
     show_default=True,
     help="The engine planned for: strata's own (one position per step, untied embeddings on the host, "
     "activation and runtime terms from what it allocates and loads; the --prefill, --prefill-model, "
-    "--logits-all and --embeddings-on-host options do not apply) or the documents' C++ engine.",
+    "--logits-all and --embeddings-on-host options do not apply) or the reference C++ engine (cpp).",
 )
 @click.option(
     "--prefill-model",
-    type=click.Choice(["geometry", "documents"]),
+    type=AliasChoice(["geometry", "cpp"], ENGINE_ALIASES),
     default="geometry",
     show_default=True,
     help="Activation buffers from the geometry (manifest act_per_token), or the reference C++ engine's "

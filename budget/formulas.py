@@ -2,9 +2,10 @@
 
 Every function is pure (typed numbers in, bytes out) and says its unit and its source. A VRAM
 plan is these terms summed in the engine's start-up order (docs/DESIGN.md "Start-up order"): CUDA
-context, dense weights in engine form (output head before the expert cache: incident 1), KV
-cache, recurrent state, prefill / activation buffers, then the expert cache takes what is free
-minus the reserve (incident 2), in slots of the largest per-expert blob in engine form.
+context, dense weights in engine form (output head before the expert cache: docs/DESIGN.md "The
+head before the cache"), KV cache, recurrent state, prefill / activation buffers, then the expert
+cache takes what is free minus the reserve (docs/DESIGN.md "Slots after the weights and the
+session"), in slots of the largest per-expert blob in engine form.
 
 Sizes are bytes unless a name says ``_mib`` (MiB = 2**20 bytes). "Elements" are tensor values.
 Type sizes come from the one registry, :mod:`strata.packer.quants`.
@@ -29,7 +30,7 @@ F32_BYTES = 4
 #: llama.cpp's ``--cache-type-k/v q8_0``; head_dim must be a multiple of 32.
 KV_CACHE_TYPES: dict[str, int] = {"f16": quants.F16.id, "int8": quants.by_name("Q8_0").id, "f32": quants.F32.id}
 #: The ``--kv`` choices strata's own engine implements (K/V arrays of float16 or float32; int8 is
-#: budgeted for the documents' engine only).
+#: budgeted for the reference C++ engine only).
 ENGINE_KV_TYPES: tuple[str, ...] = ("f16", "f32")
 #: Prompt positions strata's engine processes per step: its prompt path is the decode path, one position at
 #: a time (docs/DESIGN.md "The prompt goes through the decode path"), so a sliding-window layer needs its
@@ -40,11 +41,11 @@ ENGINE_PREFILL_CHUNK = 1
 #: leave odd offsets behind them; 256 keeps every part's loads aligned.
 EXPERT_PART_ALIGN = 256
 
-#: The documents' engine reserves its prompt path's chunk buffers as
+#: The reference C++ engine reserves its prompt path's chunk buffers as
 #: ``prefill_mib = chunk > 0 ? 160 + chunk * 680 / 1024 : 0`` (generate.cpp:2941-2960; docs/DESIGN.md
-#: "The automatic slot count"), constants measured for THEIR model. Kept as the "documents" prefill model.
+#: "The automatic slot count"), constants measured for ITS model. Kept as the "cpp" prefill model.
 #: Defaults shared by ``strata-budget check`` and ``strata-engine`` (one definition each):
-#: the VRAM reserve kept free after the expert cache (the documents' ``--vram-reserve-mib``), the KV
+#: the VRAM reserve kept free after the expert cache (the C++ engine's ``--vram-reserve-mib``), the KV
 #: cache type (llama.cpp's default ``--cache-type-k/v f16``) and the context: ``None`` = the model's
 #: trained context (``n_ctx_train``), llama.cpp's default (``common.h`` ``n_ctx = 0``: "context the
 #: model was trained with").
@@ -52,8 +53,8 @@ DEFAULT_RESERVE_MIB = 700
 DEFAULT_KV = "f16"
 DEFAULT_CTX: int | None = None
 
-DOCUMENTS_PREFILL_BASE_MIB = 160
-DOCUMENTS_PREFILL_KIB_PER_TOKEN = 680
+CPP_PREFILL_BASE_MIB = 160
+CPP_PREFILL_KIB_PER_TOKEN = 680
 
 
 def mib(nbytes: int) -> float:
@@ -81,7 +82,7 @@ def kv_row_bytes(elements: int, kv: str) -> int:
 class KVLayer:
     """One attention layer's per-token cache in elements: ``k`` and ``v`` = n_head_kv x head_dim
     (n_head_kv, never n_head), ``indexer_k`` = a sparse-attention indexer's ONE shared key head
-    (docs/DESIGN.md "Round 194: every budget term twice"), ``window`` = sliding window in tokens (None: the
+    (docs/DESIGN.md "Every budget term twice"), ``window`` = sliding window in tokens (None: the
     whole context). Multi-head latent attention (deepseek2) is the same two terms: ``k`` = the latent + the rope key
     (kv_lora_rank + rope dims, ONE "head"), ``v`` = 0 (llama.cpp allocates no V cache under MLA:
     llama-kv-cache.cpp ``has_v = !is_mla``); the manifest's [state] says so (manifests/deepseek2.toml)."""
@@ -103,7 +104,7 @@ def kv_tokens(n_ctx: int, window: int | None, chunk: int, kv_resident: int | Non
     with this function (``chunk`` = :data:`ENGINE_PREFILL_CHUNK`): a sliding-window layer is a ring
     buffer of exactly this many positions (position ``p`` in slot ``p % kv_tokens``).
 
-    - Full-context layer: ``n_ctx``, or ``kv_resident`` if smaller (the documents' ``--kv-resident``:
+    - Full-context layer: ``n_ctx``, or ``kv_resident`` if smaller (the C++ engine's ``--kv-resident``:
       the resident window; older positions stream from the host).
     - Sliding-window layer: ``min(n_ctx, window + max(chunk, 1) - 1)``: a position p attends to the
       ``window`` positions ``p - window + 1 .. p`` (llama.cpp ``llama_hparams::is_masked_swa``,
@@ -229,13 +230,13 @@ def activation_bytes(
     return F32_BYTES * (rows * act_per_token + logit_rows * logits_per_token)
 
 
-def documents_prefill_bytes(chunk: int) -> int:
-    """The documents' engine's prompt-path reserve (generate.cpp:2941-2960, C integer division):
-    ``(160 + chunk * 680 / 1024) MiB`` for ``chunk > 0``, else 0. Measured for the documents' model
-    only; strata uses :func:`activation_bytes` unless ``--prefill-model documents`` asks for this."""
+def cpp_prefill_bytes(chunk: int) -> int:
+    """The reference C++ engine's prompt-path reserve (generate.cpp:2941-2960, C integer division):
+    ``(160 + chunk * 680 / 1024) MiB`` for ``chunk > 0``, else 0. Measured for the qwen3next reference
+    model only; strata uses :func:`activation_bytes` unless ``--prefill-model cpp`` asks for this."""
     if chunk <= 0:
         return 0
-    return (DOCUMENTS_PREFILL_BASE_MIB + chunk * DOCUMENTS_PREFILL_KIB_PER_TOKEN // 1024) * MIB
+    return (CPP_PREFILL_BASE_MIB + chunk * CPP_PREFILL_KIB_PER_TOKEN // 1024) * MIB
 
 
 # ----------------------------------------------------------------------------- weights
@@ -319,7 +320,7 @@ def expert_slot_layout(
 def expert_slot_bytes(gate_type: int, up_type: int, down_type: int, n_embd: int, n_ff_exp: int) -> int:
     """Bytes one expert-cache slot must hold for an expert of these types: its engine-form blob
     (:func:`expert_blob_bytes` ``engine=True``) with each part aligned to :data:`EXPERT_PART_ALIGN`. Equal
-    to the blob whenever every part is a multiple of 256 B (the documents' model:
+    to the blob whenever every part is a multiple of 256 B (the qwen3next reference model:
     docs/DESIGN.md "Expert sizes change per layer")."""
     return expert_slot_layout(gate_type, up_type, down_type, n_embd, n_ff_exp)[1]
 
@@ -378,14 +379,14 @@ def driver_allocation_bytes(nbytes: int) -> int:
 
 
 def expert_slots(free_bytes: int, reserve_bytes: int, max_blob: int, cap: int | None = None) -> int:
-    """Automatic expert-cache slot count, as the documents' engine computes it (generate.cpp:2941-2960):
+    """Automatic expert-cache slot count, as the reference C++ engine computes it (generate.cpp:2941-2960):
     ``floor((free - reserve) / max_blob)``, never negative, capped at ``cap`` (the number of profiled
     (layer, expert) pairs when a profile is given, else every (layer, expert) pair). ``max_blob`` is the
     largest per-expert blob in engine form: every slot must hold any layer's expert. The cache is ONE
     allocation and, above :data:`DRIVER_PACKED_MAX_BYTES`, the driver takes it in whole
     :data:`DRIVER_PAGE_BYTES` pages: the count is the largest whose pages still leave the reserve free (a
-    smaller cache is packed into pages the driver already holds and counted at its size) (measured on the
-    H200, 2026-11-30: the unrounded count left 698.5 of 700 MiB free after start-up)."""
+    smaller cache is packed into pages the driver already holds and counted at its size; docs/DESIGN.md
+    "The automatic slot count")."""
     if max_blob <= 0:
         return 0
     room = free_bytes - reserve_bytes
@@ -496,11 +497,11 @@ def layer_ranges(pairs_per_layer: dict[int, int], slots: int) -> dict[int, int]:
 
 
 def fill_profile(pairs: Iterable[tuple[int, int, int]], slots: int) -> ProfileFill:
-    """The profile fill as the documents' engine runs it, once, at start-up (generate.cpp:3165, fix #369);
+    """The profile fill as the reference C++ engine runs it, once, at start-up (generate.cpp:3165);
     strata's engine loads its slots in ``order``, the planner reports the hit rate - one definition:
     pairs ``(layer, expert, count)`` ranked by routing count (descending; ties by layer, then expert),
     no eviction; a pair whose layer's range is full is skipped and the fill goes on (a full layer
-    skips only its own remaining pairs - the bug was ending the whole fill there).
+    skips only its own remaining pairs: docs/DESIGN.md "The profile fill").
 
     Raises:
         ValueError: a duplicate (layer, expert) pair or a negative count (naming it).

@@ -82,7 +82,7 @@ def draft_bind_bytes(
 ) -> int:
     """The draft head's bind buffers (bytes): what strata's engine allocates for a NextN / MTP draft head
     at the ``bind`` stage, after the expert cache, into room the cache sizing reserved for it (the
-    documents' ``reserve = (vram_reserve_mib + prefill_mib) MiB + draft_head_bind_bytes``,
+    C++ engine's ``reserve = (vram_reserve_mib + prefill_mib) MiB + draft_head_bind_bytes``,
     docs/DESIGN.md "The automatic slot count"): one f32 GEMV output per draft matrix
     (:func:`matvec_out_bytes`), an f32 copy of every draft vector whose engine form is not F32
     (:func:`vector_f32_bytes`), the draft blocks' K/V cache for ``n_ctx`` positions
@@ -90,8 +90,8 @@ def draft_bind_bytes(
     ``[embedding | hidden]`` row its ``eh_proj`` reads (``2 x n_embd``; llama.cpp qwen3next.cpp
     ``graph_mtp``). ``tensors``: ``(pool type, source type, ne)`` of the draft blocks' dense tensors.
     The buffers are one allocation, made in whole driver pages (:data:`BIND_PAGE_BYTES`) when larger
-    than :data:`BIND_PACKED_MAX_BYTES`: what the device takes, so the reserve holds all of it (measured on
-    the H200, 2026-11-30: 9,100,224 B asked took 10,485,760 B and left the reserve 1.25 MiB short)."""
+    than :data:`BIND_PACKED_MAX_BYTES`: what the device takes, so the reserve holds all of it
+    (docs/DESIGN.md "The drafter")."""
     total = 0
     for pool_t, src_t, ne in tensors:
         if quants.n_elements(ne) == int(ne[0]):

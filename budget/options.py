@@ -114,7 +114,20 @@ def expert_profile_option(f):
     )(f)
 
 
+class AliasChoice(click.Choice):
+    """A :class:`click.Choice` that also takes old names of its values (``aliases``: old -> new), read as
+    the new name and never listed in ``--help`` or in the invalid-choice message."""
+
+    def __init__(self, choices, aliases: dict[str, str], case_sensitive: bool = True):
+        super().__init__(choices, case_sensitive=case_sensitive)
+        self.aliases = dict(aliases)
+
+    def convert(self, value, param, ctx):
+        return super().convert(self.aliases.get(value, value), param, ctx)
+
+
 __all__ = [
+    "AliasChoice",
     "CARD_HELP",
     "CTX_HELP",
     "card_options",

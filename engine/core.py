@@ -53,8 +53,8 @@ class EngineOptions:
         graph / fused / stage_times / warmup: the GPU decode step (:mod:`strata.engine.gpu.fused`).
         card: a card to emulate on the GPU (``--card``, a :class:`strata.budget.cards.Card`): free memory,
             allocation failures and the automatic cache size as on that card (:mod:`strata.engine.gpu.card`).
-        stage_order: the start-up stages after ``pack`` in another order (tests of the documents'
-            incidents, :func:`strata.engine.startup.stage_order`); None: the one order.
+        stage_order: the start-up stages after ``pack`` in another order (tests of docs/DESIGN.md
+            "Start-up order", :func:`strata.engine.startup.stage_order`); None: the one order.
     """
 
     n_ctx: int | None = F.DEFAULT_CTX

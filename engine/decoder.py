@@ -255,7 +255,7 @@ class Decoder:
         if rec:
             st.recurrent = RecurrentState(self.xp, rec, self.delta_dims)
         ihd = self.indexer_head_dim
-        if ihd:  # the documents' engine keeps the indexer's ONE shared key head per position (round 194)
+        if ihd:  # the indexer's ONE shared key head per position (docs/DESIGN.md "Every budget term twice")
             dt = self.xp.float16 if kv == "f16" else self.xp.float32
             st.indexer = {
                 il: self.xp.zeros((n, ihd), dtype=dt)
@@ -267,7 +267,7 @@ class Decoder:
     @property
     def indexer_head_dim(self) -> int:
         """Width of a sparse-attention indexer's cached key (``indexer_head_dim``, one shared head), 0 without
-        one. The session holds its key store as the documents' engine does, so the KV term is what the
+        one. The session holds its key store as the reference C++ engine does, so the KV term is what the
         budget plans (:class:`strata.budget.formulas.KVLayer` ``indexer_k``); this forward pass does not
         compute the indexer (the model file says so), the store stays zero."""
         v = self.g.get("indexer_head_dim")

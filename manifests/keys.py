@@ -1,4 +1,4 @@
-"""Metadata keys: honoured or refused, never ignored (issue 12).
+"""Metadata keys: honoured or refused, never ignored.
 
 Every GGUF metadata key that llama.cpp's loader reads for an architecture (``src/llama-model.cpp``
 ``llama_model_base::load_hparams``, the architecture's ``load_arch_hparams`` in

@@ -1,15 +1,15 @@
-"""Card emulation and the documents' incidents on a real GPU (gpu-marked: skipped without CuPy and a GPU).
+"""Card emulation, start-up order and the reserve on a real GPU (gpu-marked: skipped without CuPy and a GPU).
 
 Two groups:
 
 - small synthetic packs (strata.testing presets) on an emulated card: the figures every checkpoint
   records, an allocation past the card refused, ``strata-engine measure --card`` exact;
-- the documents' full-size model (~47 GB, written by bench/device_docs.sh; set ``STRATA_DOCS_PACK`` to
+- the qwen3next reference model at full size (~47 GB, written by bench/device_docs.sh; set ``STRATA_DOCS_PACK`` to
   its pack, ``STRATA_DOCS_PROFILE`` to an expert profile of it) on the emulated 6G card, where a start
   is quick (few slots): the head loaded after the cache refused with the reserve eaten, the prompt path
   inside the plan, ``--expert-cache N`` above the fit refused with both numbers, the profile fill.
 
-The CI versions of the same logic run on the simulated card: tests/test_docs_incidents.py,
+The CI versions of the same logic run on the simulated card: tests/test_startup_reserve.py,
 tests/test_card_emulation.py.
 """
 
@@ -30,7 +30,7 @@ DOCS = os.environ.get("STRATA_DOCS_PACK")
 PROFILE = os.environ.get("STRATA_DOCS_PROFILE")
 need_docs = pytest.mark.skipif(
     not (DOCS and Path(DOCS).is_dir()),
-    reason="needs the documents' full-size pack: STRATA_DOCS_PACK (bench/device_docs.sh writes it)",
+    reason="needs the reference model's full-size pack: STRATA_DOCS_PACK (bench/device_docs.sh writes it)",
 )
 CTX = 4096
 
@@ -91,7 +91,7 @@ def test_cuda_measure_on_the_emulated_card(moe_pack):
     assert a.card_total_bytes == 2048 * F.MIB and a.physical_total_bytes > a.card_total_bytes
 
 
-# ------------------------------------------------------------------ the documents' model (full size)
+# ------------------------------------------------------------------ the qwen3next reference model (full size)
 
 
 @need_docs
