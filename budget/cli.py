@@ -92,7 +92,7 @@ def main() -> None:
       0    the plan fits
       1    it does not fit (or --expert-cache N was refused)
       2    a semantic error in the pack or bad input (unknown card, not a pack, unreadable
-           profile), printed as one `error: ...` line (with --json: the same object as a
+           expert profile), printed as one `error: ...` line (with --json: the same object as a
            success, verdict "error")
       130  interrupted by SIGINT (Ctrl-C); 143 by SIGTERM
       141  stdout was closed (`| head`)
@@ -192,7 +192,7 @@ def check(
          or --expert-cache N does not fit (refused with N and the most that fits)
       2  semantic error in the pack (every failure listed: tensor, found, required),
          or bad input (unknown, zero or > 16 TiB card size, no GPU for --card measure,
-         unreadable pack, bad profile, a profile for a model without routed experts,
+         unreadable pack, bad expert profile, one for a model without routed experts,
          a --kv type the model's K/V heads cannot be stored in): one line `error: ...`
     """
     t0 = time.perf_counter()

@@ -65,10 +65,8 @@ def allocation_rounding_bytes(sizes: Iterable[int], granularity: int, packed_max
     """Device memory the driver takes beyond what ``cudaMalloc`` was asked for: an allocation larger than
     ``packed_max`` bytes gets whole pages of ``granularity`` bytes (the remainder of its last page is
     unusable), smaller ones are packed together and lose only CuPy's rounding to 512 B. The constants are the card's
-    (``cards.toml`` ``cuda_alloc_granularity_kib`` / ``cuda_alloc_packed_max_kib``); the model explains why
-    the memory outside every allocator grew with the number of large allocations on the H200 (157 MiB at
-    Qwen3-30B-A3B scale with one allocation per tensor, 6 MiB on a 270M model) - the reason the engine
-    now allocates per stage arenas (:func:`arena_layout`)."""
+    (``cards.toml`` ``cuda_alloc_granularity_kib`` / ``cuda_alloc_packed_max_kib``); why the engine
+    allocates per-stage arenas (:func:`arena_layout`): docs/DESIGN.md "Kernel launch shapes"."""
     return sum(
         align_up(int(n), granularity) - int(n) if int(n) > packed_max else align_up(int(n), 512) - int(n) for n in sizes
     )

@@ -39,7 +39,7 @@ class EngineOptions:
         n_ctx: positions the KV cache holds; None = the model's trained context (``DEFAULT_CTX``).
         kv: KV cache type, ``f16`` (default, llama.cpp's) or ``f32``; ``sliding``: ``ring``
             (sliding-window layers keep their window only) or ``full`` (the reference for tests).
-        numerics: CPU numerics profile (:mod:`strata.engine.numerics`).
+        numerics: CPU numerics mode (:mod:`strata.engine.numerics`).
         resident: without a profile, the experts the cache may hold (``all`` | ``none`` | ``half`` |
             fraction, :func:`strata.engine.experts.resident_pairs`).
         expert_cache: GPU slots, ``"auto"`` or N; ``profile``: ``(layer, expert, count)`` rows that

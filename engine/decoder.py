@@ -128,7 +128,7 @@ class Decoder:
         self.g, self.recipe, self.w, self.experts = g, recipe, w, experts
         self.arch = g.arch
         self.xp = w.xp
-        # the numerics profile travels with the weight store (strata.engine.numerics); a store without one is f32
+        # the numerics mode travels with the weight store (strata.engine.numerics); a store without one is f32
         self.nx = getattr(w, "nx", None) or numerics("f32")
         self.hp = Hyper.from_geometry(g, recipe)
         self.kinds = list(g.layer_kinds[: g.n_trunk])  # draft blocks (NextN heads) come last and are not run
