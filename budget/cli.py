@@ -19,6 +19,7 @@ from .audit import AuditError, AuditResult, audit_pack
 from .cards import Card, card_from_options, short_source
 from .errors import BudgetInputError
 from .options import (
+    ENGINE_ALIASES,
     AliasChoice,
     card_options,
     ctx_option,
@@ -28,7 +29,7 @@ from .options import (
     parse_expert_cache,
     reserve_option,
 )
-from .plan import DEFAULT_PREFILL_CHUNK, ENGINE_ALIASES, Plan, PlanOptions, make_plan
+from .plan import DEFAULT_PREFILL_CHUNK, Plan, PlanOptions, make_plan
 from .profile import read_profile
 
 EXIT_FITS, EXIT_NO_FIT, EXIT_SEMANTIC = 0, 1, 2

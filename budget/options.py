@@ -114,6 +114,12 @@ def expert_profile_option(f):
     )(f)
 
 
+#: Old names of ``--engine`` / ``--prefill-model`` values, still accepted on input (command line and
+#: :class:`strata.budget.plan.PlanOptions`) and read as the new name; never listed in ``--help``
+#: (docs/DESIGN.md "The qwen3next reference model").
+ENGINE_ALIASES: dict[str, str] = {"documents": "cpp"}
+
+
 class AliasChoice(click.Choice):
     """A :class:`click.Choice` that also takes old names of its values (``aliases``: old -> new), read as
     the new name and never listed in ``--help`` or in the invalid-choice message."""
@@ -130,6 +136,7 @@ __all__ = [
     "AliasChoice",
     "CARD_HELP",
     "CTX_HELP",
+    "ENGINE_ALIASES",
     "card_options",
     "ctx_option",
     "expert_cache_option",

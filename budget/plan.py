@@ -27,6 +27,7 @@ from . import formulas as F
 from .cards import Card, check_mib
 from .errors import PlanInputError
 from .formulas import DEFAULT_RESERVE_MIB, MIB
+from .options import ENGINE_ALIASES
 from .plan_model import DenseTensor, ExpertLayerFacts, ModelFacts  # noqa: F401  (the plan's inputs, re-exported)
 from .profile import check_profile_pairs, layer_span
 
@@ -35,10 +36,6 @@ DEFAULT_PREFILL_CHUNK = 256
 #: The C++ engine's serve check calls less than this free LOW: a shrunk reserve is never suggested
 #: below it (docs/DESIGN.md "The reserve and the prompt buffers").
 LOW_MIB = 256
-#: Old names of ``--engine`` / ``--prefill-model`` values, still accepted on input (command line and
-#: PlanOptions) and read as the new name; never listed in ``--help`` (docs/DESIGN.md "The qwen3next
-#: reference model").
-ENGINE_ALIASES: dict[str, str] = {"documents": "cpp"}
 
 
 class PlanOptions(BaseModel):

@@ -14,9 +14,10 @@ import pytest
 
 from strata import testing as synth
 from strata.packer import quants
-from strata.packer.build import BuildError, build_pack
+from strata.packer.build import build_pack
 from strata.packer.gguf_file import GGUFError, open_model, read_header
 from strata.packer.pack import open_pack
+from strata.packer.pack_plan import BuildError
 from strata.packer.verify import VerifyError, verify_pack
 
 
