@@ -95,7 +95,7 @@ def test_cuda_measure_on_the_emulated_card(moe_pack):
 
 
 @need_docs
-def test_docs_head_after_the_cache_eats_the_reserve_and_is_refused():
+def test_reference_model_head_after_the_cache_eats_the_reserve_and_is_refused():
     from strata.engine.errors import StartupRefused
     from strata.engine.startup import load_engine
 
@@ -108,7 +108,7 @@ def test_docs_head_after_the_cache_eats_the_reserve_and_is_refused():
 
 
 @need_docs
-def test_docs_6g_prompt_path_inside_the_plan_or_refused_with_the_numbers():
+def test_reference_model_6g_prompt_path_inside_the_plan_or_refused_with_the_numbers():
     from strata.engine.errors import StartupRefused
     from strata.engine.measure import measure_pack, print_measurement
 
@@ -121,11 +121,11 @@ def test_docs_6g_prompt_path_inside_the_plan_or_refused_with_the_numbers():
     print_measurement(a)
     assert a.exact_ok and a.reserve_ok
     act = next(t for t in a.terms if t.term == "prefill/activations")
-    print(f"[docs 6G] prompt path: predicted {act.predicted_bytes} B, measured {act.measured_bytes} B")
+    print(f"[reference model 6G] prompt path: predicted {act.predicted_bytes} B, measured {act.measured_bytes} B")
 
 
 @need_docs
-def test_docs_expert_cache_above_the_fit_is_refused_with_both_numbers():
+def test_reference_model_expert_cache_above_the_fit_is_refused_with_both_numbers():
     from strata.engine.gpu.device import ExpertCacheError
     from strata.engine.startup import load_engine
 
@@ -140,7 +140,7 @@ def test_docs_expert_cache_above_the_fit_is_refused_with_both_numbers():
 
 @need_docs
 @pytest.mark.skipif(not (PROFILE and Path(PROFILE).is_file()), reason="needs STRATA_DOCS_PROFILE")
-def test_docs_profile_fill_skips_only_full_layers():
+def test_reference_model_profile_fill_skips_only_full_layers():
     from strata.budget.profile import read_profile
     from strata.engine.startup import load_engine
 
@@ -153,6 +153,6 @@ def test_docs_profile_fill_skips_only_full_layers():
     assert {il for il, _ in eng.experts.cache.where} == {L.layer for L in fill.layers if L.range}
     full = [L.layer for L in fill.layers if L.filled == L.range]
     print(
-        f"[docs 6G] {slots} slots, {len(fill.layers)} profiled layers, {len(full)} filled to their range, "
+        f"[reference model 6G] {slots} slots, {len(fill.layers)} profiled layers, {len(full)} filled to their range, "
         f"expected hit rate {fill.hit_rate:.2%}"
     )
