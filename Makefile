@@ -41,7 +41,7 @@ bench-moe: install
 bench-cpu: install
 	$(PYTHON) bench/bench_cpu.py $(if $(LCP),--lcp $(LCP),) $(if $(Q7B),--q7b,)
 
-# The documents' model (~47 GB, written pattern-filled) on emulated 24G / 16G / 12G cards: start-up per
+# The qwen3next reference model (~47 GB, written pattern-filled) on emulated 24G / 16G / 12G cards: start-up per
 # checkpoint, decode tok/s and CPU misses per token beside the budget's predicted slots and hit rate.
 # With DOCS_PACK=path/to/pack (and DOCS_PROFILE=profile.parquet) it measures that pack; without, it writes
 # the model, its packs and profile first (bench/device_docs.sh, on a GPU machine with ~64 GB of disk).

@@ -1,8 +1,8 @@
-"""Benchmark (not a test): `strata-budget check` on the documents' model.
+"""Benchmark (not a test): `strata-budget check` on the qwen3next reference model.
 
-Writes the documents' qwen3next geometry as a header-only sparse GGUF (n_embd 2560, 48 layers,
+Writes the qwen3next reference geometry as a header-only sparse GGUF (n_embd 2560, 48 layers,
 full attention every 4th layer, 512 experts of width 640, 150k vocab, 1,000+ tensors:
-``synth.documents_qwen3next_header_only``), builds its pack (the pool is a few GB of zeros on
+``synth.reference_model_header_only``), builds its pack (the pool is a few GB of zeros on
 disk), then times, best of ``--repeat`` warm runs:
 
 - the library audit alone (``audit_pack``) with the BF16 value scan, and without it (the rest),
@@ -10,11 +10,11 @@ disk), then times, best of ``--repeat`` warm runs:
 - the whole command in a child process (``strata-budget check PACK --card 24G --json``: interpreter
   start-up and imports included).
 
-The documents' own file has 891 tensors (747 dense + 144 expert tensors; the documents' real index
-listed 1,079, with tensor kinds no contract describes), so the run is repeated with the same
+The reference model's own file has 891 tensors (747 dense + 144 expert tensors; the C++ engine's real
+index listed 1,079, with tensor kinds no contract describes), so the run is repeated with the same
 geometry extended to 64 layers (same interval, same per-layer pattern): 1,187 tensors.
 
-Goal (issue 3): well under a second. Everything it writes is removed at the end.
+Goal: well under a second. Everything it writes is removed at the end.
 
     python bench/bench_budget.py [--dir /tmp] [--repeat 5] [--layers 48 64] [--keep]
 """
@@ -41,12 +41,12 @@ def best(fn, repeat: int) -> tuple[float, object]:
     return min(times), out
 
 
-def write_documents_model(path: Path, n_layers: int):
-    """The documents' qwen3next model (synth.documents_qwen3next_plan), with layers 48.. repeating
+def write_reference_model(path: Path, n_layers: int):
+    """The qwen3next reference model (synth.reference_model_plan), with layers 48.. repeating
     the pattern of layers 0.. when ``n_layers`` > 48 (48 is a multiple of the interval 4)."""
-    from strata.testing import documents_qwen3next_plan, write_header_only
+    from strata.testing import reference_model_plan, write_header_only
 
-    kv, tensors = documents_qwen3next_plan()
+    kv, tensors = reference_model_plan()
     if n_layers != 48:
         if n_layers < 48 or n_layers % 4:
             raise SystemExit(f"--layers {n_layers}: use 48 or more, a multiple of 4")
@@ -70,7 +70,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where to write the model and the pack")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--layers", type=int, nargs="+", default=[48, 64], help="layer counts to run (48 = the documents')")
+    ap.add_argument(
+        "--layers", type=int, nargs="+", default=[48, 64], help="layer counts to run (48 = the reference model's)"
+    )
     ap.add_argument("--keep", action="store_true", help="keep the files (default: removed)")
     args = ap.parse_args()
     for n in args.layers:
@@ -85,9 +87,9 @@ def run(args, n_layers: int) -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-budget-", dir=args.dir))
     try:
-        src = work / f"documents-qwen3next-{n_layers}L.gguf"
+        src = work / f"reference-qwen3next-{n_layers}L.gguf"
         t0 = time.perf_counter()
-        _lay, n_tensors = write_documents_model(src, n_layers)
+        _lay, n_tensors = write_reference_model(src, n_layers)
         t_write = time.perf_counter() - t0
         t0 = time.perf_counter()
         r = build_pack(src, work / "pack", progress=False)

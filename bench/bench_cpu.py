@@ -1,6 +1,6 @@
 """CPU decode: strata's CPU path against llama.cpp (llama-cpp-python) on the same GGUF files, same threads.
 
-Not a test (``make bench-cpu``; issue 9 part 1). For each model it builds a strata pack (cached under
+Not a test (``make bench-cpu``; README "On a GPU" has its rows). For each model it builds a strata pack (cached under
 ``--work``) and runs, each in its own process so that thread pools and memory do not mix:
 
 - strata (``strata.engine.startup.load_engine`` with ``cpu_kernel`` = each of ``--kernels``, default ``q8``:
@@ -45,7 +45,7 @@ REAL = ("gemma3-270m", "qwen2.5-0.5b")
 
 
 def q7b_spec():
-    """The synthetic Qwen2.5-7B geometry (issue 9's CPU row; pattern fill: real byte traffic, meaningless text)."""
+    """The synthetic Qwen2.5-7B geometry (the CPU table's row; pattern fill: real byte traffic, meaningless text)."""
     from strata import testing as synth
 
     return synth.qwen2_spec(

@@ -1,6 +1,7 @@
-"""The documents' model on emulated cards: the budget's prediction beside what the engine does (``make bench-docs``).
+"""The qwen3next reference model on emulated cards: the budget's prediction beside what the engine does
+(``make bench-docs``).
 
-Not a test: a benchmark for the GPU machine (issue 11). For each card (``--cards 24G,16G,12G``), in a
+Not a test: a benchmark for the GPU machine. For each card (``--cards 24G,16G,12G``), in a
 fresh process each (a CUDA context of its own):
 
 - ``strata-budget check PACK --card C --ctx N [--expert-profile P] --json``: the plan (every term,
@@ -16,7 +17,7 @@ fresh process each (a CUDA context of its own):
     python bench/bench_docs.py PACK [--cards 24G,16G,12G] [--ctx 4096] [--profile P] [-n 32]
                                [--variant big=PACK2@16G] [--json out.json] [--timeout 240]
 
-The pack: the documents' model written by bench/device_docs.sh (strata.testing.write_documents_model).
+The pack: the qwen3next reference model written by bench/device_docs.sh (strata.testing.write_reference_model).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """MoE (and dense) decode at real models' geometry: strata's engine vs llama.cpp on the same files.
 
-Not a test: a benchmark for the GPU machine (``make bench-moe``; issue 9's table). For each geometry
+Not a test: a benchmark for the GPU machine (``make bench-moe``; the decode table). For each geometry
 below it writes a synthetic GGUF of that shape with :func:`strata.testing.write_model`
 (``fill="pattern"``: one ~64 KiB random block pattern per tensor, tiled, so 18 GiB take seconds;
 random weights give meaningless text but real byte traffic), builds the pack, and measures:
@@ -86,8 +86,9 @@ def geometries():
             "context_length": 32768,
         },
     )
-    # the two small dense rows of issue 9, with the real files' type mix (the registry's Gemma 3 270M Q4_K_M and
-    # Qwen2.5 0.5B: n_embd 640 / 896 rows are not multiples of 256, so most of their tensors are Q5_0 / Q8_0)
+    # the two small dense rows of the decode table, with the real files' type mix (the registry's Gemma 3 270M
+    # Q4_K_M and Qwen2.5 0.5B: n_embd 640 / 896 rows are not multiples of 256, so most of their tensors are Q5_0
+    # / Q8_0)
     g270 = synth.gemma3_spec(
         name="synthetic Gemma-3-270M geometry",
         n_layers=18,
@@ -150,7 +151,7 @@ def _prompt_ids(n: int = 16) -> list[int]:
 
 def _rss_anon_mib() -> float | None:
     """This process's anonymous resident memory (MiB, /proc/self/status RssAnon; None off Linux): the
-    CPU path's bound of issue 9 (the weights stay in the page cache, file-backed)."""
+    CPU path's memory bound (the weights stay in the page cache, file-backed)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("RssAnon:"):

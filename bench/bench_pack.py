@@ -3,7 +3,7 @@
 Writes a synthetic qwen2-shaped GGUF of Q8_0 tensors (``synth.write_big_dense``: a tiled
 random block pattern, so writing it is fast), then in one run: `cp` of the file, `strata-pack build` (in a child
 process, so its peak RSS is measured alone), `cp` again. Prints seconds, the build/cp
-ratio and the build's peak RSS. Goals (issue 2): ratio <= 1.5, peak RSS < 300 MB whatever
+ratio and the build's peak RSS. Goals: ratio <= 1.5, peak RSS < 300 MB whatever
 the model size.
 
     python bench/bench_pack.py [--gib 2.0] [--dir /tmp]
@@ -33,20 +33,20 @@ def timed(cmd: list[str]) -> tuple[float, int]:
 
 
 def bench_header(d: Path) -> None:
-    """Header read of the documents' model (qwen3next, 48 layers, 512 experts, 150k vocab,
+    """Header read of the qwen3next reference model (qwen3next, 48 layers, 512 experts, 150k vocab,
     1,000+ tensors; sparse header-only file) with strata's reader, and gguf.GGUFReader on the
     cached real Gemma file (262k vocab) for comparison."""
     from strata import testing as synth
     from strata.packer.fetch import cached_path
     from strata.packer.gguf_file import read_header
 
-    p = d / "documents.gguf"
-    synth.documents_qwen3next_header_only(p)
+    p = d / "reference-qwen3next.gguf"
+    synth.reference_model_header_only(p)
     best = min(_time(lambda: read_header(p)) for _ in range(3))
     h = read_header(p)
     print(
-        f"header read, documents model ({len(h.tensors)} tensors, 150k vocab): {best * 1e3:.1f} ms (goal: well "
-        "under 1 s)"
+        f"header read, qwen3next reference model ({len(h.tensors)} tensors, 150k vocab): {best * 1e3:.1f} ms "
+        "(goal: well under 1 s)"
     )
     g = cached_path("gemma3-270m")
     if g is not None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A GPU check run (not a test): the GPU tests, strata-engine measure on a qwen3next pack (the recurrent
-# state and KV terms, issue 10), and strata's decode rows of bench_moe.py (issue 9's geometries).
+# state and KV terms), and strata's decode rows of bench_moe.py (the decode table's geometries).
 #   bash bench/device_check.sh        # on the H200, repo root, carry [".whl"]
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The documents' model on emulated 24 GB and 16 GB cards, on the GPU machine (issue 11; not a test).
+# The qwen3next reference model on emulated 24 GB and 16 GB cards, on the GPU machine (not a test).
 #
 #   On the device, from the repository root, with .whl carried (the `run` tool's carry: [".whl"]):
 #     bash bench/device_docs.sh            # ~6-8 minutes on an H200 with 16 cores; at most 8 files into $OUT
@@ -12,8 +12,8 @@
 #
 # Steps (each timed; a failed step is reported and the script goes on; exit code = failed steps):
 #   1. environment: the carried wheels into /tmp/site (as device_moe.sh), strata importable from here;
-#   2. the documents' model, full size, written pattern-filled as a pair of split GGUF files
-#      (strata.testing.write_documents_model: 48 layers, 512 experts of 640, the documents' expert types,
+#   2. the qwen3next reference model, full size, written pattern-filled as a pair of split GGUF files
+#      (strata.testing.write_reference_model: 48 layers, 512 experts of 640, its expert types,
 #      BF16 routers, the indexer, a 150k vocabulary, one NextN draft block) - and the same model with its
 #      draft head grown by 154.5 MiB (nextn.shared_head_head Q1_0 -> Q4_K: shard 1 rewritten, shard 2
 #      linked); both built into packs; the worked numbers read back from native_experts.txt;
@@ -23,7 +23,7 @@
 #      physical figures, "expert cache auto: ..."), TOKENS tokens with the misses on the CPU;
 #   6. strata-engine measure --card 24G / 16G / 16G with the bigger draft head, -n TOKENS (bench_docs.py):
 #      every term predicted vs measured, the slots, the reserve, the hit rate predicted vs measured;
-#   7. the gpu-marked tests of this issue (tests/test_docs_gpu.py with STRATA_DOCS_PACK, test_card_emulation.py);
+#   7. the gpu-marked start-up tests (tests/test_startup_reserve_gpu.py with STRATA_DOCS_PACK, test_card_emulation.py);
 #   8. the compact table, last.
 # Files in $OUT: device_docs.log, summary.json, checks.json, bench_docs.json, generate_24G.log, gpu_tests.txt.
 set -uo pipefail
@@ -54,7 +54,7 @@ $PY -c "import strata.engine.cli, strata.testing; from strata.engine.gpu import 
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv 2>/dev/null || true
 nproc; free -g | head -2; df -h "$DOCS_DIR" | tail -1
 
-step "the documents' model: a pair of split GGUF files, pattern-filled, and the bigger draft head's shard 1"
+step "the qwen3next reference model: a pair of split GGUF files, pattern-filled, and the bigger draft head's shard 1"
 # the ~47 GB pair goes to GGUF_DIR: /dev/shm when it has room (RAM speed; the writes never wait for a disk),
 # else DOCS_DIR; the packs (~3 GB each) to DOCS_DIR either way
 if [ -z "${GGUF_DIR:-}" ]; then
@@ -65,18 +65,18 @@ fi
 mkdir -p "$GGUF_DIR"
 echo "GGUF files in $GGUF_DIR, packs in $DOCS_DIR"
 if [ ! -f "$GGUF_DIR/docs-00002-of-00002.gguf" ]; then
-    timeout $(limit 300) $PY - "$GGUF_DIR" <<'EOF' || fail "write the documents' model"
+    timeout $(limit 300) $PY - "$GGUF_DIR" <<'EOF' || fail "write the qwen3next reference model"
 import os, sys, time
-from strata.testing import write_documents_model
+from strata.testing import write_reference_model
 d = sys.argv[1]
 kw = dict(nextn=1, workers=min(16, len(os.sched_getaffinity(0))))
 # DOCS_PLAN="n_layer=4,n_expert=8,n_vocab=5000": a scaled-down dry run of this script (any machine)
 kw.update({k: int(v) for k, v in (x.split("=") for x in os.environ.get("DOCS_PLAN", "").split(",") if x)})
 t = time.perf_counter()
-a = write_documents_model(f"{d}/docs.gguf", draft_head_type="Q1_0", **kw)
+a = write_reference_model(f"{d}/docs.gguf", draft_head_type="Q1_0", **kw)
 print(f"wrote {[p.name for p in a]}: {sum(p.stat().st_size for p in a) / 1e9:.2f} GB in {time.perf_counter() - t:.1f} s")
 t = time.perf_counter()
-b = write_documents_model(f"{d}/docs-big.gguf", draft_head_type="Q4_K", only={0}, **kw)
+b = write_reference_model(f"{d}/docs-big.gguf", draft_head_type="Q4_K", only={0}, **kw)
 os.link(a[1], b[1])
 print(f"wrote {b[0].name} (shard 2 linked): {b[0].stat().st_size / 1e9:.2f} GB in {time.perf_counter() - t:.1f} s")
 EOF
@@ -136,9 +136,9 @@ timeout $(limit 420) $PY bench/bench_docs.py "$PACK" --cards "$(echo $CARDS $EXT
 cat "$DOCS_DIR/bench.txt" | grep -v "^   " | head -20
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-    step "gpu tests (tests/test_docs_gpu.py with the documents' pack, tests/test_card_emulation.py)"
+    step "gpu tests (tests/test_startup_reserve_gpu.py with the reference model's pack, tests/test_card_emulation.py)"
     STRATA_DOCS_PACK=$PACK STRATA_DOCS_PROFILE=$PROFILE timeout $(limit 300) $PY -m pytest -q -p no:cacheprovider -m gpu -rs \
-        tests/test_docs_gpu.py tests/test_card_emulation.py -s 2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
+        tests/test_startup_reserve_gpu.py tests/test_card_emulation.py -s 2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
     grep -qE "passed" "$OUT/gpu_tests.txt" && ! grep -qE "[0-9]+ failed" "$OUT/gpu_tests.txt" || fail "gpu tests"
 fi
 

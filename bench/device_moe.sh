@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 9's table on the GPU machine (not a test), in ONE device call of about 9 minutes:
+# The decode table (bench_moe.py) on the GPU machine (not a test), in ONE device call of about 9 minutes:
 #
 #   bash bench/device_moe.sh    # carry [".whl", ".lcp"]
 #
-# 1. the llama.cpp CUDA build starts in the background (nice, the issue's cmake line; ~4-5 min);
+# 1. the llama.cpp CUDA build starts in the background (nice, the cmake line below; ~4-5 min);
 # 2. meanwhile: every gpu-marked test that needs no real model (log: gpu_tests.txt, headed by $COMMIT), then every
 #    geometry's GGUF and pack written (bench_moe.py
 #    --no-gpu: strata.testing pattern fill, seconds);

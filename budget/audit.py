@@ -1,8 +1,8 @@
 """The semantic audit of a pack: does every tensor mean what the kernels assume?
 
-Why semantics and not totals (docs/DESIGN.md "Round 194: every budget term twice"): a budget term 4x too big
-survived a round because it made the budget tighter, and only errors that loosen a budget trip a total. So
-this audit checks meaning, and collects every failure (never just the first):
+Why semantics and not totals (docs/DESIGN.md "Every budget term twice"): an error that makes a budget
+term too big makes the budget tighter, and only errors that loosen a budget trip a total. So this audit
+checks meaning, and collects every failure (never just the first):
 
 1. Pool layout: offsets aligned, no overlaps or gaps, ranges inside pool.bin, sizes equal to
    type x shape, pool types consistent with source types.

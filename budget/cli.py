@@ -20,6 +20,8 @@ from .audit import AuditError, AuditResult, audit_pack
 from .cards import Card, card_from_options, short_source
 from .errors import BudgetInputError
 from .options import (
+    ENGINE_ALIASES,
+    AliasChoice,
     card_options,
     ctx_option,
     expert_cache_option,
@@ -92,7 +94,7 @@ def main() -> None:
       0    the plan fits
       1    it does not fit (or --expert-cache N was refused)
       2    a semantic error in the pack or bad input (unknown card, not a pack, unreadable
-           profile), printed as one `error: ...` line (with --json: the same object as a
+           expert profile), printed as one `error: ...` line (with --json: the same object as a
            success, verdict "error")
       130  interrupted by SIGINT (Ctrl-C); 143 by SIGTERM
       141  stdout was closed (`| head`)
@@ -132,16 +134,16 @@ def main() -> None:
 @click.option(
     "--engine",
     "engine",
-    type=click.Choice(["strata", "documents"]),
+    type=AliasChoice(["strata", "cpp"], ENGINE_ALIASES),
     default="strata",
     show_default=True,
     help="The engine planned for: strata's own (one position per step, untied embeddings on the host, "
     "activation and runtime terms from what it allocates and loads; the --prefill, --prefill-model, "
-    "--logits-all and --embeddings-on-host options do not apply) or the documents' C++ engine.",
+    "--logits-all and --embeddings-on-host options do not apply) or the reference C++ engine (cpp).",
 )
 @click.option(
     "--prefill-model",
-    type=click.Choice(["geometry", "documents"]),
+    type=AliasChoice(["geometry", "cpp"], ENGINE_ALIASES),
     default="geometry",
     show_default=True,
     help="Activation buffers from the geometry (manifest act_per_token), or the reference C++ engine's "
@@ -192,7 +194,7 @@ def check(
          or --expert-cache N does not fit (refused with N and the most that fits)
       2  semantic error in the pack (every failure listed: tensor, found, required),
          or bad input (unknown, zero or > 16 TiB card size, no GPU for --card measure,
-         unreadable pack, bad profile, a profile for a model without routed experts,
+         unreadable pack, bad expert profile, one for a model without routed experts,
          a --kv type the model's K/V heads cannot be stored in): one line `error: ...`
     """
     t0 = time.perf_counter()

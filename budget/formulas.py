@@ -23,11 +23,11 @@ from strata.layout.kv import KVLayer, kv_bytes_per_token
 
 MIB = 1 << 20
 
-#: The documents' engine reserves its prompt path's chunk buffers as
+#: The reference C++ engine reserves its prompt path's chunk buffers as
 #: ``prefill_mib = chunk > 0 ? 160 + chunk * 680 / 1024 : 0`` (generate.cpp:2941-2960; docs/DESIGN.md
-#: "The automatic slot count"), constants measured for THEIR model. Kept as the "documents" prefill model.
+#: "The automatic slot count"), constants measured for ITS model. Kept as the "cpp" prefill model.
 #: Defaults shared by ``strata-budget check`` and ``strata-engine`` (one definition each):
-#: the VRAM reserve kept free after the expert cache (the documents' ``--vram-reserve-mib``), the KV
+#: the VRAM reserve kept free after the expert cache (the C++ engine's ``--vram-reserve-mib``), the KV
 #: cache type (llama.cpp's default ``--cache-type-k/v f16``) and the context: ``None`` = the model's
 #: trained context (``n_ctx_train``), llama.cpp's default (``common.h`` ``n_ctx = 0``: "context the
 #: model was trained with").
@@ -35,8 +35,8 @@ DEFAULT_RESERVE_MIB = 700
 DEFAULT_KV = "f16"
 DEFAULT_CTX: int | None = None
 
-DOCUMENTS_PREFILL_BASE_MIB = 160
-DOCUMENTS_PREFILL_KIB_PER_TOKEN = 680
+CPP_PREFILL_BASE_MIB = 160
+CPP_PREFILL_KIB_PER_TOKEN = 680
 
 
 def mib(nbytes: int) -> float:
@@ -125,13 +125,13 @@ def activation_bytes(
     return F32_BYTES * (rows * act_per_token + logit_rows * logits_per_token)
 
 
-def documents_prefill_bytes(chunk: int) -> int:
-    """The documents' engine's prompt-path reserve (generate.cpp:2941-2960, C integer division):
-    ``(160 + chunk * 680 / 1024) MiB`` for ``chunk > 0``, else 0. Measured for the documents' model
-    only; strata uses :func:`activation_bytes` unless ``--prefill-model documents`` asks for this."""
+def cpp_prefill_bytes(chunk: int) -> int:
+    """The reference C++ engine's prompt-path reserve (generate.cpp:2941-2960, C integer division):
+    ``(160 + chunk * 680 / 1024) MiB`` for ``chunk > 0``, else 0. Measured for the qwen3next reference
+    model only; strata uses :func:`activation_bytes` unless ``--prefill-model cpp`` asks for this."""
     if chunk <= 0:
         return 0
-    return (DOCUMENTS_PREFILL_BASE_MIB + chunk * DOCUMENTS_PREFILL_KIB_PER_TOKEN // 1024) * MIB
+    return (CPP_PREFILL_BASE_MIB + chunk * CPP_PREFILL_KIB_PER_TOKEN // 1024) * MIB
 
 
 # ----------------------------------------------------------------------------- expert cache
@@ -145,14 +145,14 @@ def driver_allocation_bytes(nbytes: int) -> int:
 
 
 def expert_slots(free_bytes: int, reserve_bytes: int, max_blob: int, cap: int | None = None) -> int:
-    """Automatic expert-cache slot count, as the documents' engine computes it (generate.cpp:2941-2960):
+    """Automatic expert-cache slot count, as the reference C++ engine computes it (generate.cpp:2941-2960):
     ``floor((free - reserve) / max_blob)``, never negative, capped at ``cap`` (the number of profiled
     (layer, expert) pairs when a profile is given, else every (layer, expert) pair). ``max_blob`` is the
     largest per-expert blob in engine form: every slot must hold any layer's expert. The cache is ONE
     allocation and, above :data:`DRIVER_PACKED_MAX_BYTES`, the driver takes it in whole
     :data:`DRIVER_PAGE_BYTES` pages: the count is the largest whose pages still leave the reserve free (a
-    smaller cache is packed into pages the driver already holds and counted at its size) (measured on the
-    H200, 2026-11-30: the unrounded count left 698.5 of 700 MiB free after start-up)."""
+    smaller cache is packed into pages the driver already holds and counted at its size; docs/DESIGN.md
+    "The automatic slot count")."""
     if max_blob <= 0:
         return 0
     room = free_bytes - reserve_bytes
@@ -263,11 +263,11 @@ def layer_ranges(pairs_per_layer: dict[int, int], slots: int) -> dict[int, int]:
 
 
 def fill_profile(pairs: Iterable[tuple[int, int, int]], slots: int) -> ProfileFill:
-    """The profile fill as the documents' engine runs it, once, at start-up (generate.cpp:3165, fix #369);
+    """The profile fill as the reference C++ engine runs it, once, at start-up (generate.cpp:3165);
     strata's engine loads its slots in ``order``, the planner reports the hit rate - one definition:
     pairs ``(layer, expert, count)`` ranked by routing count (descending; ties by layer, then expert),
     no eviction; a pair whose layer's range is full is skipped and the fill goes on (a full layer
-    skips only its own remaining pairs - the bug was ending the whole fill there).
+    skips only its own remaining pairs: docs/DESIGN.md "The profile fill").
 
     Raises:
         ValueError: a duplicate (layer, expert) pair or a negative count (naming it).

@@ -114,9 +114,29 @@ def expert_profile_option(f):
     )(f)
 
 
+#: Old names of ``--engine`` / ``--prefill-model`` values, still accepted on input (command line and
+#: :class:`strata.budget.plan.PlanOptions`) and read as the new name; never listed in ``--help``
+#: (docs/DESIGN.md "The qwen3next reference model").
+ENGINE_ALIASES: dict[str, str] = {"documents": "cpp"}
+
+
+class AliasChoice(click.Choice):
+    """A :class:`click.Choice` that also takes old names of its values (``aliases``: old -> new), read as
+    the new name and never listed in ``--help`` or in the invalid-choice message."""
+
+    def __init__(self, choices, aliases: dict[str, str], case_sensitive: bool = True):
+        super().__init__(choices, case_sensitive=case_sensitive)
+        self.aliases = dict(aliases)
+
+    def convert(self, value, param, ctx):
+        return super().convert(self.aliases.get(value, value), param, ctx)
+
+
 __all__ = [
+    "AliasChoice",
     "CARD_HELP",
     "CTX_HELP",
+    "ENGINE_ALIASES",
     "card_options",
     "ctx_option",
     "expert_cache_option",

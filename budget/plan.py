@@ -1,16 +1,16 @@
 """The VRAM plan: what a card holds when the engine has started, term by term, and how many expert
 slots are left - a model of what the engine allocates, built only from :mod:`strata.layout` and :mod:`.formulas`.
 
-Terms, in the engine's start-up order (docs/DESIGN.md "Start-up order"): CUDA
-context; the CUDA runtime's first-use memory (kernel modules: a measured constant, cards.toml);
-memory already in use (``--card measure`` only); dense weights in engine form; the output
-head (before the cache: incident 1); token embeddings (unless kept on the host or tied to the
-head); KV cache (attention layers only, sliding-window layers capped at their window); recurrent
-state (per sequence x batch); engine buffers (the f32 vectors strata's engine preallocates: GEMV
-outputs, f32 copies of non-F32 vectors, rope tables, the embedding row, the expert hit path);
-prefill / activation buffers; then the expert cache gets
-``floor((free - reserve) / max_blob)`` slots (incident 2), or the ``--expert-cache N`` asked, which
-is refused with both numbers when it does not fit. The reserve is never allocated.
+Terms, in the engine's start-up order (docs/DESIGN.md "Start-up order"): CUDA context; the CUDA
+runtime's first-use memory (kernel modules: a measured constant, cards.toml); memory already in use
+(``--card measure`` only); dense weights in engine form; the output head (before the cache:
+docs/DESIGN.md "The head before the cache"); token embeddings (unless kept on the host or tied to the
+head); KV cache (attention layers only, sliding-window layers capped at their window); recurrent state
+(per sequence x batch); engine buffers (the f32 vectors strata's engine preallocates: GEMV outputs, f32
+copies of non-F32 vectors, rope tables, the embedding row, the expert hit path); prefill / activation
+buffers; then the expert cache gets ``floor((free - reserve) / max_blob)`` slots (docs/DESIGN.md "Slots
+after the weights and the session"), or the ``--expert-cache N`` asked, which is refused with both
+numbers when it does not fit. The reserve is never allocated.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from strata.layout import engine_form as LE
 from strata.layout import kv as LK
@@ -29,14 +29,15 @@ from .cards import Card, check_mib
 from .errors import PlanInputError
 from .formulas import DEFAULT_RESERVE_MIB, MIB
 from .kv_check import kv_type_error
+from .options import ENGINE_ALIASES
 from .plan_model import DenseTensor, ExpertLayerFacts, ModelFacts  # noqa: F401  (the plan's inputs, re-exported)
 from .profile import check_profile_pairs, layer_span
 from .tensor_terms import TypeRow, dense_types, engine_buffer_bytes
 
-#: The documents' prompt path chunk (docs/DESIGN.md "Incident 3: the reserve and the prompt buffers").
+#: The C++ engine's prompt path chunk (docs/DESIGN.md "The reserve and the prompt buffers").
 DEFAULT_PREFILL_CHUNK = 256
-#: The documents' serve check calls less than this free LOW: a shrunk reserve is never suggested
-#: below it (docs/DESIGN.md "Incident 3: the reserve and the prompt buffers").
+#: The C++ engine's serve check calls less than this free LOW: a shrunk reserve is never suggested
+#: below it (docs/DESIGN.md "The reserve and the prompt buffers").
 LOW_MIB = 256
 
 
@@ -50,7 +51,7 @@ class PlanOptions(BaseModel):
     batch: int = 1
     prefill: int = DEFAULT_PREFILL_CHUNK
     logits_all: bool = False
-    prefill_model: Literal["geometry", "documents"] = "geometry"
+    prefill_model: Literal["geometry", "cpp"] = "geometry"
     embeddings_on_host: bool = False
     vram_reserve_mib: int = DEFAULT_RESERVE_MIB
     expert_cache: int | None = None  # None: automatic
@@ -58,9 +59,15 @@ class PlanOptions(BaseModel):
     profile_path: str | None = None  # where profile_pairs came from (named in errors)
     # the engine planned for: "strata" = this repository's engine (one position per step, untied embeddings
     # on the host, its activation and runtime terms from what it allocates and loads: engine_terms.py;
-    # --prefill, --prefill-model, --logits-all and --embeddings-on-host do not apply), "documents" = the
-    # documents' C++ engine (a prompt chunk, embeddings in VRAM, the measured constants of cards.toml)
-    engine: Literal["strata", "documents"] = "documents"
+    # --prefill, --prefill-model, --logits-all and --embeddings-on-host do not apply), "cpp" = the
+    # reference C++ engine (a prompt chunk, embeddings in VRAM, the measured constants of cards.toml)
+    engine: Literal["strata", "cpp"] = "cpp"
+
+    @field_validator("engine", "prefill_model", mode="before")
+    @classmethod
+    def _old_names(cls, v):
+        """An old value name (:data:`ENGINE_ALIASES`) reads as the new one."""
+        return ENGINE_ALIASES.get(v, v) if isinstance(v, str) else v
 
 
 class Term(BaseModel):
@@ -143,9 +150,9 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
     rec = LK.recurrent_state_bytes(facts.recurrent_layers, o.batch)
     if strata:
         act, act_detail, _exact = ET.activation_term(facts, n_ctx)
-    elif o.prefill_model == "documents":
-        act = F.documents_prefill_bytes(o.prefill)
-        # formulas.documents_prefill_bytes: the documents' engine (generate.cpp:2941-2960;
+    elif o.prefill_model == "cpp":
+        act = F.cpp_prefill_bytes(o.prefill)
+        # formulas.cpp_prefill_bytes: the reference C++ engine (generate.cpp:2941-2960;
         # docs/DESIGN.md "The automatic slot count")
         act_detail = (
             f"prompt buffers of the reference C++ engine (measured): 160 MiB + {o.prefill} tokens x 680 KiB"
@@ -262,7 +269,7 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         ):
             if bad:
                 raise PlanInputError(
-                    why + " (plan the documents' engine with --engine documents)",
+                    why + " (plan the reference C++ engine with --engine cpp)",
                     tensor="--engine",
                     found="strata",
                     required="--batch 1, --kv f16 or f32",
@@ -340,7 +347,7 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
                 bytes=bind,
                 detail=(
                     "the draft head's GEMV outputs, f32 vectors, K/V cache and eh_proj row: reserved when the cache is "
-                    "sized (the documents' reserve + draft-head bind bytes), allocated after it"
+                    "sized (the C++ engine's reserve + draft-head bind bytes), allocated after it"
                 ),
             )
         )
@@ -351,9 +358,9 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     elif n_ctx > facts.n_ctx_train:
         warnings.append(f"--ctx {n_ctx} is beyond the model's trained context {facts.n_ctx_train}")
     if o.vram_reserve_mib < LOW_MIB:
-        # 30 MiB left -> the driver paged, a request stalled; the documents' serve check calls under
-        # 256 MiB free LOW (docs/DESIGN.md "Incident 1: the head before the cache" and
-        # "Incident 3: the reserve and the prompt buffers")
+        # 30 MiB left -> the driver paged, a request stalled; the C++ engine's serve check calls under
+        # 256 MiB free LOW (docs/DESIGN.md "The head before the cache" and "The reserve and the prompt
+        # buffers")
         warnings.append(
             f"--vram-reserve-mib {o.vram_reserve_mib} is under {LOW_MIB} MiB, where a serving engine's "
             f"memory check reports LOW: allocations the plan does not see (driver, other processes, "
@@ -433,7 +440,7 @@ def suggestions(facts: ModelFacts, card: Card, o: PlanOptions, plan: Plan) -> li
     number itself), ``--max-context``, ``--kv``, ``--batch``, ``--prefill``, ``--embeddings-on-host``,
     ``--kv-resident`` (streams KV from the host), and the reserve last, never below :data:`LOW_MIB` (a
     shrunk reserve is what stalled requests:
-    docs/DESIGN.md "Incident 1: the head before the cache" and "Incident 3: the reserve and the prompt buffers").
+    docs/DESIGN.md "The head before the cache" and "The reserve and the prompt buffers").
     An ``--expert-cache N`` above the pairs that can fill it is fixed by N alone, so it is then the only
     suggestion."""
     out: list[Suggestion] = []

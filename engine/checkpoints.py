@@ -1,7 +1,7 @@
 """Named start-up checkpoints: wall time and resident memory of each stage.
 
-Start-up order is part of the contract (docs/DESIGN.md "Incident 1: the head before the cache": the head
-loaded after the expert cache ate the cache's reserve), so stages are recorded in the order they ran and a
+Start-up order is part of the contract (docs/DESIGN.md "The head before the cache": the head loaded
+after the expert cache ate the cache's reserve), so stages are recorded in the order they ran and a
 test can assert it. Memory is the process RSS from ``/proc/self/status`` (bytes; ``ru_maxrss`` peak where
 /proc is absent); the GPU path adds its device figures in ``extra``.
 """

@@ -1,5 +1,5 @@
-"""``strata-engine``: load a pack by byte offset and generate text; measure its memory; profile its
-routing (thin click layer over :mod:`strata.engine.startup`, :mod:`strata.engine.generate`,
+"""``strata-engine``: load a pack by byte offset and generate text; measure its memory; record its
+expert routing as an expert profile (thin click layer over :mod:`strata.engine.startup`, :mod:`strata.engine.generate`,
 :mod:`strata.engine.measure` and :mod:`strata.engine.routing`).
 
 Exit codes (one contract for the three tools, :mod:`strata.packer.exits`): 0 success, 1 ``measure``
@@ -34,7 +34,7 @@ from strata.packer.exits import StrataGroup, interrupted
 from .chat import chat_prompt
 from .clikit import REFUSALS, check_pack_dir, fail, print_checkpoint, warn
 from .generate import GenerationResult, StepStat, generate
-from .numerics import DEFAULT_NUMERICS, PROFILES
+from .numerics import DEFAULT_NUMERICS, NUMERICS_MODES
 from .sampling import Sampler
 from .startup import Engine, EngineOptions, load_engine
 
@@ -262,7 +262,7 @@ class TextStream:
 @click.option(
     "--numerics",
     "numerics_",
-    type=click.Choice(sorted(PROFILES)),
+    type=click.Choice(sorted(NUMERICS_MODES)),
     default=DEFAULT_NUMERICS,
     show_default=True,
     help="CPU: activation roundings beside the kernels' own. f32 = none (the default q8 kernel still "
@@ -515,7 +515,7 @@ def _stage_summary(engine: Engine) -> dict | None:
     default=0,
     show_default=True,
     help="Then generate this many tokens (greedy, end-of-generation ignored) and report the expert hit rate "
-    "measured during generation beside the profile's prediction.",
+    "measured during generation beside the expert profile's prediction.",
 )
 @click.option("-p", "--prompt", default="The capital of France is", show_default=True, help="The prompt of -n.")
 @click.option(
@@ -543,7 +543,7 @@ def measure_cmd(
     """Load PACK on the GPU (on an emulated card with --card) and print, per budget term, the bytes
     strata.budget predicts for strata's engine (the plan of strata-budget check --card ...) next to the
     bytes this engine allocated; the plan's slot count beside the engine's; the reserve measured free
-    after start-up; with -n, the hit rate measured during generation beside the profile's prediction.
+    after start-up; with -n, the hit rate measured during generation beside the expert profile's prediction.
 
     Exit codes: 0 every exact term equal, the total within 0.5% or 32 MiB and the reserve free, 1 not,
     2 refused (no GPU, a pack that cannot load, an option out of range)."""

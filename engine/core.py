@@ -39,7 +39,7 @@ class EngineOptions:
         n_ctx: positions the KV cache holds; None = the model's trained context (``DEFAULT_CTX``).
         kv: KV cache type, ``f16`` (default, llama.cpp's) or ``f32``; ``sliding``: ``ring``
             (sliding-window layers keep their window only) or ``full`` (the reference for tests).
-        numerics: CPU numerics profile (:mod:`strata.engine.numerics`).
+        numerics: CPU numerics mode (:mod:`strata.engine.numerics`).
         resident: without a profile, the experts the cache may hold (``all`` | ``none`` | ``half`` |
             fraction, :func:`strata.engine.experts.resident_pairs`).
         expert_cache: GPU slots, ``"auto"`` or N; ``profile``: ``(layer, expert, count)`` rows that
@@ -53,8 +53,8 @@ class EngineOptions:
         graph / fused / stage_times / warmup: the GPU decode step (:mod:`strata.engine.gpu.fused`).
         card: a card to emulate on the GPU (``--card``, a :class:`strata.budget.cards.Card`): free memory,
             allocation failures and the automatic cache size as on that card (:mod:`strata.engine.gpu.card`).
-        stage_order: the start-up stages after ``pack`` in another order (tests of the documents'
-            incidents, :func:`strata.engine.startup.stage_order`); None: the one order.
+        stage_order: the start-up stages after ``pack`` in another order (tests of docs/DESIGN.md
+            "Start-up order", :func:`strata.engine.startup.stage_order`); None: the one order.
     """
 
     n_ctx: int | None = F.DEFAULT_CTX

@@ -128,7 +128,7 @@ class Decoder:
         self.g, self.recipe, self.w, self.experts = g, recipe, w, experts
         self.arch = g.arch
         self.xp = w.xp
-        # the numerics profile travels with the weight store (strata.engine.numerics); a store without one is f32
+        # the numerics mode travels with the weight store (strata.engine.numerics); a store without one is f32
         self.nx = getattr(w, "nx", None) or numerics("f32")
         self.hp = Hyper.from_geometry(g, recipe)
         self.kinds = list(g.layer_kinds[: g.n_trunk])  # draft blocks (NextN heads) come last and are not run
@@ -253,7 +253,7 @@ class Decoder:
         if rec:
             st.recurrent = RecurrentState(self.xp, rec, self.delta_dims)
         ihd = self.indexer_head_dim
-        if ihd:  # the documents' engine keeps the indexer's ONE shared key head per position (round 194)
+        if ihd:  # the indexer's ONE shared key head per position (docs/DESIGN.md "Every budget term twice")
             dt = self.xp.float16 if kv == "f16" else self.xp.float32
             st.indexer = {
                 il: self.xp.zeros((n, ihd), dtype=dt)
@@ -265,7 +265,7 @@ class Decoder:
     @property
     def indexer_head_dim(self) -> int:
         """Width of a sparse-attention indexer's cached key (``indexer_head_dim``, one shared head), 0 without
-        one. The session holds its key store as the documents' engine does, so the KV term is what the
+        one. The session holds its key store as the reference C++ engine does, so the KV term is what the
         budget plans (:class:`strata.layout.kv.KVLayer` ``indexer_k``); this forward pass does not
         compute the indexer (the model file says so), the store stays zero."""
         v = self.g.get("indexer_head_dim")

@@ -15,8 +15,9 @@ class StageTimesRefused(GenerateError):
 
 
 class StartupRefused(GenerateError):
-    """A start-up that would leave the card's reserve eaten (the documents' incidents 1 and 3) or that
-    ran out of device memory at a stage: refused with the stage and the numbers."""
+    """A start-up that would leave the card's reserve eaten (docs/DESIGN.md "The head before the cache",
+    "The reserve and the prompt buffers") or that ran out of device memory at a stage: refused with the
+    stage and the numbers."""
 
 
 class NonFiniteLogits(GenerateError):

@@ -1,8 +1,8 @@
 """Generate text from a loaded engine: one decode loop over positions, and its results.
 
 The engine comes from :func:`strata.engine.startup.load_engine` (the start-up checkpoints). The loop
-(:func:`decode`) teacher-forces the prompt through the same step as generated tokens (the design's
-"prefill is the decode path one token at a time"), takes the first generated token from the last
+(:func:`decode`) teacher-forces the prompt through the same step as generated tokens (docs/DESIGN.md
+"The prompt goes through the decode path": one token at a time), takes the first generated token from the last
 prompt position's logits, and computes no logits for the prompt positions before it.
 """
 

@@ -1,7 +1,7 @@
 """Load-time checks: every tensor the forward pass will read is asserted against the geometry
 before the first weight byte is touched.
 
-The pack files are read by the one strict reader (:func:`strata.packer.packfmt.open_pack`:
+The pack files are read by the one strict reader (:func:`strata.packer.pack.open_pack`:
 version lines, exact ``# columns``, any other line shape refused with file and line number,
 pool size / alignment / ranges / overlaps checked against ``pool.bin``). This module adds what
 only the engine knows - what its forward pass reads:

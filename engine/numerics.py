@@ -1,4 +1,4 @@
-"""Numerics profiles of the forward pass: exact f32 (the default), or llama.cpp's CPU arithmetic.
+"""Numerics modes of the forward pass: exact f32 (the default), or llama.cpp's CPU arithmetic.
 
 The weights are always dequantized exactly (``gguf.quants``); what differs is what happens to
 the *activations*. llama.cpp's CPU backend (the reference engine of the fixtures, llama-cpp-python
@@ -8,7 +8,7 @@ one-token forward pass through all 18 layers agrees with llama.cpp to 2e-5 in th
 them: 3.6), and layer 0 of a 6-token prompt to 1e-7 relative. Beyond that the agreement stops
 improving: a 1e-6 difference in a sum (SIMD order) moves an activation across a Q8 rounding
 boundary, which costs ~1/254 of that block's range, and Gemma amplifies it through the layers.
-Over the 72 teacher-forced steps of the committed fixtures both profiles land at the same level
+Over the 72 teacher-forced steps of the committed fixtures both modes land at the same level
 (Gemma: mean |d logit| 0.20 both, max 1.19 f32 / 0.95 llamacpp; Qwen2.5 0.5B: mean 0.057 / 0.060),
 so the reference path stays exact f32, and ``"llamacpp"`` is kept as the executable definition of
 llama.cpp's activation quantizers - the canonical form a GPU kernel that quantizes activations
@@ -30,11 +30,11 @@ the GPU must give what the CPU path would have).
    kernel) compute with exactly these values - ``quantize_q8_0`` / ``quantize_q8_K`` below are their
    definition, and tests/test_engine_cpu_q8.py checks both against ggml's own quantize_row_q8_0 /
    quantize_row_q8_K bit for bit - as integer block dots, like llama.cpp; where they run, the
-   activation is quantized by the kernel (for every profile), and the functions here serve the
+   activation is quantized by the kernel (in every mode), and the functions here serve the
    products they do not cover (other types, the ``exact`` and ``f32`` kernels, the GPU).
 2. **F16 KV cache** (llama.cpp's default ``type_k = type_v = f16``): K and V rounded to f16 when stored.
-   Not part of a profile any more: the KV cache type is the engine's own option (``--kv f16|f32``,
-   default f16 in both profiles, :class:`strata.engine.layers.KVCache`), because it is also a
+   Not part of a numerics mode: the KV cache type is the engine's own option (``--kv f16|f32``,
+   default f16 in both modes, :class:`strata.engine.layers.KVCache`), because it is also a
    memory term the budget charges (``strata-budget check --kv``).
 3. **Attention in f16 operands** (``build_attn_mha`` without flash attention: ``mul_mat(k, q)`` with
    an F16 ``k`` converts ``q`` to f16; ``mul_mat(v, kq)`` with an F16 ``v`` converts the softmax
@@ -125,7 +125,8 @@ class Numerics:
     gelu_f16_table: bool
 
 
-PROFILES: dict[str, Numerics] = {
+#: The numerics modes by name (``strata-engine generate --numerics``).
+NUMERICS_MODES: dict[str, Numerics] = {
     "llamacpp": Numerics("llamacpp", act_quant=True, attn_f16=True, gelu_f16_table=True),
     "f32": Numerics("f32", act_quant=False, attn_f16=False, gelu_f16_table=False),
 }
@@ -133,10 +134,10 @@ DEFAULT_NUMERICS = "f32"
 
 
 def numerics(name: str | Numerics) -> Numerics:
-    """A profile by name. Raises ValueError naming the known ones."""
+    """A numerics mode by name (:data:`NUMERICS_MODES`). Raises ValueError naming the known ones."""
     if isinstance(name, Numerics):
         return name
     try:
-        return PROFILES[name]
+        return NUMERICS_MODES[name]
     except KeyError:
-        raise ValueError(f"unknown numerics profile {name!r}; known: {', '.join(sorted(PROFILES))}") from None
+        raise ValueError(f"unknown numerics mode {name!r}; known: {', '.join(sorted(NUMERICS_MODES))}") from None

@@ -5,25 +5,26 @@
 device's (:class:`Device`: :class:`strata.engine.cpu.device.CpuDevice`, ``strata.engine.gpu.device.GpuDevice``
 for ``cuda`` and its NumPy simulation ``sim``); the order is written once, here:
 
-1. ``pack``: the strict readers (:func:`strata.packer.packfmt.open_pack`), the geometry from
+1. ``pack``: the strict readers (:func:`strata.packer.pack.open_pack`), the geometry from
    geometry.txt, and every load-time assertion (:func:`strata.engine.loader.check_pack`) - all
    before a weight byte is read;
 2. ``weights``: the dense layer weights;
 3. ``head``: the output head - before the expert cache, so that a cache sized from what is free
-   cannot eat the head's memory (the design's incident 1);
+   cannot eat the head's memory (docs/DESIGN.md "The head before the cache");
 4. ``session``: KV cache (``kv`` f16 | f32; sliding-window layers as ring buffers of the budget's
    size; a sparse-attention indexer's key store), rope tables, the tokenizer, the per-token buffers;
 5. ``drafter`` (a pack with NextN draft blocks): the draft head's weights in engine form - the
-   documents' "the weights, the session and the drafter";
+   reference C++ engine's checkpoint "the weights, the session and the drafter";
 6. ``prompt path``: everything the token loop will run is loaded now (kernels, warm-up, graphs);
-7. ``expert cache``: the resident experts (MoE models), sized from what is left (incident 2) minus
-   the reserve and the draft head's bind buffers (the documents' reserve: ``--vram-reserve-mib`` +
-   draft-head bind bytes); refused with the numbers when less than that is free (incident 3);
+7. ``expert cache``: the resident experts (MoE models), sized from what is left (docs/DESIGN.md
+   "Slots after the weights and the session") minus the reserve and the draft head's bind buffers (the
+   C++ engine's reserve: ``--vram-reserve-mib`` + draft-head bind bytes); refused with the numbers when
+   less than that is free (docs/DESIGN.md "The reserve and the prompt buffers");
 8. ``bind`` (with a draft head): its bind buffers, into the room the cache left for them.
 
 Everything else the engine will hold is allocated before the expert cache measures what is free, so
 the cache takes exactly what is left minus the reserve, and after start-up the device checks that the
-reserve is still free (measured): a start that ate it is refused (incident 1).
+reserve is still free (measured): a start that ate it is refused.
 """
 
 from __future__ import annotations
@@ -300,8 +301,8 @@ STAGES = ("pack", "weights", "head", "session", "drafter", "prompt path", "exper
 
 def stage_order(order: tuple[str, ...] | list[str] | None, draft: bool) -> list[str]:
     """The stages after ``pack`` in the order they run: :data:`STAGES` (without ``drafter`` and ``bind``
-    when there is no draft head), or ``order`` - a test's reordering (docs/DESIGN.md "Incident 1: the head
-    before the cache" is shown by loading the head after the cache: the reserve is eaten and the start is
+    when there is no draft head), or ``order`` - a test's reordering (docs/DESIGN.md "The head before the
+    cache" is shown by loading the head after the cache: the reserve is eaten and the start is
     refused at the end, :meth:`strata.engine.gpu.device.GpuDevice.finish`).
 
     Raises:

@@ -23,7 +23,7 @@ class Weights(Protocol):
     """What a forward pass may ask of a weight store (see the module docstring)."""
 
     xp: Any
-    # optional: ``nx`` (a strata.engine.numerics.Numerics); a store without it runs the f32 profile
+    # optional: ``nx`` (a strata.engine.numerics.Numerics); a store without it runs the f32 mode
 
     def has(self, name: str) -> bool: ...
 

@@ -145,13 +145,13 @@ class StateSpec(BaseModel):
     ``attention_kinds`` layers, the recurrent terms on the ``recurrent_kinds`` layers, the
     activation and logits terms on every layer (the budget takes the largest). The budget
     formulas that turn elements into bytes live in ``strata.budget.formulas``. The indexer's key
-    term is the one of docs/DESIGN.md "Round 194: every budget term twice": ONE shared head.
+    term is the one of docs/DESIGN.md "Every budget term twice": ONE shared head.
     """
 
     model_config = ConfigDict(extra="forbid")
     k_per_token: str = "0"  # elements of K per token per attention layer
     v_per_token: str = "0"
-    indexer_k_per_token: str = "0"  # elements of a sparse-attention indexer's cached key per token (round 194)
+    indexer_k_per_token: str = "0"  # elements of a sparse-attention indexer's cached key per token (ONE head)
     conv_state: str = "0"  # f32 elements per sequence per recurrent layer
     ssm_state: str = "0"
     act_per_token: str = "0"  # f32 activation elements one chunk position keeps live in one layer step
@@ -170,7 +170,7 @@ class Manifest(BaseModel):
     state: StateSpec = Field(default_factory=StateSpec)
     # The same terms again, from the pack's tensor shapes (ne()/has()) where a tensor holds the
     # number; a budget term is only trusted when both derivations agree
-    # (docs/DESIGN.md "Round 194: every budget term twice").
+    # (docs/DESIGN.md "Every budget term twice").
     state_from_tensors: StateSpec = Field(default_factory=StateSpec)
     tensors: list[TensorSpec]
     choices: list[ChoiceSpec] = Field(default_factory=list)

@@ -1,4 +1,4 @@
-"""Metadata keys: honoured or refused, never ignored (issue 12).
+"""Metadata keys: honoured or refused, never ignored.
 
 Every GGUF metadata key that llama.cpp's loader reads for an architecture (``src/llama-model.cpp``
 ``llama_model_base::load_hparams``, the architecture's ``load_arch_hparams`` in
@@ -27,7 +27,7 @@ anyway, where a file carrying it was made for a computation llama.cpp (and strat
 ``LLM_KV_NAMES``.
 
 One function, :func:`key_refusals` (and :func:`check_metadata_keys`, which raises), is used by all
-three tools: ``strata.packer.build.resolve_geometry`` (on the GGUF's metadata), the budget audit
+three tools: ``strata.packer.pack_plan.resolve_geometry`` (on the GGUF's metadata), the budget audit
 (``strata.budget.audit``) and the engine's ``pack`` stage (``strata.engine.startup.open_checked``), both on
 ``metadata.txt``.
 """

@@ -17,9 +17,10 @@ import click
 
 from strata.manifests.contract import ManifestError
 
-from .build import BuildError, build_pack, stale_temp_dirs
+from .build import build_pack, stale_temp_dirs
 from .exits import StrataGroup, interrupted
 from .gguf_file import GGUFError
+from .pack_plan import BuildError
 from .packfmt import PackFormatError
 from .quants import GGMLTypeError, ShapeError
 

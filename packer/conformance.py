@@ -415,7 +415,7 @@ def check_conformance(
     rows are checked against the geometry only).
 
     Returns every finding (never raises on a mismatch); unknown type ids and byte counts are the
-    pool layout's (:func:`strata.packer.packfmt.pool_layout_findings`).
+    pool layout's (:func:`strata.packer.pack.pool_layout_findings`).
     """
     c = _Checker(geom)
     c.out.expected = {name: (spec, ne, il) for name, spec, ne, il in geom.expected_tensors()}

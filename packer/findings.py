@@ -4,8 +4,8 @@ Every check in strata that compares what a file holds with what is required repo
 :class:`Finding`: the tensor (or ``file:field``) it concerns, what was found, what is required and
 one sentence that says all of it. Checkers return *every* finding (never just the first); a caller
 that must stop at the first one (the pack reader, the engine's load) raises with its message, a
-caller that reports (the budget audit) lists them all. The wanted failure (the design's "round 194"
-lesson): the tensor name, the value found and the value required, before any weight is used.
+caller that reports (the budget audit) lists them all. The wanted failure (docs/DESIGN.md "Mismatches
+are refused at load"): the tensor name, the value found and the value required, before any weight is used.
 """
 
 from __future__ import annotations

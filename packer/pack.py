@@ -89,7 +89,7 @@ def pool_layout_findings(
     its type x ne (:func:`strata.packer.quants.tensor_nbytes`) and the pool type is the source type
     (or F32 for a BF16 source, the one pack form); the offset is a multiple of ``align``, the range lies inside
     pool.bin, no two tensors overlap; with ``gaps`` (the audit's report), also that no gap of ``align``
-    bytes or more separates them (the one writer, ``packer.build.layout_pool``, packs them densely: a
+    bytes or more separates them (the one writer, ``packer.pack_plan.layout_pool``, packs them densely: a
     gap suggests a shifted offset) and that the header's pool size is the last tensor's end padded
     to ``align``. The engine's reader (:func:`open_pack`) refuses everything but the gaps: a pack
     with a tensor line removed is refused by the contract check instead, naming the tensor.

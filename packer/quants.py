@@ -38,7 +38,7 @@ A type is **engine-supported** when it has both a CPU dequantizer and a GPU kern
   on the host, tests/test_gpu_kernels.py on a GPU).
 
 The engine, the budget audit and the packer read the type only through its row. The one other
-per-type table is test data: :func:`strata.packer.synth.make_random_blocks` keeps each type's
+per-type table is test data: :func:`strata.testing.blocks.make_random_blocks` keeps each type's
 largest decoded ``|value| / d`` to draw valid random blocks.
 """
 

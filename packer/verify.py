@@ -23,10 +23,11 @@ import numpy as np
 from strata.manifests.contract import geometry_params_text
 
 from . import quants
-from .build import CHUNK_BYTES, layout_pool, metadata_items, resolve_geometry, tabulate_experts
+from .build import CHUNK_BYTES
 from .expert_samples import EXPERT_SAMPLE_BYTES, expert_sample_digests
 from .gguf_file import GGUFError, open_model, read_array
 from .pack import check_pool_layout, read_pack
+from .pack_plan import layout_pool, metadata_items, resolve_geometry, tabulate_experts
 from .packfmt import (
     GEOMETRY_VERSION_LINE,
     INDEX_FILE,
@@ -137,7 +138,7 @@ def _verify_tokenizer(model, pack_dir: Path) -> None:
 
 
 def _check_expert_samples(pack, paths: list[Path]) -> str | None:
-    """Re-read the expert samples the build record keeps (:func:`strata.packer.build.expert_sample_digests`);
+    """Re-read the expert samples the build record keeps (:func:`strata.packer.expert_samples.expert_sample_digests`);
     a warning for a pack built before they were recorded, else None.
 
     Raises:

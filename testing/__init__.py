@@ -18,10 +18,10 @@ same arguments give byte-identical files. Seven modules, one job each:
   :func:`deepseek2_spec`, ... :data:`PRESETS`), each loaded and run by llama.cpp (llama-cpp-python 0.3.36).
 - :mod:`.gguf_writer` - :func:`write_header_only`: strata's own minimal GGUF v3 writer, a real header
   and a sparse data section (a hole); it accepts type ids gguf-py does not know (42 = Q2_0).
-  :mod:`.documents` uses it for the documents' 48-layer, 512-expert model
-  (:func:`documents_qwen3next_header_only`, ~47 GB logical, a few MB of disk).
+  :mod:`.reference_model` uses it for the qwen3next reference model, 48 layers and 512 experts
+  (:func:`reference_model_header_only`, ~47 GB logical, a few MB of disk).
 - :mod:`.shards` - :func:`write_split`: split GGUF files of any size with the tiled pattern, written
-  by parallel processes; :func:`write_documents_model` writes the documents' model with it (~47 GB).
+  by parallel processes; :func:`write_reference_model` writes the reference model with it (~47 GB).
 - :mod:`.broken` - :func:`write_broken`: one malformed file per kind in :data:`BROKEN_KINDS` for the
   GGUF reader's tests.
 
@@ -32,12 +32,6 @@ come from the one registry, :mod:`strata.packer.quants`; GGUF value types from
 
 from .blocks import GGUF_QUANTIZABLE, make_random_blocks, pattern_fill, tensor_rng, to_type_id
 from .broken import BROKEN_KINDS, write_broken, write_broken_base
-from .documents import (
-    DOCUMENTS_EXPERT_CYCLE,
-    documents_qwen3next_header_only,
-    documents_qwen3next_plan,
-    write_documents_model,
-)
 from .gguf_writer import KV, DataMode, HeaderLayout, TensorDecl, TensorLayout, write_header_only
 from .models import (
     ARCHS,
@@ -70,6 +64,12 @@ from .presets import (
     write_big_dense,
     write_tokenizer_case,
 )
+from .reference_model import (
+    REFERENCE_EXPERT_CYCLE,
+    reference_model_header_only,
+    reference_model_plan,
+    write_reference_model,
+)
 from .shards import write_split
 from .tokenizer import (
     SPECIAL_TOKENS,
@@ -85,7 +85,6 @@ __all__ = [
     "ARCHS",
     "BROKEN_KINDS",
     "DENSE_TYPES",
-    "DOCUMENTS_EXPERT_CYCLE",
     "DataMode",
     "ExpertTypes",
     "GGUF_QUANTIZABLE",
@@ -96,6 +95,7 @@ __all__ = [
     "ModelSpec",
     "PRESETS",
     "PlannedTensor",
+    "REFERENCE_EXPERT_CYCLE",
     "SPECIAL_TOKENS",
     "SynthTokenizer",
     "TOKENIZER_CASES",
@@ -104,8 +104,6 @@ __all__ = [
     "big_dense_spec",
     "bytes_to_unicode",
     "deepseek2_spec",
-    "documents_qwen3next_header_only",
-    "documents_qwen3next_plan",
     "gemma3_spec",
     "gpt_oss_spec",
     "llama_moe_spec",
@@ -120,6 +118,8 @@ __all__ = [
     "qwen3_spec",
     "qwen3moe_spec",
     "qwen3next_spec",
+    "reference_model_header_only",
+    "reference_model_plan",
     "shard_names",
     "spec_geometry",
     "synth_tokenizer",
@@ -130,9 +130,9 @@ __all__ = [
     "write_big_dense",
     "write_broken",
     "write_broken_base",
-    "write_documents_model",
     "write_header_only",
     "write_model",
+    "write_reference_model",
     "write_split",
     "write_tokenizer_case",
 ]

@@ -202,7 +202,7 @@ def pattern_chunks(
 ):
     """The bytes of :func:`pattern_fill` (same arguments, same bytes) as a sequence of ``uint8`` arrays
     of at most ~``chunk_bytes`` each, so a writer never holds a whole tensor (a 471 MB expert tensor of
-    the documents' model is written from one 64 MiB buffer). Yields views of one reused buffer:
+    the reference model is written from one 64 MiB buffer). Yields views of one reused buffer:
     write each before asking for the next."""
     pat, nbytes = _pattern(type_id, ne, rng, pattern_bytes)
     per = max(1, chunk_bytes // pat.size)
@@ -223,7 +223,8 @@ def role_values(role: str, n: int, rng: np.random.Generator, std: float = 0.02) 
     """f32 values of a tensor that is not a weight matrix, by its fill role (``norm``: near 1, as converters
     store RMS-norm weights +1; ``ssm_a``: negative, it stores -exp(A_log); ``conv``: the conv kernel;
     ``vec`` / ``bias`` / ``ssm_dt``: small values), drawn from ``rng``; None for other roles (weights:
-    random blocks). The one rule of :func:`strata.testing.models.write_model` and the documents' writer."""
+    random blocks). The one rule of :func:`strata.testing.models.write_model` and
+    :func:`strata.testing.reference_model.write_reference_model`."""
     if role == "norm":
         return 1.0 + 0.01 * rng.standard_normal(n, dtype=np.float32)
     if role == "ssm_a":

@@ -2,7 +2,7 @@
 
 :func:`write_header_only` writes any KVs and tensor infos exactly as given, with tensor offsets the
 running sum of padded sizes (ggml ``gguf.cpp``'s rule), and by default leaves the data section a
-sparse hole, so a ~47 GB model (:mod:`.documents`) costs a few MB of disk. Unlike
+sparse hole, so a ~47 GB model (:mod:`.reference_model`) costs a few MB of disk. Unlike
 ``gguf.GGUFWriter`` it accepts type ids gguf-py does not know (42 = Q2_0) and reports where every
 field sits (:class:`HeaderLayout`), which :mod:`.broken` uses to craft malformed files.
 

@@ -8,7 +8,7 @@ identical to :func:`strata.testing.blocks.pattern_fill`) for weight matrices abo
 (:func:`strata.testing.blocks.make_random_blocks`) for smaller ones (routers) and the role values of
 :func:`strata.testing.blocks.role_values` for norms, conv kernels and vectors, one random stream per
 tensor (:func:`strata.testing.blocks.tensor_rng`), written in 64 MiB pieces and one process per shard:
-the documents' ~45 GB model in about a minute where the page cache takes the writes.
+the qwen3next reference model (~45 GB) in about a minute where the page cache takes the writes.
 
 Unlike ``gguf.GGUFWriter`` (:func:`strata.testing.models.write_model`), type ids gguf-py does not
 know (42 = Q2_0) are accepted, and no tensor is ever held whole in memory.

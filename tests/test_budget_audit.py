@@ -281,7 +281,7 @@ def test_round_194_a_formula_too_big_is_caught_by_the_tensors(q3n, monkeypatch):
 
 
 def test_round_194_indexer_key_store_is_one_shared_head(tmp_path, monkeypatch):
-    # The documents' indexer: 4 query heads, ONE cached key head (indexer.attn_k [n_embd, 128]).
+    # The reference model's indexer: 4 query heads, ONE cached key head (indexer.attn_k [n_embd, 128]).
     spec = synth.qwen3next_spec(dims={"n_embd": 256})
     E = spec.dims.n_embd
 

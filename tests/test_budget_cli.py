@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from strata import testing as synth
 from strata.budget.cli import JSON_KEYS, main
+from strata.budget.plan import PlanOptions
 from strata.packer.build import build_pack
 
 MIB = 1 << 20
@@ -201,7 +202,7 @@ def test_bad_profiles_exit_2(pack, tmp_path):
 
 
 def test_not_fitting_exits_1_and_says_what_to_shrink(pack):
-    code, d = run_json(pack, "--engine", "documents", "--card-mib", 800, "--max-context", 2048, "--batch", 8)
+    code, d = run_json(pack, "--engine", "cpp", "--card-mib", 800, "--max-context", 2048, "--batch", 8)
     assert code == 1 and d["verdict"] == "does not fit"
     s = {x["option"]: x for x in d["suggestions"]}
     assert s["--vram-reserve-mib"]["fits_alone"]
@@ -242,11 +243,11 @@ def test_semantic_error_exits_2_with_json_errors(pack, tmp_path):
     assert e["found"] == "65" and e["required"].startswith("64 ")
 
 
-def test_documents_prefill_model(pack):
+def test_cpp_prefill_model(pack):
     code, d = run_json(
         pack,
         "--engine",
-        "documents",
+        "cpp",
         "--card",
         "24G",
         "--max-context",
@@ -254,11 +255,26 @@ def test_documents_prefill_model(pack):
         "--prefill",
         256,
         "--prefill-model",
-        "documents",
+        "cpp",
     )
     assert code == 0
     # docs/DESIGN.md "The automatic slot count": prefill_mib = 160 + chunk * 680 / 1024 = 160 + 170
     assert next(t["bytes"] for t in d["terms"] if t["name"] == "prefill/activations") == 330 * MIB
+
+
+def test_old_value_name_documents_is_a_hidden_alias_of_cpp(pack):
+    # old scripts keep working: "documents" (the earlier name of the reference C++ engine) plans the same and
+    # the JSON says "cpp"; --help lists only the new names
+    args = ("--card", "24G", "--max-context", 256, "--prefill", 256)
+    new = run_json(pack, *args, "--engine", "cpp", "--prefill-model", "cpp")
+    old = run_json(pack, *args, "--engine", "documents", "--prefill-model", "documents")
+    assert old[0] == new[0] == 0 and old[1]["terms"] == new[1]["terms"]
+    assert (old[1]["options"]["engine"], old[1]["options"]["prefill_model"]) == ("cpp", "cpp")
+    assert PlanOptions(engine="documents", prefill_model="documents") == PlanOptions(engine="cpp", prefill_model="cpp")
+    help_text = CliRunner().invoke(main, ["check", "--help"]).output
+    assert "[strata|cpp]" in help_text and "[geometry|cpp]" in help_text and "documents" not in help_text
+    code, out = run(pack, *args, "--engine", "c++")
+    assert code == 2 and "'strata', 'cpp'" in out and "documents" not in out
 
 
 def test_tables_print_and_the_real_command_runs(pack):
@@ -590,7 +606,7 @@ SAFETY_ORDER = [
 def test_suggestions_are_safest_first_and_the_verdict_picks_the_safest_that_fits(pack):
     # a context far beyond what fits: shrinking the context, the KV type, the resident KV or the
     # reserve each fits alone; the verdict's "e.g." is the context, never the reserve
-    code, d = run_json(pack, "--engine", "documents", "--card-mib", 1500, "--max-context", 1_500_000)
+    code, d = run_json(pack, "--engine", "cpp", "--card-mib", 1500, "--max-context", 1_500_000)
     assert code == 1
     opts = [s["option"] for s in d["suggestions"]]
     assert opts == sorted(opts, key=SAFETY_ORDER.index) and opts[-1] == "--vram-reserve-mib"
@@ -602,14 +618,14 @@ def test_suggestions_are_safest_first_and_the_verdict_picks_the_safest_that_fits
         f"e.g. --max-context {best} (the largest context that fits is {best} tokens, above the model's trained "
         f"context of 2048 tokens (it was not trained for more; --ctx 2048 fits too))"
     )
-    assert run(pack, "--engine", "documents", "--card-mib", 1500, "--max-context", best)[0] == 0
-    assert run(pack, "--engine", "documents", "--card-mib", 1500, "--max-context", best + 1)[0] == 1
+    assert run(pack, "--engine", "cpp", "--card-mib", 1500, "--max-context", best)[0] == 0
+    assert run(pack, "--engine", "cpp", "--card-mib", 1500, "--max-context", best + 1)[0] == 1
 
 
 def test_reserve_is_never_suggested_below_the_low_line_and_every_knob_is_listed_alike(pack):
     # 700 MiB: even a 256 MiB reserve does not fit; the reserve is listed at 256, not below, and
     # no single change fits, which the verdict says instead of suggesting a risky reserve
-    code, d = run_json(pack, "--engine", "documents", "--card-mib", 700, "--max-context", 2048, "--batch", 8)
+    code, d = run_json(pack, "--engine", "cpp", "--card-mib", 700, "--max-context", 2048, "--batch", 8)
     assert code == 1
     s = {x["option"]: x for x in d["suggestions"]}
     assert (s["--vram-reserve-mib"]["value"], s["--vram-reserve-mib"]["fits_alone"]) == ("256", False)
@@ -630,7 +646,7 @@ def test_reserve_is_never_suggested_below_the_low_line_and_every_knob_is_listed_
     }
     assert all(x["saves_bytes"] > 0 for x in d["suggestions"])
     # 800 MiB: the reserve alone fits at 261 MiB (>= 256): offered, last
-    code, d = run_json(pack, "--engine", "documents", "--card-mib", 800, "--max-context", 2048, "--batch", 8)
+    code, d = run_json(pack, "--engine", "cpp", "--card-mib", 800, "--max-context", 2048, "--batch", 8)
     r = d["suggestions"][-1]
     assert (r["option"], r["value"], r["fits_alone"]) == ("--vram-reserve-mib", "261", True)
     assert "last resort" in r["text"]
@@ -666,17 +682,17 @@ def test_identical_audit_warnings_are_one_table_line_and_all_in_json(unsupported
 
 
 def test_table_details_need_no_file_outside_the_repository(pack):
-    # documents' prefill model, a low reserve (warning) and a plan that does not fit (suggestions)
+    # the C++ engine's prefill model, a low reserve (warning) and a plan that does not fit (suggestions)
     code, out = run(
         pack,
         "--engine",
-        "documents",
+        "cpp",
         "--card-mib",
         700,
         "--max-context",
         2048,
         "--prefill-model",
-        "documents",
+        "cpp",
         "--vram-reserve-mib",
         300,
     )

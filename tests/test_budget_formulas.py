@@ -1,4 +1,4 @@
-"""strata.budget.formulas and the plan arithmetic: worked numbers from the documents, the SWA and
+"""strata.budget.formulas and the plan arithmetic: worked numbers of docs/DESIGN.md, the SWA and
 profile-fill rules, the slot formula, and hypothesis properties of the plan (slots never push the
 total past the card; growing any term never grows the slots)."""
 
@@ -24,15 +24,15 @@ IQ2_XXS, IQ2_XS, IQ4_NL, Q2_0, Q8_0, Q4_0, F16, F32, BF16, Q4_K = 16, 17, 20, 42
 # ----------------------------------------------------------------------------- worked numbers
 
 
-def test_expert_blob_worked_example_from_the_documents():
-    # docs/DESIGN.md "Expert sizes change per layer" (the documents' native_experts example),
+def test_expert_blob_worked_example():
+    # docs/DESIGN.md "Expert sizes change per layer" (the native_experts example),
     # n_embd 2560, expert width 640:
     # layer 0 IQ2_XS gate/up (74 B per 256) + IQ4_NL down (18 B per 32):
     # 2560*640/256*74 = 473,600 each, 640*2560/32*18 = 921,600 -> 1,868,800 B.
     assert LX.expert_blob_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640) == 473_600 * 2 + 921_600 == 1_868_800
     # layer 1 IQ2_XXS (66 B per 256) + Q2_0 (18 B per 64): 422,400 * 2 + 460,800 = 1,305,600 B.
     assert LX.expert_blob_bytes(IQ2_XXS, IQ2_XXS, Q2_0, 2560, 640) == 1_305_600
-    # layer 1 starts at 512 x 1,868,800 = 956,825,600 in the arena (the documents' table).
+    # layer 1 starts at 512 x 1,868,800 = 956,825,600 in the arena (the worked example's table).
     assert 512 * LX.expert_blob_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640) == 956_825_600
     # engine form: IQ4_NL and Q2_0 are widened (fp16 d -> f32: +2 B per block), IQ2_* stay native:
     # IQ4_NL down 640*2560/32 = 51,200 blocks x 20 B = 1,024,000; Q2_0 down 25,600 blocks x 20 B = 512,000.
@@ -90,12 +90,12 @@ def test_recurrent_state_is_f32_per_sequence():
     assert LK.recurrent_state_bytes(layers, 4) == 4 * per_seq
 
 
-def test_documents_prefill_formula():
+def test_cpp_prefill_formula():
     # docs/DESIGN.md "The automatic slot count":
     # prefill_mib = chunk > 0 ? 160 + chunk * 680 / 1024 : 0 (C integer division)
-    assert F.documents_prefill_bytes(0) == 0
-    assert F.documents_prefill_bytes(256) == (160 + 170) * MIB
-    assert F.documents_prefill_bytes(100) == (160 + 66) * MIB
+    assert F.cpp_prefill_bytes(0) == 0
+    assert F.cpp_prefill_bytes(256) == (160 + 170) * MIB
+    assert F.cpp_prefill_bytes(100) == (160 + 66) * MIB
 
 
 def test_activation_bytes():
@@ -367,7 +367,7 @@ def test_quants_registry_agrees_with_engine_form_for_every_widened_type():
 
 
 def test_expert_slot_layout_aligns_parts():
-    # the documents' layer 0: every part a multiple of 256 B, so the slot is the engine blob itself
+    # the reference model's layer 0: every part a multiple of 256 B, so the slot is the engine blob itself
     parts, stride = LX.expert_slot_layout(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640)
     assert parts == ((0, 473_600), (473_600, 473_600), (947_200, 1_024_000)) and stride == 1_971_200
     assert LX.expert_slot_bytes(IQ2_XS, IQ2_XS, IQ4_NL, 2560, 640) == LX.expert_blob_bytes(

@@ -151,7 +151,7 @@ def test_real_command_end_to_end(real_packs):
             "--card-mib",
             "600",
             "--engine",
-            "documents",
+            "cpp",
             "--batch",
             "4",
         ],

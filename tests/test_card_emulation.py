@@ -1,7 +1,7 @@
 """Card emulation (strata-engine --card): the emulated-free-memory arithmetic, the allocation hook and
 the baseline (with a stand-in for CuPy: CPU only), the simulated card, and the command line.
 
-The H200 runs of the same code are in tests/test_docs_gpu.py (gpu-marked) and bench/device_docs.sh."""
+The H200 runs of the same code are in tests/test_startup_reserve_gpu.py (gpu-marked) and bench/device_docs.sh."""
 
 from __future__ import annotations
 

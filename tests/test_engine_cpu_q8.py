@@ -1,12 +1,12 @@
 """The CPU path's llama.cpp-numerics kernel (``kernel="q8"``, engine/cpu/cpu_q8.c + cpu_q8_dots.c), checked
 against NumPy definitions written here from the ggml sources, bit for bit where the order is ours:
 
-- the activation quantizers (Q8_0, Q8_K) give exactly the values of the ``llamacpp`` numerics profile
+- the activation quantizers (Q8_0, Q8_K) give exactly the values of the ``llamacpp`` numerics mode
   (:func:`strata.engine.numerics.quantize_activation`), with llama.cpp's rounding (half to even, fp16 d);
 - a row's result equals a NumPy replay of the documented order bit for bit: the integer block sums
   (exact: computed here in int64 from gguf-py's own dequantizer with the block scale set to 1, so the
   weight layout is decoded by an independent implementation) and then the fixed f32 sequence;
-- it is within a stated bound of the float64 dot of the profile's values (dequantized weights x
+- it is within a stated bound of the float64 dot of the mode's values (dequantized weights x
   quantized activation): ``(n_blocks + 8) * 4 * 2^-24 * sum |w x|`` (the roundings of d_w * d_x,
   float(S), the product and the accumulation per block, and the 8-lane tree);
 - the AVX2 (+VNNI) build and the portable scalar build give the same bits;
@@ -47,7 +47,7 @@ def _x(rng, n: int) -> np.ndarray:
 
 @pytest.mark.parametrize("scalar", [False, True], ids=["simd", "scalar"])
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_K"])  # a Q8_0 and a Q8_K weight type
-def test_activation_quantizer_gives_the_profile_values(name, scalar):
+def test_activation_quantizer_gives_the_numerics_mode_values(name, scalar):
     t = quants.by_name(name)
     rng = np.random.default_rng(1)
     x = _x(rng, 256 * 12)
@@ -55,7 +55,7 @@ def test_activation_quantizer_gives_the_profile_values(name, scalar):
     blk = 32 if t.act_format == "q8_0" else 256
     want = quantize_activation(np, x, t.id)
     got = np.repeat(d, blk) * q.astype(np.float32)
-    assert np.array_equal(got, want)  # values (a -0.0 of the profile is +0.0 here: q is an integer)
+    assert np.array_equal(got, want)  # values (a -0.0 of the numerics mode is +0.0 here: q is an integer)
     # q itself: round half to even of x * (127 / amax) (Q8_0) or of x * (-127 / max) (Q8_K), |q| <= 127
     b = x.reshape(-1, blk)
     if blk == 32:
@@ -175,7 +175,7 @@ def test_q8_row_equals_the_replay_of_the_documented_order(type_id, wild):
 
 
 @pytest.mark.parametrize("type_id", Q8, ids=Q8_IDS)
-def test_q8_is_the_profile_dot_within_the_stated_bound(type_id):
+def test_q8_is_the_numerics_mode_dot_within_the_stated_bound(type_id):
     t = quants.qtype(type_id)
     raw, rows, ne0, x = _case(t, np.random.default_rng(type_id), False)
     y = CK.matvec(type_id, raw, rows, ne0, x, kernel="q8").astype(np.float64)
@@ -185,7 +185,7 @@ def test_q8_is_the_profile_dot_within_the_stated_bound(type_id):
     bound = (nb + 8) * 4 * U * (np.abs(W) @ np.abs(xq))
     err = np.abs(y - W @ xq)
     assert np.all(err <= bound), float(np.max(err / bound))
-    # and the f32 kernels with the profile's activation give the same values to the same order of error
+    # and the f32 kernels with the mode's activation give the same values to the same order of error
     yf = CK.matvec(type_id, raw, rows, ne0, quantize_activation(np, x, type_id), kernel="f32").astype(np.float64)
     assert np.all(np.abs(yf - W @ xq) <= 2 * ne0 * U * (np.abs(W) @ np.abs(xq)))
 

@@ -127,11 +127,11 @@ def test_engine_supported_means_a_kernel_on_both_paths():
     assert all(dequant.supported(t) for t in ENGINE_TYPES)
 
 
-def test_the_documents_model_types_all_have_engine_kernels():
-    from strata.testing import DOCUMENTS_EXPERT_CYCLE, documents_qwen3next_plan
+def test_the_reference_model_types_all_have_engine_kernels():
+    from strata.testing import REFERENCE_EXPERT_CYCLE, reference_model_plan
 
-    _kv, tensors = documents_qwen3next_plan(n_vocab=1000)
-    types = {ty for _n, ty, _ne in tensors} | {t for pair in DOCUMENTS_EXPERT_CYCLE for t in pair}
+    _kv, tensors = reference_model_plan(n_vocab=1000)
+    types = {ty for _n, ty, _ne in tensors} | {t for pair in REFERENCE_EXPERT_CYCLE for t in pair}
     assert {Q2_0, quants.by_name("IQ2_S").id} <= types
     missing = sorted(quants.qtype(t).name for t in types if not quants.qtype(t).engine_supported)
     assert missing == []

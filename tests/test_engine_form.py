@@ -42,7 +42,7 @@ def test_engine_nbytes_matches_registry(type_id):
 
 def test_widened_extra_bytes_worked_example():
     """docs/DESIGN.md "Pack form and engine form": widening adds 2 bytes per fp16 field per block, e.g. the
-    documents' Q2_0 expert down 640x2560 = 460,800 B native -> 460,800 + 25,600 * 2 = 512,000 B in engine
+    the reference model's Q2_0 expert down 640x2560 = 460,800 B native -> 460,800 + 25,600 * 2 = 512,000 B in engine
     form."""
     q2_0 = quants.by_name("Q2_0").id
     ne = (640, 2560)

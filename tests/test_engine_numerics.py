@@ -1,4 +1,4 @@
-"""The ``llamacpp`` numerics profile: llama.cpp CPU's activation roundings (strata.engine.numerics)."""
+"""The ``llamacpp`` numerics mode: llama.cpp CPU's activation roundings (strata.engine.numerics)."""
 
 from __future__ import annotations
 
@@ -60,11 +60,11 @@ def test_gelu_table_is_fp16_valued_and_saturates():
     assert np.max(np.abs(y - gelu_tanh(np, x))[mid]) < 0.01
 
 
-def test_profiles():
+def test_numerics_modes():
     assert N.numerics("f32").act_quant is False and N.numerics("llamacpp").attn_f16 is True
     assert not hasattr(N.numerics("llamacpp"), "kv_f16")  # the KV type is the engine's --kv option now
     assert N.DEFAULT_NUMERICS == "f32"
-    with pytest.raises(ValueError, match="unknown numerics profile 'fp8'; known: f32, llamacpp"):
+    with pytest.raises(ValueError, match="unknown numerics mode 'fp8'; known: f32, llamacpp"):
         N.numerics("fp8")
 
 

@@ -1,7 +1,7 @@
 """qwen3next's forward pass beyond the llama.cpp fixtures (tests/test_engine_reference.py): the
 recurrent state and KV cache the engine allocates are the budget's terms to the byte, the legacy
 fused ``ssm_in`` projection computes what the ``attn_qkv`` + ``attn_gate`` pair computes, the
-documents' indexer is loaded and named as unused, the expert cache does not change the logits, and the
+reference model's indexer is loaded and named as unused, the expert cache does not change the logits, and the
 delta-net widths come from the manifest alone.
 """
 
@@ -136,7 +136,7 @@ def test_legacy_ssm_in_computes_what_the_pair_computes(q3n, tmp_path):
     assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()  # the same rows, multiplied in another matrix
 
 
-def test_documents_indexer_is_loaded_and_named_unused(tmp_path):
+def test_reference_model_indexer_is_loaded_and_named_unused(tmp_path):
     spec = synth.qwen3next_spec(seed=3, params={"indexer_n_head": 4, "indexer_head_dim": 64})
     src = synth.write_model(tmp_path / "idx.gguf", spec)[0]
     build_pack(src, tmp_path / "pack", progress=False)

@@ -48,7 +48,7 @@ dots; strata.engine.cpu.kernels), whose figures are beside TOLERANCES - the same
 MoE rows closer (routing follows llama.cpp's more often) and the real models' f32-profile rows a little
 further (their activations are now quantized while attention stays f32).
 
-A one-token Gemma forward pass with the ``llamacpp`` profile matches llama.cpp to 2e-5; longer
+A one-token Gemma forward pass with the ``llamacpp`` numerics mode matches llama.cpp to 2e-5; longer
 runs do not get closer than the f32 path for the real models (see strata.engine.numerics), but
 the synthetic MoE does (expert selection follows llama.cpp's), so it is checked with both.
 """

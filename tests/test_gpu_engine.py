@@ -28,7 +28,7 @@ skip_no_gpu = pytest.mark.skipif(not GPU_OK, reason=f"needs CuPy and a CUDA GPU:
 PROMPT = [1, 2, 3, 4, 5]
 
 
-#: A qwen3moe whose experts use the types the documents' model adds (Q2_0, IQ2_S) and Q1_0.
+#: A qwen3moe whose experts use the types the qwen3next reference model adds (Q2_0, IQ2_S) and Q1_0.
 NEW_TYPES = [("IQ2_S", "Q2_0"), ("Q1_0", "Q1_0"), ("Q2_0", "IQ2_S")]
 
 
@@ -69,8 +69,8 @@ def _tops_equal(a, b) -> bool:
 def test_startup_order_and_checkpoint_figures(packs):
     eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend())
     names = [c.name for c in eng.checkpoints]
-    # everything the engine holds (head: incident 1; session and the prompt path's kernels and
-    # temporaries: incidents 2 and 3) is allocated before the expert cache measures what is free
+    # everything the engine holds (the head, the session and the prompt path's kernels and
+    # temporaries: docs/DESIGN.md "Start-up order") is allocated before the expert cache measures what is free
     assert names == ["pack", "weights", "head", "session", "prompt path", "expert cache"]
     for c in eng.checkpoints:
         assert {"gpu_free_bytes", "gpu_used_bytes", "pool_used_bytes"} <= set(c.extra)

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from strata import testing as synth
-from strata.packer.build import BuildError, build_pack
+from strata.packer.build import build_pack
+from strata.packer.pack_plan import BuildError
 from strata.packer.verify import verify_pack
 
 

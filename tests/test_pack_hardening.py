@@ -16,8 +16,9 @@ import pytest
 
 from strata import testing as synth
 from strata.manifests.contract import ManifestError
-from strata.packer.build import BuildError, _rename_noreplace, build_pack
+from strata.packer.build import _rename_noreplace, build_pack
 from strata.packer.pack import open_pack
+from strata.packer.pack_plan import BuildError
 from strata.packer.packfmt import PackFormatError, read_index, read_metadata
 from strata.packer.verify import VerifyError, verify_pack
 

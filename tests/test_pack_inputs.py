@@ -18,11 +18,12 @@ from click.testing import CliRunner
 
 from strata import testing as synth
 from strata.packer import build as B
-from strata.packer.build import BuildError, build_pack
+from strata.packer.build import build_pack
 from strata.packer.cli import main as pack_main
 from strata.packer.findings import fmt_ne
 from strata.packer.gguf_file import GGUFError, read_header
 from strata.packer.outputs import OutputError
+from strata.packer.pack_plan import BuildError
 
 
 def _left(d: Path) -> list[str]:

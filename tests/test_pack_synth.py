@@ -1,5 +1,6 @@
-"""strata-pack build on synthetic GGUFs (strata.testing): MoE tables, split shards, BF16,
-the documents' worked example, and every bad input refused with nothing left behind."""
+"""strata-pack build on synthetic GGUFs (strata.testing): MoE tables, split shards, BF16, the worked
+example of docs/DESIGN.md "Expert sizes change per layer", and every bad input refused with nothing
+left behind."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import pytest
 
 from strata import testing as synth
 from strata.packer import quants
-from strata.packer.build import BuildError, build_pack
+from strata.packer.build import build_pack
 from strata.packer.gguf_file import GGUFError, open_model, read_header
 from strata.packer.pack import open_pack
+from strata.packer.pack_plan import BuildError
 from strata.packer.verify import VerifyError, verify_pack
 
 
@@ -258,7 +260,7 @@ def test_mismatched_shard_count(tmp_path):
 # ------------------------------------ worked example (docs/DESIGN.md "Expert sizes change per layer")
 
 
-def test_documents_worked_example_blob_bytes(tmp_path):
+def test_worked_example_blob_bytes(tmp_path):
     """docs/DESIGN.md "Expert sizes change per layer": n_embd 2560, n_ff 640, 512 experts. Layer 0 IQ2_XS
     gate/up + IQ4_NL down: blob 1,868,800 B; layer 1 starts at 512 x 1,868,800 = 956,825,600; layer 1
     IQ2_XXS + Q2_0: 1,305,600 B. Header-only sparse file: ~1.5 GB logical, nothing on disk."""

@@ -1,4 +1,4 @@
-"""The quant-type registry against gguf-py 0.19.0 and the documents' facts."""
+"""The quant-type registry against gguf-py 0.19.0 and the worked numbers of docs/DESIGN.md."""
 
 import gguf
 import numpy as np
@@ -46,7 +46,7 @@ def test_unknown_or_removed_id_names_tensor_file_and_id(bad):
         assert "removed" in msg
 
 
-def test_widening_rule_from_the_documents():
+def test_widening_rule_of_the_worked_example():
     widened = sorted(t.name for t in quants.QTYPES.values() if t.widened)
     assert widened == sorted(["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q1_0", "Q2_0"])
     # engine-form block bytes = block bytes + 2 per fp16 field (docs/FORMAT.md "Quant types", column "engine block")

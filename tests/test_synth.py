@@ -1,6 +1,6 @@
 """Tests of strata.testing: synthetic GGUF models, header-only files and broken files.
 
-Sources of expected numbers: per-expert byte sizes of the documents' model from
+Sources of expected numbers: per-expert byte sizes of the qwen3next reference model from
 docs/DESIGN.md "Expert sizes change per layer" (layer 0 473,600 + 473,600 + 921,600 = 1,868,800 B; layer 1
 422,400 + 422,400 + 460,800 = 1,305,600 B; layer 1 starts at 512 x 1,868,800 = 956,825,600 in the expert
 arena); split-shard keys and tensor shapes from llama.cpp (``tools/gguf-split/gguf-split.cpp``,
@@ -37,7 +37,7 @@ _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?
 def parse_header(path: Path) -> dict:
     """magic, version, kv {key: (type, value)} (string arrays: (ARRAY, (STRING, count)) unless short),
     tensors [(name, ne, type, offset)], data_offset. Reads only the header."""
-    with open(path, "rb") as f:  # mmap: the documents' file is ~47 GB (sparse)
+    with open(path, "rb") as f:  # mmap: the reference model's file is ~47 GB (sparse)
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     pos = 0
 
@@ -458,14 +458,14 @@ def test_header_only_type_unknown_to_gguf(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def documents(tmp_path_factory):
-    p = tmp_path_factory.mktemp("docs") / "documents.gguf"
-    lay = S.documents_qwen3next_header_only(p)
+def reference_model(tmp_path_factory):
+    p = tmp_path_factory.mktemp("docs") / "reference-qwen3next.gguf"
+    lay = S.reference_model_header_only(p)
     return p, lay, parse_header(p)
 
 
-def test_documents_expert_bytes(documents):
-    _, lay, h = documents
+def test_reference_model_expert_bytes(reference_model):
+    _, lay, h = reference_model
     t = {n: (ne, typ, off) for n, ne, typ, off in h["tensors"]}
     per_expert = lambda n: quants.tensor_nbytes(t[n][1], t[n][0]) // t[n][0][2]  # noqa: E731
     assert t["blk.0.ffn_gate_exps.weight"][:2] == ((2560, 640, 512), 17)  # IQ2_XS
@@ -486,8 +486,8 @@ def test_documents_expert_bytes(documents):
     assert len(set(blobs.values())) >= 4  # "how big an expert is" changes per layer
 
 
-def test_documents_geometry_and_disk(documents):
-    path, lay, h = documents
+def test_reference_model_geometry_and_disk(reference_model):
+    path, lay, h = reference_model
     kv = h["kv"]
     assert kv["general.architecture"] == (8, "qwen3next")
     for key, val in [

@@ -21,8 +21,9 @@ from click.testing import CliRunner
 from strata.engine.chat import ChatTemplateError, chat_prompt
 from strata.engine.cli import main as engine_main
 from strata.engine.tokenizer import load_tokenizer
-from strata.packer.build import BuildError, build_pack
+from strata.packer.build import build_pack
 from strata.packer.pack import open_pack
+from strata.packer.pack_plan import BuildError
 from strata.packer.tokenizer_rules import PRE_RULES
 from strata.testing import TOKENIZER_CASES, tokenizer_case_kv, write_tokenizer_case
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Record which GGUF metadata keys llama.cpp's model loader reads for each architecture strata has a
 contract for: the fixture ``tests/fixtures/llamacpp_keys.json`` that ``tests/test_metadata_keys.py``
-walks against every manifest's ``[keys]`` section (issue 12, "Metadata keys: honoured or refused,
-never ignored").
+walks against every manifest's ``[keys]`` section (:mod:`strata.manifests.keys`: "Metadata keys:
+honoured or refused, never ignored").
 
 What is read, in the vendored llama.cpp source (llama-cpp-python 0.3.36, ``vendor/llama.cpp``):
 

@@ -68,7 +68,7 @@ PRESETS: dict[str, tuple[str, dict, list[str]]] = {
         },
         _MOE_PROMPTS[:3] + [_WORDS],
     ),
-    # issue 13's engine architectures: llama (NORM rope with Llama 3.1 rope_freqs factors), Mixtral-style
+    # the engine architectures: llama (NORM rope with Llama 3.1 rope_freqs factors), Mixtral-style
     # llama experts, qwen3 (q/k norms, q width != n_embd), qwen2moe (shared expert, no renormalisation)
     "llama": (
         "llama",
@@ -78,9 +78,9 @@ PRESETS: dict[str, tuple[str, dict, list[str]]] = {
     "llama_moe": ("llama_moe", {"seed": 7}, _MOE_PROMPTS),
     "qwen3": ("qwen3", {"seed": 7}, ["The capital of France is", "Numbers like 0 1 2 3", _WORDS]),
     "qwen2moe": ("qwen2moe", {"seed": 7}, _MOE_PROMPTS),
-    # issue 12's honoured metadata keys: gemma3 rotating 32 of its 64 head dims (rope.dimension_count, ggml_rope_ext
-    # n_dims < ne0) with its global layers scaled linearly by 1/4 (the sliding ones never are); llama (NORM
-    # rope with rope_freqs factors) scaled linearly by 1/8
+    # honoured metadata keys (strata.manifests.keys): gemma3 rotating 32 of its 64 head dims
+    # (rope.dimension_count, ggml_rope_ext n_dims < ne0) with its global layers scaled linearly by 1/4 (the
+    # sliding ones never are); llama (NORM rope with rope_freqs factors) scaled linearly by 1/8
     "gemma3-rope": (
         "gemma3",
         {"seed": 7, "dims": {"rope_dim": 32}, "extra_kv": {"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}},

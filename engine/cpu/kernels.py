@@ -11,8 +11,8 @@ Three kernels (:data:`KERNELS`; ``kernel=`` of :func:`matvec`, :func:`matvec_man
 
 - ``"exact"`` sums in the GPU kernel's order (``matvec_exact`` in the driver: per 32-value chunk a
   sequential f32 sum, 32 lanes, the xor butterfly), so an expert computed on the CPU (a cache miss) is
-  bit-identical to the same expert computed on the GPU (a hit) - the design's "the hit path is all or
-  nothing". Why compiled C and not a Python JIT: the same source as the GPU kernels means the CPU
+  bit-identical to the same expert computed on the GPU (a hit) - docs/DESIGN.md "The hit path is all
+  or nothing". Why compiled C and not a Python JIT: the same source as the GPU kernels means the CPU
   dequantizes exactly what the GPU dequantizes. ``x`` is laid out for the lanes once per call.
 - ``"q8"`` is llama.cpp's CPU numerics (``engine/cpu/cpu_q8.c``, ``cpu_q8_dots.c``): the activation quantized
   once per product to Q8_0 / Q8_K exactly as ggml's ``quantize_row_q8_0`` / ``quantize_row_q8_K`` do (the

@@ -296,7 +296,7 @@ class GpuDevice:
         bk.synchronize()
         free = bk.mem_info().free
         bind = self.draft_bind_need
-        reserve = opts.vram_reserve_mib * F.MIB + bind  # the documents' reserve: + the draft head's bind bytes
+        reserve = opts.vram_reserve_mib * F.MIB + bind  # the C++ engine's reserve: + the draft head's bind bytes
         self.refuse_eaten_reserve(free, reserve, "expert cache")
         asked = None if opts.expert_cache == "auto" else int(opts.expert_cache)
         size = F.size_expert_cache(free, reserve, slot_bytes, cap, asked, cap_what=what)
@@ -344,8 +344,8 @@ class GpuDevice:
     # ------------------------------------------------------------------ the reserve and the drafter
 
     def refuse_eaten_reserve(self, free: int, reserve: int, where: str) -> None:
-        """Refuse a start with less than ``reserve`` bytes free at ``where`` (incidents 1 and 3 of
-        docs/DESIGN.md "Start-up order"), naming what every stage so far took.
+        """Refuse a start with less than ``reserve`` bytes free at ``where`` (docs/DESIGN.md "The head before
+        the cache", "The reserve and the prompt buffers"), naming what every stage so far took.
 
         Raises:
             StartupRefused: with the free bytes, the reserve and each stage's device memory.
@@ -445,7 +445,7 @@ class GpuDevice:
         self.bk.synchronize()
         free = self.bk.mem_info().free
         self.info.free_after_bytes = free
-        # the reserve is still free after start-up, measured (docs/DESIGN.md "Incident 1: the head before the cache")
+        # the reserve is still free after start-up, measured (docs/DESIGN.md "The head before the cache")
         self.refuse_eaten_reserve(free, self.info.reserve_bytes, "after start-up")
 
 

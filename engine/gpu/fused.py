@@ -1,13 +1,7 @@
 """The dense decode step as a short, fixed list of launches - replayed as one CUDA graph.
 
-Why (measured on the H200, bench/results/h200-2026-11-29-*): the generic path runs the shared
-layers (:mod:`strata.engine.layers`) with CuPy as the array module, so every ``x * x``, ``mean``,
-``astype``, ``concatenate`` of an RMS norm, a rope, a softmax or a cache read is its own kernel
-launch, each costing the host ~25 us of Python and driver time while the device idles. Gemma 3
-270M ran at 23-31 tok/s on the GPU against 42-44 tok/s on the CPU path of the same machine: launch
-overhead, not bandwidth (its weights are read in ~0.06 ms at the copy ceiling). A synthetic pack of
-Gemma 3 270M's shape (bench/bench_gpu.py ``gemma_like_spec``) takes 1883 launches and copies per
-token on the generic path (counted as the nodes of one captured step), 49 ms per token.
+Why one fused list and not the shared layers with CuPy (launch overhead, measured): docs/DESIGN.md "The
+decode step is one CUDA graph".
 
 This module builds the step of a dense model (gemma3, qwen2) from a few fused kernels (CUDA source
 ``cuda/fused.cu`` after ``kernel_src/prelude.cuh``: :func:`strata.engine.gpu.fused_ops.fused_source`), compiled
@@ -27,12 +21,8 @@ with the same IEEE options as the matvec kernels (:data:`strata.engine.gpu.kerne
   (:class:`MatvecLaunches`); the exact kernels for the types without one; ``kernel="exact"``: exact throughout.
 
 That is 12 launches per layer (3 for q/k/v, prep, attention, output, norm, gate, up, act, down,
-norm) plus embedding, head and two copies: 220 per token for an 18-layer model, against 1883 on the
-generic path (``bench/bench_gpu.py`` counts both). Measured on the H200 (2026-11-29, the
-Gemma-3-270M-shaped synthetic pack, 64 tokens): generic 20 tok/s, this step eager 244 tok/s, as a
-CUDA graph 339 tok/s end to end and 646 tok/s pure replay (1.55 ms per step on the device; the
-bandwidth floor is 0.065 ms) - the kernels themselves, ~7 us a node, are now what the device waits
-on; the CPU path on the same machine: 39 tok/s.
+norm) plus embedding, head and two copies: 220 per token for an 18-layer model (``bench/bench_gpu.py``
+counts them).
 
 **Per-step variables live in device memory.** The position and the embedding row (dequantized on
 the host from the memory-mapped pool, exactly as the CPU path does) are written to pinned host
@@ -105,7 +95,7 @@ def fused_unsupported(model) -> str | None:
             return f"{arch}: layer kind {kind!r} has an FFN the fused step does not build ({b.ffn})"
     nx = model.nx
     if nx.act_quant or nx.attn_f16 or nx.gelu_f16_table:
-        return f"numerics profile {nx.name}: the fused kernels implement the f32 profile only"
+        return f"numerics mode {nx.name}: the fused kernels implement the f32 mode only"
     why = gdn_unsupported(model)
     if why:
         return why

@@ -115,9 +115,7 @@ COMPILE_MODE: str | None = None
 #: ``STRATA_MATVEC_RPW`` / ``STRATA_MATVEC_MIN_BLOCKS`` (CTAs per SM the compiler must fit: caps
 #: registers; 0 = no bound) override the defaults for benchmarks (bench/bench_moe.py ``--variants``);
 #: neither changes the arithmetic. Defaults: the fastest of bench/matvec_variants.py on the H200
-#: (2026-11-30, graph replay ms per token, 30B-A3B / 7B geometries: RPW 4 bound 5: 5.53 / 7.81;
-#: RPW 2 bound 5: 4.98 / 7.51; RPW 4 unbounded: 6.68 / 7.62; RPW 2 unbounded: 5.45 / 7.50;
-#: RPW 4 bound 4: 5.39 / 7.56).
+#: (the measurements: docs/DESIGN.md "Kernel launch shapes").
 WARPS_PER_CTA = 4
 ROWS_PER_WARP = int(os.environ.get("STRATA_MATVEC_RPW", "2"))
 MATVEC_MIN_BLOCKS = int(os.environ.get("STRATA_MATVEC_MIN_BLOCKS", "5"))
@@ -179,10 +177,7 @@ class Q8Kernels:
 #: Warps per CTA and rows per warp of the q8 kernels (``Q8_WARPS`` / ``Q8_RPW`` in matvec_q8.cu; neither changes
 #: the arithmetic: tests/test_gpu_q8.py passes with RPW 1, 2 and 4). ``STRATA_Q8_WARPS`` / ``STRATA_Q8_RPW``
 #: override them for benchmarks (bench/device_q8_shapes.sh). Defaults: the fastest measured on the H200
-#: (2026-11-30, graph replay ms of the 7B / 30B-A3B / 0.5B geometries, bench/results/h200-2026-11-30e-q8_shapes.json:
-#: 4 warps x 1 row 4.44 / 4.50 / 1.45; 4 x 2 4.85 / 5.07 / 1.67; 8 x 1 4.53 / 4.53 / 1.46; 4 x 4 5.74 / 6.22 /
-#: 2.14; 2 x 2 4.58 / 5.08 / 1.61). A lane taking 2, 4 or 8 lane shares of a K-quant block (fewer lanes per
-#: block) was slower too (7B 5.87 / 9.56 / 10.62 ms; -q8_split_not_kept.json) and was removed.
+#: (the measurements: docs/DESIGN.md "Kernel launch shapes").
 Q8_WARPS = int(os.environ.get("STRATA_Q8_WARPS", "4"))
 Q8_RPW = int(os.environ.get("STRATA_Q8_RPW", "1"))
 Q8_ROWS_PER_CTA = Q8_WARPS * Q8_RPW

@@ -129,7 +129,7 @@ def expert_ffn(
     types: tuple[int, int, int], gate: np.ndarray, up: np.ndarray, down: np.ndarray, x: np.ndarray
 ) -> np.ndarray:
     """One routed expert ``down @ silu_mul(gate @ x, up @ x)`` on the CPU, bit-identical to the GPU
-    hit path (:class:`strata.engine.gpu.experts.GpuExpertCache`). ``types`` = ggml types of
+    hit path (:meth:`strata.engine.gpu.slots.SlotCache.ffn`). ``types`` = ggml types of
     gate, up, down; matrices f32 in numpy order ``[rows, row length]``."""
     g = matvec(types[0], gate, x)
     u = matvec(types[1], up, x)

@@ -170,7 +170,8 @@ class GpuExpertPath(ExpertPath):
     ``kernel``: the CPU kernel of the misses on the generic path (:data:`strata.engine.cpu.kernels.KERNELS`):
     ``"exact"`` (the default: the exact GPU kernels' summation order, a miss bit-identical to a hit, so the
     tokens cannot depend on residency) or another kernel asked for; the fused step picks its own from its
-    numerics (:meth:`strata.engine.gpu.fused_moe.MoeStep.miss_kernel`; docs/DESIGN.md "Misses equal hits").
+    numerics (:meth:`strata.engine.gpu.fused_moe.MoeStep.miss_kernel`; docs/DESIGN.md "Misses equal hits: one
+    numerics on both devices").
     ``threads``: the CPU kernels' threads (default all cores)."""
 
     def __init__(

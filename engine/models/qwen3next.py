@@ -12,7 +12,7 @@ a routed-expert FFN plus a gated shared expert on every layer.
     logits = head(rms_norm(x) * output_norm)
 
 Routing: ``build_moe_ffn(..., LLM_FFN_SILU, norm_w = true, ..., SOFTMAX)``. The sparse-attention
-indexer of the documents' model (``blk.N.indexer.*``) is audited and loaded but not computed: no public
+indexer of the qwen3next reference model (``blk.N.indexer.*``) is audited and loaded but not computed: no public
 implementation defines its maths for this architecture.
 """
 

@@ -1,4 +1,4 @@
-"""The documents' model written with its data (strata.testing.write_documents_model): a scaled-down copy
+"""The qwen3next reference model written with its data (strata.testing.write_reference_model): a scaled-down copy
 of the geometry (4 layers, 8 experts, a 1,000-token vocabulary) built into a pack, and the full-size
 header plan's worked numbers (docs/DESIGN.md "Expert sizes change per layer"). The full-size pair of
 shards (~47 GB) is written on the GPU machine by bench/device_docs.sh, from the same plan."""
@@ -26,7 +26,7 @@ IQ2_XS, IQ2_XXS, IQ4_NL, Q2_0 = 17, 16, 20, 42
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     d = tmp_path_factory.mktemp("docs")
-    paths = S.write_documents_model(d / "docs.gguf", workers=2, **SMALL)
+    paths = S.write_reference_model(d / "docs.gguf", workers=2, **SMALL)
     return d, paths
 
 
@@ -108,7 +108,7 @@ def test_small_copy_packs_with_the_worked_numbers(small, tmp_path):
 
 def test_full_size_plan_gives_the_worked_numbers():
     """The plan device_docs.sh writes at full size (the same function), checked without writing it."""
-    kv, tensors = S.documents_qwen3next_plan()
+    kv, tensors = S.reference_model_plan()
     t = {n: (ty, ne) for n, ty, ne in tensors}
     blob = {
         il: sum(quants.tensor_nbytes(*t[f"blk.{il}.ffn_{p}_exps.weight"]) for p in ("gate", "up", "down")) // 512
@@ -125,17 +125,17 @@ def test_full_size_plan_gives_the_worked_numbers():
 def test_draft_head_variant_rewrites_only_shard_0(tmp_path):
     """A bigger draft head changes dense tensors only: the experts' shard is byte-identical (linked)."""
     kw = dict(SMALL, nextn=1, workers=1)
-    a = S.write_documents_model(tmp_path / "a.gguf", draft_head_type="Q1_0", **kw)
-    b = S.write_documents_model(tmp_path / "b.gguf", draft_head_type="Q4_K", only={0}, **kw)
+    a = S.write_reference_model(tmp_path / "a.gguf", draft_head_type="Q1_0", **kw)
+    b = S.write_reference_model(tmp_path / "b.gguf", draft_head_type="Q4_K", only={0}, **kw)
     os.link(a[1], b[1])
     assert filecmp.cmp(
-        S.write_documents_model(tmp_path / "c.gguf", draft_head_type="Q4_K", **kw)[1], b[1], shallow=False
+        S.write_reference_model(tmp_path / "c.gguf", draft_head_type="Q4_K", **kw)[1], b[1], shallow=False
     )
     ma, mb = open_model(a[0]), open_model(b[0])
     assert ma.kv["qwen3next.block_count"] == 5 and ma.kv["qwen3next.nextn_predict_layers"] == 1
     ha, hb = (m.tensors["blk.4.nextn.shared_head_head.weight"][1] for m in (ma, mb))
     assert (ha.type_id, hb.type_id) == (quants.by_name("Q1_0").id, quants.by_name("Q4_K").id)
-    # at the full vocabulary: 54,000,000 -> 216,000,000 B, 154.5 MiB larger (the documents' 110-180 MiB)
+    # at the full vocabulary: 54,000,000 -> 216,000,000 B, 154.5 MiB larger (the C++ engine's 110-180 MiB)
     full = {ty: quants.tensor_nbytes(quants.by_name(ty).id, (2560, 150_000)) for ty in ("Q1_0", "Q4_K")}
     assert full == {"Q1_0": 54_000_000, "Q4_K": 216_000_000}
     assert round((full["Q4_K"] - full["Q1_0"]) / F.MIB, 1) == 154.5

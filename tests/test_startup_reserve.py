@@ -1,17 +1,18 @@
-"""The documents' incidents and the drafter, on the simulated card (CI): docs/DESIGN.md "Start-up order".
+"""Start-up order, the reserve and the drafter, on the simulated card (CI): docs/DESIGN.md "Start-up order".
 
-- incident 1: the head loaded after the expert cache eats the reserve; the engine measures it after
-  start-up and refuses to start that way (the one order keeps it free);
-- incident 2/3: free memory below the reserve when the cache opens (the prompt path's buffers on top of
-  the rest) is refused with the numbers, never a silent allocation on top of the reserve; the plan says
-  "does not fit" on the same card;
+- the head before the cache: the head loaded after the expert cache eats the reserve; the engine
+  measures it after start-up and refuses to start that way (the one order keeps it free);
+- the reserve and the prompt buffers: free memory below the reserve when the cache opens (the prompt
+  path's buffers on top of the rest) is refused with the numbers, never a silent allocation on top of
+  the reserve; the plan says "does not fit" on the same card;
 - ``--expert-cache N`` above what fits is refused with N and the most that fits;
 - the profile fill skips only a full layer's own pairs, in the engine as in the planner;
 - the drafter (NextN draft blocks): its own stage and terms, its bind bytes in the reserve, and what a
   bigger draft head does to the slots and the reserve;
 - the decode path the budget reads is the one the engine takes, on every preset.
 
-The same on an H200 with the full-size documents' model: tests/test_docs_gpu.py (gpu-marked).
+The same on an H200 with the full-size qwen3next reference model: tests/test_startup_reserve_gpu.py
+(gpu-marked).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ CTX = 500 << 20  # the simulated card's CUDA context
 
 @pytest.fixture(scope="module")
 def packs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("incidents")
+    d = tmp_path_factory.mktemp("startup")
     out = {}
     for name, spec in (
         ("moe", synth.qwen3moe_spec()),
@@ -54,11 +55,11 @@ def packs(tmp_path_factory):
         paths = synth.write_model(d / f"{name}.gguf", spec)
         build_pack(paths[0], d / f"{name}-pack", progress=False)
         out[name] = d / f"{name}-pack"
-    # the documents' model scaled down (4 layers, 8 experts) with a NextN draft head, and the same with the
-    # draft head's shared_head_head Q1_0 -> Q4_K (the documents' bigger draft head; shard 2 shared)
+    # the qwen3next reference model scaled down (4 layers, 8 experts) with a NextN draft head, and the same with the
+    # draft head's shared_head_head Q1_0 -> Q4_K (the bigger draft head; shard 2 shared)
     kw = dict(n_layer=4, n_expert=8, n_vocab=5000, nextn=1, workers=2)
-    a = synth.write_documents_model(d / "docs.gguf", draft_head_type="Q1_0", **kw)
-    b = synth.write_documents_model(d / "docs-big.gguf", draft_head_type="Q4_K", only={0}, **kw)
+    a = synth.write_reference_model(d / "docs.gguf", draft_head_type="Q1_0", **kw)
+    b = synth.write_reference_model(d / "docs-big.gguf", draft_head_type="Q4_K", only={0}, **kw)
     os.link(a[1], b[1])
     for name, p in (("docs", a[0]), ("docs-big", b[0])):
         build_pack(p, d / f"{name}-pack", progress=False)
@@ -95,7 +96,7 @@ def _used_before_cache(pack, reserve_mib: int) -> tuple[int, int, int]:
     )
 
 
-def test_incident_1_head_after_the_cache_eats_the_reserve_and_is_refused(packs):
+def test_head_after_the_cache_eats_the_reserve_and_is_refused(packs):
     reserve = 1  # MiB
     before, head, slot = _used_before_cache(packs["moe"], reserve)
     # a card on which the cache, opened before the head, takes the room of 10 slots (in the driver's whole
@@ -128,7 +129,7 @@ def test_incident_1_head_after_the_cache_eats_the_reserve_and_is_refused(packs):
 
 def test_fused_step_before_the_head_is_refused_by_name(packs):
     """The fused step binds every matrix, the head included, when the prompt path is built: an order that
-    loads the head later is refused with the reason (the incident tests turn the fused step off)."""
+    loads the head later is refused with the reason (the start-up order tests turn the fused step off)."""
     late = ("weights", "session", "prompt path", "expert cache", "head")
     with pytest.raises(
         GenerateError, match=r"binds the output head \(output\.weight\) .* load 'head' before 'prompt path'"
@@ -149,7 +150,7 @@ def test_stage_orders_that_cannot_run_are_refused(packs):
         load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), stage_order=("weights", "head"))
 
 
-def test_incident_3_prompt_path_on_top_of_the_reserve_is_refused_with_the_numbers(packs):
+def test_prompt_path_on_top_of_the_reserve_is_refused_with_the_numbers(packs):
     """A card where the prompt path's buffers leave less than the reserve: refused when the cache opens,
     naming the free bytes, the reserve and each stage's memory; the plan says it does not fit either."""
     reserve = 2
@@ -248,8 +249,8 @@ def test_nextn_draft_head_in_the_contract_budget_and_engine(packs):
 
 
 def test_a_bigger_draft_head_costs_slots_and_keeps_the_reserve(packs):
-    """The documents' version bump (a draft head 110-180 MiB larger pushed 16 GB cards under the stall line),
-    scaled: the bigger head's weights and bind bytes come out of the slots; the reserve stays free."""
+    """A version bump (the C++ engine's draft head grew by 110-180 MiB and pushed 16 GB cards under the stall
+    line), scaled: the bigger head's weights and bind bytes come out of the slots; the reserve stays free."""
     base, big = (audit_pack(packs[k], bf16_scan=False).facts for k in ("docs", "docs-big"))
     grown = ET.draft_weights_bytes(big) - ET.draft_weights_bytes(base)
     assert grown == (2560 * 5000 // 256 * 144) - (2560 * 5000 // 128 * 20)  # Q4_K vs Q1_0 (engine form: widened)

@@ -1,15 +1,15 @@
-"""Card emulation and the documents' incidents on a real GPU (gpu-marked: skipped without CuPy and a GPU).
+"""Card emulation, start-up order and the reserve on a real GPU (gpu-marked: skipped without CuPy and a GPU).
 
 Two groups:
 
 - small synthetic packs (strata.testing presets) on an emulated card: the figures every checkpoint
   records, an allocation past the card refused, ``strata-engine measure --card`` exact;
-- the documents' full-size model (~47 GB, written by bench/device_docs.sh; set ``STRATA_DOCS_PACK`` to
+- the qwen3next reference model at full size (~47 GB, written by bench/device_docs.sh; set ``STRATA_DOCS_PACK`` to
   its pack, ``STRATA_DOCS_PROFILE`` to an expert profile of it) on the emulated 6G card, where a start
   is quick (few slots): the head loaded after the cache refused with the reserve eaten, the prompt path
   inside the plan, ``--expert-cache N`` above the fit refused with both numbers, the profile fill.
 
-The CI versions of the same logic run on the simulated card: tests/test_docs_incidents.py,
+The CI versions of the same logic run on the simulated card: tests/test_startup_reserve.py,
 tests/test_card_emulation.py.
 """
 
@@ -30,7 +30,7 @@ DOCS = os.environ.get("STRATA_DOCS_PACK")
 PROFILE = os.environ.get("STRATA_DOCS_PROFILE")
 need_docs = pytest.mark.skipif(
     not (DOCS and Path(DOCS).is_dir()),
-    reason="needs the documents' full-size pack: STRATA_DOCS_PACK (bench/device_docs.sh writes it)",
+    reason="needs the reference model's full-size pack: STRATA_DOCS_PACK (bench/device_docs.sh writes it)",
 )
 CTX = 4096
 
@@ -91,11 +91,11 @@ def test_cuda_measure_on_the_emulated_card(moe_pack):
     assert a.card_total_bytes == 2048 * F.MIB and a.physical_total_bytes > a.card_total_bytes
 
 
-# ------------------------------------------------------------------ the documents' model (full size)
+# ------------------------------------------------------------------ the qwen3next reference model (full size)
 
 
 @need_docs
-def test_docs_head_after_the_cache_eats_the_reserve_and_is_refused():
+def test_reference_model_head_after_the_cache_eats_the_reserve_and_is_refused():
     from strata.engine.errors import StartupRefused
     from strata.engine.startup import load_engine
 
@@ -108,7 +108,7 @@ def test_docs_head_after_the_cache_eats_the_reserve_and_is_refused():
 
 
 @need_docs
-def test_docs_6g_prompt_path_inside_the_plan_or_refused_with_the_numbers():
+def test_reference_model_6g_prompt_path_inside_the_plan_or_refused_with_the_numbers():
     from strata.engine.errors import StartupRefused
     from strata.engine.measure import measure_pack, print_measurement
 
@@ -121,11 +121,11 @@ def test_docs_6g_prompt_path_inside_the_plan_or_refused_with_the_numbers():
     print_measurement(a)
     assert a.exact_ok and a.reserve_ok
     act = next(t for t in a.terms if t.term == "prefill/activations")
-    print(f"[docs 6G] prompt path: predicted {act.predicted_bytes} B, measured {act.measured_bytes} B")
+    print(f"[reference model 6G] prompt path: predicted {act.predicted_bytes} B, measured {act.measured_bytes} B")
 
 
 @need_docs
-def test_docs_expert_cache_above_the_fit_is_refused_with_both_numbers():
+def test_reference_model_expert_cache_above_the_fit_is_refused_with_both_numbers():
     from strata.engine.gpu.device import ExpertCacheError
     from strata.engine.startup import load_engine
 
@@ -140,7 +140,7 @@ def test_docs_expert_cache_above_the_fit_is_refused_with_both_numbers():
 
 @need_docs
 @pytest.mark.skipif(not (PROFILE and Path(PROFILE).is_file()), reason="needs STRATA_DOCS_PROFILE")
-def test_docs_profile_fill_skips_only_full_layers():
+def test_reference_model_profile_fill_skips_only_full_layers():
     from strata.budget.profile import read_profile
     from strata.engine.startup import load_engine
 
@@ -153,6 +153,6 @@ def test_docs_profile_fill_skips_only_full_layers():
     assert {il for il, _ in eng.experts.cache.where} == {L.layer for L in fill.layers if L.range}
     full = [L.layer for L in fill.layers if L.filled == L.range]
     print(
-        f"[docs 6G] {slots} slots, {len(fill.layers)} profiled layers, {len(full)} filled to their range, "
+        f"[reference model 6G] {slots} slots, {len(fill.layers)} profiled layers, {len(full)} filled to their range, "
         f"expected hit rate {fill.hit_rate:.2%}"
     )

@@ -1,14 +1,15 @@
-"""The documents' model geometry as a header-only GGUF: qwen3next, 48 layers, 512 experts
-(docs/DESIGN.md "The documents' model").
+"""The qwen3next reference model: 48 layers, 512 experts, as a header-only GGUF or with its data
+(docs/DESIGN.md "The qwen3next reference model").
 
-:func:`documents_qwen3next_plan` gives the KVs and tensor list of the model the project documents
-describe (n_embd 2560, full attention every 4th layer, 512 experts of width 640, a 150k vocabulary,
-the optional indexer), with per-layer expert types cycling through :data:`DOCUMENTS_EXPERT_CYCLE`
-(including Q2_0 = 42, which gguf-py 0.19.0 cannot read). :func:`documents_qwen3next_header_only`
-writes it with :func:`.gguf_writer.write_header_only`: ~47 GB logical, a few MB on disk;
-:func:`write_documents_model` writes it with its data, pattern-filled, as a pair of split files (the
-dense tensors, then the routed experts): ~47 GB written in about a minute where the page cache takes
-it, or scaled down (fewer layers and experts, a smaller vocabulary) for tests.
+:func:`reference_model_plan` gives the KVs and tensor list of the qwen3next reference geometry, the
+model the reference C++ engine serves (n_embd 2560, full attention every 4th layer, 512 experts of
+width 640, a 150k vocabulary, the optional indexer), with per-layer expert types cycling through
+:data:`REFERENCE_EXPERT_CYCLE` (including Q2_0 = 42, which gguf-py 0.19.0 cannot read).
+:func:`reference_model_header_only` writes it with :func:`.gguf_writer.write_header_only`: ~47 GB
+logical, a few MB on disk; :func:`write_reference_model` writes it with its data, pattern-filled, as a
+pair of split files (the dense tensors, then the routed experts): ~47 GB written in about a minute
+where the page cache takes it, or scaled down (fewer layers and experts, a smaller vocabulary) for
+tests.
 """
 
 from __future__ import annotations
@@ -28,18 +29,18 @@ from .shards import split_bounds, write_split
 from .tokenizer import SPECIAL_TOKENS, bytes_to_unicode
 
 __all__ = [
-    "DOCUMENTS_EXPERT_CYCLE",
-    "documents_qwen3next_header_only",
-    "documents_qwen3next_plan",
-    "write_documents_model",
+    "REFERENCE_EXPERT_CYCLE",
+    "reference_model_header_only",
+    "reference_model_plan",
+    "write_reference_model",
 ]
 
 
-#: (gate/up, down) expert types by layer for the documents' model: layer il uses entry il % 5.
-#: Layers 0 and 1 are the documents' worked example (docs/DESIGN.md "Expert sizes change per layer"):
+#: (gate/up, down) expert types by layer for the reference model: layer il uses entry il % 5.
+#: Layers 0 and 1 are the worked example (docs/DESIGN.md "Expert sizes change per layer"):
 #: IQ2_XS + IQ4_NL, IQ2_XXS + Q2_0.
 #: ffn_down's ne0 is 640, so down types must have 32/64/128-element blocks.
-DOCUMENTS_EXPERT_CYCLE: tuple[tuple[int, int], ...] = (
+REFERENCE_EXPERT_CYCLE: tuple[tuple[int, int], ...] = (
     (17, 20),  # IQ2_XS  + IQ4_NL : 473,600 x 2 + 921,600 = 1,868,800 B per expert
     (16, 42),  # IQ2_XXS + Q2_0   : 422,400 x 2 + 460,800 = 1,305,600
     (18, 42),  # IQ3_XXS + Q2_0   : 627,200 x 2 + 460,800 = 1,715,200
@@ -48,7 +49,7 @@ DOCUMENTS_EXPERT_CYCLE: tuple[tuple[int, int], ...] = (
 )
 
 
-def _documents_vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
+def _reference_vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
     """A byte-level BPE vocabulary of ``n_vocab`` tokens whose merges build every word from tokens that
     exist (the 256 bytes, then ``Ġw`` and ``w`` for the words a..z, aa.., in order: a word's prefix always
     came first), so tokenizers' BPE builds it and the engine can encode text with it."""
@@ -73,29 +74,29 @@ def _documents_vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
-def documents_qwen3next_plan(
+def reference_model_plan(
     *,
     n_vocab: int = 150_000,
     indexer: bool = True,
-    expert_cycle: Sequence[tuple[int, int]] = DOCUMENTS_EXPERT_CYCLE,
+    expert_cycle: Sequence[tuple[int, int]] = REFERENCE_EXPERT_CYCLE,
     n_layer: int = 48,
     n_expert: int = 512,
     nextn: int = 0,
     draft_head_type: int | str | None = None,
 ) -> tuple[dict[str, Any], list[tuple[str, int, tuple[int, ...]]]]:
-    """KVs and tensor list ``(name, type_id, ne)`` of the documents' model geometry (docs/DESIGN.md
-    "The documents' model"). The one definition: the header-only file, the full-size pattern-filled
-    pair of shards (:func:`write_documents_model`) and their scaled-down copies all come from here.
+    """KVs and tensor list ``(name, type_id, ne)`` of the qwen3next reference geometry (docs/DESIGN.md
+    "The qwen3next reference model"). The one definition: the header-only file, the full-size pattern-filled
+    pair of shards (:func:`write_reference_model`) and their scaled-down copies all come from here.
 
     qwen3next, n_embd 2560, 48 layers, full attention every 4th layer (3, 7, ..., 47), 512 experts of
-    width 640 (8 used) plus a shared expert of width 640 (an assumption: the brief gives no shared
+    width 640 (8 used) plus a shared expert of width 640 (an assumption: the sources give no shared
     width), 24 heads / 2 KV heads of 256, delta net: d_conv 4, d_state 128, 16 k-heads (group_count),
     48 v-heads (time_step_rank), inner 6144, conv channels 10240; vocab ``n_vocab`` (tokens, token
     types and merges written, so the KV section is realistic: ~5 MB for 150k). Expert types: layer il
     uses ``expert_cycle[il % len]``. Dense types: token_embd Q4_K, output Q6_K, router BF16, attention
     / delta-net projections Q5_0 / Q8_0 / Q4_0, norms and ssm vectors F32.
 
-    ``indexer`` adds, on each full-attention layer, the documents' indexer: 4 query heads and ONE
+    ``indexer`` adds, on each full-attention layer, the reference model's indexer: 4 query heads and ONE
     shared key head of 128 (``indexer.attn_k [2560, 128]``, ``indexer.attn_q_b [2560, 512]``,
     ``indexer.proj [2560, 4]``, ``indexer.k_norm [128]``; names from gguf-py's DeepSeek-V3.2 indexer
     tensors; llama.cpp's qwen3next loader does not know them) and the keys
@@ -109,11 +110,10 @@ def documents_qwen3next_plan(
     loads them for qwen3next (``src/models/qwen3next.cpp`` ``load_block_mtp``: ``block_count`` counts them,
     ``qwen3next.nextn_predict_layers`` says how many, each is a full-attention trunk block with routed
     and shared experts plus ``nextn.eh_proj [2 n_embd, n_embd]``, ``nextn.enorm``, ``nextn.hnorm`` and
-    ``nextn.shared_head_norm``): the documents' drafter. ``draft_head_type`` (a type) adds its optional
+    ``nextn.shared_head_norm``): the reference model's drafter. ``draft_head_type`` (a type) adds its optional
     ``nextn.shared_head_head [n_embd, n_vocab]`` in that type. At a 150k vocabulary Q1_0 takes 54,000,000 B
-    and Q4_K 216,000,000 B: the same draft head grown by 162,000,000 B (154.5 MiB), the documents' version
-    bump that made the draft head 110-180 MiB larger (docs/DESIGN.md "Incident 3: the reserve and the
-    prompt buffers").
+    and Q4_K 216,000,000 B: the same draft head grown by 162,000,000 B (154.5 MiB), as a version bump grew the
+    C++ engine's draft head by 110-180 MiB (docs/DESIGN.md "The reserve and the prompt buffers").
     """
     from strata.manifests.contract import derived_value
 
@@ -127,9 +127,9 @@ def documents_qwen3next_plan(
     conv_dim = derived_value(a, "conv_dim", widths)
     assert (d_inner, conv_dim) == (6144, 10240)
     V = GGUFValueType
-    tokens, types, merges = _documents_vocab(n_vocab)
+    tokens, types, merges = _reference_vocab(n_vocab)
     kv: dict[str, Any] = {
-        "general.name": "strata-documents-qwen3next-48L-512E",
+        "general.name": "strata-reference-qwen3next-48L-512E",
         "general.quantization_version": 2,
         f"{a}.context_length": 262144,
         f"{a}.embedding_length": E,
@@ -200,7 +200,7 @@ def documents_qwen3next_plan(
             if indexer and not draft:
                 T += [
                     (p + "indexer.attn_q_b.weight", BF16, (E, 4 * 128)),
-                    # ONE shared key head (docs/DESIGN.md "Round 194: every budget term twice")
+                    # ONE shared key head (docs/DESIGN.md "Every budget term twice")
                     (p + "indexer.attn_k.weight", BF16, (E, 128)),
                     (p + "indexer.k_norm.weight", F32, (128,)),
                     (p + "indexer.proj.weight", BF16, (E, 4)),
@@ -228,20 +228,20 @@ def documents_qwen3next_plan(
     return kv, T
 
 
-def documents_qwen3next_header_only(
+def reference_model_header_only(
     path: str | Path, *, n_vocab: int = 150_000, indexer: bool = True, data: DataMode | Mapping[str, bytes] = "sparse"
 ) -> HeaderLayout:
-    """Write the documents' qwen3next geometry (:func:`documents_qwen3next_plan`) as a header-only GGUF.
+    """Write the qwen3next reference geometry (:func:`reference_model_plan`) as a header-only GGUF.
 
     The data section is a sparse hole (~47 GB logical, a few MB on disk). Per-expert blob bytes (gate + up +
     down, docs/DESIGN.md "Expert sizes change per layer"): layer 0 473,600 + 473,600 + 921,600 = 1,868,800;
     layer 1 422,400 + 422,400 + 460,800 = 1,305,600. Contains Q2_0 (42), which gguf-py 0.19.0 cannot read.
     """
-    kv, tensors = documents_qwen3next_plan(n_vocab=n_vocab, indexer=indexer)
+    kv, tensors = reference_model_plan(n_vocab=n_vocab, indexer=indexer)
     return write_header_only(path, "qwen3next", kv, tensors, data=data)
 
 
-def write_documents_model(
+def write_reference_model(
     path: str | Path,
     *,
     n_shards: int = 2,
@@ -251,7 +251,7 @@ def write_documents_model(
     workers: int | None = None,
     **plan,
 ) -> list[Path]:
-    """Write the documents' model (:func:`documents_qwen3next_plan` with ``plan``'s keywords: ``n_layer``,
+    """Write the qwen3next reference model (:func:`reference_model_plan` with ``plan``'s keywords: ``n_layer``,
     ``n_expert``, ``n_vocab``, ``nextn``, ``draft_head_type`` ...) as split files ``NAME-0000k-of-0000N.gguf``
     (:func:`strata.testing.shards.write_split`, pattern fill, parallel writers). Every tensor but the
     routed experts goes to shard 0 (KVs, dense weights, the draft head), the experts to the other shards
@@ -260,14 +260,14 @@ def write_documents_model(
     rest, whose bytes depend only on their own tensors. Returns the shard paths, shard 0 first.
 
     Raises:
-        ValueError: as :func:`documents_qwen3next_plan` and :func:`strata.testing.shards.write_split`
+        ValueError: as :func:`reference_model_plan` and :func:`strata.testing.shards.write_split`
             (``n_shards`` < 2: the experts need a shard of their own).
     """
     if n_shards < 2:
         raise ValueError(
-            f"n_shards={n_shards}: the documents' model keeps its routed experts in shards of their own (>= 2)"
+            f"n_shards={n_shards}: the reference model keeps its routed experts in shards of their own (>= 2)"
         )
-    kv, tensors = documents_qwen3next_plan(**plan)
+    kv, tensors = reference_model_plan(**plan)
     dense = [i for i, (n, _t, _ne) in enumerate(tensors) if "_exps." not in n]
     experts = [i for i, (n, _t, _ne) in enumerate(tensors) if "_exps." in n]
     rest = split_bounds([quants.tensor_nbytes(tensors[i][1], tensors[i][2]) for i in experts], n_shards - 1)
