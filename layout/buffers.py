@@ -77,7 +77,7 @@ def draft_bind_bytes(
 ) -> int:
     """The draft head's bind buffers (bytes): what strata's engine allocates for a NextN / MTP draft head
     at the ``bind`` stage, after the expert cache, into room the cache sizing reserved for it (the
-    documents' ``reserve = (vram_reserve_mib + prefill_mib) MiB + draft_head_bind_bytes``,
+    C++ engine's ``reserve = (vram_reserve_mib + prefill_mib) MiB + draft_head_bind_bytes``,
     docs/DESIGN.md "The automatic slot count"): one f32 GEMV output per draft matrix
     (:func:`matvec_out_bytes`), an f32 copy of every draft vector whose engine form is not F32
     (:func:`vector_f32_bytes`), the draft blocks' K/V cache for ``n_ctx`` positions

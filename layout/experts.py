@@ -53,7 +53,7 @@ def expert_slot_layout(
 def expert_slot_bytes(gate_type: int, up_type: int, down_type: int, n_embd: int, n_ff_exp: int) -> int:
     """Bytes one expert-cache slot must hold for an expert of these types: its engine-form blob
     (:func:`expert_blob_bytes` ``engine=True``) with each part aligned to :data:`EXPERT_PART_ALIGN`. Equal
-    to the blob whenever every part is a multiple of 256 B (the documents' model:
+    to the blob whenever every part is a multiple of 256 B (the qwen3next reference model:
     docs/DESIGN.md "Expert sizes change per layer")."""
     return expert_slot_layout(gate_type, up_type, down_type, n_embd, n_ff_exp)[1]
 

@@ -20,7 +20,7 @@ from .buffers import F32_BYTES
 #: llama.cpp's ``--cache-type-k/v q8_0``; head_dim must be a multiple of 32.
 KV_CACHE_TYPES: dict[str, int] = {"f16": quants.F16.id, "int8": quants.by_name("Q8_0").id, "f32": quants.F32.id}
 #: The ``--kv`` choices strata's own engine implements (K/V arrays of float16 or float32; int8 is
-#: budgeted for the documents' engine only).
+#: budgeted for the reference C++ engine only).
 ENGINE_KV_TYPES: tuple[str, ...] = ("f16", "f32")
 #: Prompt positions strata's engine processes per step: its prompt path is the decode path, one position at
 #: a time (docs/DESIGN.md "The prompt goes through the decode path"), so a sliding-window layer needs its
@@ -48,7 +48,7 @@ def kv_row_bytes(elements: int, kv: str) -> int:
 class KVLayer:
     """One attention layer's per-token cache in elements: ``k`` and ``v`` = n_head_kv x head_dim
     (n_head_kv, never n_head), ``indexer_k`` = a sparse-attention indexer's ONE shared key head
-    (docs/DESIGN.md "Round 194: every budget term twice"), ``window`` = sliding window in tokens (None: the
+    (docs/DESIGN.md "Every budget term twice"), ``window`` = sliding window in tokens (None: the
     whole context). Multi-head latent attention (deepseek2) is the same two terms: ``k`` = the latent + the rope key
     (kv_lora_rank + rope dims, ONE "head"), ``v`` = 0 (llama.cpp allocates no V cache under MLA:
     llama-kv-cache.cpp ``has_v = !is_mla``); the manifest's [state] says so (manifests/deepseek2.toml)."""
@@ -70,7 +70,7 @@ def kv_tokens(n_ctx: int, window: int | None, chunk: int, kv_resident: int | Non
     with this function (``chunk`` = :data:`ENGINE_PREFILL_CHUNK`): a sliding-window layer is a ring
     buffer of exactly this many positions (position ``p`` in slot ``p % kv_tokens``).
 
-    - Full-context layer: ``n_ctx``, or ``kv_resident`` if smaller (the documents' ``--kv-resident``:
+    - Full-context layer: ``n_ctx``, or ``kv_resident`` if smaller (the C++ engine's ``--kv-resident``:
       the resident window; older positions stream from the host).
     - Sliding-window layer: ``min(n_ctx, window + max(chunk, 1) - 1)``: a position p attends to the
       ``window`` positions ``p - window + 1 .. p`` (llama.cpp ``llama_hparams::is_masked_swa``,

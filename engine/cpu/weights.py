@@ -36,7 +36,7 @@ class CpuWeights:
     ``"q8"`` llama.cpp's CPU numerics - the activation quantized to Q8_0 / Q8_K as llama.cpp does for the
     weight's type, integer block dots (a type without an integer kernel runs ``"f32"``); ``"exact"`` the
     GPU's summation order in f32 (bit-identical to the GPU); ``"f32"`` a dequantized row and an f32 dot.
-    With ``numerics.act_quant`` (the ``llamacpp`` profile) a product that does not run ``"q8"`` gets its
+    With ``numerics.act_quant`` (the ``llamacpp`` mode) a product that does not run ``"q8"`` gets its
     activation rounded the way llama.cpp's CPU backend does first (:mod:`strata.engine.numerics`: the
     same values the q8 kernels quantize to). ``nbytes_f32`` counts the f32 vectors this object holds
     (bytes); no f32 copy of a matrix is ever kept.
