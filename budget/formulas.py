@@ -1,13 +1,14 @@
 """The budget's rules: the one module that both ``strata-budget`` and the engine's start-up call for
 what is not the engine's own buffer layout (that is :mod:`strata.layout`, below both).
 
-A VRAM plan is the layout's terms summed in the engine's start-up order (docs/DESIGN.md "Start-up
-order"): CUDA context, dense weights in engine form (output head before the expert cache: incident 1),
-KV cache, recurrent state, prefill / activation buffers, then the expert cache takes what is free minus
-the reserve (incident 2), in slots of the largest per-expert blob in engine form. Here: the defaults the
-two tools share, the driver's rounding of one allocation, the expert cache's size and its profile fill
-(:func:`size_expert_cache`, :func:`fill_profile`), and the budget's models of other engines (llama.cpp's
-KV cells, the documents' prompt buffers, the geometry model of activations).
+A VRAM plan is the layout's terms summed in the engine's start-up order (docs/DESIGN.md "Start-up order"):
+CUDA context, dense weights in engine form (output head before the expert cache: docs/DESIGN.md "The head
+before the cache"), KV cache, recurrent state, prefill / activation buffers, then the expert cache takes what
+is free minus the reserve (docs/DESIGN.md "Slots after the weights and the session"), in slots of the largest
+per-expert blob in engine form. Here: the defaults the two tools share, the driver's rounding of one
+allocation, the expert cache's size and its profile fill (:func:`size_expert_cache`, :func:`fill_profile`),
+and the budget's models of other engines (llama.cpp's KV cells, the reference C++ engine's prompt buffers, the
+geometry model of activations).
 
 Every function is pure (typed numbers in, bytes out) and says its unit and its source. Sizes are bytes
 unless a name says ``_mib`` (MiB = 2**20 bytes). "Elements" are tensor values.

@@ -7,7 +7,7 @@ strata's OWN engine puts something for a given geometry - its KV rings and recur
 slots (:mod:`.experts`), a tensor's engine form (:mod:`.engine_form`), its per-stage arenas and
 preallocated vectors (:mod:`.buffers`). The budget (:mod:`strata.budget`) keeps its rules: the cards,
 the reserve, what the CUDA runtime and the driver take beyond the engine's buffers, the plan and the
-expert-cache sizing and fill, and its models of OTHER engines (llama.cpp's cache cells, the documents'
+expert-cache sizing and fill, and its models of OTHER engines (llama.cpp's cache cells, the reference
 C++ engine's prompt buffers, the geometry model of activations).
 
 Pure functions, bytes in and out; imports only :mod:`strata.manifests` and :mod:`strata.packer`
