@@ -159,9 +159,9 @@ def test_strata_equals_llama_cpp_recorded(name, built):
     compare(name, strata_figures(src, pack, REF["n_ctx"]), REF["models"][name])
 
 
+@pytest.mark.llama_cpp
 @pytest.mark.parametrize("name", sorted(REF["models"]))
-def test_strata_equals_llama_cpp_live(name, built):
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python not importable (PYTHONPATH=/opt/lcp_avx2 locally)")
+def test_strata_equals_llama_cpp_live(name, built, llama_cpp):
     src, pack = built[name]
     live = _tool().measure(src, REF["n_ctx"])
     compare(name, strata_figures(src, pack, REF["n_ctx"]), live)

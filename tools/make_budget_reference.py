@@ -25,8 +25,8 @@ beside the spec (``ModelSpec.model_dump``) and the file's sha256, so tests/test_
 rebuilds the byte-identical file and compares strata's figures with these in CI, where there is no
 llama.cpp. When llama_cpp imports, that test also calls :func:`measure` live.
 
-    PYTHONPATH=/opt/lcp_avx2 python tools/make_budget_reference.py            # every preset
-    PYTHONPATH=/opt/lcp_avx2 python tools/make_budget_reference.py deepseek2 gpt_oss
+    python tools/make_budget_reference.py            # every preset (needs pip install -e '.[reference]')
+    python tools/make_budget_reference.py deepseek2 gpt_oss
 
 Fixture: ``tests/fixtures/llamacpp_budget.json``.
 """
