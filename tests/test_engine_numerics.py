@@ -69,10 +69,10 @@ def test_numerics_modes():
 
 
 @pytest.mark.real
-def test_one_token_gemma_forward_matches_llama_cpp_with_llamacpp_numerics(gemma_pack, gemma_gguf):
+@pytest.mark.llama_cpp
+def test_one_token_gemma_forward_matches_llama_cpp_with_llamacpp_numerics(gemma_pack, gemma_gguf, llama_cpp):
     """The measurement behind strata.engine.numerics: one token through Gemma's 18 layers agrees with
     llama.cpp's CPU backend to ~1e-5 in every logit with the four roundings emulated (3.6 without)."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the 'reference' extra) is not installed")
     from strata.engine.generate import decode
     from strata.engine.startup import load_engine
 

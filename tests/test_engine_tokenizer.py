@@ -82,8 +82,7 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path_factory, tmp_path):
         load_tokenizer(open_pack(pack))
 
 
-def _against_llama_cpp(pack, gguf):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the 'reference' extra) is not installed")
+def _against_llama_cpp(llama_cpp, pack, gguf):
     tok = load_tokenizer(open_pack(pack))
     llm = llama_cpp.Llama(model_path=str(gguf), vocab_only=True, verbose=False)
     bad = []
@@ -101,21 +100,23 @@ def _against_llama_cpp(pack, gguf):
 
 
 @pytest.mark.real
-def test_gemma_tokenizer_equals_llama_cpp(gemma_pack, gemma_gguf):
+@pytest.mark.llama_cpp
+def test_gemma_tokenizer_equals_llama_cpp(gemma_pack, gemma_gguf, llama_cpp):
     tok = load_tokenizer(open_pack(gemma_pack))
     assert tok.add_bos and tok.bos_id == 2 and tok.model == "llama"
     for p in load_fixture("gemma3-270m")["prompts"]:
         assert tok.encode(p["prompt"]) == p["prompt_ids"]
-    _against_llama_cpp(gemma_pack, gemma_gguf)
+    _against_llama_cpp(llama_cpp, gemma_pack, gemma_gguf)
 
 
 @pytest.mark.real
-def test_qwen_tokenizer_equals_llama_cpp(qwen05_pack, qwen05_gguf):
+@pytest.mark.llama_cpp
+def test_qwen_tokenizer_equals_llama_cpp(qwen05_pack, qwen05_gguf, llama_cpp):
     tok = load_tokenizer(open_pack(qwen05_pack))
     assert not tok.add_bos and tok.model == "gpt2"
     for p in load_fixture("qwen2.5-0.5b")["prompts"]:
         assert tok.encode(p["prompt"]) == p["prompt_ids"]
-    _against_llama_cpp(qwen05_pack, qwen05_gguf)
+    _against_llama_cpp(llama_cpp, qwen05_pack, qwen05_gguf)
 
 
 def test_a_tokenizer_column_of_another_type_is_refused(tmp_path_factory, tmp_path):

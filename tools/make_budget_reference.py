@@ -17,16 +17,26 @@ tokens (the logits must be finite: llama.cpp runs the file), and records
 - ``hparams``: llama.cpp's ``print_info`` numbers the KV cache is sized from (``n_embd_k_gqa``,
   ``n_embd_v_gqa`` per layer, ``n_swa``, ``n_expert``);
 - ``kv``: for ``swa_full`` true (llama.cpp's default) and false, every ``llama_kv_cache: size = ...``
-  line (cells, layers, K and V MiB, 2 decimals) and the cells of the non-SWA / SWA caches;
+  line (cells, layers, K and V MiB, 2 decimals) with the layers that cache holds (its
+  ``llama_kv_cache: layer N: dev = ...`` lines; a hybrid model's recurrent layers print ``filtered``)
+  and the cells of the non-SWA / SWA caches;
+- ``recurrent`` (recurrent and hybrid models only, e.g. qwen3next): llama.cpp's ``llama_memory_recurrent``
+  (llama-memory-recurrent.cpp: per recurrent layer an ``r`` (conv) and an ``s`` (SSM / delta-net)
+  tensor of ``n_embd_r`` / ``n_embd_s`` f32 per sequence): its layers (``layer N: dev = ...``), the
+  ``size = ...`` line (cells, seqs, R / S / P types and MiB) and the ``RS buffer size`` lines, the
+  ``ssm_*`` numbers of ``print_info``, and the exact bytes: ``r_row_bytes`` / ``s_row_bytes`` per layer,
+  llama.cpp's own ``ggml_row_size(type, n_embd_r / n_embd_s)`` as its sequence state carries them
+  (``llama_state_seq_get_data_ext`` of sequence 0 with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the
+  recurrent part only, llama_memory_recurrent::state_write_data);
 - ``unused_tensors``: tensors of the file llama.cpp did not create (must be none: the contract names
   exactly what llama.cpp loads);
 
 beside the spec (``ModelSpec.model_dump``) and the file's sha256, so tests/test_budget_llamacpp.py
-rebuilds the byte-identical file and compares strata's figures with these in CI, where there is no
-llama.cpp. When llama_cpp imports, that test also calls :func:`measure` live.
+rebuilds the byte-identical file and compares strata's figures with these, and (marker ``llama_cpp``:
+``make test`` and CI install llama-cpp-python) also calls :func:`measure` live and requires the same.
 
-    PYTHONPATH=/opt/lcp_avx2 python tools/make_budget_reference.py            # every preset
-    PYTHONPATH=/opt/lcp_avx2 python tools/make_budget_reference.py deepseek2 gpt_oss
+    python tools/make_budget_reference.py            # every preset (needs pip install -e '.[reference]')
+    python tools/make_budget_reference.py deepseek2 gpt_oss
 
 Fixture: ``tests/fixtures/llamacpp_budget.json``.
 """
@@ -40,6 +50,7 @@ import json
 import math
 import os
 import re
+import struct
 import sys
 import tempfile
 from pathlib import Path
@@ -80,6 +91,10 @@ PRESETS: dict[str, tuple[str, dict]] = {
     "qwen2": ("qwen2_spec", {}),
     "gemma3": ("gemma3_spec", {}),
     "qwen3moe": ("qwen3moe_spec", {}),
+    # hybrid: 3 gated-delta-net layers (llama.cpp's recurrent memory) + 1 full-attention layer (its KV cache),
+    # MoE with a shared expert; and the same with the fused ffn_gate_up_exps expert tensor
+    "qwen3next": ("qwen3next_spec", {}),
+    "qwen3next_fused": ("qwen3next_spec", {"fused_gate_up": True}),
 }
 
 _KV_LINE = re.compile(
@@ -89,7 +104,17 @@ _KV_LINE = re.compile(
 _CELLS_LINE = re.compile(r"creating +(non-SWA|SWA) KV cache, size = (\d+) cells")
 _BUF_LINE = re.compile(r"load_tensors: +(\S+) model buffer size = *([\d.]+) MiB")
 _UNUSED = re.compile(r"model has unused tensor (\S+)")
+_KV_LAYER = re.compile(r"llama_kv_cache: layer +(\d+): dev = ")
+_RS_LAYER = re.compile(r"llama_memory_recurrent, layer +(\d+): dev = ")
+_RS_LINE = re.compile(
+    r"llama_memory_recurrent: size = *([\d.]+) MiB \( *(\d+) cells, *(\d+) layers, *(\d+) seqs +(\d+) rs_seq\), "
+    r"R \((\w+)\): *([\d.]+) MiB, S \((\w+)\): *([\d.]+) MiB, P \((\w+)\): *([\d.]+) MiB"
+)
+_RS_BUF = re.compile(r"llama_memory_recurrent: +(\S+) RS buffer size = *([\d.]+) MiB")
 _INFO = re.compile(r"print_info: (n_embd_k_gqa|n_embd_v_gqa|n_swa|n_expert|n_layer|n_head_kv|n_embd_head_k) += (.+)")
+#: llama-context.cpp io_magic: the first 4 bytes of a sequence's state (then its seq_id).
+_STATE_MAGIC = 0xAF143CD8
+_SSM_INFO = re.compile(r"print_info: (ssm_d_conv|ssm_d_inner|ssm_d_state|ssm_dt_rank|ssm_n_group) += (\d+)")
 
 
 def _ints(text: str, n_layer: int | None = None) -> list[int] | int:
@@ -142,6 +167,67 @@ class _Ggml:
             self.lib.gguf_free(ctx)
 
 
+def _recurrent(C, ctx, text: str, model_text: str) -> dict:
+    """llama.cpp's recurrent memory of the context ``ctx`` (one sequence, after a decode): the figures of
+    the module docstring's ``recurrent``, from the context's log ``text``, the model's ``print_info``
+    lines (``model_text``) and sequence 0's state.
+    Raises RuntimeError when the state is not laid out as llama.cpp writes it: llama_context::
+    state_seq_get_data's io_magic 0xaf143cd8 and seq_id, then llama_memory_recurrent::state_write's cell
+    count, per cell pos + n_seq_id, s_trans, n_layer, per layer R type + row size + rows, then the same for S."""
+    m = _RS_LINE.search(text)
+    if not m:
+        raise RuntimeError("no llama_memory_recurrent size line")
+    layer_ids = [int(x) for x in _RS_LAYER.findall(text)]
+    flags = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+    n = C.llama_state_seq_get_size_ext(ctx, 0, flags)
+    buf = (ctypes.c_uint8 * n)()
+    if C.llama_state_seq_get_data_ext(ctx, buf, n, 0, flags) != n:
+        raise RuntimeError("llama_state_seq_get_data_ext wrote another size than it announced")
+    blob, off = bytes(buf), 0
+
+    def take(fmt: str) -> tuple:
+        nonlocal off
+        vals = struct.unpack_from(fmt, blob, off)
+        off += struct.calcsize(fmt)
+        return vals
+
+    magic, seq = take("<Ii")
+    if (magic, seq) != (_STATE_MAGIC, 0):
+        raise RuntimeError(f"sequence state starts {magic:#x} {seq}, not llama-context.cpp's io_magic and seq 0")
+    (cells,) = take("<I")
+    for _ in range(cells):
+        _pos, n_seq_id = take("<iI")
+        if n_seq_id:
+            raise RuntimeError("a sequence's state lists sequence ids")
+    s_trans, _n_layer = take("<II")
+    rows: dict[str, dict[str, int]] = {"r": {}, "s": {}}
+    for part in ("r", "s"):
+        for il in layer_ids:
+            _type, row = take("<iQ")
+            rows[part][str(il)] = row
+            off += cells * row
+    if s_trans or off != n:
+        raise RuntimeError(f"recurrent state of {n} B not parsed as llama_memory_recurrent writes it ({off} B)")
+    return {
+        "layer_ids": layer_ids,
+        "cells": int(m.group(2)),
+        "layers": int(m.group(3)),
+        "seqs": int(m.group(4)),
+        "rs_seq": int(m.group(5)),
+        "r_type": m.group(6),
+        "r_mib": float(m.group(7)),
+        "s_type": m.group(8),
+        "s_mib": float(m.group(9)),
+        "p_mib": float(m.group(11)),
+        "total_mib": float(m.group(1)),
+        "buffers_mib": {b: float(x) for b, x in _RS_BUF.findall(text)},
+        "hparams": {k: int(v) for k, v in _SSM_INFO.findall(model_text)},
+        "state_cells": cells,
+        "r_row_bytes": rows["r"],
+        "s_row_bytes": rows["s"],
+    }
+
+
 def measure(path: str | os.PathLike, n_ctx: int = N_CTX, *, n_tokens: int = 8) -> dict:
     """Load ``path`` with llama.cpp (llama-cpp-python's C API) and return the figures of the module
     docstring. Raises RuntimeError when llama.cpp refuses the file or its logits are not finite."""
@@ -165,7 +251,7 @@ def measure(path: str | os.PathLike, n_ctx: int = N_CTX, *, n_tokens: int = 8) -
         if not model:
             raise RuntimeError(f"llama.cpp refused {path}:\n{''.join(lines[-20:])}")
         out: dict = {"model_size_bytes": int(C.llama_model_size(model))}
-        text = "".join(lines)
+        text = model_text = "".join(lines)
         out["model_buffers_mib"] = {m.group(1): float(m.group(2)) for m in _BUF_LINE.finditer(text)}
         out["unused_tensors"] = _UNUSED.findall(text)
         info = dict(_INFO.findall(text))
@@ -190,18 +276,21 @@ def measure(path: str | os.PathLike, n_ctx: int = N_CTX, *, n_tokens: int = 8) -
                 raise RuntimeError(f"llama.cpp could not make a context for {path}:\n{''.join(lines[-20:])}")
             try:
                 text = "".join(lines[start:])
-                caches = [
-                    dict(
-                        total_mib=float(m.group(1)),
-                        cells=int(m.group(2)),
-                        layers=int(m.group(3)),
-                        k_type=m.group(6),
-                        k_mib=float(m.group(7)),
-                        v_type=m.group(8),
-                        v_mib=float(m.group(9)),
+                caches, seg = [], 0
+                for m in _KV_LINE.finditer(text):  # a cache's layer lines come before its size line
+                    caches.append(
+                        dict(
+                            total_mib=float(m.group(1)),
+                            cells=int(m.group(2)),
+                            layers=int(m.group(3)),
+                            layer_ids=[int(x) for x in _KV_LAYER.findall(text, seg, m.start())],
+                            k_type=m.group(6),
+                            k_mib=float(m.group(7)),
+                            v_type=m.group(8),
+                            v_mib=float(m.group(9)),
+                        )
                     )
-                    for m in _KV_LINE.finditer(text)
-                ]
+                    seg = m.end()
                 cells = {k: int(v) for k, v in _CELLS_LINE.findall(text)}
                 toks = (ctypes.c_int32 * n_tokens)(*[(7 * i + 3) % n_vocab for i in range(n_tokens)])
                 if C.llama_decode(ctx, C.llama_batch_get_one(toks, n_tokens)) != 0:
@@ -210,6 +299,8 @@ def measure(path: str | os.PathLike, n_ctx: int = N_CTX, *, n_tokens: int = 8) -
                 vals = [logits[i] for i in range(n_vocab)]
                 if not all(math.isfinite(v) for v in vals) or max(vals) == min(vals):
                     raise RuntimeError(f"llama.cpp's logits on {path} are not finite and varied")
+                if swa_full and (C.llama_model_is_recurrent(model) or C.llama_model_is_hybrid(model)):
+                    out["recurrent"] = _recurrent(C, ctx, text, model_text)
                 out["kv"]["swa_full" if swa_full else "swa_window"] = {"caches": caches, "cells": cells}
             finally:
                 C.llama_free(ctx)

@@ -18,7 +18,7 @@ token's piece.
   is a base model without a template: its chat case uses llama.cpp's vendored Gemma template
   (``models/templates/google-gemma-2-2b-it.jinja``, the same turn format), stored in the fixture.
 
-Run (llama-cpp-python importable, e.g. ``PYTHONPATH=/opt/lcp_avx2``)::
+Run (llama-cpp-python importable: ``pip install -e '.[reference]'``)::
 
     python tools/make_tokenizer_reference.py            # synthetic.json
     python tools/make_tokenizer_reference.py --real     # and real.json
