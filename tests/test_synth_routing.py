@@ -223,3 +223,22 @@ def test_read_trace_refusals(tmp_path):
     with pytest.raises(ValueError, match="different lengths"):
         RoutingTrace(np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(3))
 
+
+def test_profile_cli_writes_the_trace_beside_the_profile(engines, tmp_path):
+    from click.testing import CliRunner
+
+    from strata.budget.profile import read_profile
+    from strata.engine.cli import main
+
+    pack = engines["skew0"][0]
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello world\nthe cat\n")
+    out, trace = tmp_path / "p.parquet", tmp_path / "t.parquet"
+    args = ["profile", str(pack), "--prompts", str(prompts), "-o", str(out), "-n", "2", "--ctx", "64"]
+    r = CliRunner().invoke(main, [*args, "--trace", str(trace)])
+    assert r.exit_code == 0, r.output
+    tr = read_trace(trace)
+    assert read_profile(out) == trace_counts(tr) and sorted(set(tr.seq.tolist())) == [0, 1]
+    # an existing trace file is refused before any routing runs (as -o is)
+    r = CliRunner().invoke(main, [*args[:5], str(tmp_path / "q.parquet"), *args[6:], "--trace", str(trace)])
+    assert r.exit_code == 2 and f"error: --trace {trace} already exists" in r.stderr, r.stderr
