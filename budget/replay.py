@@ -12,10 +12,11 @@ hit and miss is counted from the first access on.
 Policies (:data:`POLICIES`):
 
 - ``profile``: the start-up fill of :func:`strata.budget.formulas.fill_profile` from a profile (of *other*
-  prompts, normally), never changed: what ``--expert-profile`` without admission runs. On the profile's own
-  trace it hits exactly the fill's expected hit rate (the budget's prediction).
+  prompts, normally), never changed: what ``strata-engine generate --expert-profile`` runs (admission is off
+  by default with a profile). On the profile's own trace it hits exactly the fill's expected hit rate (the
+  budget's prediction).
 - ``profile+admit``: that fill, then first-come admission of misses into the free slots, never evicting
-  (engine/gpu/slots.py ``SlotCache.admit``: the engine's behaviour today).
+  (engine/gpu/slots.py ``SlotCache.admit``: ``--expert-profile --admit``).
 - ``lru``: cold start, every miss admitted, the least recently used pair evicted.
 - ``class``: cold start, every miss admitted, the pair with the lowest decayed frequency evicted
   (:func:`replay`'s rule below): a frequency-with-decay class policy, the idea of llama.cpp's
