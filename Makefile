@@ -4,7 +4,7 @@ PIP ?= $(PYTHON) -m pip
 DEMO_MODEL ?= gemma3-270m
 DEMO_DIR ?= demo-out
 
-.PHONY: install install-test demo test test-fast bench bench-gpu bench-moe bench-cpu bench-docs fetch-models reference clean
+.PHONY: install install-test demo test test-fast bench bench-gpu bench-moe bench-cpu bench-docs bench-routing fetch-models reference clean
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -57,6 +57,11 @@ bench-docs:
 	@if [ -n "$(DOCS_PACK)" ]; then \
 	    $(PYTHON) bench/bench_docs.py "$(DOCS_PACK)" --cards 24G,16G,12G $(if $(DOCS_PROFILE),--profile "$(DOCS_PROFILE)"); \
 	else BENCH_12G=1 bash bench/device_docs.sh; fi
+
+# Expert-cache policies (profile-only, LRU, class, Belady) replayed on routing traces of a synthetic model whose routers
+# choose by the token, and the budget's hit-rate prediction checked on held-out prompts (bench/bench_routing.py)
+bench-routing: install
+	$(PYTHON) bench/bench_routing.py --geometry $(or $(GEOMETRY),qwen3moe-small) --device $(or $(DEVICE),cpu)
 
 fetch-models: install
 	$(PYTHON) -m strata.packer.fetch gemma3-270m && $(PYTHON) -m strata.packer.fetch qwen2.5-0.5b

@@ -300,7 +300,7 @@ def _verdict(audit: AuditResult, plan: Plan | None) -> str:
         )
     slots = (
         f"{plan.slots} expert slots ({_mib(plan.expert_cache_bytes)} MiB"
-        + (f", expected hit rate {plan.profile.expected_hit_rate:.1%}" if plan.profile else "")
+        + (f", expected hit rate {plan.profile.expected_hit_rate:.1%} in-sample" if plan.profile else "")
         + ")"
         if plan.max_blob
         else "no routed experts"
@@ -461,7 +461,8 @@ def _print(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float) 
             p = plan.profile
             con.print(
                 f"profile fill (ranked by count, per-layer ranges, a full layer skips only its own pairs): "
-                f"{p.filled} of {p.pairs} pairs in {p.slots} slots, expected hit rate {p.expected_hit_rate:.2%}"
+                f"{p.filled} of {p.pairs} pairs in {p.slots} slots, expected hit rate {p.expected_hit_rate:.2%} "
+                f"(in-sample: the profile's own prompts; bench/bench_routing.py checks it on held-out ones)"
             )
         for w in plan.warnings:
             con.print(f"[yellow]warning:[/yellow] {escape(w)}")

@@ -614,12 +614,19 @@ main.add_command(
     show_default=True,
     help="Where the routing runs (the counts are the same).",
 )
-def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, device):
+@click.option(
+    "--trace",
+    "trace_out",
+    type=click.Path(dir_okay=False),
+    help="Also write the routing trace (Parquet: seq, position, layer, expert) for offline cache-policy replay.",
+)
+def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, device, trace_out):
     """Write an expert profile (Parquet: layer, expert, count) from routing over --prompts: the input of
     strata-budget check --expert-profile and strata-engine generate --expert-profile."""
     from strata.budget.profile import write_profile
+    from strata.budget.trace import trace_counts, write_trace
 
-    from .routing import profile_routing
+    from .routing import profile_routing, trace_routing
 
     bad = check_pack_dir(pack)
     if bad:
@@ -635,6 +642,11 @@ def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, device):
         check_overwrite(out, force=force, inputs=(prompts_file,))
     except OutputError as e:
         fail(f"-o/--out {e}")
+    try:
+        if trace_out:
+            check_overwrite(trace_out, force=force, inputs=(prompts_file, out))
+    except OutputError as e:
+        fail(f"--trace {e}")
     if n_tokens < 1:
         fail(f"-n/--n-tokens {n_tokens}: must be >= 1")
     if n_ctx is not None and n_ctx < 1:
@@ -650,7 +662,12 @@ def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, device):
     if not prompts:
         fail(f"--prompts {prompts_file}: no prompts")
     try:
-        rows = profile_routing(pack, prompts, n_tokens=n_tokens, n_ctx=n_ctx, device=device)
+        if trace_out:  # the profile is the trace summed per (layer, expert)
+            trace = trace_routing(pack, prompts, n_tokens=n_tokens, n_ctx=n_ctx, device=device)
+            rows = trace_counts(trace)
+            write_trace(trace, trace_out, force=force, inputs=(prompts_file, out))
+        else:
+            rows = profile_routing(pack, prompts, n_tokens=n_tokens, n_ctx=n_ctx, device=device)
         write_profile(rows, out, force=force, inputs=(prompts_file,))
     except REFUSALS as e:
         fail(str(e))

@@ -1,17 +1,92 @@
-"""``strata-engine profile``: count which routed experts the router selects over some prompts.
+"""``strata-engine profile``: count which routed experts the router selects over some prompts; and the
+routing trace those counts are the sum of.
 
 The engine's expert path has a routing hook (:attr:`strata.engine.experts.ExpertPath.on_route`):
-every MoE layer's selection is counted as it is made, prompt positions and generated tokens alike.
-The counts are written by :func:`strata.budget.profile.write_profile` (the one profile format) and
-fill the expert cache of ``strata-budget check --expert-profile`` and ``strata-engine generate
---expert-profile``.
+every MoE layer's selection is seen as it is made, prompt positions and generated tokens alike.
+:func:`record_trace` records them in order, per position (:class:`strata.budget.trace.RoutingTrace`,
+replayed through cache policies by :mod:`strata.budget.replay`); :func:`profile_routing` sums them per
+(layer, expert). The counts are written by :func:`strata.budget.profile.write_profile` (the one profile
+format) and fill the expert cache of ``strata-budget check --expert-profile`` and ``strata-engine
+generate --expert-profile``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from strata.budget.trace import RoutingTrace, trace_counts
+
 from .errors import GenerateError
 from .generate import generate
 from .startup import load_engine
+
+
+def routing_engine(pack: str, n_ctx: int | None = None, device: str = "cpu"):
+    """The engine :func:`profile_routing` and :func:`trace_routing` route with (load it once to
+    :func:`record_trace` several prompt sets): no expert resident (CPU) or an empty cache (GPU), so nothing
+    but the router decides what is computed.
+
+    Raises:
+        GenerateError: a dense model (nothing to profile).
+    """
+    opts = {"resident": "none"} if device == "cpu" else {"expert_cache": 0}
+    eng = load_engine(pack, device=device, n_ctx=n_ctx, **opts)
+    if eng.experts is None:
+        raise GenerateError(f"{pack}: {eng.pack.arch} has no routed experts (a dense model); nothing to profile")
+    return eng
+
+
+def record_trace(eng, prompts: Sequence[str | Sequence[int]], *, n_tokens: int) -> RoutingTrace:
+    """Route ``prompts`` (text, or token ids) through the loaded engine ``eng`` (``n_tokens`` generated after
+    each, EOS ignored, a fresh KV cache per prompt) and record every selection: one row per routed expert,
+    ``seq`` = the prompt's index, ``position`` = its position (prompt positions, then generated ones; the
+    last generated token is not fed back, so ``len(prompt) + n_tokens - 1`` positions), ``layer``,
+    ``expert`` in the router's order. The engine's routing hook is restored afterwards.
+
+    Raises:
+        GenerateError: what generation refuses (an empty prompt, an id outside the vocabulary, too long).
+    """
+    rows: list[tuple[int, int, int, int]] = []
+    pending: list[tuple[int, list[int]]] = []
+    seq = [0]  # the prompt being routed
+
+    def route(il: int, ids) -> None:
+        pending.append((int(il), [int(e) for e in ids]))
+
+    def step(st) -> None:
+        rows.extend((seq[0], st.position, il, e) for il, ids in pending for e in ids)
+        pending.clear()
+
+    prev = eng.experts.on_route
+    eng.experts.on_route = route
+    try:
+        for i, p in enumerate(prompts):
+            seq[0] = i
+            # each prompt from position 0 on the session's own state: a position is written before it is read
+            # and the recurrent state starts over at 0 (the fused GPU step is bound to this state)
+            if isinstance(p, str):
+                generate(eng, p, n_tokens, ignore_eos=True, on_step=step)
+            else:
+                generate(eng, prompt_ids=list(p), n_tokens=n_tokens, ignore_eos=True, on_step=step)
+    finally:
+        eng.experts.on_route = prev
+    return RoutingTrace.from_rows(rows)
+
+
+def trace_routing(
+    pack: str,
+    prompts: Sequence[str | Sequence[int]],
+    *,
+    n_tokens: int,
+    n_ctx: int | None = None,
+    device: str = "cpu",
+) -> RoutingTrace:
+    """Load ``pack`` (no expert resident) and :func:`record_trace` ``prompts`` through it.
+
+    Raises:
+        GenerateError: a dense model (nothing to trace), or what generation refuses.
+    """
+    return record_trace(routing_engine(pack, n_ctx, device), prompts, n_tokens=n_tokens)
 
 
 def profile_routing(
@@ -19,27 +94,13 @@ def profile_routing(
 ) -> list[tuple[int, int, int]]:
     """Route ``prompts`` through the engine (``n_tokens`` generated after each, EOS ignored, a fresh
     KV cache per prompt) and count, per (layer, expert), how often it was selected. Returns
-    ``(layer, expert, count)`` rows sorted by layer, expert (pairs never selected are left out).
+    ``(layer, expert, count)`` rows sorted by layer, expert (pairs never selected are left out):
+    :func:`strata.budget.trace.trace_counts` of :func:`trace_routing`.
 
     Raises:
         GenerateError: a dense model (nothing to profile), or what generation refuses.
     """
-    opts = {"resident": "none"} if device == "cpu" else {"expert_cache": 0}
-    eng = load_engine(pack, device=device, n_ctx=n_ctx, **opts)
-    if eng.experts is None:
-        raise GenerateError(f"{pack}: {eng.pack.arch} has no routed experts (a dense model); nothing to profile")
-    counts: dict[tuple[int, int], int] = {}
-
-    def count(il: int, ids: list[int]) -> None:
-        for e in ids:
-            counts[(il, e)] = counts.get((il, e), 0) + 1
-
-    eng.experts.on_route = count
-    for p in prompts:
-        # each prompt from position 0 on the session's own state: a position is written before it is read
-        # and the recurrent state starts over at 0 (the fused GPU step is bound to this state)
-        generate(eng, p, n_tokens, ignore_eos=True)
-    return sorted((il, e, c) for (il, e), c in counts.items())
+    return trace_counts(trace_routing(pack, prompts, n_tokens=n_tokens, n_ctx=n_ctx, device=device))
 
 
-__all__ = ["profile_routing"]
+__all__ = ["profile_routing", "record_trace", "routing_engine", "trace_routing"]

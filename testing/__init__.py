@@ -2,7 +2,7 @@
 
 Not part of the toolchain itself (nothing in ``strata.packer``, ``strata.budget`` or
 ``strata.engine`` imports it); it makes the files those are tested on. Everything is seeded: the
-same arguments give byte-identical files. Seven modules, one job each:
+same arguments give byte-identical files. Eight modules, one job each:
 
 - :mod:`.blocks` - :func:`make_random_blocks`: valid random blocks of any ggml type (quantized from
   random normal values where gguf-py has a quantizer, otherwise random bytes whose fp16 super-scale
@@ -14,6 +14,9 @@ same arguments give byte-identical files. Seven modules, one job each:
 - :mod:`.models` - :func:`write_model`: small models of every architecture with a contract
   (``manifests/*.toml``) written with ``gguf.GGUFWriter``, with per-layer expert types, optional fused
   gate/up experts and llama-gguf-split style shards.
+- :mod:`.routing` - :class:`TokenRouting` (``ModelSpec.routing``): routers whose choice depends on the token,
+  with a stated skew, so hit rates measured on a pattern-filled file mean something; :func:`topic_prompts`:
+  prompt sets in topic runs (temporal locality).
 - :mod:`.presets` - one small spec per architecture (:func:`qwen3moe_spec`, :func:`llama_spec`,
   :func:`deepseek2_spec`, ... :data:`PRESETS`), each loaded and run by llama.cpp (llama-cpp-python 0.3.36).
 - :mod:`.gguf_writer` - :func:`write_header_only`: strata's own minimal GGUF v3 writer, a real header
@@ -70,6 +73,7 @@ from .reference_model import (
     reference_model_plan,
     write_reference_model,
 )
+from .routing import PromptSet, TokenRouting, topic_prompts
 from .shards import write_split
 from .tokenizer import (
     SPECIAL_TOKENS,
@@ -96,11 +100,13 @@ __all__ = [
     "PRESETS",
     "PlannedTensor",
     "REFERENCE_EXPERT_CYCLE",
+    "PromptSet",
     "SPECIAL_TOKENS",
     "SynthTokenizer",
     "TOKENIZER_CASES",
     "TensorDecl",
     "TensorLayout",
+    "TokenRouting",
     "big_dense_spec",
     "bytes_to_unicode",
     "deepseek2_spec",
@@ -127,6 +133,7 @@ __all__ = [
     "to_type_id",
     "tokenizer_case_kv",
     "tokenizer_kv",
+    "topic_prompts",
     "write_big_dense",
     "write_broken",
     "write_broken_base",

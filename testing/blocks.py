@@ -25,7 +25,9 @@ from strata.packer import quants
 from strata.packer.quants import QuantType
 
 __all__ = [
+    "FLOAT_ENCODABLE",
     "GGUF_QUANTIZABLE",
+    "encode_floats",
     "make_random_blocks",
     "pattern_chunks",
     "pattern_fill",
@@ -92,6 +94,40 @@ def _f16_bytes(values: np.ndarray) -> np.ndarray:
     return values.astype("<f2").view(np.uint8).reshape(-1, 2)
 
 
+#: Types :func:`encode_floats` writes from given values: the float types and those gguf-py quantizes.
+FLOAT_ENCODABLE = frozenset({"F32", "F16", "F64", "BF16"}) | GGUF_QUANTIZABLE
+
+
+def encode_floats(type_id: int | str, x: np.ndarray) -> np.ndarray:
+    """The bytes of the f32 values ``x`` (any shape, read in C order; its size a multiple of the type's
+    block size) stored as ggml type ``type_id``: F32 / F16 / F64 cast, BF16 rounded to nearest even like
+    ``ggml_compute_fp32_to_bf16`` (finite values: no NaN case; the same bits as ``gguf.quants.quantize(x,
+    BF16)``, ~50x faster), the types of :data:`GGUF_QUANTIZABLE` by ``gguf.quants.quantize``. Returns a 1-D
+    ``uint8`` array of whole blocks.
+
+    Raises:
+        ValueError: a type outside :data:`FLOAT_ENCODABLE` (K-quants, IQ types: gguf-py 0.19.0 has no quantizer).
+        quants.ShapeError: a size that is not a multiple of the block size.
+    """
+    t = quants.by_name(type_id) if isinstance(type_id, str) else quants.qtype(int(type_id))
+    x = np.asarray(x, dtype=np.float32).reshape(-1)
+    if x.size % t.block_elems:
+        raise quants.ShapeError(f"{t.name}: {x.size} values is not a multiple of the block size {t.block_elems}")
+    if t.name in ("F32", "F16", "F64"):
+        return x.astype({"F32": "<f4", "F16": "<f2", "F64": "<f8"}[t.name]).view(np.uint8)
+    if t.name == "BF16":
+        bits = x.view(np.uint32)
+        return (
+            ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+            .astype("<u2")
+            .view(np.uint8)
+        )
+    if t.name in GGUF_QUANTIZABLE:
+        out = gguf.quants.quantize(x.reshape(-1, t.block_elems), GGMLQuantizationType(t.id))
+        return np.ascontiguousarray(out).view(np.uint8).reshape(-1)
+    raise ValueError(f"encode_floats: no encoder for {t.name} (id {t.id}); types: {', '.join(sorted(FLOAT_ENCODABLE))}")
+
+
 def make_random_blocks(
     type_id: int | str, n_elements: int, rng: np.random.Generator, *, std: float = 0.02
 ) -> np.ndarray:
@@ -120,25 +156,11 @@ def make_random_blocks(
     if n < 0 or n % t.block_elems:
         raise quants.ShapeError(f"{t.name}: n_elements={n} is not a multiple of the block size {t.block_elems}")
     n_blocks = n // t.block_elems
-    if t.name in ("F32", "F16", "F64"):
-        dt = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}[t.name]
-        return (rng.standard_normal(n, dtype=np.float32) * std).astype(dt).view(np.uint8)
-    if t.name == "BF16":
-        # round-to-nearest-even like ggml_compute_fp32_to_bf16 (normal values: no NaN case);
-        # same bits as gguf.quants.quantize(x, BF16), ~50x faster
-        bits = (rng.standard_normal(n, dtype=np.float32) * std).view(np.uint32)
-        return (
-            ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
-            .astype("<u2")
-            .view(np.uint8)
-        )
+    if t.name in FLOAT_ENCODABLE:
+        return encode_floats(t.id, rng.standard_normal(n, dtype=np.float32) * std)
     if t.name in ("I8", "I16", "I32", "I64"):
         dt = {"I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8"}[t.name]
         return rng.integers(-100, 100, size=n).astype(dt).view(np.uint8)
-    if t.name in GGUF_QUANTIZABLE:
-        x = rng.standard_normal((n_blocks, t.block_elems), dtype=np.float32) * std
-        out = gguf.quants.quantize(x, GGMLQuantizationType(t.id))
-        return np.ascontiguousarray(out).view(np.uint8).reshape(-1)
 
     blocks = rng.integers(0, 256, size=(n_blocks, t.block_bytes), dtype=np.uint8)
     span, span_min = _SPAN.get(t.name, (128.0, 0.0))
@@ -177,19 +199,24 @@ def make_random_blocks(
     return blocks.reshape(-1)
 
 
-def _pattern(type_id: int, ne: Sequence[int], rng: np.random.Generator, pattern_bytes: int) -> tuple[np.ndarray, int]:
+def _pattern(
+    type_id: int, ne: Sequence[int], rng: np.random.Generator, pattern_bytes: int, std: float = 0.02
+) -> tuple[np.ndarray, int]:
     """(the tile of whole random blocks, the tensor's bytes) of :func:`pattern_fill`."""
     t = quants.qtype(type_id)
     nbytes = quants.tensor_nbytes(type_id, ne)
     n_blocks = nbytes // t.block_bytes
     k = max(1, min(n_blocks, pattern_bytes // t.block_bytes))
-    return make_random_blocks(type_id, k * t.block_elems, rng), nbytes
+    return make_random_blocks(type_id, k * t.block_elems, rng, std=std), nbytes
 
 
-def pattern_fill(type_id: int, ne: Sequence[int], rng: np.random.Generator, pattern_bytes: int = 1 << 16) -> np.ndarray:
+def pattern_fill(
+    type_id: int, ne: Sequence[int], rng: np.random.Generator, pattern_bytes: int = 1 << 16, *, std: float = 0.02
+) -> np.ndarray:
     """Bytes of a whole tensor of type ``type_id`` and shape ``ne`` made by tiling ~``pattern_bytes``
-    (64 KiB) of valid random blocks (:func:`make_random_blocks`): GB-sized files in seconds."""
-    pat, nbytes = _pattern(type_id, ne, rng, pattern_bytes)
+    (64 KiB) of valid random blocks (:func:`make_random_blocks`, normal values of std ``std`` where the
+    type is quantized from floats): GB-sized files in seconds."""
+    pat, nbytes = _pattern(type_id, ne, rng, pattern_bytes, std)
     out = np.empty(nbytes, np.uint8)
     reps = nbytes // pat.size
     out[: reps * pat.size].reshape(reps, pat.size)[:] = pat  # broadcast copy, memcpy speed

@@ -26,6 +26,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from strata.packer import quants
 
 from .blocks import make_random_blocks, pattern_fill, role_values, tensor_rng, to_type_id
+from .routing import TokenRouting, routing_tensor_data
 from .tokenizer import synth_tokenizer, tokenizer_kv
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "plan_tensors",
     "shard_names",
     "spec_geometry",
+    "tensor_data",
     "write_model",
 ]
 
@@ -182,6 +184,9 @@ class ModelSpec(BaseModel):
             manifests' convention) -> value, typed by :func:`kv_entry`; replaces a key the params write
             (e.g. ``{"attention.head_count": [4, 4]}``, ``{"rope.scaling.type": "yarn"}``).
         add_bos: ``tokenizer.ggml.add_bos_token`` (gemma3's preset: true).
+        routing: None (the default: bytes as before), or a :class:`~.routing.TokenRouting`: routers drawn
+            row by row with a stated skew and, under ``fill="pattern"``, distinct token_embd / output rows,
+            so the experts chosen depend on the token (:mod:`.routing`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -204,6 +209,7 @@ class ModelSpec(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     extra_kv: dict[str, Any] = Field(default_factory=dict)
     add_bos: bool = False
+    routing: TokenRouting | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -454,12 +460,19 @@ def model_kv(spec: ModelSpec) -> list[tuple[str, int, Any, int | None]]:
     return kv
 
 
-def _tensor_data(spec: ModelSpec, t: PlannedTensor) -> np.ndarray:
+def tensor_data(spec: ModelSpec, t: PlannedTensor) -> np.ndarray:
+    """The bytes :func:`write_model` writes for tensor ``t`` of ``spec`` (``uint8``, ``t.nbytes``), from the
+    tensor's own stream (:func:`.blocks.tensor_rng`): by fill role, :class:`~.routing.TokenRouting`, then
+    ``spec.fill``."""
     rng = tensor_rng(spec.seed, t.name)
     n = math.prod(t.ne)
     # norm weights are stored with the +1 already applied (gemma3, qwen3next converters); ssm_a < 0
     x = role_values(t.role, n, rng, spec.weight_std)
     if x is None:
+        if spec.routing is not None:
+            data = routing_tensor_data(spec.routing, t.name, t.type_id, t.ne, rng, spec.weight_std, spec.fill)
+            if data is not None:
+                return data
         if spec.fill == "pattern":
             return pattern_fill(t.type_id, t.ne, rng)
         return make_random_blocks(t.type_id, n, rng, std=spec.weight_std)
@@ -526,6 +539,6 @@ def write_model(
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for t in plan:
-        w.write_tensor_data(_tensor_data(spec, t))
+        w.write_tensor_data(tensor_data(spec, t))
     w.close()
     return shard_names(path, spec.n_shards)
