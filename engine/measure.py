@@ -185,7 +185,7 @@ def _compare(pack, eng, facts, card, vram_reserve_mib, kv, expert_cache, profile
         ctx_exact = True
     else:
         ctx_exact = False
-    opts = dict(engine="strata", max_context=n_ctx, vram_reserve_mib=vram_reserve_mib, kv=kv, profile_pairs=profile)
+    opts = dict(engine="strata", n_ctx=n_ctx, vram_reserve_mib=vram_reserve_mib, kv=kv, profile_pairs=profile)
     auto = (
         make_plan(
             facts,
