@@ -9,23 +9,29 @@ fill the expert cache of ``strata-budget check --expert-profile`` and ``strata-e
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .errors import GenerateError
 from .generate import generate
+from .options import EngineOptions
 from .startup import load_engine
 
 
 def profile_routing(
-    pack: str, prompts: list[str], *, n_tokens: int, n_ctx: int | None = None, device: str = "cpu"
+    pack: str, prompts: list[str], *, n_tokens: int, options: EngineOptions | None = None, **kw
 ) -> list[tuple[int, int, int]]:
     """Route ``prompts`` through the engine (``n_tokens`` generated after each, EOS ignored, a fresh
     KV cache per prompt) and count, per (layer, expert), how often it was selected. Returns
     ``(layer, expert, count)`` rows sorted by layer, expert (pairs never selected are left out).
+    The engine's options come as ``options`` or as :class:`strata.engine.options.EngineOptions` keywords
+    (``n_ctx``, ``device``); no expert is resident (every selection runs the expert path's miss side).
 
     Raises:
-        GenerateError: a dense model (nothing to profile), or what generation refuses.
+        GenerateError: a dense model (nothing to profile), what the options or generation refuse.
     """
-    opts = {"resident": "none"} if device == "cpu" else {"expert_cache": 0}
-    eng = load_engine(pack, device=device, n_ctx=n_ctx, **opts)
+    opts = options if options is not None else EngineOptions(**kw)
+    no_cache = {"resident": "none"} if opts.device == "cpu" else {"expert_cache": 0}
+    eng = load_engine(pack, options=replace(opts, **no_cache))
     if eng.experts is None:
         raise GenerateError(f"{pack}: {eng.pack.arch} has no routed experts (a dense model); nothing to profile")
     counts: dict[tuple[int, int], int] = {}

@@ -27,9 +27,8 @@ from strata.budget import formulas_gpu as FG
 from strata.budget.audit import audit_pack
 from strata.budget.cards import card_from_mib
 from strata.budget.plan import PlanOptions, make_plan
-from strata.engine.errors import GenerateError, StartupRefused
+from strata.engine.errors import ExpertCacheError, GenerateError, StartupRefused
 from strata.engine.gpu.backend import SimBackend
-from strata.engine.gpu.device import ExpertCacheError
 from strata.engine.startup import load_engine
 from strata.packer.build import build_pack
 
