@@ -2,7 +2,8 @@
 routing. A thin click layer: each command parses, builds the engine's options
 (:func:`strata.engine.options.options_from_cli`: checked and later resolved there, once), loads and runs -
 over :mod:`strata.engine.generate_cli` (generate's request, checks and output), :mod:`strata.engine.startup`,
-:mod:`strata.engine.measure` and :mod:`strata.engine.routing`.
+:mod:`strata.engine.measure` and :mod:`strata.engine.routing`. The benchmark switches are listed apart in
+``generate --help`` (:class:`strata.engine.clikit.DevCommand`).
 
 Exit codes (one contract for the three tools, :mod:`strata.packer.exits`): 0 success, 1 ``measure``
 found a term that differs from the budget's prediction, 2 the pack or the request was refused (the
@@ -30,7 +31,7 @@ from strata.budget.options import (
 )
 from strata.packer.exits import StrataGroup
 
-from .clikit import REFUSALS, check_pack_dir, fail, print_checkpoint, warn
+from .clikit import REFUSALS, DevCommand, check_pack_dir, dev_option, fail, print_checkpoint, warn
 from .errors import GenerateError
 from .generate_cli import GenerateRequest
 from .numerics import DEFAULT_NUMERICS, PROFILES
@@ -65,7 +66,7 @@ def main() -> None:
     """
 
 
-@main.command("generate")
+@main.command("generate", cls=DevCommand)
 @click.argument("pack", type=click.Path())
 @click.option(
     "-p",
@@ -97,7 +98,7 @@ def main() -> None:
 @click.option("--seed", default=0, show_default=True, help="Seed of the sampler's generator.")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-generation tokens.")
 @ctx_option
-@click.option(
+@dev_option(
     "--resident",
     default="all",
     show_default=True,
@@ -111,7 +112,7 @@ def main() -> None:
     show_default=True,
     help="cpu: NumPy; cuda: CuPy on the local GPU (pip install -e '.[cuda]').",
 )
-@click.option(
+@dev_option(
     "--numerics",
     type=click.Choice(sorted(PROFILES)),
     default=DEFAULT_NUMERICS,
@@ -157,14 +158,14 @@ def main() -> None:
     help="Per-position timing on stderr (units on every line; cuda: gpu, "
     "cpu-experts and wait ms, and per-layer expert hits/misses; synchronises every step).",
 )
-@click.option(
+@dev_option(
     "--no-graph",
     "no_graph",
     is_flag=True,
     help="cuda: launch the fused dense step's kernels one by one "
     "instead of replaying it as a CUDA graph (same kernels, bit-identical logits).",
 )
-@click.option(
+@dev_option(
     "--stage-times",
     "stage_times",
     is_flag=True,
