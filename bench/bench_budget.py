@@ -106,7 +106,7 @@ def run(args, n_layers: int) -> None:
         t_rest, _ = best(lambda: audit_pack(work / "pack", bf16_scan=False), args.repeat)
         card = card_preset("24G")
         t_plan, plan = best(
-            lambda: make_plan(audit_pack(work / "pack").facts, card, PlanOptions(max_context=32768)), args.repeat
+            lambda: make_plan(audit_pack(work / "pack").facts, card, PlanOptions(n_ctx=32768)), args.repeat
         )
         assert res.ok, res.errors[:5]
         print(

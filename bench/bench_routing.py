@@ -124,7 +124,7 @@ def run_geometry(spec, tag: str, work: Path, args, prompt_sets) -> dict:
 
         eng = load_engine(pack, device="cuda", n_ctx=n_ctx)
     else:
-        eng = routing_engine(str(pack), n_ctx, args.device)
+        eng = routing_engine(str(pack), n_ctx=n_ctx, device=args.device)
     traces = {}
     for name, ps in prompt_sets.items():
         t0 = time.perf_counter()

@@ -217,7 +217,7 @@ def check(
     plan = None
     if audit.facts is not None:
         opts = PlanOptions(
-            max_context=n_ctx,
+            n_ctx=n_ctx,
             kv_resident=kv_resident,
             kv=kv,
             batch=batch,

@@ -34,6 +34,14 @@ EXPERT_PROFILE_HELP = (
 )
 
 
+def resolve_ctx(n_ctx: int | None, n_ctx_train: int) -> int:
+    """The context a run holds (positions per sequence): ``n_ctx`` as asked (``--ctx``), else - None, no
+    ``--ctx`` - the model's trained context ``n_ctx_train`` (llama.cpp's ``-c 0``). The one rule of both
+    tools: :func:`strata.budget.plan.make_plan` plans with it, :meth:`strata.engine.options.EngineOptions.resolve`
+    loads with it."""
+    return int(n_ctx) if n_ctx is not None else int(n_ctx_train)
+
+
 def parse_expert_cache(value: str | int | None) -> tuple[int | None, str | None]:
     """``--expert-cache`` text -> ``(slots or None for auto, None)``, or ``(None, the refusal)`` for a
     value that is neither ``auto`` nor a slot count >= 0 (the command prints it as its one error line)."""
@@ -144,4 +152,5 @@ __all__ = [
     "kv_option",
     "parse_expert_cache",
     "reserve_option",
+    "resolve_ctx",
 ]

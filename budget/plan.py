@@ -29,7 +29,7 @@ from .cards import Card, check_mib
 from .errors import PlanInputError
 from .formulas import DEFAULT_RESERVE_MIB, MIB
 from .kv_check import kv_type_error
-from .options import ENGINE_ALIASES
+from .options import ENGINE_ALIASES, resolve_ctx
 from .plan_model import DenseTensor, ExpertLayerFacts, ModelFacts  # noqa: F401  (the plan's inputs, re-exported)
 from .profile import check_profile_pairs, layer_span
 from .tensor_terms import TypeRow, dense_types, engine_buffer_bytes
@@ -45,7 +45,7 @@ class PlanOptions(BaseModel):
     """The knobs of ``strata-budget check`` (None = the default described on each)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_context: int | None = None  # None: the model's n_ctx_train, flagged
+    n_ctx: int | None = None  # --ctx; None: the model's n_ctx_train (options.resolve_ctx), flagged
     kv_resident: int | None = None
     kv: Literal["f16", "int8", "f32"] = "f16"
     batch: int = 1
@@ -248,7 +248,7 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         ("--batch", o.batch, 1),
         ("--prefill", o.prefill, 0),
         ("--vram-reserve-mib", o.vram_reserve_mib, 0),
-        ("--ctx", o.max_context, 1),
+        ("--ctx", o.n_ctx, 1),
         ("--kv-resident", o.kv_resident, 1),
         ("--expert-cache", o.expert_cache, 0),
     ):
@@ -292,7 +292,7 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
             found=str(o.expert_cache),
             required="0 (no routed experts)",
         )
-    n_ctx = o.max_context if o.max_context is not None else facts.n_ctx_train
+    n_ctx = resolve_ctx(o.n_ctx, facts.n_ctx_train)
     if o.kv_resident is not None and o.kv_resident > n_ctx:
         raise PlanInputError(
             f"--kv-resident {o.kv_resident}: more positions than the context ({n_ctx}); at most {n_ctx}",
@@ -353,7 +353,7 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         )
     used = before + cache + bind
     fits = free - reserve - bind >= 0 and refused is None
-    if o.max_context is None:
+    if o.n_ctx is None:
         warnings.append(f"--ctx not given: budgeted at the model's maximum context, {facts.n_ctx_train} tokens")
     elif n_ctx > facts.n_ctx_train:
         warnings.append(f"--ctx {n_ctx} is beyond the model's trained context {facts.n_ctx_train}")
@@ -490,8 +490,8 @@ def suggestions(facts: ModelFacts, card: Card, o: PlanOptions, plan: Plan) -> li
         knob(
             "--max-context",
             1,
-            lambda c: with_(max_context=c),
-            lambda: _largest(1, plan.n_ctx - 1, lambda c: _margin(facts, card, with_(max_context=c)) >= 0),
+            lambda c: with_(n_ctx=c),
+            lambda: _largest(1, plan.n_ctx - 1, lambda c: _margin(facts, card, with_(n_ctx=c)) >= 0),
             lambda c: (
                 f"the largest context that fits is {c} tokens"
                 + (

@@ -1,5 +1,6 @@
 """What every ``strata-engine`` command shares: the refusals it turns into exit 2, the one-line
-``error: ...`` printer, the PACK argument check and the checkpoint printer."""
+``error: ...`` printer, the PACK argument check, the checkpoint printer, and the help section that keeps
+the benchmark switches out of the user's way (:func:`dev_option`, :class:`DevCommand`)."""
 
 from __future__ import annotations
 
@@ -65,4 +66,46 @@ def print_checkpoint(cp: Checkpoint) -> None:
     click.echo(cp.line(), err=True)
 
 
-__all__ = ["REFUSALS", "check_pack_dir", "fail", "print_checkpoint", "warn"]
+#: The ``--help`` section of the options marked :func:`dev_option`.
+DEV_SECTION = "Developer options (benchmarks)"
+
+
+class DevOption(click.Option):
+    """An option for benchmarks and debugging: it works as any other, and ``--help`` lists it under
+    :data:`DEV_SECTION` (:class:`DevCommand`)."""
+
+    developer = True
+
+
+def dev_option(*decls: str, **kw):
+    """``click.option`` for a developer switch (:class:`DevOption`)."""
+    return click.option(*decls, cls=DevOption, **kw)
+
+
+class DevCommand(click.Command):
+    """A command whose ``--help`` lists the user's options under "Options" and the :class:`DevOption` ones
+    after them, under :data:`DEV_SECTION`."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[bool, list[tuple[str, str]]] = {False: [], True: []}
+        for param in self.get_params(ctx):
+            rv = param.get_help_record(ctx)
+            if rv is not None and not isinstance(param, click.Argument):
+                sections[getattr(param, "developer", False)].append(rv)
+        for dev, title in ((False, "Options"), (True, DEV_SECTION)):
+            if sections[dev]:
+                with formatter.section(title):
+                    formatter.write_dl(sections[dev])
+
+
+__all__ = [
+    "DEV_SECTION",
+    "REFUSALS",
+    "DevCommand",
+    "DevOption",
+    "check_pack_dir",
+    "dev_option",
+    "fail",
+    "print_checkpoint",
+    "warn",
+]

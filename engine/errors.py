@@ -14,6 +14,11 @@ class StageTimesRefused(GenerateError):
     path without stage timers): refused instead of printing zeros."""
 
 
+class ExpertCacheError(GenerateError):
+    """An expert cache that cannot be built as asked (both numbers in the message), or an ``--expert-cache``
+    that is neither ``auto`` nor a slot count >= 0."""
+
+
 class StartupRefused(GenerateError):
     """A start-up that would leave the card's reserve eaten (docs/DESIGN.md "The head before the cache",
     "The reserve and the prompt buffers") or that ran out of device memory at a stage: refused with the
@@ -37,4 +42,4 @@ class NonFiniteLogits(GenerateError):
         )
 
 
-__all__ = ["GenerateError", "NonFiniteLogits", "StageTimesRefused", "StartupRefused"]
+__all__ = ["ExpertCacheError", "GenerateError", "NonFiniteLogits", "StageTimesRefused", "StartupRefused"]

@@ -20,9 +20,10 @@ from pydantic import BaseModel, Field
 from strata.budget import formulas as F
 from strata.budget.audit import audit_pack
 from strata.budget.cards import Card, runtime_term
-from strata.budget.plan import PlanOptions, make_plan
+from strata.budget.plan import make_plan
 
 from .errors import GenerateError
+from .options import EngineOptions
 from .startup import load_engine
 
 
@@ -104,34 +105,34 @@ def _free_cuda_pool() -> None:
 def measure_pack(
     pack: str,
     *,
-    n_ctx: int | None = F.DEFAULT_CTX,
-    expert_cache="auto",
-    vram_reserve_mib: int = F.DEFAULT_RESERVE_MIB,
-    kv: str = F.DEFAULT_KV,
-    device: str = "cuda",
+    options: EngineOptions | None = None,
     backend=None,
-    resident="all",
-    card: Card | None = None,
-    profile: list[tuple[int, int, int]] | None = None,
     prompt: str = "The capital of France is",
     n_tokens: int = 0,
+    **kw,
 ) -> Measurement:
     """Load ``pack`` on the GPU path (on the emulated ``card`` when given) and compare every budget term
     with what was allocated; with ``n_tokens`` > 0 then generate that many tokens after ``prompt``
     (greedy, end-of-generation ignored) and report the expert hit rate measured beside the prediction.
+    The engine's options come as ``options`` or as :class:`strata.engine.options.EngineOptions` keywords
+    (``n_ctx``, ``kv``, ``vram_reserve_mib``, ``expert_cache``, ``card``, ``profile``, ...; ``device``
+    defaults to ``cuda`` here).
 
     Predicted: :func:`strata.budget.plan.make_plan` for strata's engine on the audit's facts - on ``card``
     as ``strata-budget check`` plans it (its CUDA context from cards.toml), or on a card of the measured
-    total with the measured context - with the engine's options (``n_ctx``, ``kv``, the reserve, the
-    profile). The term table uses the engine's slot count (so the expert cache compares bytes); the plan's
+    total with the measured context - with the engine's resolved options
+    (:meth:`strata.engine.options.ResolvedOptions.plan_options`: its context, KV type, reserve and profile).
+    The term table uses the engine's slot count (so the expert cache compares bytes); the plan's
     automatic slot count and hit rate are reported beside it. Measured: the bytes the engine allocated
     per term (sums of buffer sizes), the CUDA runtime as what ``cudaMemGetInfo`` says is used beyond them
     and the context, the generic path's warm-up as the pool's growth at the prompt path.
 
     Raises:
         GenerateError: no CUDA GPU (``device="cuda"``), a device without device memory, a pack the
-            audit finds errors in, or what the start-up refuses.
+            audit finds errors in, or what the options or the start-up refuse.
     """
+    opts = options if options is not None else EngineOptions(**{"device": "cuda"} | kw)
+    device = opts.device
     if backend is None and device == "cuda":
         from .gpu.kernels import gpu_available
 
@@ -142,32 +143,22 @@ def measure_pack(
                 f"on a machine without one, plan with strata-budget check PACK --card PRESET"
             )
         _free_cuda_pool()
-    eng = load_engine(
-        pack,
-        device=device,
-        backend=backend,
-        n_ctx=n_ctx,
-        expert_cache=expert_cache,
-        vram_reserve_mib=vram_reserve_mib,
-        kv=kv,
-        resident=resident,
-        card=card,
-        profile=profile,
-    )
+    eng = load_engine(pack, backend=backend, options=opts)
     g = eng.gpu
     if g is None:
         raise GenerateError(f"measure: device {device!r} has no device memory to measure; use --device cuda")
     res = audit_pack(pack, bf16_scan=False)
     if res.facts is None:
         raise GenerateError(f"{pack}: the budget audit found errors: {[e.message for e in res.errors][:3]}")
-    a = _compare(pack, eng, res.facts, card, vram_reserve_mib, kv, expert_cache, profile)
+    a = _compare(pack, eng, res.facts)
     if n_tokens > 0:
-        _generate(a, eng, prompt, n_tokens, profile)
+        _generate(a, eng, prompt, n_tokens)
     return a
 
 
-def _compare(pack, eng, facts, card, vram_reserve_mib, kv, expert_cache, profile) -> Measurement:
-    g, marks, n_ctx = eng.gpu, eng.gpu.marks, eng.n_ctx
+def _compare(pack, eng, facts) -> Measurement:
+    g, marks, o = eng.gpu, eng.gpu.marks, eng.options
+    card, n_ctx, kv = o.card, o.n_ctx, o.kv
     ctx = marks["pack"]["gpu_used_bytes"]
     total = marks["pack"]["gpu_total_bytes"]
     slots = g.slot_plan.slots if g.slot_plan else 0
@@ -185,20 +176,8 @@ def _compare(pack, eng, facts, card, vram_reserve_mib, kv, expert_cache, profile
         ctx_exact = True
     else:
         ctx_exact = False
-    opts = dict(engine="strata", max_context=n_ctx, vram_reserve_mib=vram_reserve_mib, kv=kv, profile_pairs=profile)
-    auto = (
-        make_plan(
-            facts,
-            card,
-            PlanOptions(**opts, expert_cache=None if expert_cache == "auto" else int(expert_cache)),
-            suggest=False,
-        )
-        if facts.expert_layers
-        else None
-    )
-    plan = make_plan(
-        facts, card, PlanOptions(**opts, expert_cache=slots if facts.expert_layers else None), suggest=False
-    )
+    auto = make_plan(facts, card, o.plan_options(o.expert_cache), suggest=False) if facts.expert_layers else None
+    plan = make_plan(facts, card, o.plan_options(slots if facts.expert_layers else None), suggest=False)
     pred = {t.name: t.bytes for t in plan.terms}
     a = Measurement(
         pack=str(pack),
@@ -212,7 +191,7 @@ def _compare(pack, eng, facts, card, vram_reserve_mib, kv, expert_cache, profile
         card=card.name,
         physical_total_bytes=marks["pack"].get("physical_total_bytes"),
         decode_path=g.decode_path,
-        predicted_slots=auto.slots if auto is not None and expert_cache == "auto" else None,
+        predicted_slots=auto.slots if auto is not None and o.expert_cache is None else None,
         reserve_bytes=g.reserve_bytes,
         free_after_bytes=g.free_after_bytes,
     )
@@ -346,7 +325,7 @@ def _notes(a: Measurement, g, plan, auto, facts) -> None:
     )
 
 
-def _generate(a: Measurement, eng, prompt: str, n_tokens: int, profile) -> None:
+def _generate(a: Measurement, eng, prompt: str, n_tokens: int) -> None:
     """Generate after the start-up and set the expert hit rate measured during generation beside the
     profile's prediction (at the plan's slot count and at the engine's)."""
     from .generate import generate
@@ -365,6 +344,7 @@ def _generate(a: Measurement, eng, prompt: str, n_tokens: int, profile) -> None:
         "cpu_misses_per_token": round(r.expert_misses / steps, 2),
         "hit_rate_measured": r.expert_hits / sel if sel else None,
     }
+    profile = eng.options.profile
     if profile is not None and eng.gpu.slot_plan is not None:
         gen["hit_rate_predicted_engine_slots"] = F.fill_profile(profile, eng.gpu.slot_plan.slots).hit_rate
         if a.predicted_slots is not None:

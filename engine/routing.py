@@ -13,24 +13,28 @@ generate --expert-profile``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from strata.budget.trace import RoutingTrace, trace_counts
 
 from .errors import GenerateError
 from .generate import generate
+from .options import EngineOptions
 from .startup import load_engine
 
 
-def routing_engine(pack: str, n_ctx: int | None = None, device: str = "cpu"):
+def routing_engine(pack: str, options: EngineOptions | None = None, **kw):
     """The engine :func:`profile_routing` and :func:`trace_routing` route with (load it once to
     :func:`record_trace` several prompt sets): no expert resident (CPU) or an empty cache (GPU), so nothing
-    but the router decides what is computed.
+    but the router decides what is computed. The engine's options come as ``options`` or as
+    :class:`strata.engine.options.EngineOptions` keywords (``n_ctx``, ``device``).
 
     Raises:
-        GenerateError: a dense model (nothing to profile).
+        GenerateError: a dense model (nothing to profile), what the options refuse.
     """
-    opts = {"resident": "none"} if device == "cpu" else {"expert_cache": 0}
-    eng = load_engine(pack, device=device, n_ctx=n_ctx, **opts)
+    opts = options if options is not None else EngineOptions(**kw)
+    no_cache = {"resident": "none"} if opts.device == "cpu" else {"expert_cache": 0}
+    eng = load_engine(pack, options=replace(opts, **no_cache))
     if eng.experts is None:
         raise GenerateError(f"{pack}: {eng.pack.arch} has no routed experts (a dense model); nothing to profile")
     return eng
@@ -74,33 +78,29 @@ def record_trace(eng, prompts: Sequence[str | Sequence[int]], *, n_tokens: int) 
 
 
 def trace_routing(
-    pack: str,
-    prompts: Sequence[str | Sequence[int]],
-    *,
-    n_tokens: int,
-    n_ctx: int | None = None,
-    device: str = "cpu",
+    pack: str, prompts: Sequence[str | Sequence[int]], *, n_tokens: int, options: EngineOptions | None = None, **kw
 ) -> RoutingTrace:
-    """Load ``pack`` (no expert resident) and :func:`record_trace` ``prompts`` through it.
+    """Load ``pack`` (no expert resident; options as :func:`routing_engine`) and :func:`record_trace`
+    ``prompts`` through it.
 
     Raises:
-        GenerateError: a dense model (nothing to trace), or what generation refuses.
+        GenerateError: a dense model (nothing to trace), what the options or generation refuse.
     """
-    return record_trace(routing_engine(pack, n_ctx, device), prompts, n_tokens=n_tokens)
+    return record_trace(routing_engine(pack, options, **kw), prompts, n_tokens=n_tokens)
 
 
 def profile_routing(
-    pack: str, prompts: list[str], *, n_tokens: int, n_ctx: int | None = None, device: str = "cpu"
+    pack: str, prompts: list[str], *, n_tokens: int, options: EngineOptions | None = None, **kw
 ) -> list[tuple[int, int, int]]:
     """Route ``prompts`` through the engine (``n_tokens`` generated after each, EOS ignored, a fresh
-    KV cache per prompt) and count, per (layer, expert), how often it was selected. Returns
-    ``(layer, expert, count)`` rows sorted by layer, expert (pairs never selected are left out):
-    :func:`strata.budget.trace.trace_counts` of :func:`trace_routing`.
+    KV cache per prompt; options as :func:`routing_engine`) and count, per (layer, expert), how often it was
+    selected. Returns ``(layer, expert, count)`` rows sorted by layer, expert (pairs never selected are left
+    out): :func:`strata.budget.trace.trace_counts` of :func:`trace_routing`.
 
     Raises:
-        GenerateError: a dense model (nothing to profile), or what generation refuses.
+        GenerateError: a dense model (nothing to profile), what the options or generation refuse.
     """
-    return trace_counts(trace_routing(pack, prompts, n_tokens=n_tokens, n_ctx=n_ctx, device=device))
+    return trace_counts(trace_routing(pack, prompts, n_tokens=n_tokens, options=options, **kw))
 
 
 __all__ = ["profile_routing", "record_trace", "routing_engine", "trace_routing"]

@@ -40,17 +40,15 @@ from strata.packer.pack import Pack, open_pack
 from strata.packer.packfmt import METADATA_FILE, POOL_FILE, sources_modified
 
 from .checkpoints import Checkpoint, Checkpoints
-from .core import Device, Engine, EngineOptions
+from .core import Device, Engine
 from .cpu.device import CpuDevice
 from .decoder import Decoder
-from .errors import GenerateError, StageTimesRefused, StartupRefused
+from .errors import GenerateError, StartupRefused
 from .loader import LoadError, LoadPlan, check_pack
 from .models import UnsupportedModel, recipe_for
 from .numerics import numerics as get_numerics
+from .options import DEVICES, EngineOptions
 from .tokenizer import load_tokenizer
-
-#: The devices :func:`load_engine` knows (``--device``); ``cuda`` and ``sim`` live in strata.engine.gpu.
-DEVICES = ("cpu", "cuda", "sim")
 
 
 def open_checked(pack_dir: str | Path, *, runnable: bool = False) -> tuple[Pack, Geometry, LoadPlan]:
@@ -131,24 +129,16 @@ def check_ctx(
     return need
 
 
-def check_kv(kv: str) -> None:
-    """Refuse a KV cache type strata's engine does not implement (names the ones it does)."""
-    if kv not in LK.ENGINE_KV_TYPES:
-        raise GenerateError(
-            f"--kv {kv}: strata's engine stores K/V as {' or '.join(LK.ENGINE_KV_TYPES)} "
-            f"({kv} is budgeted by strata-budget for other engines only)"
-        )
-
-
 def make_device(name: str, **kw) -> Device:
-    """The device called ``name`` (:data:`DEVICES`); ``kw`` go to the GPU device (``backend``).
+    """The device called ``name`` (:data:`strata.engine.options.DEVICES`); ``kw`` go to the GPU device
+    (``backend``, ``card``).
 
     Raises:
         GenerateError: an unknown device (naming the known ones); the GPU device's own refusal
             (no CuPy, no GPU) with the reason.
     """
     if name == "cpu":
-        return CpuDevice(**kw)
+        return CpuDevice()
     if name in ("cuda", "sim"):
         from .gpu.device import GpuDevice
 
@@ -159,7 +149,7 @@ def make_device(name: str, **kw) -> Device:
 def load_engine(
     pack_dir: str | Path,
     *,
-    device: str | Device = "cpu",
+    device: str | Device | None = None,
     options: EngineOptions | None = None,
     on_checkpoint: Callable[[Checkpoint], None] | None = None,
     on_warning: Callable[[str], None] | None = None,
@@ -167,8 +157,10 @@ def load_engine(
 ) -> Engine:
     """Open, check and load the pack at ``pack_dir`` on ``device`` (stages in the module docstring).
 
-    Options come as ``options`` or as keywords of :class:`EngineOptions` (``n_ctx=256, kv="f32"``);
-    ``backend=`` passes a GPU backend (``strata.engine.gpu.backend``) to the GPU device.
+    Options come as ``options`` (:class:`strata.engine.options.EngineOptions`, checked when it was made) or
+    as its keywords (``n_ctx=256, kv="f32"``); ``device`` is a device name (default ``options.device``, else
+    ``cpu``) or a :class:`Device`; ``backend=`` passes a GPU backend (``strata.engine.gpu.backend``) to the
+    GPU device. The options are resolved once, in the ``pack`` stage (:meth:`EngineOptions.resolve`).
 
     Raises:
         PackFormatError: a pack file that does not follow the format (file and line named).
@@ -176,43 +168,29 @@ def load_engine(
         LoadError: a tensor or expert table that disagrees with the geometry (name, found, required).
         UnsupportedModel: an architecture or feature without a forward pass here.
         TokenizerError: tokenizer data that cannot be built.
-        GenerateError: a context whose KV cache does not fit the device's memory, an expert cache
-            N that does not fit (both numbers), a refused GPU option.
+        GenerateError: what :class:`EngineOptions` refuses (before any device is touched); options for
+            one device given with another; a context whose KV cache does not fit the device's memory, an
+            expert cache N that does not fit (both numbers).
     """
     backend = kw.pop("backend", None)
-    opts = options or EngineOptions(**kw)
-    if opts.n_ctx is not None and opts.n_ctx < 1:
-        raise GenerateError(f"n_ctx {opts.n_ctx} < 1")
-    check_kv(opts.kv)
-    if opts.threads is not None and not 1 <= int(opts.threads) <= 512:
-        raise GenerateError(f"threads {opts.threads}: expected 1..512 (ggml's GGML_MAX_N_THREADS)")
-    from .cpu.kernels import KERNELS as CPU_KERNELS
-
-    if opts.cpu_kernel is not None and opts.cpu_kernel not in CPU_KERNELS:
-        raise GenerateError(f"cpu_kernel {opts.cpu_kernel!r}: expected one of {', '.join(CPU_KERNELS)}")
-    if opts.stage_times and opts.graph and device != "cpu":
-        # refused before any device is touched: a timer inside a captured graph would print zeros
-        raise StageTimesRefused(
-            "--stage-times: stage timers cannot measure inside a captured CUDA graph (events recorded between its "
-            "launches record nothing); refusing rather than reporting zeros - add --no-graph"
-        )
-    if opts.card is not None and device == "cpu":
-        raise GenerateError(f"--card {opts.card.name}: a card is emulated on the GPU path; add --device cuda")
-    if isinstance(device, str):
+    name = device if device is None or isinstance(device, str) else device.name
+    asked = options if options is not None else EngineOptions(device=name or "cpu", **kw)
+    if name is not None and name != asked.device:
+        raise GenerateError(f"options made for --device {asked.device} given to load on {name}")
+    if device is None or isinstance(device, str):
         dkw = {"backend": backend} if backend else {}
-        if opts.card is not None and backend is None:
-            dkw["card"] = opts.card
-        if device == "cpu":
-            dkw = {"exact": opts.exact, "threads": opts.threads, "kernel": opts.cpu_kernel}
-        dev = make_device(device, **dkw)
+        if asked.card is not None and backend is None:
+            dkw["card"] = asked.card
+        dev = make_device(asked.device, **dkw)
     else:
         dev = device
-    dev.check_options(opts)
-    nx = get_numerics(opts.numerics)
+    nx = get_numerics(asked.numerics)
     cps = Checkpoints(on_checkpoint)
     with cps.stage("pack") as note:
         pack, geom, plan = open_checked(pack_dir, runnable=True)
         recipe = recipe_for(pack.arch)
+        opts = asked.resolve(int(geom["n_ctx_train"]))  # every default decided, once
+        dev.configure(opts)
         note["arch"] = pack.arch
         note["device"] = dev.describe()
         note["numerics"] = nx.name
@@ -241,9 +219,8 @@ def load_engine(
     weights = dev.make_weights(pack, plan, nx)
     experts = dev.make_experts(plan, nx) if plan.experts else None
     model = Decoder(geom, recipe, weights, experts)
-    n_ctx = int(opts.n_ctx if opts.n_ctx is not None else geom["n_ctx_train"])
     avail, what = dev.memory_available()
-    check_ctx(model, geom, n_ctx, opts.kv, avail, what, opts.sliding, on_warning)
+    check_ctx(model, geom, opts.n_ctx, opts.kv, avail, what, opts.sliding, on_warning)
     head = set(model.head_tensors())
     rows_only = set(model.row_tensors())
     got: dict = {}
@@ -257,7 +234,7 @@ def load_engine(
         note["tensor"] = model.head
 
     def session_stage(note):
-        got["state"] = dev.open_session(model, opts, n_ctx, note)
+        got["state"] = dev.open_session(model, opts, note)
         got["tokenizer"] = load_tokenizer(pack)
         for w in got["tokenizer"].warnings if on_warning is not None else ():
             on_warning(w)
@@ -277,7 +254,7 @@ def load_engine(
         "drafter": lambda note: dev.load_drafter(pack, plan, model, note),
         "prompt path": lambda note: got.__setitem__("runner", dev.prompt_path(model, got["state"], opts, note)),
         "expert cache": cache_stage,
-        "bind": lambda note: dev.bind_drafter(plan, model, opts, n_ctx, note),
+        "bind": lambda note: dev.bind_drafter(plan, model, opts, note),
     }
     for stage in stage_order(opts.stage_order, bool(plan.draft)):
         with cps.stage(stage) as note:
@@ -288,7 +265,20 @@ def load_engine(
                 raise cls(f"start-up stage {stage!r}: {e}") from e
             dev.mark(stage, note)
     runner, state, tokenizer = got["runner"], got["state"], got["tokenizer"]
-    eng = Engine(pack, geom, plan, weights, runner, tokenizer, state, experts, cps.done, device=dev.name, kv=opts.kv)
+    eng = Engine(
+        pack,
+        geom,
+        plan,
+        weights,
+        runner,
+        tokenizer,
+        state,
+        experts,
+        cps.done,
+        device=dev.name,
+        kv=opts.kv,
+        options=opts,
+    )
     eng.notes = unused_notes(recipe, plan)
     dev.finish(eng)
     return eng
@@ -333,13 +323,10 @@ def unused_notes(recipe, plan: LoadPlan) -> list[str]:
 
 
 __all__ = [
-    "DEVICES",
     "Device",
     "Engine",
-    "EngineOptions",
     "STAGES",
     "check_ctx",
-    "check_kv",
     "kv_cache_need_bytes",
     "load_engine",
     "make_device",

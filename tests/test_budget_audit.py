@@ -129,7 +129,7 @@ def test_kv_is_charged_to_the_12_attention_layers_only(q3n):
     assert [L.layer for L in res.facts.kv_layers] == attention
     card = card_from_mib(24000)
     for ctx in (1000, 2048, 6000):
-        p = make_plan(res.facts, card, PlanOptions(max_context=ctx, prefill=64))
+        p = make_plan(res.facts, card, PlanOptions(n_ctx=ctx, prefill=64))
         assert p.kv_bytes_per_token == 12 * per_layer == 12 * 2 * 1 * (32 + 32)
         assert p.term("KV cache") == 12 * per_layer * ctx
 
@@ -148,15 +148,12 @@ def test_recurrent_state_is_constant_in_context_and_linear_in_batch(q3n):
     card = card_from_mib(24000)
     seen = set()
     for ctx in (64, 2048, 65536):
-        p = make_plan(facts, card, PlanOptions(max_context=ctx))
+        p = make_plan(facts, card, PlanOptions(n_ctx=ctx))
         seen.add(p.term("recurrent state"))
         assert p.recurrent_state_bytes_per_seq == per_seq
     assert seen == {per_seq}
     for batch in (1, 2, 3, 8):
-        assert (
-            make_plan(facts, card, PlanOptions(max_context=2048, batch=batch)).term("recurrent state")
-            == batch * per_seq
-        )
+        assert make_plan(facts, card, PlanOptions(n_ctx=2048, batch=batch)).term("recurrent state") == batch * per_seq
 
 
 def test_expert_blobs_and_max_blob_from_the_types(q3n):

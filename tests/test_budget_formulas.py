@@ -232,7 +232,7 @@ facts_st = st.builds(
 )
 opts_st = st.builds(
     PlanOptions,
-    max_context=st.integers(1, 65536),
+    n_ctx=st.integers(1, 65536),
     kv=st.sampled_from(["f16", "int8"]),
     batch=st.integers(1, 8),
     prefill=st.integers(0, 1024),
@@ -262,7 +262,7 @@ def test_slots_never_push_the_total_past_the_card(facts, o, card_mib):
     card_mib=st.integers(1, 30_000),
     knob=st.sampled_from(
         [
-            "max_context",
+            "n_ctx",
             "batch",
             "prefill",
             "vram_reserve_mib",
@@ -311,14 +311,14 @@ def test_bigger_dense_weights_never_grow_the_slots(facts, o, card_mib, extra):
 def test_expert_cache_zero_vs_n_differs_by_n_blobs_and_one_too_many_is_refused():
     facts = _facts(4, 2, 64, 0, 0, 0, 1000, [100_000, 300_000, 200_000], 512)
     card = card_from_mib(500, cuda_context_mib=100)
-    auto = make_plan(facts, card, PlanOptions(max_context=1024, vram_reserve_mib=300, prefill=0))
+    auto = make_plan(facts, card, PlanOptions(n_ctx=1024, vram_reserve_mib=300, prefill=0))
     n = auto.slots_fit
     assert 0 < n < facts.expert_pairs
-    zero = make_plan(facts, card, PlanOptions(max_context=1024, vram_reserve_mib=300, prefill=0, expert_cache=0))
-    some = make_plan(facts, card, PlanOptions(max_context=1024, vram_reserve_mib=300, prefill=0, expert_cache=n))
+    zero = make_plan(facts, card, PlanOptions(n_ctx=1024, vram_reserve_mib=300, prefill=0, expert_cache=0))
+    some = make_plan(facts, card, PlanOptions(n_ctx=1024, vram_reserve_mib=300, prefill=0, expert_cache=n))
     assert some.used_bytes - zero.used_bytes == n * 300_000  # max_blob = the largest engine blob
     assert some.fits and zero.fits
-    over = make_plan(facts, card, PlanOptions(max_context=1024, vram_reserve_mib=300, prefill=0, expert_cache=n + 1))
+    over = make_plan(facts, card, PlanOptions(n_ctx=1024, vram_reserve_mib=300, prefill=0, expert_cache=n + 1))
     assert not over.fits
     assert over.refused.startswith(f"--expert-cache {n + 1} refused: {n + 1} slots x 300000 B")
     assert f"at most {n} slots fit" in over.refused
@@ -340,14 +340,14 @@ def test_non_fitting_plan_says_the_largest_context_that_fits():
     # one full-context layer, 1 KV head of 64: K+V f16 = 256 B per token
     facts = _facts(1, 1, 64, 0, 0, 0, 10, [], 1, ctx_train=1 << 20)
     card = card_from_mib(100, cuda_context_mib=0)
-    o = PlanOptions(max_context=1 << 20, vram_reserve_mib=10, prefill=0)
+    o = PlanOptions(n_ctx=1 << 20, vram_reserve_mib=10, prefill=0)
     p = make_plan(facts, card, o)
     assert not p.fits
     s = {x.option: x for x in p.suggestions}
     best = int(s["--max-context"].value)
     assert s["--max-context"].fits_alone
-    assert make_plan(facts, card, o.model_copy(update={"max_context": best}), suggest=False).fits
-    assert not make_plan(facts, card, o.model_copy(update={"max_context": best + 1}), suggest=False).fits
+    assert make_plan(facts, card, o.model_copy(update={"n_ctx": best}), suggest=False).fits
+    assert not make_plan(facts, card, o.model_copy(update={"n_ctx": best + 1}), suggest=False).fits
     # by hand: free = card - dense - head - embd - act; KV = 256 B x ctx must fit in free - reserve
     fixed = sum(t.bytes for t in p.terms if t.name not in ("KV cache", "expert cache"))
     assert best == (100 * MIB - fixed - 10 * MIB) // 256
@@ -398,7 +398,7 @@ def test_runtime_term_is_charged_and_can_be_overridden():
     with pytest.raises(CardError, match="--cuda-runtime-mib -1 is negative"):
         card_preset("24G", cuda_runtime_mib=-1)
     facts = ModelFacts(arch="x", n_ctx_train=64, n_vocab=10)
-    p = make_plan(facts, card_from_mib(4096, cuda_context_mib=100, cuda_runtime_mib=7), PlanOptions(max_context=64))
+    p = make_plan(facts, card_from_mib(4096, cuda_context_mib=100, cuda_runtime_mib=7), PlanOptions(n_ctx=64))
     assert p.term("CUDA runtime") == 7 * MIB and p.term("CUDA context") == 100 * MIB
 
 
@@ -410,7 +410,7 @@ def test_kv_int8_needs_whole_q8_0_blocks_per_row_and_per_head():
     # head dim unknown (0): the per-token row n_head_kv x head_dim = 1 x 40 is not whole blocks
     facts = _facts(2, 1, 40, 0, 0, 0, 10, [], 1)
     with pytest.raises(PlanInputError) as e:
-        make_plan(facts, card, PlanOptions(max_context=64, kv="int8"))
+        make_plan(facts, card, PlanOptions(n_ctx=64, kv="int8"))
     assert str(e.value).startswith(
         "--kv int8: the K cache of layer 0 (blk.0.attn_k.weight) has a row (n_head_kv x key_length) of "
         "40 elements per token, not a multiple of the Q8_0 block of 32 (40 = 1 x 32 + 8); "
@@ -420,7 +420,7 @@ def test_kv_int8_needs_whole_q8_0_blocks_per_row_and_per_head():
         "K row of 40 elements per token",
         "a multiple of 32 elements (Q8_0 block) for --kv int8",
     )
-    assert make_plan(facts, card, PlanOptions(max_context=64, kv="f16")).term("KV cache") == 2 * 64 * 2 * 40 * 2
+    assert make_plan(facts, card, PlanOptions(n_ctx=64, kv="f16")).term("KV cache") == 2 * 64 * 2 * 40 * 2
     # 2 heads of 48: the row (96) is whole blocks, a head is not (llama.cpp refuses a quantized cache then)
     facts = _facts(3, 2, 48, 0, 0, 0, 10, [], 1).model_copy(update={"head_dim": 48})
     with pytest.raises(
@@ -428,7 +428,7 @@ def test_kv_int8_needs_whole_q8_0_blocks_per_row_and_per_head():
         match=r"has a head dim \(key_length\) of 48 elements, not a multiple of the Q8_0 "
         r"block of 32 \(48 = 1 x 32 \+ 16\); 3 attention layer\(s\) affected \(0..2\)",
     ):
-        make_plan(facts, card, PlanOptions(max_context=64, kv="int8"))
+        make_plan(facts, card, PlanOptions(n_ctx=64, kv="int8"))
     assert LK.kv_row_bytes(96, "int8") == 3 * 34  # the formula alone would have accepted it
 
 
@@ -457,13 +457,13 @@ def test_plan_refuses_bad_profiles_naming_the_row():
 def test_expert_cache_cap_is_the_automatic_cap():
     facts = _facts(1, 1, 64, 0, 0, 0, 10, [1000, 1000, 1000], 8)  # 3 x 8 = 24 pairs, memory for far more
     card = card_from_mib(4000)
-    auto = make_plan(facts, card, PlanOptions(max_context=64))
+    auto = make_plan(facts, card, PlanOptions(n_ctx=64))
     assert auto.slots == auto.slots_fit == auto.slots_cap == 24 and auto.fits
-    over = make_plan(facts, card, PlanOptions(max_context=64, expert_cache=25))
+    over = make_plan(facts, card, PlanOptions(n_ctx=64, expert_cache=25))
     assert not over.fits and over.slots_fit == 24
     assert "at most 24 slots fit (capped at the model's 24 (layer, expert) pairs" in over.refused
     assert [(s.option, s.value) for s in over.suggestions] == [("--expert-cache", "24")]
-    assert make_plan(facts, card, PlanOptions(max_context=64, expert_cache=24)).fits
+    assert make_plan(facts, card, PlanOptions(n_ctx=64, expert_cache=24)).fits
 
 
 def test_kv_resident_caps_full_context_layers_only():

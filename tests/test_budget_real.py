@@ -51,12 +51,12 @@ def test_qwen05b_kv_per_token_from_its_metadata(audits, real_packs):
     head_dim = m.get("qwen2.attention.key_length", m["qwen2.embedding_length"] // n_head)
     assert (n_layer, n_head_kv, head_dim) == (24, 2, 64)
     card = card_preset("24G")
-    p = make_plan(audits["qwen2.5-0.5b"].facts, card, PlanOptions(max_context=4096))
+    p = make_plan(audits["qwen2.5-0.5b"].facts, card, PlanOptions(n_ctx=4096))
     # K and V, every layer, n_head_kv (not n_head) heads, f16 = 2 B
     assert p.kv_bytes_per_token == 2 * n_layer * n_head_kv * head_dim * 2 == 12_288
     assert p.term("KV cache") == 12_288 * 4096
     # int8 = Q8_0 rows: 34 B per 32 values (ggml-common.h block_q8_0)
-    p8 = make_plan(audits["qwen2.5-0.5b"].facts, card, PlanOptions(max_context=4096, kv="int8"))
+    p8 = make_plan(audits["qwen2.5-0.5b"].facts, card, PlanOptions(n_ctx=4096, kv="int8"))
     assert p8.kv_bytes_per_token == 2 * n_layer * (n_head_kv * head_dim // 32 * 34) == 6_528
 
 
@@ -77,7 +77,7 @@ def test_gemma_sliding_layers_hold_their_window_global_layers_the_context(audits
     assert [L.layer for L in facts.kv_layers if L.window is None] == glob
     card = card_preset("24G")
     for ctx, chunk in ((256, 256), (4096, 256), (32768, 256), (32768, 0), (32768, 64)):
-        p = make_plan(facts, card, PlanOptions(max_context=ctx, prefill=chunk))
+        p = make_plan(facts, card, PlanOptions(n_ctx=ctx, prefill=chunk))
         # a sliding layer holds at most its window plus what one prompt chunk adds (window + chunk - 1,
         # llama.cpp is_masked_swa); a global layer the whole context
         swa_tokens = min(ctx, window + max(chunk, 1) - 1)
@@ -89,7 +89,7 @@ def test_gemma_sliding_layers_hold_their_window_global_layers_the_context(audits
 def test_gemma_plan_on_24g(audits, real_packs):
     pack = open_pack(real_packs["gemma3-270m"])
     defaults, presets = load_cards()
-    p = make_plan(audits["gemma3-270m"].facts, card_preset("24G"), PlanOptions(max_context=32768, prefill=256))
+    p = make_plan(audits["gemma3-270m"].facts, card_preset("24G"), PlanOptions(n_ctx=32768, prefill=256))
     # engine form by hand from index.txt: Q8_0 (34 B / 32) and Q5_0 (22 B / 32) carry one fp16 d per
     # block, widened to f32: +2 B per block (docs/FORMAT.md "Quant types"); K-quants and F32 unchanged.
     per_block = {8: 34, 6: 22}

@@ -470,3 +470,15 @@ def test_a_prompt_that_does_not_fit_is_not_echoed_before_the_refusal(pack):
     assert r.exit_code == 2 and r.stdout == "" and "needs" in r.stderr and "n_ctx 4 (use --ctx)" in r.stderr
     ok = _gen(pack, "-n", "2")
     assert ok.exit_code == 0 and ok.stdout.startswith("hi")
+
+
+def test_benchmark_switches_are_listed_apart_in_help():
+    """--resident, --numerics, --no-graph and --stage-times work as before but --help lists them after the
+    user's options, under their own title; --kernel stays a user option."""
+    from strata.engine.clikit import DEV_SECTION
+
+    out = CliRunner().invoke(main, ["generate", "--help"]).output
+    user, dev = out.split(f"{DEV_SECTION}:")
+    for opt in ("--resident", "--numerics", "--no-graph", "--stage-times"):
+        assert opt in dev and opt not in user, opt
+    assert "--kernel" in user and "--ctx" in user and "--kernel" not in dev

@@ -76,7 +76,7 @@ def test_engine_kv_bytes_are_the_budget_kv_term(syn, name, n_ctx, kv):
     assert eng.state.cache.nbytes == want
     # strata-budget check --kv, at the engine's one-position prompt path (--prefill 0 or 1)
     for chunk in (0, 1):
-        p = make_plan(facts, card_from_mib(4096), PlanOptions(max_context=n_ctx, kv=kv, prefill=chunk))
+        p = make_plan(facts, card_from_mib(4096), PlanOptions(n_ctx=n_ctx, kv=kv, prefill=chunk))
         assert p.term("KV cache") == want
     if name == "gemma3":  # layer 0 slides (window 128), layer 1 is global
         assert eng.state.cache.sizes == [min(n_ctx, 128), n_ctx]

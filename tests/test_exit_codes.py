@@ -204,7 +204,7 @@ def _cases(w: Path, out: Path) -> dict[str, tuple[str, str, list[str]]]:
             ["strata.budget.cli", "check", w / "dense", "--card", "24G"],
         ),
         "strata-engine generate": (
-            "strata.engine.cli",
+            "strata.engine.generate_cli",
             "generate",
             ["strata.engine.cli", "generate", w / "dense", "-p", "Hi"],
         ),

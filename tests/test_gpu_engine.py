@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from strata.budget import formulas as F
+from strata.engine.errors import ExpertCacheError
 from strata.engine.generate import generate
 from strata.engine.gpu import kernels as K
 from strata.engine.gpu.backend import SimBackend
-from strata.engine.gpu.device import ExpertCacheError
 from strata.engine.startup import load_engine
 from strata.layout import experts as LX
 
@@ -164,7 +164,7 @@ def test_sim_stats_per_layer_counts_and_timers(packs):
         assert s.expert_hits == sum(h for h, _ in s.expert_layers.values())
         assert s.gpu_ms is None and s.cpu_expert_ms is not None and s.wait_ms is not None  # sim: no device clock
     assert sum(s.cpu_expert_ms for s in r.steps) > 0  # misses ran on the CPU
-    from strata.engine.cli import stats_line
+    from strata.engine.generate_cli import stats_line
 
     line = stats_line(r.steps[-1], None, gpu=True, experts=True)
     assert "ms (wall)" in line and "gpu n/a ms (event span)" in line and "per layer hits/misses (counts): 0:" in line
@@ -258,7 +258,7 @@ def test_cuda_audit(packs, name, kv):
 def test_cuda_stats(packs):
     eng = load_engine(packs["moe"], device="cuda", n_ctx=64, expert_cache=12)
     r = generate(eng, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True, stats=True)
-    from strata.engine.cli import stats_line
+    from strata.engine.generate_cli import stats_line
 
     for s in r.steps:
         print(stats_line(s, None, gpu=True, experts=True))

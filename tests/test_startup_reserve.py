@@ -27,9 +27,8 @@ from strata.budget import formulas as F
 from strata.budget.audit import audit_pack
 from strata.budget.cards import card_from_mib
 from strata.budget.plan import PlanOptions, make_plan
-from strata.engine.errors import GenerateError, StartupRefused
+from strata.engine.errors import ExpertCacheError, GenerateError, StartupRefused
 from strata.engine.gpu.backend import SimBackend
-from strata.engine.gpu.device import ExpertCacheError
 from strata.engine.startup import load_engine
 from strata.layout import buffers as LB
 from strata.layout import engine_form as LE
@@ -169,7 +168,7 @@ def test_prompt_path_on_top_of_the_reserve_is_refused_with_the_numbers(packs):
     card = card_from_mib(1, cuda_context_mib=0, cuda_runtime_mib=0).model_copy(
         update={"total_bytes": total, "cuda_context_bytes": CTX}
     )
-    p = make_plan(facts, card, PlanOptions(engine="strata", max_context=64, vram_reserve_mib=reserve))
+    p = make_plan(facts, card, PlanOptions(engine="strata", n_ctx=64, vram_reserve_mib=reserve))
     assert not p.fits and p.term("prefill/activations") == eng.gpu.fused_buffer_bytes
 
 
@@ -215,7 +214,7 @@ def test_nextn_draft_head_in_the_contract_budget_and_engine(packs):
     draft = [t for t in facts.dense if facts.is_draft(t.name)]
     assert {t.name for t in draft} >= {"blk.4.nextn.eh_proj.weight", "blk.4.attn_q.weight", "blk.4.ffn_gate_inp.weight"}
     card = card_from_mib(24210)
-    p = make_plan(facts, card, PlanOptions(engine="strata", max_context=256))
+    p = make_plan(facts, card, PlanOptions(engine="strata", n_ctx=256))
     names = [t.name for t in p.terms]
     assert (
         names.index("draft head")
@@ -271,7 +270,7 @@ def test_a_bigger_draft_head_costs_slots_and_keeps_the_reserve(packs):
         assert e.gpu.free_after_bytes >= 64 * F.MIB  # the reserve stays free (measured)
     # the plan moves the same way; a slot count recorded for the old head is refused for the new one
     plans = {
-        k: make_plan(f, card, PlanOptions(engine="strata", max_context=256, vram_reserve_mib=64))
+        k: make_plan(f, card, PlanOptions(engine="strata", n_ctx=256, vram_reserve_mib=64))
         for k, f in (("docs", base), ("docs-big", big))
     }
     # the plan also charges the kernel modules: the bigger head's Q4_K is a type the model already loads,

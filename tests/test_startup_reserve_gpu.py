@@ -126,7 +126,7 @@ def test_reference_model_6g_prompt_path_inside_the_plan_or_refused_with_the_numb
 
 @need_docs
 def test_reference_model_expert_cache_above_the_fit_is_refused_with_both_numbers():
-    from strata.engine.gpu.device import ExpertCacheError
+    from strata.engine.errors import ExpertCacheError
     from strata.engine.startup import load_engine
 
     _free_pool()

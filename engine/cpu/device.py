@@ -11,11 +11,11 @@ import os
 from strata.manifests.contract import Geometry
 from strata.packer.pack import Pack
 
-from ..core import Engine, EngineOptions
+from ..core import Engine
 from ..decoder import Decoder, State
-from ..errors import GenerateError
 from ..experts import ExpertPath, ShardExperts, resident_pairs
 from ..loader import LoadPlan
+from ..options import ResolvedOptions
 from .experts import CpuExpertCache, CpuExpertPath
 from .weights import CpuWeights
 
@@ -28,30 +28,22 @@ def host_ram_bytes() -> int:
 class CpuDevice:
     """The NumPy path: dense weights held by :class:`strata.engine.cpu.weights.CpuWeights`, resident
     experts by :class:`strata.engine.cpu.experts.CpuExpertCache` (chosen by ``resident``), the rest
-    computed from the memory-mapped shards."""
+    computed from the memory-mapped shards, with the resolved options' ``kernel`` and ``threads``."""
 
     name = "cpu"
 
     def describe(self) -> str:
         return "CPU (NumPy)"
 
-    def check_options(self, opts: EngineOptions) -> None:
-        if opts.stage_times:
-            raise GenerateError("--stage-times: per-stage device timers exist on --device cuda only")
+    def configure(self, opts: ResolvedOptions) -> None:
+        # "q8" (llama.cpp's CPU numerics, the default), "exact" (the GPU's order) or "f32" (strata.engine.cpu.kernels)
+        self.kernel, self.threads = opts.kernel, opts.threads
 
     def mark(self, stage: str, note: dict) -> None:
         pass
 
     def memory_available(self) -> tuple[int, str]:
         return host_ram_bytes(), "host RAM (SC_PHYS_PAGES x SC_PAGE_SIZE)"
-
-    def __init__(self, exact: bool = False, threads: int | None = None, kernel: str | None = None):
-        from .kernels import default_threads, kernel_for
-
-        # "q8" (llama.cpp's CPU numerics, the default), "exact" (the GPU's order) or "f32" (strata.engine.cpu.kernels)
-        self.kernel = kernel or ("exact" if exact else "q8")
-        kernel_for(0, self.kernel)  # refuse an unknown name now
-        self.exact, self.threads = self.kernel == "exact", threads or default_threads()
 
     def make_weights(self, pack: Pack, plan: LoadPlan, nx) -> CpuWeights:
         return CpuWeights(pack, plan.dense, nx, threads=self.threads, kernel=self.kernel)
@@ -70,14 +62,14 @@ class CpuDevice:
         }[self.kernel]
         note["kernels"] = f"quantized, {what}, {self.threads} threads"
 
-    def open_session(self, model: Decoder, opts: EngineOptions, n_ctx: int, note: dict) -> State:
-        state = model.new_state(n_ctx, kv=opts.kv, sliding=opts.sliding)
-        note["n_ctx"] = n_ctx
+    def open_session(self, model: Decoder, opts: ResolvedOptions, note: dict) -> State:
+        state = model.new_state(opts.n_ctx, kv=opts.kv, sliding=opts.sliding)
+        note["n_ctx"] = opts.n_ctx
         note["kv"] = f"{opts.kv}, {opts.sliding}"
         note["kv MiB"] = round(state.cache.nbytes / 2**20, 1)
         return state
 
-    def prompt_path(self, model: Decoder, state: State, opts: EngineOptions, note: dict) -> Decoder:
+    def prompt_path(self, model: Decoder, state: State, opts: ResolvedOptions, note: dict) -> Decoder:
         from .kernels import library
 
         types = set(model.w.types())
@@ -89,7 +81,7 @@ class CpuDevice:
         note["kernel types"] = len(types)
         return model
 
-    def open_expert_cache(self, experts: ExpertPath, geom: Geometry, opts: EngineOptions, note: dict) -> None:
+    def open_expert_cache(self, experts: ExpertPath, geom: Geometry, opts: ResolvedOptions, note: dict) -> None:
         n_expert = int(geom["n_expert"])
         pairs = resident_pairs(opts.resident, experts.source.layers, n_expert)
         experts.cache = CpuExpertCache(
@@ -101,7 +93,7 @@ class CpuDevice:
         note["draft tensors"] = len(plan.draft)
         note["where"] = "kept in the memory-mapped pool (the CPU path does not run the draft head)"
 
-    def bind_drafter(self, plan: LoadPlan, model: Decoder, opts: EngineOptions, n_ctx: int, note: dict) -> None:
+    def bind_drafter(self, plan: LoadPlan, model: Decoder, opts: ResolvedOptions, note: dict) -> None:
         note["bind"] = "none on the CPU path"
 
     def finish(self, engine: Engine) -> None:

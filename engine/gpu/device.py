@@ -32,27 +32,16 @@ from strata.layout import kv as LK
 from strata.manifests.contract import Geometry
 from strata.packer.pack import Pack
 
-from ..core import Engine, EngineOptions
+from ..core import Engine
 from ..decoder import Decoder, State
-from ..errors import GenerateError, StageTimesRefused, StartupRefused
+from ..errors import ExpertCacheError, GenerateError, StageTimesRefused, StartupRefused
 from ..experts import ShardExperts, resident_pairs
 from ..loader import LoadPlan
+from ..options import ResolvedOptions
 from .backend import Backend, make_backend
 from .fused import FusedDecoder, FusedUnsupported, StageTimes, describe, fused_unsupported
 from .slots import GpuExpertPath, GpuStepProbe, SlotCache, SlotPlan
 from .weights import DeviceWeights
-
-
-def step_kernel(opts: EngineOptions) -> str:
-    """The matvec numerics of the fused GPU step: ``"q8"`` (the default: llama.cpp's CPU numerics, bit-identical to
-    the CPU's ``q8`` kernel, :mod:`strata.engine.gpu.kernels`) or ``"exact"`` (``cpu_kernel="exact"``
-    or ``exact=True``: f32 products in the exact kernels' order on both devices). ``"f32"`` is refused by
-    :meth:`GpuDevice.check_options`."""
-    return "exact" if opts.exact or opts.cpu_kernel == "exact" else "q8"
-
-
-class ExpertCacheError(GenerateError):
-    """An expert cache that cannot be built as asked (both numbers in the message)."""
 
 
 @dataclass
@@ -119,15 +108,7 @@ class GpuDevice:
     def describe(self) -> str:
         return self.info.device
 
-    def check_options(self, opts: EngineOptions) -> None:
-        if opts.cpu_kernel == "f32":
-            raise GenerateError(
-                "--kernel f32 runs on the CPU only: on a GPU an expert missed by the cache would be "
-                "computed in f32 while a hit runs the GPU's kernels, so the tokens would depend on "
-                "the cache; use q8 (the default) or exact, both bit-identical on the two devices"
-            )
-        if opts.expert_cache != "auto" and int(opts.expert_cache) < 0:
-            raise ExpertCacheError(f"--expert-cache {opts.expert_cache}: a slot count cannot be negative")
+    def configure(self, opts: ResolvedOptions) -> None:
         self.info.kv = opts.kv
         self.info.reserve_bytes = opts.vram_reserve_mib * F.MIB
         self.opts = opts
@@ -167,14 +148,8 @@ class GpuDevice:
         return DeviceWeights(pack, plan.dense, self.bk)
 
     def make_experts(self, plan: LoadPlan, nx) -> GpuExpertPath:
-        opts = getattr(self, "opts", None)
-        self.experts = GpuExpertPath(
-            ShardExperts(plan),
-            None,
-            self.bk,
-            kernel=opts.cpu_kernel if opts else None,
-            threads=opts.threads if opts else None,
-        )
+        opts = self.opts
+        self.experts = GpuExpertPath(ShardExperts(plan), None, self.bk, kernel=opts.miss_kernel, threads=opts.threads)
         return self.experts
 
     def load_weights(self, weights: DeviceWeights, names: list[str], stage: str, note: dict) -> None:
@@ -185,9 +160,9 @@ class GpuDevice:
         else:
             self.info.weights_engine_bytes += added
 
-    def open_session(self, model: Decoder, opts: EngineOptions, n_ctx: int, note: dict) -> State:
+    def open_session(self, model: Decoder, opts: ResolvedOptions, note: dict) -> State:
         info, bk, w = self.info, self.bk, model.w
-        state = model.new_state(n_ctx, kv=opts.kv, sliding=opts.sliding)
+        state = model.new_state(opts.n_ctx, kv=opts.kv, sliding=opts.sliding)
         for name in sorted(model.row_tensors()):
             info.row_buffer_bytes += w.alloc_row_buffer(name)
         if self.experts is not None:
@@ -210,7 +185,7 @@ class GpuDevice:
         )
         info.session_rounded_bytes = _rounded(arrays, bk.POOL_UNIT)
         bk.external(sum(int(a.nbytes) for a in arrays), "the session's KV cache, rope tables and recurrent state")
-        note["n_ctx"] = n_ctx
+        note["n_ctx"] = opts.n_ctx
         note["kv"] = (
             f"{opts.kv}, {opts.sliding}: {min(state.cache.sizes)}..{max(state.cache.sizes)} positions per layer"
         )
@@ -219,14 +194,14 @@ class GpuDevice:
         note["buffer_bytes"] = info.buffer_bytes
         return state
 
-    def prompt_path(self, model: Decoder, state: State, opts: EngineOptions, note: dict) -> Any:
+    def prompt_path(self, model: Decoder, state: State, opts: ResolvedOptions, note: dict) -> Any:
         info, bk = self.info, self.bk
         source = self.experts.source if self.experts is not None else None
         expert_types = (
             {t for r in source.rows.values() for t in (r.gate_type, r.up_type, r.down_type)} if source else set()
         )
         why = fused_unsupported(model)
-        kernel = step_kernel(opts)
+        kernel = opts.kernel
         bk.prepare(model.w.types() | expert_types, q8=kernel == "q8" and why is None and opts.fused is not False)
         if opts.fused and why:
             raise FusedUnsupported(why)
@@ -272,7 +247,7 @@ class GpuDevice:
         note["decode path"] = info.decode_path
         return runner
 
-    def open_expert_cache(self, experts: GpuExpertPath, geom: Geometry, opts: EngineOptions, note: dict) -> None:
+    def open_expert_cache(self, experts: GpuExpertPath, geom: Geometry, opts: ResolvedOptions, note: dict) -> None:
         info, bk = self.info, self.bk
         source = experts.source
         n_expert = int(geom["n_expert"])
@@ -298,7 +273,7 @@ class GpuDevice:
         bind = self.draft_bind_need
         reserve = opts.vram_reserve_mib * F.MIB + bind  # the C++ engine's reserve: + the draft head's bind bytes
         self.refuse_eaten_reserve(free, reserve, "expert cache")
-        asked = None if opts.expert_cache == "auto" else int(opts.expert_cache)
+        asked = opts.expert_cache  # None: automatic
         size = F.size_expert_cache(free, reserve, slot_bytes, cap, asked, cap_what=what)
         if size.refused:
             raise ExpertCacheError(
@@ -394,16 +369,12 @@ class GpuDevice:
         self._bind_need = LB.draft_bind_bytes(
             [(e.type, e.src_type, e.ne) for e in ents],
             self._draft_kv_per_token(model, plan),
-            self._n_ctx(model),
+            self.opts.n_ctx,
             model.hp.n_embd,
         )
         note["engine_bytes"] = self.info.draft_engine_bytes
         note["draft tensors"] = len(ents)
         note["bind_bytes_reserved"] = self._bind_need
-
-    def _n_ctx(self, model: Decoder) -> int:
-        """The context the session holds (``--ctx``, else the model's trained context)."""
-        return int(self.opts.n_ctx if self.opts.n_ctx is not None else model.g["n_ctx_train"])
 
     def _draft_kv_per_token(self, model: Decoder, plan: LoadPlan) -> int:
         h = model.hp
@@ -413,7 +384,7 @@ class GpuDevice:
             for il in layers
         )
 
-    def bind_drafter(self, plan: LoadPlan, model: Decoder, opts: EngineOptions, n_ctx: int, note: dict) -> None:
+    def bind_drafter(self, plan: LoadPlan, model: Decoder, opts: ResolvedOptions, note: dict) -> None:
         """The ``bind`` stage: the draft head's bind buffers (GEMV outputs, f32 vector copies, its K/V
         cache, the ``eh_proj`` input row), into the room the expert cache left for them."""
         from strata.packer import quants
@@ -426,7 +397,7 @@ class GpuDevice:
             else LB.vector_f32_bytes(e.type, e.src_type, e.ne)
             for e in ents
         ]
-        kv = self._draft_kv_per_token(model, plan) * n_ctx
+        kv = self._draft_kv_per_token(model, plan) * opts.n_ctx
         pieces += [kv, LB.F32_BYTES * 2 * model.hp.n_embd]
         # one allocation of exactly the reserved bytes: the f32-aligned pieces, rounded to the driver's pages
         # as strata.layout.buffers.draft_bind_bytes rounds them
@@ -449,4 +420,4 @@ class GpuDevice:
         self.refuse_eaten_reserve(free, self.info.reserve_bytes, "after start-up")
 
 
-__all__ = ["ExpertCacheError", "GpuDevice", "GpuInfo"]
+__all__ = ["GpuDevice", "GpuInfo"]

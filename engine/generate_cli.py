@@ -1,0 +1,282 @@
+"""``strata-engine generate`` below its click layer: what was asked besides the engine's options (the
+prompt, sampling, the output: :class:`GenerateRequest`), its checks, and the run - streaming the text,
+``--stats`` lines, the summary or the ``--json`` object (the click command is :mod:`strata.engine.cli`)."""
+
+from __future__ import annotations
+
+import codecs
+import json
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import click
+
+from strata.packer.exits import interrupted
+
+from .chat import chat_prompt
+from .clikit import REFUSALS, check_pack_dir, fail
+from .core import Engine
+from .errors import GenerateError
+from .generate import GenerationResult, StepStat, generate
+from .sampling import Sampler
+
+
+def not_utf8(opt: str, text: str | None) -> str | None:
+    """The refusal for an option's text that is not valid UTF-8 (on POSIX, Python hands undecodable argv bytes over
+    as lone surrogates, U+DC80..U+DCFF), naming the first bad byte and its character position; None when it is."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        ch = ord(text[e.start])
+        what = f"byte 0x{ch - 0xDC00:02x}" if 0xDC80 <= ch <= 0xDCFF else f"U+{ch:04X}"
+        return f"{opt} is not valid UTF-8 text: {what} at character {e.start}"
+    return None
+
+
+def check_request(*, n_tokens: int, temperature: float, top_k: int, top_p: float, seed: int) -> str | None:
+    """Sampling and length checks that need no pack (each refusal names the option), else None. The
+    context's own check is the engine options' (:class:`strata.engine.options.EngineOptions`); the length
+    against it is :meth:`GenerateRequest.check_positions`."""
+    if not math.isfinite(temperature):
+        return f"--temperature {temperature}: not a finite number"
+    if temperature < 0:
+        return f"--temperature {temperature}: must be >= 0 (0 = greedy)"
+    if not math.isfinite(top_p):
+        return f"--top-p {top_p}: not a finite number"
+    if not 0.0 < top_p <= 1.0:
+        return f"--top-p {top_p}: outside (0, 1]"
+    if top_k < 0:
+        return f"--top-k {top_k}: must be >= 0 (0 = all)"
+    if seed < 0:
+        return f"--seed {seed}: must be a non-negative integer"
+    if n_tokens < 1:
+        return f"-n/--n-tokens {n_tokens}: must be >= 1"
+    return None
+
+
+STATS_UNITS = (
+    "stats: one line per position. Units: 'ms' = milliseconds; forward/sample/cpu-experts/wait are host "
+    "wall-clock times, gpu is the device time between CUDA events at the step's start and end (it includes "
+    "time the GPU sat idle waiting for the host); 'hits/misses' are COUNTS of routed experts (not ms), per "
+    "MoE layer as layer:hits/misses."
+)
+
+
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}"
+
+
+def stats_line(s: StepStat, piece: Callable[[int], str] | None = None, gpu: bool = False, experts: bool = False) -> str:
+    """One ``--stats`` line; every figure says its unit (ms = milliseconds, counts of experts)."""
+    out = "" if s.token_out is None else f" -> {s.token_out}" + (f" {piece(s.token_out)!r}" if piece else "")
+    line = (
+        f"stats: pos {s.position:4d} {s.phase:6s} {s.token_in}{out} | forward {s.forward_ms:.2f} ms (wall) | "
+        f"sample {s.sample_ms:.2f} ms (wall)"
+    )
+    if gpu:
+        line += (
+            f" | gpu {_ms(s.gpu_ms)} ms (event span) | cpu-experts {_ms(s.cpu_expert_ms)} ms (wall) | "
+            f"wait {_ms(s.wait_ms)} ms (wall)"
+        )
+    if experts:
+        per = " ".join(f"{il}:{h}/{m}" for il, (h, m) in sorted((s.expert_layers or {}).items()))
+        line += (
+            f" | experts {s.expert_hits} hits / {s.expert_misses} misses (counts); "
+            f"per layer hits/misses (counts): {per}"
+        )
+    return line
+
+
+def _summary(r: GenerationResult) -> str:
+    tps = f"{r.tokens_per_second:.2f} tok/s" if r.tokens_per_second else "n/a (one token)"
+    pps = f"{r.prompt_tokens_per_second:.2f} tok/s" if r.prompt_tokens_per_second else "n/a"
+    n_after = r.n_output_tokens - 1
+    line = (
+        f"[{r.arch}, {r.device}] decode: {tps} ({n_after} token{'' if n_after == 1 else 's'} after the first in "
+        f"{r.decode_seconds:.2f} s, batch 1) | prompt: {r.n_prompt_tokens} tokens in {r.prompt_seconds:.2f} s "
+        f"({pps}, incl. the first generated token) | stop: {r.stop_reason}"
+    )
+    if r.expert_hits or r.expert_misses:
+        line += f" | experts: {r.expert_hits} hits / {r.expert_misses} misses (counts)"
+    return line
+
+
+def _stage_summary(engine: Engine) -> dict | None:
+    dec = engine.decoder
+    if dec is None or not dec.stage_times.steps:
+        return None
+    return {
+        "steps": dec.stage_times.steps,
+        "grouped": dec.stage_times.grouped(),
+        "per_stage": dec.stage_times.per_token(),
+    }
+
+
+class TextStream:
+    """Prints generated tokens as they come (text mode): each token's bytes through an incremental
+    UTF-8 decoder, so a character split over tokens is printed once complete. End-of-generation
+    tokens are not printed (as they are left out of the text)."""
+
+    def __init__(self, tok, skip: frozenset[int], echo: bool = True):
+        self.tok, self.skip, self.echo = tok, skip, echo
+        self.ids: list[int] = []
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, token_id: int) -> None:
+        if token_id in self.skip:
+            return
+        self.ids.append(int(token_id))
+        if not self.echo:
+            return
+        text = self._dec.decode(self.tok.decode_bytes([token_id]))
+        if text:
+            click.echo(text, nl=False)
+            sys.stdout.flush()
+
+    def finish(self) -> None:
+        if self.echo:
+            click.echo(self._dec.decode(b"", final=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateRequest:
+    """What ``strata-engine generate`` was asked besides the engine's options (one field per click option
+    of the same destination): the prompt (``--chat``: the user message of the chat template, ``system``
+    before it), the length and sampling, the output (``as_json``, ``stats``, ``verbose``)."""
+
+    pack: str
+    prompt: str
+    system: str | None = None
+    chat: bool = False
+    parse_special: bool = True
+    n_tokens: int = 32
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    as_json: bool = False
+    stats: bool = False
+    verbose: bool = False
+
+    def check(self) -> Sampler:
+        """Generate's checks that need no engine, in the order they are reported (the text, --system and
+        --chat, PACK, sampling and length), then the sampler.
+
+        Raises:
+            GenerateError: the first refusal, naming the option.
+        """
+        for opt, text in (("--prompt", self.prompt), ("--system", self.system)):
+            if bad := not_utf8(opt, text):
+                raise GenerateError(bad)
+        if self.system is not None and not self.chat:
+            raise GenerateError("--system needs --chat (the system message goes through the model's chat template)")
+        if self.chat and not self.parse_special:
+            raise GenerateError(
+                "--no-parse-special with --chat would make the chat template's own markers plain text; "
+                "llama.cpp always parses them in a chat prompt"
+            )
+        sampling = dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed)
+        if bad := check_pack_dir(self.pack) or check_request(n_tokens=self.n_tokens, **sampling):
+            raise GenerateError(bad)
+        try:
+            return Sampler(**sampling)
+        except ValueError as e:
+            raise GenerateError(str(e)) from None
+
+    def check_positions(self, n_ctx: int | None) -> None:
+        """Refuse ``-n`` beyond the context ``n_ctx`` as asked (None: the model's, checked once the prompt is
+        tokenized: :func:`strata.engine.generate.generate`); the prompt has at least one token."""
+        if n_ctx is not None and self.n_tokens > n_ctx:  # 1 + n - 1 positions
+            raise GenerateError(
+                f"-n/--n-tokens {self.n_tokens} needs at least {self.n_tokens} positions (even a one-token prompt + "
+                f"{self.n_tokens} new tokens - 1), more than --ctx {n_ctx}"
+            )
+
+    def text(self, engine: Engine) -> str:
+        """What is tokenized (the chat template applied with --chat); first says the engine's notes once and
+        with --stats the units and columns of its lines (stderr)."""
+        for line in engine.notes:  # what the forward pass knowingly leaves out, said once
+            click.echo(f"note: {line}", err=True)
+        text = (
+            chat_prompt(engine.tokenizer, self.prompt, self.system, where=str(self.pack)) if self.chat else self.prompt
+        )
+        if self.stats:
+            click.echo(STATS_UNITS, err=True)
+            cols = "stats: columns: pos phase token_in -> token_out | forward ms | sample ms"
+            if engine.probe is not None:
+                cols += " | gpu ms | cpu-experts ms | wait ms"
+            if engine.experts is not None:
+                cols += " | expert hits/misses (counts) total and per layer"
+            click.echo(cols, err=True)
+        return text
+
+    def run(self, engine: Engine, text: str, sampler: Sampler) -> None:
+        """Generate and print: text mode echoes the prompt at the first position (after generate's checks
+        passed; not with --chat) and streams each token; --json prints one object at the end. A refusal
+        exits 2; Ctrl-C keeps the tokens streamed (exit 130, :func:`strata.packer.exits.interrupted`)."""
+        as_json, gpu, experts = self.as_json, engine.probe is not None, engine.experts is not None
+        stream = TextStream(engine.tokenizer, frozenset() if self.ignore_eos else engine.tokenizer.eog_ids, not as_json)
+        echoed = [as_json or self.chat]
+
+        def on_step(st: StepStat) -> None:
+            if not echoed[0]:
+                echoed[0] = True
+                click.echo(self.prompt, nl=False)
+                sys.stdout.flush()
+            if self.stats:
+                click.echo(stats_line(st, engine.tokenizer.piece, gpu, experts), err=True)
+            if st.token_out is not None:
+                stream(st.token_out)
+
+        try:
+            r = generate(
+                engine,
+                text,
+                self.n_tokens,
+                sampler=sampler,
+                ignore_eos=self.ignore_eos,
+                on_step=on_step,
+                stats=self.stats,
+                parse_special=self.parse_special,
+            )
+        except REFUSALS as e:
+            if echoed[0] and not as_json and not self.chat:
+                click.echo("")  # ends the echoed prompt's line
+            fail(str(e), as_json=as_json)
+        except KeyboardInterrupt as e:
+            stream.finish()
+            raise interrupted(
+                e,
+                f"stopped after {len(stream.ids)} generated token(s)" + ("" if as_json else " (printed above)"),
+                {"output_ids": stream.ids, "text": engine.tokenizer.decode(stream.ids)},
+            ) from None
+        self.report(engine, r, stream)
+
+    def report(self, engine: Engine, r: GenerationResult, stream: TextStream) -> None:
+        """The end: the --json object (steps with --stats, the stage times with --stage-times), or the
+        text's last characters and the summary line (and the stage times) on stderr."""
+        st = _stage_summary(engine) if engine.options is not None and engine.options.stage_times else None
+        if self.as_json:
+            d = r.model_dump()
+            if not self.stats:
+                d.pop("steps")
+            if st is not None:
+                d["stage_ms_per_token"] = st
+            click.echo(json.dumps(d))
+            return
+        stream.finish()
+        click.echo(_summary(r), err=True)
+        if st is not None:
+            click.echo(
+                "stage times: device ms per position (CUDA events between stages, eager fused step; "
+                "attn/ffn summed over layers): " + ", ".join(f"{k} {v:.3f} ms" for k, v in st["grouped"].items()),
+                err=True,
+            )
+
+
+__all__ = ["STATS_UNITS", "GenerateRequest", "TextStream", "check_request", "not_utf8", "stats_line"]
