@@ -20,7 +20,6 @@ from pathlib import Path
 
 import click
 
-from strata.budget.formulas import ENGINE_KV_TYPES
 from strata.budget.options import (
     card_options,
     ctx_option,
@@ -29,6 +28,7 @@ from strata.budget.options import (
     kv_option,
     reserve_option,
 )
+from strata.layout.kv import ENGINE_KV_TYPES
 from strata.packer.exits import StrataGroup
 
 from .clikit import REFUSALS, DevCommand, check_pack_dir, dev_option, fail, print_checkpoint, warn
