@@ -11,7 +11,7 @@ device_env() {
             .whl/*.whl >/dev/null 2>&1 || rc=1
     fi
     mkdir -p "$dir/src/strata"
-    for d in packer budget engine manifests testing; do ln -sfn "$PWD/$d" "$dir/src/strata/$d"; done
+    for d in packer layout budget engine manifests testing; do ln -sfn "$PWD/$d" "$dir/src/strata/$d"; done
     export PYTHONPATH=$dir/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     return $rc
 }
