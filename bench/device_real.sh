@@ -57,7 +57,7 @@ fi
 if ! $PY -c "import strata.engine.cli" 2>/dev/null; then
     # the package maps strata.<x> to ./<x> (pyproject.toml package-dir): the same, with links
     mkdir -p "$WORK/src/strata"
-    for d in packer budget engine manifests; do ln -sfn "$ROOT/$d" "$WORK/src/strata/$d"; done
+    for d in packer layout budget engine manifests testing; do ln -sfn "$ROOT/$d" "$WORK/src/strata/$d"; done
     export PYTHONPATH=$WORK/src${PYTHONPATH:+:$PYTHONPATH}
 fi
 $PY - <<'EOF' || fail "imports"
