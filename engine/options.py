@@ -44,7 +44,7 @@ class EngineOptions:
         n_ctx: positions the KV cache holds (``--ctx``); None = the model's trained context.
         kv: KV cache type, ``f16`` (default, llama.cpp's) or ``f32``; ``sliding``: ``ring``
             (sliding-window layers keep their window only) or ``full`` (the reference for tests).
-        numerics: CPU numerics profile (:mod:`strata.engine.numerics`).
+        numerics: CPU numerics mode (:mod:`strata.engine.numerics`).
         resident: without a profile, the experts the cache may hold (``all`` | ``none`` | ``half`` |
             fraction, :func:`strata.engine.experts.resident_pairs`).
         expert_cache: GPU slots, an int >= 0 or None for automatic (``"auto"`` and a digit string are taken
@@ -87,7 +87,7 @@ class EngineOptions:
 
         Raises:
             GenerateError: an unknown device, ``--ctx`` < 1, a KV type the engine does not store, threads
-                outside 1..:data:`MAX_THREADS`, an unknown kernel or numerics profile or residency, a card on
+                outside 1..:data:`MAX_THREADS`, an unknown kernel or numerics mode or residency, a card on
                 the CPU, ``--stage-times`` on the CPU, ``--kernel f32`` on a GPU.
             StageTimesRefused: ``--stage-times`` with the CUDA graph on (a timer inside a captured graph
                 records nothing).
