@@ -40,7 +40,7 @@ step "every gpu test that needs no real model (the device-side oracle of the cac
   timeout ${TEST_S:-300} python3 -m pytest -q -p no:cacheprovider -rfEs -m "gpu and not real" tests/ 2>&1; } \
     | tee "$OUT/gpu_tests.txt" | tail -4
 step "GGUFs and packs"
-GEOS="gemma3-270m qwen2-0.5b qwen2-7b qwen3moe-30b-a3b"
+GEOS="qwen3moe-30b-a3b qwen2-7b qwen2-0.5b gemma3-270m"  # the largest first: a call cut at its limit keeps it
 for g in $GEOS; do python3 bench/bench_moe.py --work "$WORK/bench" --geometry $g --tokens 8 --no-gpu 2>&1 | grep "^\[" ; done
 step "waiting for the llama.cpp build"
 for _ in $(seq 1 120); do grep -q "^exit" /tmp/lcp/build.log 2>/dev/null && break; sleep 3; done
