@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -221,15 +222,21 @@ def main(argv: list[str] | None = None) -> int:
         f"of {args.prompt_len} ids + {args.tokens} generated, {args.topics} topics of {args.topic_size} ids in runs of "
         f"{args.run_length}; device {args.device}"
     )
+    path = Path(args.json) if args.json else work / f"bench_routing-{args.geometry}.json"
     out = {
         "args": {k: v for k, v in vars(args).items()},
         "prompt_sets": {k: v.describe() for k, v in sets.items()},
-        "rows": [run_geometry(spec, f"{args.geometry}-skew{args.skew:g}", work, args, sets)],
+        "rows": [],
     }
+    tags = [(spec, f"{args.geometry}-skew{args.skew:g}")]
     if args.pattern_baseline:
-        out["rows"].append(run_geometry(base, f"{args.geometry}-pattern", work, args, sets))
-    path = Path(args.json) if args.json else work / f"bench_routing-{args.geometry}.json"
-    path.write_text(json.dumps(out, indent=1))
+        tags.append((base, f"{args.geometry}-pattern"))
+    for i, (sp, tag) in enumerate(tags):
+        if i:  # one model on disk at a time: the 30B/80B files are 19-22 GiB each
+            for p in work.glob(f"{tags[i - 1][1]}*"):
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        out["rows"].append(run_geometry(sp, tag, work, args, sets))
+        path.write_text(json.dumps(out, indent=1))  # after every model: a later failure keeps the rows so far
     print(f"\nwrote {path}")
     return 0
 
