@@ -393,7 +393,7 @@ def test_default_row_is_what_the_cli_runs(syn_packs):
     from strata.engine.cli import main
 
     opts = {p.name: p.default for p in main.commands["generate"].params}
-    assert (opts["device"], opts["numerics_"], opts["cpu_kernel"]) == ("cpu", DEFAULT[0], None)
+    assert (opts["device"], opts["numerics"], opts["cpu_kernel"]) == ("cpu", DEFAULT[0], None)
     eng = load_engine(syn_packs["qwen2"], n_ctx=64)  # no numerics / cpu_kernel: the engine's own defaults
     assert (eng.model.nx.name, eng.weights.kernel) == DEFAULT
     assert all((f, *DEFAULT) in TOLERANCES for f in [f"synthetic-{n}" for n in syn_packs] + REAL_MODELS)
