@@ -28,6 +28,8 @@ install-test:
 	$(PIP) install -q -e '.[test,reference]'
 
 test: install-test
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m pytest -q
 
 test-fast: install
