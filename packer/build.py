@@ -374,7 +374,9 @@ def build_pack(
         if experts is not None:
             write_experts(tmp / EXPERTS_FILE, experts)
         write_geometry(tmp / GEOMETRY_FILE, geometry_params_text(geom))
-        src_dir = model.shards[0].path.resolve().parent
+        # the directory the user named the shards in, symlinks NOT followed: a Hugging Face cache holds
+        # snapshots/REV/NAME.gguf -> ../../blobs/HASH, and the pack finds NAME.gguf in snapshots/REV only
+        src_dir = Path(os.path.abspath(model.shards[0].path)).parent
         write_metadata(tmp / METADATA_FILE, metadata_items(model, src_dir))
         _write_tokenizer(model, tmp)
         result = BuildResult(
