@@ -33,7 +33,7 @@ from strata.packer.exits import StrataGroup
 
 from .clikit import REFUSALS, DevCommand, check_pack_dir, dev_option, fail, print_checkpoint, warn
 from .errors import GenerateError
-from .generate_cli import GenerateRequest
+from .generate_cli import GenerateRequest, prompt_text
 from .numerics import DEFAULT_NUMERICS, NUMERICS_MODES
 from .options import MAX_THREADS, EngineOptions, options_from_cli
 from .startup import load_engine
@@ -71,9 +71,17 @@ def main() -> None:
 @click.option(
     "-p",
     "--prompt",
-    required=True,
+    default=None,
     help="Prompt text, tokenized as llama.cpp's llama-cli does: special "
     "tokens written in it (<|im_start|>, <start_of_turn>) are those tokens. With --chat: the user message.",
+)
+@click.option(
+    "-f",
+    "--file",
+    "prompt_file",
+    default=None,
+    help="Read the prompt from FILE instead (- for standard input): UTF-8, one trailing newline removed, "
+    "as llama-cli's -f; for prompts longer than a command line can hold.",
 )
 @click.option(
     "--chat",
@@ -175,12 +183,16 @@ def main() -> None:
 )
 @click.option("-v", "--verbose", is_flag=True, help="Start-up checkpoints (time, memory) on stderr.")
 def generate_cmd(pack, **kw):
-    """Generate text from PACK after --prompt and report tok/s.
+    """Generate text from PACK after --prompt (or -f FILE) and report tok/s.
 
     Text mode prints the prompt (not with --chat) and then each token as it is generated; Ctrl-C
     stops there (exit 130) keeping what was printed. --json prints one object at the end (on an
     interruption: {"ok": false, ...} with the tokens generated so far).
     """
+    try:
+        kw["prompt"] = prompt_text(kw["prompt"], kw.pop("prompt_file"))
+    except REFUSALS as e:
+        fail(str(e), as_json=kw["as_json"])
     req = GenerateRequest(pack=pack, **{f.name: kw.pop(f.name) for f in fields(GenerateRequest) if f.name in kw})
     try:
         sampler = req.check()

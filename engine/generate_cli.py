@@ -37,6 +37,43 @@ def not_utf8(opt: str, text: str | None) -> str | None:
     return None
 
 
+def prompt_text(prompt: str | None, prompt_file: str | None) -> str:
+    """The prompt of ``-p/--prompt`` or ``-f/--file`` (``-``: standard input), as llama-cli takes it: a file's
+    whole text, UTF-8, with ONE trailing newline removed (llama.cpp common/arg.cpp, ``-f``). A prompt of any
+    size: the command line caps ``-p`` near 128 KiB (the kernel's MAX_ARG_STRLEN), a file has no cap.
+
+    Raises:
+        GenerateError: both or neither given; a file that is missing, a directory, unreadable, or not UTF-8
+            (naming the file, the first bad byte and its offset).
+    """
+    if prompt is not None and prompt_file is not None:
+        raise GenerateError(f"-p/--prompt and -f/--file {prompt_file}: give the prompt one way, not both")
+    if prompt is not None:
+        return prompt
+    if prompt_file is None:
+        raise GenerateError("no prompt: give -p/--prompt TEXT or -f/--file FILE (- for standard input)")
+    where = "standard input" if prompt_file == "-" else prompt_file
+    try:
+        if prompt_file == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(prompt_file, "rb") as f:
+                data = f.read()
+    except IsADirectoryError:
+        raise GenerateError(f"-f/--file {where}: is a directory, not a text file") from None
+    except FileNotFoundError:
+        raise GenerateError(f"-f/--file {where}: no such file") from None
+    except OSError as e:
+        raise GenerateError(f"-f/--file {where}: cannot be read ({e.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise GenerateError(
+            f"-f/--file {where}: not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start}"
+        ) from None
+    return text[:-1] if text.endswith("\n") else text
+
+
 def check_request(*, n_tokens: int, temperature: float, top_k: int, top_p: float, seed: int) -> str | None:
     """Sampling and length checks that need no pack (each refusal names the option), else None. The
     context's own check is the engine options' (:class:`strata.engine.options.EngineOptions`); the length

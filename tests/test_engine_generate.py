@@ -482,3 +482,56 @@ def test_benchmark_switches_are_listed_apart_in_help():
     for opt in ("--resident", "--numerics", "--no-graph", "--stage-times"):
         assert opt in dev and opt not in user, opt
     assert "--kernel" in user and "--ctx" in user and "--kernel" not in dev
+
+
+def test_prompt_from_a_file_or_stdin_is_the_prompt_of_p(pack, tmp_path):
+    """-f FILE and -f - give what -p gives for the same text (one trailing newline removed, as llama-cli's -f);
+    a file holds prompts of any size: 300 KiB is read whole (the command line caps -p near 128 KiB) and refused
+    only by the context, with the prompt's token count."""
+    run = CliRunner().invoke
+    by_p = run(main, ["generate", str(pack), "-p", "The capital of France is", "-n", "4", "--ctx", "64", "--json"])
+    assert by_p.exit_code == 0, by_p.output
+    f = tmp_path / "prompt.txt"
+    f.write_text("The capital of France is\n", encoding="utf-8")
+    by_f = run(main, ["generate", str(pack), "-f", str(f), "-n", "4", "--ctx", "64", "--json"])
+    by_stdin = run(
+        main,
+        ["generate", str(pack), "--file", "-", "-n", "4", "--ctx", "64", "--json"],
+        input="The capital of France is\n",
+    )
+    want = json.loads(by_p.output)
+    for r in (by_f, by_stdin):
+        assert r.exit_code == 0, r.output
+        got = json.loads(r.output)
+        assert (got["prompt_ids"], got["output_ids"]) == (want["prompt_ids"], want["output_ids"])
+    big = tmp_path / "big.txt"
+    big.write_text("word " * 60_000, encoding="utf-8")  # 300,000 bytes
+    r = run(main, ["generate", str(pack), "-f", str(big), "-n", "1", "--ctx", "64"])
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines()[-1] == (  # the whole 300,000-byte file tokenized: 120,002 ids
+        "error: prompt of 120002 tokens + 1 new tokens needs 120002 positions, the engine was loaded with n_ctx 64 "
+        "(use --ctx)"
+    )
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["-p", "hi", "-f", "P"], "error: -p/--prompt and -f/--file P: give the prompt one way, not both"),
+        ([], "error: no prompt: give -p/--prompt TEXT or -f/--file FILE (- for standard input)"),
+        (["-f", "MISSING"], "error: -f/--file MISSING: no such file"),
+        (["-f", "DIR"], "error: -f/--file DIR: is a directory, not a text file"),
+        (["-f", "LATIN1"], "error: -f/--file LATIN1: not UTF-8 text: byte 0xe9 at offset 4"),
+    ],
+)
+def test_prompt_file_refusals_name_the_file_and_the_byte(pack, tmp_path, args, message):
+    (tmp_path / "P").write_text("hi", encoding="utf-8")
+    (tmp_path / "DIR").mkdir()
+    (tmp_path / "LATIN1").write_bytes(b"abcd\xe9f")  # 0xe9 starts no valid UTF-8 sequence here
+    args = [str(tmp_path / a) if a in ("P", "MISSING", "DIR", "LATIN1") else a for a in args]
+    message = message.replace(" P:", f" {tmp_path / 'P'}:")
+    for name in ("MISSING", "DIR", "LATIN1"):
+        message = message.replace(f" {name}:", f" {tmp_path / name}:")
+    r = CliRunner().invoke(main, ["generate", str(pack), *args, "-n", "1", "--ctx", "64"])
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines()[-1] == message
