@@ -29,6 +29,7 @@ from .options import (
     kv_option,
     parse_expert_cache,
     reserve_option,
+    source_dir_option,
 )
 from .plan import DEFAULT_PREFILL_CHUNK, Plan, PlanOptions, make_plan
 from .profile import read_profile
@@ -156,12 +157,7 @@ def main() -> None:
 @click.option(
     "--bf16-scan/--no-bf16-scan", default=True, show_default=True, help="Scan every BF16-source value in pool.bin."
 )
-@click.option(
-    "--source-dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Where the source shards are now, if they moved since the build (as strata-pack verify's).",
-)
+@source_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def check(
     pack,

@@ -101,6 +101,18 @@ def kv_option(choices):
     return deco
 
 
+def source_dir_option(f):
+    """``--source-dir DIR``: where a pack's source GGUF shards are now, if they moved since the build (another
+    mount, a copied pack): ``strata-budget check`` and ``strata-engine generate`` / ``measure`` / ``profile``
+    (``strata-pack verify`` has its own, the packer sits below the budget)."""
+    return click.option(
+        "--source-dir",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="Where the source shards are now, if they moved since the build (as strata-pack verify's).",
+    )(f)
+
+
 def reserve_option(f):
     return click.option(
         "--vram-reserve-mib",

@@ -27,6 +27,7 @@ from strata.budget.options import (
     expert_profile_option,
     kv_option,
     reserve_option,
+    source_dir_option,
 )
 from strata.layout.kv import ENGINE_KV_TYPES
 from strata.packer.exits import StrataGroup
@@ -106,6 +107,7 @@ def main() -> None:
 @click.option("--seed", default=0, show_default=True, help="Seed of the sampler's generator.")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-generation tokens.")
 @ctx_option
+@source_dir_option
 @dev_option(
     "--resident",
     default="all",
@@ -209,6 +211,7 @@ def generate_cmd(pack, **kw):
 @main.command("measure")
 @click.argument("pack", type=click.Path())
 @ctx_option
+@source_dir_option
 @expert_cache_option
 @expert_profile_option
 @reserve_option
@@ -280,6 +283,7 @@ main.add_command(
 @click.option("--force", is_flag=True, help="Replace an existing -o file.")
 @click.option("-n", "--n-tokens", "n_tokens", default=16, show_default=True, help="Tokens generated per prompt.")
 @ctx_option
+@source_dir_option
 @click.option(
     "--device",
     type=click.Choice(["cpu", "cuda"]),
@@ -293,7 +297,7 @@ main.add_command(
     type=click.Path(dir_okay=False),
     help="Also write the routing trace (Parquet: seq, position, layer, expert) for offline cache-policy replay.",
 )
-def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, device, trace_out):
+def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, source_dir, device, trace_out):
     """Write an expert profile (Parquet: layer, expert, count) from routing over --prompts: the input of
     strata-budget check --expert-profile and strata-engine generate --expert-profile."""
     from strata.budget.profile import write_profile
@@ -323,7 +327,7 @@ def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, device, trace_o
     if n_tokens < 1:
         fail(f"-n/--n-tokens {n_tokens}: must be >= 1")
     try:
-        opts = EngineOptions(device=device, n_ctx=n_ctx)
+        opts = EngineOptions(device=device, n_ctx=n_ctx, source_dir=source_dir)
     except REFUSALS as e:
         fail(str(e))
     if not Path(prompts_file).exists():

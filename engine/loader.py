@@ -130,7 +130,10 @@ def _check_shards(pack: Pack, plan: LoadPlan) -> None:
     for k, name in enumerate(table.shards):
         p = pack.shard_path(k)
         if not p.is_file():
-            raise LoadError(f"{where}: expert shard {k} {p} is missing (routed experts stay in the GGUF shards)")
+            raise LoadError(
+                f"{where}: expert shard {k} {p} is missing (routed experts stay in the GGUF shards; moved? "
+                "pass --source-dir DIR)"
+            )
         sizes[k] = p.stat().st_size
         with open(p, "rb") as f:
             magic = f.read(4)

@@ -147,7 +147,7 @@ def measure_pack(
     g = eng.gpu
     if g is None:
         raise GenerateError(f"measure: device {device!r} has no device memory to measure; use --device cuda")
-    res = audit_pack(pack, bf16_scan=False)
+    res = audit_pack(pack, bf16_scan=False, source_dir=opts.source_dir)
     if res.facts is None:
         raise GenerateError(f"{pack}: the budget audit found errors: {[e.message for e in res.errors][:3]}")
     a = _compare(pack, eng, res.facts)

@@ -59,6 +59,9 @@ class EngineOptions:
         graph / fused / stage_times / warmup: the GPU decode step (:mod:`strata.engine.gpu.fused`).
         card: a card to emulate on the GPU (``--card``, a :class:`strata.budget.cards.Card`): free memory,
             allocation failures and the automatic cache size as on that card (:mod:`strata.engine.gpu.card`).
+        source_dir: where the pack's source GGUF shards are now, when they moved since the build (``--source-dir``:
+            another mount, a copied pack; :meth:`strata.packer.pack.Pack.source_path`); None: where the build
+            recorded them.
         stage_order: the start-up stages after ``pack`` in another order (tests of the start-up
             order's lessons, :func:`strata.engine.startup.stage_order`); None: the one order.
     """
@@ -80,15 +83,16 @@ class EngineOptions:
     stage_times: bool = False
     warmup: bool = True
     card: Any = None
+    source_dir: str | None = None
     stage_order: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         """Refuse what is wrong without a pack, in this order, each naming the option.
 
         Raises:
-            GenerateError: an unknown device, ``--ctx`` < 1, a KV type the engine does not store, threads
-                outside 1..:data:`MAX_THREADS`, an unknown kernel or numerics mode or residency, a card on
-                the CPU, ``--stage-times`` on the CPU, ``--kernel f32`` on a GPU.
+            GenerateError: a ``--source-dir`` that is not a directory, an unknown device, ``--ctx`` < 1, a KV type
+                the engine does not store, threads outside 1..:data:`MAX_THREADS`, an unknown kernel or numerics mode or
+                residency, a card on the CPU, ``--stage-times`` on the CPU, ``--kernel f32`` on a GPU.
             StageTimesRefused: ``--stage-times`` with the CUDA graph on (a timer inside a captured graph
                 records nothing).
             ExpertCacheError: an expert cache that is neither automatic nor a slot count >= 0.
@@ -100,6 +104,8 @@ class EngineOptions:
         from .experts import resident_pairs
         from .numerics import numerics as numerics_mode
 
+        if self.source_dir is not None and not Path(self.source_dir).is_dir():
+            raise GenerateError(f"--source-dir {self.source_dir}: no such directory")
         if self.device not in DEVICES:
             raise GenerateError(f"--device {self.device!r}: expected one of {', '.join(DEVICES)}")
         if self.n_ctx is not None and self.n_ctx < 1:

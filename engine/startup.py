@@ -51,13 +51,16 @@ from .options import DEVICES, EngineOptions
 from .tokenizer import load_tokenizer
 
 
-def open_checked(pack_dir: str | Path, *, runnable: bool = False) -> tuple[Pack, Geometry, LoadPlan]:
+def open_checked(
+    pack_dir: str | Path, *, runnable: bool = False, source_dir: str | Path | None = None
+) -> tuple[Pack, Geometry, LoadPlan]:
     """The ``pack`` stage: open the pack with the strict readers, rebuild its geometry through the
     manifest, honour or refuse every metadata key of ``metadata.txt`` that llama.cpp reads for the
     architecture (the manifest's ``[keys]``: :func:`strata.manifests.keys.check_metadata_keys`, the rule
     ``strata-pack build`` and ``strata-budget check`` apply) and assert every tensor's shape
     (:func:`loader.check_pack`). ``runnable``: first refuse an architecture the engine has no forward
-    pass for (named, before any type or shape check).
+    pass for (named, before any type or shape check). ``source_dir``: where the source shards are now
+    (:meth:`strata.packer.pack.Pack.source_path`).
 
     Raises:
         PackFormatError, ManifestError, LoadError: as the callees do, before any weight is read.
@@ -71,7 +74,7 @@ def open_checked(pack_dir: str | Path, *, runnable: bool = False) -> tuple[Pack,
             f"{pool}: not a file (a {'directory' if pool.is_dir() else 'special file'}); the dense "
             f"weights pool must be a regular file"
         )
-    pack = open_pack(pack_dir)
+    pack = open_pack(pack_dir, source_dir)
     if runnable:
         recipe_for(pack.arch)
     geom = geometry_from_params(pack.arch, pack.geometry_params)
@@ -187,7 +190,7 @@ def load_engine(
     nx = get_numerics(asked.numerics)
     cps = Checkpoints(on_checkpoint)
     with cps.stage("pack") as note:
-        pack, geom, plan = open_checked(pack_dir, runnable=True)
+        pack, geom, plan = open_checked(pack_dir, runnable=True, source_dir=asked.source_dir)
         recipe = recipe_for(pack.arch)
         opts = asked.resolve(int(geom["n_ctx_train"]))  # every default decided, once
         dev.configure(opts)
