@@ -317,7 +317,11 @@ def main(argv: list[str] | None = None) -> int:
                 half = [(il, e, 1) for il in range(L // 2, L) for e in range(E)]  # last half resident
                 cases += [
                     (f"gpu, all experts resident{tag}", ko, 0),
-                    (f"gpu, layers {L // 2}..{L - 1} resident (ncmoe {L // 2}){tag}", {"profile": half, **ko}, L // 2),
+                    (
+                        f"gpu, layers {L // 2}..{L - 1} resident (ncmoe {L // 2}){tag}",
+                        {"profile": half, "expert_cache": len(half), **ko},
+                        L // 2,
+                    ),
                     (f"gpu, no expert resident{tag}", {"expert_cache": 0, **ko}, L),
                 ]
             else:

@@ -310,7 +310,10 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     cap, cap_what = None, ""
     if facts.expert_layers:
         cap, cap_what = facts.expert_pairs, f"the model's {facts.expert_pairs} (layer, expert) pairs"
-        if o.profile_pairs is not None:
+        # strata's engine: a profile orders the fill and never makes the cache smaller than what fits (the slots
+        # past its pairs are filled by admission at decode time); the C++ engine caps the cache at the profile's
+        # pairs (generate.cpp:2941-2960)
+        if o.profile_pairs is not None and o.engine != "strata":
             cap, cap_what = len(o.profile_pairs), f"the profile's {len(o.profile_pairs)} (layer, expert) pairs"
     size = F.size_expert_cache(free, reserve + bind, blob, cap, o.expert_cache, cap_what=cap_what)
     slots_fit, refused = size.slots_fit, size.refused

@@ -173,7 +173,7 @@ def test_profile_fill_and_hit_rate(pack, tmp_path):
     assert [x["range"] for x in prof["layers"]] == ranges
     hit = sum(1000 - 10 * e + L for L in range(8) for e in range(ranges[L]))
     assert prof["expected_hit_rate"] == pytest.approx(hit / sum(r[2] for r in rows))
-    # a profile caps the automatic slots at its pairs
+    # a profile of every pair: all resident, every routed pair hits in-sample
     code, d = run_json(pack, "--card", "24G", "--max-context", 256, "--expert-profile", p)
     assert d["slots"] == 512 and d["profile"]["expected_hit_rate"] == 1.0
     half = tmp_path / "half.parquet"
@@ -187,8 +187,12 @@ def test_profile_fill_and_hit_rate(pack, tmp_path):
         ),
         half,
     )
+    # strata's engine: the profile orders the fill, the cache is what fits (the rest fills by admission);
+    # the C++ engine never has more slots than profiled pairs (generate.cpp:2941-2960)
     code, d = run_json(pack, "--card", "24G", "--max-context", 256, "--expert-profile", half)
-    assert d["slots"] == 256  # never more slots than profiled pairs (generate.cpp:2941-2960)
+    assert d["slots"] == 512 and d["profile"]["expected_hit_rate"] == 1.0
+    code, d = run_json(pack, "--card", "24G", "--max-context", 256, "--expert-profile", half, "--engine", "cpp")
+    assert d["slots"] == 256
 
 
 def test_bad_profiles_exit_2(pack, tmp_path):
@@ -568,15 +572,20 @@ def test_expert_cache_above_the_pairs_is_refused_with_the_automatic_cap(small_mo
     assert [(s["option"], s["value"], s["fits_alone"]) for s in d["suggestions"]] == [("--expert-cache", "24", True)]
     assert not any("more than" in w for w in d["warnings"])  # refused, not charged with a warning
     assert run(small_moe_pack, "--card", "24G", "--max-context", 256, "--expert-cache", 24)[0] == 0
-    # with a profile the cap is its pairs, as for the automatic value
+    # a profile orders the fill and never makes the cache smaller than what fits: the same 24 slots as without
+    # one (the 19 past its 5 pairs are filled by admission at decode time), the same cap for --expert-cache
     p = _profile(tmp_path / "p.parquet", layer=[0, 0, 1, 2, 2], expert=[0, 1, 2, 3, 4], count=[9, 8, 7, 6, 5])
     code, a = run_json(small_moe_pack, "--card", "24G", "--max-context", 256, "--expert-profile", p)
-    assert code == 0 and a["slots"] == 5
-    code, d = run_json(
-        small_moe_pack, "--card", "24G", "--max-context", 256, "--expert-profile", p, "--expert-cache", 6
+    assert code == 0 and a["slots"] == a["slots_cap"] == auto["slots"] == 24
+    assert (
+        run_json(small_moe_pack, "--card", "24G", "--max-context", 256, "--expert-profile", p, "--expert-cache", 6)[0]
+        == 0
     )
-    assert code == 1 and "--expert-cache 6 refused" in d["refused"]
-    assert "at most 5 slots fit (capped at the profile's 5 (layer, expert) pairs" in d["refused"]
+    code, d = run_json(
+        small_moe_pack, "--card", "24G", "--max-context", 256, "--expert-profile", p, "--expert-cache", 25
+    )
+    assert code == 1 and "--expert-cache 25 refused" in d["refused"]
+    assert "at most 24 slots fit (capped at the model's 24 (layer, expert) pairs" in d["refused"]
 
 
 def test_expert_cache_refusal_names_both_limits_when_both_apply(pack):

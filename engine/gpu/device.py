@@ -252,13 +252,12 @@ class GpuDevice:
         source = experts.source
         n_expert = int(geom["n_expert"])
         n_embd, n_ff = int(geom["n_embd"]), int(geom["n_ff_exp"])
-        if opts.profile is not None:
-            cap, what = len(opts.profile), f"the profile's {len(opts.profile)} (layer, expert) pairs"
+        if opts.profile is not None:  # the profile orders the fill; the slots past its pairs fill by admission
             eligible = None
         else:
             eligible = resident_pairs(opts.resident, source.layers, n_expert)
             cap, what = len(eligible), f"the {len(eligible)} (layer, expert) pairs --resident {opts.resident} allows"
-        if opts.admit:  # asked for admission: slots beyond the fill are taken by misses as they come
+        if opts.admit or opts.profile is not None:  # slots beyond the fill are taken by misses as they come
             cap = len(source.layers) * n_expert
             what = f"all {cap} (layer, expert) pairs (--admit fills slots beyond the initial fill)"
         slot_bytes = max(
@@ -290,7 +289,7 @@ class GpuDevice:
             order = eligible
             info.fill = f"resident={opts.resident} (layer, expert order)"
         info.filled = cache.fill(order)
-        admit_on = (opts.profile is None) if opts.admit is None else bool(opts.admit)
+        admit_on = True if opts.admit is None else bool(opts.admit)  # off only when asked (--no-admit)
         experts.cache = cache
         cache.admit_enabled = admit_on
         dec = self.decoder
