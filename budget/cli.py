@@ -32,7 +32,7 @@ from .options import (
     source_dir_option,
 )
 from .plan import DEFAULT_PREFILL_CHUNK, Plan, PlanOptions, make_plan
-from .profile import read_profile
+from .profile import check_profile_model, read_profile
 
 EXIT_FITS, EXIT_NO_FIT, EXIT_SEMANTIC = 0, 1, 2
 #: Errors a pack's geometry or numbers can raise while they are evaluated (every strata reader and
@@ -210,6 +210,13 @@ def check(
         _fail(e, as_json, t0)
     except EVALUATION_ERRORS as e:
         _fail(f"{pack}: cannot audit the pack: {e}", as_json, t0)
+    if expert_profile:  # recorded on this model, not another (the profile file says which)
+        from strata.packer.pack import read_pack
+
+        try:
+            check_profile_model(expert_profile, read_pack(pack, source_dir=source_dir))
+        except BudgetInputError as e:
+            _fail(e, as_json, t0)
     plan = None
     if audit.facts is not None:
         opts = PlanOptions(

@@ -4,17 +4,87 @@ A profile is Parquet with integer columns ``layer``, ``expert``, ``count``, one 
 expert) pair that was routed to (``strata-engine profile`` writes it by counting the router's
 selections over prompts). ``strata-budget check --expert-profile`` fills the planned cache with it
 and reports the expected hit rate; ``strata-engine generate --expert-profile`` fills the real cache
-the same way (:func:`strata.budget.formulas.fill_profile`).
+the same way (:func:`strata.budget.formulas.fill_profile`). The file records the model it was recorded on
+(:func:`model_identity`, in the Parquet schema's metadata); a profile of another model is refused by name
+(:func:`check_profile_model`). A profile without that record (written by another tool, or before
+2026-12-01) is accepted on its index ranges alone.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+from strata.packer.packfmt import GEOMETRY_FILE
 
 from .errors import PlanInputError
 
 #: Columns of an expert profile (Parquet), each of an integer type.
 PROFILE_COLUMNS = ("layer", "expert", "count")
+#: Parquet schema-metadata keys: the identity of the model the profile was recorded on, and its name for people.
+PROFILE_MODEL_KEY, PROFILE_MODEL_NAME_KEY = b"strata.model", b"strata.model_name"
+
+
+def model_identity(pack) -> tuple[str, str]:
+    """``(identity, name)`` of the model a pack was built from, as routing sees it: identity = the first 16 hex
+    digits of the sha256 of its ``geometry.txt`` and of every router weight's bytes in ``pool.bin`` (the
+    ``ffn_gate_inp`` tensors, by name: what decides which experts a token selects) - the same for every pack
+    of one model, whatever the experts' quantization, different for other weights; name = ``<arch>
+    '<general.name>'``. ``pack``: a :class:`strata.packer.pack.Pack`. Reads the routers once (48 x 1 MiB for a
+    30B-A3B model).
+    """
+    import hashlib
+
+    h = hashlib.sha256((pack.path / GEOMETRY_FILE).read_bytes())
+    routers = sorted((e for e in pack.index.entries if "ffn_gate_inp" in e.name), key=lambda e: e.name)
+    if routers:
+        with open(pack.pool_path, "rb") as f:
+            for e in routers:
+                h.update(e.name.encode() + b"\0" + os.pread(f.fileno(), e.nbytes, e.offset))
+    return h.hexdigest()[:16], f"{pack.arch} {str(pack.metadata.get('general.name', '?'))!r}"
+
+
+def read_profile_model(path: str | Path) -> tuple[str, str] | None:
+    """The ``(identity, name)`` a profile records (:func:`model_identity`), None when it records none.
+
+    Raises:
+        PlanInputError: a file that is not readable Parquet (as :func:`read_profile`).
+    """
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except Exception as e:  # pyarrow raises several types for unreadable files
+        raise PlanInputError(
+            f"--expert-profile {path}: not a readable Parquet file ({e})",
+            tensor=str(path),
+            found="not Parquet",
+            required="a Parquet file with columns layer, expert, count",
+        ) from None
+    if PROFILE_MODEL_KEY not in meta:
+        return None
+    return meta[PROFILE_MODEL_KEY].decode(), meta.get(PROFILE_MODEL_NAME_KEY, b"?").decode()
+
+
+def check_profile_model(path: str | Path, pack) -> None:
+    """Refuse a profile recorded on another model than ``pack``'s (:func:`model_identity`): its routing counts
+    would fill the cache with another model's hot experts. A profile that records no model passes.
+
+    Raises:
+        PlanInputError: naming the file, the model it was recorded on and this pack's, with both identities.
+    """
+    got = read_profile_model(path)
+    if got is None:
+        return
+    want = model_identity(pack)
+    if got[0] != want[0]:
+        raise PlanInputError(
+            f"--expert-profile {path}: recorded on another model ({got[1]}, model {got[0]}); this pack is "
+            f"{want[1]}, model {want[0]} - record a profile of this pack with strata-engine profile",
+            tensor=str(path),
+            found=f"model {got[0]} ({got[1]})",
+            required=f"model {want[0]} ({want[1]})",
+        )
 
 
 def _once(seen: dict[tuple[int, int], int], rows: list[tuple[int, int, int]], i: int, src) -> None:
@@ -129,10 +199,16 @@ def read_profile(path: str | Path) -> list[tuple[int, int, int]]:
 
 
 def write_profile(
-    rows: list[tuple[int, int, int]], out: str | Path, *, force: bool = False, inputs: tuple[str | Path, ...] = ()
+    rows: list[tuple[int, int, int]],
+    out: str | Path,
+    *,
+    force: bool = False,
+    inputs: tuple[str | Path, ...] = (),
+    model: tuple[str, str] | None = None,
 ) -> None:
     """Write ``(layer, expert, count)`` rows as Parquet: ``layer``, ``expert`` int32, ``count`` int64
-    (what :func:`read_profile` reads back).
+    (what :func:`read_profile` reads back); ``model``: the ``(identity, name)`` of the model the rows were
+    recorded on (:func:`model_identity`), kept in the schema's metadata.
 
     Raises:
         OutputError: ``out`` exists (without ``force``), is one of ``inputs``, a pack's file or a GGUF
@@ -150,6 +226,8 @@ def write_profile(
             "count": pa.array([r[2] for r in rows], pa.int64()),
         }
     )
+    if model is not None:
+        table = table.replace_schema_metadata({PROFILE_MODEL_KEY: model[0], PROFILE_MODEL_NAME_KEY: model[1]})
     with atomic_output(out, force=force, inputs=inputs) as tmp:  # beside ``out``, renamed: nothing half-written
         pq.write_table(table, tmp)
 
@@ -202,4 +280,13 @@ def layer_span(layers: list[int]) -> str:
     return ", ".join(text[:6]) + (f", ... ({len(set(layers))} layers)" if len(text) > 6 else "")
 
 
-__all__ = ["PROFILE_COLUMNS", "check_profile_pairs", "layer_span", "read_profile", "write_profile"]
+__all__ = [
+    "PROFILE_COLUMNS",
+    "check_profile_model",
+    "check_profile_pairs",
+    "layer_span",
+    "model_identity",
+    "read_profile",
+    "read_profile_model",
+    "write_profile",
+]

@@ -300,8 +300,9 @@ main.add_command(
 def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, source_dir, device, trace_out):
     """Write an expert profile (Parquet: layer, expert, count) from routing over --prompts: the input of
     strata-budget check --expert-profile and strata-engine generate --expert-profile."""
-    from strata.budget.profile import write_profile
+    from strata.budget.profile import model_identity, write_profile
     from strata.budget.trace import trace_counts, write_trace
+    from strata.packer.pack import open_pack
 
     from .routing import profile_routing, trace_routing
 
@@ -347,7 +348,7 @@ def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, source_dir, dev
             write_trace(trace, trace_out, force=force, inputs=(prompts_file, out))
         else:
             rows = profile_routing(pack, prompts, n_tokens=n_tokens, options=opts)
-        write_profile(rows, out, force=force, inputs=(prompts_file,))
+        write_profile(rows, out, force=force, inputs=(prompts_file,), model=model_identity(open_pack(pack, source_dir)))
     except REFUSALS as e:
         fail(str(e))
     click.echo(

@@ -62,6 +62,8 @@ class EngineOptions:
         source_dir: where the pack's source GGUF shards are now, when they moved since the build (``--source-dir``:
             another mount, a copied pack; :meth:`strata.packer.pack.Pack.source_path`); None: where the build
             recorded them.
+        profile_source: the file ``profile`` was read from (``--expert-profile``): the model it records is checked
+            against the pack at start-up (:func:`strata.budget.profile.check_profile_model`).
         stage_order: the start-up stages after ``pack`` in another order (tests of the start-up
             order's lessons, :func:`strata.engine.startup.stage_order`); None: the one order.
     """
@@ -84,6 +86,7 @@ class EngineOptions:
     warmup: bool = True
     card: Any = None
     source_dir: str | None = None
+    profile_source: str | None = None
     stage_order: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -244,7 +247,7 @@ def options_from_cli(
         raise GenerateError(f"--expert-profile {expert_profile}: no such file")
     card = emulated_card(card_name, card_mib)
     profile = read_profile(expert_profile) if expert_profile else None
-    opts = EngineOptions(card=card, profile=profile, graph=not no_graph, **asked)
+    opts = EngineOptions(card=card, profile=profile, profile_source=expert_profile, graph=not no_graph, **asked)
     if opts.device == "cpu" and on_warning is not None:
         if profile is not None:
             on_warning(

@@ -206,7 +206,7 @@ def load_engine(
             )
         if opts.profile is not None:  # the budget's rule, before anything is loaded
             from strata.budget.errors import BudgetInputError
-            from strata.budget.profile import check_profile_pairs
+            from strata.budget.profile import check_profile_model, check_profile_pairs
 
             if not plan.experts:
                 raise GenerateError(
@@ -214,6 +214,8 @@ def load_engine(
                     f"expert cache for its {len(opts.profile)} (layer, expert) pairs to fill"
                 )
             try:
+                if opts.profile_source is not None:  # recorded on this model, not another (the file says which)
+                    check_profile_model(opts.profile_source, pack)
                 check_profile_pairs(opts.profile, set(plan.experts), int(geom["n_expert"]))
             except BudgetInputError as e:
                 raise GenerateError(str(e)) from None
