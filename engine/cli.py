@@ -45,7 +45,7 @@ def _resident(value: str) -> str:
     try:
         f = float(value)
     except ValueError:
-        raise click.BadParameter("expected all, none, half or a fraction in [0, 1]") from None
+        raise click.BadParameter(f"{value!r}: expected all, none, half or a fraction in [0, 1]") from None
     if not 0.0 <= f <= 1.0:
         raise click.BadParameter(f"fraction {f} is outside [0, 1]")
     return value
