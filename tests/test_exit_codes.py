@@ -409,6 +409,20 @@ def test_closed_stdout_exits_141_silently(world):
     assert r.stdout.startswith("Hello") and r.stdout.endswith(" 141\n"), r.stdout
 
 
+@pytest.mark.parametrize("card, answer", [("24G", 0), ("--card-mib=200", 1)], ids=["fits", "does-not-fit"])
+def test_budget_tables_into_a_closed_stdout_exit_141_not_1(world, card, answer):
+    """`strata-budget check PACK --card 24G | head -1`: the tables are printed by rich, whose console exits 1 on a
+    closed pipe - "does not fit" to a script, for a plan that fits. The reader went away: 141, silently, whatever
+    the answer would have been (``answer``: the code with stdout open)."""
+    cmd = [sys.executable, "-m", "strata.budget.cli", "check", str(world / "dense")]
+    cmd += [card] if card.startswith("--") else ["--card", card]
+    assert subprocess.run(cmd, capture_output=True, timeout=120).returncode == answer
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # before the command has printed anything (it imports and audits first)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 141 and err == b"", err
+
+
 @pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_a_signal_while_the_tools_import_exits_quietly(sig, code):
     """The console scripts install quiet handlers before the heavy imports (strata.packer.entry): a signal
