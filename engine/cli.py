@@ -292,11 +292,18 @@ def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, device, trace_o
     bad = check_pack_dir(pack)
     if bad:
         fail(bad)
-    parent = Path(out).resolve().parent
-    if not parent.is_dir():
-        fail(f"-o/--out {out}: the directory {parent} does not exist")
-    if Path(out).is_dir():
-        fail(f"-o/--out {out}: is a directory")
+    for option, path in (("-o/--out", out), ("--trace", trace_out)):  # both refused before the routing runs
+        if path is None:
+            continue
+        if not path.strip():
+            fail(f"{option} {path!r}: an empty path; give a file name for the output")
+        parent = Path(path).resolve().parent
+        if not parent.is_dir():
+            fail(f"{option} {path}: the directory {parent} does not exist")
+        if Path(path).is_dir():
+            fail(f"{option} {path}: is a directory")
+    if trace_out is not None and Path(trace_out).resolve() == Path(out).resolve():
+        fail(f"--trace {trace_out}: the same file as -o/--out {out}; give the trace and the profile two paths")
     from strata.packer.outputs import OutputError, check_overwrite
 
     try:
@@ -304,7 +311,7 @@ def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, device, trace_o
     except OutputError as e:
         fail(f"-o/--out {e}")
     try:
-        if trace_out:
+        if trace_out is not None:
             check_overwrite(trace_out, force=force, inputs=(prompts_file, out))
     except OutputError as e:
         fail(f"--trace {e}")
@@ -325,7 +332,7 @@ def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, device, trace_o
     if not prompts:
         fail(f"--prompts {prompts_file}: no prompts")
     try:
-        if trace_out:  # the profile is the trace summed per (layer, expert)
+        if trace_out is not None:  # the profile is the trace summed per (layer, expert)
             trace = trace_routing(pack, prompts, n_tokens=n_tokens, options=opts)
             rows = trace_counts(trace)
             write_trace(trace, trace_out, force=force, inputs=(prompts_file, out))
