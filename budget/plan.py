@@ -437,7 +437,7 @@ def suggestions(facts: ModelFacts, card: Card, o: PlanOptions, plan: Plan) -> li
     Every knob is treated alike: it is listed when moving it as far as it goes saves memory; with the least
     change that fits on its own (found with the plan itself, so it is exact) when one exists, else at its
     limit with what it saves there (``fits_alone`` False). Order: an asked ``--expert-cache`` (the refused
-    number itself), ``--max-context``, ``--kv``, ``--batch``, ``--prefill``, ``--embeddings-on-host``,
+    number itself), ``--ctx``, ``--kv``, ``--batch``, ``--prefill``, ``--embeddings-on-host``,
     ``--kv-resident`` (streams KV from the host), and the reserve last, never below :data:`LOW_MIB` (a
     shrunk reserve is what stalled requests:
     docs/DESIGN.md "The head before the cache" and "The reserve and the prompt buffers").
@@ -488,7 +488,7 @@ def suggestions(facts: ModelFacts, card: Card, o: PlanOptions, plan: Plan) -> li
 
     if plan.n_ctx > 1:
         knob(
-            "--max-context",
+            "--ctx",
             1,
             lambda c: with_(n_ctx=c),
             lambda: _largest(1, plan.n_ctx - 1, lambda c: _margin(facts, card, with_(n_ctx=c)) >= 0),

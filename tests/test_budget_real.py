@@ -161,7 +161,7 @@ def test_real_command_end_to_end(real_packs):
         text=True,
     )
     assert r.returncode == 1
-    assert "does not fit" in r.stdout and "--max-context" in r.stdout
+    assert "does not fit" in r.stdout and "--ctx" in r.stdout
 
 
 def test_readme_budget_output_is_what_make_demo_prints(real_packs):
