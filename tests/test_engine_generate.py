@@ -303,6 +303,11 @@ def test_summary_says_one_token_singular(pack):
     r = _gen(pack, "-n", "2", "--ignore-eos")
     assert r.exit_code == 0, r.output
     assert "(1 token after the first in" in r.stderr
+    # a one-token prompt (the demo model's empty prompt is its BOS alone): "prompt: 1 token", not "1 tokens"
+    r = CliRunner().invoke(main, ["generate", str(pack), "-p", "h", "-n", "2", "--ignore-eos", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["n_prompt_tokens"] == 1, r.output
+    r = CliRunner().invoke(main, ["generate", str(pack), "-p", "h", "-n", "2", "--ignore-eos"])
+    assert r.exit_code == 0 and "| prompt: 1 token in " in r.stderr, r.stderr
 
 
 def test_profile_refusals_exit_2(pack, tmp_path):
