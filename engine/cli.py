@@ -265,7 +265,7 @@ main.add_command(
     show_default=True,
     help="Parquet file to write (layer, expert, count); a new file unless --force, never a pack's file or a GGUF.",
 )
-@click.option("--force", is_flag=True, help="Replace an existing -o file.")
+@click.option("--force", is_flag=True, help="Replace an existing -o file (and --trace file).")
 @click.option("-n", "--n-tokens", "n_tokens", default=16, show_default=True, help="Tokens generated per prompt.")
 @ctx_option
 @click.option(
