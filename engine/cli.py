@@ -344,6 +344,7 @@ def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, device, trace_o
     click.echo(
         f"profile: {len(rows)} (layer, expert) pairs, {sum(r[2] for r in rows)} selections "
         f"(counts) from {len(prompts)} prompts -> {out}"
+        + (f"; trace: {len(trace.seq)} rows (seq, position, layer, expert) -> {trace_out}" if trace_out else "")
     )
 
 

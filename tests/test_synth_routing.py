@@ -238,6 +238,7 @@ def test_profile_cli_writes_the_trace_beside_the_profile(engines, tmp_path):
     r = CliRunner().invoke(main, [*args, "--trace", str(trace)])
     assert r.exit_code == 0, r.output
     tr = read_trace(trace)
+    assert r.stdout.endswith(f" -> {out}; trace: {len(tr.seq)} rows (seq, position, layer, expert) -> {trace}\n")
     assert read_profile(out) == trace_counts(tr) and sorted(set(tr.seq.tolist())) == [0, 1]
     # an existing trace file is refused before any routing runs (as -o is)
     r = CliRunner().invoke(main, [*args[:5], str(tmp_path / "q.parquet"), *args[6:], "--trace", str(trace)])
