@@ -366,6 +366,23 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
             f"memory check reports LOW: allocations the plan does not see (driver, other processes, "
             f"fragmentation) can make the driver page and requests stall"
         )
+    if o.engine == "strata":  # the C++ engine's options: said, not silently dropped
+        unused = [
+            name
+            for name, given in (
+                (f"--prefill {o.prefill}", o.prefill != DEFAULT_PREFILL_CHUNK),
+                (f"--prefill-model {o.prefill_model}", o.prefill_model != "geometry"),
+                ("--logits-all", o.logits_all),
+                ("--embeddings-on-host", o.embeddings_on_host),
+            )
+            if given
+        ]
+        if unused:
+            warnings.append(
+                f"{', '.join(unused)}: the reference C++ engine's option(s), not used for strata's engine (the prompt "
+                f"through the decode path one position per step, untied embeddings on the host); plan the C++ engine "
+                f"with --engine cpp"
+            )
     full = [L for L in facts.kv_layers if L.window is None]
     types = dense_types(facts)
     plan = Plan(

@@ -293,6 +293,30 @@ def test_a_context_that_does_not_fit_is_suggested_as_ctx(pack):
     assert "--max-context" not in out
 
 
+def test_cpp_engine_options_on_the_strata_plan_are_said_not_dropped(pack):
+    """--prefill, --prefill-model, --logits-all and --embeddings-on-host size the C++ engine's plan only; given
+    with the default --engine strata they change nothing, and the plan says so (a warning naming each, in the
+    table output and --json) instead of ignoring them silently. --engine cpp uses them: no warning."""
+    extra = ("--prefill", 64, "--prefill-model", "cpp", "--logits-all", "--embeddings-on-host")
+    code, plain = run_json(pack, "--card", "24G", "--ctx", 256)
+    code2, d = run_json(pack, "--card", "24G", "--ctx", 256, *extra)
+    assert code == code2 == 0
+    assert [(t["name"], t["bytes"]) for t in d["terms"]] == [(t["name"], t["bytes"]) for t in plain["terms"]]
+    want = (
+        "--prefill 64, --prefill-model cpp, --logits-all, --embeddings-on-host: the reference C++ engine's "
+        "option(s), not used for strata's engine"
+    )
+    assert [w for w in d["warnings"] if w.startswith(want)] and not any(
+        "C++ engine's option" in w for w in plain["warnings"]
+    )
+    code, out = run(pack, "--card", "24G", "--ctx", 256, "--logits-all")
+    assert code == 0 and "warning: --logits-all: the reference C++ engine's option(s), not used" in " ".join(
+        out.split()
+    )
+    code, c = run_json(pack, "--card", "24G", "--ctx", 256, "--engine", "cpp", *extra)
+    assert code == 0 and not any("C++ engine's option" in w for w in c["warnings"])
+
+
 def test_tables_print_and_the_real_command_runs(pack):
     code, out = run(pack, "--card", "12G", "--max-context", 1024)
     assert code == 0
