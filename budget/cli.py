@@ -3,6 +3,7 @@ over :func:`strata.budget.audit.audit_pack` and :func:`strata.budget.plan.make_p
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 import time
@@ -404,7 +405,13 @@ def _print(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float) 
     from rich.markup import escape
     from rich.table import Table
 
-    con = Console(width=None if sys.stdout.isatty() else 160)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # rich's own exits 1, which is "does not fit" here: the closed pipe goes on to the exit
+            # contract instead (strata.packer.exits.exit_contract: 141, silently)
+            raise BrokenPipeError(errno.EPIPE, "stdout was closed")
+
+    con = _Console(width=None if sys.stdout.isatty() else 160)
     if audit.errors:
         t = Table(title=f"semantic audit of {audit.pack}: {len(audit.errors)} failure(s)", show_lines=False)
         for c in ("tensor", "found", "required", "message"):

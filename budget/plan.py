@@ -369,6 +369,23 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
             f"memory check reports LOW: allocations the plan does not see (driver, other processes, "
             f"fragmentation) can make the driver page and requests stall"
         )
+    if o.engine == "strata":  # the C++ engine's options: said, not silently dropped
+        unused = [
+            name
+            for name, given in (
+                (f"--prefill {o.prefill}", o.prefill != DEFAULT_PREFILL_CHUNK),
+                (f"--prefill-model {o.prefill_model}", o.prefill_model != "geometry"),
+                ("--logits-all", o.logits_all),
+                ("--embeddings-on-host", o.embeddings_on_host),
+            )
+            if given
+        ]
+        if unused:
+            warnings.append(
+                f"{', '.join(unused)}: the reference C++ engine's option(s), not used for strata's engine (the prompt "
+                f"through the decode path one position per step, untied embeddings on the host); plan the C++ engine "
+                f"with --engine cpp"
+            )
     full = [L for L in facts.kv_layers if L.window is None]
     types = dense_types(facts)
     plan = Plan(
@@ -440,7 +457,7 @@ def suggestions(facts: ModelFacts, card: Card, o: PlanOptions, plan: Plan) -> li
     Every knob is treated alike: it is listed when moving it as far as it goes saves memory; with the least
     change that fits on its own (found with the plan itself, so it is exact) when one exists, else at its
     limit with what it saves there (``fits_alone`` False). Order: an asked ``--expert-cache`` (the refused
-    number itself), ``--max-context``, ``--kv``, ``--batch``, ``--prefill``, ``--embeddings-on-host``,
+    number itself), ``--ctx``, ``--kv``, ``--batch``, ``--prefill``, ``--embeddings-on-host``,
     ``--kv-resident`` (streams KV from the host), and the reserve last, never below :data:`LOW_MIB` (a
     shrunk reserve is what stalled requests:
     docs/DESIGN.md "The head before the cache" and "The reserve and the prompt buffers").
@@ -491,7 +508,7 @@ def suggestions(facts: ModelFacts, card: Card, o: PlanOptions, plan: Plan) -> li
 
     if plan.n_ctx > 1:
         knob(
-            "--max-context",
+            "--ctx",
             1,
             lambda c: with_(n_ctx=c),
             lambda: _largest(1, plan.n_ctx - 1, lambda c: _margin(facts, card, with_(n_ctx=c)) >= 0),

@@ -46,7 +46,7 @@ def _resident(value: str) -> str:
     try:
         f = float(value)
     except ValueError:
-        raise click.BadParameter("expected all, none, half or a fraction in [0, 1]") from None
+        raise click.BadParameter(f"{value!r}: expected all, none, half or a fraction in [0, 1]") from None
     if not 0.0 <= f <= 1.0:
         raise click.BadParameter(f"fraction {f} is outside [0, 1]")
     return value
@@ -280,7 +280,7 @@ main.add_command(
     show_default=True,
     help="Parquet file to write (layer, expert, count); a new file unless --force, never a pack's file or a GGUF.",
 )
-@click.option("--force", is_flag=True, help="Replace an existing -o file.")
+@click.option("--force", is_flag=True, help="Replace an existing -o file (and --trace file).")
 @click.option("-n", "--n-tokens", "n_tokens", default=16, show_default=True, help="Tokens generated per prompt.")
 @ctx_option
 @source_dir_option
@@ -309,11 +309,18 @@ def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, source_dir, dev
     bad = check_pack_dir(pack)
     if bad:
         fail(bad)
-    parent = Path(out).resolve().parent
-    if not parent.is_dir():
-        fail(f"-o/--out {out}: the directory {parent} does not exist")
-    if Path(out).is_dir():
-        fail(f"-o/--out {out}: is a directory")
+    for option, path in (("-o/--out", out), ("--trace", trace_out)):  # both refused before the routing runs
+        if path is None:
+            continue
+        if not path.strip():
+            fail(f"{option} {path!r}: an empty path; give a file name for the output")
+        parent = Path(path).resolve().parent
+        if not parent.is_dir():
+            fail(f"{option} {path}: the directory {parent} does not exist")
+        if Path(path).is_dir():
+            fail(f"{option} {path}: is a directory")
+    if trace_out is not None and Path(trace_out).resolve() == Path(out).resolve():
+        fail(f"--trace {trace_out}: the same file as -o/--out {out}; give the trace and the profile two paths")
     from strata.packer.outputs import OutputError, check_overwrite
 
     try:
@@ -321,7 +328,7 @@ def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, source_dir, dev
     except OutputError as e:
         fail(f"-o/--out {e}")
     try:
-        if trace_out:
+        if trace_out is not None:
             check_overwrite(trace_out, force=force, inputs=(prompts_file, out))
     except OutputError as e:
         fail(f"--trace {e}")
@@ -342,7 +349,7 @@ def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, source_dir, dev
     if not prompts:
         fail(f"--prompts {prompts_file}: no prompts")
     try:
-        if trace_out:  # the profile is the trace summed per (layer, expert)
+        if trace_out is not None:  # the profile is the trace summed per (layer, expert)
             trace = trace_routing(pack, prompts, n_tokens=n_tokens, options=opts)
             rows = trace_counts(trace)
             write_trace(trace, trace_out, force=force, inputs=(prompts_file, out))
@@ -354,6 +361,7 @@ def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, source_dir, dev
     click.echo(
         f"profile: {len(rows)} (layer, expert) pairs, {sum(r[2] for r in rows)} selections "
         f"(counts) from {len(prompts)} prompts -> {out}"
+        + (f"; trace: {len(trace.seq)} rows (seq, position, layer, expert) -> {trace_out}" if trace_out else "")
     )
 
 

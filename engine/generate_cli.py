@@ -131,11 +131,11 @@ def stats_line(s: StepStat, piece: Callable[[int], str] | None = None, gpu: bool
 def _summary(r: GenerationResult) -> str:
     tps = f"{r.tokens_per_second:.2f} tok/s" if r.tokens_per_second else "n/a (one token)"
     pps = f"{r.prompt_tokens_per_second:.2f} tok/s" if r.prompt_tokens_per_second else "n/a"
-    n_after = r.n_output_tokens - 1
+    n_after, n_prompt = r.n_output_tokens - 1, r.n_prompt_tokens
     line = (
         f"[{r.arch}, {r.device}] decode: {tps} ({n_after} token{'' if n_after == 1 else 's'} after the first in "
-        f"{r.decode_seconds:.2f} s, batch 1) | prompt: {r.n_prompt_tokens} tokens in {r.prompt_seconds:.2f} s "
-        f"({pps}, incl. the first generated token) | stop: {r.stop_reason}"
+        f"{r.decode_seconds:.2f} s, batch 1) | prompt: {n_prompt} token{'' if n_prompt == 1 else 's'} in "
+        f"{r.prompt_seconds:.2f} s ({pps}, incl. the first generated token) | stop: {r.stop_reason}"
     )
     if r.expert_hits or r.expert_misses:
         line += f" | experts: {r.expert_hits} hits / {r.expert_misses} misses (counts)"

@@ -12,8 +12,10 @@ A script reads the exit code alone:
   written under a temporary name and renamed into place only when complete.
 - 141: the reader of stdout went away (``| head``): nothing more is printed, no traceback.
 
-Click's own handling would print ``Aborted!`` and exit 1 on Ctrl-C (and exit 1 on a closed pipe);
-:class:`StrataGroup` / :class:`StrataCommand` replace it (:func:`exit_contract`).
+Click's own handling would print ``Aborted!`` and exit 1 on Ctrl-C (and exit 1 on a closed pipe), and a
+three-line usage block (``Usage: ...``, ``Try ...``, ``Error: ...``) for a bad option value;
+:class:`StrataGroup` / :class:`StrataCommand` replace it (:func:`exit_contract`; a usage error is one
+``error: ...`` line, exit 2, as every other refusal).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import click
+
+#: click >= 8.2 raises this for a group run without arguments (it prints the group's help, exit 2)
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 EXIT_OK, EXIT_NO, EXIT_REFUSED = 0, 1, 2
 EXIT_SIGPIPE = 128 + signal.SIGPIPE
@@ -203,20 +208,35 @@ class _Contract:
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         argv = list(sys.argv[1:] if args is None else args)
         self._as_json = "--json" in argv
+        self._standalone = standalone_mode
         with signal_handlers():
-            if not (self._as_json and standalone_mode):
-                return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
-            try:  # --json: a bad option is one {"ok": false, "error": ...} object on stdout too
-                return super().main(argv, prog_name, complete_var, False, **extra)
-            except click.ClickException as e:
-                msg = " ".join(e.format_message().split("\n"))
-                click.echo(json.dumps(self.json_error(msg) if self.json_error else {"ok": False, "error": msg}))
-                click.echo(f"error: {msg}", err=True)
-                sys.exit(e.exit_code)
+            return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
+
+    def _refuse(self, e: click.ClickException) -> None:
+        """A usage error click found (an option value out of range or not a choice, a missing or unknown
+        option, argument or command) as every other refusal: one ``error: ...`` line on stderr (with ``--json``
+        also one error object on stdout), exit ``e.exit_code`` (2), instead of click's usage block. Outside
+        standalone mode, and for a bare group (its help is the answer), the exception goes on to click."""
+        if not getattr(self, "_standalone", False) or isinstance(e, _NO_ARGS_IS_HELP):
+            raise e
+        msg = " ".join(e.format_message().split("\n"))
+        if getattr(self, "_as_json", False):
+            click.echo(json.dumps(self.json_error(msg) if self.json_error else {"ok": False, "error": msg}))
+        click.echo(f"error: {msg}", err=True)
+        sys.exit(e.exit_code)
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:  # the command's (or the group's) own options and arguments
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as e:
+            self._refuse(e)
 
     def invoke(self, ctx):
         with exit_contract(getattr(self, "_as_json", False), self.json_error):
-            return super().invoke(ctx)
+            try:  # a group's subcommand is resolved and parsed here
+                return super().invoke(ctx)
+            except click.ClickException as e:
+                self._refuse(e)
 
 
 class StrataGroup(_Contract, click.Group):

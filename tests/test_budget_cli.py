@@ -281,6 +281,46 @@ def test_old_value_name_documents_is_a_hidden_alias_of_cpp(pack):
     assert code == 2 and "'strata', 'cpp'" in out and "documents" not in out
 
 
+def test_a_context_that_does_not_fit_is_suggested_as_ctx(pack):
+    """A user asks for more context than the card holds: the suggestion names the option as --help lists it
+    first, --ctx (the verdict's "e.g. ..." and the JSON's option), not its alias --max-context beside a
+    "--ctx N fits too"."""
+    code, d = run_json(pack, "--card", "8G", "--ctx", 99_999_999)
+    assert code == 1
+    ctx = [s for s in d["suggestions"] if s["option"] == "--ctx"]
+    assert len(ctx) == 1 and ctx[0]["fits_alone"] and all(s["option"] != "--max-context" for s in d["suggestions"])
+    n = int(ctx[0]["value"])
+    assert 4096 < n < 99_999_999 and run(pack, "--card", "8G", "--ctx", n)[0] == 0
+    assert run(pack, "--card", "8G", "--ctx", n + 1)[0] == 1
+    code, out = run(pack, "--card", "8G", "--ctx", 99_999_999)
+    assert code == 1 and f"e.g. --ctx {n} (the largest context that fits is {n} tokens" in " ".join(out.split())
+    assert "--max-context" not in out
+
+
+def test_cpp_engine_options_on_the_strata_plan_are_said_not_dropped(pack):
+    """--prefill, --prefill-model, --logits-all and --embeddings-on-host size the C++ engine's plan only; given
+    with the default --engine strata they change nothing, and the plan says so (a warning naming each, in the
+    table output and --json) instead of ignoring them silently. --engine cpp uses them: no warning."""
+    extra = ("--prefill", 64, "--prefill-model", "cpp", "--logits-all", "--embeddings-on-host")
+    code, plain = run_json(pack, "--card", "24G", "--ctx", 256)
+    code2, d = run_json(pack, "--card", "24G", "--ctx", 256, *extra)
+    assert code == code2 == 0
+    assert [(t["name"], t["bytes"]) for t in d["terms"]] == [(t["name"], t["bytes"]) for t in plain["terms"]]
+    want = (
+        "--prefill 64, --prefill-model cpp, --logits-all, --embeddings-on-host: the reference C++ engine's "
+        "option(s), not used for strata's engine"
+    )
+    assert [w for w in d["warnings"] if w.startswith(want)] and not any(
+        "C++ engine's option" in w for w in plain["warnings"]
+    )
+    code, out = run(pack, "--card", "24G", "--ctx", 256, "--logits-all")
+    assert code == 0 and "warning: --logits-all: the reference C++ engine's option(s), not used" in " ".join(
+        out.split()
+    )
+    code, c = run_json(pack, "--card", "24G", "--ctx", 256, "--engine", "cpp", *extra)
+    assert code == 0 and not any("C++ engine's option" in w for w in c["warnings"])
+
+
 def test_tables_print_and_the_real_command_runs(pack):
     code, out = run(pack, "--card", "12G", "--max-context", 1024)
     assert code == 0
@@ -602,7 +642,7 @@ def test_expert_cache_refusal_names_both_limits_when_both_apply(pack):
 
 SAFETY_ORDER = [
     "--expert-cache",
-    "--max-context",
+    "--ctx",
     "--kv",
     "--batch",
     "--prefill",
@@ -620,11 +660,11 @@ def test_suggestions_are_safest_first_and_the_verdict_picks_the_safest_that_fits
     opts = [s["option"] for s in d["suggestions"]]
     assert opts == sorted(opts, key=SAFETY_ORDER.index) and opts[-1] == "--vram-reserve-mib"
     s = {x["option"]: x for x in d["suggestions"]}
-    assert s["--max-context"]["fits_alone"] and s["--vram-reserve-mib"]["fits_alone"]
-    best = int(s["--max-context"]["value"])
+    assert s["--ctx"]["fits_alone"] and s["--vram-reserve-mib"]["fits_alone"]
+    best = int(s["--ctx"]["value"])
     # the largest context that fits is above the trained 2048: the suggestion says so (issue 12)
     assert d["verdict_line"].endswith(
-        f"e.g. --max-context {best} (the largest context that fits is {best} tokens, above the model's trained "
+        f"e.g. --ctx {best} (the largest context that fits is {best} tokens, above the model's trained "
         f"context of 2048 tokens (it was not trained for more; --ctx 2048 fits too))"
     )
     assert run(pack, "--engine", "cpp", "--card-mib", 1500, "--max-context", best)[0] == 0
@@ -645,10 +685,8 @@ def test_reserve_is_never_suggested_below_the_low_line_and_every_knob_is_listed_
     # consistency: a knob that saves memory is listed even when it cannot fit alone, at its limit
     # (the prefill was omitted in that case while the context was listed)
     assert [x["option"] for x in d["suggestions"]] == SAFETY_ORDER[1:]
-    assert {
-        k: (s[k]["value"], s[k]["fits_alone"]) for k in ("--max-context", "--batch", "--prefill", "--kv-resident")
-    } == {
-        "--max-context": ("1", False),
+    assert {k: (s[k]["value"], s[k]["fits_alone"]) for k in ("--ctx", "--batch", "--prefill", "--kv-resident")} == {
+        "--ctx": ("1", False),
         "--batch": ("1", False),
         "--prefill": ("0", False),
         "--kv-resident": ("1", False),

@@ -344,8 +344,8 @@ def test_non_fitting_plan_says_the_largest_context_that_fits():
     p = make_plan(facts, card, o)
     assert not p.fits
     s = {x.option: x for x in p.suggestions}
-    best = int(s["--max-context"].value)
-    assert s["--max-context"].fits_alone
+    best = int(s["--ctx"].value)
+    assert s["--ctx"].fits_alone
     assert make_plan(facts, card, o.model_copy(update={"n_ctx": best}), suggest=False).fits
     assert not make_plan(facts, card, o.model_copy(update={"n_ctx": best + 1}), suggest=False).fits
     # by hand: free = card - dense - head - embd - act; KV = 256 B x ctx must fit in free - reserve

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,7 @@ from strata.packer.pack import open_pack
 
 pytestmark = pytest.mark.real
 MIB = 1 << 20
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -159,7 +161,45 @@ def test_real_command_end_to_end(real_packs):
         text=True,
     )
     assert r.returncode == 1
-    assert "does not fit" in r.stdout and "--max-context" in r.stdout
+    assert "does not fit" in r.stdout and "--ctx" in r.stdout
+
+
+def test_readme_budget_output_is_what_make_demo_prints(real_packs):
+    """README.md "strata-budget check" shows what `make demo` prints for Gemma 3 270M ("a real run"): every
+    byte count of its plan table (terms, planned, reserve, card) and of its dense-types table is the command's
+    today (the activation term grew by 960 B when the q8 norm kernel began writing its row quantized, and the
+    README kept the older figures)."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("$ strata-budget check demo-out/pack --card 24G --max-context 8192\n", 1)[1]
+    block = block.split("```", 1)[0]
+    r = subprocess.run(
+        [sys.executable, "-m", "strata.budget.cli", "check", str(real_packs["gemma3-270m"])]
+        + ["--card", "24G", "--max-context", "8192", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    want = {t["name"]: t["bytes"] for t in d["terms"]}
+    want |= {"= planned": d["used_bytes"], "reserve (kept free)": d["reserve_bytes"]}
+    want["card total"] = d["card_total_bytes"]
+    rows = {
+        m.group(1): int(m.group(2).replace(",", "")) for m in re.finditer(r"^  (\S.*?)\s{2,}([\d,]+)\s", block, re.M)
+    }
+    assert {k: rows.get(k) for k in want} == want
+    types = {
+        t["type"]: [t["tensors"], t["pack_bytes"], t["engine_bytes"], t["payload_bytes"], t["scales_f32_bytes"]]
+        + [t["widened_extra_bytes"], t["bf16_saved_bytes"]]
+        for t in d["dense_types"]
+    }
+    shown = {
+        m.group(1): [int(v.replace(",", "")) for v in m.group(2).split()]
+        for m in re.finditer(r"^  ([A-Z0-9_]+)\s+(\d+(?:\s+[\d,]+){6})$", block, re.M)
+    }
+    assert shown == types
+    assert d["verdict_line"] in block
 
 
 def test_shifted_offset_in_a_real_pack(real_packs, tmp_path):

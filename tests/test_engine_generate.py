@@ -303,6 +303,11 @@ def test_summary_says_one_token_singular(pack):
     r = _gen(pack, "-n", "2", "--ignore-eos")
     assert r.exit_code == 0, r.output
     assert "(1 token after the first in" in r.stderr
+    # a one-token prompt (the demo model's empty prompt is its BOS alone): "prompt: 1 token", not "1 tokens"
+    r = CliRunner().invoke(main, ["generate", str(pack), "-p", "h", "-n", "2", "--ignore-eos", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["n_prompt_tokens"] == 1, r.output
+    r = CliRunner().invoke(main, ["generate", str(pack), "-p", "h", "-n", "2", "--ignore-eos"])
+    assert r.exit_code == 0 and "| prompt: 1 token in " in r.stderr, r.stderr
 
 
 def test_profile_refusals_exit_2(pack, tmp_path):
@@ -390,6 +395,42 @@ def test_json_mode_reports_option_errors_as_one_object(tmp_path):
         r = runner.invoke(main, ["generate", str(tmp_path), "-p", "hi", "--json", *args])
         assert r.exit_code == 2 and json.loads(r.stdout) == {"ok": False, "error": want}
         assert r.stderr == f"error: {want}\n"
+
+
+def test_profile_trace_path_refusals_come_before_the_routing(tmp_path_factory, tmp_path, monkeypatch):
+    """--trace is checked up front as -o is: a missing directory, the same file as -o (else the trace was
+    written there, then the profile refused as 'already exists', exit 2 with the trace left behind) and an
+    empty path (else silently no trace) are each one error line naming --trace, exit 2, nothing written and
+    no routing run."""
+    import strata.engine.routing as routing
+
+    moe = synthetic_pack(tmp_path_factory, "synthetic-qwen3moe")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello world\nthe cat\n")
+
+    def no_routing(*a, **k):
+        raise AssertionError("the routing ran before the outputs were checked")
+
+    monkeypatch.setattr(routing, "trace_routing", no_routing)
+    monkeypatch.setattr(routing, "profile_routing", no_routing)
+    out = tmp_path / "p.parquet"
+    base = ["profile", str(moe), "--prompts", str(prompts), "-n", "2", "--ctx", "64"]
+    for args, want in (
+        (
+            ["-o", str(out), "--trace", str(tmp_path / "missing" / "t.parquet")],
+            f"error: --trace {tmp_path / 'missing' / 't.parquet'}: the directory {tmp_path / 'missing'} does not exist",
+        ),
+        (
+            ["-o", str(out), "--trace", str(tmp_path / "." / "p.parquet")],
+            f"error: --trace {tmp_path / '.' / 'p.parquet'}: the same file as -o/--out {out}; give the trace and "
+            "the profile two paths",
+        ),
+        (["-o", str(out), "--trace", ""], "error: --trace '': an empty path; give a file name for the output"),
+        (["-o", "", "--trace", str(tmp_path / "t.parquet")], "error: -o/--out '': an empty path; give a file name"),
+    ):
+        r = CliRunner().invoke(main, [*base, *args])
+        assert r.exit_code == 2 and r.stderr.startswith(want) and r.stderr.count("\n") == 1, (args, r.stderr)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["prompts.txt"]
 
 
 def test_cpu_path_checks_the_expert_profile_too(pack, tmp_path):

@@ -176,6 +176,64 @@ def test_engine_profile(world, tmp_path):
     assert _run(engine_main, "profile", world / "moe", "--prompts", tmp_path / "none.txt").exit_code == 2
 
 
+@pytest.mark.parametrize(
+    "tool, args, want",
+    [
+        (
+            "engine",
+            ["generate", "{dense}", "-p", "hi", "--threads", "0"],
+            "Invalid value for '-t' / '--threads': 0 is not in the range 1<=x<=512.",
+        ),
+        (
+            "engine",
+            ["generate", "{dense}", "-p", "hi", "--kernel", "bogus"],
+            "Invalid value for '--kernel' / '--cpu-kernel': 'bogus' is not one of 'q8', 'exact', 'f32'.",
+        ),
+        (
+            "engine",
+            ["generate", "{dense}", "-p", "hi", "--kv", "int8"],
+            "Invalid value for '--kv': 'int8' is not one of 'f16', 'f32'.",
+        ),
+        (
+            "engine",
+            ["generate", "{dense}", "-p", "hi", "--resident", "bogus"],
+            "Invalid value for '--resident': 'bogus': expected all, none, half or a fraction in [0, 1]",
+        ),
+        ("engine", ["generate", "{dense}"], "Missing option '-p' / '--prompt'."),
+        (
+            "engine",
+            ["profile", "{moe}", "--prompts", "{empty}"],
+            "Invalid value for '--prompts': File '{empty}' is a directory.",
+        ),
+        ("engine", ["bogus"], "No such command 'bogus'."),
+        (
+            "budget",
+            ["check", "{dense}", "--card", "24G", "--kv", "q4"],
+            "Invalid value for '--kv': 'q4' is not one of ",
+        ),
+        ("pack", ["build"], "Missing argument 'SRC'."),
+        ("pack", ["--bogus"], "No such option '--bogus'."),
+    ],
+)
+def test_a_usage_error_is_one_error_line(world, tool, args, want):
+    """An option value click refuses (out of range, not a choice), a missing or unknown option, argument or
+    command: exit 2 and one ``error:`` line, as every other refusal - not click's three-line usage block
+    (``Usage: ...`` / ``Try ...`` / ``Error: ...``)."""
+    main = {"engine": engine_main, "budget": budget_main, "pack": pack_main}[tool]
+    names = {"dense": world / "dense", "moe": world / "moe", "empty": world / "empty"}
+    r = _run(main, *(a.format(**names) for a in args))
+    want = want.format(**names)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: {want}") and r.stderr.count("\n") == 1, r.stderr
+    assert r.stdout == "" and "Usage:" not in r.output
+
+
+def test_a_bare_group_still_prints_its_help(world):
+    """``strata-engine`` alone: its help is the answer (click's no_args_is_help), not an error line."""
+    r = _run(engine_main)
+    assert r.output.startswith("Usage: ") and "Commands:" in r.output and not r.stderr.startswith("error:")
+
+
 # ------------------------------------------------------------------ signals: 130 / 143, nothing half-written
 
 
@@ -349,6 +407,20 @@ def test_closed_stdout_exits_141_silently(world):
     )
     assert r.stderr == "", r.stderr
     assert r.stdout.startswith("Hello") and r.stdout.endswith(" 141\n"), r.stdout
+
+
+@pytest.mark.parametrize("card, answer", [("24G", 0), ("--card-mib=200", 1)], ids=["fits", "does-not-fit"])
+def test_budget_tables_into_a_closed_stdout_exit_141_not_1(world, card, answer):
+    """`strata-budget check PACK --card 24G | head -1`: the tables are printed by rich, whose console exits 1 on a
+    closed pipe - "does not fit" to a script, for a plan that fits. The reader went away: 141, silently, whatever
+    the answer would have been (``answer``: the code with stdout open)."""
+    cmd = [sys.executable, "-m", "strata.budget.cli", "check", str(world / "dense")]
+    cmd += [card] if card.startswith("--") else ["--card", card]
+    assert subprocess.run(cmd, capture_output=True, timeout=120).returncode == answer
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # before the command has printed anything (it imports and audits first)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 141 and err == b"", err
 
 
 @pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])

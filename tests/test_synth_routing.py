@@ -238,7 +238,16 @@ def test_profile_cli_writes_the_trace_beside_the_profile(engines, tmp_path):
     r = CliRunner().invoke(main, [*args, "--trace", str(trace)])
     assert r.exit_code == 0, r.output
     tr = read_trace(trace)
+    assert r.stdout.endswith(f" -> {out}; trace: {len(tr.seq)} rows (seq, position, layer, expert) -> {trace}\n")
     assert read_profile(out) == trace_counts(tr) and sorted(set(tr.seq.tolist())) == [0, 1]
     # an existing trace file is refused before any routing runs (as -o is)
     r = CliRunner().invoke(main, [*args[:5], str(tmp_path / "q.parquet"), *args[6:], "--trace", str(trace)])
     assert r.exit_code == 2 and f"error: --trace {trace} already exists" in r.stderr, r.stderr
+    # --force replaces both files, as profile --help says
+    before = trace.stat().st_mtime_ns
+    r = CliRunner().invoke(main, [*args, "--trace", str(trace), "--force", "-n", "3"])
+    assert r.exit_code == 0, r.output
+    assert trace.stat().st_mtime_ns != before and read_profile(out) == trace_counts(read_trace(trace))
+    assert len(read_trace(trace).seq) > len(tr.seq)  # 3 tokens per prompt now, not 2
+    help_text = " ".join(CliRunner().invoke(main, ["profile", "--help"]).output.split())
+    assert "--force Replace an existing -o file (and --trace file)." in help_text
