@@ -1,4 +1,4 @@
-"""The contracts of issue 13 (llama dense and Mixtral-style, qwen3, qwen2moe, deepseek2, gpt-oss) end to
+"""The contracts beyond the first four (llama dense and Mixtral-style, qwen3, qwen2moe, deepseek2, gpt-oss) end to
 end: each preset of strata.testing written, `strata-pack build` and `strata-budget check --card 24G
 --ctx 4096` run on it (zero audit errors, every budget term derived twice and equal), and the
 per-architecture facts the budget depends on checked by hand.

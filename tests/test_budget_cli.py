@@ -662,7 +662,7 @@ def test_suggestions_are_safest_first_and_the_verdict_picks_the_safest_that_fits
     s = {x["option"]: x for x in d["suggestions"]}
     assert s["--ctx"]["fits_alone"] and s["--vram-reserve-mib"]["fits_alone"]
     best = int(s["--ctx"]["value"])
-    # the largest context that fits is above the trained 2048: the suggestion says so (issue 12)
+    # the largest context that fits is above the trained 2048: the suggestion says so
     assert d["verdict_line"].endswith(
         f"e.g. --ctx {best} (the largest context that fits is {best} tokens, above the model's trained "
         f"context of 2048 tokens (it was not trained for more; --ctx 2048 fits too))"

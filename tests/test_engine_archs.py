@@ -1,4 +1,4 @@
-"""The engine's architectures beyond the first four (issue 13): llama (dense and Mixtral-style),
+"""The engine's architectures beyond the first four: llama (dense and Mixtral-style),
 qwen3, qwen2moe run; deepseek2 and gpt-oss are refused by name at load. The forward passes are
 checked against llama.cpp in tests/test_engine_reference.py (fixtures synthetic-llama, -llama_moe,
 -qwen3, -qwen2moe); this file covers what those fixtures do not: the rope pairing itself, llama's

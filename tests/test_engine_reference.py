@@ -59,7 +59,7 @@ A one-token Gemma forward pass with the ``llamacpp`` numerics mode matches llama
 runs do not get closer than the f32 path for the real models (see strata.engine.numerics), but
 the synthetic MoE does (expert selection follows llama.cpp's), so it is checked with both.
 
-The default rows (issue 23): ``DEFAULT`` - the ``f32`` profile with the CPU's ``q8`` kernel, what
+The default rows: ``DEFAULT`` - the ``f32`` profile with the CPU's ``q8`` kernel, what
 ``strata-engine generate`` runs unless told otherwise - has a strict row for every architecture the engine
 runs. Before, the f32-profile MoE rows bounded the logits only (0.3-1.2, no greedy step): routing flips at
 near ties. With the near ties set apart they check 29-50 greedy steps each at 0.03-0.07. Measured
@@ -153,7 +153,7 @@ TOLERANCES = {
     ("synthetic-qwen3next", "f32", "f32"): (0.7, 0.03, 0.6, 0),  # like qwen3moe f32: routing flips; bounds only
     ("synthetic-qwen3next-split-fused", "llamacpp", "f32"): (0.05, 0.01, 0.03, 40),
     ("synthetic-qwen3next-split-fused", "f32", "f32"): (0.7, 0.03, 0.6, 0),
-    # issue 13 (measured 2026-11-30, max / mean |d logit|): llama NORM rope + rope_freqs factors
+    # the later architectures (measured 2026-11-30, max / mean |d logit|): llama NORM rope + rope_freqs factors
     # (llamacpp 0.013 / 0.0025, f32 0.026 / 0.0044; without the factors or with NEOX pairs the argmax
     # check fails at step 1), Mixtral-style llama experts (llamacpp 0.010 / 0.0010), qwen3 (llamacpp
     # 0.014 / 0.0015, f32 0.014 / 0.0040), qwen2moe (llamacpp 0.012 / 0.0003). The MoE f32 rows flip
@@ -167,7 +167,7 @@ TOLERANCES = {
     ("synthetic-qwen2moe", "llamacpp", "f32"): (0.03, 0.005, 0.03, 40),
     ("synthetic-qwen2moe", "f32", "f32"): (0.3, 0.01, 0.6, 0),
 }
-# The q8 kernel (issue 9, measured 2026-11-30; max / mean |d logit| with q8, f32 dot in brackets): the same
+# The q8 kernel (measured 2026-11-30; max / mean |d logit| with q8, f32 dot in brackets): the same
 # tolerances wherever its figures stay inside them - qwen2 0.0094 / 0.0026, gemma3 0.0069 / 0.0021, llama
 # 0.016 / 0.0044 (f32) and 0.013 / 0.0016 (llamacpp), qwen3 0.020 / 0.0036 and 0.0099 / 0.0020, qwen3next
 # 0.449 / 0.012 and 0.011 / 0.0014, llama_moe 0.080 / 0.0045 (0.392 / 0.0073) and 0.010 / 0.0013, qwen2moe
@@ -196,7 +196,7 @@ DEFAULT = (DEFAULT_NUMERICS, "q8")
 #: f32 profile's router logits differ from the llamacpp profile's (which routes like llama.cpp) by a median 0.001-0.002
 #: and a 99th percentile 0.004-0.04; every step moved by more than 0.05 sat at a gap <= 0.0114.
 ROUTER_GAP = 0.02
-# The default rows (issue 23): strict for every architecture, tight enough that a realistic geometry error fails
+# The default rows: strict for every architecture, tight enough that a realistic geometry error fails
 # them (tests/test_reference_mutations.py puts one in and asserts it does). Measured 2026-12-01 over the strictly
 # checked steps: max / mean |d logit|, max d(margin), steps greedy-checked; MoE rows: near-tie steps and their max.
 TOLERANCES.update(

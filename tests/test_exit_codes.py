@@ -1,4 +1,4 @@
-"""One exit-code contract for every command (issue 12): the README's table is the code's
+"""One exit-code contract for every command: the README's table is the code's
 (:func:`strata.packer.exits.exit_table`), and every cell of it is produced here, per command:
 0, 1 where the command has a negative answer, 2 for bad input, 130 for SIGINT and 143 for SIGTERM
 (with no traceback, one ``error: interrupted by SIG...`` line and nothing half-written), 141 when
@@ -199,7 +199,11 @@ def test_engine_profile(world, tmp_path):
             ["generate", "{dense}", "-p", "hi", "--resident", "bogus"],
             "Invalid value for '--resident': 'bogus': expected all, none, half or a fraction in [0, 1]",
         ),
-        ("engine", ["generate", "{dense}"], "Missing option '-p' / '--prompt'."),
+        (
+            "engine",
+            ["generate", "{dense}"],
+            "no prompt: give -p/--prompt TEXT or -f/--file FILE (- for standard input)",
+        ),
         (
             "engine",
             ["profile", "{moe}", "--prompts", "{empty}"],

@@ -1,4 +1,4 @@
-"""Issue 12, "Metadata keys: honoured or refused, never ignored".
+"""Metadata keys: honoured or refused, never ignored.
 
 Every GGUF metadata key llama.cpp's loader reads for an architecture (tests/fixtures/llamacpp_keys.json,
 written from the vendored source by tools/make_llamacpp_keys.py: src/llama-model.cpp load_hparams, the

@@ -1,4 +1,4 @@
-"""The pack's build record is ``build.json`` (issue 8: "manifest" names the architecture contracts);
+"""The pack's build record is ``build.json`` ("manifest" names the architecture contracts);
 packs built before the rename keep ``manifest.json``, which is still read (verify's source mtimes,
 ``build --force``'s is-this-a-pack check)."""
 

@@ -1,5 +1,5 @@
-"""What ``strata-pack build`` refuses before anything is copied, and how a failed write is reported
-(issue 12): a foreign shard named with the tensor and both shapes, a big-endian GGUF named as one,
+"""What ``strata-pack build`` refuses before anything is copied, and how a failed write is reported:
+a foreign shard named with the tensor and both shapes, a big-endian GGUF named as one,
 a disk without room for pool.bin (bytes needed vs free), a full disk mid-copy and a target directory
 that cannot be written, each naming the pack path the user gave (never the hidden temporary
 directory) and leaving nothing behind.

@@ -1,4 +1,4 @@
-"""The default-settings reference rows fail on realistic geometry errors (issue 23, item 2).
+"""The default-settings reference rows fail on realistic geometry errors.
 
 Every architecture's *default row* of tests/test_engine_reference.py - ``TOLERANCES[(fixture, *DEFAULT)]``,
 the numerics and CPU kernel ``strata-engine generate`` runs when neither is named - is run here on a copy of

@@ -1,4 +1,4 @@
-"""Prompt ids exactly as llama.cpp's (issue 12): every ``tokenizer.ggml.pre`` strata accepts, SentencePiece
+"""Prompt ids exactly as llama.cpp's: every ``tokenizer.ggml.pre`` strata accepts, SentencePiece
 with and without the space prefix, special tokens parsed (llama-cli's default) and not, both real models,
 and their chat templates.
 
