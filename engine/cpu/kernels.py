@@ -38,6 +38,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -115,6 +116,27 @@ def cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
+@functools.cache
+def _private_dir(why: str) -> Path:
+    """A directory of this process's own (``mkdtemp``: mode 0700, under ``$TMPDIR``) for the kernels when the
+    cache cannot be written (a read-only ``$STRATA_CACHE`` or ``$HOME``: containers, HPC); said once on stderr."""
+    d = Path(tempfile.mkdtemp(prefix="strata-kernels-"))
+    print(f"warning: {why}; the CPU kernels are built in {d} for this run instead", file=sys.stderr)
+    return d
+
+
+def _writable_cache() -> Path:
+    """:func:`cache_dir`, created if missing, or - when it cannot be created or written - :func:`_private_dir`."""
+    d = cache_dir()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=d):
+            pass
+        return d
+    except OSError as e:
+        return _private_dir(f"the kernel cache {d} cannot be written ({e.strerror or e})")
+
+
 def source(type_id: int, scalar: bool = False) -> str:
     """The host C source of ``type_id``'s library: the type's define (``STRATA_T_<NAME>``), stubs, the
     type's device code (as the GPU compiles it, without the GPU kernels), the CPU driver and the
@@ -149,10 +171,12 @@ def library(type_id: int, scalar: bool = False) -> ctypes.CDLL:
     src = source(type_id, scalar)
     ver = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     key = hashlib.sha256("\0".join([src, cc, *ver, *CFLAGS]).encode()).hexdigest()[:24]
-    d = cache_dir()
-    so = d / f"strata_cpu_{t.name}{'_scalar' if scalar else ''}_{key}.so"
+    name = f"strata_cpu_{t.name}{'_scalar' if scalar else ''}_{key}.so"
+    so = cache_dir() / name
     if not so.is_file():
-        d.mkdir(parents=True, exist_ok=True)
+        d = _writable_cache()
+        so = d / name
+    if not so.is_file():
         with tempfile.TemporaryDirectory(dir=d) as tmp:
             c, out = Path(tmp) / f"{t.name}.c", Path(tmp) / f"{t.name}.so"
             c.write_text(src)
