@@ -294,3 +294,17 @@ def test_f32_kernel_is_refused_on_the_gpu_path(packs):
 
     with pytest.raises(GenerateError, match=r"--kernel f32 runs on the CPU only: .* use q8 \(the default\) or exact"):
         load_engine(packs["moe"], device="cuda", n_ctx=32, backend=SimBackend(), cpu_kernel="f32")
+
+
+def test_sim_profile_never_shrinks_the_cache_and_the_rest_is_filled_at_start_up(packs):
+    """A profile of two pairs on a card where every expert fits: the cache has as many slots as without a profile
+    (the budget's count), the profiled pairs first and every other pair after them, so nothing misses and the
+    tokens equal the no-profile run's (the cache cannot change the tokens)."""
+    prof = [(0, 3, 9), (1, 5, 4)]
+    full = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend())
+    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), profile=prof)
+    pairs = len(eng.experts.source.layers) * int(eng.geometry["n_expert"])
+    assert eng.gpu.slot_plan.slots == full.gpu.slot_plan.slots == pairs
+    assert eng.gpu.fill == f"profile (2 pairs) + {pairs - 2} more in layer order"
+    r, ref = _run(eng), _run(full)
+    assert r.expert_misses == 0 and r.output_ids == ref.output_ids

@@ -363,13 +363,13 @@ def test_sim_fused_moe_launches_hybrid_and_full(packs):
 
 def test_sim_fused_moe_admission_updates_the_device_slot_table(packs):
     """Misses admitted into free slots at decode time become hits through the step's slot table: the
-    table on the device lists exactly the cache's pairs, and the tokens do not change."""
-    prof = [(0, 0, 5), (1, 1, 3)]
-    eng = _moe(packs, expert_cache=12, profile=prof, admit=True)
+    table on the device lists exactly the cache's pairs, and the tokens do not change. (Started empty: with a
+    profile the start-up fill takes every free slot, the profiled pairs first.)"""
+    eng = _moe(packs, expert_cache=12, resident="none", admit=True)
     before = len(eng.experts.cache)
     r = generate(eng, prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
     cache, moe = eng.experts.cache, eng.decoder.moe
-    assert before == 2 and cache.admitted == len(cache) - 2 > 0
+    assert before == 0 and cache.admitted == len(cache) > 0
     table = {(i // moe.E, i % moe.E): int(s) for i, s in enumerate(moe.slot_of) if s >= 0}
     assert table == cache.where
     ref = generate(_moe(packs, fused=False, expert_cache=0), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
@@ -500,7 +500,7 @@ def test_cuda_fused_moe_cache_does_not_change_logits(packs):
         ("all", {}),
         ("all eager", {"graph": False}),
         ("half eager", {"resident": "half", "graph": False}),
-        ("admit", {"expert_cache": 12, "profile": [(0, 0, 1)], "admit": True}),
+        ("admit", {"expert_cache": 12, "resident": "none", "admit": True}),
     ):
         eng = load_engine(packs["moe"], device="cuda", n_ctx=48, **kw)
         assert eng.decoder is not None and eng.decoder.moe is not None

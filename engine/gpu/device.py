@@ -284,7 +284,13 @@ class GpuDevice:
         assert cache.slot_bytes == slot_bytes
         if opts.profile is not None:
             order = F.fill_profile(opts.profile, slots).order
-            info.fill = f"profile ({len(opts.profile)} pairs)"
+            # the slots the profile leaves free take the other pairs now, in (layer, expert) order: where every
+            # expert fits, every expert is resident (the one-graph path) whatever the profile saw
+            have = set(order)
+            rest = [(il, e) for il in source.layers for e in range(n_expert) if (il, e) not in have]
+            more = rest[: max(slots - len(order), 0)]
+            order = order + more
+            info.fill = f"profile ({len(opts.profile)} pairs)" + (f" + {len(more)} more in layer order" if more else "")
         else:
             order = eligible
             info.fill = f"resident={opts.resident} (layer, expert order)"

@@ -1,0 +1,135 @@
+"""Decode on an emulated card with and without an expert profile, on token-dependent routing (GPU machine).
+
+    python3 bench/bench_profile_fill.py --work /tmp/pf --geometry qwen3moe-30b-a3b --cards 16G,24G
+
+Writes the geometry with ``TokenRouting(skew)`` routers (strata.testing.routing), records an expert profile on
+one prompt set (``strata.engine.routing.profile_routing`` on the GPU, every expert resident: the same routing),
+then decodes ANOTHER prompt set (held out) on each emulated card (``--card``, ``--vram-reserve-mib 1024``, the
+margin llama.cpp's ``--fit`` keeps) with no profile and with the profile: slots, decode tok/s (tokens after the
+first / seconds, summed over the prompts), expert hits and misses (counts) and the hit rate. A profile orders the
+fill and never makes the cache smaller than what fits (docs/DESIGN.md "The profile fill"), so the slot counts
+with and without it are equal. Not a comparison with llama.cpp (no llama.cpp row here): strata's own figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def one(card: str, name: str, pack: str, prof_path: str, n_ctx: int, tokens: int, held: list[list[int]]) -> dict:
+    """One case in this process: load on the emulated ``card`` (reserve 1024 MiB) with or without the profile,
+    decode every held-out prompt; the row as a dict."""
+    from strata.budget.cards import card_preset
+    from strata.budget.profile import read_profile
+    from strata.engine.generate import generate
+    from strata.engine.startup import load_engine
+
+    prof = read_profile(prof_path) if name == "profile" else None
+    eng = load_engine(pack, device="cuda", n_ctx=n_ctx, card=card_preset(card), vram_reserve_mib=1024, profile=prof)
+    toks = secs = hits = misses = 0
+    for p in held:
+        r = generate(eng, prompt_ids=list(p), n_tokens=tokens, ignore_eos=True)
+        toks += len(r.output_ids) - 1
+        secs += r.decode_seconds
+        hits += r.expert_hits or 0
+        misses += r.expert_misses or 0
+    return {
+        "card": card,
+        "case": name,
+        "slots": eng.gpu.slot_plan.slots if eng.gpu.slot_plan else None,
+        "decode_tok_s": round(toks / secs, 2),
+        "expert_hits": hits,
+        "expert_misses": misses,
+        "hit_rate": round(hits / max(hits + misses, 1), 4),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--one"]:
+        card, name, pack, prof_path, n_ctx, tokens, held = argv[1:]
+        print(json.dumps(one(card, name, pack, prof_path, int(n_ctx), int(tokens), json.loads(held))))
+        return 0
+    from bench_routing import geometries
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", default="/tmp/bench_profile_fill")
+    ap.add_argument("--geometry", default="qwen3moe-30b-a3b")
+    ap.add_argument("--cards", default="16G,24G")
+    ap.add_argument("--skew", type=float, default=0.5)
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per set (profile, held-out)")
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=32, help="tokens generated after each held-out prompt")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    from strata import testing as synth
+    from strata.budget.profile import write_profile
+    from strata.engine.routing import profile_routing
+    from strata.packer.build import build_pack
+    from strata.testing.routing import TokenRouting, topic_prompts
+
+    base = geometries()[args.geometry]
+    spec = base.model_copy(update={"routing": TokenRouting(skew=args.skew)})
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    gguf, pack = work / f"{args.geometry}.gguf", work / f"{args.geometry}-pack"
+    if not gguf.exists():
+        synth.write_model(gguf, spec)
+    if not pack.exists():
+        build_pack(gguf, pack, progress=False)
+    kw = dict(vocab=min(base.dims.n_vocab, 4096), n_topics=8, topic_size=48, run_length=4, topic_seed=0)
+    prof_set = topic_prompts(args.prompts, args.prompt_len, seed=1, **kw).prompts
+    held = topic_prompts(args.prompts, args.prompt_len, seed=2, **kw).prompts
+    n_ctx = args.prompt_len + args.tokens + 8
+    t0 = time.perf_counter()
+    rows = profile_routing(str(pack), [list(p) for p in prof_set], n_tokens=8, n_ctx=n_ctx, device="cuda")
+    print(
+        f"[{args.geometry}] profile: {len(rows)} (layer, expert) pairs from {len(prof_set)} prompts in "
+        f"{time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
+    out = {"args": vars(args), "profile_pairs": len(rows), "rows": []}
+    prof_path = work / "profile.parquet"
+    write_profile(rows, prof_path, force=True)
+    del rows
+    # each case in a process of its own: a start-up on an emulated card sees the card as a fresh process would
+    for card in args.cards.split(","):
+        for name in ("no profile", "profile"):
+            cmd = [
+                sys.executable,
+                __file__,
+                "--one",
+                card,
+                name,
+                str(pack),
+                str(prof_path),
+                str(n_ctx),
+                str(args.tokens),
+                json.dumps([list(p) for p in held]),
+            ]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            if p.returncode != 0:
+                print(f"  {card} {name}: exit {p.returncode}: {p.stderr[-1500:]}", flush=True)
+                continue
+            row = json.loads(p.stdout.strip().splitlines()[-1])
+            out["rows"].append(row)
+            print(
+                f"  {card:>4} {name:<10} slots {row['slots']:>6}  decode {row['decode_tok_s']:7.2f} tok/s  "
+                f"hits {row['expert_hits']} / misses {row['expert_misses']} (counts) = {100 * row['hit_rate']:.1f}%",
+                flush=True,
+            )
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
