@@ -21,8 +21,28 @@ from .errors import PlanInputError
 
 #: Columns of an expert profile (Parquet), each of an integer type.
 PROFILE_COLUMNS = ("layer", "expert", "count")
+#: What an expert profile must be, as the refusals say it.
+PROFILE_REQUIRED = "a Parquet file with columns layer, expert, count"
 #: Parquet schema-metadata keys: the identity of the model the profile was recorded on, and its name for people.
 PROFILE_MODEL_KEY, PROFILE_MODEL_NAME_KEY = b"strata.model", b"strata.model_name"
+
+
+def read_parquet(path: str | Path, what: str, required: str, *, schema_only: bool = False):
+    """The Parquet table at ``path`` (its schema only with ``schema_only``): the one opening of the budget's
+    Parquet inputs (expert profiles, routing traces). ``what`` starts the refusal (``--expert-profile P``,
+    ``routing trace P``); ``required`` says what the file must be.
+
+    Raises:
+        PlanInputError: a file pyarrow cannot read as Parquet, naming it and pyarrow's reason.
+    """
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_schema(path) if schema_only else pq.read_table(path)
+    except Exception as e:  # pyarrow raises several types for unreadable files
+        raise PlanInputError(
+            f"{what}: not a readable Parquet file ({e})", tensor=str(path), found="not Parquet", required=required
+        ) from None
 
 
 def model_identity(pack) -> tuple[str, str]:
@@ -50,17 +70,7 @@ def read_profile_model(path: str | Path) -> tuple[str, str] | None:
     Raises:
         PlanInputError: a file that is not readable Parquet (as :func:`read_profile`).
     """
-    import pyarrow.parquet as pq
-
-    try:
-        meta = pq.read_schema(path).metadata or {}
-    except Exception as e:  # pyarrow raises several types for unreadable files
-        raise PlanInputError(
-            f"--expert-profile {path}: not a readable Parquet file ({e})",
-            tensor=str(path),
-            found="not Parquet",
-            required="a Parquet file with columns layer, expert, count",
-        ) from None
+    meta = read_parquet(path, f"--expert-profile {path}", PROFILE_REQUIRED, schema_only=True).metadata or {}
     if PROFILE_MODEL_KEY not in meta:
         return None
     return meta[PROFILE_MODEL_KEY].decode(), meta.get(PROFILE_MODEL_NAME_KEY, b"?").decode()
@@ -117,7 +127,6 @@ def read_profile(path: str | Path) -> list[tuple[int, int, int]]:
             a duplicated (layer, expert) pair (naming the rows). Rows are numbered from 0.
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     p = Path(path)
     if not p.exists():
@@ -125,24 +134,16 @@ def read_profile(path: str | Path) -> list[tuple[int, int, int]]:
             f"--expert-profile {path}: no such file",
             tensor=str(path),
             found="no such file",
-            required="a Parquet file with columns layer, expert, count",
+            required=PROFILE_REQUIRED,
         )
     if p.is_dir():
         raise PlanInputError(
             f"--expert-profile {path}: is a directory, not a Parquet file",
             tensor=str(path),
             found="a directory",
-            required="a Parquet file with columns layer, expert, count",
+            required=PROFILE_REQUIRED,
         )
-    try:
-        table = pq.read_table(p)
-    except Exception as e:  # pyarrow raises several types for unreadable files
-        raise PlanInputError(
-            f"--expert-profile {path}: not a readable Parquet file ({e})",
-            tensor=str(path),
-            found="not Parquet",
-            required="a Parquet file with columns layer, expert, count",
-        ) from None
+    table = read_parquet(p, f"--expert-profile {path}", PROFILE_REQUIRED)
     missing = [c for c in PROFILE_COLUMNS if c not in table.column_names]
     if missing:
         raise PlanInputError(

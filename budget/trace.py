@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import PlanInputError
+from .profile import read_parquet
 
 #: Columns of a routing trace (Parquet), each of an integer type.
 TRACE_COLUMNS = ("seq", "position", "layer", "expert")
@@ -125,7 +126,6 @@ def read_trace(path: str | Path) -> RoutingTrace:
             integer type or holds nulls, or a negative value (naming the column and the first row).
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     p = Path(path)
     req = "a Parquet file with integer columns seq, position, layer, expert"
@@ -133,15 +133,7 @@ def read_trace(path: str | Path) -> RoutingTrace:
         raise PlanInputError(
             f"routing trace {path}: no such file", tensor=str(path), found="no such file", required=req
         )
-    try:
-        table = pq.read_table(p)
-    except Exception as e:  # pyarrow raises several types for unreadable files
-        raise PlanInputError(
-            f"routing trace {path}: not a readable Parquet file ({e})",
-            tensor=str(path),
-            found="not Parquet",
-            required=req,
-        ) from None
+    table = read_parquet(p, f"routing trace {path}", req)
     missing = [c for c in TRACE_COLUMNS if c not in table.column_names]
     if missing:
         raise PlanInputError(
