@@ -310,6 +310,8 @@ class ExpertCounts:
     hits: int = 0
     misses: int = 0
     per_layer_misses: dict[int, int] = field(default_factory=dict)
+    #: of the misses, those the GPU read from the host tier over PCIe (the rest were computed on the CPU)
+    pcie: int = 0
 
 
 class ExpertPath:
@@ -340,12 +342,14 @@ class ExpertPath:
         self.exact, self.threads = self.kernel == "exact", threads
         self.counts = ExpertCounts()
         self._step: dict[int, list[int]] = {}
+        self._step_pcie = 0
         self.on_route: Callable[[int, list[int]], None] | None = None
 
     def reset_counts(self) -> None:
         """Zero the run's counts and the current step's (e.g. after a warm-up step)."""
         self.counts = ExpertCounts()
         self._step = {}
+        self._step_pcie = 0
 
     def miss_ffn(self, il: int, e: int, x):
         return self.source.ffn(il, e, x, threads=self.threads, act_quant=self.act_quant, kernel=self.kernel)
@@ -372,11 +376,13 @@ class ExpertPath:
             y = ye if y is None else y + ye
         return y
 
-    def count(self, il: int, hits: int, misses: int) -> None:
+    def count(self, il: int, hits: int, misses: int, pcie: int = 0) -> None:
         """Add one layer's routed experts to the counts (a path that splits hits and misses itself,
-        e.g. the fused GPU step)."""
+        e.g. the fused GPU step); ``pcie``: how many of the misses the GPU read from the host tier."""
         self.counts.hits += hits
         self.counts.misses += misses
+        self.counts.pcie += pcie
+        self._step_pcie += pcie
         if misses:
             self.counts.per_layer_misses[il] = self.counts.per_layer_misses.get(il, 0) + misses
         step = self._step.setdefault(il, [0, 0])
@@ -388,6 +394,11 @@ class ExpertPath:
         out = {il: (hm[0], hm[1]) for il, hm in sorted(self._step.items())}
         self._step = {}
         return out
+
+    def take_pcie(self) -> int:
+        """Misses read over PCIe from the host tier since the previous call (count of experts)."""
+        v, self._step_pcie = self._step_pcie, 0
+        return v
 
     def step_counts(self) -> tuple[int, int]:
         """(hits, misses) since the previous call (summed over layers; resets like :meth:`take_step`)."""

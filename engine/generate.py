@@ -40,7 +40,8 @@ class StepStat(BaseModel):
     sat idle waiting for the host); ``cpu_expert_ms`` = host wall time computing missed experts;
     ``wait_ms`` = host wall time blocked in device->host copies (router choices, a missed expert's
     input, the logits: each waits for the kernels queued before it). ``expert_layers``: per MoE
-    layer, ``[hits, misses]`` at this position (counts of routed experts)."""
+    layer, ``[hits, misses]`` at this position (counts of routed experts); ``expert_pcie``: of the misses, those
+    the GPU read from the host tier over PCIe (the rest ran on the CPU)."""
 
     position: int
     phase: str  # "prompt" (teacher-forced, no logits), "first" (last prompt position), "decode"
@@ -50,6 +51,7 @@ class StepStat(BaseModel):
     sample_ms: float = 0.0
     expert_hits: int = 0
     expert_misses: int = 0
+    expert_pcie: int = 0
     expert_layers: dict[int, list[int]] | None = None
     gpu_ms: float | None = None
     cpu_expert_ms: float | None = None
@@ -88,6 +90,7 @@ class GenerationResult(BaseModel):
     sampling: dict
     expert_hits: int = 0
     expert_misses: int = 0
+    expert_pcie: int = 0
     steps: list[StepStat] = Field(default_factory=list)
     checkpoints: list[Checkpoint] = Field(default_factory=list)
 
@@ -165,6 +168,7 @@ def decode(
             st.expert_layers = {il: list(hm) for il, hm in per_layer.items()}
             st.expert_hits = sum(h for h, _ in per_layer.values())
             st.expert_misses = sum(m for _, m in per_layer.values())
+            st.expert_pcie = experts.take_pcie()
         steps.append(st)
         if on_step:
             on_step(st)
@@ -264,6 +268,7 @@ def generate(
         sampling=sampler.describe() if hasattr(sampler, "describe") else {"mode": "custom"},
         expert_hits=sum(s.expert_hits for s in steps),
         expert_misses=sum(s.expert_misses for s in steps),
+        expert_pcie=sum(s.expert_pcie for s in steps),
         steps=steps,
         checkpoints=list(engine.checkpoints),
     )

@@ -122,7 +122,7 @@ def stats_line(s: StepStat, piece: Callable[[int], str] | None = None, gpu: bool
     if experts:
         per = " ".join(f"{il}:{h}/{m}" for il, (h, m) in sorted((s.expert_layers or {}).items()))
         line += (
-            f" | experts {s.expert_hits} hits / {s.expert_misses} misses (counts); "
+            f" | experts {s.expert_hits} hits / {s.expert_misses} misses, {s.expert_pcie} of them over PCIe (counts); "
             f"per layer hits/misses (counts): {per}"
         )
     return line
@@ -138,7 +138,8 @@ def _summary(r: GenerationResult) -> str:
         f"{r.prompt_seconds:.2f} s ({pps}, incl. the first generated token) | stop: {r.stop_reason}"
     )
     if r.expert_hits or r.expert_misses:
-        line += f" | experts: {r.expert_hits} hits / {r.expert_misses} misses (counts)"
+        line += f" | experts: {r.expert_hits} hits / {r.expert_misses} misses, {r.expert_pcie} of them over PCIe"
+        line += " (counts)"
     return line
 
 

@@ -341,7 +341,9 @@ def _generate(a: Measurement, eng, prompt: str, n_tokens: int) -> None:
         "decode_s": round(r.decode_seconds, 3),
         "expert_hits": r.expert_hits,
         "expert_misses": r.expert_misses,
-        "cpu_misses_per_token": round(r.expert_misses / steps, 2),
+        "expert_pcie": r.expert_pcie,
+        "cpu_misses_per_token": round((r.expert_misses - r.expert_pcie) / steps, 2),
+        "pcie_misses_per_token": round(r.expert_pcie / steps, 2),
         "hit_rate_measured": r.expert_hits / sel if sel else None,
     }
     profile = eng.options.profile

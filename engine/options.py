@@ -30,6 +30,8 @@ from .numerics import DEFAULT_NUMERICS
 
 #: The devices the engine runs on (``--device``); ``cuda`` and ``sim`` (its NumPy stand-in) live in strata.engine.gpu.
 DEVICES = ("cpu", "cuda", "sim")
+#: Where the GPU path's expert-cache misses run (``--miss-tier``; :class:`EngineOptions` ``miss_tier``).
+MISS_TIERS = ("auto", "pcie", "cpu")
 #: The most CPU kernel threads (ggml's GGML_MAX_N_THREADS); ``-t/--threads`` takes 1..MAX_THREADS.
 MAX_THREADS = 512
 
@@ -51,6 +53,11 @@ class EngineOptions:
             and stored as None / the int); ``profile``: ``(layer, expert, count)`` rows that fill the cache;
             ``vram_reserve_mib``: VRAM kept free (MiB); ``admit``: first-come admission of misses into free
             slots (default: on without a profile).
+        miss_tier: where the GPU path's cache misses run (``--miss-tier``, :data:`MISS_TIERS`): ``pcie`` (the
+            experts the cache does not hold are copied once into pinned host memory, the host tier, and the GPU
+            reads a miss from there with the kernel of a hit: the step never stops at the host), ``cpu`` (the host
+            computes each layer's misses between graph segments), ``auto`` (``pcie`` where the host tier fits the
+            host's available memory, else ``cpu``, said at start-up).
         cpu_kernel: the matvec kernels asked (``--kernel``), ``"q8"`` (llama.cpp's CPU numerics: activations
             quantized to Q8_0/Q8_K, integer dots), ``"exact"`` (the exact GPU kernels' summation order) or
             ``"f32"`` (CPU only) (:mod:`strata.engine.cpu.kernels`); None = the device's default
@@ -78,6 +85,7 @@ class EngineOptions:
     profile: list[tuple[int, int, int]] | None = None
     vram_reserve_mib: int = F.DEFAULT_RESERVE_MIB
     admit: bool | None = None
+    miss_tier: str = "auto"
     cpu_kernel: str | None = None
     threads: int | None = None
     graph: bool = True
@@ -132,6 +140,8 @@ class EngineOptions:
             raise ExpertCacheError(bad)
         object.__setattr__(self, "expert_cache", slots)
         check_mib("--vram-reserve-mib", self.vram_reserve_mib)
+        if self.miss_tier not in MISS_TIERS:
+            raise GenerateError(f"--miss-tier {self.miss_tier!r}: expected one of {', '.join(MISS_TIERS)}")
         gpu = self.device != "cpu"
         if self.stage_times and self.graph and gpu:
             raise StageTimesRefused(
@@ -264,4 +274,12 @@ def options_from_cli(
     return opts
 
 
-__all__ = ["DEVICES", "MAX_THREADS", "EngineOptions", "ResolvedOptions", "emulated_card", "options_from_cli"]
+__all__ = [
+    "DEVICES",
+    "MAX_THREADS",
+    "MISS_TIERS",
+    "EngineOptions",
+    "ResolvedOptions",
+    "emulated_card",
+    "options_from_cli",
+]

@@ -247,8 +247,13 @@ def load_engine(
     def cache_stage(note):
         if experts is not None:
             dev.open_expert_cache(experts, geom, opts, note)
-            # the shards' page tables filled in the background (no page fault when a miss first reads an expert)
-            note["shard prefetch"] = experts.source.prefetch()
+            # the shards' page tables filled in the background (no page fault when a miss first reads an expert);
+            # not with a host tier: the token path then reads no shard
+            note["shard prefetch"] = (
+                "not needed (every miss is read from the host tier)"
+                if note.get("host_tier_pairs")
+                else experts.source.prefetch()
+            )
         else:
             note["resident"] = "none (dense model)"
 

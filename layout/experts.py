@@ -62,3 +62,20 @@ def expert_hit_buffer_bytes(n_embd: int, n_ff_exp: int) -> int:
     """The expert hit path's preallocated f32 vectors: gate, up, and silu(gate) * up (``n_ff_exp``
     each) and the expert's output (``n_embd``)."""
     return F32_BYTES * (3 * n_ff_exp + n_embd)
+
+
+#: Host memory the engine leaves unpinned when it sizes the host tier (bytes): the host tier is built only where
+#: ``MemAvailable`` less this margin holds it (the OS, the page cache of the dense pool, the Python process).
+HOST_TIER_MARGIN_BYTES = 4 << 30
+
+
+def host_tier_bytes(n_pairs: int, slot_bytes: int) -> int:
+    """Pinned host memory of strata's host tier (bytes): the ``n_pairs`` (layer, expert) pairs the VRAM cache does not
+    hold, one expert-cache slot each (``slot_bytes``, :func:`expert_slot_bytes` of the largest layer), laid out as
+    the cache's slots so that the GPU reads a miss with the kernel and bytes of a hit (docs/DESIGN.md "Misses over
+    PCIe"). Worked example: Qwen3-30B-A3B's geometry (48 layers x 128 experts, n_embd 2048, n_ff_exp 768) with Q4_K
+    gate/up and Q6_K down: 884,736 + 884,736 + 1,290,240 = 3,059,712 B a slot; 4,000 slots leave 2,144 pairs:
+    2,144 x 3,059,712 = 6,560,022,528 B (6.11 GiB)."""
+    if n_pairs < 0 or slot_bytes < 0:
+        raise ValueError(f"host tier of {n_pairs} pairs x {slot_bytes} B: both must be >= 0")
+    return n_pairs * slot_bytes

@@ -35,12 +35,12 @@ from strata.packer.pack import Pack
 from ..core import Engine
 from ..decoder import Decoder, State
 from ..errors import ExpertCacheError, GenerateError, StageTimesRefused, StartupRefused
-from ..experts import ShardExperts, resident_pairs
+from ..experts import ShardExperts, mem_available, resident_pairs
 from ..loader import LoadPlan
 from ..options import ResolvedOptions
 from .backend import Backend, make_backend
 from .fused import FusedDecoder, FusedUnsupported, StageTimes, describe, fused_unsupported
-from .slots import GpuExpertPath, GpuStepProbe, SlotCache, SlotPlan
+from .slots import GpuExpertPath, GpuStepProbe, HostTier, HostTierError, SlotCache, SlotPlan
 from .weights import DeviceWeights
 
 
@@ -82,6 +82,9 @@ class GpuInfo:
     fused: bool = False  # the decode step is the fused one (else the generic per-layer path)
     draft_engine_bytes: int = 0  # the draft head's weights in engine form (stage "drafter")
     draft_bind_bytes: int = 0  # its bind buffers (stage "bind": strata.layout.buffers.draft_bind_bytes)
+    miss_tier: str = ""  # where misses run: "pcie" (the host tier, read by the GPU), "cpu", or "" (nothing misses)
+    host_tier_bytes: int = 0  # pinned host memory of the host tier (strata.layout.experts.host_tier_bytes)
+    host_tier_pairs: int = 0
     reserve_bytes: int = 0  # --vram-reserve-mib, kept free after start-up
     free_after_bytes: int = 0  # free at the end of start-up (measured; >= reserve_bytes, or the start is refused)
 
@@ -300,7 +303,8 @@ class GpuDevice:
         cache.admit_enabled = admit_on
         dec = self.decoder
         if dec is not None and dec.moe is not None:  # the fused step reads the slot table at replay
-            dec.moe.bind_cache(cache)
+            tier = self._host_tier(cache, opts, n_expert, note)
+            dec.moe.bind_cache(cache, tier)
             info.decode_path = describe(dec)
             info.launches_per_token = dec.launches_per_token(True)
             note["decode path"] = info.decode_path
@@ -320,6 +324,40 @@ class GpuDevice:
             f"{opts.vram_reserve_mib} MiB "
             f"reserved (+{bind / F.MIB:.1f} MiB for the draft head) -> {slots} slots"
         )
+
+    def _host_tier(self, cache: SlotCache, opts: ResolvedOptions, n_expert: int, note: dict) -> HostTier | None:
+        """The host tier of the pairs the cache does not hold (``--miss-tier``: ``auto`` and ``pcie`` build it,
+        ``cpu`` does not; :class:`~strata.engine.gpu.slots.HostTier`), or None.
+
+        Raises:
+            ExpertCacheError: ``--miss-tier pcie`` with a tier above the host's available memory (both numbers);
+                ``auto`` then leaves the misses to the CPU and says so in the start-up notes.
+        """
+        info = self.info
+        rest = [(il, e) for il in cache.source.layers for e in range(n_expert) if not cache.resident(il, e)]
+        if not rest:
+            info.miss_tier = ""
+            return None
+        if opts.miss_tier == "cpu":
+            info.miss_tier = note["miss tier"] = "cpu"
+            return None
+        avail = mem_available()
+        room = None if avail is None else max(avail - LX.HOST_TIER_MARGIN_BYTES, 0)
+        try:
+            tier = HostTier(cache, rest, cuda=self.bk.name == "cuda", avail=room)
+        except HostTierError as e:
+            if opts.miss_tier == "pcie":
+                raise ExpertCacheError(
+                    f"--miss-tier pcie: {e}; refusing (--miss-tier cpu computes misses on the CPU)"
+                ) from None
+            info.miss_tier = note["miss tier"] = f"cpu ({e})"
+            return None
+        assert tier.nbytes == LX.host_tier_bytes(len(rest), cache.slot_bytes)
+        info.miss_tier, info.host_tier_bytes, info.host_tier_pairs = "pcie", tier.nbytes, len(tier)
+        note["miss tier"] = "pcie (the GPU reads misses from the host tier)"
+        note["host_tier_bytes"] = tier.nbytes
+        note["host_tier_pairs"] = len(tier)
+        return tier
 
     # ------------------------------------------------------------------ the reserve and the drafter
 

@@ -340,6 +340,8 @@ class FusedDecoder:
                 1.0,
                 2 if post is not None else 1,
             )
+        if self.moe is not None:
+            self.moe.build_readback(add)
         y = mv(m.head, self.xn, "head")
         self.y = y
         bias = opt("output.bias")
@@ -363,11 +365,12 @@ class FusedDecoder:
 
     @property
     def hybrid(self) -> bool:
-        """True when a routed expert may miss (the host reads each MoE layer's routing and computes
-        the misses); False for dense models and when every expert is resident (one graph)."""
+        """True when the host computes a routed expert (it reads each MoE layer's routing and computes the
+        misses); False for dense models and when every expert is in a device slot or in the host tier (one graph:
+        the host reads the step's routing record after it)."""
         if self.moe is None:
             return False
-        return not self.moe.full or self.model.experts.on_route is not None
+        return not self.moe.full
 
     def launches(self, logits: bool = True, hybrid: bool | None = None) -> list[Launch]:
         """The step's launch list (without the head's entries when ``logits`` is False). The hybrid
@@ -488,8 +491,6 @@ class FusedDecoder:
         self.params_host[0] = pos
         self.model.w.host_row("token_embd.weight", int(token), self.row_host)
         hybrid = self.hybrid
-        if self.moe is not None and not hybrid:
-            self.moe.count_all_hits()
         if self.captured and self.graph_on and self.cuda:
             if not hybrid:
                 self.graphs[bool(logits)].launch(self.stream)
@@ -501,15 +502,20 @@ class FusedDecoder:
                         host.run()
         else:
             self._run_eager(bool(logits))
+        record = self.moe is not None and not hybrid  # the routing record is counted after the step
         if not self.cuda:
+            if record:
+                self.moe.take_record()
             return self.logits_host if logits else None
         self._done.record(self.stream)
-        if not logits:
+        if not logits and not record:
             return None
         t0 = time.perf_counter()
         self._done.synchronize()
         layers.HostWait.ms += (time.perf_counter() - t0) * 1000
-        return self.logits_host
+        if record:
+            self.moe.take_record()
+        return self.logits_host if logits else None
 
     def logit_summary(self) -> tuple[int, list[tuple[int, float]]]:
         """After a step with logits: ``(non-finite count, pairs)`` - the count of NaN / infinite logits and the
@@ -551,7 +557,14 @@ def describe(dec: FusedDecoder) -> str:
     if dec.moe is None:
         what, how = "fused dense step", graph if dec.graph_on else "eager"
     elif not dec.hybrid:
-        what, how = "fused MoE step, every expert resident", graph if dec.graph_on else "eager"
+        tier = dec.moe.tier
+        if tier is not None and len(tier):
+            what = (
+                f"fused MoE step, {len(dec.moe.cache)} experts in VRAM + {len(tier)} read over PCIe from the host tier"
+            )
+        else:
+            what = "fused MoE step, every expert resident"
+        how = graph if dec.graph_on else "eager"
     else:
         n = c["host"] // 2
         what = f"fused MoE step, hybrid ({n} MoE layers: the host reads the routing and computes misses)"

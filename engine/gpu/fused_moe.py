@@ -44,6 +44,7 @@ from .. import layers
 from ..recipe import MoEFFN
 from . import reference as R
 from .fused_ops import MoeIO
+from .slots import SIM_HOST_BASE
 
 #: Most experts one token may select (the routing kernel's shared table).
 MAX_EXPERTS_USED = 64
@@ -78,7 +79,10 @@ class MoeStep:
         self.probs = bk.empty_f32(E)
         self.weights = bk.empty_f32(K)
         self.bases = bk.empty_bytes(8 * 3 * K).view(np.uint64)
-        self.info = bk.empty_bytes(4 * 2 * K).view(np.int32)
+        # the step's routing record: per layer the selected ids then their slot_of values (int32 [n_layer, 2K]),
+        # copied to the host once, at the end of the step (counts, the routing hook, admission)
+        self.info_all = bk.empty_bytes(4 * 2 * K * h.n_layer).view(np.int32)
+        self.info_all[...] = 0
         self.GU = bk.empty_f32(2 * K * self.n_ff)  # gate outputs then up outputs: one batched launch fills both
         self.G, self.U = self.GU[: K * self.n_ff], self.GU[K * self.n_ff :]
         self.H = bk.empty_f32(K * self.n_ff)
@@ -89,12 +93,15 @@ class MoeStep:
         self.slot_of[...] = -1
         self.storage_ptr = bk.empty_bytes(8).view(np.uint64)
         self.storage_ptr[...] = 0
+        self.host_ptr = bk.empty_bytes(8).view(np.uint64)  # the host tier's mapped address (0: none)
+        self.host_ptr[...] = 0
         self.hq_stride = LS.q8_act_bytes(self.n_ff)  # the selected experts' quantized down inputs (q8 kernel)
         self.Hq = bk.empty_bytes(K * self.hq_stride)
         self.nbytes = (
             4 * (E + K + 3 * K * self.n_ff + K * n + n + 1 + h.n_layer * E)
             + 8 * 3 * K
-            + 4 * 2 * K
+            + 4 * 2 * K * h.n_layer
+            + 8
             + 8
             + K * self.hq_stride
         )
@@ -105,19 +112,24 @@ class MoeStep:
             self._xn_mem = cp.cuda.alloc_pinned_memory(4 * n)
             self._miss_mem = cp.cuda.alloc_pinned_memory(4 * K * n)
             self._slot_mem = cp.cuda.alloc_pinned_memory(4 * h.n_layer * E)
+            self._record_mem = cp.cuda.alloc_pinned_memory(4 * 2 * K * h.n_layer)
+            self.record_host = np.frombuffer(self._record_mem, np.int32, 2 * K * h.n_layer)
             self.info_host = np.frombuffer(self._info_mem, np.int32, 2 * K)
             self.xn_host = np.frombuffer(self._xn_mem, np.float32, n)
             self.miss_host = np.frombuffer(self._miss_mem, np.float32, K * n)
             # host mirror of slot_of: an admitted pair's entry is copied up from here (entries never change
             # once set - no eviction - so a copy still queued never reads a rewritten value)
             self.slot_host = np.frombuffer(self._slot_mem, np.int32, h.n_layer * E)
-            self.pinned_bytes = 4 * (2 * K + n + K * n + h.n_layer * E)
+            self.pinned_bytes = 4 * (2 * K + n + K * n + h.n_layer * E + 2 * K * h.n_layer)
         else:
+            self.record_host = np.zeros(2 * K * h.n_layer, np.int32)
             self.info_host = np.zeros(2 * K, np.int32)
             self.xn_host = np.zeros(n, np.float32)
             self.miss_host = np.zeros(K * n, np.float32)
             self.pinned_bytes = 0
         self.cache = None
+        self.tier = None  # the host tier (strata.engine.gpu.slots.HostTier), when misses are read over PCIe
+        self.record_pending = False  # a step's routing record not yet counted (a step without logits)
         self.n_pairs = len(self.layers) * E
         self._misses: list[tuple[int, int]] = []  # (k, expert) of the layer being run
 
@@ -130,6 +142,7 @@ class MoeStep:
         sf = f"L{il} ffn"
         K, n, nff = self.K, self.n_embd, self.n_ff
         logits = mv(tensor_name("ffn_gate_inp.weight", il), dec.xn, sf)
+        info = self.info_all[il * 2 * K : (il + 1) * 2 * K]
         M = MoeIO(
             il=il,
             logits=logits,
@@ -138,24 +151,25 @@ class MoeStep:
             norm=ffn.norm_weights,
             slot_of=self.slot_of,
             storage_ptr=self.storage_ptr,
+            host_ptr=self.host_ptr,
             slot_bytes=self.slot_bytes,
             offsets=self.offsets[il],
             probs=self.probs,
             weights=self.weights,
             bases=self.bases,
-            info=self.info,
+            info=info,
         )
         add(f"moe_route L{il}", sf, ops.moe_route(M))
         if dec.cuda:
-            add(f"copy routing L{il} to host", sf, ops.d2h(self._info_mem.ptr, self.info, 4 * 2 * K), "host")
+            add(f"copy routing L{il} to host", sf, ops.d2h(self._info_mem.ptr, info, 4 * 2 * K), "host")
             add(f"copy x L{il} to host", sf, ops.d2h(self._xn_mem.ptr, dec.xn, 4 * n), "host")
         else:
-            add(f"copy routing L{il} to host", sf, ops.d2h(self.info_host, self.info, 4 * 2 * K), "host")
+            add(f"copy routing L{il} to host", sf, ops.d2h(self.info_host, info, 4 * 2 * K), "host")
             add(f"copy x L{il} to host", sf, ops.d2h(self.xn_host, dec.xn, 4 * n), "host")
         add(f"route L{il}", sf, lambda: self.on_route(il), "route")
         gt, ut, dt = self.source.types(il)
         pb = self.part_bytes[il]
-        store = self._storage
+        store = self._bytes_at
         fg, fu, fd = dec.q8_format(gt), dec.q8_format(ut), dec.q8_format(dt)
 
         def xn_q8(fmt, what):  # the layer's input quantized for the q8 kernel of the parts that follow
@@ -242,28 +256,48 @@ class MoeStep:
         add(f"moe_combine L{il}", sf, ops.moe_combine(self.D, self.weights, K, n, S, gdot, self.y))
         return self.y
 
-    def _storage(self):
-        """The sim backend's slot storage (its matvec reads experts by offset into it)."""
-        return self.cache.storage if self.cache is not None else np.zeros(0, np.uint8)
+    def build_readback(self, add) -> None:
+        """Add the end-of-step copy of the routing record (every MoE layer's ids and slot_of values) to pinned
+        host memory: the host counts hits and misses, feeds the routing hook and admits from it after the step
+        (:meth:`take_record`), without stopping the step."""
+        ops, nb = self.dec._ops, 4 * int(self.info_all.size)
+        dst = self._record_mem.ptr if self.dec.cuda else self.record_host
+        add("copy routing record to host", "routing record", ops.d2h(dst, self.info_all, nb), "memcpy")
+
+    def _bytes_at(self, address: int, nbytes: int):
+        """The sim's memory at a sim address (1 + offset: the slot storage; from :data:`SIM_HOST_BASE`: the host
+        tier): what its batched matvec reads."""
+        if address >= SIM_HOST_BASE:
+            o = address - SIM_HOST_BASE
+            return self.tier.storage[o : o + nbytes]
+        return self.cache.storage[address - 1 : address - 1 + nbytes]
 
     # ------------------------------------------------------------ the expert cache
 
-    def bind_cache(self, cache) -> None:
-        """Connect the expert cache: its device address and the slot of every resident pair."""
-        self.cache = cache
+    def bind_cache(self, cache, tier=None) -> None:
+        """Connect the expert cache and the host tier (:class:`~strata.engine.gpu.slots.HostTier`, or None): the
+        device address of each and the slot table: a resident pair's slot (>= 0), a host-tier pair's ``-2 - h``,
+        -1 for the rest (computed by the host)."""
+        self.cache, self.tier = cache, tier
         table = np.full(self.model.hp.n_layer * self.E, -1, dtype=np.int32)
+        if tier is not None:
+            for (il, e), h in tier.where.items():
+                table[il * self.E + e] = -2 - h
         for (il, e), s in cache.where.items():
             table[il * self.E + e] = s
         bk = self.bk
+        host = tier.address if tier is not None and len(tier) else 0
         if self.dec.cuda:
             self.slot_host[:] = table
             self.slot_of.set(table)
             ptr = cache.storage.data.ptr if cache.storage is not None else 0
             self.storage_ptr.set(np.array([ptr], dtype=np.uint64))
+            self.host_ptr.set(np.array([host], dtype=np.uint64))
             bk.synchronize()
         else:
             self.slot_of[...] = table
             self.storage_ptr[...] = 1  # sim addresses: 1 + offset into the storage (0 = a miss)
+            self.host_ptr[...] = host
         if cache.slot_bytes != self.slot_bytes:
             raise AssertionError(f"slot stride {cache.slot_bytes} B != the fused step's {self.slot_bytes} B")
         cache.on_admit = self._admitted
@@ -287,14 +321,29 @@ class MoeStep:
 
     @property
     def full(self) -> bool:
-        """Every (layer, expert) pair resident: no token can miss."""
-        return self.cache is not None and len(self.cache.where) >= self.n_pairs
+        """Every (layer, expert) pair readable by the kernels (in a device slot or in the host tier): the step
+        never stops at the host."""
+        if self.cache is None:
+            return False
+        n = len(self.cache.where) + (len(self.tier) if self.tier is not None else 0)
+        return n >= self.n_pairs
 
-    def count_all_hits(self) -> None:
-        """Count one step with every expert resident (the full graph reads no routing back)."""
-        ex = self.model.experts
+    def take_record(self) -> None:
+        """After a step of the one-graph path has finished: count its routing record (hits, misses read over
+        PCIe: counts of experts), feed the routing hook, and admit host-tier misses into free slots."""
+        self.record_pending = False
+        ex, K, rec = self.model.experts, self.K, self.record_host
         for il in self.layers:
-            ex.count(il, self.K, 0)
+            row = rec[il * 2 * K : (il + 1) * 2 * K]
+            slots = row[K:]
+            hits = int((slots >= 0).sum())
+            if ex.on_route is not None:
+                ex.on_route(il, [int(i) for i in row[:K]])
+            ex.count(il, hits, K - hits, pcie=int((slots <= -2).sum()))
+            if K - hits and self.cache is not None and self.cache.admit_enabled and self.cache.free_slots:
+                for k in range(K):
+                    if slots[k] < 0:
+                        self.cache.admit(il, int(row[k]))
 
     # ------------------------------------------------------------ the host side of the hybrid path
 
@@ -309,11 +358,12 @@ class MoeStep:
         K = self.K
         ids = [int(i) for i in self.info_host[:K]]
         slots = self.info_host[K : 2 * K]
-        self._misses = [(k, ids[k]) for k in range(K) if slots[k] < 0]
+        self._misses = [(k, ids[k]) for k in range(K) if slots[k] == -1]  # <= -2: the kernels read the host tier
         ex = self.model.experts
         if ex.on_route is not None:
             ex.on_route(il, ids)
-        ex.count(il, K - len(self._misses), len(self._misses))
+        hits = int((slots >= 0).sum())
+        ex.count(il, hits, K - hits, pcie=K - hits - len(self._misses))
 
     def miss_kernel(self, asked: str) -> str:
         """The CPU kernel of a miss: with the step's q8 numerics ``"q8-exact"`` (q8 for the types the GPU runs q8,

@@ -78,9 +78,11 @@ MAX_GROUP = 4
 class MoeIO:
     """Everything one layer's routed experts read and write (device arrays; :meth:`CudaOps.moe_route`).
 
-    ``slot_of``: int32 ``[n_layer * n_expert]`` (-1: not resident); ``storage_ptr``: one u64, the
-    expert cache's device address (written when the cache exists, so a graph captured before it
-    reads it at replay); ``offsets``: the layer's gate/up/down offsets inside a slot (bytes)."""
+    ``slot_of``: int32 ``[n_layer * n_expert]`` (>= 0: a device slot; <= -2: host-tier slot ``-2 - v``; -1: not
+    resident anywhere the kernels read, the host computes it); ``storage_ptr`` / ``host_ptr``: one u64 each, the
+    expert cache's device address and the host tier's mapped address (written when they exist, so a graph captured
+    before reads them at replay); ``offsets``: the layer's gate/up/down offsets inside a slot (bytes); ``info``:
+    int32 ``[2 * k]``, the selected ids then their ``slot_of`` values (the layer's row of the step's routing record)."""
 
     il: int
     logits: Any
@@ -89,6 +91,7 @@ class MoeIO:
     norm: bool
     slot_of: Any
     storage_ptr: Any
+    host_ptr: Any
     slot_bytes: int
     offsets: tuple[int, int, int]
     probs: Any
@@ -406,6 +409,7 @@ class CudaOps:
                 M.slot_of,
                 np.int32(M.il),
                 M.storage_ptr,
+                M.host_ptr,
                 np.int64(M.slot_bytes),
                 np.int64(M.offsets[0]),
                 np.int64(M.offsets[1]),

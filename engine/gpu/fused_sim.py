@@ -129,12 +129,12 @@ class SimOps:
         def run():
             ids, w = layers.route_topk(np, M.logits, M.k, norm=M.norm)
             M.weights[...] = w
-            base = int(M.storage_ptr[0])
+            base, host = int(M.storage_ptr[0]), int(M.host_ptr[0])
             for k, e in enumerate(ids):
                 slot = int(M.slot_of[M.il * M.n_expert + e])
-                b = base + slot * M.slot_bytes if slot >= 0 else 0
+                b = base + slot * M.slot_bytes if slot >= 0 else host + (-2 - slot) * M.slot_bytes if slot <= -2 else 0
                 for j in range(3):
-                    M.bases[j * M.k + k] = b + M.offsets[j] if slot >= 0 else 0
+                    M.bases[j * M.k + k] = b + M.offsets[j] if slot != -1 else 0
                 M.info[k], M.info[M.k + k] = e, slot
 
         return run
@@ -144,14 +144,13 @@ class SimOps:
         mv = bk.matvec if xq is None else bk.matvec_q8
 
         def run():
-            # sim addresses: 1 + byte offset into the slot storage (0: a miss, skipped)
-            store = storage()
+            # sim addresses (storage(address, nbytes) reads them): 0 is a miss, skipped
             for item in range(int(bases.size)):
                 b = int(bases[item])
                 if b == 0:
                     continue
                 x = X[item * x_stride : item * x_stride + ne0] if x_stride else X[:ne0]
-                out[item * rows : (item + 1) * rows] = mv(type_id, store[b - 1 : b - 1 + nbytes], rows, ne0, x)
+                out[item * rows : (item + 1) * rows] = mv(type_id, storage(b, nbytes), rows, ne0, x)
 
         return run
 

@@ -112,12 +112,17 @@ class SlotCache:
     def free_slots(self) -> int:
         return self.n_slots - len(self.where)
 
+    def engine_parts(self, il: int, e: int) -> Iterable[tuple[PartLayout, np.ndarray]]:
+        """Expert ``e`` of layer ``il`` in engine form: ``(part layout, bytes)`` for gate, up, down, converted from
+        the memory-mapped shard (:func:`strata.engine.engine_form.to_engine_form`)."""
+        for part, raw in zip(self.layouts[il], self.source.raw(il, e)):
+            ne = (part.ne0, part.rows)
+            yield part, EF.to_engine_form(raw, part.type_id, part.type_id, ne, name=f"blk.{il} expert {e}")
+
     def _load(self, il: int, e: int) -> None:
         s = len(self.where)
         base = s * self.slot_bytes
-        raws = self.source.raw(il, e)
-        for part, raw in zip(self.layouts[il], raws):
-            ef = EF.to_engine_form(raw, part.type_id, part.type_id, (part.ne0, part.rows), name=f"blk.{il} expert {e}")
+        for part, ef in self.engine_parts(il, e):
             dst = self.storage[base + part.offset : base + part.offset + part.nbytes]
             self.backend.copy_into(dst, ef)
         self.where[(il, e)] = s
@@ -159,6 +164,66 @@ class SlotCache:
         u = bk.matvec(u_l.type_id, self._view(s, u_l), u_l.rows, u_l.ne0, x, out=ub)
         h = bk.silu_mul(g, u, out=hb)
         return bk.matvec(d_l.type_id, self._view(s, d_l), d_l.rows, d_l.ne0, h, out=yb)
+
+
+#: The sim's addresses of the host tier start here (the device slots' are 1 + offset; 0 is a miss).
+SIM_HOST_BASE = 1 << 48
+
+#: cudaHostAllocPortable | cudaHostAllocMapped (CUDA runtime API, cudaHostAlloc flags): pinned pages every
+#: context may use, mapped into the device's address space (with UVA the device address is the host address).
+HOST_ALLOC_FLAGS = 1 | 2
+
+
+class HostTierError(MemoryError):
+    """A host tier that does not fit the host's available memory (both numbers in the message)."""
+
+
+class HostTier:
+    """The experts the VRAM cache does not hold, in engine form, in pinned host memory mapped into the
+    device's address space: the fused step's batched matvecs read a miss from here over PCIe with the same
+    kernel and the same bytes as a hit (docs/DESIGN.md "Misses over PCIe"), so the step never stops at the host.
+
+    Laid out as the cache's slots (:func:`strata.layout.experts.expert_slot_layout`, stride ``slot_bytes``):
+    host slot ``h`` of pair ``pairs[h]`` at byte ``h * slot_bytes``; ``nbytes = len(pairs) * slot_bytes``
+    pinned bytes (a host-memory term of the plan, :func:`strata.layout.experts.host_tier_bytes`). One
+    allocation, made and filled once at start-up; nothing is evicted from it.
+
+    ``address``: the device address of byte 0 (CUDA) or :data:`SIM_HOST_BASE` (sim); ``storage``: the bytes
+    as a host NumPy array (uint8).
+
+    Raises:
+        HostTierError: ``nbytes`` above ``avail`` (the host's available memory, bytes), both numbers named.
+    """
+
+    def __init__(self, cache: SlotCache, pairs: list[tuple[int, int]], *, cuda: bool, avail: int | None):
+        self.slot_bytes = cache.slot_bytes
+        self.pairs = list(pairs)
+        self.nbytes = len(self.pairs) * self.slot_bytes
+        if avail is not None and self.nbytes > avail:
+            raise HostTierError(
+                f"host tier: {len(self.pairs)} experts x {self.slot_bytes} B = {self.nbytes} B "
+                f"({self.nbytes / 2**30:.2f} GiB) of pinned host memory, above the {avail} B "
+                f"({avail / 2**30:.2f} GiB) available (MemAvailable less the margin)"
+            )
+        self._mem = None
+        if cuda and self.nbytes:
+            import cupy as cp
+
+            self._mem = cp.cuda.PinnedMemory(self.nbytes, HOST_ALLOC_FLAGS)
+            self.storage = np.frombuffer(self._mem, np.uint8, self.nbytes)
+            self.address = int(cp.cuda.runtime.hostGetDevicePointer(self._mem.ptr, 0))
+        else:
+            self.storage = np.zeros(self.nbytes, np.uint8)
+            self.address = SIM_HOST_BASE
+        self.where: dict[tuple[int, int], int] = {}
+        for h, (il, e) in enumerate(self.pairs):
+            base = h * self.slot_bytes
+            for part, ef in cache.engine_parts(il, e):
+                self.storage[base + part.offset : base + part.offset + part.nbytes] = np.frombuffer(ef, np.uint8)
+            self.where[(il, e)] = h
+
+    def __len__(self) -> int:
+        return len(self.pairs)
 
 
 class GpuExpertPath(ExpertPath):
@@ -236,4 +301,14 @@ class GpuStepProbe:
         return {"gpu_ms": gpu, "cpu_expert_ms": cpu, "wait_ms": layers.HostWait.take()}
 
 
-__all__ = ["GpuExpertPath", "GpuStepProbe", "PartLayout", "SlotCache", "SlotPlan"]
+__all__ = [
+    "HOST_ALLOC_FLAGS",
+    "SIM_HOST_BASE",
+    "GpuExpertPath",
+    "GpuStepProbe",
+    "HostTier",
+    "HostTierError",
+    "PartLayout",
+    "SlotCache",
+    "SlotPlan",
+]

@@ -240,12 +240,15 @@ extern "C" __global__ void logit_post(float* __restrict__ y, const float* __rest
 // divide); the K most probable experts, iterated block argmax (lowest id on ties); their weights
 // p[id], divided by their sum (k order, clamped below at 6.103515625e-5) when norm. Then the cache
 // lookup: slot = slot_of[layer * n_expert + id]; the part addresses of expert k are
-// bases[k] (gate), bases[K + k] (up), bases[2K + k] (down) = storage + slot * slot_bytes + offset,
-// or 0 for a miss (matvec_batched skips a 0 base; the host fills that row). info[k] = id,
-// info[K + k] = slot (-1: miss). probs: scratch of n_expert floats. storage: device u64 at *storage_ptr.
+// bases[k] (gate), bases[K + k] (up), bases[2K + k] (down) = storage + slot * slot_bytes + offset for a
+// slot >= 0 (device memory), host + (-2 - slot) * slot_bytes + offset for a slot <= -2 (the host tier: mapped
+// pinned host memory the same kernels read over PCIe), 0 for -1 (a miss the host fills: matvec_batched skips a
+// 0 base). info[k] = id, info[K + k] = slot. probs: scratch of n_expert floats. storage / host: device u64s at
+// *storage_ptr / *host_ptr (written after capture, read at replay).
 extern "C" __global__ void moe_route(const float* __restrict__ logits, const int n_expert, const int K,
                                      const int norm, const int* __restrict__ slot_of, const int layer,
-                                     const unsigned long long* __restrict__ storage_ptr, const long long slot_bytes,
+                                     const unsigned long long* __restrict__ storage_ptr,
+                                     const unsigned long long* __restrict__ host_ptr, const long long slot_bytes,
                                      const long long off_g, const long long off_u, const long long off_d,
                                      float* __restrict__ probs, float* __restrict__ weights,
                                      unsigned long long* __restrict__ bases, int* __restrict__ info) {
@@ -296,16 +299,19 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, const int
         float s = 0.0f;
         for (int k = 0; k < K; ++k) s = s + probs[chosen[k]];
         s = fmaxf(s, 6.103515625e-5f);
-        const unsigned long long storage = *storage_ptr;
+        const unsigned long long storage = *storage_ptr, host = *host_ptr;
         for (int k = 0; k < K; ++k) {
             const int e = chosen[k];
             const float p = probs[e];
             weights[k] = norm ? p / s : p;
             const int slot = slot_of[(long long)layer * n_expert + e];
-            const unsigned long long b = slot >= 0 ? storage + (unsigned long long)slot * slot_bytes : 0ull;
-            bases[k] = slot >= 0 ? b + off_g : 0ull;
-            bases[K + k] = slot >= 0 ? b + off_u : 0ull;
-            bases[2 * K + k] = slot >= 0 ? b + off_d : 0ull;
+            const bool any = slot != -1;
+            const unsigned long long b = slot >= 0    ? storage + (unsigned long long)slot * slot_bytes
+                                         : slot <= -2 ? host + (unsigned long long)(-2 - slot) * slot_bytes
+                                                      : 0ull;
+            bases[k] = any ? b + off_g : 0ull;
+            bases[K + k] = any ? b + off_u : 0ull;
+            bases[2 * K + k] = any ? b + off_d : 0ull;
             info[k] = e;
             info[K + k] = slot;
         }
