@@ -64,6 +64,7 @@ JSON_KEYS = (
     "slots_fit",
     "slots_cap",
     "expert_cache_bytes",
+    "host_tier_bytes",
     "refused",
     "kv_bytes_per_token_window_layers",
     "dense_types",
@@ -306,6 +307,11 @@ def _verdict(audit: AuditResult, plan: Plan | None) -> str:
         f"{plan.slots} expert slots ({_mib(plan.expert_cache_bytes)} MiB"
         + (f", expected hit rate {plan.profile.expected_hit_rate:.1%} in-sample" if plan.profile else "")
         + ")"
+        + (
+            f", the other experts in a {_mib(plan.host_tier_bytes)} MiB host tier (pinned host memory)"
+            if plan.host_tier_bytes
+            else ""
+        )
         if plan.max_blob
         else "no routed experts"
     )
@@ -350,6 +356,7 @@ def to_json(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float)
                 "slots_fit": plan.slots_fit,
                 "slots_cap": plan.slots_cap,
                 "expert_cache_bytes": plan.expert_cache_bytes,
+                "host_tier_bytes": plan.host_tier_bytes,
                 "refused": plan.refused,
                 "kv_bytes_per_token_window_layers": plan.kv_bytes_per_token_window_layers,
                 "dense_types": [r.model_dump() for r in plan.types],

@@ -21,6 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from strata.layout import engine_form as LE
+from strata.layout import experts as LX
 from strata.layout import kv as LK
 
 from . import engine_terms as ET
@@ -109,6 +110,9 @@ class Plan(BaseModel):
     slots_fit: int  # the most slots that fit (= slots when automatic)
     slots_cap: int | None
     expert_cache_bytes: int
+    #: strata's engine: pinned host memory of the host tier (the pairs the slots do not hold, one slot each:
+    #: strata.layout.experts.host_tier_bytes; what ``--miss-tier pcie`` / ``auto`` pins; 0 for the C++ engine)
+    host_tier_bytes: int = 0
     used_bytes: int  # sum of the terms, expert cache included
     left_bytes: int  # card - used (>= reserve when the plan fits)
     fits: bool
@@ -403,6 +407,11 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         slots_fit=slots_fit,
         slots_cap=cap,
         expert_cache_bytes=cache,
+        host_tier_bytes=(
+            LX.host_tier_bytes(max(facts.expert_pairs - slots, 0), blob)
+            if o.engine == "strata" and facts.expert_layers
+            else 0
+        ),
         used_bytes=used,
         left_bytes=card.total_bytes - used,
         fits=fits,

@@ -66,10 +66,16 @@ class Measurement(BaseModel):
     checkpoints_s: dict[str, float] = Field(default_factory=dict)
     stages: dict[str, dict[str, int]] = Field(default_factory=dict)  # per stage: used / pool / outside-pool growth
     generation: dict[str, float | int | str | None] = Field(default_factory=dict)
+    #: the host tier (pinned host memory, bytes): the plan's at the engine's slots, and what the engine pinned
+    #: (0 with ``--miss-tier cpu`` or where every expert is resident)
+    host_tier_predicted_bytes: int = 0
+    host_tier_bytes: int = 0
+    miss_tier: str = ""
 
     @property
     def exact_ok(self) -> bool:
-        return all(t.diff_bytes == 0 for t in self.terms if t.exact)
+        tier_ok = self.miss_tier != "pcie" or self.host_tier_bytes == self.host_tier_predicted_bytes
+        return tier_ok and all(t.diff_bytes == 0 for t in self.terms if t.exact)
 
     @property
     def total_diff_bytes(self) -> int:
@@ -194,6 +200,9 @@ def _compare(pack, eng, facts) -> Measurement:
         predicted_slots=auto.slots if auto is not None and o.expert_cache is None else None,
         reserve_bytes=g.reserve_bytes,
         free_after_bytes=g.free_after_bytes,
+        host_tier_predicted_bytes=plan.host_tier_bytes,
+        host_tier_bytes=g.host_tier_bytes,
+        miss_tier=g.miss_tier,
     )
     end = marks[eng.checkpoints[-1].name]
     cache_bytes = g.slot_plan.cache_bytes if g.slot_plan else 0
@@ -319,6 +328,14 @@ def _notes(a: Measurement, g, plan, auto, facts) -> None:
         f"{'at least' if a.reserve_ok else 'UNDER'} the {a.reserve_bytes / F.MIB:.0f} MiB reserve (measured)"
     )
     a.notes.append(f"decode path: {a.decode_path}; the budget reads it as {plan.decode_path}")
+    if a.miss_tier == "pcie":
+        same = "equal" if a.host_tier_bytes == a.host_tier_predicted_bytes else "DIFFERENT"
+        a.notes.append(
+            f"host tier (pinned host memory): the engine pinned {a.host_tier_bytes} B, strata-budget check plans "
+            f"{a.host_tier_predicted_bytes} B at {a.slots} slots ({same}; exact)"
+        )
+    elif a.miss_tier:
+        a.notes.append(f"misses: {a.miss_tier}")
     a.notes.append(
         f"measured total = cudaMemGetInfo used at the end of start-up = the measured column's sum; "
         f"the warm-up took {g.runtime_bytes} B outside the pool and grew it by {g.warmup_pool_bytes} B"

@@ -70,10 +70,10 @@ def fused_step_bytes(
     probabilities (``n_expert``), the selected weights (``n_expert_used``), gate, up and activation of the
     selected experts (``3 x n_expert_used x n_ff_exp``), their outputs (``n_expert_used x n_embd``), the
     combined row (``n_embd``), the shared gate (1) and the slot table (``n_layer x n_expert``) in f32 / int32,
-    the three part addresses per selected expert (u64), the routing ids and slots (int32), the cache's address
-    (u64) and the selected experts' quantized down-projection inputs (``n_expert_used x
-    q8_act_bytes(n_ff_exp)``). The one definition of the budget's "prefill/activations" term on the fused
-    path; tests check it against the engine's."""
+    the three part addresses per selected expert (u64), the routing record (every layer's ids and slots:
+    ``n_layer x 2 x n_expert_used`` int32), the cache's and the host tier's addresses (u64 each) and the
+    selected experts' quantized down-projection inputs (``n_expert_used x q8_act_bytes(n_ff_exp)``). The one
+    definition of the budget's "prefill/activations" term on the fused path; tests check it against the engine's."""
     dense = (
         F32_BYTES
         * (2 * n_embd + n_head * head_dim + n_head * head_dim_v + max(n_ff_max, 1) + n_head * kv_positions_max)
@@ -90,7 +90,8 @@ def fused_step_bytes(
         dense
         + 4 * (E + K + 3 * K * n_ff_exp + K * n + n + 1 + n_layer * E)
         + 8 * 3 * K
-        + 4 * 2 * K
+        + 4 * 2 * K * n_layer
+        + 8
         + 8
         + K * q8_act_bytes(n_ff_exp)
     )

@@ -156,20 +156,28 @@ def test_sim_new_expert_types_hit_and_miss_identical(packs):
     assert _run(load_engine(packs["moe_new"], n_ctx=64, cpu_kernel="exact")).output_ids == runs[0].output_ids
 
 
-def test_sim_stats_per_layer_counts_and_timers(packs):
-    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=12)
+@pytest.mark.parametrize("tier", ["cpu", "pcie"])
+def test_sim_stats_per_layer_counts_and_timers(packs, tier):
+    """--stats per position: per-layer hits/misses (counts), the misses read over PCIe (the host tier) or run on
+    the CPU (cpu-experts ms > 0 only then)."""
+    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=12, miss_tier=tier)
     r = generate(eng, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True, stats=True)
     n_used = int(eng.geometry["n_expert_used"])
     for s in r.steps:
         assert sorted(s.expert_layers) == [0, 1, 2]
         assert all(h + m == n_used for h, m in s.expert_layers.values())
         assert s.expert_hits == sum(h for h, _ in s.expert_layers.values())
+        assert s.expert_pcie == (s.expert_misses if tier == "pcie" else 0)
         assert s.gpu_ms is None and s.cpu_expert_ms is not None and s.wait_ms is not None  # sim: no device clock
-    assert sum(s.cpu_expert_ms for s in r.steps) > 0  # misses ran on the CPU
+    assert r.expert_misses > 0 and r.expert_pcie == sum(s.expert_pcie for s in r.steps)
+    cpu_ms = sum(s.cpu_expert_ms for s in r.steps)
+    assert cpu_ms > 0 if tier == "cpu" else cpu_ms == 0  # misses ran on the CPU / none did
     from strata.engine.generate_cli import stats_line
 
-    line = stats_line(r.steps[-1], None, gpu=True, experts=True)
+    s = r.steps[-1]
+    line = stats_line(s, None, gpu=True, experts=True)
     assert "ms (wall)" in line and "gpu n/a ms (event span)" in line and "per layer hits/misses (counts): 0:" in line
+    assert f"{s.expert_misses} misses, {s.expert_pcie} of them over PCIe (counts)" in line
 
 
 @pytest.mark.parametrize("name", ["moe", "gemma3", "qwen2"])

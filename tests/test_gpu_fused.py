@@ -283,18 +283,21 @@ def _moe(packs, **kw):
 
 
 def test_sim_fused_moe_equals_generic_bitwise_for_any_cache(packs):
-    """Routing on the device, batched expert matvecs from the slots, misses from the CPU: the logits
-    equal the generic per-layer path's bit for bit (the same matvec replica, the same combine order)
-    whatever the cache holds - none, half (the hybrid path), all (one graph) - and the tokens equal
-    the CPU path's."""
+    """Routing on the device, batched expert matvecs from the slots, misses from the CPU (``--miss-tier cpu``) or
+    read by the same kernels from the host tier (``pcie``): the logits equal the generic per-layer path's bit for
+    bit (the same matvec replica, the same combine order) whatever the cache holds - none, half (the hybrid path
+    on the CPU tier; one graph on the PCIe tier), all (one graph) - and the tokens equal the CPU path's."""
     ids = _ids(20)
     ref = _logits_per_position(_moe(packs, fused=False, expert_cache=0), ids)
-    for ec, resident in ((0, "all"), ("auto", "half"), ("auto", "all")):
-        eng = _moe(packs, expert_cache=ec, resident=resident)
-        assert eng.decoder is not None and eng.decoder.moe is not None
-        assert eng.decoder.hybrid == (resident != "all" or ec == 0)
-        got = _logits_per_position(eng, ids)
-        assert all(np.array_equal(a, b) for a, b in zip(ref, got)), (ec, resident)
+    for tier in ("cpu", "pcie"):
+        for ec, resident in ((0, "all"), ("auto", "half"), ("auto", "all")):
+            eng = _moe(packs, expert_cache=ec, resident=resident, miss_tier=tier)
+            assert eng.decoder is not None and eng.decoder.moe is not None
+            assert eng.decoder.hybrid == (tier == "cpu" and (resident != "all" or ec == 0))
+            n_tier = len(eng.decoder.moe.tier) if eng.decoder.moe.tier is not None else 0
+            assert n_tier == (0 if tier == "cpu" else eng.decoder.moe.n_pairs - len(eng.experts.cache))
+            got = _logits_per_position(eng, ids)
+            assert all(np.array_equal(a, b) for a, b in zip(ref, got)), (tier, ec, resident)
     cpu = generate(
         load_engine(packs["moe"], n_ctx=48, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True
     )
@@ -331,10 +334,11 @@ def test_sim_cache_plumbing_q8_logits_equal_for_empty_half_full_cache(packs, nam
 
     full_eng, full, full_routes = run()
     assert full_eng.decoder.kernel == "q8" and full_eng.decoder.moe.miss_kernel(full_eng.experts.kernel) == "q8-exact"
-    for kw in ({"expert_cache": 0}, {"resident": "half"}):
-        eng, got, routes = run(**kw)
-        assert eng.decoder.hybrid and routes == full_routes, (name, kw)
-        assert all(a.tobytes() == b.tobytes() for a, b in zip(full, got)), (name, kw)
+    for tier in ("cpu", "pcie"):
+        for kw in ({"expert_cache": 0}, {"resident": "half"}):
+            eng, got, routes = run(miss_tier=tier, **kw)
+            assert eng.decoder.hybrid == (tier == "cpu") and routes == full_routes, (name, tier, kw)
+            assert all(a.tobytes() == b.tobytes() for a, b in zip(full, got)), (name, tier, kw)
     exact = run(cpu_kernel="exact")[1]  # and the q8 numerics are not the exact ones (the test can fail)
     assert any(a.tobytes() != b.tobytes() for a, b in zip(full, exact))
 
@@ -342,23 +346,35 @@ def test_sim_cache_plumbing_q8_logits_equal_for_empty_half_full_cache(packs, nam
 def test_sim_fused_moe_launches_hybrid_and_full(packs):
     """Per MoE layer: q/k/v (one matvec_group launch), qk_prep, attn, out, norm; router, moe_route,
     gate + up of the selected experts (one batched launch; the preset's types agree per layer), silu_mul,
-    down, moe_combine, norm = 12 kernels (the step's head: 4 kernels and 3 copies, test_fused_launch_count). The
-    hybrid path adds 2 copies (routing, input) and 2 host
-    points per layer; with every expert resident the step is the full list: no host point."""
+    down, moe_combine, norm = 12 kernels (the step's head: 4 kernels and 3 copies, test_fused_launch_count; the
+    routing record: 1 copy). The hybrid path (``--miss-tier cpu``) adds 2 copies (routing, input) and 2 host
+    points per layer; with every expert resident, or the rest in the host tier (``pcie``), the step is the full
+    list: no host point."""
     full = _moe(packs, expert_cache="auto", resident="all")
-    hyb = _moe(packs, expert_cache="auto", resident="half")
+    hyb = _moe(packs, expert_cache="auto", resident="half", miss_tier="cpu")
+    tier = _moe(packs, expert_cache="auto", resident="half", miss_tier="pcie")
     L = full.model.hp.n_layer
-    assert full.decoder.launches_per_token(True) == {"kernels": 12 * L + 4, "memcpy": 3, "total": 12 * L + 7, "host": 0}
+    one = {"kernels": 12 * L + 4, "memcpy": 4, "total": 12 * L + 8, "host": 0}
+    assert full.decoder.launches_per_token(True) == one == tier.decoder.launches_per_token(True)
     assert hyb.decoder.launches_per_token(True) == {
         "kernels": 12 * L + 4,
-        "memcpy": 3 + 2 * L,
-        "total": 14 * L + 7,
+        "memcpy": 4 + 2 * L,
+        "total": 14 * L + 8,
         "host": 2 * L,
     }
     assert "every expert resident" in full.gpu.decode_path and "hybrid" in hyb.gpu.decode_path
+    n_tier = tier.decoder.moe.n_pairs - len(tier.experts.cache)
+    assert f"+ {n_tier} read over PCIe from the host tier" in tier.gpu.decode_path and n_tier > 0
     assert len(hyb.decoder.segments(True)) == 2 * L + 1
+    K = full.model.hp.n_expert_used
     r = generate(full, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)
-    assert r.expert_misses == 0 and r.expert_hits == (len(PROMPT) + 3) * L * full.model.hp.n_expert_used
+    assert r.expert_misses == 0 and r.expert_hits == (len(PROMPT) + 3) * L * K
+    # the routing record counts the host tier's misses: every miss read over PCIe, none on the CPU
+    r = generate(tier, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)
+    assert r.expert_hits + r.expert_misses == (len(PROMPT) + 3) * L * K
+    assert r.expert_misses == r.expert_pcie > 0 and r.expert_hits > 0
+    h = generate(hyb, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)
+    assert (h.expert_hits, h.expert_misses, h.expert_pcie) == (r.expert_hits, r.expert_misses, 0)
 
 
 def test_sim_fused_moe_admission_updates_the_device_slot_table(packs):
@@ -378,15 +394,15 @@ def test_sim_fused_moe_admission_updates_the_device_slot_table(packs):
 
 
 def test_sim_fused_moe_routing_hook_sees_every_layer(packs):
-    """The routing hook (strata-engine profile's counter) forces the hybrid path even with every
-    expert resident (the host must see the ids) and sees the same selections as the generic path."""
+    """The routing hook (strata-engine profile's counter) is fed from the step's routing record: with every
+    expert resident the step stays one graph and the hook sees the same selections as the generic path."""
     seen = {}
     for fused in (None, False):
         eng = _moe(packs, expert_cache="auto", fused=fused)
         got: list[tuple[int, tuple[int, ...]]] = []
         eng.experts.on_route = lambda il, ids, got=got: got.append((il, tuple(int(i) for i in ids)))
         if fused is None:
-            assert eng.decoder.moe.full and eng.decoder.hybrid
+            assert eng.decoder.moe.full and not eng.decoder.hybrid
         generate(eng, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)
         seen[fused] = got
     assert seen[None] == seen[False] and len(seen[None]) == (len(PROMPT) + 3) * 3
