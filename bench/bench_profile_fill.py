@@ -23,26 +23,37 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def one(card: str, name: str, pack: str, prof_path: str, n_ctx: int, tokens: int, held: list[list[int]]) -> dict:
+def one(
+    card: str, name: str, pack: str, prof_path: str, n_ctx: int, tokens: int, held: list[list[int]], tier: str
+) -> dict:
     """One case in this process: load on the emulated ``card`` (reserve 1024 MiB) with or without the profile,
-    decode every held-out prompt; the row as a dict."""
+    misses on ``tier`` (``--miss-tier``), decode every held-out prompt; the row as a dict."""
     from strata.budget.cards import card_preset
     from strata.budget.profile import read_profile
     from strata.engine.generate import generate
     from strata.engine.startup import load_engine
 
     prof = read_profile(prof_path) if name == "profile" else None
-    eng = load_engine(pack, device="cuda", n_ctx=n_ctx, card=card_preset(card), vram_reserve_mib=1024, profile=prof)
-    toks = secs = hits = misses = 0
+    t0 = time.perf_counter()
+    eng = load_engine(
+        pack, device="cuda", n_ctx=n_ctx, card=card_preset(card), vram_reserve_mib=1024, profile=prof, miss_tier=tier
+    )
+    start_s = time.perf_counter() - t0
+    toks = secs = hits = misses = pcie = 0
     for p in held:
         r = generate(eng, prompt_ids=list(p), n_tokens=tokens, ignore_eos=True)
         toks += len(r.output_ids) - 1
         secs += r.decode_seconds
         hits += r.expert_hits or 0
         misses += r.expert_misses or 0
+        pcie += r.expert_pcie or 0
     return {
         "card": card,
         "case": name,
+        "miss_tier": eng.gpu.miss_tier or "-",
+        "host_tier_bytes": eng.gpu.host_tier_bytes,
+        "start_s": round(start_s, 1),
+        "expert_pcie": pcie,
         "slots": eng.gpu.slot_plan.slots if eng.gpu.slot_plan else None,
         "decode_tok_s": round(toks / secs, 2),
         "expert_hits": hits,
@@ -54,8 +65,8 @@ def one(card: str, name: str, pack: str, prof_path: str, n_ctx: int, tokens: int
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--one"]:
-        card, name, pack, prof_path, n_ctx, tokens, held = argv[1:]
-        print(json.dumps(one(card, name, pack, prof_path, int(n_ctx), int(tokens), json.loads(held))))
+        card, name, pack, prof_path, n_ctx, tokens, held, tier = argv[1:]
+        print(json.dumps(one(card, name, pack, prof_path, int(n_ctx), int(tokens), json.loads(held), tier)))
         return 0
     from bench_routing import geometries
 
@@ -67,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=8, help="prompts per set (profile, held-out)")
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=32, help="tokens generated after each held-out prompt")
+    ap.add_argument("--tiers", default="auto", help="--miss-tier values to run where experts miss (cpu,pcie)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -101,31 +113,38 @@ def main(argv: list[str] | None = None) -> int:
     write_profile(rows, prof_path, force=True)
     del rows
     # each case in a process of its own: a start-up on an emulated card sees the card as a fresh process would
-    for card in args.cards.split(","):
-        for name in ("no profile", "profile"):
-            cmd = [
-                sys.executable,
-                __file__,
-                "--one",
-                card,
-                name,
-                str(pack),
-                str(prof_path),
-                str(n_ctx),
-                str(args.tokens),
-                json.dumps([list(p) for p in held]),
-            ]
-            p = subprocess.run(cmd, capture_output=True, text=True)
-            if p.returncode != 0:
-                print(f"  {card} {name}: exit {p.returncode}: {p.stderr[-1500:]}", flush=True)
-                continue
-            row = json.loads(p.stdout.strip().splitlines()[-1])
-            out["rows"].append(row)
-            print(
-                f"  {card:>4} {name:<10} slots {row['slots']:>6}  decode {row['decode_tok_s']:7.2f} tok/s  "
-                f"hits {row['expert_hits']} / misses {row['expert_misses']} (counts) = {100 * row['hit_rate']:.1f}%",
-                flush=True,
-            )
+    tiers = args.tiers.split(",")
+    cases = [(c, n, t) for c in args.cards.split(",") for n in ("no profile", "profile") for t in args.tiers.split(",")]
+    for card, name, tier in cases:
+        if card == "24G" and tier != tiers[0]:
+            continue  # every expert fits: nothing misses, the tier does not matter
+        cmd = [
+            sys.executable,
+            __file__,
+            "--one",
+            card,
+            name,
+            str(pack),
+            str(prof_path),
+            str(n_ctx),
+            str(args.tokens),
+            json.dumps([list(p) for p in held]),
+            tier,
+        ]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            print(f"  {card} {name}: exit {p.returncode}: {p.stderr[-1500:]}", flush=True)
+            continue
+        row = json.loads(p.stdout.strip().splitlines()[-1])
+        out["rows"].append(row)
+        print(
+            f"  {card:>4} {name:<10} misses on {row['miss_tier']:<4} slots {row['slots']:>6}  "
+            f"decode {row['decode_tok_s']:7.2f} tok/s  hits {row['expert_hits']} / misses {row['expert_misses']} "
+            f"({row['expert_pcie']} over PCIe) (counts) = {100 * row['hit_rate']:.1f}%  "
+            f"start-up {row['start_s']} s, "
+            f"host tier {row['host_tier_bytes'] / 2**30:.2f} GiB",
+            flush=True,
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
