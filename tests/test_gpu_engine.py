@@ -122,8 +122,10 @@ def test_sim_cache_plumbing_tokens_identical_for_empty_half_full_cache(packs, ke
         )
         runs[ec] = _run(eng)
     assert runs[0].expert_hits == 0 and runs["auto"].expert_misses == 0 and runs[12].expert_hits > 0
-    assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids
+    assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids == runs["12 cpu"].output_ids
     assert _tops_equal(runs[0], runs[12]) and _tops_equal(runs[0], runs["auto"])
+    assert _tops_equal(runs[0], runs["12 cpu"])
+    assert runs[12].expert_pcie == runs[12].expert_misses > 0 and runs["12 cpu"].expert_pcie == 0
     cpu = _run(load_engine(packs["moe"], n_ctx=64, cpu_kernel=kernel))
     assert cpu.output_ids == runs[0].output_ids
 
@@ -151,8 +153,10 @@ def test_sim_new_expert_types_hit_and_miss_identical(packs):
         for ec in (0, 12, "auto")
     }
     assert runs[12].expert_hits > 0 and runs[12].expert_misses > 0
-    assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids
+    assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids == runs["12 cpu"].output_ids
     assert _tops_equal(runs[0], runs[12]) and _tops_equal(runs[0], runs["auto"])
+    assert _tops_equal(runs[0], runs["12 cpu"])
+    assert runs[12].expert_pcie == runs[12].expert_misses > 0 and runs["12 cpu"].expert_pcie == 0
     assert _run(load_engine(packs["moe_new"], n_ctx=64, cpu_kernel="exact")).output_ids == runs[0].output_ids
 
 
@@ -281,8 +285,9 @@ def test_cuda_hit_miss_bit_identical_and_no_decode_allocation(packs):
     import cupy as cp
 
     runs = {}
-    for ec in (0, 12, "auto"):
-        eng = load_engine(packs["moe"], device="cuda", n_ctx=64, expert_cache=ec)
+    for ec in (0, 12, "auto", "12 cpu"):
+        tier = "cpu" if ec == "12 cpu" else "auto"
+        eng = load_engine(packs["moe"], device="cuda", n_ctx=64, expert_cache=12 if ec == "12 cpu" else ec, miss_tier=tier)
         runs[ec] = _run(eng, 8)
         grown = cp.get_default_memory_pool().total_bytes() - eng.gpu.pool_after_warmup
         print(
@@ -291,8 +296,10 @@ def test_cuda_hit_miss_bit_identical_and_no_decode_allocation(packs):
         )
         assert grown == 0, f"decode allocated {grown} B of new device memory"
     assert runs[0].expert_hits == 0 and runs["auto"].expert_misses == 0 and runs[12].expert_hits > 0
-    assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids
+    assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids == runs["12 cpu"].output_ids
     assert _tops_equal(runs[0], runs[12]) and _tops_equal(runs[0], runs["auto"])
+    assert _tops_equal(runs[0], runs["12 cpu"])
+    assert runs[12].expert_pcie == runs[12].expert_misses > 0 and runs["12 cpu"].expert_pcie == 0
 
 
 def test_f32_kernel_is_refused_on_the_gpu_path(packs):

@@ -502,29 +502,36 @@ def test_cuda_replay_and_stage_timer_guard(packs):
 @pytest.mark.gpu
 @skip_no_gpu
 def test_cuda_fused_moe_cache_does_not_change_logits(packs):
-    """On the device, the default q8 kernels: none, half (hybrid: segment graphs, CPU misses) or all (one graph)
-    resident, graph or eager, with admission: the logits are bit-identical at every position (a miss replays
-    the hit's arithmetic: the CPU q8 kernel = the GPU's matvec_q8); decode allocates no device memory. The tokens
-    equal the CPU path's with the same kernel (and, with the exact kernels, the generic path's)."""
+    """On the device, the default q8 kernels: none, half (hybrid: segment graphs, CPU misses; or one graph, misses
+    read over PCIe from the host tier) or all (one graph) resident, graph or eager, with admission on both tiers:
+    the logits are bit-identical at every position (a CPU miss replays the hit's arithmetic: the CPU q8 kernel =
+    the GPU's matvec_q8; a PCIe miss is the hit's kernel on the hit's bytes); decode allocates no device memory.
+    The tokens equal the CPU path's with the same kernel (and, with the exact kernels, the generic path's)."""
     import cupy as cp
 
     ids = _ids(24)
     runs = {}
+    cpu, pcie = {"miss_tier": "cpu"}, {"miss_tier": "pcie"}
     for key, kw in (
-        ("none", {"expert_cache": 0}),
-        ("half", {"resident": "half"}),
+        ("none", {"expert_cache": 0, **cpu}),
+        ("none pcie", {"expert_cache": 0, **pcie}),
+        ("half", {"resident": "half", **cpu}),
+        ("half pcie", {"resident": "half", **pcie}),
         ("all", {}),
         ("all eager", {"graph": False}),
-        ("half eager", {"resident": "half", "graph": False}),
-        ("admit", {"expert_cache": 12, "resident": "none", "admit": True}),
+        ("half eager", {"resident": "half", "graph": False, **cpu}),
+        ("half pcie eager", {"resident": "half", "graph": False, **pcie}),
+        ("admit", {"expert_cache": 12, "resident": "none", "admit": True, **cpu}),
+        ("admit pcie", {"expert_cache": 12, "resident": "none", "admit": True, **pcie}),
     ):
         eng = load_engine(packs["moe"], device="cuda", n_ctx=48, **kw)
         assert eng.decoder is not None and eng.decoder.moe is not None
         runs[key] = _logits_per_position(eng, ids)
         grown = cp.get_default_memory_pool().total_bytes() - eng.gpu.pool_after_warmup
         assert grown == 0, f"{key}: decode allocated {grown} B of new device memory"
-        if key == "admit":
+        if key.startswith("admit"):
             assert eng.experts.cache.admitted > 0
+        assert eng.decoder.hybrid == (kw.get("miss_tier") == "cpu"), key
     for key, got in runs.items():
         for pos, (a, b) in enumerate(zip(runs["none"], got)):
             assert a.tobytes() == b.tobytes(), f"{key} position {pos}: logits differ from the all-miss run"

@@ -209,7 +209,7 @@ class HostTier:
         if cuda and self.nbytes:
             import cupy as cp
 
-            self._mem = cp.cuda.PinnedMemory(self.nbytes, HOST_ALLOC_FLAGS)
+            self._mem = cp.cuda.PinnedMemoryPointer(cp.cuda.PinnedMemory(self.nbytes, HOST_ALLOC_FLAGS), 0)
             self.storage = np.frombuffer(self._mem, np.uint8, self.nbytes)
             self.address = int(cp.cuda.runtime.hostGetDevicePointer(self._mem.ptr, 0))
         else:
