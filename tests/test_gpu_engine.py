@@ -286,8 +286,8 @@ def test_cuda_hit_miss_bit_identical_and_no_decode_allocation(packs):
 
     runs = {}
     for ec in (0, 12, "auto", "12 cpu"):
-        tier = "cpu" if ec == "12 cpu" else "auto"
-        eng = load_engine(packs["moe"], device="cuda", n_ctx=64, expert_cache=12 if ec == "12 cpu" else ec, miss_tier=tier)
+        n, tier = (12, "cpu") if ec == "12 cpu" else (ec, "auto")
+        eng = load_engine(packs["moe"], device="cuda", n_ctx=64, expert_cache=n, miss_tier=tier)
         runs[ec] = _run(eng, 8)
         grown = cp.get_default_memory_pool().total_bytes() - eng.gpu.pool_after_warmup
         print(
