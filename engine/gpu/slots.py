@@ -211,7 +211,8 @@ class HostTier:
 
             self._mem = cp.cuda.PinnedMemoryPointer(cp.cuda.PinnedMemory(self.nbytes, HOST_ALLOC_FLAGS), 0)
             self.storage = np.frombuffer(self._mem, np.uint8, self.nbytes)
-            self.address = int(cp.cuda.runtime.hostGetDevicePointer(self._mem.ptr, 0))
+            # the device's address of the mapped pages (cudaPointerGetAttributes; with UVA it is the host address)
+            self.address = int(cp.cuda.runtime.pointerGetAttributes(self._mem.ptr).devicePointer)
         else:
             self.storage = np.zeros(self.nbytes, np.uint8)
             self.address = SIM_HOST_BASE
