@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from strata.layout import experts as LX
 from strata.layout.buffers import DRIVER_PACKED_MAX_BYTES, DRIVER_PAGE_BYTES, F32_BYTES, align_up
 from strata.layout.kv import KVLayer, kv_bytes_per_token
 
@@ -216,6 +217,42 @@ def size_expert_cache(
         f"--expert-cache {asked} refused: {asked} slots x {slot_bytes} B = {asked * slot_bytes} B "
         f"({mib(asked * slot_bytes):.1f} MiB) asked, at most {fit} slots fit ({'; '.join(why)})",
     )
+
+
+def size_with_host_tier(
+    free_bytes: int,
+    reserve_bytes: int,
+    slot_bytes: int,
+    cap: int | None,
+    asked: int | None,
+    pairs: int,
+    *,
+    cap_what: str = "",
+) -> tuple[CacheSize, int, int]:
+    """The expert cache size when the pairs it does not hold go to strata's host tier, whose mapping takes device
+    memory (:func:`strata.layout.experts.host_tier_map_bytes` of ``(pairs - slots) x slot_bytes``): the cache is
+    sized with that mapping reserved beside the reserve. More slots mean a smaller tier and a smaller mapping, so
+    the size is the fixed point of ``slots = size(reserve + map(pairs - slots))`` from the size without a mapping,
+    slots falling and the mapping growing until the mapping of the final size fits in what was reserved (a few
+    passes; the same in the planner and the engine); with ``asked`` slots the mapping of ``pairs - asked`` is
+    reserved. Returns ``(size, reserved, map_bytes)``: the final size, the
+    mapping bytes it was sized with (``size`` = :func:`size_expert_cache` with ``reserve_bytes + reserved``) and the
+    mapping of its tier (``<= reserved``; bytes)."""
+    if asked is not None:  # N slots asked: the tier, and so its mapping, is known
+        need = LX.host_tier_map_bytes(LX.host_tier_bytes(max(pairs - asked, 0), slot_bytes))
+        size = size_expert_cache(free_bytes, reserve_bytes + need, slot_bytes, cap, asked, cap_what=cap_what)
+        return size, need, 0 if size.refused else need
+    size = size_expert_cache(free_bytes, reserve_bytes, slot_bytes, cap, asked, cap_what=cap_what)
+    held = 0
+    for _ in range(16):
+        if size.refused:
+            return size, held, 0
+        need = LX.host_tier_map_bytes(LX.host_tier_bytes(max(pairs - size.slots, 0), slot_bytes))
+        if need <= held:
+            return size, held, need
+        held = need
+        size = size_expert_cache(free_bytes, reserve_bytes + held, slot_bytes, cap, asked, cap_what=cap_what)
+    raise AssertionError(f"host tier sizing did not settle ({free_bytes} B free, {slot_bytes} B slots, {pairs} pairs)")
 
 
 @dataclass

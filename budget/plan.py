@@ -63,6 +63,9 @@ class PlanOptions(BaseModel):
     # --prefill, --prefill-model, --logits-all and --embeddings-on-host do not apply), "cpp" = the
     # reference C++ engine (a prompt chunk, embeddings in VRAM, the measured constants of cards.toml)
     engine: Literal["strata", "cpp"] = "cpp"
+    # strata's engine: where cache misses run (strata-engine --miss-tier): "auto" / "pcie" plan the host tier
+    # (pinned host memory, and its device mapping beside the reserve when the cache is sized), "cpu" does not
+    miss_tier: Literal["auto", "pcie", "cpu"] = "auto"
 
     @field_validator("engine", "prefill_model", mode="before")
     @classmethod
@@ -319,7 +322,15 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         # pairs (generate.cpp:2941-2960)
         if o.profile_pairs is not None and o.engine != "strata":
             cap, cap_what = len(o.profile_pairs), f"the profile's {len(o.profile_pairs)} (layer, expert) pairs"
-    size = F.size_expert_cache(free, reserve + bind, blob, cap, o.expert_cache, cap_what=cap_what)
+    # strata's engine on the fused path with a host tier: the tier's device mapping is reserved beside the reserve
+    tier_on = o.engine == "strata" and o.miss_tier != "cpu" and bool(facts.expert_layers)
+    tier_on = tier_on and ET.decode_path(facts) == "fused"
+    if tier_on:
+        size, _reserved, map_bytes = F.size_with_host_tier(
+            free, reserve + bind, blob, cap, o.expert_cache, facts.expert_pairs, cap_what=cap_what
+        )
+    else:
+        size, map_bytes = F.size_expert_cache(free, reserve + bind, blob, cap, o.expert_cache, cap_what=cap_what), 0
     slots_fit, refused = size.slots_fit, size.refused
     slots = size.slots if refused is None else o.expert_cache
     warnings: list[str] = []
@@ -347,6 +358,17 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
             ),
         )
     )
+    if tier_on:
+        terms.append(
+            Term(
+                name="host tier mapping",
+                bytes=map_bytes,
+                detail=(
+                    "the driver's page tables of the host tier (pinned host memory of the experts the cache does not "
+                    "hold, read over PCIe): 8 B per 4 KiB page, 2 MiB units (strata.layout.experts; measured)"
+                ),
+            )
+        )
     if facts.draft_layers:
         terms.append(
             Term(
@@ -358,7 +380,7 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
                 ),
             )
         )
-    used = before + cache + bind
+    used = before + cache + bind + map_bytes
     fits = free - reserve - bind >= 0 and refused is None
     if o.n_ctx is None:
         warnings.append(f"--ctx not given: budgeted at the model's maximum context, {facts.n_ctx_train} tokens")
@@ -407,11 +429,7 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         slots_fit=slots_fit,
         slots_cap=cap,
         expert_cache_bytes=cache,
-        host_tier_bytes=(
-            LX.host_tier_bytes(max(facts.expert_pairs - slots, 0), blob)
-            if o.engine == "strata" and facts.expert_layers
-            else 0
-        ),
+        host_tier_bytes=LX.host_tier_bytes(max(facts.expert_pairs - slots, 0), blob) if tier_on else 0,
         used_bytes=used,
         left_bytes=card.total_bytes - used,
         fits=fits,

@@ -218,7 +218,7 @@ def _compare(pack, eng, facts) -> Measurement:
         + g.draft_bind_bytes
         + (act if g.fused else 0)
     )
-    runtime = end["gpu_used_bytes"] - ctx - exact_sum - (0 if g.fused else act)
+    runtime = end["gpu_used_bytes"] - ctx - exact_sum - (0 if g.fused else act) - g.host_tier_map_bytes
     rows = [
         (
             "CUDA context",
@@ -266,6 +266,15 @@ def _compare(pack, eng, facts) -> Measurement:
         )
     )
     rows.append(("expert cache", cache_bytes, "slots x slot bytes (one allocation)", True))
+    if g.host_tier_map_bytes or "host tier mapping" in pred:
+        rows.append(
+            (
+                "host tier mapping",
+                g.host_tier_map_bytes,
+                "cudaMemGetInfo free before - after pinning and mapping the host tier (driver page tables)",
+                False,
+            )
+        )
     if g.draft_bind_bytes or "draft head bind" in pred:
         rows.append(("draft head bind", g.draft_bind_bytes, "the draft head's bind buffers (stage bind)", True))
     for name, meas, how, exact in rows:

@@ -217,6 +217,7 @@ class ResolvedOptions(EngineOptions):
             vram_reserve_mib=self.vram_reserve_mib,
             profile_pairs=self.profile,
             expert_cache=expert_cache,
+            miss_tier=self.miss_tier,
         )
 
 

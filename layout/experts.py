@@ -79,3 +79,23 @@ def host_tier_bytes(n_pairs: int, slot_bytes: int) -> int:
     if n_pairs < 0 or slot_bytes < 0:
         raise ValueError(f"host tier of {n_pairs} pairs x {slot_bytes} B: both must be >= 0")
     return n_pairs * slot_bytes
+
+
+#: The driver maps pinned host memory into the GPU's address space with one 8-byte page-table entry per 4 KiB
+#: page: device memory that grows with the host tier (measured on the H200, 2026-12-01, CUDA 12 driver: a
+#: 13,523,927,040 B tier took 25.7-28.6 MiB of device memory, 1/512 of it = 25.2 MiB; bench/results/h200-2026-12-01d-*).
+HOST_MAP_PAGE_BYTES = 4096
+HOST_MAP_ENTRY_BYTES = 8
+#: ... counted in the driver's 2 MiB allocation units.
+HOST_MAP_UNIT_BYTES = 2 << 20
+
+
+def host_tier_map_bytes(tier_bytes: int) -> int:
+    """Device memory the driver takes to map a host tier of ``tier_bytes`` into the GPU's address space (bytes):
+    :data:`HOST_MAP_ENTRY_BYTES` per :data:`HOST_MAP_PAGE_BYTES` page, rounded up to :data:`HOST_MAP_UNIT_BYTES`
+    (0 for no tier). An estimate of a driver-internal cost, measured (:data:`HOST_MAP_PAGE_BYTES` comment):
+    ``strata-engine measure`` sets the engine's figure beside it."""
+    if tier_bytes <= 0:
+        return 0
+    entries = -(-tier_bytes // HOST_MAP_PAGE_BYTES)
+    return align_up(entries * HOST_MAP_ENTRY_BYTES, HOST_MAP_UNIT_BYTES)

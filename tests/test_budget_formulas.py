@@ -472,3 +472,38 @@ def test_kv_resident_caps_full_context_layers_only():
     assert LK.kv_tokens(2048, None, 1, 100) == 100
     assert LK.kv_tokens(2048, 512, 1, 100) == 512
     assert LK.kv_tokens(2048, 512, 1, None) == 512 and LK.kv_tokens(300, 512, 1, 100) == 300
+
+
+def test_host_tier_bytes_and_mapping_worked_numbers():
+    """The host tier of the docstring's worked example (strata.layout.experts.host_tier_bytes) and its device
+    mapping: 8 B per 4 KiB page, in 2 MiB units (strata.layout.experts.host_tier_map_bytes)."""
+    from strata.layout import experts as LX
+
+    slot = LX.expert_slot_bytes(12, 12, 14, 2048, 768)  # Q4_K gate/up, Q6_K down at Qwen3-30B-A3B's shape
+    assert slot == 884_736 + 884_736 + 1_290_240 == 3_059_712
+    assert LX.host_tier_bytes(2144, slot) == 6_560_022_528
+    # 6,560,022,528 B = 1,601,568 pages of 4 KiB x 8 B = 12,812,544 B -> 7 units of 2 MiB
+    assert LX.host_tier_map_bytes(6_560_022_528) == 7 * (2 << 20)
+    assert LX.host_tier_map_bytes(0) == 0 and LX.host_tier_map_bytes(1) == 2 << 20
+    with pytest.raises(ValueError, match="must be >= 0"):
+        LX.host_tier_bytes(-1, slot)
+
+
+def test_size_with_host_tier_is_the_fixed_point():
+    """Qwen3-30B-A3B-like at ~14 GiB free: the cache sized with the mapping of its own tier reserved. The slot count
+    is expert_slots with reserve + the bytes held; the final tier's mapping fits in them; with no mapping it would
+    be a few slots more; N asked reserves the mapping of pairs - N."""
+    from strata.layout import experts as LX
+
+    slot, pairs, free, reserve = 3_059_712, 6144, 14 << 30, 1 << 30
+    size, held, need = F.size_with_host_tier(free, reserve, slot, pairs, None, pairs)
+    plain = F.size_expert_cache(free, reserve, slot, pairs)
+    assert size.refused is None and size.slots == F.expert_slots(free, reserve + held, slot, pairs)
+    assert need == LX.host_tier_map_bytes((pairs - size.slots) * slot) <= held
+    assert 0 < plain.slots - size.slots <= -(-held // slot) + 1
+    n = size.slots - 100
+    fixed, held_n, need_n = F.size_with_host_tier(free, reserve, slot, pairs, n, pairs)
+    assert fixed.slots == n and held_n == need_n == LX.host_tier_map_bytes((pairs - n) * slot)
+    # every expert fits: no tier, no mapping
+    big, _h, none = F.size_with_host_tier(40 << 30, reserve, slot, pairs, None, pairs)
+    assert big.slots == pairs and none == 0

@@ -82,11 +82,31 @@ def test_startup_order_and_checkpoint_figures(packs):
 
 def test_auto_slots_come_from_the_budget_formula(packs):
     bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)  # ~100 MiB card left
-    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=bk, vram_reserve_mib=97)
+    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=bk, vram_reserve_mib=97, miss_tier="cpu")
     sp = eng.gpu.slot_plan
     assert sp.slots == F.expert_slots(sp.free_bytes, sp.reserve_bytes, sp.slot_bytes, sp.cap)
     assert 0 < sp.slots < 24  # the small card holds only part of the 3 x 8 experts
     assert len(eng.experts.cache) == sp.slots  # resident=all: filled in layer, expert order
+    assert sp.tier_map_reserved == 0 and eng.gpu.host_tier_bytes == 0
+
+
+def test_host_tier_mapping_is_reserved_when_the_cache_is_sized(packs):
+    """With the host tier (``--miss-tier auto``) the cache is sized with the tier's device mapping reserved beside
+    the reserve (budget.formulas.size_with_host_tier): 2 MiB (one driver unit) for this small tier, so a card with
+    4 MiB free above the reserve holds 2 MiB of slots fewer; the tier holds every other pair; the mapping the sim
+    took equals the budget's; the reserve is still free after start-up."""
+    bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)
+    base = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=bk, vram_reserve_mib=96, miss_tier="cpu")
+    n = base.gpu.slot_plan.slots
+    bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)
+    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=bk, vram_reserve_mib=96)
+    sp, g = eng.gpu.slot_plan, eng.gpu
+    assert sp.tier_map_reserved == 2 << 20 == LX.host_tier_map_bytes(g.host_tier_bytes)
+    assert sp.slots == F.expert_slots(sp.free_bytes, sp.reserve_bytes + (2 << 20), sp.slot_bytes, sp.cap)
+    assert 0 < sp.slots < n < 24
+    assert g.host_tier_pairs == 24 - sp.slots and g.host_tier_bytes == (24 - sp.slots) * sp.slot_bytes
+    assert g.host_tier_map_bytes == g.host_tier_map_predicted_bytes == 2 << 20
+    assert g.free_after_bytes >= g.reserve_bytes and g.miss_tier == "pcie"
 
 
 def test_fixed_cache_that_does_not_fit_is_refused_with_both_numbers(packs):
@@ -116,10 +136,10 @@ def test_sim_cache_plumbing_tokens_identical_for_empty_half_full_cache(packs, ke
     that the device's kernels equal the CPU's: that is tests/test_gpu_q8.py and the device run of the gpu
     tests (bench/results/*-gpu_tests.txt)."""
     runs = {}
-    for ec in (0, 12, "auto"):
-        eng = load_engine(
-            packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=ec, cpu_kernel=kernel
-        )
+    for ec in (0, 12, "auto", "12 cpu"):
+        n, tier = (12, "cpu") if ec == "12 cpu" else (ec, "auto")
+        kw = dict(expert_cache=n, cpu_kernel=kernel, miss_tier=tier)
+        eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), **kw)
         runs[ec] = _run(eng)
     assert runs[0].expert_hits == 0 and runs["auto"].expert_misses == 0 and runs[12].expert_hits > 0
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids == runs["12 cpu"].output_ids
@@ -139,7 +159,8 @@ def test_sim_dense_models_match_cpu_tokens(packs, name, kernel):
 
 
 def test_sim_new_expert_types_hit_and_miss_identical(packs):
-    """Q1_0, Q2_0 and IQ2_S experts (no audit warning any more): all, some or no hits, same logits."""
+    """Q1_0, Q2_0 and IQ2_S experts (no audit warning any more): all, some or no hits, misses over PCIe or on the
+    CPU, same logits."""
     from strata.budget.audit import audit_pack
 
     res = audit_pack(packs["moe_new"])
@@ -147,10 +168,16 @@ def test_sim_new_expert_types_hit_and_miss_identical(packs):
     runs = {
         ec: _run(
             load_engine(
-                packs["moe_new"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=ec, cpu_kernel="exact"
+                packs["moe_new"],
+                device="cuda",
+                n_ctx=64,
+                backend=SimBackend(),
+                expert_cache=12 if ec == "12 cpu" else ec,
+                cpu_kernel="exact",
+                miss_tier="cpu" if ec == "12 cpu" else "auto",
             )
         )
-        for ec in (0, 12, "auto")
+        for ec in (0, 12, "auto", "12 cpu")
     }
     assert runs[12].expert_hits > 0 and runs[12].expert_misses > 0
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids == runs["12 cpu"].output_ids
@@ -232,14 +259,16 @@ def test_cuda_tokens_match_cpu(packs, name, kernel):
 @skip_no_gpu
 @pytest.mark.parametrize("kernel", ["q8", "exact"])
 def test_cuda_new_expert_types_tokens_identical(packs, kernel):
-    runs = {
-        ec: _run(load_engine(packs["moe_new"], device="cuda", n_ctx=64, expert_cache=ec, cpu_kernel=kernel), 8)
-        for ec in (0, 12, "auto")
-    }
+    runs = {}
+    for ec in (0, 12, "auto", "12 cpu"):
+        kw = dict(expert_cache=12, miss_tier="cpu") if ec == "12 cpu" else dict(expert_cache=ec)
+        runs[ec] = _run(load_engine(packs["moe_new"], device="cuda", n_ctx=64, cpu_kernel=kernel, **kw), 8)
     cpu = _run(load_engine(packs["moe_new"], n_ctx=64, cpu_kernel=kernel), 8)
     print(f"\n[gpu-engine] Q1_0/Q2_0/IQ2_S experts: cuda {runs[0].output_ids} cpu {cpu.output_ids}")
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids == cpu.output_ids
+    assert runs["12 cpu"].output_ids == cpu.output_ids and runs[12].expert_pcie > 0
     assert _tops_equal(runs[0], runs[12]) and _tops_equal(runs[0], runs["auto"])
+    assert _tops_equal(runs[0], runs["12 cpu"])
 
 
 @pytest.mark.gpu

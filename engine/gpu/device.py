@@ -85,6 +85,8 @@ class GpuInfo:
     miss_tier: str = ""  # where misses run: "pcie" (the host tier, read by the GPU), "cpu", or "" (nothing misses)
     host_tier_bytes: int = 0  # pinned host memory of the host tier (strata.layout.experts.host_tier_bytes)
     host_tier_pairs: int = 0
+    host_tier_map_bytes: int = 0  # device memory the driver took to map the host tier (measured: free before - after)
+    host_tier_map_predicted_bytes: int = 0  # strata.layout.experts.host_tier_map_bytes of the tier
     reserve_bytes: int = 0  # --vram-reserve-mib, kept free after start-up
     free_after_bytes: int = 0  # free at the end of start-up (measured; >= reserve_bytes, or the start is refused)
 
@@ -276,7 +278,12 @@ class GpuDevice:
         reserve = opts.vram_reserve_mib * F.MIB + bind  # the C++ engine's reserve: + the draft head's bind bytes
         self.refuse_eaten_reserve(free, reserve, "expert cache")
         asked = opts.expert_cache  # None: automatic
-        size = F.size_expert_cache(free, reserve, slot_bytes, cap, asked, cap_what=what)
+        pairs = len(source.layers) * n_expert
+        tier_on = self._tier_wanted(opts, free, reserve, slot_bytes, cap, asked, pairs, what)
+        if tier_on:  # the host tier's device mapping is reserved beside the reserve (one rule with the budget)
+            size, held, map_bytes = F.size_with_host_tier(free, reserve, slot_bytes, cap, asked, pairs, cap_what=what)
+        else:
+            size, held, map_bytes = F.size_expert_cache(free, reserve, slot_bytes, cap, asked, cap_what=what), 0, 0
         if size.refused:
             raise ExpertCacheError(
                 f"{size.refused}; refusing rather than building a smaller cache "
@@ -303,13 +310,25 @@ class GpuDevice:
         cache.admit_enabled = admit_on
         dec = self.decoder
         if dec is not None and dec.moe is not None:  # the fused step reads the slot table at replay
-            tier = self._host_tier(cache, opts, n_expert, note)
+            tier = self._host_tier(cache, opts, n_expert, note) if tier_on else None
+            if tier is None and not info.miss_tier.startswith("cpu"):
+                info.miss_tier = "cpu" if len(cache) < pairs else ""
+            note["miss tier"] = info.miss_tier or "none (every expert resident)"
             dec.moe.bind_cache(cache, tier)
+            info.host_tier_map_predicted_bytes = map_bytes if tier is not None else 0
             info.decode_path = describe(dec)
             info.launches_per_token = dec.launches_per_token(True)
             note["decode path"] = info.decode_path
         info.slot_plan = SlotPlan(
-            "auto" if asked is None else "fixed", slots, slot_bytes, max_blob, free, reserve, cap, slots * slot_bytes
+            "auto" if asked is None else "fixed",
+            slots,
+            slot_bytes,
+            max_blob,
+            free,
+            reserve,
+            cap,
+            slots * slot_bytes,
+            held,
         )
         note["slots"] = slots
         note["slot_bytes"] = slot_bytes
@@ -325,6 +344,23 @@ class GpuDevice:
             f"reserved (+{bind / F.MIB:.1f} MiB for the draft head) -> {slots} slots"
         )
 
+    def _tier_wanted(self, opts, free, reserve, slot_bytes, cap, asked, pairs, what) -> bool:
+        """Whether the cache's misses go to a host tier (``--miss-tier`` ``pcie``, or ``auto`` where the tier of
+        the cache sized without it fits the host's available memory less
+        :data:`strata.layout.experts.HOST_TIER_MARGIN_BYTES`); never without the fused MoE step."""
+        dec = self.decoder
+        if opts.miss_tier == "cpu" or dec is None or dec.moe is None:
+            return False
+        if opts.miss_tier == "pcie":
+            return True
+        first = F.size_expert_cache(free, reserve, slot_bytes, cap, asked, cap_what=what)
+        avail = mem_available()
+        tier = LX.host_tier_bytes(max(pairs - first.slots, 0), slot_bytes)
+        if avail is not None and tier > avail - LX.HOST_TIER_MARGIN_BYTES:
+            self.info.miss_tier = f"cpu (a {tier} B host tier is above the {avail} B available less 4 GiB)"
+            return False
+        return True
+
     def _host_tier(self, cache: SlotCache, opts: ResolvedOptions, n_expert: int, note: dict) -> HostTier | None:
         """The host tier of the pairs the cache does not hold (``--miss-tier``: ``auto`` and ``pcie`` build it,
         ``cpu`` does not; :class:`~strata.engine.gpu.slots.HostTier`), or None.
@@ -339,22 +375,28 @@ class GpuDevice:
             info.miss_tier = ""
             return None
         if opts.miss_tier == "cpu":
-            info.miss_tier = note["miss tier"] = "cpu"
+            info.miss_tier = "cpu"
             return None
         avail = mem_available()
         room = None if avail is None else max(avail - LX.HOST_TIER_MARGIN_BYTES, 0)
+        bk = self.bk
+        bk.synchronize()
+        before = bk.mem_info().free
         try:
-            tier = HostTier(cache, rest, cuda=self.bk.name == "cuda", avail=room)
+            tier = HostTier(cache, rest, cuda=bk.name == "cuda", avail=room)
         except HostTierError as e:
             if opts.miss_tier == "pcie":
                 raise ExpertCacheError(
                     f"--miss-tier pcie: {e}; refusing (--miss-tier cpu computes misses on the CPU)"
                 ) from None
-            info.miss_tier = note["miss tier"] = f"cpu ({e})"
+            info.miss_tier = f"cpu ({e})"
             return None
         assert tier.nbytes == LX.host_tier_bytes(len(rest), cache.slot_bytes)
+        if bk.name != "cuda":  # the sim's card takes the driver's mapping as the budget models it
+            bk.external(LX.host_tier_map_bytes(tier.nbytes), "the host tier's device mapping")
+        bk.synchronize()
+        info.host_tier_map_bytes = before - bk.mem_info().free  # measured: device memory the mapping took
         info.miss_tier, info.host_tier_bytes, info.host_tier_pairs = "pcie", tier.nbytes, len(tier)
-        note["miss tier"] = "pcie (the GPU reads misses from the host tier)"
         note["host_tier_bytes"] = tier.nbytes
         note["host_tier_pairs"] = len(tier)
         return tier

@@ -53,6 +53,7 @@ class SlotPlan:
     reserve_bytes: int
     cap: int | None
     cache_bytes: int
+    tier_map_reserved: int = 0  # the host tier's device mapping reserved with the reserve (size_with_host_tier)
 
 
 class SlotCache:
