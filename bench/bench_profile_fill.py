@@ -52,6 +52,9 @@ def one(
         "case": name,
         "miss_tier": eng.gpu.miss_tier or "-",
         "host_tier_bytes": eng.gpu.host_tier_bytes,
+        "host_tier_map_bytes": eng.gpu.host_tier_map_bytes,
+        "host_tier_map_predicted_bytes": eng.gpu.host_tier_map_predicted_bytes,
+        "free_after_bytes": eng.gpu.free_after_bytes,
         "start_s": round(start_s, 1),
         "expert_pcie": pcie,
         "slots": eng.gpu.slot_plan.slots if eng.gpu.slot_plan else None,
@@ -142,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             f"decode {row['decode_tok_s']:7.2f} tok/s  hits {row['expert_hits']} / misses {row['expert_misses']} "
             f"({row['expert_pcie']} over PCIe) (counts) = {100 * row['hit_rate']:.1f}%  "
             f"start-up {row['start_s']} s, "
-            f"host tier {row['host_tier_bytes'] / 2**30:.2f} GiB",
+            f"host tier {row['host_tier_bytes'] / 2**30:.2f} GiB, its mapping {row['host_tier_map_bytes']} B "
+            f"(planned {row['host_tier_map_predicted_bytes']} B), {row['free_after_bytes'] / 2**20:.1f} MiB free after",
             flush=True,
         )
     if args.json:
