@@ -129,7 +129,6 @@ class MoeStep:
             self.pinned_bytes = 0
         self.cache = None
         self.tier = None  # the host tier (strata.engine.gpu.slots.HostTier), when misses are read over PCIe
-        self.record_pending = False  # a step's routing record not yet counted (a step without logits)
         self.n_pairs = len(self.layers) * E
         self._misses: list[tuple[int, int]] = []  # (k, expert) of the layer being run
 
@@ -331,19 +330,21 @@ class MoeStep:
     def take_record(self) -> None:
         """After a step of the one-graph path has finished: count its routing record (hits, misses read over
         PCIe: counts of experts), feed the routing hook, and admit host-tier misses into free slots."""
-        self.record_pending = False
-        ex, K, rec = self.model.experts, self.K, self.record_host
+        ex, K = self.model.experts, self.K
+        rec = self.record_host.reshape(-1, 2, K)  # [layer, ids | slots, k]
+        slots = rec[:, 1, :]
+        hits = (slots >= 0).sum(axis=1).tolist()  # one pass over the record: this runs every token
+        pcie = (slots <= -2).sum(axis=1).tolist()
+        admit = self.cache is not None and self.cache.admit_enabled and self.cache.free_slots > 0
         for il in self.layers:
-            row = rec[il * 2 * K : (il + 1) * 2 * K]
-            slots = row[K:]
-            hits = int((slots >= 0).sum())
             if ex.on_route is not None:
-                ex.on_route(il, [int(i) for i in row[:K]])
-            ex.count(il, hits, K - hits, pcie=int((slots <= -2).sum()))
-            if K - hits and self.cache is not None and self.cache.admit_enabled and self.cache.free_slots:
+                ex.on_route(il, rec[il, 0].tolist())
+            h = hits[il]
+            ex.count(il, h, K - h, pcie=pcie[il])
+            if admit and h < K:
                 for k in range(K):
-                    if slots[k] < 0:
-                        self.cache.admit(il, int(row[k]))
+                    if slots[il, k] < 0:
+                        self.cache.admit(il, int(rec[il, 0, k]))
 
     # ------------------------------------------------------------ the host side of the hybrid path
 
