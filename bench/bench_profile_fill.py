@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32, help="tokens generated after each held-out prompt")
     ap.add_argument("--tiers", default="auto", help="--miss-tier values to run where experts miss (cpu,pcie)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--prepare-only", action="store_true", help="write the GGUF and the pack, then stop")
     args = ap.parse_args(argv)
 
     from strata import testing as synth
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         synth.write_model(gguf, spec)
     if not pack.exists():
         build_pack(gguf, pack, progress=False)
+    if args.prepare_only:
+        return 0
     kw = dict(vocab=min(base.dims.n_vocab, 4096), n_topics=8, topic_size=48, run_length=4, topic_seed=0)
     prof_set = topic_prompts(args.prompts, args.prompt_len, seed=1, **kw).prompts
     held = topic_prompts(args.prompts, args.prompt_len, seed=2, **kw).prompts

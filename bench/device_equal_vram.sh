@@ -29,6 +29,8 @@ step "every gpu test that needs no real model"
 { echo "commit ${COMMIT:-unknown} (the checkout this call ran), $(date -u +%FT%TZ)"
   timeout ${TEST_S:-240} python3 -m pytest -q -p no:cacheprovider -rfEs -m "gpu and not real" tests/ 2>&1; } \
     | tee "$OUT/gpu_tests.txt" | tail -4
+step "the 30B-A3B GGUF and pack (TokenRouting 0.5), while the build runs"
+python3 bench/bench_profile_fill.py --work "$WORK/pf" --prepare-only 2>&1 | tail -2
 step "waiting for the llama.cpp build (strata's rows would share the CPU with the compiler)"
 for _ in $(seq 1 150); do grep -q "^exit" /tmp/lcp/build.log 2>/dev/null && break; sleep 2; done
 tail -1 /tmp/lcp/build.log

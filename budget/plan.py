@@ -16,9 +16,6 @@ numbers when it does not fit. The reserve is never allocated.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from strata.layout import engine_form as LE
 from strata.layout import experts as LX
@@ -28,110 +25,21 @@ from . import engine_terms as ET
 from . import formulas as F
 from .cards import Card, check_mib
 from .errors import PlanInputError
-from .formulas import DEFAULT_RESERVE_MIB, MIB
+from .formulas import MIB
 from .kv_check import kv_type_error
-from .options import ENGINE_ALIASES, resolve_ctx
+from .options import resolve_ctx
 from .plan_model import DenseTensor, ExpertLayerFacts, ModelFacts  # noqa: F401  (the plan's inputs, re-exported)
+from .plan_types import (  # noqa: F401  (the plan's types, re-exported: strata.budget.plan.Plan)
+    DEFAULT_PREFILL_CHUNK,
+    LOW_MIB,
+    Plan,
+    PlanOptions,
+    ProfileReport,
+    Suggestion,
+    Term,
+)
 from .profile import check_profile_pairs, layer_span
-from .tensor_terms import TypeRow, dense_types, engine_buffer_bytes
-
-#: The C++ engine's prompt path chunk (docs/DESIGN.md "The reserve and the prompt buffers").
-DEFAULT_PREFILL_CHUNK = 256
-#: The C++ engine's serve check calls less than this free LOW: a shrunk reserve is never suggested
-#: below it (docs/DESIGN.md "The reserve and the prompt buffers").
-LOW_MIB = 256
-
-
-class PlanOptions(BaseModel):
-    """The knobs of ``strata-budget check`` (None = the default described on each)."""
-
-    model_config = ConfigDict(extra="forbid")
-    n_ctx: int | None = None  # --ctx; None: the model's n_ctx_train (options.resolve_ctx), flagged
-    kv_resident: int | None = None
-    kv: Literal["f16", "int8", "f32"] = "f16"
-    batch: int = 1
-    prefill: int = DEFAULT_PREFILL_CHUNK
-    logits_all: bool = False
-    prefill_model: Literal["geometry", "cpp"] = "geometry"
-    embeddings_on_host: bool = False
-    vram_reserve_mib: int = DEFAULT_RESERVE_MIB
-    expert_cache: int | None = None  # None: automatic
-    profile_pairs: list[tuple[int, int, int]] | None = None  # (layer, expert, count)
-    profile_path: str | None = None  # where profile_pairs came from (named in errors)
-    # the engine planned for: "strata" = this repository's engine (one position per step, untied embeddings
-    # on the host, its activation and runtime terms from what it allocates and loads: engine_terms.py;
-    # --prefill, --prefill-model, --logits-all and --embeddings-on-host do not apply), "cpp" = the
-    # reference C++ engine (a prompt chunk, embeddings in VRAM, the measured constants of cards.toml)
-    engine: Literal["strata", "cpp"] = "cpp"
-    # strata's engine: where cache misses run (strata-engine --miss-tier): "auto" / "pcie" plan the host tier
-    # (pinned host memory, and its device mapping beside the reserve when the cache is sized), "cpu" does not
-    miss_tier: Literal["auto", "pcie", "cpu"] = "auto"
-
-    @field_validator("engine", "prefill_model", mode="before")
-    @classmethod
-    def _old_names(cls, v):
-        """An old value name (:data:`ENGINE_ALIASES`) reads as the new one."""
-        return ENGINE_ALIASES.get(v, v) if isinstance(v, str) else v
-
-
-class Term(BaseModel):
-    name: str
-    bytes: int
-    detail: str = ""
-
-
-class Suggestion(BaseModel):
-    option: str
-    value: str
-    saves_bytes: int
-    fits_alone: bool
-    text: str
-
-
-class ProfileReport(BaseModel):
-    pairs: int
-    slots: int
-    filled: int
-    expected_hit_rate: float
-    layers: list[dict]
-
-
-class Plan(BaseModel):
-    """A VRAM plan for one card (bytes; ``fits`` decides exit code 0 or 1)."""
-
-    card: Card
-    options: PlanOptions
-    n_ctx: int
-    terms: list[Term]
-    free_bytes: int  # what cudaMemGetInfo would say when the expert cache is opened
-    reserve_bytes: int
-    draft_bind_bytes: int = 0  # reserved with the reserve when the cache is sized, allocated after it
-    decode_path: str = ""  # strata's engine: "fused" | "generic"
-    max_blob: int  # engine form: what one slot holds
-    max_blob_source: int
-    slots: int
-    slots_fit: int  # the most slots that fit (= slots when automatic)
-    slots_cap: int | None
-    expert_cache_bytes: int
-    #: strata's engine: pinned host memory of the host tier (the pairs the slots do not hold, one slot each:
-    #: strata.layout.experts.host_tier_bytes; what ``--miss-tier pcie`` / ``auto`` pins; 0 for the C++ engine)
-    host_tier_bytes: int = 0
-    used_bytes: int  # sum of the terms, expert cache included
-    left_bytes: int  # card - used (>= reserve when the plan fits)
-    fits: bool
-    refused: str | None = None
-    kv_bytes_per_token: int  # full-context layers, one sequence
-    kv_bytes_per_token_window_layers: int
-    recurrent_state_bytes_per_seq: int
-    widened_scale_bytes: int
-    bf16_saved_bytes: int
-    types: list[TypeRow]
-    profile: ProfileReport | None = None
-    warnings: list[str] = Field(default_factory=list)
-    suggestions: list[Suggestion] = Field(default_factory=list)
-
-    def term(self, name: str) -> int:
-        return next(t.bytes for t in self.terms if t.name == name)
+from .tensor_terms import dense_types, engine_buffer_bytes
 
 
 def _engine(facts: ModelFacts, name: str | None) -> int:
