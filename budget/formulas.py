@@ -241,7 +241,7 @@ def size_with_host_tier(
     if asked is not None:  # N slots asked: the tier, and so its mapping, is known
         need = LX.host_tier_map_bytes(LX.host_tier_bytes(max(pairs - asked, 0), slot_bytes))
         size = size_expert_cache(free_bytes, reserve_bytes + need, slot_bytes, cap, asked, cap_what=cap_what)
-        return size, need, 0 if size.refused else need
+        return size, need, need  # refused or not: the mapping of the cache asked
     size = size_expert_cache(free_bytes, reserve_bytes, slot_bytes, cap, asked, cap_what=cap_what)
     held = 0
     for _ in range(16):

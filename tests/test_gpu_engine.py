@@ -352,3 +352,36 @@ def test_sim_profile_never_shrinks_the_cache_and_the_rest_is_filled_at_start_up(
     assert eng.gpu.fill == f"profile (2 pairs) + {pairs - 2} more in layer order"
     r, ref = _run(eng), _run(full)
     assert r.expert_misses == 0 and r.output_ids == ref.output_ids
+
+
+def test_sim_measure_host_tier_equals_the_plan(packs):
+    """strata-engine measure on a small simulated card: the host tier the engine pinned equals the plan's at the
+    engine's slots (exact), its device mapping is a term of both (the sim takes the budget's figure), and every
+    exact term agrees."""
+    from strata.engine.measure import measure_pack
+
+    bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)
+    a = measure_pack(str(packs["moe"]), n_ctx=64, backend=bk, vram_reserve_mib=96)
+    terms = {t.term: t for t in a.terms}
+    assert a.miss_tier == "pcie" and a.host_tier_bytes == a.host_tier_predicted_bytes > 0
+    assert terms["host tier mapping"].measured_bytes == terms["host tier mapping"].predicted_bytes == 2 << 20
+    assert a.exact_ok and any("host tier (pinned host memory)" in n and "(equal; exact)" in n for n in a.notes)
+
+
+def test_host_tier_that_does_not_fit_host_memory(packs, monkeypatch):
+    """A host tier above the available host memory (MemAvailable less 4 GiB): ``--miss-tier pcie`` is refused with
+    both numbers; ``auto`` keeps the misses on the CPU (the hybrid path) and says why; the tokens do not change."""
+    from strata.engine.gpu import device as D
+
+    monkeypatch.setattr(D, "mem_available", lambda: (4 << 30) + 1000)  # 1000 B of room: no tier fits
+    with pytest.raises(
+        ExpertCacheError, match=r"--miss-tier pcie: host tier: \d+ experts x \d+ B = \d+ B .* above the 1000 B"
+    ):
+        load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=12, miss_tier="pcie")
+    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=12)
+    assert eng.gpu.miss_tier.startswith("cpu (a ") and "B available less 4 GiB" in eng.gpu.miss_tier
+    assert eng.decoder.hybrid and eng.gpu.host_tier_bytes == 0 and eng.gpu.slot_plan.tier_map_reserved == 0
+    monkeypatch.undo()
+    ref = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=12)
+    assert not ref.decoder.hybrid and ref.gpu.miss_tier == "pcie"
+    assert _run(eng).output_ids == _run(ref).output_ids
