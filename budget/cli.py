@@ -28,6 +28,7 @@ from .options import (
     expert_cache_option,
     expert_profile_option,
     kv_option,
+    miss_tier_option,
     parse_expert_cache,
     reserve_option,
     source_dir_option,
@@ -156,6 +157,7 @@ def main() -> None:
 @reserve_option
 @expert_cache_option
 @expert_profile_option
+@miss_tier_option
 @click.option(
     "--bf16-scan/--no-bf16-scan", default=True, show_default=True, help="Scan every BF16-source value in pool.bin."
 )
@@ -179,6 +181,7 @@ def check(
     vram_reserve_mib,
     expert_cache,
     expert_profile,
+    miss_tier,
     bf16_scan,
     source_dir,
     as_json,
@@ -235,6 +238,7 @@ def check(
             profile_pairs=pairs,
             profile_path=expert_profile,
             engine=engine,
+            miss_tier=miss_tier,
         )
         try:
             plan = make_plan(audit.facts, card, opts)

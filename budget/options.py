@@ -128,6 +128,28 @@ def expert_cache_option(f):
     return click.option("--expert-cache", "expert_cache", default="auto", show_default=True, help=EXPERT_CACHE_HELP)(f)
 
 
+#: Where strata's engine runs an expert-cache miss (``--miss-tier`` of strata-engine and of strata-budget check).
+MISS_TIERS = ("auto", "pcie", "cpu")
+MISS_TIER_HELP = (
+    "strata's engine, MoE: where a cache miss runs. pcie: the experts the VRAM cache does not hold are copied once "
+    "into pinned host memory (the host tier, a host-memory figure of strata-budget check; its device mapping is a "
+    "VRAM term) and the GPU reads a miss from there with the kernel of a hit, so the decode step is one CUDA graph; "
+    "cpu: the host computes each layer's misses; auto: pcie where the host tier fits the available host memory "
+    "(less 4 GiB), else cpu."
+)
+
+
+def miss_tier_option(f):
+    return click.option(
+        "--miss-tier",
+        "miss_tier",
+        type=click.Choice(list(MISS_TIERS)),
+        default="auto",
+        show_default=True,
+        help=MISS_TIER_HELP,
+    )(f)
+
+
 def expert_profile_option(f):
     return click.option(
         "--expert-profile", "--profile", "expert_profile", type=click.Path(), default=None, help=EXPERT_PROFILE_HELP
@@ -153,6 +175,9 @@ class AliasChoice(click.Choice):
 
 
 __all__ = [
+    "MISS_TIERS",
+    "MISS_TIER_HELP",
+    "miss_tier_option",
     "AliasChoice",
     "CARD_HELP",
     "CTX_HELP",

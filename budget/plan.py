@@ -274,6 +274,8 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
                 detail=(
                     "the driver's page tables of the host tier (pinned host memory of the experts the cache does not "
                     "hold, read over PCIe): 8 B per 4 KiB page, 2 MiB units (strata.layout.experts; measured)"
+                    if map_bytes
+                    else "no host tier: every expert has a slot"
                 ),
             )
         )

@@ -26,6 +26,7 @@ from strata.budget.options import (
     expert_cache_option,
     expert_profile_option,
     kv_option,
+    miss_tier_option,
     reserve_option,
     source_dir_option,
 )
@@ -36,7 +37,7 @@ from .clikit import REFUSALS, DevCommand, check_pack_dir, dev_option, fail, prin
 from .errors import GenerateError
 from .generate_cli import GenerateRequest, prompt_text
 from .numerics import DEFAULT_NUMERICS, NUMERICS_MODES
-from .options import MAX_THREADS, MISS_TIERS, EngineOptions, options_from_cli
+from .options import MAX_THREADS, EngineOptions, options_from_cli
 from .startup import load_engine
 
 
@@ -65,21 +66,6 @@ def main() -> None:
       130  interrupted by SIGINT (Ctrl-C; generate keeps what it printed); 143 by SIGTERM
       141  stdout was closed (`| head`)
     """
-
-
-def miss_tier_option(f):
-    """``--miss-tier``: where the GPU path's expert-cache misses run (:class:`strata.engine.options.EngineOptions`)."""
-    return click.option(
-        "--miss-tier",
-        "miss_tier",
-        type=click.Choice(list(MISS_TIERS)),
-        default="auto",
-        show_default=True,
-        help="cuda, MoE: where a cache miss runs. pcie: the experts the VRAM cache does not hold are copied once "
-        "into pinned host memory (the host tier, a host-memory term of strata-budget check) and the GPU reads a "
-        "miss from there with the kernel of a hit, so the decode step is one CUDA graph; cpu: the host computes "
-        "each layer's misses; auto: pcie where the host tier fits the available host memory (less 4 GiB), else cpu.",
-    )(f)
 
 
 @main.command("generate", cls=DevCommand)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from strata.budget import formulas as F
-from strata.budget.options import parse_expert_cache, resolve_ctx
+from strata.budget.options import MISS_TIERS, parse_expert_cache, resolve_ctx
 from strata.layout import kv as LK
 
 from .errors import ExpertCacheError, GenerateError, StageTimesRefused
@@ -30,8 +30,6 @@ from .numerics import DEFAULT_NUMERICS
 
 #: The devices the engine runs on (``--device``); ``cuda`` and ``sim`` (its NumPy stand-in) live in strata.engine.gpu.
 DEVICES = ("cpu", "cuda", "sim")
-#: Where the GPU path's expert-cache misses run (``--miss-tier``; :class:`EngineOptions` ``miss_tier``).
-MISS_TIERS = ("auto", "pcie", "cpu")
 #: The most CPU kernel threads (ggml's GGML_MAX_N_THREADS); ``-t/--threads`` takes 1..MAX_THREADS.
 MAX_THREADS = 512
 
@@ -53,11 +51,11 @@ class EngineOptions:
             and stored as None / the int); ``profile``: ``(layer, expert, count)`` rows that fill the cache;
             ``vram_reserve_mib``: VRAM kept free (MiB); ``admit``: first-come admission of misses into free
             slots (default: on without a profile).
-        miss_tier: where the GPU path's cache misses run (``--miss-tier``, :data:`MISS_TIERS`): ``pcie`` (the
-            experts the cache does not hold are copied once into pinned host memory, the host tier, and the GPU
-            reads a miss from there with the kernel of a hit: the step never stops at the host), ``cpu`` (the host
-            computes each layer's misses between graph segments), ``auto`` (``pcie`` where the host tier fits the
-            host's available memory, else ``cpu``, said at start-up).
+        miss_tier: where the GPU path's cache misses run (``--miss-tier``, :data:`strata.budget.options.MISS_TIERS`):
+            ``pcie`` (the experts the cache does not hold are copied once into pinned host memory, the host tier,
+            and the GPU reads a miss from there with the kernel of a hit: the step never stops at the host),
+            ``cpu`` (the host computes each layer's misses between graph segments), ``auto`` (``pcie`` where the
+            host tier fits the host's available memory, else ``cpu``, said at start-up).
         cpu_kernel: the matvec kernels asked (``--kernel``), ``"q8"`` (llama.cpp's CPU numerics: activations
             quantized to Q8_0/Q8_K, integer dots), ``"exact"`` (the exact GPU kernels' summation order) or
             ``"f32"`` (CPU only) (:mod:`strata.engine.cpu.kernels`); None = the device's default
@@ -278,7 +276,6 @@ def options_from_cli(
 __all__ = [
     "DEVICES",
     "MAX_THREADS",
-    "MISS_TIERS",
     "EngineOptions",
     "ResolvedOptions",
     "emulated_card",

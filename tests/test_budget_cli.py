@@ -765,3 +765,24 @@ def test_kv_resident_above_the_context_is_refused(pack):
         .exit_code
         == 0
     )
+
+
+def test_host_tier_is_planned_for_strata_and_not_for_cpu_misses_or_the_cpp_engine(small_moe_pack):
+    """A 4 MiB card where no expert gets a slot: strata's engine with misses over PCIe (``--miss-tier auto``, the
+    default) plans the 24 pairs in a host tier of 24 x 156,672 B (pinned host memory, named in the verdict) and its
+    device mapping (one 2 MiB unit) as a VRAM term; ``--miss-tier cpu`` and ``--engine cpp`` plan neither."""
+    args = (small_moe_pack, "--card-mib", 4, "--cuda-context-mib", 0, "--cuda-runtime-mib", 0, "--vram-reserve-mib", 1)
+    args += ("--max-context", 64, "--no-bf16-scan")
+    code, d = run_json(*args)
+    terms = {t["name"]: t["bytes"] for t in d["terms"]}
+    assert code == 0 and d["slots"] == 0 and d["host_tier_bytes"] == 24 * 156_672 == 3_760_128
+    assert terms["host tier mapping"] == 2 << 20
+    assert (
+        "0 expert slots (0.0 MiB), the other experts in a 3.6 MiB host tier (pinned host memory)" in d["verdict_line"]
+    )
+    for more in (("--miss-tier", "cpu"), ("--engine", "cpp")):
+        code, d = run_json(*args, *more)
+        assert d["host_tier_bytes"] == 0 and "host tier mapping" not in {t["name"] for t in d["terms"]}, more
+        assert "host tier" not in d["verdict_line"]
+    code, out = run(*args, "--miss-tier", "gpu")
+    assert code == 2 and "'gpu' is not one of 'auto', 'pcie', 'cpu'" in out
