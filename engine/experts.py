@@ -312,6 +312,7 @@ class ExpertCounts:
     per_layer_misses: dict[int, int] = field(default_factory=dict)
     #: of the misses, those the GPU read from the host tier over PCIe (the rest were computed on the CPU)
     pcie: int = 0
+    pcie_bytes: int = 0  # the bytes of those experts (engine form: gate + up + down), read over PCIe
 
 
 class ExpertPath:
@@ -342,14 +343,14 @@ class ExpertPath:
         self.exact, self.threads = self.kernel == "exact", threads
         self.counts = ExpertCounts()
         self._step: dict[int, list[int]] = {}
-        self._step_pcie = 0
+        self._step_pcie = self._step_pcie_bytes = 0
         self.on_route: Callable[[int, list[int]], None] | None = None
 
     def reset_counts(self) -> None:
         """Zero the run's counts and the current step's (e.g. after a warm-up step)."""
         self.counts = ExpertCounts()
         self._step = {}
-        self._step_pcie = 0
+        self._step_pcie = self._step_pcie_bytes = 0
 
     def miss_ffn(self, il: int, e: int, x):
         return self.source.ffn(il, e, x, threads=self.threads, act_quant=self.act_quant, kernel=self.kernel)
@@ -376,13 +377,16 @@ class ExpertPath:
             y = ye if y is None else y + ye
         return y
 
-    def count(self, il: int, hits: int, misses: int, pcie: int = 0) -> None:
+    def count(self, il: int, hits: int, misses: int, pcie: int = 0, pcie_bytes: int = 0) -> None:
         """Add one layer's routed experts to the counts (a path that splits hits and misses itself,
-        e.g. the fused GPU step); ``pcie``: how many of the misses the GPU read from the host tier."""
+        e.g. the fused GPU step); ``pcie``: how many of the misses the GPU read from the host tier, ``pcie_bytes``
+        their bytes."""
         self.counts.hits += hits
         self.counts.misses += misses
         self.counts.pcie += pcie
+        self.counts.pcie_bytes += pcie_bytes
         self._step_pcie += pcie
+        self._step_pcie_bytes += pcie_bytes
         if misses:
             self.counts.per_layer_misses[il] = self.counts.per_layer_misses.get(il, 0) + misses
         step = self._step.setdefault(il, [0, 0])
@@ -395,9 +399,10 @@ class ExpertPath:
         self._step = {}
         return out
 
-    def take_pcie(self) -> int:
-        """Misses read over PCIe from the host tier since the previous call (count of experts)."""
-        v, self._step_pcie = self._step_pcie, 0
+    def take_pcie(self) -> tuple[int, int]:
+        """Misses read over PCIe from the host tier since the previous call: (count of experts, their bytes)."""
+        v = (self._step_pcie, self._step_pcie_bytes)
+        self._step_pcie = self._step_pcie_bytes = 0
         return v
 
     def step_counts(self) -> tuple[int, int]:

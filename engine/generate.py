@@ -41,7 +41,7 @@ class StepStat(BaseModel):
     ``wait_ms`` = host wall time blocked in device->host copies (router choices, a missed expert's
     input, the logits: each waits for the kernels queued before it). ``expert_layers``: per MoE
     layer, ``[hits, misses]`` at this position (counts of routed experts); ``expert_pcie``: of the misses, those
-    the GPU read from the host tier over PCIe (the rest ran on the CPU)."""
+    the GPU read from the host tier over PCIe (the rest ran on the CPU), ``pcie_bytes`` their bytes (engine form)."""
 
     position: int
     phase: str  # "prompt" (teacher-forced, no logits), "first" (last prompt position), "decode"
@@ -52,6 +52,7 @@ class StepStat(BaseModel):
     expert_hits: int = 0
     expert_misses: int = 0
     expert_pcie: int = 0
+    pcie_bytes: int = 0
     expert_layers: dict[int, list[int]] | None = None
     gpu_ms: float | None = None
     cpu_expert_ms: float | None = None
@@ -91,6 +92,7 @@ class GenerationResult(BaseModel):
     expert_hits: int = 0
     expert_misses: int = 0
     expert_pcie: int = 0
+    pcie_bytes: int = 0
     steps: list[StepStat] = Field(default_factory=list)
     checkpoints: list[Checkpoint] = Field(default_factory=list)
 
@@ -168,7 +170,7 @@ def decode(
             st.expert_layers = {il: list(hm) for il, hm in per_layer.items()}
             st.expert_hits = sum(h for h, _ in per_layer.values())
             st.expert_misses = sum(m for _, m in per_layer.values())
-            st.expert_pcie = experts.take_pcie()
+            st.expert_pcie, st.pcie_bytes = experts.take_pcie()
         steps.append(st)
         if on_step:
             on_step(st)
@@ -269,6 +271,7 @@ def generate(
         expert_hits=sum(s.expert_hits for s in steps),
         expert_misses=sum(s.expert_misses for s in steps),
         expert_pcie=sum(s.expert_pcie for s in steps),
+        pcie_bytes=sum(s.pcie_bytes for s in steps),
         steps=steps,
         checkpoints=list(engine.checkpoints),
     )

@@ -122,7 +122,8 @@ def stats_line(s: StepStat, piece: Callable[[int], str] | None = None, gpu: bool
     if experts:
         per = " ".join(f"{il}:{h}/{m}" for il, (h, m) in sorted((s.expert_layers or {}).items()))
         line += (
-            f" | experts {s.expert_hits} hits / {s.expert_misses} misses, {s.expert_pcie} of them over PCIe (counts); "
+            f" | experts {s.expert_hits} hits / {s.expert_misses} misses, {s.expert_pcie} of them over PCIe (counts), "
+            f"{s.pcie_bytes / 2**20:.2f} MiB over PCIe; "
             f"per layer hits/misses (counts): {per}"
         )
     return line

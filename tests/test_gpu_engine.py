@@ -199,6 +199,8 @@ def test_sim_stats_per_layer_counts_and_timers(packs, tier):
         assert all(h + m == n_used for h, m in s.expert_layers.values())
         assert s.expert_hits == sum(h for h, _ in s.expert_layers.values())
         assert s.expert_pcie == (s.expert_misses if tier == "pcie" else 0)
+        blobs = eng.decoder.moe.blob_bytes  # engine form: gate + up + down of the layer's types
+        assert s.pcie_bytes == (sum(m * blobs[il] for il, (_h, m) in s.expert_layers.items()) if tier == "pcie" else 0)
         assert s.gpu_ms is None and s.cpu_expert_ms is not None and s.wait_ms is not None  # sim: no device clock
     assert r.expert_misses > 0 and r.expert_pcie == sum(s.expert_pcie for s in r.steps)
     cpu_ms = sum(s.cpu_expert_ms for s in r.steps)
@@ -208,7 +210,10 @@ def test_sim_stats_per_layer_counts_and_timers(packs, tier):
     s = r.steps[-1]
     line = stats_line(s, None, gpu=True, experts=True)
     assert "ms (wall)" in line and "gpu n/a ms (event span)" in line and "per layer hits/misses (counts): 0:" in line
-    assert f"{s.expert_misses} misses, {s.expert_pcie} of them over PCIe (counts)" in line
+    assert (
+        f"{s.expert_misses} misses, {s.expert_pcie} of them over PCIe (counts), {s.pcie_bytes / 2**20:.2f} MiB" in line
+    )
+    assert len(set(eng.decoder.moe.blob_bytes.values())) == 3  # the preset's three layer types: the sum is per layer
 
 
 @pytest.mark.parametrize("name", ["moe", "gemma3", "qwen2"])

@@ -68,12 +68,14 @@ class MoeStep:
         self.layers = list(src.layers)
         self.offsets: dict[int, tuple[int, int, int]] = {}
         self.part_bytes: dict[int, tuple[int, int, int]] = {}
+        self.blob_bytes: dict[int, int] = {}
         self.slot_bytes = 0
         for il in self.layers:  # the SlotCache's layout: one function of the budget
             g, u, d = src.types(il)
             (pg, pu, pd), stride = LX.expert_slot_layout(g, u, d, self.n_embd, self.n_ff)
             self.offsets[il] = (pg[0], pu[0], pd[0])
             self.part_bytes[il] = (pg[1], pu[1], pd[1])
+            self.blob_bytes[il] = pg[1] + pu[1] + pd[1]  # what a miss over PCIe reads (engine form)
             self.slot_bytes = max(self.slot_bytes, stride)
         bk, K, E, n = backend, self.K, self.E, self.n_embd
         self.probs = bk.empty_f32(E)
@@ -340,7 +342,7 @@ class MoeStep:
             if ex.on_route is not None:
                 ex.on_route(il, rec[il, 0].tolist())
             h = hits[il]
-            ex.count(il, h, K - h, pcie=pcie[il])
+            ex.count(il, h, K - h, pcie=pcie[il], pcie_bytes=pcie[il] * self.blob_bytes[il])
             if admit and h < K:
                 for k in range(K):
                     if slots[il, k] < 0:
@@ -364,7 +366,8 @@ class MoeStep:
         if ex.on_route is not None:
             ex.on_route(il, ids)
         hits = int((slots >= 0).sum())
-        ex.count(il, hits, K - hits, pcie=K - hits - len(self._misses))
+        pcie = K - hits - len(self._misses)
+        ex.count(il, hits, K - hits, pcie=pcie, pcie_bytes=pcie * self.blob_bytes[il])
 
     def miss_kernel(self, asked: str) -> str:
         """The CPU kernel of a miss: with the step's q8 numerics ``"q8-exact"`` (q8 for the types the GPU runs q8,
