@@ -115,6 +115,9 @@ class AuditResult(BaseModel):
     bf16_values_scanned: int = 0
     bf16_scan: bool = True
     seconds: dict[str, float] = Field(default_factory=dict)
+    #: "pack" (a built pack), or "gguf header" (``strata-budget check FILE.gguf``: the tables the build would write,
+    #: from the GGUF headers; no BF16 value scan, the pool is not copied)
+    planned_from: str = "pack"
 
     @property
     def ok(self) -> bool:

@@ -209,6 +209,10 @@ def check(
         _fail(e, as_json, t0)
     if source_dir is not None and not Path(source_dir).is_dir():
         _fail(f"--source-dir {source_dir}: no such directory; nothing was audited", as_json, t0)
+    gguf = Path(pack) if Path(pack).is_file() else None
+    if gguf is not None:  # a plan before the pack: the tables the build would write, from the GGUF headers
+        pack, tmp = _header_pack(gguf, as_json, t0)
+        bf16_scan = False  # nothing reads pool bytes the build has not copied
     try:
         audit = audit_pack(pack, bf16_scan=bf16_scan, source_dir=source_dir)
     except (PackFormatError, ManifestError) as e:
@@ -247,6 +251,9 @@ def check(
             # a pack that passed cannot be planned only for bad input
             if audit.ok:
                 _fail(e if isinstance(e, BudgetInputError) else f"{pack}: cannot plan the pack: {e}", as_json, t0)
+    if gguf is not None:
+        audit.pack = str(gguf)
+        audit.planned_from = "gguf header"
     seconds = time.perf_counter() - t0
     code = EXIT_SEMANTIC if not audit.ok else (EXIT_FITS if plan is not None and plan.fits else EXIT_NO_FIT)
     verdict = _verdict(audit, plan)
@@ -255,6 +262,23 @@ def check(
     else:
         _print(audit, plan, verdict, seconds)
     sys.exit(code)
+
+
+def _header_pack(gguf: Path, as_json: bool, t0: float):
+    """``strata-budget check FILE.gguf``: the pack's tables written from the GGUF headers into a temporary directory
+    (:func:`strata.packer.build.header_pack`: no pool byte copied), removed when the process ends. Returns
+    ``(pack directory, the TemporaryDirectory)``; a source the build would refuse is refused here, exit 2."""
+    import tempfile
+
+    from strata.packer.build import header_pack
+    from strata.packer.cli import INPUT_ERRORS
+
+    tmp = tempfile.TemporaryDirectory(prefix="strata-plan-")
+    try:
+        return header_pack(gguf, Path(tmp.name) / "pack"), tmp
+    except INPUT_ERRORS as e:
+        tmp.cleanup()
+        _fail(f"{gguf}: cannot plan from this GGUF: {e}", as_json, t0)
 
 
 def _card(name: str | None, mib: int | None, ctx: int | None, runtime: int | None = None) -> Card:
@@ -379,6 +403,7 @@ def to_json(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float)
         "checks_failed": sum(1 for c in audit.checks if not c.ok),
         "bf16_tensors": audit.bf16_tensors,
         "bf16_values_scanned": audit.bf16_values_scanned,
+        "planned_from": audit.planned_from,
         "seconds": audit.seconds,
     }
     d["seconds"] = seconds
@@ -435,6 +460,11 @@ def _print(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float) 
             f"audit: {audit.dense_tensors} dense tensors, {audit.expert_layers} expert layers, "
             f"{len(audit.checks)} budget terms derived twice and equal, {audit.bf16_tensors} BF16 tensors "
             f"({audit.bf16_values_scanned} values scanned{'' if audit.bf16_scan else ', scan skipped'}): ok"
+        )
+    if audit.planned_from == "gguf header":
+        con.print(
+            f"planned from the GGUF header of {escape(audit.pack)}: the tables strata-pack build would write, no pack "
+            "written (the BF16 value scan runs on a built pack)"
         )
     for line in warning_lines(audit.warnings):
         con.print(f"[yellow]audit warning:[/yellow] {escape(line)}")

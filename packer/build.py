@@ -311,6 +311,45 @@ def stale_temp_dirs(out: Path) -> list[Path]:
     return sorted(p for p in parent.glob(f".{out.name}.tmp-*") if p.is_dir())
 
 
+def write_tables(d: Path, model: GGUFModel, geom, index: PackIndex, experts) -> None:
+    """The pack's tables into directory ``d``: index.txt (the pool's layout), native_experts.txt (when the model has
+    routed experts), geometry.txt and metadata.txt (with the directory the user named the shards in). What
+    :func:`build_pack` writes beside pool.bin and the vocabulary, and :func:`header_pack` too (docs/FORMAT.md)."""
+    write_index(d / INDEX_FILE, index)
+    if experts is not None:
+        write_experts(d / EXPERTS_FILE, experts)
+    write_geometry(d / GEOMETRY_FILE, geometry_params_text(geom))
+    # the directory the user named the shards in, symlinks NOT followed: a Hugging Face cache holds
+    # snapshots/REV/NAME.gguf -> ../../blobs/HASH, and the pack finds NAME.gguf in snapshots/REV only
+    src_dir = Path(os.path.abspath(model.shards[0].path)).parent
+    write_metadata(d / METADATA_FILE, metadata_items(model, src_dir))
+
+
+def header_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = DEFAULT_ALIGN) -> Path:
+    """The tables of the pack ``src`` would build, from the GGUF headers alone, into the new directory ``out``
+    (which must not exist): :func:`write_tables`, the vocabulary and a SPARSE pool.bin of the pool's size (no byte
+    copied, no disk used), so that ``strata-budget check`` audits and plans a GGUF before a pack is built - the same code on the
+    same tables as the built pack, hence the same terms. Nothing else may read its pool (its bytes are zeros).
+
+    Raises:
+        GGUFError, BuildError, ManifestError, KeysRefusedError: as :func:`build_pack` refuses the same source.
+    """
+    out = Path(out)
+    model = open_model(src)
+    geom = resolve_geometry(model)
+    check_foreign_shards(model, geom)
+    check_layer_count(model, geom)
+    index = layout_pool(model, align)
+    experts = tabulate_experts(model, geom)
+    check_tokenizer(model)
+    out.mkdir()
+    write_tables(out, model, geom, index, experts)
+    _write_tokenizer(model, out)
+    with open(out / POOL_FILE, "wb") as f:
+        f.truncate(index.pool_bytes)
+    return out
+
+
 def build_pack(
     src: str | os.PathLike,
     out: str | os.PathLike,
@@ -370,14 +409,7 @@ def build_pack(
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a pack is an ordinary directory
     try:
         write_pool(model, index, tmp / POOL_FILE, progress=progress)
-        write_index(tmp / INDEX_FILE, index)
-        if experts is not None:
-            write_experts(tmp / EXPERTS_FILE, experts)
-        write_geometry(tmp / GEOMETRY_FILE, geometry_params_text(geom))
-        # the directory the user named the shards in, symlinks NOT followed: a Hugging Face cache holds
-        # snapshots/REV/NAME.gguf -> ../../blobs/HASH, and the pack finds NAME.gguf in snapshots/REV only
-        src_dir = Path(os.path.abspath(model.shards[0].path)).parent
-        write_metadata(tmp / METADATA_FILE, metadata_items(model, src_dir))
+        write_tables(tmp, model, geom, index, experts)
         _write_tokenizer(model, tmp)
         result = BuildResult(
             pack=out,
@@ -454,4 +486,6 @@ __all__ = [
     "check_tokenizer",
     "stale_temp_dirs",
     "write_pool",
+    "write_tables",
+    "header_pack",
 ]

@@ -786,3 +786,36 @@ def test_host_tier_is_planned_for_strata_and_not_for_cpu_misses_or_the_cpp_engin
         assert "host tier" not in d["verdict_line"]
     code, out = run(*args, "--miss-tier", "gpu")
     assert code == 2 and "'gpu' is not one of 'auto', 'pcie', 'cpu'" in out
+
+
+@pytest.mark.parametrize("kind", ["split moe", "dense"])
+def test_plan_from_the_gguf_header_equals_the_plan_of_its_pack(tmp_path, kind):
+    """``strata-budget check FILE.gguf`` (issue 21 item 7): the same audit and plan as the pack that file builds -
+    every VRAM term, the slots, the host tier - for a split MoE (from any shard) and a dense model, from the headers
+    alone (no pool byte copied: nothing is written beside the source), and says so."""
+    spec = synth.qwen3moe_spec().model_copy(update={"n_shards": 3}) if kind == "split moe" else synth.qwen2_spec()
+    (tmp_path / "src").mkdir()
+    files = synth.write_model(tmp_path / "src" / "m.gguf", spec)
+    assert len(files) == (3 if kind == "split moe" else 1)
+    build_pack(files[0], tmp_path / "pack", progress=False)
+    args = ("--card", "16G", "--max-context", 256, "--no-bf16-scan", "--json")
+    code_p, p = run(tmp_path / "pack", *args)
+    before = sorted((tmp_path / "src").iterdir())
+    for src in files if kind == "split moe" else files[:1]:
+        code_g, g = run(src, *args)
+        assert code_g == code_p == 0
+        p_, g_ = json.loads(p), json.loads(g)
+        assert g_["terms"] == p_["terms"] and g_["slots"] == p_["slots"] and g_["used_bytes"] == p_["used_bytes"]
+        assert g_["host_tier_bytes"] == p_["host_tier_bytes"] and g_["verdict_line"] == p_["verdict_line"]
+        assert g_["audit"]["planned_from"] == "gguf header" and g_["audit"]["pack"] == str(src)
+        assert p_["audit"]["planned_from"] == "pack"
+    assert sorted((tmp_path / "src").iterdir()) == before  # nothing written beside the source
+    code, out = run(files[0], "--card", "16G", "--max-context", 256)
+    assert code == 0 and f"planned from the GGUF header of {files[0]}" in " ".join(out.split())
+
+
+def test_plan_from_a_file_that_is_not_a_gguf_is_refused(tmp_path):
+    bad = tmp_path / "notes.gguf"
+    bad.write_bytes(b"GGUX" + bytes(60))
+    code, out = run(bad, "--card", "16G")
+    assert code == 2 and f"error: {bad}: cannot plan from this GGUF:" in out
