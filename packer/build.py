@@ -328,8 +328,8 @@ def write_tables(d: Path, model: GGUFModel, geom, index: PackIndex, experts) -> 
 def header_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = DEFAULT_ALIGN) -> Path:
     """The tables of the pack ``src`` would build, from the GGUF headers alone, into the new directory ``out``
     (which must not exist): :func:`write_tables`, the vocabulary and a SPARSE pool.bin of the pool's size (no byte
-    copied, no disk used), so that ``strata-budget check`` audits and plans a GGUF before a pack is built - the same code on the
-    same tables as the built pack, hence the same terms. Nothing else may read its pool (its bytes are zeros).
+    copied, no disk used), so that ``strata-budget check`` audits and plans a GGUF before a pack is built - the same
+    code on the same tables as the built pack, hence the same terms. Nothing else may read its pool (zeros).
 
     Raises:
         GGUFError, BuildError, ManifestError, KeysRefusedError: as :func:`build_pack` refuses the same source.
