@@ -186,7 +186,8 @@ def check(
     source_dir,
     as_json,
 ):
-    """Audit PACK and plan its VRAM on a card.
+    """Audit PACK and plan its VRAM on a card. PACK may also be a GGUF file (any shard of a split model): the
+    plan before the download or the build, from the headers, with the terms its pack would give.
 
     \b
     Exit codes:
