@@ -56,7 +56,7 @@ def parse_expert_cache(value: str | int | None) -> tuple[int | None, str | None]
     return n, None
 
 
-CARD_HELP = "Card preset from budget/cards.toml (24G, 16G, 12G, 8G, 6G; 24GB and 24GiB name the same)"
+CARD_HELP = "Card preset from budget/cards.toml (80G, 48G, 32G, 24G, 16G, 12G, 8G, 6G; 24GB and 24GiB name the same)"
 CARD_MIB_HELP = "Card total in MiB as CUDA reports it (instead of --card; 1 MiB to 16 TiB)."
 ENGINE_CARD_HELP = (
     CARD_HELP + " to emulate on the GPU: free memory at every start-up checkpoint is that card's total "

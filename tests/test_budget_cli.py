@@ -216,7 +216,7 @@ def test_not_fitting_exits_1_and_says_what_to_shrink(pack):
 @pytest.mark.parametrize(
     "args, msg",
     [
-        (["--card", "20G"], "unknown card '20G'; presets: 24G"),
+        (["--card", "20G"], "unknown card '20G'; presets: 80G, 48G, 32G, 24G"),
         (["--card-mib", "0"], "--card-mib 0: a card size must be a positive number of MiB"),
         ([], "no card: give --card"),
         (["--card", "24G", "--card-mib", "1000"], "give --card or --card-mib, not both"),

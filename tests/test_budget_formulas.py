@@ -162,7 +162,7 @@ def test_card_presets_are_the_documented_cuda_totals():
 
 
 def test_card_errors_never_guess():
-    with pytest.raises(CardError, match="unknown card '20G'; presets: 24G"):
+    with pytest.raises(CardError, match="unknown card '20G'; presets: 80G, 48G, 32G, 24G"):
         card_preset("20G")
     with pytest.raises(CardError, match="--card-mib 0"):
         card_from_mib(0)
@@ -507,3 +507,17 @@ def test_size_with_host_tier_is_the_fixed_point():
     # every expert fits: no tier, no mapping
     big, _h, none = F.size_with_host_tier(40 << 30, reserve, slot, pairs, None, pairs)
     assert big.slots == pairs and none == 0
+
+
+def test_presets_for_32g_48g_and_80g_cards():
+    """Issue 21 item 9: presets for 32G and 48G cards and the H100 class, each a deviceQuery reading (cards.toml
+    names the source); 80GB and 80GiB name the same preset."""
+
+    for name, card, total in (
+        ("32G", "NVIDIA GeForce RTX 5090", 33_660_534_784),
+        ("48G", "NVIDIA RTX A6000", 51_160_023_040),
+        ("80G", "NVIDIA H100 80GB HBM3", 85_017_755_648),
+    ):
+        c = card_preset(name)
+        assert (c.total_bytes, card in c.name) == (total, True) and c.total_bytes // 2**20 == int(c.name.split()[-2])
+    assert card_preset("80GB").total_bytes == card_preset("80GiB").total_bytes == 85_017_755_648
