@@ -72,6 +72,7 @@ JSON_KEYS = (
     "profile",
     "warnings",
     "suggestions",
+    "smallest_card",
     "options",
     "audit",
     "seconds",
@@ -321,11 +322,22 @@ def _verdict(audit: AuditResult, plan: Plan | None) -> str:
     if not plan.fits:
         short = plan.reserve_bytes + plan.draft_bind_bytes - plan.free_bytes
         first = next((s for s in plan.suggestions if s.fits_alone), None)  # safest first (plan.suggestions)
+        where = (
+            f"the smallest card preset the same plan fits is {plan.smallest_card}"
+            if plan.smallest_card not in (None, "none")
+            else "the same plan fits none of the card presets (up to 80G)"
+            if plan.smallest_card == "none"
+            else ""
+        )
         hint = (
             f"; e.g. {s_text(first)}"
             if first
+            else f"; no single change fits on its own: combine the suggestions, or {where}"
+            if plan.suggestions and where
             else "; no single change fits on its own: combine the suggestions"
             if plan.suggestions
+            else f"; {where}"
+            if where
             else ""
         )
         return (
@@ -392,6 +404,7 @@ def to_json(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float)
                 "profile": plan.profile.model_dump() if plan.profile else None,
                 "warnings": plan.warnings,
                 "suggestions": [s.model_dump() for s in plan.suggestions],
+                "smallest_card": plan.smallest_card,
                 "options": plan.options.model_dump(exclude={"profile_pairs"}),
             }
         )

@@ -357,7 +357,19 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     )
     if suggest and not fits:
         plan.suggestions = suggestions(facts, card, o, plan)
+        plan.smallest_card = smallest_card(facts, o, card.total_bytes)
     return plan
+
+
+def smallest_card(facts: ModelFacts, o: PlanOptions, above_bytes: int) -> str:
+    """The smallest card preset of budget/cards.toml larger than ``above_bytes`` (bytes) on which the plan with the
+    same options fits (its name as the card table gives it), or ``"none"``."""
+    from .cards import card_preset, known_cards
+
+    for c in sorted((card_preset(n) for n in known_cards()), key=lambda c: c.total_bytes):
+        if c.total_bytes > above_bytes and make_plan(facts, c, o, suggest=False).fits:
+            return c.name
+    return "none"
 
 
 def _check_profile(facts: ModelFacts, pairs: list[tuple[int, int, int]], src: str = "expert profile") -> None:

@@ -107,6 +107,9 @@ class Plan(BaseModel):
     profile: ProfileReport | None = None
     warnings: list[str] = Field(default_factory=list)
     suggestions: list[Suggestion] = Field(default_factory=list)
+    #: when the plan does not fit: the smallest card preset (budget/cards.toml) on which the same plan fits, or
+    #: "none" when it fits none of them; None when it fits or was not asked (suggest=False)
+    smallest_card: str | None = None
 
     def term(self, name: str) -> int:
         return next(t.bytes for t in self.terms if t.name == name)

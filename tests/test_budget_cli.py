@@ -681,7 +681,11 @@ def test_reserve_is_never_suggested_below_the_low_line_and_every_knob_is_listed_
     assert "never suggested" in s["--vram-reserve-mib"]["text"] and "256 MiB" in s["--vram-reserve-mib"]["text"]
     assert all(int(x["value"]) >= 256 for x in d["suggestions"] if x["option"] == "--vram-reserve-mib")
     assert "--vram-reserve-mib" not in d["verdict_line"]
-    assert d["verdict_line"].endswith("no single change fits on its own: combine the suggestions")
+    assert d["verdict_line"].endswith(
+        "no single change fits on its own: combine the suggestions, or the smallest card preset the same plan fits "
+        "is 6G (NVIDIA GeForce RTX 2060, 5917 MiB)"
+    )
+    assert d["smallest_card"] == "6G (NVIDIA GeForce RTX 2060, 5917 MiB)"
     # consistency: a knob that saves memory is listed even when it cannot fit alone, at its limit
     # (the prefill was omitted in that case while the context was listed)
     assert [x["option"] for x in d["suggestions"]] == SAFETY_ORDER[1:]

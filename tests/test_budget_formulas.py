@@ -521,3 +521,24 @@ def test_presets_for_32g_48g_and_80g_cards():
         c = card_preset(name)
         assert (c.total_bytes, card in c.name) == (total, True) and c.total_bytes // 2**20 == int(c.name.split()[-2])
     assert card_preset("80GB").total_bytes == card_preset("80GiB").total_bytes == 85_017_755_648
+
+
+def test_smallest_card_preset_the_plan_fits():
+    """A plan that does not fit names the smallest preset on which the same plan fits (issue 21 item 9), or "none":
+    dense weights of 20e9 F32 elements (BF16 source: 2 B each in engine form, 40 GB) fit the 48G preset and no
+    smaller one; 50e9 elements (100 GB) fit none (80G is the largest)."""
+    from strata.budget.plan import smallest_card
+
+    o = PlanOptions(engine="strata", n_ctx=256)
+
+    def big(elems):  # a weight matrix (2-D: no f32 vector copy), BF16 source held as 2 B per element
+        f = _facts(2, 1, 64, 0, 0, 0, 1, [], 0)
+        w = DenseTensor(name="blk.0.w", type=F32, src_type=BF16, ne=(4096, elems // 4096))
+        return f.model_copy(update={"dense": [*f.dense[:2], w]})
+
+    fits48 = big(20 * 10**9)
+    plan = make_plan(fits48, card_preset("24G"), o)
+    assert not plan.fits and plan.smallest_card == card_preset("48G").name
+    assert make_plan(fits48, card_preset("48G"), o).fits and not make_plan(fits48, card_preset("32G"), o).fits
+    assert smallest_card(big(50 * 10**9), o, 0) == "none"
+    assert make_plan(fits48, card_preset("80G"), o).smallest_card is None  # it fits: nothing to name
