@@ -73,6 +73,8 @@ JSON_KEYS = (
     "warnings",
     "suggestions",
     "smallest_card",
+    "host_ram_bytes",
+    "host_terms",
     "options",
     "audit",
     "seconds",
@@ -253,6 +255,8 @@ def check(
             # a pack that passed cannot be planned only for bad input
             if audit.ok:
                 _fail(e if isinstance(e, BudgetInputError) else f"{pack}: cannot plan the pack: {e}", as_json, t0)
+    if plan is not None:
+        plan.warnings += host_ram_warnings(plan, physical_ram_bytes())
     if gguf is not None:
         audit.pack = str(gguf)
         audit.planned_from = "gguf header"
@@ -264,6 +268,33 @@ def check(
     else:
         _print(audit, plan, verdict, seconds)
     sys.exit(code)
+
+
+def physical_ram_bytes() -> int:
+    """This machine's physical memory (bytes: ``SC_PHYS_PAGES x SC_PAGE_SIZE``)."""
+    import os
+
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def host_ram_warnings(plan: Plan, ram: int) -> list[str]:
+    """What the plan's host terms mean on a machine of ``ram`` bytes: a pinned host tier above ``ram`` less
+    :data:`strata.layout.experts.HOST_TIER_MARGIN_BYTES` is not built (strata-engine keeps the misses on the CPU),
+    and host terms above ``ram`` leave the experts to the disk (a CPU miss reads it)."""
+    from strata.layout.experts import HOST_TIER_MARGIN_BYTES
+
+    out, gib = [], 2**30
+    if plan.host_tier_bytes > ram - HOST_TIER_MARGIN_BYTES:
+        out.append(
+            f"host tier: {plan.host_tier_bytes / gib:.2f} GiB of pinned memory do not fit this machine's "
+            f"{ram / gib:.2f} GiB of RAM less 4 GiB: strata-engine (--miss-tier auto) computes the misses on the CPU"
+        )
+    if plan.host_ram_bytes > ram:
+        out.append(
+            f"host memory: the run needs {plan.host_ram_bytes / gib:.2f} GiB (the host terms), this machine has "
+            f"{ram / gib:.2f} GiB of RAM: the page cache cannot hold the model, so CPU misses read the disk"
+        )
+    return out
 
 
 def _header_pack(gguf: Path, as_json: bool, t0: float):
@@ -405,6 +436,8 @@ def to_json(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float)
                 "warnings": plan.warnings,
                 "suggestions": [s.model_dump() for s in plan.suggestions],
                 "smallest_card": plan.smallest_card,
+                "host_ram_bytes": plan.host_ram_bytes,
+                "host_terms": [{"name": t.name, "bytes": t.bytes, "detail": t.detail} for t in plan.host_terms],
                 "options": plan.options.model_dump(exclude={"profile_pairs"}),
             }
         )
@@ -522,6 +555,11 @@ def _print(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float) 
             f"{plan.recurrent_state_bytes_per_seq:,} B per sequence; free when the expert cache opens "
             f"{plan.free_bytes:,} B; max_blob {plan.max_blob:,} B engine form ({plan.max_blob_source:,} B source)"
         )
+        if plan.host_terms:
+            con.print(
+                f"host memory: {_mib(plan.host_ram_bytes)} MiB = "
+                + " + ".join(f"{t.name} {_mib(t.bytes)} MiB" for t in plan.host_terms)
+            )
         if plan.profile:
             p = plan.profile
             con.print(

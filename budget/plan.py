@@ -355,10 +355,42 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         profile=profile,
         warnings=warnings,
     )
+    plan.host_terms = host_terms(facts, plan.host_tier_bytes)
+    plan.host_ram_bytes = sum(t.bytes for t in plan.host_terms)
     if suggest and not fits:
         plan.suggestions = suggestions(facts, card, o, plan)
         plan.smallest_card = smallest_card(facts, o, card.total_bytes)
     return plan
+
+
+def host_terms(facts: ModelFacts, tier_bytes: int) -> list[Term]:
+    """Host memory of a run (bytes): the dense pool (pack form: :func:`strata.packer.quants.tensor_nbytes` of every
+    dense tensor's pool type; read once at start-up, then page cache), the routed experts in the shards (source form,
+    every pair; page cache - what a miss on the CPU reads, so evicting it makes misses read the disk) and the host
+    tier (pinned, ``tier_bytes``: :func:`strata.layout.experts.host_tier_bytes`)."""
+    from strata.packer import quants
+
+    pool = sum(quants.tensor_nbytes(t.type, t.ne) for t in facts.dense)
+    shards = sum(L.blob_bytes for L in facts.expert_layers) * facts.n_expert
+    out = [Term(name="dense pool (page cache)", bytes=pool, detail="pool.bin, read at start-up; reclaimable")]
+    if facts.expert_layers:
+        out.append(
+            Term(
+                name="routed experts (page cache)",
+                bytes=shards,
+                detail="the experts in the GGUF shards (source form): what a CPU miss reads; reclaimable",
+            )
+        )
+        out.append(
+            Term(
+                name="host tier (pinned)",
+                bytes=tier_bytes,
+                detail="the experts without a slot in engine form, read by the GPU over PCIe; locked, not reclaimable"
+                if tier_bytes
+                else "none (every expert has a slot, or --miss-tier cpu)",
+            )
+        )
+    return out
 
 
 def smallest_card(facts: ModelFacts, o: PlanOptions, above_bytes: int) -> str:

@@ -107,6 +107,11 @@ class Plan(BaseModel):
     profile: ProfileReport | None = None
     warnings: list[str] = Field(default_factory=list)
     suggestions: list[Suggestion] = Field(default_factory=list)
+    #: host memory the run needs beside the VRAM terms (bytes; strata's engine): the dense pool read at start-up
+    #: (page cache, reclaimable), the routed experts in the shards (page cache: what a miss on the CPU reads), the
+    #: host tier (pinned: never reclaimable); ``host_ram_bytes`` their sum
+    host_terms: list[Term] = Field(default_factory=list)
+    host_ram_bytes: int = 0
     #: when the plan does not fit: the smallest card preset (budget/cards.toml) on which the same plan fits, or
     #: "none" when it fits none of them; None when it fits or was not asked (suggest=False)
     smallest_card: str | None = None

@@ -823,3 +823,27 @@ def test_plan_from_a_file_that_is_not_a_gguf_is_refused(tmp_path):
     bad.write_bytes(b"GGUX" + bytes(60))
     code, out = run(bad, "--card", "16G")
     assert code == 2 and f"error: {bad}: cannot plan from this GGUF:" in out
+
+
+def test_host_memory_terms_and_warnings(small_moe_pack):
+    """Issue 21 item 8: host memory beside the VRAM terms - the dense pool and the routed experts (page cache) and the
+    host tier (pinned) - in --json (``host_ram_bytes``, ``host_terms``) and the text; a machine with less RAM is
+    named (host_ram_warnings with a small machine)."""
+    from types import SimpleNamespace
+
+    from strata.budget.cli import host_ram_warnings
+
+    args = (small_moe_pack, "--card-mib", 4, "--cuda-context-mib", 0, "--cuda-runtime-mib", 0, "--vram-reserve-mib", 1)
+    code, d = run_json(*args, "--max-context", 64, "--no-bf16-scan")
+    terms = {t["name"]: t["bytes"] for t in d["host_terms"]}
+    assert terms["host tier (pinned)"] == d["host_tier_bytes"] == 24 * 156_672
+    # the preset's three layers: (Q4_K, Q8_0), (IQ2_XS, IQ4_NL), (Q6_K, Q5_0) at 256 x 256, 8 experts each
+    blobs = [2 * 36_864 + 69_632, 2 * 18_944 + 36_864, 2 * 53_760 + 45_056]
+    assert terms["routed experts (page cache)"] == 8 * sum(blobs)
+    assert d["host_ram_bytes"] == sum(terms.values()) and terms["dense pool (page cache)"] > 0
+    code, out = run(*args, "--max-context", 64, "--no-bf16-scan")
+    assert "host memory: " in out and "host tier (pinned) 3.6 MiB" in " ".join(out.split())
+    plan = SimpleNamespace(host_tier_bytes=d["host_tier_bytes"], host_ram_bytes=d["host_ram_bytes"])
+    warn = host_ram_warnings(plan, 4 << 30)  # a 4 GiB machine: no room for pinned memory, page cache holds it
+    assert len(warn) == 1 and warn[0].startswith("host tier: 0.00 GiB of pinned memory do not fit this machine's 4.00")
+    assert len(host_ram_warnings(plan, 1 << 20)) == 2 and host_ram_warnings(plan, 64 << 30) == []
