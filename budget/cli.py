@@ -376,11 +376,12 @@ def _verdict(audit: AuditResult, plan: Plan | None) -> str:
             f"{_mib(short)} MiB short of the {plan.options.vram_reserve_mib} MiB reserve{hint}"
         )
     slots = (
-        f"{plan.slots} expert slots ({_mib(plan.expert_cache_bytes)} MiB"
+        f"{plan.slots} expert slot{'' if plan.slots == 1 else 's'} ({_mib(plan.expert_cache_bytes)} MiB"
         + (f", expected hit rate {plan.profile.expected_hit_rate:.1%} in-sample" if plan.profile else "")
         + ")"
         + (
-            f", the other experts in a {_mib(plan.host_tier_bytes)} MiB host tier (pinned host memory)"
+            f", {'the other' if plan.slots else 'every'} expert{'s' if plan.slots else ''} in a "
+            f"{_mib(plan.host_tier_bytes)} MiB host tier (pinned host memory)"
             if plan.host_tier_bytes
             else ""
         )

@@ -228,7 +228,7 @@ def size_with_host_tier(
     pairs: int,
     *,
     cap_what: str = "",
-) -> tuple[CacheSize, int, int]:
+) -> tuple[CacheSize | None, int, int]:
     """The expert cache size when the pairs it does not hold go to strata's host tier, whose mapping takes device
     memory (:func:`strata.layout.experts.host_tier_map_bytes` of ``(pairs - slots) x slot_bytes``): the cache is
     sized with that mapping reserved beside the reserve. More slots mean a smaller tier and a smaller mapping, so
@@ -237,9 +237,12 @@ def size_with_host_tier(
     passes; the same in the planner and the engine); with ``asked`` slots the mapping of ``pairs - asked`` is
     reserved. Returns ``(size, reserved, map_bytes)``: the final size, the
     mapping bytes it was sized with (``size`` = :func:`size_expert_cache` with ``reserve_bytes + reserved``) and the
-    mapping of its tier (``<= reserved``; bytes)."""
+    mapping of its tier (``<= reserved``; bytes) - or ``(None, reserved, map_bytes)`` when the mapping does not fit
+    between the free bytes and the reserve even with no slot (no host tier then: its misses go to the CPU)."""
     if asked is not None:  # N slots asked: the tier, and so its mapping, is known
         need = LX.host_tier_map_bytes(LX.host_tier_bytes(max(pairs - asked, 0), slot_bytes))
+        if need and free_bytes - reserve_bytes < need:
+            return None, need, need
         size = size_expert_cache(free_bytes, reserve_bytes + need, slot_bytes, cap, asked, cap_what=cap_what)
         return size, need, need  # refused or not: the mapping of the cache asked
     size = size_expert_cache(free_bytes, reserve_bytes, slot_bytes, cap, asked, cap_what=cap_what)
@@ -248,6 +251,8 @@ def size_with_host_tier(
         if size.refused:
             return size, held, 0
         need = LX.host_tier_map_bytes(LX.host_tier_bytes(max(pairs - size.slots, 0), slot_bytes))
+        if need and free_bytes - reserve_bytes < need:
+            return None, need, need
         if need <= held:
             return size, held, need
         held = need

@@ -233,12 +233,14 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     # strata's engine on the fused path with a host tier: the tier's device mapping is reserved beside the reserve
     tier_on = o.engine == "strata" and o.miss_tier != "cpu" and bool(facts.expert_layers)
     tier_on = tier_on and ET.decode_path(facts) == "fused"
-    if tier_on:
-        size, _reserved, map_bytes = F.size_with_host_tier(
+    tier_size, map_bytes = None, 0
+    if tier_on:  # None: the mapping does not fit above the reserve - no tier, misses on the CPU (the engine's rule)
+        tier_size, _reserved, map_bytes = F.size_with_host_tier(
             free, reserve + bind, blob, cap, o.expert_cache, facts.expert_pairs, cap_what=cap_what
         )
-    else:
-        size, map_bytes = F.size_expert_cache(free, reserve + bind, blob, cap, o.expert_cache, cap_what=cap_what), 0
+        tier_on = tier_size is not None
+        map_bytes = map_bytes if tier_on else 0
+    size = tier_size or F.size_expert_cache(free, reserve + bind, blob, cap, o.expert_cache, cap_what=cap_what)
     slots_fit, refused = size.slots_fit, size.refused
     slots = size.slots if refused is None else o.expert_cache
     warnings: list[str] = []

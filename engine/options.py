@@ -270,6 +270,11 @@ def options_from_cli(
             )
         if no_graph:
             on_warning("--no-graph: the CPU path has no CUDA graphs (--device cuda); not used")
+        if opts.miss_tier != "auto":
+            on_warning(
+                f"--miss-tier {opts.miss_tier}: the CPU path has no expert cache, so no miss tier (it is the GPU "
+                "path's, --device cuda); not used"
+            )
     return opts
 
 

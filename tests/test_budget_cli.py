@@ -781,9 +781,7 @@ def test_host_tier_is_planned_for_strata_and_not_for_cpu_misses_or_the_cpp_engin
     terms = {t["name"]: t["bytes"] for t in d["terms"]}
     assert code == 0 and d["slots"] == 0 and d["host_tier_bytes"] == 24 * 156_672 == 3_760_128
     assert terms["host tier mapping"] == 2 << 20
-    assert (
-        "0 expert slots (0.0 MiB), the other experts in a 3.6 MiB host tier (pinned host memory)" in d["verdict_line"]
-    )
+    assert "0 expert slots (0.0 MiB), every expert in a 3.6 MiB host tier (pinned host memory)" in d["verdict_line"]
     for more in (("--miss-tier", "cpu"), ("--engine", "cpp")):
         code, d = run_json(*args, *more)
         assert d["host_tier_bytes"] == 0 and "host tier mapping" not in {t["name"] for t in d["terms"]}, more

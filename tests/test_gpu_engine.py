@@ -366,9 +366,9 @@ def test_sim_measure_host_tier_equals_the_plan(packs):
     from strata.engine.measure import measure_pack
 
     bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)
-    a = measure_pack(str(packs["moe"]), n_ctx=64, backend=bk, vram_reserve_mib=96)
+    a = measure_pack(str(packs["moe"]), n_ctx=64, backend=bk, vram_reserve_mib=64, expert_cache=12)
     terms = {t.term: t for t in a.terms}
-    assert a.miss_tier == "pcie" and a.host_tier_bytes == a.host_tier_predicted_bytes > 0
+    assert a.miss_tier == "pcie" and a.host_tier_bytes == a.host_tier_predicted_bytes == 12 * 156_672
     assert terms["host tier mapping"].measured_bytes == terms["host tier mapping"].predicted_bytes == 2 << 20
     assert a.exact_ok and any("host tier (pinned host memory)" in n and "(equal; exact)" in n for n in a.notes)
 
@@ -384,9 +384,59 @@ def test_host_tier_that_does_not_fit_host_memory(packs, monkeypatch):
     ):
         load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=12, miss_tier="pcie")
     eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=12)
-    assert eng.gpu.miss_tier.startswith("cpu (a ") and "B available less 4 GiB" in eng.gpu.miss_tier
+    assert (
+        eng.gpu.miss_tier.startswith("cpu (a host tier of ")
+        and "MiB) of available host memory less 4 GiB)" in eng.gpu.miss_tier
+    )
     assert eng.decoder.hybrid and eng.gpu.host_tier_bytes == 0 and eng.gpu.slot_plan.tier_map_reserved == 0
     monkeypatch.undo()
     ref = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=12)
     assert not ref.decoder.hybrid and ref.gpu.miss_tier == "pcie"
     assert _run(eng).output_ids == _run(ref).output_ids
+
+
+def test_host_tier_mapping_that_does_not_fit_above_the_reserve(packs):
+    """1 MiB between the free bytes and the reserve: the host tier's mapping (one 2 MiB unit) cannot fit, so
+    ``--miss-tier auto`` starts without a tier (misses on the CPU, said why) and the budget plans the same, fitting;
+    ``pcie`` is refused naming the mapping and both numbers (a helper found the budget saying "fits" with -0.8 MiB
+    left and the engine refusing at start-up)."""
+    from strata.budget.audit import audit_pack
+    from strata.budget.cards import card_from_mib
+    from strata.budget.plan import PlanOptions, make_plan
+
+    reserve = 96
+    probe = load_engine(
+        packs["moe"],
+        device="cuda",
+        n_ctx=64,
+        backend=SimBackend(600 << 20, 500 << 20),
+        miss_tier="cpu",
+        vram_reserve_mib=reserve,
+    )
+    sp = probe.gpu.slot_plan
+    total = (600 << 20) - (sp.free_bytes - reserve * 2**20) + (1 << 20)  # 1 MiB above the reserve at the cache
+    eng = load_engine(
+        packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(total, 500 << 20), vram_reserve_mib=reserve
+    )
+    g = eng.gpu
+    assert g.slot_plan.free_bytes - g.slot_plan.reserve_bytes == 1 << 20
+    assert g.miss_tier.startswith("cpu (the host tier's device mapping (2097152 B) does not fit between the ")
+    assert eng.decoder.hybrid and g.host_tier_bytes == 0 and g.free_after_bytes >= g.reserve_bytes
+    assert g.slot_plan.slots == F.expert_slots(1 << 20, 0, g.slot_plan.slot_bytes, 24) == 6
+    with pytest.raises(ExpertCacheError, match=r"--miss-tier pcie: the host tier's device mapping \(2097152 B\)"):
+        load_engine(
+            packs["moe"],
+            device="cuda",
+            n_ctx=64,
+            backend=SimBackend(total, 500 << 20),
+            vram_reserve_mib=reserve,
+            miss_tier="pcie",
+        )
+    facts = audit_pack(packs["moe"], bf16_scan=False).facts
+    card = card_from_mib(1, cuda_context_mib=0, cuda_runtime_mib=0).model_copy(update={"total_bytes": 10 << 30})
+    o = PlanOptions(engine="strata", n_ctx=64, vram_reserve_mib=reserve)
+    free = make_plan(facts, card, o).free_bytes  # what the plan's terms leave on a big card
+    card = card.model_copy(update={"total_bytes": (10 << 30) - free + reserve * 2**20 + (1 << 20)})
+    p = make_plan(facts, card, o)
+    assert p.fits and p.host_tier_bytes == 0 and "host tier mapping" not in {t.name for t in p.terms}
+    assert p.slots == 6

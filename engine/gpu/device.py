@@ -280,10 +280,19 @@ class GpuDevice:
         asked = opts.expert_cache  # None: automatic
         pairs = len(source.layers) * n_expert
         tier_on = self._tier_wanted(opts, free, reserve, slot_bytes, cap, asked, pairs, what)
+        size, held, map_bytes = None, 0, 0
         if tier_on:  # the host tier's device mapping is reserved beside the reserve (one rule with the budget)
             size, held, map_bytes = F.size_with_host_tier(free, reserve, slot_bytes, cap, asked, pairs, cap_what=what)
-        else:
-            size, held, map_bytes = F.size_expert_cache(free, reserve, slot_bytes, cap, asked, cap_what=what), 0, 0
+            if size is None:  # the mapping alone does not fit above the reserve
+                why = (
+                    f"the host tier's device mapping ({map_bytes} B) does not fit between the {free} B free and the "
+                    f"{reserve} B reserve"
+                )
+                if opts.miss_tier == "pcie":
+                    raise ExpertCacheError(f"--miss-tier pcie: {why}; refusing (--miss-tier cpu needs no mapping)")
+                info.miss_tier, tier_on, held, map_bytes = f"cpu ({why})", False, 0, 0
+        if size is None:
+            size = F.size_expert_cache(free, reserve, slot_bytes, cap, asked, cap_what=what)
         if size.refused:
             raise ExpertCacheError(
                 f"{size.refused}; refusing rather than building a smaller cache "
@@ -357,7 +366,10 @@ class GpuDevice:
         avail = mem_available()
         tier = LX.host_tier_bytes(max(pairs - first.slots, 0), slot_bytes)
         if avail is not None and tier > avail - LX.HOST_TIER_MARGIN_BYTES:
-            self.info.miss_tier = f"cpu (a {tier} B host tier is above the {avail} B available less 4 GiB)"
+            self.info.miss_tier = (
+                f"cpu (a host tier of {tier} B ({tier / 2**20:.1f} MiB) does not fit the {avail} B "
+                f"({avail / 2**20:.1f} MiB) of available host memory less 4 GiB)"
+            )
             return False
         return True
 

@@ -203,8 +203,8 @@ class HostTier:
         if avail is not None and self.nbytes > avail:
             raise HostTierError(
                 f"host tier: {len(self.pairs)} experts x {self.slot_bytes} B = {self.nbytes} B "
-                f"({self.nbytes / 2**30:.2f} GiB) of pinned host memory, above the {avail} B "
-                f"({avail / 2**30:.2f} GiB) available (MemAvailable less the margin)"
+                f"({self.nbytes / 2**20:.1f} MiB) of pinned host memory, above the {avail} B "
+                f"({avail / 2**20:.1f} MiB) available (MemAvailable less the margin)"
             )
         self._mem = None
         if cuda and self.nbytes:
