@@ -13,6 +13,7 @@ memory) with a bounded read/write fallback, BF16 tensors are promoted to F32 in 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -303,6 +304,50 @@ def _rename_noreplace(src: Path, dst: Path) -> None:
     os.rename(src, dst)
 
 
+@contextlib.contextmanager
+def build_lock(out: Path):
+    """Hold the build lock of ``out`` for the block: an exclusive ``flock`` on ``.NAME.lock`` beside it, created for
+    the block and removed after it (removed before it is released; a build that locked a file already removed finds
+    the path no longer names its file and refuses, so two builds never both hold "the" lock). Two builds into one
+    output cannot both write it, nor take the other's live temporary directory for an interrupted build's.
+
+    Raises:
+        BuildError: another process holds the lock (the lock file and that process's pid named).
+        OutputError: the lock file cannot be created (a read-only directory), via :func:`write_error`.
+    """
+    import fcntl
+
+    path = Path(os.path.abspath(out)).parent / f".{out.name}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise write_error(e, out, 0) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise BuildError(
+                f"{out}: another strata-pack build is writing it (lock {path} held by pid {pid}); wait for it to "
+                "finish or choose another output"
+            ) from None
+        st = os.fstat(fd)
+        try:
+            cur = os.stat(path)
+        except FileNotFoundError:
+            cur = None
+        if cur is None or (cur.st_ino, cur.st_dev) != (st.st_ino, st.st_dev):
+            raise BuildError(f"{out}: another strata-pack build finished or started meanwhile (lock {path}); try again")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def stale_temp_dirs(out: Path) -> list[Path]:
     """Temporary directories of earlier interrupted builds of ``out`` (``.NAME.tmp-*`` beside it)."""
     parent = Path(os.path.abspath(out)).parent
@@ -357,6 +402,7 @@ def build_pack(
     align: int = DEFAULT_ALIGN,
     force: bool = False,
     progress: bool = True,
+    on_warning=None,
 ) -> BuildResult:
     """Build a pack from ``src`` (a GGUF file or any shard of a split model) into directory ``out``.
 
@@ -366,18 +412,33 @@ def build_pack(
     an existing pack is moved aside, the new one renamed in, then the old one deleted; only
     a directory that is a pack and holds no source is ever replaced (:func:`check_target`).
 
+    One build of ``out`` at a time (:func:`build_lock`); ``on_warning`` hears of temporary directories left by
+    interrupted builds of ``out`` (found with the lock held, so never a running build's).
+
     Raises:
         GGUFError: unreadable or inconsistent source (names the file and numbers).
         BuildError: a pack that cannot be built (target exists without ``force``, target not a
-            pack, alignment out of range, layer count disagreeing with the tensors).
+            pack, alignment out of range, layer count disagreeing with the tensors, another build of ``out``
+            running, a parent directory missing).
         ManifestError: metadata that does not satisfy the architecture's manifest.
         KeysRefusedError: a metadata key whose value strata does not implement (file, key, value named).
         OutputError: the output cannot be written (disk full: the bytes needed and free; read-only or
             forbidden directory), naming ``out``; the temp dir is removed. A disk with less free
             space than pool.bin needs is refused before anything is copied.
     """
-    t0 = time.perf_counter()
     out = Path(out)
+    if not Path(os.path.abspath(out)).parent.is_dir():  # nothing to lock: refused below, naming what is missing
+        return _build_pack(src, out, align=align, force=force, progress=progress)
+    with build_lock(out):
+        for stale in stale_temp_dirs(out):  # the lock is held: no build of out is running, these are left over
+            if on_warning is not None:
+                on_warning(f"{stale} is left from an interrupted build; remove it")
+        return _build_pack(src, out, align=align, force=force, progress=progress)
+
+
+def _build_pack(src: str | os.PathLike, out: Path, *, align: int, force: bool, progress: bool) -> BuildResult:
+    """:func:`build_pack` under the build lock."""
+    t0 = time.perf_counter()
     if not MIN_ALIGN <= align <= MAX_ALIGN or align & (align - 1):
         raise BuildError(f"pack alignment {align} must be a power of two in [{MIN_ALIGN}, {MAX_ALIGN}]")
     if (out.exists() or out.is_symlink()) and not force:  # --force replaces packs only: no hint that leads nowhere
@@ -485,6 +546,7 @@ __all__ = [
     "check_target",
     "check_tokenizer",
     "stale_temp_dirs",
+    "build_lock",
     "write_pool",
     "write_tables",
     "header_pack",

@@ -17,7 +17,7 @@ import click
 
 from strata.manifests.contract import ManifestError
 
-from .build import build_pack, stale_temp_dirs
+from .build import build_pack
 from .exits import StrataGroup, interrupted
 from .gguf_file import GGUFError
 from .pack_plan import BuildError
@@ -74,12 +74,12 @@ def build(src, out, align, force, as_json, progress):
     The pack is written to a temporary directory beside OUT and renamed into place only when
     complete and verified; sources are opened read-only.
     """
-    from pathlib import Path
 
-    for stale in stale_temp_dirs(Path(out)):
-        click.echo(f"warning: {stale} is left from an interrupted build; remove it", err=True)
+    def warn(text: str) -> None:
+        click.echo(f"warning: {text}", err=True)
+
     try:
-        r = build_pack(src, out, align=align, force=force, progress=progress and sys.stderr.isatty())
+        r = build_pack(src, out, align=align, force=force, progress=progress and sys.stderr.isatty(), on_warning=warn)
     except INPUT_ERRORS as e:
         _fail(_describe(e), 2, as_json)
     except KeyboardInterrupt as e:

@@ -370,3 +370,33 @@ def test_more_experts_per_token_than_experts_refused(pack, tmp_path):
         [sys.executable, "-m", "strata.budget.cli", "check", str(pack), "--card", "24G"], capture_output=True, text=True
     )
     assert r.returncode == 2 and "n_expert_used <= n_expert" in (r.stdout + r.stderr)
+
+
+def test_two_builds_into_one_output_do_not_both_write_it(moe, tmp_path):
+    """Issue 21 item 5: a second build of an output another build is writing is refused at once, naming the lock and
+    the pid (it used to warn that the first one's live temporary directory was "left from an interrupted build", and
+    with --force both reported success); the first build's temporary directory is untouched. With no build running,
+    a leftover temporary directory is reported as one and the build goes on; the lock file is gone afterwards."""
+    import fcntl
+
+    out = tmp_path / "p"
+    live = tmp_path / ".p.tmp-live"
+    live.mkdir()  # what a running build has beside its output
+    lock = tmp_path / ".p.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    os.write(fd, b"4242\n")
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the running build holds the lock
+    try:
+        heard: list[str] = []
+        for force in (False, True):
+            with pytest.raises(
+                BuildError, match=r"another strata-pack build is writing it \(lock .*\.p\.lock held by pid 4242\)"
+            ):
+                build_pack(moe[0], out, force=force, progress=False, on_warning=heard.append)
+        assert heard == [] and live.is_dir() and not out.exists()
+    finally:
+        os.close(fd)
+    heard = []
+    build_pack(moe[0], out, progress=False, on_warning=heard.append)
+    assert heard == [f"{live} is left from an interrupted build; remove it"]
+    assert (out / "index.txt").is_file() and not lock.exists()
