@@ -104,8 +104,32 @@ def main() -> None:
 @click.option(
     "--top-k", "top_k", default=0, show_default=True, help="Keep the k best logits before sampling (0 = all)."
 )
-@click.option("--top-p", "top_p", default=1.0, show_default=True, help="Nucleus mass to keep before sampling.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the sampler's generator.")
+@click.option(
+    "--top-p",
+    "top_p",
+    default=1.0,
+    show_default=True,
+    help="Nucleus mass to keep (of the softmax before the temperature, as llama.cpp's chain).",
+)
+@click.option(
+    "--min-p", "min_p", default=0.0, show_default=True, help="Keep tokens at least this times the best's probability."
+)
+@click.option("--repeat-penalty", "repeat_penalty", default=1.0, show_default=True, help="1.0 = off (llama.cpp's).")
+@click.option(
+    "--repeat-last-n",
+    "repeat_last_n",
+    default=64,
+    show_default=True,
+    help="Tokens of the history (prompt included) the penalties see; -1 = all, 0 = off.",
+)
+@click.option("--presence-penalty", "presence_penalty", default=0.0, show_default=True, help="0.0 = off.")
+@click.option("--frequency-penalty", "frequency_penalty", default=0.0, show_default=True, help="0.0 = off.")
+@click.option(
+    "--seed",
+    default=0,
+    show_default=True,
+    help="Seed of the sampler's generator; -1 = a random one (reported in --json's sampling).",
+)
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-generation tokens.")
 @ctx_option
 @source_dir_option

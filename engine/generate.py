@@ -159,7 +159,9 @@ def decode(
             if pairs is not None:
                 tok = pairs[0][0]
             else:
-                tok, pairs = pick(row), top_k_pairs(row, TOP_K_RECORDED)
+                # a sampler with penalties reads the history (the prompt and the tokens so far)
+                tok = pick(row, ids) if getattr(pick, "penalized", False) is True else pick(row)
+                pairs = top_k_pairs(row, TOP_K_RECORDED)
             top.append(pairs)
             ids.append(tok)
             out.append(tok)

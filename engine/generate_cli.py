@@ -74,7 +74,19 @@ def prompt_text(prompt: str | None, prompt_file: str | None) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
-def check_request(*, n_tokens: int, temperature: float, top_k: int, top_p: float, seed: int) -> str | None:
+def check_request(
+    *,
+    n_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int,
+    min_p: float = 0.0,
+    repeat_penalty: float = 1.0,
+    repeat_last_n: int = 64,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+) -> str | None:
     """Sampling and length checks that need no pack (each refusal names the option), else None. The
     context's own check is the engine options' (:class:`strata.engine.options.EngineOptions`); the length
     against it is :meth:`GenerateRequest.check_positions`."""
@@ -88,8 +100,20 @@ def check_request(*, n_tokens: int, temperature: float, top_k: int, top_p: float
         return f"--top-p {top_p}: outside (0, 1]"
     if top_k < 0:
         return f"--top-k {top_k}: must be >= 0 (0 = all)"
-    if seed < 0:
-        return f"--seed {seed}: must be a non-negative integer"
+    if seed < -1:
+        return f"--seed {seed}: must be a non-negative integer, or -1 for a random seed"
+    for name, v in (("--min-p", min_p), ("--repeat-penalty", repeat_penalty)):
+        if not math.isfinite(v):
+            return f"{name} {v}: not a finite number"
+    for name, v in (("--presence-penalty", presence_penalty), ("--frequency-penalty", frequency_penalty)):
+        if not math.isfinite(v):
+            return f"{name} {v}: not a finite number"
+    if not 0.0 <= min_p <= 1.0:
+        return f"--min-p {min_p}: outside [0, 1] (0 = off)"
+    if repeat_penalty <= 0:
+        return f"--repeat-penalty {repeat_penalty}: must be > 0 (1.0 = off)"
+    if repeat_last_n < -1:
+        return f"--repeat-last-n {repeat_last_n}: must be >= -1 (-1 = the whole history, 0 = off)"
     if n_tokens < 1:
         return f"-n/--n-tokens {n_tokens}: must be >= 1"
     return None
@@ -198,6 +222,11 @@ class GenerateRequest:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     as_json: bool = False
     stats: bool = False
     verbose: bool = False
@@ -219,7 +248,17 @@ class GenerateRequest:
                 "--no-parse-special with --chat would make the chat template's own markers plain text; "
                 "llama.cpp always parses them in a chat prompt"
             )
-        sampling = dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed)
+        sampling = dict(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=self.seed,
+            min_p=self.min_p,
+            repeat_penalty=self.repeat_penalty,
+            repeat_last_n=self.repeat_last_n,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+        )
         if bad := check_pack_dir(self.pack) or check_request(n_tokens=self.n_tokens, **sampling):
             raise GenerateError(bad)
         try:

@@ -75,7 +75,15 @@ def test_sampling_is_seeded(engine):
     g = generate(engine, prompt_ids=[1, 2, 3], n_tokens=12, ignore_eos=True)
     assert a.output_ids == b.output_ids
     assert a.output_ids != c.output_ids or a.output_ids != g.output_ids
-    assert a.sampling == {"mode": "sample", "temperature": 1.5, "top_k": 40, "top_p": 0.95, "seed": 1}
+    assert {k: a.sampling[k] for k in ("mode", "temperature", "top_k", "top_p", "min_p", "seed")} == {
+        "mode": "sample",
+        "temperature": 1.5,
+        "top_k": 40,
+        "top_p": 0.95,
+        "min_p": 0.0,
+        "seed": 1,
+    }
+    assert a.sampling["chain"].startswith("penalties, top_k, top_p, min_p, temperature")
 
 
 def test_sampler_filters():
@@ -256,7 +264,11 @@ def test_n_tokens_and_ctx_checked_before_loading(pack, monkeypatch):
         (["--top-p", "inf"], "--top-p inf: not a finite number"),
         (["--top-p", "0"], "--top-p 0.0: outside (0, 1]"),
         (["--top-k", "-2"], "--top-k -2: must be >= 0"),
-        (["--seed", "-1"], "--seed -1: must be a non-negative integer"),
+        (["--seed", "-2"], "--seed -2: must be a non-negative integer, or -1 for a random seed"),
+        (["--min-p", "1.5"], "--min-p 1.5: outside [0, 1] (0 = off)"),
+        (["--repeat-penalty", "0"], "--repeat-penalty 0.0: must be > 0 (1.0 = off)"),
+        (["--repeat-last-n", "-2"], "--repeat-last-n -2: must be >= -1 (-1 = the whole history, 0 = off)"),
+        (["--presence-penalty", "nan"], "--presence-penalty nan: not a finite number"),
         (["--expert-cache", "abc"], "--expert-cache 'abc': not an integer or 'auto'"),
         (["--profile", "/tmp/none-strata-xyz.parquet"], "--expert-profile /tmp/none-strata-xyz.parquet: no such file"),
         (
@@ -276,8 +288,10 @@ def test_sampler_rejects_non_finite():
     for kw in ({"temperature": float("nan")}, {"temperature": float("inf")}, {"top_p": float("nan")}):
         with pytest.raises(ValueError, match="not a finite number"):
             Sampler(**kw)
-    with pytest.raises(ValueError, match="seed -1 < 0"):
-        Sampler(seed=-1)
+    with pytest.raises(ValueError, match="seed -2 < -1"):
+        Sampler(seed=-2)
+    a, b = Sampler(seed=-1), Sampler(seed=-1)  # a random seed each, drawn once and reported
+    assert a.seed >= 0 and b.seed >= 0 and a.seed != b.seed and a.describe()["seed"] == a.seed
 
 
 def test_json_failure_prints_a_json_object(pack, tmp_path):
@@ -578,3 +592,25 @@ def test_prompt_file_refusals_name_the_file_and_the_byte(pack, tmp_path, args, m
     r = CliRunner().invoke(main, ["generate", str(pack), *args, "-n", "1", "--ctx", "64"])
     assert r.exit_code == 2
     assert r.output.strip().splitlines()[-1] == message
+
+
+def test_sampler_chain_is_llama_cpps_order():
+    """Issue 21 item 11 (sampling): llama.cpp's chain order - top-p on the softmax BEFORE the temperature (strata had
+    it after: at temperature 4 a 0.9 nucleus then kept all four tokens, llama.cpp keeps two), min-p in logit space,
+    penalties on the history (src/llama-sampling.cpp ``llama_sampler_penalties_apply``, f32)."""
+    logits = np.float32([4.0, 3.0, 1.0, 0.0])
+    # softmax: 0.7054 0.2595 0.0351 0.0129: 0.9 is reached at the second token whatever the temperature
+    idx, p = Sampler(temperature=4.0, top_p=0.9).candidates(logits)
+    assert idx.tolist() == [0, 1] and np.allclose(p, np.exp([0.0, -0.25]) / np.exp([0.0, -0.25]).sum())
+    # min-p 0.1: p >= 0.1 x 0.7054, i.e. logit >= 4 + ln 0.1 = 1.697: two tokens
+    assert Sampler(temperature=1.0, min_p=0.1).candidates(logits)[0].tolist() == [0, 1]
+    # penalties: token 0 seen twice, token 2 once in the last 3 of the history (token 3 is older)
+    s = Sampler(temperature=1.0, repeat_penalty=2.0, repeat_last_n=3, frequency_penalty=0.5, presence_penalty=0.25)
+    x = s.penalize(logits, [3, 0, 2, 0])
+    assert x.dtype == np.float32 and x.tolist() == [4.0 / 2 - (2 * 0.5 + 0.25), 3.0, 1.0 / 2 - 0.75, 0.0]
+    neg = Sampler(temperature=1.0, repeat_penalty=2.0).penalize(np.float32([-1.0, 1.0]), [0, 1])
+    assert neg.tolist() == [-2.0, 0.5]  # a logit <= 0 is multiplied, a positive one divided
+    # at temperature 0 a penalty makes the pick the argmax of the penalized row (the device summary is not enough)
+    g = Sampler(repeat_penalty=4.0)
+    assert not g.greedy and g.penalized and g(logits, [0, 0]) == 1
+    assert Sampler(repeat_penalty=4.0, repeat_last_n=0)(logits, [0]) == 0  # 0: the penalties are off
