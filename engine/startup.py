@@ -37,7 +37,7 @@ from strata.layout import kv as LK
 from strata.manifests.contract import Geometry, geometry_from_params
 from strata.manifests.keys import KeysRefusedError, check_metadata_keys
 from strata.packer.pack import Pack, open_pack
-from strata.packer.packfmt import METADATA_FILE, POOL_FILE, sources_modified
+from strata.packer.packfmt import METADATA_FILE, POOL_FILE, sources_modified, sources_retargeted
 
 from .checkpoints import Checkpoint, Checkpoints
 from .core import Device, Engine
@@ -83,6 +83,34 @@ def open_checked(
     except KeysRefusedError as e:
         raise UnsupportedModel(str(e.with_file(pack.path / METADATA_FILE))) from None
     return pack, geom, check_pack(pack, geom)
+
+
+def check_sources(pack, shards: list[Path], on_warning: Callable[[str], None] | None) -> None:
+    """The source shards the experts are read from, against the build record: a shard that now resolves to another
+    file (a retargeted symlink, moved sources) or whose mtime changed has its experts' samples re-read
+    (:func:`strata.packer.verify.check_expert_samples`, what ``strata-pack verify`` does) and a difference is
+    refused - dense weights of one file with experts of another decode to plausible logits; same bytes after a
+    change of mtime are said in a warning.
+
+    Raises:
+        LoadError: samples that differ (the layer, the shards and both digests).
+    """
+    from strata.packer.verify import VerifyError, check_expert_samples
+
+    moved = sources_retargeted(pack.path, shards)
+    touched = sources_modified(pack.path, shards)
+    if pack.experts is None or not (moved or touched):
+        return
+    try:
+        check_expert_samples(pack, shards)
+    except VerifyError as e:
+        names = ", ".join(str(p) for p in moved + [t for t in touched if t not in moved])
+        raise LoadError(f"{names}: not the source the pack was built from: {e}") from None
+    for p in touched if on_warning is not None else ():
+        on_warning(
+            f"{p}: modified since the pack was built (mtime differs); its experts' samples still match the build "
+            "record (strata-pack verify re-reads every layer's)"
+        )
 
 
 def kv_cache_need_bytes(model: Decoder, n_ctx: int, kv: str, sliding: str = "ring") -> int:
@@ -199,11 +227,7 @@ def load_engine(
         note["numerics"] = nx.name
         note["tensors checked"] = len(plan.dense)
         note["expert layers checked"] = len(plan.experts)
-        for p in sources_modified(pack_dir, sorted(set(plan.shard_paths.values()))) if on_warning is not None else ():
-            on_warning(
-                f"{p}: modified since the pack was built (mtime differs); the experts are read from it - run "
-                "strata-pack verify before trusting the output"
-            )
+        check_sources(pack, [plan.shard_paths[k] for k in sorted(plan.shard_paths)], on_warning)
         if opts.profile is not None:  # the budget's rule, before anything is loaded
             from strata.budget.errors import BudgetInputError
             from strata.budget.profile import check_profile_model, check_profile_pairs

@@ -121,6 +121,27 @@ def sources_modified(pack_dir: str | os.PathLike, paths: list[Path]) -> list[Pat
     return out
 
 
+def sources_retargeted(pack_dir: str | os.PathLike, paths: list[Path]) -> list[Path]:
+    """The source shards among ``paths`` that now resolve to another file than the one the build read (the build
+    record's ``path``, symlinks resolved; matched by file name): a symlink pointed elsewhere, or sources moved
+    (``--source-dir``, a copied Hugging Face cache). Whether the bytes are the same is for the expert samples to say
+    (:func:`strata.packer.verify.check_expert_samples`). A record that is missing or unreadable gives []."""
+    try:
+        rec = json.loads(build_record_path(Path(pack_dir)).read_text())
+        where = {str(x["file"]): x.get("path") for x in rec["sources"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    out = []
+    for p in paths:
+        w = where.get(Path(p).name)
+        try:
+            if isinstance(w, str) and str(Path(p).resolve()) != w:
+                out.append(Path(p))
+        except OSError:
+            continue
+    return out
+
+
 class PackFormatError(ValueError):
     """A pack file that does not follow the format; names the file, the line and the numbers."""
 

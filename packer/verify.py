@@ -137,7 +137,7 @@ def _verify_tokenizer(model, pack_dir: Path) -> None:
                 raise VerifyError(f"{path}: column {col} entry {i} is {got[i]!r}, the source's {k} gives {want[i]!r}")
 
 
-def _check_expert_samples(pack, paths: list[Path]) -> str | None:
+def check_expert_samples(pack, paths: list[Path]) -> str | None:
     """Re-read the expert samples the build record keeps (:func:`strata.packer.expert_samples.expert_sample_digests`);
     a warning for a pack built before they were recorded, else None.
 
@@ -330,7 +330,7 @@ def verify_pack(
         n_layers = len(got_ex.layers)
 
     _verify_tokenizer(model, pack.path)
-    note = _check_expert_samples(pack, paths)
+    note = check_expert_samples(pack, paths)
     if note:
         warnings.append(note)
 

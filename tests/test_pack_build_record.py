@@ -179,6 +179,43 @@ def test_generate_warns_when_an_expert_shard_changed_since_the_build(tmp_path):
     r = CliRunner().invoke(main, ["generate", str(p), "-p", "hi", "-n", "2"])
     assert r.exit_code == 0
     assert (
-        f"warning: {src}: modified since the pack was built (mtime differs); the experts are read from it - run "
-        "strata-pack verify before trusting the output" in r.stderr
+        f"warning: {src}: modified since the pack was built (mtime differs); its experts' samples still match the "
+        "build record" in " ".join(r.stderr.split())
     )
+
+
+def test_a_retargeted_or_edited_source_is_refused_at_load(tmp_path):
+    """Issue 21 item 3: a symlink pointed at another GGUF of the same size (the dense weights of one file, the experts
+    of another) was used silently; load now re-reads the experts' samples when a source resolves elsewhere than the
+    build record says or its mtime changed, and refuses a difference (exit 2, the shard and the layer named), while
+    the same bytes elsewhere (sources moved) still load."""
+    import os
+    import shutil
+
+    from click.testing import CliRunner
+
+    from strata.engine.cli import main
+
+    for d in ("a", "b", "hf"):
+        (tmp_path / d).mkdir()
+    a = synth.write_model(tmp_path / "a" / "m.gguf", synth.qwen3moe_spec())[0]
+    b = synth.write_model(tmp_path / "b" / "m.gguf", synth.qwen3moe_spec(seed=7))[0]
+    assert a.stat().st_size == b.stat().st_size and a.read_bytes() != b.read_bytes()
+    link = tmp_path / "hf" / "m.gguf"
+    link.symlink_to(a)
+    p = tmp_path / "pack"
+    build_pack(link, p, progress=False)
+    assert CliRunner().invoke(main, ["generate", str(p), "-p", "hi", "-n", "2"]).exit_code == 0
+    link.unlink()
+    link.symlink_to(b)  # the same name, size and (copied) mtime, other bytes
+    st = a.stat()
+    os.utime(b, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = CliRunner().invoke(main, ["generate", str(p), "-p", "hi", "-n", "2"])
+    assert r.exit_code == 2 and f"error: {link}: not the source the pack was built from: experts of layer" in r.stderr
+    c = tmp_path / "c"  # the same bytes moved elsewhere: loads
+    c.mkdir()
+    shutil.copy2(a, c / "m.gguf")
+    link.unlink()
+    link.symlink_to(c / "m.gguf")
+    r = CliRunner().invoke(main, ["generate", str(p), "-p", "hi", "-n", "2"])
+    assert r.exit_code == 0, r.stderr
