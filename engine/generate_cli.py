@@ -8,6 +8,7 @@ import codecs
 import json
 import math
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -129,6 +130,48 @@ STATS_UNITS = (
 
 def _ms(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f}"
+
+
+class PromptProgress:
+    """A one-line progress report of a long prompt on a terminal's stderr (issue 20 item 5): tokens done of
+    ``total``, tok/s and ETA, redrawn in place at most every ``every`` seconds from ``delay`` seconds on, erased by
+    :meth:`close`. (tqdm drew nothing on a pseudo-terminal without a window size; this writes plain ``\\r`` lines.)"""
+
+    def __init__(self, total: int, out=None, *, delay: float = 0.5, every: float = 0.25):
+        self.total, self.out, self.delay, self.every = total, out if out is not None else sys.stderr, delay, every
+        self.done, self.t0, self.last, self.width = 0, time.perf_counter(), 0.0, 0
+
+    def line(self, now: float) -> str:
+        """The text of the line at ``now`` (perf_counter seconds): ``prompt: D/T tokens, R tok/s, ETA E s``."""
+        rate = self.done / max(now - self.t0, 1e-9)
+        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+        return f"prompt: {self.done}/{self.total} tokens, {rate:.1f} tok/s, ETA {eta:.0f} s"
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        now = time.perf_counter()
+        if now - self.t0 >= self.delay and now - self.last >= self.every:
+            text = self.line(now)
+            self.out.write("\r" + text.ljust(self.width))
+            self.out.flush()
+            self.last, self.width = now, max(self.width, len(text))
+
+    def close(self) -> None:
+        """Erase the line (nothing when it was never drawn); safe to call twice."""
+        if self.width:
+            self.out.write("\r" + " " * self.width + "\r")
+            self.out.flush()
+            self.width = 0
+
+
+def prompt_progress(engine: Engine, text: str, parse_special: bool, *, on: bool, least: int = 64):
+    """The :class:`PromptProgress` of a prompt of at least ``least`` tokens (the positions before the one that gives
+    the first token), or None when ``on`` is False (a pipe, --json, --stats) or the prompt is shorter. (The prompt
+    runs one position per step: :func:`strata.engine.generate.decode`.)"""
+    if not on:
+        return None
+    n = len(engine.tokenizer.encode(text, parse_special=parse_special))
+    return PromptProgress(n - 1) if n >= least else None
 
 
 def stats_line(s: StepStat, piece: Callable[[int], str] | None = None, gpu: bool = False, experts: bool = False) -> str:
@@ -300,8 +343,15 @@ class GenerateRequest:
         as_json, gpu, experts = self.as_json, engine.probe is not None, engine.experts is not None
         stream = TextStream(engine.tokenizer, frozenset() if self.ignore_eos else engine.tokenizer.eog_ids, not as_json)
         echoed = [as_json or self.chat]
+        tty = sys.stderr.isatty() and not (as_json or self.stats)
+        bar = prompt_progress(engine, text, self.parse_special, on=tty)
 
         def on_step(st: StepStat) -> None:
+            if bar is not None and st.phase == "prompt":
+                bar.update(1)
+                return
+            if bar is not None:
+                bar.close()  # the prompt is done: the line goes before the prompt's echo and the tokens
             if not echoed[0]:
                 echoed[0] = True
                 click.echo(self.prompt, nl=False)
@@ -312,16 +362,20 @@ class GenerateRequest:
                 stream(st.token_out)
 
         try:
-            r = generate(
-                engine,
-                text,
-                self.n_tokens,
-                sampler=sampler,
-                ignore_eos=self.ignore_eos,
-                on_step=on_step,
-                stats=self.stats,
-                parse_special=self.parse_special,
-            )
+            try:
+                r = generate(
+                    engine,
+                    text,
+                    self.n_tokens,
+                    sampler=sampler,
+                    ignore_eos=self.ignore_eos,
+                    on_step=on_step,
+                    stats=self.stats,
+                    parse_special=self.parse_special,
+                )
+            finally:
+                if bar is not None:
+                    bar.close()  # a refusal or Ctrl-C during the prompt: the line does not stay
         except REFUSALS as e:
             if echoed[0] and not as_json and not self.chat:
                 click.echo("")  # ends the echoed prompt's line

@@ -614,3 +614,36 @@ def test_sampler_chain_is_llama_cpps_order():
     g = Sampler(repeat_penalty=4.0)
     assert not g.greedy and g.penalized and g(logits, [0, 0]) == 1
     assert Sampler(repeat_penalty=4.0, repeat_last_n=0)(logits, [0]) == 0  # 0: the penalties are off
+
+
+def test_prompt_progress_line_on_a_terminal_only(engine):
+    """Issue 20 item 5: a long prompt shows a progress line (tokens, tok/s, ETA) on a terminal's stderr, counting the
+    prompt positions before the first generated token; none on a pipe, with --json or --stats, or for a short
+    prompt."""
+    import io
+
+    from strata.engine.generate_cli import PromptProgress, prompt_progress
+
+    text = " ".join(["hello world"] * 10)
+    n = len(engine.tokenizer.encode(text, parse_special=True))
+    bar = prompt_progress(engine, text, True, on=True, least=16)
+    assert bar is not None and bar.total == n - 1
+    out = io.StringIO()
+    p = PromptProgress(100, out, delay=0.0, every=0.0)
+    p.t0 -= 10.0  # 10 s ago
+    p.update(20)
+    drawn = out.getvalue()
+    assert drawn.startswith("\rprompt: 20/100 tokens, ") and " tok/s, ETA 4" in drawn  # 2 tok/s: 80 left, ~40 s
+    p.close()
+    assert out.getvalue() == drawn + "\r" + " " * (len(drawn) - 1) + "\r"  # erased, cursor back at the start
+    quiet = io.StringIO()
+    q = PromptProgress(100, quiet)  # within its half-second delay: nothing drawn, nothing erased
+    q.update(5)
+    q.close()
+    assert quiet.getvalue() == ""
+    assert prompt_progress(engine, text, True, on=False) is None
+    assert prompt_progress(engine, "hello", True, on=True, least=16) is None
+    assert prompt_progress(engine, text, True, on=True, least=n + 1) is None
+    steps = []
+    r = generate(engine, text, 2, ignore_eos=True, on_step=steps.append)
+    assert 16 <= n < 63 and sum(1 for s in steps if s.phase == "prompt") == n - 1 == r.n_prompt_tokens - 1
