@@ -174,9 +174,14 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     check_mib("--vram-reserve-mib", o.vram_reserve_mib, error=PlanInputError)
     if (e := kv_type_error(facts, o.kv)) is not None:
         raise e
-    if o.engine == "strata":
+    if o.engine == "strata":  # what strata's engine does not do is refused by name, never planned
         for bad, why in (
             (o.batch != 1, f"--batch {o.batch}: strata's engine decodes one sequence"),
+            (
+                o.kv_resident is not None,
+                f"--kv-resident {o.kv_resident}: strata's engine keeps every KV position in VRAM (it streams none "
+                "from the host)",
+            ),
             (
                 o.kv not in LK.ENGINE_KV_TYPES,
                 f"--kv {o.kv}: strata's engine stores K/V as {' or '.join(LK.ENGINE_KV_TYPES)}",
@@ -187,7 +192,7 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
                     why + " (plan the reference C++ engine with --engine cpp)",
                     tensor="--engine",
                     found="strata",
-                    required="--batch 1, --kv f16 or f32",
+                    required="--batch 1, --kv f16 or f32, no --kv-resident",
                 )
     src = o.profile_path or "expert profile"
     if o.profile_pairs is not None:
@@ -544,7 +549,7 @@ def suggestions(facts: ModelFacts, card: Card, o: PlanOptions, plan: Plan) -> li
             lambda _v: "look token embeddings up on the host",
             "look token embeddings up on the host: not enough on its own",
         )
-    if any(L.window is None for L in facts.kv_layers):
+    if any(L.window is None for L in facts.kv_layers) and o.engine != "strata":  # strata streams no KV
         top = min(o.kv_resident or plan.n_ctx, plan.n_ctx)
         if top > 1:
             knob(

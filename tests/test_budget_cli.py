@@ -761,14 +761,27 @@ def test_table_details_need_no_file_outside_the_repository(pack):
 def test_kv_resident_above_the_context_is_refused(pack):
     """--kv-resident N caps the KV positions kept in VRAM: above the context it would be capped silently while the
     plan's line said N, so it is refused with both numbers (exit 2)."""
-    r = CliRunner().invoke(main, ["check", str(pack), "--card", "24G", "--ctx", "2048", "--kv-resident", "100000"])
+    cpp = ["check", str(pack), "--card", "24G", "--ctx", "2048", "--engine", "cpp"]
+    r = CliRunner().invoke(main, [*cpp, "--kv-resident", "100000"])
     assert r.exit_code == 2 and "--kv-resident 100000: more positions than the context (2048); at most 2048" in r.stderr
-    assert (
-        CliRunner()
-        .invoke(main, ["check", str(pack), "--card", "24G", "--ctx", "2048", "--kv-resident", "2048"])
-        .exit_code
-        == 0
-    )
+    assert CliRunner().invoke(main, [*cpp, "--kv-resident", "2048"]).exit_code == 0
+
+
+def test_options_strata_s_engine_does_not_have_are_refused_by_name(pack):
+    """Issue 21 item 9: --kv-resident (streaming old KV from the host) and --batch N > 1 are the reference C++
+    engine's; for --engine strata (the default) they are refused by name (exit 2), and no suggestion offers
+    --kv-resident to strata's engine."""
+    for args, msg in (
+        (
+            ["--kv-resident", "512"],
+            "--kv-resident 512: strata's engine keeps every KV position in VRAM (it streams none from the host) (plan",
+        ),
+        (["--batch", "4"], "--batch 4: strata's engine decodes one sequence (plan"),
+    ):
+        r = CliRunner().invoke(main, ["check", str(pack), "--card", "24G", "--ctx", "2048", *args])
+        assert r.exit_code == 2 and f"error: {msg} the reference C++ engine with --engine cpp" in r.stderr
+    code, d = run_json(pack, "--card-mib", 700, "--ctx", "8192")
+    assert code == 1 and d["suggestions"] and "--kv-resident" not in {s["option"] for s in d["suggestions"]}
 
 
 def test_host_tier_is_planned_for_strata_and_not_for_cpu_misses_or_the_cpp_engine(small_moe_pack):
