@@ -213,6 +213,10 @@ def check(
         _fail(e, as_json, t0)
     if source_dir is not None and not Path(source_dir).is_dir():
         _fail(f"--source-dir {source_dir}: no such directory; nothing was audited", as_json, t0)
+    if not Path(pack).exists():
+        _fail(
+            f"{pack}: no such file or directory (a pack directory, or a GGUF file to plan before packing)", as_json, t0
+        )
     gguf = Path(pack) if Path(pack).is_file() else None
     if gguf is not None:  # a plan before the pack: the tables the build would write, from the GGUF headers
         pack, tmp = _header_pack(gguf, as_json, t0)
@@ -311,7 +315,8 @@ def _header_pack(gguf: Path, as_json: bool, t0: float):
         return header_pack(gguf, Path(tmp.name) / "pack"), tmp
     except INPUT_ERRORS as e:
         tmp.cleanup()
-        _fail(f"{gguf}: cannot plan from this GGUF: {e}", as_json, t0)
+        msg = str(e).removeprefix(f"{gguf}: ")  # the path once
+        _fail(f"{gguf}: cannot plan from this GGUF: {msg}", as_json, t0)
 
 
 def _card(name: str | None, mib: int | None, ctx: int | None, runtime: int | None = None) -> Card:
@@ -360,17 +365,14 @@ def _verdict(audit: AuditResult, plan: Plan | None) -> str:
             if plan.smallest_card == "none"
             else ""
         )
-        hint = (
-            f"; e.g. {s_text(first)}"
+        change = (
+            f"e.g. {s_text(first)}"
             if first
-            else f"; no single change fits on its own: combine the suggestions, or {where}"
-            if plan.suggestions and where
-            else "; no single change fits on its own: combine the suggestions"
+            else "no single change fits on its own: combine the suggestions"
             if plan.suggestions
-            else f"; {where}"
-            if where
             else ""
         )
+        hint = "".join(f"; {x}" for x in (change, where) if x)
         return (
             f"does not fit: {c.name}: the terms leave {_mib(plan.free_bytes)} MiB, "
             f"{_mib(short)} MiB short of the {plan.options.vram_reserve_mib} MiB reserve{hint}"

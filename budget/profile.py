@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from strata.packer.pack_plan import is_router_tensor
 from strata.packer.packfmt import GEOMETRY_FILE
 
 from .errors import PlanInputError
@@ -56,7 +57,7 @@ def model_identity(pack) -> tuple[str, str]:
     import hashlib
 
     h = hashlib.sha256((pack.path / GEOMETRY_FILE).read_bytes())
-    routers = sorted((e for e in pack.index.entries if "ffn_gate_inp" in e.name), key=lambda e: e.name)
+    routers = sorted((e for e in pack.index.entries if is_router_tensor(e.name)), key=lambda e: e.name)
     if routers:
         with open(pack.pool_path, "rb") as f:
             for e in routers:

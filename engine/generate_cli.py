@@ -151,10 +151,16 @@ class PromptProgress:
         self.done += n
         now = time.perf_counter()
         if now - self.t0 >= self.delay and now - self.last >= self.every:
-            text = self.line(now)
+            text = self.line(now)[: self.columns() - 1]  # one screen line: a wrapped line would not be redrawn
             self.out.write("\r" + text.ljust(self.width))
             self.out.flush()
             self.last, self.width = now, max(self.width, len(text))
+
+    def columns(self) -> int:
+        """The terminal's width (columns; 80 when it cannot be read)."""
+        import shutil
+
+        return shutil.get_terminal_size((80, 24)).columns
 
     def close(self) -> None:
         """Erase the line (nothing when it was never drawn); safe to call twice."""
@@ -343,6 +349,8 @@ class GenerateRequest:
         as_json, gpu, experts = self.as_json, engine.probe is not None, engine.experts is not None
         stream = TextStream(engine.tokenizer, frozenset() if self.ignore_eos else engine.tokenizer.eog_ids, not as_json)
         echoed = [as_json or self.chat]
+        if self.seed == -1 and not as_json:  # --json reports it in "sampling"
+            click.echo(f"seed: {sampler.seed} (--seed -1 drew it; --seed {sampler.seed} repeats this run)", err=True)
         tty = sys.stderr.isatty() and not (as_json or self.stats)
         bar = prompt_progress(engine, text, self.parse_special, on=tty)
 

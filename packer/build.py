@@ -35,6 +35,7 @@ from .pack_plan import (
     BuildError,
     check_foreign_shards,
     check_layer_count,
+    is_router_tensor,
     layout_pool,
     metadata_items,
     resolve_geometry,
@@ -164,10 +165,15 @@ def _copy_bf16_as_f32(src_fd: int, dst_fd: int, src_off: int, n_elems: int) -> N
         done += k
 
 
-def write_pool(model: GGUFModel, index: PackIndex, pool_path: Path, progress: bool = True) -> None:
-    """Stream every dense tensor into ``pool_path`` at its index offset, zero padding between."""
+def write_pool(model: GGUFModel, index: PackIndex, pool_path: Path, progress: bool = True, only=None) -> None:
+    """Stream every dense tensor into ``pool_path`` at its index offset, zero padding between. ``only`` (a predicate
+    on tensor names): copy those tensors alone into a sparse pool of the full size (holes elsewhere, no disk used
+    for them: :func:`header_pack`)."""
     from tqdm import tqdm
 
+    if only is not None:
+        _write_sparse_pool(model, index, pool_path, only)
+        return
     total = sum(e.nbytes for e in index.entries)
     fds = [os.open(s.path, os.O_RDONLY) for s in model.shards]
     buf = bytearray(CHUNK_BYTES)
@@ -200,6 +206,26 @@ def write_pool(model: GGUFModel, index: PackIndex, pool_path: Path, progress: bo
             if index.pool_bytes > pos:
                 os.write(dst, bytes(index.pool_bytes - pos))
             os.fsync(dst)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _write_sparse_pool(model: GGUFModel, index: PackIndex, pool_path: Path, only) -> None:
+    fds = [os.open(s.path, os.O_RDONLY) for s in model.shards]
+    buf = bytearray(CHUNK_BYTES)
+    try:
+        with open(pool_path, "wb") as f:
+            dst = f.fileno()
+            for e in index.entries:
+                if not only(e.name):
+                    continue
+                os.lseek(dst, e.offset, os.SEEK_SET)
+                if e.src_type == quants.BF16.id:
+                    _copy_bf16_as_f32(fds[e.shard], dst, e.src_offset, e.nbytes // 4)
+                else:
+                    _copy_range(fds[e.shard], dst, e.src_offset, e.nbytes, buf)
+            os.ftruncate(dst, index.pool_bytes)
     finally:
         for fd in fds:
             os.close(fd)
@@ -372,9 +398,11 @@ def write_tables(d: Path, model: GGUFModel, geom, index: PackIndex, experts) -> 
 
 def header_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = DEFAULT_ALIGN) -> Path:
     """The tables of the pack ``src`` would build, from the GGUF headers alone, into the new directory ``out``
-    (which must not exist): :func:`write_tables`, the vocabulary and a SPARSE pool.bin of the pool's size (no byte
-    copied, no disk used), so that ``strata-budget check`` audits and plans a GGUF before a pack is built - the same
-    code on the same tables as the built pack, hence the same terms. Nothing else may read its pool (zeros).
+    (which must not exist): :func:`write_tables`, the vocabulary and a SPARSE pool.bin of the pool's size holding the
+    router weights alone (:func:`strata.packer.pack_plan.is_router_tensor`; holes elsewhere), so that
+    ``strata-budget check`` audits and plans a GGUF before a pack is built - the same code on the same tables as the
+    built pack, hence the same terms and the same model identity. Nothing else may read its pool (zeros outside
+    the routers).
 
     Raises:
         GGUFError, BuildError, ManifestError, KeysRefusedError: as :func:`build_pack` refuses the same source.
@@ -390,8 +418,9 @@ def header_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = 
     out.mkdir()
     write_tables(out, model, geom, index, experts)
     _write_tokenizer(model, out)
-    with open(out / POOL_FILE, "wb") as f:
-        f.truncate(index.pool_bytes)
+    # the router weights alone are copied (they identify the model's routing: an expert profile recorded on the pack
+    # is checked against them); every other byte of the pool is a hole
+    write_pool(model, index, out / POOL_FILE, progress=False, only=is_router_tensor)
     return out
 
 

@@ -56,6 +56,12 @@ class BuildError(ValueError):
     """The source cannot be packed; the message names the file, the tensor and the numbers."""
 
 
+def is_router_tensor(name: str) -> bool:
+    """A router weight (``ffn_gate_inp``, the shared expert's gate ``ffn_gate_inp_shexp`` too): what decides which
+    experts a token selects, hence what identifies a model's routing (:func:`strata.budget.profile.model_identity`)."""
+    return "ffn_gate_inp" in name
+
+
 def is_expert_tensor(name: str) -> bool:
     """True for routed-expert tensors (``blk.N.ffn_{gate,up,down,gate_up}_exps.weight``);
     shared experts (``*_shexp``) are dense."""

@@ -665,8 +665,10 @@ def test_suggestions_are_safest_first_and_the_verdict_picks_the_safest_that_fits
     # the largest context that fits is above the trained 2048: the suggestion says so
     assert d["verdict_line"].endswith(
         f"e.g. --ctx {best} (the largest context that fits is {best} tokens, above the model's trained "
-        f"context of 2048 tokens (it was not trained for more; --ctx 2048 fits too))"
+        f"context of 2048 tokens (it was not trained for more; --ctx 2048 fits too)); the smallest card preset the "
+        f"same plan fits is {d['smallest_card']}"
     )
+    assert d["smallest_card"] == "6G (NVIDIA GeForce RTX 2060, 5917 MiB)"
     assert run(pack, "--engine", "cpp", "--card-mib", 1500, "--max-context", best)[0] == 0
     assert run(pack, "--engine", "cpp", "--card-mib", 1500, "--max-context", best + 1)[0] == 1
 
@@ -682,7 +684,7 @@ def test_reserve_is_never_suggested_below_the_low_line_and_every_knob_is_listed_
     assert all(int(x["value"]) >= 256 for x in d["suggestions"] if x["option"] == "--vram-reserve-mib")
     assert "--vram-reserve-mib" not in d["verdict_line"]
     assert d["verdict_line"].endswith(
-        "no single change fits on its own: combine the suggestions, or the smallest card preset the same plan fits "
+        "no single change fits on its own: combine the suggestions; the smallest card preset the same plan fits "
         "is 6G (NVIDIA GeForce RTX 2060, 5917 MiB)"
     )
     assert d["smallest_card"] == "6G (NVIDIA GeForce RTX 2060, 5917 MiB)"
@@ -833,7 +835,9 @@ def test_plan_from_a_file_that_is_not_a_gguf_is_refused(tmp_path):
     bad = tmp_path / "notes.gguf"
     bad.write_bytes(b"GGUX" + bytes(60))
     code, out = run(bad, "--card", "16G")
-    assert code == 2 and f"error: {bad}: cannot plan from this GGUF:" in out
+    assert code == 2 and f"error: {bad}: cannot plan from this GGUF: bad magic b'GGUX'" in out
+    code, out = run(tmp_path / "nothing.gguf", "--card", "16G")
+    assert code == 2 and f"error: {tmp_path / 'nothing.gguf'}: no such file or directory" in out
 
 
 def test_host_memory_terms_and_warnings(small_moe_pack):
@@ -858,3 +862,21 @@ def test_host_memory_terms_and_warnings(small_moe_pack):
     warn = host_ram_warnings(plan, 4 << 30)  # a 4 GiB machine: no room for pinned memory, page cache holds it
     assert len(warn) == 1 and warn[0].startswith("host tier: 0.00 GiB of pinned memory do not fit this machine's 4.00")
     assert len(host_ram_warnings(plan, 1 << 20)) == 2 and host_ram_warnings(plan, 64 << 30) == []
+
+
+def test_gguf_header_plan_has_the_pack_s_model_identity(tmp_path):
+    """An expert profile recorded on a pack is accepted when planning from the GGUF it was built from (a helper found
+    it refused: the header plan's pool was all zeros, so its routers hashed to another model). The header pack holds
+    the router weights and nothing else (a sparse pool)."""
+    from strata.budget.profile import model_identity
+    from strata.packer.build import header_pack
+    from strata.packer.pack import read_pack
+
+    (tmp_path / "src").mkdir()
+    files = synth.write_model(tmp_path / "src" / "m.gguf", synth.qwen3moe_spec().model_copy(update={"n_shards": 2}))
+    build_pack(files[0], tmp_path / "pack", progress=False)
+    h = header_pack(files[1], tmp_path / "hdr")
+    assert model_identity(read_pack(h)) == model_identity(read_pack(tmp_path / "pack"))
+    pool = h / "pool.bin"
+    assert pool.stat().st_size == (tmp_path / "pack" / "pool.bin").stat().st_size
+    assert pool.stat().st_blocks * 512 < pool.stat().st_size  # holes: the dense weights were not copied

@@ -647,3 +647,15 @@ def test_prompt_progress_line_on_a_terminal_only(engine):
     steps = []
     r = generate(engine, text, 2, ignore_eos=True, on_step=steps.append)
     assert 16 <= n < 63 and sum(1 for s in steps if s.phase == "prompt") == n - 1 == r.n_prompt_tokens - 1
+
+
+def test_random_seed_is_said_in_text_mode(pack):
+    """--seed -1 draws a seed; text mode says it on stderr so the run can be repeated (--json has it in "sampling")."""
+    r = _gen(pack, "-n", "3", "--temperature", "1.0", "--seed", "-1")
+    assert r.exit_code == 0
+    line = next(x for x in r.stderr.splitlines() if x.startswith("seed: "))
+    seed = int(line.split()[1])
+    assert f"--seed {seed} repeats this run" in line
+    a = _gen(pack, "-n", "3", "--temperature", "1.0", "--seed", str(seed), "--json")
+    b = _gen(pack, "-n", "3", "--temperature", "1.0", "--seed", str(seed), "--json")
+    assert json.loads(a.stdout)["output_ids"] == json.loads(b.stdout)["output_ids"]
