@@ -244,6 +244,94 @@ def key_refusals(g: Any, kv: Mapping[str, Any], *, params_only: bool = False) ->
     return out
 
 
+#: The GGUF value type llama.cpp requires of an architecture's scalar hyperparameters (src/llama-model.cpp
+#: ``load_hparams`` reads them with ``ml.get_key``; src/llama-model-loader.cpp ``GKV::get_kv`` throws "key %s has
+#: wrong type %s but expected type %s" on any other type: no conversion). Key suffixes after ``<arch>.``; a key
+#: llama.cpp also takes as a per-layer array (``get_key_or_arr``: head counts, feed-forward length) is checked when
+#: it is a scalar. GGUF type ids: u32 = 4, f32 = 6 (gguf-py ``GGUFValueType``).
+LLAMA_CPP_SCALAR_TYPES: dict[str, int] = {
+    **dict.fromkeys(
+        (
+            "context_length",
+            "embedding_length",
+            "block_count",
+            "feed_forward_length",
+            "expert_feed_forward_length",
+            "expert_shared_feed_forward_length",
+            "expert_count",
+            "expert_used_count",
+            "expert_shared_count",
+            "attention.head_count",
+            "attention.head_count_kv",
+            "attention.key_length",
+            "attention.value_length",
+            "attention.sliding_window",
+            "rope.dimension_count",
+            "ssm.conv_kernel",
+            "ssm.inner_size",
+            "ssm.state_size",
+            "ssm.time_step_rank",
+            "ssm.group_count",
+            "nextn_predict_layers",
+        ),
+        4,
+    ),
+    **dict.fromkeys(
+        (
+            "attention.layer_norm_rms_epsilon",
+            "attention.layer_norm_epsilon",
+            "rope.freq_base",
+            "rope.scaling.factor",
+            "final_logit_softcapping",
+            "attn_logit_softcapping",
+        ),
+        6,
+    ),
+}
+
+_GGUF_TYPE_NAMES = {
+    0: "u8",
+    1: "i8",
+    2: "u16",
+    3: "i16",
+    4: "u32",
+    5: "i32",
+    6: "f32",
+    7: "bool",
+    8: "string",
+    9: "array",
+    10: "u64",
+    11: "i64",
+    12: "f64",
+}
+
+
+def key_type_refusals(arch: str, kv: Mapping[str, Any], kv_types: Mapping[str, int]) -> list[Refusal]:
+    """The architecture's scalar hyperparameters whose GGUF value type is not the one llama.cpp requires
+    (:data:`LLAMA_CPP_SCALAR_TYPES`): llama.cpp refuses such a file at load, so strata refuses it too instead of
+    reading the value through another type. ``kv_types``: GGUF type id per key (the header's)."""
+    out = []
+    for suffix, want in LLAMA_CPP_SCALAR_TYPES.items():
+        key = f"{arch}.{suffix}"
+        got = kv_types.get(key)
+        if got is None or got == want or got == 9:  # absent, right, or a per-layer array (checked by the manifest)
+            continue
+        gn, wn = _GGUF_TYPE_NAMES.get(got, str(got)), _GGUF_TYPE_NAMES[want]
+        out.append(
+            Refusal(
+                key=key,
+                value=value_text(kv.get(key)),
+                implements=f"a {wn} value",
+                message=(
+                    f"{key} = {value_text(kv.get(key))} is a GGUF {gn}; llama.cpp reads it as {wn} and refuses the "
+                    f"file ('key {key} has wrong type {gn} but expected type {wn}'), so strata does too - rewrite the "
+                    f"key as {wn} (gguf-py: GGUFWriter.add_{'uint32' if want == 4 else 'float32'})"
+                ),
+            )
+        )
+    return out
+
+
 def check_metadata_keys(g: Any, kv: Mapping[str, Any]) -> None:
     """Refuse the metadata ``kv`` of the model whose geometry is ``g`` when :func:`key_refusals` finds
     anything (the one rule of ``strata-pack build``, ``strata-budget check`` and engine load).
@@ -269,8 +357,10 @@ __all__ = [
     "KeySpec",
     "KeysRefusedError",
     "Refusal",
+    "LLAMA_CPP_SCALAR_TYPES",
     "check_metadata_keys",
     "collapse_per_layer",
+    "key_type_refusals",
     "gguf_key",
     "key_counts",
     "key_refusals",

@@ -23,7 +23,7 @@ from typing import Any
 from gguf.constants import GGUFValueType
 
 from strata.manifests.contract import MAX_LAYERS, Geometry, geometry_from_metadata
-from strata.manifests.keys import KeysRefusedError, check_metadata_keys
+from strata.manifests.keys import KeysRefusedError, check_metadata_keys, key_type_refusals
 from strata.manifests.names import expert_part
 
 from . import quants
@@ -102,6 +102,9 @@ def resolve_geometry(model: GGUFModel) -> Geometry:
     h = model.shards[0]
     kv = metadata_values(model)
     lengths = {k: v.count for k, v in h.kv.items() if isinstance(v, ArrayRef)}
+    typed = key_type_refusals(model.arch, kv, h.kv_types)
+    if typed:  # llama.cpp refuses these files at load: so does strata, before reading a value through another type
+        raise KeysRefusedError("; ".join(r.message for r in typed), typed).with_file(h.path)
     try:
         g = geometry_from_metadata(model.arch, kv, lengths)
         check_metadata_keys(g, kv)

@@ -326,12 +326,15 @@ def _param_kv(spec: ModelSpec) -> list[tuple[str, int, Any, int | None]]:
 def kv_entry(key: str, value: Any) -> tuple[str, int, Any, int | None]:
     """One metadata entry ``(key, GGUFValueType, value, array sub_type)`` typed by its Python value: str
     STRING, bool BOOL, float FLOAT32, int UINT32 (INT32 when negative), a list of bools / ints / floats a
-    BOOL / UINT32 / FLOAT32 array (llama.cpp reads counts as u32, floats as f32).
+    BOOL / UINT32 / FLOAT32 array (llama.cpp reads counts as u32, floats as f32); ``(GGUFValueType.X, value)``: that
+    scalar type (tests of the type refusals: :func:`strata.manifests.keys.key_type_refusals`).
 
     Raises:
         ValueError: a value of another type, or an empty or mixed list.
     """
     V = GGUFValueType
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], GGUFValueType):
+        return key, value[0], value[1], None  # a scalar of a forced type: (GGUFValueType.INT32, 48)
 
     def scalar(v):
         if isinstance(v, bool):

@@ -15,6 +15,7 @@ import gguf
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from gguf.constants import GGUFValueType
 
 from strata import testing as synth
 from strata.packer import build as B
@@ -268,3 +269,32 @@ def test_verify_source_dir_is_the_only_place_looked_at(dense, tmp_path):
     assert r.exit_code != 0 and f"not found at {empty / Path(dense).name}" in r.stderr
     r = CliRunner().invoke(pack_main, ["verify", str(pack), "--source-dir", str(Path(dense).parent)])
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize(
+    "key, typed, shown",
+    [
+        ("block_count", (GGUFValueType.INT32, 2), "i32"),
+        ("block_count", (GGUFValueType.UINT64, 2), "u64"),
+        ("attention.layer_norm_rms_epsilon", (GGUFValueType.FLOAT64, 1e-6), "f64"),
+    ],
+)
+def test_hyperparameter_of_another_gguf_type_is_refused_as_llama_cpp_does(tmp_path, key, typed, shown):
+    """Issue 21 item 12: llama.cpp reads an architecture's hyperparameters with their exact GGUF type and refuses a
+    file where one has another ('key ... has wrong type i32 but expected type u32'); strata packed such a file.
+    Now build (and a plan from the GGUF) refuse it by name, exit 2, nothing written."""
+    from click.testing import CliRunner
+
+    from strata.budget.cli import main as budget_main
+    from strata.packer.cli import main as pack_main
+
+    spec = synth.qwen2_spec().model_copy(update={"extra_kv": {key: typed}})
+    src = synth.write_model(tmp_path / "m.gguf", spec)[0]
+    want = "u32" if key == "block_count" else "f32"
+    r = CliRunner().invoke(pack_main, ["build", str(src), "-o", str(tmp_path / "p")])
+    assert r.exit_code == 2 and not (tmp_path / "p").exists()
+    assert f"qwen2.{key} = " in r.stderr and f"is a GGUF {shown}; llama.cpp reads it as {want} and refuses" in r.stderr
+    r = CliRunner().invoke(budget_main, ["check", str(src), "--card", "16G"])
+    assert r.exit_code == 2 and f"has wrong type {shown} but expected type {want}" in r.stderr
+    ok = synth.write_model(tmp_path / "ok.gguf", synth.qwen2_spec())[0]  # the same model, u32 / f32: packs
+    assert CliRunner().invoke(pack_main, ["build", str(ok), "-o", str(tmp_path / "q")]).exit_code == 0
