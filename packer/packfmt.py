@@ -245,12 +245,37 @@ def _atomic_text(path: Path, text: str) -> None:
         f.write(text)
 
 
+def _file_name_field(name: str) -> tuple[str, str]:
+    """A source or shard file name as a header line holds it: ``("", name)`` when it is one plain token, else
+    ``("-x", escaped)`` (:func:`_escape`: unicode_escape, spaces as ``\\x20``; a name that is not UTF-8, kept by
+    Python as surrogates, escapes too) for the ``# source-x`` / ``# shard-x`` lines. "model (1).gguf" is a common
+    name; the plain form stays for every name that needs nothing, so older packs read as before.
+
+    Raises:
+        PackFormatError: an empty name.
+    """
+    if not name:
+        raise PackFormatError("an empty file name; the pack format cannot hold it")
+    plain = not any(c.isspace() or c == "\\" or not c.isprintable() for c in name)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        plain = False
+    return ("", name) if plain else ("-x", _escape(name))
+
+
+def _file_name_read(kind: str, field: str) -> str:
+    """The file name of a ``# source`` / ``# shard`` line (``kind`` "source" / "shard") or of its escaped form."""
+    return _unescape(field) if kind.endswith("-x") else field
+
+
 def write_index(path: Path, index: PackIndex) -> None:
-    """Write index.txt. Raises PackFormatError on a name with whitespace."""
+    """Write index.txt (file names that are not one plain token in the escaped ``# source-x`` form). Raises
+    PackFormatError on a tensor name with whitespace or an empty file name."""
     lines = [INDEX_VERSION_LINE]
     for name, size in index.sources:
-        _check_token(name, "source file name")
-        lines.append(f"# source {name} {size}")
+        x, field = _file_name_field(name)
+        lines.append(f"# source{x} {field} {size}")
     lines.append(f"# align {index.align} pool {index.pool_bytes} tensors {len(index.entries)}")
     lines.append("# columns " + " ".join(INDEX_COLUMNS))
     for e in index.entries:
@@ -266,8 +291,8 @@ def write_experts(path: Path, ne: NativeExperts) -> None:
         f"# n_expert {ne.n_expert} n_layer {ne.n_layer} total {ne.total} max_blob {ne.max_blob}",
     ]
     for k, name in enumerate(ne.shards):
-        _check_token(name, "shard file name")
-        lines.append(f"# shard {k} {name}")
+        x, field = _file_name_field(name)
+        lines.append(f"# shard{x} {k} {field}")
     lines.append("# columns " + " ".join(EXPERT_COLUMNS))
     for row in ne.layers:
         lines.append(" ".join(str(getattr(row, c)) for c in EXPERT_COLUMNS))
@@ -424,8 +449,8 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     head: dict[str, int] = {}
 
     def header(tok: list[str], lineno: int) -> bool:
-        if tok[1] == "source" and len(tok) == 4:
-            sources.append((tok[2], _int(tok[3], path, lineno, "size")))
+        if tok[1] in ("source", "source-x") and len(tok) == 4:
+            sources.append((_file_name_read(tok[1], tok[2]), _int(tok[3], path, lineno, "size")))
         elif tok[1] == "align" and len(tok) == 7 and tok[3] == "pool" and tok[5] == "tensors":
             head["align"] = _int(tok[2], path, lineno, "align")
             head["pool"] = _int(tok[4], path, lineno, "pool")
@@ -465,11 +490,11 @@ def read_experts(path: str | os.PathLike) -> NativeExperts:
     def header(tok: list[str], lineno: int) -> bool:
         if tok[1] == "n_expert" and len(tok) == 9 and tok[3:9:2] == ["n_layer", "total", "max_blob"]:
             head[:] = [_int(tok[i], path, lineno, tok[i - 1]) for i in (2, 4, 6, 8)]
-        elif tok[1] == "shard" and len(tok) == 4:
+        elif tok[1] in ("shard", "shard-x") and len(tok) == 4:
             k = _int(tok[2], path, lineno, "shard")
             if k != len(shards):
                 raise PackFormatError(f"{path}:{lineno}: shard {k} out of order, expected {len(shards)}")
-            shards[k] = tok[3]
+            shards[k] = _file_name_read(tok[1], tok[3])
         else:
             return False
         return True

@@ -54,3 +54,44 @@ def test_hub_cache_symlinks_build_a_pack_every_tool_accepts(tmp_path, n_shards):
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(engine_main, ["generate", str(pack), "-p", "hello", "-n", "2", "--ctx", "64", "--json"])
     assert r.exit_code == 0, r.output
+
+
+def test_file_names_with_spaces_and_non_utf8_bytes_pack_and_run(tmp_path):
+    """Issue 21 item 4: "model (1).gguf" is a common name (a second download) and was refused; a split set named with
+    spaces and a name that is not UTF-8 alike. The pack holds such names in the escaped ``# source-x`` / ``# shard-x``
+    lines (plain names keep the plain lines); build, verify, check and generate all work and find the shards."""
+    from click.testing import CliRunner
+
+    from strata.budget.cli import main as budget_main
+    from strata.engine.cli import main as engine_main
+    from strata.packer.cli import main as pack_main
+    from strata.packer.pack import read_pack
+
+    one = synth.write_model(tmp_path / "model (1).gguf", synth.qwen3moe_spec())
+    split = synth.write_model(tmp_path / "my model.gguf", synth.qwen3moe_spec(n_shards=2))
+    raw = os.fsdecode(b"caf\xe9.gguf")  # Latin-1 bytes: not UTF-8; Python keeps them as surrogates
+    os.rename(synth.write_model(tmp_path / "tmp.gguf", synth.qwen2_spec())[0], tmp_path / raw)
+    for i, src in enumerate([one[0], split[1], tmp_path / raw]):
+        out = tmp_path / f"pack{i}"
+        r = CliRunner().invoke(pack_main, ["build", str(src), "-o", str(out)])
+        assert r.exit_code == 0, r.output
+        index = (out / "index.txt").read_text()
+        assert "# source-x " in index and ("\\udce9" if i == 2 else "\\x20") in index
+        pack = read_pack(out)
+        assert {n for n, _ in pack.index.sources} <= {p.name for p in tmp_path.iterdir()}
+        assert CliRunner().invoke(pack_main, ["verify", str(out)]).exit_code == 0
+        assert CliRunner().invoke(budget_main, ["check", str(out), "--card", "16G", "--ctx", "64"]).exit_code == 0
+        r = CliRunner().invoke(engine_main, ["generate", str(out), "-p", "hi", "-n", "2", "--ctx", "64"])
+        assert r.exit_code == 0, r.output
+    experts = (tmp_path / "pack1" / "native_experts.txt").read_text()
+    assert "# shard-x 0 my\\x20model-00001-of-00002.gguf" in experts
+    plain = tmp_path / "plain"
+    assert (
+        CliRunner()
+        .invoke(
+            pack_main, ["build", str(synth.write_model(tmp_path / "m.gguf", synth.qwen2_spec())[0]), "-o", str(plain)]
+        )
+        .exit_code
+        == 0
+    )
+    assert "# source m.gguf " in (plain / "index.txt").read_text()  # plain names: the lines older packs have
