@@ -39,7 +39,8 @@ def read_parquet(path: str | Path, what: str, required: str, *, schema_only: boo
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_schema(path) if schema_only else pq.read_table(path)
+        with open(path, "rb") as f:  # a file object: pyarrow takes no path that is not UTF-8
+            return pq.read_schema(f) if schema_only else pq.read_table(f)
     except Exception as e:  # pyarrow raises several types for unreadable files
         raise PlanInputError(
             f"{what}: not a readable Parquet file ({e})", tensor=str(path), found="not Parquet", required=required
@@ -231,7 +232,8 @@ def write_profile(
     if model is not None:
         table = table.replace_schema_metadata({PROFILE_MODEL_KEY: model[0], PROFILE_MODEL_NAME_KEY: model[1]})
     with atomic_output(out, force=force, inputs=inputs) as tmp:  # beside ``out``, renamed: nothing half-written
-        pq.write_table(table, tmp)
+        with open(tmp, "wb") as f:  # a file object: pyarrow takes no path that is not UTF-8
+            pq.write_table(table, f)
 
 
 def check_profile_pairs(

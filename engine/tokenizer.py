@@ -330,7 +330,8 @@ def _read_parquet(path: Path):
     if not path.is_file():
         raise TokenizerError(f"{path}: not a file")
     try:
-        return pq.read_table(path)
+        with open(path, "rb") as f:  # a file object: pyarrow takes no path that is not UTF-8
+            return pq.read_table(f)
     except (pa.ArrowException, OSError):
         raise TokenizerError(f"{path}: not a valid Parquet file ({path.stat().st_size} bytes)") from None
 

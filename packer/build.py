@@ -123,10 +123,12 @@ def _write_tokenizer(model: GGUFModel, out: Path) -> None:
             if len(a) != n:
                 raise BuildError(f"{h.path}: {key} has {len(a)} entries, tokenizer.ggml.tokens has {n}")
             cols[col] = pa.array(np.asarray(a, dtype=dt))
-    pq.write_table(pa.table(cols), out / VOCAB_FILE)
+    with open(out / VOCAB_FILE, "wb") as f:  # file objects: pyarrow takes no path that is not UTF-8
+        pq.write_table(pa.table(cols), f)
     if "tokenizer.ggml.merges" in h.kv:
         merges = read_array(h, "tokenizer.ggml.merges")
-        pq.write_table(pa.table({"merge": pa.array(merges, type=pa.binary())}), out / MERGES_FILE)
+        with open(out / MERGES_FILE, "wb") as f:
+            pq.write_table(pa.table({"merge": pa.array(merges, type=pa.binary())}), f)
 
 
 def _copy_range(src_fd: int, dst_fd: int, src_off: int, nbytes: int, buf: bytearray) -> None:

@@ -209,6 +209,9 @@ class _Contract:
         argv = list(sys.argv[1:] if args is None else args)
         self._as_json = "--json" in argv
         self._standalone = standalone_mode
+        for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 prints as its bytes, not a traceback
+            if hasattr(stream, "reconfigure"):
+                stream.reconfigure(errors="surrogateescape")
         with signal_handlers():
             return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
 

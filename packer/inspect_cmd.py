@@ -131,4 +131,5 @@ def write_parquet(
     cols = {k: [r[k] for r in rows] for k in ("name", "type", "src_type", "shape", "bytes", "location", "offset")}
     table = pa.table({k: pa.array(v, type=pa.list_(pa.int64()) if k == "shape" else None) for k, v in cols.items()})
     with atomic_output(out, force=force, inputs=inputs) as tmp:
-        pq.write_table(table, tmp)
+        with open(tmp, "wb") as f:  # a file object: pyarrow takes no path that is not UTF-8
+            pq.write_table(table, f)

@@ -98,7 +98,8 @@ def _verify_tokenizer(model, pack_dir: Path) -> None:
         if not path.is_file():
             raise VerifyError(f"{path}: missing; the source has {key} (the pack's tokenizer)")
         try:
-            table = pq.read_table(path)
+            with open(path, "rb") as f:  # a file object: pyarrow takes no path that is not UTF-8
+                table = pq.read_table(f)
         except Exception as e:  # pyarrow raises its own types for a damaged file
             raise VerifyError(f"{path}: unreadable ({e})") from None
         want_cols = (["id"] if fname == VOCAB_FILE else []) + [c for c, k in cols if k in h.kv]

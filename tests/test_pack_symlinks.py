@@ -83,6 +83,21 @@ def test_file_names_with_spaces_and_non_utf8_bytes_pack_and_run(tmp_path):
         assert CliRunner().invoke(budget_main, ["check", str(out), "--card", "16G", "--ctx", "64"]).exit_code == 0
         r = CliRunner().invoke(engine_main, ["generate", str(out), "-p", "hi", "-n", "2", "--ctx", "64"])
         assert r.exit_code == 0, r.output
+    # Parquet outputs and inputs named with non-UTF-8 bytes (pyarrow takes no such path: file objects)
+    table = tmp_path / os.fsdecode(b"t\xe9.parquet")
+    r = CliRunner().invoke(pack_main, ["inspect", str(tmp_path / raw), "--parquet", str(table)])
+    assert r.exit_code == 0 and table.is_file(), r.output
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\nworld\n")
+    prof = tmp_path / os.fsdecode(b"p\xe9.parquet")
+    r = CliRunner().invoke(
+        engine_main, ["profile", str(tmp_path / "pack0"), "--prompts", str(prompts), "-n", "2", "-o", str(prof)]
+    )
+    assert r.exit_code == 0 and prof.is_file(), r.output
+    r = CliRunner().invoke(
+        budget_main, ["check", str(tmp_path / "pack0"), "--card", "16G", "--ctx", "64", "--expert-profile", str(prof)]
+    )
+    assert r.exit_code == 0, r.output
     experts = (tmp_path / "pack1" / "native_experts.txt").read_text()
     assert "# shard-x 0 my\\x20model-00001-of-00002.gguf" in experts
     plain = tmp_path / "plain"
