@@ -29,7 +29,7 @@ from strata.manifests.contract import geometry_params_text
 from . import quants
 from .expert_samples import expert_sample_digests
 from .gguf_file import GGUFModel, open_model, read_array
-from .outputs import WRITE_ERRNOS, OutputError, check_free_space, write_error
+from .outputs import WRITE_ERRNOS, OutputError, check_free_space, sidecar_name, write_error
 from .pack import open_pack
 from .pack_plan import (
     BuildError,
@@ -345,7 +345,7 @@ def build_lock(out: Path):
     """
     import fcntl
 
-    path = Path(os.path.abspath(out)).parent / f".{out.name}.lock"
+    path = Path(os.path.abspath(out)).parent / sidecar_name(out, ".lock")
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
@@ -381,7 +381,8 @@ def stale_temp_dirs(out: Path) -> list[Path]:
     parent = Path(os.path.abspath(out)).parent
     if not parent.is_dir():
         return []
-    return sorted(p for p in parent.glob(f".{out.name}.tmp-*") if p.is_dir())
+    prefix = sidecar_name(out, ".tmp-")
+    return sorted(p for p in parent.iterdir() if p.name.startswith(prefix) and p.is_dir())
 
 
 def write_tables(d: Path, model: GGUFModel, geom, index: PackIndex, experts) -> None:
@@ -493,7 +494,7 @@ def _build_pack(src: str | os.PathLike, out: Path, *, align: int, force: bool, p
         f"the pack (pool.bin {index.pool_bytes:,} bytes + up to {TABLES_ALLOWANCE_BYTES >> 20} MiB of tables)",
     )
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=Path(os.path.abspath(out)).parent))
+        tmp = Path(tempfile.mkdtemp(prefix=sidecar_name(out, ".tmp-"), dir=Path(os.path.abspath(out)).parent))
     except OSError as e:
         raise write_error(e, out, needed) from None
     umask = os.umask(0)
@@ -546,7 +547,7 @@ def _build_pack(src: str | os.PathLike, out: Path, *, align: int, force: bool, p
         _sample_check(model, tmp, index)
         if force and out.exists():
             check_target(out, model.paths, force)  # still a pack, still not holding a source
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=tmp.parent))
+            trash = Path(tempfile.mkdtemp(prefix=sidecar_name(out, ".old-"), dir=tmp.parent))
             os.rename(out, trash / "old")
             try:
                 _rename_noreplace(tmp, out)

@@ -123,6 +123,31 @@ def check_overwrite(
         raise OutputError(errno.EEXIST, f"{t} already exists; pass --force to replace it")
 
 
+#: Longest file name most file systems take (bytes; NAME_MAX of ext4, xfs, btrfs, tmpfs).
+NAME_MAX_BYTES = 255
+#: Characters ``tempfile.mkdtemp`` appends to a prefix.
+_MKDTEMP_RANDOM = 8
+
+
+def sidecar_name(out: Path, suffix: str, after: int = 0) -> str:
+    """The name of a file beside ``out`` that belongs to its build (``suffix``: ``.tmp-`` and ``.old-`` prefixes of
+    temporary directories, ``.lock``): ``.NAME{suffix}``, or, where that (plus mkdtemp's 8 random characters) would
+    pass :data:`NAME_MAX_BYTES` - a legal 250-byte output name - the name cut short with a hash of the whole name,
+    ``.{start}~{sha8}{suffix}``, so that every build of ``out`` finds the same names. ``after``: bytes the caller
+    adds after the random characters (``.partial``: :func:`atomic_output`)."""
+    import hashlib
+
+    name = out.name
+    full = f".{name}{suffix}"
+    if len(os.fsencode(full)) + _MKDTEMP_RANDOM + after <= NAME_MAX_BYTES:
+        return full
+    tag = hashlib.sha256(os.fsencode(name)).hexdigest()[:8]
+    room = NAME_MAX_BYTES - _MKDTEMP_RANDOM - after - len(os.fsencode(f".~{tag}{suffix}"))
+    raw = os.fsencode(name)[:room]
+    start = raw.decode("utf-8", "ignore") or "x"
+    return f".{start}~{tag}{suffix}"
+
+
 @contextmanager
 def atomic_output(
     target: str | os.PathLike,
@@ -139,7 +164,9 @@ def atomic_output(
     target = Path(target)
     try:
         fd, name = tempfile.mkstemp(
-            prefix=f".{target.name}.", suffix=".partial", dir=Path(os.path.abspath(target)).parent
+            prefix=sidecar_name(target, ".", after=len(".partial")),
+            suffix=".partial",
+            dir=Path(os.path.abspath(target)).parent,
         )
     except OSError as e:
         raise write_error(e, target, needed) from None
@@ -168,5 +195,6 @@ __all__ = [
     "check_free_space",
     "check_overwrite",
     "free_bytes",
+    "sidecar_name",
     "write_error",
 ]

@@ -400,3 +400,28 @@ def test_two_builds_into_one_output_do_not_both_write_it(moe, tmp_path):
     build_pack(moe[0], out, progress=False, on_warning=heard.append)
     assert heard == [f"{live} is left from an interrupted build; remove it"]
     assert (out / "index.txt").is_file() and not lock.exists()
+
+
+def test_a_legal_250_byte_output_name_builds(moe, tmp_path):
+    """Issue 21 item 4: a 250-byte output name (legal: NAME_MAX is 255) was refused because the temporary directory
+    beside it, ``.NAME.tmp-XXXXXXXX``, is longer than 255 bytes. The build's sidecars (temporary directories, the
+    lock, Parquet's partial file) cut the name short with a hash (packer.outputs.sidecar_name); a leftover of an
+    interrupted build of that output is still found as one."""
+    from click.testing import CliRunner
+
+    from strata.packer.cli import main as pack_main
+    from strata.packer.outputs import NAME_MAX_BYTES, sidecar_name
+
+    out = tmp_path / ("p" * 250)
+    for suffix in (".tmp-", ".old-", ".lock"):
+        side = sidecar_name(out, suffix)
+        assert len(side.encode()) + 8 <= NAME_MAX_BYTES and side.endswith(suffix) and side.startswith(".ppp")
+    assert sidecar_name(tmp_path / "short", ".tmp-") == ".short.tmp-"  # the plain form whenever it fits
+    left = tmp_path / (sidecar_name(out, ".tmp-") + "abcdefgh")
+    left.mkdir()
+    heard: list[str] = []
+    build_pack(moe[0], out, progress=False, on_warning=heard.append)
+    assert (out / "index.txt").is_file() and heard == [f"{left} is left from an interrupted build; remove it"]
+    table = tmp_path / ("t" * 246 + ".pq")  # 250 bytes: inspect's Parquet goes through a partial file beside it
+    r = CliRunner().invoke(pack_main, ["inspect", str(out), "--parquet", str(table)])
+    assert r.exit_code == 0 and table.is_file(), r.output
