@@ -247,13 +247,8 @@ def _atomic_text(path: Path, text: str) -> None:
 
 def _file_name_field(name: str) -> tuple[str, str]:
     """A source or shard file name as a header line holds it: ``("", name)`` when it is one plain token, else
-    ``("-x", escaped)`` (:func:`_escape`: unicode_escape, spaces as ``\\x20``; a name that is not UTF-8, kept by
-    Python as surrogates, escapes too) for the ``# source-x`` / ``# shard-x`` lines. "model (1).gguf" is a common
-    name; the plain form stays for every name that needs nothing, so older packs read as before.
-
-    Raises:
-        PackFormatError: an empty name.
-    """
+    ``("-x", escaped)`` for the ``# source-x`` / ``# shard-x`` lines (:func:`_escape`; non-UTF-8 names, held as
+    surrogates, too). Raises PackFormatError on an empty name."""
     if not name:
         raise PackFormatError("an empty file name; the pack format cannot hold it")
     plain = not any(c.isspace() or c == "\\" or not c.isprintable() for c in name)
