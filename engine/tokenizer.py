@@ -51,6 +51,7 @@ from strata.packer.tokenizer_rules import (
     TOKEN_UNUSED,
     TOKEN_USER_DEFINED,
     bytes_to_unicode,
+    merge_refusal,
     pre_rule,
 )
 
@@ -475,18 +476,11 @@ def load_tokenizer(pack: Pack) -> Tokenizer:
                 text = m.decode("utf-8")
             except UnicodeDecodeError:
                 continue  # its pieces are not valid UTF-8: no text forms them, llama.cpp never applies it
+            why = merge_refusal(k, text, vocab, str(mpath), n)  # the build checks the same rule
+            if why:
+                raise TokenizerError(why)
             cut = text.find(" ", 1)  # llama.cpp: word.find(' ', 1)
-            if cut < 0:
-                raise TokenizerError(f"{mpath}: merge {k} {m!r} is not two pieces separated by a space")
-            a, b = text[:cut], text[cut + 1 :]
-            for piece in (a, b, a + b):  # a merge names two tokens and forms a third (llama.cpp byte-falls back
-                if piece not in vocab:  # on one that is not a token; the BPE model cannot represent that)
-                    raise TokenizerError(
-                        f"{mpath}: merge {k} ({a!r} + {b!r}) needs the token {piece!r}, which is not "
-                        f"in the vocabulary ({n} tokens): the GGUF's tokenizer.ggml.merges do not "
-                        "match its tokenizer.ggml.tokens"
-                    )
-            merges.append((a, b))
+            merges.append((text[:cut], text[cut + 1 :]))
         hf = HFTokenizer(models.BPE(vocab, merges, ignore_merges=rule.ignore_merges))
         hf.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in rule.regexes]

@@ -58,7 +58,7 @@ from .packfmt import (
     write_index,
     write_metadata,
 )
-from .tokenizer_rules import tokenizer_refusal
+from .tokenizer_rules import merge_refusal, tokenizer_refusal
 
 CHUNK_BYTES = 8 << 20
 DEFAULT_ALIGN = 64
@@ -101,6 +101,21 @@ def check_tokenizer(model: GGUFModel) -> None:
     why = tokenizer_refusal(h.kv, tokens, types, str(h.path))
     if why:
         raise BuildError(why)
+    if h.kv.get("tokenizer.ggml.model") == "gpt2" and "tokenizer.ggml.merges" in h.kv:
+        vocab = set()
+        for t in tokens:
+            try:
+                vocab.add(bytes(t).decode("utf-8"))
+            except UnicodeDecodeError:
+                continue  # no text forms it: never a merge's piece
+        for k, m in enumerate(read_array(h, "tokenizer.ggml.merges")):
+            try:
+                text = bytes(m).decode("utf-8")
+            except UnicodeDecodeError:
+                continue  # no text forms its pieces: llama.cpp never applies it
+            why = merge_refusal(k, text, vocab, f"{h.path}: tokenizer.ggml.merges", len(tokens))
+            if why:  # the engine would refuse the pack at load: refused before anything is written
+                raise BuildError(why)
 
 
 def _write_tokenizer(model: GGUFModel, out: Path) -> None:

@@ -101,6 +101,24 @@ def pre_rule(pre: str | None) -> PreRule:
     return PRE_RULES[pre or DEFAULT_PRE]
 
 
+def merge_refusal(k: int, text: str, vocab, where: str, n: int) -> str | None:
+    """Why BPE merge ``k`` (its text, UTF-8 decoded) cannot be used, or None: it is not two pieces split at the first
+    space after the first character (llama.cpp's ``word.find(' ', 1)``, src/llama-vocab.cpp), or a piece or the
+    merged piece is not a token of ``vocab`` (a container of token strings; ``n`` tokens): the BPE model cannot
+    represent it. The one rule of ``strata-pack build`` and the engine's tokenizer."""
+    cut = text.find(" ", 1)
+    if cut < 0:
+        return f"{where}: merge {k} {text!r} is not two pieces separated by a space"
+    a, b = text[:cut], text[cut + 1 :]
+    for piece in (a, b, a + b):  # a merge names two tokens and forms a third
+        if piece not in vocab:
+            return (
+                f"{where}: merge {k} ({a!r} + {b!r}) needs the token {piece!r}, which is not in the vocabulary "
+                f"({n} tokens): the GGUF's tokenizer.ggml.merges do not match its tokenizer.ggml.tokens"
+            )
+    return None
+
+
 def tokenizer_refusal(kv: dict, tokens: list[bytes] | None, types: list[int] | None, where: str) -> str | None:
     """Why strata cannot tokenize like llama.cpp for these ``tokenizer.ggml.*`` values (one line naming
     ``where``, the key and the value, or the token id), or None.
@@ -141,6 +159,7 @@ def tokenizer_refusal(kv: dict, tokens: list[bytes] | None, types: list[int] | N
 
 
 __all__ = [
+    "merge_refusal",
     "DEFAULT_PRE",
     "MODEL_DEFAULTS",
     "PRE_RULES",

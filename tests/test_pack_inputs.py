@@ -298,3 +298,26 @@ def test_hyperparameter_of_another_gguf_type_is_refused_as_llama_cpp_does(tmp_pa
     assert r.exit_code == 2 and f"has wrong type {shown} but expected type {want}" in r.stderr
     ok = synth.write_model(tmp_path / "ok.gguf", synth.qwen2_spec())[0]  # the same model, u32 / f32: packs
     assert CliRunner().invoke(pack_main, ["build", str(ok), "-o", str(tmp_path / "q")]).exit_code == 0
+
+
+def test_a_merge_that_is_not_tokens_is_refused_at_build(tmp_path):
+    """Issue 21 item 12: a GGUF whose merges do not match its tokens packed, verified and failed only at generate;
+    the build now applies the engine's rule (packer.tokenizer_rules.merge_refusal, one definition) and refuses it,
+    exit 2, naming the merge, the missing token and the file; nothing is written."""
+    from strata.packer.cli import main as pack_main
+    from strata.testing.tokenizer import synth_tokenizer, tokenizer_kv
+
+    tok = synth_tokenizer(512)
+    kv = tokenizer_kv(tok, add_bos=False)
+    merges = list(tok.merges)
+    k = 3
+    a, b = merges[k].split(" ", 1)
+    merges[k] = f"{a} {b}\u00a7"  # the second piece and the merged piece are not tokens
+    kv = [(key, t, merges if key == "tokenizer.ggml.merges" else v, sub) for key, t, v, sub in kv]
+    src = synth.write_model(tmp_path / "m.gguf", synth.qwen2_spec(), tokenizer=kv)[0]
+    r = CliRunner().invoke(pack_main, ["build", str(src), "-o", str(tmp_path / "p")])
+    assert r.exit_code == 2 and not (tmp_path / "p").exists()
+    assert f"{src}: tokenizer.ggml.merges: merge {k} ({a!r} + {b + chr(0xA7)!r}) needs the token" in r.stderr
+    assert "which is not in the vocabulary (512 tokens)" in r.stderr
+    good = synth.write_model(tmp_path / "g.gguf", synth.qwen2_spec(), tokenizer=tokenizer_kv(tok, add_bos=False))[0]
+    assert CliRunner().invoke(pack_main, ["build", str(good), "-o", str(tmp_path / "q")]).exit_code == 0
