@@ -23,11 +23,11 @@ import numpy as np
 from strata.manifests.contract import geometry_params_text
 
 from . import quants
-from .build import CHUNK_BYTES
+from .build import CHUNK_BYTES, check_tokenizer
 from .expert_samples import EXPERT_SAMPLE_BYTES, expert_sample_digests
 from .gguf_file import GGUFError, open_model, read_array
 from .pack import check_pool_layout, read_pack
-from .pack_plan import layout_pool, metadata_items, resolve_geometry, tabulate_experts
+from .pack_plan import BuildError, layout_pool, metadata_items, resolve_geometry, tabulate_experts
 from .packfmt import (
     GEOMETRY_VERSION_LINE,
     INDEX_FILE,
@@ -331,6 +331,10 @@ def verify_pack(
         n_layers = len(got_ex.layers)
 
     _verify_tokenizer(model, pack.path)
+    try:  # the rules the build applies to the source's tokenizer (a pack of an older build may predate one)
+        check_tokenizer(model)
+    except BuildError as e:
+        raise VerifyError(f"{e}; the engine refuses this tokenizer at load (rebuild from a consistent GGUF)") from None
     note = check_expert_samples(pack, paths)
     if note:
         warnings.append(note)

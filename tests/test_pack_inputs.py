@@ -300,7 +300,7 @@ def test_hyperparameter_of_another_gguf_type_is_refused_as_llama_cpp_does(tmp_pa
     assert CliRunner().invoke(pack_main, ["build", str(ok), "-o", str(tmp_path / "q")]).exit_code == 0
 
 
-def test_a_merge_that_is_not_tokens_is_refused_at_build(tmp_path):
+def test_a_merge_that_is_not_tokens_is_refused_at_build(tmp_path, monkeypatch):
     """Issue 21 item 12: a GGUF whose merges do not match its tokens packed, verified and failed only at generate;
     the build now applies the engine's rule (packer.tokenizer_rules.merge_refusal, one definition) and refuses it,
     exit 2, naming the merge, the missing token and the file; nothing is written."""
@@ -321,3 +321,10 @@ def test_a_merge_that_is_not_tokens_is_refused_at_build(tmp_path):
     assert "which is not in the vocabulary (512 tokens)" in r.stderr
     good = synth.write_model(tmp_path / "g.gguf", synth.qwen2_spec(), tokenizer=tokenizer_kv(tok, add_bos=False))[0]
     assert CliRunner().invoke(pack_main, ["build", str(good), "-o", str(tmp_path / "q")]).exit_code == 0
+    # a pack built before the rule from such a GGUF (the check skipped): verify refuses it, naming the merge
+    monkeypatch.setattr(B, "check_tokenizer", lambda model: None)
+    B.build_pack(src, tmp_path / "old", progress=False)
+    monkeypatch.undo()
+    r = CliRunner().invoke(pack_main, ["verify", str(tmp_path / "old")])
+    assert r.exit_code == 1 and f"merge {k} ({a!r} + {b + chr(0xA7)!r}) needs the token" in r.output
+    assert "the engine refuses this tokenizer at load" in r.output
