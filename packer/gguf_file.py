@@ -186,7 +186,7 @@ class _Cursor:
     def u64(self, what: str) -> int:
         return self.scalar(GGUFValueType.UINT64, what)
 
-    def string(self, what: str, raw: bool = False):
+    def string(self, what: str, raw: bool = False, lenient: bool = False):
         n = self.u64(f"length of {what}")
         if n > MAX_STRING_LEN or self.pos + n > self.size:
             raise GGUFError(
@@ -197,6 +197,8 @@ class _Cursor:
         self.pos += n
         if raw:
             return b
+        if lenient:  # metadata keys and string values: llama.cpp keeps any bytes (gguf.cpp std::string); Python's
+            return b.decode("utf-8", "surrogateescape")  # surrogates hold the bytes that are not UTF-8
         try:
             return b.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -224,7 +226,7 @@ def _read_value(cur: _Cursor, vtype: int, key: str):
     if vtype in SCALAR_FORMATS:
         return cur.scalar(vtype, f"value of {key!r}")
     if vtype == GGUFValueType.STRING:
-        return cur.string(f"value of {key!r}")
+        return cur.string(f"value of {key!r}", lenient=True)
     if vtype == GGUFValueType.ARRAY:
         etype = cur.u32(f"array type of {key!r}")
         count = cur.u64(f"array length of {key!r}")
@@ -311,7 +313,7 @@ def _parse(buf, size: int, path: Path) -> GGUFHeader:
     kv: dict[str, object] = {}
     kv_types: dict[str, int] = {}
     for i in range(n_kv):
-        key = cur.string(f"key #{i}")
+        key = cur.string(f"key #{i}", lenient=True)
         vtype = cur.u32(f"type of key {key!r}")
         if key in kv:
             raise GGUFError(f"{path}: duplicate key {key!r}")

@@ -232,14 +232,25 @@ def tabulate_experts(model: GGUFModel, geom: Geometry) -> NativeExperts | None:
     )
 
 
+def _utf8(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def metadata_items(model: GGUFModel, src_dir: Path) -> list[tuple[str, str, object]]:
     """metadata.txt rows: every scalar key of shard 0 and the architecture's own numeric arrays
     (:func:`metadata_values`: the per-layer arrays the manifests' ``[keys]`` rules read; the tokenizer's
     arrays are in the tokenizer tables), then ``strata.source_dir`` (where the shards were when the pack
-    was built)."""
+    was built). Keys that are not UTF-8 or hold blanks (llama.cpp loads them; nothing reads them) are left out;
+    string VALUES that are not UTF-8 are kept (escaped in metadata.txt: ``general.name`` as llama.cpp shows it)."""
     h = model.shards[0]
     items: list[tuple[str, str, object]] = []
     for key, v in metadata_values(model).items():
+        if not key.isprintable() or any(c.isspace() for c in key) or not _utf8(key):
+            continue  # a key llama.cpp loads but no code of it reads (not UTF-8, blanks): not part of the format
         if isinstance(v, list):
             if h.kv[key].elem_type in ARRAY_KINDS:  # string arrays are not part of the format
                 items.append((key, ARRAY_KINDS[h.kv[key].elem_type], v))

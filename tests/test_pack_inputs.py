@@ -328,3 +328,41 @@ def test_a_merge_that_is_not_tokens_is_refused_at_build(tmp_path, monkeypatch):
     r = CliRunner().invoke(pack_main, ["verify", str(tmp_path / "old")])
     assert r.exit_code == 1 and f"merge {k} ({a!r} + {b + chr(0xA7)!r}) needs the token" in r.output
     assert "the engine refuses this tokenizer at load" in r.output
+
+
+def _patch_byte(src: Path, dst: Path, marker: bytes, at: int) -> None:
+    """A copy of ``src`` with the byte ``at`` after ``marker`` set to 0xE9 (Latin-1 'é': not UTF-8 on its own)."""
+    d = bytearray(src.read_bytes())
+    d[d.index(marker) + at] = 0xE9
+    dst.write_bytes(bytes(d))
+
+
+def test_metadata_that_is_not_utf8_loads_as_in_llama_cpp(tmp_path):
+    """Issue 21 item 12: llama.cpp loads a GGUF whose general.name (or another key or string value) is not UTF-8; strata
+    refused it. Now the value is kept (escaped in metadata.txt, shown as its bytes) and the key is left out of the
+    pack (nothing reads it); build, verify, a plan and generate run. A tensor name that is not UTF-8 is still refused
+    (llama.cpp cannot find such a tensor either)."""
+    from strata.budget.cli import main as budget_main
+    from strata.engine.cli import main as engine_main
+    from strata.packer.cli import main as pack_main
+    from strata.packer.pack import read_pack
+
+    spec = synth.qwen2_spec().model_copy(update={"extra_kv": {"/general.name": "x", "/general.zzz": "v"}})
+    ok = synth.write_model(tmp_path / "ok.gguf", spec)[0]
+    bad = tmp_path / "bad.gguf"
+    _patch_byte(ok, bad, b"general.name", len("general.name") + 4 + 8)  # the value's first byte
+    _patch_byte(bad, bad, b"general.zzz", len("general.z"))  # a byte of the key
+    r = CliRunner().invoke(pack_main, ["build", str(bad), "-o", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "p" / "metadata.txt").read_text()
+    assert "general.name str \\udce9\n" in md and "general.z" not in md  # the key that is not UTF-8: left out
+    assert read_pack(tmp_path / "p").metadata["general.name"] == "\udce9"
+    assert CliRunner().invoke(pack_main, ["verify", str(tmp_path / "p")]).exit_code == 0
+    for args in (["check", str(tmp_path / "p")], ["check", str(bad)]):
+        assert CliRunner().invoke(budget_main, [*args, "--card", "16G", "--ctx", "64"]).exit_code == 0
+    r = CliRunner().invoke(engine_main, ["generate", str(tmp_path / "p"), "-p", "hi", "-n", "2", "--ctx", "64"])
+    assert r.exit_code == 0, r.output
+    tensor = tmp_path / "tensor.gguf"
+    _patch_byte(ok, tensor, b"token_embd.weight", 0)
+    r = CliRunner().invoke(pack_main, ["build", str(tensor), "-o", str(tmp_path / "q")])
+    assert r.exit_code == 2 and "is not valid UTF-8" in r.stderr
