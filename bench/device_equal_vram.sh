@@ -16,14 +16,7 @@ OUT=${OUT:-/tmp/device_ev}; WORK=${WORK:-/tmp/device_ev_work}; mkdir -p "$OUT" "
 export PYTHONUNBUFFERED=1
 . bench/device_env.sh; device_env "$WORK" || echo "!! wheel install failed"; T0=$(date +%s)
 step "llama.cpp CUDA build (background)"
-if [ ! -x /tmp/lcp/llama.cpp/build/bin/llama-bench ]; then
-    mkdir -p /tmp/lcp && tar -xJf .lcp/llama.cpp.tar.xz -C /tmp/lcp
-    setsid bash -c 'cd /tmp/lcp/llama.cpp && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF > /tmp/lcp/build.log 2>&1 && \
-        nice cmake --build build --target llama-bench -j 15 >> /tmp/lcp/build.log 2>&1; echo "exit $?" >> /tmp/lcp/build.log' \
-        < /dev/null > /dev/null 2>&1 &
-fi
+lcp_build_start
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 step "every gpu test that needs no real model"
 { echo "commit ${COMMIT:-unknown} (the checkout this call ran), $(date -u +%FT%TZ)"
@@ -32,12 +25,11 @@ step "every gpu test that needs no real model"
 step "the 30B-A3B GGUF and pack (TokenRouting 0.5), while the build runs"
 python3 bench/bench_profile_fill.py --work "$WORK/pf" --prepare-only 2>&1 | tail -2
 step "waiting for the llama.cpp build (strata's rows would share the CPU with the compiler)"
-for _ in $(seq 1 150); do grep -q "^exit" /tmp/lcp/build.log 2>/dev/null && break; sleep 2; done
-tail -1 /tmp/lcp/build.log
+lcp_build_wait
 step "strata: 30B-A3B, token-dependent routing, 16G and 24G"
 python3 bench/bench_profile_fill.py --work "$WORK/pf" --cards 16G,24G --tiers auto --json "$OUT/strata.json" 2>&1 \
     | tee "$OUT/equal_vram.log"
-LB=/tmp/lcp/llama.cpp/build/bin/llama-bench
+LB=$LCP_BENCH
 G="$WORK/pf/qwen3moe-30b-a3b.gguf"
 for card in 16G:15848 24G:24210; do
     name=${card%%:*}; total=${card##*:}

@@ -26,14 +26,7 @@ device_env "$WORK" || echo "!! wheel install failed"
 T0=$(date +%s)
 
 step "llama.cpp CUDA build (background)"
-if [ ! -x /tmp/lcp/llama.cpp/build/bin/llama-bench ]; then
-    mkdir -p /tmp/lcp && tar -xJf .lcp/llama.cpp.tar.xz -C /tmp/lcp
-    setsid bash -c 'cd /tmp/lcp/llama.cpp && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF > /tmp/lcp/build.log 2>&1 && \
-        nice cmake --build build --target llama-bench -j 15 >> /tmp/lcp/build.log 2>&1; echo "exit $?" >> /tmp/lcp/build.log' \
-        < /dev/null > /dev/null 2>&1 &
-fi
+lcp_build_start
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 step "every gpu test that needs no real model (the device-side oracle of the cache invariant)"
 { echo "commit ${COMMIT:-unknown} (the checkout this call ran), $(date -u +%FT%TZ)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -43,9 +36,8 @@ step "GGUFs and packs"
 GEOS="qwen3moe-30b-a3b qwen2-7b qwen2-0.5b gemma3-270m"  # the largest first: a call cut at its limit keeps it
 for g in $GEOS; do python3 bench/bench_moe.py --work "$WORK/bench" --geometry $g --tokens 8 --no-gpu 2>&1 | grep "^\[" ; done
 step "waiting for the llama.cpp build"
-for _ in $(seq 1 120); do grep -q "^exit" /tmp/lcp/build.log 2>/dev/null && break; sleep 3; done
-tail -2 /tmp/lcp/build.log
-LB=/tmp/lcp/llama.cpp/build/bin/llama-bench
+lcp_build_wait
+LB=$LCP_BENCH
 for g in $GEOS; do
     step "$g: llama-bench, then strata"
     python3 bench/bench_moe.py --work "$WORK/bench" --geometry $g --tokens "$TOKENS" --llama-bench $LB \
