@@ -316,6 +316,14 @@ def nvml_memory(device: int = 0) -> tuple[int, int, str] | None:
         lib.nvmlShutdown()
 
 
+def host_ram_bytes() -> int:
+    """This machine's physical host memory (bytes): ``SC_PHYS_PAGES x SC_PAGE_SIZE`` (POSIX sysconf). What the engine's
+    CPU path holds a KV cache against, and what ``strata-budget check`` sets the plan's host terms beside."""
+    import os
+
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def measure_card(device: int = 0, cuda_context_mib: int | None = None, cuda_runtime_mib: int | None = None) -> Card:
     """Ask the local GPU: CUDA's (free, total) through CuPy, NVML's used memory before and after the
     CUDA context is created (the difference is the context's cost on this card and driver).

@@ -18,7 +18,7 @@ from strata.packer.packfmt import PackFormatError
 
 from . import formulas as F
 from .audit import AuditError, AuditResult, audit_pack
-from .cards import Card, card_from_options, short_source
+from .cards import Card, card_from_options, host_ram_bytes, short_source
 from .errors import BudgetInputError
 from .options import (
     ENGINE_ALIASES,
@@ -260,7 +260,7 @@ def check(
             if audit.ok:
                 _fail(e if isinstance(e, BudgetInputError) else f"{pack}: cannot plan the pack: {e}", as_json, t0)
     if plan is not None:
-        plan.warnings += host_ram_warnings(plan, physical_ram_bytes())
+        plan.warnings += host_ram_warnings(plan, host_ram_bytes())
     if gguf is not None:
         audit.pack = str(gguf)
         audit.planned_from = "gguf header"
@@ -272,13 +272,6 @@ def check(
     else:
         _print(audit, plan, verdict, seconds)
     sys.exit(code)
-
-
-def physical_ram_bytes() -> int:
-    """This machine's physical memory (bytes: ``SC_PHYS_PAGES x SC_PAGE_SIZE``)."""
-    import os
-
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def host_ram_warnings(plan: Plan, ram: int) -> list[str]:

@@ -6,8 +6,7 @@
 
 from __future__ import annotations
 
-import os
-
+from strata.budget.cards import host_ram_bytes
 from strata.manifests.contract import Geometry
 from strata.packer.pack import Pack
 
@@ -18,11 +17,6 @@ from ..loader import LoadPlan
 from ..options import ResolvedOptions
 from .experts import CpuExpertCache, CpuExpertPath
 from .weights import CpuWeights
-
-
-def host_ram_bytes() -> int:
-    """Physical host memory: ``SC_PHYS_PAGES x SC_PAGE_SIZE``."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 class CpuDevice:
@@ -100,4 +94,4 @@ class CpuDevice:
         pass
 
 
-__all__ = ["CpuDevice", "host_ram_bytes"]
+__all__ = ["CpuDevice"]
