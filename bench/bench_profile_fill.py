@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     del rows
     # each case in a process of its own: a start-up on an emulated card sees the card as a fresh process would
     tiers = args.tiers.split(",")
-    cases = [(c, n, t) for c in args.cards.split(",") for n in ("no profile", "profile") for t in args.tiers.split(",")]
+    cases = [(c, n, t) for c in args.cards.split(",") for n in ("no profile", "profile") for t in tiers]
     for card, name, tier in cases:
         if card == "24G" and tier != tiers[0]:
             continue  # every expert fits: nothing misses, the tier does not matter

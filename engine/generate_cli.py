@@ -10,7 +10,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import click
 
@@ -297,17 +297,7 @@ class GenerateRequest:
                 "--no-parse-special with --chat would make the chat template's own markers plain text; "
                 "llama.cpp always parses them in a chat prompt"
             )
-        sampling = dict(
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            seed=self.seed,
-            min_p=self.min_p,
-            repeat_penalty=self.repeat_penalty,
-            repeat_last_n=self.repeat_last_n,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-        )
+        sampling = {f.name: getattr(self, f.name) for f in fields(Sampler) if f.init}  # the sampler's settings
         if bad := check_pack_dir(self.pack) or check_request(n_tokens=self.n_tokens, **sampling):
             raise GenerateError(bad)
         try:

@@ -44,6 +44,13 @@ from .slots import GpuExpertPath, GpuStepProbe, HostTier, HostTierError, SlotCac
 from .weights import DeviceWeights
 
 
+def host_tier_room() -> tuple[int | None, int | None]:
+    """``(MemAvailable, room)`` in bytes: the host's available memory and what a host tier may pin of it (less
+    :data:`strata.layout.experts.HOST_TIER_MARGIN_BYTES`, at least 0); ``(None, None)`` without /proc/meminfo."""
+    avail = mem_available()
+    return avail, None if avail is None else max(avail - LX.HOST_TIER_MARGIN_BYTES, 0)
+
+
 @dataclass
 class GpuInfo:
     """GPU-side facts of a loaded engine (bytes), for ``strata-engine measure``, stats and benchmarks.
@@ -363,9 +370,9 @@ class GpuDevice:
         if opts.miss_tier == "pcie":
             return True
         first = F.size_expert_cache(free, reserve, slot_bytes, cap, asked, cap_what=what)
-        avail = mem_available()
+        avail, room = host_tier_room()
         tier = LX.host_tier_bytes(max(pairs - first.slots, 0), slot_bytes)
-        if avail is not None and tier > avail - LX.HOST_TIER_MARGIN_BYTES:
+        if room is not None and tier > room:
             self.info.miss_tier = (
                 f"cpu (a host tier of {tier} B ({tier / 2**20:.1f} MiB) does not fit the {avail} B "
                 f"({avail / 2**20:.1f} MiB) of available host memory less 4 GiB)"
@@ -389,8 +396,7 @@ class GpuDevice:
         if opts.miss_tier == "cpu":
             info.miss_tier = "cpu"
             return None
-        avail = mem_available()
-        room = None if avail is None else max(avail - LX.HOST_TIER_MARGIN_BYTES, 0)
+        _avail, room = host_tier_room()
         bk = self.bk
         bk.synchronize()
         before = bk.mem_info().free
