@@ -218,22 +218,15 @@ def check(
             f"{pack}: no such file or directory (a pack directory, or a GGUF file to plan before packing)", as_json, t0
         )
     gguf = Path(pack) if Path(pack).is_file() else None
-    if gguf is not None:  # a plan before the pack: the tables the build would write, from the GGUF headers
-        pack, tmp = _header_pack(gguf, as_json, t0)
-        bf16_scan = False  # nothing reads pool bytes the build has not copied
+    tmp = None
     try:
-        audit = audit_pack(pack, bf16_scan=bf16_scan, source_dir=source_dir)
-    except (PackFormatError, ManifestError) as e:
-        _fail(e, as_json, t0)
-    except EVALUATION_ERRORS as e:
-        _fail(f"{pack}: cannot audit the pack: {e}", as_json, t0)
-    if expert_profile:  # recorded on this model, not another (the profile file says which)
-        from strata.packer.pack import read_pack
-
-        try:
-            check_profile_model(expert_profile, read_pack(pack, source_dir=source_dir))
-        except BudgetInputError as e:
-            _fail(e, as_json, t0)
+        if gguf is not None:  # a plan before the pack: the tables the build would write, from the GGUF headers
+            pack, tmp = _header_pack(gguf, as_json, t0)
+            bf16_scan = False  # nothing reads pool bytes the build has not copied
+        audit = _audit(pack, bf16_scan, source_dir, expert_profile, as_json, t0)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()  # the header pack is read: facts and identity are in memory
     plan = None
     if audit.facts is not None:
         opts = PlanOptions(
@@ -294,10 +287,29 @@ def host_ram_warnings(plan: Plan, ram: int) -> list[str]:
     return out
 
 
+def _audit(pack, bf16_scan: bool, source_dir, expert_profile, as_json: bool, t0: float) -> AuditResult:
+    """The audit of ``pack`` and the check that an expert profile was recorded on its model; a refusal exits 2."""
+    try:
+        audit = audit_pack(pack, bf16_scan=bf16_scan, source_dir=source_dir)
+    except (PackFormatError, ManifestError) as e:
+        _fail(e, as_json, t0)
+    except EVALUATION_ERRORS as e:
+        _fail(f"{pack}: cannot audit the pack: {e}", as_json, t0)
+    if expert_profile:  # recorded on this model, not another (the profile file says which)
+        from strata.packer.pack import read_pack
+
+        try:
+            check_profile_model(expert_profile, read_pack(pack, source_dir=source_dir))
+        except BudgetInputError as e:
+            _fail(e, as_json, t0)
+    return audit
+
+
 def _header_pack(gguf: Path, as_json: bool, t0: float):
     """``strata-budget check FILE.gguf``: the pack's tables written from the GGUF headers into a temporary directory
-    (:func:`strata.packer.build.header_pack`: no pool byte copied), removed when the process ends. Returns
-    ``(pack directory, the TemporaryDirectory)``; a source the build would refuse is refused here, exit 2."""
+    (:func:`strata.packer.build.header_pack`: the router weights alone copied), removed by the caller once it is
+    read. Returns ``(pack directory, the TemporaryDirectory)``; a source the build would refuse is refused here,
+    exit 2."""
     import tempfile
 
     from strata.packer.build import header_pack

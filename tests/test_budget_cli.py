@@ -831,13 +831,25 @@ def test_plan_from_the_gguf_header_equals_the_plan_of_its_pack(tmp_path, kind):
     assert code == 0 and f"planned from the GGUF header of {files[0]}" in " ".join(out.split())
 
 
-def test_plan_from_a_file_that_is_not_a_gguf_is_refused(tmp_path):
+def test_plan_from_a_file_that_is_not_a_gguf_is_refused(tmp_path, monkeypatch):
+    """A file that is not a GGUF: exit 2, one line naming it and the reason; a plan from a GGUF (refused or not)
+    leaves nothing in the temporary directory and nothing beside the file."""
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     bad = tmp_path / "notes.gguf"
     bad.write_bytes(b"GGUX" + bytes(60))
     code, out = run(bad, "--card", "16G")
     assert code == 2 and f"error: {bad}: cannot plan from this GGUF: bad magic b'GGUX'" in out
     code, out = run(tmp_path / "nothing.gguf", "--card", "16G")
     assert code == 2 and f"error: {tmp_path / 'nothing.gguf'}: no such file or directory" in out
+    assert list(scratch.iterdir()) == []  # the refused plan's temporary directory is gone
+    good = synth.write_model(tmp_path / "m.gguf", synth.qwen3moe_spec())[0]
+    assert run(good, "--card", "16G", "--max-context", 256)[0] == 0
+    assert list(scratch.iterdir()) == []  # and a finished plan's
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "notes.gguf", "tmp"]  # nothing beside the files
 
 
 def test_host_memory_terms_and_warnings(small_moe_pack):
