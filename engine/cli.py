@@ -37,7 +37,7 @@ from .clikit import REFUSALS, DevCommand, check_pack_dir, dev_option, fail, prin
 from .errors import GenerateError
 from .generate_cli import GenerateRequest, prompt_text
 from .numerics import DEFAULT_NUMERICS, NUMERICS_MODES
-from .options import MAX_THREADS, EngineOptions, options_from_cli
+from .options import DEFAULT_UBATCH, MAX_THREADS, EngineOptions, options_from_cli
 from .startup import load_engine
 
 
@@ -176,6 +176,25 @@ def main() -> None:
     default=None,
     help=f"CPU kernel threads, 1-{MAX_THREADS} (ggml's GGML_MAX_N_THREADS; default: the cores this process may use).",
 )
+@click.option(
+    "-ub",
+    "--ubatch-size",
+    "ubatch",
+    type=click.IntRange(min=1),
+    default=DEFAULT_UBATCH,
+    show_default=True,
+    help="Prompt positions that go through the layers together (llama.cpp's -ub; 1 = one at a time). "
+    "CPU path; the GPU's fused step takes one position at a time.",
+)
+@click.option(
+    "-b",
+    "--batch-size",
+    "batch",
+    type=click.IntRange(min=1),
+    default=2048,
+    show_default=True,
+    help="Logical batch (llama.cpp's -b): with one sequence a chunk is min(-b, -ub) positions.",
+)
 @kv_option(ENGINE_KV_TYPES)
 @expert_cache_option
 @expert_profile_option
@@ -221,6 +240,7 @@ def generate_cmd(pack, **kw):
         kw["prompt"] = prompt_text(kw["prompt"], kw.pop("prompt_file"))
     except REFUSALS as e:
         fail(str(e), as_json=kw["as_json"])
+    kw["ubatch"] = min(kw["ubatch"], kw.pop("batch"))  # one sequence: a chunk is min(-b, -ub) positions
     req = GenerateRequest(pack=pack, **{f.name: kw.pop(f.name) for f in fields(GenerateRequest) if f.name in kw})
     try:
         sampler = req.check()

@@ -31,7 +31,7 @@ from strata.manifests.contract import Geometry
 from strata.manifests.names import tensor_name
 
 from .deltanet import DeltaNetDims, GatedDeltaNet, RecurrentState
-from .layers import Attention, KVCache, Rope, gated_mlp, rms_norm, route_topk, sigmoid, silu, to_host
+from .layers import Attention, KVCache, Rope, gated_mlp, rms_norm, route_topk, route_topk_rows, sigmoid, silu, to_host
 from .models import UnsupportedModel
 from .numerics import numerics
 from .recipe import Attention as AttentionSpec
@@ -295,6 +295,28 @@ class Decoder:
             y = y + s
         return y
 
+    def ffn_rows(self, il: int, X):
+        """:meth:`ffn` on a prompt chunk's normed rows ``X [T, n_embd]``: ``[T, n_embd]``. Routed experts go
+        through the expert path's :meth:`~strata.engine.experts.ExpertPath.chunk` (the chunk's tokens grouped
+        by expert); each row is the one-position result (bit for bit where the weight store's products are)."""
+        f = self.blocks[il].ffn
+        if isinstance(f, DenseFFN):
+            return gated_mlp(self.xp, self.w, il, X, "silu" if f.act == "silu" else self.gelu)
+        assert isinstance(f, MoEFFN)
+        xp, w = self.xp, self.w
+        logits = w.matmul(tensor_name("ffn_gate_inp.weight", il), X)
+        ids, wts = route_topk_rows(xp, logits, self.hp.n_expert_used, norm=f.norm_weights)
+        y = self.experts.chunk(il, X, ids, wts)
+        if f.shared_expert:
+            g = w.matmul(tensor_name("ffn_gate_shexp.weight", il), X)
+            u = w.matmul(tensor_name("ffn_up_shexp.weight", il), X)
+            s = w.matmul(tensor_name("ffn_down_shexp.weight", il), silu(xp, g) * u)
+            if f.shared_gate:
+                gw = w.get(tensor_name("ffn_gate_inp_shexp.weight", il))
+                s = s * sigmoid(xp, (gw * X).sum(axis=-1, keepdims=True))
+            y = y + s
+        return y
+
     def logits(self, x):
         """Output norm, head GEMV (+ bias), soft-cap (ggml_scale(1/cap) -> ggml_tanh -> ggml_scale(cap))."""
         xp, w = self.xp, self.w
@@ -325,6 +347,46 @@ class Decoder:
             f = self.ffn(il, self._norm(x, b.ffn_norm, il))
             x = x + (self._norm(f, b.ffn_post_norm, il) if b.ffn_post_norm else f)
         return self.logits(x) if logits else None
+
+    @property
+    def chunked(self) -> bool:
+        """Whether :meth:`forward` can take a prompt chunk: the weight store multiplies rows of inputs at once
+        (its ``matmul_rows``; the CPU store does, the GPU's generic store does not)."""
+        return bool(getattr(self.w, "matmul_rows", False))
+
+    def forward(self, tokens: list[int], pos0: int, state: State, logits: bool = True):
+        """A prompt chunk: tokens ``tokens`` at positions ``pos0 .. pos0 + T - 1`` through every layer, each
+        layer's products on the whole chunk (:meth:`chunked` stores only); the f32 logits ``[n_vocab]`` of the
+        LAST position when ``logits``, else None. The caches end as after :meth:`step` of each position.
+
+        Numerics: every product row, norm, rope and expert output is the one-position value bit for bit (the
+        same kernels per row; the routed experts summed per token in selection order); the attention takes
+        matrix products (:func:`strata.engine.layers.attend_rows`), so scores differ from :meth:`step`'s by
+        float rounding only. docs/DESIGN.md "Prompts in chunks".
+
+        Raises:
+            ValueError: the store cannot take rows (``chunked`` false), or an empty chunk.
+        """
+        if not self.chunked:
+            raise ValueError(f"{type(self.w).__name__} multiplies one position at a time: no chunked forward")
+        if not tokens:
+            raise ValueError("an empty prompt chunk")
+        xp, w = self.xp, self.w
+        if pos0 == 0 and state.recurrent is not None:
+            state.recurrent.reset()
+        x = w.rows("token_embd.weight", list(tokens))
+        if self.recipe.embed_scale:
+            x = x * self.embd_scale
+        for il, b in enumerate(self.blocks):
+            h = self._norm(x, b.mixer_norm, il)
+            if self.attn[il] is not None:
+                a = self.attn[il].chunk(xp, h, pos0, state.cache, state.ropes[self.rope_key_of(il)])
+            else:
+                a = self.delta[il].chunk(xp, h, state.recurrent)
+            x = x + (self._norm(a, b.mixer_post_norm, il) if b.mixer_post_norm else a)
+            f = self.ffn_rows(il, self._norm(x, b.ffn_norm, il))
+            x = x + (self._norm(f, b.ffn_post_norm, il) if b.ffn_post_norm else f)
+        return self.logits(x[-1]) if logits else None
 
 
 __all__ = ["Decoder", "Hyper", "State"]

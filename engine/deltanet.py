@@ -135,11 +135,13 @@ class GatedDeltaNet:
             return w.matmul(self.qkv, x), w.matmul(self.gate, x)
         m = w.matmul(self.ssm_in, x)
         r = d.dt_rank // d.n_group
-        per = m.reshape(d.n_group, 2 * d.d_state + 2 * d.d_state * r)
+        lead = m.shape[:-1]  # () for one position, (T,) for a prompt chunk
+        per = m.reshape(*lead, d.n_group, 2 * d.d_state + 2 * d.d_state * r)
         s = d.d_state
-        q, k = per[:, :s], per[:, s : 2 * s]
-        v, z = per[:, 2 * s : 2 * s + s * r], per[:, 2 * s + s * r :]
-        return xp.concatenate([q.reshape(-1), k.reshape(-1), v.reshape(-1)]), z.reshape(-1)
+        q, k = per[..., :s], per[..., s : 2 * s]
+        v, z = per[..., 2 * s : 2 * s + s * r], per[..., 2 * s + s * r :]
+        flat = [a.reshape(*lead, -1) for a in (q, k, v)]
+        return xp.concatenate(flat, axis=-1), z.reshape(*lead, -1)
 
     def __call__(self, xp, x, state: RecurrentState):
         w, d = self.w, self.dims
@@ -148,6 +150,20 @@ class GatedDeltaNet:
         cw = w.get(self.conv_w).reshape(d.conv_dim, d.d_conv)  # numpy order of ne [d_conv, conv_dim]
         h = conv_silu(xp, qkv, state.conv[self.il], cw)
         o = delta_rule(xp, h, z, ba, state.ssm[self.il], w.get(self.dt_bias), w.get(self.a), w.get(self.norm), d)
+        return w.matmul(self.out, o)
+
+    def chunk(self, xp, X, state: RecurrentState):
+        """The layer on a prompt chunk ``X [T, n_embd]`` (numpy order): ``[T, n_embd]``. The projections take the
+        whole chunk (bit-identical per row); the conv and the delta rule run position by position on the state
+        (the recurrence; llama.cpp's chunked delta rule, ``build_delta_net_chunking``, is not done here)."""
+        w, d = self.w, self.dims
+        qkv, z = self._qkvz(xp, X)
+        ba = w.matmul(self.ba, X)
+        cw = w.get(self.conv_w).reshape(d.conv_dim, d.d_conv)
+        args = (state.ssm[self.il], w.get(self.dt_bias), w.get(self.a), w.get(self.norm), d)
+        o = xp.stack(
+            [delta_rule(xp, conv_silu(xp, qkv[t], state.conv[self.il], cw), z[t], ba[t], *args) for t in range(len(X))]
+        )
         return w.matmul(self.out, o)
 
 

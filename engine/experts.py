@@ -258,6 +258,59 @@ class ShardExperts:
         # row k of h at its address (rows are distinct inputs: each quantized / laid out by itself)
         return products(dt, da, dr, de0, h.__array_interface__["data"][0] + np.arange(n, dtype=np.uint64) * (4 * de0))
 
+    def ffn_grouped(
+        self,
+        il: int,
+        groups: list[tuple[int, np.ndarray]],
+        *,
+        threads: int | None = None,
+        act_quant: bool = False,
+        kernel: str | None = None,
+    ) -> list[np.ndarray]:
+        """A prompt chunk's experts of layer ``il``, grouped by expert: for each ``(e, X_e)`` (``X_e`` f32
+        ``[T_e, n_embd]``, numpy order: the chunk's rows routed to expert ``e``) the output f32 ``[T_e, n_embd]``;
+        row ``t`` is bit-identical to :meth:`ffn` of ``e`` on ``X_e[t]`` (the same per-row code; the activation
+        is elementwise). Each expert's weights are read once for all its rows (:func:`strata.engine.cpu.kernels.
+        call_matmat`): two C calls (gate and up of every expert together when they share a type, then down).
+
+        Raises:
+            KeyError: ``il`` is not an MoE layer. ValueError: an expert whose bytes are not in the shard, an
+            ``X_e`` of the wrong width.
+        """
+        from .numerics import quantize_activation as qa
+
+        kernel = kernel or "q8"
+        threads = threads or cpukernels.default_threads()
+        shp = self.shapes[il]
+        (gt, ut, dt), ((ge0, gr), (ue0, ur), (de0, dr)) = self.types(il), (shp.gate, shp.up, shp.down)
+        if not groups:
+            return []
+        xs = [np.ascontiguousarray(x, dtype=np.float32) for _, x in groups]
+        bad = [x.shape for x in xs if x.ndim != 2 or x.shape[1] != ge0]
+        if bad or ue0 != ge0:
+            raise ValueError(
+                f"blk.{il} experts: rows of shape {bad[:1]}, the gate and up rows have {ge0} / {ue0} values"
+            )
+        addrs = [self.addresses(il, int(e)) for e, _ in groups]
+
+        def prep(v: np.ndarray, t: int) -> np.ndarray:
+            q = act_quant and cpukernels.kernel_for(t, kernel) != "q8"
+            return np.ascontiguousarray(qa(np, v, t), dtype=np.float32) if q else v
+
+        def products(t: int, bases: list[int], rows: int, ne0: int, inputs: list[np.ndarray]) -> list[np.ndarray]:
+            b = np.array(bases, dtype=np.uint64)
+            return cpukernels.call_matmat(t, kernel, b, rows, ne0, quants.row_nbytes(t, ne0), inputs, threads)
+
+        xg = [prep(x, gt) for x in xs]
+        xu = xg if ut == gt else [prep(x, ut) for x in xs]
+        if (gt, ge0, gr) == (ut, ue0, ur):  # gate and up of every expert in one call, gate_k then up_k
+            gu = products(gt, [a[p] for a in addrs for p in (0, 1)], gr, ge0, [v for x in xg for v in (x, x)])
+            g, u = gu[0::2], gu[1::2]
+        else:
+            g, u = products(gt, [a[0] for a in addrs], gr, ge0, xg), products(ut, [a[1] for a in addrs], ur, ue0, xu)
+        hs = [prep(np.ascontiguousarray(layers.silu(np, gk) * uk), dt) for gk, uk in zip(g, u)]
+        return products(dt, [a[2] for a in addrs], dr, de0, hs)
+
     def types(self, il: int) -> tuple[int, int, int]:
         """ggml types of layer ``il``'s gate, up and down experts."""
         r = self.rows[il]
@@ -344,6 +397,7 @@ class ExpertPath:
         self.counts = ExpertCounts()
         self._step: dict[int, list[int]] = {}
         self._step_pcie = self._step_pcie_bytes = 0
+        self._deferred: dict[int, list[tuple[int, list[int], int, int]]] = {}  # chunk row -> its layers' routing
         self.on_route: Callable[[int, list[int]], None] | None = None
 
     def reset_counts(self) -> None:
@@ -351,6 +405,7 @@ class ExpertPath:
         self.counts = ExpertCounts()
         self._step = {}
         self._step_pcie = self._step_pcie_bytes = 0
+        self._deferred = {}
 
     def miss_ffn(self, il: int, e: int, x):
         return self.source.ffn(il, e, x, threads=self.threads, act_quant=self.act_quant, kernel=self.kernel)
@@ -376,6 +431,43 @@ class ExpertPath:
             ye = ye * weights[k]
             y = ye if y is None else y + ye
         return y
+
+    def chunk(self, il: int, X, ids: list[list[int]], weights) -> Any:
+        """A prompt chunk through layer ``il``'s routed experts: ``X [T, n_embd]`` (numpy order), ``ids[t]`` the
+        experts of row ``t`` in selection order, ``weights [T, k]``. Row ``t`` = ``sum_k weights[t, k] *
+        expert_{ids[t][k]}(X[t])`` summed in selection order: :meth:`__call__`'s value per row. The outputs come
+        from :meth:`chunk_outputs`; the routing hook and the counts of each row are kept until
+        :meth:`replay` of that row (the loop reports one position at a time)."""
+        for t, row in enumerate(ids):
+            hits = sum(1 for e in row if self.cache is not None and self.cache.resident(il, e))
+            self._deferred.setdefault(t, []).append((il, list(row), hits, len(row) - hits))
+        E = self.chunk_outputs(il, X, ids)  # [T, k, n_embd]
+        y = E[:, 0] * weights[:, 0:1]
+        for k in range(1, E.shape[1]):
+            y = y + E[:, k] * weights[:, k : k + 1]
+        return y
+
+    def chunk_outputs(self, il: int, X, ids: list[list[int]]) -> Any:
+        """Every selected expert's output on its row, ``[T, k, n_embd]`` (not counted: :meth:`chunk` does). One
+        row and expert at a time here (a hit from the cache, a miss from :meth:`miss_ffn`); the CPU path groups
+        the rows by expert."""
+        xp = self.xp
+        out = []
+        for t, row in enumerate(ids):
+            ys = []
+            for e in row:
+                hit = self.cache is not None and self.cache.resident(il, e)
+                ys.append(xp.array(self.cache.ffn(il, e, X[t]) if hit else self.miss_ffn(il, e, X[t]), copy=True))
+            out.append(xp.stack(ys))
+        return xp.stack(out)
+
+    def replay(self, t: int) -> None:
+        """Hand row ``t`` of the last chunk to the routing hook (each layer's selection, in layer order) and
+        the counts (:meth:`take_step` then reports that position as if it had run alone)."""
+        for il, row, hits, misses in self._deferred.pop(t, []):
+            if self.on_route is not None:
+                self.on_route(il, row)
+            self.count(il, hits, misses)
 
     def count(self, il: int, hits: int, misses: int, pcie: int = 0, pcie_bytes: int = 0) -> None:
         """Add one layer's routed experts to the counts (a path that splits hits and misses itself,

@@ -57,6 +57,7 @@ class StepStat(BaseModel):
     gpu_ms: float | None = None
     cpu_expert_ms: float | None = None
     wait_ms: float | None = None
+    chunk: int = 1  # positions that went through the layers together (a prompt chunk); forward_ms is its share
 
 
 class GenerationResult(BaseModel):
@@ -111,11 +112,16 @@ def decode(
     experts: ExpertPath | None = None,
     on_step: Callable[[StepStat], None] | None = None,
     probe: StepProbe | None = None,
+    ubatch: int = 1,
 ):
     """Teacher-force ``prompt_ids`` and generate up to ``n_new`` tokens, one position per step.
 
-    ``probe`` (stats): device timers around every step; the step then ends synchronised, so
-    ``forward_ms`` includes the device's work for prompt positions too.
+    ``ubatch`` > 1 and a model that takes chunks (``model.chunked``: :meth:`strata.engine.decoder.Decoder.
+    forward`): the prompt positions before the last go through the layers ``ubatch`` at a time (llama.cpp's
+    ``-ub``); each still gets its :class:`StepStat` (``chunk`` = the chunk's size, ``forward_ms`` its share of
+    the chunk's time, its own expert counts), and the last prompt position runs as one step, which gives the
+    first token. ``probe`` (stats): device timers around every step; the step then ends synchronised, so
+    ``forward_ms`` includes the device's work for prompt positions too (one-position steps only).
 
     Returns ``(output_ids, top, steps, stop_reason, t_first_done, t_end)`` where ``top`` holds the
     5 best ``(id, logit)`` of every step that produced a token and the times are ``perf_counter``
@@ -131,7 +137,31 @@ def decode(
     steps: list[StepStat] = []
     stop = "length"
     t_first = None
-    for pos in range(n_prompt + n_new - 1):
+
+    def finish(st: StepStat) -> None:
+        if experts is not None:
+            per_layer = experts.take_step()
+            st.expert_layers = {il: list(hm) for il, hm in per_layer.items()}
+            st.expert_hits = sum(h for h, _ in per_layer.values())
+            st.expert_misses = sum(m for _, m in per_layer.values())
+            st.expert_pcie, st.pcie_bytes = experts.take_pcie()
+        steps.append(st)
+        if on_step:
+            on_step(st)
+
+    start = 0
+    if ubatch > 1 and getattr(model, "chunked", False) is True:
+        while start < n_prompt - 1:
+            end = min(n_prompt - 1, start + ubatch)
+            t0 = time.perf_counter()
+            model.forward(ids[start:end], start, state, logits=False)
+            ms = (time.perf_counter() - t0) * 1000 / (end - start)
+            for t, pos in enumerate(range(start, end)):
+                if experts is not None:
+                    experts.replay(t)
+                finish(StepStat(position=pos, phase="prompt", token_in=ids[pos], forward_ms=ms, chunk=end - start))
+            start = end
+    for pos in range(start, n_prompt + n_new - 1):
         emit = pos >= n_prompt - 1  # the last prompt position and every generated one
         t0 = time.perf_counter()
         if probe is not None:
@@ -167,15 +197,7 @@ def decode(
             out.append(tok)
             st.token_out = tok
             st.sample_ms = (time.perf_counter() - t1) * 1000
-        if experts is not None:
-            per_layer = experts.take_step()
-            st.expert_layers = {il: list(hm) for il, hm in per_layer.items()}
-            st.expert_hits = sum(h for h, _ in per_layer.values())
-            st.expert_misses = sum(m for _, m in per_layer.values())
-            st.expert_pcie, st.pcie_bytes = experts.take_pcie()
-        steps.append(st)
-        if on_step:
-            on_step(st)
+        finish(st)
         if emit and t_first is None:
             t_first = time.perf_counter()
         if emit and out[-1] in stop_ids:
@@ -249,6 +271,7 @@ def generate(
         experts=engine.experts,
         on_step=on_step,
         probe=engine.probe if stats else None,
+        ubatch=engine.options.ubatch if engine.options is not None else 1,
     )
     prompt_s, decode_s = t_first - t0, t_end - t_first
     text_ids = out[:-1] if stop == "eog" else out

@@ -116,6 +116,22 @@ class Rope:
             r = xp.concatenate([r, x[:, self.n_rot :]], axis=-1)
         return r
 
+    def rows(self, xp, x, pos0: int):
+        """Rotate ``x [T, n_head, head_dim]`` (numpy order), row ``t`` for position ``pos0 + t`` (a prompt chunk):
+        the arithmetic of :meth:`__call__` per row, so each row is bit-identical to it."""
+        T, nh = x.shape[0], x.shape[1]
+        h = self.n_rot // 2
+        c, s = self.cos[pos0 : pos0 + T][:, None, :], self.sin[pos0 : pos0 + T][:, None, :]
+        if self.mode == "norm":
+            x0, x1 = x[..., 0 : self.n_rot : 2], x[..., 1 : self.n_rot : 2]
+            r = xp.stack([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1).reshape(T, nh, self.n_rot)
+        else:
+            x0, x1 = x[..., :h], x[..., h : self.n_rot]
+            r = xp.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+        if self.n_rot < x.shape[-1]:
+            r = xp.concatenate([r, x[..., self.n_rot :]], axis=-1)
+        return r
+
 
 #: ``--kv`` choice -> the dtype K and V are stored in (strata.layout.kv.ENGINE_KV_TYPES).
 KV_DTYPES = {"f16": "float16", "f32": "float32"}
@@ -154,6 +170,15 @@ class KVCache:
         s = pos % self.sizes[il]
         self.k[il][s] = k
         self.v[il][s] = v
+
+    def write_rows(self, il: int, pos0: int, k, v) -> None:
+        """Store positions ``pos0 .. pos0 + T - 1`` of layer ``il`` (``k [T, n_head_kv, head_dim]``, ``v`` likewise;
+        rounded to the cache dtype); a ring keeps the last ``size`` of them."""
+        n, T = self.sizes[il], k.shape[0]
+        lo = max(0, T - n)
+        slots = (pos0 + lo + self.xp.arange(T - lo)) % n
+        self.k[il][slots] = k[lo:]
+        self.v[il][slots] = v[lo:]
 
     def read(self, il: int, lo: int, hi: int):
         """K and V of positions ``lo..hi`` (inclusive) of layer ``il`` as f32 ``[hi - lo + 1, n_head_kv, d]``,
@@ -195,6 +220,47 @@ def attend(xp, q, K, V, scale: float, f16_operands: bool = False):
     Vt = V.transpose(1, 0, 2)[:, None]  # [g, 1, T, hd_v]
     o = (p[..., None] * Vt).sum(axis=2)  # [g, r, hd_v]
     return o.reshape(n_head * V.shape[2])
+
+
+#: Score elements one block of :func:`attend_rows` may hold (f32: 64 MiB): longer prompts are split in query blocks.
+ATTEND_BLOCK_ELEMS = 1 << 24
+
+
+def attend_rows(xp, q, K, V, scale: float, pos0: int, lo: int, window: int | None, f16_operands: bool = False):
+    """Causal attention of a prompt chunk: query row ``t`` (position ``pos0 + t``) over the keys of positions
+    ``lo .. pos0 + t`` it may see (``K [S, n_head_kv, hd]``, ``V [S, n_head_kv, hd_v]`` f32 for positions
+    ``lo .. lo + S - 1``, oldest first), inside its ``window`` when one is given (llama.cpp ``is_masked_swa``:
+    masked iff ``p_q - p_k >= window``). ``q [T, n_head, hd]``; returns ``[T, n_head * hd_v]`` (numpy order).
+
+    The scores and the weighted sum are matrix products (:func:`attend` sums elementwise products for one
+    query: the two differ by float rounding only); masked keys get ``-inf`` before the softmax (weight 0).
+    ``f16_operands`` rounds q and the probabilities to f16 as :func:`attend` does. Queries are taken in blocks
+    of at most :data:`ATTEND_BLOCK_ELEMS` scores."""
+    T, n_head, hd = q.shape
+    S, n_kv = K.shape[0], K.shape[1]
+    r = n_head // n_kv
+    if f16_operands:
+        q = q.astype(xp.float16).astype(xp.float32)
+    Kt = K.transpose(1, 2, 0)[:, None]  # [g, 1, hd, S]
+    Vt = V.transpose(1, 0, 2)[:, None]  # [g, 1, S, hd_v]
+    kp = lo + xp.arange(S)
+    out = xp.empty((T, n_head * V.shape[2]), dtype=xp.float32)
+    step = max(1, ATTEND_BLOCK_ELEMS // max(1, n_head * S))
+    for a in range(0, T, step):
+        b = min(T, a + step)
+        qg = q[a:b].reshape(b - a, n_kv, r, hd).transpose(1, 2, 0, 3)  # [g, r, t, hd]
+        s = (qg @ Kt) * xp.float32(scale)  # [g, r, t, S]
+        qp = pos0 + xp.arange(a, b)
+        seen = kp[None, :] <= qp[:, None]
+        if window is not None:
+            seen = seen & (qp[:, None] - kp[None, :] < window)
+        s = xp.where(seen, s, xp.float32(-xp.inf))
+        p = softmax(xp, s)
+        if f16_operands:
+            p = p.astype(xp.float16).astype(xp.float32)
+        o = p @ Vt  # [g, r, t, hd_v]
+        out[a:b] = o.transpose(2, 0, 1, 3).reshape(b - a, -1)
+    return out
 
 
 @dataclass
@@ -317,6 +383,61 @@ class Attention:
             y = y + w.get(n.out_bias)
         return y
 
+    def chunk(self, xp, X, pos0: int, cache: KVCache, rope: Rope):
+        """The layer on a prompt chunk: ``X [T, n_embd]`` (numpy order) for positions ``pos0 .. pos0 + T - 1``,
+        returns ``[T, n_embd]``. The projections take the whole chunk (``w.matmul`` on rows: bit-identical per row
+        to the one-position products); the keys and values are rounded to the cache's dtype as one position's
+        are, the earlier positions read from the cache before the chunk's are written (a ring may hold only the
+        window), and the attention is :func:`attend_rows`."""
+        w, n = self.w, self.names
+        T = X.shape[0]
+        nq, nk = self.n_head * self.hd, self.n_head_kv * self.hd
+        if n.qkv is not None:
+            qkv = w.matmul(n.qkv, X)
+            if n.qkv_bias is not None:
+                qkv = qkv + w.get(n.qkv_bias)
+            q, k, v = qkv[:, :nq], qkv[:, nq : nq + nk], qkv[:, nq + nk :]
+        else:
+            q, k, v = w.matmul(n.q, X), w.matmul(n.k, X), w.matmul(n.v, X)
+        gate = None
+        if self.output_gate:
+            qg = q.reshape(T, self.n_head, 2 * self.hd)
+            q, gate = qg[..., : self.hd].reshape(T, -1), qg[..., self.hd :].reshape(T, -1)
+        if n.q_bias is not None:
+            q = q + w.get(n.q_bias)
+        if n.k_bias is not None:
+            k = k + w.get(n.k_bias)
+        if n.v_bias is not None:
+            v = v + w.get(n.v_bias)
+        q = q.reshape(T, self.n_head, self.hd)
+        k = k.reshape(T, self.n_head_kv, self.hd)
+        v = v.reshape(T, self.n_head_kv, self.hd_v)
+        if n.q_norm is not None:
+            q = rms_norm(xp, q, w.get(n.q_norm), self.eps)
+            k = rms_norm(xp, k, w.get(n.k_norm), self.eps)
+        q, k = rope.rows(xp, q, pos0), rope.rows(xp, k, pos0)
+        dt = cache.k[self.il].dtype
+        kc, vc = k.astype(dt), v.astype(dt)
+        lo = 0 if self.window is None else max(0, pos0 + 1 - self.window)
+        if pos0 > lo:
+            K0, V0 = cache.read(self.il, lo, pos0 - 1)
+            K = xp.concatenate([K0, kc.astype(xp.float32)])
+            V = xp.concatenate([V0, vc.astype(xp.float32)])
+        else:
+            K, V = kc.astype(xp.float32), vc.astype(xp.float32)
+        cache.write_rows(self.il, pos0, kc, vc)
+        if self.scale_q:
+            q, kq_scale = q * xp.float32(self.scale), 1.0
+        else:
+            kq_scale = self.scale
+        o = attend_rows(xp, q, K, V, kq_scale, pos0, lo, self.window, self.f16_operands)
+        if gate is not None:
+            o = o * sigmoid(xp, gate)
+        y = w.matmul(n.out, o)
+        if n.out_bias is not None:
+            y = y + w.get(n.out_bias)
+        return y
+
 
 def gated_mlp(xp, w, il: int, x, act: str):
     """``down @ (act(gate @ x + gate_b) * (up @ x + up_b)) + down_b`` (llama.cpp ``build_ffn``
@@ -357,6 +478,19 @@ def route_topk(xp, logits, k: int, norm: bool = True) -> tuple[list[int], Any]:
     if norm:
         wts = wts / xp.maximum(wts.sum(), xp.float32(6.103515625e-5))
     return ids, wts
+
+
+def route_topk_rows(xp, logits, k: int, norm: bool = True) -> tuple[list[list[int]], Any]:
+    """:func:`route_topk` of every row of ``logits [T, n_expert]`` (a prompt chunk): ``(ids, weights)`` with
+    ``ids[t]`` the row's ``k`` experts (host ints, most probable first, ties: lower id first) and ``weights
+    [T, k]``; each row's values are :func:`route_topk`'s on that row."""
+    probs = softmax(xp, logits)
+    order = xp.argsort(-probs, axis=-1, kind="stable") if xp is np else xp.argsort(-probs, axis=-1)
+    top = order[:, :k]
+    wts = xp.take_along_axis(probs, top, axis=-1)
+    if norm:
+        wts = wts / xp.maximum(wts.sum(axis=-1, keepdims=True), xp.float32(6.103515625e-5))
+    return to_host(top).tolist(), wts
 
 
 class HostWait:

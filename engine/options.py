@@ -32,6 +32,8 @@ from .numerics import DEFAULT_NUMERICS
 DEVICES = ("cpu", "cuda", "sim")
 #: The most CPU kernel threads (ggml's GGML_MAX_N_THREADS); ``-t/--threads`` takes 1..MAX_THREADS.
 MAX_THREADS = 512
+#: Prompt positions per chunk by default (llama.cpp's ``n_ubatch`` default, ``-ub 512``).
+DEFAULT_UBATCH = 512
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +63,9 @@ class EngineOptions:
             ``"f32"`` (CPU only) (:mod:`strata.engine.cpu.kernels`); None = the device's default
             (:meth:`resolve`). ``threads``: CPU kernel threads, 1..:data:`MAX_THREADS` (None: the cores this
             process may use).
+        ubatch: prompt positions that go through the layers together (``-ub``, llama.cpp's ``n_ubatch``, default
+            :data:`DEFAULT_UBATCH`; 1 = one position at a time) where the weight store takes chunks (the CPU path:
+            :meth:`strata.engine.decoder.Decoder.forward`); the GPU's fused step runs one position at a time.
         graph / fused / stage_times / warmup: the GPU decode step (:mod:`strata.engine.gpu.fused`).
         card: a card to emulate on the GPU (``--card``, a :class:`strata.budget.cards.Card`): free memory,
             allocation failures and the automatic cache size as on that card (:mod:`strata.engine.gpu.card`).
@@ -86,6 +91,7 @@ class EngineOptions:
     miss_tier: str = "auto"
     cpu_kernel: str | None = None
     threads: int | None = None
+    ubatch: int = DEFAULT_UBATCH
     graph: bool = True
     fused: bool | None = None
     stage_times: bool = False
@@ -126,6 +132,8 @@ class EngineOptions:
             )
         if self.threads is not None and not 1 <= int(self.threads) <= MAX_THREADS:
             raise GenerateError(f"threads {self.threads}: expected 1..{MAX_THREADS} (ggml's GGML_MAX_N_THREADS)")
+        if int(self.ubatch) < 1:
+            raise GenerateError(f"--ubatch-size {self.ubatch}: must be >= 1 (1 = one prompt position at a time)")
         if self.cpu_kernel is not None and self.cpu_kernel not in KERNELS:
             raise GenerateError(f"cpu_kernel {self.cpu_kernel!r}: expected one of {', '.join(KERNELS)}")
         numerics_mode(self.numerics)  # ValueError naming the known numerics modes
@@ -279,6 +287,7 @@ def options_from_cli(
 
 
 __all__ = [
+    "DEFAULT_UBATCH",
     "DEVICES",
     "MAX_THREADS",
     "EngineOptions",

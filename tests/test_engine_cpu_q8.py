@@ -282,6 +282,30 @@ def test_matvec_many_is_each_matvec_bit_for_bit(kernel):
         assert np.array_equal(Y[2].view(np.uint32), R.matvec(t.id, W, x2).view(np.uint32))
 
 
+@pytest.mark.parametrize("kernel", CK.KERNELS)
+@pytest.mark.parametrize("type_id", [*Q8, quants.F16.id], ids=[*Q8_IDS, "F16"])
+def test_matmat_rows_are_the_matvec_bit_for_bit(type_id, kernel):
+    """The prompt chunk's product (call_matmat: tiles of 16 weight rows x 32 activations in the q8 kernel) gives
+    every (input row, weight row) exactly the matvec's bits; row counts off the tile sizes (37 rows, 45 / 1 / 33
+    inputs), a repeated input (quantized once), two matrices per call."""
+    t = quants.qtype(type_id)
+    rng = np.random.default_rng(type_id)
+    ne0 = 256 * 3 if t.block_elems == 256 else 32 * 13
+    rows = 37
+    raws = [make_random_blocks(t.id, rows * ne0, rng).view(np.uint8).reshape(-1) for _ in range(3)]
+    X1 = np.stack([_x(rng, ne0) for _ in range(45)])
+    X2 = np.stack([_x(rng, ne0) for _ in range(33)])
+    X3 = X2[:1].copy()
+    xs = [X1, X1, X2, X3]
+    bases = np.array([r.__array_interface__["data"][0] for r in (raws[0], raws[1], raws[2], raws[0])], np.uint64)
+    ys = CK.call_matmat(type_id, kernel, bases, rows, ne0, quants.row_nbytes(type_id, ne0), xs, threads=2)
+    for m, raw in enumerate((raws[0], raws[1], raws[2], raws[0])):
+        assert ys[m].shape == (xs[m].shape[0], rows)
+        for i in range(xs[m].shape[0]):
+            y = CK.matvec(type_id, raw, rows, ne0, xs[m][i], kernel=kernel, threads=1)
+            assert np.array_equal(ys[m][i].view(np.uint32), y.view(np.uint32)), (m, i)
+
+
 # ------------------------------------------------------------------ llama.cpp itself (llama-cpp-python's libggml-cpu)
 
 

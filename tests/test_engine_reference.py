@@ -244,9 +244,10 @@ def synthetic_pack(tmp_path_factory, name: str) -> Path:
 
 
 def teacher_forced(
-    engine, prompt_ids: list[int], ref_ids: list[int], gaps: list[float] | None = None
+    engine, prompt_ids: list[int], ref_ids: list[int], gaps: list[float] | None = None, ubatch: int = 1
 ) -> list[np.ndarray]:
-    """Our logits at every step while feeding the reference's tokens (one decode loop).
+    """Our logits at every step while feeding the reference's tokens (one decode loop; the prompt in chunks of
+    ``ubatch`` positions when > 1: the gaps are read at the emitting steps, which run one position each).
 
     ``gaps`` (a list to fill, or None): per step, the router's clearance at that position - the smallest,
     over the position's MoE layers, of the gap between the ``n_expert_used``-th and the next-best router
@@ -268,16 +269,17 @@ def teacher_forced(
         return route_topk(xp, logits, k, norm=norm)
 
     if gaps is None or not n_moe:
-        decode(engine.model, engine.state, prompt_ids, len(ref_ids), pick)
+        decode(engine.model, engine.state, prompt_ids, len(ref_ids), pick, ubatch=ubatch)
     else:  # the decoder's one routing call, observed (strata.engine.decoder.Decoder.ffn)
         with mock.patch.object(decoder_module, "route_topk", spy):
-            decode(engine.model, engine.state, prompt_ids, len(ref_ids), pick)
+            decode(engine.model, engine.state, prompt_ids, len(ref_ids), pick, ubatch=ubatch)
     return rows
 
 
-def compare(engine, ref: dict, tol: tuple) -> dict:
+def compare(engine, ref: dict, tol: tuple, ubatch: int = 1) -> dict:
     """Run every prompt of ``ref`` and assert the comparison of the module docstring; ``tol`` a
-    :class:`Tol` or its first four fields. Returns the measured figures (``max``, ``mean`` and
+    :class:`Tol` or its first four fields; ``ubatch``: the prompt in chunks of that many positions. Returns the
+    measured figures (``max``, ``mean`` and
     ``dmargin`` - the largest error on a reference top-1/top-2 margin - and ``checked`` over the strictly
     checked steps; the near-tie steps' count ``ties`` and their ``tie_max`` beside)."""
     t = Tol(*tol)
@@ -286,7 +288,9 @@ def compare(engine, ref: dict, tol: tuple) -> dict:
     for p in ref["prompts"]:
         assert engine.tokenizer.encode(p["prompt"]) == p["prompt_ids"], p["prompt"]
         gaps: list[float] = []
-        rows = teacher_forced(engine, p["prompt_ids"], p["output_ids"], gaps if t.router_gap is not None else None)
+        rows = teacher_forced(
+            engine, p["prompt_ids"], p["output_ids"], gaps if t.router_gap is not None else None, ubatch=ubatch
+        )
         assert len(rows) == len(p["steps"]) >= 16
         top0 = np.argsort(-rows[0], kind="stable")[:5].tolist()
         assert p["steps"][0]["top"][0][0] in top0, (
@@ -388,6 +392,20 @@ def test_synthetic_matches_llama_cpp(syn_packs, name, numerics, kernel):
     print(f"{name} {numerics} {kernel}: {r}")
 
 
+@pytest.mark.parametrize(
+    "name,numerics", [(n, nx) for n, nx in SYNTHETIC if (f"synthetic-{n}", nx, "q8") in TOLERANCES]
+)
+def test_synthetic_chunked_prompt_matches_llama_cpp(syn_packs, name, numerics):
+    """The prompt in chunks of 3 positions (a prompt of 5+ ids: two chunks or more, a partial one where the prompt is
+    not 3k + 1 long; the gemma3 prompt runs past its sliding window across chunks) is held to the same tolerances as
+    one position at a time."""
+    ref = load_fixture(f"synthetic-{name}")
+    assert min(len(p["prompt_ids"]) for p in ref["prompts"]) >= 3 + 2
+    eng = load_engine(syn_packs[name], n_ctx=256, numerics=numerics)
+    r = compare(eng, ref, TOLERANCES[(f"synthetic-{name}", numerics, "q8")], ubatch=3)
+    print(f"{name} {numerics} chunked: {r}")
+
+
 def test_default_row_is_what_the_cli_runs(syn_packs):
     """DEFAULT is ``strata-engine generate``'s numerics and CPU kernel when neither option is given."""
     from strata.engine.cli import main
@@ -425,23 +443,23 @@ def test_synthetic_greedy_generation_reproduces_llama_cpp_tokens(syn_packs):
 
 # ------------------------------------------------------------------ real models (fetched, cached)
 
-REAL = [("f32", "q8"), ("llamacpp", "q8"), ("f32", "f32")]
+REAL = [("f32", "q8", 1), ("llamacpp", "q8", 1), ("f32", "f32", 1), ("f32", "q8", 3)]  # numerics, kernel, -ub
 REAL_MODELS = ["gemma3-270m", "qwen2.5-0.5b"]
 
 
 @pytest.mark.real
 @pytest.mark.slow
-@pytest.mark.parametrize("numerics,kernel", REAL)
-def test_gemma3_270m_matches_llama_cpp(gemma_pack, numerics, kernel):
+@pytest.mark.parametrize("numerics,kernel,ubatch", REAL)
+def test_gemma3_270m_matches_llama_cpp(gemma_pack, numerics, kernel, ubatch):
     ref = load_fixture("gemma3-270m")
     eng = load_engine(gemma_pack, n_ctx=128, numerics=numerics, cpu_kernel=kernel)
-    compare(eng, ref, TOLERANCES[("gemma3-270m", numerics, kernel)])
+    compare(eng, ref, TOLERANCES[("gemma3-270m", numerics, kernel)], ubatch=ubatch)
 
 
 @pytest.mark.real
 @pytest.mark.slow
-@pytest.mark.parametrize("numerics,kernel", REAL)
-def test_qwen25_05b_matches_llama_cpp(qwen05_pack, numerics, kernel):
+@pytest.mark.parametrize("numerics,kernel,ubatch", REAL)
+def test_qwen25_05b_matches_llama_cpp(qwen05_pack, numerics, kernel, ubatch):
     ref = load_fixture("qwen2.5-0.5b")
     eng = load_engine(qwen05_pack, n_ctx=128, numerics=numerics, cpu_kernel=kernel)
-    compare(eng, ref, TOLERANCES[("qwen2.5-0.5b", numerics, kernel)])
+    compare(eng, ref, TOLERANCES[("qwen2.5-0.5b", numerics, kernel)], ubatch=ubatch)

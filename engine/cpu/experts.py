@@ -59,3 +59,27 @@ class CpuExpertPath(ExpertPath):
             hit = self.cache is not None and self.cache.resident(il, e)
             self.count(il, int(hit), int(not hit))
         return list(ys)
+
+    def chunk_outputs(self, il: int, X, ids: list[list[int]]) -> np.ndarray:
+        """Every selected expert's output on its row, ``[T, k, n_embd]``: the chunk's rows grouped by expert and each
+        expert run once on its rows (:meth:`strata.engine.experts.ShardExperts.ffn_grouped`); row by row the bits of
+        :meth:`outputs` (hit or miss alike)."""
+        sel = np.asarray(ids, dtype=np.int64)  # [T, k]
+        T, k = sel.shape
+        flat = sel.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        experts, starts = np.unique(flat[order], return_index=True)
+        bounds = [*starts[1:], flat.size]
+        rows_of = [order[a:b] // k for a, b in zip(starts, bounds)]
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        ys = self.source.ffn_grouped(
+            il,
+            [(int(e), X[r]) for e, r in zip(experts, rows_of)],
+            threads=self.threads,
+            act_quant=self.act_quant,
+            kernel=self.kernel,
+        )
+        out = np.empty((T * k, ys[0].shape[1]), dtype=np.float32)
+        for (a, b), y in zip(zip(starts, bounds), ys):
+            out[order[a:b]] = y
+        return out.reshape(T, k, -1)

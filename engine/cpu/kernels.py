@@ -201,7 +201,11 @@ def library(type_id: int, scalar: bool = False) -> ctypes.CDLL:
         "f16_round": [vp, i64, vp],
     }
     if type_id in Q8_TYPES:
-        sigs.update(matvec_q8=[vp, i64, ci, i64, vp, vp, ci, vp], matvec_q8_many=many)
+        sigs.update(
+            matvec_q8=[vp, i64, ci, i64, vp, vp, ci, vp],
+            matvec_q8_many=many,
+            matmat_q8_many=[vp, ci, i64, ci, i64, vp, vp, vp, ci, vp],  # ... xs, ts (int32), ys, threads, scratch
+        )
     for name, args in sigs.items():
         f = getattr(lib, name)
         f.argtypes = args
@@ -286,6 +290,50 @@ def call_many(
     native blocks, f32 inputs of ``ne0``), ``out`` f32 ``[nmat * rows]`` C-contiguous."""
     sc = _scratch(scratch_bytes(type_id, kernel, ne0, bases.size, threads))
     entry_point(type_id, kernel)(_ptr(bases), bases.size, rows, ne0, row_bytes, _ptr(xs), _ptr(out), threads, sc)
+
+
+def call_matmat(
+    type_id: int,
+    kernel: str,
+    bases: np.ndarray,
+    rows: int,
+    ne0: int,
+    row_bytes: int,
+    xs: list[np.ndarray],
+    threads: int,
+) -> list[np.ndarray]:
+    """The matrix-matrix form of :func:`call_many` (a prompt chunk; no checks, the token path's): matrix ``m``
+    (native blocks at address ``bases[m]``, ggml ``ne = (ne0, rows)``) times every row of ``xs[m]`` (f32 numpy
+    ``[T_m, ne0]``, C-contiguous). Returns ``[xs[m] @ W_m.T]``: f32 numpy ``[T_m, rows]`` each, row ``t``
+    bit-identical to :func:`call_many` on ``xs[m][t]`` (the same per-row code).
+
+    ``"q8"`` runs ``matmat_q8_many`` (engine/cpu/cpu_q8_dots.c: weight rows tiled so each is read from memory
+    once per call, not once per token; consecutive equal ``xs`` quantized once); the other kernels run
+    :func:`call_many` with the matrix repeated per input row (the same results, no weight reuse)."""
+    kernel = kernel_for(type_id, kernel)
+    ys = [np.empty((x.shape[0], rows), dtype=np.float32) for x in xs]
+    if not xs:
+        return ys
+    if kernel == "q8":
+        ts = np.array([x.shape[0] for x in xs], dtype=np.int32)
+        distinct = sum(int(ts[m]) for m in range(len(xs)) if m == 0 or xs[m] is not xs[m - 1])
+        sc = _scratch(distinct * _act_nbytes(type_id, ne0))
+        # the address arrays are held in names until the call returns (a temporary's buffer would be freed)
+        x_at = np.array([_ptr(x) for x in xs], dtype=np.uint64)
+        y_at = np.array([_ptr(y) for y in ys], dtype=np.uint64)
+        library(type_id).matmat_q8_many(
+            _ptr(bases), len(xs), rows, ne0, row_bytes, _ptr(x_at), _ptr(ts), _ptr(y_at), threads, sc
+        )
+        return ys
+    reps = np.array([x.shape[0] for x in xs])
+    rows_at = np.concatenate([_ptr(x) + ne0 * 4 * np.arange(x.shape[0], dtype=np.uint64) for x in xs])
+    out = np.empty(int(reps.sum()) * rows, dtype=np.float32)
+    call_many(type_id, kernel, np.repeat(bases, reps), rows, ne0, row_bytes, rows_at.astype(np.uint64), out, threads)
+    at = 0
+    for y in ys:
+        y[...] = out[at * rows : (at + y.shape[0]) * rows].reshape(y.shape)
+        at += y.shape[0]
+    return ys
 
 
 def _check(type_id: int, raw: np.ndarray, rows: int, ne0: int, x: np.ndarray) -> tuple[int, np.ndarray]:
@@ -427,6 +475,7 @@ __all__ = [
     "CpuKernelError",
     "cache_dir",
     "call_many",
+    "call_matmat",
     "default_threads",
     "dequant_rows",
     "entry_point",

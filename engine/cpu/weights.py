@@ -172,16 +172,27 @@ class CpuWeights:
             )
         return c
 
+    #: :meth:`matmul` takes rows of inputs (a prompt chunk: :meth:`strata.engine.decoder.Decoder.forward`)
+    matmul_rows = True
+
     def matmul(self, name: str, x: np.ndarray) -> np.ndarray:
-        """``W @ x`` for the matrix ``name`` (ggml ``ne = (ne0, rows)``) and f32 ``x [ne0]``: f32 ``[rows]``.
+        """``W @ x`` for the matrix ``name`` (ggml ``ne = (ne0, rows)``) and f32 ``x [ne0]``: f32 ``[rows]``;
+        or for rows ``x [T, ne0]`` (numpy order, a prompt chunk) ``x @ W.T``: f32 ``[T, rows]``, each row
+        bit-identical to the one-row product (:func:`strata.engine.cpu.kernels.call_matmat`).
 
         Raises:
-            ValueError: ``x`` is not ``ne0`` values.
+            ValueError: ``x`` is not ``ne0`` values (per row).
             WeightError: the index entry is not whole rows inside the pool.
         """
         t, kernel, rows, ne0, fn, args = self._call(name)
         if x.dtype != np.float32 or not x.flags.c_contiguous:
             x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim == 2 and x.shape[1] == ne0:
+            if self.nx.act_quant and kernel != "q8":
+                x = np.ascontiguousarray(quantize_activation(np, x, t), dtype=np.float32)
+            e = self._entries[name]
+            base = np.array([self._pool_addr + e.offset], dtype=np.uint64)
+            return CK.call_matmat(t, kernel, base, rows, ne0, args[4], [x], self.threads)[0]
         if x.shape != (ne0,):
             raise ValueError(f"{name}: x has shape {x.shape}, the weight's rows have {ne0} values")
         if self.nx.act_quant and kernel != "q8":
