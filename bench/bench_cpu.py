@@ -41,6 +41,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = [10 + 7 * i for i in range(8)]
+#: The prompt of the prompt-processing figure: ``--prompt-len`` ids (default 512, llama-bench's pp512), a fixed walk
+#: over ids 10..4009 (token-dependent routing does not matter here: the real models are dense).
+N_CTX = 1024
+
+
+def long_prompt(n: int) -> list[int]:
+    return [10 + (37 * i) % 4000 for i in range(n)]
 REAL = ("gemma3-270m", "qwen2.5-0.5b")
 
 
@@ -105,7 +112,7 @@ def strata_worker(a) -> dict:
     from strata.engine.startup import load_engine
 
     t0 = time.perf_counter()
-    eng = load_engine(a.pack, n_ctx=256, threads=a.threads, cpu_kernel=a.kernel)
+    eng = load_engine(a.pack, n_ctx=N_CTX, threads=a.threads, cpu_kernel=a.kernel, ubatch=a.ubatch)
     startup = time.perf_counter() - t0
     pool = str(Path(a.pack, "pool.bin").resolve())
     out = {
@@ -119,9 +126,16 @@ def strata_worker(a) -> dict:
         r = generate(eng, prompt_ids=PROMPT, n_tokens=a.tokens, ignore_eos=True)
         if rep:
             rates.append(float(r.tokens_per_second))
+    pp = []
+    for rep in range(a.reps + 1):
+        r_pp = generate(eng, prompt_ids=long_prompt(a.prompt_len), n_tokens=1, ignore_eos=True)
+        if rep:
+            pp.append(float(r_pp.prompt_tokens_per_second))
     stop.set()
     peak[0] = max(peak[0], _rss_anon())
     out.update(
+        pp_tok_s=round(max(pp), 2),
+        pp_runs=[round(x, 2) for x in pp],
         tok_s=round(max(rates), 2),
         runs=[round(x, 2) for x in rates],
         tokens=r.output_ids[:8],
@@ -136,7 +150,15 @@ def llama_worker(a) -> dict:
     from llama_cpp import Llama
 
     t0 = time.perf_counter()
-    llm = Llama(model_path=a.gguf, n_ctx=256, n_threads=a.threads, n_threads_batch=a.threads, verbose=False)
+    llm = Llama(
+        model_path=a.gguf,
+        n_ctx=N_CTX,
+        n_batch=512,
+        n_ubatch=512,
+        n_threads=a.threads,
+        n_threads_batch=a.threads,
+        verbose=False,
+    )
     startup = time.perf_counter() - t0
     n_vocab = llm.n_vocab()
 
@@ -156,7 +178,16 @@ def llama_worker(a) -> dict:
             toks.append(tok)
         if rep:
             rates.append((a.tokens - 1) / (time.perf_counter() - t0))
+    pp = []
+    for rep in range(a.reps + 1):
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(long_prompt(a.prompt_len))  # n_batch = n_ubatch = 512: llama-bench's pp with -ub 512
+        if rep:
+            pp.append(a.prompt_len / (time.perf_counter() - t0))
     return {
+        "pp_tok_s": round(max(pp), 2),
+        "pp_runs": [round(x, 2) for x in pp],
         "startup_s": round(startup, 2),
         "tok_s": round(max(rates), 2),
         "runs": [round(x, 2) for x in rates],
@@ -244,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="2,all")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--prompt-len", type=int, default=512, help="prompt ids of the prompt-processing figure")
+    ap.add_argument("--ubatch", type=int, default=512, help="strata's -ub (llama.cpp runs n_ubatch 512)")
     ap.add_argument("--kernels", default="q8", help="strata CPU kernels to run (q8, exact, f32)")
     ap.add_argument("--work", default="/tmp/bench_cpu")
     ap.add_argument("--lcp", default="/opt/lcp_avx2" if Path("/opt/lcp_avx2").is_dir() else "")
@@ -284,10 +317,22 @@ def main(argv: list[str] | None = None) -> int:
         for t in threads:
             row = {"model": name, "threads": t, "gguf": str(gguf), "strata": {}}
             for k in args.kernels.split(","):
-                r = _run_worker("strata", {}, pack=pack, threads=t, tokens=args.tokens, reps=args.reps, kernel=k)
+                r = _run_worker(
+                    "strata",
+                    {},
+                    pack=pack,
+                    threads=t,
+                    tokens=args.tokens,
+                    reps=args.reps,
+                    kernel=k,
+                    prompt_len=args.prompt_len,
+                    ubatch=args.ubatch,
+                )
                 row["strata"][k] = r
                 print(f"  [{name}, {t} threads] strata {k}: {r}", flush=True)
-            r = _run_worker("llama", lcp_env, gguf=gguf, threads=t, tokens=args.tokens, reps=args.reps)
+            r = _run_worker(
+                "llama", lcp_env, gguf=gguf, threads=t, tokens=args.tokens, reps=args.reps, prompt_len=args.prompt_len
+            )
             row["llama.cpp"] = r
             print(f"  [{name}, {t} threads] llama.cpp: {r}", flush=True)
             results["rows"].append(row)
@@ -299,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                         k,
                         s.get("tok_s"),
                         r.get("tok_s"),
+                        s.get("pp_tok_s"),
+                        r.get("pp_tok_s"),
                         s.get("rss_anon_peak_mib"),
                         max(s.get("load_before", [0])[0], s.get("load_after", [0])[0]),
                     )
@@ -311,14 +358,15 @@ def main(argv: list[str] | None = None) -> int:
     path.write_text(json.dumps(results, indent=1) + "\n")
     print(f"\nresults: {path}\nuptime at the end: {results['uptime_end']}")
     print(
-        f"\n{'model':<34} {'thr':>3} {'kernel':<6} {'strata tok/s':>12} {'llama.cpp':>10} {'ratio':>6} "
-        f"{'RssAnon MiB':>11} {'load':>5}"
+        f"\n{'model':<34} {'thr':>3} {'kernel':<6} {'decode tok/s':>12} {'llama.cpp':>10} {'ratio':>6} "
+        f"{'pp tok/s':>9} {'llama.cpp':>10} {'ratio':>6} {'RssAnon MiB':>11} {'load':>5}"
     )
-    for name, t, k, s, ll, rss, load in table:
+    for name, t, k, s, ll, ps, pl, rss, load in table:
         ratio = f"{s / ll:.2f}" if s and ll else "-"
+        pratio = f"{ps / pl:.2f}" if ps and pl else "-"
         print(
             f"{name:<34} {t:>3} {k:<6} {s if s else '-':>12} {ll if ll else '-':>10} {ratio:>6} "
-            f"{rss if rss else '-':>11} {load:>5.1f}"
+            f"{ps if ps else '-':>9} {pl if pl else '-':>10} {pratio:>6} {rss if rss else '-':>11} {load:>5.1f}"
         )
     return 0
 

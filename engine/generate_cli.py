@@ -184,8 +184,9 @@ def stats_line(s: StepStat, piece: Callable[[int], str] | None = None, gpu: bool
     """One ``--stats`` line; every figure says its unit (ms = milliseconds, counts of experts)."""
     out = "" if s.token_out is None else f" -> {s.token_out}" + (f" {piece(s.token_out)!r}" if piece else "")
     line = (
-        f"stats: pos {s.position:4d} {s.phase:6s} {s.token_in}{out} | forward {s.forward_ms:.2f} ms (wall) | "
-        f"sample {s.sample_ms:.2f} ms (wall)"
+        f"stats: pos {s.position:4d} {s.phase:6s} {s.token_in}{out} | forward {s.forward_ms:.2f} ms (wall"
+        + (f", 1/{s.chunk} of a {s.chunk}-position chunk" if s.chunk > 1 else "")
+        + f") | sample {s.sample_ms:.2f} ms (wall)"
     )
     if gpu:
         line += (

@@ -165,6 +165,9 @@ def test_generate_uses_the_options_ubatch_and_refuses_zero(packs):
     eng = load_engine(packs["llama"], n_ctx=64, ubatch=4)
     r = generate(eng, prompt_ids=prompt(eng, 11), n_tokens=2)
     assert [s.chunk for s in r.steps] == [4] * 8 + [2] * 2 + [1, 1]
+    from strata.engine.generate_cli import stats_line
+
+    assert "ms (wall, 1/4 of a 4-position chunk)" in stats_line(r.steps[0]) and "chunk" not in stats_line(r.steps[-1])
 
 
 def test_cli_ubatch_is_min_of_b_and_ub(packs, monkeypatch):

@@ -146,7 +146,7 @@ def test_sim_cache_plumbing_tokens_identical_for_empty_half_full_cache(packs, ke
     assert _tops_equal(runs[0], runs[12]) and _tops_equal(runs[0], runs["auto"])
     assert _tops_equal(runs[0], runs["12 cpu"])
     assert runs[12].expert_pcie == runs[12].expert_misses > 0 and runs["12 cpu"].expert_pcie == 0
-    cpu = _run(load_engine(packs["moe"], n_ctx=64, cpu_kernel=kernel))
+    cpu = _run(load_engine(packs["moe"], n_ctx=64, ubatch=1, cpu_kernel=kernel))
     assert cpu.output_ids == runs[0].output_ids
 
 
@@ -154,7 +154,7 @@ def test_sim_cache_plumbing_tokens_identical_for_empty_half_full_cache(packs, ke
 @pytest.mark.parametrize("name", ["qwen2", "gemma3"])
 def test_sim_dense_models_match_cpu_tokens(packs, name, kernel):
     sim = _run(load_engine(packs[name], device="cuda", n_ctx=64, backend=SimBackend(), cpu_kernel=kernel))
-    cpu = _run(load_engine(packs[name], n_ctx=64, cpu_kernel=kernel))
+    cpu = _run(load_engine(packs[name], n_ctx=64, ubatch=1, cpu_kernel=kernel))
     assert sim.output_ids == cpu.output_ids
 
 
@@ -184,7 +184,7 @@ def test_sim_new_expert_types_hit_and_miss_identical(packs):
     assert _tops_equal(runs[0], runs[12]) and _tops_equal(runs[0], runs["auto"])
     assert _tops_equal(runs[0], runs["12 cpu"])
     assert runs[12].expert_pcie == runs[12].expert_misses > 0 and runs["12 cpu"].expert_pcie == 0
-    assert _run(load_engine(packs["moe_new"], n_ctx=64, cpu_kernel="exact")).output_ids == runs[0].output_ids
+    assert _run(load_engine(packs["moe_new"], n_ctx=64, ubatch=1, cpu_kernel="exact")).output_ids == runs[0].output_ids
 
 
 @pytest.mark.parametrize("tier", ["cpu", "pcie"])
@@ -251,7 +251,7 @@ def test_sim_kv_f32_doubles_the_kv_term(packs):
 def test_cuda_tokens_match_cpu(packs, name, kernel):
     eng = load_engine(packs[name], device="cuda", n_ctx=64, cpu_kernel=kernel)
     r = _run(eng, 8)
-    cpu = _run(load_engine(packs[name], n_ctx=64, cpu_kernel=kernel), 8)
+    cpu = _run(load_engine(packs[name], n_ctx=64, ubatch=1, cpu_kernel=kernel), 8)
     diff = max(abs(a[1] - b[1]) for ra, rb in zip(r.top, cpu.top) for a, b in zip(ra, rb))
     print(
         f"\n[gpu-engine] {name}: cuda {r.output_ids} cpu {cpu.output_ids} max|top logit diff|={diff:.2e} "
@@ -268,7 +268,7 @@ def test_cuda_new_expert_types_tokens_identical(packs, kernel):
     for ec in (0, 12, "auto", "12 cpu"):
         kw = dict(expert_cache=12, miss_tier="cpu") if ec == "12 cpu" else dict(expert_cache=ec)
         runs[ec] = _run(load_engine(packs["moe_new"], device="cuda", n_ctx=64, cpu_kernel=kernel, **kw), 8)
-    cpu = _run(load_engine(packs["moe_new"], n_ctx=64, cpu_kernel=kernel), 8)
+    cpu = _run(load_engine(packs["moe_new"], n_ctx=64, ubatch=1, cpu_kernel=kernel), 8)
     print(f"\n[gpu-engine] Q1_0/Q2_0/IQ2_S experts: cuda {runs[0].output_ids} cpu {cpu.output_ids}")
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids == cpu.output_ids
     assert runs["12 cpu"].output_ids == cpu.output_ids and runs[12].expert_pcie > 0

@@ -7,6 +7,10 @@ buffers, the device-side position, ring slots, rope rows, norms - and the tokens
 path's. On CUDA (gpu-marked, skipped without CuPy and a GPU): graph replay and eager launches give
 bit-identical logits at every position, tokens equal the CPU path's, the pool does not grow in
 decode, and per-stage timing is refused while the graph is on.
+
+The GPU takes the prompt one position at a time; the CPU engines it is compared with do too (``ubatch=1``): a CPU
+prompt chunk differs by the attention's float rounding (tests/test_engine_chunked.py), the one-position path is the
+same computation as the GPU's.
 """
 
 from __future__ import annotations
@@ -113,14 +117,18 @@ def test_sim_fused_equals_generic_bitwise_and_cpu_tokens(packs, name, n):
     rf = generate(fused, prompt_ids=ids, n_tokens=6, ignore_eos=True)
     rg = generate(generic, prompt_ids=ids, n_tokens=6, ignore_eos=True)
     assert rf.output_ids == rg.output_ids and _tops_equal(rf, rg)
-    cpu = generate(load_engine(packs[name], n_ctx=64, cpu_kernel="exact"), prompt_ids=ids, n_tokens=6, ignore_eos=True)
+    cpu = generate(
+        load_engine(packs[name], n_ctx=64, ubatch=1, cpu_kernel="exact"), prompt_ids=ids, n_tokens=6, ignore_eos=True
+    )
     assert rf.output_ids == cpu.output_ids
     q8 = load_engine(packs[name], device="cuda", n_ctx=64, backend=SimBackend())
     assert q8.decoder.kernel == "q8" and "q8 matvecs" in q8.gpu.decode_path
     r8 = generate(q8, prompt_ids=ids, n_tokens=6, ignore_eos=True)
     assert (
         r8.output_ids
-        == generate(load_engine(packs[name], n_ctx=64), prompt_ids=ids, n_tokens=6, ignore_eos=True).output_ids
+        == generate(
+            load_engine(packs[name], n_ctx=64, ubatch=1), prompt_ids=ids, n_tokens=6, ignore_eos=True
+        ).output_ids
     )
 
 
@@ -146,7 +154,10 @@ def test_sim_fused_shared_expert_gate_tokens(packs):
         ignore_eos=True,
     )
     cpu = generate(
-        load_engine(packs["qwen2moe"], n_ctx=64, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True
+        load_engine(packs["qwen2moe"], n_ctx=64, ubatch=1, cpu_kernel="exact"),
+        prompt_ids=PROMPT,
+        n_tokens=8,
+        ignore_eos=True,
     )
     assert f.output_ids == cpu.output_ids
 
@@ -267,7 +278,10 @@ def test_sim_fused_qwen3next_delta_net_and_gated_attention(packs):
         ignore_eos=True,
     )
     cpu = generate(
-        load_engine(packs["q3n"], n_ctx=64, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True
+        load_engine(packs["q3n"], n_ctx=64, ubatch=1, cpu_kernel="exact"),
+        prompt_ids=PROMPT,
+        n_tokens=8,
+        ignore_eos=True,
     )
     assert sim.output_ids == cpu.output_ids
 
@@ -299,7 +313,10 @@ def test_sim_fused_moe_equals_generic_bitwise_for_any_cache(packs):
             got = _logits_per_position(eng, ids)
             assert all(np.array_equal(a, b) for a, b in zip(ref, got)), (tier, ec, resident)
     cpu = generate(
-        load_engine(packs["moe"], n_ctx=48, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True
+        load_engine(packs["moe"], n_ctx=48, ubatch=1, cpu_kernel="exact"),
+        prompt_ids=PROMPT,
+        n_tokens=8,
+        ignore_eos=True,
     )
     sim = generate(_moe(packs, resident="half"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
     assert sim.output_ids == cpu.output_ids
@@ -466,7 +483,9 @@ def test_cuda_fused_tokens_match_cpu_and_generic(packs, name, kernel):
     r = generate(eng, prompt_ids=ids, n_tokens=8, ignore_eos=True)
     grown = cp.get_default_memory_pool().total_bytes() - eng.gpu.pool_after_warmup
     assert grown == 0, f"decode allocated {grown} B of new device memory"
-    cpu = generate(load_engine(packs[name], n_ctx=64, cpu_kernel=kernel), prompt_ids=ids, n_tokens=8, ignore_eos=True)
+    cpu = generate(
+        load_engine(packs[name], n_ctx=64, ubatch=1, cpu_kernel=kernel), prompt_ids=ids, n_tokens=8, ignore_eos=True
+    )
     gap = max(
         abs(a[1] - b[1]) / max(1.0, abs(b[1])) for ra, rb in zip(r.top, cpu.top) for a, b in zip(ra, rb) if a[0] == b[0]
     )
@@ -539,7 +558,10 @@ def test_cuda_fused_moe_cache_does_not_change_logits(packs):
         load_engine(packs["moe"], device="cuda", n_ctx=48, fused=False), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True
     )
     cpu = generate(
-        load_engine(packs["moe"], n_ctx=48, cpu_kernel="exact"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True
+        load_engine(packs["moe"], n_ctx=48, ubatch=1, cpu_kernel="exact"),
+        prompt_ids=PROMPT,
+        n_tokens=8,
+        ignore_eos=True,
     )
     fus = generate(
         load_engine(packs["moe"], device="cuda", n_ctx=48, resident="half", cpu_kernel="exact"),
@@ -557,7 +579,9 @@ def test_cuda_fused_moe_cache_does_not_change_logits(packs):
     )
     assert (
         q8.output_ids
-        == generate(load_engine(packs["moe"], n_ctx=48), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True).output_ids
+        == generate(
+            load_engine(packs["moe"], n_ctx=48, ubatch=1), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True
+        ).output_ids
     )
 
 

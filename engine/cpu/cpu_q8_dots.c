@@ -42,15 +42,14 @@ static inline void blk_values(const u8* blk, int* w) {
 #endif
 #endif
 
-// int32 lanes whose total is sum(w' y) over the block, w' = w + WOFF (so the block's dot = total - WOFF sum(y)).
-static inline __m256i blk_dot_v(const u8* blk, const i8* y) {
-    const __m256i vy = _mm256_loadu_si256((const __m256i*)y);
-    const __m256i z = _mm256_setzero_si256();
+// The block's weights as the dot's first operand (decoded once; a prompt chunk reuses them for several activations):
+// u8 w' = w + WOFF for Q4_0 / Q5_0, the signed w for Q8_0 / IQ4_NL (w ^ 0x80 as u8 with VNNI).
+static inline __m256i blk_w(const u8* blk) {
 #if defined(STRATA_T_Q4_0)
-    return dp_u8s8(z, nibbles32(blk + 2), vy);
+    return nibbles32(blk + 2);
 #elif defined(STRATA_T_Q5_0)
     const __m256i hb = _mm256_and_si256(bits32(blk + 2), _mm256_set1_epi8(16));
-    return dp_u8s8(z, _mm256_or_si256(nibbles32(blk + 6), hb), vy);
+    return _mm256_or_si256(nibbles32(blk + 6), hb);
 #else
 #if defined(STRATA_T_Q8_0)
     const __m256i w = _mm256_loadu_si256((const __m256i*)(blk + 2));
@@ -59,12 +58,24 @@ static inline __m256i blk_dot_v(const u8* blk, const i8* y) {
     const __m256i w = _mm256_shuffle_epi8(_mm256_set_m128i(tab, tab), nibbles32(blk + 2));
 #endif
 #ifdef Q8_VNNI
-    return dp_u8s8(z, _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)), vy);
+    return _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
 #else
-    return dp_s8s8(z, w, vy);
+    return w;
 #endif
 #endif
 }
+
+// int32 lanes whose total is sum(w' y) over the block for the operand w of blk_w (the dot = total - WOFF sum(y)).
+static inline __m256i blk_dp(__m256i w, const i8* y) {
+    const __m256i vy = _mm256_loadu_si256((const __m256i*)y);
+#if defined(STRATA_T_Q4_0) || defined(STRATA_T_Q5_0) || defined(Q8_VNNI)
+    return dp_u8s8(_mm256_setzero_si256(), w, vy);
+#else
+    return dp_s8s8(_mm256_setzero_si256(), w, vy);
+#endif
+}
+
+static inline __m256i blk_dot_v(const u8* blk, const i8* y) { return blk_dp(blk_w(blk), y); }
 #endif
 
 // The block's exact dot sum(w * q).
@@ -118,6 +129,57 @@ static float dot_row(const u8* row, const Act* A, int ne0) {
         acc[b & 7] = acc[b & 7] + (q8_h2f(q8_ld16(blk)) * A->d[b]) * (float)S;
     }
     return hsum8_f32(acc);
+}
+
+#define MM_MULTI 4  // activations dot_rows takes per pass over a row
+
+#ifdef Q8_AVX2
+#define Q8_W(k)                                                 \
+    w[k] = blk_w(row + (i64)(b + k) * WB);                      \
+    dh = _mm_insert_epi16(dh, (int)q8_u16(row + (i64)(b + k) * WB), k);
+#endif
+
+// out[a] = dot_row(row, &A[a], ne0) for a < na (<= MM_MULTI), bit for bit: each weight block is decoded once for all
+// na activations (a prompt chunk), then every activation takes dot_row's own integer sums and float order.
+static void dot_rows(const u8* row, const Act* A, int na, int ne0, float* out) {
+    const int nb = ne0 / 32;
+    float acc[MM_MULTI][8];
+    for (int a = 0; a < na; ++a)
+        for (int j = 0; j < 8; ++j) acc[a][j] = 0.0f;
+    int b = 0;
+#ifdef Q8_AVX2
+    if (nb >= 8) {
+        __m256 vacc[MM_MULTI];
+        for (int a = 0; a < na; ++a) vacc[a] = _mm256_setzero_ps();
+        for (; b + 8 <= nb; b += 8) {
+            __m256i w[8];
+            __m128i dh = _mm_setzero_si128();
+            Q8_W(0) Q8_W(1) Q8_W(2) Q8_W(3) Q8_W(4) Q8_W(5) Q8_W(6) Q8_W(7)
+            const __m256 dw = _mm256_cvtph_ps(dh);
+            for (int a = 0; a < na; ++a) {
+                __m256i v[8];
+                for (int k = 0; k < 8; ++k) v[k] = blk_dp(w[k], A[a].q + (i64)(b + k) * 32);
+                __m256i S = hsum_i32x8x8(v);
+#if WOFF
+                S = _mm256_sub_epi32(S, _mm256_mullo_epi32(_mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i*)(A[a].t + b))),
+                                                           _mm256_set1_epi32(WOFF)));
+#endif
+                const __m256 dd = _mm256_mul_ps(dw, _mm256_loadu_ps(A[a].d + b));
+                vacc[a] = _mm256_add_ps(vacc[a], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(S)));
+            }
+        }
+        for (int a = 0; a < na; ++a) _mm256_storeu_ps(acc[a], vacc[a]);
+    }
+#endif
+    for (; b < nb; ++b) {
+        const u8* blk = row + (i64)b * WB;
+        const float dw = q8_h2f(q8_ld16(blk));
+        for (int a = 0; a < na; ++a) {
+            const int S = blk_dot(blk, A[a].q + (i64)b * 32, A[a].s + 2 * b);
+            acc[a][b & 7] = acc[a][b & 7] + (dw * A[a].d[b]) * (float)S;
+        }
+    }
+    for (int a = 0; a < na; ++a) out[a] = hsum8_f32(acc[a]);
 }
 
 #elif Q8_ACT == 2
@@ -385,6 +447,13 @@ static float dot_row(const u8* row, const Act* A, int ne0) {
     }
     return sa - sm;
 }
+
+#define MM_MULTI 4
+
+// out[a] = dot_row(row, &A[a], ne0) for a < na (the K-quants decode per activation: no shared decode yet).
+static void dot_rows(const u8* row, const Act* A, int na, int ne0, float* out) {
+    for (int a = 0; a < na; ++a) out[a] = dot_row(row, &A[a], ne0);
+}
 #endif
 
 #if Q8_ACT
@@ -455,9 +524,13 @@ void matmat_q8_many(const u8* const* bases, int nmat, i64 rows, int ne0, i64 row
                 const int t1 = t0 + MM_ACTS < ts[m] ? t0 + MM_ACTS : ts[m];
                 for (i64 r = r0; r < r1; ++r) {
                     const u8* row = bases[m] + r * row_bytes;
-                    for (int t = t0; t < t1; ++t) {
-                        const Act A = act_view(scratch + (first[m] + t) * ab, ne0);
-                        ys[m][(i64)t * rows + r] = dot_row(row, &A, ne0);
+                    for (int t = t0; t < t1; t += MM_MULTI) {
+                        const int na = t1 - t < MM_MULTI ? t1 - t : MM_MULTI;
+                        Act A[MM_MULTI];
+                        float o[MM_MULTI];
+                        for (int a = 0; a < na; ++a) A[a] = act_view(scratch + (first[m] + t + a) * ab, ne0);
+                        dot_rows(row, A, na, ne0, o);
+                        for (int a = 0; a < na; ++a) ys[m][(i64)(t + a) * rows + r] = o[a];
                     }
                 }
             }
