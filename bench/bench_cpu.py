@@ -48,6 +48,8 @@ N_CTX = 1024
 
 def long_prompt(n: int) -> list[int]:
     return [10 + (37 * i) % 4000 for i in range(n)]
+
+
 REAL = ("gemma3-270m", "qwen2.5-0.5b")
 
 

@@ -507,15 +507,16 @@ void matmat_q8_many(const u8* const* bases, int nmat, i64 rows, int ne0, i64 row
         if (m > 0 && xs[m] == xs[m - 1] && ts[m] == ts[m - 1]) first[m] = first[m - 1];
         else { first[m] = nact; nact += ts[m]; }
     }
+    const float** src = (const float**)malloc(sizeof(float*) * (nact > 0 ? nact : 1));  // activation i's input row
+    for (int m = 0; m < nmat; ++m)
+        if (m == 0 || first[m] != first[m - 1])
+            for (int t = 0; t < ts[m]; ++t) src[first[m] + t] = xs[m] + (i64)t * ne0;
     const i64 tiles = (rows + MM_ROWS - 1) / MM_ROWS;
     const i64 units = (i64)nmat * tiles;
     #pragma omp parallel num_threads(nthreads)
     {
         #pragma omp for schedule(static)
-        for (int m = 0; m < nmat; ++m) {
-            if (m > 0 && first[m] == first[m - 1]) continue;
-            for (int t = 0; t < ts[m]; ++t) act_quantize(xs[m] + (i64)t * ne0, ne0, scratch + (first[m] + t) * ab);
-        }
+        for (i64 i = 0; i < nact; ++i) act_quantize(src[i], ne0, scratch + i * ab);
         #pragma omp for schedule(dynamic, 1)
         for (i64 u = 0; u < units; ++u) {
             const int m = (int)(u / tiles);
@@ -536,6 +537,7 @@ void matmat_q8_many(const u8* const* bases, int nmat, i64 rows, int ne0, i64 row
             }
         }
     }
+    free(src);
     free(first);
 }
 #endif
