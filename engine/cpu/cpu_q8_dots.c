@@ -326,20 +326,29 @@ static inline int dot16_i16(__m256i sc16, const i16* s) {
     return hsum_i32x8(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i*)s)));
 }
 
-static inline void sb_sums(const u8* blk, const i8* y, const i16* s, const i16* t32, int* S, int* M) {
+// A super-block decoded for the integer dots (once per block; a prompt chunk reuses it for several activations):
+// eight u8 value vectors w[k] that meet activation bytes 32k..32k+31, each with its int16 scale per 16 values sc[k],
+// and c16 - the mins (Q4_K, Q5_K: 8 scales then 8 mins as 16 x int16), or the 16 scales whose offset the activation
+// sums take out (Q6_K, Q3_K), or the mins of Q2_K.
+typedef struct {
+    __m256i w[8], sc[8], c16;
+} KDec;
+
+static inline void sb_decode(const u8* blk, KDec* D) {
     const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
-    __m256i acc = _mm256_setzero_si256();
 #if defined(STRATA_T_Q4_K) || defined(STRATA_T_Q5_K)
     u32 u[4];
     k4_scales(blk + 4, u);
     const __m256i ms = _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
     const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(ms));  // 8 scales, both lanes
+    D->c16 = ms;
 #if defined(STRATA_T_Q5_K)
     __m256i qh = _mm256_loadu_si256((const __m256i*)(blk + 16));
     const u8* qs = blk + 48;
 #else
     const u8* qs = blk + 16;
 #endif
+    (void)m3;
     for (int j = 0; j < 4; ++j) {
         const __m256i bits = _mm256_loadu_si256((const __m256i*)(qs + 32 * j));
         __m256i lo = _mm256_and_si256(bits, m15);
@@ -350,38 +359,35 @@ static inline void sb_sums(const u8* blk, const i8* y, const i16* s, const i16* 
         hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
         qh = _mm256_srli_epi16(qh, 2);
 #endif
-        const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i*)(y + 64 * j)));
-        const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i*)(y + 64 * j + 32)));
-        const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_loadu_si256((const __m256i*)SC_ONE[2 * j]));
-        const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_loadu_si256((const __m256i*)SC_ONE[2 * j + 1]));
-        acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(pl, sl), _mm256_madd_epi16(ph, sh)));
+        D->w[2 * j] = lo;
+        D->w[2 * j + 1] = hi;
+        D->sc[2 * j] = _mm256_shuffle_epi8(scales, _mm256_loadu_si256((const __m256i*)SC_ONE[2 * j]));
+        D->sc[2 * j + 1] = _mm256_shuffle_epi8(scales, _mm256_loadu_si256((const __m256i*)SC_ONE[2 * j + 1]));
     }
-    // mins x the activation's sums per 32 (int16), exact
-    const __m128i mp = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), _mm_loadu_si128((const __m128i*)t32));
-    *S = hsum_i32x8(acc);
-    *M = hsum_i32x4(mp);
 #else
     // 16 scales of 16 values: Q6_K int8, Q3_K 6-bit - 32, Q2_K low nibbles
 #if defined(STRATA_T_Q6_K)
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(blk + 192)));
+    D->c16 = sc16;
 #elif defined(STRATA_T_Q3_K)
     u32 u[4];
     q3k_scales(blk + 96, u);
     const __m256i sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0])),
                                           _mm256_set1_epi16(32));
     const __m256i hm = _mm256_loadu_si256((const __m256i*)blk);
+    D->c16 = sc16;
 #else  // Q2_K
     const __m256i raw16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)blk));
     const __m256i sc16 = _mm256_and_si256(raw16, _mm256_set1_epi16(15));
-    const __m256i mn16 = _mm256_srli_epi16(raw16, 4);
+    D->c16 = _mm256_srli_epi16(raw16, 4);
 #endif
     for (int h = 0; h < 2; ++h) {
         const __m256i sch = _mm256_permute2x128_si256(sc16, sc16, h ? 0x11 : 0x00);
+        __m256i* v = D->w + 4 * h;
 #if defined(STRATA_T_Q6_K)
         const __m256i l0 = _mm256_loadu_si256((const __m256i*)(blk + 64 * h));
         const __m256i l1 = _mm256_loadu_si256((const __m256i*)(blk + 64 * h + 32));
         const __m256i hb = _mm256_loadu_si256((const __m256i*)(blk + 128 + 32 * h));
-        __m256i v[4];
         v[0] = _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
         v[1] = _mm256_or_si256(_mm256_and_si256(l1, m15),
                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
@@ -390,8 +396,8 @@ static inline void sb_sums(const u8* blk, const i8* y, const i16* s, const i16* 
         v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
 #else
+        (void)m15;
         const __m256i q = _mm256_loadu_si256((const __m256i*)(blk + (WB == 84 ? 16 : 32) + 32 * h));
-        __m256i v[4];
         v[0] = _mm256_and_si256(q, m3);
         v[1] = _mm256_and_si256(_mm256_srli_epi16(q, 2), m3);
         v[2] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m3);
@@ -406,22 +412,43 @@ static inline void sb_sums(const u8* blk, const i8* y, const i16* s, const i16* 
         v[3] = _mm256_or_si256(v[3], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 3), one), 2));
 #endif
 #endif
-        for (int k = 0; k < 4; ++k) {
-            const __m256i p = _mm256_maddubs_epi16(v[k], _mm256_loadu_si256((const __m256i*)(y + 128 * h + 32 * k)));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc_pair(sch, k)));
-        }
+        for (int k = 0; k < 4; ++k) D->sc[4 * h + k] = sc_pair(sch, k);
     }
+#endif
+}
+
+// The exact sums of one decoded super-block against activation bytes y (256), its per-16 sums s and per-32 sums t32.
+static inline void sb_dot(const KDec* D, const i8* y, const i16* s, const i16* t32, int* S, int* M) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+        const __m256i p = _mm256_maddubs_epi16(D->w[k], _mm256_loadu_si256((const __m256i*)(y + 32 * k)));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, D->sc[k]));
+    }
+#if defined(STRATA_T_Q4_K) || defined(STRATA_T_Q5_K)
+    // mins x the activation's sums per 32 (int16), exact
+    const __m128i mp = _mm_madd_epi16(_mm256_extracti128_si256(D->c16, 1), _mm_loadu_si128((const __m128i*)t32));
+    (void)s;
+    *S = hsum_i32x8(acc);
+    *M = hsum_i32x4(mp);
+#else
+    (void)t32;
     int tot = hsum_i32x8(acc), mt = 0;
 #if defined(STRATA_T_Q6_K)
-    tot -= 32 * dot16_i16(sc16, s);
+    tot -= 32 * dot16_i16(D->c16, s);
 #elif defined(STRATA_T_Q3_K)
-    tot -= 4 * dot16_i16(sc16, s);
+    tot -= 4 * dot16_i16(D->c16, s);
 #else
-    mt = dot16_i16(mn16, s);
+    mt = dot16_i16(D->c16, s);
 #endif
     *S = tot;
     *M = mt;
 #endif
+}
+
+static inline void sb_sums(const u8* blk, const i8* y, const i16* s, const i16* t32, int* S, int* M) {
+    KDec D;
+    sb_decode(blk, &D);
+    sb_dot(&D, y, s, t32, S, M);
 }
 #else
 #define sb_sums sb_sums_scalar
@@ -457,11 +484,39 @@ static float dot_row(const u8* row, const Act* A, int ne0) {
     return sa - sm;
 }
 
-#define MM_MULTI 4
+#define MM_MULTI 8
 
-// out[a] = dot_row(row, &A[a], ne0) for a < na (the K-quants decode per activation: no shared decode yet).
+// out[a] = dot_row(row, &A[a], ne0) for a < na (<= MM_MULTI), bit for bit: each super-block decoded once for all na
+// activations (sb_decode), then each activation takes dot_row's integer sums and float order.
 static void dot_rows(const u8* row, const Act* A, int na, int ne0, float* out) {
+#ifdef Q8_AVX2
+    const int nb = ne0 / 256;
+    float sa[MM_MULTI], sm[MM_MULTI];
+    for (int a = 0; a < na; ++a) sa[a] = sm[a] = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+        const u8* blk = row + (i64)b * WB;
+        KDec D;
+        sb_decode(blk, &D);
+        const float dw = q8_h2f(q8_ld16(blk + D_AT));
+#if HAS_MIN
+        const float dm = q8_h2f(q8_ld16(blk + D_AT + 2));
+#endif
+        for (int a = 0; a < na; ++a) {
+            int S, M;
+            sb_dot(&D, A[a].q + (i64)b * 256, A[a].s + 16 * b, A[a].t + 8 * b, &S, &M);
+            const float dx = A[a].d[b];
+            sa[a] = sa[a] + (dx * dw) * (float)S;
+#if HAS_MIN
+            sm[a] = sm[a] + (dx * dm) * (float)M;
+#else
+            (void)M;
+#endif
+        }
+    }
+    for (int a = 0; a < na; ++a) out[a] = sa[a] - sm[a];
+#else
     for (int a = 0; a < na; ++a) out[a] = dot_row(row, &A[a], ne0);
+#endif
 }
 #endif
 
