@@ -183,8 +183,16 @@ static void dot_rows(const u8* row, const Act* A, int na, int ne0, float* out) {
     for (; b < nb; ++b) {
         const u8* blk = row + (i64)b * WB;
         const float dw = q8_h2f(q8_ld16(blk));
+#ifdef Q8_AVX2
+        const __m256i wv = blk_w(blk);  // the tail's block decoded once too
+#endif
         for (int a = 0; a < na; ++a) {
+#ifdef Q8_AVX2
+            const i16* s = A[a].s + 2 * b;
+            const int S = hsum_i32x8(blk_dp(wv, A[a].q + (i64)b * 32)) - WOFF * (s[0] + s[1]);
+#else
             const int S = blk_dot(blk, A[a].q + (i64)b * 32, A[a].s + 2 * b);
+#endif
             acc[a][b & 7] = acc[a][b & 7] + (dw * A[a].d[b]) * (float)S;
         }
     }
