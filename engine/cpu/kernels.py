@@ -24,6 +24,11 @@ Three kernels (:data:`KERNELS`; ``kernel=`` of :func:`matvec`, :func:`matvec_man
 All use ``-ffp-contract=off`` (no FMA, as NumPy and the GPU modules' ``--fmad=false``), split rows - or,
 for :func:`matvec_many`, (matrix, row) pairs - over OpenMP threads, and read the mapped bytes in place.
 
+A prompt chunk multiplies many activation rows at once (:func:`call_matmat`; docs/DESIGN.md "Prompts in chunks"):
+``"q8"`` runs ``matmat_q8_many`` - units of 16 weight rows x 32 activations per thread, each weight block (a
+K-quant's super-block) decoded once for 8 activations (``dot_rows``), every value the matvec's bits - and the other
+kernels run the matvec per row.
+
 Each type's library is built once and cached under ``$STRATA_CACHE/kernels`` (default
 ``~/.cache/strata/kernels``), keyed by the sha256 of its source, compiler and flags.
 
