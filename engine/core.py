@@ -57,6 +57,17 @@ class Engine:
     def n_ctx(self) -> int:
         return self.state.n_ctx
 
+    def check_files(self) -> None:
+        """Before a step: every memory-mapped file the engine reads (the pool on the CPU, the expert shards) still
+        has its start-up size (:mod:`strata.engine.mapped`).
+
+        Raises:
+            MappedFileChanged: a file truncated or rewritten in place, with both sizes.
+        """
+        source = getattr(self.experts, "source", None)
+        for f in (*getattr(self.weights, "mapped_files", ()), *getattr(source, "mapped_files", ())):
+            f.check()
+
 
 class Device(Protocol):
     """What a device does at each start-up stage (see the module docstring). ``note`` is the stage's

@@ -25,6 +25,13 @@ class StartupRefused(GenerateError):
     stage and the numbers."""
 
 
+class MappedFileChanged(GenerateError):
+    """A file the engine reads through a memory map (the pack's pool.bin, a GGUF shard) changed size while the
+    engine runs: truncated or rewritten in place. Reading a page past a truncated end would kill the process with
+    SIGBUS ("Bus error", exit 135) or, for a rewrite, read other bytes; :class:`strata.engine.mapped.MappedFile`
+    checks before every step and refuses with the file and both sizes."""
+
+
 class NonFiniteLogits(GenerateError):
     """A step produced NaN or infinite logits: refused at that position (a wrong byte offset or damaged
     weights decode to garbage; better a stop than tokens sampled from NaN). ``position``: the token
@@ -42,4 +49,11 @@ class NonFiniteLogits(GenerateError):
         )
 
 
-__all__ = ["ExpertCacheError", "GenerateError", "NonFiniteLogits", "StageTimesRefused", "StartupRefused"]
+__all__ = [
+    "ExpertCacheError",
+    "GenerateError",
+    "MappedFileChanged",
+    "NonFiniteLogits",
+    "StageTimesRefused",
+    "StartupRefused",
+]

@@ -35,6 +35,7 @@ from .checkpoints import proc_kib_bytes
 from .cpu import kernels as cpukernels
 from .dequant import dequantize_rows
 from .loader import LoadPlan
+from .mapped import MappedFile
 
 #: ``MADV_POPULATE_READ`` (linux/mman.h, Linux 5.14): prefault page tables, reading pages as needed.
 MADV_POPULATE_READ = 22
@@ -53,6 +54,8 @@ class ShardExperts:
         self.rows: dict[int, ExpertLayer] = dict(plan.experts)
         self.shapes = dict(plan.expert_shapes)
         self._maps = {k: np.memmap(p, dtype=np.uint8, mode="r") for k, p in plan.shard_paths.items()}
+        # watched for in-place changes before every step (strata.engine.mapped)
+        self.mapped_files = [MappedFile(p) for p in plan.shard_paths.values()]
         # each shard's address in this process and size (bytes): the token path hands the C kernels addresses
         self._base = {k: (int(m.ctypes.data) if m.size else 0, int(m.size)) for k, m in self._maps.items()}
         self._addr: dict[tuple[int, int], tuple[int, int, int]] = {}  # (layer, expert) -> addresses, located once

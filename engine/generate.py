@@ -113,6 +113,7 @@ def decode(
     on_step: Callable[[StepStat], None] | None = None,
     probe: StepProbe | None = None,
     ubatch: int = 1,
+    guard: Callable[[], None] | None = None,
 ):
     """Teacher-force ``prompt_ids`` and generate up to ``n_new`` tokens, one position per step.
 
@@ -120,7 +121,8 @@ def decode(
     forward`): the prompt positions before the last go through the layers ``ubatch`` at a time (llama.cpp's
     ``-ub``); each still gets its :class:`StepStat` (``chunk`` = the chunk's size, ``forward_ms`` its share of
     the chunk's time, its own expert counts), and the last prompt position runs as one step, which gives the
-    first token. ``probe`` (stats): device timers around every step; the step then ends synchronised, so
+    first token. ``guard``: called before every step and chunk (:meth:`strata.engine.core.Engine.check_files`: a
+    mapped file changed under the engine is refused there, not met as SIGBUS). ``probe`` (stats): device timers around every step; the step then ends synchronised, so
     ``forward_ms`` includes the device's work for prompt positions too (one-position steps only).
 
     Returns ``(output_ids, top, steps, stop_reason, t_first_done, t_end)`` where ``top`` holds the
@@ -153,6 +155,8 @@ def decode(
     if ubatch > 1 and getattr(model, "chunked", False) is True:
         while start < n_prompt - 1:
             end = min(n_prompt - 1, start + ubatch)
+            if guard is not None:
+                guard()
             t0 = time.perf_counter()
             model.forward(ids[start:end], start, state, logits=False)
             ms = (time.perf_counter() - t0) * 1000 / (end - start)
@@ -163,6 +167,8 @@ def decode(
             start = end
     for pos in range(start, n_prompt + n_new - 1):
         emit = pos >= n_prompt - 1  # the last prompt position and every generated one
+        if guard is not None:
+            guard()
         t0 = time.perf_counter()
         if probe is not None:
             probe.begin()
@@ -272,6 +278,7 @@ def generate(
         on_step=on_step,
         probe=engine.probe if stats else None,
         ubatch=engine.options.ubatch if engine.options is not None else 1,
+        guard=engine.check_files,
     )
     prompt_s, decode_s = t_first - t0, t_end - t_first
     text_ids = out[:-1] if stop == "eog" else out

@@ -19,6 +19,7 @@ from strata.packer.pack import Pack
 from strata.packer.packfmt import IndexEntry
 
 from ..dequant import dequantize_rows
+from ..mapped import MappedFile
 from ..numerics import Numerics, numerics, quantize_activation
 from ..weights import WeightError
 from . import kernels as CK
@@ -60,6 +61,7 @@ class CpuWeights:
         # read-only map: a stray write raises instead of corrupting the pack
         self._path = pack.pool_path
         self._pool = np.memmap(pack.pool_path, dtype=np.uint8, mode="r")
+        self.mapped_files = [MappedFile(pack.pool_path)]  # watched before every step (strata.engine.mapped)
         self._pool_addr = self._pool.__array_interface__["data"][0] if self._pool.size else 0
         self._entries = dense
         self._vec: dict[str, np.ndarray] = {}
