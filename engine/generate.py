@@ -122,8 +122,9 @@ def decode(
     ``-ub``); each still gets its :class:`StepStat` (``chunk`` = the chunk's size, ``forward_ms`` its share of
     the chunk's time, its own expert counts), and the last prompt position runs as one step, which gives the
     first token. ``guard``: called before every step and chunk (:meth:`strata.engine.core.Engine.check_files`: a
-    mapped file changed under the engine is refused there, not met as SIGBUS). ``probe`` (stats): device timers around every step; the step then ends synchronised, so
-    ``forward_ms`` includes the device's work for prompt positions too (one-position steps only).
+    mapped file changed under the engine is refused there, not met as SIGBUS). ``probe`` (stats): device timers
+    around every step; the step then ends synchronised, so ``forward_ms`` includes the device's work for prompt
+    positions too (one-position steps only).
 
     Returns ``(output_ids, top, steps, stop_reason, t_first_done, t_end)`` where ``top`` holds the
     5 best ``(id, logit)`` of every step that produced a token and the times are ``perf_counter``
