@@ -34,9 +34,17 @@ def one(
     from strata.engine.startup import load_engine
 
     prof = read_profile(prof_path) if name == "profile" else None
+    slots = 0 if name == "empty cache" else None  # no expert resident: every one read over PCIe (or on the CPU)
     t0 = time.perf_counter()
     eng = load_engine(
-        pack, device="cuda", n_ctx=n_ctx, card=card_preset(card), vram_reserve_mib=1024, profile=prof, miss_tier=tier
+        pack,
+        device="cuda",
+        n_ctx=n_ctx,
+        card=card_preset(card),
+        vram_reserve_mib=1024,
+        profile=prof,
+        miss_tier=tier,
+        expert_cache=slots,
     )
     start_s = time.perf_counter() - t0
     toks = secs = hits = misses = pcie = 0
@@ -84,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiers", default="auto", help="--miss-tier values to run where experts miss (cpu,pcie)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--prepare-only", action="store_true", help="write the GGUF and the pack, then stop")
+    ap.add_argument(
+        "--empty-cache",
+        action="store_true",
+        help="also no expert resident (--expert-cache 0 on 24G, each --tiers value): llama.cpp's -ncmoe <all> row",
+    )
     args = ap.parse_args(argv)
 
     from strata import testing as synth
@@ -121,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     # each case in a process of its own: a start-up on an emulated card sees the card as a fresh process would
     tiers = args.tiers.split(",")
     cases = [(c, n, t) for c in args.cards.split(",") for n in ("no profile", "profile") for t in tiers]
+    cases += [("24G", "empty cache", t) for t in tiers] if args.empty_cache else []
     for card, name, tier in cases:
-        if card == "24G" and tier != tiers[0]:
+        if card == "24G" and tier != tiers[0] and name != "empty cache":
             continue  # every expert fits: nothing misses, the tier does not matter
         cmd = [
             sys.executable,

@@ -6,7 +6,8 @@
 # 1. the llama.cpp CUDA build starts in the background (as bench/device_moe.sh);
 # 2. meanwhile every gpu-marked test that needs no real model (gpu_tests.txt, headed by $COMMIT);
 # 3. strata: bench_profile_fill.py on the 30B-A3B geometry with TokenRouting(0.5) at --card 16G and 24G, with and
-#    without a profile recorded on other prompts (misses: --miss-tier auto);
+#    without a profile recorded on other prompts (misses: --miss-tier auto; TIERS=pcie,cpu for others); EMPTY=1 adds
+#    no expert resident (--expert-cache 0), beside llama.cpp's -ncmoe 48;
 # 4. once the build is done, on the SAME GGUF: llama-bench -ngl 99 -fitt M (M = free now - (card total - context)
 #    + 1024: llama.cpp's --fit sees the card strata emulates, with the same 1024 MiB margin; ../shared/BENCH.md)
 #    for 16G and 24G, and -ncmoe 0,24,48. tg 32 tokens, 5 repetitions, 16 threads.
@@ -27,7 +28,8 @@ python3 bench/bench_profile_fill.py --work "$WORK/pf" --prepare-only 2>&1 | tail
 step "waiting for the llama.cpp build (strata's rows would share the CPU with the compiler)"
 lcp_build_wait
 step "strata: 30B-A3B, token-dependent routing, 16G and 24G"
-python3 bench/bench_profile_fill.py --work "$WORK/pf" --cards 16G,24G --tiers auto --json "$OUT/strata.json" 2>&1 \
+python3 bench/bench_profile_fill.py --work "$WORK/pf" --cards 16G,24G --tiers ${TIERS:-auto} ${EMPTY:+--empty-cache} \
+    --json "$OUT/strata.json" 2>&1 \
     | tee "$OUT/equal_vram.log"
 LB=$LCP_BENCH
 G="$WORK/pf/qwen3moe-30b-a3b.gguf"
