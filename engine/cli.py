@@ -336,7 +336,16 @@ main.add_command(
     type=click.Choice(["cpu", "cuda"]),
     default="cpu",
     show_default=True,
-    help="Where the routing runs (the counts are the same).",
+    help="Where the routing runs (the same counts up to router near-ties, where float rounding decides).",
+)
+@click.option(
+    "-ub",
+    "--ubatch-size",
+    "ubatch",
+    type=click.IntRange(min=1),
+    default=DEFAULT_UBATCH,
+    show_default=True,
+    help="CPU: prompt positions per chunk, as generate's (1 = one position at a time, the GPU's routing path).",
 )
 @click.option(
     "--trace",
@@ -344,7 +353,7 @@ main.add_command(
     type=click.Path(dir_okay=False),
     help="Also write the routing trace (Parquet: seq, position, layer, expert) for offline cache-policy replay.",
 )
-def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, source_dir, device, trace_out):
+def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, source_dir, device, ubatch, trace_out):
     """Write an expert profile (Parquet: layer, expert, count) from routing over --prompts: the input of
     strata-budget check --expert-profile and strata-engine generate --expert-profile."""
     from strata.budget.profile import model_identity, write_profile
@@ -382,7 +391,7 @@ def profile_cmd(pack, prompts_file, out, force, n_tokens, n_ctx, source_dir, dev
     if n_tokens < 1:
         fail(f"-n/--n-tokens {n_tokens}: must be >= 1")
     try:
-        opts = EngineOptions(device=device, n_ctx=n_ctx, source_dir=source_dir)
+        opts = EngineOptions(device=device, n_ctx=n_ctx, source_dir=source_dir, ubatch=ubatch)
     except REFUSALS as e:
         fail(str(e))
     if not Path(prompts_file).exists():

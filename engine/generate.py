@@ -1,9 +1,10 @@
 """Generate text from a loaded engine: one decode loop over positions, and its results.
 
 The engine comes from :func:`strata.engine.startup.load_engine` (the start-up checkpoints). The loop
-(:func:`decode`) teacher-forces the prompt through the same step as generated tokens (docs/DESIGN.md
-"The prompt goes through the decode path": one token at a time), takes the first generated token from the last
-prompt position's logits, and computes no logits for the prompt positions before it.
+(:func:`decode`) teacher-forces the prompt - in chunks of ``-ub`` positions where the model takes chunks (the CPU:
+docs/DESIGN.md "Prompts in chunks"), else through the same one-position step as generated tokens (docs/DESIGN.md
+"The prompt goes through the decode path") - takes the first generated token from the last prompt position's
+logits (that position runs as one step), and computes no logits for the prompt positions before it.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def decode(
     ubatch: int = 1,
     guard: Callable[[], None] | None = None,
 ):
-    """Teacher-force ``prompt_ids`` and generate up to ``n_new`` tokens, one position per step.
+    """Teacher-force ``prompt_ids`` and generate up to ``n_new`` tokens: generated tokens one position per step,
+    the prompt in chunks where ``ubatch`` and the model allow (below).
 
     ``ubatch`` > 1 and a model that takes chunks (``model.chunked``: :meth:`strata.engine.decoder.Decoder.
     forward`): the prompt positions before the last go through the layers ``ubatch`` at a time (llama.cpp's

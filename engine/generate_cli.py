@@ -172,8 +172,9 @@ class PromptProgress:
 
 def prompt_progress(engine: Engine, text: str, parse_special: bool, *, on: bool, least: int = 64):
     """The :class:`PromptProgress` of a prompt of at least ``least`` tokens (the positions before the one that gives
-    the first token), or None when ``on`` is False (a pipe, --json, --stats) or the prompt is shorter. (The prompt
-    runs one position per step: :func:`strata.engine.generate.decode`.)"""
+    the first token), or None when ``on`` is False (a pipe, --json, --stats) or the prompt is shorter. (It advances
+    per position; a CPU prompt chunk reports its positions together when it ends: :func:`strata.engine.generate.
+    decode`.)"""
     if not on:
         return None
     n = len(engine.tokenizer.encode(text, parse_special=parse_special))

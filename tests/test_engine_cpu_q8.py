@@ -287,7 +287,7 @@ def test_matvec_many_is_each_matvec_bit_for_bit(kernel):
 def test_matmat_rows_are_the_matvec_bit_for_bit(type_id, kernel):
     """The prompt chunk's product (call_matmat: tiles of 16 weight rows x 32 activations in the q8 kernel) gives
     every (input row, weight row) exactly the matvec's bits; row counts off the tile sizes (37 rows, 45 / 1 / 33
-    inputs), a repeated input (quantized once), two matrices per call."""
+    inputs), a repeated input (quantized once), an input of no rows before another, matrices repeated in a call."""
     t = quants.qtype(type_id)
     rng = np.random.default_rng(type_id)
     ne0 = 256 * 3 if t.block_elems == 256 else 32 * 13
@@ -296,10 +296,12 @@ def test_matmat_rows_are_the_matvec_bit_for_bit(type_id, kernel):
     X1 = np.stack([_x(rng, ne0) for _ in range(45)])
     X2 = np.stack([_x(rng, ne0) for _ in range(33)])
     X3 = X2[:1].copy()
-    xs = [X1, X1, X2, X3]
-    bases = np.array([r.__array_interface__["data"][0] for r in (raws[0], raws[1], raws[2], raws[0])], np.uint64)
+    Z = np.zeros((0, ne0), np.float32)  # an input of no rows (the next input is still its own)
+    xs = [X1, X1, Z, X2, X3]
+    mats = (raws[0], raws[1], raws[2], raws[2], raws[0])
+    bases = np.array([r.__array_interface__["data"][0] for r in mats], np.uint64)
     ys = CK.call_matmat(type_id, kernel, bases, rows, ne0, quants.row_nbytes(type_id, ne0), xs, threads=2)
-    for m, raw in enumerate((raws[0], raws[1], raws[2], raws[0])):
+    for m, raw in enumerate(mats):
         assert ys[m].shape == (xs[m].shape[0], rows)
         for i in range(xs[m].shape[0]):
             y = CK.matvec(type_id, raw, rows, ne0, xs[m][i], kernel=kernel, threads=1)

@@ -575,14 +575,18 @@ void matmat_q8_many(const u8* const* bases, int nmat, i64 rows, int ne0, i64 row
     const i64 ab = act_nbytes(ne0);
     i64* first = (i64*)malloc(sizeof(i64) * (nmat > 0 ? nmat : 1));  // index of matrix m's first activation
     i64 nact = 0;
-    for (int m = 0; m < nmat; ++m) {
-        if (m > 0 && xs[m] == xs[m - 1] && ts[m] == ts[m - 1]) first[m] = first[m - 1];
-        else { first[m] = nact; nact += ts[m]; }
+    const float** src = NULL;  // activation i's input row
+    for (int pass = 0; pass < 2; ++pass) {  // count, then fill (an input of 0 rows adds none)
+        nact = 0;
+        for (int m = 0; m < nmat; ++m) {
+            const int shared = m > 0 && xs[m] == xs[m - 1] && ts[m] == ts[m - 1];
+            if (shared) { first[m] = first[m - 1]; continue; }
+            first[m] = nact;
+            if (pass) for (int t = 0; t < ts[m]; ++t) src[nact + t] = xs[m] + (i64)t * ne0;
+            nact += ts[m];
+        }
+        if (!pass) src = (const float**)malloc(sizeof(float*) * (nact > 0 ? nact : 1));
     }
-    const float** src = (const float**)malloc(sizeof(float*) * (nact > 0 ? nact : 1));  // activation i's input row
-    for (int m = 0; m < nmat; ++m)
-        if (m == 0 || first[m] != first[m - 1])
-            for (int t = 0; t < ts[m]; ++t) src[first[m] + t] = xs[m] + (i64)t * ne0;
     const i64 tiles = (rows + MM_ROWS - 1) / MM_ROWS;
     const i64 units = (i64)nmat * tiles;
     #pragma omp parallel num_threads(nthreads)

@@ -71,7 +71,12 @@ class CpuDevice:
             types |= {t for il in model.experts.source.layers for t in model.experts.source.types(il)}
         for t in sorted(types):
             library(t)  # build / load each type's kernels now, not at the first token
-        note["decode path"] = "NumPy step over quantized kernels, one position per step (the prompt too)"
+        note["decode path"] = (
+            f"NumPy step over quantized kernels, one position per step; the prompt in chunks of {opts.ubatch} "
+            "positions (-ub)"
+            if opts.ubatch > 1 and getattr(model, "chunked", False)
+            else "NumPy step over quantized kernels, one position per step (the prompt too)"
+        )
         note["kernel types"] = len(types)
         return model
 
