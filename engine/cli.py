@@ -53,6 +53,20 @@ def _resident(value: str) -> str:
     return value
 
 
+def ubatch_option(help_text: str):
+    """``-ub/--ubatch-size`` (llama.cpp's ``n_ubatch``, default :data:`strata.engine.options.DEFAULT_UBATCH`), >= 1,
+    into the ``ubatch`` parameter; ``help_text`` says what it does for the command."""
+    return click.option(
+        "-ub",
+        "--ubatch-size",
+        "ubatch",
+        type=click.IntRange(min=1),
+        default=DEFAULT_UBATCH,
+        show_default=True,
+        help=help_text,
+    )
+
+
 @click.group(cls=StrataGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="strata")
 def main() -> None:
@@ -176,15 +190,9 @@ def main() -> None:
     default=None,
     help=f"CPU kernel threads, 1-{MAX_THREADS} (ggml's GGML_MAX_N_THREADS; default: the cores this process may use).",
 )
-@click.option(
-    "-ub",
-    "--ubatch-size",
-    "ubatch",
-    type=click.IntRange(min=1),
-    default=DEFAULT_UBATCH,
-    show_default=True,
-    help="Prompt positions that go through the layers together (llama.cpp's -ub; 1 = one at a time). "
-    "CPU path; the GPU's fused step takes one position at a time.",
+@ubatch_option(
+    "Prompt positions that go through the layers together (llama.cpp's -ub; 1 = one at a time). "
+    "CPU path; the GPU's fused step takes one position at a time."
 )
 @click.option(
     "-b",
@@ -338,15 +346,7 @@ main.add_command(
     show_default=True,
     help="Where the routing runs (the same counts up to router near-ties, where float rounding decides).",
 )
-@click.option(
-    "-ub",
-    "--ubatch-size",
-    "ubatch",
-    type=click.IntRange(min=1),
-    default=DEFAULT_UBATCH,
-    show_default=True,
-    help="CPU: prompt positions per chunk, as generate's (1 = one position at a time, the GPU's routing path).",
-)
+@ubatch_option("CPU: prompt positions per chunk, as generate's (1 = one position at a time, the GPU's routing path).")
 @click.option(
     "--trace",
     "trace_out",

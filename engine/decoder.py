@@ -290,14 +290,22 @@ class Decoder:
         logits = w.matmul(tensor_name("ffn_gate_inp.weight", il), x)
         ids, wts = route_topk(xp, logits, self.hp.n_expert_used, norm=f.norm_weights)
         y = self.experts(il, x, ids, wts)
-        if f.shared_expert:
-            g = w.matmul(tensor_name("ffn_gate_shexp.weight", il), x)
-            u = w.matmul(tensor_name("ffn_up_shexp.weight", il), x)
-            s = w.matmul(tensor_name("ffn_down_shexp.weight", il), silu(xp, g) * u)
-            if f.shared_gate:  # ffn_gate_inp_shexp is one row: a dot product, then sigmoid (qwen3next.cpp)
-                s = s * sigmoid(xp, (w.get(tensor_name("ffn_gate_inp_shexp.weight", il)) * x).sum())
-            y = y + s
-        return y
+        return y + self.shared_expert(il, x) if f.shared_expert else y
+
+    def shared_expert(self, il: int, x):
+        """Layer ``il``'s shared expert on ``x`` (``[n_embd]``, or a chunk's rows ``[T, n_embd]``), times its gate
+        when the block has one: ``ffn_gate_inp_shexp`` is one row, a dot product per row, then sigmoid
+        (llama.cpp ``src/models/qwen3next.cpp``, ``qwen2moe.cpp``)."""
+        xp, w = self.xp, self.w
+        g = w.matmul(tensor_name("ffn_gate_shexp.weight", il), x)
+        u = w.matmul(tensor_name("ffn_up_shexp.weight", il), x)
+        s = w.matmul(tensor_name("ffn_down_shexp.weight", il), silu(xp, g) * u)
+        f = self.blocks[il].ffn
+        assert isinstance(f, MoEFFN)
+        if f.shared_gate:
+            gw = w.get(tensor_name("ffn_gate_inp_shexp.weight", il))
+            s = s * sigmoid(xp, (gw * x).sum(axis=-1, keepdims=True))
+        return s
 
     def ffn_rows(self, il: int, X):
         """:meth:`ffn` on a prompt chunk's normed rows ``X [T, n_embd]``: ``[T, n_embd]``. Routed experts go
@@ -311,15 +319,7 @@ class Decoder:
         logits = w.matmul(tensor_name("ffn_gate_inp.weight", il), X)
         ids, wts = route_topk_rows(xp, logits, self.hp.n_expert_used, norm=f.norm_weights)
         y = self.experts.chunk(il, X, ids, wts)
-        if f.shared_expert:
-            g = w.matmul(tensor_name("ffn_gate_shexp.weight", il), X)
-            u = w.matmul(tensor_name("ffn_up_shexp.weight", il), X)
-            s = w.matmul(tensor_name("ffn_down_shexp.weight", il), silu(xp, g) * u)
-            if f.shared_gate:
-                gw = w.get(tensor_name("ffn_gate_inp_shexp.weight", il))
-                s = s * sigmoid(xp, (gw * X).sum(axis=-1, keepdims=True))
-            y = y + s
-        return y
+        return y + self.shared_expert(il, X) if f.shared_expert else y
 
     def logits(self, x):
         """Output norm, head GEMV (+ bias), soft-cap (ggml_scale(1/cap) -> ggml_tanh -> ggml_scale(cap))."""

@@ -339,34 +339,44 @@ class Attention:
         self.scale, self.window, self.eps = scale, window, eps
         self.scale_q, self.f16_operands, self.output_gate = scale_q, f16_operands, output_gate
 
-    def __call__(self, xp, x, pos: int, cache: KVCache, rope: Rope):
+    def project(self, xp, x):
+        """The projections of ``x`` (``[n_embd]``, or a chunk's rows ``[T, n_embd]``, numpy order): ``(q, k, v,
+        gate)`` as ``[..., n_head, hd]``, ``[..., n_head_kv, hd]``, ``[..., n_head_kv, hd_v]`` and the output gate
+        ``[..., n_head * hd]`` (None without one), biases added and q/k normed; before rope."""
         w, n = self.w, self.names
+        lead = x.shape[:-1]
         nq, nk = self.n_head * self.hd, self.n_head_kv * self.hd
         if n.qkv is not None:
             qkv = w.matmul(n.qkv, x)
             if n.qkv_bias is not None:
                 qkv = qkv + w.get(n.qkv_bias)
-            q, k, v = qkv[:nq], qkv[nq : nq + nk], qkv[nq + nk :]
+            q, k, v = qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
         else:
             q, k, v = w.matmul(n.q, x), w.matmul(n.k, x), w.matmul(n.v, x)
         gate = None
         if self.output_gate:
-            qg = q.reshape(self.n_head, 2 * self.hd)
-            q, gate = qg[:, : self.hd].reshape(-1), qg[:, self.hd :].reshape(-1)
+            qg = q.reshape(*lead, self.n_head, 2 * self.hd)
+            q, gate = qg[..., : self.hd].reshape(*lead, -1), qg[..., self.hd :].reshape(*lead, -1)
         if n.q_bias is not None:
             q = q + w.get(n.q_bias)
         if n.k_bias is not None:
             k = k + w.get(n.k_bias)
         if n.v_bias is not None:
             v = v + w.get(n.v_bias)
-        q = q.reshape(self.n_head, self.hd)
-        k = k.reshape(self.n_head_kv, self.hd)
+        q = q.reshape(*lead, self.n_head, self.hd)
+        k = k.reshape(*lead, self.n_head_kv, self.hd)
+        v = v.reshape(*lead, self.n_head_kv, self.hd_v)
         if n.q_norm is not None:
             q = rms_norm(xp, q, w.get(n.q_norm), self.eps)
             k = rms_norm(xp, k, w.get(n.k_norm), self.eps)
+        return q, k, v, gate
+
+    def __call__(self, xp, x, pos: int, cache: KVCache, rope: Rope):
+        w, n = self.w, self.names
+        q, k, v, gate = self.project(xp, x)
         q = rope(xp, q, pos)
         k = rope(xp, k, pos)
-        cache.write(self.il, pos, k, v.reshape(self.n_head_kv, self.hd_v))
+        cache.write(self.il, pos, k, v)
         if self.scale_q:
             q, kq_scale = q * xp.float32(self.scale), 1.0
         else:
@@ -390,31 +400,7 @@ class Attention:
         are, the earlier positions read from the cache before the chunk's are written (a ring may hold only the
         window), and the attention is :func:`attend_rows`."""
         w, n = self.w, self.names
-        T = X.shape[0]
-        nq, nk = self.n_head * self.hd, self.n_head_kv * self.hd
-        if n.qkv is not None:
-            qkv = w.matmul(n.qkv, X)
-            if n.qkv_bias is not None:
-                qkv = qkv + w.get(n.qkv_bias)
-            q, k, v = qkv[:, :nq], qkv[:, nq : nq + nk], qkv[:, nq + nk :]
-        else:
-            q, k, v = w.matmul(n.q, X), w.matmul(n.k, X), w.matmul(n.v, X)
-        gate = None
-        if self.output_gate:
-            qg = q.reshape(T, self.n_head, 2 * self.hd)
-            q, gate = qg[..., : self.hd].reshape(T, -1), qg[..., self.hd :].reshape(T, -1)
-        if n.q_bias is not None:
-            q = q + w.get(n.q_bias)
-        if n.k_bias is not None:
-            k = k + w.get(n.k_bias)
-        if n.v_bias is not None:
-            v = v + w.get(n.v_bias)
-        q = q.reshape(T, self.n_head, self.hd)
-        k = k.reshape(T, self.n_head_kv, self.hd)
-        v = v.reshape(T, self.n_head_kv, self.hd_v)
-        if n.q_norm is not None:
-            q = rms_norm(xp, q, w.get(n.q_norm), self.eps)
-            k = rms_norm(xp, k, w.get(n.k_norm), self.eps)
+        q, k, v, gate = self.project(xp, X)
         q, k = rope.rows(xp, q, pos0), rope.rows(xp, k, pos0)
         dt = cache.k[self.il].dtype
         kc, vc = k.astype(dt), v.astype(dt)
