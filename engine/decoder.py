@@ -281,15 +281,21 @@ class Decoder:
         return rms_norm(self.xp, x, self.w.get(tensor_name(role, il)), self.hp.rms_eps)
 
     def ffn(self, il: int, x):
-        """The FFN of layer ``il`` on its normed input ``x``."""
+        """The FFN of layer ``il`` on its normed input ``x``: ``[n_embd]``, or a prompt chunk's rows ``[T, n_embd]``
+        (routed experts then go through :meth:`~strata.engine.experts.ExpertPath.chunk`, the chunk's tokens grouped
+        by expert; each row is the one-position result, bit for bit where the weight store's products are)."""
         f = self.blocks[il].ffn
         if isinstance(f, DenseFFN):
             return gated_mlp(self.xp, self.w, il, x, "silu" if f.act == "silu" else self.gelu)
         assert isinstance(f, MoEFFN)
         xp, w = self.xp, self.w
         logits = w.matmul(tensor_name("ffn_gate_inp.weight", il), x)
-        ids, wts = route_topk(xp, logits, self.hp.n_expert_used, norm=f.norm_weights)
-        y = self.experts(il, x, ids, wts)
+        if x.ndim == 2:
+            ids_rows, wts = route_topk_rows(xp, logits, self.hp.n_expert_used, norm=f.norm_weights)
+            y = self.experts.chunk(il, x, ids_rows, wts)
+        else:
+            ids, wts = route_topk(xp, logits, self.hp.n_expert_used, norm=f.norm_weights)
+            y = self.experts(il, x, ids, wts)
         return y + self.shared_expert(il, x) if f.shared_expert else y
 
     def shared_expert(self, il: int, x):
@@ -306,20 +312,6 @@ class Decoder:
             gw = w.get(tensor_name("ffn_gate_inp_shexp.weight", il))
             s = s * sigmoid(xp, (gw * x).sum(axis=-1, keepdims=True))
         return s
-
-    def ffn_rows(self, il: int, X):
-        """:meth:`ffn` on a prompt chunk's normed rows ``X [T, n_embd]``: ``[T, n_embd]``. Routed experts go
-        through the expert path's :meth:`~strata.engine.experts.ExpertPath.chunk` (the chunk's tokens grouped
-        by expert); each row is the one-position result (bit for bit where the weight store's products are)."""
-        f = self.blocks[il].ffn
-        if isinstance(f, DenseFFN):
-            return gated_mlp(self.xp, self.w, il, X, "silu" if f.act == "silu" else self.gelu)
-        assert isinstance(f, MoEFFN)
-        xp, w = self.xp, self.w
-        logits = w.matmul(tensor_name("ffn_gate_inp.weight", il), X)
-        ids, wts = route_topk_rows(xp, logits, self.hp.n_expert_used, norm=f.norm_weights)
-        y = self.experts.chunk(il, X, ids, wts)
-        return y + self.shared_expert(il, X) if f.shared_expert else y
 
     def logits(self, x):
         """Output norm, head GEMV (+ bias), soft-cap (ggml_scale(1/cap) -> ggml_tanh -> ggml_scale(cap))."""
@@ -393,7 +385,7 @@ class Decoder:
             else:
                 a = self.delta[il].chunk(xp, h, state.recurrent)
             x = x + (self._norm(a, b.mixer_post_norm, il) if b.mixer_post_norm else a)
-            f = self.ffn_rows(il, self._norm(x, b.ffn_norm, il))
+            f = self.ffn(il, self._norm(x, b.ffn_norm, il))
             x = x + (self._norm(f, b.ffn_post_norm, il) if b.ffn_post_norm else f)
         return self.logits(x[-1]) if logits else None
 

@@ -371,8 +371,16 @@ class Attention:
             k = rms_norm(xp, k, w.get(n.k_norm), self.eps)
         return q, k, v, gate
 
-    def __call__(self, xp, x, pos: int, cache: KVCache, rope: Rope):
+    def output(self, xp, o, gate):
+        """The attention output ``o`` (``[..., n_head * hd_v]``) times ``sigmoid(gate)`` when the layer has an output
+        gate, through ``attn_output`` (+ its bias)."""
         w, n = self.w, self.names
+        if gate is not None:
+            o = o * sigmoid(xp, gate)
+        y = w.matmul(n.out, o)
+        return y + w.get(n.out_bias) if n.out_bias is not None else y
+
+    def __call__(self, xp, x, pos: int, cache: KVCache, rope: Rope):
         q, k, v, gate = self.project(xp, x)
         q = rope(xp, q, pos)
         k = rope(xp, k, pos)
@@ -386,12 +394,7 @@ class Attention:
         lo = 0 if self.window is None else max(0, pos + 1 - self.window)
         K, V = cache.read(self.il, lo, pos)
         o = attend(xp, q, K, V, kq_scale, self.f16_operands)
-        if gate is not None:
-            o = o * sigmoid(xp, gate)
-        y = w.matmul(n.out, o)
-        if n.out_bias is not None:
-            y = y + w.get(n.out_bias)
-        return y
+        return self.output(xp, o, gate)
 
     def chunk(self, xp, X, pos0: int, cache: KVCache, rope: Rope):
         """The layer on a prompt chunk: ``X [T, n_embd]`` (numpy order) for positions ``pos0 .. pos0 + T - 1``,
@@ -399,7 +402,6 @@ class Attention:
         to the one-position products); the keys and values are rounded to the cache's dtype as one position's
         are, the earlier positions read from the cache before the chunk's are written (a ring may hold only the
         window), and the attention is :func:`attend_rows`."""
-        w, n = self.w, self.names
         q, k, v, gate = self.project(xp, X)
         q, k = rope.rows(xp, q, pos0), rope.rows(xp, k, pos0)
         dt = cache.k[self.il].dtype
@@ -417,12 +419,7 @@ class Attention:
         else:
             kq_scale = self.scale
         o = attend_rows(xp, q, K, V, kq_scale, pos0, lo, self.window, self.f16_operands)
-        if gate is not None:
-            o = o * sigmoid(xp, gate)
-        y = w.matmul(n.out, o)
-        if n.out_bias is not None:
-            y = y + w.get(n.out_bias)
-        return y
+        return self.output(xp, o, gate)
 
 
 def gated_mlp(xp, w, il: int, x, act: str):
