@@ -75,7 +75,7 @@ REFUSED: dict[str, str] = {
     "profile",
     "strata-engine generate": "not a pack, a pack the engine cannot load, a refused request (`--chat` without a chat "
     "template, prompt + tokens beyond `--ctx`, ...), a start that does not fit the card "
-    "(`--card`: the numbers)",
+    "(`--card`: the numbers), a pack file or shard truncated or rewritten while it runs (before the next step)",
     "strata-engine measure": "no CUDA GPU, not a pack, a pack that cannot load, an option out of range",
     "strata-engine profile": "not a pack, a missing prompts file, an `-o` that cannot be written",
 }
