@@ -2,7 +2,7 @@
 
 Not part of the toolchain itself (nothing in ``strata.packer``, ``strata.budget`` or
 ``strata.engine`` imports it); it makes the files those are tested on. Everything is seeded: the
-same arguments give byte-identical files. Eight modules, one job each:
+same arguments give byte-identical files. Nine modules, one job each:
 
 - :mod:`.blocks` - :func:`make_random_blocks`: valid random blocks of any ggml type (quantized from
   random normal values where gguf-py has a quantizer, otherwise random bytes whose fp16 super-scale
@@ -27,6 +27,8 @@ same arguments give byte-identical files. Eight modules, one job each:
   by parallel processes; :func:`write_reference_model` writes the reference model with it (~47 GB).
 - :mod:`.broken` - :func:`write_broken`: one malformed file per kind in :data:`BROKEN_KINDS` for the
   GGUF reader's tests.
+- :mod:`.upcycle` - :func:`strata.testing.upcycle.write_upcycled_moe`: a real-weight MoE from a real dense Qwen2
+  file (each FFN copied into the experts of llama.cpp's ``llama`` MoE form; ``make demo`` runs it).
 
 Shapes are always ggml ``ne`` order (``ne[0]`` = row length, fastest). Sizes are bytes. Type sizes
 come from the one registry, :mod:`strata.packer.quants`; GGUF value types from

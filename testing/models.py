@@ -492,7 +492,13 @@ def shard_names(path: str | Path, n_shards: int) -> list[Path]:
     return [path.with_name(f"{path.stem}-{i + 1:05d}-of-{n_shards:05d}.gguf") for i in range(n_shards)]
 
 
-def _partition(n: int, n_shards: int, empty_first: bool) -> list[range]:
+def partition(n: int, n_shards: int, empty_first: bool) -> list[range]:
+    """``n`` tensors (in order) over ``n_shards`` files by count, llama-gguf-split style: ranges of tensor indices per
+    shard; ``empty_first``: the first shard holds none (``--no-tensor-first-split``).
+
+    Raises:
+        ValueError: fewer tensors than non-empty shards.
+    """
     k = n_shards - 1 if empty_first else n_shards
     if n < k:
         raise ValueError(f"{n} tensors cannot fill {k} non-empty shards")
@@ -535,8 +541,7 @@ def write_model(
         infos = w.tensors[0]
         names = list(infos)
         w.tensors = [
-            {names[i]: infos[names[i]] for i in r}
-            for r in _partition(len(names), spec.n_shards, spec.empty_first_shard)
+            {names[i]: infos[names[i]] for i in r} for r in partition(len(names), spec.n_shards, spec.empty_first_shard)
         ]
     w.write_header_to_file(path)
     w.write_kv_data_to_file()

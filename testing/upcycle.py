@@ -32,7 +32,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
-from .models import _partition, shard_names
+from .models import partition, shard_names
 
 #: Dense FFN tensor -> the routed-expert tensor it is copied into.
 EXPERT_OF = {"ffn_gate.weight": "ffn_gate_exps.weight", "ffn_up.weight": "ffn_up_exps.weight",
@@ -138,7 +138,7 @@ def write_upcycled_moe(
     if n_shards > 1:
         infos = w.tensors[0]
         names = list(infos)
-        w.tensors = [{names[i]: infos[names[i]] for i in rg} for rg in _partition(len(names), n_shards, False)]
+        w.tensors = [{names[i]: infos[names[i]] for i in rg} for rg in partition(len(names), n_shards, False)]
     w.write_header_to_file(path)
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
