@@ -42,6 +42,7 @@ __all__ = [
     "kv_entry",
     "model_kv",
     "moe_layers",
+    "partition",
     "plan_tensors",
     "shard_names",
     "spec_geometry",
