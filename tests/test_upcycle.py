@@ -147,3 +147,18 @@ def test_real_upcycled_qwen_text_equals_llama_cpp(qwen05_gguf, tmp_path, llama_c
     assert first_low >= 1 and r.output_ids[:first_low] == want[:first_low]
     assert "Paris" in eng.tokenizer.decode(r.output_ids[:3])
     assert {e for il, e in used if il == 0} == {0, 1, 2, 3}
+
+
+def test_command_line_writes_the_shards_and_refuses_with_exit_2(pair, tmp_path):
+    """``python -m strata.testing.upcycle DENSE OUT`` (what make demo runs): the shard paths on stdout, exit 0; a bad
+    request exits 2 with the reason."""
+    import subprocess
+    import sys
+
+    dense = pair[0]
+    run = [sys.executable, "-m", "strata.testing.upcycle", str(dense), str(tmp_path / "cli.gguf")]
+    r = subprocess.run(run, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(tmp_path / f"cli-0000{i}-of-00002.gguf") for i in (1, 2)]
+    r = subprocess.run([*run, "--used", "9"], capture_output=True, text=True)
+    assert r.returncode == 2 and "n_expert_used 9 must be in 1..n_expert (4)" in r.stderr
