@@ -21,11 +21,16 @@ whose text is real:
   tokenizer, chat template and the rest are copied as they are.
 
 Written like llama-gguf-split (:func:`strata.testing.models.shard_names`), tensors in the dense file's order with
-the FFNs replaced. Sizes: each layer's FFN bytes times ``n_expert`` (Qwen2.5 0.5B Q4_K_M with 4 experts: ~1.1 GB).
+the FFNs replaced, into a temporary directory beside the output and renamed into place when complete (the last
+shard last): an interruption or a refusal leaves no shard behind. Sizes: each layer's FFN bytes times
+``n_expert`` (Qwen2.5 0.5B Q4_K_M with 4 experts: ~1.1 GB).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import gguf
@@ -90,62 +95,73 @@ def write_upcycled_moe(
     n_embd = int(r.fields["qwen2.embedding_length"].contents())
     head_dim = n_embd // int(r.fields["qwen2.attention.head_count"].contents())
     path = Path(path)
-    w = gguf.GGUFWriter(path, "llama")
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        value, vtype, sub = _field_value(f)
-        if key == "general.name":
-            value = f"{value} (upcycled: {n_expert} experts, {n_expert_used} used)"
-        w.add_key_value(
-            "llama." + key[len("qwen2.") :] if key.startswith("qwen2.") else key, value, vtype, sub_type=sub
-        )
-    w.add_key_value("llama.expert_count", n_expert, GGUFValueType.UINT32)
-    w.add_key_value("llama.expert_used_count", n_expert_used, GGUFValueType.UINT32)
+    final = shard_names(path, n_shards)
+    # written into a temporary directory beside the output and renamed when complete (the last shard last), so an
+    # interruption or a refusal leaves no shard behind that looks finished
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.stem}.tmp-", dir=path.parent))
+    try:
+        w = gguf.GGUFWriter(tmp / path.name, "llama")
+        for key, f in r.fields.items():
+            if key.startswith("GGUF.") or key == "general.architecture":
+                continue
+            value, vtype, sub = _field_value(f)
+            if key == "general.name":
+                value = f"{value} (upcycled: {n_expert} experts, {n_expert_used} used)"
+            w.add_key_value(
+                "llama." + key[len("qwen2.") :] if key.startswith("qwen2.") else key, value, vtype, sub_type=sub
+            )
+        w.add_key_value("llama.expert_count", n_expert, GGUFValueType.UINT32)
+        w.add_key_value("llama.expert_used_count", n_expert_used, GGUFValueType.UINT32)
 
-    rng = np.random.default_rng(seed)
-    plan: list[tuple[str, object]] = []  # (name, how to make its bytes)
-    seen_ffn: dict[int, set[str]] = {}
-    for t in r.tensors:
-        name = t.name
-        parts = name.split(".", 2)
-        role = parts[2] if len(parts) == 3 and parts[0] == "blk" else None
-        ne = [int(x) for x in t.shape]
-        qt = GGMLQuantizationType(int(t.tensor_type))
-        raw = np.asarray(t.data).view(np.uint8).reshape(-1)
-        if role in EXPERT_OF:
-            il = int(parts[1])
-            seen_ffn.setdefault(il, set()).add(role)
-            new = f"blk.{il}.{EXPERT_OF[role]}"
-            w.add_tensor_info(new, (n_expert, ne[1], ne[0]), np.dtype(np.float32), raw.size * n_expert, raw_dtype=qt)
-            plan.append((new, ("repeat", raw)))
-            if role == "ffn_gate.weight":
-                gate = f"blk.{il}.ffn_gate_inp.weight"
-                router = (rng.standard_normal((n_expert, n_embd)) * router_std).astype(np.float32)
-                w.add_tensor_info(gate, (n_expert, n_embd), np.dtype(np.float32), router.nbytes,
-                                  raw_dtype=GGMLQuantizationType.F32)  # fmt: skip
-                plan.append((gate, ("bytes", router.view(np.uint8).reshape(-1))))
-            continue
-        if role in ("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias"):
-            rows = ne[1] if len(ne) > 1 else ne[0]
-            order = neox_to_norm_rows(rows, head_dim)
-            raw = raw.reshape(rows, -1)[order].reshape(-1)
-        w.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32), raw.size, raw_dtype=qt)
-        plan.append((name, ("bytes", raw)))
-    missing = [il for il in range(n_layer) if seen_ffn.get(il) != set(EXPERT_OF)]
-    if missing:
-        raise UpcycleError(f"{dense}: layers {missing[:5]} have no dense ffn_gate/up/down to copy into experts")
-    if n_shards > 1:
-        infos = w.tensors[0]
-        names = list(infos)
-        w.tensors = [{names[i]: infos[names[i]] for i in rg} for rg in partition(len(names), n_shards, False)]
-    w.write_header_to_file(path)
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for _name, (how, raw) in plan:
-        w.write_tensor_data(np.tile(raw, n_expert) if how == "repeat" else raw)
-    w.close()
-    return shard_names(path, n_shards)
+        rng = np.random.default_rng(seed)
+        plan: list[tuple[str, object]] = []  # (name, how to make its bytes)
+        seen_ffn: dict[int, set[str]] = {}
+        for t in r.tensors:
+            name = t.name
+            parts = name.split(".", 2)
+            role = parts[2] if len(parts) == 3 and parts[0] == "blk" else None
+            ne = [int(x) for x in t.shape]
+            qt = GGMLQuantizationType(int(t.tensor_type))
+            raw = np.asarray(t.data).view(np.uint8).reshape(-1)
+            if role in EXPERT_OF:
+                il = int(parts[1])
+                seen_ffn.setdefault(il, set()).add(role)
+                new = f"blk.{il}.{EXPERT_OF[role]}"
+                w.add_tensor_info(
+                    new, (n_expert, ne[1], ne[0]), np.dtype(np.float32), raw.size * n_expert, raw_dtype=qt
+                )
+                plan.append((new, ("repeat", raw)))
+                if role == "ffn_gate.weight":
+                    gate = f"blk.{il}.ffn_gate_inp.weight"
+                    router = (rng.standard_normal((n_expert, n_embd)) * router_std).astype(np.float32)
+                    w.add_tensor_info(gate, (n_expert, n_embd), np.dtype(np.float32), router.nbytes,
+                                      raw_dtype=GGMLQuantizationType.F32)  # fmt: skip
+                    plan.append((gate, ("bytes", router.view(np.uint8).reshape(-1))))
+                continue
+            if role in ("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias"):
+                rows = ne[1] if len(ne) > 1 else ne[0]
+                order = neox_to_norm_rows(rows, head_dim)
+                raw = raw.reshape(rows, -1)[order].reshape(-1)
+            w.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32), raw.size, raw_dtype=qt)
+            plan.append((name, ("bytes", raw)))
+        missing = [il for il in range(n_layer) if seen_ffn.get(il) != set(EXPERT_OF)]
+        if missing:
+            raise UpcycleError(f"{dense}: layers {missing[:5]} have no dense ffn_gate/up/down to copy into experts")
+        if n_shards > 1:
+            infos = w.tensors[0]
+            names = list(infos)
+            w.tensors = [{names[i]: infos[names[i]] for i in rg} for rg in partition(len(names), n_shards, False)]
+        w.write_header_to_file(tmp / path.name)
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for _name, (how, raw) in plan:
+            w.write_tensor_data(np.tile(raw, n_expert) if how == "repeat" else raw)
+        w.close()
+        for done, dest in zip(shard_names(tmp / path.name, n_shards), final):
+            os.replace(done, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 def main(argv: list[str] | None = None) -> int:

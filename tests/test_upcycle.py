@@ -162,3 +162,27 @@ def test_command_line_writes_the_shards_and_refuses_with_exit_2(pair, tmp_path):
     assert r.stdout.split() == [str(tmp_path / f"cli-0000{i}-of-00002.gguf") for i in (1, 2)]
     r = subprocess.run([*run, "--used", "9"], capture_output=True, text=True)
     assert r.returncode == 2 and "n_expert_used 9 must be in 1..n_expert (4)" in r.stderr
+
+
+def test_an_interrupted_upcycle_leaves_nothing_behind(pair, tmp_path, monkeypatch):
+    """A failure while the tensors are written (here the third tensor write raises): no shard at the output and no
+    temporary directory beside it - the shards appear only when complete."""
+    dense = pair[0]
+    out = tmp_path / "out"
+    out.mkdir()
+    calls = []
+    real = gguf.GGUFWriter.write_tensor_data
+
+    def failing(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", failing)
+    with pytest.raises(OSError, match="No space left"):
+        write_upcycled_moe(dense, out / "moe.gguf")
+    assert len(calls) == 3 and list(out.iterdir()) == []
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", real)
+    paths = write_upcycled_moe(dense, out / "moe.gguf")
+    assert sorted(out.iterdir()) == paths  # complete shards, nothing else
