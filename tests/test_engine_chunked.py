@@ -193,12 +193,22 @@ def test_cli_ubatch_is_min_of_b_and_ub(packs, monkeypatch):
     assert r.exit_code == 2 and "-ub" in r.output
 
 
-def test_profile_takes_ub(packs, tmp_path):
+def test_profile_takes_ub(packs, tmp_path, monkeypatch):
     """strata-engine profile routes the prompt in chunks too (-ub, default 512) and takes -ub 1 (one position at a
-    time, the GPU's routing); both write a profile of the same total (positions x MoE layers x experts used)."""
+    time, the GPU's routing): the loop gets that chunk size, and both write a profile of the same total (positions x
+    MoE layers x experts used)."""
     from strata.budget.profile import read_profile
+    from strata.engine import generate as G
     from strata.engine.cli import main
 
+    seen = []
+    real = G.decode
+
+    def spy(*a, **kw):
+        seen.append(kw["ubatch"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(G, "decode", spy)
     (tmp_path / "p.txt").write_text("one two three four five six\nseven eight nine\n", encoding="utf-8")
     totals = []
     for ub in ("512", "1"):
@@ -208,6 +218,8 @@ def test_profile_takes_ub(packs, tmp_path):
         )
         assert r.exit_code == 0, r.output
         totals.append(sum(c for _, _, c in read_profile(str(out))))
+        assert set(seen) == {int(ub)}  # every prompt routed with the -ub given
+        seen.clear()
     assert totals[0] == totals[1] > 0
     r = CliRunner().invoke(main, ["profile", str(packs["qwen3moe"]), "--prompts", str(tmp_path / "p.txt"), "-ub", "0"])
     assert r.exit_code == 2 and "-ub" in r.output
