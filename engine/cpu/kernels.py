@@ -223,8 +223,7 @@ def library(type_id: int, scalar: bool = False) -> ctypes.CDLL:
 def blas_single_thread():
     """NumPy's BLAS on one thread for the duration (threadpoolctl): a prompt chunk's attention takes matrix products
     between the C kernels' OpenMP regions, and OpenBLAS's worker threads spin-wait after each call, taking the cores
-    from the kernels' threads (measured on 2 cores, Gemma 3 270M, a 709-token prompt: 143 tok/s with OpenBLAS's 2
-    threads, 215 with one)."""
+    from the kernels' threads (docs/DESIGN.md "Prompts in chunks")."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1, user_api="blas"):
