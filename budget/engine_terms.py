@@ -21,6 +21,7 @@ engine (:mod:`strata.layout`, :mod:`.formulas`); these are the ones that depend 
 from __future__ import annotations
 
 from strata.layout import buffers as LB
+from strata.layout import chunk as LC
 from strata.layout import engine_form as LE
 from strata.layout import kv as LK
 from strata.layout import step as LS
@@ -113,6 +114,29 @@ def activation_term(facts: ModelFacts, n_ctx: int) -> tuple[int, str, bool]:
             f"{pos} positions, scores, delta-net state temporaries)"
         ),
         False,
+    )
+
+
+def chunk_term(facts: ModelFacts, ubatch: int) -> tuple[int, str]:
+    """(bytes, detail) of "prompt chunk" for strata's engine at ``-ub ubatch``: the GPU chunk path's f32 tile and
+    staging slots (:func:`strata.layout.chunk.chunk_buffer_bytes`, what ``strata.engine.gpu.chunk.ChunkPath``
+    allocates: the engine's ``GpuInfo.chunk_bytes``); 0 at ``-ub 1`` (one position at a time)."""
+    if ubatch <= 1:
+        return 0, "-ub 1: the prompt one position at a time, no chunk buffers"
+    w, h, _d = _split(facts)
+    mats = [t for t in w + h if not _is_vector(t.ne)]
+    ne0_max = max((int(t.ne[0]) for t in mats), default=1)
+    dense_max = max((quants.n_elements(t.ne) for t in mats), default=1)
+    moe = bool(facts.trunk_experts)
+    part = facts.n_embd * facts.n_ff_exp if moe else 0
+    n_expert = facts.n_expert if moe else 0
+    slot = facts.max_slot_bytes if moe else 0
+    nb = LC.chunk_buffer_bytes(ne0_max, dense_max, part, n_expert, slot)
+    tile = LC.chunk_tile_elements(ne0_max, dense_max, part, n_expert)
+    group = min(LC.chunk_group_experts(tile, part), n_expert)
+    return nb, (
+        f"-ub {ubatch}: f32 weight tile of {tile} values"
+        + (f" + {group} staging slots of {slot} B (a chunk's missed experts)" if moe else "")
     )
 
 
@@ -218,6 +242,7 @@ def runtime_term(facts: ModelFacts, card: Card, n_ctx: int, kv: str) -> tuple[in
 
 __all__ = [
     "activation_term",
+    "chunk_term",
     "allocations",
     "decode_path",
     "draft_bind",

@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from strata.layout import chunk as LC
+
 from .cards import Card
 from .formulas import DEFAULT_RESERVE_MIB
 from .options import ENGINE_ALIASES
@@ -44,6 +46,9 @@ class PlanOptions(BaseModel):
     # strata's engine: where cache misses run (strata-engine --miss-tier): "auto" / "pcie" plan the host tier
     # (pinned host memory, and its device mapping beside the reserve when the cache is sized), "cpu" does not
     miss_tier: Literal["auto", "pcie", "cpu"] = "auto"
+    # strata's engine: prompt positions per chunk (strata-engine -ub); > 1 plans the GPU chunk path's tile and
+    # staging slots ("prompt chunk", strata.layout.chunk), 1 plans none
+    ubatch: int = Field(default=LC.DEFAULT_UBATCH, ge=1)
 
     @field_validator("engine", "prefill_model", mode="before")
     @classmethod

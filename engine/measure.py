@@ -217,6 +217,7 @@ def _compare(pack, eng, facts) -> Measurement:
         + g.draft_engine_bytes
         + g.draft_bind_bytes
         + (act if g.fused else 0)
+        + g.chunk_bytes
     )
     runtime = end["gpu_used_bytes"] - ctx - exact_sum - (0 if g.fused else act) - g.host_tier_map_bytes
     rows = [
@@ -265,6 +266,7 @@ def _compare(pack, eng, facts) -> Measurement:
             g.fused,
         )
     )
+    rows.append(("prompt chunk", g.chunk_bytes, "the chunk path's tile + staging slots (sum of buffer sizes)", True))
     rows.append(("expert cache", cache_bytes, "slots x slot bytes (one allocation)", True))
     if g.host_tier_map_bytes or "host tier mapping" in pred:
         rows.append(

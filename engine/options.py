@@ -23,6 +23,7 @@ from typing import Any
 
 from strata.budget import formulas as F
 from strata.budget.options import MISS_TIERS, parse_expert_cache, resolve_ctx
+from strata.layout import chunk as LC
 from strata.layout import kv as LK
 
 from .errors import ExpertCacheError, GenerateError, StageTimesRefused
@@ -33,7 +34,7 @@ DEVICES = ("cpu", "cuda", "sim")
 #: The most CPU kernel threads (ggml's GGML_MAX_N_THREADS); ``-t/--threads`` takes 1..MAX_THREADS.
 MAX_THREADS = 512
 #: Prompt positions per chunk by default (llama.cpp's ``n_ubatch`` default, ``-ub 512``).
-DEFAULT_UBATCH = 512
+DEFAULT_UBATCH = LC.DEFAULT_UBATCH
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,8 +65,9 @@ class EngineOptions:
             (:meth:`resolve`). ``threads``: CPU kernel threads, 1..:data:`MAX_THREADS` (None: the cores this
             process may use).
         ubatch: prompt positions that go through the layers together (``-ub``, llama.cpp's ``n_ubatch``, default
-            :data:`DEFAULT_UBATCH`; 1 = one position at a time) where the weight store takes chunks (the CPU path:
-            :meth:`strata.engine.decoder.Decoder.forward`); the GPU's fused step runs one position at a time.
+            :data:`DEFAULT_UBATCH`; 1 = one position at a time): :meth:`strata.engine.decoder.Decoder.forward` on
+            the CPU, and on the GPU through the chunk path (:mod:`strata.engine.gpu.chunk`, its buffers the budget's
+            "prompt chunk" term); generated tokens run one position per step either way.
         graph / fused / stage_times / warmup: the GPU decode step (:mod:`strata.engine.gpu.fused`).
         card: a card to emulate on the GPU (``--card``, a :class:`strata.budget.cards.Card`): free memory,
             allocation failures and the automatic cache size as on that card (:mod:`strata.engine.gpu.card`).
@@ -224,6 +226,7 @@ class ResolvedOptions(EngineOptions):
             profile_pairs=self.profile,
             expert_cache=expert_cache,
             miss_tier=self.miss_tier,
+            ubatch=self.ubatch,
         )
 
 

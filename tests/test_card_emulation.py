@@ -194,7 +194,7 @@ def test_sim_card_too_small_for_the_weights_is_refused_with_the_numbers(moe_pack
         r"an allocation of \d+ B with 552402944 B held "
         r"\(CUDA context included\) of the card's 552602944 B - the allocation fails",
     ):
-        load_engine(moe_pack, device="cuda", n_ctx=64, backend=bk)
+        load_engine(moe_pack, device="cuda", ubatch=1, n_ctx=64, backend=bk)
 
 
 def test_card_on_the_cpu_path_is_refused(moe_pack):

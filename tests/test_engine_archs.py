@@ -63,7 +63,7 @@ def test_llama_mlp_biases_used_on_cpu_and_generic_gpu_and_fused_step_steps_aside
     cpu_eng = load_engine(pk, n_ctx=64)
     assert cpu_eng.model.w.has("blk.0.ffn_down.bias")
     cpu = generate(cpu_eng, prompt_ids=[1, 2, 3, 4], n_tokens=6, ignore_eos=True)
-    sim_eng = load_engine(pk, device="cuda", n_ctx=64, backend=SimBackend())
+    sim_eng = load_engine(pk, device="cuda", ubatch=1, n_ctx=64, backend=SimBackend())
     assert sim_eng.decoder is None and "MLP biases" in sim_eng.gpu.decode_path
     sim = generate(sim_eng, prompt_ids=[1, 2, 3, 4], n_tokens=6, ignore_eos=True)
     assert sim.output_ids == cpu.output_ids

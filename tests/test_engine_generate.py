@@ -376,9 +376,9 @@ def test_gpu_path_refuses_huge_ctx_against_free_vram_before_weights(pack):
         match=r"--ctx 1000000000: the KV cache \(f16\) would need \d+ bytes .* more than "
         rf"the {100 << 20} bytes \(100\.0 MiB\) of free VRAM on ",
     ):
-        load_engine(pack, device="cuda", n_ctx=10**9, backend=bk, on_checkpoint=lambda c: seen.append(c.name))
+        load_engine(pack, device="cuda", ubatch=1, n_ctx=10**9, backend=bk, on_checkpoint=lambda c: seen.append(c.name))
     assert seen == ["pack"]  # no weights stage
-    load_engine(pack, device="cuda", n_ctx=64, backend=SimBackend(), on_warning=warned.append, warmup=False)
+    load_engine(pack, device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), on_warning=warned.append, warmup=False)
     assert warned == []
 
 

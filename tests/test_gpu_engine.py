@@ -67,7 +67,7 @@ def _tops_equal(a, b) -> bool:
 
 
 def test_startup_order_and_checkpoint_figures(packs):
-    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend())
+    eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend())
     names = [c.name for c in eng.checkpoints]
     # everything the engine holds (the head, the session and the prompt path's kernels and
     # temporaries: docs/DESIGN.md "Start-up order") is allocated before the expert cache measures what is free
@@ -82,7 +82,7 @@ def test_startup_order_and_checkpoint_figures(packs):
 
 def test_auto_slots_come_from_the_budget_formula(packs):
     bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)  # ~100 MiB card left
-    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=bk, vram_reserve_mib=97, miss_tier="cpu")
+    eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=bk, vram_reserve_mib=97, miss_tier="cpu")
     sp = eng.gpu.slot_plan
     assert sp.slots == F.expert_slots(sp.free_bytes, sp.reserve_bytes, sp.slot_bytes, sp.cap)
     assert 0 < sp.slots < 24  # the small card holds only part of the 3 x 8 experts
@@ -96,10 +96,10 @@ def test_host_tier_mapping_is_reserved_when_the_cache_is_sized(packs):
     4 MiB free above the reserve holds 2 MiB of slots fewer; the tier holds every other pair; the mapping the sim
     took equals the budget's; the reserve is still free after start-up."""
     bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)
-    base = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=bk, vram_reserve_mib=96, miss_tier="cpu")
+    base = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=bk, vram_reserve_mib=96, miss_tier="cpu")
     n = base.gpu.slot_plan.slots
     bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)
-    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=bk, vram_reserve_mib=96)
+    eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=bk, vram_reserve_mib=96)
     sp, g = eng.gpu.slot_plan, eng.gpu
     assert sp.tier_map_reserved == 2 << 20 == LX.host_tier_map_bytes(g.host_tier_bytes)
     assert sp.slots == F.expert_slots(sp.free_bytes, sp.reserve_bytes + (2 << 20), sp.slot_bytes, sp.cap)
@@ -117,7 +117,7 @@ def test_fixed_cache_that_does_not_fit_is_refused_with_both_numbers(packs):
         match=r"--expert-cache 1000 refused: 1000 slots x \d+ B = \d+ B .* at most 24 "
         r"slots fit .* MiB free after the 50 MiB reserve holds \d+\); refusing",
     ):
-        load_engine(packs["moe"], device="cuda", n_ctx=64, backend=bk, expert_cache=1000, vram_reserve_mib=50)
+        load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=bk, expert_cache=1000, vram_reserve_mib=50)
 
 
 def test_profile_fill_follows_budget_rule():
@@ -139,7 +139,7 @@ def test_sim_cache_plumbing_tokens_identical_for_empty_half_full_cache(packs, ke
     for ec in (0, 12, "auto", "12 cpu"):
         n, tier = (12, "cpu") if ec == "12 cpu" else (ec, "auto")
         kw = dict(expert_cache=n, cpu_kernel=kernel, miss_tier=tier)
-        eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), **kw)
+        eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), **kw)
         runs[ec] = _run(eng)
     assert runs[0].expert_hits == 0 and runs["auto"].expert_misses == 0 and runs[12].expert_hits > 0
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids == runs["12 cpu"].output_ids
@@ -153,7 +153,7 @@ def test_sim_cache_plumbing_tokens_identical_for_empty_half_full_cache(packs, ke
 @pytest.mark.parametrize("kernel", ["q8", "exact"])
 @pytest.mark.parametrize("name", ["qwen2", "gemma3"])
 def test_sim_dense_models_match_cpu_tokens(packs, name, kernel):
-    sim = _run(load_engine(packs[name], device="cuda", n_ctx=64, backend=SimBackend(), cpu_kernel=kernel))
+    sim = _run(load_engine(packs[name], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), cpu_kernel=kernel))
     cpu = _run(load_engine(packs[name], n_ctx=64, ubatch=1, cpu_kernel=kernel))
     assert sim.output_ids == cpu.output_ids
 
@@ -169,7 +169,7 @@ def test_sim_new_expert_types_hit_and_miss_identical(packs):
         ec: _run(
             load_engine(
                 packs["moe_new"],
-                device="cuda",
+                device="cuda", ubatch=1,
                 n_ctx=64,
                 backend=SimBackend(),
                 expert_cache=12 if ec == "12 cpu" else ec,
@@ -191,7 +191,7 @@ def test_sim_new_expert_types_hit_and_miss_identical(packs):
 def test_sim_stats_per_layer_counts_and_timers(packs, tier):
     """--stats per position: per-layer hits/misses (counts), the misses read over PCIe (the host tier) or run on
     the CPU (cpu-experts ms > 0 only then)."""
-    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=12, miss_tier=tier)
+    eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), expert_cache=12, miss_tier=tier)
     r = generate(eng, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True, stats=True)
     n_used = int(eng.geometry["n_expert_used"])
     for s in r.steps:
@@ -249,7 +249,7 @@ def test_sim_kv_f32_doubles_the_kv_term(packs):
 @pytest.mark.parametrize("kernel", ["q8", "exact"])
 @pytest.mark.parametrize("name", ["moe", "qwen2", "gemma3"])
 def test_cuda_tokens_match_cpu(packs, name, kernel):
-    eng = load_engine(packs[name], device="cuda", n_ctx=64, cpu_kernel=kernel)
+    eng = load_engine(packs[name], device="cuda", ubatch=1, n_ctx=64, cpu_kernel=kernel)
     r = _run(eng, 8)
     cpu = _run(load_engine(packs[name], n_ctx=64, ubatch=1, cpu_kernel=kernel), 8)
     diff = max(abs(a[1] - b[1]) for ra, rb in zip(r.top, cpu.top) for a, b in zip(ra, rb))
@@ -267,7 +267,7 @@ def test_cuda_new_expert_types_tokens_identical(packs, kernel):
     runs = {}
     for ec in (0, 12, "auto", "12 cpu"):
         kw = dict(expert_cache=12, miss_tier="cpu") if ec == "12 cpu" else dict(expert_cache=ec)
-        runs[ec] = _run(load_engine(packs["moe_new"], device="cuda", n_ctx=64, cpu_kernel=kernel, **kw), 8)
+        runs[ec] = _run(load_engine(packs["moe_new"], device="cuda", ubatch=1, n_ctx=64, cpu_kernel=kernel, **kw), 8)
     cpu = _run(load_engine(packs["moe_new"], n_ctx=64, ubatch=1, cpu_kernel=kernel), 8)
     print(f"\n[gpu-engine] Q1_0/Q2_0/IQ2_S experts: cuda {runs[0].output_ids} cpu {cpu.output_ids}")
     assert runs[0].output_ids == runs[12].output_ids == runs["auto"].output_ids == cpu.output_ids
@@ -283,7 +283,7 @@ def test_cuda_ring_equals_full_cache(packs):
     ids = [int(i) for i in np.random.default_rng(3).integers(3, 500, size=142)]
     tops = {}
     for sliding in ("ring", "full"):
-        eng = load_engine(packs["gemma3"], device="cuda", n_ctx=160, sliding=sliding)
+        eng = load_engine(packs["gemma3"], device="cuda", ubatch=1, n_ctx=160, sliding=sliding)
         tops[sliding] = generate(eng, prompt_ids=ids, n_tokens=8, ignore_eos=True)
     assert tops["ring"].output_ids == tops["full"].output_ids and _tops_equal(tops["ring"], tops["full"])
 
@@ -304,7 +304,7 @@ def test_cuda_audit(packs, name, kv):
 @pytest.mark.gpu
 @skip_no_gpu
 def test_cuda_stats(packs):
-    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, expert_cache=12)
+    eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, expert_cache=12)
     r = generate(eng, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True, stats=True)
     from strata.engine.generate_cli import stats_line
 
@@ -321,7 +321,7 @@ def test_cuda_hit_miss_bit_identical_and_no_decode_allocation(packs):
     runs = {}
     for ec in (0, 12, "auto", "12 cpu"):
         n, tier = (12, "cpu") if ec == "12 cpu" else (ec, "auto")
-        eng = load_engine(packs["moe"], device="cuda", n_ctx=64, expert_cache=n, miss_tier=tier)
+        eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, expert_cache=n, miss_tier=tier)
         runs[ec] = _run(eng, 8)
         grown = cp.get_default_memory_pool().total_bytes() - eng.gpu.pool_after_warmup
         print(
@@ -342,7 +342,7 @@ def test_f32_kernel_is_refused_on_the_gpu_path(packs):
     from strata.engine.errors import GenerateError
 
     with pytest.raises(GenerateError, match=r"--kernel f32 runs on the CPU only: .* use q8 \(the default\) or exact"):
-        load_engine(packs["moe"], device="cuda", n_ctx=32, backend=SimBackend(), cpu_kernel="f32")
+        load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend(), cpu_kernel="f32")
 
 
 def test_sim_profile_never_shrinks_the_cache_and_the_rest_is_filled_at_start_up(packs):
@@ -350,8 +350,8 @@ def test_sim_profile_never_shrinks_the_cache_and_the_rest_is_filled_at_start_up(
     (the budget's count), the profiled pairs first and every other pair after them, so nothing misses and the
     tokens equal the no-profile run's (the cache cannot change the tokens)."""
     prof = [(0, 3, 9), (1, 5, 4)]
-    full = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend())
-    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), profile=prof)
+    full = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend())
+    eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), profile=prof)
     pairs = len(eng.experts.source.layers) * int(eng.geometry["n_expert"])
     assert eng.gpu.slot_plan.slots == full.gpu.slot_plan.slots == pairs
     assert eng.gpu.fill == f"profile (2 pairs) + {pairs - 2} more in layer order"
@@ -382,15 +382,15 @@ def test_host_tier_that_does_not_fit_host_memory(packs, monkeypatch):
     with pytest.raises(
         ExpertCacheError, match=r"--miss-tier pcie: host tier: \d+ experts x \d+ B = \d+ B .* above the 1000 B"
     ):
-        load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=12, miss_tier="pcie")
-    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=12)
+        load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), expert_cache=12, miss_tier="pcie")
+    eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), expert_cache=12)
     assert (
         eng.gpu.miss_tier.startswith("cpu (a host tier of ")
         and "MiB) of available host memory less 4 GiB)" in eng.gpu.miss_tier
     )
     assert eng.decoder.hybrid and eng.gpu.host_tier_bytes == 0 and eng.gpu.slot_plan.tier_map_reserved == 0
     monkeypatch.undo()
-    ref = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=12)
+    ref = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), expert_cache=12)
     assert not ref.decoder.hybrid and ref.gpu.miss_tier == "pcie"
     assert _run(eng).output_ids == _run(ref).output_ids
 
@@ -407,7 +407,7 @@ def test_host_tier_mapping_that_does_not_fit_above_the_reserve(packs):
     reserve = 96
     probe = load_engine(
         packs["moe"],
-        device="cuda",
+        device="cuda", ubatch=1,
         n_ctx=64,
         backend=SimBackend(600 << 20, 500 << 20),
         miss_tier="cpu",
@@ -416,7 +416,7 @@ def test_host_tier_mapping_that_does_not_fit_above_the_reserve(packs):
     sp = probe.gpu.slot_plan
     total = (600 << 20) - (sp.free_bytes - reserve * 2**20) + (1 << 20)  # 1 MiB above the reserve at the cache
     eng = load_engine(
-        packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(total, 500 << 20), vram_reserve_mib=reserve
+        packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(total, 500 << 20), vram_reserve_mib=reserve
     )
     g = eng.gpu
     assert g.slot_plan.free_bytes - g.slot_plan.reserve_bytes == 1 << 20
@@ -426,7 +426,7 @@ def test_host_tier_mapping_that_does_not_fit_above_the_reserve(packs):
     with pytest.raises(ExpertCacheError, match=r"--miss-tier pcie: the host tier's device mapping \(2097152 B\)"):
         load_engine(
             packs["moe"],
-            device="cuda",
+            device="cuda", ubatch=1,
             n_ctx=64,
             backend=SimBackend(total, 500 << 20),
             vram_reserve_mib=reserve,

@@ -110,8 +110,8 @@ def test_sim_fused_equals_generic_bitwise_and_cpu_tokens(packs, name, n):
     kernels: fused = generic bit for bit, tokens = the CPU path's with its exact kernel; the default q8 kernels:
     tokens = the CPU path's with its default (q8) kernel."""
     ids = _ids(n)
-    fused = load_engine(packs[name], device="cuda", n_ctx=64, backend=SimBackend(), cpu_kernel="exact")
-    generic = load_engine(packs[name], device="cuda", n_ctx=64, backend=SimBackend(), fused=False)
+    fused = load_engine(packs[name], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), cpu_kernel="exact")
+    generic = load_engine(packs[name], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), fused=False)
     assert fused.decoder is not None and generic.decoder is None
     assert fused.gpu.decode_path.startswith("fused") and generic.gpu.decode_path.startswith("generic")
     rf = generate(fused, prompt_ids=ids, n_tokens=6, ignore_eos=True)
@@ -121,7 +121,7 @@ def test_sim_fused_equals_generic_bitwise_and_cpu_tokens(packs, name, n):
         load_engine(packs[name], n_ctx=64, ubatch=1, cpu_kernel="exact"), prompt_ids=ids, n_tokens=6, ignore_eos=True
     )
     assert rf.output_ids == cpu.output_ids
-    q8 = load_engine(packs[name], device="cuda", n_ctx=64, backend=SimBackend())
+    q8 = load_engine(packs[name], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend())
     assert q8.decoder.kernel == "q8" and "q8 matvecs" in q8.gpu.decode_path
     r8 = generate(q8, prompt_ids=ids, n_tokens=6, ignore_eos=True)
     assert (
@@ -138,16 +138,16 @@ def test_sim_fused_shared_expert_gate_tokens(packs):
     logits within float summation order)."""
     ids = _ids(24)
     a = _logits_per_position(
-        load_engine(packs["qwen2moe"], device="cuda", n_ctx=64, backend=SimBackend(), cpu_kernel="exact"), ids
+        load_engine(packs["qwen2moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), cpu_kernel="exact"), ids
     )
     b = _logits_per_position(
-        load_engine(packs["qwen2moe"], device="cuda", n_ctx=64, backend=SimBackend(), fused=False), ids
+        load_engine(packs["qwen2moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), fused=False), ids
     )
     assert all(int(np.argmax(x)) == int(np.argmax(y)) for x, y in zip(a, b))
     assert max(float(np.abs(x - y).max()) for x, y in zip(a, b)) < 1e-4
     f = generate(
         load_engine(
-            packs["qwen2moe"], device="cuda", n_ctx=64, backend=SimBackend(), resident="half", cpu_kernel="exact"
+            packs["qwen2moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), resident="half", cpu_kernel="exact"
         ),
         prompt_ids=PROMPT,
         n_tokens=8,
@@ -166,10 +166,10 @@ def test_sim_fused_full_logits_equal_generic_every_position(packs):
     """With the exact kernels the fused step's logits are the generic path's bit for bit."""
     ids = _ids(36)
     a = _logits_per_position(
-        load_engine(packs["gemma_swa"], device="cuda", n_ctx=64, backend=SimBackend(), cpu_kernel="exact"), ids
+        load_engine(packs["gemma_swa"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), cpu_kernel="exact"), ids
     )
     b = _logits_per_position(
-        load_engine(packs["gemma_swa"], device="cuda", n_ctx=64, backend=SimBackend(), fused=False), ids
+        load_engine(packs["gemma_swa"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), fused=False), ids
     )
     for pos, (x, y) in enumerate(zip(a, b)):
         assert x.tobytes() == y.tobytes(), f"position {pos}: max |diff| {np.abs(x - y).max()}"
@@ -179,7 +179,7 @@ def test_sim_fused_ring_equals_full_cache(packs):
     ids = _ids(40)
     r = {
         s: generate(
-            load_engine(packs["gemma_swa"], device="cuda", n_ctx=48, backend=SimBackend(), sliding=s),
+            load_engine(packs["gemma_swa"], device="cuda", ubatch=1, n_ctx=48, backend=SimBackend(), sliding=s),
             prompt_ids=ids,
             n_tokens=4,
             ignore_eos=True,
@@ -202,8 +202,8 @@ def test_fused_launch_count(packs, name, per_layer, q8_layer, q8_norms):
     the normed rows (q/k/v - both Q5_0 and Q8_0 meet Q8_0 activations -, gate/up, the head) are quantized by
     their ``resid_norm`` (``q8_norms`` of them: the embedding's, two per layer, the output norm where their
     readers have q8 kernels), and nothing else."""
-    q8 = load_engine(packs[name], device="cuda", n_ctx=32, backend=SimBackend())
-    eng = load_engine(packs[name], device="cuda", n_ctx=32, backend=SimBackend(), cpu_kernel="exact")
+    q8 = load_engine(packs[name], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend())
+    eng = load_engine(packs[name], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend(), cpu_kernel="exact")
     n_layer = eng.model.hp.n_layer
     c, c8 = eng.decoder.launches_per_token(True), q8.decoder.launches_per_token(True)
     names = [L.name for L in q8.decoder.launches(True)]
@@ -226,18 +226,18 @@ def test_fused_launch_count(packs, name, per_layer, q8_layer, q8_norms):
 
 def test_stage_times_refused_with_graph(packs):
     with pytest.raises(StageTimesRefused, match="record nothing"):
-        load_engine(packs["gemma3"], device="cuda", n_ctx=32, backend=SimBackend(), stage_times=True)
+        load_engine(packs["gemma3"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend(), stage_times=True)
     with pytest.raises(StageTimesRefused, match="fused step only"):  # the generic path has no stage timers at all
-        load_engine(packs["q3n_legacy"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
+        load_engine(packs["q3n_legacy"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
     eng = load_engine(
-        packs["moe"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True, resident="half"
+        packs["moe"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend(), graph=False, stage_times=True, resident="half"
     )  # MoE, hybrid: timed per stage (the host points inside the FFN stages)
     generate(eng, prompt_ids=PROMPT, n_tokens=2, ignore_eos=True)
     assert eng.decoder.stage_times.steps == len(PROMPT) + 1 and eng.decoder.stage_times.grouped()["ffn"] > 0
 
 
 def test_stage_times_eager_sim(packs):
-    eng = load_engine(packs["gemma_swa"], device="cuda", n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
+    eng = load_engine(packs["gemma_swa"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
     generate(eng, prompt_ids=PROMPT, n_tokens=3, ignore_eos=True)
     st = eng.decoder.stage_times
     assert st.steps == len(PROMPT) + 2
@@ -248,8 +248,8 @@ def test_stage_times_eager_sim(packs):
 
 def test_fused_on_legacy_ssm_in_is_refused_not_ignored(packs):
     with pytest.raises(FusedUnsupported, match="legacy ssm_in"):
-        load_engine(packs["q3n_legacy"], device="cuda", n_ctx=32, backend=SimBackend(), fused=True)
-    eng = load_engine(packs["q3n_legacy"], device="cuda", n_ctx=32, backend=SimBackend())  # the generic path, said so
+        load_engine(packs["q3n_legacy"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend(), fused=True)
+    eng = load_engine(packs["q3n_legacy"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend())  # the generic path, said so
     assert eng.decoder is None and "legacy ssm_in" in eng.gpu.decode_path
 
 
@@ -261,18 +261,18 @@ def test_sim_fused_qwen3next_delta_net_and_gated_attention(packs):
     position 0 gives the first one's logits bit for bit (the kernels start the recurrent state at zero,
     nothing on the host resets it); tokens equal the CPU path's with half the experts resident."""
     ids = _ids(20)
-    f = load_engine(packs["q3n"], device="cuda", n_ctx=64, backend=SimBackend(), cpu_kernel="exact")
+    f = load_engine(packs["q3n"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), cpu_kernel="exact")
     assert f.decoder is not None and f.decoder.gdn is not None
     names = [L.name for L in f.decoder.launches(True)]
     assert sum(n.startswith("gdn_step") for n in names) == 3 and sum(n.startswith("gate_mul") for n in names) == 1
     a = _logits_per_position(f, ids)
-    b = _logits_per_position(load_engine(packs["q3n"], device="cuda", n_ctx=64, backend=SimBackend(), fused=False), ids)
+    b = _logits_per_position(load_engine(packs["q3n"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), fused=False), ids)
     assert all(int(np.argmax(x)) == int(np.argmax(y)) for x, y in zip(a, b))
     assert max(float(np.abs(x - y).max()) for x, y in zip(a, b)) < 1e-4
     again = _logits_per_position(f, ids)
     assert all(np.array_equal(x, y) for x, y in zip(a, again))
     sim = generate(
-        load_engine(packs["q3n"], device="cuda", n_ctx=64, backend=SimBackend(), resident="half", cpu_kernel="exact"),
+        load_engine(packs["q3n"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), resident="half", cpu_kernel="exact"),
         prompt_ids=PROMPT,
         n_tokens=8,
         ignore_eos=True,
@@ -293,7 +293,7 @@ def _moe(packs, **kw):
     """The synthetic qwen3moe on the sim; misses in the GPU kernels' order (``cpu_kernel="exact"``, bit-identical
     to hits) unless ``cpu_kernel`` says otherwise (the engine's default is ``q8``)."""
     kw.setdefault("cpu_kernel", "exact")
-    return load_engine(packs["moe"], device="cuda", n_ctx=48, backend=SimBackend(), **kw)
+    return load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=48, backend=SimBackend(), **kw)
 
 
 def test_sim_fused_moe_equals_generic_bitwise_for_any_cache(packs):
@@ -337,7 +337,7 @@ def test_sim_cache_plumbing_q8_logits_equal_for_empty_half_full_cache(packs, nam
     ids = _ids(16)
 
     def run(**kw):
-        eng = load_engine(packs[name], device="cuda", n_ctx=48, backend=SimBackend(), threads=2, **kw)
+        eng = load_engine(packs[name], device="cuda", ubatch=1, n_ctx=48, backend=SimBackend(), threads=2, **kw)
         routes: list[list[tuple[int, tuple[int, ...]]]] = [[] for _ in ids]
         pos = [0]
         eng.experts.on_route = lambda il, sel: routes[pos[0]].append((il, tuple(int(i) for i in sel)))
@@ -441,7 +441,7 @@ def test_cli_stage_times_refusals(packs):
 def test_fused_step_rejects_other_state_and_bad_position(packs):
     from strata.engine.errors import GenerateError
 
-    eng = load_engine(packs["qwen2"], device="cuda", n_ctx=16, backend=SimBackend())
+    eng = load_engine(packs["qwen2"], device="cuda", ubatch=1, n_ctx=16, backend=SimBackend())
     other = eng.model.new_state(16)
     with pytest.raises(GenerateError, match="another session state"):
         eng.model.step(1, 0, other)
@@ -457,8 +457,8 @@ def test_fused_step_rejects_other_state_and_bad_position(packs):
 @pytest.mark.parametrize("name,n", [("qwen2", 20), ("gemma3", 20), ("gemma_swa", 40)])
 def test_cuda_graph_and_eager_logits_bit_identical(packs, name, n):
     ids = _ids(n)
-    g = load_engine(packs[name], device="cuda", n_ctx=64)
-    e = load_engine(packs[name], device="cuda", n_ctx=64, graph=False)
+    g = load_engine(packs[name], device="cuda", ubatch=1, n_ctx=64)
+    e = load_engine(packs[name], device="cuda", ubatch=1, n_ctx=64, graph=False)
     assert g.decoder.captured and g.decoder.graph_on and not e.decoder.graph_on
     lg, le = _logits_per_position(g, ids), _logits_per_position(e, ids)
     for pos, (x, y) in enumerate(zip(lg, le)):
@@ -479,7 +479,7 @@ def test_cuda_fused_tokens_match_cpu_and_generic(packs, name, kernel):
     import cupy as cp
 
     ids = _ids(30)
-    eng = load_engine(packs[name], device="cuda", n_ctx=64, cpu_kernel=kernel)
+    eng = load_engine(packs[name], device="cuda", ubatch=1, n_ctx=64, cpu_kernel=kernel)
     r = generate(eng, prompt_ids=ids, n_tokens=8, ignore_eos=True)
     grown = cp.get_default_memory_pool().total_bytes() - eng.gpu.pool_after_warmup
     assert grown == 0, f"decode allocated {grown} B of new device memory"
@@ -497,7 +497,7 @@ def test_cuda_fused_tokens_match_cpu_and_generic(packs, name, kernel):
     assert gap < (1e-3 if kernel == "exact" else 3e-2)
     if kernel == "exact":
         gen = generate(
-            load_engine(packs[name], device="cuda", n_ctx=64, fused=False), prompt_ids=ids, n_tokens=8, ignore_eos=True
+            load_engine(packs[name], device="cuda", ubatch=1, n_ctx=64, fused=False), prompt_ids=ids, n_tokens=8, ignore_eos=True
         )
         assert r.output_ids == gen.output_ids
 
@@ -505,13 +505,13 @@ def test_cuda_fused_tokens_match_cpu_and_generic(packs, name, kernel):
 @pytest.mark.gpu
 @skip_no_gpu
 def test_cuda_replay_and_stage_timer_guard(packs):
-    g = load_engine(packs["gemma_swa"], device="cuda", n_ctx=64)
+    g = load_engine(packs["gemma_swa"], device="cuda", ubatch=1, n_ctx=64)
     generate(g, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)
     ms = g.decoder.replay_ms(50)
     assert 0 < ms < 50
     with pytest.raises(StageTimesRefused):
-        load_engine(packs["gemma_swa"], device="cuda", n_ctx=64, stage_times=True)
-    e = load_engine(packs["gemma_swa"], device="cuda", n_ctx=64, graph=False, stage_times=True)
+        load_engine(packs["gemma_swa"], device="cuda", ubatch=1, n_ctx=64, stage_times=True)
+    e = load_engine(packs["gemma_swa"], device="cuda", ubatch=1, n_ctx=64, graph=False, stage_times=True)
     generate(e, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)
     grouped = e.decoder.stage_times.grouped()
     print(f"\n[fused] gemma_swa: replay {ms:.3f} ms/token; eager stage ms/token {grouped}")
@@ -543,7 +543,7 @@ def test_cuda_fused_moe_cache_does_not_change_logits(packs):
         ("admit", {"expert_cache": 12, "resident": "none", "admit": True, **cpu}),
         ("admit pcie", {"expert_cache": 12, "resident": "none", "admit": True, **pcie}),
     ):
-        eng = load_engine(packs["moe"], device="cuda", n_ctx=48, **kw)
+        eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=48, **kw)
         assert eng.decoder is not None and eng.decoder.moe is not None
         runs[key] = _logits_per_position(eng, ids)
         grown = cp.get_default_memory_pool().total_bytes() - eng.gpu.pool_after_warmup
@@ -555,7 +555,7 @@ def test_cuda_fused_moe_cache_does_not_change_logits(packs):
         for pos, (a, b) in enumerate(zip(runs["none"], got)):
             assert a.tobytes() == b.tobytes(), f"{key} position {pos}: logits differ from the all-miss run"
     gen = generate(
-        load_engine(packs["moe"], device="cuda", n_ctx=48, fused=False), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True
+        load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=48, fused=False), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True
     )
     cpu = generate(
         load_engine(packs["moe"], n_ctx=48, ubatch=1, cpu_kernel="exact"),
@@ -564,7 +564,7 @@ def test_cuda_fused_moe_cache_does_not_change_logits(packs):
         ignore_eos=True,
     )
     fus = generate(
-        load_engine(packs["moe"], device="cuda", n_ctx=48, resident="half", cpu_kernel="exact"),
+        load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=48, resident="half", cpu_kernel="exact"),
         prompt_ids=PROMPT,
         n_tokens=8,
         ignore_eos=True,
@@ -572,7 +572,7 @@ def test_cuda_fused_moe_cache_does_not_change_logits(packs):
     print(f"\n[fused moe] tokens {fus.output_ids}; generic {gen.output_ids}; cpu {cpu.output_ids}")
     assert fus.output_ids == gen.output_ids == cpu.output_ids
     q8 = generate(
-        load_engine(packs["moe"], device="cuda", n_ctx=48, resident="half"),
+        load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=48, resident="half"),
         prompt_ids=PROMPT,
         n_tokens=8,
         ignore_eos=True,
@@ -593,7 +593,7 @@ def test_cuda_fused_qwen3next_graph_eager_and_cache(packs):
     state starts at zero in the kernels)."""
     ids = _ids(24)
     runs = {
-        key: _logits_per_position(load_engine(packs["q3n"], device="cuda", n_ctx=48, **kw), ids)
+        key: _logits_per_position(load_engine(packs["q3n"], device="cuda", ubatch=1, n_ctx=48, **kw), ids)
         for key, kw in (
             ("all", {}),
             ("eager", {"graph": False}),
@@ -604,7 +604,7 @@ def test_cuda_fused_qwen3next_graph_eager_and_cache(packs):
     for key, got in runs.items():
         for pos, (a, b) in enumerate(zip(runs["all"], got)):
             assert a.tobytes() == b.tobytes(), f"{key} position {pos}"
-    eng = load_engine(packs["q3n"], device="cuda", n_ctx=48)
+    eng = load_engine(packs["q3n"], device="cuda", ubatch=1, n_ctx=48)
     first, second = _logits_per_position(eng, ids), _logits_per_position(eng, ids)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(first, second))
 
@@ -682,7 +682,7 @@ def test_sim_greedy_decode_reads_the_summary_and_agrees_with_the_row(packs):
     it in test_cuda_logit_summary_ranks_as_top_k_pairs.)"""
     from strata.engine.sampling import Sampler
 
-    eng = load_engine(packs["gemma3"], device="cuda", n_ctx=48, backend=SimBackend())
+    eng = load_engine(packs["gemma3"], device="cuda", ubatch=1, n_ctx=48, backend=SimBackend())
     calls = []
     real = eng.decoder.logit_summary
 
@@ -694,7 +694,7 @@ def test_sim_greedy_decode_reads_the_summary_and_agrees_with_the_row(packs):
     a = generate(eng, prompt_ids=PROMPT, n_tokens=6, ignore_eos=True, sampler=Sampler())
     assert len(calls) == 6 and [t[0][0] for t in a.top] == a.output_ids
     b = generate(
-        load_engine(packs["gemma3"], device="cuda", n_ctx=48, backend=SimBackend()),
+        load_engine(packs["gemma3"], device="cuda", ubatch=1, n_ctx=48, backend=SimBackend()),
         prompt_ids=PROMPT,
         n_tokens=6,
         ignore_eos=True,

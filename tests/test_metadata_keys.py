@@ -470,7 +470,7 @@ def test_the_fused_gpu_step_rotates_and_scales_like_the_cpu(rope_packs, device, 
     from strata.engine.gpu.backend import SimBackend
 
     kw = {"backend": SimBackend()} if device == "sim" else {}
-    eng = load_engine(rope_packs[name], device="cuda", n_ctx=128, cpu_kernel="exact", **kw)
+    eng = load_engine(rope_packs[name], device="cuda", ubatch=1, n_ctx=128, cpu_kernel="exact", **kw)
     assert type(eng.model).__name__ == "FusedDecoder"
     prompt = list(range(1, 40))
     gpu = generate(eng, prompt_ids=prompt, n_tokens=8, ignore_eos=True)

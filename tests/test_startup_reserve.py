@@ -72,7 +72,7 @@ def _sim(total: int) -> SimBackend:
 
 def test_budget_reads_the_decode_path_the_engine_takes(packs):
     for name in ("moe", "qwen2", "gemma3", "qwen3", "qwen2moe", "llama", "qwen3next"):
-        eng = load_engine(packs[name], device="cuda", n_ctx=64, backend=SimBackend())
+        eng = load_engine(packs[name], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend())
         facts = audit_pack(packs[name], bf16_scan=False).facts
         assert ET.decode_path(facts) == ("fused" if eng.gpu.fused else "generic"), (name, eng.gpu.decode_path)
         if eng.gpu.fused:  # the one definition of the fused buffers: the engine's own count
@@ -86,7 +86,7 @@ LATE_OK = dict(fused=False, warmup=False)
 
 def _used_before_cache(pack, reserve_mib: int) -> tuple[int, int, int]:
     """(bytes allocated before the cache in the one order, the head stage's bytes, one slot's bytes)."""
-    eng = load_engine(pack, device="cuda", n_ctx=64, backend=_sim(24 << 30), vram_reserve_mib=reserve_mib, **LATE_OK)
+    eng = load_engine(pack, device="cuda", ubatch=1, n_ctx=64, backend=_sim(24 << 30), vram_reserve_mib=reserve_mib, **LATE_OK)
     m = eng.gpu.marks
     return (
         m["prompt path"]["gpu_used_bytes"] - CTX,
@@ -114,14 +114,14 @@ def test_head_after_the_cache_eats_the_reserve_and_is_refused(packs):
     ):
         load_engine(
             packs["moe"],
-            device="cuda",
+            device="cuda", ubatch=1,
             n_ctx=64,
             backend=_sim(total),
             vram_reserve_mib=reserve,
             stage_order=late,
             **LATE_OK,
         )
-    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=_sim(total), vram_reserve_mib=reserve, **LATE_OK)
+    eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=_sim(total), vram_reserve_mib=reserve, **LATE_OK)
     assert [c.name for c in eng.checkpoints] == ["pack", "weights", "head", "session", "prompt path", "expert cache"]
     assert eng.gpu.slot_plan.slots < 10 and eng.gpu.free_after_bytes >= reserve * F.MIB  # the head came first
 
@@ -133,27 +133,27 @@ def test_fused_step_before_the_head_is_refused_by_name(packs):
     with pytest.raises(
         GenerateError, match=r"binds the output head \(output\.weight\) .* load 'head' before 'prompt path'"
     ):
-        load_engine(packs["moe"], device="cuda", n_ctx=64, backend=_sim(24 << 30), stage_order=late, warmup=False)
+        load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=_sim(24 << 30), stage_order=late, warmup=False)
 
 
 def test_stage_orders_that_cannot_run_are_refused(packs):
     with pytest.raises(GenerateError, match="'session' must come before 'prompt path'"):
         load_engine(
             packs["moe"],
-            device="cuda",
+            device="cuda", ubatch=1,
             n_ctx=64,
             backend=SimBackend(),
             stage_order=("weights", "head", "prompt path", "session", "expert cache"),
         )
     with pytest.raises(GenerateError, match="expected a permutation of"):
-        load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), stage_order=("weights", "head"))
+        load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), stage_order=("weights", "head"))
 
 
 def test_prompt_path_on_top_of_the_reserve_is_refused_with_the_numbers(packs):
     """A card where the prompt path's buffers leave less than the reserve: refused when the cache opens,
     naming the free bytes, the reserve and each stage's memory; the plan says it does not fit either."""
     reserve = 2
-    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=_sim(24 << 30), vram_reserve_mib=reserve)
+    eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=_sim(24 << 30), vram_reserve_mib=reserve)
     m = eng.gpu.marks
     prompt = m["prompt path"]["gpu_used_bytes"] - m["session"]["gpu_used_bytes"]
     assert prompt == eng.gpu.fused_buffer_bytes > 0  # the fused step's buffers (the sim caches no temporaries)
@@ -163,7 +163,7 @@ def test_prompt_path_on_top_of_the_reserve_is_refused_with_the_numbers(packs):
         match=rf"expert cache: {reserve * F.MIB - prompt + prompt // 2} B .* free .* under "
         rf"the {reserve * F.MIB} B .* prompt path {prompt} B",
     ):
-        load_engine(packs["moe"], device="cuda", n_ctx=64, backend=_sim(total), vram_reserve_mib=reserve)
+        load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=_sim(total), vram_reserve_mib=reserve)
     facts = audit_pack(packs["moe"], bf16_scan=False).facts
     card = card_from_mib(1, cuda_context_mib=0, cuda_runtime_mib=0).model_copy(
         update={"total_bytes": total, "cuda_context_bytes": CTX}
@@ -196,7 +196,7 @@ def test_profile_fill_skips_only_a_full_layers_pairs_in_the_engine(packs):
     # layer 0's experts carry the highest counts; with 6 slots over 3 layers its range (2) fills first,
     # and the fill goes on into layers 1 and 2 (the bug ended the whole fill at the first full layer)
     prof = [(0, e, 100 - e) for e in range(8)] + [(1, e, 10 - e) for e in range(4)] + [(2, e, 5 - e) for e in range(4)]
-    eng = load_engine(packs["moe"], device="cuda", n_ctx=64, backend=SimBackend(), expert_cache=6, profile=prof)
+    eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), expert_cache=6, profile=prof)
     fill = F.fill_profile(prof, 6)
     resident = sorted(eng.experts.cache.where)
     assert resident == sorted(fill.order) and {il for il, _ in resident} == {0, 1, 2}

@@ -54,7 +54,7 @@ def test_cuda_emulated_card_checkpoints_and_slots(moe_pack):
 
     _free_pool()
     card = card_from_mib(560)  # ~33 MiB above the planned context: a few slots
-    eng = load_engine(moe_pack, device="cuda", n_ctx=256, card=card, vram_reserve_mib=8)
+    eng = load_engine(moe_pack, device="cuda", ubatch=1, n_ctx=256, card=card, vram_reserve_mib=8)
     for cp in eng.checkpoints:
         x = cp.extra
         print(
@@ -78,7 +78,7 @@ def test_cuda_allocation_past_the_emulated_card_fails(moe_pack):
     _free_pool()
     card = card_from_mib(528)  # 1 MiB above the planned 527 MiB context
     with pytest.raises(CardOutOfMemory, match=r"out of memory on the emulated card 528 MiB card: .* fails as it would"):
-        load_engine(moe_pack, device="cuda", n_ctx=256, card=card, vram_reserve_mib=0)
+        load_engine(moe_pack, device="cuda", ubatch=1, n_ctx=256, card=card, vram_reserve_mib=0)
 
 
 def test_cuda_measure_on_the_emulated_card(moe_pack):
@@ -103,7 +103,7 @@ def test_reference_model_head_after_the_cache_eats_the_reserve_and_is_refused():
     late = ("weights", "session", "drafter", "prompt path", "expert cache", "bind", "head")
     with pytest.raises(StartupRefused, match=r"after start-up: \d+ B .* under the 734003200 B .* head 31\d{7} B"):
         load_engine(
-            DOCS, device="cuda", n_ctx=CTX, card=card_preset("6G"), stage_order=late, warmup=False, fused=False
+            DOCS, device="cuda", ubatch=1, n_ctx=CTX, card=card_preset("6G"), stage_order=late, warmup=False, fused=False
         )  # the fused step binds the head when built: it needs the head first
 
 
@@ -135,7 +135,7 @@ def test_reference_model_expert_cache_above_the_fit_is_refused_with_both_numbers
         match=r"--expert-cache 100000 refused: 100000 slots x 2278400 B .* at most \d+ "
         r"slots fit",
     ):
-        load_engine(DOCS, device="cuda", n_ctx=CTX, card=card_preset("6G"), expert_cache=100000, warmup=False)
+        load_engine(DOCS, device="cuda", ubatch=1, n_ctx=CTX, card=card_preset("6G"), expert_cache=100000, warmup=False)
 
 
 @need_docs
@@ -146,7 +146,7 @@ def test_reference_model_profile_fill_skips_only_full_layers():
 
     _free_pool()
     prof = read_profile(PROFILE)
-    eng = load_engine(DOCS, device="cuda", n_ctx=CTX, card=card_preset("6G"), profile=prof, warmup=False)
+    eng = load_engine(DOCS, device="cuda", ubatch=1, n_ctx=CTX, card=card_preset("6G"), profile=prof, warmup=False)
     slots = eng.gpu.slot_plan.slots
     fill = F.fill_profile(prof, slots)
     assert sorted(eng.experts.cache.where) == sorted(fill.order)

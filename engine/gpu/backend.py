@@ -88,6 +88,26 @@ class Backend:
     def matvec(self, type_id: int, buf: Any, rows: int, ne0: int, x: Any, out: Any = None) -> Any: ...
     def matvec_q8(self, type_id: int, buf: Any, rows: int, ne0: int, x: Any, out: Any = None) -> Any: ...
     def silu_mul(self, g: Any, u: Any, out: Any = None) -> Any: ...
+    def rows_product(self, type_id: int, buf: Any, rows: int, ne0: int, X: Any, tile: Any, tf32: bool) -> Any:
+        """A prompt chunk's product ``X @ W.T`` (``X [T, ne0]`` f32, numpy order; ``W`` the engine-form weight
+        ``[rows, ne0]``): f32 ``[T, rows]``, through the preallocated f32 ``tile`` (:mod:`strata.engine.gpu.gemm`)."""
+        raise NotImplementedError
+
+    def grouped_product(self, type_id: int, bufs: list, rows: int, ne0: int, Xg: Any, tile: Any, tf32: bool) -> Any:
+        """``out[g] = Xg[g] @ W_g.T`` for the engine-form weights ``bufs`` (one type and shape ``[rows, ne0]``) and
+        ``Xg [G, M, ne0]`` f32: f32 ``[G, M, rows]`` (a chunk's routed experts, :mod:`strata.engine.gpu.chunk`)."""
+        raise NotImplementedError
+
+    def addresses(self, parts: list[list[Any]]) -> Any:
+        """Rows of weight buffers as what :meth:`grouped_product` takes: ``addresses(rows)[i][a:b]`` is row ``i``'s
+        buffers ``a .. b-1`` (CUDA: one ``uint64 [rows, n]`` device array of their addresses, one copy; sim: the lists)."""
+        return parts
+
+    def host_view(self, owner: Any, storage: np.ndarray, address: int, offset: int, nbytes: int) -> Any:
+        """``nbytes`` bytes at ``offset`` of a host-tier allocation (``storage``: its bytes on the host;
+        ``address``: its device address) as a buffer the device's kernels read."""
+        raise NotImplementedError
+
     def mem_info(self) -> MemInfo: ...
     def synchronize(self) -> None: ...
     def to_host(self, a: Any) -> np.ndarray: ...
@@ -167,6 +187,27 @@ class CudaBackend(Backend):
 
     def silu_mul(self, g, u, out=None):
         return self.K.silu_mul(g, u, out=out)
+
+    def rows_product(self, type_id, buf, rows, ne0, X, tile, tf32):
+        from . import gemm
+
+        return gemm.rows_product(type_id, buf, rows, ne0, X, tile, tf32=tf32)
+
+    def grouped_product(self, type_id, bufs, rows, ne0, Xg, tile, tf32):
+        from . import gemm
+
+        return gemm.grouped_product(type_id, bufs, rows, ne0, Xg, tile, tf32=tf32)
+
+    def addresses(self, parts):
+        from . import gemm
+
+        n = len(parts[0]) if parts else 0
+        return gemm.addresses([b for row in parts for b in row]).reshape(len(parts), n)
+
+    def host_view(self, owner, storage, address, offset, nbytes):
+        cp = self.cp
+        mem = cp.cuda.UnownedMemory(int(address) + int(offset), int(nbytes), owner)
+        return cp.ndarray((int(nbytes),), dtype=cp.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))
 
     def mem_info(self):
         free, total = (int(x) for x in self.cp.cuda.runtime.memGetInfo())
@@ -310,6 +351,22 @@ class SimBackend(Backend):
             return y
         out[...] = y
         return out
+
+    def rows_product(self, type_id, buf, rows, ne0, X, tile, tf32):
+        """NumPy's f32 product on the exactly dequantized weight (the sim's tile is not used: no TF32 either)."""
+        return np.asarray(X, dtype=np.float32) @ self._weights(type_id, buf, rows, ne0).T
+
+    def grouped_product(self, type_id, bufs, rows, ne0, Xg, tile, tf32):
+        """Each weight dequantized afresh (staging and slots are rewritten: nothing cached), one product each."""
+        pool_t, src_t = _engine_pool_src(type_id)
+        out = np.empty((len(bufs), Xg.shape[1], rows), dtype=np.float32)
+        for g, b in enumerate(bufs):
+            w = EF.dequantize_engine_form(np.asarray(b), pool_t, src_t, (ne0, rows)).reshape(rows, ne0)
+            out[g] = Xg[g] @ w.T
+        return out
+
+    def host_view(self, owner, storage, address, offset, nbytes):
+        return storage[offset : offset + nbytes]
 
     def mem_info(self):
         used = self.context + self.allocated

@@ -39,9 +39,10 @@ from ..experts import ShardExperts, mem_available, resident_pairs
 from ..loader import LoadPlan
 from ..options import ResolvedOptions
 from .backend import Backend, make_backend
+from .chunk import ChunkPath
 from .fused import FusedDecoder, FusedUnsupported, StageTimes, describe, fused_unsupported
 from .slots import GpuExpertPath, GpuStepProbe, HostTier, HostTierError, SlotCache, SlotPlan
-from .weights import DeviceWeights
+from .weights import DeviceWeights, rows_of
 
 
 def host_tier_room() -> tuple[int | None, int | None]:
@@ -94,6 +95,8 @@ class GpuInfo:
     host_tier_pairs: int = 0
     host_tier_map_bytes: int = 0  # device memory the driver took to map the host tier (measured: free before - after)
     host_tier_map_predicted_bytes: int = 0  # strata.layout.experts.host_tier_map_bytes of the tier
+    chunk_bytes: int = 0  # the prompt chunk's tile and staging slots (strata.layout.chunk.chunk_buffer_bytes)
+    chunk_ubatch: int = 1  # -ub: prompt positions per chunk (1: one position at a time, no chunk path)
     reserve_bytes: int = 0  # --vram-reserve-mib, kept free after start-up
     free_after_bytes: int = 0  # free at the end of start-up (measured; >= reserve_bytes, or the start is refused)
 
@@ -254,10 +257,43 @@ class GpuDevice:
             if self.experts is not None:
                 self.experts.reset_counts()
                 self.experts.take_cpu_ms()
+        if opts.ubatch > 1:
+            self._chunk_path(model, state, opts, note)
         if info.decode_path == "":
             info.decode_path = f"generic per-layer path, eager ({why or 'fused step off'})"
         note["decode path"] = info.decode_path
         return runner
+
+    def _chunk_path(self, model: Decoder, state: State, opts: ResolvedOptions, note: dict) -> None:
+        """Prompts in chunks of ``-ub`` (docs/DESIGN.md "Prompts in chunks on the GPU"): the chunk path's tile and
+        staging slots (:class:`ChunkPath`, the budget's "prompt chunk" term), then one warm-up chunk of ``-ub``
+        positions ending at ``n_ctx - 2`` (the largest attention; every expert a miss, all rows routed alike: the
+        largest grouped temporaries), so CuPy's pool holds what a chunk takes before the expert cache is sized."""
+        info, bk, w = self.info, self.bk, model.w
+        mats = [w.entry(n) for n in w.matrices()]
+        ne0_max = max((e.ne0 for e in mats), default=1)
+        dense_max = max((e.ne0 * rows_of(e) for e in mats), default=1)
+        h, layout = model.hp, None
+        if self.experts is not None:
+            layout = SlotCache(self.experts.source, bk, h.n_embd, h.n_ff_exp, 0)
+        path = ChunkPath(bk, ne0_max, dense_max, layout, h.n_expert, tf32=opts.kernel != "exact")
+        w.chunk = path
+        if self.experts is not None:
+            self.experts.chunk_path = path
+        info.chunk_bytes = path.nbytes
+        info.chunk_ubatch = opts.ubatch
+        note["chunk_bytes"] = path.nbytes
+        note["prompt chunks"] = (
+            f"-ub {opts.ubatch}: tile {path.tile_elements * 4} B, {path.group} staging slots ({path.staging_bytes} B)"
+        )
+        if opts.warmup and state.n_ctx >= 3:
+            t = min(opts.ubatch, state.n_ctx - 2)
+            model.forward([0] * t, state.n_ctx - 2 - t, state, logits=False)
+            bk.synchronize()
+            if self.experts is not None:
+                self.experts.reset_counts()
+                self.experts.take_cpu_ms()
+            path.staged = 0
 
     def open_expert_cache(self, experts: GpuExpertPath, geom: Geometry, opts: ResolvedOptions, note: dict) -> None:
         info, bk = self.info, self.bk
@@ -331,6 +367,7 @@ class GpuDevice:
                 info.miss_tier = "cpu" if len(cache) < pairs else ""
             note["miss tier"] = info.miss_tier or "none (every expert resident)"
             dec.moe.bind_cache(cache, tier)
+            experts.tier = tier
             info.host_tier_map_predicted_bytes = map_bytes if tier is not None else 0
             info.decode_path = describe(dec)
             info.launches_per_token = dec.launches_per_token(True)

@@ -478,6 +478,15 @@ class FusedDecoder:
                     L.run()
         self.stage_times.steps += 1
 
+    def forward(self, tokens: list[int], pos0: int, state, logits: bool = True):
+        """A prompt chunk through the wrapped model's :meth:`strata.engine.decoder.Decoder.forward` (the chunk path,
+        :mod:`strata.engine.gpu.chunk`, on the current stream), ended synchronised: the step's own stream then reads
+        the KV cache and recurrent state the chunk wrote."""
+        y = self.model.forward(tokens, pos0, state, logits=logits)
+        if self.cuda:
+            self.backend.synchronize()
+        return y
+
     def step(self, token: int, pos: int, state, logits: bool = True):
         """One position: ``pos`` and the embedding row of ``token`` into the staging buffer, then the
         launch list (graph replay or eager). Returns the logits (host array, overwritten by the next

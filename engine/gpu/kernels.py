@@ -357,6 +357,7 @@ class TypeKernels:
     matvec: object
     matvec_batched: object
     matvec_group: object
+    dequant_many: object  # gpu/gemm.py: row ranges of many weights as f32 (a prompt chunk's tile)
 
 
 def load_module(source: str, names: tuple[str, ...]) -> dict:
@@ -423,9 +424,16 @@ def _nvrtc_module(nvrtc, source: str):
 def kernels_for(type_id: int) -> TypeKernels:
     """Compile (once per process) the module of ``type_id`` (see :func:`load_module`)."""
     t = quants.qtype(type_id)
-    f = load_module(source_for(type_id), ("dequant", "matvec", "matvec_batched", "matvec_group"))
+    f = load_module(source_for(type_id), ("dequant", "matvec", "matvec_batched", "matvec_group", "dequant_many"))
     return TypeKernels(
-        t.id, t.block_elems, t.block_elems == 1, f["dequant"], f["matvec"], f["matvec_batched"], f["matvec_group"]
+        t.id,
+        t.block_elems,
+        t.block_elems == 1,
+        f["dequant"],
+        f["matvec"],
+        f["matvec_batched"],
+        f["matvec_group"],
+        f["dequant_many"],
     )
 
 

@@ -255,6 +255,8 @@ class GpuExpertPath(ExpertPath):
         self._x_host: tuple[int, Any, np.ndarray] | None = None
         self.bufs: tuple[Any, Any, Any, Any] | None = None
         self.buffer_bytes = 0
+        self.tier: HostTier | None = None  # the host tier, once the expert cache stage made one
+        self.chunk_path: Any = None  # strata.engine.gpu.chunk.ChunkPath: a prompt chunk's experts, grouped by expert
 
     def alloc_hit_buffers(self, n_embd: int, n_ff: int) -> int:
         """Preallocate the hit path's f32 vectors (gate, up, act: ``n_ff``; out: ``n_embd``)."""
@@ -275,6 +277,14 @@ class GpuExpertPath(ExpertPath):
         if isinstance(self.cache, SlotCache):
             self.cache.admit(il, e)
         return out
+
+    def chunk_outputs(self, il: int, X, ids: list[list[int]]):
+        """A prompt chunk's expert outputs ``[T, k, n_embd]`` on the device, grouped by expert
+        (:meth:`strata.engine.gpu.chunk.ChunkPath.expert_outputs`: hits, host-tier and staged misses through the same
+        kernels); without a chunk path, one row and expert at a time."""
+        if self.chunk_path is not None:
+            return self.chunk_path.expert_outputs(self, il, X, ids)
+        return super().chunk_outputs(il, X, ids)
 
     def take_cpu_ms(self) -> float:
         v, self.cpu_expert_ms = self.cpu_expert_ms, 0.0

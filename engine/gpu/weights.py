@@ -57,6 +57,14 @@ class DeviceWeights:
         self.f32_vector_bytes = 0
         self.output_bytes = 0
         self.row_bytes = 0
+        #: the prompt-chunk path (:class:`strata.engine.gpu.chunk.ChunkPath`), set at the prompt-path stage
+        #: when the engine takes prompts in chunks; None: one position at a time
+        self.chunk: Any = None
+
+    @property
+    def matmul_rows(self) -> bool:
+        """Whether :meth:`matmul` takes a chunk's rows (a 2-D input): the chunk path is set."""
+        return self.chunk is not None
 
     def has(self, name: str) -> bool:
         """Whether ``name`` is one of this pack's dense tensors (uploaded or not yet)."""
@@ -71,6 +79,10 @@ class DeviceWeights:
 
     def _raw(self, e: IndexEntry) -> np.ndarray:
         return self._pool[e.offset : e.offset + e.nbytes]
+
+    def matrices(self) -> list[str]:
+        """The uploaded tensors of more than one row (what :meth:`matmul` multiplies)."""
+        return [n for n in self._buf if rows_of(self._entries[n]) > 1]
 
     def types(self) -> set[int]:
         """Kernel types of the uploaded tensors."""
@@ -146,7 +158,13 @@ class DeviceWeights:
         return self.xp.asarray(m)
 
     def matmul(self, name: str, x):
+        """``W @ x`` for a vector ``x [ne0]`` (the type's matvec kernel into the preallocated output), or ``X @ W.T``
+        for a chunk's rows ``X [T, ne0]`` (numpy order; :meth:`strata.engine.gpu.chunk.ChunkPath.matmul`)."""
         e = self._entries[name]
+        if getattr(x, "ndim", 1) == 2:
+            if self.chunk is None:
+                raise GenerateError(f"{name}: a chunk of {x.shape[0]} rows, but no prompt-chunk path is set up")
+            return self.chunk.matmul(self._type[name], self._buf[name], rows_of(e), e.ne0, x)
         return self.backend.matvec(self._type[name], self._buf[name], rows_of(e), e.ne0, x, out=self._out[name])
 
     def matvec_args(self, name: str) -> tuple[int, Any, int, int, Any]:

@@ -7,6 +7,14 @@ extern "C" __global__ void dequant(const u8* __restrict__ base, const i64 n, flo
     if (i < n) out[i] = load_w(base, i);
 }
 
+// Values [i0, i0 + cnt) of n tensors of one plain type and shape as f32 (gpu/chunk.py): tensor
+// blockIdx.y at bases[blockIdx.y], its values to out + blockIdx.y * out_stride; each equals dequant's.
+extern "C" __global__ void dequant_many(const unsigned long long* __restrict__ bases, const i64 n, const i64 i0,
+                                        const i64 cnt, float* __restrict__ out, const i64 out_stride) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < cnt) out[(i64)blockIdx.y * out_stride + i] = load_w((const u8*)bases[blockIdx.y], i0 + i);
+}
+
 // acc[r] = dot(W[row0 + r, :], x): lane l takes elements l, l+32, ... (acc = acc + w * x), then
 // the same xor butterfly as the block types.
 #define STAGE_BYTES 16

@@ -1,0 +1,152 @@
+"""Prompt chunks on the GPU: the chunk's products as dequantized tiles times cuBLAS, its routed experts grouped by
+expert (docs/DESIGN.md "Prompts in chunks on the GPU").
+
+:class:`ChunkPath` holds the two preallocated buffers (:mod:`strata.layout.chunk`, the budget's "prompt chunk"
+term): the f32 weight tile and the staging slots. The shared forward pass (:meth:`strata.engine.decoder.Decoder.
+forward`) runs a chunk on the device through it:
+
+- a dense weight meets the chunk's rows ``X [T, ne0]`` (numpy order) through
+  :meth:`strata.engine.gpu.backend.Backend.rows_product` (:class:`strata.engine.gpu.weights.DeviceWeights`
+  ``matmul`` of a 2-D input);
+- layer ``il``'s routed experts (:meth:`ChunkPath.expert_outputs`): the chunk's (row, expert) pairs grouped by
+  expert; experts in groups of at most :func:`strata.layout.chunk.chunk_group_experts`, each group one
+  dequantization launch and one batched GEMM per part (gate, up, down) over the group's rows, padded to the
+  group's largest row count (a group's padded rows never exceed the chunk's pairs). Each expert's bytes come
+  from where they are: a cache slot, the host tier (read in place over PCIe), or - a miss - copied from the
+  memory-mapped shard into a staging slot. The same bytes go through the same kernels wherever they come from,
+  and the grouping depends on the routing only, so **a chunk's output does not depend on which experts are
+  resident** (tests/test_gpu_chunk.py, bit for bit).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from strata.layout import chunk as LC
+
+from .. import layers
+from .backend import Backend
+from .slots import SlotCache
+
+
+class ChunkPath:
+    """The device's prompt-chunk buffers and the chunk's routed experts (see the module docstring).
+
+    ``ne0_max``: the widest dense weight's row (values), ``dense_max``: the largest one's elements; ``layout``: a :class:`SlotCache` whose slot layout the
+    staging slots take (the engine's cache, or one of no slots at the prompt-path stage); ``tf32``: cuBLAS's
+    TF32 tensor-core mode (False: plain f32, ``--kernel exact``). ``nbytes``: the tile and the staging slots,
+    :func:`strata.layout.chunk.chunk_buffer_bytes`.
+    """
+
+    def __init__(
+        self, backend: Backend, ne0_max: int, dense_max: int, layout: SlotCache | None, n_expert: int, *, tf32=True
+    ):
+        self.bk, self.xp, self.tf32 = backend, backend.xp, bool(tf32)
+        self.layout = layout
+        part = layout.n_embd * layout.n_ff if layout is not None else 0
+        n_expert = n_expert if layout is not None else 0
+        self.tile_elements = LC.chunk_tile_elements(ne0_max, dense_max, part, n_expert)
+        self.group = min(LC.chunk_group_experts(self.tile_elements, part), n_expert)
+        self.tile = backend.empty_f32(self.tile_elements)
+        slot = layout.slot_bytes if layout is not None else 0
+        self.staging_bytes = LC.chunk_staging_bytes(self.group, slot)
+        self.staging = backend.empty_bytes(self.staging_bytes) if self.staging_bytes else None
+        self.nbytes = 4 * self.tile_elements + self.staging_bytes
+        assert self.nbytes == LC.chunk_buffer_bytes(ne0_max, dense_max, part, n_expert, slot)
+        self.staged = 0  # experts copied into staging (misses outside the host tier), over the run
+
+    def matmul(self, type_id: int, buf, rows: int, ne0: int, X):
+        """``X @ W.T`` (``X [T, ne0]`` f32 on the device): f32 ``[T, rows]``."""
+        return self.bk.rows_product(type_id, buf, rows, ne0, X, self.tile, self.tf32)
+
+    def _parts(self, path, il: int, e: int, stage: int) -> tuple[list[Any], bool]:
+        """Expert ``e`` of layer ``il``'s (gate, up, down) engine-form buffers and whether they are staging: its
+        slot, its host-tier bytes, or (a miss) staging slot ``stage``, filled by :meth:`_stage` when its group runs."""
+        cache, tier = path.cache, getattr(path, "tier", None)
+        lay = self.layout
+        assert lay is not None
+        if isinstance(cache, SlotCache) and cache.resident(il, e):
+            s = cache.where[(il, e)]
+            return [cache.storage[s * cache.slot_bytes + p.offset :][: p.nbytes] for p in cache.layouts[il]], False
+        if tier is not None and (il, e) in tier.where:
+            base = tier.where[(il, e)] * tier.slot_bytes
+            views = [
+                self.bk.host_view(tier, tier.storage, tier.address, base + p.offset, p.nbytes) for p in lay.layouts[il]
+            ]
+            return views, False
+        base = stage * lay.slot_bytes
+        return [self.staging[base + p.offset : base + p.offset + p.nbytes] for p in lay.layouts[il]], True
+
+    def _stage(self, il: int, e: int, parts: list[Any]) -> None:
+        """Copy a missed expert's engine form from the memory-mapped shard into its staging slot ``parts``
+        (stream-ordered after the previous group's kernels, which read the same slots)."""
+        lay = self.layout
+        assert lay is not None
+        for dst, (_p, ef) in zip(parts, lay.engine_parts(il, e)):
+            self.bk.copy_into(dst, ef)
+        self.staged += 1
+
+    def groups(self, counts: dict[int, int], pairs: int) -> list[list[int]]:
+        """The chunk's experts in groups: by row count, descending (ties by id), a group closed when it has
+        :attr:`group` experts or its padded rows (experts x its first, largest count) would pass ``pairs``."""
+        order = sorted(counts, key=lambda e: (-counts[e], e))
+        out: list[list[int]] = []
+        for e in order:
+            g = out[-1] if out else None
+            if g is None or len(g) >= self.group or (len(g) + 1) * counts[g[0]] > pairs:
+                out.append([e])
+            else:
+                g.append(e)
+        return out
+
+    def expert_outputs(self, path, il: int, X, ids: list[list[int]]):
+        """Every selected expert's output on its row, ``[T, k, n_embd]`` f32 (``X [T, n_embd]``; ``ids[t]`` row
+        ``t``'s experts in selection order). Not counted here (:meth:`strata.engine.experts.ExpertPath.chunk`).
+        The layer's index arrays and weight addresses go to the device in two copies, whatever the groups."""
+        xp, bk, lay = self.xp, self.bk, self.layout
+        assert lay is not None
+        T, n_embd = X.shape
+        k = len(ids[0]) if ids else 0
+        rows_of: dict[int, list[int]] = {}
+        for t, row in enumerate(ids):
+            for kk, e in enumerate(row):
+                rows_of.setdefault(int(e), []).append(t * k + kk)
+        gl, ul, dl = lay.layouts[il]
+        groups = self.groups({e: len(v) for e, v in rows_of.items()}, T * k)
+        # per group: src rows (padded with row T, zeros), the flat (t, k) slots it fills, and its rows in the output
+        src, dst, take, spans, parts, misses = [], [], [], [], [], []
+        for grp in groups:
+            M = len(rows_of[grp[0]])
+            s0, d0 = len(src), len(dst)
+            for g, e in enumerate(grp):
+                flat = rows_of[e]
+                src.extend([f // k for f in flat] + [T] * (M - len(flat)))
+                dst.extend(flat)
+                take.extend(g * M + j for j in range(len(flat)))
+                ps, staged = self._parts(path, il, e, g)
+                parts.append(ps)
+                misses.append((e, ps) if staged else None)
+            spans.append((len(grp), M, s0, d0, len(dst)))
+        idx = xp.asarray(np.asarray(src + dst + take, dtype=np.int64))
+        nsrc, ndst = len(src), len(dst)
+        bases = bk.addresses([[ps[j] for ps in parts] for j in range(3)])  # [3][experts]: gate, up, down
+        Xz = xp.concatenate([xp.asarray(X, dtype=xp.float32), xp.zeros((1, n_embd), dtype=xp.float32)])
+        E = xp.zeros((T * k, n_embd), dtype=xp.float32)
+        e0 = 0
+        for G, M, s0, d0, d1 in spans:
+            for m in misses[e0 : e0 + G]:
+                if m is not None:
+                    self._stage(il, m[0], m[1])
+            Xg = Xz[idx[s0 : s0 + G * M]].reshape(G, M, n_embd)
+            gate = bk.grouped_product(gl.type_id, bases[0][e0 : e0 + G], gl.rows, gl.ne0, Xg, self.tile, self.tf32)
+            up = bk.grouped_product(ul.type_id, bases[1][e0 : e0 + G], ul.rows, ul.ne0, Xg, self.tile, self.tf32)
+            h = layers.silu(xp, gate) * up
+            y = bk.grouped_product(dl.type_id, bases[2][e0 : e0 + G], dl.rows, dl.ne0, h, self.tile, self.tf32)
+            E[idx[nsrc + d0 : nsrc + d1]] = y.reshape(-1, n_embd)[idx[nsrc + ndst + d0 : nsrc + ndst + d1]]
+            e0 += G
+        return E.reshape(T, k, n_embd)
+
+
+__all__ = ["ChunkPath"]
