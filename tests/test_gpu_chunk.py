@@ -86,7 +86,8 @@ FIXTURE_ROWS = [("qwen2", "f32"), ("gemma3", "f32"), ("llama", "f32"), ("qwen3",
 
 @pytest.mark.parametrize(
     "backend,name,numerics",
-    [(b, n, nx) for b in BACKENDS for n, nx in FIXTURE_ROWS] + [("sim", "qwen2moe", "llamacpp")],
+    [("sim", n, nx) for n, nx in FIXTURE_ROWS + [("qwen2moe", "llamacpp")]]
+    + [pytest.param("cuda", n, nx, marks=[pytest.mark.gpu, skip_no_gpu]) for n, nx in FIXTURE_ROWS],
 )
 def test_chunked_gpu_prompt_matches_llama_cpp(tmp_path_factory, name, numerics, backend):
     """The GPU's chunked prompt (chunks of 3: partial ones, gemma3 past its sliding window) held to the llama.cpp
