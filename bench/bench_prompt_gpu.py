@@ -73,12 +73,32 @@ def llama_rows(lb: str, gguf: Path, n_layer: int, moe: bool, cards: list[str]) -
     for c in cards:
         free = int(
             subprocess.run(
-                ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"], capture_output=True, text=True
+                ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
             ).stdout.split()[0]
         )
         runs.append((c, ["-fitt", str(free - (CARD_MIB[c] - 527) + 1024)]))
     for what, extra in runs:
-        cmd = [lb, "-m", str(gguf), "-p", "512", "-n", "0", "-ngl", "99", "-ub", "512", "-r", "3", "-t", "16", "-o", "json"]
+        cmd = [
+            lb,
+            "-m",
+            str(gguf),
+            "-p",
+            "512",
+            "-n",
+            "0",
+            "-ngl",
+            "99",
+            "-ub",
+            "512",
+            "-r",
+            "3",
+            "-t",
+            "16",
+            "-o",
+            "json",
+        ]
         p = subprocess.run(cmd + extra, capture_output=True, text=True)
         if p.returncode != 0:
             print(f"  llama-bench {what}: exit {p.returncode}: {p.stderr[-800:]}", flush=True)
@@ -128,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     n_layer = base.n_layers
     vocab = min(base.dims.n_vocab, 4096)
-    ids = list(topic_prompts(1, 513, seed=3, vocab=vocab, n_topics=8, topic_size=48, run_length=4, topic_seed=0).prompts[0])
+    ids = list(
+        topic_prompts(1, 513, seed=3, vocab=vocab, n_topics=8, topic_size=48, run_length=4, topic_seed=0).prompts[0]
+    )
     out: dict = {"args": vars(args), "strata": [], "llama.cpp": []}
     cases = [(c, 512) for c in args.cases.split(",")]
     if args.ub1:

@@ -32,6 +32,7 @@ from .options import (
     parse_expert_cache,
     reserve_option,
     source_dir_option,
+    ubatch_plan_option,
 )
 from .plan import DEFAULT_PREFILL_CHUNK, Plan, PlanOptions, make_plan
 from .profile import check_profile_model, read_profile
@@ -161,6 +162,7 @@ def main() -> None:
 @expert_cache_option
 @expert_profile_option
 @miss_tier_option
+@ubatch_plan_option
 @click.option(
     "--bf16-scan/--no-bf16-scan", default=True, show_default=True, help="Scan every BF16-source value in pool.bin."
 )
@@ -185,6 +187,7 @@ def check(
     expert_cache,
     expert_profile,
     miss_tier,
+    ubatch,
     bf16_scan,
     source_dir,
     as_json,
@@ -244,6 +247,7 @@ def check(
             profile_path=expert_profile,
             engine=engine,
             miss_tier=miss_tier,
+            ubatch=ubatch,
         )
         try:
             plan = make_plan(audit.facts, card, opts)

@@ -150,6 +150,22 @@ def miss_tier_option(f):
     )(f)
 
 
+def ubatch_plan_option(f):
+    """``-ub/--ubatch-size`` of ``strata-budget check`` (into ``ubatch``): the GPU chunk path it plans."""
+    from strata.layout.chunk import DEFAULT_UBATCH
+
+    return click.option(
+        "-ub",
+        "--ubatch-size",
+        "ubatch",
+        type=click.IntRange(min=1),
+        default=DEFAULT_UBATCH,
+        show_default=True,
+        help="strata's engine: prompt positions per chunk (strata-engine -ub): plans the GPU chunk path's tile and "
+        "staging slots ('prompt chunk'); 1 = one position at a time, no chunk buffers.",
+    )(f)
+
+
 def expert_profile_option(f):
     return click.option(
         "--expert-profile", "--profile", "expert_profile", type=click.Path(), default=None, help=EXPERT_PROFILE_HELP
@@ -178,6 +194,7 @@ __all__ = [
     "MISS_TIERS",
     "MISS_TIER_HELP",
     "miss_tier_option",
+    "ubatch_plan_option",
     "AliasChoice",
     "CARD_HELP",
     "CTX_HELP",

@@ -790,7 +790,19 @@ def test_host_tier_is_planned_for_strata_and_not_for_cpu_misses_or_the_cpp_engin
     """A 4 MiB card where no expert gets a slot: strata's engine with misses over PCIe (``--miss-tier auto``, the
     default) plans the 24 pairs in a host tier of 24 x 156,672 B (pinned host memory, named in the verdict) and its
     device mapping (one 2 MiB unit) as a VRAM term; ``--miss-tier cpu`` and ``--engine cpp`` plan neither."""
-    args = (small_moe_pack, "--card-mib", 4, "--cuda-context-mib", 0, "--cuda-runtime-mib", 0, "--vram-reserve-mib", 1)
+    args = (
+        small_moe_pack,
+        "--card-mib",
+        4,
+        "--cuda-context-mib",
+        0,
+        "--cuda-runtime-mib",
+        0,
+        "--vram-reserve-mib",
+        1,
+        "-ub",
+        1,
+    )
     args += ("--max-context", 64, "--no-bf16-scan")
     code, d = run_json(*args)
     terms = {t["name"]: t["bytes"] for t in d["terms"]}
@@ -860,7 +872,19 @@ def test_host_memory_terms_and_warnings(small_moe_pack):
 
     from strata.budget.cli import host_ram_warnings
 
-    args = (small_moe_pack, "--card-mib", 4, "--cuda-context-mib", 0, "--cuda-runtime-mib", 0, "--vram-reserve-mib", 1)
+    args = (
+        small_moe_pack,
+        "--card-mib",
+        4,
+        "--cuda-context-mib",
+        0,
+        "--cuda-runtime-mib",
+        0,
+        "--vram-reserve-mib",
+        1,
+        "-ub",
+        1,
+    )
     code, d = run_json(*args, "--max-context", 64, "--no-bf16-scan")
     terms = {t["name"]: t["bytes"] for t in d["host_terms"]}
     assert terms["host tier (pinned)"] == d["host_tier_bytes"] == 24 * 156_672

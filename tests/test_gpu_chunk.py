@@ -184,3 +184,24 @@ def test_cuda_dequant_many_equals_dequantize_and_gemm_within_rounding(type_id):
     big = cp.zeros(2 * rows * ne0, dtype=cp.float32)
     out = cp.asnumpy(gemm.grouped_product(kt, [buf, buf], rows, ne0, cp.stack([X[:9], X[9:18]]), big, tf32=False))
     assert np.max(np.abs(out.reshape(18, rows) - ref[:18])) / scale < 1e-5
+
+
+def test_budget_check_plans_the_chunk_at_its_ubatch(packs):
+    """``strata-budget check -ub N``: the "prompt chunk" term is the engine's chunk buffers at ``-ub > 1`` and 0 at
+    ``-ub 1``, and the rest of the plan moves by exactly that term."""
+    import json
+
+    from click.testing import CliRunner
+
+    from strata.budget.cli import main
+
+    def terms(*extra):
+        r = CliRunner().invoke(main, ["check", str(packs["moe"]), "--card", "6G", "--ctx", "64", "--json", *extra])
+        assert r.exit_code == 0, r.output
+        d = json.loads(r.output)
+        return {t["name"]: t["bytes"] for t in d["terms"]}, d["used_bytes"]
+
+    (chunked, used), (one, used1) = terms(), terms("-ub", "1")
+    eng = _engine(packs["moe"], "sim", n_ctx=64)
+    assert chunked["prompt chunk"] == eng.gpu.chunk_bytes > 0 and one["prompt chunk"] == 0
+    assert used - used1 == chunked["prompt chunk"]

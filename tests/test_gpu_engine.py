@@ -96,7 +96,9 @@ def test_host_tier_mapping_is_reserved_when_the_cache_is_sized(packs):
     4 MiB free above the reserve holds 2 MiB of slots fewer; the tier holds every other pair; the mapping the sim
     took equals the budget's; the reserve is still free after start-up."""
     bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)
-    base = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=bk, vram_reserve_mib=96, miss_tier="cpu")
+    base = load_engine(
+        packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=bk, vram_reserve_mib=96, miss_tier="cpu"
+    )
     n = base.gpu.slot_plan.slots
     bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)
     eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=bk, vram_reserve_mib=96)
@@ -169,7 +171,8 @@ def test_sim_new_expert_types_hit_and_miss_identical(packs):
         ec: _run(
             load_engine(
                 packs["moe_new"],
-                device="cuda", ubatch=1,
+                device="cuda",
+                ubatch=1,
                 n_ctx=64,
                 backend=SimBackend(),
                 expert_cache=12 if ec == "12 cpu" else ec,
@@ -191,7 +194,9 @@ def test_sim_new_expert_types_hit_and_miss_identical(packs):
 def test_sim_stats_per_layer_counts_and_timers(packs, tier):
     """--stats per position: per-layer hits/misses (counts), the misses read over PCIe (the host tier) or run on
     the CPU (cpu-experts ms > 0 only then)."""
-    eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), expert_cache=12, miss_tier=tier)
+    eng = load_engine(
+        packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), expert_cache=12, miss_tier=tier
+    )
     r = generate(eng, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True, stats=True)
     n_used = int(eng.geometry["n_expert_used"])
     for s in r.steps:
@@ -382,7 +387,9 @@ def test_host_tier_that_does_not_fit_host_memory(packs, monkeypatch):
     with pytest.raises(
         ExpertCacheError, match=r"--miss-tier pcie: host tier: \d+ experts x \d+ B = \d+ B .* above the 1000 B"
     ):
-        load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), expert_cache=12, miss_tier="pcie")
+        load_engine(
+            packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), expert_cache=12, miss_tier="pcie"
+        )
     eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), expert_cache=12)
     assert (
         eng.gpu.miss_tier.startswith("cpu (a host tier of ")
@@ -407,7 +414,8 @@ def test_host_tier_mapping_that_does_not_fit_above_the_reserve(packs):
     reserve = 96
     probe = load_engine(
         packs["moe"],
-        device="cuda", ubatch=1,
+        device="cuda",
+        ubatch=1,
         n_ctx=64,
         backend=SimBackend(600 << 20, 500 << 20),
         miss_tier="cpu",
@@ -426,7 +434,8 @@ def test_host_tier_mapping_that_does_not_fit_above_the_reserve(packs):
     with pytest.raises(ExpertCacheError, match=r"--miss-tier pcie: the host tier's device mapping \(2097152 B\)"):
         load_engine(
             packs["moe"],
-            device="cuda", ubatch=1,
+            device="cuda",
+            ubatch=1,
             n_ctx=64,
             backend=SimBackend(total, 500 << 20),
             vram_reserve_mib=reserve,

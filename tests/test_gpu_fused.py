@@ -147,7 +147,13 @@ def test_sim_fused_shared_expert_gate_tokens(packs):
     assert max(float(np.abs(x - y).max()) for x, y in zip(a, b)) < 1e-4
     f = generate(
         load_engine(
-            packs["qwen2moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), resident="half", cpu_kernel="exact"
+            packs["qwen2moe"],
+            device="cuda",
+            ubatch=1,
+            n_ctx=64,
+            backend=SimBackend(),
+            resident="half",
+            cpu_kernel="exact",
         ),
         prompt_ids=PROMPT,
         n_tokens=8,
@@ -166,7 +172,8 @@ def test_sim_fused_full_logits_equal_generic_every_position(packs):
     """With the exact kernels the fused step's logits are the generic path's bit for bit."""
     ids = _ids(36)
     a = _logits_per_position(
-        load_engine(packs["gemma_swa"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), cpu_kernel="exact"), ids
+        load_engine(packs["gemma_swa"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), cpu_kernel="exact"),
+        ids,
     )
     b = _logits_per_position(
         load_engine(packs["gemma_swa"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), fused=False), ids
@@ -228,16 +235,27 @@ def test_stage_times_refused_with_graph(packs):
     with pytest.raises(StageTimesRefused, match="record nothing"):
         load_engine(packs["gemma3"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend(), stage_times=True)
     with pytest.raises(StageTimesRefused, match="fused step only"):  # the generic path has no stage timers at all
-        load_engine(packs["q3n_legacy"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
+        load_engine(
+            packs["q3n_legacy"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend(), graph=False, stage_times=True
+        )
     eng = load_engine(
-        packs["moe"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend(), graph=False, stage_times=True, resident="half"
+        packs["moe"],
+        device="cuda",
+        ubatch=1,
+        n_ctx=32,
+        backend=SimBackend(),
+        graph=False,
+        stage_times=True,
+        resident="half",
     )  # MoE, hybrid: timed per stage (the host points inside the FFN stages)
     generate(eng, prompt_ids=PROMPT, n_tokens=2, ignore_eos=True)
     assert eng.decoder.stage_times.steps == len(PROMPT) + 1 and eng.decoder.stage_times.grouped()["ffn"] > 0
 
 
 def test_stage_times_eager_sim(packs):
-    eng = load_engine(packs["gemma_swa"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend(), graph=False, stage_times=True)
+    eng = load_engine(
+        packs["gemma_swa"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend(), graph=False, stage_times=True
+    )
     generate(eng, prompt_ids=PROMPT, n_tokens=3, ignore_eos=True)
     st = eng.decoder.stage_times
     assert st.steps == len(PROMPT) + 2
@@ -249,7 +267,9 @@ def test_stage_times_eager_sim(packs):
 def test_fused_on_legacy_ssm_in_is_refused_not_ignored(packs):
     with pytest.raises(FusedUnsupported, match="legacy ssm_in"):
         load_engine(packs["q3n_legacy"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend(), fused=True)
-    eng = load_engine(packs["q3n_legacy"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend())  # the generic path, said so
+    eng = load_engine(
+        packs["q3n_legacy"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend()
+    )  # the generic path, said so
     assert eng.decoder is None and "legacy ssm_in" in eng.gpu.decode_path
 
 
@@ -266,13 +286,17 @@ def test_sim_fused_qwen3next_delta_net_and_gated_attention(packs):
     names = [L.name for L in f.decoder.launches(True)]
     assert sum(n.startswith("gdn_step") for n in names) == 3 and sum(n.startswith("gate_mul") for n in names) == 1
     a = _logits_per_position(f, ids)
-    b = _logits_per_position(load_engine(packs["q3n"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), fused=False), ids)
+    b = _logits_per_position(
+        load_engine(packs["q3n"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), fused=False), ids
+    )
     assert all(int(np.argmax(x)) == int(np.argmax(y)) for x, y in zip(a, b))
     assert max(float(np.abs(x - y).max()) for x, y in zip(a, b)) < 1e-4
     again = _logits_per_position(f, ids)
     assert all(np.array_equal(x, y) for x, y in zip(a, again))
     sim = generate(
-        load_engine(packs["q3n"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), resident="half", cpu_kernel="exact"),
+        load_engine(
+            packs["q3n"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), resident="half", cpu_kernel="exact"
+        ),
         prompt_ids=PROMPT,
         n_tokens=8,
         ignore_eos=True,
@@ -497,7 +521,10 @@ def test_cuda_fused_tokens_match_cpu_and_generic(packs, name, kernel):
     assert gap < (1e-3 if kernel == "exact" else 3e-2)
     if kernel == "exact":
         gen = generate(
-            load_engine(packs[name], device="cuda", ubatch=1, n_ctx=64, fused=False), prompt_ids=ids, n_tokens=8, ignore_eos=True
+            load_engine(packs[name], device="cuda", ubatch=1, n_ctx=64, fused=False),
+            prompt_ids=ids,
+            n_tokens=8,
+            ignore_eos=True,
         )
         assert r.output_ids == gen.output_ids
 
@@ -555,7 +582,10 @@ def test_cuda_fused_moe_cache_does_not_change_logits(packs):
         for pos, (a, b) in enumerate(zip(runs["none"], got)):
             assert a.tobytes() == b.tobytes(), f"{key} position {pos}: logits differ from the all-miss run"
     gen = generate(
-        load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=48, fused=False), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True
+        load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=48, fused=False),
+        prompt_ids=PROMPT,
+        n_tokens=8,
+        ignore_eos=True,
     )
     cpu = generate(
         load_engine(packs["moe"], n_ctx=48, ubatch=1, cpu_kernel="exact"),

@@ -86,7 +86,9 @@ LATE_OK = dict(fused=False, warmup=False)
 
 def _used_before_cache(pack, reserve_mib: int) -> tuple[int, int, int]:
     """(bytes allocated before the cache in the one order, the head stage's bytes, one slot's bytes)."""
-    eng = load_engine(pack, device="cuda", ubatch=1, n_ctx=64, backend=_sim(24 << 30), vram_reserve_mib=reserve_mib, **LATE_OK)
+    eng = load_engine(
+        pack, device="cuda", ubatch=1, n_ctx=64, backend=_sim(24 << 30), vram_reserve_mib=reserve_mib, **LATE_OK
+    )
     m = eng.gpu.marks
     return (
         m["prompt path"]["gpu_used_bytes"] - CTX,
@@ -114,14 +116,17 @@ def test_head_after_the_cache_eats_the_reserve_and_is_refused(packs):
     ):
         load_engine(
             packs["moe"],
-            device="cuda", ubatch=1,
+            device="cuda",
+            ubatch=1,
             n_ctx=64,
             backend=_sim(total),
             vram_reserve_mib=reserve,
             stage_order=late,
             **LATE_OK,
         )
-    eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=_sim(total), vram_reserve_mib=reserve, **LATE_OK)
+    eng = load_engine(
+        packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=_sim(total), vram_reserve_mib=reserve, **LATE_OK
+    )
     assert [c.name for c in eng.checkpoints] == ["pack", "weights", "head", "session", "prompt path", "expert cache"]
     assert eng.gpu.slot_plan.slots < 10 and eng.gpu.free_after_bytes >= reserve * F.MIB  # the head came first
 
@@ -133,20 +138,25 @@ def test_fused_step_before_the_head_is_refused_by_name(packs):
     with pytest.raises(
         GenerateError, match=r"binds the output head \(output\.weight\) .* load 'head' before 'prompt path'"
     ):
-        load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=_sim(24 << 30), stage_order=late, warmup=False)
+        load_engine(
+            packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=_sim(24 << 30), stage_order=late, warmup=False
+        )
 
 
 def test_stage_orders_that_cannot_run_are_refused(packs):
     with pytest.raises(GenerateError, match="'session' must come before 'prompt path'"):
         load_engine(
             packs["moe"],
-            device="cuda", ubatch=1,
+            device="cuda",
+            ubatch=1,
             n_ctx=64,
             backend=SimBackend(),
             stage_order=("weights", "head", "prompt path", "session", "expert cache"),
         )
     with pytest.raises(GenerateError, match="expected a permutation of"):
-        load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), stage_order=("weights", "head"))
+        load_engine(
+            packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), stage_order=("weights", "head")
+        )
 
 
 def test_prompt_path_on_top_of_the_reserve_is_refused_with_the_numbers(packs):
@@ -179,24 +189,28 @@ def test_fixed_cache_above_what_fits_is_refused_on_the_emulated_card(packs):
         match=r"--expert-cache 25 refused: 25 slots x \d+ B = \d+ B .* at most 24 slots "
         r"fit \(capped at the 24 \(layer, expert\) pairs",
     ):
-        load_engine(packs["moe"], device="sim", n_ctx=64, card=card, vram_reserve_mib=1, expert_cache=25)
-    eng = load_engine(packs["moe"], device="sim", n_ctx=64, card=card, vram_reserve_mib=1, expert_cache="auto")
+        load_engine(packs["moe"], device="sim", ubatch=1, n_ctx=64, card=card, vram_reserve_mib=1, expert_cache=25)
+    eng = load_engine(
+        packs["moe"], device="sim", ubatch=1, n_ctx=64, card=card, vram_reserve_mib=1, expert_cache="auto"
+    )
     fit = eng.gpu.slot_plan.slots
     small = card_from_mib(505, cuda_context_mib=500)
-    e2 = load_engine(packs["moe"], device="sim", n_ctx=64, card=small, vram_reserve_mib=1)
+    e2 = load_engine(packs["moe"], device="sim", ubatch=1, n_ctx=64, card=small, vram_reserve_mib=1)
     n = e2.gpu.slot_plan.slots
     assert n < fit
     with pytest.raises(
         ExpertCacheError, match=rf"--expert-cache {n + 1} refused: .* at most {n} slots fit .* holds {n}\)"
     ):
-        load_engine(packs["moe"], device="sim", n_ctx=64, card=small, vram_reserve_mib=1, expert_cache=n + 1)
+        load_engine(packs["moe"], device="sim", ubatch=1, n_ctx=64, card=small, vram_reserve_mib=1, expert_cache=n + 1)
 
 
 def test_profile_fill_skips_only_a_full_layers_pairs_in_the_engine(packs):
     # layer 0's experts carry the highest counts; with 6 slots over 3 layers its range (2) fills first,
     # and the fill goes on into layers 1 and 2 (the bug ended the whole fill at the first full layer)
     prof = [(0, e, 100 - e) for e in range(8)] + [(1, e, 10 - e) for e in range(4)] + [(2, e, 5 - e) for e in range(4)]
-    eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), expert_cache=6, profile=prof)
+    eng = load_engine(
+        packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), expert_cache=6, profile=prof
+    )
     fill = F.fill_profile(prof, 6)
     resident = sorted(eng.experts.cache.where)
     assert resident == sorted(fill.order) and {il for il, _ in resident} == {0, 1, 2}
@@ -230,7 +244,9 @@ def test_nextn_draft_head_in_the_contract_budget_and_engine(packs):
         == p.term("draft head bind")
         == LB.draft_bind_bytes([(t.type, t.src_type, t.ne) for t in draft], kv_row, 256, 2560)
     )
-    eng = load_engine(packs["docs"], device="sim", n_ctx=256, card=card, warmup=False)  # sim: no warm-up steps
+    eng = load_engine(
+        packs["docs"], device="sim", ubatch=1, n_ctx=256, card=card, warmup=False
+    )  # sim: no warm-up steps
     assert [c.name for c in eng.checkpoints] == [
         "pack",
         "weights",
@@ -255,13 +271,13 @@ def test_a_bigger_draft_head_costs_slots_and_keeps_the_reserve(packs):
     assert grown == (2560 * 5000 // 256 * 144) - (2560 * 5000 // 128 * 20)  # Q4_K vs Q1_0 (engine form: widened)
     slot = base.max_slot_bytes
     probe = load_engine(
-        packs["docs"], device="sim", n_ctx=256, card=card_from_mib(24210), vram_reserve_mib=64, warmup=False
+        packs["docs"], device="sim", ubatch=1, n_ctx=256, card=card_from_mib(24210), vram_reserve_mib=64, warmup=False
     )
     need = probe.gpu.marks["prompt path"]["gpu_used_bytes"]
     total_mib = -(-(need + 64 * F.MIB + 20 * slot + probe.gpu.draft_bind_bytes) // F.MIB)  # ~20 slots fit
     card = card_from_mib(total_mib, cuda_context_mib=527)
     runs = {
-        k: load_engine(packs[k], device="sim", n_ctx=256, card=card, vram_reserve_mib=64, warmup=False)
+        k: load_engine(packs[k], device="sim", ubatch=1, n_ctx=256, card=card, vram_reserve_mib=64, warmup=False)
         for k in ("docs", "docs-big")
     }
     s = {k: e.gpu.slot_plan.slots for k, e in runs.items()}
@@ -286,6 +302,7 @@ def test_a_bigger_draft_head_costs_slots_and_keeps_the_reserve(packs):
         load_engine(
             packs["docs-big"],
             device="sim",
+            ubatch=1,
             n_ctx=256,
             card=card,
             vram_reserve_mib=64,

@@ -103,7 +103,14 @@ def test_reference_model_head_after_the_cache_eats_the_reserve_and_is_refused():
     late = ("weights", "session", "drafter", "prompt path", "expert cache", "bind", "head")
     with pytest.raises(StartupRefused, match=r"after start-up: \d+ B .* under the 734003200 B .* head 31\d{7} B"):
         load_engine(
-            DOCS, device="cuda", ubatch=1, n_ctx=CTX, card=card_preset("6G"), stage_order=late, warmup=False, fused=False
+            DOCS,
+            device="cuda",
+            ubatch=1,
+            n_ctx=CTX,
+            card=card_preset("6G"),
+            stage_order=late,
+            warmup=False,
+            fused=False,
         )  # the fused step binds the head when built: it needs the head first
 
 

@@ -100,7 +100,8 @@ class Backend:
 
     def addresses(self, parts: list[list[Any]]) -> Any:
         """Rows of weight buffers as what :meth:`grouped_product` takes: ``addresses(rows)[i][a:b]`` is row ``i``'s
-        buffers ``a .. b-1`` (CUDA: one ``uint64 [rows, n]`` device array of their addresses, one copy; sim: the lists)."""
+        buffers ``a .. b-1`` (CUDA: one ``uint64 [rows, n]`` device array of their addresses, one copy; sim: the
+        lists)."""
         return parts
 
     def host_view(self, owner: Any, storage: np.ndarray, address: int, offset: int, nbytes: int) -> Any:

@@ -34,10 +34,10 @@ from .slots import SlotCache
 class ChunkPath:
     """The device's prompt-chunk buffers and the chunk's routed experts (see the module docstring).
 
-    ``ne0_max``: the widest dense weight's row (values), ``dense_max``: the largest one's elements; ``layout``: a :class:`SlotCache` whose slot layout the
-    staging slots take (the engine's cache, or one of no slots at the prompt-path stage); ``tf32``: cuBLAS's
-    TF32 tensor-core mode (False: plain f32, ``--kernel exact``). ``nbytes``: the tile and the staging slots,
-    :func:`strata.layout.chunk.chunk_buffer_bytes`.
+    ``ne0_max``: the widest dense weight's row (values), ``dense_max``: the largest one's elements; ``layout``: a
+    :class:`SlotCache` whose slot layout the staging slots take (one of no slots, made at the prompt-path stage);
+    ``n_expert``: experts per layer; ``tf32``: cuBLAS's TF32 tensor-core mode (False: plain f32, ``--kernel
+    exact``). ``nbytes``: the tile and the staging slots, :func:`strata.layout.chunk.chunk_buffer_bytes`.
     """
 
     def __init__(

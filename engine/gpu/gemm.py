@@ -173,7 +173,12 @@ def grouped_product(type_id: int, bufs, rows: int, ne0: int, Xg, tile, *, tf32: 
     bases = bufs if isinstance(bufs, cp.ndarray) else addresses(bufs)
     dequant_many(type_id, bases, rows, ne0, 0, rows, tile, rows * ne0)
     out = cp.empty((G, M, rows), dtype=cp.float32)
-    gemm_nt_batched(Xg if Xg.flags.c_contiguous else cp.ascontiguousarray(Xg), tile[: G * rows * ne0].reshape(G, rows, ne0), out, tf32=tf32)
+    gemm_nt_batched(
+        Xg if Xg.flags.c_contiguous else cp.ascontiguousarray(Xg),
+        tile[: G * rows * ne0].reshape(G, rows, ne0),
+        out,
+        tf32=tf32,
+    )
     return out
 
 
