@@ -441,8 +441,10 @@ class ExpertPath:
         expert_{ids[t][k]}(X[t])`` summed in selection order: :meth:`__call__`'s value per row. The outputs come
         from :meth:`chunk_outputs`; the routing hook and the counts of each row are kept until
         :meth:`replay` of that row (the loop reports one position at a time)."""
+        cache = self.cache
+        res = {e for e in {e for row in ids for e in row} if cache is not None and cache.resident(il, e)}
         for t, row in enumerate(ids):
-            hits = sum(1 for e in row if self.cache is not None and self.cache.resident(il, e))
+            hits = sum(e in res for e in row)
             self._deferred.setdefault(t, []).append((il, list(row), hits, len(row) - hits))
         E = self.chunk_outputs(il, X, ids)  # [T, k, n_embd]
         y = E[:, 0] * weights[:, 0:1]

@@ -286,7 +286,7 @@ def test_a_bigger_draft_head_costs_slots_and_keeps_the_reserve(packs):
         assert e.gpu.free_after_bytes >= 64 * F.MIB  # the reserve stays free (measured)
     # the plan moves the same way; a slot count recorded for the old head is refused for the new one
     plans = {
-        k: make_plan(f, card, PlanOptions(engine="strata", n_ctx=256, vram_reserve_mib=64))
+        k: make_plan(f, card, PlanOptions(engine="strata", n_ctx=256, vram_reserve_mib=64, ubatch=1))
         for k, f in (("docs", base), ("docs-big", big))
     }
     # the plan also charges the kernel modules: the bigger head's Q4_K is a type the model already loads,

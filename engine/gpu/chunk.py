@@ -26,7 +26,6 @@ import numpy as np
 
 from strata.layout import chunk as LC
 
-from .. import layers
 from .backend import Backend
 from .slots import SlotCache
 
@@ -108,29 +107,36 @@ class ChunkPath:
         xp, bk, lay = self.xp, self.bk, self.layout
         assert lay is not None
         T, n_embd = X.shape
-        k = len(ids[0]) if ids else 0
-        rows_of: dict[int, list[int]] = {}
-        for t, row in enumerate(ids):
-            for kk, e in enumerate(row):
-                rows_of.setdefault(int(e), []).append(t * k + kk)
+        sel = np.asarray(ids, dtype=np.int64).reshape(T, -1)
+        k = sel.shape[1]
+        flat_e = sel.ravel()  # pair p = t * k + kk
+        perm = np.argsort(flat_e, kind="stable")  # the pairs of each expert together, rows ascending
+        used, first, counts = np.unique(flat_e[perm], return_index=True, return_counts=True)
+        start = dict(zip(used.tolist(), first.tolist()))
         gl, ul, dl = lay.layouts[il]
-        groups = self.groups({e: len(v) for e, v in rows_of.items()}, T * k)
+        groups = self.groups(dict(zip(used.tolist(), counts.tolist())), T * k)
         # per group: src rows (padded with row T, zeros), the flat (t, k) slots it fills, and its rows in the output
         src, dst, take, spans, parts, misses = [], [], [], [], [], []
+        n_src = n_dst = 0
         for grp in groups:
-            M = len(rows_of[grp[0]])
-            s0, d0 = len(src), len(dst)
-            for g, e in enumerate(grp):
-                flat = rows_of[e]
-                src.extend([f // k for f in flat] + [T] * (M - len(flat)))
-                dst.extend(flat)
-                take.extend(g * M + j for j in range(len(flat)))
+            cnt = [int(counts[np.searchsorted(used, e)]) for e in grp]
+            M = cnt[0]
+            pad = np.full((len(grp), M), T, dtype=np.int64)
+            d0 = n_dst
+            for g, (e, c) in enumerate(zip(grp, cnt)):
+                flat = perm[start[e] : start[e] + c]
+                pad[g, :c] = flat // k
+                dst.append(flat)
+                take.append(g * M + np.arange(c, dtype=np.int64))
                 ps, staged = self._parts(path, il, e, g)
                 parts.append(ps)
                 misses.append((e, ps) if staged else None)
-            spans.append((len(grp), M, s0, d0, len(dst)))
-        idx = xp.asarray(np.asarray(src + dst + take, dtype=np.int64))
-        nsrc, ndst = len(src), len(dst)
+            src.append(pad.ravel())
+            n_dst += sum(cnt)
+            spans.append((len(grp), M, n_src, d0, n_dst))
+            n_src += pad.size
+        host = np.concatenate(src + dst + take) if groups else np.zeros(0, dtype=np.int64)
+        idx = xp.asarray(host)
         bases = bk.addresses([[ps[j] for ps in parts] for j in range(3)])  # [3][experts]: gate, up, down
         Xz = xp.concatenate([xp.asarray(X, dtype=xp.float32), xp.zeros((1, n_embd), dtype=xp.float32)])
         E = xp.zeros((T * k, n_embd), dtype=xp.float32)
@@ -142,9 +148,9 @@ class ChunkPath:
             Xg = Xz[idx[s0 : s0 + G * M]].reshape(G, M, n_embd)
             gate = bk.grouped_product(gl.type_id, bases[0][e0 : e0 + G], gl.rows, gl.ne0, Xg, self.tile, self.tf32)
             up = bk.grouped_product(ul.type_id, bases[1][e0 : e0 + G], ul.rows, ul.ne0, Xg, self.tile, self.tf32)
-            h = layers.silu(xp, gate) * up
+            h = bk.silu_mul(gate.reshape(-1), up.reshape(-1)).reshape(gate.shape)
             y = bk.grouped_product(dl.type_id, bases[2][e0 : e0 + G], dl.rows, dl.ne0, h, self.tile, self.tf32)
-            E[idx[nsrc + d0 : nsrc + d1]] = y.reshape(-1, n_embd)[idx[nsrc + ndst + d0 : nsrc + ndst + d1]]
+            E[idx[n_src + d0 : n_src + d1]] = y.reshape(-1, n_embd)[idx[n_src + n_dst + d0 : n_src + n_dst + d1]]
             e0 += G
         return E.reshape(T, k, n_embd)
 
