@@ -52,6 +52,7 @@ from strata.packer.tokenizer_rules import (
     TOKEN_USER_DEFINED,
     bytes_to_unicode,
     merge_refusal,
+    tokenizer_key_refusal,
     pre_rule,
 )
 
@@ -416,6 +417,9 @@ def load_tokenizer(pack: Pack) -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
 
     md = pack.metadata
+    why = tokenizer_key_refusal(md, str(Path(pack.path) / "metadata.txt"))  # the build checks the same rule
+    if why:
+        raise TokenizerError(why)
     vpath = Path(pack.path) / VOCAB_FILE
     if not vpath.exists():
         raise TokenizerError(f"{vpath}: missing; the pack has no tokenizer")

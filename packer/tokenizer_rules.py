@@ -119,16 +119,70 @@ def merge_refusal(k: int, text: str, vocab, where: str, n: int) -> str | None:
     return None
 
 
+#: The GGUF value class llama.cpp reads each scalar tokenizer key as (src/llama-vocab.cpp ``llama_vocab::impl::load``
+#: through ``llama_model_loader::get_key``, whose ``GGUFMeta`` getter refuses a key of another type with "key ... has
+#: wrong type ... but expected type ..."): the model and pre-tokenizer names and the chat template are strings, every
+#: ``*_token_id`` an unsigned id, every ``add_*`` and ``remove_extra_whitespaces`` flag a bool.
+TOKENIZER_KEY_CLASSES = {"tokenizer.ggml.model": "str", "tokenizer.ggml.pre": "str", "tokenizer.chat_template": "str"}
+
+
+def tokenizer_key_class(key: str) -> str | None:
+    """The value class (``str`` | ``int`` | ``bool``) llama.cpp reads tokenizer key ``key`` as, None for a key it
+    does not read as a scalar (:data:`TOKENIZER_KEY_CLASSES`, ``tokenizer.ggml.*_token_id``: ``int``,
+    ``tokenizer.ggml.add_*`` and ``tokenizer.ggml.remove_extra_whitespaces``: ``bool``)."""
+    if key in TOKENIZER_KEY_CLASSES:
+        return TOKENIZER_KEY_CLASSES[key]
+    if key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
+        return "int"
+    if key.startswith("tokenizer.ggml.add_") or key == "tokenizer.ggml.remove_extra_whitespaces":
+        return "bool"
+    return None
+
+
+def _value_class(v) -> str:
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "float"
+    if isinstance(v, (str, bytes)):
+        return "str"
+    return "array" if isinstance(v, (list, tuple)) or hasattr(v, "shape") else type(v).__name__
+
+
+def tokenizer_key_refusal(kv: dict, where: str) -> str | None:
+    """Why a scalar tokenizer key's value has another GGUF value class than llama.cpp reads it as (one line naming
+    ``where``, the key, the class found and the class expected), or None. llama.cpp refuses such a model at load;
+    strata refuses it at build and at the tokenizer's load, rather than reading ``"false"`` as true or an id
+    given as a string as no id. The one rule of ``strata-pack build`` and the engine's tokenizer."""
+    for key in sorted(kv):
+        want = tokenizer_key_class(key)
+        if want is None:
+            continue
+        got = _value_class(kv[key])
+        if got != want:
+            return (
+                f"{where}: {key} is a {got} ({kv[key]!r}), but llama.cpp reads it as a {want} and refuses the model "
+                f'("key has wrong type"); refused'
+            )
+    return None
+
+
 def tokenizer_refusal(kv: dict, tokens: list[bytes] | None, types: list[int] | None, where: str) -> str | None:
     """Why strata cannot tokenize like llama.cpp for these ``tokenizer.ggml.*`` values (one line naming
     ``where``, the key and the value, or the token id), or None.
 
-    Refused: a ``tokenizer.ggml.model`` other than :data:`MODEL_DEFAULTS`'s; for ``gpt2`` a
+    Refused: a tokenizer key of another value class than llama.cpp reads (:func:`tokenizer_key_refusal`); a
+    ``tokenizer.ggml.model`` other than :data:`MODEL_DEFAULTS`'s; for ``gpt2`` a
     ``tokenizer.ggml.pre`` outside :data:`PRE_RULES`; a special token (control, user-defined or
     unknown) whose bytes are not valid UTF-8 (llama.cpp matches such bytes inside the prompt's
     multi-byte characters, splitting them). Normal tokens with such bytes are kept: no text can
     produce them and they decode to their bytes, as in llama.cpp.
     """
+    why = tokenizer_key_refusal(kv, where)
+    if why:
+        return why
     model = kv.get("tokenizer.ggml.model")
     if tokens is None or model is None:
         return None  # no vocabulary to run (the engine refuses a pack without a tokenizer model by name)
@@ -159,7 +213,10 @@ def tokenizer_refusal(kv: dict, tokens: list[bytes] | None, types: list[int] | N
 
 
 __all__ = [
+    "TOKENIZER_KEY_CLASSES",
     "merge_refusal",
+    "tokenizer_key_class",
+    "tokenizer_key_refusal",
     "DEFAULT_PRE",
     "MODEL_DEFAULTS",
     "PRE_RULES",

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from strata.engine.chat import ChatTemplateError, chat_prompt
 from strata.engine.cli import main as engine_main
-from strata.engine.tokenizer import load_tokenizer
+from strata.engine.tokenizer import TokenizerError, load_tokenizer
 from strata.packer.build import build_pack
 from strata.packer.pack import open_pack
 from strata.packer.pack_plan import BuildError
@@ -158,6 +158,68 @@ def test_special_token_not_utf8_refused_by_id_at_build(tmp_path):
         f"{tmp_path / 'm.gguf'}: token 516 (type 3, special) is not valid UTF-8 (b'\\xff\\xfe'): llama.cpp would "
         f"match its bytes inside the prompt's multi-byte characters; refused"
     )
+
+
+TYPE_CASES = [
+    ("tokenizer.ggml.add_bos_token", "false", "str", "bool"),  # read as a bool, "false" would have been true
+    ("tokenizer.ggml.add_space_prefix", 1, "int", "bool"),
+    ("tokenizer.ggml.eos_token_id", "151643", "str", "int"),  # read as an id, a string would have been no id
+    ("tokenizer.ggml.padding_token_id", True, "bool", "int"),
+    ("tokenizer.ggml.pre", 2, "int", "str"),
+]
+
+
+def _with_key(key, value):
+    from strata.testing.models import kv_entry
+
+    def edit(kv):
+        return [e for e in kv if e[0] != key] + [kv_entry(key, value)]
+
+    return edit
+
+
+@pytest.mark.parametrize("key,value,got,want", TYPE_CASES)
+def test_tokenizer_key_of_another_type_refused_by_name_at_build(tmp_path, key, value, got, want):
+    """A scalar tokenizer key whose GGUF value type is not the one llama.cpp reads it as: refused at build, naming the
+    key, the value, the class found and the class llama.cpp expects (llama.cpp refuses the model: test below)."""
+    msg = _build_with(tmp_path, "bpe-qwen2", _with_key(key, value))
+    assert msg == (
+        f"{tmp_path / 'm.gguf'}: {key} is a {got} ({value!r}), but llama.cpp reads it as a {want} and refuses the "
+        'model ("key has wrong type"); refused'
+    )
+
+
+def test_tokenizer_key_of_another_type_refused_at_load(tmp_path):
+    """The engine's tokenizer checks the same rule on the pack's metadata.txt (a pack edited after its build)."""
+    from strata import testing as synth
+
+    kv, n = tokenizer_case_kv("bpe-qwen2")
+    spec = synth.qwen2_spec(
+        n_layers=1, dims={"n_vocab": n, "n_embd": 64, "n_ff": 128, "n_head": 2, "n_head_kv": 1, "head_dim": 32}
+    )
+    g = synth.write_model(tmp_path / "m.gguf", spec, tokenizer=kv)[0]
+    build_pack(g, tmp_path / "p", progress=False)
+    md = tmp_path / "p" / "metadata.txt"
+    text = md.read_text(encoding="utf-8")
+    assert "tokenizer.ggml.add_bos_token" not in text
+    md.write_text(text + "tokenizer.ggml.add_bos_token str false\n", encoding="utf-8")
+    with pytest.raises(TokenizerError, match=r"metadata.txt: tokenizer.ggml.add_bos_token is a str \('false'\), but "):
+        load_tokenizer(open_pack(tmp_path / "p"))
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.parametrize("key,value,got,want", TYPE_CASES[:3])
+def test_llama_cpp_refuses_a_tokenizer_key_of_another_type(llama_cpp, tmp_path, key, value, got, want):
+    """The reference: llama.cpp does not load such a model (its GGUFMeta getter: "key ... has wrong type")."""
+    from strata import testing as synth
+
+    kv, n = tokenizer_case_kv("bpe-qwen2")
+    spec = synth.qwen2_spec(
+        n_layers=1, dims={"n_vocab": n, "n_embd": 64, "n_ff": 128, "n_head": 2, "n_head_kv": 1, "head_dim": 32}
+    )
+    g = synth.write_model(tmp_path / "m.gguf", spec, tokenizer=_with_key(key, value)(kv))[0]
+    with pytest.raises(ValueError):
+        llama_cpp.Llama(model_path=str(g), vocab_only=True, verbose=False)
 
 
 # ------------------------------------------------------------------ real models, chat templates
