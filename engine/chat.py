@@ -4,7 +4,8 @@ llama.cpp prepares a chat prompt.
 The template is the GGUF's ``tokenizer.chat_template`` (kept in the pack's metadata.txt). It is
 rendered with Jinja2 the way the Hugging Face convention does (transformers'
 ``chat_template_utils``, which llama-cpp-python's ``Jinja2ChatFormatter`` follows too): a sandboxed
-environment with ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension, ``tojson``
+environment with ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension, the
+``{% generation %}`` block (its body rendered as is, as transformers' ``AssistantTracker`` does), ``tojson``
 as ``json.dumps`` without ASCII escaping, ``raise_exception`` and ``strftime_now``; the variables
 ``messages``, ``bos_token``, ``eos_token`` (the tokens' texts) and ``add_generation_prompt = true``.
 
@@ -35,6 +36,22 @@ def _raise(message: str):
     raise ChatTemplateError(f"the chat template refused the messages: {message}")
 
 
+def _generation_extension():
+    """Hugging Face's ``{% generation %} ... {% endgeneration %}`` block (transformers ``chat_template_utils``
+    ``AssistantTracker``): it marks the assistant's tokens for ``return_assistant_tokens_mask`` and renders its
+    body unchanged; strata renders the body (it never asks for the mask)."""
+    import jinja2.ext
+
+    class Generation(jinja2.ext.Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            next(parser.stream)  # the "generation" name token
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    return Generation
+
+
 def render_chat(
     template: str,
     messages: list[dict],
@@ -50,7 +67,9 @@ def render_chat(
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _generation_extension()]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

@@ -52,8 +52,8 @@ from strata.packer.tokenizer_rules import (
     TOKEN_USER_DEFINED,
     bytes_to_unicode,
     merge_refusal,
-    tokenizer_key_refusal,
     pre_rule,
+    tokenizer_key_refusal,
 )
 
 #: kept for importers: the regexes of every supported pre-tokenizer

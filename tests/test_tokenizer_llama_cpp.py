@@ -383,3 +383,21 @@ def test_cli_parses_special_tokens_unless_told_not_to(cases):
         "<|im_start|>"
     )
     assert ids["--no-parse-special"] == tok.encode("<|im_start|>user", parse_special=False) != ids["--parse-special"]
+
+
+def test_generation_block_renders_its_body():
+    """Hugging Face's ``{% generation %}`` block (transformers' AssistantTracker: it marks the assistant's tokens for a
+    mask and renders its body as is) renders its body; an unknown tag is still refused with the template error."""
+    from strata.engine.chat import render_chat
+
+    t = (
+        "{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' %}{% generation %}{{ m.content }}"
+        "{% endgeneration %}{% else %}{{ m.content }}{% endif %}</s>{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo {{x}}"}]
+    assert render_chat(t, msgs) == "<user>hi</s><assistant>yo {{x}}</s><assistant>"
+    nested = "{% for m in messages %}{%- generation -%}\n[{{ m.content }}]\n{%- endgeneration %}{% endfor %}"
+    assert render_chat(nested, msgs) == "[hi][yo {{x}}]"
+    with pytest.raises(ChatTemplateError, match="TemplateSyntaxError"):
+        render_chat("{% tracked %}x{% endtracked %}", msgs)
