@@ -15,6 +15,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -401,3 +402,56 @@ def test_generation_block_renders_its_body():
     assert render_chat(nested, msgs) == "[hi][yo {{x}}]"
     with pytest.raises(ChatTemplateError, match="TemplateSyntaxError"):
         render_chat("{% tracked %}x{% endtracked %}", msgs)
+
+
+def _spm_tied(tmp_path, bucket: int):
+    """The ``spm`` case with its pieces' scores in buckets of ``bucket`` (every piece of a bucket the same score):
+    merges of equal score compete everywhere. Returns (GGUF, pack)."""
+    import math
+
+    from strata import testing as synth
+
+    kv, n = tokenizer_case_kv("spm")
+    out = []
+    for k, t, v, s in kv:
+        if k == "tokenizer.ggml.scores":
+            v = [float(-math.floor(-x / bucket)) if x < 0 else x for x in v]
+        out.append((k, t, v, s))
+    spec = synth.qwen2_spec(
+        n_layers=1, dims={"n_vocab": n, "n_embd": 64, "n_ff": 128, "n_head": 2, "n_head_kv": 1, "head_dim": 32}
+    )
+    g = synth.write_model(tmp_path / "tied.gguf", spec, tokenizer=out)[0]
+    build_pack(g, tmp_path / "tied", progress=False)
+    return g, tmp_path / "tied"
+
+
+def test_spm_equal_scores_merge_leftmost_first():
+    """llama.cpp's SPM order at equal scores: the leftmost bigram first, whatever the pieces' ids (``bc`` has the
+    lower id, ``ab`` starts first); a higher score still wins anywhere; no byte token and no unknown: refused."""
+    from strata.engine.tokenizer import SpmEncoder
+
+    vocab = {"a": 0, "b": 1, "c": 2, "bc": 3, "ab": 4, "<0x61>": 5}
+    enc = SpmEncoder(vocab, np.zeros(6, np.float32), set(), None)
+    assert enc.encode_ids("abc") == [4, 2]
+    assert enc.encode_ids("abcbc") == [4, 2, 3]
+    assert enc.encode_ids("cabc") == [2, 4, 2]
+    enc = SpmEncoder(vocab, np.array([0, 0, 0, 1, 0, 0], np.float32), set(), None)
+    assert enc.encode_ids("abc") == [0, 3]
+    with pytest.raises(TokenizerError, match="character 'z': no token, no <0x7A> byte token and no unknown token"):
+        enc.encode_ids("z")
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.parametrize("bucket", [10**6, 7, 2])
+def test_spm_equal_scores_equal_llama_cpp_live(tmp_path, llama_cpp, bucket):
+    """SentencePiece merging when many pieces share a score (buckets of ``bucket`` consecutive scores; 10**6: all
+    equal) gives llama.cpp's ids on every random and recorded prompt."""
+    g, pack = _spm_tied(tmp_path, bucket)
+    tok = load_tokenizer(open_pack(pack))
+    llm = llama_cpp.Llama(model_path=str(g), vocab_only=True, verbose=False)
+    bad = []
+    for s in _random_strings() + SYNTH["strings"]:
+        want = [int(t) for t in llm.tokenize(s.encode(), add_bos=True, special=True)]
+        if tok.encode(s) != want:
+            bad.append((s, tok.encode(s), want))
+    assert not bad, f"{len(bad)} prompts differ from llama.cpp, e.g. {bad[:2]}"
