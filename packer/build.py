@@ -33,6 +33,7 @@ from .outputs import WRITE_ERRNOS, OutputError, check_free_space, sidecar_name, 
 from .pack import open_pack
 from .pack_plan import (
     BuildError,
+    check_contract_names,
     check_foreign_shards,
     check_layer_count,
     is_router_tensor,
@@ -430,6 +431,7 @@ def header_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = 
     geom = resolve_geometry(model)
     check_foreign_shards(model, geom)
     check_layer_count(model, geom)
+    check_contract_names(model, geom)
     index = layout_pool(model, align)
     experts = tabulate_experts(model, geom)
     check_tokenizer(model)
@@ -499,6 +501,7 @@ def _build_pack(src: str | os.PathLike, out: Path, *, align: int, force: bool, p
     geom = resolve_geometry(model)
     check_foreign_shards(model, geom)
     check_layer_count(model, geom)
+    check_contract_names(model, geom)
     check_tokenizer(model)
     index = layout_pool(model, align)
     experts = tabulate_experts(model, geom)

@@ -66,9 +66,8 @@ REFUSED: dict[str, str] = {
     "strata-pack build": "not a GGUF, a foreign shard or a big-endian file, an unsupported tokenizer, a metadata key "
     "whose value strata does not implement (key and value named), an output that exists or "
     "cannot be written (the bytes needed and free when the disk is full)",
-    "strata-pack verify": "not a pack (missing, empty, a GGUF file), a source shard moved (`--source-dir`) or "
-    "unreadable: "
-    "nothing compared",
+    "strata-pack verify": "not a pack (missing, empty, a GGUF file), a pack built by an older strata (rebuild it: "
+    "the message budget and the engine give), a source shard moved (`--source-dir`) or unreadable: nothing compared",
     "strata-pack inspect": "neither a GGUF nor a pack, a `--parquet` file that cannot be written",
     "strata-pack fetch": "an unknown name, an unusable cache directory, not enough free space",
     "strata-budget check": "a semantic error in the pack (every failure listed), not a pack, a bad card, option or "

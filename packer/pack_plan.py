@@ -298,6 +298,31 @@ def check_foreign_shards(model: GGUFModel, geom: Geometry) -> None:
         )
 
 
+def check_contract_names(model: GGUFModel, geom: Geometry) -> None:
+    """Every tensor of every shard must have a role in the architecture's contract (``manifests/<arch>.toml``,
+    :meth:`Geometry.expected_tensors`): a tensor no role names - a routing bias the architecture does not have, a
+    renamed norm - is refused here, as llama.cpp refuses a file with tensors its loader does not create
+    (``llama_model_loader::done_getting_tensors``: "wrong number of tensors"), instead of packing it for the audit
+    and the engine's load to refuse later. Shapes and types stay the audit's to judge (it lists every finding).
+
+    Raises:
+        BuildError: naming the shard file, the first unknown tensor, its shape, and how many there are.
+    """
+    expected = {name for name, _spec, _ne, _il in geom.expected_tensors()}
+    unknown = [(name, k, t) for name, (k, t) in model.tensors.items() if name not in expected]
+    if not unknown:
+        return
+    name, k, t = unknown[0]
+    more = f" (and {len(unknown) - 1} more: {', '.join(n for n, _k, _t in unknown[1:4])}" + (
+        ", ...)" if len(unknown) > 4 else ")"
+    )
+    raise BuildError(
+        f"{model.shards[k].path}: tensor {name} {fmt_ne(t.ne)} is not in the {geom.arch} contract (no role for it in "
+        f"manifests/{geom.arch}.toml){more if len(unknown) > 1 else ''}; llama.cpp refuses a file with tensors its "
+        f"loader does not create; refusing to pack it"
+    )
+
+
 def check_layer_count(model: GGUFModel, geom: Geometry) -> None:
     """The metadata's layer count must match the ``blk.N`` tensors present: every N in
     ``[0, n_layer)`` and no other (a huge ``block_count`` is refused here, before anything
@@ -324,6 +349,7 @@ def check_layer_count(model: GGUFModel, geom: Geometry) -> None:
 __all__ = [
     "ARRAY_KINDS",
     "BuildError",
+    "check_contract_names",
     "check_foreign_shards",
     "check_layer_count",
     "is_expert_tensor",

@@ -323,12 +323,15 @@ def test_missing_unexpected_and_choice_conflicts_are_named(tmp_path):
 
     def edit(ts):
         ts = [x for x in ts if x[0] != "blk.0.ffn_up.weight"]
-        ts.append(("blk.1.mystery.weight", 8, (E, 32)))
         ts.append(("blk.1.attn_qkv.weight", 8, (E, E + 2 * 128)))  # fused qkv beside the separate q/k/v
         return ts
 
     src = write_variant(tmp_path / "q2.gguf", spec, edit)
     build_pack(src, tmp_path / "pack", progress=False)
+    # a tensor no role names is refused at build (tests/test_pack_build.py); in a pack edited after its build, the
+    # audit names it: blk.1.ffn_norm.weight renamed in index.txt
+    idx = tmp_path / "pack" / "index.txt"
+    idx.write_text(idx.read_text().replace("blk.1.ffn_norm.weight ", "blk.1.mystery.weight "))
     res = audit_pack(tmp_path / "pack")
     missing = [
         e
@@ -339,7 +342,7 @@ def test_missing_unexpected_and_choice_conflicts_are_named(tmp_path):
     [unexpected] = errors_for(res, "blk.1.mystery.weight")
     assert (
         unexpected.message.startswith("tensor blk.1.mystery.weight is not in the qwen2 contract")
-        and unexpected.found == f"[{E}, 32]"
+        and unexpected.found == f"[{E}]"
     )
     conflict = [e for e in res.errors if "qkv tensors present are not exactly one option" in e.message]
     assert conflict and "blk.1.attn_qkv.weight" in conflict[0].found
@@ -377,3 +380,37 @@ def test_split_shards_and_fused_gate_up(tmp_path):
     res = audit_pack(tmp_path / "pack")
     assert res.errors == [] and res.expert_layers == 4
     assert len({c.where for c in res.checks if c.term == "expert blob"}) == 4
+
+
+def test_tensor_without_a_role_is_refused_at_build(tmp_path):
+    """Issue 21 item 12: a routing bias the architecture does not have (deepseek2's ``exp_probs_b`` in a qwen3moe
+    file) and a misspelt norm are refused by ``strata-pack build``, naming the file, the tensor, its shape and the
+    count, as llama.cpp refuses a file with tensors its loader does not create; nothing is written."""
+    from strata.packer.pack_plan import BuildError
+
+    spec = synth.qwen3moe_spec()
+    E = spec.dims.n_expert
+
+    def edit(ts):
+        return ts + [("blk.0.exp_probs_b.bias", 0, (E,)), ("blk.1.ffn_nrom.weight", 0, (spec.dims.n_embd,))]
+
+    src = write_variant(tmp_path / "m.gguf", spec, edit)
+    with pytest.raises(BuildError) as e:
+        build_pack(src, tmp_path / "pack", progress=False)
+    assert str(e.value) == (
+        f"{src}: tensor blk.0.exp_probs_b.bias [{E}] is not in the qwen3moe contract (no role for it in "
+        "manifests/qwen3moe.toml) (and 1 more: blk.1.ffn_nrom.weight); llama.cpp refuses a file with tensors its "
+        "loader does not create; refusing to pack it"
+    )
+    assert not (tmp_path / "pack").exists()
+
+
+@pytest.mark.llama_cpp
+def test_llama_cpp_refuses_a_tensor_without_a_role(llama_cpp, tmp_path):
+    """The reference for the refusal above: llama.cpp loads the file without the extra tensor and refuses it with."""
+    spec = synth.qwen3moe_spec()
+    ok = write_variant(tmp_path / "ok.gguf", spec)
+    bad = write_variant(tmp_path / "bad.gguf", spec, lambda ts: ts + [("blk.0.exp_probs_b.bias", 0, (8,))])
+    llama_cpp.Llama(model_path=str(ok), verbose=False, n_ctx=32)
+    with pytest.raises(ValueError):
+        llama_cpp.Llama(model_path=str(bad), verbose=False, n_ctx=32)

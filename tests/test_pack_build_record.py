@@ -219,3 +219,33 @@ def test_a_retargeted_or_edited_source_is_refused_at_load(tmp_path):
     link.symlink_to(c / "m.gguf")
     r = CliRunner().invoke(main, ["generate", str(p), "-p", "hi", "-n", "2"])
     assert r.exit_code == 0, r.stderr
+
+
+def test_a_pack_of_an_older_strata_gets_one_message_everywhere(pack):
+    """Issue 21 item 6: a pack whose geometry.txt lacks a param the manifest now has (what an older strata wrote,
+    reproduced with the build of commit b76d6a5~1: gemma3's rope_dim) - verify, budget check and generate all refuse
+    it with exit 2 and the same "rebuild it" line, instead of verify calling it corrupt."""
+    from click.testing import CliRunner
+
+    from strata.budget.cli import main as budget_main
+    from strata.engine.cli import main as engine_main
+    from strata.packer.cli import main as pack_main
+
+    pack = pack[1]
+    geo = pack / "geometry.txt"
+    lines = geo.read_text(encoding="utf-8").splitlines(keepends=True)
+    geo.write_text("".join(x for x in lines if not x.startswith("rope_dim ")), encoding="utf-8")
+    want = (
+        "geometry.txt: param 'rope_dim' of qwen2 is missing (a pack built by an older strata? rebuild it from its "
+        "GGUF: strata-pack build GGUF -o PACK --force)"
+    )
+    outs = {}
+    for name, main, args in (
+        ("verify", pack_main, ["verify", str(pack)]),
+        ("budget", budget_main, ["check", str(pack), "--card", "24G", "--ctx", "64"]),
+        ("generate", engine_main, ["generate", str(pack), "-p", "hi", "-n", "1"]),
+    ):
+        r = CliRunner().invoke(main, args)
+        outs[name] = r.output
+        flat = " ".join(r.output.split())  # budget's table wraps long lines
+        assert r.exit_code == 2 and want in flat and "Traceback" not in r.output, (name, r.output)
