@@ -403,6 +403,12 @@ def test_tensor_without_a_role_is_refused_at_build(tmp_path):
         "loader does not create; refusing to pack it"
     )
     assert not (tmp_path / "pack").exists()
+    from click.testing import CliRunner
+
+    from strata.packer.cli import main as pack_main
+
+    r = CliRunner().invoke(pack_main, ["build", str(src), "-o", str(tmp_path / "pack")])
+    assert r.exit_code == 2 and f"error: {e.value}" in r.output and not (tmp_path / "pack").exists(), r.output
 
 
 @pytest.mark.llama_cpp
