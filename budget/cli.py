@@ -145,7 +145,8 @@ def main() -> None:
     type=AliasChoice(["strata", "cpp"], ENGINE_ALIASES),
     default="strata",
     show_default=True,
-    help="The engine planned for: strata's own (one position per step, untied embeddings on the host, "
+    help="The engine planned for: strata's own (prompt chunks of -ub, one position per generated token, untied "
+    "embeddings on the host, "
     "activation and runtime terms from what it allocates and loads; the --prefill, --prefill-model, "
     "--logits-all and --embeddings-on-host options do not apply) or the reference C++ engine (cpp).",
 )

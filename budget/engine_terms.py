@@ -9,7 +9,8 @@ engine (:mod:`strata.layout`, :mod:`.formulas`); these are the ones that depend 
 - "prefill/activations": the fused step's device buffers, exactly
   (:func:`strata.layout.step.fused_step_bytes`, the engine's ``GpuInfo.fused_buffer_bytes``), or the
   generic path's warm-up temporaries (:func:`strata.layout.step.generic_step_bytes`, an
-  estimate); one position per step (the prompt goes through the decode path);
+  estimate); one position per step (generated tokens; a prompt chunk's buffers are "prompt chunk",
+  :func:`chunk_term`);
 - "CUDA runtime": the kernel modules of the types it loads, the CUDA graphs it captures, CuPy's kernels
   on the generic path, and the driver's rounding of each of its large allocations
   (:func:`strata.budget.formulas_gpu.cuda_runtime_bytes` over :func:`allocations`);

@@ -191,8 +191,8 @@ def main() -> None:
     help=f"CPU kernel threads, 1-{MAX_THREADS} (ggml's GGML_MAX_N_THREADS; default: the cores this process may use).",
 )
 @ubatch_option(
-    "Prompt positions that go through the layers together (llama.cpp's -ub; 1 = one at a time). "
-    "CPU path; the GPU's fused step takes one position at a time."
+    "Prompt positions that go through the layers together (llama.cpp's -ub; 1 = one at a time), on the CPU and "
+    "the GPU (its chunk buffers: the budget's 'prompt chunk' term); generated tokens run one position per step."
 )
 @click.option(
     "-b",
@@ -282,6 +282,7 @@ def generate_cmd(pack, **kw):
     "measured during generation beside the expert profile's prediction.",
 )
 @click.option("-p", "--prompt", default="The capital of France is", show_default=True, help="The prompt of -n.")
+@ubatch_option("Prompt positions per chunk the engine is started for, as generate's: its 'prompt chunk' buffers.")
 @click.option(
     "--device",
     type=click.Choice(["cuda", "sim"]),
@@ -346,7 +347,7 @@ main.add_command(
     show_default=True,
     help="Where the routing runs (the same counts up to router near-ties, where float rounding decides).",
 )
-@ubatch_option("CPU: prompt positions per chunk, as generate's (1 = one position at a time, the GPU's routing path).")
+@ubatch_option("Prompt positions per chunk, as generate's (1 = one position at a time, the decode step's routing).")
 @click.option(
     "--trace",
     "trace_out",

@@ -440,12 +440,21 @@ class ExpertPath:
         experts of row ``t`` in selection order, ``weights [T, k]``. Row ``t`` = ``sum_k weights[t, k] *
         expert_{ids[t][k]}(X[t])`` summed in selection order: :meth:`__call__`'s value per row. The outputs come
         from :meth:`chunk_outputs`; the routing hook and the counts of each row are kept until
-        :meth:`replay` of that row (the loop reports one position at a time)."""
+        :meth:`replay` of that row (the loop reports one position at a time). Misses read in place from a host tier
+        (:meth:`tier_bytes`) count as PCIe misses on every row that routes to them; their bytes go to the first row
+        that does (a chunk reads each such expert once), so a chunk's rows sum to the bytes it read."""
         cache = self.cache
-        res = {e for e in {e for row in ids for e in row} if cache is not None and cache.resident(il, e)}
+        used = {e for row in ids for e in row}
+        res = {e for e in used if cache is not None and cache.resident(il, e)}
+        tier = {e: b for e in used - res if (b := self.tier_bytes(il, e))}  # misses read in place over PCIe
+        seen: set[int] = set()
         for t, row in enumerate(ids):
             hits = sum(e in res for e in row)
-            self._deferred.setdefault(t, []).append((il, list(row), hits, len(row) - hits))
+            pcie = sum(e in tier for e in row)
+            new = {e for e in row if e in tier and e not in seen}  # a chunk reads each such expert once
+            seen |= new
+            entry = (il, list(row), hits, len(row) - hits, pcie, sum(tier[e] for e in new))
+            self._deferred.setdefault(t, []).append(entry)
         E = self.chunk_outputs(il, X, ids)  # [T, k, n_embd]
         y = E[:, 0] * weights[:, 0:1]
         for k in range(1, E.shape[1]):
@@ -469,10 +478,15 @@ class ExpertPath:
     def replay(self, t: int) -> None:
         """Hand row ``t`` of the last chunk to the routing hook (each layer's selection, in layer order) and
         the counts (:meth:`take_step` then reports that position as if it had run alone)."""
-        for il, row, hits, misses in self._deferred.pop(t, []):
+        for il, row, hits, misses, pcie, pcie_bytes in self._deferred.pop(t, []):
             if self.on_route is not None:
                 self.on_route(il, row)
-            self.count(il, hits, misses)
+            self.count(il, hits, misses, pcie, pcie_bytes)
+
+    def tier_bytes(self, il: int, e: int) -> int:
+        """Bytes a miss of expert ``e`` in layer ``il`` reads over PCIe from a host tier (0: no host tier holds it;
+        the GPU path overrides this)."""
+        return 0
 
     def count(self, il: int, hits: int, misses: int, pcie: int = 0, pcie_bytes: int = 0) -> None:
         """Add one layer's routed experts to the counts (a path that splits hits and misses itself,

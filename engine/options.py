@@ -134,7 +134,7 @@ class EngineOptions:
             )
         if self.threads is not None and not 1 <= int(self.threads) <= MAX_THREADS:
             raise GenerateError(f"threads {self.threads}: expected 1..{MAX_THREADS} (ggml's GGML_MAX_N_THREADS)")
-        if int(self.ubatch) < 1:
+        if isinstance(self.ubatch, bool) or not isinstance(self.ubatch, int) or self.ubatch < 1:
             raise GenerateError(f"--ubatch-size {self.ubatch}: must be >= 1 (1 = one prompt position at a time)")
         if self.cpu_kernel is not None and self.cpu_kernel not in KERNELS:
             raise GenerateError(f"cpu_kernel {self.cpu_kernel!r}: expected one of {', '.join(KERNELS)}")

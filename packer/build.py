@@ -33,9 +33,7 @@ from .outputs import WRITE_ERRNOS, OutputError, check_free_space, sidecar_name, 
 from .pack import open_pack
 from .pack_plan import (
     BuildError,
-    check_contract_names,
-    check_foreign_shards,
-    check_layer_count,
+    check_source,
     is_router_tensor,
     layout_pool,
     metadata_items,
@@ -429,9 +427,7 @@ def header_pack(src: str | os.PathLike, out: str | os.PathLike, *, align: int = 
     out = Path(out)
     model = open_model(src)
     geom = resolve_geometry(model)
-    check_foreign_shards(model, geom)
-    check_layer_count(model, geom)
-    check_contract_names(model, geom)
+    check_source(model, geom)
     index = layout_pool(model, align)
     experts = tabulate_experts(model, geom)
     check_tokenizer(model)
@@ -499,9 +495,7 @@ def _build_pack(src: str | os.PathLike, out: Path, *, align: int, force: bool, p
     model = open_model(src)
     check_target(out, model.paths, force)
     geom = resolve_geometry(model)
-    check_foreign_shards(model, geom)
-    check_layer_count(model, geom)
-    check_contract_names(model, geom)
+    check_source(model, geom)
     check_tokenizer(model)
     index = layout_pool(model, align)
     experts = tabulate_experts(model, geom)

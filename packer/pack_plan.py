@@ -323,6 +323,14 @@ def check_contract_names(model: GGUFModel, geom: Geometry) -> None:
     )
 
 
+def check_source(model: GGUFModel, geom: Geometry) -> None:
+    """The build's checks of a source against its geometry, in order: :func:`check_foreign_shards`,
+    :func:`check_layer_count`, :func:`check_contract_names` (each raises BuildError)."""
+    check_foreign_shards(model, geom)
+    check_layer_count(model, geom)
+    check_contract_names(model, geom)
+
+
 def check_layer_count(model: GGUFModel, geom: Geometry) -> None:
     """The metadata's layer count must match the ``blk.N`` tensors present: every N in
     ``[0, n_layer)`` and no other (a huge ``block_count`` is refused here, before anything
@@ -352,6 +360,7 @@ __all__ = [
     "check_contract_names",
     "check_foreign_shards",
     "check_layer_count",
+    "check_source",
     "is_expert_tensor",
     "layout_pool",
     "metadata_items",

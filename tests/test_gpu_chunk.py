@@ -205,3 +205,28 @@ def test_budget_check_plans_the_chunk_at_its_ubatch(packs):
     eng = _engine(packs["moe"], "sim", n_ctx=64)
     assert chunked["prompt chunk"] == eng.gpu.chunk_bytes > 0 and one["prompt chunk"] == 0
     assert used - used1 == chunked["prompt chunk"]
+
+
+def test_chunk_counts_host_tier_reads(packs):
+    """Misses read in place from the host tier count as PCIe misses in a chunk as one position at a time does (same
+    count per position); their bytes are what the chunk read: each (layer, expert) once per chunk, on the first row
+    that routes to it."""
+    ids = _ids(45)
+    runs = {}
+    for ub in (1, 16):
+        eng = _engine(packs["moe"], "sim", n_ctx=64, ubatch=ub, expert_cache=0, miss_tier="pcie")
+        routes: list[tuple[int, list[int]]] = []
+        eng.experts.on_route = lambda il, row, routes=routes: routes.append((il, list(row)))
+        r = generate(eng, prompt_ids=ids, n_tokens=2, ignore_eos=True)
+        runs[ub] = (r, routes, eng)
+    (r1, _, _), (r16, routes, eng) = runs[1], runs[16]
+    prompt = lambda r: [s for s in r.steps if s.phase == "prompt"]  # noqa: E731
+    assert [s.expert_pcie for s in prompt(r16)] == [s.expert_pcie for s in prompt(r1)]
+    assert all(s.expert_pcie == s.expert_misses > 0 for s in prompt(r16))
+    n_moe = len(eng.experts.source.layers)
+    blob = {il: sum(p.nbytes for p in eng.experts.chunk_path.layout.layouts[il]) for il in eng.experts.source.layers}
+    want = 0
+    for c0 in range(0, 44, 16):  # the chunks: positions 0-15, 16-31, 32-43 (the last prompt position runs alone)
+        rows = routes[c0 * n_moe : min(c0 + 16, 44) * n_moe]
+        want += sum(blob[il] for il, e in {(il, e) for il, row in rows for e in row})
+    assert sum(s.pcie_bytes for s in prompt(r16)[:44]) == want < sum(s.pcie_bytes for s in prompt(r1)[:44])

@@ -370,7 +370,12 @@ def test_custom_alignment(alignment, tmp_path):
         "qwen2.attention.layer_norm_rms_epsilon": 1e-6,
         "tokenizer.ggml.tokens": ["a", "b"],
     }
-    tensors = [("x.weight", "F32", (3,)), ("y.weight", "Q8_0", (64, 2)), ("z.weight", "F16", (5, 1))]
+    # names of qwen2 roles (a tensor no role names is refused at build); shapes are the audit's, not the build's
+    tensors = [
+        ("output_norm.weight", "F32", (3,)),
+        ("token_embd.weight", "Q8_0", (64, 2)),
+        ("output.weight", "F16", (5, 1)),
+    ]
     lay = synth.write_header_only(src, "qwen2", kv, tensors, alignment=alignment, data="random")
     h = read_header(src)
     assert h.alignment == alignment

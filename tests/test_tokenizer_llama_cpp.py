@@ -428,7 +428,7 @@ def _spm_tied(tmp_path, bucket: int):
 def test_spm_equal_scores_merge_leftmost_first():
     """llama.cpp's SPM order at equal scores: the leftmost bigram first, whatever the pieces' ids (``bc`` has the
     lower id, ``ab`` starts first); a higher score still wins anywhere; no byte token and no unknown: refused."""
-    from strata.engine.tokenizer import SpmEncoder
+    from strata.engine.spm import SpmEncoder, SpmError
 
     vocab = {"a": 0, "b": 1, "c": 2, "bc": 3, "ab": 4, "<0x61>": 5}
     enc = SpmEncoder(vocab, np.zeros(6, np.float32), set(), None)
@@ -437,7 +437,7 @@ def test_spm_equal_scores_merge_leftmost_first():
     assert enc.encode_ids("cabc") == [2, 4, 2]
     enc = SpmEncoder(vocab, np.array([0, 0, 0, 1, 0, 0], np.float32), set(), None)
     assert enc.encode_ids("abc") == [0, 3]
-    with pytest.raises(TokenizerError, match="character 'z': no token, no <0x7A> byte token and no unknown token"):
+    with pytest.raises(SpmError, match="character 'z': no token, no <0x7A> byte token and no unknown token"):
         enc.encode_ids("z")
 
 

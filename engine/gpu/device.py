@@ -267,8 +267,10 @@ class GpuDevice:
     def _chunk_path(self, model: Decoder, state: State, opts: ResolvedOptions, note: dict) -> None:
         """Prompts in chunks of ``-ub`` (docs/DESIGN.md "Prompts in chunks on the GPU"): the chunk path's tile and
         staging slots (:class:`ChunkPath`, the budget's "prompt chunk" term), then one warm-up chunk of ``-ub``
-        positions ending at ``n_ctx - 2`` (the largest attention; every expert a miss, all rows routed alike: the
-        largest grouped temporaries), so CuPy's pool holds what a chunk takes before the expert cache is sized."""
+        positions ending at ``n_ctx - 2`` (the largest attention) and, for MoE models, one layer's experts with every
+        row routed to the same ``n_expert_used`` experts (one group of ``-ub`` rows per expert: the largest padded
+        group a chunk can make, as its rows never pass ``-ub x n_expert_used``), so CuPy's pool holds what a chunk
+        takes before the expert cache is sized."""
         info, bk, w = self.info, self.bk, model.w
         mats = [w.entry(n) for n in w.matrices()]
         ne0_max = max((e.ne0 for e in mats), default=1)
@@ -289,6 +291,10 @@ class GpuDevice:
         if opts.warmup and state.n_ctx >= 3:
             t = min(opts.ubatch, state.n_ctx - 2)
             model.forward([0] * t, state.n_ctx - 2 - t, state, logits=False)
+            if self.experts is not None and self.experts.source.layers:
+                k, il = h.n_expert_used, self.experts.source.layers[0]
+                X = bk.xp.zeros((t, h.n_embd), dtype=bk.xp.float32)
+                path.expert_outputs(self.experts, il, X, [list(range(k))] * t)
             bk.synchronize()
             if self.experts is not None:
                 self.experts.reset_counts()

@@ -278,6 +278,14 @@ class GpuExpertPath(ExpertPath):
             self.cache.admit(il, e)
         return out
 
+    def tier_bytes(self, il: int, e: int) -> int:
+        """The engine-form bytes of expert ``e`` of layer ``il`` (gate + up + down) when the host tier holds it and
+        the cache does not (a chunk reads it there in place), else 0."""
+        tier, path = self.tier, self.chunk_path
+        if tier is None or path is None or (il, e) not in tier.where:
+            return 0
+        return sum(p.nbytes for p in path.layout.layouts[il])
+
     def chunk_outputs(self, il: int, X, ids: list[list[int]]):
         """A prompt chunk's expert outputs ``[T, k, n_embd]`` on the device, grouped by expert
         (:meth:`strata.engine.gpu.chunk.ChunkPath.expert_outputs`: hits, host-tier and staged misses through the same
