@@ -114,7 +114,7 @@ def main() -> None:
     help="Parse special-token text in the prompt as special tokens (llama.cpp's default), or keep it plain text.",
 )
 @click.option("-n", "--n-tokens", "n_tokens", default=32, show_default=True, help="Tokens to generate.")
-@click.option("--temperature", default=0.0, show_default=True, help="0 = greedy (argmax).")
+@click.option("--temperature", "--temp", "temperature", default=0.0, show_default=True, help="0 = greedy (argmax).")
 @click.option(
     "--top-k", "top_k", default=0, show_default=True, help="Keep the k best logits before sampling (0 = all)."
 )

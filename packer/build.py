@@ -303,13 +303,14 @@ def check_target(out: Path, source_paths: list[Path], force: bool) -> None:
     if out.exists() or out.is_symlink():
         if not out.is_dir() or out.is_symlink():  # --force replaces packs only: no hint that leads nowhere
             raise BuildError(f"{out} exists and is not a directory; refusing to replace it (choose another path)")
+        is_pack = (out / INDEX_FILE).is_file() and ((out / BUILD_FILE).is_file() or (out / LEGACY_BUILD_FILE).is_file())
+        if not is_pack:  # --force replaces packs only: the hint would lead nowhere
+            raise BuildError(
+                f"{out} exists and is not a strata pack (no {INDEX_FILE} and {BUILD_FILE}); refusing to replace it"
+                + (" even with --force" if force else " (choose another path; --force replaces packs only)")
+            )
         if not force:
             raise BuildError(f"{out} already exists; pass --force to replace it")
-        if not ((out / INDEX_FILE).is_file() and ((out / BUILD_FILE).is_file() or (out / LEGACY_BUILD_FILE).is_file())):
-            raise BuildError(
-                f"{out} exists and is not a strata pack (no {INDEX_FILE} and {BUILD_FILE}); "
-                f"refusing to replace it even with --force"
-            )
         foreign = sorted(p.name for p in out.iterdir() if p.name not in PACK_FILES)
         if foreign:
             shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
@@ -486,12 +487,8 @@ def _build_pack(src: str | os.PathLike, out: Path, *, align: int, force: bool, p
     t0 = time.perf_counter()
     if not MIN_ALIGN <= align <= MAX_ALIGN or align & (align - 1):
         raise BuildError(f"pack alignment {align} must be a power of two in [{MIN_ALIGN}, {MAX_ALIGN}]")
-    if (out.exists() or out.is_symlink()) and not force:  # --force replaces packs only: no hint that leads nowhere
-        raise BuildError(
-            f"{out} exists and is not a directory; refusing to replace it (choose another path)"
-            if not out.is_dir() or out.is_symlink()
-            else f"{out} already exists; pass --force to replace it"
-        )
+    if (out.exists() or out.is_symlink()) and not force:  # refused before the source is read
+        check_target(out, [], force)
     model = open_model(src)
     check_target(out, model.paths, force)
     geom = resolve_geometry(model)

@@ -38,3 +38,29 @@ def test_unwritable_cache_builds_in_a_private_directory_with_one_warning(tmp_pat
     assert lines[0].endswith(f"; the CPU kernels are built in {lib_path.parent} for this run instead")
     assert lib_path.parent.name.startswith("strata-kernels-") and not str(lib_path).startswith(str(blocker))
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_private_kernel_directory_is_removed_when_the_process_ends(tmp_path):
+    """The warning says "for this run": the private directory is removed at exit (a user found 28 left in /tmp)."""
+    import os
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    code = (
+        "import numpy as np; from pathlib import Path; from strata.engine.cpu import kernels as K; "
+        "from strata.packer import quants; t = quants.by_name('Q8_0'); "
+        "from strata.testing.blocks import make_random_blocks; "
+        "raw = make_random_blocks(t.id, 64, np.random.default_rng(0)).reshape(-1); "
+        "K.matvec(t.id, raw, 1, 64, np.ones(64, np.float32), kernel='exact', threads=1); "
+        "d = Path(K.library(t.id)._name).parent; print(d, d.is_dir())"
+    )
+    env = dict(os.environ, STRATA_CACHE=str(blocker / "cache"), TMPDIR=str(tmp))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    d, existed = r.stdout.split()
+    assert existed == "True" and Path(d).parent == tmp and Path(d).name.startswith("strata-kernels-")
+    assert list(tmp.iterdir()) == []

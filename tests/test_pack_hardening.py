@@ -65,6 +65,13 @@ def test_force_refuses_a_directory_that_is_not_a_pack(moe, tmp_path):
     (u / "thesis.txt").write_text("x")
     with pytest.raises(BuildError, match="is not a strata pack .* refusing to replace it even with --force"):
         build_pack(moe[0], u, force=True, progress=False)
+    # without --force the hint does not send the user to --force (which would refuse too)
+    with pytest.raises(BuildError) as e:
+        build_pack(moe[0], u, progress=False)
+    assert str(e.value) == (
+        f"{u} exists and is not a strata pack (no index.txt and build.json); refusing to replace it (choose another "
+        "path; --force replaces packs only)"
+    )
     assert (u / "thesis.txt").read_text() == "x"
     f = tmp_path / "file"
     f.write_text("y")

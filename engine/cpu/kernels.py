@@ -37,6 +37,7 @@ Raises :class:`CpuKernelError` (with the compiler's message) when no C compiler 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import functools
@@ -127,6 +128,7 @@ def _private_dir(why: str) -> Path:
     """A directory of this process's own (``mkdtemp``: mode 0700, under ``$TMPDIR``) for the kernels when the
     cache cannot be written (a read-only ``$STRATA_CACHE`` or ``$HOME``: containers, HPC); said once on stderr."""
     d = Path(tempfile.mkdtemp(prefix="strata-kernels-"))
+    atexit.register(shutil.rmtree, d, ignore_errors=True)  # "for this run": removed when the process ends
     print(f"warning: {why}; the CPU kernels are built in {d} for this run instead", file=sys.stderr)
     return d
 
