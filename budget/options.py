@@ -150,8 +150,10 @@ def miss_tier_option(f):
     )(f)
 
 
-def ubatch_plan_option(f):
-    """``-ub/--ubatch-size`` of ``strata-budget check`` (into ``ubatch``): the GPU chunk path it plans."""
+def ubatch_option(help_text: str):
+    """``-ub/--ubatch-size`` (llama.cpp's ``n_ubatch``, default :data:`strata.layout.chunk.DEFAULT_UBATCH`), >= 1,
+    into the ``ubatch`` parameter; ``help_text`` says what it does for the command (the engine's commands and
+    ``strata-budget check``)."""
     from strata.layout.chunk import DEFAULT_UBATCH
 
     return click.option(
@@ -161,9 +163,15 @@ def ubatch_plan_option(f):
         type=click.IntRange(min=1),
         default=DEFAULT_UBATCH,
         show_default=True,
-        help="strata's engine: prompt positions per chunk (strata-engine -ub): plans the GPU chunk path's tile and "
-        "staging slots ('prompt chunk'); 1 = one position at a time, no chunk buffers.",
-    )(f)
+        help=help_text,
+    )
+
+
+#: ``strata-budget check``'s ``-ub``: the GPU chunk path it plans.
+ubatch_plan_option = ubatch_option(
+    "strata's engine: prompt positions per chunk (strata-engine -ub): plans the GPU chunk path's tile and "
+    "staging slots ('prompt chunk'); 1 = one position at a time, no chunk buffers."
+)
 
 
 def expert_profile_option(f):
@@ -194,6 +202,7 @@ __all__ = [
     "MISS_TIERS",
     "MISS_TIER_HELP",
     "miss_tier_option",
+    "ubatch_option",
     "ubatch_plan_option",
     "AliasChoice",
     "CARD_HELP",

@@ -29,6 +29,7 @@ from strata.budget.options import (
     miss_tier_option,
     reserve_option,
     source_dir_option,
+    ubatch_option,
 )
 from strata.layout.kv import ENGINE_KV_TYPES
 from strata.packer.exits import StrataGroup
@@ -37,7 +38,7 @@ from .clikit import REFUSALS, DevCommand, check_pack_dir, dev_option, fail, prin
 from .errors import GenerateError
 from .generate_cli import GenerateRequest, prompt_text
 from .numerics import DEFAULT_NUMERICS, NUMERICS_MODES
-from .options import DEFAULT_UBATCH, MAX_THREADS, EngineOptions, options_from_cli
+from .options import MAX_THREADS, EngineOptions, options_from_cli
 from .startup import load_engine
 
 
@@ -51,20 +52,6 @@ def _resident(value: str) -> str:
     if not 0.0 <= f <= 1.0:
         raise click.BadParameter(f"fraction {f} is outside [0, 1]")
     return value
-
-
-def ubatch_option(help_text: str):
-    """``-ub/--ubatch-size`` (llama.cpp's ``n_ubatch``, default :data:`strata.engine.options.DEFAULT_UBATCH`), >= 1,
-    into the ``ubatch`` parameter; ``help_text`` says what it does for the command."""
-    return click.option(
-        "-ub",
-        "--ubatch-size",
-        "ubatch",
-        type=click.IntRange(min=1),
-        default=DEFAULT_UBATCH,
-        show_default=True,
-        help=help_text,
-    )
 
 
 @click.group(cls=StrataGroup, context_settings={"help_option_names": ["-h", "--help"]})
