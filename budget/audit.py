@@ -235,7 +235,13 @@ class _Auditor:
                     f"unreadable ({e})",
                     "the GGUF shard the experts live in",
                     f"cannot re-read expert shard {k} at {p}"
-                    + ("" if p.exists() else " (moved? pass --source-dir DIR)"),
+                    + (
+                        ""
+                        if p.exists()
+                        else " (--source-dir names the directory it is in now)"
+                        if pack.source_dir_override is not None
+                        else " (moved? pass --source-dir DIR)"
+                    ),
                 )
                 headers.append(None)
                 continue

@@ -247,8 +247,13 @@ def verify_pack(
     for (name, size), p in zip(pack.index.sources, paths):
         if not p.exists():
             raise GGUFError(
-                f"{pack.path}: source shard {name} not found at {p} (moved? pass --source-dir DIR); "
-                f"nothing was compared"
+                f"{pack.path}: source shard {name} not found at {p} "
+                + (
+                    "(--source-dir names the directory it is in now)"
+                    if pack.source_dir_override is not None
+                    else "(moved? pass --source-dir DIR)"
+                )
+                + "; nothing was compared"
             )
         if p.stat().st_size != size:
             raise VerifyError(f"{p}: source is {p.stat().st_size} bytes, the pack was built from {size} bytes")

@@ -62,3 +62,24 @@ def test_source_dir_that_is_not_a_directory_is_refused_by_name(moved, tmp_path, 
     r = CliRunner().invoke(engine_main, [cmd, str(pack), *extra, "--source-dir", str(tmp_path / "nowhere")])
     assert r.exit_code == 2
     assert r.output.strip().splitlines()[-1] == f"error: --source-dir {tmp_path / 'nowhere'}: no such directory"
+
+
+def test_verify_and_budget_with_a_wrong_source_dir_do_not_suggest_the_option_again(moved, tmp_path):
+    """``--source-dir`` given but the shards are not there: the refusal says the option's directory is the one to fix,
+    not "pass --source-dir" (a user found the hint repeated)."""
+    from strata.budget.cli import main as budget_main
+    from strata.packer.cli import main as pack_main
+
+    pack, _now = moved
+    wrong = tmp_path / "elsewhere"
+    wrong.mkdir()
+    r = CliRunner().invoke(pack_main, ["verify", str(pack), "--source-dir", str(wrong)])
+    assert r.exit_code == 2 and r.output.strip().splitlines()[-1] == (
+        f"error: {pack}: source shard m-00001-of-00002.gguf not found at {wrong}/m-00001-of-00002.gguf "
+        "(--source-dir names the directory it is in now); nothing was compared"
+    )
+    r = CliRunner().invoke(
+        budget_main, ["check", str(pack), "--card", "24G", "--ctx", "64", "--source-dir", str(wrong)]
+    )
+    flat = " ".join(r.output.split())
+    assert r.exit_code == 2 and "(--source-dir names the directory it is in now)" in flat and "moved?" not in flat
