@@ -100,7 +100,14 @@ def main() -> None:
     show_default=True,
     help="Parse special-token text in the prompt as special tokens (llama.cpp's default), or keep it plain text.",
 )
-@click.option("-n", "--n-tokens", "n_tokens", default=32, show_default=True, help="Tokens to generate.")
+@click.option(
+    "-n",
+    "--n-tokens",
+    "n_tokens",
+    default=32,
+    show_default=True,
+    help="Tokens to generate; -1 = until end of generation or the context is full (llama-cli's -n -1).",
+)
 @click.option("--temperature", "--temp", "temperature", default=0.0, show_default=True, help="0 = greedy (argmax).")
 @click.option(
     "--top-k", "top_k", default=0, show_default=True, help="Keep the k best logits before sampling (0 = all)."

@@ -240,13 +240,14 @@ def generate(
     synchronise every step, so leave them off when measuring throughput.
 
     Raises:
-        GenerateError: no prompt, an empty prompt, ``n_tokens < 1``, a token id outside the
+        GenerateError: no prompt, an empty prompt, ``n_tokens < 1`` (but -1: until end of generation or the context
+            is full - strata shifts no context), a token id outside the
             vocabulary, or prompt + tokens beyond the engine's ``n_ctx``.
     """
     if (prompt is None) == (prompt_ids is None):
         raise GenerateError("give exactly one of prompt (text) and prompt_ids")
-    if n_tokens < 1:
-        raise GenerateError(f"n_tokens {n_tokens} < 1")
+    if n_tokens < 1 and n_tokens != -1:
+        raise GenerateError(f"n_tokens {n_tokens} < 1 (-1: until end of generation or the context is full)")
     ids = (
         engine.tokenizer.encode(prompt, parse_special=parse_special)
         if prompt is not None
@@ -260,6 +261,8 @@ def generate(
     bad = [i for i in ids if not 0 <= i < n_vocab]
     if bad:
         raise GenerateError(f"prompt token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
+    if n_tokens == -1:  # llama-cli's -n -1: until end of generation, here also until the context is full
+        n_tokens = max(engine.n_ctx - len(ids) + 1, 1)
     if len(ids) + n_tokens - 1 > engine.n_ctx:
         raise GenerateError(
             f"prompt of {len(ids)} tokens + {n_tokens} new tokens needs {len(ids) + n_tokens - 1} "

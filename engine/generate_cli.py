@@ -115,8 +115,8 @@ def check_request(
         return f"--repeat-penalty {repeat_penalty}: must be > 0 (1.0 = off)"
     if repeat_last_n < -1:
         return f"--repeat-last-n {repeat_last_n}: must be >= -1 (-1 = the whole history, 0 = off)"
-    if n_tokens < 1:
-        return f"-n/--n-tokens {n_tokens}: must be >= 1"
+    if n_tokens < 1 and n_tokens != -1:
+        return f"-n/--n-tokens {n_tokens}: must be >= 1, or -1 (until end of generation or the context is full)"
     return None
 
 
@@ -310,7 +310,7 @@ class GenerateRequest:
     def check_positions(self, n_ctx: int | None) -> None:
         """Refuse ``-n`` beyond the context ``n_ctx`` as asked (None: the model's, checked once the prompt is
         tokenized: :func:`strata.engine.generate.generate`); the prompt has at least one token."""
-        if n_ctx is not None and self.n_tokens > n_ctx:  # 1 + n - 1 positions
+        if n_ctx is not None and self.n_tokens > n_ctx:  # 1 + n - 1 positions (-1: what the context leaves)
             raise GenerateError(
                 f"-n/--n-tokens {self.n_tokens} needs at least {self.n_tokens} positions (even a one-token prompt + "
                 f"{self.n_tokens} new tokens - 1), more than --ctx {n_ctx}"

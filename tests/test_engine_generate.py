@@ -659,3 +659,16 @@ def test_random_seed_is_said_in_text_mode(pack):
     a = _gen(pack, "-n", "3", "--temperature", "1.0", "--seed", str(seed), "--json")
     b = _gen(pack, "-n", "3", "--temperature", "1.0", "--seed", str(seed), "--json")
     assert json.loads(a.stdout)["output_ids"] == json.loads(b.stdout)["output_ids"]
+
+
+def test_n_tokens_minus_one_generates_until_the_context_is_full(pack):
+    """llama-cli's ``-n -1``: until end of generation; strata shifts no context, so it also stops when the context
+    is full: prompt + tokens - 1 = --ctx positions. ``-n -2`` is refused."""
+    import json
+
+    r = _gen(pack, "-n", "-1", "--ctx", "24", "--ignore-eos", "--json")
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert len(d["prompt_ids"]) + len(d["output_ids"]) - 1 == 24
+    r = _gen(pack, "-n", "-2")
+    assert r.exit_code == 2 and "-n/--n-tokens -2: must be >= 1, or -1" in r.stderr
