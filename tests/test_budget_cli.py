@@ -786,23 +786,15 @@ def test_options_strata_s_engine_does_not_have_are_refused_by_name(pack):
     assert code == 1 and d["suggestions"] and "--kv-resident" not in {s["option"] for s in d["suggestions"]}
 
 
+#: A 4 MiB card with no context, runtime or chunk buffers and a 1 MiB reserve: no expert gets a slot.
+TINY_CARD = ("--card-mib", 4, "--cuda-context-mib", 0, "--cuda-runtime-mib", 0, "--vram-reserve-mib", 1, "-ub", 1)
+
+
 def test_host_tier_is_planned_for_strata_and_not_for_cpu_misses_or_the_cpp_engine(small_moe_pack):
     """A 4 MiB card where no expert gets a slot: strata's engine with misses over PCIe (``--miss-tier auto``, the
     default) plans the 24 pairs in a host tier of 24 x 156,672 B (pinned host memory, named in the verdict) and its
     device mapping (one 2 MiB unit) as a VRAM term; ``--miss-tier cpu`` and ``--engine cpp`` plan neither."""
-    args = (
-        small_moe_pack,
-        "--card-mib",
-        4,
-        "--cuda-context-mib",
-        0,
-        "--cuda-runtime-mib",
-        0,
-        "--vram-reserve-mib",
-        1,
-        "-ub",
-        1,
-    )
+    args = (small_moe_pack, *TINY_CARD)
     args += ("--max-context", 64, "--no-bf16-scan")
     code, d = run_json(*args)
     terms = {t["name"]: t["bytes"] for t in d["terms"]}
@@ -872,19 +864,7 @@ def test_host_memory_terms_and_warnings(small_moe_pack):
 
     from strata.budget.cli import host_ram_warnings
 
-    args = (
-        small_moe_pack,
-        "--card-mib",
-        4,
-        "--cuda-context-mib",
-        0,
-        "--cuda-runtime-mib",
-        0,
-        "--vram-reserve-mib",
-        1,
-        "-ub",
-        1,
-    )
+    args = (small_moe_pack, *TINY_CARD)
     code, d = run_json(*args, "--max-context", 64, "--no-bf16-scan")
     terms = {t["name"]: t["bytes"] for t in d["host_terms"]}
     assert terms["host tier (pinned)"] == d["host_tier_bytes"] == 24 * 156_672
