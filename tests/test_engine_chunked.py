@@ -162,8 +162,9 @@ def test_attend_rows_is_attend_per_query_within_rounding():
 
 def test_generate_uses_the_options_ubatch_and_refuses_zero(packs):
     assert EngineOptions().ubatch == DEFAULT_UBATCH == 512
-    with pytest.raises(GenerateError, match="--ubatch-size 0"):
-        EngineOptions(ubatch=0)
+    for bad in (0, -1, 2.5, True, "4"):  # a count: not a float, a bool or a string (a helper met a TypeError)
+        with pytest.raises(GenerateError, match=rf"--ubatch-size {bad!s}: must be >= 1 \(1 = one prompt position"):
+            EngineOptions(ubatch=bad)
     eng = load_engine(packs["llama"], n_ctx=64, ubatch=4)
     r = generate(eng, prompt_ids=prompt(eng, 11), n_tokens=2)
     assert [s.chunk for s in r.steps] == [4] * 8 + [2] * 2 + [1, 1]

@@ -672,3 +672,16 @@ def test_n_tokens_minus_one_generates_until_the_context_is_full(pack):
     assert len(d["prompt_ids"]) + len(d["output_ids"]) - 1 == 24
     r = _gen(pack, "-n", "-2")
     assert r.exit_code == 2 and "-n/--n-tokens -2: must be >= 1, or -1" in r.stderr
+
+
+def test_temp_is_llama_clis_spelling_of_temperature(pack):
+    """``--temp`` (llama-cli) and ``--temperature`` are one option: the same seeded sample either way, a bad value
+    refused under either name."""
+    import json
+
+    a = _gen(pack, "-n", "4", "--temp", "0.8", "--seed", "7", "--json")
+    b = _gen(pack, "-n", "4", "--temperature", "0.8", "--seed", "7", "--json")
+    assert a.exit_code == b.exit_code == 0, a.stderr
+    assert json.loads(a.stdout)["output_ids"] == json.loads(b.stdout)["output_ids"]
+    r = _gen(pack, "-n", "2", "--temp", "-1")
+    assert r.exit_code == 2 and "--temperature -1" in r.stderr
