@@ -1,0 +1,120 @@
+"""Where the fused decode step's device time goes: every launch of the step timed alone, by kind.
+
+Not a test: a profile for the GPU machine. For a pack (every expert resident unless ``--expert-cache``), it loads
+the CUDA engine (graph on), generates a few tokens (the step captured, the pool warm), then:
+
+- ``replay_ms``: the captured step replayed back to back (no host work; ``FusedDecoder.replay_ms``);
+- per launch: the step's launch list run eagerly ``--reps`` times with a CUDA event after every launch; the host
+  issues a launch in tens of microseconds, longer than most kernels, so the device is idle before each launch and
+  the time between two events is that launch's device time (start-up included). Summed by kind (the launch name
+  with the layer number taken out), microseconds per step;
+- ``empty_node_us``: a graph of ``--nodes`` launches of an empty kernel replayed - what a graph node costs with
+  no work (the floor under the launch count).
+
+The sum of the launches minus ``replay_ms`` is what the graph saves by issuing back to back; ``replay_ms`` minus
+``nodes x empty_node_us`` is roughly the kernels' own work.
+
+    python3 bench/profile_step.py PACK [--expert-cache auto] [--reps 20] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import defaultdict
+
+
+def kind_of(name: str) -> str:
+    """A launch name with every ``blk.N.`` made ``blk.*.`` (one kind across layers)."""
+    return re.sub(r"blk\.\d+\.", "blk.*.", name)
+
+
+def empty_node_us(n: int, reps: int = 50) -> float:
+    """Device microseconds per node of a captured graph of ``n`` launches of an empty kernel (1 CTA, 32 threads)."""
+    import cupy as cp
+
+    k = cp.RawKernel('extern "C" __global__ void nop() {}', "nop")
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        k((1,), (32,), ())
+        s.begin_capture()
+        for _ in range(n):
+            k((1,), (32,), ())
+        g = s.end_capture()
+    for _ in range(5):
+        g.launch(s)
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    a.record(s)
+    for _ in range(reps):
+        g.launch(s)
+    b.record(s)
+    b.synchronize()
+    return float(cp.cuda.get_elapsed_time(a, b)) * 1000 / reps / n
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("pack")
+    ap.add_argument("--expert-cache", default="auto")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    import cupy as cp
+
+    from strata.engine.generate import generate
+    from strata.engine.startup import load_engine
+
+    ec = args.expert_cache if args.expert_cache == "auto" else int(args.expert_cache)
+    eng = load_engine(args.pack, device="cuda", n_ctx=512, expert_cache=ec)
+    generate(eng, prompt_ids=[1, 2, 3, 4, 5, 6, 7, 8], n_tokens=8, ignore_eos=True)
+    dec = eng.decoder
+    ls = dec.launches(True)
+    replay = dec.replay_ms(200) if not dec.hybrid else None
+    s = dec.stream
+    evs = [cp.cuda.Event() for _ in range(len(ls) + 1)]
+    per = defaultdict(float)
+    count = defaultdict(int)
+    for L in ls:
+        count[kind_of(L.name)] += 1
+    with s:
+        for _ in range(args.reps):
+            evs[0].record(s)
+            for i, L in enumerate(ls):
+                L.run()
+                evs[i + 1].record(s)
+            evs[-1].synchronize()
+            for i, L in enumerate(ls):
+                per[kind_of(L.name)] += float(cp.cuda.get_elapsed_time(evs[i], evs[i + 1])) * 1000 / args.reps
+    total = sum(per.values())
+    node = empty_node_us(len(ls))
+    rows = sorted(({"kind": k, "count": count[k], "us": round(v, 2)} for k, v in per.items()), key=lambda r: -r["us"])
+    print(
+        f"{args.pack}: {len(ls)} launches per step; launches alone {total / 1000:.3f} ms, graph replay "
+        f"{replay if replay is None else round(replay, 3)} ms, an empty graph node {node:.2f} us "
+        f"(x {len(ls)} = {node * len(ls) / 1000:.3f} ms)"
+    )
+    for r in rows[: args.top]:
+        print(f"  {r['us']:9.1f} us  {r['count']:4d} x {r['us'] / r['count']:7.2f} us  {r['kind']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "pack": args.pack,
+                    "launches": len(ls),
+                    "launch_sum_ms": total / 1000,
+                    "replay_ms": replay,
+                    "empty_node_us": node,
+                    "kinds": rows,
+                },
+                f,
+                indent=1,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
