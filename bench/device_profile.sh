@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Where the decode step's device time goes (bench/profile_step.py), in ONE device call:
 #
-#   bash bench/device_profile.sh    # carry [".whl"]; TESTS=all also runs every gpu test that needs no real model
+#   bash bench/device_profile.sh    # carry [".whl"]
+#
+# TESTS=all (or test files) first runs those gpu tests that need no real model; SPLITS="1 2 4" adds the graph replay
+# of each q8 split (STRATA_Q8_SPLIT); NCU=1 adds Nsight Compute's duration of every kernel of one eager step.
 #
 # GEOS (default qwen3moe-30b-a3b): bench_prompt_gpu.py --prepare-only writes each GGUF + pack (MoE ones with
 # TokenRouting(0.5) routers), then profile_step.py per pack, every expert resident.
@@ -12,10 +15,11 @@ export PYTHONUNBUFFERED=1
 . bench/device_env.sh; device_env "$WORK" || echo "!! wheel install failed"; T0=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 which nsys ncu 2>/dev/null
-if [ "${TESTS:-}" = all ]; then
-    step "every gpu test that needs no real model"
+if [ -n "${TESTS:-}" ]; then
+    [ "$TESTS" = all ] && SEL=tests/ || SEL=$TESTS
+    step "gpu tests that need no real model: $SEL"
     { echo "commit ${COMMIT:-unknown}, $(date -u +%FT%TZ)"
-      timeout ${TEST_S:-300} python3 -m pytest -q -p no:cacheprovider -rfEs -m "gpu and not real" tests/ 2>&1; } \
+      timeout ${TEST_S:-300} python3 -m pytest -q -p no:cacheprovider -rfEs -m "gpu and not real" $SEL 2>&1; } \
         | tee "$OUT/gpu_tests.txt" | tail -15
 fi
 GEOS=${GEOS:-"qwen3moe-30b-a3b"}
@@ -25,5 +29,14 @@ for g in $GEOS; do
     step "$g: profile"
     timeout ${PROF_S:-200} python3 bench/profile_step.py "$WORK/pp/$g-pack" --json "$OUT/profile_$g.json" ${PROF_ARGS:-} 2>&1 \
         | tee -a "$OUT/profile.log"
+    for sp in ${SPLITS:-}; do
+        STRATA_Q8_SPLIT=$sp python3 bench/profile_step.py "$WORK/pp/$g-pack" --replay-only 2>&1 | tail -1 | tee -a "$OUT/profile.log"
+    done
+    if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then
+        step "$g: Nsight Compute, one eager step (gpu__time_duration per kernel)"
+        timeout ${NCU_S:-180} ncu --nvtx --nvtx-include "strata_step/" --metrics gpu__time_duration.sum --csv \
+            --print-units base python3 bench/profile_step.py "$WORK/pp/$g-pack" --ncu-step > "$OUT/ncu_$g.csv" 2> "$OUT/ncu_$g.err"
+        echo "ncu exit $?: $(wc -l < "$OUT/ncu_$g.csv") lines"; tail -3 "$OUT/ncu_$g.err"
+    fi
 done
 step done

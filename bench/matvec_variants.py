@@ -1,6 +1,6 @@
 """Matvec launch-shape variants (not a test): rows per warp and the CTAs-per-SM launch bound of
 the GPU matvec kernels (``STRATA_MATVEC_RPW``, ``STRATA_MATVEC_MIN_BLOCKS``: ``--variant RPW,MIN_BLOCKS``), or
-any environment (``--variant STRATA_Q8_RPW=2,STRATA_Q8_WARPS=8``: the q8 kernels' rows per warp and warps per
+any environment (``--variant STRATA_Q8_SPLIT=2,STRATA_Q8_WARPS=8``: the q8 kernels' warps per row and warps per
 CTA); the arithmetic is the same in every variant. Timed as the pure graph replay of bench_moe.py's
 geometries (default kernel: q8), one process per variant. On the H200:
 ``python bench/matvec_variants.py --work DIR [--variant 4,5 ...]``."""

@@ -4,10 +4,12 @@ Not a test: a profile for the GPU machine. For a pack (every expert resident unl
 the CUDA engine (graph on), generates a few tokens (the step captured, the pool warm), then:
 
 - ``replay_ms``: the captured step replayed back to back (no host work; ``FusedDecoder.replay_ms``);
-- per launch: the step's launch list run eagerly ``--reps`` times with a CUDA event after every launch; the host
-  issues a launch in tens of microseconds, longer than most kernels, so the device is idle before each launch and
-  the time between two events is that launch's device time (start-up included). Summed by kind (the launch name
-  with the layer number taken out), microseconds per step;
+- per launch: the step's launch list issued eagerly ``--reps`` times with a CUDA event after every launch, in
+  windows of ``--window`` launches, each window queued behind a kernel that spins ``--spin-ms`` on the device: the
+  host issues a launch in tens of microseconds (longer than most kernels: without the spin the time between two
+  events would be the host's), so the device runs the window back to back as it runs a stream, and the time
+  between two events is that launch's share. Summed by kind (the launch name with the layer number taken out),
+  microseconds per step;
 - ``empty_node_us``: a graph of ``--nodes`` launches of an empty kernel replayed - what a graph node costs with
   no work (the floor under the launch count).
 
@@ -21,14 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections import defaultdict
 
 
 def kind_of(name: str) -> str:
-    """A launch name with every ``blk.N.`` made ``blk.*.`` (one kind across layers)."""
-    return re.sub(r"blk\.\d+\.", "blk.*.", name)
+    """A launch name with every ``blk.N.`` made ``blk.*.`` and every ``LN`` made ``L*`` (one kind across layers)."""
+    return re.sub(r"\bL\d+\b", "L*", re.sub(r"blk\.\d+\.", "blk.*.", name))
 
 
 def empty_node_us(n: int, reps: int = 50) -> float:
@@ -59,11 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("pack")
     ap.add_argument("--expert-cache", default="auto")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--window", type=int, default=200)
+    ap.add_argument("--spin-ms", type=float, default=30.0)
+    ap.add_argument("--ncu-step", action="store_true", help="run one eager step in an NVTX range and exit")
+    ap.add_argument("--replay-only", action="store_true", help="print the graph replay ms and exit")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
     import cupy as cp
+    import numpy as np
 
     from strata.engine.generate import generate
     from strata.engine.startup import load_engine
@@ -73,22 +81,43 @@ def main(argv: list[str] | None = None) -> int:
     generate(eng, prompt_ids=[1, 2, 3, 4, 5, 6, 7, 8], n_tokens=8, ignore_eos=True)
     dec = eng.decoder
     ls = dec.launches(True)
-    replay = dec.replay_ms(200) if not dec.hybrid else None
+    replay = dec.replay_ms(200) if not (dec.hybrid or args.ncu_step) else None
+    if args.replay_only:
+        env = {k: v for k, v in os.environ.items() if k.startswith("STRATA_")}
+        print(f"{args.pack}: graph replay {replay:.3f} ms per step ({len(ls)} launches), env {env}")
+        return 0
     s = dec.stream
     evs = [cp.cuda.Event() for _ in range(len(ls) + 1)]
     per = defaultdict(float)
     count = defaultdict(int)
     for L in ls:
         count[kind_of(L.name)] += 1
+    spin = cp.RawKernel(
+        'extern "C" __global__ void spin(long long n) { long long t0 = clock64(); while (clock64() - t0 < n) {} }',
+        "spin",
+    )
+    rate = cp.cuda.runtime.deviceGetAttribute(cp.cuda.runtime.cudaDevAttrClockRate, 0) * 1000  # Hz
+    cycles = np.int64(rate * args.spin_ms / 1000)
+    if args.ncu_step:  # one eager step inside an NVTX range for Nsight Compute (--nvtx-include "strata_step/")
+        with s:
+            cp.cuda.nvtx.RangePush("strata_step")
+            for L in ls:
+                L.run()
+            cp.cuda.nvtx.RangePop()
+            s.synchronize()
+        return 0
     with s:
         for _ in range(args.reps):
-            evs[0].record(s)
-            for i, L in enumerate(ls):
-                L.run()
-                evs[i + 1].record(s)
-            evs[-1].synchronize()
-            for i, L in enumerate(ls):
-                per[kind_of(L.name)] += float(cp.cuda.get_elapsed_time(evs[i], evs[i + 1])) * 1000 / args.reps
+            for w0 in range(0, len(ls), args.window):
+                w = range(w0, min(len(ls), w0 + args.window))
+                spin((1,), (32,), (cycles,))
+                evs[w0].record(s)
+                for i in w:
+                    ls[i].run()
+                    evs[i + 1].record(s)
+                evs[w[-1] + 1].synchronize()
+                for i in w:
+                    per[kind_of(ls[i].name)] += float(cp.cuda.get_elapsed_time(evs[i], evs[i + 1])) * 1000 / args.reps
     total = sum(per.values())
     node = empty_node_us(len(ls))
     rows = sorted(({"kind": k, "count": count[k], "us": round(v, 2)} for k, v in per.items()), key=lambda r: -r["us"])

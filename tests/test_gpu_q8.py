@@ -114,6 +114,44 @@ def test_matvec_q8_equals_the_cpu_q8_kernel_bit_for_bit(type_id, kind):
 
 
 @pytest.mark.parametrize("type_id", Q8, ids=Q8_IDS)
+def test_matvec_q8_gives_the_same_bits_with_every_split(type_id):
+    """The warps a row is split over (1, 2, 4: ``kernels.q8_launch``) change where a block's terms are made, never
+    the order they are added in: the CPU q8 kernel's bits at every split, for a row of 14 / 112 blocks (4 warp
+    steps: every warp of a split of 4 has work) and a row of 3 / 7 blocks (fewer steps than warps)."""
+    import cupy as cp
+
+    rng = np.random.default_rng(300 + type_id)
+    shapes = [(33, 3584), (6, 768 if K.q8_act_format(type_id) == 2 else 224)]
+    for rows, ne0 in shapes:
+        raw, buf = _case(type_id, rows, ne0, "wild", rng)
+        x = _x(ne0, rng, "plain")
+        want = cpukernels.matvec(type_id, raw, rows, ne0, x, kernel="q8", threads=1)
+        for split in (1, 2, 4):
+            got = cp.asnumpy(K.matvec_q8(type_id, buf, rows, ne0, cp.asarray(x), split=split))
+            assert _same(got, want), (quants.qtype(type_id).name, rows, ne0, split)
+
+
+def test_q8_launch_shape():
+    """``q8_launch`` at the default shape (4 warps, split auto): the warps per row follow the row's warp steps
+    (powers of two up to 4), the CTA takes ``4 // split`` rows, the shared terms are 4 B x terms x blocks per row of
+    the CTA; a split that does not divide the CTA is refused."""
+    if K.Q8_WARPS != 4 or K.Q8_SPLIT != "auto":
+        pytest.skip(f"STRATA_Q8_WARPS={K.Q8_WARPS} / STRATA_Q8_SPLIT={K.Q8_SPLIT}: not the default launch shape")
+    kk = K.q8_kernels_for(quants.by_name("Q4_K").id)  # 256 values a block, 4 blocks a step, 2 terms (d, dmin)
+    assert (kk.qk, kk.bpi, kk.terms) == (256, 4, 2)
+    assert K.q8_launch(kk, 2048, 4096) == (2048, 128, 128, 4)  # 16 blocks: 4 steps, a row a CTA
+    assert K.q8_launch(kk, 2048, 2048) == (1024, 128, 128, 2)  # 8 blocks: 2 steps, 2 rows a CTA
+    assert K.q8_launch(kk, 2049, 768) == (513, 128, 96, 1)  # 3 blocks: 1 step, 4 rows a CTA
+    k6 = K.q8_kernels_for(quants.by_name("Q6_K").id)
+    assert (k6.bpi, k6.terms) == (4, 1)
+    k0 = K.q8_kernels_for(quants.by_name("Q8_0").id)
+    assert (k0.qk, k0.bpi, k0.terms) == (32, 8, 1)
+    assert K.q8_launch(k0, 10, 1024) == (10, 128, 128, 4)
+    with pytest.raises(ValueError, match="must divide"):
+        K.q8_launch(k0, 10, 1024, split=3)
+
+
+@pytest.mark.parametrize("type_id", Q8, ids=Q8_IDS)
 def test_batched_and_group_q8_equal_the_single_product(type_id):
     """``matvec_q8_batched`` (per-item activations, a skipped 0 address) and ``matvec_q8_group`` give each
     weight's single product bit for bit (the fused step's expert and q/k/v launches)."""
@@ -131,8 +169,9 @@ def test_batched_and_group_q8_equal_the_single_product(type_id):
     xq = K.quantize_q8(X, fmt, n=ne0, rows=3, x_stride=ne0, out_stride=stride)
     bases = cp.asarray(np.array([b.data.ptr for _r, b in cases[:2]] + [0], dtype=np.uint64))
     Y = cp.full((3, rows), -1.0, dtype=cp.float32)
-    grid = ((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, 3)
-    k8.matvec_batched(grid, (32 * K.Q8_WARPS,), (bases, np.int64(rows), np.int32(ne0), xq, np.int64(stride), Y))
+    gx, nt, shmem, split = K.q8_launch(k8, rows, ne0)
+    args8 = (bases, np.int64(rows), np.int32(ne0), xq, np.int64(stride), Y, np.int32(split))
+    k8.matvec_batched((gx, 3), (nt,), args8, shared_mem=shmem)
     Y = cp.asnumpy(Y)
     assert _same(Y[0], want[0]) and _same(Y[1], want[1])
     assert (Y[2] == -1.0).all()  # a miss's rows are left for the host
@@ -147,7 +186,8 @@ def test_batched_and_group_q8_equal_the_single_product(type_id):
         + [np.int32(ne0), xq0]
         + [np.uint64(o.data.ptr) for o in outs]
         + [np.uint64(outs[0].data.ptr)]
+        + [np.int32(split)]
     )
-    k8.matvec_group(((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, 3), (32 * K.Q8_WARPS,), tuple(args))
+    k8.matvec_group((gx, 3), (nt,), tuple(args), shared_mem=shmem)
     for o, w in zip(outs, want0):
         assert _same(cp.asnumpy(o), w)

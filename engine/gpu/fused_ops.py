@@ -192,11 +192,9 @@ class CudaOps:
 
         if xq is not None:
             k8 = K.q8_kernels_for(type_id)
+            gx, nt, shmem, split = K.q8_launch(k8, rows, ne0)
             return self._call(
-                k8.matvec,
-                ((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA,),
-                (32 * K.Q8_WARPS,),
-                (buf, np.int64(rows), np.int32(ne0), xq, out),
+                k8.matvec, (gx,), (nt,), (buf, np.int64(rows), np.int32(ne0), xq, out, np.int32(split)), shmem
             )
         k = K.kernels_for(type_id)
         K.check_matvec(k, rows, ne0)
@@ -225,11 +223,10 @@ class CudaOps:
         outs = [np.uint64(o.data.ptr) for _b, _r, o in full]
         max_rows = max(int(r) for _b, r, _o in parts)
         if xq is not None:
+            k8 = K.q8_kernels_for(type_id)
+            gx, nt, shmem, split = K.q8_launch(k8, max_rows, ne0)
             return self._call(
-                K.q8_kernels_for(type_id).matvec_group,
-                ((max_rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, n),
-                (32 * K.Q8_WARPS,),
-                (*bases, *rows, np.int32(ne0), xq, *outs),
+                k8.matvec_group, (gx, n), (nt,), (*bases, *rows, np.int32(ne0), xq, *outs, np.int32(split)), shmem
             )
         return self._call(
             k.matvec_group,
@@ -400,7 +397,7 @@ class CudaOps:
         return self._call(
             self.k["moe_route"],
             (1,),
-            (_threads(min(M.n_expert, 1024)),),
+            (32,),  # one warp (cuda/fused.cu moe_route)
             (
                 M.logits,
                 np.int32(M.n_expert),
@@ -430,11 +427,14 @@ class CudaOps:
         K.check_matvec(k, rows, ne0)
         n = int(bases.size)
         if xq is not None:
+            k8 = K.q8_kernels_for(type_id)
+            gx, nt, shmem, split = K.q8_launch(k8, rows, ne0)
             return self._call(
-                K.q8_kernels_for(type_id).matvec_batched,
-                ((rows + K.Q8_ROWS_PER_CTA - 1) // K.Q8_ROWS_PER_CTA, n),
-                (32 * K.Q8_WARPS,),
-                (bases, np.int64(rows), np.int32(ne0), xq, np.int64(xq_stride), out),
+                k8.matvec_batched,
+                (gx, n),
+                (nt,),
+                (bases, np.int64(rows), np.int32(ne0), xq, np.int64(xq_stride), out, np.int32(split)),
+                shmem,
             )
         return self._call(
             k.matvec_batched,

@@ -159,35 +159,83 @@ def q8_source_for(type_id: int, *, with_kernels: bool = True) -> str:
     Raises ValueError for a type without one."""
     q8_act_format(type_id)
     code = A.q8_type_source(type_id)
-    shape = f"#define Q8_WARPS {Q8_WARPS}\n#define Q8_RPW {Q8_RPW}\n"
+    shape = f"#define Q8_WARPS {Q8_WARPS}\n"
     return code + shape + cuda_file("matvec_q8.cu") if with_kernels else code
 
 
 @dataclass(frozen=True)
 class Q8Kernels:
-    """The compiled q8 kernels of one ggml type (``matvec_q8``, ``matvec_q8_batched``, ``matvec_q8_group``)."""
+    """The compiled q8 kernels of one ggml type (``matvec_q8``, ``matvec_q8_batched``, ``matvec_q8_group``), with
+    what their launch shape needs: ``qk`` (values per block), ``bpi`` (blocks per warp step: 32 / the lane code's
+    ``LPB``) and ``terms`` (shared f32 terms per block: 2 for a Q8_K type with a min, else 1)."""
 
     type_id: int
     fmt: int
     matvec: object
     matvec_batched: object
     matvec_group: object
+    qk: int = 32
+    bpi: int = 8
+    terms: int = 1
 
 
-#: Warps per CTA and rows per warp of the q8 kernels (``Q8_WARPS`` / ``Q8_RPW`` in matvec_q8.cu; neither changes
-#: the arithmetic: tests/test_gpu_q8.py passes with RPW 1, 2 and 4). ``STRATA_Q8_WARPS`` / ``STRATA_Q8_RPW``
-#: override them for benchmarks (bench/device_q8_shapes.sh). Defaults: the fastest measured on the H200
-#: (the measurements: docs/DESIGN.md "Kernel launch shapes").
+#: Warps per CTA of the q8 kernels (``Q8_WARPS`` in matvec_q8.cu; a power of two; it does not change the
+#: arithmetic). ``STRATA_Q8_WARPS`` overrides it for benchmarks (bench/device_profile.sh). ``STRATA_Q8_SPLIT`` fixes
+#: the warps per row (:func:`q8_launch`). Defaults: the fastest measured on the H200 (docs/DESIGN.md "Kernel launch
+#: shapes").
 Q8_WARPS = int(os.environ.get("STRATA_Q8_WARPS", "4"))
-Q8_RPW = int(os.environ.get("STRATA_Q8_RPW", "1"))
-Q8_ROWS_PER_CTA = Q8_WARPS * Q8_RPW
+Q8_SPLIT = os.environ.get("STRATA_Q8_SPLIT", "auto")
+#: Dynamic shared memory a q8 launch may take without opting in (CUDA's default per-CTA limit), bytes.
+Q8_SHMEM_MAX = 48 * 1024
 
 
 @functools.cache
 def q8_kernels_for(type_id: int) -> Q8Kernels:
     """Compile (once per process) the q8 module of ``type_id`` (:func:`load_module`)."""
-    f = load_module(q8_source_for(type_id), ("matvec_q8", "matvec_q8_batched", "matvec_q8_group"))
-    return Q8Kernels(type_id, q8_act_format(type_id), f["matvec_q8"], f["matvec_q8_batched"], f["matvec_q8_group"])
+    import re
+
+    src = q8_source_for(type_id)
+    f = load_module(src, ("matvec_q8", "matvec_q8_batched", "matvec_q8_group"))
+    lpb = int(re.search(r"#define LPB (\d+)", src).group(1))
+    has_min = int(re.search(r"#define HAS_MIN (\d+)", src).group(1))
+    fmt = q8_act_format(type_id)
+    return Q8Kernels(
+        type_id,
+        fmt,
+        f["matvec_q8"],
+        f["matvec_q8_batched"],
+        f["matvec_q8_group"],
+        qk=quants.qtype(type_id).block_elems,
+        bpi=32 // lpb,
+        terms=2 if fmt == 2 and has_min else 1,
+    )
+
+
+def q8_launch(k: Q8Kernels, rows: int, ne0: int, split: int | None = None) -> tuple[int, int, int, int]:
+    """The launch shape of ``k``'s kernels for ``rows`` rows of ``ne0`` values: ``(grid_x, threads, shared_bytes,
+    split)`` - a CTA of ``Q8_WARPS`` warps takes ``Q8_WARPS // split`` rows, ``split`` warps per row (matvec_q8.cu).
+    ``split`` None: ``STRATA_Q8_SPLIT``, or (``auto``) the largest power of two <= ``Q8_WARPS`` and <= the row's warp
+    steps (ceil(blocks / bpi)); raised until the terms fit ``Q8_SHMEM_MAX`` (4 B x terms x blocks per row).
+
+    Raises:
+        ValueError: a split that does not divide ``Q8_WARPS``, or a row whose terms do not fit even one row per CTA.
+    """
+    nb = ne0 // k.qk
+    if split is None and Q8_SPLIT != "auto":
+        split = int(Q8_SPLIT)
+    if split is None:
+        steps, split = -(-nb // k.bpi), 1
+        while split * 2 <= min(Q8_WARPS, steps):
+            split *= 2
+    if split < 1 or Q8_WARPS % split:
+        raise ValueError(f"q8 split {split}: must divide the {Q8_WARPS} warps of a CTA")
+    while (Q8_WARPS // split) * nb * k.terms * 4 > Q8_SHMEM_MAX and split < Q8_WARPS:
+        split *= 2
+    per = Q8_WARPS // split
+    shmem = per * nb * k.terms * 4
+    if shmem > Q8_SHMEM_MAX:
+        raise ValueError(f"q8 matvec: a row of {ne0} values needs {shmem} B of shared terms > {Q8_SHMEM_MAX} B")
+    return -(-int(rows) // per), 32 * Q8_WARPS, shmem, split
 
 
 @functools.lru_cache(maxsize=1)
@@ -248,7 +296,7 @@ def quantize_q8(
     return out
 
 
-def matvec_q8(type_id: int, buf, rows: int, ne0: int, x, out=None):
+def matvec_q8(type_id: int, buf, rows: int, ne0: int, x, out=None, split: int | None = None):
     """``y = W @ x`` with the q8 numerics (module docstring) for an engine-form weight (ggml ``ne = (ne0,
     rows)``) and ``x = cupy.float32[ne0]``: quantizes ``x`` (:func:`quantize_q8`) then one ``matvec_q8``
     launch; returns ``cupy.float32[rows]``, bit-identical to ``strata.engine.cpu.kernels.matvec(...,
@@ -267,11 +315,8 @@ def matvec_q8(type_id: int, buf, rows: int, ne0: int, x, out=None):
     if out is None:
         out = cp.empty(rows, dtype=cp.float32)
     if rows:
-        k.matvec(
-            ((rows + Q8_ROWS_PER_CTA - 1) // Q8_ROWS_PER_CTA,),
-            (32 * Q8_WARPS,),
-            (buf, np.int64(rows), np.int32(ne0), xq, out),
-        )
+        gx, nt, shmem, split = q8_launch(k, rows, ne0, split)
+        k.matvec((gx,), (nt,), (buf, np.int64(rows), np.int32(ne0), xq, out, np.int32(split)), shared_mem=shmem)
     return out
 
 

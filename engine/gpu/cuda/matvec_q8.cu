@@ -11,21 +11,31 @@
 //       (the engine form's f32 scale plane) q8_lane.cuh defines it, with the 8-value dots the lane code uses.
 // The activation (q, d, s, t of q8_layout.h) is made by q8_act.cu's quantize_q8 for ne0 values.
 //
-// One warp per Q8_RPW rows: lane l works on block b0 + l / LPB of each step of 32 / LPB blocks. The integer partial sums
-// of a block's LPB lanes are added by xor shuffles (integers: exact in any order); then the float part in
-// cpu_q8.c's FIXED order (item 3 of its header):
-//   Q8_FMT 1: acc[b % 8] += (d_w * d_x) * (float)S_b in ascending b (lane group g holds acc[g]: a step covers
-//             8 blocks from a multiple of 8), result ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7));
-//   Q8_FMT 2: sa += (d_x * d_w) * (float)S_b, sm += (d_x * dmin_w) * (float)M_b in ascending b (every lane adds
-//             the step's terms in block order, read by shuffle), result sa - sm (sa without a min).
+// A row's blocks go in steps of Q8_BPI = 32 / LPB blocks (lane l works on block b0 + l / LPB of a step). The integer
+// partial sums of a block's LPB lanes are added by xor shuffles (integers: exact in any order), and the block's float
+// terms are made as cpu_q8.c makes them: Q8_FMT 1: t_b = (d_w * d_x) * (float)S_b; Q8_FMT 2: t_b = (d_x * d_w) *
+// (float)S_b and m_b = (d_x * dmin_w) * (float)M_b. The terms go to shared memory; then the row's first warp adds them
+// in cpu_q8.c's FIXED order (item 3 of its header):
+//   Q8_FMT 1: acc[b % 8] += t_b in ascending b, result ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7));
+//   Q8_FMT 2: sa += t_b, sm += m_b in ascending b, result sa - sm (sa without a min).
 // Every float operation is one IEEE f32 operation (--fmad=false), as cpu_q8.c's -ffp-contract=off.
+//
+// Launch shape (strata.engine.gpu.kernels.q8_launch; neither changes the arithmetic): a CTA of Q8_WARPS warps takes
+// Q8_WARPS / split rows; the `split` warps of a row (1, 2 or 4, dividing Q8_WARPS) take its steps round robin, so a
+// row's loads are in flight on several warps at once (one warp per row left the loads of a 4096-long row latency-bound:
+// docs/DESIGN.md "Kernel launch shapes"). Dynamic shared memory: Q8_TERMS * nb floats per row of the CTA.
 #define Q8_BPI (32 / LPB)  // blocks per step
-// Q8_RPW (rows per warp, defined by kernels.q8_source_for): the warp walks Q8_RPW rows side by side (their loads
-// in flight together); each row's arithmetic is the one-row order above, so the bits do not depend on it.
+#if Q8_FMT == 2 && HAS_MIN
+#define Q8_TERMS 2
+#else
+#define Q8_TERMS 1
+#endif
+extern __shared__ float q8_terms[];
 
-// res[r] = row row0 + r of W . act, for r < min(Q8_RPW, rows - row0) (every lane returns the same values).
-__device__ __forceinline__ void q8_rows(const u8* __restrict__ base, const i64 rows, const int ne0, const i64 row0,
-                                        const u8* __restrict__ act, const int lane, float* res) {
+// Part `part` of `split` of row `row`'s block terms into T[b] (and T[nb + b], the min terms).
+__device__ __forceinline__ void q8_row_terms(const u8* __restrict__ base, const i64 rows, const int ne0, const i64 row,
+                                             const u8* __restrict__ act, const int lane, const int part,
+                                             const int split, float* T) {
     const int nb = ne0 / QK;
     const float* scales = (const float*)base;
     const u8* payload = base + rows * nb * NF * 4;
@@ -34,123 +44,94 @@ __device__ __forceinline__ void q8_rows(const u8* __restrict__ base, const i64 r
     const i16* as = (const i16*)(act + act_s_off(ne0));
     const i16* at = (const i16*)(act + act_t_off(ne0));
     const int g = lane / LPB, p = lane % LPB;
-    const int nr = (int)min((i64)Q8_RPW, rows - row0);
-#if Q8_FMT == 1
-    float acc[Q8_RPW];
-#else
-    float sa[Q8_RPW], sm[Q8_RPW];
-#endif
-#pragma unroll
-    for (int r = 0; r < Q8_RPW; ++r) {
-#if Q8_FMT == 1
-        acc[r] = 0.0f;
-#else
-        sa[r] = 0.0f;
-        sm[r] = 0.0f;
-#endif
-    }
-    for (int b0 = 0; b0 < nb; b0 += Q8_BPI) {
+    for (int b0 = part * Q8_BPI; b0 < nb; b0 += split * Q8_BPI) {  // uniform across the warp
         const int b = b0 + g;
         const bool on = b < nb;
-        const float dx = on ? ad[b] : 0.0f;
-        int S[Q8_RPW], M[Q8_RPW];
+        const i64 blk = row * nb + b;
+        int S = 0, M = 0;
+        if (on)
+            lane_sums(scales + blk * NF, payload + blk * PB, aq + (i64)b * QK, as + (i64)b * (QK / 16),
+                      at + (i64)b * (QK / 32), p, &S, &M);
 #pragma unroll
-        for (int r = 0; r < Q8_RPW; ++r) {
-            S[r] = 0;
-            M[r] = 0;
-            if (on && r < nr) {
-                const i64 blk = (row0 + r) * nb + b;
-                lane_sums(scales + blk * NF, payload + blk * PB, aq + (i64)b * QK, as + (i64)b * (QK / 16),
-                          at + (i64)b * (QK / 32), p, &S[r], &M[r]);
-            }
+        for (int o = LPB / 2; o > 0; o >>= 1) {
+            S += __shfl_xor_sync(0xffffffffu, S, o);
+#if HAS_MIN
+            M += __shfl_xor_sync(0xffffffffu, M, o);
+#endif
         }
-#pragma unroll
-        for (int r = 0; r < Q8_RPW; ++r) {
-#pragma unroll
-            for (int o = LPB / 2; o > 0; o >>= 1) {
-                S[r] += __shfl_xor_sync(0xffffffffu, S[r], o);
-#if HAS_MIN
-                M[r] += __shfl_xor_sync(0xffffffffu, M[r], o);
-#endif
-            }
-            float dw = 0.0f, dm = 0.0f;
-            if (on && r < nr) {
-                const i64 blk = (row0 + r) * nb + b;
-                blk_scales(scales + blk * NF, payload + blk * PB, &dw, &dm);
-            }
+        if (on && p == 0) {
+            const float dx = ad[b];
+            float dw, dm;
+            blk_scales(scales + blk * NF, payload + blk * PB, &dw, &dm);
 #if Q8_FMT == 1
-            if (on) acc[r] = acc[r] + (dw * dx) * (float)S[r];
+            T[b] = (dw * dx) * (float)S;
 #else
-            const float ta = (dx * dw) * (float)S[r];
+            T[b] = (dx * dw) * (float)S;
 #if HAS_MIN
-            const float tm = (dx * dm) * (float)M[r];
+            T[nb + b] = (dx * dm) * (float)M;
 #endif
-#pragma unroll
-            for (int k = 0; k < Q8_BPI; ++k) {
-                const float va = __shfl_sync(0xffffffffu, ta, k * LPB);
-#if HAS_MIN
-                const float vm = __shfl_sync(0xffffffffu, tm, k * LPB);
-#endif
-                if (b0 + k < nb) {
-                    sa[r] = sa[r] + va;
-#if HAS_MIN
-                    sm[r] = sm[r] + vm;
-#endif
-                }
-            }
 #endif
         }
     }
-#pragma unroll
-    for (int r = 0; r < Q8_RPW; ++r) {
+}
+
+// The row's result from its nb block terms in the fixed order above (every lane returns the same bits).
+__device__ __forceinline__ float q8_row_sum(const float* T, const int nb, const int lane) {
 #if Q8_FMT == 1
-        float a[8];
+    float acc = 0.0f;
+    if (lane < 8)
+        for (int b = lane; b < nb; b += 8) acc = acc + T[b];
+    float a[8];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) a[k] = __shfl_sync(0xffffffffu, acc[r], k * LPB);
-        res[r] = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-#elif HAS_MIN
-        res[r] = sa[r] - sm[r];
+    for (int k = 0; k < 8; ++k) a[k] = __shfl_sync(0xffffffffu, acc, k);
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 #else
-        res[r] = sa[r];
+    float v = 0.0f;
+    if (lane < Q8_TERMS) {
+        const float* t = T + lane * nb;
+        for (int b = 0; b < nb; ++b) v = v + t[b];
+    }
+    const float sa = __shfl_sync(0xffffffffu, v, 0);
+#if HAS_MIN
+    return sa - __shfl_sync(0xffffffffu, v, 1);
+#else
+    return sa;
 #endif
+#endif
+}
+
+// y[row] = W[row, :] . act for the row of this warp's group (rows past the end still reach the barrier).
+__device__ __forceinline__ void q8_row(const u8* __restrict__ base, const i64 rows, const int ne0,
+                                       const u8* __restrict__ act, float* __restrict__ y, const int split) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int rl = warp / split, part = warp - rl * split;
+    const i64 row = (i64)blockIdx.x * (Q8_WARPS / split) + rl;
+    const int nb = ne0 / QK;
+    float* T = q8_terms + (i64)rl * Q8_TERMS * nb;
+    const bool live = row < rows;
+    if (live) q8_row_terms(base, rows, ne0, row, act, lane, part, split, T);
+    __syncthreads();
+    if (live && part == 0) {
+        const float r = q8_row_sum(T, nb, lane);
+        if (lane == 0) y[row] = r;
     }
 }
 
-// Q8_WARPS (warps per CTA) comes with Q8_RPW from kernels.q8_source_for; a CTA takes Q8_WARPS * Q8_RPW rows.
-#define Q8_ROWS (Q8_WARPS * Q8_RPW)
-
-__device__ __forceinline__ void q8_store(float* __restrict__ y, const i64 row0, const i64 rows, const float* res,
-                                         const int lane) {
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < Q8_RPW; ++r) if (row0 + r < rows) y[row0 + r] = res[r];
-    }
-}
-
-// y[row] = W[row, :] . act (act: the q8 activation of ne0 values); warp w of CTA b takes rows
-// (b * Q8_WARPS + w) * Q8_RPW .. + Q8_RPW.
+// y[row] = W[row, :] . act (act: the q8 activation of ne0 values).
 extern "C" __global__ void __launch_bounds__(32 * Q8_WARPS) matvec_q8(const u8* __restrict__ base, const i64 rows,
                                                                        const int ne0, const u8* __restrict__ act,
-                                                                       float* __restrict__ y) {
-    const int lane = threadIdx.x & 31;
-    const i64 row0 = ((i64)blockIdx.x * Q8_WARPS + (threadIdx.x >> 5)) * Q8_RPW;
-    if (row0 >= rows) return;  // whole warp (no CTA barrier here)
-    float res[Q8_RPW];
-    q8_rows(base, rows, ne0, row0, act, lane, res);
-    q8_store(y, row0, rows, res, lane);
+                                                                       float* __restrict__ y, const int split) {
+    q8_row(base, rows, ne0, act, y, split);
 }
 
 // Y[item, row] = W_item[row, :] . act_item, act_item = act + item * act_stride bytes (0: one activation for
 // all); W_item at bases[item] (engine form); base 0 = skipped (an expert-cache miss the host fills).
 extern "C" __global__ void __launch_bounds__(32 * Q8_WARPS) matvec_q8_batched(
     const unsigned long long* __restrict__ bases, const i64 rows, const int ne0, const u8* __restrict__ act,
-    const i64 act_stride, float* __restrict__ Y) {
-    const int lane = threadIdx.x & 31, item = blockIdx.y;
-    const i64 row0 = ((i64)blockIdx.x * Q8_WARPS + (threadIdx.x >> 5)) * Q8_RPW;
-    if (bases[item] == 0ull || row0 >= rows) return;
-    float res[Q8_RPW];
-    q8_rows((const u8*)bases[item], rows, ne0, row0, act + (i64)item * act_stride, lane, res);
-    q8_store(Y + (i64)item * rows, row0, rows, res, lane);
+    const i64 act_stride, float* __restrict__ Y, const int split) {
+    const int item = blockIdx.y;
+    if (bases[item] == 0ull) return;  // uniform across the CTA
+    q8_row((const u8*)bases[item], rows, ne0, act + (i64)item * act_stride, Y + (i64)item * rows, split);
 }
 
 // Y_item = W_item . act for up to 4 weights of one type and row length on one activation (q, k, v; gate, up):
@@ -159,14 +140,11 @@ extern "C" __global__ void __launch_bounds__(32 * Q8_WARPS) matvec_q8_group(
     const unsigned long long b0, const unsigned long long b1, const unsigned long long b2,
     const unsigned long long b3, const i64 r0, const i64 r1, const i64 r2, const i64 r3, const int ne0,
     const u8* __restrict__ act, const unsigned long long o0, const unsigned long long o1,
-    const unsigned long long o2, const unsigned long long o3) {
-    const int lane = threadIdx.x & 31, item = blockIdx.y;
+    const unsigned long long o2, const unsigned long long o3, const int split) {
+    const int item = blockIdx.y;
     const unsigned long long base = item == 0 ? b0 : item == 1 ? b1 : item == 2 ? b2 : b3;
     const unsigned long long outp = item == 0 ? o0 : item == 1 ? o1 : item == 2 ? o2 : o3;
     const i64 n = item == 0 ? r0 : item == 1 ? r1 : item == 2 ? r2 : r3;
-    const i64 row0 = ((i64)blockIdx.x * Q8_WARPS + (threadIdx.x >> 5)) * Q8_RPW;
-    if (row0 >= n) return;
-    float res[Q8_RPW];
-    q8_rows((const u8*)base, n, ne0, row0, act, lane, res);
-    q8_store((float*)outp, row0, n, res, lane);
+    if ((i64)blockIdx.x * (Q8_WARPS / split) >= n) return;  // uniform across the CTA
+    q8_row((const u8*)base, n, ne0, act, (float*)outp, split);
 }
