@@ -3,8 +3,8 @@
 #
 #   bash bench/device_profile.sh    # carry [".whl"]
 #
-# TESTS=all (or test files) first runs those gpu tests that need no real model; SPLITS="1 2 4" adds the graph replay
-# of each q8 split (STRATA_Q8_SPLIT); NCU=1 adds Nsight Compute's duration of every kernel of one eager step.
+# TESTS=all (or test files) first runs those gpu tests that need no real model; VARIANTS="STRATA_Q8_SPLIT=1 ..." adds the
+# graph replay under each environment (a space-separated list of NAME=VALUE); NCU=1 adds Nsight Compute's duration of every kernel of one eager step.
 #
 # GEOS (default qwen3moe-30b-a3b): bench_prompt_gpu.py --prepare-only writes each GGUF + pack (MoE ones with
 # TokenRouting(0.5) routers), then profile_step.py per pack, every expert resident.
@@ -29,8 +29,8 @@ for g in $GEOS; do
     step "$g: profile"
     timeout ${PROF_S:-200} python3 bench/profile_step.py "$WORK/pp/$g-pack" --json "$OUT/profile_$g.json" ${PROF_ARGS:-} 2>&1 \
         | tee -a "$OUT/profile.log"
-    for sp in ${SPLITS:-}; do
-        STRATA_Q8_SPLIT=$sp python3 bench/profile_step.py "$WORK/pp/$g-pack" --replay-only 2>&1 | tail -1 | tee -a "$OUT/profile.log"
+    for v in ${VARIANTS:-}; do
+        env $v python3 bench/profile_step.py "$WORK/pp/$g-pack" --replay-only 2>&1 | tail -1 | tee -a "$OUT/profile.log"
     done
     if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then
         step "$g: Nsight Compute, one eager step (gpu__time_duration per kernel)"

@@ -119,15 +119,43 @@ def main(argv: list[str] | None = None) -> int:
                 for i in w:
                     per[kind_of(ls[i].name)] += float(cp.cuda.get_elapsed_time(evs[i], evs[i + 1])) * 1000 / args.reps
     total = sum(per.values())
+
+    # the marginal cost in the graph: the step captured without one kind's launches, replayed; the drop from the whole
+    # step's replay is what that kind costs where it runs (the values it would have written stay stale: timing only)
+    def capture(sub):
+        with s:
+            s.begin_capture()
+            for L in sub:
+                L.run()
+            return s.end_capture()
+
+    def replay(g, n=40):
+        for _ in range(3):
+            g.launch(s)
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record(s)
+        for _ in range(n):
+            g.launch(s)
+        b.record(s)
+        b.synchronize()
+        return float(cp.cuda.get_elapsed_time(a, b)) * 1000 / n
+
+    whole = replay(capture(ls))
+    marginal = {k: whole - replay(capture([L for L in ls if kind_of(L.name) != k])) for k in count}
     node = empty_node_us(len(ls))
-    rows = sorted(({"kind": k, "count": count[k], "us": round(v, 2)} for k, v in per.items()), key=lambda r: -r["us"])
+    rows = sorted(
+        ({"kind": k, "count": count[k], "us": round(v, 2), "graph_us": round(marginal[k], 2)} for k, v in per.items()),
+        key=lambda r: -r["graph_us"],
+    )
     print(
         f"{args.pack}: {len(ls)} launches per step; launches alone {total / 1000:.3f} ms, graph replay "
         f"{replay if replay is None else round(replay, 3)} ms, an empty graph node {node:.2f} us "
-        f"(x {len(ls)} = {node * len(ls) / 1000:.3f} ms)"
+        f"(x {len(ls)} = {node * len(ls) / 1000:.3f} ms); per kind: in the graph (the step's replay less the replay "
+        f"without that kind: {whole / 1000:.3f} ms whole) | issued alone"
     )
     for r in rows[: args.top]:
-        print(f"  {r['us']:9.1f} us  {r['count']:4d} x {r['us'] / r['count']:7.2f} us  {r['kind']}")
+        c, g = r["count"], r["graph_us"]
+        print(f"  graph {g:8.1f} us = {c:3d} x {g / c:6.2f} | alone {r['us'] / c:6.2f} us  {r['kind']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -137,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                     "launch_sum_ms": total / 1000,
                     "replay_ms": replay,
                     "empty_node_us": node,
+                    "graph_whole_us": whole,
                     "kinds": rows,
                 },
                 f,

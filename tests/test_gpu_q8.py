@@ -132,16 +132,17 @@ def test_matvec_q8_gives_the_same_bits_with_every_split(type_id):
 
 
 def test_q8_launch_shape():
-    """``q8_launch`` at the default shape (4 warps, split auto): the warps per row follow the row's warp steps
-    (powers of two up to 4), the CTA takes ``4 // split`` rows, the shared terms are 4 B x terms x blocks per row of
-    the CTA; a split that does not divide the CTA is refused."""
-    if K.Q8_WARPS != 4 or K.Q8_SPLIT != "auto":
+    """``q8_launch`` at the default shape (4 warps, split auto): a row of 4 warp steps or more over the 4 warps, a
+    shorter one a warp per row; the CTA takes ``4 // split`` rows, the shared terms are 4 B x terms x blocks per row of
+    the CTA (none at split 1); a split that does not divide the CTA is refused."""
+    if K.Q8_WARPS != 4 or K.Q8_SPLIT != "auto" or K.Q8_SPLIT_STEPS != 4:
         pytest.skip(f"STRATA_Q8_WARPS={K.Q8_WARPS} / STRATA_Q8_SPLIT={K.Q8_SPLIT}: not the default launch shape")
     kk = K.q8_kernels_for(quants.by_name("Q4_K").id)  # 256 values a block, 4 blocks a step, 2 terms (d, dmin)
     assert (kk.qk, kk.bpi, kk.terms) == (256, 4, 2)
     assert K.q8_launch(kk, 2048, 4096) == (2048, 128, 128, 4)  # 16 blocks: 4 steps, a row a CTA
-    assert K.q8_launch(kk, 2048, 2048) == (1024, 128, 128, 2)  # 8 blocks: 2 steps, 2 rows a CTA
-    assert K.q8_launch(kk, 2049, 768) == (513, 128, 96, 1)  # 3 blocks: 1 step, 4 rows a CTA
+    assert K.q8_launch(kk, 2048, 2048) == (512, 128, 0, 1)  # 8 blocks: 2 steps, a warp a row, no shared terms
+    assert K.q8_launch(kk, 2049, 768) == (513, 128, 0, 1)  # 3 blocks: 1 step
+    assert K.q8_launch(kk, 2048, 2048, split=2) == (1024, 128, 2 * 8 * 2 * 4, 2)  # 2 rows a CTA
     k6 = K.q8_kernels_for(quants.by_name("Q6_K").id)
     assert (k6.bpi, k6.terms) == (4, 1)
     k0 = K.q8_kernels_for(quants.by_name("Q8_0").id)

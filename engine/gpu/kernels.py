@@ -185,6 +185,8 @@ class Q8Kernels:
 #: shapes").
 Q8_WARPS = int(os.environ.get("STRATA_Q8_WARPS", "4"))
 Q8_SPLIT = os.environ.get("STRATA_Q8_SPLIT", "auto")
+#: Warp steps from which ``auto`` splits a row over every warp of the CTA (``STRATA_Q8_SPLIT_STEPS``).
+Q8_SPLIT_STEPS = int(os.environ.get("STRATA_Q8_SPLIT_STEPS", "4"))
 #: Dynamic shared memory a q8 launch may take without opting in (CUDA's default per-CTA limit), bytes.
 Q8_SHMEM_MAX = 48 * 1024
 
@@ -214,8 +216,9 @@ def q8_kernels_for(type_id: int) -> Q8Kernels:
 def q8_launch(k: Q8Kernels, rows: int, ne0: int, split: int | None = None) -> tuple[int, int, int, int]:
     """The launch shape of ``k``'s kernels for ``rows`` rows of ``ne0`` values: ``(grid_x, threads, shared_bytes,
     split)`` - a CTA of ``Q8_WARPS`` warps takes ``Q8_WARPS // split`` rows, ``split`` warps per row (matvec_q8.cu).
-    ``split`` None: ``STRATA_Q8_SPLIT``, or (``auto``) the largest power of two <= ``Q8_WARPS`` and <= the row's warp
-    steps (ceil(blocks / bpi)); raised until the terms fit ``Q8_SHMEM_MAX`` (4 B x terms x blocks per row).
+    ``split`` None: ``STRATA_Q8_SPLIT``, or (``auto``) ``Q8_WARPS`` when the row takes at least ``Q8_SPLIT_STEPS``
+    warp steps (ceil(blocks / bpi)), else 1 (measured: docs/DESIGN.md "Kernel launch shapes"); raised until the
+    terms (4 B x terms x blocks per row of the CTA; none at split 1) fit ``Q8_SHMEM_MAX``.
 
     Raises:
         ValueError: a split that does not divide ``Q8_WARPS``, or a row whose terms do not fit even one row per CTA.
@@ -224,15 +227,11 @@ def q8_launch(k: Q8Kernels, rows: int, ne0: int, split: int | None = None) -> tu
     if split is None and Q8_SPLIT != "auto":
         split = int(Q8_SPLIT)
     if split is None:
-        steps, split = -(-nb // k.bpi), 1
-        while split * 2 <= min(Q8_WARPS, steps):
-            split *= 2
+        split = Q8_WARPS if -(-nb // k.bpi) >= Q8_SPLIT_STEPS else 1
     if split < 1 or Q8_WARPS % split:
         raise ValueError(f"q8 split {split}: must divide the {Q8_WARPS} warps of a CTA")
-    while (Q8_WARPS // split) * nb * k.terms * 4 > Q8_SHMEM_MAX and split < Q8_WARPS:
-        split *= 2
     per = Q8_WARPS // split
-    shmem = per * nb * k.terms * 4
+    shmem = per * nb * k.terms * 4 if split > 1 else 0
     if shmem > Q8_SHMEM_MAX:
         raise ValueError(f"q8 matvec: a row of {ne0} values needs {shmem} B of shared terms > {Q8_SHMEM_MAX} B")
     return -(-int(rows) // per), 32 * Q8_WARPS, shmem, split

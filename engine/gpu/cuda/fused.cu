@@ -250,7 +250,7 @@ extern "C" __global__ void logit_post(float* __restrict__ y, const float* __rest
 // Non-finite logits select nothing meaningful (the step's logits are refused after it); an id past the experts is
 // then taken as expert 0 so that no address is read out of bounds.
 #define ROUTE_PER_LANE 32
-extern "C" __global__ void moe_route(const float* __restrict__ logits, const int n_expert, const int K,
+extern "C" __global__ void __launch_bounds__(32) moe_route(const float* __restrict__ logits, const int n_expert, const int K,
                                      const int norm, const int* __restrict__ slot_of, const int layer,
                                      const unsigned long long* __restrict__ storage_ptr,
                                      const unsigned long long* __restrict__ host_ptr, const long long slot_bytes,

@@ -21,9 +21,10 @@
 // Every float operation is one IEEE f32 operation (--fmad=false), as cpu_q8.c's -ffp-contract=off.
 //
 // Launch shape (strata.engine.gpu.kernels.q8_launch; neither changes the arithmetic): a CTA of Q8_WARPS warps takes
-// Q8_WARPS / split rows; the `split` warps of a row (1, 2 or 4, dividing Q8_WARPS) take its steps round robin, so a
-// row's loads are in flight on several warps at once (one warp per row left the loads of a 4096-long row latency-bound:
-// docs/DESIGN.md "Kernel launch shapes"). Dynamic shared memory: Q8_TERMS * nb floats per row of the CTA.
+// Q8_WARPS / split rows. split 1: a warp per row adds the terms as it goes (q8_row_direct). split > 1 (2 or 4,
+// dividing Q8_WARPS): the row's warps take its steps round robin, so its loads are in flight on several warps at once
+// (one warp per row left a 4096-long row latency-bound: docs/DESIGN.md "Kernel launch shapes"), the terms go to
+// shared memory (Q8_TERMS * nb floats per row of the CTA) and the row's first warp adds them (q8_row_sum).
 #define Q8_BPI (32 / LPB)  // blocks per step
 #if Q8_FMT == 2 && HAS_MIN
 #define Q8_TERMS 2
@@ -100,10 +101,85 @@ __device__ __forceinline__ float q8_row_sum(const float* T, const int nb, const 
 #endif
 }
 
+// split 1: the row's warp adds each step's terms as it goes (cpu_q8.c's order, no shared memory, no barrier).
+__device__ __forceinline__ float q8_row_direct(const u8* __restrict__ base, const i64 rows, const int ne0, const i64 row,
+                                               const u8* __restrict__ act, const int lane) {
+    const int nb = ne0 / QK;
+    const float* scales = (const float*)base;
+    const u8* payload = base + rows * nb * NF * 4;
+    const i8* aq = (const i8*)act;
+    const float* ad = (const float*)(act + act_d_off(ne0));
+    const i16* as = (const i16*)(act + act_s_off(ne0));
+    const i16* at = (const i16*)(act + act_t_off(ne0));
+    const int g = lane / LPB, p = lane % LPB;
+#if Q8_FMT == 1
+    float acc = 0.0f;
+#else
+    float sa = 0.0f, sm = 0.0f;
+#endif
+    for (int b0 = 0; b0 < nb; b0 += Q8_BPI) {
+        const int b = b0 + g;
+        const bool on = b < nb;
+        const i64 blk = row * nb + b;
+        int S = 0, M = 0;
+        if (on)
+            lane_sums(scales + blk * NF, payload + blk * PB, aq + (i64)b * QK, as + (i64)b * (QK / 16),
+                      at + (i64)b * (QK / 32), p, &S, &M);
+#pragma unroll
+        for (int o = LPB / 2; o > 0; o >>= 1) {
+            S += __shfl_xor_sync(0xffffffffu, S, o);
+#if HAS_MIN
+            M += __shfl_xor_sync(0xffffffffu, M, o);
+#endif
+        }
+        float dw = 0.0f, dm = 0.0f;
+        const float dx = on ? ad[b] : 0.0f;
+        if (on) blk_scales(scales + blk * NF, payload + blk * PB, &dw, &dm);
+#if Q8_FMT == 1
+        if (on) acc = acc + (dw * dx) * (float)S;  // lane group g holds acc[g]: a step covers 8 blocks from a multiple of 8
+#else
+        const float ta = (dx * dw) * (float)S;
+#if HAS_MIN
+        const float tm = (dx * dm) * (float)M;
+#endif
+#pragma unroll
+        for (int k = 0; k < Q8_BPI; ++k) {  // the step's terms in block order, read by shuffle
+            const float va = __shfl_sync(0xffffffffu, ta, k * LPB);
+#if HAS_MIN
+            const float vm = __shfl_sync(0xffffffffu, tm, k * LPB);
+#endif
+            if (b0 + k < nb) {
+                sa = sa + va;
+#if HAS_MIN
+                sm = sm + vm;
+#endif
+            }
+        }
+#endif
+    }
+#if Q8_FMT == 1
+    float a[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) a[k] = __shfl_sync(0xffffffffu, acc, k * LPB);
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+#elif HAS_MIN
+    return sa - sm;
+#else
+    return sa;
+#endif
+}
+
 // y[row] = W[row, :] . act for the row of this warp's group (rows past the end still reach the barrier).
 __device__ __forceinline__ void q8_row(const u8* __restrict__ base, const i64 rows, const int ne0,
                                        const u8* __restrict__ act, float* __restrict__ y, const int split) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (split == 1) {  // uniform across the CTA
+        const i64 row = (i64)blockIdx.x * Q8_WARPS + warp;
+        if (row >= rows) return;  // whole warp
+        const float r = q8_row_direct(base, rows, ne0, row, act, lane);
+        if (lane == 0) y[row] = r;
+        return;
+    }
     const int rl = warp / split, part = warp - rl * split;
     const i64 row = (i64)blockIdx.x * (Q8_WARPS / split) + rl;
     const int nb = ne0 / QK;
