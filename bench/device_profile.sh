@@ -29,6 +29,11 @@ for g in $GEOS; do
     step "$g: profile"
     timeout ${PROF_S:-200} python3 bench/profile_step.py "$WORK/pp/$g-pack" --json "$OUT/profile_$g.json" ${PROF_ARGS:-} 2>&1 \
         | tee -a "$OUT/profile.log"
+    if [ -d .base/src ]; then
+        step "$g: profile of the code in .base/src (an older checkout's packages, for an A/B in one call)"
+        PYTHONPATH=$PWD/.base/src:$PYTHONPATH timeout ${PROF_S:-200} python3 bench/profile_step.py "$WORK/pp/$g-pack" \
+            --json "$OUT/profile_base_$g.json" ${PROF_ARGS:-} 2>&1 | tee -a "$OUT/profile.log"
+    fi
     for v in ${VARIANTS:-}; do
         env $v python3 bench/profile_step.py "$WORK/pp/$g-pack" --replay-only 2>&1 | tail -1 | tee -a "$OUT/profile.log"
     done

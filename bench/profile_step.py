@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 L.run()
             return s.end_capture()
 
-    def replay(g, n=40):
+    def replay_graph(g, n=40):
         for _ in range(3):
             g.launch(s)
         a, b = cp.cuda.Event(), cp.cuda.Event()
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         b.synchronize()
         return float(cp.cuda.get_elapsed_time(a, b)) * 1000 / n
 
-    whole = replay(capture(ls))
-    marginal = {k: whole - replay(capture([L for L in ls if kind_of(L.name) != k])) for k in count}
+    whole = replay_graph(capture(ls))
+    marginal = {k: whole - replay_graph(capture([L for L in ls if kind_of(L.name) != k])) for k in count}
     node = empty_node_us(len(ls))
     rows = sorted(
         ({"kind": k, "count": count[k], "us": round(v, 2), "graph_us": round(marginal[k], 2)} for k, v in per.items()),

@@ -74,7 +74,7 @@ from . import kernels as K
 from .fused_attn import build_attention_layer
 from .fused_gdn import GdnBuffers, build_delta_layer, gdn_unsupported
 from .fused_launch import Launch, MatvecLaunches
-from .fused_moe import MAX_EXPERTS, MAX_EXPERTS_USED, MoeStep
+from .fused_moe import MAX_EXPERTS_USED, MoeStep
 from .fused_ops import TOP_K, TOP_WORDS, CudaOps
 from .fused_sim import SimOps
 
@@ -113,8 +113,6 @@ def fused_unsupported(model) -> str | None:
         return f"n_head {h.n_head} is not a multiple of n_head_kv {h.n_head_kv}"
     if model.experts is not None and not 0 < h.n_expert_used <= MAX_EXPERTS_USED:
         return f"n_expert_used {h.n_expert_used}: the fused routing kernel selects 1..{MAX_EXPERTS_USED} experts"
-    if model.experts is not None and h.n_expert > MAX_EXPERTS:
-        return f"n_expert {h.n_expert}: the fused routing kernel (one warp) routes up to {MAX_EXPERTS} experts"
     return None
 
 

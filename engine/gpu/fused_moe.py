@@ -48,8 +48,6 @@ from .slots import SIM_HOST_BASE
 
 #: Most experts one token may select (the routing kernel's shared table).
 MAX_EXPERTS_USED = 64
-#: Most experts a layer may have (the routing kernel is one warp: 32 registers of 32 experts; cuda/fused.cu).
-MAX_EXPERTS = 1024
 
 
 class MoeStep:

@@ -397,7 +397,7 @@ class CudaOps:
         return self._call(
             self.k["moe_route"],
             (1,),
-            (32,),  # one warp (cuda/fused.cu moe_route)
+            (_threads(min(M.n_expert, 1024)),),
             (
                 M.logits,
                 np.int32(M.n_expert),

@@ -235,72 +235,47 @@ extern "C" __global__ void logit_post(float* __restrict__ y, const float* __rest
 
 // ---------------------------------------------------------------- routed experts (one token)
 
-// ONE WARP (blockDim.x == 32), n_expert <= 1024: expert e = 32 j + lane lives in register v[j] of its lane. The routing
-// of strata.engine.layers.route_topk (llama.cpp build_moe_ffn, softmax gating): p = softmax(logits); the K most
-// probable experts, iterated argmax (lowest id on ties); their weights p[id], divided by their sum (k order, clamped
-// below at 6.103515625e-5) when norm. The softmax sum is added in the order of the 1-CTA kernel this replaced (one
-// thread per expert, then block_sum: each 32 experts by butterfly, then those totals by butterfly), so the bits are
-// that kernel's; the warp does it without a CTA barrier (it was 13.7 us of a 5.9 ms step, Nsight Compute, H200:
-// docs/DESIGN.md "Kernel launch shapes"). Then the cache lookup, lane k for expert k: slot = slot_of[layer *
-// n_expert + id]; the part addresses of expert k are bases[k] (gate), bases[K + k] (up), bases[2K + k] (down) =
-// storage + slot * slot_bytes + offset for a slot >= 0 (device memory), host + (-2 - slot) * slot_bytes + offset for
-// a slot <= -2 (the host tier: mapped pinned host memory the same kernels read over PCIe), 0 for -1 (a miss the host
-// fills: matvec_batched skips a 0 base). info[k] = id, info[K + k] = slot. probs: the n_expert probabilities
-// (scratch). storage / host: device u64s at *storage_ptr / *host_ptr (written after capture, read at replay).
-// Non-finite logits select nothing meaningful (the step's logits are refused after it); an id past the experts is
-// then taken as expert 0 so that no address is read out of bounds.
-#define ROUTE_PER_LANE 32
-extern "C" __global__ void __launch_bounds__(32) moe_route(const float* __restrict__ logits, const int n_expert, const int K,
+// One CTA (blockDim.x a multiple of 32, <= 1024). The routing of strata.engine.layers.route_topk
+// (llama.cpp build_moe_ffn, softmax gating): p = softmax(logits) (block max, exp, block sum,
+// divide); the K most probable experts, iterated block argmax (lowest id on ties); their weights
+// p[id], divided by their sum (k order, clamped below at 6.103515625e-5) when norm. Then the cache
+// lookup: slot = slot_of[layer * n_expert + id]; the part addresses of expert k are
+// bases[k] (gate), bases[K + k] (up), bases[2K + k] (down) = storage + slot * slot_bytes + offset for a
+// slot >= 0 (device memory), host + (-2 - slot) * slot_bytes + offset for a slot <= -2 (the host tier: mapped
+// pinned host memory the same kernels read over PCIe), 0 for -1 (a miss the host fills: matvec_batched skips a
+// 0 base). info[k] = id, info[K + k] = slot. probs: scratch of n_expert floats. storage / host: device u64s at
+// *storage_ptr / *host_ptr (written after capture, read at replay).
+extern "C" __global__ void moe_route(const float* __restrict__ logits, const int n_expert, const int K,
                                      const int norm, const int* __restrict__ slot_of, const int layer,
                                      const unsigned long long* __restrict__ storage_ptr,
                                      const unsigned long long* __restrict__ host_ptr, const long long slot_bytes,
                                      const long long off_g, const long long off_u, const long long off_d,
                                      float* __restrict__ probs, float* __restrict__ weights,
                                      unsigned long long* __restrict__ bases, int* __restrict__ info) {
+    __shared__ float red[32];
+    __shared__ int redi[32];
     __shared__ int chosen[64];
-    __shared__ float chosen_p[64];
-    const int lane = threadIdx.x;
-    const int nc = (n_expert + 31) >> 5;  // chunks of 32 experts
-    float v[ROUTE_PER_LANE];
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
     float m = __int_as_float(0xff800000);
-#pragma unroll
-    for (int j = 0; j < ROUTE_PER_LANE; ++j) {
-        const int e = 32 * j + lane;
-        v[j] = (j < nc && e < n_expert) ? logits[e] : __int_as_float(0xff800000);
-        m = fmaxf(m, v[j]);
+    for (int e = tid; e < n_expert; e += nt) m = fmaxf(m, logits[e]);
+    m = block_max(m, red);
+    float z = 0.0f;
+    for (int e = tid; e < n_expert; e += nt) {
+        const float p = expf(logits[e] - m);
+        probs[e] = p;
+        z = z + p;
     }
-    m = warp_max(m);
-    float z = 0.0f;  // block_sum: lane j holds chunk j's butterfly total, then one more butterfly
-#pragma unroll
-    for (int j = 0; j < ROUTE_PER_LANE; ++j) {
-        if (j < nc) {
-            const int e = 32 * j + lane;
-            const float p = e < n_expert ? expf(v[j] - m) : 0.0f;
-            v[j] = p;
-            const float t = warp_sum(0.0f + p);
-            if (lane == j) z = t;
-        }
-    }
-    z = warp_sum(z);
-    unsigned taken = 0u;
-#pragma unroll
-    for (int j = 0; j < ROUTE_PER_LANE; ++j) {
-        if (j < nc) {
-            const int e = 32 * j + lane;
-            v[j] = v[j] / z;
-            if (e < n_expert) probs[e] = v[j];
-        }
-    }
+    z = block_sum(z, red);
+    for (int e = tid; e < n_expert; e += nt) probs[e] = probs[e] / z;
+    __syncthreads();
     for (int k = 0; k < K; ++k) {
         float bv = __int_as_float(0xff800000);
         int bi = 0x7fffffff;
-#pragma unroll
-        for (int j = 0; j < ROUTE_PER_LANE; ++j) {
-            const int e = 32 * j + lane;
-            if (j < nc && e < n_expert && !((taken >> j) & 1u) && (v[j] > bv || (v[j] == bv && e < bi))) {
-                bv = v[j];
-                bi = e;
-            }
+        for (int e = tid; e < n_expert; e += nt) {
+            bool taken = false;
+            for (int j = 0; j < k; ++j) taken = taken || (chosen[j] == e);
+            const float v = probs[e];
+            if (!taken && (v > bv || (v == bv && e < bi))) { bv = v; bi = e; }
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {  // (value, lower id) argmax across the warp
@@ -308,32 +283,38 @@ extern "C" __global__ void __launch_bounds__(32) moe_route(const float* __restri
             const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
         }
-        if (bi < 0 || bi >= n_expert) { bi = 0; bv = 0.0f; }
-        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-        if (lane == 0) { chosen[k] = bi; chosen_p[k] = bv; }
+        __syncthreads();
+        if (lane == 0) { red[warp] = bv; redi[warp] = bi; }
+        __syncthreads();
+        if (tid == 0) {
+            float v = red[0];
+            int i = redi[0];
+            for (int w = 1; w < nw; ++w)
+                if (red[w] > v || (red[w] == v && redi[w] < i)) { v = red[w]; i = redi[w]; }
+            chosen[k] = i;
+        }
+        __syncthreads();
     }
-    __syncwarp();
-    float s = 0.0f;
-    if (lane == 0) {
-        for (int k = 0; k < K; ++k) s = s + chosen_p[k];
+    if (tid == 0) {
+        float s = 0.0f;
+        for (int k = 0; k < K; ++k) s = s + probs[chosen[k]];
         s = fmaxf(s, 6.103515625e-5f);
-    }
-    s = __shfl_sync(0xffffffffu, s, 0);
-    const unsigned long long storage = *storage_ptr, host = *host_ptr;
-    for (int k = lane; k < K; k += 32) {
-        const int e = chosen[k];
-        const float p = chosen_p[k];
-        weights[k] = norm ? p / s : p;
-        const int slot = slot_of[(long long)layer * n_expert + e];
-        const bool any = slot != -1;
-        const unsigned long long b = slot >= 0    ? storage + (unsigned long long)slot * slot_bytes
-                                     : slot <= -2 ? host + (unsigned long long)(-2 - slot) * slot_bytes
-                                                  : 0ull;
-        bases[k] = any ? b + off_g : 0ull;
-        bases[K + k] = any ? b + off_u : 0ull;
-        bases[2 * K + k] = any ? b + off_d : 0ull;
-        info[k] = e;
-        info[K + k] = slot;
+        const unsigned long long storage = *storage_ptr, host = *host_ptr;
+        for (int k = 0; k < K; ++k) {
+            const int e = chosen[k];
+            const float p = probs[e];
+            weights[k] = norm ? p / s : p;
+            const int slot = slot_of[(long long)layer * n_expert + e];
+            const bool any = slot != -1;
+            const unsigned long long b = slot >= 0    ? storage + (unsigned long long)slot * slot_bytes
+                                         : slot <= -2 ? host + (unsigned long long)(-2 - slot) * slot_bytes
+                                                      : 0ull;
+            bases[k] = any ? b + off_g : 0ull;
+            bases[K + k] = any ? b + off_u : 0ull;
+            bases[2 * K + k] = any ? b + off_d : 0ull;
+            info[k] = e;
+            info[K + k] = slot;
+        }
     }
 }
 

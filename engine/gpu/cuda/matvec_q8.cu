@@ -49,10 +49,14 @@ __device__ __forceinline__ void q8_row_terms(const u8* __restrict__ base, const 
         const int b = b0 + g;
         const bool on = b < nb;
         const i64 blk = row * nb + b;
+        float dx = 0.0f, dw = 0.0f, dm = 0.0f;  // the scales' loads first: in flight with the lane sums'
         int S = 0, M = 0;
-        if (on)
+        if (on) {
+            dx = ad[b];
+            blk_scales(scales + blk * NF, payload + blk * PB, &dw, &dm);
             lane_sums(scales + blk * NF, payload + blk * PB, aq + (i64)b * QK, as + (i64)b * (QK / 16),
                       at + (i64)b * (QK / 32), p, &S, &M);
+        }
 #pragma unroll
         for (int o = LPB / 2; o > 0; o >>= 1) {
             S += __shfl_xor_sync(0xffffffffu, S, o);
@@ -61,9 +65,6 @@ __device__ __forceinline__ void q8_row_terms(const u8* __restrict__ base, const 
 #endif
         }
         if (on && p == 0) {
-            const float dx = ad[b];
-            float dw, dm;
-            blk_scales(scales + blk * NF, payload + blk * PB, &dw, &dm);
 #if Q8_FMT == 1
             T[b] = (dw * dx) * (float)S;
 #else
@@ -121,10 +122,14 @@ __device__ __forceinline__ float q8_row_direct(const u8* __restrict__ base, cons
         const int b = b0 + g;
         const bool on = b < nb;
         const i64 blk = row * nb + b;
+        float dx = 0.0f, dw = 0.0f, dm = 0.0f;  // the scales' loads first: in flight with the lane sums'
         int S = 0, M = 0;
-        if (on)
+        if (on) {
+            dx = ad[b];
+            blk_scales(scales + blk * NF, payload + blk * PB, &dw, &dm);
             lane_sums(scales + blk * NF, payload + blk * PB, aq + (i64)b * QK, as + (i64)b * (QK / 16),
                       at + (i64)b * (QK / 32), p, &S, &M);
+        }
 #pragma unroll
         for (int o = LPB / 2; o > 0; o >>= 1) {
             S += __shfl_xor_sync(0xffffffffu, S, o);
@@ -132,9 +137,6 @@ __device__ __forceinline__ float q8_row_direct(const u8* __restrict__ base, cons
             M += __shfl_xor_sync(0xffffffffu, M, o);
 #endif
         }
-        float dw = 0.0f, dm = 0.0f;
-        const float dx = on ? ad[b] : 0.0f;
-        if (on) blk_scales(scales + blk * NF, payload + blk * PB, &dw, &dm);
 #if Q8_FMT == 1
         if (on) acc = acc + (dw * dx) * (float)S;  // lane group g holds acc[g]: a step covers 8 blocks from a multiple of 8
 #else
