@@ -83,6 +83,8 @@ class CardDefaults(BaseModel):
     cuda_alloc_granularity_kib: int
     cuda_alloc_packed_max_kib: int
     cuda_runtime_model_source: str
+    cuda_cublas_kib: int
+    cuda_cublas_source: str
 
 
 class Card(BaseModel):
@@ -206,7 +208,8 @@ def card_from_options(
 
 def runtime_model() -> tuple[dict[str, int], str]:
     """cards.toml's constants of strata's engine's runtime term (bytes) and their source:
-    ``module_bytes``, ``graph_bytes``, ``generic_path_bytes``, ``granularity``, ``packed_max``."""
+    ``module_bytes``, ``graph_bytes``, ``generic_path_bytes``, ``granularity``, ``packed_max``, ``cublas_bytes``
+    (cuBLAS's first use: prompt chunks on the GPU)."""
     d, _ = load_cards()
     return (
         {
@@ -215,8 +218,9 @@ def runtime_model() -> tuple[dict[str, int], str]:
             "generic_path_bytes": d.cuda_generic_path_kib << 10,
             "granularity": d.cuda_alloc_granularity_kib << 10,
             "packed_max": d.cuda_alloc_packed_max_kib << 10,
+            "cublas_bytes": d.cuda_cublas_kib << 10,
         },
-        " ".join(d.cuda_runtime_model_source.split()),
+        " ".join(d.cuda_runtime_model_source.split()) + " cuBLAS: " + " ".join(d.cuda_cublas_source.split()),
     )
 
 

@@ -209,9 +209,11 @@ def kernel_types(facts: ModelFacts) -> set[int]:
     return types
 
 
-def runtime_term(facts: ModelFacts, card: Card, n_ctx: int, kv: str) -> tuple[int, str]:
+def runtime_term(facts: ModelFacts, card: Card, n_ctx: int, kv: str, cublas: bool = False) -> tuple[int, str]:
     """(bytes, detail) of "CUDA runtime" for strata's engine (module docstring); ``card.cuda_runtime_fixed``
-    (``--cuda-runtime-mib``): the card's constant."""
+    (``--cuda-runtime-mib``): the card's constant. ``cublas``: the engine runs prompts in chunks on the GPU
+    (``-ub`` > 1), whose GEMMs use cuBLAS: its first use in the process (handle, workspace, kernels) is added,
+    cards.toml ``cuda_cublas_kib`` (measured, an estimate)."""
     if card.cuda_runtime_fixed:
         return card.cuda_runtime_bytes, card.cuda_runtime_source
     c, src = (card.runtime_model, "card") if card.runtime_model else runtime_model()
@@ -235,8 +237,10 @@ def runtime_term(facts: ModelFacts, card: Card, n_ctx: int, kv: str) -> tuple[in
         generic=path == "generic",
     )
     rounding = FG.allocation_rounding_bytes(allocs, c["granularity"], c["packed_max"])
-    return nb, (
-        f"{n_mod} kernel modules, {graphs} CUDA graphs, {path} path, driver rounding of {len(allocs)} "
+    blas = c.get("cublas_bytes", 0) if cublas else 0
+    return nb + blas, (
+        (f"cuBLAS for prompt chunks {blas} B + " if cublas else "")
+        + f"{n_mod} kernel modules, {graphs} CUDA graphs, {path} path, driver rounding of {len(allocs)} "
         f"allocations {rounding} B (cards.toml constants, estimate)"
     )
 

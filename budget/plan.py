@@ -84,7 +84,9 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
     n_full = sum(1 for L in facts.kv_layers if L.window is None)
     n_win = len(facts.kv_layers) - n_full
     rt, rt_detail = (
-        ET.runtime_term(facts, card, n_ctx, o.kv) if strata else (card.cuda_runtime_bytes, card.cuda_runtime_source)
+        ET.runtime_term(facts, card, n_ctx, o.kv, cublas=o.ubatch > 1 and o.cublas)
+        if strata
+        else (card.cuda_runtime_bytes, card.cuda_runtime_source)
     )
     terms = [
         Term(name="CUDA context", bytes=card.cuda_context_bytes, detail=card.cuda_context_source),

@@ -49,6 +49,9 @@ class PlanOptions(BaseModel):
     # strata's engine: prompt positions per chunk (strata-engine -ub); > 1 plans the GPU chunk path's tile and
     # staging slots ("prompt chunk", strata.layout.chunk), 1 plans none
     ubatch: int = Field(default=LC.DEFAULT_UBATCH, ge=1)
+    # strata's engine with -ub > 1: charge cuBLAS's first use in the process ("CUDA runtime"); False only where it
+    # was already paid before the engine started (strata-engine measure in a process that used cuBLAS before)
+    cublas: bool = True
 
     @field_validator("engine", "prefill_model", mode="before")
     @classmethod

@@ -102,9 +102,12 @@ def test_default_context_is_flagged(pack):
 
 
 def _tight_card(pack):
-    """A card whose free memory after the reserve holds fewer slots than there are pairs."""
+    """A card whose free memory after the reserve holds fewer slots than there are pairs (``-ub 1``: no prompt chunk
+    path, so no cuBLAS share of the runtime term, which alone would not fit a 64 MiB card)."""
     code, d = run_json(
         pack,
+        "-ub",
+        1,
         "--card-mib",
         64,
         "--cuda-context-mib",
@@ -122,6 +125,8 @@ def _tight_card(pack):
     reserve = d["free_bytes"] // MIB
     return (
         [
+            "-ub",
+            1,
             "--card-mib",
             64,
             "--cuda-context-mib",
@@ -635,7 +640,8 @@ def test_expert_cache_refusal_names_both_limits_when_both_apply(pack):
     code, d = run_json(pack, *args, "--expert-cache", 600)
     assert code == 1 and d["slots_fit"] == auto["slots"] == most < 512
     assert f"at most {most} slots fit (capped at the model's 512 (layer, expert) pairs" in d["refused"]
-    assert f"after the {args[5]} MiB reserve holds {most})" in d["refused"]
+    reserve = args[args.index("--vram-reserve-mib") + 1]
+    assert f"after the {reserve} MiB reserve holds {most})" in d["refused"]
 
 
 # ----------------------------------------------------------------------------- suggestions: safest first

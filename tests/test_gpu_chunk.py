@@ -188,7 +188,7 @@ def test_cuda_dequant_many_equals_dequantize_and_gemm_within_rounding(type_id):
 
 def test_budget_check_plans_the_chunk_at_its_ubatch(packs):
     """``strata-budget check -ub N``: the "prompt chunk" term is the engine's chunk buffers at ``-ub > 1`` and 0 at
-    ``-ub 1``, and the rest of the plan moves by exactly that term."""
+    ``-ub 1``, and the rest of the plan moves by exactly that term and cuBLAS's share of "CUDA runtime"."""
     import json
 
     from click.testing import CliRunner
@@ -204,7 +204,13 @@ def test_budget_check_plans_the_chunk_at_its_ubatch(packs):
     (chunked, used), (one, used1) = terms(), terms("-ub", "1")
     eng = _engine(packs["moe"], "sim", n_ctx=64)
     assert chunked["prompt chunk"] == eng.gpu.chunk_bytes > 0 and one["prompt chunk"] == 0
-    assert used - used1 == chunked["prompt chunk"]
+    # -ub > 1 also charges cuBLAS's first use (the chunk's GEMMs) in "CUDA runtime": cards.toml's constant, exactly
+    from strata.budget.cards import runtime_model
+
+    blas = runtime_model()[0]["cublas_bytes"]
+    assert blas == 62337 * 1024
+    assert chunked["CUDA runtime"] - one["CUDA runtime"] == blas
+    assert used - used1 == chunked["prompt chunk"] + blas
 
 
 def test_chunk_counts_host_tier_reads(packs):

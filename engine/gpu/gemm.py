@@ -39,10 +39,22 @@ def _cublas():
     return cublas
 
 
+#: Whether this module has asked CuPy for its cuBLAS handle in this process (:func:`cublas_used`).
+_USED = [False]
+
+
+def cublas_used() -> bool:
+    """True once a prompt chunk's GEMM has used cuBLAS in this process: its first use (handle, workspace, kernels:
+    the budget's cuBLAS share of "CUDA runtime") is then paid. Other CuPy code that used cuBLAS (``cupy.matmul``)
+    is not seen; the engine itself uses none elsewhere."""
+    return _USED[0]
+
+
 def _handle():
     import cupy as cp
 
     cublas = _cublas()
+    _USED[0] = True
     h = cp.cuda.device.get_cublas_handle()
     cublas.setStream(h, cp.cuda.get_current_stream().ptr)
     return cublas, h
