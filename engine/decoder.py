@@ -22,7 +22,6 @@ then ``logits = head(rms_norm(x) * output_norm)`` (+ ``output.bias``), soft-capp
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +32,7 @@ from strata.layout import kv as LK
 from strata.manifests.contract import Geometry
 from strata.manifests.names import tensor_name
 
+from . import rowpar
 from .cpu.kernels import blas_single_thread
 from .deltanet import DeltaNetDims, GatedDeltaNet, RecurrentState
 from .layers import Attention, KVCache, Rope, gated_mlp, rms_norm, route_topk, route_topk_rows, sigmoid, silu, to_host
@@ -367,8 +367,11 @@ class Decoder:
             raise ValueError(f"{type(self.w).__name__} multiplies one position at a time: no chunked forward")
         if not tokens:
             raise ValueError("an empty prompt chunk")
-        # on the CPU the kernels' threads own the cores: NumPy's BLAS (the attention's products) on one thread
-        with blas_single_thread() if self.xp is np else contextlib.nullcontext():
+        # on the CPU the kernels' threads own the cores: NumPy's BLAS (the attention's products) on one thread, the
+        # NumPy work between the kernels split by rows over the same threads (strata.engine.rowpar)
+        if self.xp is not np:
+            return self._forward(tokens, pos0, state, logits)
+        with blas_single_thread(), rowpar.row_threads(getattr(self.w, "threads", 1)):
             return self._forward(tokens, pos0, state, logits)
 
     def _forward(self, tokens: list[int], pos0: int, state: State, logits: bool):

@@ -24,6 +24,8 @@ import numpy as np
 
 from strata.manifests.names import tensor_name
 
+from . import rowpar
+
 
 def rms_norm(xp, x, w, eps: float):
     """``x / sqrt(mean(x^2, last axis) + eps) * w`` in f32 (ggml_rms_norm then ggml_mul)."""
@@ -224,6 +226,10 @@ def attend(xp, q, K, V, scale: float, f16_operands: bool = False):
 
 #: Score elements one block of :func:`attend_rows` may hold (f32: 64 MiB): longer prompts are split in query blocks.
 ATTEND_BLOCK_ELEMS = 1 << 24
+#: Query rows of one block of :func:`attend_rows` on the CPU: blocks are what its threads share
+#: (:mod:`strata.engine.rowpar`), and a block reads only the keys its queries may see, so short blocks skip most of
+#: the causal mask's upper triangle.
+ATTEND_CPU_ROWS = 64
 
 
 def attend_rows(xp, q, K, V, scale: float, pos0: int, lo: int, window: int | None, f16_operands: bool = False):
@@ -235,21 +241,28 @@ def attend_rows(xp, q, K, V, scale: float, pos0: int, lo: int, window: int | Non
     The scores and the weighted sum are matrix products (:func:`attend` sums elementwise products for one
     query: the two differ by float rounding only); masked keys get ``-inf`` before the softmax (weight 0).
     ``f16_operands`` rounds q and the probabilities to f16 as :func:`attend` does. Queries are taken in blocks
-    of at most :data:`ATTEND_BLOCK_ELEMS` scores."""
+    of at most :data:`ATTEND_BLOCK_ELEMS` scores (on the CPU at most :data:`ATTEND_CPU_ROWS` rows, the blocks
+    shared by the chunk's threads: :func:`strata.engine.rowpar.run`); a block reads only the keys from the first
+    one its first query sees (window) to the last its last query sees (causal)."""
     T, n_head, hd = q.shape
     S, n_kv = K.shape[0], K.shape[1]
     r = n_head // n_kv
     if f16_operands:
         q = q.astype(xp.float16).astype(xp.float32)
-    Kt = K.transpose(1, 2, 0)[:, None]  # [g, 1, hd, S]
-    Vt = V.transpose(1, 0, 2)[:, None]  # [g, 1, S, hd_v]
-    kp = lo + xp.arange(S)
+    Kt_all = K.transpose(1, 2, 0)[:, None]  # [g, 1, hd, S]
+    Vt_all = V.transpose(1, 0, 2)[:, None]  # [g, 1, S, hd_v]
     out = xp.empty((T, n_head * V.shape[2]), dtype=xp.float32)
     step = max(1, ATTEND_BLOCK_ELEMS // max(1, n_head * S))
-    for a in range(0, T, step):
-        b = min(T, a + step)
+    if xp is np:
+        step = min(step, ATTEND_CPU_ROWS)
+
+    def block(a: int, b: int) -> None:
+        k0 = 0 if window is None else max(0, pos0 + a + 1 - window - lo)
+        k1 = min(S, pos0 + b - lo)
+        Kt, Vt = Kt_all[..., k0:k1], Vt_all[:, :, k0:k1]
+        kp = lo + xp.arange(k0, k1)
         qg = q[a:b].reshape(b - a, n_kv, r, hd).transpose(1, 2, 0, 3)  # [g, r, t, hd]
-        s = (qg @ Kt) * xp.float32(scale)  # [g, r, t, S]
+        s = (qg @ Kt) * xp.float32(scale)  # [g, r, t, k1 - k0]
         qp = pos0 + xp.arange(a, b)
         seen = kp[None, :] <= qp[:, None]
         if window is not None:
@@ -260,6 +273,8 @@ def attend_rows(xp, q, K, V, scale: float, pos0: int, lo: int, window: int | Non
             p = p.astype(xp.float16).astype(xp.float32)
         o = p @ Vt  # [g, r, t, hd_v]
         out[a:b] = o.transpose(2, 0, 1, 3).reshape(b - a, -1)
+
+    rowpar.run([(a, min(T, a + step)) for a in range(0, T, step)], block)
     return out
 
 
@@ -433,8 +448,17 @@ def gated_mlp(xp, w, il: int, x, act: str):
         return y + w.get(b) if w.has(b) else y
 
     g, u = mm("ffn_gate", x), mm("ffn_up", x)
-    a = silu(xp, g) if act == "silu" else gelu_tanh(xp, g) if act == "gelu" else gelu_f16_table(xp, g)
-    return mm("ffn_down", a * u)
+    fn = silu if act == "silu" else gelu_tanh if act == "gelu" else gelu_f16_table
+    if xp is np and g.ndim == 2 and rowpar.threads() > 1:  # a CPU prompt chunk: rows over the threads, same bits
+        h = np.empty_like(g)
+
+        def part(a0: int, b0: int) -> None:
+            h[a0:b0] = fn(xp, g[a0:b0]) * u[a0:b0]
+
+        rowpar.run(rowpar.ranges(g.shape[0]), part)
+    else:
+        h = fn(xp, g) * u
+    return mm("ffn_down", h)
 
 
 def expert_ffn(xp, gate, up, down, x, types: tuple[int, int, int] | None = None):

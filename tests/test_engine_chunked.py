@@ -224,3 +224,60 @@ def test_profile_takes_ub(packs, tmp_path, monkeypatch):
     assert totals[0] == totals[1] > 0
     r = CliRunner().invoke(main, ["profile", str(packs["qwen3moe"]), "--prompts", str(tmp_path / "p.txt"), "-ub", "0"])
     assert r.exit_code == 2 and "-ub" in r.output
+
+
+def test_attend_rows_blocks_and_threads_change_no_bit():
+    """On the CPU a chunk's attention goes in blocks of ``ATTEND_CPU_ROWS`` queries shared by the threads
+    (strata.engine.rowpar), each block reading only the keys its queries may see: 1 thread or 3 give the same bits,
+    and every row stays within rounding of attend() on its visible keys - 150 queries (3 blocks), earlier positions
+    in the cache, with and without a window that starts inside the chunk."""
+    from strata.engine import rowpar
+
+    rng = np.random.default_rng(8)
+    T, S0, hd = 150, 20, 16
+    q = rng.standard_normal((T, 4, hd)).astype(np.float32)
+    K = rng.standard_normal((S0 + T, 2, hd)).astype(np.float32)
+    V = rng.standard_normal((S0 + T, 2, hd)).astype(np.float32)
+    assert T > 2 * L.ATTEND_CPU_ROWS
+    for window in (None, 40):
+        with rowpar.row_threads(1):
+            one = L.attend_rows(np, q, K, V, 0.25, 100, 100 - S0, window)
+        with rowpar.row_threads(3):
+            three = L.attend_rows(np, q, K, V, 0.25, 100, 100 - S0, window)
+        assert np.array_equal(one.view(np.uint32), three.view(np.uint32)), window
+        want = per_query(np, q, K, V, 0.25, 100, 100 - S0, window)
+        np.testing.assert_allclose(one, want, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "llama"])
+def test_chunk_logits_do_not_depend_on_the_threads(packs, name):
+    """The C kernels and the NumPy rows between them (attention blocks, the FFN activation: gelu for gemma3, silu for
+    llama) split over 1 or 3 threads: every logit of a chunked prompt the same bits."""
+    rows = {}
+    for t in (1, 3):
+        eng = load_engine(packs[name], n_ctx=256, threads=t)
+        rows[t], _ = run(eng, prompt(eng, 150, seed=4), 64)
+    for a, b in zip(rows[1], rows[3]):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_rowpar_ranges_and_errors():
+    """rowpar.ranges: near-equal contiguous parts, none under min_rows; run: every task once, on the threads set by
+    row_threads (1 outside it), a task's exception raised to the caller."""
+    from strata.engine import rowpar
+
+    assert rowpar.threads() == 1
+    assert rowpar.ranges(100, parts=3) == [(0, 34), (34, 68), (68, 100)]
+    assert rowpar.ranges(20, parts=4) == [(0, 20)]  # 16 rows at least per part
+    assert rowpar.ranges(0, parts=2) == [(0, 0)]
+    seen = []
+    with rowpar.row_threads(2):
+        assert rowpar.threads() == 2
+        rowpar.run([(0, 3), (3, 5), (5, 9)], lambda a, b: seen.append((a, b)))
+
+        def boom(a, b):
+            raise ValueError(f"rows {a}..{b}")
+
+        with pytest.raises(ValueError, match="rows 3..5"):
+            rowpar.run([(0, 3), (3, 5)], lambda a, b: boom(a, b) if a == 3 else None)
+    assert sorted(seen) == [(0, 3), (3, 5), (5, 9)] and rowpar.threads() == 1
