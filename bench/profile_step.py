@@ -34,6 +34,22 @@ def kind_of(name: str) -> str:
     return re.sub(r"\bL\d+\b", "L*", re.sub(r"blk\.\d+\.", "blk.*.", name))
 
 
+def graph_us(g, s, n: int = 40, warmup: int = 3) -> float:
+    """Device microseconds per replay of the captured graph ``g`` on stream ``s``: ``n`` replays back to back between
+    two CUDA events, after ``warmup``."""
+    import cupy as cp
+
+    for _ in range(warmup):
+        g.launch(s)
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    a.record(s)
+    for _ in range(n):
+        g.launch(s)
+    b.record(s)
+    b.synchronize()
+    return float(cp.cuda.get_elapsed_time(a, b)) * 1000 / n
+
+
 def empty_node_us(n: int, reps: int = 50) -> float:
     """Device microseconds per node of a captured graph of ``n`` launches of an empty kernel (1 CTA, 32 threads)."""
     import cupy as cp
@@ -46,15 +62,7 @@ def empty_node_us(n: int, reps: int = 50) -> float:
         for _ in range(n):
             k((1,), (32,), ())
         g = s.end_capture()
-    for _ in range(5):
-        g.launch(s)
-    a, b = cp.cuda.Event(), cp.cuda.Event()
-    a.record(s)
-    for _ in range(reps):
-        g.launch(s)
-    b.record(s)
-    b.synchronize()
-    return float(cp.cuda.get_elapsed_time(a, b)) * 1000 / reps / n
+    return graph_us(g, s, reps, warmup=5) / n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,19 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                 L.run()
             return s.end_capture()
 
-    def replay_graph(g, n=40):
-        for _ in range(3):
-            g.launch(s)
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record(s)
-        for _ in range(n):
-            g.launch(s)
-        b.record(s)
-        b.synchronize()
-        return float(cp.cuda.get_elapsed_time(a, b)) * 1000 / n
-
-    whole = replay_graph(capture(ls))
-    marginal = {k: whole - replay_graph(capture([L for L in ls if kind_of(L.name) != k])) for k in count}
+    whole = graph_us(capture(ls), s)
+    marginal = {k: whole - graph_us(capture([L for L in ls if kind_of(L.name) != k]), s) for k in count}
     node = empty_node_us(len(ls))
     rows = sorted(
         ({"kind": k, "count": count[k], "us": round(v, 2), "graph_us": round(marginal[k], 2)} for k, v in per.items()),
