@@ -35,7 +35,8 @@ for g in $GEOS; do
             --json "$OUT/profile_base_$g.json" ${PROF_ARGS:-} 2>&1 | tee -a "$OUT/profile.log"
     fi
     for v in ${VARIANTS:-}; do
-        env $v python3 bench/profile_step.py "$WORK/pp/$g-pack" --replay-only 2>&1 | tail -1 | tee -a "$OUT/profile.log"
+        timeout ${PROF_S:-200} env $v python3 bench/profile_step.py "$WORK/pp/$g-pack" --replay-only 2>&1 | tail -3 \
+            | tee -a "$OUT/profile.log"
     done
     if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then
         step "$g: Nsight Compute, one eager step (gpu__time_duration per kernel)"

@@ -89,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     generate(eng, prompt_ids=[1, 2, 3, 4, 5, 6, 7, 8], n_tokens=8, ignore_eos=True)
     dec = eng.decoder
     ls = dec.launches(True)
-    replay = dec.replay_ms(200) if not (dec.hybrid or args.ncu_step) else None
+    if dec is None:
+        raise SystemExit(f"{args.pack}: no fused decode step on this path ({eng.gpu.decode_path}): nothing to profile")
+    if dec.hybrid:
+        raise SystemExit(f"{args.pack}: experts miss (hybrid segments): profile a cache that holds every expert")
+    replay = dec.replay_ms(200) if not args.ncu_step else None
     if args.replay_only:
         env = {k: v for k, v in os.environ.items() if k.startswith("STRATA_")}
         print(f"{args.pack}: graph replay {replay:.3f} ms per step ({len(ls)} launches), env {env}")

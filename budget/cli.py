@@ -118,7 +118,8 @@ def main() -> None:
 @click.option(
     "--cuda-runtime-mib",
     type=int,
-    help="CUDA runtime first-use memory (kernel modules) in MiB [default: cards.toml's].",
+    help="CUDA runtime first-use memory in MiB, replacing the whole derived term (kernel modules, graphs, rounding "
+    "and, with -ub > 1, cuBLAS) [default: derived from cards.toml's constants].",
 )
 @ctx_option
 @click.option("--kv-resident", type=int, help="Tokens of KV kept in VRAM per full-context layer (the rest streams).")

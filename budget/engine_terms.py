@@ -237,7 +237,7 @@ def runtime_term(facts: ModelFacts, card: Card, n_ctx: int, kv: str, cublas: boo
         generic=path == "generic",
     )
     rounding = FG.allocation_rounding_bytes(allocs, c["granularity"], c["packed_max"])
-    blas = c.get("cublas_bytes", 0) if cublas else 0
+    blas = (c["cublas_bytes"] if "cublas_bytes" in c else runtime_model()[0]["cublas_bytes"]) if cublas else 0
     return nb + blas, (
         (f"cuBLAS for prompt chunks {blas} B + " if cublas else "")
         + f"{n_mod} kernel modules, {graphs} CUDA graphs, {path} path, driver rounding of {len(allocs)} "

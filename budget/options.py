@@ -170,7 +170,8 @@ def ubatch_option(help_text: str):
 #: ``strata-budget check``'s ``-ub``: the GPU chunk path it plans.
 ubatch_plan_option = ubatch_option(
     "strata's engine: prompt positions per chunk (strata-engine -ub): plans the GPU chunk path's tile and "
-    "staging slots ('prompt chunk'); 1 = one position at a time, no chunk buffers."
+    "staging slots ('prompt chunk') and cuBLAS's first use (in 'CUDA runtime', ~61 MiB); 1 = one position at a "
+    "time, none of them."
 )
 
 

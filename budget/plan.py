@@ -450,7 +450,8 @@ def suggestions(facts: ModelFacts, card: Card, o: PlanOptions, plan: Plan) -> li
     Every knob is treated alike: it is listed when moving it as far as it goes saves memory; with the least
     change that fits on its own (found with the plan itself, so it is exact) when one exists, else at its
     limit with what it saves there (``fits_alone`` False). Order: an asked ``--expert-cache`` (the refused
-    number itself), ``--ctx``, ``--kv``, ``--batch``, ``--prefill``, ``--embeddings-on-host``,
+    number itself), ``--ctx``, ``--kv``, ``--batch``, ``--prefill``, ``-ub`` (strata's engine: prompts one position at
+    a time), ``--embeddings-on-host``,
     ``--kv-resident`` (streams KV from the host), and the reserve last, never below :data:`LOW_MIB` (a
     shrunk reserve is what stalled requests:
     docs/DESIGN.md "The head before the cache" and "The reserve and the prompt buffers").
@@ -544,6 +545,15 @@ def suggestions(facts: ModelFacts, card: Card, o: PlanOptions, plan: Plan) -> li
                 f"the largest prompt chunk that fits is {c} tokens" + (" (0: one token at a time)" if c == 0 else "")
             ),
             "not enough on its own, even at 0 (one prompt token at a time)",
+        )
+    if o.engine == "strata" and o.ubatch > 1:  # the GPU chunk path: its tile, staging slots and cuBLAS
+        knob(
+            "-ub",
+            1,
+            lambda u: with_(ubatch=u),
+            None,
+            lambda _u: "prompts one position at a time: no chunk tile, staging slots nor cuBLAS (slower prompts)",
+            "prompts one position at a time (no chunk tile, staging slots nor cuBLAS): not enough on its own",
         )
     if not o.embeddings_on_host and not facts.tied and facts.embeddings:
         knob(

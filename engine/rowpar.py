@@ -6,7 +6,10 @@ side by side. Every function given to :func:`run` computes its rows exactly as i
 row-wise work, each row's arithmetic unchanged), so the split changes no bit - only how many cores do it.
 
 The thread count is set for the duration of a chunk by :func:`row_threads` (the CPU weights' ``threads``, which
-the kernels use too); outside one it is 1 and :func:`run` calls the function on all rows in the caller's thread.
+the kernels use too). It belongs to the calling thread: two engines chunking in two threads each keep their own
+count, and a thread that set none (the GPU path, a pool worker) runs :func:`run`'s tasks itself, in order. Each
+count has its own pool of exactly that many workers (created once, kept for the process), so at most that many
+tasks run at once; a :func:`run` inside a task runs in that task's thread (no pool waits on itself).
 """
 
 from __future__ import annotations
@@ -16,48 +19,53 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-_N = [1]
+_LOCAL = threading.local()  # n: this thread's count (absent: 1); worker: this thread is a pool worker
 _LOCK = threading.Lock()
-_POOL: list[ThreadPoolExecutor | None] = [None]
-_POOL_N = [0]
+_POOLS: dict[int, ThreadPoolExecutor] = {}
 
 
 @contextlib.contextmanager
 def row_threads(n: int) -> Iterator[None]:
-    """Within the block :func:`run` splits rows over ``n`` threads (at least 1)."""
-    prev = _N[0]
-    _N[0] = max(1, int(n))
+    """Within the block, in this thread, :func:`run` splits rows over ``n`` threads (at least 1)."""
+    prev = getattr(_LOCAL, "n", 1)
+    _LOCAL.n = max(1, int(n))
     try:
         yield
     finally:
-        _N[0] = prev
+        _LOCAL.n = prev
 
 
 def threads() -> int:
-    """Threads :func:`run` uses now (1 outside :func:`row_threads`)."""
-    return _N[0]
+    """Threads :func:`run` uses now in this thread (1 outside :func:`row_threads`, and in a pool worker)."""
+    return 1 if getattr(_LOCAL, "worker", False) else getattr(_LOCAL, "n", 1)
+
+
+def _mark_worker() -> None:
+    _LOCAL.worker = True
 
 
 def _pool(n: int) -> ThreadPoolExecutor:
     with _LOCK:
-        if _POOL[0] is None or _POOL_N[0] < n:
-            if _POOL[0] is not None:
-                _POOL[0].shutdown(wait=True)
-            _POOL[0], _POOL_N[0] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="strata-rows"), n
-        return _POOL[0]
+        if n not in _POOLS:
+            _POOLS[n] = ThreadPoolExecutor(n, thread_name_prefix=f"strata-rows{n}", initializer=_mark_worker)
+        return _POOLS[n]
 
 
 def run(tasks: list[tuple[int, int]], fn: Callable[[int, int], None]) -> None:
     """``fn(a, b)`` for every row range ``(a, b)`` of ``tasks``: on :func:`threads` threads, each taking the next task
     as it frees (tasks of unequal work balance), or in order in this thread when that is 1 or there is one task.
-    ``fn`` writes its rows' results itself (disjoint rows). An exception in a task is raised here."""
-    n = min(_N[0], len(tasks))
+    ``fn`` writes its rows' results itself (disjoint rows). The first task's exception (in task order) is raised here
+    after every task has ended."""
+    n = min(threads(), len(tasks))
     if n <= 1:
         for a, b in tasks:
             fn(a, b)
         return
-    for f in [_pool(n).submit(fn, a, b) for a, b in tasks]:
-        f.result()
+    futures = [_pool(threads()).submit(fn, a, b) for a, b in tasks]
+    errors = [f.exception() for f in futures]
+    for e in errors:
+        if e is not None:
+            raise e
 
 
 def ranges(n_rows: int, parts: int | None = None, min_rows: int = 16) -> list[tuple[int, int]]:

@@ -281,3 +281,38 @@ def test_rowpar_ranges_and_errors():
         with pytest.raises(ValueError, match="rows 3..5"):
             rowpar.run([(0, 3), (3, 5)], lambda a, b: boom(a, b) if a == 3 else None)
     assert sorted(seen) == [(0, 3), (3, 5), (5, 9)] and rowpar.threads() == 1
+
+
+def test_rowpar_count_is_per_thread_and_honoured():
+    """The count belongs to the thread that set it (another thread still sees 1, and its own setting does not leak);
+    at most that many tasks run at once even after a larger count was used; a run() inside a task runs inline."""
+    import threading
+    import time
+
+    from strata.engine import rowpar
+
+    def peak(n: int) -> int:
+        live, top, lock = [0], [0], threading.Lock()
+
+        def task(a, b):
+            with lock:
+                live[0] += 1
+                top[0] = max(top[0], live[0])
+            time.sleep(0.01)
+            with lock:
+                live[0] -= 1
+
+        with rowpar.row_threads(n):
+            rowpar.run([(i, i + 1) for i in range(12)], task)
+        return top[0]
+
+    assert peak(6) <= 6
+    assert peak(2) == 2  # the 6-worker pool exists now; a count of 2 still runs 2 at a time
+    other = []
+    with rowpar.row_threads(4):
+        t = threading.Thread(target=lambda: other.append(rowpar.threads()))
+        t.start()
+        t.join()
+        inner = []
+        rowpar.run([(0, 1), (1, 2)], lambda a, b: inner.append(rowpar.threads()))
+    assert other == [1] and inner == [1, 1] and rowpar.threads() == 1

@@ -213,6 +213,33 @@ def test_budget_check_plans_the_chunk_at_its_ubatch(packs):
     assert used - used1 == chunked["prompt chunk"] + blas
 
 
+def test_budget_suggests_ub_1_when_the_chunk_path_is_what_misses(packs):
+    """A card that holds the plan at ``-ub 1`` but not at ``-ub 512`` (the chunk's tile and staging slots and cuBLAS):
+    the refusal suggests ``-ub 1``, saving exactly the difference, and says it fits alone."""
+    import json
+
+    from click.testing import CliRunner
+
+    from strata.budget.cli import main
+
+    def check(*extra):
+        r = CliRunner().invoke(
+            main, ["check", str(packs["moe"]), "--ctx", "64", "--json", "--cuda-context-mib", "0"] + [*extra]
+        )
+        return r.exit_code, json.loads(r.output)
+
+    _, d512 = check("--card", "24G", "--expert-cache", "0")
+    _, d1 = check("--card", "24G", "--expert-cache", "0", "-ub", "1")
+    mib = 1 << 20
+    card = (d1["used_bytes"] + d1["reserve_bytes"]) // mib + 2  # room at -ub 1, not at -ub 512
+    assert (d512["used_bytes"] - d1["used_bytes"]) > 2 * mib
+    code, d = check("--card-mib", str(card), "--expert-cache", "0")
+    assert code == 1
+    ub = [s for s in d["suggestions"] if s["option"] == "-ub"]
+    assert ub and ub[0]["value"] == "1" and ub[0]["fits_alone"]
+    assert ub[0]["saves_bytes"] == d512["used_bytes"] - d1["used_bytes"]
+
+
 def test_chunk_counts_host_tier_reads(packs):
     """Misses read in place from the host tier count as PCIe misses in a chunk as one position at a time does (same
     count per position); their bytes are what the chunk read: each (layer, expert) once per chunk, on the first row

@@ -97,8 +97,9 @@ class GpuInfo:
     host_tier_map_predicted_bytes: int = 0  # strata.layout.experts.host_tier_map_bytes of the tier
     chunk_bytes: int = 0  # the prompt chunk's tile and staging slots (strata.layout.chunk.chunk_buffer_bytes)
     chunk_ubatch: int = 1  # -ub: prompt positions per chunk (1: one position at a time, no chunk path)
-    # the chunk path's GEMMs use cuBLAS (CUDA) and its first use in this process happens at this start-up (the plan
-    # charges it in "CUDA runtime"); False on the sim, with -ub 1, or when the process had used it before
+    # the chunk path's GEMMs use cuBLAS (CUDA) and its first use in this thread happens at this start-up's warm-up
+    # chunk (the plan charges it in "CUDA runtime"); False on the sim, with -ub 1, without the warm-up, or when the
+    # thread had used it before (measure then plans without it)
     cublas_first_use: bool = False
     reserve_bytes: int = 0  # --vram-reserve-mib, kept free after start-up
     free_after_bytes: int = 0  # free at the end of start-up (measured; >= reserve_bytes, or the start is refused)
@@ -275,10 +276,6 @@ class GpuDevice:
         group a chunk can make, as its rows never pass ``-ub x n_expert_used``), so CuPy's pool holds what a chunk
         takes before the expert cache is sized."""
         info, bk, w = self.info, self.bk, model.w
-        if bk.name == "cuda":
-            from .gemm import cublas_used
-
-            info.cublas_first_use = not cublas_used()
         mats = [w.entry(n) for n in w.matrices()]
         ne0_max = max((e.ne0 for e in mats), default=1)
         dense_max = max((e.ne0 * rows_of(e) for e in mats), default=1)
@@ -296,6 +293,10 @@ class GpuDevice:
             f"-ub {opts.ubatch}: tile {path.tile_elements * 4} B, {path.group} staging slots ({path.staging_bytes} B)"
         )
         if opts.warmup and state.n_ctx >= 3:
+            if bk.name == "cuda":  # the warm-up's GEMMs pay cuBLAS's first use here unless the process did before
+                from .gemm import cublas_used
+
+                info.cublas_first_use = not cublas_used()
             t = min(opts.ubatch, state.n_ctx - 2)
             model.forward([0] * t, state.n_ctx - 2 - t, state, logits=False)
             if self.experts is not None and self.experts.source.layers:

@@ -14,6 +14,7 @@ is numpy ``[rows, ne0]``.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -39,23 +40,23 @@ def _cublas():
     return cublas
 
 
-#: Whether this module has asked CuPy for its cuBLAS handle in this process (:func:`cublas_used`).
-_USED = [False]
+#: Whether this thread has a cuBLAS handle from this module (:func:`cublas_used`; CuPy keeps one per thread).
+_USED = threading.local()
 
 
 def cublas_used() -> bool:
-    """True once a prompt chunk's GEMM has used cuBLAS in this process: its first use (handle, workspace, kernels:
-    the budget's cuBLAS share of "CUDA runtime") is then paid. Other CuPy code that used cuBLAS (``cupy.matmul``)
-    is not seen; the engine itself uses none elsewhere."""
-    return _USED[0]
+    """True once a prompt chunk's GEMM has taken CuPy's cuBLAS handle in this thread: its first use (handle,
+    workspace, kernels: the budget's cuBLAS share of "CUDA runtime") is then paid. Other CuPy code that used cuBLAS
+    (``cupy.matmul``) is not seen; the engine itself uses none elsewhere."""
+    return getattr(_USED, "yes", False)
 
 
 def _handle():
     import cupy as cp
 
     cublas = _cublas()
-    _USED[0] = True
     h = cp.cuda.device.get_cublas_handle()
+    _USED.yes = True
     cublas.setStream(h, cp.cuda.get_current_stream().ptr)
     return cublas, h
 

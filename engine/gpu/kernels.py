@@ -217,8 +217,8 @@ def q8_launch(k: Q8Kernels, rows: int, ne0: int, split: int | None = None) -> tu
     """The launch shape of ``k``'s kernels for ``rows`` rows of ``ne0`` values: ``(grid_x, threads, shared_bytes,
     split)`` - a CTA of ``Q8_WARPS`` warps takes ``Q8_WARPS // split`` rows, ``split`` warps per row (matvec_q8.cu).
     ``split`` None: ``STRATA_Q8_SPLIT``, or (``auto``) ``Q8_WARPS`` when the row takes at least ``Q8_SPLIT_STEPS``
-    warp steps (ceil(blocks / bpi)), else 1 (measured: docs/DESIGN.md "Kernel launch shapes"); raised until the
-    terms (4 B x terms x blocks per row of the CTA; none at split 1) fit ``Q8_SHMEM_MAX``.
+    warp steps (ceil(blocks / bpi)), else 1 (measured: docs/DESIGN.md "Kernel launch shapes"). The terms take 4 B
+    x terms x blocks per row of the CTA of shared memory (none at split 1), at most ``Q8_SHMEM_MAX``.
 
     Raises:
         ValueError: a split that does not divide ``Q8_WARPS``, or a row whose terms do not fit even one row per CTA.

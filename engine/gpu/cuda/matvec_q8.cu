@@ -21,8 +21,8 @@
 // Every float operation is one IEEE f32 operation (--fmad=false), as cpu_q8.c's -ffp-contract=off.
 //
 // Launch shape (strata.engine.gpu.kernels.q8_launch; neither changes the arithmetic): a CTA of Q8_WARPS warps takes
-// Q8_WARPS / split rows. split 1: a warp per row adds the terms as it goes (q8_row_direct). split > 1 (2 or 4,
-// dividing Q8_WARPS): the row's warps take its steps round robin, so its loads are in flight on several warps at once
+// Q8_WARPS / split rows. split 1: a warp per row adds the terms as it goes (q8_row_direct). split > 1 (a power of
+// two dividing Q8_WARPS; auto takes Q8_WARPS): the row's warps take its steps round robin, so its loads are in flight on several warps at once
 // (one warp per row left a 4096-long row latency-bound: docs/DESIGN.md "Kernel launch shapes"), the terms go to
 // shared memory (Q8_TERMS * nb floats per row of the CTA) and the row's first warp adds them (q8_row_sum).
 #define Q8_BPI (32 / LPB)  // blocks per step
