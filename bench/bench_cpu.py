@@ -5,7 +5,8 @@ Not a test (``make bench-cpu``; README "On a GPU" has its rows). For each model 
 
 - strata (``strata.engine.startup.load_engine`` with ``cpu_kernel`` = each of ``--kernels``, default ``q8``:
   llama.cpp's CPU numerics; ``exact`` and ``f32`` on request): greedy decode of ``--tokens`` tokens after an
-  8-token prompt (ids 10, 17, ..., 59, EOS ignored), ``tokens_per_second`` of strata.engine.generate (decode
+  8-token prompt (ids 10, 17, ..., 59, EOS ignored; ``--decode-after N``: after an N-id prompt, a long context),
+  ``tokens_per_second`` of strata.engine.generate (decode
   steps after the first), best of ``--reps`` runs after one warm-up run; in the same process the peak and
   final RssAnon (/proc/self/status, sampled every 5 ms) and the pool.bin pages resident right after start-up
   (/proc/self/smaps of the mapping: what start-up touched) beside the bytes of the vectors it has to read;
@@ -48,6 +49,17 @@ N_CTX = 1024
 
 def long_prompt(n: int) -> list[int]:
     return [10 + (37 * i) % 4000 for i in range(n)]
+
+
+def decode_prompt(a) -> list[int]:
+    """The prompt the decode figure generates after: the 8 ids of ``PROMPT``, or with ``--decode-after N`` a prompt of
+    N ids (the decode then reads N earlier positions: a long context)."""
+    return PROMPT if a.decode_after <= len(PROMPT) else long_prompt(a.decode_after)
+
+
+def n_ctx(a) -> int:
+    """The context both engines are given: ``N_CTX``, or room for ``--decode-after`` + the tokens."""
+    return max(N_CTX, a.decode_after + a.tokens + 16)
 
 
 REAL = ("gemma3-270m", "qwen2.5-0.5b")
@@ -114,7 +126,7 @@ def strata_worker(a) -> dict:
     from strata.engine.startup import load_engine
 
     t0 = time.perf_counter()
-    eng = load_engine(a.pack, n_ctx=N_CTX, threads=a.threads, cpu_kernel=a.kernel, ubatch=a.ubatch)
+    eng = load_engine(a.pack, n_ctx=n_ctx(a), threads=a.threads, cpu_kernel=a.kernel, ubatch=a.ubatch)
     startup = time.perf_counter() - t0
     pool = str(Path(a.pack, "pool.bin").resolve())
     out = {
@@ -125,7 +137,7 @@ def strata_worker(a) -> dict:
     }
     rates = []
     for rep in range(a.reps + 1):
-        r = generate(eng, prompt_ids=PROMPT, n_tokens=a.tokens, ignore_eos=True)
+        r = generate(eng, prompt_ids=decode_prompt(a), n_tokens=a.tokens, ignore_eos=True)
         if rep:
             rates.append(float(r.tokens_per_second))
     pp = []
@@ -154,7 +166,7 @@ def llama_worker(a) -> dict:
     t0 = time.perf_counter()
     llm = Llama(
         model_path=a.gguf,
-        n_ctx=N_CTX,
+        n_ctx=n_ctx(a),
         n_batch=512,
         n_ubatch=512,
         n_threads=a.threads,
@@ -170,7 +182,7 @@ def llama_worker(a) -> dict:
     rates, toks = [], []
     for rep in range(a.reps + 1):
         llm.reset()
-        llm.eval(PROMPT)
+        llm.eval(decode_prompt(a))
         tok = greedy()
         toks = [tok]
         t0 = time.perf_counter()
@@ -278,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--prompt-len", type=int, default=512, help="prompt ids of the prompt-processing figure")
+    ap.add_argument(
+        "--decode-after", type=int, default=8, help="prompt ids before the decode figure's tokens (a long context)"
+    )
     ap.add_argument("--ubatch", type=int, default=512, help="strata's -ub (llama.cpp runs n_ubatch 512)")
     ap.add_argument("--kernels", default="q8", help="strata CPU kernels to run (q8, exact, f32)")
     ap.add_argument("--work", default="/tmp/bench_cpu")
@@ -312,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         "tokens": args.tokens,
         "reps": args.reps,
         "prompt_ids": PROMPT,
+        "decode_after": args.decode_after,
         "rows": [],
     }
     table = []
@@ -329,11 +345,19 @@ def main(argv: list[str] | None = None) -> int:
                     kernel=k,
                     prompt_len=args.prompt_len,
                     ubatch=args.ubatch,
+                    decode_after=args.decode_after,
                 )
                 row["strata"][k] = r
                 print(f"  [{name}, {t} threads] strata {k}: {r}", flush=True)
             r = _run_worker(
-                "llama", lcp_env, gguf=gguf, threads=t, tokens=args.tokens, reps=args.reps, prompt_len=args.prompt_len
+                "llama",
+                lcp_env,
+                gguf=gguf,
+                threads=t,
+                tokens=args.tokens,
+                reps=args.reps,
+                prompt_len=args.prompt_len,
+                decode_after=args.decode_after,
             )
             row["llama.cpp"] = r
             print(f"  [{name}, {t} threads] llama.cpp: {r}", flush=True)

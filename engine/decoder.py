@@ -35,7 +35,19 @@ from strata.manifests.names import tensor_name
 from . import rowpar
 from .cpu.kernels import blas_single_thread
 from .deltanet import DeltaNetDims, GatedDeltaNet, RecurrentState
-from .layers import Attention, KVCache, Rope, gated_mlp, rms_norm, route_topk, route_topk_rows, sigmoid, silu, to_host
+from .layers import (
+    ATTEND_MM_MIN_KEYS,
+    Attention,
+    KVCache,
+    Rope,
+    gated_mlp,
+    rms_norm,
+    route_topk,
+    route_topk_rows,
+    sigmoid,
+    silu,
+    to_host,
+)
 from .models import UnsupportedModel
 from .numerics import numerics
 from .recipe import Attention as AttentionSpec
@@ -326,7 +338,15 @@ class Decoder:
 
     def step(self, token: int, pos: int, state: State, logits: bool = True):
         """Position ``pos`` of token ``token`` through every layer; the f32 logits ``[n_vocab]`` when
-        ``logits``, else None (the KV cache is written either way)."""
+        ``logits``, else None (the KV cache is written either way). On the CPU, from
+        :data:`strata.engine.layers.ATTEND_MM_MIN_KEYS` positions on, the attention takes NumPy's BLAS, on one thread
+        as in :meth:`forward` (its workers would spin and take the kernels' cores)."""
+        if self.xp is np and pos + 1 >= ATTEND_MM_MIN_KEYS:
+            with blas_single_thread():
+                return self._step(token, pos, state, logits)
+        return self._step(token, pos, state, logits)
+
+    def _step(self, token: int, pos: int, state: State, logits: bool):
         xp, w = self.xp, self.w
         if pos == 0 and state.recurrent is not None:
             state.recurrent.reset()  # position 0 starts a sequence: the recurrent state starts at zero

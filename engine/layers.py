@@ -224,6 +224,12 @@ def attend(xp, q, K, V, scale: float, f16_operands: bool = False):
     return o.reshape(n_head * V.shape[2])
 
 
+#: Keys from which one position's attention on the CPU takes matrix products (:func:`attend_rows` of one query, NumPy's
+#: BLAS) instead of :func:`attend`'s elementwise products and sums: those make ``[heads, keys, hd]`` temporaries, and
+#: at 4,000 keys a Qwen2.5-0.5B layer took 18 ms against 2.5 ms for the products (docs/DESIGN.md "Long contexts on the
+#: CPU"). Below it the elementwise form stays (the short contexts of the llama.cpp fixtures keep their numerics).
+ATTEND_MM_MIN_KEYS = 256
+
 #: Score elements one block of :func:`attend_rows` may hold (f32: 64 MiB): longer prompts are split in query blocks.
 ATTEND_BLOCK_ELEMS = 1 << 24
 #: Query rows of one block of :func:`attend_rows` on the CPU: blocks are what its threads share
@@ -408,7 +414,10 @@ class Attention:
         # pos - p >= window); a full layer 0 .. pos
         lo = 0 if self.window is None else max(0, pos + 1 - self.window)
         K, V = cache.read(self.il, lo, pos)
-        o = attend(xp, q, K, V, kq_scale, self.f16_operands)
+        if xp is np and K.shape[0] >= ATTEND_MM_MIN_KEYS:
+            o = attend_rows(xp, q[None], K, V, kq_scale, pos, lo, None, self.f16_operands)[0]
+        else:
+            o = attend(xp, q, K, V, kq_scale, self.f16_operands)
         return self.output(xp, o, gate)
 
     def chunk(self, xp, X, pos0: int, cache: KVCache, rope: Rope):

@@ -316,3 +316,31 @@ def test_rowpar_count_is_per_thread_and_honoured():
         inner = []
         rowpar.run([(0, 1), (1, 2)], lambda a, b: inner.append(rowpar.threads()))
     assert other == [1] and inner == [1, 1] and rowpar.threads() == 1
+
+
+def test_long_context_decode_takes_matrix_products_within_rounding(packs, monkeypatch):
+    """From ``ATTEND_MM_MIN_KEYS`` keys on, one position's attention on the CPU is attend_rows of one query (BLAS)
+    instead of attend()'s elementwise sums: taken exactly at the positions that see that many keys, in every layer,
+    and the decode's logits stay within rounding of the elementwise form (the same greedy tokens)."""
+    import strata.engine.decoder as D
+
+    orig, calls = L.attend_rows, []
+
+    def counted(*a, **k):
+        calls.append(a[1].shape[0])
+        return orig(*a, **k)
+
+    monkeypatch.setattr(L, "attend_rows", counted)
+    rows = {}
+    for name, keys in (("mm", 40), ("elementwise", 10**9)):
+        monkeypatch.setattr(L, "ATTEND_MM_MIN_KEYS", keys)
+        monkeypatch.setattr(D, "ATTEND_MM_MIN_KEYS", keys)
+        calls.clear()
+        eng = load_engine(packs["llama"], n_ctx=128)
+        rows[name], _ = run(eng, prompt(eng, 60, seed=6), 1, n_new=4)
+        # positions 0..62 run (60 prompt ids + 3 fed back); those at 39 and later see >= 40 keys
+        want = (63 - 39) * eng.model.hp.n_layer if name == "mm" else 0
+        assert len(calls) == want and set(calls) <= {1}, (name, len(calls))
+    for a, b in zip(rows["mm"], rows["elementwise"]):
+        assert int(np.argmax(a)) == int(np.argmax(b))
+        assert np.max(np.abs(a - b)) <= 2e-2 * max(1.0, float(np.max(np.abs(b))))
