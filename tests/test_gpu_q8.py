@@ -131,27 +131,6 @@ def test_matvec_q8_gives_the_same_bits_with_every_split(type_id):
             assert _same(got, want), (quants.qtype(type_id).name, rows, ne0, split)
 
 
-def test_q8_launch_shape():
-    """``q8_launch`` at the default shape (4 warps, split auto): a row of 4 warp steps or more over the 4 warps, a
-    shorter one a warp per row; the CTA takes ``4 // split`` rows, the shared terms are 4 B x terms x blocks per row of
-    the CTA (none at split 1); a split that does not divide the CTA is refused."""
-    if K.Q8_WARPS != 4 or K.Q8_SPLIT != "auto" or K.Q8_SPLIT_STEPS != 4:
-        pytest.skip(f"STRATA_Q8_WARPS={K.Q8_WARPS} / STRATA_Q8_SPLIT={K.Q8_SPLIT}: not the default launch shape")
-    kk = K.q8_kernels_for(quants.by_name("Q4_K").id)  # 256 values a block, 4 blocks a step, 2 terms (d, dmin)
-    assert (kk.qk, kk.bpi, kk.terms) == (256, 4, 2)
-    assert K.q8_launch(kk, 2048, 4096) == (2048, 128, 128, 4)  # 16 blocks: 4 steps, a row a CTA
-    assert K.q8_launch(kk, 2048, 2048) == (512, 128, 0, 1)  # 8 blocks: 2 steps, a warp a row, no shared terms
-    assert K.q8_launch(kk, 2049, 768) == (513, 128, 0, 1)  # 3 blocks: 1 step
-    assert K.q8_launch(kk, 2048, 2048, split=2) == (1024, 128, 2 * 8 * 2 * 4, 2)  # 2 rows a CTA
-    k6 = K.q8_kernels_for(quants.by_name("Q6_K").id)
-    assert (k6.bpi, k6.terms) == (4, 1)
-    k0 = K.q8_kernels_for(quants.by_name("Q8_0").id)
-    assert (k0.qk, k0.bpi, k0.terms) == (32, 8, 1)
-    assert K.q8_launch(k0, 10, 1024) == (10, 128, 128, 4)
-    with pytest.raises(ValueError, match="must divide"):
-        K.q8_launch(k0, 10, 1024, split=3)
-
-
 @pytest.mark.parametrize("type_id", Q8, ids=Q8_IDS)
 def test_batched_and_group_q8_equal_the_single_product(type_id):
     """``matvec_q8_batched`` (per-item activations, a skipped 0 address) and ``matvec_q8_group`` give each

@@ -95,6 +95,8 @@ __all__ = [
     "q8_act_format",
     "q8_source_for",
     "q8_kernels_for",
+    "q8_launch",
+    "q8_shape",
     "quantize_kernel",
     "quantize_q8",
     "matvec_q8",
@@ -192,24 +194,36 @@ Q8_SHMEM_MAX = 48 * 1024
 
 
 @functools.cache
-def q8_kernels_for(type_id: int) -> Q8Kernels:
-    """Compile (once per process) the q8 module of ``type_id`` (:func:`load_module`)."""
+def q8_shape(type_id: int) -> tuple[int, int, int]:
+    """``(qk, bpi, terms)`` of ``type_id``'s q8 kernels (:class:`Q8Kernels`), read from its lane code
+    (``kernel_src/q8/<TYPE>.cuh``: ``LPB``, ``HAS_MIN``) without compiling it.
+
+    Raises:
+        ValueError: a type without a q8 kernel.
+    """
     import re
 
-    src = q8_source_for(type_id)
-    f = load_module(src, ("matvec_q8", "matvec_q8_batched", "matvec_q8_group"))
+    fmt = q8_act_format(type_id)
+    src = A.q8_type_source(type_id)
     lpb = int(re.search(r"#define LPB (\d+)", src).group(1))
     has_min = int(re.search(r"#define HAS_MIN (\d+)", src).group(1))
-    fmt = q8_act_format(type_id)
+    return quants.qtype(type_id).block_elems, 32 // lpb, 2 if fmt == 2 and has_min else 1
+
+
+@functools.cache
+def q8_kernels_for(type_id: int) -> Q8Kernels:
+    """Compile (once per process) the q8 module of ``type_id`` (:func:`load_module`)."""
+    f = load_module(q8_source_for(type_id), ("matvec_q8", "matvec_q8_batched", "matvec_q8_group"))
+    qk, bpi, terms = q8_shape(type_id)
     return Q8Kernels(
         type_id,
-        fmt,
+        q8_act_format(type_id),
         f["matvec_q8"],
         f["matvec_q8_batched"],
         f["matvec_q8_group"],
-        qk=quants.qtype(type_id).block_elems,
-        bpi=32 // lpb,
-        terms=2 if fmt == 2 and has_min else 1,
+        qk=qk,
+        bpi=bpi,
+        terms=terms,
     )
 
 
