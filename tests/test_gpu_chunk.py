@@ -263,3 +263,20 @@ def test_chunk_counts_host_tier_reads(packs):
         rows = routes[c0 * n_moe : min(c0 + 16, 44) * n_moe]
         want += sum(blob[il] for il, e in {(il, e) for il, row in rows for e in row})
     assert sum(s.pcie_bytes for s in prompt(r16)[:44]) == want < sum(s.pcie_bytes for s in prompt(r1)[:44])
+
+
+def test_both_backends_implement_the_whole_interface():
+    """The Backend interface (engine/gpu/backend.py) is abstract: CUDA and the sim implement every method of it (the
+    chunk path's rows_product / grouped_product / host_view included), so neither is ever a stub; a backend that
+    lacked one would be refused when made, naming the method."""
+    from strata.engine.gpu.backend import Backend, CudaBackend, SimBackend
+
+    assert {"rows_product", "grouped_product", "host_view", "matvec_q8", "upload"} <= Backend.__abstractmethods__
+    assert CudaBackend.__abstractmethods__ == frozenset() and SimBackend.__abstractmethods__ == frozenset()
+
+    class Half(SimBackend):
+        pass
+
+    Half.__abstractmethods__ = frozenset({"host_view"})  # as if it had not implemented host_view
+    with pytest.raises(TypeError, match="host_view"):
+        Half()

@@ -11,6 +11,7 @@ hit/miss split are tested in CI, which has no GPU. The kernels replicate bit for
 
 from __future__ import annotations
 
+import abc
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -48,8 +49,9 @@ class MemInfo:
     physical_total: int | None = None
 
 
-class Backend:
-    """Interface (see the module docstring). Buffers are 1-D uint8 device arrays; views of them
+class Backend(abc.ABC):
+    """Interface (see the module docstring); every abstract method is implemented by both backends (a backend
+    lacking one is refused when it is made: ``TypeError`` naming it). Buffers are 1-D uint8 device arrays; views of them
     (``buf[a:b]``) are buffers too."""
 
     name = "abstract"
@@ -71,32 +73,41 @@ class Backend:
         """Compile / load the kernels of ``type_ids`` (and the expert activation; with ``q8`` the q8 kernels of
         those types that have one and the activation quantizer) now, so their modules are loaded before the
         expert cache measures free memory."""
+        return None
 
     def external(self, nbytes: int, what: str) -> None:
         """Device memory the engine allocated with the array module itself (KV cache, rope tables,
         recurrent state: ``xp.zeros``), not through this backend. CuPy's pool (and a card emulation's
         hook) sees those already; a simulated card counts them here."""
+        return None
 
     def span_timer(self) -> Any:
         """An object with ``start()`` and ``stop() -> ms`` timing device work between them, or None."""
         return None
 
+    @abc.abstractmethod
     def upload(self, host: np.ndarray) -> Any: ...
+    @abc.abstractmethod
     def empty_bytes(self, n: int) -> Any: ...
+    @abc.abstractmethod
     def empty_f32(self, n: int) -> Any: ...
+    @abc.abstractmethod
     def copy_into(self, dst: Any, host: np.ndarray) -> None: ...
+    @abc.abstractmethod
     def matvec(self, type_id: int, buf: Any, rows: int, ne0: int, x: Any, out: Any = None) -> Any: ...
+    @abc.abstractmethod
     def matvec_q8(self, type_id: int, buf: Any, rows: int, ne0: int, x: Any, out: Any = None) -> Any: ...
+    @abc.abstractmethod
     def silu_mul(self, g: Any, u: Any, out: Any = None) -> Any: ...
+    @abc.abstractmethod
     def rows_product(self, type_id: int, buf: Any, rows: int, ne0: int, X: Any, tile: Any, tf32: bool) -> Any:
         """A prompt chunk's product ``X @ W.T`` (``X [T, ne0]`` f32, numpy order; ``W`` the engine-form weight
         ``[rows, ne0]``): f32 ``[T, rows]``, through the preallocated f32 ``tile`` (:mod:`strata.engine.gpu.gemm`)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def grouped_product(self, type_id: int, bufs: list, rows: int, ne0: int, Xg: Any, tile: Any, tf32: bool) -> Any:
         """``out[g] = Xg[g] @ W_g.T`` for the engine-form weights ``bufs`` (one type and shape ``[rows, ne0]``) and
         ``Xg [G, M, ne0]`` f32: f32 ``[G, M, rows]`` (a chunk's routed experts, :mod:`strata.engine.gpu.chunk`)."""
-        raise NotImplementedError
 
     def addresses(self, parts: list[list[Any]]) -> Any:
         """Rows of weight buffers as what :meth:`grouped_product` takes: ``addresses(rows)[i][a:b]`` is row ``i``'s
@@ -104,14 +115,18 @@ class Backend:
         lists)."""
         return parts
 
+    @abc.abstractmethod
     def host_view(self, owner: Any, storage: np.ndarray, address: int, offset: int, nbytes: int) -> Any:
         """``nbytes`` bytes at ``offset`` of a host-tier allocation (``storage``: its bytes on the host;
         ``address``: its device address) as a buffer the device's kernels read."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def mem_info(self) -> MemInfo: ...
+    @abc.abstractmethod
     def synchronize(self) -> None: ...
+    @abc.abstractmethod
     def to_host(self, a: Any) -> np.ndarray: ...
+    @abc.abstractmethod
     def device_name(self) -> str: ...
 
 
