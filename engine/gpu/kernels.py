@@ -97,6 +97,9 @@ __all__ = [
     "q8_kernels_for",
     "q8_launch",
     "q8_shape",
+    "module_sources",
+    "quantize_source",
+    "silu_source",
     "quantize_kernel",
     "quantize_q8",
     "matvec_q8",
@@ -193,6 +196,23 @@ Q8_SPLIT_STEPS = int(os.environ.get("STRATA_Q8_SPLIT_STEPS", "4"))
 Q8_SHMEM_MAX = 48 * 1024
 
 
+#: The kernels of a type's module (:func:`source_for`) and of its q8 module (:func:`q8_source_for`).
+TYPE_KERNEL_NAMES = ("dequant", "matvec", "matvec_batched", "matvec_group", "dequant_many")
+Q8_KERNEL_NAMES = ("matvec_q8", "matvec_q8_batched", "matvec_q8_group")
+
+
+def module_sources() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Every CUDA module this file compiles, as ``label -> (source, kernel names)``: one per GPU type
+    (:func:`source_for`), one per q8 type (:func:`q8_source_for`), the quantizer and ``silu_mul`` (the fused step's is
+    :func:`strata.engine.gpu.fused_ops.fused_source`). For checks that compile them without a GPU
+    (tests/test_gpu_cuda_compile.py)."""
+    out = {f"{quants.qtype(t).name}": (source_for(t), TYPE_KERNEL_NAMES) for t in sorted(A.SUPPORTED_TYPES)}
+    out |= {f"{quants.qtype(t).name} q8": (q8_source_for(t), Q8_KERNEL_NAMES) for t in sorted(Q8_GPU_TYPES)}
+    out["quantize_q8"] = (quantize_source(), ("quantize_q8",))
+    out["silu_mul"] = (silu_source(), ("silu_mul",))
+    return out
+
+
 @functools.cache
 def q8_shape(type_id: int) -> tuple[int, int, int]:
     """``(qk, bpi, terms)`` of ``type_id``'s q8 kernels (:class:`Q8Kernels`), read from its lane code
@@ -213,7 +233,7 @@ def q8_shape(type_id: int) -> tuple[int, int, int]:
 @functools.cache
 def q8_kernels_for(type_id: int) -> Q8Kernels:
     """Compile (once per process) the q8 module of ``type_id`` (:func:`load_module`)."""
-    f = load_module(q8_source_for(type_id), ("matvec_q8", "matvec_q8_batched", "matvec_q8_group"))
+    f = load_module(q8_source_for(type_id), Q8_KERNEL_NAMES)
     qk, bpi, terms = q8_shape(type_id)
     return Q8Kernels(
         type_id,
@@ -251,12 +271,15 @@ def q8_launch(k: Q8Kernels, rows: int, ne0: int, split: int | None = None) -> tu
     return -(-int(rows) // per), 32 * Q8_WARPS, shmem, split
 
 
+def quantize_source() -> str:
+    """The CUDA source of the ``quantize_q8`` module (prelude, the q8 quantizer, ``cuda/q8_act.cu``)."""
+    return A.source_file("prelude.cuh") + q8_quant_source() + cuda_file("q8_act.cu")
+
+
 @functools.lru_cache(maxsize=1)
 def quantize_kernel():
     """The compiled ``quantize_q8`` kernel (``cuda/q8_act.cu``; grid ``(ceil(n / 256), rows)``, 256 threads)."""
-    return load_module(A.source_file("prelude.cuh") + q8_quant_source() + cuda_file("q8_act.cu"), ("quantize_q8",))[
-        "quantize_q8"
-    ]
+    return load_module(quantize_source(), ("quantize_q8",))["quantize_q8"]
 
 
 def q8_quant_source() -> str:
@@ -355,7 +378,7 @@ def source_for(type_id: int, *, with_kernels: bool = True) -> str:
     return code + shape + cuda_file("matvec_plain.cu" if plain else "matvec_block.cu") + cuda_file("matvec.cu")
 
 
-def _silu_source() -> str:
+def silu_source() -> str:
     """``silu_mul``: out = (g / (1 + exp_portable(-g))) * u, the exact op sequence of
     :func:`strata.engine.gpu.reference.silu_mul` (``cuda/silu.cu``, its constants prepended as
     defines of their f32 bits)."""
@@ -370,7 +393,7 @@ def _silu_source() -> str:
 @functools.lru_cache(maxsize=1)
 def silu_kernel():
     """The compiled ``silu_mul`` kernel (once per process)."""
-    return load_module(_silu_source(), ("silu_mul",))["silu_mul"]
+    return load_module(silu_source(), ("silu_mul",))["silu_mul"]
 
 
 def silu_mul(g, u, out=None):
@@ -482,7 +505,7 @@ def _nvrtc_module(nvrtc, source: str):
 def kernels_for(type_id: int) -> TypeKernels:
     """Compile (once per process) the module of ``type_id`` (see :func:`load_module`)."""
     t = quants.qtype(type_id)
-    f = load_module(source_for(type_id), ("dequant", "matvec", "matvec_batched", "matvec_group", "dequant_many"))
+    f = load_module(source_for(type_id), TYPE_KERNEL_NAMES)
     return TypeKernels(
         t.id,
         t.block_elems,
