@@ -35,19 +35,10 @@ def kind_of(name: str) -> str:
 
 
 def graph_us(g, s, n: int = 40, warmup: int = 3) -> float:
-    """Device microseconds per replay of the captured graph ``g`` on stream ``s``: ``n`` replays back to back between
-    two CUDA events, after ``warmup``."""
-    import cupy as cp
+    """Device microseconds per replay of the captured graph ``g`` on stream ``s`` (strata.engine.gpu.fused.graph_ms)."""
+    from strata.engine.gpu.fused import graph_ms
 
-    for _ in range(warmup):
-        g.launch(s)
-    a, b = cp.cuda.Event(), cp.cuda.Event()
-    a.record(s)
-    for _ in range(n):
-        g.launch(s)
-    b.record(s)
-    b.synchronize()
-    return float(cp.cuda.get_elapsed_time(a, b)) * 1000 / n
+    return graph_ms(g, s, n, warmup) * 1000
 
 
 def empty_node_us(n: int, reps: int = 50) -> float:

@@ -543,20 +543,25 @@ class FusedDecoder:
         them (CUDA events around the loop; the staging buffer keeps the last step's position)."""
         if not (self.cuda and self.captured):
             raise GenerateError("replay_ms needs a captured CUDA graph")
-        import cupy as cp
-
         if self.hybrid:
             raise GenerateError("replay_ms times the whole-step graph: experts must all be resident")
-        g, s = self.graphs[bool(logits)], self.stream
-        for _ in range(warmup):
-            g.launch(s)
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record(s)
-        for _ in range(n):
-            g.launch(s)
-        b.record(s)
-        b.synchronize()
-        return float(cp.cuda.get_elapsed_time(a, b)) / n
+        return graph_ms(self.graphs[bool(logits)], self.stream, n, warmup)
+
+
+def graph_ms(graph, stream, n: int = 200, warmup: int = 10) -> float:
+    """Device milliseconds per replay of the captured CUDA ``graph`` on ``stream``: ``n`` replays back to back between
+    two CUDA events, after ``warmup`` (benchmarks: :meth:`FusedDecoder.replay_ms`, bench/profile_step.py)."""
+    import cupy as cp
+
+    for _ in range(warmup):
+        graph.launch(stream)
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    a.record(stream)
+    for _ in range(n):
+        graph.launch(stream)
+    b.record(stream)
+    b.synchronize()
+    return float(cp.cuda.get_elapsed_time(a, b)) / n
 
 
 def describe(dec: FusedDecoder) -> str:
@@ -584,4 +589,12 @@ def describe(dec: FusedDecoder) -> str:
     )
 
 
-__all__ = ["FusedDecoder", "FusedUnsupported", "StageTimesRefused", "StageTimes", "fused_unsupported", "describe"]
+__all__ = [
+    "FusedDecoder",
+    "FusedUnsupported",
+    "StageTimesRefused",
+    "StageTimes",
+    "fused_unsupported",
+    "describe",
+    "graph_ms",
+]
