@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from strata.engine.gpu import kernels as K
+from strata.engine.gpu import launch_shape as K
 from strata.packer import quants
 
 
