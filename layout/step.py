@@ -68,8 +68,8 @@ def fused_step_bytes(
     ``n_embd``; allocated whatever the kernel, so the term does not depend on ``--kernel``). With routed
     experts (``n_expert`` > 0) the MoE step's (``strata.engine.gpu.fused_moe.MoeStep.nbytes``): router
     probabilities (``n_expert``), the selected weights (``n_expert_used``), gate, up and activation of the
-    selected experts (``3 x n_expert_used x n_ff_exp``), their outputs (``n_expert_used x n_embd``), the
-    combined row (``n_embd``), the shared gate (1) and the slot table (``n_layer x n_expert``) in f32 / int32,
+    selected experts (``3 x n_expert_used x n_ff_exp``), their outputs (``n_expert_used x n_embd``; their weighted
+    sum is made inside the next ``resid_norm``: no row of its own), the shared gate (1) and the slot table (``n_layer x n_expert``) in f32 / int32,
     the three part addresses per selected expert (u64), the routing record (every layer's ids and slots:
     ``n_layer x 2 x n_expert_used`` int32), the cache's and the host tier's addresses (u64 each) and the
     selected experts' quantized down-projection inputs (``n_expert_used x q8_act_bytes(n_ff_exp)``). The one
@@ -88,7 +88,7 @@ def fused_step_bytes(
     E, K, n = n_expert, n_expert_used, n_embd
     return (
         dense
-        + 4 * (E + K + 3 * K * n_ff_exp + K * n + n + 1 + n_layer * E)
+        + 4 * (E + K + 3 * K * n_ff_exp + K * n + 1 + n_layer * E)
         + 8 * 3 * K
         + 4 * 2 * K * n_layer
         + 8

@@ -9,8 +9,9 @@ Per MoE layer the step runs, on the device, with no host value in between:
    ``matvec_q8_batched`` on the layer's input quantized by its norm kernel (or one ``quantize_q8``) and on the
    K down inputs quantized by one ``quantize_q8``, on the part addresses; a miss's address is 0 and is
    skipped), ``silu_mul`` between them - one launch per projection, not one per expert;
-3. ``moe_combine``: the weighted sum in selection order (plus the shared expert times its sigmoid
-   gate, qwen3next / qwen2moe), then the residual add fused with the next norm.
+3. the weighted sum in selection order (plus the shared expert times its sigmoid gate, qwen3next / qwen2moe),
+   computed by the ``resid_norm`` that adds it to the residual and makes the next norm (:class:`~strata.engine.gpu.
+   fused_ops.Combine`: one launch for all three).
 
 **All experts resident** (every (layer, expert) pair in a slot): nothing can miss, so the whole
 step - every layer, the head - is one captured CUDA graph, like the dense step.
@@ -43,7 +44,7 @@ from strata.manifests.names import tensor_name
 from .. import layers
 from ..recipe import MoEFFN
 from . import reference as R
-from .fused_ops import MoeIO
+from .fused_ops import Combine, MoeIO
 from .slots import SIM_HOST_BASE
 
 #: Most experts one token may select (the routing kernel's shared table).
@@ -89,7 +90,6 @@ class MoeStep:
         self.G, self.U = self.GU[: K * self.n_ff], self.GU[K * self.n_ff :]
         self.H = bk.empty_f32(K * self.n_ff)
         self.D = bk.empty_f32(K * n)
-        self.y = bk.empty_f32(n)
         self.gdot = bk.empty_f32(1)
         self.slot_of = bk.empty_bytes(4 * h.n_layer * E).view(np.int32)
         self.slot_of[...] = -1
@@ -100,7 +100,7 @@ class MoeStep:
         self.hq_stride = LS.q8_act_bytes(self.n_ff)  # the selected experts' quantized down inputs (q8 kernel)
         self.Hq = bk.empty_bytes(K * self.hq_stride)
         self.nbytes = (
-            4 * (E + K + 3 * K * self.n_ff + K * n + n + 1 + h.n_layer * E)
+            4 * (E + K + 3 * K * self.n_ff + K * n + 1 + h.n_layer * E)
             + 8 * 3 * K
             + 4 * 2 * K * h.n_layer
             + 8
@@ -137,8 +137,8 @@ class MoeStep:
     # ------------------------------------------------------------ launches
 
     def build_layer(self, il: int, ffn: MoEFFN, add, mv, mv_group, act_buf) -> Any:
-        """Add layer ``il``'s expert launches (module docstring); returns the device vector holding
-        the FFN's output (before the residual add)."""
+        """Add layer ``il``'s expert launches (module docstring); returns the FFN's output (before the residual add)
+        as a :class:`~strata.engine.gpu.fused_ops.Combine`: the ``resid_norm`` after the layer sums it."""
         dec, ops, w = self.dec, self.dec._ops, self.model.w
         sf = f"L{il} ffn"
         K, n, nff = self.K, self.n_embd, self.n_ff
@@ -254,8 +254,7 @@ class MoeStep:
                 t, buf, _rows, ne0, _o = w.vector_args(tensor_name("ffn_gate_inp_shexp.weight", il))
                 add(f"matvec shexp gate L{il}", sf, ops.matvec(t, buf, 1, ne0, dec.xn, self.gdot))
                 gdot = self.gdot
-        add(f"moe_combine L{il}", sf, ops.moe_combine(self.D, self.weights, K, n, S, gdot, self.y))
-        return self.y
+        return Combine(self.D, self.weights, K, n, S, gdot)  # summed by the resid_norm after the layer
 
     def build_readback(self, add) -> None:
         """Add the end-of-step copy of the routing record (every MoE layer's ids and slot_of values) to pinned

@@ -30,7 +30,6 @@ FUSED_KERNEL_NAMES = (
     "act_mul",
     "logit_post",
     "moe_route",
-    "moe_combine",
     "gate_mul",
     "gdn_conv",
     "gdn_step",
@@ -98,6 +97,22 @@ class MoeIO:
     weights: Any
     bases: Any
     info: Any
+
+
+@dataclass(frozen=True)
+class Combine:
+    """A layer's routed experts as the residual branch of the ``resid_norm`` after them (``moe_combine`` fused into
+    that launch): ``y[i] = D[0, i] w[0] + D[1, i] w[1] + ...`` in selection order, plus ``S[i] * sigmoid(gdot[0])``
+    with a shared expert. ``D``: f32 ``[k, n]`` (numpy order), the selected experts' down outputs; ``w``: f32 ``[k]``,
+    their routing weights; ``S``: f32 ``[n]``, the shared expert's output, or None; ``gdot``: f32 ``[1]``, its gate
+    logit (given whenever ``S`` is: the fused step runs gated shared experts only, qwen2moe / qwen3next)."""
+
+    D: Any
+    w: Any
+    k: int
+    n: int
+    S: Any = None
+    gdot: Any = None
 
 
 @dataclass
@@ -236,15 +251,17 @@ class CudaOps:
         )
 
     def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode, xq=None, qfmt=0):
-        """``resid_norm``; with ``xq``/``qfmt`` it also writes ``xn`` quantized (q8 layout) for the q8 matvecs."""
+        """``resid_norm``; with ``xq``/``qfmt`` it also writes ``xn`` quantized (q8 layout) for the q8 matvecs. ``a`` a
+        :class:`Combine`: the branch is the routed experts' weighted sum, computed in the launch."""
         n = int(x.size)
+        c = a if isinstance(a, Combine) else None
         return self._call(
             self.k["resid_norm"],
             (1,),
             (_threads(n),),
             (
                 x,
-                a,
+                self._p(None if c else a),
                 self._p(ab),
                 self._p(wa),
                 self._p(w),
@@ -255,6 +272,11 @@ class CudaOps:
                 np.int32(mode),
                 self._p(xq),
                 np.int32(qfmt),
+                self._p(c.D if c else None),
+                self._p(c.w if c else None),
+                np.int32(c.k if c else 0),
+                self._p(c.S if c else None),
+                self._p(c.gdot if c else None),
             ),
         )
 
@@ -416,6 +438,7 @@ class CudaOps:
                 M.bases,
                 M.info,
             ),
+            4 * M.n_expert,  # the probabilities in shared memory
         )
 
     def matvec_batched(self, type_id, bases, rows, ne0, X, x_stride, out, storage=None, nbytes=0, xq=None, xq_stride=0):
@@ -449,14 +472,6 @@ class CudaOps:
         f, n = K.silu_kernel(), int(out.size)
         return self._call(f, ((n + 255) // 256,), (256,), (g, u, out, np.int64(n)))
 
-    def moe_combine(self, D, w, k, n, S, gdot, y):
-        return self._call(
-            self.k["moe_combine"],
-            ((n + 255) // 256,),
-            (256,),
-            (D, w, np.int32(k), np.int32(n), self._p(S), self._p(gdot), y),
-        )
-
     def h2d(self, dst, src_ptr: int, nbytes: int):
         rt, s = self.cp.cuda.runtime, self.stream
         return lambda: rt.memcpyAsync(dst.data.ptr, src_ptr, nbytes, rt.memcpyHostToDevice, s.ptr)
@@ -474,6 +489,7 @@ __all__ = [
     "TOP_THREADS",
     "TOP_WORDS",
     "AttnIO",
+    "Combine",
     "CudaOps",
     "FUSED_KERNEL_NAMES",
     "GdnIO",

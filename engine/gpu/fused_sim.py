@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import layers
-from .fused_ops import TOP_K, AttnIO, GdnIO, MoeIO
+from .fused_ops import TOP_K, AttnIO, Combine, GdnIO, MoeIO
 
 
 class SimOps:
@@ -30,7 +30,14 @@ class SimOps:
 
     def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode, xq=None, qfmt=0):
         def run():  # xq / qfmt: nothing to write (the sim's q8 matvec quantizes its f32 input itself)
-            v = a if ab is None else a + ab
+            if isinstance(a, Combine):  # the routed experts' weighted sum, in selection order (CudaOps.resid_norm)
+                v = a.D[: a.n] * a.w[0]
+                for j in range(1, a.k):
+                    v = v + a.D[j * a.n : (j + 1) * a.n] * a.w[j]
+                if a.S is not None:
+                    v = v + a.S * layers.sigmoid(np, a.gdot[0])
+            else:
+                v = a if ab is None else a + ab
             if mode == 0:
                 x[...] = v * np.float32(scale)
             elif mode == 1:
@@ -157,17 +164,6 @@ class SimOps:
     def silu_mul(self, g, u, out):
         bk = self.bk
         return lambda: out.__setitem__(Ellipsis, bk.silu_mul(g, u))
-
-    def moe_combine(self, D, w, k, n, S, gdot, y):
-        def run():
-            acc = D[:n] * w[0]
-            for j in range(1, k):
-                acc = acc + D[j * n : (j + 1) * n] * w[j]
-            if S is not None:
-                acc = acc + S * layers.sigmoid(np, gdot[0])
-            y[...] = acc
-
-        return run
 
     def h2d(self, dst, src, nbytes: int):
         return lambda: dst.__setitem__(Ellipsis, src)

@@ -38,23 +38,42 @@ __device__ float block_max(float v, float* red) {
     return warp_max(lane < nw ? red[lane] : __int_as_float(0xff800000));
 }
 
-// One CTA. mode 0: x = (a + ab) * scale (the embedding row); 1: x = x + (a + ab);
-// 2: x = x + rms_norm(a + ab) * wa (gemma's post-norms). Then, if w: xn = rms_norm(x) * w, and if qfmt (1 = Q8_0,
-// 2 = Q8_K): xn quantized into xq for the q8 matvecs that read it (q8_quant.cuh; the bits of quantize_q8's, one
-// launch less per normed row).
+// The residual branch's value i: a[i] (+ ab[i]), or with D (routed experts) moe_combine's sum: D[0, i] * w[0] +
+// D[1, i] * w[1] + ... in selection order (as strata.engine.experts.ExpertPath combines the selected experts), plus,
+// with a shared expert, S[i] * sg (sg = 1 / (1 + exp(-gdot[0])), the caller's).
+__device__ __forceinline__ float branch_in(const float* __restrict__ a, const float* __restrict__ ab,
+                                           const float* __restrict__ D, const float* __restrict__ cw, const int K,
+                                           const int n, const float* __restrict__ S, const float sg, const int i) {
+    if (D) {
+        float acc = D[i] * cw[0];
+        for (int k = 1; k < K; ++k) acc = acc + D[(long long)k * n + i] * cw[k];
+        if (S) acc = acc + S[i] * sg;
+        return acc;
+    }
+    float v = a[i];
+    if (ab) v = v + ab[i];
+    return v;
+}
+
+// One CTA. The branch v = branch_in(i) (a + ab, or the routed experts' weighted sum: moe_combine fused here, one
+// launch less per MoE layer). mode 0: x = v * scale (the embedding row); 1: x = x + v; 2: x = x + rms_norm(v) * wa
+// (gemma's post-norms). Then, if w: xn = rms_norm(x) * w, and if qfmt (1 = Q8_0, 2 = Q8_K): xn quantized into xq for
+// the q8 matvecs that read it (q8_quant.cuh; the bits of quantize_q8's, one launch less per normed row).
 // rms_norm(v) = v * (1 / sqrt(sum(v*v) / n + eps)), as strata.engine.layers.rms_norm.
 extern "C" __global__ void resid_norm(float* __restrict__ x, const float* __restrict__ a, const float* __restrict__ ab,
                                       const float* __restrict__ wa, const float* __restrict__ w, float* __restrict__ xn,
                                       const int n, const float eps, const float scale, const int mode,
-                                      u8* __restrict__ xq, const int qfmt) {
+                                      u8* __restrict__ xq, const int qfmt, const float* __restrict__ D,
+                                      const float* __restrict__ cw, const int K, const float* __restrict__ S,
+                                      const float* __restrict__ gdot) {
     __shared__ float red[32];
     const int tid = threadIdx.x, nt = blockDim.x;
+    const float sg = (D && S) ? 1.0f / (1.0f + expf(-gdot[0])) : 0.0f;
     float inv_a = 0.0f;
     if (mode == 2) {
         float s = 0.0f;
         for (int i = tid; i < n; i += nt) {
-            float v = a[i];
-            if (ab) v = v + ab[i];
+            const float v = branch_in(a, ab, D, cw, K, n, S, sg, i);
             s = s + v * v;
         }
         const float ms = block_sum(s, red) / (float)n;
@@ -62,8 +81,7 @@ extern "C" __global__ void resid_norm(float* __restrict__ x, const float* __rest
     }
     float s2 = 0.0f;
     for (int i = tid; i < n; i += nt) {
-        float v = a[i];
-        if (ab) v = v + ab[i];
+        const float v = branch_in(a, ab, D, cw, K, n, S, sg, i);
         float xi;
         if (mode == 0) xi = v * scale;
         else if (mode == 1) xi = x[i] + v;
@@ -235,16 +253,19 @@ extern "C" __global__ void logit_post(float* __restrict__ y, const float* __rest
 
 // ---------------------------------------------------------------- routed experts (one token)
 
-// One CTA (blockDim.x a multiple of 32, <= 1024). The routing of strata.engine.layers.route_topk
-// (llama.cpp build_moe_ffn, softmax gating): p = softmax(logits) (block max, exp, block sum,
-// divide); the K most probable experts, iterated block argmax (lowest id on ties); their weights
-// p[id], divided by their sum (k order, clamped below at 6.103515625e-5) when norm. Then the cache
-// lookup: slot = slot_of[layer * n_expert + id]; the part addresses of expert k are
-// bases[k] (gate), bases[K + k] (up), bases[2K + k] (down) = storage + slot * slot_bytes + offset for a
-// slot >= 0 (device memory), host + (-2 - slot) * slot_bytes + offset for a slot <= -2 (the host tier: mapped
-// pinned host memory the same kernels read over PCIe), 0 for -1 (a miss the host fills: matvec_batched skips a
-// 0 base). info[k] = id, info[K + k] = slot. probs: scratch of n_expert floats. storage / host: device u64s at
-// *storage_ptr / *host_ptr (written after capture, read at replay).
+// One CTA (blockDim.x a multiple of 32, <= 1024; dynamic shared memory: n_expert floats). The routing of
+// strata.engine.layers.route_topk (llama.cpp build_moe_ffn, softmax gating): p = softmax(logits) (block max, exp,
+// block sum, divide), kept in shared memory (and written to probs); the K most probable experts: expert e's rank is
+// the count of experts f with p[f] > p[e] or p[f] == p[e] and f < e (most probable first, lowest id on ties: the
+// order of a stable argsort of -p), and the expert of rank k < K is chosen k - every thread ranks its experts at
+// once (no K rounds of block argmax: those were ~10 us a layer, a latency chain of barriers); their weights p[id],
+// divided by their sum (k order, clamped below at 6.103515625e-5) when norm, by thread k. Then the cache lookup:
+// slot = slot_of[layer * n_expert + id]; the part addresses of expert k are bases[k] (gate), bases[K + k] (up),
+// bases[2K + k] (down) = storage + slot * slot_bytes + offset for a slot >= 0 (device memory), host + (-2 - slot) *
+// slot_bytes + offset for a slot <= -2 (the host tier: mapped pinned host memory the same kernels read over PCIe), 0
+// for -1 (a miss the host fills: matvec_batched skips a 0 base). info[k] = id, info[K + k] = slot. storage / host:
+// device u64s at *storage_ptr / *host_ptr (written after capture, read at replay). A NaN probability ranks nowhere:
+// chosen[] starts as 0..K-1, so ids stay in range (the step's logit summary reports the non-finite logits).
 extern "C" __global__ void moe_route(const float* __restrict__ logits, const int n_expert, const int K,
                                      const int norm, const int* __restrict__ slot_of, const int layer,
                                      const unsigned long long* __restrict__ storage_ptr,
@@ -252,83 +273,56 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, const int
                                      const long long off_g, const long long off_u, const long long off_d,
                                      float* __restrict__ probs, float* __restrict__ weights,
                                      unsigned long long* __restrict__ bases, int* __restrict__ info) {
+    extern __shared__ float sp[];  // n_expert probabilities
     __shared__ float red[32];
-    __shared__ int redi[32];
     __shared__ int chosen[64];
-    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    const int tid = threadIdx.x, nt = blockDim.x;
+    if (tid < K) chosen[tid] = tid;
     float m = __int_as_float(0xff800000);
     for (int e = tid; e < n_expert; e += nt) m = fmaxf(m, logits[e]);
     m = block_max(m, red);
     float z = 0.0f;
     for (int e = tid; e < n_expert; e += nt) {
         const float p = expf(logits[e] - m);
-        probs[e] = p;
+        sp[e] = p;
         z = z + p;
     }
     z = block_sum(z, red);
-    for (int e = tid; e < n_expert; e += nt) probs[e] = probs[e] / z;
+    for (int e = tid; e < n_expert; e += nt) {
+        const float p = sp[e] / z;
+        sp[e] = p;
+        probs[e] = p;
+    }
     __syncthreads();
-    for (int k = 0; k < K; ++k) {
-        float bv = __int_as_float(0xff800000);
-        int bi = 0x7fffffff;
-        for (int e = tid; e < n_expert; e += nt) {
-            bool taken = false;
-            for (int j = 0; j < k; ++j) taken = taken || (chosen[j] == e);
-            const float v = probs[e];
-            if (!taken && (v > bv || (v == bv && e < bi))) { bv = v; bi = e; }
+    for (int e = tid; e < n_expert; e += nt) {
+        const float v = sp[e];
+        int r = 0;
+        for (int f = 0; f < n_expert; ++f) {
+            const float u = sp[f];
+            r += (u > v) || (u == v && f < e);
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {  // (value, lower id) argmax across the warp
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-        }
-        __syncthreads();
-        if (lane == 0) { red[warp] = bv; redi[warp] = bi; }
-        __syncthreads();
-        if (tid == 0) {
-            float v = red[0];
-            int i = redi[0];
-            for (int w = 1; w < nw; ++w)
-                if (red[w] > v || (red[w] == v && redi[w] < i)) { v = red[w]; i = redi[w]; }
-            chosen[k] = i;
-        }
-        __syncthreads();
+        if (r < K) chosen[r] = e;
     }
-    if (tid == 0) {
+    __syncthreads();
+    if (tid < K) {
         float s = 0.0f;
-        for (int k = 0; k < K; ++k) s = s + probs[chosen[k]];
+        for (int k = 0; k < K; ++k) s = s + sp[chosen[k]];
         s = fmaxf(s, 6.103515625e-5f);
+        const int e = chosen[tid];
+        const float p = sp[e];
+        weights[tid] = norm ? p / s : p;
+        const int slot = slot_of[(long long)layer * n_expert + e];
+        const bool any = slot != -1;
         const unsigned long long storage = *storage_ptr, host = *host_ptr;
-        for (int k = 0; k < K; ++k) {
-            const int e = chosen[k];
-            const float p = probs[e];
-            weights[k] = norm ? p / s : p;
-            const int slot = slot_of[(long long)layer * n_expert + e];
-            const bool any = slot != -1;
-            const unsigned long long b = slot >= 0    ? storage + (unsigned long long)slot * slot_bytes
-                                         : slot <= -2 ? host + (unsigned long long)(-2 - slot) * slot_bytes
-                                                      : 0ull;
-            bases[k] = any ? b + off_g : 0ull;
-            bases[K + k] = any ? b + off_u : 0ull;
-            bases[2 * K + k] = any ? b + off_d : 0ull;
-            info[k] = e;
-            info[K + k] = slot;
-        }
+        const unsigned long long b = slot >= 0    ? storage + (unsigned long long)slot * slot_bytes
+                                     : slot <= -2 ? host + (unsigned long long)(-2 - slot) * slot_bytes
+                                                  : 0ull;
+        bases[tid] = any ? b + off_g : 0ull;
+        bases[K + tid] = any ? b + off_u : 0ull;
+        bases[2 * K + tid] = any ? b + off_d : 0ull;
+        info[tid] = e;
+        info[K + tid] = slot;
     }
-}
-
-// y[i] = sum over k in order of D[k, i] * w[k] (((D0 w0) + D1 w1) + ..., as strata.engine.experts.ExpertPath
-// combines the selected experts), plus, with a shared expert, S[i] * (1 / (1 + exp(-gdot[0]))).
-extern "C" __global__ void moe_combine(const float* __restrict__ D, const float* __restrict__ w, const int K,
-                                       const int n, const float* __restrict__ S, const float* __restrict__ gdot,
-                                       float* __restrict__ y) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float acc = D[i] * w[0];
-    for (int k = 1; k < K; ++k) acc = acc + D[(long long)k * n + i] * w[k];
-    if (S) acc = acc + S[i] * (1.0f / (1.0f + expf(-gdot[0])));
-    y[i] = acc;
 }
 
 // ---------------------------------------------------------------- qwen3next (src/models/qwen3next.cpp)
