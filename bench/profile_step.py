@@ -56,6 +56,30 @@ def empty_node_us(n: int, reps: int = 50) -> float:
     return graph_us(g, s, reps, warmup=5) / n
 
 
+def decode_share(eng, n: int, replay_ms: float, profile: bool) -> dict:
+    """Generate ``n`` tokens (greedy, after an 8-id prompt) and print the decode milliseconds per token beside the
+    graph replay's: the rest is the host's share of a step (the step's own Python, sampling, counting). With
+    ``profile``, cProfile's 15 costliest functions (own time) of a second such run. Returns the figures."""
+    import cProfile
+    import pstats
+
+    from strata.engine.generate import generate
+
+    r = generate(eng, prompt_ids=[1, 2, 3, 4, 5, 6, 7, 8], n_tokens=n, ignore_eos=True)
+    ms = 1000.0 / r.tokens_per_second
+    print(
+        f"decode: {r.tokens_per_second:.1f} tok/s = {ms:.3f} ms per token ({n} tokens, greedy) = graph replay "
+        f"{replay_ms:.3f} ms + host {ms - replay_ms:.3f} ms"
+    )
+    if profile:  # a second run: the profiler's own cost stays out of the figure above
+        prof = cProfile.Profile()
+        prof.enable()
+        generate(eng, prompt_ids=[1, 2, 3, 4, 5, 6, 7, 8], n_tokens=n, ignore_eos=True)
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+    return {"tokens": n, "tok_s": r.tokens_per_second, "ms_per_token": ms, "host_ms": ms - replay_ms}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("pack")
@@ -66,6 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spin-ms", type=float, default=30.0)
     ap.add_argument("--ncu-step", action="store_true", help="run one eager step in an NVTX range and exit")
     ap.add_argument("--replay-only", action="store_true", help="print the graph replay ms and exit")
+    ap.add_argument(
+        "--decode",
+        type=int,
+        default=64,
+        help="also generate this many tokens (greedy) and set the step's host share beside the replay: decode ms per "
+        "token less the replay's (0: skip); with --host-profile, cProfile's top functions of that decode",
+    )
+    ap.add_argument("--host-profile", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -85,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     if dec.hybrid:
         raise SystemExit(f"{args.pack}: experts miss (hybrid segments): profile a cache that holds every expert")
     replay = dec.replay_ms(200) if not args.ncu_step else None
+    host = None
+    if args.decode and not args.ncu_step:
+        host = decode_share(eng, args.decode, replay, args.host_profile)
     if args.replay_only:
         env = {k: v for k, v in os.environ.items() if k.startswith("STRATA_")}
         print(f"{args.pack}: graph replay {replay:.3f} ms per step ({len(ls)} launches), env {env}")
@@ -158,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                     "replay_ms": replay,
                     "empty_node_us": node,
                     "graph_whole_us": whole,
+                    "decode": host,
                     "kinds": rows,
                 },
                 f,

@@ -67,13 +67,13 @@ def fused_step_bytes(
     ``n_ff_max`` or a delta-net layer's ``value_dim``, and the normed row's, written by its ``resid_norm``:
     ``n_embd``; allocated whatever the kernel, so the term does not depend on ``--kernel``). With routed
     experts (``n_expert`` > 0) the MoE step's (``strata.engine.gpu.fused_moe.MoeStep.nbytes``): router
-    probabilities (``n_expert``), the selected weights (``n_expert_used``), gate, up and activation of the
-    selected experts (``3 x n_expert_used x n_ff_exp``), their outputs (``n_expert_used x n_embd``; their weighted
-    sum is made inside the next ``resid_norm``: no row of its own), the shared gate (1) and the slot table (``n_layer x n_expert``) in f32 / int32,
-    the three part addresses per selected expert (u64), the routing record (every layer's ids and slots:
-    ``n_layer x 2 x n_expert_used`` int32), the cache's and the host tier's addresses (u64 each) and the
-    selected experts' quantized down-projection inputs (``n_expert_used x q8_act_bytes(n_ff_exp)``). The one
-    definition of the budget's "prefill/activations" term on the fused path; tests check it against the engine's."""
+    probabilities (``n_expert``), the selected weights (``n_expert_used``), gate, up and activation of the selected
+    experts (``3 x n_expert_used x n_ff_exp``), their outputs (``n_expert_used x n_embd``; their weighted sum is made
+    inside the next ``resid_norm``: no row of its own), the shared gate (1) and the slot table (``n_layer x n_expert``)
+    in f32 / int32, the three part addresses per selected expert (u64), the routing record (every layer's ids and slots:
+    ``n_layer x 2 x n_expert_used`` int32), the cache's and the host tier's addresses (u64 each) and the selected
+    experts' quantized down-projection inputs (``n_expert_used x q8_act_bytes(n_ff_exp)``). The one definition of the
+    budget's "prefill/activations" term on the fused path; tests check it against the engine's."""
     dense = (
         F32_BYTES
         * (2 * n_embd + n_head * head_dim + n_head * head_dim_v + max(n_ff_max, 1) + n_head * kv_positions_max)

@@ -386,11 +386,11 @@ def test_sim_cache_plumbing_q8_logits_equal_for_empty_half_full_cache(packs, nam
 
 def test_sim_fused_moe_launches_hybrid_and_full(packs):
     """Per MoE layer: q/k/v (one matvec_group launch), qk_prep, attn, out, norm; router, moe_route,
-    gate + up of the selected experts (one batched launch; the preset's types agree per layer), silu_mul,
-    down, norm (which also sums the experts: moe_combine fused into it) = 11 kernels (the step's head: 4 kernels and 3 copies, test_fused_launch_count; the
-    routing record: 1 copy). The hybrid path (``--miss-tier cpu``) adds 2 copies (routing, input) and 2 host
-    points per layer; with every expert resident, or the rest in the host tier (``pcie``), the step is the full
-    list: no host point."""
+    gate + up of the selected experts (one batched launch; the preset's types agree per layer), silu_mul, down, norm
+    (which also sums the experts: moe_combine fused into it) = 11 kernels (the step's head: 4 kernels and 3 copies,
+    test_fused_launch_count; the routing record: 1 copy). The hybrid path (``--miss-tier cpu``) adds 2 copies (routing,
+    input) and 2 host points per layer; with every expert resident, or the rest in the host tier (``pcie``), the step is
+    the full list: no host point."""
     full = _moe(packs, expert_cache="auto", resident="all")
     hyb = _moe(packs, expert_cache="auto", resident="half", miss_tier="cpu")
     tier = _moe(packs, expert_cache="auto", resident="half", miss_tier="pcie")

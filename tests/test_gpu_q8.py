@@ -73,6 +73,38 @@ def test_quantize_equals_the_cpu_bit_for_bit(type_id, kind):
     assert np.array_equal(sg, s)
 
 
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_quantize_with_silu_equals_silu_mul_then_quantize(fmt):
+    """``quantize_q8`` with its silu pre-op (the fused MoE step's experts' down input, fused_moe): the rows it makes
+    equal ``silu_mul``'s (and reference.silu_mul's) bit for bit, and their q8 form equals quantizing those rows in a
+    second launch - on 3 rows of 768 values with a gap between rows (stride 800), values past n left alone."""
+    import cupy as cp
+
+    from strata.engine.gpu import reference as R
+
+    rng = np.random.default_rng(11 + fmt)
+    rows, n, stride = 3, 768, 800
+    g = (rng.standard_normal(rows * stride) * 4).astype(np.float32)
+    u = rng.standard_normal(rows * stride).astype(np.float32)
+    g[5], g[900] = 90.0, -95.0  # exp's clamps
+    ob = q8_act_bytes(n)
+    H = cp.full(rows * stride, 7.0, dtype=cp.float32)
+    got = cp.zeros(rows * ob, dtype=cp.uint8)
+    K.quantize_kernel()(
+        K.quantize_grid(n, fmt, rows),
+        (256,),
+        (H, np.int32(n), np.int64(stride), np.int32(fmt), got, np.int64(ob), cp.asarray(g), cp.asarray(u)),
+    )
+    h = cp.asnumpy(H).reshape(rows, stride)
+    want_h = np.stack([R.silu_mul(g[r * stride : r * stride + n], u[r * stride : r * stride + n]) for r in range(rows)])
+    assert _same(h[:, :n], want_h)
+    assert (h[:, n:] == 7.0).all()
+    dev = cp.asnumpy(K.silu_mul(cp.asarray(g), cp.asarray(u))).reshape(rows, stride)[:, :n]
+    assert _same(dev, want_h)
+    want_q = K.quantize_q8(cp.asarray(want_h.reshape(-1)), fmt, n=n, rows=rows, x_stride=n, out_stride=ob)
+    assert np.array_equal(cp.asnumpy(got), cp.asnumpy(want_q))
+
+
 def _case(type_id: int, rows: int, ne0: int, kind: str, rng):
     import cupy as cp
 

@@ -7,8 +7,9 @@ Per MoE layer the step runs, on the device, with no host value in between:
    selected expert's slot, hence the addresses of its gate, up and down parts; -1 = a miss);
 2. one batched matvec per part over the selected experts (``matvec_batched`` or, with the q8 kernels,
    ``matvec_q8_batched`` on the layer's input quantized by its norm kernel (or one ``quantize_q8``) and on the
-   K down inputs quantized by one ``quantize_q8``, on the part addresses; a miss's address is 0 and is
-   skipped), ``silu_mul`` between them - one launch per projection, not one per expert;
+   K down inputs made (``silu(gate) * up``) and quantized by one ``quantize_q8``, on the part addresses; a miss's
+   address is 0 and is skipped), ``silu_mul`` between them with the exact kernels - one launch per projection,
+   not one per expert;
 3. the weighted sum in selection order (plus the shared expert times its sigmoid gate, qwen3next / qwen2moe),
    computed by the ``resid_norm`` that adds it to the residual and makes the next norm (:class:`~strata.engine.gpu.
    fused_ops.Combine`: one launch for all three).
@@ -217,13 +218,16 @@ class MoeStep:
                     xq=xn_q8(fu, "up"),
                 ),
             )
-        add(f"experts silu_mul L{il}", sf, ops.silu_mul(self.G, self.U, self.H))
-        if fd:
+        if fd:  # silu(gate) * up and its q8 form in one launch
             add(
-                f"quantize q8 experts down L{il}",
+                f"experts silu_mul + quantize q8 down L{il}",
                 sf,
-                ops.quantize(self.H, self.Hq, fd, nff, rows=K, x_stride=nff, out_stride=self.hq_stride),
+                ops.quantize(
+                    self.H, self.Hq, fd, nff, rows=K, x_stride=nff, out_stride=self.hq_stride, silu=(self.G, self.U)
+                ),
             )
+        else:
+            add(f"experts silu_mul L{il}", sf, ops.silu_mul(self.G, self.U, self.H))
         add(
             f"experts down L{il}",
             sf,

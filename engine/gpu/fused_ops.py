@@ -189,16 +189,19 @@ class CudaOps:
         s = self.stream
         return lambda: f(grid, block, args, shared_mem=shmem, stream=s)
 
-    def quantize(self, x, xq, fmt, n, rows=1, x_stride=0, out_stride=0):
+    def quantize(self, x, xq, fmt, n, rows=1, x_stride=0, out_stride=0, silu=None):
         """``quantize_q8`` of ``rows`` rows of ``n`` values of ``x`` (``x_stride`` floats apart) into ``xq``
-        (``out_stride`` bytes apart): the q8 kernels' input (:func:`strata.engine.gpu.kernels.quantize_q8`)."""
+        (``out_stride`` bytes apart): the q8 kernels' input (:func:`strata.engine.gpu.kernels.quantize_q8`). ``silu``
+        ``(g, u)`` (rows laid out as ``x``'s): ``x`` is made first in the same launch, ``silu(g) * u``
+        (:meth:`silu_mul`'s bits)."""
         from . import kernels as K
 
+        g, u = silu if silu is not None else (None, None)
         return self._call(
             K.quantize_kernel(),
             K.quantize_grid(n, fmt, rows),
             (256,),
-            (x, np.int32(n), np.int64(x_stride or n), np.int32(fmt), xq, np.int64(out_stride)),
+            (x, np.int32(n), np.int64(x_stride or n), np.int32(fmt), xq, np.int64(out_stride), self._p(g), self._p(u)),
         )
 
     def matvec(self, type_id, buf, rows, ne0, x, out, xq=None):

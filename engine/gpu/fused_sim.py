@@ -18,9 +18,12 @@ class SimOps:
     def __init__(self, backend):
         self.bk = backend
 
-    def quantize(self, x, xq, fmt, n, rows=1, x_stride=0, out_stride=0):
-        """No work: the sim's q8 matvec quantizes its f32 input itself (the CPU kernel), as the device's equals."""
-        return lambda: None
+    def quantize(self, x, xq, fmt, n, rows=1, x_stride=0, out_stride=0, silu=None):
+        """No quantization: the sim's q8 matvec quantizes its f32 input itself (the CPU kernel), as the device's
+        equals; with ``silu`` ``(g, u)`` the input is made: ``x = silu(g) * u``."""
+        if silu is None:
+            return lambda: None
+        return self.silu_mul(silu[0], silu[1], x)
 
     def matvec(self, type_id, buf, rows, ne0, x, out, xq=None):
         bk = self.bk

@@ -78,6 +78,7 @@ from strata.packer import quants
 from ..kernel_src import assembly as A
 from .launch_shape import (
     Q8_GPU_TYPES,
+    Q8_UNROLL,
     Q8_WARPS,
     Q8Kernels,
     q8_act_format,
@@ -108,6 +109,7 @@ __all__ = [
     "module_sources",
     "quantize_source",
     "silu_source",
+    "silu_defines",
     "quantize_kernel",
     "quantize_q8",
     "matvec_q8",
@@ -117,6 +119,9 @@ __all__ = [
 #: with NumPy). ``cupy.RawModule(code=...)`` appends ``-ftz=true`` after the caller's options
 #: (measured on the H200: a subnormal ``silu_mul`` result flushed to 0), so :func:`load_module`
 #: compiles with NVRTC itself (cuda-python) and hands CuPy the PTX.
+#: A null device pointer argument (a kernel's optional input left out).
+_NULL = np.uint64(0)
+
 NVRTC_OPTIONS = ("--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true", "-std=c++17")
 
 #: How the kernels were compiled in this process: "nvrtc" (IEEE, the options above) or
@@ -152,7 +157,7 @@ def q8_source_for(type_id: int, *, with_kernels: bool = True) -> str:
     Raises ValueError for a type without one."""
     q8_act_format(type_id)
     code = A.q8_type_source(type_id)
-    shape = f"#define Q8_WARPS {Q8_WARPS}\n"
+    shape = f"#define Q8_WARPS {Q8_WARPS}\n#define Q8_UNROLL {Q8_UNROLL}\n"
     return code + shape + cuda_file("matvec_q8.cu") if with_kernels else code
 
 
@@ -191,8 +196,9 @@ def q8_kernels_for(type_id: int) -> Q8Kernels:
 
 
 def quantize_source() -> str:
-    """The CUDA source of the ``quantize_q8`` module (prelude, the q8 quantizer, ``cuda/q8_act.cu``)."""
-    return A.source_file("prelude.cuh") + q8_quant_source() + cuda_file("q8_act.cu")
+    """The CUDA source of the ``quantize_q8`` module (prelude, the q8 quantizer, :func:`silu_defines` for its silu
+    pre-op, ``cuda/q8_act.cu``)."""
+    return A.source_file("prelude.cuh") + q8_quant_source() + silu_defines() + cuda_file("q8_act.cu")
 
 
 @functools.lru_cache(maxsize=1)
@@ -246,7 +252,7 @@ def quantize_q8(
     quantize_kernel()(
         quantize_grid(n, fmt, rows),
         (256,),
-        (x, np.int32(n), np.int64(n if x_stride is None else x_stride), np.int32(fmt), out, np.int64(ob)),
+        (x, np.int32(n), np.int64(n if x_stride is None else x_stride), np.int32(fmt), out, np.int64(ob), _NULL, _NULL),
     )
     return out
 
@@ -297,16 +303,20 @@ def source_for(type_id: int, *, with_kernels: bool = True) -> str:
     return code + shape + cuda_file("matvec_plain.cu" if plain else "matvec_block.cu") + cuda_file("matvec.cu")
 
 
-def silu_source() -> str:
-    """``silu_mul``: out = (g / (1 + exp_portable(-g))) * u, the exact op sequence of
-    :func:`strata.engine.gpu.reference.silu_mul` (``cuda/silu.cu``, its constants prepended as
-    defines of their f32 bits)."""
+def silu_defines() -> str:
+    """``cuda/silu.cuh`` (``silu_mul1(g, u)`` = (g / (1 + exp_portable(-g))) * u, the exact op sequence of
+    :func:`strata.engine.gpu.reference.silu_mul`) with its constants prepended as defines of their f32 bits."""
     from strata.engine.gpu.reference import EXP_CONSTANTS
 
     consts = "".join(
         f"#define {k} __uint_as_float(0x{int(np.float32(v).view(np.uint32)):08x}u)\n" for k, v in EXP_CONSTANTS.items()
     )
-    return consts + cuda_file("silu.cu")
+    return consts + cuda_file("silu.cuh")
+
+
+def silu_source() -> str:
+    """``silu_mul``: out = silu_mul1(g, u) elementwise (:func:`silu_defines`, ``cuda/silu.cu``)."""
+    return silu_defines() + cuda_file("silu.cu")
 
 
 @functools.lru_cache(maxsize=1)

@@ -13,16 +13,34 @@
 //
 // Grid (ceil(blocks / 8), rows), 256 threads: warp w of CTA (bx, r) quantizes block bx * 8 + w of row r
 // (x + r * x_stride floats) into out + r * out_stride bytes; blocks = n / 32 (fmt 1) or n / 256 (fmt 2).
-extern "C" __global__ void __launch_bounds__(256) quantize_q8(const float* __restrict__ x, const int n,
+// With g (and u): the row is made first, x[i] = silu_mul1(g[i], u[i]) (silu.cuh; g, u rows x_stride floats apart
+// too), each lane making the values it quantizes - silu_mul and quantize_q8 in one launch, the same bits.
+extern "C" __global__ void __launch_bounds__(256) quantize_q8(float* __restrict__ x, const int n,
                                                               const i64 x_stride, const int fmt,
-                                                              u8* __restrict__ out, const i64 out_stride) {
+                                                              u8* __restrict__ out, const i64 out_stride,
+                                                              const float* __restrict__ g,
+                                                              const float* __restrict__ u) {
     const int lane = threadIdx.x & 31;
     const int b = blockIdx.x * 8 + (threadIdx.x >> 5);
-    const float* xr = x + (i64)blockIdx.y * x_stride;
+    float* xr = x + (i64)blockIdx.y * x_stride;
     u8* o = out + (i64)blockIdx.y * out_stride;
-    if (fmt == 1) {
-        if (b < n / 32) q8_quant_block32(xr, o, n, b, lane);
-    } else if (b < n / 256) {
-        q8_quant_block256(xr, o, n, b, lane);
+    const bool on = fmt == 1 ? b < n / 32 : b < n / 256;
+    if (!on) return;  // whole warp
+    if (g) {
+        const float* gr = g + (i64)blockIdx.y * x_stride;
+        const float* ur = u + (i64)blockIdx.y * x_stride;
+        if (fmt == 1) {
+            const int i = 32 * b + lane;
+            xr[i] = silu_mul1(gr[i], ur[i]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const i64 i = 256 * (i64)b + 8 * lane + j;
+                xr[i] = silu_mul1(gr[i], ur[i]);
+            }
+        }
+        __syncwarp();  // the block's values, written by every lane, visible to the warp (the Q8_K maximum reads any)
     }
+    if (fmt == 1) q8_quant_block32(xr, o, n, b, lane);
+    else q8_quant_block256(xr, o, n, b, lane);
 }
