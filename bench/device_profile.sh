@@ -5,6 +5,9 @@
 #
 # TESTS=all (or test files) first runs those gpu tests that need no real model; VARIANTS="STRATA_Q8_SPLIT=1 ..." adds the
 # graph replay under each environment (a space-separated list of NAME=VALUE); NCU=1 adds Nsight Compute's duration of every kernel of one eager step.
+# .base/src (an older checkout's packages, carried): its replay and decode beside (BASE_ARGS, default --replay-only).
+# Every profile_step run also decodes 64 tokens: decode ms per token = replay + the host's share (PROF_ARGS
+# "--host-profile" adds cProfile's top functions of that decode).
 #
 # GEOS (default qwen3moe-30b-a3b): bench_prompt_gpu.py --prepare-only writes each GGUF + pack (MoE ones with
 # TokenRouting(0.5) routers), then profile_step.py per pack, every expert resident.
@@ -32,7 +35,7 @@ for g in $GEOS; do
     if [ -d .base/src ]; then
         step "$g: profile of the code in .base/src (an older checkout's packages, for an A/B in one call)"
         PYTHONPATH=$PWD/.base/src:$PYTHONPATH timeout ${PROF_S:-200} python3 bench/profile_step.py "$WORK/pp/$g-pack" \
-            --json "$OUT/profile_base_$g.json" ${PROF_ARGS:-} 2>&1 | tee -a "$OUT/profile.log"
+            ${BASE_ARGS:---replay-only} 2>&1 | tee -a "$OUT/profile.log"
     fi
     for v in ${VARIANTS:-}; do
         timeout ${PROF_S:-200} env $v python3 bench/profile_step.py "$WORK/pp/$g-pack" --replay-only 2>&1 | tail -3 \
