@@ -218,7 +218,7 @@ class CudaOps:
         K.check_matvec(k, rows, ne0)
         return self._call(
             k.matvec,
-            ((rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA,),
+            (K.matvec_grid_x(type_id, rows),),
             (32 * K.WARPS_PER_CTA,),
             (buf, np.int64(rows), np.int32(ne0), x, out),
         )
@@ -248,7 +248,7 @@ class CudaOps:
             )
         return self._call(
             k.matvec_group,
-            ((max_rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA, n),
+            (K.matvec_grid_x(type_id, max_rows), n),
             (32 * K.WARPS_PER_CTA,),
             (*bases, *rows, np.int32(ne0), x, *outs),
         )
@@ -464,7 +464,7 @@ class CudaOps:
             )
         return self._call(
             k.matvec_batched,
-            ((rows + K.ROWS_PER_CTA - 1) // K.ROWS_PER_CTA, n),
+            (K.matvec_grid_x(type_id, rows), n),
             (32 * K.WARPS_PER_CTA,),
             (bases, np.int64(rows), np.int32(ne0), X, np.int64(x_stride), out),
         )

@@ -78,7 +78,6 @@ from strata.packer import quants
 from ..kernel_src import assembly as A
 from .launch_shape import (
     Q8_GPU_TYPES,
-    Q8_UNROLL,
     Q8_WARPS,
     Q8Kernels,
     q8_act_format,
@@ -129,15 +128,31 @@ NVRTC_OPTIONS = ("--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=
 #: replicas can differ from the device for results below 2**-126).
 COMPILE_MODE: str | None = None
 
-#: Warps per CTA and rows per warp of the matvec kernels (``WARPS`` / ``RPW`` in the source).
-#: ``STRATA_MATVEC_RPW`` / ``STRATA_MATVEC_MIN_BLOCKS`` (CTAs per SM the compiler must fit: caps
-#: registers; 0 = no bound) override the defaults for benchmarks (bench/bench_moe.py ``--variants``);
-#: neither changes the arithmetic. Defaults: the fastest of bench/matvec_variants.py on the H200
-#: (the measurements: docs/DESIGN.md "Kernel launch shapes").
+#: Warps per CTA and rows per warp of the matvec kernels (``WARPS`` / ``RPW`` in the source): ``ROWS_PER_WARP``
+#: for the block types, ``PLAIN_ROWS_PER_WARP`` for F32 / F16 / BF16 (a warp per row: the routers' 128 rows of f32
+#: were 16 CTAs at 2 rows a warp; 1 row a warp took the 30B-A3B step's replay from 4.03 to 3.92 ms on the H200,
+#: bench/results/h200-2026-12-02e-profile.log). ``STRATA_MATVEC_RPW`` / ``STRATA_MATVEC_RPW_PLAIN`` /
+#: ``STRATA_MATVEC_MIN_BLOCKS`` (CTAs per SM the compiler must fit: caps registers; 0 = no bound) override the
+#: defaults for benchmarks (bench/bench_moe.py ``--variants``); none changes the arithmetic. Defaults: the fastest
+#: of bench/matvec_variants.py on the H200 (the measurements: docs/DESIGN.md "Kernel launch shapes").
 WARPS_PER_CTA = 4
 ROWS_PER_WARP = int(os.environ.get("STRATA_MATVEC_RPW", "2"))
+PLAIN_ROWS_PER_WARP = int(os.environ.get("STRATA_MATVEC_RPW_PLAIN", "1"))
 MATVEC_MIN_BLOCKS = int(os.environ.get("STRATA_MATVEC_MIN_BLOCKS", "5"))
-ROWS_PER_CTA = WARPS_PER_CTA * ROWS_PER_WARP
+
+
+def rows_per_warp(type_id: int) -> int:
+    """Rows a warp of ``type_id``'s matvec kernels takes (``RPW`` in its module: :data:`PLAIN_ROWS_PER_WARP` for
+    the plain types, else :data:`ROWS_PER_WARP`)."""
+    return PLAIN_ROWS_PER_WARP if quants.qtype(type_id).block_elems == 1 else ROWS_PER_WARP
+
+
+def matvec_grid_x(type_id: int, rows: int) -> int:
+    """CTAs (grid x) of a ``matvec`` / ``matvec_batched`` / ``matvec_group`` launch of ``type_id`` over ``rows``
+    rows: ``WARPS_PER_CTA x rows_per_warp(type_id)`` rows a CTA."""
+    per = WARPS_PER_CTA * rows_per_warp(type_id)
+    return (int(rows) + per - 1) // per
+
 
 #: The GPU's own CUDA source files (the kernels; the per-type device code is :mod:`strata.engine.kernel_src`'s),
 #: installed with the package (pyproject.toml package-data).
@@ -157,7 +172,7 @@ def q8_source_for(type_id: int, *, with_kernels: bool = True) -> str:
     Raises ValueError for a type without one."""
     q8_act_format(type_id)
     code = A.q8_type_source(type_id)
-    shape = f"#define Q8_WARPS {Q8_WARPS}\n#define Q8_UNROLL {Q8_UNROLL}\n"
+    shape = f"#define Q8_WARPS {Q8_WARPS}\n"
     return code + shape + cuda_file("matvec_q8.cu") if with_kernels else code
 
 
@@ -295,7 +310,7 @@ def source_for(type_id: int, *, with_kernels: bool = True) -> str:
     if not with_kernels:
         return code
     shape = (
-        f"#define RPW {ROWS_PER_WARP}\n#define MV_BOUNDS "
+        f"#define RPW {rows_per_warp(type_id)}\n#define MV_BOUNDS "
         + (f"__launch_bounds__(32 * WARPS, {MATVEC_MIN_BLOCKS})" if MATVEC_MIN_BLOCKS > 0 else "")
         + "\n"
     )
@@ -508,7 +523,7 @@ def matvec(type_id: int, buf, rows: int, ne0: int, x, out=None):
         out = cp.empty(rows, dtype=cp.float32)
     if rows:
         k.matvec(
-            ((rows + ROWS_PER_CTA - 1) // ROWS_PER_CTA,),
+            (matvec_grid_x(type_id, rows),),
             (32 * WARPS_PER_CTA,),
             (buf, np.int64(rows), np.int32(ne0), x, out),
         )
@@ -536,7 +551,7 @@ def matvec_batched(type_id: int, bases, rows: int, ne0: int, X, out=None, *, x_s
         out = cp.empty((n, rows), dtype=cp.float32)
     if n and rows:
         k.matvec_batched(
-            ((rows + ROWS_PER_CTA - 1) // ROWS_PER_CTA, n),
+            (matvec_grid_x(type_id, rows), n),
             (32 * WARPS_PER_CTA,),
             (bases, np.int64(rows), np.int32(ne0), X, np.int64(x_stride), out),
         )

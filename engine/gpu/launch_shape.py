@@ -56,10 +56,6 @@ class Q8Kernels:
 #: shapes").
 Q8_WARPS = int(os.environ.get("STRATA_Q8_WARPS", "4"))
 Q8_SPLIT = os.environ.get("STRATA_Q8_SPLIT", "auto")
-#: Warp steps of a row's loop unrolled together (``Q8_UNROLL`` in matvec_q8.cu, ``STRATA_Q8_UNROLL``): the loads of
-#: several steps may be in flight before the first step's sums (the compiler schedules them); the arithmetic and its
-#: order do not change.
-Q8_UNROLL = int(os.environ.get("STRATA_Q8_UNROLL", "1"))
 #: Warp steps from which ``auto`` splits a row over every warp of the CTA (``STRATA_Q8_SPLIT_STEPS``).
 Q8_SPLIT_STEPS = int(os.environ.get("STRATA_Q8_SPLIT_STEPS", "4"))
 #: Dynamic shared memory a q8 launch may take without opting in (CUDA's default per-CTA limit), bytes.
@@ -112,7 +108,6 @@ __all__ = [
     "Q8_SHMEM_MAX",
     "Q8_SPLIT",
     "Q8_SPLIT_STEPS",
-    "Q8_UNROLL",
     "Q8_WARPS",
     "Q8Kernels",
     "q8_act_format",

@@ -20,16 +20,12 @@
 //   Q8_FMT 2: sa += t_b, sm += m_b in ascending b, result sa - sm (sa without a min).
 // Every float operation is one IEEE f32 operation (--fmad=false), as cpu_q8.c's -ffp-contract=off.
 //
-// Q8_UNROLL (a define, launch_shape.Q8_UNROLL): steps of a row's loop unrolled together (the loads of several steps in
-// flight at once; the arithmetic and its order unchanged).
-//
 // Launch shape (strata.engine.gpu.kernels.q8_launch; neither changes the arithmetic): a CTA of Q8_WARPS warps takes
 // Q8_WARPS / split rows. split 1: a warp per row adds the terms as it goes (q8_row_direct). split > 1 (a power of
 // two dividing Q8_WARPS; auto takes Q8_WARPS): the row's warps take its steps round robin, so its loads are in flight on several warps at once
 // (one warp per row left a 4096-long row latency-bound: docs/DESIGN.md "Kernel launch shapes"), the terms go to
 // shared memory (Q8_TERMS * nb floats per row of the CTA) and the row's first warp adds them (q8_row_sum).
 #define Q8_BPI (32 / LPB)  // blocks per step
-constexpr int q8_unroll = Q8_UNROLL;  // #pragma unroll takes a constant expression, not a macro
 #if Q8_FMT == 2 && HAS_MIN
 #define Q8_TERMS 2
 #else
@@ -49,7 +45,6 @@ __device__ __forceinline__ void q8_row_terms(const u8* __restrict__ base, const 
     const i16* as = (const i16*)(act + act_s_off(ne0));
     const i16* at = (const i16*)(act + act_t_off(ne0));
     const int g = lane / LPB, p = lane % LPB;
-#pragma unroll q8_unroll
     for (int b0 = part * Q8_BPI; b0 < nb; b0 += split * Q8_BPI) {  // uniform across the warp
         const int b = b0 + g;
         const bool on = b < nb;
@@ -123,7 +118,6 @@ __device__ __forceinline__ float q8_row_direct(const u8* __restrict__ base, cons
 #else
     float sa = 0.0f, sm = 0.0f;
 #endif
-#pragma unroll q8_unroll
     for (int b0 = 0; b0 < nb; b0 += Q8_BPI) {
         const int b = b0 + g;
         const bool on = b < nb;
