@@ -199,6 +199,78 @@ static void dot_rows(const u8* row, const Act* A, int na, int ne0, float* out) {
     for (int a = 0; a < na; ++a) out[a] = hsum8_f32(acc[a]);
 }
 
+#if defined(Q8_AVX2) && Q8_VNNI == 1 && defined(__AVX512F__)
+// ------------------------------------------------------------------ 16-row panels (a prompt chunk, AVX-512 VNNI)
+//
+// A prompt chunk multiplies each weight row by hundreds of activations. dot_rows reduces each block's 8 int32
+// lanes to one sum per activation (a horizontal add tree: more instructions than the dots). A panel instead lays 16
+// rows side by side, one zmm lane per row: for block b and value group g (values 4g..4g+3), the 64 bytes at (b * 8 +
+// g) * 64 hold row r's blk_w bytes 4g..4g+3 at byte 4r. Eight vpdpbusd against the activation's groups (broadcast)
+// leave lane r = row r's block sum: no horizontal add. The float part is then dot_row's, lane by lane: S_b less WOFF
+// x the activation's block sum, acc[b % 8] += (d_w * d_x) * S_b in ascending b, ((acc0 + acc4) + (acc2 + acc6)) +
+// ((acc1 + acc5) + (acc3 + acc7)) - the same bits as dot_row for every row (tests/test_engine_cpu_q8.py).
+#define Q8_PANEL 16
+
+// Pack rows row0 .. row0 + nr - 1 (nr <= 16, row_bytes apart, nb blocks each) into panel P (nb * 512 bytes, 64-byte
+// aligned) and their block scales into dw (nb * 16 f32: dw[16 b + r] = fp32 of row r's fp16 d); rows past nr are 0.
+static void panel_pack(const u8* row0, i64 row_bytes, int nr, int nb, u8* P, float* dw) {
+    u32* P32 = (u32*)P;
+    for (int r = 0; r < Q8_PANEL; ++r)
+        for (int b = 0; b < nb; ++b) {
+            u32 w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            float d = 0.0f;
+            if (r < nr) {
+                const u8* blk = row0 + (i64)r * row_bytes + (i64)b * WB;
+                _mm256_storeu_si256((__m256i*)w, blk_w(blk));
+                d = q8_h2f(q8_ld16(blk));
+            }
+            for (int g = 0; g < 8; ++g) P32[((i64)b * 8 + g) * Q8_PANEL + r] = w[g];
+            dw[(i64)b * Q8_PANEL + r] = d;
+        }
+}
+
+// Block b + K of the panel against activation A into accumulator ACC (block b + K's index mod 8 is K: b % 8 == 0).
+#define PANEL_BLK(K, ACC)                                                                                          \
+    {                                                                                                              \
+        const int bb = b + (K);                                                                                    \
+        const u8* yq = (const u8*)A->q + (i64)bb * 32;                                                            \
+        const __m512i* w = (const __m512i*)(P + (i64)bb * 512);                                                   \
+        const __m512i z = _mm512_setzero_si512();                                                                  \
+        __m512i s0 = _mm512_dpbusd_epi32(z, _mm512_load_si512(w), _mm512_set1_epi32((int)q8_ld32(yq)));          \
+        __m512i s1 = _mm512_dpbusd_epi32(z, _mm512_load_si512(w + 1), _mm512_set1_epi32((int)q8_ld32(yq + 4)));  \
+        s0 = _mm512_dpbusd_epi32(s0, _mm512_load_si512(w + 2), _mm512_set1_epi32((int)q8_ld32(yq + 8)));         \
+        s1 = _mm512_dpbusd_epi32(s1, _mm512_load_si512(w + 3), _mm512_set1_epi32((int)q8_ld32(yq + 12)));        \
+        s0 = _mm512_dpbusd_epi32(s0, _mm512_load_si512(w + 4), _mm512_set1_epi32((int)q8_ld32(yq + 16)));        \
+        s1 = _mm512_dpbusd_epi32(s1, _mm512_load_si512(w + 5), _mm512_set1_epi32((int)q8_ld32(yq + 20)));        \
+        s0 = _mm512_dpbusd_epi32(s0, _mm512_load_si512(w + 6), _mm512_set1_epi32((int)q8_ld32(yq + 24)));        \
+        s1 = _mm512_dpbusd_epi32(s1, _mm512_load_si512(w + 7), _mm512_set1_epi32((int)q8_ld32(yq + 28)));        \
+        const __m512i s = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(WOFF * (int)A->t[bb]));   \
+        const __m512 dd = _mm512_mul_ps(_mm512_loadu_ps(dw + (i64)bb * Q8_PANEL), _mm512_set1_ps(A->d[bb]));     \
+        ACC = _mm512_add_ps(ACC, _mm512_mul_ps(dd, _mm512_cvtepi32_ps(s)));                                        \
+    }
+
+// out[r] = dot_row(row r of the panel, A, ne0) for r < 16, bit for bit (the panel's header).
+static void panel_dot(const u8* P, const float* dw, int nb, const Act* A, float* out) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        PANEL_BLK(0, a0) PANEL_BLK(1, a1) PANEL_BLK(2, a2) PANEL_BLK(3, a3)
+        PANEL_BLK(4, a4) PANEL_BLK(5, a5) PANEL_BLK(6, a6) PANEL_BLK(7, a7)
+    }
+    if (b + 0 < nb) PANEL_BLK(0, a0)
+    if (b + 1 < nb) PANEL_BLK(1, a1)
+    if (b + 2 < nb) PANEL_BLK(2, a2)
+    if (b + 3 < nb) PANEL_BLK(3, a3)
+    if (b + 4 < nb) PANEL_BLK(4, a4)
+    if (b + 5 < nb) PANEL_BLK(5, a5)
+    if (b + 6 < nb) PANEL_BLK(6, a6)
+    const __m512 r = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a4), _mm512_add_ps(a2, a6)),
+                                   _mm512_add_ps(_mm512_add_ps(a1, a5), _mm512_add_ps(a3, a7)));
+    _mm512_storeu_ps(out, r);
+}
+#undef PANEL_BLK
+#endif
+
 #elif Q8_ACT == 2
 // ------------------------------------------------------------------ K-quants, Q8_K activations
 
@@ -591,12 +663,29 @@ void matmat_q8_many(const u8* const* bases, int nmat, i64 rows, int ne0, i64 row
     const i64 units = (i64)nmat * tiles;
     #pragma omp parallel num_threads(nthreads)
     {
+#ifdef Q8_PANEL
+        const int nb = ne0 / 32;  // a unit's rows packed once, for every activation (the panel's header)
+        u8* P = (u8*)aligned_alloc(64, (size_t)nb * 512);
+        float* pdw = (float*)aligned_alloc(64, (size_t)nb * Q8_PANEL * sizeof(float));
+#endif
         #pragma omp for schedule(static)
         for (i64 i = 0; i < nact; ++i) act_quantize(src[i], ne0, scratch + i * ab);
         #pragma omp for schedule(dynamic, 1)
         for (i64 u = 0; u < units; ++u) {
             const int m = (int)(u / tiles);
             const i64 r0 = (u % tiles) * MM_ROWS, r1 = r0 + MM_ROWS < rows ? r0 + MM_ROWS : rows;
+#ifdef Q8_PANEL
+            if (P != NULL && pdw != NULL) {
+                panel_pack(bases[m] + r0 * row_bytes, row_bytes, (int)(r1 - r0), nb, P, pdw);
+                for (int t = 0; t < ts[m]; ++t) {
+                    const Act A = act_view(scratch + (first[m] + t) * ab, ne0);
+                    float o[Q8_PANEL];
+                    panel_dot(P, pdw, nb, &A, o);
+                    memcpy(ys[m] + (i64)t * rows + r0, o, sizeof(float) * (size_t)(r1 - r0));
+                }
+                continue;
+            }
+#endif
             for (int t0 = 0; t0 < ts[m]; t0 += MM_ACTS) {
                 const int t1 = t0 + MM_ACTS < ts[m] ? t0 + MM_ACTS : ts[m];
                 for (i64 r = r0; r < r1; ++r) {
@@ -612,6 +701,10 @@ void matmat_q8_many(const u8* const* bases, int nmat, i64 rows, int ne0, i64 row
                 }
             }
         }
+#ifdef Q8_PANEL
+        free(P);
+        free(pdw);
+#endif
     }
     free(src);
     free(first);
