@@ -12,7 +12,7 @@
 #    (misses: --miss-tier auto; TIERS=pcie,cpu for others); EMPTY=1 adds no expert resident (--expert-cache 0);
 # 4. once the build is done, on the SAME GGUF: llama-bench -ngl 99 -fitt M per card (M = free now - (card total -
 #    context) + 1024: llama.cpp's --fit sees the card strata emulates, with the same 1024 MiB margin;
-#    ../shared/BENCH.md), and -ncmoe NCMOE (default 0,L/2,L). tg 32 tokens, 5 repetitions, 16 threads.
+#    ../shared/BENCH.md), and -ncmoe NCMOE (default 0,L/2,L; "none" skips it). tg 32 tokens, 5 repetitions, 16 threads.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/device_ev}; WORK=${WORK:-/tmp/device_ev_work}; mkdir -p "$OUT" "$WORK"
@@ -56,6 +56,7 @@ for g in $GEOS; do
         step "$g: llama-bench -fitt $M ($name: free now $free MiB, card $total MiB - 527 MiB context, + 1024 MiB margin)"
         $LB -m "$G" -p 0 -n 32 -ngl 99 -fitt $M -r 5 -t 16 -o md 2>&1 | tee -a "$OUT/equal_vram.log" | grep -E "\| tg|error"
     done
+    [ "${NCMOE:-}" = none ] && continue
     L=$(python3 -c "import sys; sys.path.insert(0, 'bench'); from bench_moe import geometries; print(geometries()['$g'].n_layers)")
     step "$g: llama-bench -ncmoe ${NCMOE:-0,$((L / 2)),$L}"
     $LB -m "$G" -p 0 -n 32 -ngl 99 -ncmoe ${NCMOE:-0,$((L / 2)),$L} -r 5 -t 16 -o md 2>&1 | tee -a "$OUT/equal_vram.log" \

@@ -25,9 +25,11 @@ All use ``-ffp-contract=off`` (no FMA, as NumPy and the GPU modules' ``--fmad=fa
 for :func:`matvec_many`, (matrix, row) pairs - over OpenMP threads, and read the mapped bytes in place.
 
 A prompt chunk multiplies many activation rows at once (:func:`call_matmat`; docs/DESIGN.md "Prompts in chunks"):
-``"q8"`` runs ``matmat_q8_many`` - units of 16 weight rows x 32 activations per thread, each weight block (a
-K-quant's super-block) decoded once for 8 activations (``dot_rows``), every value the matvec's bits - and the other
-kernels run the matvec per row.
+``"q8"`` runs ``matmat_q8_many`` - units of 16 weight rows per thread: on an AVX-512 VNNI host the 16 rows packed once
+into a panel (a zmm lane per row, engine/cpu/cpu_q8_dots.c ``panel_pack`` / ``panel_dot``) that every activation of the
+chunk meets with no horizontal adds; elsewhere tiles of 32 activations, each weight block (a K-quant's super-block)
+decoded once for 8 of them (``dot_rows``); every value the matvec's bits either way - and the other kernels run the
+matvec per row.
 
 Each type's library is built once and cached under ``$STRATA_CACHE/kernels`` (default
 ``~/.cache/strata/kernels``), keyed by the sha256 of its source, compiler and flags.
