@@ -280,4 +280,5 @@ static inline float hsum8_f32(const float* a) {
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 
-// The per-type dots and the entry points follow (cpu_q8_dots.c, appended by strata.engine.cpu.kernels.source).
+// The per-type dots (cpu_q8_dots.c), then the prompt chunks' panels and the entry points (cpu_q8_chunk.c) follow,
+// appended by strata.engine.cpu.kernels.source.

@@ -26,7 +26,7 @@ for :func:`matvec_many`, (matrix, row) pairs - over OpenMP threads, and read the
 
 A prompt chunk multiplies many activation rows at once (:func:`call_matmat`; docs/DESIGN.md "Prompts in chunks"):
 ``"q8"`` runs ``matmat_q8_many`` - units of 16 weight rows per thread: on an AVX-512 VNNI host the 16 rows packed once
-into a panel (a zmm lane per row, engine/cpu/cpu_q8_dots.c ``panel_pack`` / ``panel_dot``) that every activation of the
+into a panel (a zmm lane per row, engine/cpu/cpu_q8_chunk.c ``panel_pack`` / ``panel_dot``) that every activation of the
 chunk meets with no horizontal adds; elsewhere tiles of 32 activations, each weight block (a K-quant's super-block)
 decoded once for 8 of them (``dot_rows``); every value the matvec's bits either way - and the other kernels run the
 matvec per row.
@@ -64,7 +64,7 @@ DRIVER = HERE / "cpu_driver.c"
 #: The exact kernel's AVX2 block dots (Q4_K, Q6_K), concatenated before the driver.
 EXACT_SIMD = HERE / "cpu_exact_simd.c"
 #: The quantized-activation (llama.cpp) kernels: the common part, then the per-type dots and entry points.
-Q8_SOURCES = (HERE / "cpu_q8.c", HERE / "cpu_q8_dots.c")
+Q8_SOURCES = (HERE / "cpu_q8.c", HERE / "cpu_q8_dots.c", HERE / "cpu_q8_chunk.c")
 #: Compiler flags: IEEE f32 (no contraction into FMA, no fast-math), the host's vector units, OpenMP.
 CFLAGS = (
     "-O3",
@@ -328,7 +328,7 @@ def call_matmat(
     ``[T_m, ne0]``, C-contiguous). Returns ``[xs[m] @ W_m.T]``: f32 numpy ``[T_m, rows]`` each, row ``t``
     bit-identical to :func:`call_many` on ``xs[m][t]`` (the same per-row code).
 
-    ``"q8"`` runs ``matmat_q8_many`` (engine/cpu/cpu_q8_dots.c: weight rows tiled so each is read from memory
+    ``"q8"`` runs ``matmat_q8_many`` (engine/cpu/cpu_q8_chunk.c: weight rows tiled so each is read from memory
     once per call, not once per token; consecutive equal ``xs`` quantized once); the other kernels run
     :func:`call_many` with the matrix repeated per input row (the same results, no weight reuse)."""
     kernel = kernel_for(type_id, kernel)
