@@ -21,7 +21,7 @@ experts are resident. ``tests/test_engine_moe.py`` checks all / half / none resi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -503,6 +503,32 @@ class ExpertPath:
         step = self._step.setdefault(il, [0, 0])
         step[0] += hits
         step[1] += misses
+
+    def count_layers(self, layers: Sequence[int], hits, misses, pcie, pcie_bytes) -> None:
+        """:meth:`count` of every layer in ``layers`` at once - one call per step for a path that routes a whole step
+        before the host sees it (the fused GPU step's routing record). ``hits``, ``misses``, ``pcie``, ``pcie_bytes``:
+        int numpy arrays aligned with ``layers`` (counts of experts; bytes)."""
+        c = self.counts
+        h, m, p, b = int(hits.sum()), int(misses.sum()), int(pcie.sum()), int(pcie_bytes.sum())
+        c.hits += h
+        c.misses += m
+        c.pcie += p
+        c.pcie_bytes += b
+        self._step_pcie += p
+        self._step_pcie_bytes += b
+        ms = misses.tolist()
+        if m:
+            for il, mi in zip(layers, ms):
+                if mi:
+                    c.per_layer_misses[il] = c.per_layer_misses.get(il, 0) + mi
+        step = self._step
+        for il, hi, mi in zip(layers, hits.tolist(), ms):
+            hm = step.get(il)
+            if hm is None:
+                step[il] = [hi, mi]
+            else:
+                hm[0] += hi
+                hm[1] += mi
 
     def take_step(self) -> dict[int, tuple[int, int]]:
         """Per MoE layer, (hits, misses) since the previous call (counts of routed experts)."""
