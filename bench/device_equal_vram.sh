@@ -57,7 +57,7 @@ for g in $GEOS; do
         $LB -m "$G" -p 0 -n 32 -ngl 99 -fitt $M -r 5 -t 16 -o md 2>&1 | tee -a "$OUT/equal_vram.log" | grep -E "\| tg|error"
     done
     [ "${NCMOE:-}" = none ] && continue
-    L=$(python3 -c "import sys; sys.path.insert(0, 'bench'); from bench_moe import geometries; print(geometries()['$g'].n_layers)")
+    L=$(python3 -c "import sys; sys.path.insert(0, 'bench'); from bench_routing import geometries; print(geometries()['$g'].n_layers)")
     step "$g: llama-bench -ncmoe ${NCMOE:-0,$((L / 2)),$L}"
     $LB -m "$G" -p 0 -n 32 -ngl 99 -ncmoe ${NCMOE:-0,$((L / 2)),$L} -r 5 -t 16 -o md 2>&1 | tee -a "$OUT/equal_vram.log" \
         | grep -E "\| tg|error"
