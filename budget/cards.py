@@ -419,3 +419,23 @@ def _measure_card(device: int, cuda_context_mib: int | None) -> Card:
         )
     why.append("NVML (libnvidia-ml.so.1) is not loadable or sees no device")
     raise CardError("--card measure: no GPU to measure: " + "; ".join(why) + ". Use --card PRESET or --card-mib N.")
+
+
+def host_ram_warnings(plan, ram: int) -> list[str]:
+    """What the plan's (:class:`strata.budget.plan_types.Plan`) host terms mean on a machine of ``ram`` bytes: a pinned
+    host tier above ``ram`` less :data:`strata.layout.experts.HOST_TIER_MARGIN_BYTES` is not built (strata-engine keeps
+    the misses on the CPU), and host terms above ``ram`` leave the experts to the disk (a CPU miss reads it)."""
+    from strata.layout.experts import HOST_TIER_MARGIN_BYTES
+
+    out, gib = [], 2**30
+    if plan.host_tier_bytes > ram - HOST_TIER_MARGIN_BYTES:
+        out.append(
+            f"host tier: {plan.host_tier_bytes / gib:.2f} GiB of pinned memory do not fit this machine's "
+            f"{ram / gib:.2f} GiB of RAM less 4 GiB: strata-engine (--miss-tier auto) computes the misses on the CPU"
+        )
+    if plan.host_ram_bytes > ram:
+        out.append(
+            f"host memory: the run needs {plan.host_ram_bytes / gib:.2f} GiB (the host terms), this machine has "
+            f"{ram / gib:.2f} GiB of RAM: the page cache cannot hold the model, so CPU misses read the disk"
+        )
+    return out

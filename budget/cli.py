@@ -18,7 +18,7 @@ from strata.packer.packfmt import PackFormatError
 
 from . import formulas as F
 from .audit import AuditError, AuditResult, audit_pack
-from .cards import Card, card_from_options, host_ram_bytes, short_source
+from .cards import Card, card_from_options, host_ram_bytes, host_ram_warnings, short_source
 from .errors import BudgetInputError
 from .options import (
     ENGINE_ALIASES,
@@ -32,10 +32,13 @@ from .options import (
     parse_expert_cache,
     reserve_option,
     source_dir_option,
+    speed_option_error,
+    speed_options,
     ubatch_plan_option,
 )
 from .plan import DEFAULT_PREFILL_CHUNK, Plan, PlanOptions, make_plan
 from .profile import check_profile_model, read_profile
+from .speed import plan_decode_speed
 
 EXIT_FITS, EXIT_NO_FIT, EXIT_SEMANTIC = 0, 1, 2
 #: Errors a pack's geometry or numbers can raise while they are evaluated (every strata reader and
@@ -76,6 +79,7 @@ JSON_KEYS = (
     "smallest_card",
     "host_ram_bytes",
     "host_terms",
+    "decode_prediction",
     "options",
     "audit",
     "seconds",
@@ -169,6 +173,7 @@ def main() -> None:
     "--bf16-scan/--no-bf16-scan", default=True, show_default=True, help="Scan every BF16-source value in pool.bin."
 )
 @source_dir_option
+@speed_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def check(
     pack,
@@ -192,6 +197,8 @@ def check(
     ubatch,
     bf16_scan,
     source_dir,
+    step_ms,
+    pcie_gbs,
     as_json,
 ):
     """Audit PACK and plan its VRAM on a card. PACK may also be a GGUF file (any shard of a split model): the
@@ -209,6 +216,7 @@ def check(
     """
     t0 = time.perf_counter()
     expert_cache, bad = parse_expert_cache(expert_cache)
+    bad = bad or speed_option_error(step_ms, pcie_gbs)
     if bad:
         _fail(bad, as_json, t0)
     try:
@@ -253,6 +261,8 @@ def check(
         )
         try:
             plan = make_plan(audit.facts, card, opts)
+            if step_ms is not None and audit.ok and plan.fits:  # no speed for a plan that does not run
+                plan.decode = plan_decode_speed(plan, audit.facts, step_ms, pcie_gbs)
         except EVALUATION_ERRORS as e:
             # a pack that failed the audit is reported by its failures (its numbers may not plan);
             # a pack that passed cannot be planned only for bad input
@@ -271,26 +281,6 @@ def check(
     else:
         _print(audit, plan, verdict, seconds)
     sys.exit(code)
-
-
-def host_ram_warnings(plan: Plan, ram: int) -> list[str]:
-    """What the plan's host terms mean on a machine of ``ram`` bytes: a pinned host tier above ``ram`` less
-    :data:`strata.layout.experts.HOST_TIER_MARGIN_BYTES` is not built (strata-engine keeps the misses on the CPU),
-    and host terms above ``ram`` leave the experts to the disk (a CPU miss reads it)."""
-    from strata.layout.experts import HOST_TIER_MARGIN_BYTES
-
-    out, gib = [], 2**30
-    if plan.host_tier_bytes > ram - HOST_TIER_MARGIN_BYTES:
-        out.append(
-            f"host tier: {plan.host_tier_bytes / gib:.2f} GiB of pinned memory do not fit this machine's "
-            f"{ram / gib:.2f} GiB of RAM less 4 GiB: strata-engine (--miss-tier auto) computes the misses on the CPU"
-        )
-    if plan.host_ram_bytes > ram:
-        out.append(
-            f"host memory: the run needs {plan.host_ram_bytes / gib:.2f} GiB (the host terms), this machine has "
-            f"{ram / gib:.2f} GiB of RAM: the page cache cannot hold the model, so CPU misses read the disk"
-        )
-    return out
 
 
 def _audit(pack, bf16_scan: bool, source_dir, expert_profile, as_json: bool, t0: float) -> AuditResult:
@@ -452,6 +442,7 @@ def to_json(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float)
                 "smallest_card": plan.smallest_card,
                 "host_ram_bytes": plan.host_ram_bytes,
                 "host_terms": [{"name": t.name, "bytes": t.bytes, "detail": t.detail} for t in plan.host_terms],
+                "decode_prediction": plan.decode.model_dump() if plan.decode else None,
                 "options": plan.options.model_dump(exclude={"profile_pairs"}),
             }
         )
@@ -581,6 +572,8 @@ def _print(audit: AuditResult, plan: Plan | None, verdict: str, seconds: float) 
                 f"{p.filled} of {p.pairs} pairs in {p.slots} slots, expected hit rate {p.expected_hit_rate:.2%} "
                 f"(in-sample: the profile's own prompts; bench/bench_routing.py checks it on held-out ones)"
             )
+        if plan.decode:
+            con.print(escape(plan.decode.text()))
         for w in plan.warnings:
             con.print(f"[yellow]warning:[/yellow] {escape(w)}")
         if plan.suggestions:

@@ -10,6 +10,7 @@ does with the same value).
 | expert-cache slots | ``--expert-cache`` | automatic |
 | expert profile (Parquet) | ``--expert-profile`` (``--profile``: the engine's earlier name) | none |
 | the card | ``--card PRESET`` or ``--card-mib N`` (the budget also ``--card measure``) | budget: required; engine: the local GPU |
+| decode speed inputs (``strata-budget check``, ``strata-engine measure``) | ``--step-ms``, ``--pcie-gbs`` | none: no prediction |
 """  # noqa: E501 - a Markdown table: a row cannot be wrapped
 
 from __future__ import annotations
@@ -175,6 +176,31 @@ ubatch_plan_option = ubatch_option(
 )
 
 
+STEP_MS_HELP = (
+    "Decode speed: the decode step with every expert resident on this card, in ms per token (measured: 1000 / the "
+    "decode tok/s of strata-engine generate on a run where every expert fits); with it the speed the plan buys is "
+    "predicted (strata.budget.speed: + the misses' bytes over PCIe at --pcie-gbs)."
+)
+PCIE_GBS_HELP = (
+    "Decode speed: the GB/s (1e9 B/s) the GPU reads missed experts over PCIe at (e.g. 50 for PCIe 5.0 x16, 25 for "
+    "4.0 x16); needed with --step-ms when any expert misses."
+)
+
+
+def speed_options(f):
+    """``--step-ms`` and ``--pcie-gbs`` (``step_ms``, ``pcie_gbs``; floats, None when not given): the inputs of
+    :func:`strata.budget.speed.plan_decode_speed`, on ``strata-budget check`` and ``strata-engine measure``."""
+    f = click.option("--pcie-gbs", "pcie_gbs", type=float, default=None, help=PCIE_GBS_HELP)(f)
+    return click.option("--step-ms", "step_ms", type=float, default=None, help=STEP_MS_HELP)(f)
+
+
+def speed_option_error(step_ms: float | None, pcie_gbs: float | None) -> str | None:
+    """The refusal of ``--pcie-gbs`` without ``--step-ms`` (nothing to predict from), else None."""
+    if pcie_gbs is not None and step_ms is None:
+        return f"--pcie-gbs {pcie_gbs:g} without --step-ms: the prediction needs the card's every-resident step"
+    return None
+
+
 def expert_profile_option(f):
     return click.option(
         "--expert-profile", "--profile", "expert_profile", type=click.Path(), default=None, help=EXPERT_PROFILE_HELP
@@ -205,6 +231,10 @@ __all__ = [
     "miss_tier_option",
     "ubatch_option",
     "ubatch_plan_option",
+    "PCIE_GBS_HELP",
+    "STEP_MS_HELP",
+    "speed_option_error",
+    "speed_options",
     "AliasChoice",
     "CARD_HELP",
     "CTX_HELP",

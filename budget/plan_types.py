@@ -13,6 +13,7 @@ from strata.layout import chunk as LC
 from .cards import Card
 from .formulas import DEFAULT_RESERVE_MIB
 from .options import ENGINE_ALIASES
+from .speed import DecodeSpeed
 from .tensor_terms import TypeRow
 
 #: The C++ engine's prompt path chunk (docs/DESIGN.md "The reserve and the prompt buffers").
@@ -123,6 +124,8 @@ class Plan(BaseModel):
     #: when the plan does not fit: the smallest card preset (budget/cards.toml) on which the same plan fits, or
     #: "none" when it fits none of them; None when it fits or was not asked (suggest=False)
     smallest_card: str | None = None
+    #: the decode rate the plan buys (strata.budget.speed), when ``--step-ms`` was given; None otherwise
+    decode: DecodeSpeed | None = None
 
     def term(self, name: str) -> int:
         return next(t.bytes for t in self.terms if t.name == name)

@@ -29,6 +29,8 @@ from strata.budget.options import (
     miss_tier_option,
     reserve_option,
     source_dir_option,
+    speed_option_error,
+    speed_options,
     ubatch_option,
 )
 from strata.layout.kv import ENGINE_KV_TYPES
@@ -284,8 +286,9 @@ def generate_cmd(pack, **kw):
     hidden=True,
     help="sim: the NumPy stand-in of a card (dry runs of bench/device_docs.sh without a GPU).",
 )
+@speed_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
-def measure_cmd(pack, n_tokens, prompt, as_json, **kw):
+def measure_cmd(pack, n_tokens, prompt, as_json, step_ms, pcie_gbs, **kw):
     """Load PACK on the GPU (on an emulated card with --card) and print, per budget term, the bytes
     strata.budget predicts for strata's engine (the plan of strata-budget check --card ...) next to the
     bytes this engine allocated; the plan's slot count beside the engine's; the reserve measured free
@@ -296,9 +299,25 @@ def measure_cmd(pack, n_tokens, prompt, as_json, **kw):
     from .measure import measure_pack, print_measurement
 
     try:
-        if bad := check_pack_dir(pack) or (f"-n/--n-tokens {n_tokens}: must be >= 0" if n_tokens < 0 else None):
+        if bad := (
+            check_pack_dir(pack)
+            or (f"-n/--n-tokens {n_tokens}: must be >= 0" if n_tokens < 0 else None)
+            or speed_option_error(step_ms, pcie_gbs)
+            or (
+                "--step-ms needs -n N: the decode rate is measured while generating"
+                if step_ms and not n_tokens
+                else None
+            )
+        ):
             raise GenerateError(bad)
-        a = measure_pack(pack, options=options_from_cli(**kw), prompt=prompt, n_tokens=n_tokens)
+        a = measure_pack(
+            pack,
+            options=options_from_cli(**kw),
+            prompt=prompt,
+            n_tokens=n_tokens,
+            step_ms=step_ms,
+            pcie_gbs=pcie_gbs,
+        )
     except REFUSALS as e:
         fail(str(e), as_json=as_json)
     if as_json:

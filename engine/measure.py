@@ -115,14 +115,17 @@ def measure_pack(
     backend=None,
     prompt: str = "The capital of France is",
     n_tokens: int = 0,
+    step_ms: float | None = None,
+    pcie_gbs: float | None = None,
     **kw,
 ) -> Measurement:
-    """Load ``pack`` on the GPU path (on the emulated ``card`` when given) and compare every budget term
-    with what was allocated; with ``n_tokens`` > 0 then generate that many tokens after ``prompt``
-    (greedy, end-of-generation ignored) and report the expert hit rate measured beside the prediction.
-    The engine's options come as ``options`` or as :class:`strata.engine.options.EngineOptions` keywords
-    (``n_ctx``, ``kv``, ``vram_reserve_mib``, ``expert_cache``, ``card``, ``profile``, ...; ``device``
-    defaults to ``cuda`` here).
+    """Load ``pack`` on the GPU path (on the emulated ``card`` when given) and compare every budget term with what was
+    allocated; with ``n_tokens`` > 0 then generate that many tokens after ``prompt`` (greedy, end-of-generation ignored)
+    and report the expert hit rate measured beside the prediction, and with ``step_ms`` (and ``pcie_gbs``) the decode
+    rate measured beside :mod:`strata.budget.speed`'s prediction - at the predicted hit rate and at the measured one
+    (the speed model alone). The engine's options come as ``options`` or as :class:`strata.engine.options.EngineOptions`
+    keywords (``n_ctx``, ``kv``, ``vram_reserve_mib``, ``expert_cache``, ``card``, ``profile``, ...; ``device`` defaults
+    to ``cuda`` here).
 
     Predicted: :func:`strata.budget.plan.make_plan` for strata's engine on the audit's facts - on ``card``
     as ``strata-budget check`` plans it (its CUDA context from cards.toml), or on a card of the measured
@@ -159,6 +162,8 @@ def measure_pack(
     a = _compare(pack, eng, res.facts)
     if n_tokens > 0:
         _generate(a, eng, prompt, n_tokens)
+        if step_ms is not None:
+            _speed(a, res.facts, step_ms, pcie_gbs)
     return a
 
 
@@ -390,6 +395,48 @@ def _generate(a: Measurement, eng, prompt: str, n_tokens: int) -> None:
     a.generation = gen
 
 
+def _speed(a: Measurement, facts, step_ms: float, pcie_gbs: float | None) -> None:
+    """The decode rate :func:`strata.budget.speed.predict_decode` gives at the predicted hit rate (the profile's at
+    the engine's slots, else the resident fraction) and at the measured one, set beside the measured rate. Misses
+    computed on the CPU are not in the model (it charges PCIe): with any, a note says so and no figure is set.
+
+    Raises:
+        GenerateError: the speed options are out of range, or misses to charge with no ``pcie_gbs``.
+    """
+    from strata.budget.errors import BudgetInputError
+    from strata.budget.speed import predict_decode
+
+    gn = a.generation
+    if gn["cpu_misses_per_token"]:
+        a.notes.append(
+            f"decode speed: {gn['cpu_misses_per_token']} misses a token ran on the CPU: the prediction charges misses "
+            "to PCIe (the host tier) only, so none is given"
+        )
+        return
+    layers = facts.trunk_experts
+    pairs = len(layers) * facts.n_expert
+    engine_rate = gn.get("hit_rate_predicted_engine_slots")
+    if engine_rate is None:
+        engine_rate = min(a.slots, pairs) / pairs if pairs else 1.0
+    blobs = [L.blob_engine_bytes for L in layers]
+    try:
+        for key, rate, basis in (
+            ("decode_tok_s_predicted", engine_rate, "predicted"),
+            ("decode_tok_s_predicted_at_measured_hits", gn["hit_rate_measured"], "measured"),
+        ):
+            if rate is not None:
+                gn[key] = predict_decode(
+                    step_ms=step_ms,
+                    pcie_gbs=pcie_gbs,
+                    hit_rate=rate,
+                    hit_basis=basis,
+                    n_expert_used=facts.n_expert_used,
+                    blob_bytes=blobs,
+                ).tok_s
+    except BudgetInputError as e:
+        raise GenerateError(str(e)) from None
+
+
 def print_measurement(a: Measurement) -> None:
     """The table (every figure in bytes), then the checks, slots, reserve, hit rate and notes."""
     phys = f" (physical {a.physical_total_bytes / F.MIB:.0f} MiB)" if a.physical_total_bytes else ""
@@ -426,6 +473,14 @@ def print_measurement(a: Measurement) -> None:
                 else ""
             )
         )
+        if "decode_tok_s_predicted" in gn:
+            at = gn.get("decode_tok_s_predicted_at_measured_hits")
+            click.echo(
+                f"decode speed: measured {gn['decode_tok_s'] or 0:.2f} tok/s, predicted "
+                f"{gn['decode_tok_s_predicted']:.2f} tok/s at the predicted hit rate"
+                + (f", {at:.2f} tok/s at the measured one" if at is not None else "")
+                + " (strata.budget.speed)"
+            )
     for c in a.pool_checks:
         click.echo(f"pool check: {c}")
     for n in a.notes:

@@ -1,0 +1,167 @@
+"""The decode speed a plan buys (strata.budget.speed): the model's arithmetic, its refusals, the figures its docstring
+quotes against the H200 measurements, and the two commands that print it (``strata-budget check --step-ms
+--pcie-gbs``, ``strata-engine measure -n N --step-ms --pcie-gbs`` on the sim card)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from strata import testing as synth
+from strata.budget.cli import main as budget_main
+from strata.budget.errors import PlanInputError
+from strata.budget.speed import predict_decode
+from strata.layout import experts as LX
+from strata.packer import quants
+from strata.packer.build import build_pack
+
+
+def _type(name: str) -> int:
+    return next(q.id for q in quants.QTYPES.values() if q.name == name)
+
+
+def test_the_model_is_step_plus_the_misses_bytes_over_pcie():
+    d = predict_decode(
+        step_ms=4.0, pcie_gbs=50.0, hit_rate=0.75, hit_basis="x", n_expert_used=8, blob_bytes=[1_000_000, 3_000_000]
+    )
+    # misses a token: 0.25 x 8 x 2 layers = 4; bytes: 0.25 x 8 x 4,000,000 = 8,000,000 B -> 0.16 ms at 50 GB/s
+    assert d.misses_per_token == 4.0 and d.miss_bytes_per_token == 8_000_000.0
+    assert d.miss_ms == pytest.approx(0.16, abs=1e-12) and d.ms_per_token == pytest.approx(4.16, abs=1e-12)
+    assert d.tok_s == pytest.approx(1000 / 4.16, rel=1e-12)
+    full = predict_decode(step_ms=5.0, pcie_gbs=None, hit_rate=1.0, hit_basis="x", n_expert_used=8, blob_bytes=[9])
+    assert (full.tok_s, full.miss_ms, full.misses_per_token) == (200.0, 0.0, 0.0)
+    dense = predict_decode(step_ms=8.0, pcie_gbs=None, hit_rate=0.0, hit_basis="x", n_expert_used=0, blob_bytes=[])
+    assert dense.tok_s == 125.0
+    assert "decode (predicted): 240.4 tok/s = step 4.00 ms + 4.0 misses a token = 7.6 MiB over PCIe at 50 GB/s" in (
+        d.text()
+    )
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(step_ms=0.0), "--step-ms 0.0: must be a positive time"),
+        (dict(step_ms=float("nan")), "--step-ms nan"),
+        (dict(pcie_gbs=-1.0), "--pcie-gbs -1.0: must be a positive bandwidth"),
+        (dict(hit_rate=1.5), r"hit rate 1.5: outside \[0, 1\]"),
+        (dict(pcie_gbs=None), "16.0 expert misses a token at a 50.0% hit rate cross PCIe: give --pcie-gbs"),
+    ],
+)
+def test_refusals_name_the_option_and_the_number(kw, match):
+    args = dict(step_ms=4.0, pcie_gbs=50.0, hit_rate=0.5, hit_basis="x", n_expert_used=8, blob_bytes=[10] * 4) | kw
+    with pytest.raises(PlanInputError, match=match):
+        predict_decode(**args)
+
+
+def test_the_documented_h200_figures():
+    """The module docstring's check: the 30B-A3B geometry's every-resident step (230.83 tok/s) and PCIe 5.0's nominal
+    50 GB/s give 213.5 / 88.4 / 35.9 tok/s at 98.5% / 70.3% / 0% hits (measured 202.55 / 86.41 / 33.14,
+    bench/results/h200-2026-12-02f-equal_vram.log); the 80B-A3B pair at 24G: 106.8 against 107.72 measured."""
+    q4, q6, iq2 = _type("Q4_K"), _type("Q6_K"), _type("IQ2_XS")
+    parts, _ = LX.expert_slot_layout(q4, q4, q6, 2048, 768)
+    blob30 = sum(p[1] for p in parts)
+    assert blob30 == 3_059_712
+    got = [
+        round(
+            predict_decode(
+                step_ms=1000 / 230.83, pcie_gbs=50, hit_rate=h, hit_basis="m", n_expert_used=8, blob_bytes=[blob30] * 48
+            ).tok_s,
+            1,
+        )
+        for h in (0.985, 0.703, 0.0)
+    ]
+    assert got == [213.5, 88.4, 35.9]
+    parts, _ = LX.expert_slot_layout(iq2, iq2, iq2, 2048, 512)
+    blob80 = sum(p[1] for p in parts)
+    assert blob80 == 909_312
+
+    def at(h, step):
+        return predict_decode(
+            step_ms=step, pcie_gbs=50, hit_rate=h, hit_basis="m", n_expert_used=10, blob_bytes=[blob80] * 48
+        )
+
+    step = 1000 / 113.23 - at(0.9967, 1.0).miss_ms
+    assert round(at(0.9356, step).tok_s, 1) == 106.8
+
+
+@pytest.fixture(scope="module")
+def moe_pack(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("speed")
+    [src] = synth.write_model(d / "m.gguf", synth.qwen3moe_spec())
+    build_pack(src, d / "pack", progress=False)
+    return d / "pack"
+
+
+def _blobs(pack) -> tuple[int, list[int]]:
+    """(n_expert_used, each MoE layer's engine-form blob) from the audit: what the prediction charges a miss."""
+    from strata.budget.audit import audit_pack
+
+    facts = audit_pack(str(pack), bf16_scan=False).facts
+    return facts.n_expert_used, [L.blob_engine_bytes for L in facts.trunk_experts]
+
+
+def _check(*args):
+    r = CliRunner().invoke(budget_main, ["check", *map(str, args)])
+    return r.exit_code, r.output
+
+
+def test_budget_check_predicts_from_the_resident_fraction(moe_pack):
+    code, out = _check(moe_pack, "--card", "24G", "--ctx", 64, "--step-ms", 4, "--json")
+    d = json.loads(out)
+    assert code == 0 and d["slots"] == 24
+    p = d["decode_prediction"]
+    assert p["tok_s"] == 250.0 and p["hit_rate"] == 1.0 and p["hit_basis"] == "24 of 24 pairs resident, no profile"
+    # 3 of 24 pairs resident: 1/8 hits; the misses a token and their bytes from the plan's layers and K
+    code, out = _check(moe_pack, "--card", "24G", "--ctx", 64, "--expert-cache", 3, "--step-ms", 4, "--pcie-gbs", 25)
+    assert code == 0
+    k, blobs = _blobs(moe_pack)
+    assert (k, len(blobs)) == (2, 3)  # the synthetic qwen3moe: 3 MoE layers of 8 experts, 2 a token
+    want = predict_decode(step_ms=4, pcie_gbs=25, hit_rate=3 / 24, hit_basis="", n_expert_used=k, blob_bytes=blobs)
+    assert want.misses_per_token == 5.25
+    line = " ".join(out.split())
+    assert f"decode (predicted): {want.tok_s:.1f} tok/s = step 4.00 ms + {want.misses_per_token:.1f} misses" in line
+    assert "hit rate 12.5% (3 of 24 pairs resident, no profile)" in line
+
+
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["--pcie-gbs", 50], "--pcie-gbs 50 without --step-ms"),
+        (["--expert-cache", 3, "--step-ms", 4], "misses a token at a 12.5% hit rate cross PCIe: give --pcie-gbs"),
+        (["--expert-cache", 3, "--step-ms", 4, "--pcie-gbs", 9, "--miss-tier", "cpu"], "--miss-tier cpu: the predic"),
+        (["--step-ms", -2], "--step-ms -2.0: must be a positive time"),
+    ],
+)
+def test_budget_check_refuses_what_it_cannot_predict(moe_pack, args, msg):
+    code, out = _check(moe_pack, "--card", "24G", "--ctx", 64, *args)
+    assert code == 2 and msg in out, out
+
+
+def test_no_prediction_for_a_plan_that_does_not_fit(moe_pack):
+    code, out = _check(moe_pack, "--card-mib", 700, "--ctx", 64, "--step-ms", 4, "--pcie-gbs", 50, "--json")
+    d = json.loads(out)
+    assert code == 1 and d["decode_prediction"] is None
+
+
+def test_measure_sets_the_measured_rate_beside_the_prediction(moe_pack):
+    from strata.engine.cli import main as engine_main
+
+    base = ["measure", str(moe_pack), "--device", "sim", "--card-mib", 2048, "--expert-cache", 6, "-n", 3]
+    r = CliRunner().invoke(engine_main, [*map(str, base), "--step-ms", "4", "--pcie-gbs", "50", "--json"])
+    assert r.exit_code == 0, r.output
+    g = json.loads(r.output)["generation"]
+    rate = g["hit_rate_measured"]
+    k, blobs = _blobs(moe_pack)
+    want = predict_decode(step_ms=4, pcie_gbs=50, hit_rate=rate, hit_basis="", n_expert_used=k, blob_bytes=blobs)
+    assert g["decode_tok_s_predicted_at_measured_hits"] == want.tok_s
+    pred = predict_decode(step_ms=4, pcie_gbs=50, hit_rate=6 / 24, hit_basis="", n_expert_used=k, blob_bytes=blobs)
+    assert g["decode_tok_s_predicted"] == pred.tok_s
+    r = CliRunner().invoke(engine_main, [*map(str, base), "--step-ms", "4", "--pcie-gbs", "50"])
+    assert "decode speed: measured" in r.output and f"predicted {pred.tok_s:.2f} tok/s at the predicted hit rate" in (
+        r.output
+    )
+    r = CliRunner().invoke(engine_main, ["measure", str(moe_pack), "--device", "sim", "--step-ms", "4"])
+    assert r.exit_code == 2 and "--step-ms needs -n N" in r.output
