@@ -154,17 +154,17 @@ class GatedDeltaNet:
 
     def chunk(self, xp, X, state: RecurrentState):
         """The layer on a prompt chunk ``X [T, n_embd]`` (numpy order): ``[T, n_embd]``. The projections take the
-        whole chunk (bit-identical per row); the conv and the delta rule run position by position on the state
-        (the recurrence; llama.cpp's chunked delta rule, ``build_delta_net_chunking``, is not done here)."""
+        whole chunk (bit-identical per row), the conv too (:func:`conv_silu_rows`: the one-position values bit for
+        bit); the delta rule in its chunked form (:func:`delta_rule_rows`: matrix products over sub-chunks of
+        :data:`DELTA_CHUNK` positions, llama.cpp's ``build_delta_net_chunking``; within float rounding of the
+        recurrence)."""
         w, d = self.w, self.dims
         qkv, z = self._qkvz(xp, X)
         ba = w.matmul(self.ba, X)
         cw = w.get(self.conv_w).reshape(d.conv_dim, d.d_conv)
+        h = conv_silu_rows(xp, qkv, state.conv[self.il], cw)
         args = (state.ssm[self.il], w.get(self.dt_bias), w.get(self.a), w.get(self.norm), d)
-        o = xp.stack(
-            [delta_rule(xp, conv_silu(xp, qkv[t], state.conv[self.il], cw), z[t], ba[t], *args) for t in range(len(X))]
-        )
-        return w.matmul(self.out, o)
+        return w.matmul(self.out, delta_rule_rows(xp, h, z, ba, *args))
 
 
 def conv_silu(xp, qkv, cs, cw):
@@ -178,6 +178,94 @@ def conv_silu(xp, qkv, cs, cw):
         acc = acc + win[k] * cw[:, k]
     cs[...] = win[1:]
     return silu(xp, acc)
+
+
+def conv_silu_rows(xp, qkv, cs, cw):
+    """:func:`conv_silu` of ``T`` consecutive positions at once: ``qkv [T, conv_dim]``, ``cs`` updated in place to
+    the last ``d_conv - 1`` inputs. Position ``t``'s window is rows ``t .. t + d_conv - 1`` of ``[cs | qkv]``, summed
+    over the kernel in the same order: each row is :func:`conv_silu`'s bit for bit. Returns ``[T, conv_dim]`` f32."""
+    T = qkv.shape[0]
+    win = xp.concatenate([cs, qkv], axis=0)  # [T + d_conv - 1, conv_dim]
+    acc = win[0:T] * cw[:, 0]
+    for k in range(1, cw.shape[1]):
+        acc = acc + win[k : k + T] * cw[:, k]
+    cs[...] = win[T:]
+    return silu(xp, acc)
+
+
+#: Positions per sub-chunk of :func:`delta_rule_rows` (llama.cpp's ``build_delta_net_chunking`` takes 64).
+DELTA_CHUNK = 64
+
+
+def _gates_heads(xp, H, BA, dt_bias, ssm_a, d: DeltaNetDims):
+    """Steps 2 and 4 of the module docstring for rows ``H [T, conv_dim]``, ``BA [T, 2 dt_rank]``: ``(beta, g, q, k,
+    v)`` with ``beta``, ``g`` ``[T, dt_rank]`` and ``q`` (scaled), ``k``, ``v`` ``[T, dt_rank, d_state]`` - the
+    per-position values of :func:`delta_rule` (the same elementwise operations, row by row)."""
+    f32 = xp.float32
+    T, r, kd = H.shape[0], d.dt_rank // d.n_group, d.key_dim
+    ba = BA.reshape(T, d.n_group, 2, r)
+    beta = sigmoid(xp, ba[:, :, 0, :].reshape(T, -1))
+    g = softplus(xp, ba[:, :, 1, :].reshape(T, -1) + dt_bias) * ssm_a
+    q = l2_norm(xp, H[:, :kd].reshape(T, d.n_group, d.d_state), d.eps)
+    k = l2_norm(xp, H[:, kd : 2 * kd].reshape(T, d.n_group, d.d_state), d.eps)
+    v = H[:, 2 * kd :].reshape(T, d.dt_rank, d.d_state)
+    q = xp.repeat(q, r, axis=1) * f32(1.0 / d.d_state**0.5)
+    k = xp.repeat(k, r, axis=1)
+    return beta, g, q, k, v
+
+
+def _unit_lower_solve(xp, A, B):
+    """``(I + A)^-1 B`` for strictly lower-triangular ``A [h, n, n]`` and ``B [h, n, m]`` by forward substitution (row
+    ``t`` = ``B_t - A[t, :t] D[:t]``): stable where the series ``sum (-A)^k`` is not (its terms grow like binomial
+    coefficients when A's entries are near 1), and no LAPACK / cuSOLVER call (cuSOLVER's first use would hold device
+    memory no budget term has; the products run on cuBLAS, which the chunk path already uses)."""
+    D = xp.empty_like(B)
+    D[:, 0] = B[:, 0]
+    for t in range(1, B.shape[1]):
+        D[:, t] = B[:, t] - (A[:, t : t + 1, :t] @ D[:, :t])[:, 0]
+    return D
+
+
+def delta_rule_rows(xp, H, Z, BA, S, dt_bias, ssm_a, norm_w, d: DeltaNetDims, chunk: int = DELTA_CHUNK):
+    """:func:`delta_rule` of ``T`` consecutive positions (``H [T, conv_dim]``, ``Z [T, value_dim]``, ``BA``) in the
+    chunked form: the recurrence ``S_t = e^g_t S_{t-1} + beta_t (v_t - e^g_t S_{t-1} k_t) k_t^T`` unrolled over a
+    sub-chunk of ``chunk`` positions from its first state ``S_0`` (per v head; ``G_t`` = the sum of ``g`` over the
+    sub-chunk up to ``t``)::
+
+        S_t   = e^G_t S_0 + sum_{j<=t} e^(G_t - G_j) D_j k_j^T
+        D     = (I + A)^-1 B,  A[t, j] = beta_t e^(G_t - G_j) (k_t . k_j)  (j < t),  B_t = beta_t (v_t - e^G_t S_0 k_t)
+        o_t   = e^G_t S_0 q_t + sum_{j<=t} e^(G_t - G_j) (q_t . k_j) D_j
+
+    (the WY form of the Gated DeltaNet paper, Yang et al. 2024, and of llama.cpp ``src/models/delta-net-base.cpp``
+    ``build_delta_net_chunking``). Only ``G_t - G_j <= 0`` (``j <= t``) and ``G_t <= 0`` are exponentiated (``g <= 0``):
+    no overflow at any decay. Matrix products and one unit-lower-triangular solve (:func:`_unit_lower_solve`) per
+    sub-chunk instead of a step per position; the values equal the recurrence's within float rounding
+    (tests/test_engine_deltanet.py), ``S`` ``[dt_rank, d_state, d_state]`` is updated in place to the last position's.
+    Returns ``[T, value_dim]`` f32 (the gated norm applied: step 6)."""
+    f32 = xp.float32
+    T = H.shape[0]
+    beta, g, q, k, v = _gates_heads(xp, H, BA, dt_bias, ssm_a, d)
+    out = xp.empty((T, d.dt_rank, d.d_state), dtype=f32)
+    for c0 in range(0, T, chunk):
+        n = min(chunk, T - c0)
+        sl = slice(c0, c0 + n)
+        qc, kc, vc = (a[sl].transpose(1, 0, 2) for a in (q, k, v))  # [heads, n, d_state]
+        bc = beta[sl].T  # [heads, n]
+        G = xp.cumsum(g[sl].T, axis=1)  # [heads, n]
+        lower = xp.tril(xp.ones((n, n), dtype=bool))
+        decay = xp.exp(xp.where(lower, G[:, :, None] - G[:, None, :], f32(-xp.inf)))  # e^(G_t - G_j), 0 above
+        eG = xp.exp(G)
+        St = S.transpose(0, 2, 1)  # S^T: x @ St = (S x) per row
+        kk = kc @ kc.transpose(0, 2, 1)
+        A = bc[:, :, None] * (kk * decay) * xp.tril(xp.ones((n, n), dtype=f32), -1)
+        B = bc[:, :, None] * (vc - eG[:, :, None] * (kc @ St))
+        D = _unit_lower_solve(xp, A, B)
+        oc = eG[:, :, None] * (qc @ St) + ((qc @ kc.transpose(0, 2, 1)) * decay) @ D
+        wl = xp.exp(G[:, -1:] - G)  # e^(G_C - G_j)
+        S[...] = eG[:, -1, None, None] * S + (D * wl[:, :, None]).transpose(0, 2, 1) @ kc
+        out[sl] = oc.transpose(1, 0, 2)
+    o = rms_norm(xp, out, norm_w, d.eps) * silu(xp, Z.reshape(T, d.dt_rank, d.d_state))
+    return o.reshape(T, -1)
 
 
 def delta_rule(xp, h, z, ba, S, dt_bias, ssm_a, norm_w, d: DeltaNetDims):
@@ -205,4 +293,15 @@ def delta_rule(xp, h, z, ba, S, dt_bias, ssm_a, norm_w, d: DeltaNetDims):
     return o.reshape(-1)
 
 
-__all__ = ["DeltaNetDims", "GatedDeltaNet", "RecurrentState", "conv_silu", "delta_rule", "l2_norm", "softplus"]
+__all__ = [
+    "DELTA_CHUNK",
+    "DeltaNetDims",
+    "GatedDeltaNet",
+    "RecurrentState",
+    "conv_silu",
+    "conv_silu_rows",
+    "delta_rule",
+    "delta_rule_rows",
+    "l2_norm",
+    "softplus",
+]

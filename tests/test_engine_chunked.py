@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 from test_engine_reference import synthetic_pack
 
+from strata.engine import deltanet as DN
 from strata.engine import layers as L
 from strata.engine.errors import GenerateError
 from strata.engine.generate import decode, generate
@@ -28,6 +29,11 @@ NAMES = ["gemma3", "qwen3next", "qwen3moe", "llama"]  # sliding window + ring; d
 @pytest.fixture(scope="module")
 def packs(tmp_path_factory):
     return {n: synthetic_pack(tmp_path_factory, f"synthetic-{n}") for n in NAMES}
+
+
+def per_position_delta(xp, H, Z, BA, S, dt_bias, ssm_a, norm_w, d, chunk=None):
+    """delta_rule_rows computed as the one-position path does: the recurrence, position by position."""
+    return xp.stack([DN.delta_rule(xp, H[t], Z[t], BA[t], S, dt_bias, ssm_a, norm_w, d) for t in range(H.shape[0])])
 
 
 def per_query(xp, q, K, V, scale, pos0, lo, window, f16_operands=False):
@@ -65,10 +71,11 @@ def prompt(eng, n: int, seed: int = 0) -> list[int]:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_chunked_prompt_is_one_position_at_a_time_bit_for_bit(packs, name, monkeypatch):
-    """With the attention taken per query, chunks of 1, 2, 7 and 512 positions give the same logits, caches and
-    per-position expert counts bit for bit. The prompt (150 ids) runs past gemma3's 128-position window, so its ring
-    is written across chunk boundaries and wraps inside a chunk."""
+    """With the attention taken per query and the delta rule position by position, chunks of 1, 2, 7 and 512
+    positions give the same logits, caches and per-position expert counts bit for bit. The prompt (150 ids) runs past
+    gemma3's 128-position window, so its ring is written across chunk boundaries and wraps inside a chunk."""
     monkeypatch.setattr(L, "attend_rows", per_query)
+    monkeypatch.setattr(DN, "delta_rule_rows", per_position_delta)
     eng = load_engine(packs[name], n_ctx=256)
     ids = prompt(eng, 150)
     want_rows, want_steps = run(eng, ids, 1)
@@ -91,13 +98,13 @@ def test_chunked_prompt_is_one_position_at_a_time_bit_for_bit(packs, name, monke
 
 
 # qwen3moe's router has near ties on random ids (a rounding difference may send a token to another expert: the
-# fixture test bounds that with its router-gap rule); qwen3next's only attention layer is its last, so a chunk's
-# attention rounding never reaches a logit there (covered bit for bit above)
-@pytest.mark.parametrize("name", ["gemma3", "llama"])
+# fixture test bounds that with its router-gap rule)
+@pytest.mark.parametrize("name", ["gemma3", "llama", "qwen3next"])
 def test_chunked_logits_are_within_rounding_of_one_position(packs, name):
-    """The real chunk attention (matrix products): the same greedy tokens, and logits that differ (the chunk's
-    attention is really taken) by at most 2e-2 of their scale (measured: 0.0103 on llama's 1.17; Q8 activation
-    rounding amplifies the attention's float rounding; the fixtures' tolerances for llama.cpp are 0.015-0.05)."""
+    """The real chunk attention (matrix products) and qwen3next's chunked delta rule: the same greedy tokens, and
+    logits that differ (the chunk's forms are really taken) by at most 2e-2 of their scale (measured: 0.0103 on
+    llama's 1.17; Q8 activation rounding amplifies the float rounding; the fixtures' tolerances for llama.cpp are
+    0.015-0.05)."""
     eng = load_engine(packs[name], n_ctx=256)
     ids = prompt(eng, 150, seed=1)
     want, _ = run(eng, ids, 1)

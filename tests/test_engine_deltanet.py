@@ -1,0 +1,88 @@
+"""The gated delta net on a prompt chunk (strata.engine.deltanet): the conv over the chunk is the one-position conv bit
+for bit; the chunked delta rule (``delta_rule_rows``, llama.cpp's ``build_delta_net_chunking``) equals the recurrence
+(``delta_rule`` position by position) within float rounding - outputs and the state the next chunk starts from - at
+any sub-chunk size, at decays from none to total, and without an overflow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strata.engine.deltanet import DeltaNetDims, conv_silu, conv_silu_rows, delta_rule, delta_rule_rows
+
+# Qwen3-Next's head layout at a small width: 4 k heads, 8 v heads (2 per k head), d_state 16
+DS, NK, NV = 16, 4, 8
+DIMS = DeltaNetDims(
+    d_conv=4,
+    d_state=DS,
+    n_group=NK,
+    dt_rank=NV,
+    eps=1e-6,
+    key_dim=NK * DS,
+    value_dim=NV * DS,
+    conv_dim=2 * NK * DS + NV * DS,
+)
+
+
+def _inputs(T: int, rng, a_scale: float = 1.0):
+    """Conv outputs H, gates z, [b | a] rows, dt bias, ssm_a = -exp(A_log) (``a_scale`` multiplies it: the decay),
+    the norm weight and a start state."""
+    H = rng.standard_normal((T, DIMS.conv_dim)).astype(np.float32)
+    Z = rng.standard_normal((T, DIMS.value_dim)).astype(np.float32)
+    BA = (rng.standard_normal((T, 2 * NV)) * 2).astype(np.float32)
+    dt = rng.standard_normal(NV).astype(np.float32)
+    ssm_a = (-np.exp(rng.uniform(-1.0, 2.5, NV)) * a_scale).astype(np.float32)
+    nw = rng.uniform(0.5, 1.5, DS).astype(np.float32)
+    S0 = (rng.standard_normal((NV, DS, DS)) * 0.3).astype(np.float32)
+    return H, Z, BA, dt, ssm_a, nw, S0
+
+
+def _recurrence(H, Z, BA, S, dt, ssm_a, nw):
+    return np.stack([delta_rule(np, H[t], Z[t], BA[t], S, dt, ssm_a, nw, DIMS) for t in range(H.shape[0])])
+
+
+@pytest.mark.parametrize("T", [1, 2, 10])
+def test_conv_over_a_chunk_is_the_one_position_conv_bit_for_bit(T):
+    rng = np.random.default_rng(T)
+    qkv = rng.standard_normal((T, DIMS.conv_dim)).astype(np.float32)
+    cw = rng.standard_normal((DIMS.conv_dim, DIMS.d_conv)).astype(np.float32)
+    cs0 = rng.standard_normal((DIMS.d_conv - 1, DIMS.conv_dim)).astype(np.float32)
+    cs_a, cs_b = cs0.copy(), cs0.copy()
+    want = np.stack([conv_silu(np, qkv[t], cs_a, cw) for t in range(T)])
+    got = conv_silu_rows(np, qkv, cs_b, cw)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(cs_a.view(np.uint32), cs_b.view(np.uint32))
+
+
+@pytest.mark.parametrize("chunk", [64, 7, 1])
+@pytest.mark.parametrize("a_scale", [1.0, 0.0, 60.0])
+def test_chunked_delta_rule_is_the_recurrence_within_rounding(chunk, a_scale):
+    """150 positions (sub-chunks of 64: two whole, one partial); decay as drawn, none (ssm_a = 0: g = 0) and near
+    total (g down to ~ -700 a position: every e^G underflows to 0, the state forgets in one step)."""
+    rng = np.random.default_rng(int(chunk * 10 + a_scale))
+    H, Z, BA, dt, ssm_a, nw, S0 = _inputs(150, rng, a_scale)
+    S_ref, S_got = S0.copy(), S0.copy()
+    want = _recurrence(H, Z, BA, S_ref, dt, ssm_a, nw)
+    got = delta_rule_rows(np, H, Z, BA, S_got, dt, ssm_a, nw, DIMS, chunk=chunk)
+    assert got.shape == want.shape == (150, DIMS.value_dim) and np.isfinite(got).all() and np.isfinite(S_got).all()
+    assert np.max(np.abs(got - want)) <= 1e-4 * np.max(np.abs(want))
+    assert np.max(np.abs(S_got - S_ref)) <= 1e-4 * max(1.0, float(np.max(np.abs(S_ref))))
+    if a_scale:  # the form is really taken (the recurrence's rounding differs)
+        assert chunk == 1 or not np.array_equal(got, want)
+
+
+def test_chunks_continue_from_the_state_they_leave():
+    """Two calls of 40 and 30 positions leave the state one call of 70 leaves, and give its outputs (the prompt's
+    chunks of -ub feed one another through the recurrent state)."""
+    rng = np.random.default_rng(5)
+    H, Z, BA, dt, ssm_a, nw, S0 = _inputs(70, rng)
+    S_one, S_two = S0.copy(), S0.copy()
+    one = delta_rule_rows(np, H, Z, BA, S_one, dt, ssm_a, nw, DIMS)
+    two = np.concatenate(
+        [
+            delta_rule_rows(np, H[:40], Z[:40], BA[:40], S_two, dt, ssm_a, nw, DIMS),
+            delta_rule_rows(np, H[40:], Z[40:], BA[40:], S_two, dt, ssm_a, nw, DIMS),
+        ]
+    )
+    assert np.max(np.abs(one - two)) <= 1e-4 * np.max(np.abs(one))
+    assert np.max(np.abs(S_one - S_two)) <= 1e-5 * max(1.0, float(np.max(np.abs(S_one))))
