@@ -398,7 +398,7 @@ class ExpertPath:
         self.kernel = kernel or ("exact" if exact else "q8")
         self.exact, self.threads = self.kernel == "exact", threads
         self.counts = ExpertCounts()
-        self._step: dict[int, list[int]] = {}
+        self._step: dict[int, list[int]] = {}  # layer -> [hits, misses, of them over PCIe] this step
         self._step_pcie = self._step_pcie_bytes = 0
         self._deferred: dict[int, list[tuple[int, list[int], int, int]]] = {}  # chunk row -> its layers' routing
         self.on_route: Callable[[int, list[int]], None] | None = None
@@ -500,9 +500,10 @@ class ExpertPath:
         self._step_pcie_bytes += pcie_bytes
         if misses:
             self.counts.per_layer_misses[il] = self.counts.per_layer_misses.get(il, 0) + misses
-        step = self._step.setdefault(il, [0, 0])
+        step = self._step.setdefault(il, [0, 0, 0])
         step[0] += hits
         step[1] += misses
+        step[2] += pcie
 
     def count_layers(self, layers: Sequence[int], hits, misses, pcie, pcie_bytes) -> None:
         """:meth:`count` of every layer in ``layers`` at once - one call per step for a path that routes a whole step
@@ -522,17 +523,19 @@ class ExpertPath:
                 if mi:
                     c.per_layer_misses[il] = c.per_layer_misses.get(il, 0) + mi
         step = self._step
-        for il, hi, mi in zip(layers, hits.tolist(), ms):
+        for il, hi, mi, pi in zip(layers, hits.tolist(), ms, pcie.tolist()):
             hm = step.get(il)
             if hm is None:
-                step[il] = [hi, mi]
+                step[il] = [hi, mi, pi]
             else:
                 hm[0] += hi
                 hm[1] += mi
+                hm[2] += pi
 
-    def take_step(self) -> dict[int, tuple[int, int]]:
-        """Per MoE layer, (hits, misses) since the previous call (counts of routed experts)."""
-        out = {il: (hm[0], hm[1]) for il, hm in sorted(self._step.items())}
+    def take_step(self) -> dict[int, tuple[int, int, int]]:
+        """Per MoE layer, ``(hits, misses, pcie)`` since the previous call (counts of routed experts; ``pcie``: of the
+        misses, those the GPU read from the host tier - the rest ran on the CPU)."""
+        out = {il: (hm[0], hm[1], hm[2]) for il, hm in sorted(self._step.items())}
         self._step = {}
         return out
 
@@ -545,4 +548,4 @@ class ExpertPath:
     def step_counts(self) -> tuple[int, int]:
         """(hits, misses) since the previous call (summed over layers; resets like :meth:`take_step`)."""
         per = self.take_step()
-        return sum(h for h, _ in per.values()), sum(m for _, m in per.values())
+        return sum(v[0] for v in per.values()), sum(v[1] for v in per.values())

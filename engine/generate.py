@@ -41,7 +41,8 @@ class StepStat(BaseModel):
     sat idle waiting for the host); ``cpu_expert_ms`` = host wall time computing missed experts;
     ``wait_ms`` = host wall time blocked in device->host copies (router choices, a missed expert's
     input, the logits: each waits for the kernels queued before it). ``expert_layers``: per MoE
-    layer, ``[hits, misses]`` at this position (counts of routed experts); ``expert_pcie``: of the misses, those
+    layer, ``[hits, misses, of the misses those read over PCIe]`` at this position (counts of routed experts);
+    ``expert_pcie``: of the misses, those
     the GPU read from the host tier over PCIe (the rest ran on the CPU), ``pcie_bytes`` their bytes (engine form)."""
 
     position: int
@@ -146,9 +147,9 @@ def decode(
     def finish(st: StepStat) -> None:
         if experts is not None:
             per_layer = experts.take_step()
-            st.expert_layers = {il: list(hm) for il, hm in per_layer.items()}
-            st.expert_hits = sum(h for h, _ in per_layer.values())
-            st.expert_misses = sum(m for _, m in per_layer.values())
+            st.expert_layers = {il: list(v) for il, v in per_layer.items()}
+            st.expert_hits = sum(v[0] for v in per_layer.values())
+            st.expert_misses = sum(v[1] for v in per_layer.values())
             st.expert_pcie, st.pcie_bytes = experts.take_pcie()
         steps.append(st)
         if on_step:

@@ -124,7 +124,7 @@ STATS_UNITS = (
     "stats: one line per position. Units: 'ms' = milliseconds; forward/sample/cpu-experts/wait are host "
     "wall-clock times, gpu is the device time between CUDA events at the step's start and end (it includes "
     "time the GPU sat idle waiting for the host); 'hits/misses' are COUNTS of routed experts (not ms), per "
-    "MoE layer as layer:hits/misses."
+    "MoE layer as layer:hits/CPU misses/PCIe misses. At the end, 'stats: window' sums the decode positions."
 )
 
 
@@ -195,13 +195,58 @@ def stats_line(s: StepStat, piece: Callable[[int], str] | None = None, gpu: bool
             f"wait {_ms(s.wait_ms)} ms (wall)"
         )
     if experts:
-        per = " ".join(f"{il}:{h}/{m}" for il, (h, m) in sorted((s.expert_layers or {}).items()))
+        per = " ".join(f"{il}:{v[0]}/{v[1] - v[2]}/{v[2]}" for il, v in sorted((s.expert_layers or {}).items()))
         line += (
             f" | experts {s.expert_hits} hits / {s.expert_misses} misses, {s.expert_pcie} of them over PCIe (counts), "
             f"{s.pcie_bytes / 2**20:.2f} MiB over PCIe; "
-            f"per layer hits/misses (counts): {per}"
+            f"per layer hits/CPU misses/PCIe misses (counts): {per}"
         )
     return line
+
+
+def window_summary(steps: list[StepStat]) -> dict | None:
+    """The decode window summed over the decode positions (phase "decode"; None without one): ``positions``
+    (count); the means per position of ``forward_ms``, ``sample_ms``, ``gpu_ms``, ``wait_ms``, ``cpu_expert_ms``
+    (milliseconds; None where a step did not measure it) and ``pcie_mib`` (MiB read over PCIe); ``hits``,
+    ``cpu_misses``, ``pcie_misses`` summed (counts of routed experts) and ``layers``: per MoE layer ``[hits, CPU
+    misses, PCIe misses]`` summed (counts)."""
+    dec = [s for s in steps if s.phase == "decode"]
+    if not dec:
+        return None
+    n = len(dec)
+
+    def mean(f: str) -> float | None:
+        vals = [getattr(s, f) for s in dec]
+        return None if any(v is None for v in vals) else sum(vals) / n
+
+    layers: dict[int, list[int]] = {}
+    for s in dec:
+        for il, v in (s.expert_layers or {}).items():
+            acc = layers.setdefault(il, [0, 0, 0])
+            acc[0] += v[0]
+            acc[1] += v[1] - v[2]
+            acc[2] += v[2]
+    return {
+        "positions": n,
+        **{f: mean(f) for f in ("forward_ms", "sample_ms", "gpu_ms", "wait_ms", "cpu_expert_ms")},
+        "pcie_mib": sum(s.pcie_bytes for s in dec) / n / 2**20,
+        "hits": sum(s.expert_hits for s in dec),
+        "cpu_misses": sum(s.expert_misses - s.expert_pcie for s in dec),
+        "pcie_misses": sum(s.expert_pcie for s in dec),
+        "layers": {il: layers[il] for il in sorted(layers)},
+    }
+
+
+def window_line(w: dict) -> str:
+    """:func:`window_summary` as one ``--stats`` line, every figure with its unit."""
+    per = " ".join(f"{il}:{h}/{c}/{p}" for il, (h, c, p) in w["layers"].items())
+    return (
+        f"stats: window over {w['positions']} decode positions, means per position: forward {_ms(w['forward_ms'])} ms "
+        f"(wall) | sample {_ms(w['sample_ms'])} ms (wall) | gpu {_ms(w['gpu_ms'])} ms (event span) | wait "
+        f"{_ms(w['wait_ms'])} ms (wall) | cpu-experts {_ms(w['cpu_expert_ms'])} ms (wall) | {w['pcie_mib']:.2f} MiB "
+        f"over PCIe; summed: experts {w['hits']} hits / {w['cpu_misses']} CPU misses / {w['pcie_misses']} PCIe "
+        f"misses (counts)" + (f"; per layer hits/CPU misses/PCIe misses (counts): {per}" if per else "")
+    )
 
 
 def _summary(r: GenerationResult) -> str:
@@ -397,11 +442,16 @@ class GenerateRequest:
             d = r.model_dump()
             if not self.stats:
                 d.pop("steps")
+            else:
+                d["stats_window"] = window_summary(r.steps)
             if st is not None:
                 d["stage_ms_per_token"] = st
             click.echo(json.dumps(d))
             return
         stream.finish()
+        w = window_summary(r.steps) if self.stats else None
+        if w is not None:
+            click.echo(window_line(w), err=True)
         click.echo(_summary(r), err=True)
         if st is not None:
             click.echo(
@@ -411,4 +461,13 @@ class GenerateRequest:
             )
 
 
-__all__ = ["STATS_UNITS", "GenerateRequest", "TextStream", "check_request", "not_utf8", "stats_line"]
+__all__ = [
+    "STATS_UNITS",
+    "GenerateRequest",
+    "TextStream",
+    "check_request",
+    "not_utf8",
+    "stats_line",
+    "window_line",
+    "window_summary",
+]

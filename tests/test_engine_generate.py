@@ -148,6 +148,12 @@ def test_cli_text_json_stats_verbose(pack):
     assert "forward ms" in err and "'ms' = milliseconds" in err  # the header says which unit is which
     lines = [ln for ln in err.splitlines() if ln.startswith("stats: pos")]
     assert len(lines) >= 3 and all(" ms (wall)" in ln for ln in lines)  # every line labels its units
+    # -n 3: two decode positions after the first token, summed in the window line (a dense model: no experts)
+    assert "stats: window over 2 decode positions, means per position: forward " in err
+    assert "0 hits / 0 CPU misses / 0 PCIe misses (counts)" in err
+    r = runner.invoke(main, ["generate", str(pack), "-p", "hello", "-n", "3", "--stats", "--json"])
+    w = json.loads(r.stdout)["stats_window"]
+    assert r.exit_code == 0 and w["positions"] == 2 and w["layers"] == {} and w["forward_ms"] > 0
     assert "--kv" in runner.invoke(main, ["generate", "--help"]).output
     r = runner.invoke(main, ["generate", str(pack), "-p", "hello", "-n", "2", "--kv", "f32", "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["kv"] == "f32"

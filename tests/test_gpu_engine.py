@@ -192,8 +192,8 @@ def test_sim_new_expert_types_hit_and_miss_identical(packs):
 
 @pytest.mark.parametrize("tier", ["cpu", "pcie"])
 def test_sim_stats_per_layer_counts_and_timers(packs, tier):
-    """--stats per position: per-layer hits/misses (counts), the misses read over PCIe (the host tier) or run on
-    the CPU (cpu-experts ms > 0 only then)."""
+    """--stats per position: per-layer hits / misses / misses read over PCIe (counts), the misses read over PCIe
+    (the host tier) or run on the CPU (cpu-experts ms > 0 only then); the window line sums the decode positions."""
     eng = load_engine(
         packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), expert_cache=12, miss_tier=tier
     )
@@ -201,20 +201,36 @@ def test_sim_stats_per_layer_counts_and_timers(packs, tier):
     n_used = int(eng.geometry["n_expert_used"])
     for s in r.steps:
         assert sorted(s.expert_layers) == [0, 1, 2]
-        assert all(h + m == n_used for h, m in s.expert_layers.values())
-        assert s.expert_hits == sum(h for h, _ in s.expert_layers.values())
-        assert s.expert_pcie == (s.expert_misses if tier == "pcie" else 0)
+        assert all(h + m == n_used for h, m, _p in s.expert_layers.values())
+        assert s.expert_hits == sum(v[0] for v in s.expert_layers.values())
+        assert (
+            s.expert_pcie == (s.expert_misses if tier == "pcie" else 0) == sum(v[2] for v in s.expert_layers.values())
+        )
+        assert all(p == (m if tier == "pcie" else 0) for _h, m, p in s.expert_layers.values())
         blobs = eng.decoder.moe.blob_bytes  # engine form: gate + up + down of the layer's types
-        assert s.pcie_bytes == (sum(m * blobs[il] for il, (_h, m) in s.expert_layers.items()) if tier == "pcie" else 0)
+        assert s.pcie_bytes == (
+            sum(m * blobs[il] for il, (_h, m, _p) in s.expert_layers.items()) if tier == "pcie" else 0
+        )
         assert s.gpu_ms is None and s.cpu_expert_ms is not None and s.wait_ms is not None  # sim: no device clock
     assert r.expert_misses > 0 and r.expert_pcie == sum(s.expert_pcie for s in r.steps)
     cpu_ms = sum(s.cpu_expert_ms for s in r.steps)
     assert cpu_ms > 0 if tier == "cpu" else cpu_ms == 0  # misses ran on the CPU / none did
-    from strata.engine.generate_cli import stats_line
+    from strata.engine.generate_cli import stats_line, window_line, window_summary
 
     s = r.steps[-1]
     line = stats_line(s, None, gpu=True, experts=True)
-    assert "ms (wall)" in line and "gpu n/a ms (event span)" in line and "per layer hits/misses (counts): 0:" in line
+    h0, m0, p0 = s.expert_layers[0]
+    assert "ms (wall)" in line and "gpu n/a ms (event span)" in line
+    assert f"per layer hits/CPU misses/PCIe misses (counts): 0:{h0}/{m0 - p0}/{p0} " in line
+    dec = [x for x in r.steps if x.phase == "decode"]
+    w = window_summary(r.steps)
+    assert w["positions"] == len(dec) == 3 and w["gpu_ms"] is None  # 4 tokens: the first is not a decode position
+    assert w["hits"] == sum(x.expert_hits for x in dec) and w["pcie_misses"] == sum(x.expert_pcie for x in dec)
+    assert w["cpu_misses"] == sum(x.expert_misses - x.expert_pcie for x in dec)
+    assert w["hits"] + w["cpu_misses"] + w["pcie_misses"] == 3 * 3 * n_used  # 3 positions x 3 MoE layers x K
+    assert sum(v[0] for v in w["layers"].values()) == w["hits"] and sorted(w["layers"]) == [0, 1, 2]
+    assert w["cpu_expert_ms"] == pytest.approx(sum(x.cpu_expert_ms for x in dec) / 3)
+    assert "stats: window over 3 decode positions" in window_line(w) and "gpu n/a ms" in window_line(w)
     assert (
         f"{s.expert_misses} misses, {s.expert_pcie} of them over PCIe (counts), {s.pcie_bytes / 2**20:.2f} MiB" in line
     )
