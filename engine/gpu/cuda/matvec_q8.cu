@@ -34,6 +34,31 @@
 #endif
 extern __shared__ float q8_terms[];
 
+// Block blk (block b of its row) on lane p of its LPB lanes: the block's f32 scale and min (*dw, *dm) and the exact
+// integer sums S, M of the block's LPB lanes (lane_sums, then an xor butterfly: integers, exact in any order), every
+// lane of the group holding them; all 0 when !on (b past the row: the lanes still take part in the shuffles).
+__device__ __forceinline__ void q8_block_sums(const float* __restrict__ scales, const u8* __restrict__ payload,
+                                              const i64 blk, const int b, const i8* __restrict__ aq,
+                                              const i16* __restrict__ as, const i16* __restrict__ at, const int p,
+                                              const bool on, float* dw, float* dm, int* S, int* M) {
+    *dw = 0.0f;
+    *dm = 0.0f;
+    *S = 0;
+    *M = 0;
+    if (on) {  // the scales' loads first: in flight with the lane sums'
+        blk_scales(scales + blk * NF, payload + blk * PB, dw, dm);
+        lane_sums(scales + blk * NF, payload + blk * PB, aq + (i64)b * QK, as + (i64)b * (QK / 16),
+                  at + (i64)b * (QK / 32), p, S, M);
+    }
+#pragma unroll
+    for (int o = LPB / 2; o > 0; o >>= 1) {
+        *S += __shfl_xor_sync(0xffffffffu, *S, o);
+#if HAS_MIN
+        *M += __shfl_xor_sync(0xffffffffu, *M, o);
+#endif
+    }
+}
+
 // Part `part` of `split` of row `row`'s block terms into T[b] (and T[nb + b], the min terms).
 __device__ __forceinline__ void q8_row_terms(const u8* __restrict__ base, const i64 rows, const int ne0, const i64 row,
                                              const u8* __restrict__ act, const int lane, const int part,
@@ -49,22 +74,10 @@ __device__ __forceinline__ void q8_row_terms(const u8* __restrict__ base, const 
     for (int b0 = part * Q8_BPI; b0 < nb; b0 += split * Q8_BPI) {  // uniform across the warp
         const int b = b0 + g;
         const bool on = b < nb;
-        const i64 blk = row * nb + b;
-        float dx = 0.0f, dw = 0.0f, dm = 0.0f;  // the scales' loads first: in flight with the lane sums'
-        int S = 0, M = 0;
-        if (on) {
-            dx = ad[b];
-            blk_scales(scales + blk * NF, payload + blk * PB, &dw, &dm);
-            lane_sums(scales + blk * NF, payload + blk * PB, aq + (i64)b * QK, as + (i64)b * (QK / 16),
-                      at + (i64)b * (QK / 32), p, &S, &M);
-        }
-#pragma unroll
-        for (int o = LPB / 2; o > 0; o >>= 1) {
-            S += __shfl_xor_sync(0xffffffffu, S, o);
-#if HAS_MIN
-            M += __shfl_xor_sync(0xffffffffu, M, o);
-#endif
-        }
+        const float dx = on ? ad[b] : 0.0f;
+        float dw, dm;
+        int S, M;
+        q8_block_sums(scales, payload, row * nb + b, b, aq, as, at, p, on, &dw, &dm, &S, &M);
         if (on && p == 0) {
 #if Q8_FMT == 1
             T[b] = (dw * dx) * (float)S;
@@ -135,21 +148,9 @@ __device__ __forceinline__ void q8_rows_direct(const u8* __restrict__ base, cons
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
             if (NR > 1 && row0 + r >= rows) break;  // uniform across the warp
-            const i64 blk = (row0 + r) * nb + b;
-            float dw = 0.0f, dm = 0.0f;  // the scales' loads first: in flight with the lane sums'
-            int S = 0, M = 0;
-            if (on) {
-                blk_scales(scales + blk * NF, payload + blk * PB, &dw, &dm);
-                lane_sums(scales + blk * NF, payload + blk * PB, aq + (i64)b * QK, as + (i64)b * (QK / 16),
-                          at + (i64)b * (QK / 32), p, &S, &M);
-            }
-#pragma unroll
-            for (int o = LPB / 2; o > 0; o >>= 1) {
-                S += __shfl_xor_sync(0xffffffffu, S, o);
-#if HAS_MIN
-                M += __shfl_xor_sync(0xffffffffu, M, o);
-#endif
-            }
+            float dw, dm;
+            int S, M;
+            q8_block_sums(scales, payload, (row0 + r) * nb + b, b, aq, as, at, p, on, &dw, &dm, &S, &M);
 #if Q8_FMT == 1
             if (on) acc[r] = acc[r] + (dw * dx) * (float)S;  // lane group g holds acc[g]: a step covers 8 blocks
 #else
