@@ -9,44 +9,15 @@
 #define WARPS 4   // warps per CTA (blockDim.x == 32 * WARPS)
 // RPW (rows per warp) and MV_BOUNDS (the kernels' launch bounds) are defined by kernels.source_for
 
-// Chunk t = block * (QK/32) + sub holds values [32t, 32t+32) of the tensor. Each warp
-// dequantizes 32 consecutive chunks (one per lane) into a padded shared tile, then writes them
-// out coalesced: lane l stores value l of each chunk (stride 33: no bank conflicts either way).
-extern "C" __global__ void dequant(const u8* __restrict__ base, const i64 n_blocks, float* __restrict__ out) {
-    __shared__ float tile[WARPS][32 * 33];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const i64 n_chunks = n_blocks * (QK / 32);
-    const i64 c0 = ((i64)blockIdx.x * WARPS + warp) * 32;
-    if (c0 >= n_chunks) return;  // whole warp
-    float* tl = tile[warp];
-    const i64 t = c0 + lane;
-    if (t < n_chunks) {
-        const i64 blk = t / (QK / 32);
-        float y[32];
-        deq_chunk((const float*)base + blk * NF, base + n_blocks * NF * 4 + blk * PB, (int)(t % (QK / 32)), y);
-#pragma unroll
-        for (int i = 0; i < 32; ++i) tl[lane * 33 + i] = y[i];
-    }
-    __syncwarp();
-    const int nk = (int)min((i64)32, n_chunks - c0);
-    for (int k = 0; k < nk; ++k) out[(c0 + k) * 32 + lane] = tl[k * 33 + lane];
-}
-
-// Blocks [blk0, blk0 + nblk) of n tensors of one type and shape as f32, for a prompt chunk's matrix products
-// (gpu/chunk.py): tensor i (blockIdx.y) is the engine-form buffer at bases[i] (n_blocks blocks: its scale plane
-// at byte 0, its payload plane after it), its values go to out + i * out_stride. The same chunk arithmetic
-// (deq_chunk) and tiling as dequant: each value equals dequant's bit for bit.
-extern "C" __global__ void dequant_many(const unsigned long long* __restrict__ bases, const i64 n_blocks,
-                                        const i64 blk0, const i64 nblk, float* __restrict__ out_all,
-                                        const i64 out_stride) {
-    __shared__ float tile[WARPS][32 * 33];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const u8* base = (const u8*)bases[blockIdx.y];
-    float* out = out_all + (i64)blockIdx.y * out_stride;
-    const i64 n_chunks = nblk * (QK / 32);
-    const i64 c0 = ((i64)blockIdx.x * WARPS + warp) * 32;
-    if (c0 >= n_chunks) return;  // whole warp
-    float* tl = tile[warp];
+// Chunk t = block * (QK/32) + sub holds values [32t, 32t+32) of the tensor. Each warp dequantizes 32 consecutive
+// chunks (one per lane) into a padded shared tile, then writes them out coalesced: lane l stores value l of each
+// chunk (stride 33: no bank conflicts either way). dequant_chunks: this warp's 32 chunks from chunk c0 of the n_chunks
+// that start at block blk0 of a tensor of n_blocks (engine form at base: scale plane, then payload plane); chunk t
+// goes to out + t * 32. Called by one whole warp.
+__device__ __forceinline__ void dequant_chunks(const u8* __restrict__ base, const i64 n_blocks, const i64 blk0,
+                                               const i64 n_chunks, const i64 c0, float* __restrict__ out,
+                                               float* tl) {
+    const int lane = threadIdx.x & 31;
     const i64 t = c0 + lane;
     if (t < n_chunks) {
         const i64 blk = blk0 + t / (QK / 32);
@@ -58,6 +29,31 @@ extern "C" __global__ void dequant_many(const unsigned long long* __restrict__ b
     __syncwarp();
     const int nk = (int)min((i64)32, n_chunks - c0);
     for (int k = 0; k < nk; ++k) out[(c0 + k) * 32 + lane] = tl[k * 33 + lane];
+}
+
+extern "C" __global__ void dequant(const u8* __restrict__ base, const i64 n_blocks, float* __restrict__ out) {
+    __shared__ float tile[WARPS][32 * 33];
+    const int warp = threadIdx.x >> 5;
+    const i64 n_chunks = n_blocks * (QK / 32);
+    const i64 c0 = ((i64)blockIdx.x * WARPS + warp) * 32;
+    if (c0 >= n_chunks) return;  // whole warp
+    dequant_chunks(base, n_blocks, 0, n_chunks, c0, out, tile[warp]);
+}
+
+// Blocks [blk0, blk0 + nblk) of n tensors of one type and shape as f32, for a prompt chunk's matrix products
+// (gpu/chunk.py): tensor i (blockIdx.y) is the engine-form buffer at bases[i] (n_blocks blocks: its scale plane
+// at byte 0, its payload plane after it), its values go to out + i * out_stride. The same chunk arithmetic
+// (deq_chunk) and tiling as dequant (dequant_chunks): each value equals dequant's bit for bit.
+extern "C" __global__ void dequant_many(const unsigned long long* __restrict__ bases, const i64 n_blocks,
+                                        const i64 blk0, const i64 nblk, float* __restrict__ out_all,
+                                        const i64 out_stride) {
+    __shared__ float tile[WARPS][32 * 33];
+    const int warp = threadIdx.x >> 5;
+    const i64 n_chunks = nblk * (QK / 32);
+    const i64 c0 = ((i64)blockIdx.x * WARPS + warp) * 32;
+    if (c0 >= n_chunks) return;  // whole warp
+    dequant_chunks((const u8*)bases[blockIdx.y], n_blocks, blk0, n_chunks, c0, out_all + (i64)blockIdx.y * out_stride,
+                   tile[warp]);
 }
 
 // acc[r] = dot(W[row0 + r, :], x) for r < RPW, on one warp. Lane l takes chunks l, l+32, ... of
