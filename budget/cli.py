@@ -211,6 +211,7 @@ def check(
          or --expert-cache N does not fit (refused with N and the most that fits)
       2  semantic error in the pack (every failure listed: tensor, found, required),
          or bad input (unknown, zero or > 16 TiB card size, no GPU for --card measure,
+         a --step-ms / --pcie-gbs out of range or that cannot be predicted from,
          unreadable pack, bad expert profile, one for a model without routed experts,
          a --kv type the model's K/V heads cannot be stored in): one line `error: ...`
     """

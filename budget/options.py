@@ -177,14 +177,20 @@ ubatch_plan_option = ubatch_option(
 
 
 STEP_MS_HELP = (
-    "Decode speed: the decode step with every expert resident on this card, in ms per token (measured: 1000 / the "
-    "decode tok/s of strata-engine generate on a run where every expert fits); with it the speed the plan buys is "
-    "predicted (strata.budget.speed: + the misses' bytes over PCIe at --pcie-gbs)."
+    "Decode speed: the decode step with every expert resident on this card, in ms per token, measured with "
+    "--device cuda on that card (1000 / the decode tok/s of strata-engine generate on a run where every expert "
+    "fits); with it the speed the plan buys is predicted for strata's engine (strata.budget.speed: + the misses' "
+    f"bytes over PCIe at --pcie-gbs). {1e-3:g} to {1e6:g}."
 )
 PCIE_GBS_HELP = (
     "Decode speed: the GB/s (1e9 B/s) the GPU reads missed experts over PCIe at (e.g. 50 for PCIe 5.0 x16, 25 for "
-    "4.0 x16); needed with --step-ms when any expert misses."
+    "4.0 x16); needed with --step-ms when any expert misses. 0.001 to 10000."
 )
+#: The accepted ranges of ``--step-ms`` (ms) and ``--pcie-gbs`` (GB/s): a step under 1 us or over 1,000 s a token,
+#: a link under 1 MB/s or over 10 TB/s is a typo, not a card (refused: a prediction from it would be a plausible
+#: number from nothing).
+STEP_MS_RANGE = (1e-3, 1e6)
+PCIE_GBS_RANGE = (1e-3, 1e4)
 
 
 def speed_options(f):
@@ -195,7 +201,15 @@ def speed_options(f):
 
 
 def speed_option_error(step_ms: float | None, pcie_gbs: float | None) -> str | None:
-    """The refusal of ``--pcie-gbs`` without ``--step-ms`` (nothing to predict from), else None."""
+    """The refusal of a ``--step-ms`` / ``--pcie-gbs`` outside :data:`STEP_MS_RANGE` / :data:`PCIE_GBS_RANGE` (nan and
+    inf included) or of ``--pcie-gbs`` without ``--step-ms`` (nothing to predict from), else None - checked before
+    anything is planned, whatever the plan."""
+    for name, v, (lo, hi), unit in (
+        ("--step-ms", step_ms, STEP_MS_RANGE, "ms"),
+        ("--pcie-gbs", pcie_gbs, PCIE_GBS_RANGE, "GB/s"),
+    ):
+        if v is not None and not lo <= v <= hi:
+            return f"{name} {v:g}: outside {lo:g} to {hi:g} {unit}"
     if pcie_gbs is not None and step_ms is None:
         return f"--pcie-gbs {pcie_gbs:g} without --step-ms: the prediction needs the card's every-resident step"
     return None
@@ -232,7 +246,9 @@ __all__ = [
     "ubatch_option",
     "ubatch_plan_option",
     "PCIE_GBS_HELP",
+    "PCIE_GBS_RANGE",
     "STEP_MS_HELP",
+    "STEP_MS_RANGE",
     "speed_option_error",
     "speed_options",
     "AliasChoice",

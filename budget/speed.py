@@ -128,7 +128,8 @@ def plan_decode_speed(plan, facts, step_ms: float, pcie_gbs: float | None) -> De
     1 with every pair resident.
 
     Raises:
-        PlanInputError: as :func:`predict_decode`; the CPU miss tier (``--miss-tier cpu``: no CPU rate to charge).
+        PlanInputError: as :func:`predict_decode`; a plan for another engine (``--engine cpp``); the CPU miss tier
+            (``--miss-tier cpu``: no CPU rate to charge).
     """
     layers = facts.trunk_experts
     pairs = len(layers) * facts.n_expert
@@ -138,6 +139,13 @@ def plan_decode_speed(plan, facts, step_ms: float, pcie_gbs: float | None) -> De
         rate, basis = min(plan.slots, pairs) / pairs, f"{min(plan.slots, pairs)} of {pairs} pairs resident, no profile"
     else:
         rate, basis = 1.0, "no routed experts"
+    if plan.options.engine != "strata":
+        raise PlanInputError(
+            f"--engine {plan.options.engine}: the prediction models strata's engine (its step, its host tier)",
+            tensor="--engine",
+            found=plan.options.engine,
+            required="strata",
+        )
     if rate < 1.0 and plan.options.miss_tier == "cpu":
         raise PlanInputError(
             "--miss-tier cpu: the prediction charges misses to PCIe only (the host tier); it has no CPU expert rate",

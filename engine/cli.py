@@ -214,8 +214,9 @@ def main() -> None:
 @click.option(
     "--stats",
     is_flag=True,
-    help="Per-position timing on stderr (units on every line; cuda: gpu, "
-    "cpu-experts and wait ms, and per-layer expert hits/misses; synchronises every step).",
+    help="Per-position timing on stderr (units on every line; cuda: gpu, cpu-experts and wait ms; with routed "
+    "experts per layer hits / CPU misses / PCIe misses as counts; cuda synchronises every step), then a "
+    "'stats: window' line of the decode positions' means and sums (--json: stats_window).",
 )
 @dev_option(
     "--no-graph",
@@ -275,7 +276,8 @@ def generate_cmd(pack, **kw):
     default=0,
     show_default=True,
     help="Then generate this many tokens (greedy, end-of-generation ignored) and report the expert hit rate "
-    "measured during generation beside the expert profile's prediction.",
+    "measured during generation beside the expert profile's prediction (and with --step-ms the decode rate beside "
+    "the predicted one).",
 )
 @click.option("-p", "--prompt", default="The capital of France is", show_default=True, help="The prompt of -n.")
 @ubatch_option("Prompt positions per chunk the engine is started for, as generate's: its 'prompt chunk' buffers.")
@@ -306,6 +308,11 @@ def measure_cmd(pack, n_tokens, prompt, as_json, step_ms, pcie_gbs, **kw):
             or (
                 "--step-ms needs -n N: the decode rate is measured while generating"
                 if step_ms and not n_tokens
+                else None
+            )
+            or (
+                "--miss-tier cpu: the prediction charges misses to PCIe only (the host tier); it has no CPU expert rate"
+                if step_ms and kw.get("miss_tier") == "cpu"
                 else None
             )
         ):

@@ -209,7 +209,7 @@ def window_summary(steps: list[StepStat]) -> dict | None:
     (count); the means per position of ``forward_ms``, ``sample_ms``, ``gpu_ms``, ``wait_ms``, ``cpu_expert_ms``
     (milliseconds; None where a step did not measure it) and ``pcie_mib`` (MiB read over PCIe); ``hits``,
     ``cpu_misses``, ``pcie_misses`` summed (counts of routed experts) and ``layers``: per MoE layer ``[hits, CPU
-    misses, PCIe misses]`` summed (counts)."""
+    misses, PCIe misses]`` summed (counts; the ``--json --stats`` object's ``stats_window``)."""
     dec = [s for s in steps if s.phase == "decode"]
     if not dec:
         return None
@@ -237,16 +237,26 @@ def window_summary(steps: list[StepStat]) -> dict | None:
     }
 
 
-def window_line(w: dict) -> str:
-    """:func:`window_summary` as one ``--stats`` line, every figure with its unit."""
-    per = " ".join(f"{il}:{h}/{c}/{p}" for il, (h, c, p) in w["layers"].items())
-    return (
-        f"stats: window over {w['positions']} decode positions, means per position: forward {_ms(w['forward_ms'])} ms "
-        f"(wall) | sample {_ms(w['sample_ms'])} ms (wall) | gpu {_ms(w['gpu_ms'])} ms (event span) | wait "
-        f"{_ms(w['wait_ms'])} ms (wall) | cpu-experts {_ms(w['cpu_expert_ms'])} ms (wall) | {w['pcie_mib']:.2f} MiB "
-        f"over PCIe; summed: experts {w['hits']} hits / {w['cpu_misses']} CPU misses / {w['pcie_misses']} PCIe "
-        f"misses (counts)" + (f"; per layer hits/CPU misses/PCIe misses (counts): {per}" if per else "")
+def window_line(w: dict, gpu: bool = False, experts: bool = False) -> str:
+    """:func:`window_summary` as one ``--stats`` line, every figure with its unit; the device timers with ``gpu``, the
+    expert counts with ``experts`` (as :func:`stats_line`)."""
+    n = w["positions"]
+    line = (
+        f"stats: window over {n} decode position{'' if n == 1 else 's'}, means per position: forward "
+        f"{_ms(w['forward_ms'])} ms (wall) | sample {_ms(w['sample_ms'])} ms (wall)"
     )
+    if gpu:
+        line += (
+            f" | gpu {_ms(w['gpu_ms'])} ms (event span) | wait {_ms(w['wait_ms'])} ms (wall) | cpu-experts "
+            f"{_ms(w['cpu_expert_ms'])} ms (wall)"
+        )
+    if experts:
+        per = " ".join(f"{il}:{h}/{c}/{p}" for il, (h, c, p) in w["layers"].items())
+        line += (
+            f" | {w['pcie_mib']:.2f} MiB over PCIe; summed: experts {w['hits']} hits / {w['cpu_misses']} CPU misses / "
+            f"{w['pcie_misses']} PCIe misses (counts); per layer hits/CPU misses/PCIe misses (counts): {per}"
+        )
+    return line
 
 
 def _summary(r: GenerationResult) -> str:
@@ -451,7 +461,7 @@ class GenerateRequest:
         stream.finish()
         w = window_summary(r.steps) if self.stats else None
         if w is not None:
-            click.echo(window_line(w), err=True)
+            click.echo(window_line(w, engine.probe is not None, engine.experts is not None), err=True)
         click.echo(_summary(r), err=True)
         if st is not None:
             click.echo(

@@ -464,7 +464,8 @@ def print_measurement(a: Measurement) -> None:
             f"generation: {gn['tokens']} tokens after a {gn['prompt_tokens']}-token prompt, "
             f"{gn['decode_tok_s'] or 0:.2f} "
             f"tok/s decode; experts {gn['expert_hits']} hits / {gn['expert_misses']} misses (counts), "
-            f"{gn['cpu_misses_per_token']} CPU misses per position; hit rate measured "
+            f"{gn['cpu_misses_per_token']} CPU and {gn['pcie_misses_per_token']} PCIe misses per position; hit rate "
+            "measured "
             + (f"{rate:.2%}" if rate is not None else "n/a")
             + (f", predicted by the profile {pred:.2%}" if pred is not None else "")
             + (

@@ -132,7 +132,15 @@ def test_budget_check_predicts_from_the_resident_fraction(moe_pack):
         (["--pcie-gbs", 50], "--pcie-gbs 50 without --step-ms"),
         (["--expert-cache", 3, "--step-ms", 4], "misses a token at a 12.5% hit rate cross PCIe: give --pcie-gbs"),
         (["--expert-cache", 3, "--step-ms", 4, "--pcie-gbs", 9, "--miss-tier", "cpu"], "--miss-tier cpu: the predic"),
-        (["--step-ms", -2], "--step-ms -2.0: must be a positive time"),
+        (["--step-ms", -2], "--step-ms -2: outside 0.001 to 1e+06 ms"),
+        (["--step-ms", "inf"], "--step-ms inf: outside 0.001 to 1e+06 ms"),
+        (["--step-ms", "nan"], "--step-ms nan: outside"),
+        (["--step-ms", 1e308], "--step-ms 1e+308: outside"),
+        (["--step-ms", 5, "--pcie-gbs", "1e-300"], "--pcie-gbs 1e-300: outside 0.001 to 10000 GB/s"),
+        (["--step-ms", 5, "--pcie-gbs", "inf"], "--pcie-gbs inf: outside"),
+        (["--expert-cache", 3, "--step-ms", 4, "--pcie-gbs", 9, "--engine", "cpp"], "--engine cpp: the prediction"),
+        # checked whatever the plan: a plan that does not fit still refuses a bad value (exit 2, not 1)
+        (["--expert-cache", 1000, "--step-ms", -1], "--step-ms -1: outside"),
     ],
 )
 def test_budget_check_refuses_what_it_cannot_predict(moe_pack, args, msg):
@@ -165,3 +173,7 @@ def test_measure_sets_the_measured_rate_beside_the_prediction(moe_pack):
     )
     r = CliRunner().invoke(engine_main, ["measure", str(moe_pack), "--device", "sim", "--step-ms", "4"])
     assert r.exit_code == 2 and "--step-ms needs -n N" in r.output
+    r = CliRunner().invoke(engine_main, [*map(str, base), "--step-ms", "4", "--pcie-gbs", "50", "--miss-tier", "cpu"])
+    assert r.exit_code == 2 and "--miss-tier cpu: the prediction charges misses to PCIe only" in r.output
+    r = CliRunner().invoke(engine_main, [*map(str, base), "--step-ms", "inf"])
+    assert r.exit_code == 2 and "--step-ms inf: outside" in r.output

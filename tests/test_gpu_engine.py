@@ -230,7 +230,10 @@ def test_sim_stats_per_layer_counts_and_timers(packs, tier):
     assert w["hits"] + w["cpu_misses"] + w["pcie_misses"] == 3 * 3 * n_used  # 3 positions x 3 MoE layers x K
     assert sum(v[0] for v in w["layers"].values()) == w["hits"] and sorted(w["layers"]) == [0, 1, 2]
     assert w["cpu_expert_ms"] == pytest.approx(sum(x.cpu_expert_ms for x in dec) / 3)
-    assert "stats: window over 3 decode positions" in window_line(w) and "gpu n/a ms" in window_line(w)
+    wl = window_line(w, gpu=True, experts=True)
+    assert "stats: window over 3 decode positions" in wl and "gpu n/a ms" in wl
+    assert f"summed: experts {w['hits']} hits / {w['cpu_misses']} CPU misses / {w['pcie_misses']} PCIe" in wl
+    assert "gpu" not in window_line(w) and "experts" not in window_line(w)  # the CPU path's line, a dense model's
     assert (
         f"{s.expert_misses} misses, {s.expert_pcie} of them over PCIe (counts), {s.pcie_bytes / 2**20:.2f} MiB" in line
     )
