@@ -9,12 +9,15 @@ The model (one definition, used by ``strata-budget check --step-ms --pcie-gbs`` 
     ms a token      = step_ms + miss bytes / (pcie_gbs x 1e9 B/s) x 1000
     tok/s           = 1000 / ms a token
 
-``step_ms`` is the decode step with every expert resident ON THIS CARD - measured, not derived: the step is bound by
-kernel latencies, not by VRAM bandwidth (the Qwen3-30B-A3B geometry's step on an H200 is 4.3 ms where its ~2 GB of
-active weights take 0.4 ms at the card's 4.8 TB/s: a bandwidth model would be ~10x fast). ``strata-engine generate``
-on a card where every expert fits gives it (1000 / its decode tok/s). Misses are charged to PCIe only: the engine's
-host tier (``--miss-tier pcie``, the default where the tier fits host memory) reads a missed expert over PCIe inside
-the step; the prediction refuses the CPU tier rather than guess a CPU's expert rate.
+The hit rate is one figure for every layer (the profile's prediction, or the resident fraction): a layer that misses
+more than the mean moves the bytes by its blob's share. ``--miss-tier auto`` plans the host tier; where the machine's
+RAM cannot hold it (the plan's warning says so) the engine computes the misses on the CPU and the prediction does not
+apply. ``step_ms`` is the decode step with every expert resident ON THIS CARD - measured, not derived: the step is
+bound by kernel latencies, not by VRAM bandwidth (the Qwen3-30B-A3B geometry's step on an H200 is 4.3 ms where its ~2
+GB of active weights take 0.4 ms at the card's 4.8 TB/s: a bandwidth model would be ~10x fast). ``strata-engine
+generate`` on a card where every expert fits gives it (1000 / its decode tok/s). Misses are charged to PCIe only: the
+engine's host tier (``--miss-tier pcie``, the default where the tier fits host memory) reads a missed expert over PCIe
+inside the step; the prediction refuses the CPU tier rather than guess a CPU's expert rate.
 
 How close it gets (H200, Qwen3-30B-A3B geometry with token-dependent routing, bench/results/h200-2026-12-02f-*):
 ``step_ms`` 4.33 (the 24G row, every expert resident, 230.8 tok/s), ``pcie_gbs`` 50 (PCIe 5.0 x16's nominal rate, not
