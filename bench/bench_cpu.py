@@ -15,7 +15,9 @@ Not a test (``make bench-cpu``; README "On a GPU" has its rows). For each model 
   the same prompt ids, then ``--tokens`` single-token ``eval`` calls on the greedy token, timed the same way,
   best of ``--reps`` after a warm-up.
 
-Models: the real Gemma 3 270M and Qwen2.5 0.5B (``strata.packer.fetch``; cached), and with ``--q7b`` the
+Models: the real Gemma 3 270M and Qwen2.5 0.5B (``strata.packer.fetch``; cached), with ``--moe`` Qwen2.5 0.5B
+upcycled to a real-weight MoE of 4 experts, 2 used (``strata.testing.upcycle``, as ``make demo``; llama.cpp runs it as
+``llama`` with routed experts), and with ``--q7b`` the
 synthetic Qwen2.5-7B geometry (strata.testing qwen2_spec, n_embd 3584, 28 layers, n_ff 18944, vocab 152064,
 Q4_K with Q6_K ffn_down and output, ``fill="pattern"``; ~4.4 GiB, written once under ``--work``; skipped when
 the machine has less than 3x its size in RAM). Threads: ``--threads`` (default ``2,all``: 2 and the cores
@@ -23,7 +25,7 @@ this process may use). Each row records the load average before and after (the m
 
 Prints the table last and writes every number to ``--json`` (default bench/results/cpu-<host>-<date>.json).
 
-    python bench/bench_cpu.py [--models gemma3-270m,qwen2.5-0.5b] [--q7b] [--threads 2,all] [--tokens 32]
+    python bench/bench_cpu.py [--models gemma3-270m,qwen2.5-0.5b] [--moe] [--q7b] [--threads 2,all] [--tokens 32]
                               [--reps 3] [--kernels q8,exact] [--work /tmp/bench_cpu] [--lcp /opt/lcp_avx2]
 """
 
@@ -260,6 +262,15 @@ def _models(args, work: Path) -> list[tuple[str, Path, Path]]:
     for name in [m for m in args.models.split(",") if m]:
         gguf = fetch_model(name, progress=False)
         out.append((name, gguf, _ensure_pack(gguf, work, name)))
+    if args.moe:  # a real-weight MoE: Qwen2.5 0.5B upcycled to 4 experts, 2 used (as make demo builds it)
+        from strata.testing.upcycle import write_upcycled_moe
+
+        first = work / "qwen-moe-00001-of-00002.gguf"
+        if not first.exists():
+            t0 = time.perf_counter()
+            write_upcycled_moe(fetch_model("qwen2.5-0.5b", progress=False), work / "qwen-moe.gguf")
+            print(f"[moe] upcycled in {time.perf_counter() - t0:.1f} s", flush=True)
+        out.append(("qwen2.5-0.5b upcycled MoE (4 experts, 2 used)", first, _ensure_pack(first, work, "qwen-moe")))
     if args.q7b:
         gguf = work / "qwen2-7b-geometry.gguf"
         spec = q7b_spec()
@@ -286,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernel", default="q8", help=argparse.SUPPRESS)
     ap.add_argument("--models", default=",".join(REAL))
     ap.add_argument("--q7b", action="store_true", help="also the synthetic Qwen2.5-7B geometry (~4.4 GiB)")
+    ap.add_argument(
+        "--moe", action="store_true", help="also a real-weight MoE: Qwen2.5 0.5B upcycled to 4 experts (~1.1 GB)"
+    )
     ap.add_argument("--threads", default="2,all")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
