@@ -27,7 +27,7 @@ def test_q8_shape_reads_the_lane_code():
 
 
 @pytest.mark.skipif(
-    K.Q8_WARPS != 4 or K.Q8_SPLIT != "auto" or K.Q8_SPLIT_STEPS != 4 or K.Q8_RPW != 1,
+    K.Q8_WARPS != 4 or K.Q8_SPLIT != "auto" or K.Q8_SPLIT_STEPS != 4,
     reason="not the default launch shape (env)",
 )
 def test_q8_launch_shape_at_the_defaults():
@@ -39,16 +39,6 @@ def test_q8_launch_shape_at_the_defaults():
     assert K.q8_launch(q4k, 2049, 768) == (513, 128, 0, 1)  # 3 blocks: 1 step; 2049 rows: 513 CTAs
     assert K.q8_launch(q4k, 2048, 2048, split=2) == (1024, 128, 2 * 8 * 2 * 4, 2)  # 2 rows a CTA
     assert K.q8_launch(q80, 10, 1024) == (10, 128, 32 * 4, 4)  # 32 blocks: 4 steps
-
-
-def test_q8_launch_rows_per_warp_at_split_1(monkeypatch):
-    """Q8_RPW rows a warp at split 1 (a CTA takes Q8_WARPS x Q8_RPW rows); the split path does not change."""
-    from strata.engine.gpu import launch_shape as LSH
-
-    monkeypatch.setattr(LSH, "Q8_RPW", 2)
-    q4k, w = _k("Q4_K"), K.Q8_WARPS
-    assert K.q8_launch(q4k, 2049, 2048, split=1) == (-(-2049 // (2 * w)), 32 * w, 0, 1)
-    assert K.q8_launch(q4k, 2048, 4096, split=w)[0] == 2048  # split: a row a CTA still
 
 
 def test_q8_launch_refusals_name_the_numbers():

@@ -56,9 +56,6 @@ class Q8Kernels:
 #: shapes").
 Q8_WARPS = int(os.environ.get("STRATA_Q8_WARPS", "4"))
 Q8_SPLIT = os.environ.get("STRATA_Q8_SPLIT", "auto")
-#: Rows a warp takes at split 1 (``Q8_RPW`` in matvec_q8.cu, ``STRATA_Q8_RPW``): the rows share each step's
-#: activation loads; each row's arithmetic is unchanged.
-Q8_RPW = int(os.environ.get("STRATA_Q8_RPW", "1"))
 #: Warp steps from which ``auto`` splits a row over every warp of the CTA (``STRATA_Q8_SPLIT_STEPS``).
 Q8_SPLIT_STEPS = int(os.environ.get("STRATA_Q8_SPLIT_STEPS", "4"))
 #: Dynamic shared memory a q8 launch may take without opting in (CUDA's default per-CTA limit), bytes.
@@ -84,8 +81,7 @@ def q8_shape(type_id: int) -> tuple[int, int, int]:
 
 def q8_launch(k: Q8Kernels, rows: int, ne0: int, split: int | None = None) -> tuple[int, int, int, int]:
     """The launch shape of ``k``'s kernels for ``rows`` rows of ``ne0`` values: ``(grid_x, threads, shared_bytes,
-    split)`` - a CTA of ``Q8_WARPS`` warps takes ``Q8_WARPS // split`` rows, ``split`` warps per row (matvec_q8.cu), or
-    at split 1 ``Q8_WARPS x Q8_RPW`` rows, ``Q8_RPW`` per warp.
+    split)`` - a CTA of ``Q8_WARPS`` warps takes ``Q8_WARPS // split`` rows, ``split`` warps per row (matvec_q8.cu).
     ``split`` None: ``STRATA_Q8_SPLIT``, or (``auto``) ``Q8_WARPS`` when the row takes at least ``Q8_SPLIT_STEPS``
     warp steps (ceil(blocks / bpi)), else 1 (measured: docs/DESIGN.md "Kernel launch shapes"). The terms take 4 B
     x terms x blocks per row of the CTA of shared memory (none at split 1), at most ``Q8_SHMEM_MAX``.
@@ -100,7 +96,7 @@ def q8_launch(k: Q8Kernels, rows: int, ne0: int, split: int | None = None) -> tu
         split = Q8_WARPS if -(-nb // k.bpi) >= Q8_SPLIT_STEPS else 1
     if split < 1 or Q8_WARPS % split:
         raise ValueError(f"q8 split {split}: must divide the {Q8_WARPS} warps of a CTA")
-    per = Q8_WARPS // split if split > 1 else Q8_WARPS * Q8_RPW
+    per = Q8_WARPS // split
     shmem = per * nb * k.terms * 4 if split > 1 else 0
     if shmem > Q8_SHMEM_MAX:
         raise ValueError(f"q8 matvec: a row of {ne0} values needs {shmem} B of shared terms > {Q8_SHMEM_MAX} B")
@@ -111,7 +107,6 @@ __all__ = [
     "Q8_GPU_TYPES",
     "Q8_SHMEM_MAX",
     "Q8_SPLIT",
-    "Q8_RPW",
     "Q8_SPLIT_STEPS",
     "Q8_WARPS",
     "Q8Kernels",

@@ -20,9 +20,8 @@
 //   Q8_FMT 2: sa += t_b, sm += m_b in ascending b, result sa - sm (sa without a min).
 // Every float operation is one IEEE f32 operation (--fmad=false), as cpu_q8.c's -ffp-contract=off.
 //
-// Launch shape (strata.engine.gpu.kernels.q8_launch; none changes the arithmetic): a CTA of Q8_WARPS warps takes
-// Q8_WARPS / split rows, or at split 1 Q8_WARPS x Q8_RPW. split 1: a warp takes Q8_RPW rows and adds the terms as it
-// goes (q8_rows_direct). split > 1 (a power of
+// Launch shape (strata.engine.gpu.kernels.q8_launch; neither changes the arithmetic): a CTA of Q8_WARPS warps takes
+// Q8_WARPS / split rows. split 1: a warp per row adds the terms as it goes (q8_row_direct). split > 1 (a power of
 // two dividing Q8_WARPS; auto takes Q8_WARPS): the row's warps take its steps round robin, so its loads are in flight on several warps at once
 // (one warp per row left a 4096-long row latency-bound: docs/DESIGN.md "Kernel launch shapes"), the terms go to
 // shared memory (Q8_TERMS * nb floats per row of the CTA) and the row's first warp adds them (q8_row_sum).
@@ -116,14 +115,11 @@ __device__ __forceinline__ float q8_row_sum(const float* T, const int nb, const 
 #endif
 }
 
-// split 1: the warp takes NR consecutive rows row0 .. row0 + NR - 1 (those below `rows`) and adds each step's terms
-// as it goes (cpu_q8.c's order, no shared memory, no barrier); out[r] = row row0 + r's result (every lane the same
-// bits). The rows share the step's activation loads (the same addresses: the compiler loads them once) - each row's
-// arithmetic is the one-row sequence, so NR does not change a bit (Q8_RPW, launch_shape.Q8_RPW).
-template <int NR>
-__device__ __forceinline__ void q8_rows_direct(const u8* __restrict__ base, const i64 rows, const int ne0,
-                                               const i64 row0, const u8* __restrict__ act, const int lane,
-                                               float* out) {
+// split 1: the row's warp adds each step's terms as it goes (cpu_q8.c's order, no shared memory, no barrier); every
+// lane returns the same bits. (Two rows a warp sharing the activation loads was measured slower: docs/DESIGN.md
+// "Kernel launch shapes".)
+__device__ __forceinline__ float q8_row_direct(const u8* __restrict__ base, const i64 rows, const int ne0, const i64 row,
+                                               const u8* __restrict__ act, const int lane) {
     const int nb = ne0 / QK;
     const float* scales = (const float*)base;
     const u8* payload = base + rows * nb * NF * 4;
@@ -133,60 +129,49 @@ __device__ __forceinline__ void q8_rows_direct(const u8* __restrict__ base, cons
     const i16* at = (const i16*)(act + act_t_off(ne0));
     const int g = lane / LPB, p = lane % LPB;
 #if Q8_FMT == 1
-    float acc[NR];
-#pragma unroll
-    for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
+    float acc = 0.0f;
 #else
-    float sa[NR], sm[NR];
-#pragma unroll
-    for (int r = 0; r < NR; ++r) sa[r] = sm[r] = 0.0f;
+    float sa = 0.0f, sm = 0.0f;
 #endif
     for (int b0 = 0; b0 < nb; b0 += Q8_BPI) {
         const int b = b0 + g;
         const bool on = b < nb;
         const float dx = on ? ad[b] : 0.0f;
-#pragma unroll
-        for (int r = 0; r < NR; ++r) {
-            if (NR > 1 && row0 + r >= rows) break;  // uniform across the warp
-            float dw, dm;
-            int S, M;
-            q8_block_sums(scales, payload, (row0 + r) * nb + b, b, aq, as, at, p, on, &dw, &dm, &S, &M);
+        float dw, dm;
+        int S, M;
+        q8_block_sums(scales, payload, row * nb + b, b, aq, as, at, p, on, &dw, &dm, &S, &M);
 #if Q8_FMT == 1
-            if (on) acc[r] = acc[r] + (dw * dx) * (float)S;  // lane group g holds acc[g]: a step covers 8 blocks
+        if (on) acc = acc + (dw * dx) * (float)S;  // lane group g holds acc[g]: a step covers 8 blocks from a multiple of 8
 #else
-            const float ta = (dx * dw) * (float)S;
+        const float ta = (dx * dw) * (float)S;
 #if HAS_MIN
-            const float tm = (dx * dm) * (float)M;
+        const float tm = (dx * dm) * (float)M;
 #endif
 #pragma unroll
-            for (int k = 0; k < Q8_BPI; ++k) {  // the step's terms in block order, read by shuffle
-                const float va = __shfl_sync(0xffffffffu, ta, k * LPB);
+        for (int k = 0; k < Q8_BPI; ++k) {  // the step's terms in block order, read by shuffle
+            const float va = __shfl_sync(0xffffffffu, ta, k * LPB);
 #if HAS_MIN
-                const float vm = __shfl_sync(0xffffffffu, tm, k * LPB);
+            const float vm = __shfl_sync(0xffffffffu, tm, k * LPB);
 #endif
-                if (b0 + k < nb) {
-                    sa[r] = sa[r] + va;
+            if (b0 + k < nb) {
+                sa = sa + va;
 #if HAS_MIN
-                    sm[r] = sm[r] + vm;
+                sm = sm + vm;
 #endif
-                }
             }
-#endif
         }
-    }
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-#if Q8_FMT == 1
-        float a[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) a[k] = __shfl_sync(0xffffffffu, acc[r], k * LPB);
-        out[r] = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-#elif HAS_MIN
-        out[r] = sa[r] - sm[r];
-#else
-        out[r] = sa[r];
 #endif
     }
+#if Q8_FMT == 1
+    float a[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) a[k] = __shfl_sync(0xffffffffu, acc, k * LPB);
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+#elif HAS_MIN
+    return sa - sm;
+#else
+    return sa;
+#endif
 }
 
 // y[row] = W[row, :] . act for the row of this warp's group (rows past the end still reach the barrier).
@@ -194,15 +179,10 @@ __device__ __forceinline__ void q8_row(const u8* __restrict__ base, const i64 ro
                                        const u8* __restrict__ act, float* __restrict__ y, const int split) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (split == 1) {  // uniform across the CTA
-        const i64 row0 = ((i64)blockIdx.x * Q8_WARPS + warp) * Q8_RPW;
-        if (row0 >= rows) return;  // whole warp
-        float r[Q8_RPW];
-        q8_rows_direct<Q8_RPW>(base, rows, ne0, row0, act, lane, r);
-        if (lane == 0) {
-#pragma unroll
-            for (int k = 0; k < Q8_RPW; ++k)
-                if (row0 + k < rows) y[row0 + k] = r[k];
-        }
+        const i64 row = (i64)blockIdx.x * Q8_WARPS + warp;
+        if (row >= rows) return;  // whole warp
+        const float r = q8_row_direct(base, rows, ne0, row, act, lane);
+        if (lane == 0) y[row] = r;
         return;
     }
     const int rl = warp / split, part = warp - rl * split;
@@ -246,6 +226,6 @@ extern "C" __global__ void __launch_bounds__(32 * Q8_WARPS) matvec_q8_group(
     const unsigned long long base = item == 0 ? b0 : item == 1 ? b1 : item == 2 ? b2 : b3;
     const unsigned long long outp = item == 0 ? o0 : item == 1 ? o1 : item == 2 ? o2 : o3;
     const i64 n = item == 0 ? r0 : item == 1 ? r1 : item == 2 ? r2 : r3;
-    if ((i64)blockIdx.x * (split == 1 ? Q8_WARPS * Q8_RPW : Q8_WARPS / split) >= n) return;  // uniform across the CTA
+    if ((i64)blockIdx.x * (Q8_WARPS / split) >= n) return;  // uniform across the CTA
     q8_row((const u8*)base, n, ne0, act, (float*)outp, split);
 }
