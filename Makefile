@@ -58,7 +58,7 @@ bench-moe: install
 # CPU decode, strata vs llama.cpp (llama-cpp-python; LCP = a directory with it, e.g. an AVX2 build) on the real
 # Gemma 3 270M and Qwen2.5 0.5B, 2 threads and all cores, best of 3; Q7B=1 adds the synthetic Qwen2.5-7B geometry
 bench-cpu: install
-	$(PYTHON) bench/bench_cpu.py $(if $(LCP),--lcp $(LCP),) $(if $(Q7B),--q7b,)
+	$(PYTHON) bench/bench_cpu.py $(if $(LCP),--lcp $(LCP),) $(if $(Q7B),--q7b,) $(if $(MOE),--moe,)
 
 # The qwen3next reference model (~47 GB, written pattern-filled) on emulated 24G / 16G / 12G cards: start-up per
 # checkpoint, decode tok/s and CPU misses per token beside the budget's predicted slots and hit rate.
