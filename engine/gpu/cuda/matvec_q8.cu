@@ -33,21 +33,43 @@
 #endif
 extern __shared__ float q8_terms[];
 
-// Block blk (block b of its row) on lane p of its LPB lanes: the block's f32 scale and min (*dw, *dm) and the exact
-// integer sums S, M of the block's LPB lanes (lane_sums, then an xor butterfly: integers, exact in any order), every
-// lane of the group holding them; all 0 when !on (b past the row: the lanes still take part in the shuffles).
-__device__ __forceinline__ void q8_block_sums(const float* __restrict__ scales, const u8* __restrict__ payload,
-                                              const i64 blk, const int b, const i8* __restrict__ aq,
-                                              const i16* __restrict__ as, const i16* __restrict__ at, const int p,
+// Where a product's planes are: the weight's engine form at base (rows x nb blocks: the f32 scale plane, then the
+// payload plane) and the q8 activation of ne0 values at act (q, d, s, t of q8_layout.h).
+struct Q8Planes {
+    int nb;
+    const float* scales;
+    const u8* payload;
+    const i8* aq;
+    const float* ad;
+    const i16* as;
+    const i16* at;
+};
+__device__ __forceinline__ Q8Planes q8_planes(const u8* __restrict__ base, const i64 rows, const int ne0,
+                                              const u8* __restrict__ act) {
+    const int nb = ne0 / QK;
+    return Q8Planes{nb,
+                    (const float*)base,
+                    base + rows * nb * NF * 4,
+                    (const i8*)act,
+                    (const float*)(act + act_d_off(ne0)),
+                    (const i16*)(act + act_s_off(ne0)),
+                    (const i16*)(act + act_t_off(ne0))};
+}
+
+// Block b of row `row` on lane p of its LPB lanes: the block's f32 scale and min (*dw, *dm) and the exact integer
+// sums S, M of the block's LPB lanes (lane_sums, then an xor butterfly: integers, exact in any order), every lane of
+// the group holding them; all 0 when !on (b past the row: the lanes still take part in the shuffles).
+__device__ __forceinline__ void q8_block_sums(const Q8Planes& P, const i64 row, const int b, const int p,
                                               const bool on, float* dw, float* dm, int* S, int* M) {
     *dw = 0.0f;
     *dm = 0.0f;
     *S = 0;
     *M = 0;
     if (on) {  // the scales' loads first: in flight with the lane sums'
-        blk_scales(scales + blk * NF, payload + blk * PB, dw, dm);
-        lane_sums(scales + blk * NF, payload + blk * PB, aq + (i64)b * QK, as + (i64)b * (QK / 16),
-                  at + (i64)b * (QK / 32), p, S, M);
+        const i64 blk = row * P.nb + b;
+        blk_scales(P.scales + blk * NF, P.payload + blk * PB, dw, dm);
+        lane_sums(P.scales + blk * NF, P.payload + blk * PB, P.aq + (i64)b * QK, P.as + (i64)b * (QK / 16),
+                  P.at + (i64)b * (QK / 32), p, S, M);
     }
 #pragma unroll
     for (int o = LPB / 2; o > 0; o >>= 1) {
@@ -62,21 +84,16 @@ __device__ __forceinline__ void q8_block_sums(const float* __restrict__ scales, 
 __device__ __forceinline__ void q8_row_terms(const u8* __restrict__ base, const i64 rows, const int ne0, const i64 row,
                                              const u8* __restrict__ act, const int lane, const int part,
                                              const int split, float* T) {
-    const int nb = ne0 / QK;
-    const float* scales = (const float*)base;
-    const u8* payload = base + rows * nb * NF * 4;
-    const i8* aq = (const i8*)act;
-    const float* ad = (const float*)(act + act_d_off(ne0));
-    const i16* as = (const i16*)(act + act_s_off(ne0));
-    const i16* at = (const i16*)(act + act_t_off(ne0));
+    const Q8Planes P = q8_planes(base, rows, ne0, act);
+    const int nb = P.nb;
     const int g = lane / LPB, p = lane % LPB;
     for (int b0 = part * Q8_BPI; b0 < nb; b0 += split * Q8_BPI) {  // uniform across the warp
         const int b = b0 + g;
         const bool on = b < nb;
-        const float dx = on ? ad[b] : 0.0f;
+        const float dx = on ? P.ad[b] : 0.0f;
         float dw, dm;
         int S, M;
-        q8_block_sums(scales, payload, row * nb + b, b, aq, as, at, p, on, &dw, &dm, &S, &M);
+        q8_block_sums(P, row, b, p, on, &dw, &dm, &S, &M);
         if (on && p == 0) {
 #if Q8_FMT == 1
             T[b] = (dw * dx) * (float)S;
@@ -120,13 +137,8 @@ __device__ __forceinline__ float q8_row_sum(const float* T, const int nb, const 
 // "Kernel launch shapes".)
 __device__ __forceinline__ float q8_row_direct(const u8* __restrict__ base, const i64 rows, const int ne0, const i64 row,
                                                const u8* __restrict__ act, const int lane) {
-    const int nb = ne0 / QK;
-    const float* scales = (const float*)base;
-    const u8* payload = base + rows * nb * NF * 4;
-    const i8* aq = (const i8*)act;
-    const float* ad = (const float*)(act + act_d_off(ne0));
-    const i16* as = (const i16*)(act + act_s_off(ne0));
-    const i16* at = (const i16*)(act + act_t_off(ne0));
+    const Q8Planes P = q8_planes(base, rows, ne0, act);
+    const int nb = P.nb;
     const int g = lane / LPB, p = lane % LPB;
 #if Q8_FMT == 1
     float acc = 0.0f;
@@ -136,10 +148,10 @@ __device__ __forceinline__ float q8_row_direct(const u8* __restrict__ base, cons
     for (int b0 = 0; b0 < nb; b0 += Q8_BPI) {
         const int b = b0 + g;
         const bool on = b < nb;
-        const float dx = on ? ad[b] : 0.0f;
+        const float dx = on ? P.ad[b] : 0.0f;
         float dw, dm;
         int S, M;
-        q8_block_sums(scales, payload, row * nb + b, b, aq, as, at, p, on, &dw, &dm, &S, &M);
+        q8_block_sums(P, row, b, p, on, &dw, &dm, &S, &M);
 #if Q8_FMT == 1
         if (on) acc = acc + (dw * dx) * (float)S;  // lane group g holds acc[g]: a step covers 8 blocks from a multiple of 8
 #else
