@@ -200,16 +200,25 @@ def speed_options(f):
     return click.option("--step-ms", "step_ms", type=float, default=None, help=STEP_MS_HELP)(f)
 
 
+#: The decode-speed inputs: option -> (lowest, highest, unit).
+SPEED_RANGES = {"--step-ms": (*STEP_MS_RANGE, "ms"), "--pcie-gbs": (*PCIE_GBS_RANGE, "GB/s")}
+
+
+def speed_value_error(option: str, value: float) -> str | None:
+    """The refusal of ``value`` for ``option`` (``--step-ms`` or ``--pcie-gbs``) outside its :data:`SPEED_RANGES`
+    range (nan and inf included), naming the option, the value and the range; None when it is inside. The one check
+    of both the command lines (:func:`speed_option_error`) and :func:`strata.budget.speed.predict_decode`."""
+    lo, hi, unit = SPEED_RANGES[option]
+    return None if lo <= value <= hi else f"{option} {value:g}: outside {lo:g} to {hi:g} {unit}"
+
+
 def speed_option_error(step_ms: float | None, pcie_gbs: float | None) -> str | None:
-    """The refusal of a ``--step-ms`` / ``--pcie-gbs`` outside :data:`STEP_MS_RANGE` / :data:`PCIE_GBS_RANGE` (nan and
-    inf included) or of ``--pcie-gbs`` without ``--step-ms`` (nothing to predict from), else None - checked before
-    anything is planned, whatever the plan."""
-    for name, v, (lo, hi), unit in (
-        ("--step-ms", step_ms, STEP_MS_RANGE, "ms"),
-        ("--pcie-gbs", pcie_gbs, PCIE_GBS_RANGE, "GB/s"),
-    ):
-        if v is not None and not lo <= v <= hi:
-            return f"{name} {v:g}: outside {lo:g} to {hi:g} {unit}"
+    """The refusal of a ``--step-ms`` / ``--pcie-gbs`` outside its range (:func:`speed_value_error`) or of
+    ``--pcie-gbs`` without ``--step-ms`` (nothing to predict from), else None - checked before anything is planned,
+    whatever the plan."""
+    for name, v in (("--step-ms", step_ms), ("--pcie-gbs", pcie_gbs)):
+        if v is not None and (bad := speed_value_error(name, v)):
+            return bad
     if pcie_gbs is not None and step_ms is None:
         return f"--pcie-gbs {pcie_gbs:g} without --step-ms: the prediction needs the card's every-resident step"
     return None
@@ -249,7 +258,9 @@ __all__ = [
     "PCIE_GBS_RANGE",
     "STEP_MS_HELP",
     "STEP_MS_RANGE",
+    "SPEED_RANGES",
     "speed_option_error",
+    "speed_value_error",
     "speed_options",
     "AliasChoice",
     "CARD_HELP",

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel
 
 from .errors import PlanInputError
+from .options import SPEED_RANGES, speed_value_error
 
 
 class DecodeSpeed(BaseModel):
@@ -79,23 +80,14 @@ def predict_decode(
     (what a miss reads); empty for a model without routed experts (then the step alone).
 
     Raises:
-        PlanInputError: ``step_ms`` not positive, ``pcie_gbs`` not positive when given, a hit rate outside [0, 1], or
-            misses to charge with no ``pcie_gbs`` (a figure the model would have to invent).
+        PlanInputError: ``step_ms`` or (given) ``pcie_gbs`` outside its range (:data:`strata.budget.options.
+            SPEED_RANGES`), a hit rate outside [0, 1], or misses to charge with no ``pcie_gbs`` (a figure the model
+            would have to invent).
     """
-    if not step_ms > 0:
-        raise PlanInputError(
-            f"--step-ms {step_ms}: must be a positive time in ms",
-            tensor="--step-ms",
-            found=str(step_ms),
-            required="> 0",
-        )
-    if pcie_gbs is not None and not pcie_gbs > 0:
-        raise PlanInputError(
-            f"--pcie-gbs {pcie_gbs}: must be a positive bandwidth in GB/s",
-            tensor="--pcie-gbs",
-            found=str(pcie_gbs),
-            required="> 0",
-        )
+    for option, value in (("--step-ms", step_ms), ("--pcie-gbs", pcie_gbs)):
+        if value is not None and (bad := speed_value_error(option, value)):
+            lo, hi, unit = SPEED_RANGES[option]
+            raise PlanInputError(bad, tensor=option, found=f"{value:g}", required=f"{lo:g} to {hi:g} {unit}")
     if not 0.0 <= hit_rate <= 1.0:
         raise PlanInputError(f"hit rate {hit_rate}: outside [0, 1]", tensor="hit rate", found=str(hit_rate))
     miss_frac = (1.0 - hit_rate) * n_expert_used if blob_bytes else 0.0
