@@ -282,6 +282,25 @@ def test_matvec_many_is_each_matvec_bit_for_bit(kernel):
         assert np.array_equal(Y[2].view(np.uint32), R.matvec(t.id, W, x2).view(np.uint32))
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(ln.split(":", 1)[1].split()) for ln in f if ln.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+@pytest.mark.parametrize("type_id", Q8, ids=Q8_IDS)
+def test_a_vnni_host_builds_the_panels(type_id):
+    """The panel path is compiled where the host has AVX-512 F, VL and VNNI (-march=native) and only there, and never
+    in the scalar build: so the bit-for-bit matmat test below exercises the panels on such a host, not only the
+    fallback (16 rows a panel)."""
+    flags = _cpu_flags()
+    vnni = {"avx512f", "avx512vl", "avx512_vnni"} <= flags
+    assert CK.library(type_id).q8_panel_rows() == (16 if vnni else 0)
+    assert CK.library(type_id, True).q8_panel_rows() == 0
+
+
 @pytest.mark.parametrize("kernel", CK.KERNELS)
 @pytest.mark.parametrize("type_id", [*Q8, quants.F16.id], ids=[*Q8_IDS, "F16"])
 def test_matmat_rows_are_the_matvec_bit_for_bit(type_id, kernel):

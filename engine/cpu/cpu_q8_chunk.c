@@ -11,6 +11,16 @@
 #define PANEL_MIN_ACTS 8
 #endif
 
+// Rows of this library's prompt-chunk panels (16), or 0 where it was built without them (no AVX-512 VNNI, the scalar
+// build, a type without a q8 kernel): the tests check a VNNI host really takes the panel path.
+int q8_panel_rows(void) {
+#if defined(Q8_PANEL) && Q8_ACT
+    return Q8_PANEL;
+#else
+    return 0;
+#endif
+}
+
 #if Q8_ACT == 1 && defined(Q8_PANEL)
 // ------------------------------------------------------------------ 16-row panels (a prompt chunk, AVX-512 VNNI)
 //

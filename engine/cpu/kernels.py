@@ -207,6 +207,7 @@ def library(type_id: int, scalar: bool = False) -> ctypes.CDLL:
         "quantize_q8_K": [vp, ci, vp, vp, vp],
         "q8_act_format": [],
         "q8_simd": [],
+        "q8_panel_rows": [],
         "act_nbytes": [ci],
         "f16_round": [vp, i64, vp],
     }
@@ -219,7 +220,7 @@ def library(type_id: int, scalar: bool = False) -> ctypes.CDLL:
     for name, args in sigs.items():
         f = getattr(lib, name)
         f.argtypes = args
-        f.restype = {"q8_act_format": ci, "q8_simd": ci, "act_nbytes": i64}.get(name)
+        f.restype = {"q8_act_format": ci, "q8_simd": ci, "q8_panel_rows": ci, "act_nbytes": i64}.get(name)
     return lib
 
 
