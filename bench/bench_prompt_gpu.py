@@ -29,13 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 CARD_MIB = {"16G": 15848, "24G": 24210}
 
 
-def one(pack: str, case: str, n_layer: int, n_expert: int, ubatch: int, repeats: int, ids: list[int]) -> dict:
-    """One case in this process: load, run the prompt ``repeats`` times; the row as a dict."""
+def case_kwargs(case: str, n_layer: int, n_expert: int, ubatch: int, n_ctx: int) -> dict:
+    """``load_engine`` keywords of one case (the module docstring's ``all`` / ``half`` / ``none`` / a card)."""
     from strata.budget.cards import card_preset
-    from strata.engine.generate import generate
-    from strata.engine.startup import load_engine
 
-    kw: dict = {"device": "cuda", "n_ctx": len(ids) + 8, "ubatch": ubatch}
+    kw: dict = {"device": "cuda", "n_ctx": n_ctx, "ubatch": ubatch}
     if case == "half":  # the experts of layers L/2..L-1 resident (what llama.cpp's -ncmoe L/2 keeps on the GPU)
         half = [(il, e, 1) for il in range(n_layer // 2, n_layer) for e in range(n_expert)]
         kw.update(profile=half, expert_cache=len(half))
@@ -43,6 +41,26 @@ def one(pack: str, case: str, n_layer: int, n_expert: int, ubatch: int, repeats:
         kw["expert_cache"] = 0
     elif case in CARD_MIB:
         kw.update(card=card_preset(case), vram_reserve_mib=1024)
+    elif case != "all":
+        raise ValueError(f"unknown case {case!r}: all, half, none, {', '.join(CARD_MIB)}")
+    return kw
+
+
+def topic_ids(vocab: int) -> list[int]:
+    """The 513-id token-dependent prompt every case runs (ids below ``min(vocab, 4096)``)."""
+    from strata.testing.routing import topic_prompts
+
+    v = min(vocab, 4096)
+    tp = topic_prompts(1, 513, seed=3, vocab=v, n_topics=8, topic_size=48, run_length=4, topic_seed=0)
+    return list(tp.prompts[0])
+
+
+def one(pack: str, case: str, n_layer: int, n_expert: int, ubatch: int, repeats: int, ids: list[int]) -> dict:
+    """One case in this process: load, run the prompt ``repeats`` times; the row as a dict."""
+    from strata.engine.generate import generate
+    from strata.engine.startup import load_engine
+
+    kw = case_kwargs(case, n_layer, n_expert, ubatch, len(ids) + 8)
     t0 = time.perf_counter()
     eng = load_engine(pack, **kw)
     start_s = time.perf_counter() - t0
@@ -132,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from strata import testing as synth
     from strata.packer.build import build_pack
-    from strata.testing.routing import TokenRouting, topic_prompts
+    from strata.testing.routing import TokenRouting
 
     base = geometries()[args.geometry]
     moe = "moe" in args.geometry or "next" in args.geometry
@@ -147,10 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.prepare_only:
         return 0
     n_layer = base.n_layers
-    vocab = min(base.dims.n_vocab, 4096)
-    ids = list(
-        topic_prompts(1, 513, seed=3, vocab=vocab, n_topics=8, topic_size=48, run_length=4, topic_seed=0).prompts[0]
-    )
+    ids = topic_ids(base.dims.n_vocab)
     out: dict = {"args": vars(args), "strata": [], "llama.cpp": []}
     cases = [(c, 512) for c in args.cases.split(",")]
     if args.ub1:

@@ -5,6 +5,7 @@
 #
 # TESTS=all (or test files) first runs those gpu tests that need no real model; VARIANTS="STRATA_Q8_SPLIT=1 ..." adds the
 # graph replay under each environment (a space-separated list of NAME=VALUE); NCU=1 adds Nsight Compute's duration of every kernel of one eager step.
+# PP="all none ..." adds bench/profile_prompt.py (where a -ub 512 prompt chunk's time goes) for those cases (PP_ARGS).
 # .base/src (an older checkout's packages, carried): its replay and decode beside (BASE_ARGS, default --replay-only).
 # Every profile_step run also decodes 64 tokens: decode ms per token = replay + the host's share (PROF_ARGS
 # "--host-profile" adds cProfile's top functions of that decode).
@@ -32,6 +33,13 @@ for g in $GEOS; do
     step "$g: profile"
     timeout ${PROF_S:-200} python3 bench/profile_step.py "$WORK/pp/$g-pack" --json "$OUT/profile_$g.json" ${PROF_ARGS:-} 2>&1 \
         | tee -a "$OUT/profile.log"
+    if [ -n "${PP:-}" ]; then  # PP="all none": where a prompt chunk's time goes (bench/profile_prompt.py), per case
+        for c in $PP; do
+            step "$g: prompt chunk profile, case $c"
+            timeout ${PROF_S:-200} python3 bench/profile_prompt.py "$WORK/pp/$g-pack" --geometry $g --case $c \
+                ${PP_ARGS:---cprofile} --json "$OUT/pp_profile_${g}_$c.json" 2>&1 | tee -a "$OUT/pp_profile.log"
+        done
+    fi
     if [ -d .base/src ]; then
         step "$g: profile of the code in .base/src (an older checkout's packages, for an A/B in one call)"
         PYTHONPATH=$PWD/.base/src:$PYTHONPATH timeout ${PROF_S:-200} python3 bench/profile_step.py "$WORK/pp/$g-pack" \
