@@ -97,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.pack} ({args.case}, -ub {args.ubatch}): chunk of {n} positions {best:.1f} ms = {tps:.1f} tok/s")
 
     targets = [
-        (layers.Attention, "chunk", "attention"),
+        (layers.Attention, "chunk", "attention: rest (cache, concat, casts)"),
+        (layers.Attention, "project", "attention: q/k/v products"),
+        (layers.Attention, "output", "attention: output product"),
+        (layers.Rope, "rows", "attention: rope"),
+        (layers, "attend_rows", "attention: scores, softmax, values (attend_rows)"),
         (deltanet.GatedDeltaNet, "chunk", "delta net"),
         (D, "route_topk_rows", "routing (top-k, to host)"),
         (experts.ExpertPath, "chunk", "experts: host bookkeeping + weighting"),

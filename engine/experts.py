@@ -400,7 +400,10 @@ class ExpertPath:
         self.counts = ExpertCounts()
         self._step: dict[int, list[int]] = {}  # layer -> [hits, misses, of them over PCIe] this step
         self._step_pcie = self._step_pcie_bytes = 0
-        self._deferred: dict[int, list[tuple[int, list[int], int, int]]] = {}  # chunk row -> its layers' routing
+        # the last chunk's routing per layer: (layer, ids [T, k], hits [T], misses [T], pcie [T], pcie bytes [T]), and
+        # the same stacked over the layers once its rows are replayed
+        self._chunk_layers: list[tuple] = []
+        self._chunk_stack: tuple | None = None
         self.on_route: Callable[[int, list[int]], None] | None = None
 
     def reset_counts(self) -> None:
@@ -408,7 +411,7 @@ class ExpertPath:
         self.counts = ExpertCounts()
         self._step = {}
         self._step_pcie = self._step_pcie_bytes = 0
-        self._deferred = {}
+        self._chunk_layers, self._chunk_stack = [], None
 
     def miss_ffn(self, il: int, e: int, x):
         return self.source.ffn(il, e, x, threads=self.threads, act_quant=self.act_quant, kernel=self.kernel)
@@ -443,18 +446,20 @@ class ExpertPath:
         :meth:`replay` of that row (the loop reports one position at a time). Misses read in place from a host tier
         (:meth:`tier_bytes`) count as PCIe misses on every row that routes to them; their bytes go to the first row
         that does (a chunk reads each such expert once), so a chunk's rows sum to the bytes it read."""
+        sel = np.asarray(ids, dtype=np.int64)
+        T, k = sel.shape
+        used, first = np.unique(sel.ravel(), return_index=True)  # each used expert's first pair (row = pair // k)
+        ul = used.tolist()
         cache = self.cache
-        used = {e for row in ids for e in row}
-        res = {e for e in used if cache is not None and cache.resident(il, e)}
-        tier = {e: b for e in used - res if (b := self.tier_bytes(il, e))}  # misses read in place over PCIe
-        seen: set[int] = set()
-        for t, row in enumerate(ids):
-            hits = sum(e in res for e in row)
-            pcie = sum(e in tier for e in row)
-            new = {e for e in row if e in tier and e not in seen}  # a chunk reads each such expert once
-            seen |= new
-            entry = (il, list(row), hits, len(row) - hits, pcie, sum(tier[e] for e in new))
-            self._deferred.setdefault(t, []).append(entry)
+        res = np.array([cache is not None and cache.resident(il, e) for e in ul], dtype=bool)
+        tb = np.array([0 if r else self.tier_bytes(il, e) for e, r in zip(ul, res.tolist())], dtype=np.int64)
+        at = np.searchsorted(used, sel)  # [T, k]: index into used
+        hits = res[at].sum(axis=1)
+        pcie = (tb[at] > 0).sum(axis=1)
+        # a chunk reads each host-tier expert once: its bytes go to the first row that routes to it
+        first_bytes = np.bincount(first // k, weights=tb, minlength=T).astype(np.int64)
+        self._chunk_layers.append((il, sel, hits, k - hits, pcie, first_bytes))
+        self._chunk_stack = None
         E = self.chunk_outputs(il, X, ids)  # [T, k, n_embd]
         y = E[:, 0] * weights[:, 0:1]
         for k in range(1, E.shape[1]):
@@ -477,11 +482,20 @@ class ExpertPath:
 
     def replay(self, t: int) -> None:
         """Hand row ``t`` of the last chunk to the routing hook (each layer's selection, in layer order) and
-        the counts (:meth:`take_step` then reports that position as if it had run alone)."""
-        for il, row, hits, misses, pcie, pcie_bytes in self._deferred.pop(t, []):
-            if self.on_route is not None:
-                self.on_route(il, row)
-            self.count(il, hits, misses, pcie, pcie_bytes)
+        the counts (:meth:`take_step` then reports that position as if it had run alone); the chunk's record is
+        dropped after its last row."""
+        rows = self._chunk_layers
+        if not rows:
+            return
+        if self.on_route is not None:
+            for il, sel, *_ in rows:
+                self.on_route(il, sel[t].tolist())
+        if self._chunk_stack is None:
+            self._chunk_stack = ([r[0] for r in rows], *(np.stack([r[j] for r in rows]) for j in range(2, 6)))
+        layers, H, M, P, B = self._chunk_stack
+        self.count_layers(layers, H[:, t], M[:, t], P[:, t], B[:, t])
+        if t == rows[0][1].shape[0] - 1:
+            self._chunk_layers, self._chunk_stack = [], None
 
     def tier_bytes(self, il: int, e: int) -> int:
         """Bytes a miss of expert ``e`` in layer ``il`` reads over PCIe from a host tier (0: no host tier holds it;

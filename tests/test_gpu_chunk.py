@@ -271,7 +271,8 @@ def test_both_backends_implement_the_whole_interface():
     lacked one would be refused when made, naming the method."""
     from strata.engine.gpu.backend import Backend, CudaBackend, SimBackend
 
-    assert {"rows_product", "grouped_product", "host_view", "matvec_q8", "upload"} <= Backend.__abstractmethods__
+    want = {"rows_product", "grouped_product", "expert_mm", "host_view", "matvec_q8", "upload"}
+    assert want <= Backend.__abstractmethods__
     assert CudaBackend.__abstractmethods__ == frozenset() and SimBackend.__abstractmethods__ == frozenset()
 
     class Half(SimBackend):

@@ -115,6 +115,34 @@ class Backend(abc.ABC):
         lists)."""
         return parts
 
+    def ref(self, base: Any, offset: int, nbytes: int) -> Any:
+        """``nbytes`` bytes at byte ``offset`` of ``base`` (a device buffer, or what :meth:`tier_base` gives) as what
+        :meth:`addresses` takes: here the view ``base[offset : offset + nbytes]``; CUDA: the int device address (no
+        array object made: a prompt chunk names every expert of every layer)."""
+        return base[offset : offset + nbytes]
+
+    def tier_base(self, tier: Any) -> Any:
+        """The base :meth:`ref` takes for a host tier (:class:`strata.engine.gpu.slots.HostTier`): its host bytes
+        here, its device address on CUDA."""
+        return tier.storage
+
+    def mm_types(self, type_ids) -> bool:
+        """Whether experts of ``type_ids`` take :meth:`expert_mm` (block types: :func:`strata.engine.gpu.moe_mm.
+        supports`); on CUDA their modules are compiled now (before the expert cache measures free memory)."""
+        from . import moe_mm
+
+        return all(moe_mm.supports(int(t)) for t in type_ids)
+
+    def index_array(self, host: np.ndarray) -> Any:
+        """A chunk layer's int32 pair index (:class:`strata.engine.gpu.moe_mm.PairIndex`) on the device (one copy)."""
+        return np.asarray(host, dtype=np.int32)
+
+    @abc.abstractmethod
+    def expert_mm(self, type_id: int, bufs: Any, rows: int, ne0: int, X: Any, index: Any, rnd, out: Any, src: bool):
+        """One round of a chunk's grouped expert product (:func:`strata.engine.gpu.moe_mm.grouped_mm`: f16 operands,
+        f32 sums): ``bufs`` the round's experts' engine-form weights ``[rows, ne0]`` (a row of :meth:`addresses`),
+        ``X [R, ne0]`` f32, ``index`` from :meth:`index_array`, ``rnd`` its round, ``out [P, rows]`` f32."""
+
     @abc.abstractmethod
     def host_view(self, owner: Any, storage: np.ndarray, address: int, offset: int, nbytes: int) -> Any:
         """``nbytes`` bytes at ``offset`` of a host-tier allocation (``storage``: its bytes on the host;
@@ -219,6 +247,29 @@ class CudaBackend(Backend):
 
         n = len(parts[0]) if parts else 0
         return gemm.addresses([b for row in parts for b in row]).reshape(len(parts), n)
+
+    def ref(self, base, offset, nbytes):
+        return (base if isinstance(base, int) else int(base.data.ptr)) + int(offset)
+
+    def tier_base(self, tier):
+        return int(tier.address)
+
+    def mm_types(self, type_ids):
+        from . import moe_mm
+
+        if not super().mm_types(type_ids):
+            return False
+        for t in sorted({int(t) for t in type_ids}):
+            moe_mm.kernels(t)
+        return True
+
+    def index_array(self, host):
+        return self.cp.asarray(np.ascontiguousarray(host, dtype=np.int32))
+
+    def expert_mm(self, type_id, bufs, rows, ne0, X, index, rnd, out, src):
+        from . import moe_mm
+
+        return moe_mm.grouped_mm(type_id, bufs, rows, ne0, X, index, rnd, out, src=src)
 
     def host_view(self, owner, storage, address, offset, nbytes):
         cp = self.cp
@@ -379,6 +430,18 @@ class SimBackend(Backend):
         for g, b in enumerate(bufs):
             w = EF.dequantize_engine_form(np.asarray(b), pool_t, src_t, (ne0, rows)).reshape(rows, ne0)
             out[g] = Xg[g] @ w.T
+        return out
+
+    def expert_mm(self, type_id, bufs, rows, ne0, X, index, rnd, out, src):
+        """:func:`strata.engine.gpu.moe_mm.grouped_mm_reference` on each weight dequantized afresh (staging and slots
+        are rewritten: nothing cached)."""
+        from . import moe_mm
+
+        _t0, _nt, s0, G = rnd
+        pool_t, src_t = _engine_pool_src(type_id)
+        ws = [EF.dequantize_engine_form(np.asarray(b), pool_t, src_t, (ne0, rows)).reshape(rows, ne0) for b in bufs]
+        idx = np.asarray(index)
+        moe_mm.grouped_mm_reference(ws, X, idx if src else None, idx[s0 : s0 + G], idx[s0 + G : s0 + 2 * G], out)
         return out
 
     def host_view(self, owner, storage, address, offset, nbytes):

@@ -26,6 +26,7 @@ import numpy as np
 
 from strata.layout import chunk as LC
 
+from . import moe_mm as MM
 from .backend import Backend
 from .slots import SlotCache
 
@@ -55,26 +56,32 @@ class ChunkPath:
         self.nbytes = 4 * self.tile_elements + self.staging_bytes
         assert self.nbytes == LC.chunk_buffer_bytes(ne0_max, dense_max, part, n_expert, slot)
         self.staged = 0  # experts copied into staging (misses outside the host tier), over the run
+        #: the grouped f16 product (moe_mm) for the routed experts: block types, not --kernel exact
+        self.mm = (
+            bool(tf32)
+            and layout is not None
+            and n_expert > 0
+            and backend.mm_types({p.type_id for lays in layout.layouts.values() for p in lays})
+        )
 
     def matmul(self, type_id: int, buf, rows: int, ne0: int, X):
         """``X @ W.T`` (``X [T, ne0]`` f32 on the device): f32 ``[T, rows]``."""
         return self.bk.rows_product(type_id, buf, rows, ne0, X, self.tile, self.tf32)
 
     def _parts(self, path, il: int, e: int, stage: int) -> tuple[list[Any], bool]:
-        """Expert ``e`` of layer ``il``'s (gate, up, down) engine-form buffers and whether they are staging: its
-        slot, its host-tier bytes, or (a miss) staging slot ``stage``, filled by :meth:`_stage` when its group runs."""
+        """Expert ``e`` of layer ``il``'s (gate, up, down) engine-form buffers (:meth:`Backend.ref`: addresses on
+        CUDA) and whether they are staging: its slot, its host-tier bytes, or (a miss) staging slot ``stage`` (views,
+        filled by :meth:`_stage` when its group runs)."""
         cache, tier = path.cache, getattr(path, "tier", None)
         lay = self.layout
         assert lay is not None
+        bk = self.bk
         if isinstance(cache, SlotCache) and cache.resident(il, e):
-            s = cache.where[(il, e)]
-            return [cache.storage[s * cache.slot_bytes + p.offset :][: p.nbytes] for p in cache.layouts[il]], False
+            base = cache.where[(il, e)] * cache.slot_bytes
+            return [bk.ref(cache.storage, base + p.offset, p.nbytes) for p in cache.layouts[il]], False
         if tier is not None and (il, e) in tier.where:
-            base = tier.where[(il, e)] * tier.slot_bytes
-            views = [
-                self.bk.host_view(tier, tier.storage, tier.address, base + p.offset, p.nbytes) for p in lay.layouts[il]
-            ]
-            return views, False
+            base, tb = tier.where[(il, e)] * tier.slot_bytes, bk.tier_base(tier)
+            return [bk.ref(tb, base + p.offset, p.nbytes) for p in lay.layouts[il]], False
         base = stage * lay.slot_bytes
         return [self.staging[base + p.offset : base + p.offset + p.nbytes] for p in lay.layouts[il]], True
 
@@ -103,6 +110,64 @@ class ChunkPath:
     def expert_outputs(self, path, il: int, X, ids: list[list[int]]):
         """Every selected expert's output on its row, ``[T, k, n_embd]`` f32 (``X [T, n_embd]``; ``ids[t]`` row
         ``t``'s experts in selection order). Not counted here (:meth:`strata.engine.experts.ExpertPath.chunk`).
+        Block-type experts outside ``--kernel exact``: :meth:`_grouped_mm` (one launch a part); otherwise
+        :meth:`_tiled_gemm` (f32 tiles and cuBLAS)."""
+        if self.mm:
+            return self._grouped_mm(path, il, X, ids)
+        return self._tiled_gemm(path, il, X, ids)
+
+    def _grouped_mm(self, path, il: int, X, ids: list[list[int]]):
+        """:meth:`expert_outputs` by :func:`strata.engine.gpu.moe_mm.grouped_mm`: the chunk's pairs sorted by expert;
+        the experts whose bytes are on the device (slot or host tier) in one round, the misses in rounds of
+        :attr:`group` (the staging slots); per round three launches (gate, up, down) and ``silu_mul``. The pair
+        index and the weight addresses go to the device in two copies; every pair's output is the same whatever the
+        rounds (moe_mm's docstring)."""
+        xp, bk, lay = self.xp, self.bk, self.layout
+        assert lay is not None
+        T, n_embd = X.shape
+        sel = np.asarray(ids, dtype=np.int64).reshape(T, -1)
+        k = sel.shape[1]
+        flat_e = sel.ravel()  # pair q = t * k + kk (selection order); sorted pair p = perm^-1[q]
+        perm = np.argsort(flat_e, kind="stable")
+        used, starts, counts = np.unique(flat_e[perm], return_index=True, return_counts=True)
+        gl, ul, dl = lay.layouts[il]
+        refs, miss = [], []
+        for i, e in enumerate(used.tolist()):
+            ps, staged = self._parts(path, il, e, 0)
+            (miss if staged else refs).append((i, e, ps))
+        rounds = ([refs] if refs else []) + [miss[a : a + self.group] for a in range(0, len(miss), self.group)]
+        parts = []
+        for r in rounds[1 if refs else 0 :]:  # staging slot j for the j-th miss of a round
+            for j, (i, e, _) in enumerate(r):
+                r[j] = (i, e, self._parts(path, il, e, j)[0])
+        for r in rounds:
+            parts += [ps for _, _, ps in r]
+        inv = np.empty_like(perm)
+        inv[perm] = np.arange(perm.size)
+        pi = MM.PairIndex.build(perm // k, starts, counts, [np.array([i for i, _, _ in r]) for r in rounds])
+        index = bk.index_array(np.concatenate([pi.host, inv.astype(np.int32)]))
+        bases = bk.addresses([[ps[j] for ps in parts] for j in range(3)])  # [3][experts]: gate, up, down
+        Xc = xp.ascontiguousarray(X, dtype=xp.float32)
+        P = perm.size
+        Gm = xp.zeros((P, gl.rows), dtype=xp.float32)  # (zeros: a round reads only its own rows)
+        Um = xp.zeros((P, ul.rows), dtype=xp.float32)
+        D = xp.empty((P, n_embd), dtype=xp.float32)
+        a = 0
+        for r, rnd in zip(rounds, pi.rounds):
+            G = len(r)
+            if r is not refs:
+                for _i, e, ps in r:
+                    self._stage(il, e, ps)
+            bk.expert_mm(gl.type_id, bases[0][a : a + G], gl.rows, gl.ne0, Xc, index, rnd, Gm, True)
+            bk.expert_mm(ul.type_id, bases[1][a : a + G], ul.rows, ul.ne0, Xc, index, rnd, Um, True)
+            H = bk.silu_mul(Gm.reshape(-1), Um.reshape(-1)).reshape(Gm.shape)
+            bk.expert_mm(dl.type_id, bases[2][a : a + G], dl.rows, dl.ne0, H, index, rnd, D, False)
+            a += G
+        return D[index[pi.host.size :]].reshape(T, k, n_embd)
+
+    def _tiled_gemm(self, path, il: int, X, ids: list[list[int]]):
+        """:meth:`expert_outputs` through the f32 tile: experts in groups (:meth:`groups`), each group one
+        dequantization launch and one batched cuBLAS GEMM per part over its rows padded to the group's largest.
         The layer's index arrays and weight addresses go to the device in two copies, whatever the groups."""
         xp, bk, lay = self.xp, self.bk, self.layout
         assert lay is not None

@@ -1,0 +1,132 @@
+"""The grouped expert product of a GPU prompt chunk (strata.engine.gpu.moe_mm, cuda/moe_mm.cu).
+
+On the host: the tile list and the pair index are exact arrays; the per-row f16 scale is the stated power of two and
+keeps a row of 1e6 finite where plain f16 overflows; the chunk path takes the grouped product for block-type experts
+and the f32 tiles under ``--kernel exact``. On CUDA (gpu-marked): every block type's kernel equals the NumPy reference
+(f16 operands, float64 sums) within f32 summation; the scales equal the reference bit for bit; a pair's output does not
+depend on the other experts of the launch nor on how the experts are split between launches (bit for bit).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strata.engine.gpu import kernels as K
+from strata.engine.gpu import moe_mm as MM
+from strata.engine.kernel_src import assembly as A
+from strata.packer import quants
+
+GPU_OK, GPU_WHY = K.gpu_available()
+skip_no_gpu = pytest.mark.skipif(not GPU_OK, reason=f"needs CuPy and a CUDA GPU: {GPU_WHY}")
+BLOCK_TYPES = sorted(t for t in A.SUPPORTED_TYPES if MM.supports(t))
+
+
+def test_tiles_and_pair_index_are_exact():
+    assert MM.tiles_of(np.array([0, 33, 5, 64])).tolist() == [[1, 0], [1, 32], [2, 0], [3, 0], [3, 32]]
+    assert MM.tiles_of(np.array([], dtype=np.int64)).shape == (0, 2)
+    pi = MM.PairIndex.build(np.arange(10), np.array([0, 3, 3]), np.array([3, 0, 7]), [np.array([0, 2]), np.array([1])])
+    # src [10] | round 0: tiles (0,0) (1,0), starts 0 3, counts 3 7 | round 1: no tiles, start 3, count 0
+    assert pi.host.tolist() == list(range(10)) + [0, 0, 1, 0, 0, 3, 3, 7] + [3, 0]
+    assert pi.rounds == ((10, 2, 14, 2), (18, 0, 18, 1))
+    assert pi.host.dtype == np.int32
+    assert not MM.supports(quants.F32.id) and not MM.supports(quants.BF16.id) and MM.supports(quants.QTYPES[12].id)
+
+
+def test_row_scales_are_the_stated_power_of_two():
+    X = np.array(
+        [[1.0, -0.5], [1e6, 2.0], [3e-5, 0.0], [0.0, 0.0], [np.inf, 1.0], [-16383.9, 1.0], [16384.0, 0.0]],
+        dtype=np.float32,
+    )
+    s = MM.row_f16_scales_reference(X)
+    assert s.tolist() == [2.0**13, 2.0**-6, 2.0**29, 1.0, 1.0, 1.0, 2.0**-1]
+    m = np.abs(X).max(axis=1) * s
+    assert all(2.0**13 <= v < 2.0**14 for v in m[[0, 1, 2, 5, 6]])
+
+
+def test_reference_keeps_a_large_row_finite_where_plain_f16_overflows():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((8, 64)).astype(np.float32)
+    X = np.vstack([rng.standard_normal(64), 1e6 * rng.standard_normal(64)]).astype(np.float32)
+    out = np.zeros((2, 8), np.float32)
+    MM.grouped_mm_reference([w], X, None, np.array([0]), np.array([2]), out)
+    exact = X.astype(np.float64) @ w.astype(np.float64).T
+    assert np.all(np.isfinite(out))
+    bound = 2.0**-10 * (np.abs(X).astype(np.float64) @ np.abs(w).astype(np.float64).T)  # two f16 roundings
+    assert np.all(np.abs(out - exact) <= bound)
+    with np.errstate(over="ignore"):
+        assert not np.all(np.isfinite(X.astype(np.float16)))  # what the scale is for
+
+
+def _engine_form(type_id: int, rows: int, ne0: int, seed: int):
+    from strata.engine import engine_form as EF
+    from strata.testing import make_random_blocks
+
+    raw = make_random_blocks(type_id, rows * ne0, np.random.default_rng(seed))
+    ef = EF.to_engine_form(raw, type_id, type_id, (ne0, rows))
+    w = EF.dequantize_engine_form(ef, type_id, type_id, (ne0, rows)).reshape(rows, ne0)
+    return ef, w
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+@pytest.mark.parametrize("type_id", BLOCK_TYPES, ids=lambda i: quants.qtype(i).name)
+def test_cuda_grouped_mm_equals_the_reference(type_id):
+    """Three experts of 200 x 512 (two rounds: experts 0 and 2, then 1), 41 / 0 / 75 pairs gathered from 30 rows:
+    within f32 summation of the f16 reference; the same pairs in one round of the three, and expert 2 alone, give the
+    same bits; the scales equal NumPy's bit for bit."""
+    import cupy as cp
+
+    rows, ne0 = 200, 512
+    ws, bufs = [], []
+    for g in range(3):
+        ef, w = _engine_form(type_id, rows, ne0, 10 * type_id + g)
+        ws.append(w)
+        bufs.append(cp.asarray(ef))
+    rng = np.random.default_rng(type_id)
+    X = rng.standard_normal((30, ne0)).astype(np.float32)
+    X[3] *= 1e5  # a row f16 alone would overflow
+    counts = np.array([41, 0, 75])
+    starts = np.array([0, 41, 41])
+    src = rng.integers(0, 30, size=116)
+    ref = np.zeros((116, rows), np.float32)
+    MM.grouped_mm_reference(ws, X, src, starts, counts, ref)
+    Xd = cp.asarray(X)
+    assert cp.asnumpy(MM.row_f16_scales(type_id, Xd)).tolist() == MM.row_f16_scales_reference(X).tolist()
+
+    def run(rounds):
+        pi = MM.PairIndex.build(src, starts, counts, [np.array(r) for r in rounds])
+        idx = cp.asarray(pi.host)
+        out = cp.full((116, rows), np.nan, dtype=cp.float32)
+        for r, rnd in zip(rounds, pi.rounds):
+            MM.grouped_mm(type_id, _addresses([bufs[g] for g in r]), rows, ne0, Xd, idx, rnd, out)
+        return cp.asnumpy(out)
+
+    two = run([[0, 2], [1]])
+    bound = 1e-5 * (np.abs(X[src]).astype(np.float64) @ np.abs(np.stack(ws)).max(axis=0).astype(np.float64).T) + 1e-30
+    assert np.all(np.isfinite(two))
+    assert np.all(np.abs(two - ref) <= bound), float(np.max(np.abs(two - ref) / bound))
+    assert np.array_equal(run([[0, 1, 2]]), two)
+    alone = run([[2]])
+    assert np.array_equal(alone[41:], two[41:]) and np.all(np.isnan(alone[:41]))
+
+
+def _addresses(bufs):
+    from strata.engine.gpu import gemm
+
+    return gemm.addresses(bufs)
+
+
+def test_chunk_path_takes_the_grouped_product_unless_exact(tmp_path):
+    """The default kernels take the grouped f16 product for the block-type experts of the synthetic MoE; ``--kernel
+    exact`` keeps the f32 tiles (plain f32 GEMMs)."""
+    from strata import testing as synth
+    from strata.engine.gpu.backend import SimBackend
+    from strata.engine.startup import load_engine
+    from strata.packer.build import build_pack
+
+    paths = synth.write_model(tmp_path / "m.gguf", synth.qwen3moe_spec())
+    build_pack(paths[0], tmp_path / "p", progress=False)
+    on = load_engine(tmp_path / "p", device="cuda", backend=SimBackend(), n_ctx=32, ubatch=8)
+    off = load_engine(tmp_path / "p", device="cuda", backend=SimBackend(), n_ctx=32, ubatch=8, cpu_kernel="exact")
+    assert on.experts.chunk_path.mm is True and off.experts.chunk_path.mm is False
