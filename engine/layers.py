@@ -425,7 +425,8 @@ class Attention:
         returns ``[T, n_embd]``. The projections take the whole chunk (``w.matmul`` on rows: bit-identical per row
         to the one-position products); the keys and values are rounded to the cache's dtype as one position's
         are, the earlier positions read from the cache before the chunk's are written (a ring may hold only the
-        window), and the attention is :func:`attend_rows`."""
+        window), and the attention is :func:`attend_rows` (or the weight store's chunk path's ``attend_rows``, the same
+        computation in one device kernel: :mod:`strata.engine.gpu.attn_rows`)."""
         q, k, v, gate = self.project(xp, X)
         q, k = rope.rows(xp, q, pos0), rope.rows(xp, k, pos0)
         dt = cache.k[self.il].dtype
@@ -442,7 +443,11 @@ class Attention:
             q, kq_scale = q * xp.float32(self.scale), 1.0
         else:
             kq_scale = self.scale
-        o = attend_rows(xp, q, K, V, kq_scale, pos0, lo, self.window, self.f16_operands)
+        # the device's own kernel when the weight store offers one (the GPU's chunk path: one launch), else the arrays
+        fast = getattr(getattr(self.w, "chunk", None), "attend_rows", None)
+        o = None if fast is None else fast(q, K, V, kq_scale, pos0, lo, self.window, self.f16_operands)
+        if o is None:
+            o = attend_rows(xp, q, K, V, kq_scale, pos0, lo, self.window, self.f16_operands)
         return self.output(xp, o, gate)
 
 

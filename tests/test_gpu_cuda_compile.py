@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from strata.engine.gpu import attn_rows as AR
 from strata.engine.gpu import kernels as K
 from strata.engine.gpu import moe_mm as MM
 from strata.engine.gpu.fused_ops import FUSED_KERNEL_NAMES, fused_source
@@ -41,8 +42,8 @@ def _compile(label: str, source: str, names: tuple[str, ...], d) -> str | None:
 def test_every_cuda_module_compiles(tmp_path):
     mods = dict(K.module_sources())
     mods["fused step"] = (fused_source(), FUSED_KERNEL_NAMES)
-    mods |= MM.mm_sources()
-    assert len(mods) >= 48  # every GPU type, every q8 type, the quantizer, silu_mul, the fused step
+    mods |= MM.mm_sources() | AR.sources()
+    assert len(mods) >= 54  # every GPU type, every q8 type, the quantizer, silu_mul, the fused step
     with ThreadPoolExecutor(2) as ex:
         errors = [e for e in ex.map(lambda kv: _compile(kv[0], *kv[1], tmp_path), mods.items()) if e]
     assert not errors, "\n".join(errors)

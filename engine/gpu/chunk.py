@@ -26,6 +26,7 @@ import numpy as np
 
 from strata.layout import chunk as LC
 
+from . import attn_rows as AR
 from . import moe_mm as MM
 from .backend import Backend
 from .slots import SlotCache
@@ -63,6 +64,14 @@ class ChunkPath:
             and n_expert > 0
             and backend.mm_types({p.type_id for lays in layout.layouts.values() for p in lays})
         )
+
+    def attend_rows(self, q, K, V, scale: float, pos0: int, lo: int, window: int | None, f16_operands: bool):
+        """The chunk's causal attention in one CUDA launch (:func:`strata.engine.gpu.attn_rows.attend_rows`, the
+        arguments of :func:`strata.engine.layers.attend_rows`); None on the simulated device or for shapes the kernel
+        does not take (the caller then takes the array form)."""
+        if self.xp is np:
+            return None
+        return AR.attend_rows(q, K, V, scale, pos0, lo, window, f16_operands)
 
     def matmul(self, type_id: int, buf, rows: int, ne0: int, X):
         """``X @ W.T`` (``X [T, ne0]`` f32 on the device): f32 ``[T, rows]``."""

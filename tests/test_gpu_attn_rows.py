@@ -1,0 +1,46 @@
+"""A GPU prompt chunk's causal attention in one launch (strata.engine.gpu.attn_rows, cuda/attn_rows.cu) against the
+array form (strata.engine.layers.attend_rows): the same values within f32 summation order, with earlier positions in
+the cache, a sliding window, grouped heads, head dims 64 / 128 / 256, with and without f16 operands (gpu-marked); on the
+host, which shapes it takes and its tile shapes (exact)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strata.engine import layers
+from strata.engine.gpu import attn_rows as AR
+from strata.engine.gpu import kernels as K
+
+GPU_OK, GPU_WHY = K.gpu_available()
+skip_no_gpu = pytest.mark.skipif(not GPU_OK, reason=f"needs CuPy and a CUDA GPU: {GPU_WHY}")
+
+
+def test_supported_shapes_and_tiles():
+    assert AR.supports(32, 4, 128, 128) and AR.supports(16, 2, 256, 256) and AR.supports(4, 1, 64, 64)
+    assert not AR.supports(64, 1, 128, 128)  # 64 query heads a KV head: more than a CTA's 32 rows
+    assert not AR.supports(8, 2, 96, 96) and not AR.supports(8, 2, 512, 512) and not AR.supports(6, 4, 64, 64)
+    assert AR.shape(32, 4, 128, 128) == (32, 4) and AR.shape(16, 2, 256, 256) == (16, 4)
+    assert AR.shape(28, 4, 128, 128) == (32, 4) and AR.shape(4, 4, 64, 64) == (32, 32)
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+@pytest.mark.parametrize("hd", [64, 128, 256])
+@pytest.mark.parametrize("window", [None, 7])
+@pytest.mark.parametrize("f16", [False, True])
+def test_cuda_attend_rows_equals_the_array_form(hd, window, f16):
+    import cupy as cp
+
+    rng = np.random.default_rng(hd + (window or 0) + f16)
+    T, n_head, n_kv, pos0, lo = 45, 12, 3, 20, 3
+    S = pos0 + T - lo
+    q = cp.asarray(rng.standard_normal((T, n_head, hd)).astype(np.float32))
+    K_ = cp.asarray(rng.standard_normal((S, n_kv, hd)).astype(np.float32))
+    V = cp.asarray(rng.standard_normal((S, n_kv, hd)).astype(np.float32))
+    scale = 1.0 / np.sqrt(hd)
+    want = cp.asnumpy(layers.attend_rows(cp, q, K_, V, scale, pos0, lo, window, f16))
+    got = cp.asnumpy(AR.attend_rows(q, K_, V, scale, pos0, lo, window, f16))
+    assert got.shape == want.shape == (T, n_head * hd)
+    tol = 2e-3 if f16 else 2e-5  # f16 probabilities: a rounding step apart when the sums' order moves p across one
+    assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want)), float(np.max(np.abs(got - want)))
