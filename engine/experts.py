@@ -449,10 +449,7 @@ class ExpertPath:
         sel = np.asarray(ids, dtype=np.int64)
         T, k = sel.shape
         used, first = np.unique(sel.ravel(), return_index=True)  # each used expert's first pair (row = pair // k)
-        ul = used.tolist()
-        cache = self.cache
-        res = np.array([cache is not None and cache.resident(il, e) for e in ul], dtype=bool)
-        tb = np.array([0 if r else self.tier_bytes(il, e) for e, r in zip(ul, res.tolist())], dtype=np.int64)
+        res, tb = self.residency(il, used)
         at = np.searchsorted(used, sel)  # [T, k]: index into used
         hits = res[at].sum(axis=1)
         pcie = (tb[at] > 0).sum(axis=1)
@@ -496,6 +493,14 @@ class ExpertPath:
         self.count_layers(layers, H[:, t], M[:, t], P[:, t], B[:, t])
         if t == rows[0][1].shape[0] - 1:
             self._chunk_layers, self._chunk_stack = [], None
+
+    def residency(self, il: int, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For ``experts`` (int64) of layer ``il``: whether each is resident (bool) and the bytes a miss of it reads
+        over PCIe from a host tier (int64; 0 for a resident one, :meth:`tier_bytes`)."""
+        cache = self.cache
+        res = np.array([cache is not None and cache.resident(il, e) for e in experts.tolist()], dtype=bool)
+        tb = [0 if r else self.tier_bytes(il, e) for e, r in zip(experts.tolist(), res.tolist())]
+        return res, np.array(tb, dtype=np.int64)
 
     def tier_bytes(self, il: int, e: int) -> int:
         """Bytes a miss of expert ``e`` in layer ``il`` reads over PCIe from a host tier (0: no host tier holds it;

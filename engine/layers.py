@@ -501,17 +501,17 @@ def route_topk(xp, logits, k: int, norm: bool = True) -> tuple[list[int], Any]:
     return ids, wts
 
 
-def route_topk_rows(xp, logits, k: int, norm: bool = True) -> tuple[list[list[int]], Any]:
+def route_topk_rows(xp, logits, k: int, norm: bool = True) -> tuple[np.ndarray, Any]:
     """:func:`route_topk` of every row of ``logits [T, n_expert]`` (a prompt chunk): ``(ids, weights)`` with
-    ``ids[t]`` the row's ``k`` experts (host ints, most probable first, ties: lower id first) and ``weights
-    [T, k]``; each row's values are :func:`route_topk`'s on that row."""
+    ``ids[t]`` the row's ``k`` experts (a host ``int64 [T, k]`` array, most probable first, ties: lower id first) and
+    ``weights [T, k]``; each row's values are :func:`route_topk`'s on that row."""
     probs = softmax(xp, logits)
     order = xp.argsort(-probs, axis=-1, kind="stable") if xp is np else xp.argsort(-probs, axis=-1)
     top = order[:, :k]
     wts = xp.take_along_axis(probs, top, axis=-1)
     if norm:
         wts = wts / xp.maximum(wts.sum(axis=-1, keepdims=True), xp.float32(6.103515625e-5))
-    return to_host(top).tolist(), wts
+    return to_host(top).astype(np.int64, copy=False), wts
 
 
 class HostWait:

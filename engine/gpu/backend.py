@@ -121,6 +121,21 @@ class Backend(abc.ABC):
         array object made: a prompt chunk names every expert of every layer)."""
         return base[offset : offset + nbytes]
 
+    def refs(self, base: Any, offsets: np.ndarray, nbytes: int) -> list:
+        """:meth:`ref` of each of ``offsets`` (bytes, int64): a list here; CUDA: a uint64 numpy array of addresses."""
+        return [self.ref(base, int(o), nbytes) for o in offsets]
+
+    def address_table(self, rows: list) -> Any:
+        """Rows of :meth:`refs` results (one per part) as what :meth:`expert_mm` takes: ``table[i][a:b]`` is row
+        ``i``'s weights ``a .. b-1`` (CUDA: one ``uint64 [rows, n]`` device array, one copy; here the lists)."""
+        return rows
+
+    def copy_bytes(self, dst: Any, dst_off: int, src: Any, src_off: int, nbytes: int) -> None:
+        """``nbytes`` bytes from byte ``src_off`` of ``src`` (a device buffer or :meth:`tier_base`) to byte ``dst_off``
+        of the device buffer ``dst``, ordered after the work queued before it (CUDA: one asynchronous copy on the
+        current stream)."""
+        dst[dst_off : dst_off + nbytes] = src[src_off : src_off + nbytes]
+
     def tier_base(self, tier: Any) -> Any:
         """The base :meth:`ref` takes for a host tier (:class:`strata.engine.gpu.slots.HostTier`): its host bytes
         here, its device address on CUDA."""
@@ -253,6 +268,21 @@ class CudaBackend(Backend):
 
     def tier_base(self, tier):
         return int(tier.address)
+
+    def refs(self, base, offsets, nbytes):
+        b = base if isinstance(base, int) else int(base.data.ptr)
+        return (np.asarray(offsets, dtype=np.int64) + b).astype(np.uint64)
+
+    def address_table(self, rows):
+        return self.cp.asarray(np.stack([np.asarray(r, dtype=np.uint64) for r in rows]))
+
+    def copy_bytes(self, dst, dst_off, src, src_off, nbytes):
+        cp = self.cp
+        s = src if isinstance(src, int) else int(src.data.ptr)
+        cp.cuda.runtime.memcpyAsync(
+            int(dst.data.ptr) + int(dst_off), s + int(src_off), int(nbytes), cp.cuda.runtime.memcpyDefault,
+            cp.cuda.get_current_stream().ptr,
+        )  # fmt: skip
 
     def mm_types(self, type_ids):
         from . import moe_mm

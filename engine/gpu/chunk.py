@@ -57,6 +57,12 @@ class ChunkPath:
         self.nbytes = 4 * self.tile_elements + self.staging_bytes
         assert self.nbytes == LC.chunk_buffer_bytes(ne0_max, dense_max, part, n_expert, slot)
         self.staged = 0  # experts copied into staging (misses outside the host tier), over the run
+        self.tier_copied = 0  # host-tier experts copied into staging by the grouped product, over the run
+        self.n_expert = n_expert
+        self._tab_key: tuple | None = None
+        self._tab: tuple = ({}, {})
+        self._mm_key: tuple | None = None
+        self._mm_bufs: tuple = ()
         #: the grouped f16 product (moe_mm) for the routed experts: block types, not --kernel exact
         self.mm = (
             bool(tf32)
@@ -125,10 +131,39 @@ class ChunkPath:
             return self._grouped_mm(path, il, X, ids)
         return self._tiled_gemm(path, il, X, ids)
 
-    def _grouped_mm(self, path, il: int, X, ids: list[list[int]]):
+    def tables(self, path) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+        """Per MoE layer, ``int64 [n_expert]``: each expert's cache slot and its host-tier slot (-1: none), rebuilt
+        when the cache has admitted experts since (slots are only ever added)."""
+        cache, tier = path.cache, getattr(path, "tier", None)
+        n_res = len(cache.where) if isinstance(cache, SlotCache) else 0
+        key = (id(cache), n_res, id(tier))
+        if self._tab_key != key:
+            assert self.layout is not None
+            slots = {il: np.full(self.n_expert, -1, np.int64) for il in self.layout.layouts}
+            tiers = {il: np.full(self.n_expert, -1, np.int64) for il in self.layout.layouts}
+            if n_res:
+                for (il, e), sl in cache.where.items():
+                    slots[il][e] = sl
+            if tier is not None:
+                for (il, e), h in tier.where.items():
+                    tiers[il][e] = h
+            self._tab, self._tab_key = (slots, tiers), key
+        return self._tab
+
+    def _buffers(self, P: int, rows: tuple[int, int, int]):
+        """The grouped product's f32 outputs for ``P`` pairs (gate, up, down: ``[P, rows_i]``), kept between layers
+        (a round reads only its own rows; the others hold finite values of an earlier layer)."""
+        key = (P, rows)
+        if self._mm_key != key:
+            self._mm_bufs = tuple(self.xp.zeros((P, r), dtype=self.xp.float32) for r in rows)
+            self._mm_key = key
+        return self._mm_bufs
+
+    def _grouped_mm(self, path, il: int, X, ids):
         """:meth:`expert_outputs` by :func:`strata.engine.gpu.moe_mm.grouped_mm`: the chunk's pairs sorted by expert;
-        the experts whose bytes are on the device (slot or host tier) in one round, the misses in rounds of
-        :attr:`group` (the staging slots); per round three launches (gate, up, down) and ``silu_mul``. The pair
+        the experts in cache slots in one round, the others in rounds of :attr:`group` through the staging slots
+        (a host-tier expert copied there whole by one asynchronous copy - the kernel then reads device memory, not
+        PCIe; a miss converted from the shard); per round three launches (gate, up, down) and ``silu_mul``. The pair
         index and the weight addresses go to the device in two copies; every pair's output is the same whatever the
         rounds (moe_mm's docstring)."""
         xp, bk, lay = self.xp, self.bk, self.layout
@@ -139,34 +174,43 @@ class ChunkPath:
         flat_e = sel.ravel()  # pair q = t * k + kk (selection order); sorted pair p = perm^-1[q]
         perm = np.argsort(flat_e, kind="stable")
         used, starts, counts = np.unique(flat_e[perm], return_index=True, return_counts=True)
-        gl, ul, dl = lay.layouts[il]
-        refs, miss = [], []
-        for i, e in enumerate(used.tolist()):
-            ps, staged = self._parts(path, il, e, 0)
-            (miss if staged else refs).append((i, e, ps))
-        rounds = ([refs] if refs else []) + [miss[a : a + self.group] for a in range(0, len(miss), self.group)]
-        parts = []
-        for r in rounds[1 if refs else 0 :]:  # staging slot j for the j-th miss of a round
-            for j, (i, e, _) in enumerate(r):
-                r[j] = (i, e, self._parts(path, il, e, j)[0])
-        for r in rounds:
-            parts += [ps for _, _, ps in r]
+        parts = lay.layouts[il]
+        gl, ul, dl = parts
+        slots, tiers = self.tables(path)
+        sl, tl = slots[il][used], tiers[il][used]
+        dev = np.flatnonzero(sl >= 0)
+        other = np.flatnonzero(sl < 0)
+        rounds = ([dev] if dev.size else []) + [other[a : a + self.group] for a in range(0, other.size, self.group)]
+        # weight addresses in round order: a slot's, or staging slot j for the j-th expert of a later round
+        sb = path.cache.slot_bytes if dev.size else 0
+        where = [sl[dev] * sb] if dev.size else []
+        where += [np.arange(r.size, dtype=np.int64) * lay.slot_bytes for r in rounds[1 if dev.size else 0 :]]
+        bases = []
+        for p in parts:
+            row = []
+            for n, w in enumerate(where):
+                base = path.cache.storage if n == 0 and dev.size else self.staging
+                row += bk.refs(base, w + p.offset, p.nbytes)
+            bases.append(row)
         inv = np.empty_like(perm)
         inv[perm] = np.arange(perm.size)
-        pi = MM.PairIndex.build(perm // k, starts, counts, [np.array([i for i, _, _ in r]) for r in rounds])
+        pi = MM.PairIndex.build(perm // k, starts, counts, rounds)
         index = bk.index_array(np.concatenate([pi.host, inv.astype(np.int32)]))
-        bases = bk.addresses([[ps[j] for ps in parts] for j in range(3)])  # [3][experts]: gate, up, down
+        bases = bk.address_table(bases)  # [3][experts]: gate, up, down
         Xc = xp.ascontiguousarray(X, dtype=xp.float32)
-        P = perm.size
-        Gm = xp.zeros((P, gl.rows), dtype=xp.float32)  # (zeros: a round reads only its own rows)
-        Um = xp.zeros((P, ul.rows), dtype=xp.float32)
-        D = xp.empty((P, n_embd), dtype=xp.float32)
+        Gm, Um, D = self._buffers(perm.size, (gl.rows, ul.rows, n_embd))
+        tier = getattr(path, "tier", None)
         a = 0
         for r, rnd in zip(rounds, pi.rounds):
-            G = len(r)
-            if r is not refs:
-                for _i, e, ps in r:
-                    self._stage(il, e, ps)
+            G = r.size
+            if a or not dev.size:  # a staging round: each expert's bytes into staging slot j
+                for j, i in enumerate(r.tolist()):
+                    b = j * lay.slot_bytes
+                    if tl[i] >= 0:
+                        bk.copy_bytes(self.staging, b, bk.tier_base(tier), int(tl[i]) * tier.slot_bytes, lay.slot_bytes)
+                        self.tier_copied += 1
+                    else:
+                        self._stage(il, int(used[i]), [self.staging[b + p.offset :][: p.nbytes] for p in parts])
             bk.expert_mm(gl.type_id, bases[0][a : a + G], gl.rows, gl.ne0, Xc, index, rnd, Gm, True)
             bk.expert_mm(ul.type_id, bases[1][a : a + G], ul.rows, ul.ne0, Xc, index, rnd, Um, True)
             H = bk.silu_mul(Gm.reshape(-1), Um.reshape(-1)).reshape(Gm.shape)

@@ -286,6 +286,17 @@ class GpuExpertPath(ExpertPath):
             return 0
         return sum(p.nbytes for p in path.layout.layouts[il])
 
+    def residency(self, il, experts):
+        """:meth:`strata.engine.experts.ExpertPath.residency` from the chunk path's slot tables (no lookup per
+        expert)."""
+        path = self.chunk_path
+        if path is None or path.layout is None:
+            return super().residency(il, experts)
+        slots, tiers = path.tables(self)
+        res = slots[il][experts] >= 0
+        blob = sum(p.nbytes for p in path.layout.layouts[il])
+        return res, np.where(~res & (tiers[il][experts] >= 0), blob, 0).astype(np.int64)
+
     def chunk_outputs(self, il: int, X, ids: list[list[int]]):
         """A prompt chunk's expert outputs ``[T, k, n_embd]`` on the device, grouped by expert
         (:meth:`strata.engine.gpu.chunk.ChunkPath.expert_outputs`: hits, host-tier and staged misses through the same
