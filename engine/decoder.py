@@ -40,6 +40,7 @@ from .layers import (
     Attention,
     KVCache,
     Rope,
+    chunk_op,
     gated_mlp,
     rms_norm,
     route_topk,
@@ -290,6 +291,9 @@ class Decoder:
     # ------------------------------------------------------------ the step
 
     def _norm(self, x, role: str, il: int | None):
+        fast = chunk_op(self.w, "rms_norm_rows") if x.ndim == 2 else None  # a prompt chunk's rows: one launch
+        if fast is not None:
+            return fast(x, self.w.get(tensor_name(role, il)), self.hp.rms_eps)
         return rms_norm(self.xp, x, self.w.get(tensor_name(role, il)), self.hp.rms_eps)
 
     def ffn(self, il: int, x):

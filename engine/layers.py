@@ -27,6 +27,15 @@ from strata.manifests.names import tensor_name
 from . import rowpar
 
 
+def chunk_op(w, name: str):
+    """The device kernel ``name`` the weight store ``w``'s prompt-chunk path offers (the GPU's
+    :class:`strata.engine.gpu.chunk.ChunkPath` on CUDA: ``attend_rows`` - None for shapes it does not take -,
+    ``rms_norm_rows``, ``rope_rows``: each the array form's computation in one launch), or None (no chunk path, or one
+    without device kernels: the simulated device)."""
+    path = getattr(w, "chunk", None)
+    return getattr(path, name, None) if getattr(path, "device_kernels", False) else None
+
+
 def rms_norm(xp, x, w, eps: float):
     """``x / sqrt(mean(x^2, last axis) + eps) * w`` in f32 (ggml_rms_norm then ggml_mul)."""
     ms = xp.mean(x * x, axis=-1, keepdims=True, dtype=xp.float32)
@@ -388,8 +397,10 @@ class Attention:
         k = k.reshape(*lead, self.n_head_kv, self.hd)
         v = v.reshape(*lead, self.n_head_kv, self.hd_v)
         if n.q_norm is not None:
-            q = rms_norm(xp, q, w.get(n.q_norm), self.eps)
-            k = rms_norm(xp, k, w.get(n.k_norm), self.eps)
+            fast = chunk_op(w, "rms_norm_rows") if q.ndim == 3 else None
+            norm = rms_norm if fast is None else (lambda _xp, a, nw, eps: fast(a, nw, eps))
+            q = norm(xp, q, w.get(n.q_norm), self.eps)
+            k = norm(xp, k, w.get(n.k_norm), self.eps)
         return q, k, v, gate
 
     def output(self, xp, o, gate):
@@ -428,7 +439,11 @@ class Attention:
         window), and the attention is :func:`attend_rows` (or the weight store's chunk path's ``attend_rows``, the same
         computation in one device kernel: :mod:`strata.engine.gpu.attn_rows`)."""
         q, k, v, gate = self.project(xp, X)
-        q, k = rope.rows(xp, q, pos0), rope.rows(xp, k, pos0)
+        fast_rope = chunk_op(self.w, "rope_rows")
+        if fast_rope is not None:
+            q, k = fast_rope(rope, q, pos0), fast_rope(rope, k, pos0)
+        else:
+            q, k = rope.rows(xp, q, pos0), rope.rows(xp, k, pos0)
         dt = cache.k[self.il].dtype
         kc, vc = k.astype(dt), v.astype(dt)
         lo = 0 if self.window is None else max(0, pos0 + 1 - self.window)
@@ -444,7 +459,7 @@ class Attention:
         else:
             kq_scale = self.scale
         # the device's own kernel when the weight store offers one (the GPU's chunk path: one launch), else the arrays
-        fast = getattr(getattr(self.w, "chunk", None), "attend_rows", None)
+        fast = chunk_op(self.w, "attend_rows")
         o = None if fast is None else fast(q, K, V, kq_scale, pos0, lo, self.window, self.f16_operands)
         if o is None:
             o = attend_rows(xp, q, K, V, kq_scale, pos0, lo, self.window, self.f16_operands)

@@ -44,3 +44,26 @@ def test_cuda_attend_rows_equals_the_array_form(hd, window, f16):
     assert got.shape == want.shape == (T, n_head * hd)
     tol = 2e-3 if f16 else 2e-5  # f16 probabilities: a rounding step apart when the sums' order moves p across one
     assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want)), float(np.max(np.abs(got - want)))
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+@pytest.mark.parametrize("mode", ["neox", "norm"])
+def test_cuda_row_ops_equal_the_array_forms(mode):
+    """``rms_norm_rows`` and ``rope_rows`` (strata.engine.gpu.rows_ops) against layers.rms_norm and Rope.rows: within
+    f32 rounding (the squares summed in another order; products not fused either way), partial rotation included."""
+    import cupy as cp
+
+    from strata.engine.gpu import rows_ops as RO
+
+    rng = np.random.default_rng(3)
+    x = cp.asarray(rng.standard_normal((37, 5, 96)).astype(np.float32))
+    w = cp.asarray(rng.standard_normal(96).astype(np.float32))
+    want = cp.asnumpy(layers.rms_norm(cp, x, w, 1e-6))
+    got = cp.asnumpy(RO.rms_norm_rows(x, w, 1e-6))
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    rope = layers.Rope(cp, 64, 10000.0, 128, mode=mode)  # 64 of 96 dims rotated
+    want = cp.asnumpy(rope.rows(cp, x, 50))
+    got = cp.asnumpy(RO.rope_rows(x, rope.cos, rope.sin, rope.n_rot, 50, mode == "neox"))
+    assert np.max(np.abs(got - want)) <= 1e-6 * np.max(np.abs(want))
+    assert np.array_equal(got[..., 64:], cp.asnumpy(x)[..., 64:])

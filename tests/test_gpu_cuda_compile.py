@@ -19,6 +19,7 @@ import pytest
 from strata.engine.gpu import attn_rows as AR
 from strata.engine.gpu import kernels as K
 from strata.engine.gpu import moe_mm as MM
+from strata.engine.gpu import rows_ops as RO
 from strata.engine.gpu.fused_ops import FUSED_KERNEL_NAMES, fused_source
 
 NVCC = shutil.which("nvcc")
@@ -43,7 +44,8 @@ def test_every_cuda_module_compiles(tmp_path):
     mods = dict(K.module_sources())
     mods["fused step"] = (fused_source(), FUSED_KERNEL_NAMES)
     mods |= MM.mm_sources() | AR.sources()
-    assert len(mods) >= 54  # every GPU type, every q8 type, the quantizer, silu_mul, the fused step
+    mods["rows_ops"] = (RO.source(), RO.KERNEL_NAMES)
+    assert len(mods) >= 55  # every GPU type, every q8 type, the quantizer, silu_mul, the fused step
     with ThreadPoolExecutor(2) as ex:
         errors = [e for e in ex.map(lambda kv: _compile(kv[0], *kv[1], tmp_path), mods.items()) if e]
     assert not errors, "\n".join(errors)

@@ -28,6 +28,7 @@ from strata.layout import chunk as LC
 
 from . import attn_rows as AR
 from . import moe_mm as MM
+from . import rows_ops as RO
 from .backend import Backend
 from .slots import SlotCache
 
@@ -59,6 +60,8 @@ class ChunkPath:
         self.staged = 0  # experts copied into staging (misses outside the host tier), over the run
         self.tier_copied = 0  # host-tier experts copied into staging by the grouped product, over the run
         self.n_expert = n_expert
+        #: the chunk kernels of this module's attend_rows / rms_norm_rows / rope_rows run (CUDA; not the sim)
+        self.device_kernels = self.xp is not np
         self._tab_key: tuple | None = None
         self._tab: tuple = ({}, {})
         self._mm_key: tuple | None = None
@@ -73,11 +76,18 @@ class ChunkPath:
 
     def attend_rows(self, q, K, V, scale: float, pos0: int, lo: int, window: int | None, f16_operands: bool):
         """The chunk's causal attention in one CUDA launch (:func:`strata.engine.gpu.attn_rows.attend_rows`, the
-        arguments of :func:`strata.engine.layers.attend_rows`); None on the simulated device or for shapes the kernel
+        arguments of :func:`strata.engine.layers.attend_rows`); None for shapes the kernel
         does not take (the caller then takes the array form)."""
-        if self.xp is np:
-            return None
         return AR.attend_rows(q, K, V, scale, pos0, lo, window, f16_operands)
+
+    def rms_norm_rows(self, x, w, eps: float):
+        """:func:`strata.engine.layers.rms_norm` of a chunk's rows in one CUDA launch
+        (:func:`strata.engine.gpu.rows_ops.rms_norm_rows`)."""
+        return RO.rms_norm_rows(x, w, eps)
+
+    def rope_rows(self, rope, x, pos0: int):
+        """:meth:`strata.engine.layers.Rope.rows` in one CUDA launch (:func:`strata.engine.gpu.rows_ops.rope_rows`)."""
+        return RO.rope_rows(x, rope.cos, rope.sin, rope.n_rot, pos0, rope.mode == "neox")
 
     def matmul(self, type_id: int, buf, rows: int, ne0: int, X):
         """``X @ W.T`` (``X [T, ne0]`` f32 on the device): f32 ``[T, rows]``."""

@@ -1,0 +1,55 @@
+// Row-wise operations of a prompt chunk in one launch each (gpu/rows_ops.py; layers.rms_norm and layers.Rope.rows are
+// the same computations in array operations, a handful of launches and temporaries each).
+#define ROW_THREADS 256
+
+// out[r, :] = (x[r, :] * (1 / sqrt(sum(x[r, :]^2) / n + eps))) * w[:]   (ggml_rms_norm then ggml_mul; x, out [R, n],
+// w [n], f32; one CTA a row, the squares summed in a fixed tree)
+extern "C" __global__ void __launch_bounds__(ROW_THREADS) rms_norm_rows(const float* __restrict__ x,
+                                                                        const float* __restrict__ w,
+                                                                        float* __restrict__ out, const int n,
+                                                                        const float eps) {
+    __shared__ float part[ROW_THREADS / 32];
+    const float* xr = x + (i64)blockIdx.x * n;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += ROW_THREADS) s += xr[i] * xr[i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < ROW_THREADS / 32 ? part[threadIdx.x] : 0.f;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf(part[0] / (float)n + eps);
+    float* o = out + (i64)blockIdx.x * n;
+    for (int i = threadIdx.x; i < n; i += ROW_THREADS) o[i] = (xr[i] * scale) * w[i];
+}
+
+// Rotary embedding of x [T, nh, hd] (numpy order), row t at position pos0 + t, into out (same shape): pair i < n_rot/2
+// of each head is (i, i + n_rot/2) (neox) or (2i, 2i + 1) (norm), rotated by the table's cos / sin [n_ctx, n_rot/2];
+// dims past n_rot copied. One thread a pair (or a copied dim).
+extern "C" __global__ void rope_rows(const float* __restrict__ x, const float* __restrict__ cos_t,
+                                     const float* __restrict__ sin_t, float* __restrict__ out, const int T,
+                                     const int nh, const int hd, const int n_rot, const i64 pos0, const int neox) {
+    const int h2 = n_rot / 2, per_head = h2 + (hd - n_rot);
+    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (i64)T * nh * per_head) return;
+    const int j = (int)(idx % per_head);
+    const i64 row = idx / per_head;  // t * nh + head
+    const int t = (int)(row / nh);
+    const float* xr = x + row * hd;
+    float* o = out + row * hd;
+    if (j >= h2) {  // a dim past n_rot
+        const int d = n_rot + (j - h2);
+        o[d] = xr[d];
+        return;
+    }
+    const float c = cos_t[(pos0 + t) * h2 + j], s = sin_t[(pos0 + t) * h2 + j];
+    const int a = neox ? j : 2 * j, b = neox ? j + h2 : 2 * j + 1;
+    const float x0 = xr[a], x1 = xr[b];
+    o[a] = x0 * c - x1 * s;
+    o[b] = x0 * s + x1 * c;
+}

@@ -1,0 +1,79 @@
+"""A prompt chunk's row-wise operations on CUDA in one launch each (``cuda/rows_ops.cu``): RMS norm and rotary
+embedding over a chunk's rows, what :func:`strata.engine.layers.rms_norm` and :meth:`strata.engine.layers.Rope.rows`
+compute with array operations (each a handful of launches, temporaries and host calls per use; a 30B-A3B chunk makes
+~300 of them). The same formulas and f32 operations; the squares' sum in another order (rounding only). Shapes in
+numpy order. The chunk path (:class:`strata.engine.gpu.chunk.ChunkPath`) offers them to the layers.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from . import kernels as K
+
+ROW_THREADS = 256
+KERNEL_NAMES = ("rms_norm_rows", "rope_rows")
+
+
+def source() -> str:
+    """The module's CUDA source: the prelude's typedefs and ``cuda/rows_ops.cu``."""
+    from ..kernel_src import assembly as A
+
+    return A.source_file("prelude.cuh") + K.cuda_file("rows_ops.cu")
+
+
+@functools.cache
+def _kernels() -> dict:
+    return K.load_module(source(), KERNEL_NAMES)
+
+
+def rms_norm_rows(x, w, eps: float):
+    """``(x * (1 / sqrt(mean(x^2, last axis) + eps))) * w`` for ``x`` of any leading shape ``[..., n]`` and ``w [n]``
+    (``cupy.float32``): the rows of ``x`` in one launch.
+
+    Raises:
+        ValueError: ``w`` not of ``x``'s last dimension.
+    """
+    import cupy as cp
+
+    n = x.shape[-1]
+    if w.size != n:
+        raise ValueError(f"rms_norm_rows: weight of {w.size} values for rows of {n}")
+    xc = cp.ascontiguousarray(x, dtype=cp.float32)
+    out = cp.empty_like(xc)
+    rows = xc.size // n if n else 0
+    if rows:
+        _kernels()["rms_norm_rows"](
+            (rows,), (ROW_THREADS,), (xc, cp.ascontiguousarray(w, dtype=cp.float32), out, np.int32(n), np.float32(eps))
+        )
+    return out
+
+
+def rope_rows(x, cos_t, sin_t, n_rot: int, pos0: int, neox: bool):
+    """:meth:`strata.engine.layers.Rope.rows` in one launch: ``x [T, n_head, head_dim]`` (``cupy.float32``), row
+    ``t`` rotated for position ``pos0 + t`` with the tables ``cos_t`` / ``sin_t [n_ctx, n_rot / 2]``.
+
+    Raises:
+        ValueError: positions past the tables, or ``n_rot`` odd or above the head dim.
+    """
+    import cupy as cp
+
+    T, nh, hd = x.shape
+    if n_rot % 2 or n_rot > hd or pos0 + T > cos_t.shape[0]:
+        raise ValueError(f"rope_rows: n_rot {n_rot}, head dim {hd}, positions {pos0}..{pos0 + T - 1}")
+    xc = cp.ascontiguousarray(x, dtype=cp.float32)
+    out = cp.empty_like(xc)
+    n = T * nh * (n_rot // 2 + hd - n_rot)
+    if n:
+        _kernels()["rope_rows"](
+            ((n + 255) // 256,),
+            (256,),
+            (xc, cos_t, sin_t, out, np.int32(T), np.int32(nh), np.int32(hd), np.int32(n_rot), np.int64(pos0),
+             np.int32(bool(neox))),
+        )  # fmt: skip
+    return out
+
+
+__all__ = ["KERNEL_NAMES", "rms_norm_rows", "rope_rows", "source"]
