@@ -273,9 +273,6 @@ class CudaBackend(Backend):
         b = base if isinstance(base, int) else int(base.data.ptr)
         return (np.asarray(offsets, dtype=np.int64) + b).astype(np.uint64)
 
-    def address_table(self, rows):
-        return self.cp.asarray(np.stack([np.asarray(r, dtype=np.uint64) for r in rows]))
-
     def copy_bytes(self, dst, dst_off, src, src_off, nbytes):
         cp = self.cp
         s = src if isinstance(src, int) else int(src.data.ptr)
@@ -294,7 +291,38 @@ class CudaBackend(Backend):
         return True
 
     def index_array(self, host):
-        return self.cp.asarray(np.ascontiguousarray(host, dtype=np.int32))
+        return self.upload_async(np.ascontiguousarray(host, dtype=np.int32))
+
+    def address_table(self, rows):
+        return self.upload_async(np.stack([np.asarray(r, dtype=np.uint64) for r in rows]))
+
+    #: pinned host buffers :meth:`upload_async` cycles through (each reused once its copy has run)
+    UPLOAD_RING = 8
+
+    def upload_async(self, host: np.ndarray):
+        """``host`` (a small array: a chunk layer's index or addresses) as a new device array, copied from a pinned
+        buffer on the current stream without waiting for the kernels queued before it (a copy from pageable memory
+        waits for them; the host then idles the device while it builds the next layer's launches)."""
+        cp = self.cp
+        host = np.ascontiguousarray(host)
+        if host.nbytes == 0:
+            return cp.empty(host.shape, dtype=host.dtype)
+        if not hasattr(self, "_ring"):
+            self._ring = [[None, 0, None] for _ in range(self.UPLOAD_RING)]
+            self._ring_i = 0
+        slot = self._ring[self._ring_i]
+        self._ring_i = (self._ring_i + 1) % len(self._ring)
+        if slot[2] is not None:
+            slot[2].synchronize()  # its previous copy has run
+        if slot[1] < host.nbytes:
+            slot[0], slot[1] = cp.cuda.alloc_pinned_memory(host.nbytes), host.nbytes
+        view = np.frombuffer(slot[0], np.uint8, host.nbytes).view(host.dtype).reshape(host.shape)
+        view[...] = host
+        dev = cp.empty(host.shape, dtype=host.dtype)
+        stream = cp.cuda.get_current_stream()
+        dev.set(view, stream=stream)
+        slot[2] = stream.record()
+        return dev
 
     def expert_mm(self, type_id, bufs, rows, ne0, X, index, rnd, out, src):
         from . import moe_mm

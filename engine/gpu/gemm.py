@@ -143,6 +143,20 @@ def addresses(bufs: list[Any]):
     return cp.asarray(np.array([b if isinstance(b, int) else b.data.ptr for b in bufs], dtype=np.uint64))
 
 
+#: device address -> a ``cupy.uint64[1]`` holding it: a weight's address goes to the device once, not per product (an
+#: upload from pageable memory waits for the queued kernels; the value is the key, so a reused address stays right)
+_ONE_ADDRESS: dict[int, Any] = {}
+
+
+def one_address(buf):
+    """``cupy.uint64[1]`` holding ``buf``'s device address, uploaded once per address."""
+    ptr = int(buf.data.ptr)
+    a = _ONE_ADDRESS.get(ptr)
+    if a is None:
+        a = _ONE_ADDRESS[ptr] = addresses([ptr])
+    return a
+
+
 def rows_product(type_id: int, buf, rows: int, ne0: int, X, tile, *, tf32: bool = True, out=None):
     """``X @ W.T`` for one engine-form weight ``W`` (``[rows, ne0]``) and a chunk's inputs ``X: cupy.float32[T,
     ne0]``: ``cupy.float32[T, rows]``. ``W`` is dequantized into ``tile`` (``cupy.float32``, preallocated) as
@@ -159,7 +173,7 @@ def rows_product(type_id: int, buf, rows: int, ne0: int, X, tile, *, tf32: bool 
     per = int(tile.size) // ne0
     if per < 1:
         raise ValueError(f"a chunk tile of {tile.size} f32 cannot hold one row of {ne0} values")
-    bases = addresses([buf])
+    bases = one_address(buf)
     Xc = cp.ascontiguousarray(X, dtype=cp.float32)
     for r0 in range(0, rows, per):
         n = min(per, rows - r0)
@@ -195,4 +209,4 @@ def grouped_product(type_id: int, bufs, rows: int, ne0: int, Xg, tile, *, tf32: 
     return out
 
 
-__all__ = ["addresses", "dequant_many", "gemm_nt", "gemm_nt_batched", "grouped_product", "rows_product"]
+__all__ = ["addresses", "one_address", "dequant_many", "gemm_nt", "gemm_nt_batched", "grouped_product", "rows_product"]
