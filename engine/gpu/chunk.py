@@ -200,7 +200,7 @@ class ChunkPath:
             row = []
             for n, w in enumerate(where):
                 base = path.cache.storage if n == 0 and dev.size else self.staging
-                row += bk.refs(base, w + p.offset, p.nbytes)
+                row.extend(bk.refs(base, w + p.offset, p.nbytes))
             bases.append(row)
         inv = np.empty_like(perm)
         inv[perm] = np.arange(perm.size)

@@ -16,6 +16,7 @@
 #define DPL (HD / 32)
 #define DPLV (HDV / 32)
 #define RPW 8
+#define NEG_INF __int_as_float(0xff800000)  // (NVRTC has no math.h: no INFINITY)
 
 // n (DPL or DPLV) consecutive f32 of shared memory at p (16-byte aligned when n % 4 == 0) into x: vector loads.
 template <int n>
@@ -99,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_rows(
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = warp + ATT_WARPS * r;
-        m[r] = -INFINITY;
+        m[r] = NEG_INF;
         l[r] = 0.f;
         qpos[r] = pos0 + t0 + (row < nrows ? row / R : 0);
 #pragma unroll
@@ -151,14 +152,14 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_rows(
                 }
                 const float s0 = key_sums(v, lane) * scale;
                 const bool seen = kl < nk && kp <= qpos[r] && (window <= 0 || qpos[r] - kp < window);
-                const float s = seen ? s0 : -INFINITY;
+                const float s = seen ? s0 : NEG_INF;
                 if (pass == 0) {
                     const float mt = warp_max(s);
                     const float mn = fmaxf(m[r], mt);
                     // (KT == 16: lanes l and l + 16 hold the same key: count it once)
                     const float e = (seen && (KT == 32 || lane < 16)) ? expf(s - mn) : 0.f;
                     const float add = warp_sum(e);
-                    l[r] = (m[r] == -INFINITY ? 0.f : l[r] * expf(m[r] - mn)) + add;
+                    l[r] = (m[r] == NEG_INF ? 0.f : l[r] * expf(m[r] - mn)) + add;
                     m[r] = mn;
                 } else {
                     float p = seen ? expf(s - m[r]) / l[r] : 0.f;
