@@ -161,13 +161,14 @@ class ChunkPath:
         return self._tab
 
     def _buffers(self, P: int, rows: tuple[int, int, int]):
-        """The grouped product's f32 outputs for ``P`` pairs (gate, up, down: ``[P, rows_i]``), kept between layers
-        (a round reads only its own rows; the others hold finite values of an earlier layer)."""
-        key = (P, rows)
-        if self._mm_key != key:
+        """The grouped product's f32 outputs for ``P`` pairs (gate, up, down: ``[P, rows_i]``): the first ``P`` rows of
+        buffers kept between layers and chunks, made at the largest ``P`` seen (the start-up's warm-up chunk of ``-ub``
+        rows: ``-ub x n_expert_used`` pairs). A round reads only its own rows; the others hold finite values of an
+        earlier layer."""
+        if self._mm_key is None or self._mm_key[0] < P or self._mm_key[1] != rows:
             self._mm_bufs = tuple(self.xp.zeros((P, r), dtype=self.xp.float32) for r in rows)
-            self._mm_key = key
-        return self._mm_bufs
+            self._mm_key = (P, rows)
+        return tuple(b[:P] for b in self._mm_bufs)
 
     def _grouped_mm(self, path, il: int, X, ids):
         """:meth:`expert_outputs` by :func:`strata.engine.gpu.moe_mm.grouped_mm`: the chunk's pairs sorted by expert;
