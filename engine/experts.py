@@ -457,7 +457,11 @@ class ExpertPath:
         first_bytes = np.bincount(first // k, weights=tb, minlength=T).astype(np.int64)
         self._chunk_layers.append((il, sel, hits, k - hits, pcie, first_bytes))
         self._chunk_stack = None
-        E = self.chunk_outputs(il, X, ids)  # [T, k, n_embd]
+        return self.combine(self.chunk_outputs(il, X, ids), weights)  # [T, k, n_embd] -> [T, n_embd]
+
+    def combine(self, E, weights) -> Any:
+        """A chunk's rows ``sum_k weights[t, k] * E[t, k]`` in selection order (``E [T, k, n]``, ``weights [T, k]``):
+        each row what :meth:`__call__` sums for one position."""
         y = E[:, 0] * weights[:, 0:1]
         for k in range(1, E.shape[1]):
             y = y + E[:, k] * weights[:, k : k + 1]

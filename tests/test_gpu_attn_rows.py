@@ -20,8 +20,9 @@ def test_supported_shapes_and_tiles():
     assert AR.supports(32, 4, 128, 128) and AR.supports(16, 2, 256, 256) and AR.supports(4, 1, 64, 64)
     assert not AR.supports(64, 1, 128, 128)  # 64 query heads a KV head: more than a CTA's 32 rows
     assert not AR.supports(8, 2, 96, 96) and not AR.supports(8, 2, 512, 512) and not AR.supports(6, 4, 64, 64)
-    assert AR.shape(32, 4, 128, 128) == (32, 4) and AR.shape(16, 2, 256, 256) == (16, 4)
-    assert AR.shape(28, 4, 128, 128) == (32, 4) and AR.shape(4, 4, 64, 64) == (32, 32)
+    assert AR.shape(32, 4, 128, 128) == (32, 2, 4) and AR.shape(16, 2, 256, 256) == (16, 2, 4)
+    assert AR.shape(28, 4, 128, 128) == (32, 2, 4) and AR.shape(4, 4, 64, 64) == (32, 16, 4)
+    assert AR.shape(24, 1, 128, 128) == (32, 1, 8)  # 24 query heads a KV head: 8 rows a warp
 
 
 @pytest.mark.gpu
@@ -29,11 +30,12 @@ def test_supported_shapes_and_tiles():
 @pytest.mark.parametrize("hd", [64, 128, 256])
 @pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize("f16", [False, True])
-def test_cuda_attend_rows_equals_the_array_form(hd, window, f16):
+@pytest.mark.parametrize("heads", [(12, 3), (24, 1)], ids=["4-per-kv", "24-per-kv"])
+def test_cuda_attend_rows_equals_the_array_form(hd, window, f16, heads):
     import cupy as cp
 
     rng = np.random.default_rng(hd + (window or 0) + f16)
-    T, n_head, n_kv, pos0, lo = 45, 12, 3, 20, 3
+    (n_head, n_kv), T, pos0, lo = heads, 45, 20, 3
     S = pos0 + T - lo
     q = cp.asarray(rng.standard_normal((T, n_head, hd)).astype(np.float32))
     K_ = cp.asarray(rng.standard_normal((S, n_kv, hd)).astype(np.float32))
@@ -50,8 +52,9 @@ def test_cuda_attend_rows_equals_the_array_form(hd, window, f16):
 @skip_no_gpu
 @pytest.mark.parametrize("mode", ["neox", "norm"])
 def test_cuda_row_ops_equal_the_array_forms(mode):
-    """``rms_norm_rows`` and ``rope_rows`` (strata.engine.gpu.rows_ops) against layers.rms_norm and Rope.rows: within
-    f32 rounding (the squares summed in another order; products not fused either way), partial rotation included."""
+    """``rms_norm_rows``, ``rope_rows`` and ``weighted_rows`` (strata.engine.gpu.rows_ops) against layers.rms_norm,
+    Rope.rows and the weighted sum of ExpertPath.combine: within f32 rounding (the squares summed in another order;
+    CuPy may fuse products its own way), partial rotation included."""
     import cupy as cp
 
     from strata.engine.gpu import rows_ops as RO
@@ -67,3 +70,8 @@ def test_cuda_row_ops_equal_the_array_forms(mode):
     got = cp.asnumpy(RO.rope_rows(x, rope.cos, rope.sin, rope.n_rot, 50, mode == "neox"))
     assert np.max(np.abs(got - want)) <= 1e-6 * np.max(np.abs(want))
     assert np.array_equal(got[..., 64:], cp.asnumpy(x)[..., 64:])
+    E = cp.asarray(rng.standard_normal((37, 8, 96)).astype(np.float32))
+    wts = cp.asarray(rng.random((37, 8)).astype(np.float32))
+    want = cp.asnumpy(sum((E[:, k] * wts[:, k : k + 1] for k in range(1, 8)), E[:, 0] * wts[:, 0:1]))
+    got = cp.asnumpy(RO.weighted_rows(E, wts))
+    assert np.max(np.abs(got - want)) <= 1e-6 * np.max(np.abs(want))

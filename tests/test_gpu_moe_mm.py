@@ -23,7 +23,15 @@ BLOCK_TYPES = sorted(t for t in A.SUPPORTED_TYPES if MM.supports(t))
 
 
 def test_tiles_and_pair_index_are_exact():
-    assert MM.tiles_of(np.array([0, 33, 5, 64])).tolist() == [[1, 0], [1, 32], [2, 0], [3, 0], [3, 32]]
+    assert MM.tiles_of(np.array([0, 65, 5, 64, 129])).tolist() == [
+        [1, 0],
+        [1, 64],
+        [2, 0],
+        [3, 0],
+        [4, 0],
+        [4, 64],
+        [4, 128],
+    ]
     assert MM.tiles_of(np.array([], dtype=np.int64)).shape == (0, 2)
     pi = MM.PairIndex.build(np.arange(10), np.array([0, 3, 3]), np.array([3, 0, 7]), [np.array([0, 2]), np.array([1])])
     # src [10] | round 0: tiles (0,0) (1,0), starts 0 3, counts 3 7 | round 1: no tiles, start 3, count 0

@@ -17,8 +17,9 @@ import numpy as np
 
 from . import kernels as K
 
-#: Warps per CTA (``ATT_WARPS``) and rows a warp takes at most (``RPW``): a CTA takes ``ATT_WARPS * RPW`` (query,
-#: head) rows of one KV head.
+#: Warps per CTA (``ATT_WARPS``) and rows a warp takes at most (``RPW``: 4, or 8 when a KV head has more than 16
+#: query heads): a CTA takes ``ATT_WARPS * RPW`` (query, head) rows of one KV head. Fewer rows a warp: fewer registers
+#: (168 at 8 rows for head dim 128), more CTAs resident and in the grid.
 WARPS, ROWS_PER_WARP = 4, 8
 MAX_HEAD_DIM = 256
 
@@ -34,24 +35,27 @@ def supports(n_head: int, n_kv: int, hd: int, hd_v: int) -> bool:
     )
 
 
-def shape(n_head: int, n_kv: int, hd: int, hd_v: int) -> tuple[int, int]:
-    """``(KT, BQ)``: keys a shared-memory tile holds (32, or 16 for head dims over 128: 32 KiB of K and V rows) and
-    queries a CTA takes (as many as fill its rows)."""
+def shape(n_head: int, n_kv: int, hd: int, hd_v: int) -> tuple[int, int, int]:
+    """``(KT, BQ, RPW)``: keys a shared-memory tile holds (32, or 16 for head dims over 128: 32 KiB of K and V rows),
+    queries a CTA takes (as many as fill its rows) and rows a warp takes at most."""
     kt = 32 if max(hd, hd_v) <= 128 else 16
-    return kt, max(1, (WARPS * ROWS_PER_WARP) // (n_head // n_kv))
+    r = n_head // n_kv
+    rpw = 4 if r <= 4 * WARPS else ROWS_PER_WARP
+    return kt, max(1, (WARPS * rpw) // r), rpw
 
 
-def source(hd: int, hd_v: int, kt: int, bq: int, f16ops: bool) -> str:
+def source(hd: int, hd_v: int, kt: int, bq: int, f16ops: bool, rpw: int = ROWS_PER_WARP) -> str:
     """The module's CUDA source: the prelude's typedefs, the shape's defines, ``cuda/attn_rows.cu``."""
     from ..kernel_src import assembly as A
 
     defs = f"#define HD {hd}\n#define HDV {hd_v}\n#define KT {kt}\n#define BQ {bq}\n#define F16OPS {int(f16ops)}\n"
+    defs += f"#define RPW {rpw}\n"
     return A.source_file("prelude.cuh") + defs + K.cuda_file("attn_rows.cu")
 
 
 @functools.cache
-def _kernel(hd: int, hd_v: int, kt: int, bq: int, f16ops: bool):
-    return K.load_module(source(hd, hd_v, kt, bq, f16ops), ("attn_rows",))["attn_rows"]
+def _kernel(hd: int, hd_v: int, kt: int, bq: int, f16ops: bool, rpw: int):
+    return K.load_module(source(hd, hd_v, kt, bq, f16ops, rpw), ("attn_rows",))["attn_rows"]
 
 
 def attend_rows(q, K_, V, scale: float, pos0: int, lo: int, window: int | None, f16_operands: bool = False):
@@ -70,12 +74,12 @@ def attend_rows(q, K_, V, scale: float, pos0: int, lo: int, window: int | None, 
         raise ValueError(f"attend_rows: K {K_.shape} and V {V.shape} disagree with q {q.shape}")
     if not supports(n_head, n_kv, hd, hd_v):
         return None
-    kt, bq = shape(n_head, n_kv, hd, hd_v)
+    kt, bq, rpw = shape(n_head, n_kv, hd, hd_v)
     out = cp.empty((T, n_head * hd_v), dtype=cp.float32)
     if T == 0:
         return out
     c = lambda a: cp.ascontiguousarray(a, dtype=cp.float32)  # noqa: E731
-    _kernel(hd, hd_v, kt, bq, bool(f16_operands))(
+    _kernel(hd, hd_v, kt, bq, bool(f16_operands), rpw)(
         ((T + bq - 1) // bq, n_kv),
         (32 * WARPS,),
         (c(q), c(K_), c(V), out, np.int32(T), np.int32(S), np.int32(n_head), np.int32(n_kv), np.int64(pos0),
@@ -90,8 +94,8 @@ def sources() -> dict[str, tuple[str, tuple[str, ...]]]:
     out = {}
     for hd in (64, 128, 256):
         for f16 in (False, True):
-            kt, bq = shape(16, 2, hd, hd)
-            out[f"attn_rows hd{hd} f16ops={int(f16)}"] = (source(hd, hd, kt, bq, f16), ("attn_rows",))
+            kt, bq, rpw = shape(16, 2, hd, hd)
+            out[f"attn_rows hd{hd} f16ops={int(f16)}"] = (source(hd, hd, kt, bq, f16, rpw), ("attn_rows",))
     return out
 
 

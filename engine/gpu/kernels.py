@@ -385,10 +385,12 @@ class TypeKernels:
     dequant_many: object  # gpu/gemm.py: row ranges of many weights as f32 (a prompt chunk's tile)
 
 
-def load_module(source: str, names: tuple[str, ...]) -> dict:
+def load_module(source: str, names: tuple[str, ...], *, fmad: bool = False) -> dict:
     """Compile ``source`` with NVRTC and :data:`NVRTC_OPTIONS` for the current device, load it into
     CuPy and return its kernels ``names``; falls back to ``cupy.RawModule(code=...)`` (FTZ) when
-    cuda-python is missing or cannot compile."""
+    cuda-python is missing or cannot compile. ``fmad``: let the compiler contract ``a * b + c`` into FMAs
+    (``--fmad=true``: for modules whose results are not compared bit for bit with NumPy - the prompt chunk's f16
+    products)."""
     global COMPILE_MODE
     import cupy as cp
 
@@ -401,7 +403,7 @@ def load_module(source: str, names: tuple[str, ...]) -> dict:
             nvrtc = None
     if nvrtc is not None:
         try:
-            mod = _nvrtc_module(nvrtc, source)
+            mod = _nvrtc_module(nvrtc, source, fmad)
             funcs = {n: mod.get_function(n) for n in names}
             COMPILE_MODE = "nvrtc"
             return funcs
@@ -409,11 +411,16 @@ def load_module(source: str, names: tuple[str, ...]) -> dict:
             COMPILE_MODE = f"cupy-ftz (own NVRTC failed: {type(e).__name__}: {e})"
     else:
         COMPILE_MODE = "cupy-ftz (cuda-python not installed)"
-    mod = cp.RawModule(code=source, options=NVRTC_OPTIONS)
+    mod = cp.RawModule(code=source, options=nvrtc_options(fmad))
     return {n: mod.get_function(n) for n in names}
 
 
-def _nvrtc_module(nvrtc, source: str):
+def nvrtc_options(fmad: bool = False) -> tuple[str, ...]:
+    """:data:`NVRTC_OPTIONS`, with ``--fmad=true`` in place of ``--fmad=false`` when ``fmad``."""
+    return tuple("--fmad=true" if (fmad and o == "--fmad=false") else o for o in NVRTC_OPTIONS)
+
+
+def _nvrtc_module(nvrtc, source: str, fmad: bool = False):
     import os
     import tempfile
 
@@ -427,7 +434,7 @@ def _nvrtc_module(nvrtc, source: str):
 
     (prog,) = check(nvrtc.nvrtcCreateProgram(source.encode(), b"strata_kernels.cu", 0, [], []), "create")
     cc = cp.cuda.Device().compute_capability
-    opts = [o.encode() for o in NVRTC_OPTIONS] + [f"--gpu-architecture=compute_{cc}".encode()]
+    opts = [o.encode() for o in nvrtc_options(fmad)] + [f"--gpu-architecture=compute_{cc}".encode()]
     res = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         (n,) = check(nvrtc.nvrtcGetProgramLogSize(prog), "log size")

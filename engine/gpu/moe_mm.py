@@ -3,7 +3,7 @@
 
 The chunk's (row, expert) pairs are sorted by expert; expert ``g``'s pairs are output rows ``starts[g] ..
 starts[g] + counts[g] - 1``. One launch per part (gate, up, down) takes every expert of the call: a CTA computes
-32 pairs of one expert times 128 weight rows, dequantizing the weight's blocks straight from engine form (the type's
+64 pairs of one expert times 128 weight rows, dequantizing the weight's blocks straight from engine form (the type's
 ``deq_chunk``: the same f32 values as every other kernel) to f16 in shared memory - no f32 tile in device memory, no
 padding of experts to a common row count, no per-group launches. Operands are f16 (llama.cpp's CUDA back end rounds
 both to f16 for its cuBLAS path too, ``ggml-cuda.cu`` ``ggml_cuda_op_mul_mat_cublas``), each input row first scaled
@@ -28,7 +28,7 @@ from ..kernel_src import assembly as A
 from . import kernels as K
 
 #: Pairs x weight rows of one CTA's tile and the K step (``BM``, ``BN``, ``BK`` in cuda/moe_mm.cu).
-TILE_PAIRS, TILE_ROWS, TILE_K = 32, 128, 64
+TILE_PAIRS, TILE_ROWS, TILE_K = 64, 128, 64
 #: Threads per CTA (``32 * MM_WARPS``).
 THREADS = 128
 MM_KERNEL_NAMES = ("mm_grouped", "row_f16_scale")
@@ -66,7 +66,7 @@ def mm_sources() -> dict[str, tuple[str, tuple[str, ...]]]:
 def kernels(type_id: int) -> dict:
     """Compile (once per process) ``type_id``'s grouped-product module: its kernels by name
     (:data:`MM_KERNEL_NAMES`)."""
-    return K.load_module(mm_source(type_id), MM_KERNEL_NAMES)
+    return K.load_module(mm_source(type_id), MM_KERNEL_NAMES, fmad=True)  # f16 results: FMAs in the dequantization
 
 
 def tiles_of(counts: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 from . import kernels as K
 
 ROW_THREADS = 256
-KERNEL_NAMES = ("rms_norm_rows", "rope_rows")
+KERNEL_NAMES = ("rms_norm_rows", "rope_rows", "weighted_rows")
 
 
 def source() -> str:
@@ -76,4 +76,28 @@ def rope_rows(x, cos_t, sin_t, n_rot: int, pos0: int, neox: bool):
     return out
 
 
-__all__ = ["KERNEL_NAMES", "rms_norm_rows", "rope_rows", "source"]
+def weighted_rows(E, w):
+    """``y[t] = sum_k w[t, k] * E[t, k]`` in ``k`` order (a chunk row's routed experts weighted and summed as
+    :meth:`strata.engine.experts.ExpertPath.chunk` sums them): ``E [T, K, n]``, ``w [T, K]`` -> ``[T, n]``
+    (``cupy.float32``), one launch.
+
+    Raises:
+        ValueError: ``w`` not ``[T, K]`` of ``E``.
+    """
+    import cupy as cp
+
+    T, Kk, n = E.shape
+    if w.shape != (T, Kk):
+        raise ValueError(f"weighted_rows: weights {w.shape} for outputs {E.shape}")
+    out = cp.empty((T, n), dtype=cp.float32)
+    if T and n and Kk:
+        _kernels()["weighted_rows"](
+            ((n + 255) // 256, T),
+            (256,),
+            (cp.ascontiguousarray(E, dtype=cp.float32), cp.ascontiguousarray(w, dtype=cp.float32), out, np.int32(Kk),
+             np.int32(n)),
+        )  # fmt: skip
+    return out
+
+
+__all__ = ["KERNEL_NAMES", "rms_norm_rows", "rope_rows", "source", "weighted_rows"]

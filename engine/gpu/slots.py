@@ -297,6 +297,16 @@ class GpuExpertPath(ExpertPath):
         blob = sum(p.nbytes for p in path.layout.layouts[il])
         return res, np.where(~res & (tiers[il][experts] >= 0), blob, 0).astype(np.int64)
 
+    def combine(self, E, weights):
+        """:meth:`strata.engine.experts.ExpertPath.combine` in one CUDA launch (:func:`strata.engine.gpu.rows_ops.
+        weighted_rows`, the same order) when the chunk path has device kernels."""
+        path = self.chunk_path
+        if path is not None and path.device_kernels:
+            from .rows_ops import weighted_rows
+
+            return weighted_rows(E, weights)
+        return super().combine(E, weights)
+
     def chunk_outputs(self, il: int, X, ids: list[list[int]]):
         """A prompt chunk's expert outputs ``[T, k, n_embd]`` on the device, grouped by expert
         (:meth:`strata.engine.gpu.chunk.ChunkPath.expert_outputs`: hits, host-tier and staged misses through the same

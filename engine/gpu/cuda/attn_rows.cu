@@ -8,14 +8,13 @@
 // probabilities and the weighted values. f32 throughout; the sums' order differs from the array form's (rounding).
 //
 // HD / HDV (head dims, multiples of 64, at most 256), KT (keys a tile), BQ (queries a CTA) are defined by the module
-// (gpu/attn_rows.py). A CTA: KV head g = blockIdx.y, queries [BQ * blockIdx.x, + BQ), its BQ * R rows shared by
+// (gpu/attn_rows.py), RPW (rows a warp takes at most) too. A CTA: KV head g = blockIdx.y, queries [BQ * blockIdx.x, + BQ), its BQ * R rows shared by
 // ATT_WARPS warps (a warp up to RPW rows). Per tile the KT keys' K (and V) rows are staged in shared memory; lane l
 // holds dims [l * DPL, + DPL) of a row's q and out, and its partial dots of the KT keys are summed across the warp by a
 // halving exchange that leaves key (l % KT)'s score in lane l.
 #define ATT_WARPS 4
 #define DPL (HD / 32)
 #define DPLV (HDV / 32)
-#define RPW 8
 #define NEG_INF __int_as_float(0xff800000)  // (NVRTC has no math.h: no INFINITY)
 
 // n (DPL or DPLV) consecutive f32 of shared memory at p (16-byte aligned when n % 4 == 0) into x: vector loads.

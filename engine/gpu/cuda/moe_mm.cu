@@ -14,7 +14,9 @@
 // dequantizes whole 32-value chunks of one weight row into shared memory as f16, the X rows are gathered and
 // converted likewise, then each warp multiplies its 32 x 32 (pairs x rows) part. The tile list (blockIdx.y) is
 // tiles[2 * i] = g, tiles[2 * i + 1] = the tile's first pair of that expert; blockIdx.x = the BN-row block.
-#define BM 32
+#define BM 64
+#define MT (BM / 16)  // m16 tiles a warp takes (every warp all BM pairs, its 32 of the BN rows)
+#define XT (32 * MM_WARPS / BM)  // threads loading one pair's BK inputs
 #define BN 128
 #define BK 64
 #define MM_WARPS 4
@@ -49,15 +51,15 @@ extern "C" __global__ void __launch_bounds__(32 * MM_WARPS) mm_grouped(
     const i64 n_blocks = (i64)N * nb_row;
     const float* scp = (const float*)base;
     const u8* pay = base + n_blocks * NF * 4;
-    // X: thread tid loads pair tm's values [16 tq, 16 tq + 16) of each K step (BM * 4 == 32 * MM_WARPS)
-    const int tm = tid >> 2, tq = tid & 3;
+    // X: thread tid loads pair tm's values [BK / XT * tq, + BK / XT) of each K step
+    const int tm = tid / XT, tq = tid % XT;
     const bool xrow = tm < cnt;
     const i64 xr = xrow ? (src ? (i64)src[p0 + tm] : p0 + tm) : 0;
     const float s = (xrow && xscale) ? xscale[xr] : 1.0f;
     const float* xp = X + xr * ldx;
-    float acc[2][4][4];
+    float acc[MT][4][4];
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < MT; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -86,19 +88,19 @@ extern "C" __global__ void __launch_bounds__(32 * MM_WARPS) mm_grouped(
         }
         // the inputs: BM pairs x BK values
         {
-            u32* dst = (u32*)(Xs + tm * LDH + 16 * tq);
-            const int kk = k0 + 16 * tq;
+            u32* dst = (u32*)(Xs + tm * LDH + (BK / XT) * tq);
+            const int kk = k0 + (BK / XT) * tq;
             if (xrow && kk < K) {
                 const float4* x4 = (const float4*)(xp + kk);
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
+                for (int i = 0; i < BK / XT / 4; ++i) {
                     const float4 v = x4[i];
                     dst[2 * i] = pack_f16x2(v.x * s, v.y * s);
                     dst[2 * i + 1] = pack_f16x2(v.z * s, v.w * s);
                 }
             } else {
 #pragma unroll
-                for (int i = 0; i < 8; ++i) dst[i] = 0u;
+                for (int i = 0; i < BK / XT / 2; ++i) dst[i] = 0u;
             }
         }
         __syncthreads();
@@ -106,9 +108,9 @@ extern "C" __global__ void __launch_bounds__(32 * MM_WARPS) mm_grouped(
         const u32* X32 = (const u32*)Xs;
 #pragma unroll
         for (int ks = 0; ks < BK / 16; ++ks) {
-            u32 a[2][4];
+            u32 a[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
+            for (int mt = 0; mt < MT; ++mt) {
                 const int r = 16 * mt + gid;
                 a[mt][0] = X32[r * (LDH / 2) + 8 * ks + tig];
                 a[mt][1] = X32[(r + 8) * (LDH / 2) + 8 * ks + tig];
@@ -120,15 +122,15 @@ extern "C" __global__ void __launch_bounds__(32 * MM_WARPS) mm_grouped(
                 const int n = 32 * warp + 8 * nt + gid;
                 const u32 b0 = W32[n * (LDH / 2) + 8 * ks + tig];
                 const u32 b1 = W32[n * (LDH / 2) + 8 * ks + 4 + tig];
-                mma_f16(acc[0][nt], a[0], b0, b1);
-                mma_f16(acc[1][nt], a[1], b0, b1);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) mma_f16(acc[mt][nt], a[mt], b0, b1);
             }
         }
         __syncthreads();
     }
     // out: acc[mt][nt] = rows (16 mt + gid, + 8), columns 32 warp + 8 nt + 2 tig (+1)
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int m = 16 * mt + gid + 8 * h;

@@ -53,3 +53,16 @@ extern "C" __global__ void rope_rows(const float* __restrict__ x, const float* _
     o[a] = x0 * c - x1 * s;
     o[b] = x0 * s + x1 * c;
 }
+
+// out[t, j] = sum_k E[t, k, j] * w[t, k], summed in k order (y = E[t, 0, j] * w[t, 0], then y = y + E[t, k, j] * w[t, k]:
+// the array form's order); E [T, K, n], w [T, K], out [T, n] f32. grid (ceil(n / 256), T).
+extern "C" __global__ void weighted_rows(const float* __restrict__ E, const float* __restrict__ w,
+                                         float* __restrict__ out, const int K, const int n) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    const i64 t = blockIdx.y;
+    const float* e = E + t * K * n + j;
+    float y = e[0] * w[t * K];
+    for (int k = 1; k < K; ++k) y = y + e[(i64)k * n] * w[t * K + k];
+    out[t * n + j] = y;
+}
