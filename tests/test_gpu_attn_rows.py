@@ -75,3 +75,26 @@ def test_cuda_row_ops_equal_the_array_forms(mode):
     want = cp.asnumpy(sum((E[:, k] * wts[:, k : k + 1] for k in range(1, 8)), E[:, 0] * wts[:, 0:1]))
     got = cp.asnumpy(RO.weighted_rows(E, wts))
     assert np.max(np.abs(got - want)) <= 1e-6 * np.max(np.abs(want))
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+@pytest.mark.parametrize("norm", [False, True])
+def test_cuda_route_rows_equals_the_array_form(norm):
+    """``route_rows`` against layers.route_topk_rows: the same experts in the same order (ties included: rows of equal
+    logits pick the lowest ids), weights within f32 rounding; more experts than the kernel takes: None."""
+    import cupy as cp
+
+    from strata.engine.gpu import rows_ops as RO
+
+    rng = np.random.default_rng(9)
+    logits = rng.standard_normal((70, 128)).astype(np.float32)
+    logits[5] = 0.25  # a row of ties
+    logits[6, 10:20] = 9.0
+    L = cp.asarray(logits)
+    ids, w = RO.route_rows(L, 8, norm)
+    want_ids, want_w = layers.route_topk_rows(np, logits, 8, norm)
+    assert ids.dtype == np.int64 and ids.tolist() == want_ids.tolist()
+    assert ids[5].tolist() == list(range(8)) and ids[6].tolist() == list(range(10, 18))
+    assert np.max(np.abs(cp.asnumpy(w) - want_w)) <= 1e-6
+    assert RO.route_rows(cp.zeros((2, 2048), dtype=cp.float32), 8, norm) is None

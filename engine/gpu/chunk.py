@@ -85,6 +85,11 @@ class ChunkPath:
         (:func:`strata.engine.gpu.rows_ops.rms_norm_rows`)."""
         return RO.rms_norm_rows(x, w, eps)
 
+    def route_rows(self, logits, k: int, norm: bool):
+        """:func:`strata.engine.layers.route_topk_rows` in one CUDA launch (:func:`strata.engine.gpu.rows_ops.
+        route_rows`); None for more experts than it takes."""
+        return RO.route_rows(logits, k, norm)
+
     def rope_rows(self, rope, x, pos0: int):
         """:meth:`strata.engine.layers.Rope.rows` in one CUDA launch (:func:`strata.engine.gpu.rows_ops.rope_rows`)."""
         return RO.rope_rows(x, rope.cos, rope.sin, rope.n_rot, pos0, rope.mode == "neox")

@@ -14,7 +14,9 @@ import numpy as np
 from . import kernels as K
 
 ROW_THREADS = 256
-KERNEL_NAMES = ("rms_norm_rows", "rope_rows", "weighted_rows")
+KERNEL_NAMES = ("rms_norm_rows", "rope_rows", "weighted_rows", "route_rows")
+#: Experts a layer may have for :func:`route_rows` (``ROUTE_MAX_E``: the probabilities sit in shared memory).
+ROUTE_MAX_E = 1024
 
 
 def source() -> str:
@@ -100,4 +102,25 @@ def weighted_rows(E, w):
     return out
 
 
-__all__ = ["KERNEL_NAMES", "rms_norm_rows", "rope_rows", "source", "weighted_rows"]
+def route_rows(logits, k: int, norm: bool):
+    """:func:`strata.engine.layers.route_topk_rows` in one launch: ``logits [T, n_expert]`` (``cupy.float32``) ->
+    ``(ids, weights)``, ``ids`` a host ``int64 [T, k]`` array (the one copy to the host: the chunk's experts are
+    grouped there), ``weights`` ``cupy.float32 [T, k]``; None when ``n_expert`` is above :data:`ROUTE_MAX_E` or below
+    ``k`` (the caller takes the array form). The same softmax formula and ties (lower id first); the sums in another
+    order (rounding only)."""
+    import cupy as cp
+
+    T, E = logits.shape
+    if E > ROUTE_MAX_E or k > E or k < 1:
+        return None
+    ids = cp.empty((T, k), dtype=cp.int32)
+    w = cp.empty((T, k), dtype=cp.float32)
+    if T:
+        _kernels()["route_rows"](
+            (T,), (ROW_THREADS,), (cp.ascontiguousarray(logits, dtype=cp.float32), ids, w, np.int32(E), np.int32(k),
+                                   np.int32(bool(norm)))
+        )  # fmt: skip
+    return cp.asnumpy(ids).astype(np.int64), w
+
+
+__all__ = ["KERNEL_NAMES", "ROUTE_MAX_E", "rms_norm_rows", "route_rows", "rope_rows", "source", "weighted_rows"]

@@ -66,3 +66,54 @@ extern "C" __global__ void weighted_rows(const float* __restrict__ E, const floa
     for (int k = 1; k < K; ++k) y = y + e[(i64)k * n] * w[t * K + k];
     out[t * n + j] = y;
 }
+
+// A chunk's routing (layers.route_topk_rows): per row t of logits [T, E], p = softmax (exp(l - max), divided by the
+// sum), the K experts of highest p (ties: lower id first - an expert's rank is the count of experts better than it
+// or as good with a lower id) into ids [T, K] (int32) by rank, their p into w [T, K], divided by max(sum, 2^-14) when
+// norm. One CTA (ROW_THREADS) a row; E at most ROUTE_MAX_E.
+#define ROUTE_MAX_E 1024
+extern "C" __global__ void __launch_bounds__(ROW_THREADS) route_rows(const float* __restrict__ logits,
+                                                                     int* __restrict__ ids, float* __restrict__ w,
+                                                                     const int E, const int K, const int norm) {
+    __shared__ float p[ROUTE_MAX_E];
+    __shared__ float red[ROW_THREADS / 32];
+    const float* l = logits + (i64)blockIdx.x * E;
+    float m = __int_as_float(0xff800000);
+    for (int e = threadIdx.x; e < E; e += ROW_THREADS) m = fmaxf(m, l[e]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = red[0];
+    for (int i = 1; i < ROW_THREADS / 32; ++i) m = fmaxf(m, red[i]);
+    __syncthreads();
+    float s = 0.f;
+    for (int e = threadIdx.x; e < E; e += ROW_THREADS) {
+        p[e] = expf(l[e] - m);
+        s += p[e];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+    __syncthreads();
+    s = 0.f;
+    for (int i = 0; i < ROW_THREADS / 32; ++i) s += red[i];
+    for (int e = threadIdx.x; e < E; e += ROW_THREADS) p[e] = p[e] / s;
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += ROW_THREADS) {
+        const float pe = p[e];
+        int rank = 0;
+        for (int f = 0; f < E && rank < K; ++f) rank += (p[f] > pe) || (p[f] == pe && f < e);
+        if (rank < K) {
+            ids[(i64)blockIdx.x * K + rank] = e;
+            w[(i64)blockIdx.x * K + rank] = pe;
+        }
+    }
+    __syncthreads();
+    if (norm && threadIdx.x == 0) {
+        float t = 0.f;
+        for (int k = 0; k < K; ++k) t += w[(i64)blockIdx.x * K + k];
+        t = fmaxf(t, 6.103515625e-5f);
+        for (int k = 0; k < K; ++k) w[(i64)blockIdx.x * K + k] = w[(i64)blockIdx.x * K + k] / t;
+    }
+}
