@@ -4,8 +4,9 @@
 #   bash bench/device_prompt.sh    # carry [".whl", ".lcp"]; LLAMA=0 skips llama.cpp (strata's rows only)
 #
 # 1. the llama.cpp CUDA build starts in the background (as bench/device_moe.sh), unless LLAMA=0;
-# 2. meanwhile the gpu-marked tests of the chunk path (TESTS=all: every gpu test that needs no real model), and the
-#    GGUFs and packs (bench_prompt_gpu.py --prepare-only: qwen2-7b pattern fill, 30B-A3B TokenRouting(0.5));
+# 2. meanwhile the gpu-marked tests of the chunk path (TESTS=all: every gpu test that needs no real model; none: no
+#    tests), and the GGUFs and packs (bench_prompt_gpu.py --prepare-only: qwen2-7b pattern fill, 30B-A3B
+#    TokenRouting(0.5));
 # 3. once the build is done, per geometry bench_prompt_gpu.py: strata -ub 512 (and -ub 1 once) per case, then
 #    llama-bench -p 512 -n 0 on the same GGUF (-ncmoe 0,L/2,L; -fitt for a card).
 set -uo pipefail
@@ -15,11 +16,13 @@ export PYTHONUNBUFFERED=1
 . bench/device_env.sh; device_env "$WORK" || echo "!! wheel install failed"; T0=$(date +%s)
 [ "${LLAMA:-1}" = 1 ] && { step "llama.cpp CUDA build (background)"; lcp_build_start; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-step "gpu tests (${TESTS:-chunk})"
-if [ "${TESTS:-chunk}" = all ]; then SEL="tests/"; else SEL="tests/test_gpu_chunk.py"; fi
-{ echo "commit ${COMMIT:-unknown}, $(date -u +%FT%TZ)"
-  timeout ${TEST_S:-300} python3 -m pytest -q -p no:cacheprovider -rfEs -m "gpu and not real" $SEL 2>&1; } \
-    | tee "$OUT/gpu_tests.txt" | tail -15
+if [ "${TESTS:-chunk}" != none ]; then
+    step "gpu tests (${TESTS:-chunk})"
+    if [ "${TESTS:-chunk}" = all ]; then SEL="tests/"; else SEL="tests/test_gpu_chunk.py"; fi
+    { echo "commit ${COMMIT:-unknown}, $(date -u +%FT%TZ)"
+      timeout ${TEST_S:-300} python3 -m pytest -q -p no:cacheprovider -rfEs -m "gpu and not real" $SEL 2>&1; } \
+        | tee "$OUT/gpu_tests.txt" | tail -15
+fi
 GEOS=${GEOS:-"qwen2-7b qwen3moe-30b-a3b"}
 step "GGUFs and packs: $GEOS"
 for g in $GEOS; do python3 bench/bench_prompt_gpu.py --work "$WORK/pp" --geometry $g --prepare-only 2>&1 | tail -2; done
