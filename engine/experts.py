@@ -359,6 +359,45 @@ def resident_pairs(policy: str | float, layers_: list[int], n_expert: int) -> li
     return [(il, e) for il in layers_ for e in range(k)]
 
 
+@dataclass(frozen=True)
+class ChunkRouting:
+    """A prompt chunk's routing of one layer, sorted by expert once for every consumer (the counts and each device's
+    grouping). Numpy order: ``ids`` int64 ``[T, k]`` (row ``t``'s experts in selection order); pair ``q = t * k + kk``;
+    ``perm`` int64 ``[T * k]``: the pairs sorted by expert, stable (rows ascending within an expert); ``used`` int64
+    ``[G]``: the experts used, ascending; ``starts`` / ``counts`` int64 ``[G]``: each used expert's first position in
+    ``perm`` and its number of pairs."""
+
+    ids: np.ndarray
+    perm: np.ndarray
+    used: np.ndarray
+    starts: np.ndarray
+    counts: np.ndarray
+
+    @staticmethod
+    def of(ids) -> ChunkRouting:
+        """From ``ids`` (``[T, k]`` ints: an array or rows of a list)."""
+        sel = np.asarray(ids, dtype=np.int64)
+        if sel.ndim != 2:
+            sel = sel.reshape(len(ids), -1)
+        flat = sel.ravel()
+        perm = np.argsort(flat, kind="stable")
+        c = np.bincount(flat) if flat.size else np.zeros(0, np.int64)
+        used = np.flatnonzero(c)
+        counts = c[used].astype(np.int64)
+        starts = np.cumsum(counts) - counts
+        return ChunkRouting(sel, perm, used, starts, counts)
+
+    @property
+    def k(self) -> int:
+        """Experts a row selects."""
+        return int(self.ids.shape[1])
+
+    @property
+    def first(self) -> np.ndarray:
+        """int64 ``[G]``: each used expert's first pair ``q`` (its lowest row routes to it there)."""
+        return self.perm[self.starts]
+
+
 @dataclass
 class ExpertCounts:
     """Hit/miss counts (experts, not bytes or tokens)."""
@@ -446,18 +485,17 @@ class ExpertPath:
         :meth:`replay` of that row (the loop reports one position at a time). Misses read in place from a host tier
         (:meth:`tier_bytes`) count as PCIe misses on every row that routes to them; their bytes go to the first row
         that does (a chunk reads each such expert once), so a chunk's rows sum to the bytes it read."""
-        sel = np.asarray(ids, dtype=np.int64)
-        T, k = sel.shape
-        used, first = np.unique(sel.ravel(), return_index=True)  # each used expert's first pair (row = pair // k)
-        res, tb = self.residency(il, used)
-        at = np.searchsorted(used, sel)  # [T, k]: index into used
+        r = ChunkRouting.of(ids)
+        sel, T, k = r.ids, r.ids.shape[0], r.k
+        res, tb = self.residency(il, r.used)
+        at = np.searchsorted(r.used, sel)  # [T, k]: index into used
         hits = res[at].sum(axis=1)
         pcie = (tb[at] > 0).sum(axis=1)
         # a chunk reads each host-tier expert once: its bytes go to the first row that routes to it
-        first_bytes = np.bincount(first // k, weights=tb, minlength=T).astype(np.int64)
+        first_bytes = np.bincount(r.first // k, weights=tb, minlength=T).astype(np.int64)
         self._chunk_layers.append((il, sel, hits, k - hits, pcie, first_bytes))
         self._chunk_stack = None
-        return self.combine(self.chunk_outputs(il, X, ids), weights)  # [T, k, n_embd] -> [T, n_embd]
+        return self.combine(self.chunk_outputs(il, X, r), weights)  # [T, k, n_embd] -> [T, n_embd]
 
     def combine(self, E, weights) -> Any:
         """A chunk's rows ``sum_k weights[t, k] * E[t, k]`` in selection order (``E [T, k, n]``, ``weights [T, k]``):
@@ -467,13 +505,13 @@ class ExpertPath:
             y = y + E[:, k] * weights[:, k : k + 1]
         return y
 
-    def chunk_outputs(self, il: int, X, ids: list[list[int]]) -> Any:
+    def chunk_outputs(self, il: int, X, r: ChunkRouting) -> Any:
         """Every selected expert's output on its row, ``[T, k, n_embd]`` (not counted: :meth:`chunk` does). One
         row and expert at a time here (a hit from the cache, a miss from :meth:`miss_ffn`); the CPU path groups
         the rows by expert."""
         xp = self.xp
         out = []
-        for t, row in enumerate(ids):
+        for t, row in enumerate(r.ids.tolist()):
             ys = []
             for e in row:
                 hit = self.cache is not None and self.cache.resident(il, e)

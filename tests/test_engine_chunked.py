@@ -351,3 +351,16 @@ def test_long_context_decode_takes_matrix_products_within_rounding(packs, monkey
     for a, b in zip(rows["mm"], rows["elementwise"]):
         assert int(np.argmax(a)) == int(np.argmax(b))
         assert np.max(np.abs(a - b)) <= 2e-2 * max(1.0, float(np.max(np.abs(b))))
+
+
+def test_chunk_routing_sorts_once_exactly():
+    """ChunkRouting (engine/experts.py): the pairs sorted by expert (stable: rows ascending within an expert), the
+    experts used, each one's first position and count, and the first pair of each - exact arrays."""
+    from strata.engine.experts import ChunkRouting
+
+    r = ChunkRouting.of([[5, 2], [2, 7], [5, 0]])
+    assert r.k == 2 and r.ids.tolist() == [[5, 2], [2, 7], [5, 0]]
+    assert r.perm.tolist() == [5, 1, 2, 0, 4, 3]  # pairs of experts 0, 2, 2, 5, 5, 7
+    assert r.used.tolist() == [0, 2, 5, 7] and r.counts.tolist() == [1, 2, 2, 1] and r.starts.tolist() == [0, 1, 3, 5]
+    assert r.first.tolist() == [5, 1, 0, 3]  # expert 2 first at pair 1 (row 0), expert 5 at pair 0
+    assert ChunkRouting.of(np.array([[3]])).used.tolist() == [3]

@@ -60,16 +60,14 @@ class CpuExpertPath(ExpertPath):
             self.count(il, int(hit), int(not hit))
         return list(ys)
 
-    def chunk_outputs(self, il: int, X, ids: list[list[int]]) -> np.ndarray:
-        """Every selected expert's output on its row, ``[T, k, n_embd]``: the chunk's rows grouped by expert and each
-        expert run once on its rows (:meth:`strata.engine.experts.ShardExperts.ffn_grouped`); row by row the bits of
-        :meth:`outputs` (hit or miss alike)."""
-        sel = np.asarray(ids, dtype=np.int64)  # [T, k]
-        T, k = sel.shape
-        flat = sel.reshape(-1)
-        order = np.argsort(flat, kind="stable")
-        experts, starts = np.unique(flat[order], return_index=True)
-        bounds = [*starts[1:], flat.size]
+    def chunk_outputs(self, il: int, X, r) -> np.ndarray:
+        """Every selected expert's output on its row, ``[T, k, n_embd]``: the chunk's rows grouped by expert (``r``:
+        :class:`strata.engine.experts.ChunkRouting`) and each expert run once on its rows
+        (:meth:`strata.engine.experts.ShardExperts.ffn_grouped`); row by row the bits of :meth:`outputs` (hit or
+        miss alike)."""
+        T, k = r.ids.shape
+        order, experts, starts = r.perm, r.used, r.starts
+        bounds = [*starts[1:], order.size]
         rows_of = [order[a:b] // k for a, b in zip(starts, bounds)]
         X = np.ascontiguousarray(X, dtype=np.float32)
         ys = self.source.ffn_grouped(

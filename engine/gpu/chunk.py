@@ -137,14 +137,15 @@ class ChunkPath:
                 g.append(e)
         return out
 
-    def expert_outputs(self, path, il: int, X, ids: list[list[int]]):
-        """Every selected expert's output on its row, ``[T, k, n_embd]`` f32 (``X [T, n_embd]``; ``ids[t]`` row
-        ``t``'s experts in selection order). Not counted here (:meth:`strata.engine.experts.ExpertPath.chunk`).
+    def expert_outputs(self, path, il: int, X, r):
+        """Every selected expert's output on its row, ``[T, k, n_embd]`` f32 (``X [T, n_embd]``; ``r`` the layer's
+        :class:`strata.engine.experts.ChunkRouting`: ``r.ids[t]`` row ``t``'s experts in selection order). Not counted
+        here (:meth:`strata.engine.experts.ExpertPath.chunk`).
         Block-type experts outside ``--kernel exact``: :meth:`_grouped_mm` (one launch a part); otherwise
         :meth:`_tiled_gemm` (f32 tiles and cuBLAS)."""
         if self.mm:
-            return self._grouped_mm(path, il, X, ids)
-        return self._tiled_gemm(path, il, X, ids)
+            return self._grouped_mm(path, il, X, r)
+        return self._tiled_gemm(path, il, X, r)
 
     def tables(self, path) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
         """Per MoE layer, ``int64 [n_expert]``: each expert's cache slot and its host-tier slot (-1: none), rebuilt
@@ -175,7 +176,7 @@ class ChunkPath:
             self._mm_key = (P, rows)
         return tuple(b[:P] for b in self._mm_bufs)
 
-    def _grouped_mm(self, path, il: int, X, ids):
+    def _grouped_mm(self, path, il: int, X, r):
         """:meth:`expert_outputs` by :func:`strata.engine.gpu.moe_mm.grouped_mm`: the chunk's pairs sorted by expert;
         the experts in cache slots in one round, the others in rounds of :attr:`group` through the staging slots
         (a host-tier expert copied there whole by one asynchronous copy - the kernel then reads device memory, not
@@ -185,11 +186,7 @@ class ChunkPath:
         xp, bk, lay = self.xp, self.bk, self.layout
         assert lay is not None
         T, n_embd = X.shape
-        sel = np.asarray(ids, dtype=np.int64).reshape(T, -1)
-        k = sel.shape[1]
-        flat_e = sel.ravel()  # pair q = t * k + kk (selection order); sorted pair p = perm^-1[q]
-        perm = np.argsort(flat_e, kind="stable")
-        used, starts, counts = np.unique(flat_e[perm], return_index=True, return_counts=True)
+        k, perm, used, starts, counts = r.k, r.perm, r.used, r.starts, r.counts  # sorted pair p = pair q perm[p]
         parts = lay.layouts[il]
         gl, ul, dl = parts
         slots, tiers = self.tables(path)
@@ -234,18 +231,14 @@ class ChunkPath:
             a += G
         return D[index[pi.host.size :]].reshape(T, k, n_embd)
 
-    def _tiled_gemm(self, path, il: int, X, ids: list[list[int]]):
+    def _tiled_gemm(self, path, il: int, X, r):
         """:meth:`expert_outputs` through the f32 tile: experts in groups (:meth:`groups`), each group one
         dequantization launch and one batched cuBLAS GEMM per part over its rows padded to the group's largest.
         The layer's index arrays and weight addresses go to the device in two copies, whatever the groups."""
         xp, bk, lay = self.xp, self.bk, self.layout
         assert lay is not None
         T, n_embd = X.shape
-        sel = np.asarray(ids, dtype=np.int64).reshape(T, -1)
-        k = sel.shape[1]
-        flat_e = sel.ravel()  # pair p = t * k + kk
-        perm = np.argsort(flat_e, kind="stable")  # the pairs of each expert together, rows ascending
-        used, first, counts = np.unique(flat_e[perm], return_index=True, return_counts=True)
+        k, perm, used, first, counts = r.k, r.perm, r.used, r.starts, r.counts  # pair p = t * k + kk, by expert
         start = dict(zip(used.tolist(), first.tolist()))
         gl, ul, dl = lay.layouts[il]
         groups = self.groups(dict(zip(used.tolist(), counts.tolist())), T * k)

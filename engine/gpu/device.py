@@ -35,7 +35,7 @@ from strata.packer.pack import Pack
 from ..core import Engine
 from ..decoder import Decoder, State
 from ..errors import ExpertCacheError, GenerateError, StageTimesRefused, StartupRefused
-from ..experts import ShardExperts, mem_available, resident_pairs
+from ..experts import ChunkRouting, ShardExperts, mem_available, resident_pairs
 from ..loader import LoadPlan
 from ..options import ResolvedOptions
 from .backend import Backend, make_backend
@@ -302,7 +302,7 @@ class GpuDevice:
             if self.experts is not None and self.experts.source.layers:
                 k, il = h.n_expert_used, self.experts.source.layers[0]
                 X = bk.xp.zeros((t, h.n_embd), dtype=bk.xp.float32)
-                path.expert_outputs(self.experts, il, X, [list(range(k))] * t)
+                path.expert_outputs(self.experts, il, X, ChunkRouting.of([list(range(k))] * t))
             bk.synchronize()
             if self.experts is not None:
                 self.experts.reset_counts()

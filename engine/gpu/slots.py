@@ -307,13 +307,13 @@ class GpuExpertPath(ExpertPath):
             return weighted_rows(E, weights)
         return super().combine(E, weights)
 
-    def chunk_outputs(self, il: int, X, ids: list[list[int]]):
+    def chunk_outputs(self, il: int, X, r):
         """A prompt chunk's expert outputs ``[T, k, n_embd]`` on the device, grouped by expert
         (:meth:`strata.engine.gpu.chunk.ChunkPath.expert_outputs`: hits, host-tier and staged misses through the same
         kernels); without a chunk path, one row and expert at a time."""
         if self.chunk_path is not None:
-            return self.chunk_path.expert_outputs(self, il, X, ids)
-        return super().chunk_outputs(il, X, ids)
+            return self.chunk_path.expert_outputs(self, il, X, r)
+        return super().chunk_outputs(il, X, r)
 
     def take_cpu_ms(self) -> float:
         v, self.cpu_expert_ms = self.cpu_expert_ms, 0.0
