@@ -354,9 +354,9 @@ def test_long_context_decode_takes_matrix_products_within_rounding(packs, monkey
 
 
 def test_chunk_routing_sorts_once_exactly():
-    """ChunkRouting (engine/experts.py): the pairs sorted by expert (stable: rows ascending within an expert), the
+    """ChunkRouting (engine/chunk_routing.py): the pairs sorted by expert (stable: rows ascending within an expert), the
     experts used, each one's first position and count, and the first pair of each - exact arrays."""
-    from strata.engine.experts import ChunkRouting
+    from strata.engine.chunk_routing import ChunkRouting
 
     r = ChunkRouting.of([[5, 2], [2, 7], [5, 0]])
     assert r.k == 2 and r.ids.tolist() == [[5, 2], [2, 7], [5, 0]]

@@ -32,10 +32,11 @@ from strata.layout import kv as LK
 from strata.manifests.contract import Geometry
 from strata.packer.pack import Pack
 
+from ..chunk_routing import ChunkRouting
 from ..core import Engine
 from ..decoder import Decoder, State
 from ..errors import ExpertCacheError, GenerateError, StageTimesRefused, StartupRefused
-from ..experts import ChunkRouting, ShardExperts, mem_available, resident_pairs
+from ..experts import ShardExperts, mem_available, resident_pairs
 from ..loader import LoadPlan
 from ..options import ResolvedOptions
 from .backend import Backend, make_backend
