@@ -132,6 +132,26 @@ def test_chunk_buffers_are_the_layout_and_the_plan(packs):
     assert t.measured_bytes == t.predicted_bytes == 0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grouped_product_rounds_and_tiers_do_not_change_a_bit(packs, backend):
+    """The grouped expert product through many staging rounds (2 staging slots), with slots, host-tier experts
+    (copied into staging) and shard misses mixed in one layer: the same tokens and top logits, bit for bit, as every
+    expert resident; the tier's experts are copied, the shard's staged, and each round reuses the staging slots."""
+    ids = _ids(45, seed=8)
+    runs = []
+    for kw in ({}, {"resident": "0.34", "miss_tier": "pcie"}, {"resident": "0.34", "miss_tier": "cpu"}):
+        eng = _engine(packs["moe"], backend, n_ctx=64, ubatch=16, **kw)
+        path = eng.experts.chunk_path
+        assert path.mm
+        path.group = 2  # (the staging buffer holds more: rounds of 2 use its first two slots)
+        r = generate(eng, prompt_ids=ids, n_tokens=3, ignore_eos=True)
+        runs.append((r.output_ids, r.top, path.staged, path.tier_copied))
+    assert all(o == runs[0][0] and t == runs[0][1] for o, t, _, _ in runs), [r[:2] for r in runs]
+    assert runs[0][2:] == (0, 0)
+    assert runs[1][2] == 0 and runs[1][3] > 0  # a host tier: its experts copied, nothing staged from the shard
+    assert runs[2][2] > 0 and runs[2][3] == 0  # no host tier: misses staged from the shard
+
+
 def test_chunk_groups_never_pad_past_the_pairs(packs):
     path = _engine(packs["moe"], "sim", n_ctx=64, ubatch=16).experts.chunk_path
     path.group = 3
