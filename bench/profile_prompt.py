@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     from strata.engine import decoder as D
     from strata.engine import deltanet, experts, layers
     from strata.engine.gpu import chunk as GC
+    from strata.engine.gpu import slots
     from strata.engine.startup import load_engine
 
     base = geometries()[args.geometry]
@@ -101,9 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         (layers.Attention, "project", "attention: q/k/v products"),
         (layers.Attention, "output", "attention: output product"),
         (layers.Rope, "rows", "attention: rope"),
-        (layers, "attend_rows", "attention: scores, softmax, values (attend_rows)"),
+        (layers, "attend_rows", "attention: scores, softmax, values (array form)"),
+        (GC.ChunkPath, "attend_rows", "attention: the attention kernel"),
+        (GC.ChunkPath, "rope_rows", "attention: rope (kernel)"),
+        (GC.ChunkPath, "route_rows", "routing (kernel, ids to host)"),
+        (slots.GpuExpertPath, "combine", "experts: weighted sum"),
         (deltanet.GatedDeltaNet, "chunk", "delta net"),
-        (D, "route_topk_rows", "routing (top-k, to host)"),
+        (D, "route_topk_rows", "routing (array form, to host)"),
         (experts.ExpertPath, "chunk", "experts: host bookkeeping + weighting"),
         (GC.ChunkPath, "expert_outputs", "experts: grouped products"),
         (D.Decoder, "shared_expert", "shared expert"),

@@ -444,7 +444,7 @@ class ExpertPath:
         experts of row ``t`` in selection order, ``weights [T, k]``. Row ``t`` = ``sum_k weights[t, k] *
         expert_{ids[t][k]}(X[t])`` summed in selection order: :meth:`__call__`'s value per row. The outputs come
         from :meth:`chunk_outputs`; the routing hook and the counts of each row are kept until
-        :meth:`replay` of that row (the loop reports one position at a time). Misses read in place from a host tier
+        :meth:`replay` of that row (the loop reports one position at a time). Misses read from a host tier
         (:meth:`tier_bytes`) count as PCIe misses on every row that routes to them; their bytes go to the first row
         that does (a chunk reads each such expert once), so a chunk's rows sum to the bytes it read."""
         r = ChunkRouting.of(ids)

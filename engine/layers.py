@@ -512,8 +512,13 @@ def route_topk(xp, logits, k: int, norm: bool = True) -> tuple[list[int], Any]:
     ids = [int(i) for i in to_host(top).tolist()]  # the host decides hit or miss per expert
     wts = probs[top]
     if norm:
-        wts = wts / xp.maximum(wts.sum(), xp.float32(6.103515625e-5))
+        wts = wts / xp.maximum(wts.sum(), xp.float32(ROUTE_WEIGHT_SUM_MIN))
     return ids, wts
+
+
+#: The floor of a routed row's weight sum before the division (llama.cpp ``build_moe_ffn``: ``ggml_clamp(weights_sum,
+#: 6.103515625e-5, INFINITY)``, 2^-14): every routing implementation takes it from here.
+ROUTE_WEIGHT_SUM_MIN = 6.103515625e-5
 
 
 def route_topk_rows(xp, logits, k: int, norm: bool = True) -> tuple[np.ndarray, Any]:
@@ -525,7 +530,7 @@ def route_topk_rows(xp, logits, k: int, norm: bool = True) -> tuple[np.ndarray, 
     top = order[:, :k]
     wts = xp.take_along_axis(probs, top, axis=-1)
     if norm:
-        wts = wts / xp.maximum(wts.sum(axis=-1, keepdims=True), xp.float32(6.103515625e-5))
+        wts = wts / xp.maximum(wts.sum(axis=-1, keepdims=True), xp.float32(ROUTE_WEIGHT_SUM_MIN))
     return to_host(top).astype(np.int64, copy=False), wts
 
 

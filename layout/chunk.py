@@ -36,7 +36,8 @@ def chunk_group_experts(tile_elements: int, expert_part_elements: int) -> int:
 
 def chunk_staging_bytes(group_experts: int, slot_bytes: int) -> int:
     """Bytes of the staging slots: one expert-cache slot (``slot_bytes``, engine form) per expert of a group - a
-    chunk copies the missed experts of each group there (the host tier's are read in place)."""
+    chunk copies the missed experts of each group there (the grouped f16 product copies the host tier's there too; the
+    f32-tile path reads them in place)."""
     return int(group_experts) * int(slot_bytes)
 
 

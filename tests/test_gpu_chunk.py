@@ -3,7 +3,7 @@ the GPU").
 
 On both backends (``sim`` in CI; ``cuda`` gpu-marked, skipped without CuPy and a GPU):
 - a chunk's logits do not depend on which experts are resident: every expert a miss (staged from the shard), part of
-  them in slots, all of them, and (CUDA) misses read in place from the host tier - the top logits of every emitted
+  them in slots, all of them, and (CUDA) misses read from the host tier - the top logits of every emitted
   position equal BIT FOR BIT;
 - a chunked prompt stays within the llama.cpp fixtures' tolerances (tests/fixtures/reference/), as the CPU's chunks do;
 - the chunk path's buffers are :func:`strata.layout.chunk.chunk_buffer_bytes` exactly, the grouping never pads past
@@ -62,23 +62,28 @@ def _engine(pack, backend: str, **kw):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["moe", "qwen2moe", "q3n"])
 def test_chunk_logits_do_not_depend_on_residency(packs, name, backend):
-    """Every expert a miss, a third resident, all resident (and on CUDA the misses in the host tier): the same
-    tokens and the same top logits, bit for bit, for a 45-id prompt in chunks of 16 (three chunks, one partial)."""
+    """Every expert a miss, a third resident, all resident, and the misses in the host tier: the same tokens and the
+    same top logits, bit for bit, for a 45-id prompt in chunks of 16 (three chunks, one partial)."""
     ids = _ids(45)
-    cases = [{"expert_cache": 0, "miss_tier": "cpu"}, {"resident": "0.34", "miss_tier": "cpu"}, {}]
-    if backend == "cuda":
-        cases.append({"expert_cache": 0, "miss_tier": "pcie"})
+    cases = [
+        {"expert_cache": 0, "miss_tier": "cpu"},
+        {"resident": "0.34", "miss_tier": "cpu"},
+        {},
+        {"expert_cache": 0, "miss_tier": "pcie"},
+    ]
     runs = []
     for kw in cases:
         eng = _engine(packs[name], backend, n_ctx=64, ubatch=16, **kw)
         assert eng.model.chunked and eng.gpu.chunk_ubatch == 16
         r = generate(eng, prompt_ids=ids, n_tokens=3, ignore_eos=True)
         assert [s.chunk for s in r.steps if s.phase == "prompt"] == [16] * 32 + [12] * 12
-        runs.append((r.output_ids, r.top, eng.experts.chunk_path.staged))
-    assert all(o == runs[0][0] and t == runs[0][1] for o, t, _ in runs), [r[:2] for r in runs]
+        path = eng.experts.chunk_path
+        runs.append((r.output_ids, r.top, path.staged, path.tier_copied, path.mm))
+    assert all(run[:2] == runs[0][:2] for run in runs), [run[:2] for run in runs]
     assert runs[0][2] > 0 and runs[2][2] == 0  # staged misses with no cache, none with every expert resident
-    if backend == "cuda":
-        assert runs[3][2] == 0  # the host tier is read in place
+    # the host tier: nothing staged from the shard; the grouped product copies its experts to staging (the f32-tile
+    # path reads them in place)
+    assert runs[3][2] == 0 and (runs[3][3] > 0) == runs[3][4]
 
 
 FIXTURE_ROWS = [("qwen2", "f32"), ("gemma3", "f32"), ("llama", "f32"), ("qwen3", "llamacpp")]
@@ -261,7 +266,7 @@ def test_budget_suggests_ub_1_when_the_chunk_path_is_what_misses(packs):
 
 
 def test_chunk_counts_host_tier_reads(packs):
-    """Misses read in place from the host tier count as PCIe misses in a chunk as one position at a time does (same
+    """Misses read from the host tier count as PCIe misses in a chunk as one position at a time does (same
     count per position); their bytes are what the chunk read: each (layer, expert) once per chunk, on the first row
     that routes to it."""
     ids = _ids(45)

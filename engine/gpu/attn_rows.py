@@ -89,13 +89,16 @@ def attend_rows(q, K_, V, scale: float, pos0: int, lo: int, window: int | None, 
 
 
 def sources() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """The modules the engine's shapes compile (head dims 64, 128, 256; both f16 modes), ``label -> (source, kernel
-    names)`` (tests/test_gpu_cuda_compile.py)."""
+    """Modules of every kind the engine's shapes compile, ``label -> (source, kernel names)``
+    (tests/test_gpu_cuda_compile.py): head dims 64, 128, 256 in both f16 modes, 8 query heads a KV head (4 rows a
+    warp) and 24 (8 rows a warp), and a value head dim other than the key's (192 / 128: 16-key tiles, 2-float loads)."""
     out = {}
-    for hd in (64, 128, 256):
+    for (hd, hd_v), heads in [((64, 64), (16, 2)), ((128, 128), (16, 2)), ((256, 256), (16, 2)), ((128, 128), (24, 1)),
+                              ((192, 128), (16, 2))]:  # fmt: skip
         for f16 in (False, True):
-            kt, bq, rpw = shape(16, 2, hd, hd)
-            out[f"attn_rows hd{hd} f16ops={int(f16)}"] = (source(hd, hd, kt, bq, f16, rpw), ("attn_rows",))
+            kt, bq, rpw = shape(*heads, hd, hd_v)
+            label = f"attn_rows hd{hd}x{hd_v} rpw{rpw} f16ops{int(f16)}"
+            out[label] = (source(hd, hd_v, kt, bq, f16, rpw), ("attn_rows",))
     return out
 
 

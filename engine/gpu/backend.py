@@ -153,10 +153,20 @@ class Backend(abc.ABC):
         return np.asarray(host, dtype=np.int32)
 
     @abc.abstractmethod
-    def expert_mm(self, type_id: int, bufs: Any, rows: int, ne0: int, X: Any, index: Any, rnd, out: Any, src: bool):
+    def expert_mm(
+        self, type_id: int, bufs: Any, rows: int, ne0: int, X: Any, index: Any, rnd, out: Any, src: bool, xscale=None
+    ):
         """One round of a chunk's grouped expert product (:func:`strata.engine.gpu.moe_mm.grouped_mm`: f16 operands,
-        f32 sums): ``bufs`` the round's experts' engine-form weights ``[rows, ne0]`` (a row of :meth:`addresses`),
-        ``X [R, ne0]`` f32, ``index`` from :meth:`index_array`, ``rnd`` its round, ``out [P, rows]`` f32."""
+        f32 sums): ``bufs`` the round's experts' engine-form weights ``[rows, ne0]`` (a row of :meth:`address_table`),
+        ``X [R, ne0]`` f32, ``index`` from :meth:`index_array` (a :class:`strata.engine.gpu.moe_mm.PairIndex`), ``rnd``
+        its round, ``out [P, rows]`` f32 (numpy order). ``src``: pair ``p`` reads row ``src[p]`` of ``X`` (the
+        chunk's rows, gate and up); False: row ``p`` (the pairs' own rows, down). ``xscale``: :meth:`row_scales` of
+        ``X`` when the caller has them (gate and up share them)."""
+
+    def row_scales(self, type_id: int, X: Any) -> Any:
+        """:func:`strata.engine.gpu.moe_mm.row_f16_scales` of ``X`` for :meth:`expert_mm` (None here: the reference
+        computes its own)."""
+        return None
 
     @abc.abstractmethod
     def host_view(self, owner: Any, storage: np.ndarray, address: int, offset: int, nbytes: int) -> Any:
@@ -324,10 +334,15 @@ class CudaBackend(Backend):
         slot[2] = stream.record()
         return dev
 
-    def expert_mm(self, type_id, bufs, rows, ne0, X, index, rnd, out, src):
+    def expert_mm(self, type_id, bufs, rows, ne0, X, index, rnd, out, src, xscale=None):
         from . import moe_mm
 
-        return moe_mm.grouped_mm(type_id, bufs, rows, ne0, X, index, rnd, out, src=src)
+        return moe_mm.grouped_mm(type_id, bufs, rows, ne0, X, index, rnd, out, src=src, xscale=xscale)
+
+    def row_scales(self, type_id, X):
+        from . import moe_mm
+
+        return moe_mm.row_f16_scales(type_id, X)
 
     def host_view(self, owner, storage, address, offset, nbytes):
         cp = self.cp
@@ -490,7 +505,7 @@ class SimBackend(Backend):
             out[g] = Xg[g] @ w.T
         return out
 
-    def expert_mm(self, type_id, bufs, rows, ne0, X, index, rnd, out, src):
+    def expert_mm(self, type_id, bufs, rows, ne0, X, index, rnd, out, src, xscale=None):
         """:func:`strata.engine.gpu.moe_mm.grouped_mm_reference` on each weight dequantized afresh (staging and slots
         are rewritten: nothing cached)."""
         from . import moe_mm

@@ -1,5 +1,5 @@
-"""Prompt chunks on the GPU: the chunk's products as dequantized tiles times cuBLAS, its routed experts grouped by
-expert (docs/DESIGN.md "Prompts in chunks on the GPU").
+"""Prompt chunks on the GPU: the chunk's dense products as dequantized tiles times cuBLAS, its routed experts grouped
+by expert (docs/DESIGN.md "Prompts in chunks on the GPU").
 
 :class:`ChunkPath` holds the two preallocated buffers (:mod:`strata.layout.chunk`, the budget's "prompt chunk"
 term): the f32 weight tile and the staging slots. The shared forward pass (:meth:`strata.engine.decoder.Decoder.
@@ -8,14 +8,18 @@ forward`) runs a chunk on the device through it:
 - a dense weight meets the chunk's rows ``X [T, ne0]`` (numpy order) through
   :meth:`strata.engine.gpu.backend.Backend.rows_product` (:class:`strata.engine.gpu.weights.DeviceWeights`
   ``matmul`` of a 2-D input);
-- layer ``il``'s routed experts (:meth:`ChunkPath.expert_outputs`): the chunk's (row, expert) pairs grouped by
-  expert; experts in groups of at most :func:`strata.layout.chunk.chunk_group_experts`, each group one
-  dequantization launch and one batched GEMM per part (gate, up, down) over the group's rows, padded to the
-  group's largest row count (a group's padded rows never exceed the chunk's pairs). Each expert's bytes come
-  from where they are: a cache slot, the host tier (read in place over PCIe), or - a miss - copied from the
-  memory-mapped shard into a staging slot. The same bytes go through the same kernels wherever they come from,
-  and the grouping depends on the routing only, so **a chunk's output does not depend on which experts are
-  resident** (tests/test_gpu_chunk.py, bit for bit).
+- layer ``il``'s routed experts (:meth:`ChunkPath.expert_outputs`), block types with the default kernels: the
+  grouped f16 tensor-core product (:mod:`strata.engine.gpu.moe_mm`), one launch per part for the experts in cache
+  slots, the others in rounds through the staging slots (a host-tier expert copied there whole from pinned memory,
+  a miss converted from the memory-mapped shard); ``--kernel exact`` or plain types: groups of at most
+  :func:`strata.layout.chunk.chunk_group_experts` through the f32 tile, each group one dequantization launch and
+  one batched GEMM per part (gate, up, down) over its rows padded to its largest row count (never past the chunk's
+  pairs), a host-tier expert read in place over PCIe. The same bytes go through the same kernels wherever they
+  come from, and the grouping depends on the routing only, so **a chunk's output does not depend on which experts
+  are resident** (tests/test_gpu_chunk.py, bit for bit);
+- attention, RMS norms, rope, routing and the experts' weighted sum in one launch each on CUDA
+  (:mod:`strata.engine.gpu.attn_rows`, :mod:`strata.engine.gpu.rows_ops`), offered to the shared layer code
+  through this object (:func:`strata.engine.layers.chunk_op`).
 """
 
 from __future__ import annotations
@@ -213,19 +217,20 @@ class ChunkPath:
         Xc = xp.ascontiguousarray(X, dtype=xp.float32)
         Gm, Um, D = self._buffers(perm.size, (gl.rows, ul.rows, n_embd))
         tier = getattr(path, "tier", None)
+        xs = bk.row_scales(gl.type_id, Xc)  # (gate and up read the same rows)
         a = 0
-        for r, rnd in zip(rounds, pi.rounds):
-            G = r.size
+        for members, rnd in zip(rounds, pi.rounds):
+            G = members.size
             if a or not dev.size:  # a staging round: each expert's bytes into staging slot j
-                for j, i in enumerate(r.tolist()):
+                for j, i in enumerate(members.tolist()):
                     b = j * lay.slot_bytes
                     if tl[i] >= 0:
                         bk.copy_bytes(self.staging, b, bk.tier_base(tier), int(tl[i]) * tier.slot_bytes, lay.slot_bytes)
                         self.tier_copied += 1
                     else:
                         self._stage(il, int(used[i]), [self.staging[b + p.offset :][: p.nbytes] for p in parts])
-            bk.expert_mm(gl.type_id, bases[0][a : a + G], gl.rows, gl.ne0, Xc, index, rnd, Gm, True)
-            bk.expert_mm(ul.type_id, bases[1][a : a + G], ul.rows, ul.ne0, Xc, index, rnd, Um, True)
+            bk.expert_mm(gl.type_id, bases[0][a : a + G], gl.rows, gl.ne0, Xc, index, rnd, Gm, True, xs)
+            bk.expert_mm(ul.type_id, bases[1][a : a + G], ul.rows, ul.ne0, Xc, index, rnd, Um, True, xs)
             H = bk.silu_mul(Gm.reshape(-1), Um.reshape(-1)).reshape(Gm.shape)
             bk.expert_mm(dl.type_id, bases[2][a : a + G], dl.rows, dl.ne0, H, index, rnd, D, False)
             a += G

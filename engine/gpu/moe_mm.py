@@ -4,7 +4,7 @@
 The chunk's (row, expert) pairs are sorted by expert; expert ``g``'s pairs are output rows ``starts[g] ..
 starts[g] + counts[g] - 1``. One launch per part (gate, up, down) takes every expert of the call: a CTA computes
 64 pairs of one expert times 128 weight rows, dequantizing the weight's blocks straight from engine form (the type's
-``deq_chunk``: the same f32 values as every other kernel) to f16 in shared memory - no f32 tile in device memory, no
+``deq_chunk``: the type's arithmetic, with FMA contraction) to f16 in shared memory - no f32 tile in device memory, no
 padding of experts to a common row count, no per-group launches. Operands are f16 (llama.cpp's CUDA back end rounds
 both to f16 for its cuBLAS path too, ``ggml-cuda.cu`` ``ggml_cuda_op_mul_mat_cublas``), each input row first scaled
 by a power of two (:func:`row_f16_scales`) so f16 cannot overflow; products accumulate in f32 (PTX ``mma.sync
@@ -44,7 +44,8 @@ def mm_source(type_id: int) -> str:
     """
     if not supports(type_id):
         raise ValueError(f"the grouped expert product takes block types only, not type {type_id}")
-    return A.type_source(type_id) + K.cuda_file("moe_mm.cu")
+    defs = f"#define BM {TILE_PAIRS}\n#define BN {TILE_ROWS}\n#define BK {TILE_K}\n#define MM_WARPS {THREADS // 32}\n"
+    return A.type_source(type_id) + defs + K.cuda_file("moe_mm.cu")
 
 
 def supports(type_id: int) -> bool:
@@ -81,10 +82,16 @@ def tiles_of(counts: np.ndarray) -> np.ndarray:
 
 def row_f16_scales(type_id: int, X):
     """``cupy.float32[R]``: per row of ``X`` (``cupy.float32 [R, K]``, C-contiguous) the power of two that puts its
-    largest magnitude in ``[2^13, 2^14)`` (1 for a row of zeros or with a non-finite value; at most ``2^100``): the
-    kernel of ``type_id``'s module (it does not depend on the type). :func:`row_f16_scales_reference` in NumPy."""
+    largest magnitude in ``[2^13, 2^14)`` (1 for a row of zeros or with a NaN or an infinity; at most ``2^100``): the
+    kernel of ``type_id``'s module (it does not depend on the type). :func:`row_f16_scales_reference` in NumPy.
+
+    Raises:
+        ValueError: ``X`` not a C-contiguous float32 matrix.
+    """
     import cupy as cp
 
+    if X.ndim != 2 or X.dtype != cp.float32 or not X.flags.c_contiguous:
+        raise ValueError(f"row_f16_scales: X {X.shape} {X.dtype} must be a C-contiguous float32 matrix")
     R, Kd = X.shape
     out = cp.empty(R, dtype=cp.float32)
     if R:
@@ -93,9 +100,12 @@ def row_f16_scales(type_id: int, X):
 
 
 def row_f16_scales_reference(X: np.ndarray) -> np.ndarray:
-    """:func:`row_f16_scales` in NumPy (``float32[R]``)."""
-    m = np.abs(np.asarray(X, dtype=np.float32)).max(axis=1, initial=0.0)
-    ok = (m > 0) & np.isfinite(m) & (m <= np.float32(3.0e38))
+    """:func:`row_f16_scales` in NumPy (``float32[R]``; ``X [R, K]``)."""
+    a = np.abs(np.asarray(X, dtype=np.float32))
+    with np.errstate(invalid="ignore"):
+        bad = ~(a <= np.float32(3.0e38)).all(axis=1)  # a NaN or an infinity in the row
+    m = np.where(np.isnan(a), 0, a).max(axis=1, initial=0.0)
+    ok = (m > 0) & ~bad
     _, e = np.frexp(np.where(ok, m, 1.0))
     return np.where(ok, np.ldexp(np.float32(1.0), np.minimum(14 - e, 100)), 1.0).astype(np.float32)
 
@@ -129,9 +139,20 @@ class PairIndex:
 
     @staticmethod
     def build(src: np.ndarray, starts: np.ndarray, counts: np.ndarray, rounds: list[np.ndarray]) -> PairIndex:
-        """``src``: pair ``p``'s X row; ``starts`` / ``counts``: every expert's first pair and pair count (pairs sorted
-        by expert); ``rounds``: the experts (indices into ``starts``) of each launch."""
+        """``src`` (int ``[P]``): pair ``p``'s X row; ``starts`` / ``counts`` (int ``[G]``): every expert's first pair
+        and pair count (pairs sorted by expert); ``rounds``: the experts (int arrays of indices into ``starts``) of each
+        launch. Every value must fit int32 (the kernel's index type); the outputs :func:`grouped_mm` writes have ``P``
+        rows.
+
+        Raises:
+            ValueError: a value outside int32, a round naming an expert outside ``starts``, pairs past ``P``.
+        """
         parts = [np.asarray(src, dtype=np.int64)]
+        n = np.size(starts)
+        if any(np.size(r) and (np.min(r) < 0 or np.max(r) >= n) for r in rounds):
+            raise ValueError(f"PairIndex: a round names an expert outside the {n} given")
+        if n and int(np.max(np.asarray(starts) + np.asarray(counts))) > parts[0].size:
+            raise ValueError(f"PairIndex: experts' pairs past the {parts[0].size} pairs (rows of the outputs)")
         off = int(parts[0].size)
         info = []
         for r in rounds:
@@ -140,8 +161,10 @@ class PairIndex:
             parts += [t, np.asarray(starts, dtype=np.int64)[r], c]
             info.append((off, t.size // 2, off + t.size, int(np.size(r))))
             off += t.size + 2 * np.size(r)
-        host = np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)
-        return PairIndex(host, tuple(info))
+        host = np.concatenate(parts)
+        if host.size and (host.min() < 0 or host.max() > np.iinfo(np.int32).max):
+            raise ValueError(f"PairIndex: values {host.min()}..{host.max()} outside int32")
+        return PairIndex(host.astype(np.int32), tuple(info))
 
 
 def grouped_mm(type_id: int, bases, rows: int, ne0: int, X, index, rnd, out, *, src: bool = True, xscale=None):
@@ -163,10 +186,10 @@ def grouped_mm(type_id: int, bases, rows: int, ne0: int, X, index, rnd, out, *, 
         raise ValueError(f"grouped_mm: {int(bases.size)} weights for a round of {G} experts")
     if ne0 % qk or ne0 % 32:
         raise ValueError(f"grouped_mm: ne0 {ne0} is not a whole number of {qk}-value blocks")
-    if X.ndim != 2 or X.shape[1] != ne0 or not X.flags.c_contiguous or X.data.ptr % 16:
-        raise ValueError(f"grouped_mm: X {X.shape} must be C-contiguous [R, {ne0}], 16-byte aligned")
-    if out.ndim != 2 or out.shape[1] != rows or not out.flags.c_contiguous:
-        raise ValueError(f"grouped_mm: out {out.shape} must be C-contiguous [P, {rows}]")
+    if X.ndim != 2 or X.shape[1] != ne0 or not X.flags.c_contiguous or X.data.ptr % 16 or X.dtype != np.float32:
+        raise ValueError(f"grouped_mm: X {X.shape} {X.dtype} must be C-contiguous float32 [R, {ne0}], 16-byte aligned")
+    if out.ndim != 2 or out.shape[1] != rows or not out.flags.c_contiguous or out.dtype != np.float32:
+        raise ValueError(f"grouped_mm: out {out.shape} {out.dtype} must be C-contiguous float32 [P, {rows}]")
     if nt == 0:
         return out
     if xscale is None:

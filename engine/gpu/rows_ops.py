@@ -13,6 +13,7 @@ import numpy as np
 
 from . import kernels as K
 
+#: Threads a CTA of the row kernels (``ROW_THREADS`` in the source).
 ROW_THREADS = 256
 KERNEL_NAMES = ("rms_norm_rows", "rope_rows", "weighted_rows", "route_rows")
 #: Experts a layer may have for :func:`route_rows` (``ROUTE_MAX_E``: the probabilities sit in shared memory).
@@ -22,8 +23,11 @@ ROUTE_MAX_E = 1024
 def source() -> str:
     """The module's CUDA source: the prelude's typedefs and ``cuda/rows_ops.cu``."""
     from ..kernel_src import assembly as A
+    from ..layers import ROUTE_WEIGHT_SUM_MIN
 
-    return A.source_file("prelude.cuh") + K.cuda_file("rows_ops.cu")
+    defs = f"#define ROW_THREADS {ROW_THREADS}\n#define ROUTE_MAX_E {ROUTE_MAX_E}\n"
+    defs += f"#define ROUTE_SUM_MIN {float(np.float32(ROUTE_WEIGHT_SUM_MIN))!r}f\n"
+    return A.source_file("prelude.cuh") + defs + K.cuda_file("rows_ops.cu")
 
 
 @functools.cache
@@ -55,16 +59,20 @@ def rms_norm_rows(x, w, eps: float):
 
 def rope_rows(x, cos_t, sin_t, n_rot: int, pos0: int, neox: bool):
     """:meth:`strata.engine.layers.Rope.rows` in one launch: ``x [T, n_head, head_dim]`` (``cupy.float32``), row
-    ``t`` rotated for position ``pos0 + t`` with the tables ``cos_t`` / ``sin_t [n_ctx, n_rot / 2]``.
+    ``t`` rotated for position ``pos0 + t`` with the tables ``cos_t`` / ``sin_t [n_ctx, n_rot / 2]`` (f32).
 
     Raises:
-        ValueError: positions past the tables, or ``n_rot`` odd or above the head dim.
+        ValueError: positions past the tables, tables of another shape, or ``n_rot`` odd or above the head dim.
     """
     import cupy as cp
 
     T, nh, hd = x.shape
     if n_rot % 2 or n_rot > hd or pos0 + T > cos_t.shape[0]:
         raise ValueError(f"rope_rows: n_rot {n_rot}, head dim {hd}, positions {pos0}..{pos0 + T - 1}")
+    if cos_t.shape != sin_t.shape or cos_t.shape[1] != n_rot // 2:
+        raise ValueError(f"rope_rows: tables {cos_t.shape} / {sin_t.shape} for {n_rot} rotated dims")
+    cos_t = cp.ascontiguousarray(cos_t, dtype=cp.float32)
+    sin_t = cp.ascontiguousarray(sin_t, dtype=cp.float32)
     xc = cp.ascontiguousarray(x, dtype=cp.float32)
     out = cp.empty_like(xc)
     n = T * nh * (n_rot // 2 + hd - n_rot)
@@ -107,14 +115,15 @@ def route_rows(logits, k: int, norm: bool):
     ``(ids, weights)``, ``ids`` a host ``int64 [T, k]`` array (the one copy to the host: the chunk's experts are
     grouped there), ``weights`` ``cupy.float32 [T, k]``; None when ``n_expert`` is above :data:`ROUTE_MAX_E` or below
     ``k`` (the caller takes the array form). The same softmax formula and ties (lower id first); the sums in another
-    order (rounding only)."""
+    order (rounding only). A row with NaN logits routes to valid experts (0..k-1 where nothing ranks) with weights 0
+    or NaN, as the array form gives NaN weights: the logits then say so."""
     import cupy as cp
 
     T, E = logits.shape
     if E > ROUTE_MAX_E or k > E or k < 1:
         return None
-    ids = cp.empty((T, k), dtype=cp.int32)
-    w = cp.empty((T, k), dtype=cp.float32)
+    ids = cp.tile(cp.arange(k, dtype=cp.int32), (T, 1))  # a NaN row's unranked slots stay valid experts
+    w = cp.zeros((T, k), dtype=cp.float32)
     if T:
         _kernels()["route_rows"](
             (T,), (ROW_THREADS,), (cp.ascontiguousarray(logits, dtype=cp.float32), ids, w, np.int32(E), np.int32(k),

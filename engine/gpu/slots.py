@@ -280,7 +280,8 @@ class GpuExpertPath(ExpertPath):
 
     def tier_bytes(self, il: int, e: int) -> int:
         """The engine-form bytes of expert ``e`` of layer ``il`` (gate + up + down) when the host tier holds it and
-        the cache does not (a chunk reads it there in place), else 0."""
+        the cache does not (a chunk reads it from there once: copied to staging, or in place on the f32-tile path),
+        else 0."""
         tier, path = self.tier, self.chunk_path
         if tier is None or path is None or (il, e) not in tier.where:
             return 0

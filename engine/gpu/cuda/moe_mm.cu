@@ -3,7 +3,8 @@
 // and pair p's input is row src[p] of X (src == null: row p):
 //   Y[p, n] = inv_s[p] * sum_k f16(X[src[p], k] * s[p]) * f16(W_g[n, k])      (s[p] = xscale[src[p]], or 1)
 // with W_g the engine-form weight [N, K] at bases[g] (scale plane, then payload plane), its values from deq_chunk
-// (the same f32 values as every other kernel of the type), rounded to f16 (round to nearest even), and the products
+// (the type's arithmetic; this module is compiled with FMA contraction, so a value may differ from the other kernels'
+// by one f32 rounding before its own rounding to f16, round to nearest even), and the products
 // summed in f32 by the tensor cores (mma.sync m16n8k16, f16 operands, f32 accumulators: PTX ISA "Matrix multiply-
 // accumulate operation using mma instruction", the m16n8k16 fragment layouts). xscale holds a power of two per X row
 // that puts the row's largest magnitude in [2^13, 2^14): f16's range without overflow, and its 11-bit significand
@@ -14,12 +15,9 @@
 // dequantizes whole 32-value chunks of one weight row into shared memory as f16, the X rows are gathered and
 // converted likewise, then each warp multiplies its 32 x 32 (pairs x rows) part. The tile list (blockIdx.y) is
 // tiles[2 * i] = g, tiles[2 * i + 1] = the tile's first pair of that expert; blockIdx.x = the BN-row block.
-#define BM 64
+// BM, BN, BK and MM_WARPS are defined by gpu/moe_mm.py (TILE_PAIRS, TILE_ROWS, TILE_K, THREADS / 32).
 #define MT (BM / 16)  // m16 tiles a warp takes (every warp all BM pairs, its 32 of the BN rows)
 #define XT (32 * MM_WARPS / BM)  // threads loading one pair's BK inputs
-#define BN 128
-#define BK 64
-#define MM_WARPS 4
 #define LDH (BK + 8)  // f16 per shared row (+8: the fragment loads of a warp fall on 32 different banks)
 
 __device__ __forceinline__ u32 pack_f16x2(const float lo, const float hi) {
@@ -147,14 +145,23 @@ extern "C" __global__ void __launch_bounds__(32 * MM_WARPS) mm_grouped(
 }
 
 // xscale[r] for the rows of X [R, K] (one CTA of MM_WARPS warps a row): the power of two that puts the row's largest
-// magnitude in [2^13, 2^14) (1 for a row of zeros or with a non-finite value: its products stay what f16 makes of
-// them).
+// magnitude in [2^13, 2^14) (1 for a row of zeros or with a NaN or an infinity: its products stay what f16 makes of
+// them; at most 2^100).
 extern "C" __global__ void __launch_bounds__(32 * MM_WARPS) row_f16_scale(const float* __restrict__ X, const i64 ldx,
                                                                          const int K, float* __restrict__ xscale) {
     __shared__ float part[MM_WARPS];
+    __shared__ int bad_any;
+    if (threadIdx.x == 0) bad_any = 0;
+    __syncthreads();
     const float* x = X + (i64)blockIdx.x * ldx;
     float m = 0.f;
-    for (int k = threadIdx.x; k < K; k += 32 * MM_WARPS) m = fmaxf(m, fabsf(x[k]));
+    int bad = 0;
+    for (int k = threadIdx.x; k < K; k += 32 * MM_WARPS) {
+        const float a = fabsf(x[k]);
+        bad |= !(a <= 3.0e38f);  // NaN or infinite (or near it)
+        m = fmaxf(m, a);
+    }
+    if (bad) bad_any = 1;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
@@ -163,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(32 * MM_WARPS) row_f16_scale(const 
         float mx = part[0];
         for (int w = 1; w < MM_WARPS; ++w) mx = fmaxf(mx, part[w]);
         float s = 1.0f;
-        if (mx > 0.f && mx <= 3.0e38f) {
+        if (!bad_any && mx > 0.f) {
             int e;
             frexpf(mx, &e);  // mx = f * 2^e, f in [0.5, 1): mx in [2^(e-1), 2^e)
             s = ldexpf(1.0f, min(14 - e, 100));  // (a subnormal row's scale stays finite)

@@ -1,6 +1,6 @@
 // Row-wise operations of a prompt chunk in one launch each (gpu/rows_ops.py; layers.rms_norm and layers.Rope.rows are
-// the same computations in array operations, a handful of launches and temporaries each).
-#define ROW_THREADS 256
+// the same computations in array operations, a handful of launches and temporaries each). ROW_THREADS, ROUTE_MAX_E and
+// ROUTE_SUM_MIN are defined by gpu/rows_ops.py (its constants; layers.ROUTE_WEIGHT_SUM_MIN).
 
 // out[r, :] = (x[r, :] * (1 / sqrt(sum(x[r, :]^2) / n + eps))) * w[:]   (ggml_rms_norm then ggml_mul; x, out [R, n],
 // w [n], f32; one CTA a row, the squares summed in a fixed tree)
@@ -69,9 +69,10 @@ extern "C" __global__ void weighted_rows(const float* __restrict__ E, const floa
 
 // A chunk's routing (layers.route_topk_rows): per row t of logits [T, E], p = softmax (exp(l - max), divided by the
 // sum), the K experts of highest p (ties: lower id first - an expert's rank is the count of experts better than it
-// or as good with a lower id) into ids [T, K] (int32) by rank, their p into w [T, K], divided by max(sum, 2^-14) when
-// norm. One CTA (ROW_THREADS) a row; E at most ROUTE_MAX_E.
-#define ROUTE_MAX_E 1024
+// or as good with a lower id) into ids [T, K] (int32) by rank, their p into w [T, K], divided by max(sum,
+// ROUTE_SUM_MIN) when norm. One CTA (ROW_THREADS) a row; E at most ROUTE_MAX_E. A row with a NaN probability ranks no
+// NaN expert: the caller fills ids with 0..K-1 and w with 0 first, so every id stays a valid expert (fused.cu moe_route
+// starts its choice the same way).
 extern "C" __global__ void __launch_bounds__(ROW_THREADS) route_rows(const float* __restrict__ logits,
                                                                      int* __restrict__ ids, float* __restrict__ w,
                                                                      const int E, const int K, const int norm) {
@@ -102,6 +103,7 @@ extern "C" __global__ void __launch_bounds__(ROW_THREADS) route_rows(const float
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += ROW_THREADS) {
         const float pe = p[e];
+        if (pe != pe) continue;  // NaN: ranks nowhere (its slot keeps the caller's fill)
         int rank = 0;
         for (int f = 0; f < E && rank < K; ++f) rank += (p[f] > pe) || (p[f] == pe && f < e);
         if (rank < K) {
@@ -113,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(ROW_THREADS) route_rows(const float
     if (norm && threadIdx.x == 0) {
         float t = 0.f;
         for (int k = 0; k < K; ++k) t += w[(i64)blockIdx.x * K + k];
-        t = fmaxf(t, 6.103515625e-5f);
+        t = fmaxf(t, ROUTE_SUM_MIN);
         for (int k = 0; k < K; ++k) w[(i64)blockIdx.x * K + k] = w[(i64)blockIdx.x * K + k] / t;
     }
 }
