@@ -119,9 +119,10 @@ def activation_term(facts: ModelFacts, n_ctx: int) -> tuple[int, str, bool]:
 
 
 def chunk_term(facts: ModelFacts, ubatch: int) -> tuple[int, str]:
-    """(bytes, detail) of "prompt chunk" for strata's engine at ``-ub ubatch``: the GPU chunk path's f32 tile and
-    staging slots (:func:`strata.layout.chunk.chunk_buffer_bytes`, what ``strata.engine.gpu.chunk.ChunkPath``
-    allocates: the engine's ``GpuInfo.chunk_bytes``); 0 at ``-ub 1`` (one position at a time)."""
+    """(bytes, detail) of "prompt chunk" for strata's engine at ``-ub ubatch``: the GPU chunk path's f32 tile, staging
+    slots and (block-type experts) the grouped product's outputs (:func:`strata.layout.chunk.chunk_buffer_bytes`,
+    what ``strata.engine.gpu.chunk.ChunkPath`` allocates: the engine's ``GpuInfo.chunk_bytes``); 0 at ``-ub 1`` (one
+    position at a time)."""
     if ubatch <= 1:
         return 0, "-ub 1: the prompt one position at a time, no chunk buffers"
     w, h, _d = _split(facts)
@@ -132,12 +133,16 @@ def chunk_term(facts: ModelFacts, ubatch: int) -> tuple[int, str]:
     part = facts.n_embd * facts.n_ff_exp if moe else 0
     n_expert = facts.n_expert if moe else 0
     slot = facts.max_slot_bytes if moe else 0
-    nb = LC.chunk_buffer_bytes(ne0_max, dense_max, part, n_expert, slot)
+    types = {t for L in facts.trunk_experts for t in (L.gate_type, L.up_type, L.down_type)}
+    grouped = moe and LC.grouped_types(types)
+    pairs = LC.chunk_pair_bytes(ubatch, facts.n_expert_used, facts.n_embd, facts.n_ff_exp) if grouped else 0
+    nb = LC.chunk_buffer_bytes(ne0_max, dense_max, part, n_expert, slot, pairs)
     tile = LC.chunk_tile_elements(ne0_max, dense_max, part, n_expert)
     group = min(LC.chunk_group_experts(tile, part), n_expert)
     return nb, (
         f"-ub {ubatch}: f32 weight tile of {tile} values"
         + (f" + {group} staging slots of {slot} B (a chunk's missed experts)" if moe else "")
+        + (f" + the grouped expert product's outputs for {ubatch} x {facts.n_expert_used} pairs" if grouped else "")
     )
 
 

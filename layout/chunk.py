@@ -6,6 +6,8 @@ docs/DESIGN.md "Prompts in chunks on the GPU".
 
 from __future__ import annotations
 
+from strata.packer import quants
+
 from .buffers import F32_BYTES
 
 #: Prompt positions per chunk by default (llama.cpp's ``n_ubatch`` default, ``-ub 512``): the engine's ``-ub`` and
@@ -41,21 +43,43 @@ def chunk_staging_bytes(group_experts: int, slot_bytes: int) -> int:
     return int(group_experts) * int(slot_bytes)
 
 
+def grouped_types(type_ids) -> bool:
+    """Whether routed experts of ``type_ids`` (ggml type ids) take the GPU's grouped f16 product
+    (:mod:`strata.engine.gpu.moe_mm`): every one a block type (more than one value a block) with device code."""
+    ids = [int(t) for t in type_ids]
+    return bool(ids) and all(quants.qtype(t).gpu_kernel and quants.qtype(t).block_elems > 1 for t in ids)
+
+
+def chunk_pair_bytes(ubatch: int, n_expert_used: int, n_embd: int, n_ff_exp: int) -> int:
+    """Bytes of the grouped product's f32 outputs for a chunk's (row, expert) pairs, ``ubatch x n_expert_used`` of
+    them: gate and up ``[pairs, n_ff_exp]``, down ``[pairs, n_embd]`` (numpy order), kept for the run."""
+    return F32_BYTES * int(ubatch) * int(n_expert_used) * (2 * int(n_ff_exp) + int(n_embd))
+
+
 def chunk_buffer_bytes(
-    ne0_max: int, dense_elements_max: int, expert_part_elements: int, n_expert: int, slot_bytes: int
+    ne0_max: int,
+    dense_elements_max: int,
+    expert_part_elements: int,
+    n_expert: int,
+    slot_bytes: int,
+    pair_bytes: int = 0,
 ) -> int:
-    """The prompt chunk's preallocated device buffers (bytes): the f32 tile (:func:`chunk_tile_elements`) and the
-    staging slots (:func:`chunk_staging_bytes` of :func:`chunk_group_experts`, at most ``n_expert``)."""
+    """The prompt chunk's preallocated device buffers (bytes): the f32 tile (:func:`chunk_tile_elements`), the
+    staging slots (:func:`chunk_staging_bytes` of :func:`chunk_group_experts`, at most ``n_expert``) and, when the
+    experts take the grouped product (:func:`grouped_types`), its outputs (``pair_bytes``: :func:`chunk_pair_bytes`;
+    0 otherwise)."""
     tile = chunk_tile_elements(ne0_max, dense_elements_max, expert_part_elements, n_expert)
     group = min(chunk_group_experts(tile, expert_part_elements), int(n_expert))
-    return F32_BYTES * tile + chunk_staging_bytes(group, slot_bytes)
+    return F32_BYTES * tile + chunk_staging_bytes(group, slot_bytes) + int(pair_bytes)
 
 
 __all__ = [
     "CHUNK_TILE_BYTES",
     "DEFAULT_UBATCH",
     "chunk_buffer_bytes",
+    "chunk_pair_bytes",
     "chunk_group_experts",
     "chunk_staging_bytes",
     "chunk_tile_elements",
+    "grouped_types",
 ]

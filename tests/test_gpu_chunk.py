@@ -113,8 +113,9 @@ def test_chunked_gpu_prompt_matches_llama_cpp(tmp_path_factory, name, numerics, 
 
 
 def test_chunk_buffers_are_the_layout_and_the_plan(packs):
-    """The chunk path's buffers are strata.layout.chunk's, and the budget's "prompt chunk" term is the same number
-    (from the pack's tensors); ``measure`` lists the term measured = predicted, exact."""
+    """The chunk path's buffers are strata.layout.chunk's - the tile, the staging slots and the grouped product's
+    outputs for ``-ub x n_expert_used`` pairs - and the budget's "prompt chunk" term is the same number (from the
+    pack's tensors); ``measure`` lists the term measured = predicted, exact."""
     from strata.engine.measure import measure_pack
 
     eng = _engine(packs["moe"], "sim", n_ctx=64, ubatch=16)
@@ -125,7 +126,9 @@ def test_chunk_buffers_are_the_layout_and_the_plan(packs):
     mats = [w.entry(n) for n in w.matrices()]
     ne0_max = max(e.ne0 for e in mats)
     dense_max = max(e.ne0 * e.ne1 * e.ne2 * e.ne3 for e in mats)
-    want = LC.chunk_buffer_bytes(ne0_max, dense_max, part, h.n_expert, path.layout.slot_bytes)
+    pairs = LC.chunk_pair_bytes(16, h.n_expert_used, h.n_embd, h.n_ff_exp)
+    assert pairs == 4 * 16 * h.n_expert_used * (2 * h.n_ff_exp + h.n_embd) > 0 and path.grouped
+    want = LC.chunk_buffer_bytes(ne0_max, dense_max, part, h.n_expert, path.layout.slot_bytes, pairs)
     assert path.nbytes == want == eng.gpu.chunk_bytes
     assert path.tile_elements == max(dense_max, h.n_expert * part) < LC.CHUNK_TILE_BYTES // 4
     assert path.group == h.n_expert and path.staging_bytes == h.n_expert * path.layout.slot_bytes

@@ -42,12 +42,23 @@ class ChunkPath:
 
     ``ne0_max``: the widest dense weight's row (values), ``dense_max``: the largest one's elements; ``layout``: a
     :class:`SlotCache` whose slot layout the staging slots take (one of no slots, made at the prompt-path stage);
-    ``n_expert``: experts per layer; ``tf32``: cuBLAS's TF32 tensor-core mode (False: plain f32, ``--kernel
-    exact``). ``nbytes``: the tile and the staging slots, :func:`strata.layout.chunk.chunk_buffer_bytes`.
+    ``n_expert``: experts per layer; ``tf32``: cuBLAS's TF32 tensor-core mode and the grouped f16 expert product
+    (False: plain f32 tiles, ``--kernel exact``); ``ubatch`` / ``n_expert_used``: a chunk's most positions and the
+    experts a row selects (the grouped product's outputs hold their product of pairs). ``nbytes``: the tile, the
+    staging slots and those outputs, :func:`strata.layout.chunk.chunk_buffer_bytes`.
     """
 
     def __init__(
-        self, backend: Backend, ne0_max: int, dense_max: int, layout: SlotCache | None, n_expert: int, *, tf32=True
+        self,
+        backend: Backend,
+        ne0_max: int,
+        dense_max: int,
+        layout: SlotCache | None,
+        n_expert: int,
+        *,
+        tf32=True,
+        ubatch: int = LC.DEFAULT_UBATCH,
+        n_expert_used: int = 0,
     ):
         self.bk, self.xp, self.tf32 = backend, backend.xp, bool(tf32)
         self.layout = layout
@@ -59,8 +70,22 @@ class ChunkPath:
         slot = layout.slot_bytes if layout is not None else 0
         self.staging_bytes = LC.chunk_staging_bytes(self.group, slot)
         self.staging = backend.empty_bytes(self.staging_bytes) if self.staging_bytes else None
-        self.nbytes = 4 * self.tile_elements + self.staging_bytes
-        assert self.nbytes == LC.chunk_buffer_bytes(ne0_max, dense_max, part, n_expert, slot)
+        types = {p.type_id for lays in layout.layouts.values() for p in lays} if layout is not None else set()
+        #: the experts' types take the grouped product: its outputs are allocated here, for ubatch x n_expert_used
+        #: pairs (the budget plans them from the types alone; --kernel exact leaves them unused)
+        self.grouped = layout is not None and n_expert > 0 and n_expert_used > 0 and LC.grouped_types(types)
+        self.pair_capacity = int(ubatch) * int(n_expert_used) if self.grouped else 0
+        pair_bytes = 0
+        self._mm_bufs: tuple = ()
+        if self.grouped:
+            assert layout is not None
+            pair_bytes = LC.chunk_pair_bytes(ubatch, n_expert_used, layout.n_embd, layout.n_ff)
+            P = self.pair_capacity
+            self._mm_bufs = tuple(
+                backend.empty_f32(P * r).reshape(P, r) for r in (layout.n_ff, layout.n_ff, layout.n_embd)
+            )
+        self.nbytes = 4 * self.tile_elements + self.staging_bytes + pair_bytes
+        assert self.nbytes == LC.chunk_buffer_bytes(ne0_max, dense_max, part, n_expert, slot, pair_bytes)
         self.staged = 0  # experts copied into staging (misses outside the host tier), over the run
         self.tier_copied = 0  # host-tier experts copied into staging by the grouped product, over the run
         self.n_expert = n_expert
@@ -68,15 +93,8 @@ class ChunkPath:
         self.device_kernels = self.xp is not np
         self._tab_key: tuple | None = None
         self._tab: tuple = ({}, {})
-        self._mm_key: tuple | None = None
-        self._mm_bufs: tuple = ()
         #: the grouped f16 product (moe_mm) for the routed experts: block types, not --kernel exact
-        self.mm = (
-            bool(tf32)
-            and layout is not None
-            and n_expert > 0
-            and backend.mm_types({p.type_id for lays in layout.layouts.values() for p in lays})
-        )
+        self.mm = bool(tf32) and self.grouped and backend.mm_types(types)
 
     def attend_rows(self, q, K, V, scale: float, pos0: int, lo: int, window: int | None, f16_operands: bool):
         """The chunk's causal attention in one CUDA launch (:func:`strata.engine.gpu.attn_rows.attend_rows`, the
@@ -170,14 +188,16 @@ class ChunkPath:
             self._tab, self._tab_key = (slots, tiers), key
         return self._tab
 
-    def _buffers(self, P: int, rows: tuple[int, int, int]):
+    def _buffers(self, P: int):
         """The grouped product's f32 outputs for ``P`` pairs (gate, up, down: ``[P, rows_i]``): the first ``P`` rows of
-        buffers kept between layers and chunks, made at the largest ``P`` seen (the start-up's warm-up chunk of ``-ub``
-        rows: ``-ub x n_expert_used`` pairs). A round reads only its own rows; the others hold finite values of an
-        earlier layer."""
-        if self._mm_key is None or self._mm_key[0] < P or self._mm_key[1] != rows:
-            self._mm_bufs = tuple(self.xp.zeros((P, r), dtype=self.xp.float32) for r in rows)
-            self._mm_key = (P, rows)
+        the buffers made at start-up for ``-ub x n_expert_used`` pairs. A round reads only its own rows; the others
+        hold finite values of an earlier layer (or the start's zeros).
+
+        Raises:
+            ValueError: more pairs than the buffers hold (a chunk longer than ``-ub``).
+        """
+        if P > self.pair_capacity:
+            raise ValueError(f"a chunk of {P} (row, expert) pairs: the chunk path holds {self.pair_capacity} (-ub)")
         return tuple(b[:P] for b in self._mm_bufs)
 
     def _grouped_mm(self, path, il: int, X, r):
@@ -215,7 +235,7 @@ class ChunkPath:
         index = bk.index_array(np.concatenate([pi.host, inv.astype(np.int32)]))
         bases = bk.address_table(bases)  # [3][experts]: gate, up, down
         Xc = xp.ascontiguousarray(X, dtype=xp.float32)
-        Gm, Um, D = self._buffers(perm.size, (gl.rows, ul.rows, n_embd))
+        Gm, Um, D = self._buffers(perm.size)
         tier = getattr(path, "tier", None)
         xs = bk.row_scales(gl.type_id, Xc)  # (gate and up read the same rows)
         a = 0

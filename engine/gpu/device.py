@@ -283,7 +283,16 @@ class GpuDevice:
         h, layout = model.hp, None
         if self.experts is not None:
             layout = SlotCache(self.experts.source, bk, h.n_embd, h.n_ff_exp, 0)
-        path = ChunkPath(bk, ne0_max, dense_max, layout, h.n_expert, tf32=opts.kernel != "exact")
+        path = ChunkPath(
+            bk,
+            ne0_max,
+            dense_max,
+            layout,
+            h.n_expert,
+            tf32=opts.kernel != "exact",
+            ubatch=opts.ubatch,
+            n_expert_used=h.n_expert_used if self.experts is not None else 0,
+        )
         w.chunk = path
         if self.experts is not None:
             self.experts.chunk_path = path

@@ -49,10 +49,11 @@ def mm_source(type_id: int) -> str:
 
 
 def supports(type_id: int) -> bool:
-    """Whether ``type_id``'s experts can take :func:`grouped_mm` (a block type with GPU code)."""
-    from strata.packer import quants
+    """Whether ``type_id``'s experts can take :func:`grouped_mm` (a block type with GPU code:
+    :func:`strata.layout.chunk.grouped_types`)."""
+    from strata.layout.chunk import grouped_types
 
-    return type_id in A.SUPPORTED_TYPES and quants.qtype(type_id).block_elems > 1
+    return grouped_types([type_id])
 
 
 def mm_sources() -> dict[str, tuple[str, tuple[str, ...]]]:
