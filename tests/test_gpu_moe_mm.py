@@ -90,11 +90,7 @@ def test_cuda_grouped_mm_equals_the_reference(type_id):
     import cupy as cp
 
     rows, ne0 = 200, 512
-    ws, bufs = [], []
-    for g in range(3):
-        ef, w = _engine_form(type_id, rows, ne0, 10 * type_id + g)
-        ws.append(w)
-        bufs.append(cp.asarray(ef))
+    ws, bufs = _device_experts(type_id, 3, rows, ne0, 10 * type_id)
     rng = np.random.default_rng(type_id)
     X = rng.standard_normal((30, ne0)).astype(np.float32)
     X[3] *= 1e5  # a row f16 alone would overflow
@@ -121,6 +117,14 @@ def test_cuda_grouped_mm_equals_the_reference(type_id):
     assert np.array_equal(run([[0, 1, 2]]), two)
     alone = run([[2]])
     assert np.array_equal(alone[41:], two[41:]) and np.all(np.isnan(alone[:41]))
+
+
+def _device_experts(type_id: int, n: int, rows: int, ne0: int, seed: int):
+    """``n`` random experts' parts of ``[rows, ne0]``: their dequantized f32 values and engine forms on the device."""
+    import cupy as cp
+
+    pairs = [_engine_form(type_id, rows, ne0, seed + g) for g in range(n)]
+    return [w for _, w in pairs], [cp.asarray(ef) for ef, _ in pairs]
 
 
 def _addresses(bufs):
@@ -154,11 +158,7 @@ def test_cuda_grouped_mm_own_rows_and_a_partial_k_step(type_id):
     import cupy as cp
 
     rows, ne0 = 70, 96
-    ws, bufs = [], []
-    for g in range(2):
-        ef, w = _engine_form(type_id, rows, ne0, 7 * type_id + g)
-        ws.append(w)
-        bufs.append(cp.asarray(ef))
+    ws, bufs = _device_experts(type_id, 2, rows, ne0, 7 * type_id)
     X = np.random.default_rng(type_id).standard_normal((69, ne0)).astype(np.float32)
     starts, counts = np.array([0, 3]), np.array([3, 66])
     ref = np.zeros((69, rows), np.float32)
