@@ -23,6 +23,7 @@ from .errors import BudgetInputError
 from .options import (
     ENGINE_ALIASES,
     AliasChoice,
+    batch_size_option,
     card_options,
     ctx_option,
     expert_cache_option,
@@ -169,6 +170,7 @@ def main() -> None:
 @expert_profile_option
 @miss_tier_option
 @ubatch_plan_option
+@batch_size_option
 @click.option(
     "--bf16-scan/--no-bf16-scan", default=True, show_default=True, help="Scan every BF16-source value in pool.bin."
 )
@@ -195,6 +197,7 @@ def check(
     expert_profile,
     miss_tier,
     ubatch,
+    batch_size,
     bf16_scan,
     source_dir,
     step_ms,
@@ -258,7 +261,7 @@ def check(
             profile_path=expert_profile,
             engine=engine,
             miss_tier=miss_tier,
-            ubatch=ubatch,
+            ubatch=min(ubatch, batch_size),  # as the engine's: a chunk is min(-b, -ub) positions
         )
         try:
             plan = make_plan(audit.facts, card, opts)

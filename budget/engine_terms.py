@@ -118,13 +118,14 @@ def activation_term(facts: ModelFacts, n_ctx: int) -> tuple[int, str, bool]:
     )
 
 
-def chunk_term(facts: ModelFacts, ubatch: int) -> tuple[int, str]:
+def chunk_term(facts: ModelFacts, ubatch: int, n_ctx: int | None = None) -> tuple[int, str]:
     """(bytes, detail) of "prompt chunk" for strata's engine at ``-ub ubatch``: the GPU chunk path's f32 tile, staging
     slots and (block-type experts) the grouped product's outputs (:func:`strata.layout.chunk.chunk_buffer_bytes`,
     what ``strata.engine.gpu.chunk.ChunkPath`` allocates: the engine's ``GpuInfo.chunk_bytes``); 0 at ``-ub 1`` (one
-    position at a time)."""
+    position at a time). A chunk holds at most ``n_ctx`` positions (:func:`strata.layout.chunk.chunk_positions`)."""
     if ubatch <= 1:
         return 0, "-ub 1: the prompt one position at a time, no chunk buffers"
+    pos = LC.chunk_positions(ubatch, ubatch, n_ctx if n_ctx is not None else ubatch)
     w, h, _d = _split(facts)
     mats = [t for t in w + h if not _is_vector(t.ne)]
     ne0_max = max((int(t.ne[0]) for t in mats), default=1)
@@ -135,14 +136,14 @@ def chunk_term(facts: ModelFacts, ubatch: int) -> tuple[int, str]:
     slot = facts.max_slot_bytes if moe else 0
     types = {t for L in facts.trunk_experts for t in (L.gate_type, L.up_type, L.down_type)}
     grouped = moe and LC.grouped_types(types)
-    pairs = LC.chunk_pair_bytes(ubatch, facts.n_expert_used, facts.n_embd, facts.n_ff_exp) if grouped else 0
+    pairs = LC.chunk_pair_bytes(pos, facts.n_expert_used, facts.n_embd, facts.n_ff_exp) if grouped else 0
     nb = LC.chunk_buffer_bytes(ne0_max, dense_max, part, n_expert, slot, pairs)
     tile = LC.chunk_tile_elements(ne0_max, dense_max, part, n_expert)
     group = min(LC.chunk_group_experts(tile, part), n_expert)
     return nb, (
-        f"-ub {ubatch}: f32 weight tile of {tile} values"
+        f"-ub {ubatch}: f32 weight tile of {tile} values ({4 * tile} B)"
         + (f" + {group} staging slots of {slot} B (a chunk's missed experts)" if moe else "")
-        + (f" + the grouped expert product's outputs for {ubatch} x {facts.n_expert_used} pairs" if grouped else "")
+        + (f" + {pairs} B of grouped-product outputs ({pos} x {facts.n_expert_used} pairs)" if grouped else "")
     )
 
 

@@ -168,6 +168,25 @@ def ubatch_option(help_text: str):
     )
 
 
+def batch_size_option(f):
+    """``-b/--batch-size`` (llama.cpp's logical batch ``n_batch``, default
+    :data:`strata.layout.chunk.DEFAULT_BATCH`), >= 1, into the ``batch_size`` parameter: with one sequence a chunk
+    is ``min(-b, -ub)`` positions (:func:`strata.layout.chunk.chunk_positions`), for the engine and the budget
+    alike."""
+    from strata.layout.chunk import DEFAULT_BATCH
+
+    return click.option(
+        "-b",
+        "--batch-size",
+        "batch_size",
+        type=click.IntRange(min=1),
+        default=DEFAULT_BATCH,
+        show_default=True,
+        help="Logical batch (llama.cpp's -b): with one sequence a prompt chunk is min(-b, -ub) positions (and at "
+        "most the context).",
+    )(f)
+
+
 #: ``strata-budget check``'s ``-ub``: the GPU chunk path it plans.
 ubatch_plan_option = ubatch_option(
     "strata's engine: prompt positions per chunk (strata-engine -ub): plans the GPU chunk path's tile and "
@@ -252,6 +271,7 @@ __all__ = [
     "MISS_TIERS",
     "MISS_TIER_HELP",
     "miss_tier_option",
+    "batch_size_option",
     "ubatch_option",
     "ubatch_plan_option",
     "PCIE_GBS_HELP",

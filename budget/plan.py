@@ -140,7 +140,7 @@ def _terms(facts: ModelFacts, card: Card, o: PlanOptions, n_ctx: int) -> list[Te
         )
     terms.append(Term(name="prefill/activations", bytes=act, detail=act_detail))
     if strata:
-        nb, detail = ET.chunk_term(facts, o.ubatch)
+        nb, detail = ET.chunk_term(facts, o.ubatch, n_ctx)
         terms.append(Term(name="prompt chunk", bytes=nb, detail=detail))
     return terms
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 
 from strata.budget.options import (
+    batch_size_option,
     card_options,
     ctx_option,
     expert_cache_option,
@@ -190,15 +191,7 @@ def main() -> None:
     "Prompt positions that go through the layers together (llama.cpp's -ub; 1 = one at a time), on the CPU and "
     "the GPU (its chunk buffers: the budget's 'prompt chunk' term); generated tokens run one position per step."
 )
-@click.option(
-    "-b",
-    "--batch-size",
-    "batch",
-    type=click.IntRange(min=1),
-    default=2048,
-    show_default=True,
-    help="Logical batch (llama.cpp's -b): with one sequence a chunk is min(-b, -ub) positions.",
-)
+@batch_size_option
 @kv_option(ENGINE_KV_TYPES)
 @expert_cache_option
 @expert_profile_option
@@ -245,7 +238,7 @@ def generate_cmd(pack, **kw):
         kw["prompt"] = prompt_text(kw["prompt"], kw.pop("prompt_file"))
     except REFUSALS as e:
         fail(str(e), as_json=kw["as_json"])
-    kw["ubatch"] = min(kw["ubatch"], kw.pop("batch"))  # one sequence: a chunk is min(-b, -ub) positions
+    kw["ubatch"] = min(kw["ubatch"], kw.pop("batch_size"))  # one sequence: a chunk is min(-b, -ub) positions
     req = GenerateRequest(pack=pack, **{f.name: kw.pop(f.name) for f in fields(GenerateRequest) if f.name in kw})
     try:
         sampler = req.check()
@@ -281,6 +274,7 @@ def generate_cmd(pack, **kw):
 )
 @click.option("-p", "--prompt", default="The capital of France is", show_default=True, help="The prompt of -n.")
 @ubatch_option("Prompt positions per chunk the engine is started for, as generate's: its 'prompt chunk' buffers.")
+@batch_size_option
 @click.option(
     "--device",
     type=click.Choice(["cuda", "sim"]),
@@ -317,6 +311,7 @@ def measure_cmd(pack, n_tokens, prompt, as_json, step_ms, pcie_gbs, **kw):
             )
         ):
             raise GenerateError(bad)
+        kw["ubatch"] = min(kw["ubatch"], kw.pop("batch_size"))  # as generate's: a chunk is min(-b, -ub) positions
         a = measure_pack(
             pack,
             options=options_from_cli(**kw),

@@ -13,6 +13,17 @@ from .buffers import F32_BYTES
 #: Prompt positions per chunk by default (llama.cpp's ``n_ubatch`` default, ``-ub 512``): the engine's ``-ub`` and
 #: the budget's ``--ubatch-size``.
 DEFAULT_UBATCH = 512
+#: llama.cpp's logical batch default (``n_batch``, ``-b 2048``): with one sequence a chunk is ``min(-b, -ub)``
+#: positions (:func:`chunk_positions`).
+DEFAULT_BATCH = 2048
+
+
+def chunk_positions(ubatch: int, batch: int, n_ctx: int) -> int:
+    """Prompt positions one chunk holds at most: ``min(-ub, -b, n_ctx)``, at least 1 (llama.cpp: a ubatch is at most
+    the logical batch, which is at most the context). The engine's chunk buffers and the budget's "prompt chunk" term
+    are sized by it."""
+    return max(1, min(int(ubatch), int(batch), int(n_ctx)))
+
 
 #: The f32 weight tile's cap (bytes): a dense weight is dequantized this many bytes of rows at a time, and a
 #: chunk's routed experts this many experts' parts at a time (one launch and one batched GEMM per group).
@@ -75,9 +86,11 @@ def chunk_buffer_bytes(
 
 __all__ = [
     "CHUNK_TILE_BYTES",
+    "DEFAULT_BATCH",
     "DEFAULT_UBATCH",
     "chunk_buffer_bytes",
     "chunk_pair_bytes",
+    "chunk_positions",
     "chunk_group_experts",
     "chunk_staging_bytes",
     "chunk_tile_elements",

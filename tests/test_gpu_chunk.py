@@ -216,7 +216,8 @@ def test_cuda_dequant_many_equals_dequantize_and_gemm_within_rounding(type_id):
 
 def test_budget_check_plans_the_chunk_at_its_ubatch(packs):
     """``strata-budget check -ub N``: the "prompt chunk" term is the engine's chunk buffers at ``-ub > 1`` and 0 at
-    ``-ub 1``, and the rest of the plan moves by exactly that term and cuBLAS's share of "CUDA runtime"."""
+    ``-ub 1``, and the rest of the plan moves by exactly that term and cuBLAS's share of "CUDA runtime"; a chunk's
+    positions are min(-ub, -b, the context) for both."""
     import json
 
     from click.testing import CliRunner
@@ -239,6 +240,20 @@ def test_budget_check_plans_the_chunk_at_its_ubatch(packs):
     assert blas == 62337 * 1024
     assert chunked["CUDA runtime"] - one["CUDA runtime"] == blas
     assert used - used1 == chunked["prompt chunk"] + blas
+    # one rule for a chunk's positions, min(-ub, -b, context), in the plan and in the engine (its pair outputs)
+    assert LC.chunk_positions(512, 2048, 8192) == 512 and LC.chunk_positions(4096, 2048, 8192) == 2048
+    assert LC.chunk_positions(4096, 2048, 256) == 256 and LC.chunk_positions(3, 5, 1) == 1
+    h = eng.model.hp
+    per_pos = 4 * h.n_expert_used * (2 * h.n_ff_exp + h.n_embd)
+    big, _ = terms("-ub", "4096")  # capped at the context: 64 positions, as the default -ub 512 is
+    small, _ = terms("-ub", "40", "-b", "16")  # min(-b, -ub) = 16 positions
+    assert (
+        big["prompt chunk"] == chunked["prompt chunk"]
+        and chunked["prompt chunk"] - small["prompt chunk"] == 48 * per_pos
+    )
+    assert eng.experts.chunk_path.pair_capacity == 64 * h.n_expert_used
+    e16 = _engine(packs["moe"], "sim", n_ctx=64, ubatch=16)
+    assert e16.gpu.chunk_bytes == small["prompt chunk"]
 
 
 def test_budget_suggests_ub_1_when_the_chunk_path_is_what_misses(packs):

@@ -27,6 +27,7 @@ from typing import Any
 from strata.budget import formulas as F
 from strata.budget.cards import Card
 from strata.layout import buffers as LB
+from strata.layout import chunk as LC
 from strata.layout import experts as LX
 from strata.layout import kv as LK
 from strata.manifests.contract import Geometry
@@ -290,7 +291,7 @@ class GpuDevice:
             layout,
             h.n_expert,
             tf32=opts.kernel != "exact",
-            ubatch=opts.ubatch,
+            ubatch=LC.chunk_positions(opts.ubatch, opts.ubatch, state.n_ctx),
             n_expert_used=h.n_expert_used if self.experts is not None else 0,
         )
         w.chunk = path
