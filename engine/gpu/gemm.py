@@ -3,9 +3,10 @@ with cuBLAS (docs/DESIGN.md "Prompts in chunks on the GPU").
 
 A chunk of ``T`` positions meets each weight ``T`` times, so the weight is dequantized once (the type's
 ``dequant_many`` kernel, :mod:`strata.engine.gpu.kernels`: every value equals the decode kernels' dequantization
-bit for bit) into a preallocated f32 tile, and the product is one cuBLAS GEMM: llama.cpp's CUDA back end does
-the same for batches above its MMQ/MMVQ sizes (``ggml-cuda.cu`` ``ggml_cuda_op_mul_mat_cublas``: the weight
-converted to f16, the activations to f16). strata keeps both operands f32 and asks cuBLAS for
+bit for bit) into a preallocated f32 tile, and the product is one cuBLAS GEMM. llama.cpp's CUDA back end does that
+(``ggml-cuda.cu`` ``ggml_cuda_op_mul_mat_cublas``: both operands converted to f16) only where it does not take its
+MMQ kernels (``ggml_cuda_should_use_mmq``: on cards with int8 tensor cores, every quantized type at every batch
+size). strata keeps both operands f32 and asks cuBLAS for
 ``CUBLAS_COMPUTE_32F_FAST_TF32`` (``tf32=True``: tensor cores, operands rounded to TF32's 10-bit mantissa, f32
 range and accumulation) or ``CUBLAS_COMPUTE_32F_PEDANTIC`` (``tf32=False``: plain f32, the ``--kernel exact``
 mode). Shapes are numpy order ([rows, columns], row-major) throughout; the weight of ggml ``ne = (ne0, rows)``

@@ -5,8 +5,9 @@ The chunk's (row, expert) pairs are sorted by expert; expert ``g``'s pairs are o
 starts[g] + counts[g] - 1``. One launch per part (gate, up, down) takes every expert of the call: a CTA computes
 64 pairs of one expert times 128 weight rows, dequantizing the weight's blocks straight from engine form (the type's
 ``deq_chunk``: the type's arithmetic, with FMA contraction) to f16 in shared memory - no f32 tile in device memory, no
-padding of experts to a common row count, no per-group launches. Operands are f16 (llama.cpp's CUDA back end rounds
-both to f16 for its cuBLAS path too, ``ggml-cuda.cu`` ``ggml_cuda_op_mul_mat_cublas``), each input row first scaled
+padding of experts to a common row count, no per-group launches. Operands are f16 (as llama.cpp's cuBLAS path,
+``ggml-cuda.cu`` ``ggml_cuda_op_mul_mat_cublas``; for quantized experts on cards with int8 tensor cores llama.cpp
+takes its MMQ kernels instead: integer products, no f16 rounding), each input row first scaled
 by a power of two (:func:`row_f16_scales`) so f16 cannot overflow; products accumulate in f32 (PTX ``mma.sync
 m16n8k16``). Block types only (``deq_chunk``); the plain types (F32 / F16 / BF16 experts) and ``--kernel exact``
 take :func:`strata.engine.gpu.gemm.grouped_product`.
