@@ -81,6 +81,7 @@ def one(pack: str, case: str, n_layer: int, n_expert: int, ubatch: int, repeats:
         "miss_tier": eng.gpu.miss_tier or "-",
         "chunk_bytes": eng.gpu.chunk_bytes,
         "staged": eng.experts.chunk_path.staged if eng.experts is not None and eng.experts.chunk_path else 0,
+        "tier_copied": eng.experts.chunk_path.tier_copied if eng.experts is not None and eng.experts.chunk_path else 0,
     }
 
 
@@ -149,6 +150,17 @@ def main(argv: list[str] | None = None) -> int:
     from bench_moe import geometries
 
     from strata import testing as synth
+    from strata.engine.gpu.kernels import gpu_available
+
+    if args.geometry not in geometries():
+        ap.error(f"--geometry {args.geometry}: one of {', '.join(sorted(geometries()))}")
+    bad = [c for c in args.cases.split(",") if c not in ("all", "half", "none", *CARD_MIB)]
+    if bad:
+        ap.error(f"--cases {','.join(bad)}: each one of all, half, none, {', '.join(CARD_MIB)}")
+    ok, why = gpu_available()
+    if not ok and not args.prepare_only:  # before writing a file of up to tens of GB
+        print(f"bench_prompt_gpu: no GPU to measure on ({why}); --prepare-only writes the files", file=sys.stderr)
+        return 2
     from strata.packer.build import build_pack
     from strata.testing.routing import TokenRouting
 
@@ -167,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     n_layer = base.n_layers
     ids = topic_ids(base.dims.n_vocab)
     out: dict = {"args": vars(args), "strata": [], "llama.cpp": []}
+    failed: list[str] = []
     cases = [(c, 512) for c in args.cases.split(",")]
     if args.ub1:
         cases.insert(1, (cases[0][0], 1))
@@ -178,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0:
             print(f"  strata {case} -ub {ub}: exit {p.returncode}: {p.stderr[-2000:]}", flush=True)
+            failed.append(case)
             continue
         row = json.loads(p.stdout.strip().splitlines()[-1])
         out["strata"].append(row)
@@ -187,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         out["llama.cpp"] = llama_rows(args.llama_bench, gguf, n_layer, moe, cards)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    if failed:
+        print(f"bench_prompt_gpu: strata failed on {', '.join(failed)} (above)", file=sys.stderr)
+        return 1
     return 0
 
 

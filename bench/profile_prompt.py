@@ -67,18 +67,27 @@ def timed_phases(targets: list[tuple[object, str, str]], sync) -> tuple[dict, di
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("pack")
+    ap.add_argument("pack", help="a pack written from one of bench_moe's geometries (bench_prompt_gpu --prepare-only)")
     ap.add_argument("--geometry", default="qwen3moe-30b-a3b", help="bench_moe's geometry the pack was written from")
-    ap.add_argument("--case", default="all")
-    ap.add_argument("--ubatch", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--cprofile", action="store_true")
-    ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--case", default="all", help="all | half | none | 16G | 24G (bench_prompt_gpu's cases)")
+    ap.add_argument("--ubatch", type=int, default=512, help="-ub: prompt positions a chunk")
+    ap.add_argument("--repeats", type=int, default=3, help="chunks timed (the best is printed)")
+    ap.add_argument("--cprofile", action="store_true", help="also cProfile's costliest functions of one more chunk")
+    ap.add_argument("--top", type=int, default=25, help="functions cProfile lists")
+    ap.add_argument("--json", default=None, help="write the chunk ms and the phases here")
     args = ap.parse_args(argv)
 
-    import cupy as cp
     from bench_moe import geometries
+
+    from strata.engine.gpu.kernels import gpu_available
+
+    if args.geometry not in geometries():
+        ap.error(f"--geometry {args.geometry}: one of {', '.join(sorted(geometries()))}")
+    ok, why = gpu_available()
+    if not ok:
+        print(f"profile_prompt: needs a CUDA GPU ({why})", file=sys.stderr)
+        return 2
+    import cupy as cp
     from bench_prompt_gpu import case_kwargs, topic_ids
 
     from strata.engine import decoder as D
