@@ -15,6 +15,8 @@
 #define ATT_WARPS 4
 #define DPL (HD / 32)
 #define DPLV (HDV / 32)
+static_assert(HD % 64 == 0 && HDV % 64 == 0 && HD <= 256 && HDV <= 256, "head dims: multiples of 64 up to 256");
+static_assert(KT == 16 || KT == 32, "key tiles of 16 or 32 (key_sums)");
 #define NEG_INF __int_as_float(0xff800000)  // (NVRTC has no math.h: no INFINITY)
 
 // n (DPL or DPLV) consecutive f32 of shared memory at p (16-byte aligned when n % 4 == 0) into x: vector loads.

@@ -18,6 +18,9 @@
 // BM, BN, BK and MM_WARPS are defined by gpu/moe_mm.py (TILE_PAIRS, TILE_ROWS, TILE_K, THREADS / 32).
 #define MT (BM / 16)  // m16 tiles a warp takes (every warp all BM pairs, its 32 of the BN rows)
 #define XT (32 * MM_WARPS / BM)  // threads loading one pair's BK inputs
+static_assert(BN == 32 * MM_WARPS, "a thread dequantizes one weight row of the tile; a warp multiplies 32 of them");
+static_assert(BM % 16 == 0 && (32 * MM_WARPS) % BM == 0, "m16 tiles; whole threads per pair row");
+static_assert(BK % 32 == 0 && (BK / XT) % 4 == 0, "whole 32-value chunks; float4 input loads");
 #define LDH (BK + 8)  // f16 per shared row (+8: the fragment loads of a warp fall on 32 different banks)
 
 __device__ __forceinline__ u32 pack_f16x2(const float lo, const float hi) {
