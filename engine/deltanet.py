@@ -245,7 +245,8 @@ def unit_lower_inverse(xp, A):
     b = 1
     while b < N:
         P = N // (2 * b)
-        blocks = xp.einsum("hRrRc->hRrc", L.reshape(h, P, 2 * b, P, 2 * b))  # the diagonal 2b x 2b blocks
+        # the diagonal 2b x 2b blocks, [h, P, 2b, 2b] (block row p = block column p)
+        blocks = xp.diagonal(L.reshape(h, P, 2 * b, P, 2 * b), axis1=1, axis2=3).transpose(0, 3, 1, 2)
         x11, x22 = inv[:, 0::2], inv[:, 1::2]
         x21 = -(x22 @ blocks[:, :, b:, :b] @ x11)
         nxt = xp.zeros((h, P, 2 * b, 2 * b), dtype=A.dtype)
