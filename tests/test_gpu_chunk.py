@@ -254,6 +254,16 @@ def test_budget_check_plans_the_chunk_at_its_ubatch(packs):
     assert eng.experts.chunk_path.pair_capacity == 64 * h.n_expert_used
     e16 = _engine(packs["moe"], "sim", n_ctx=64, ubatch=16)
     assert e16.gpu.chunk_bytes == small["prompt chunk"]
+    # a caller of decode() asking for longer chunks than the engine was started for still gets the chunk's values
+    from strata.engine.generate import decode
+
+    def greedy(eng, ub):
+        pick = lambda logits: int(np.argmax(logits))  # noqa: E731
+        return decode(eng.model, eng.state, _ids(45), 2, pick, experts=eng.experts, ubatch=ub)
+
+    want = greedy(_engine(packs["moe"], "sim", n_ctx=64, ubatch=40), 40)
+    got = greedy(e16, 40)
+    assert got[0] == want[0]
 
 
 def test_budget_suggests_ub_1_when_the_chunk_path_is_what_misses(packs):

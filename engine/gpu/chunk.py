@@ -191,13 +191,12 @@ class ChunkPath:
     def _buffers(self, P: int):
         """The grouped product's f32 outputs for ``P`` pairs (gate, up, down: ``[P, rows_i]``): the first ``P`` rows of
         the buffers made at start-up for ``-ub x n_expert_used`` pairs. A round reads only its own rows; the others
-        hold finite values of an earlier layer (or the start's zeros).
-
-        Raises:
-            ValueError: more pairs than the buffers hold (a chunk longer than ``-ub``).
-        """
+        hold finite values of an earlier layer (or the start's zeros). A chunk longer than the engine's ``-ub`` (a
+        caller of :func:`strata.engine.generate.generate` asking for more) gets buffers of its own, outside the plan."""
         if P > self.pair_capacity:
-            raise ValueError(f"a chunk of {P} (row, expert) pairs: the chunk path holds {self.pair_capacity} (-ub)")
+            lay = self.layout
+            assert lay is not None
+            return tuple(self.xp.zeros((P, r), dtype=self.xp.float32) for r in (lay.n_ff, lay.n_ff, lay.n_embd))
         return tuple(b[:P] for b in self._mm_bufs)
 
     def _grouped_mm(self, path, il: int, X, r):
