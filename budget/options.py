@@ -151,21 +151,20 @@ def miss_tier_option(f):
     )(f)
 
 
+def _positions_option(short: str, long: str, dest: str, default: int, help_text: str):
+    """A click option of prompt positions (>= 1, the default shown): ``-ub`` and ``-b`` alike."""
+    return click.option(
+        short, long, dest, type=click.IntRange(min=1), default=default, show_default=True, help=help_text
+    )
+
+
 def ubatch_option(help_text: str):
     """``-ub/--ubatch-size`` (llama.cpp's ``n_ubatch``, default :data:`strata.layout.chunk.DEFAULT_UBATCH`), >= 1,
     into the ``ubatch`` parameter; ``help_text`` says what it does for the command (the engine's commands and
     ``strata-budget check``)."""
     from strata.layout.chunk import DEFAULT_UBATCH
 
-    return click.option(
-        "-ub",
-        "--ubatch-size",
-        "ubatch",
-        type=click.IntRange(min=1),
-        default=DEFAULT_UBATCH,
-        show_default=True,
-        help=help_text,
-    )
+    return _positions_option("-ub", "--ubatch-size", "ubatch", DEFAULT_UBATCH, help_text)
 
 
 def batch_size_option(f):
@@ -175,15 +174,13 @@ def batch_size_option(f):
     alike."""
     from strata.layout.chunk import DEFAULT_BATCH
 
-    return click.option(
+    return _positions_option(
         "-b",
         "--batch-size",
         "batch_size",
-        type=click.IntRange(min=1),
-        default=DEFAULT_BATCH,
-        show_default=True,
-        help="Logical batch (llama.cpp's -b): with one sequence a prompt chunk is min(-b, -ub) positions (and at "
-        "most the context).",
+        DEFAULT_BATCH,
+        "Logical batch (llama.cpp's -b): with one sequence a prompt chunk is min(-b, -ub) positions (and at most the "
+        "context).",
     )(f)
 
 
