@@ -186,9 +186,9 @@ def batch_size_option(f):
 
 #: ``strata-budget check``'s ``-ub``: the GPU chunk path it plans.
 ubatch_plan_option = ubatch_option(
-    "strata's engine: prompt positions per chunk (strata-engine -ub): plans the GPU chunk path's tile and "
-    "staging slots ('prompt chunk') and cuBLAS's first use (in 'CUDA runtime', ~61 MiB); 1 = one position at a "
-    "time, none of them."
+    "strata's engine: prompt positions per chunk (strata-engine -ub; a chunk is min(-ub, -b, the context)): plans "
+    "the GPU chunk path's tile, staging slots and grouped expert outputs ('prompt chunk') and cuBLAS's first use "
+    "(in 'CUDA runtime', ~61 MiB); 1 = one position at a time, none of them."
 )
 
 

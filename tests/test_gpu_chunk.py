@@ -334,3 +334,15 @@ def test_both_backends_implement_the_whole_interface():
     Half.__abstractmethods__ = frozenset({"host_view"})  # as if it had not implemented host_view
     with pytest.raises(TypeError, match="host_view"):
         Half()
+
+
+@pytest.mark.parametrize("argv", [["-b", "0"], ["--batch-size", "-3"], ["-ub", "0"], ["-b", "abc"]])
+def test_budget_check_refuses_a_chunk_size_below_one(packs, argv):
+    """``-b`` / ``-ub`` below 1 (or not a number): exit 2 naming the option and the value, and no plan printed."""
+    from click.testing import CliRunner
+
+    from strata.budget.cli import main
+
+    r = CliRunner().invoke(main, ["check", str(packs["moe"]), "--card", "6G", "--json", *argv])
+    assert r.exit_code == 2, r.output
+    assert argv[0] in r.output and argv[1] in r.output and '"terms": [' not in r.output
