@@ -446,7 +446,10 @@ class ExpertPath:
         from :meth:`chunk_outputs`; the routing hook and the counts of each row are kept until
         :meth:`replay` of that row (the loop reports one position at a time). Misses read from a host tier
         (:meth:`tier_bytes`) count as PCIe misses on every row that routes to them; their bytes go to the first row
-        that does (a chunk reads each such expert once), so a chunk's rows sum to the bytes it read."""
+        that does (a chunk reads each such expert once), so a chunk's rows sum to the bytes it read. ``ids`` may be a
+        device array (the GPU's routing left there): copied to the host here."""
+        if not isinstance(ids, (np.ndarray, list)):
+            ids = layers.to_host(ids)
         r = ChunkRouting.of(ids)
         sel, T, k = r.ids, r.ids.shape[0], r.k
         res, tb = self.residency(il, r.used)
@@ -488,13 +491,18 @@ class ExpertPath:
         rows = self._chunk_layers
         if not rows:
             return
+        if self._chunk_stack is None:
+            dev = [i for i, r in enumerate(rows) if not isinstance(r[1], np.ndarray)]
+            if dev:  # layers routed and grouped on the device: their ids come down once, together
+                host = layers.to_host(self.xp.stack([rows[i][1] for i in dev])).astype(np.int64)
+                for n, i in enumerate(dev):
+                    rows[i] = (rows[i][0], host[n], *rows[i][2:])
+            self._chunk_stack = ([r[0] for r in rows], *(np.stack([r[j] for r in rows]) for j in range(2, 6)))
         if self.on_route is not None:
             for il, sel, *_ in rows:
                 self.on_route(il, sel[t].tolist())
-        if self._chunk_stack is None:
-            self._chunk_stack = ([r[0] for r in rows], *(np.stack([r[j] for r in rows]) for j in range(2, 6)))
-        layers, H, M, P, B = self._chunk_stack
-        self.count_layers(layers, H[:, t], M[:, t], P[:, t], B[:, t])
+        ils, H, M, P, B = self._chunk_stack
+        self.count_layers(ils, H[:, t], M[:, t], P[:, t], B[:, t])
         if t == rows[0][1].shape[0] - 1:
             self._chunk_layers, self._chunk_stack = [], None
 

@@ -160,6 +160,34 @@ def test_grouped_product_rounds_and_tiers_do_not_change_a_bit(packs, backend):
     assert runs[2][2] > 0 and runs[2][3] == 0  # no host tier: misses staged from the shard
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["moe", "q3n"])
+def test_device_grouping_equals_the_host_grouping(packs, name, backend):
+    """Every expert resident: the layers' pairs sorted where the routing is (ChunkPath.device_grouped, no host round
+    trip) give the same tokens and top logits, bit for bit, as the host's sort; the routing hook sees the same
+    (layer, ids) in the same order and the counts are the same (every routed expert a hit)."""
+    ids = _ids(45, seed=11)
+    runs = []
+    for on in (True, False):
+        eng = _engine(packs[name], backend, n_ctx=64, ubatch=16)
+        path, ex = eng.experts.chunk_path, eng.experts
+        assert path.mm
+        path.device_grouping = on
+        calls = []
+        real = path.device_grouped
+        path.device_grouped = lambda *a, _r=real: calls.append(1) or _r(*a)
+        seen: list = []
+        ex.on_route = lambda il, sel: seen.append((il, tuple(sel)))
+        r = generate(eng, prompt_ids=ids, n_tokens=3, ignore_eos=True)
+        runs.append((r.output_ids, r.top, seen, ex.counts.hits, ex.counts.misses, len(calls)))
+    (o1, t1, s1, h1, m1, c1), (o2, t2, s2, h2, m2, c2) = runs
+    assert o1 == o2 and t1 == t2
+    assert s1 == s2 and len(s1) > 0
+    assert (h1, m1) == (h2, m2) and m1 == 0 and h1 > 0
+    n_moe = len(eng.experts.chunk_path.layout.layouts)
+    assert c2 == 0 and c1 == 3 * n_moe  # three chunks (16, 16, 13 positions), every MoE layer on the device
+
+
 def test_chunk_groups_never_pad_past_the_pairs(packs):
     path = _engine(packs["moe"], "sim", n_ctx=64, ubatch=16).experts.chunk_path
     path.group = 3
@@ -346,3 +374,49 @@ def test_budget_check_refuses_a_chunk_size_below_one(packs, argv):
     r = CliRunner().invoke(main, ["check", str(packs["moe"]), "--card", "6G", "--json", *argv])
     assert r.exit_code == 2, r.output
     assert argv[0] in r.output and argv[1] in r.output and '"terms": [' not in r.output
+
+
+class _DeviceIds:
+    """A stand-in for a device array of routing ids (``.get()`` copies it to the host)."""
+
+    def __init__(self, a):
+        self.a = np.asarray(a)
+        self.shape = self.a.shape
+        self.gets = 0
+
+    def get(self):
+        self.gets += 1
+        return self.a
+
+
+class _StackXp:
+    stacked: list = []
+
+    @classmethod
+    def stack(cls, xs):
+        cls.stacked.append(len(xs))
+        return _DeviceIds(np.stack([x.a for x in xs]))
+
+
+def test_replay_brings_device_ids_down_once_in_layer_order():
+    """A chunk whose layers routed on the device (ids left there: ExpertPath._chunk_layers holds device arrays) and on
+    the host (numpy): at the first replayed row every device layer's ids come down in one copy; the routing hook then
+    sees each row's (layer, ids) in layer order and the counts are each row's."""
+    from strata.engine.experts import ExpertPath
+
+    ex = ExpertPath(source=None, cache=None, xp=_StackXp)
+    seen: list = []
+    ex.on_route = lambda il, sel: seen.append((il, tuple(sel)))
+    T, k = 3, 2
+    sel = {0: [[1, 2], [3, 0], [2, 1]], 1: [[0, 1], [1, 2], [3, 3]], 2: [[2, 0], [0, 3], [1, 0]]}
+    z, full = np.zeros(T, np.int64), np.full(T, k, np.int64)
+    for il in (0, 1, 2):
+        ids = np.array(sel[il]) if il == 1 else _DeviceIds(sel[il])
+        miss = np.array([1, 0, 2]) if il == 1 else z
+        ex._chunk_layers.append((il, ids, full - miss, miss, z, z))
+    for t in range(T):
+        ex.replay(t)
+    assert _StackXp.stacked == [2]
+    assert seen == [(il, tuple(sel[il][t])) for t in range(T) for il in (0, 1, 2)]
+    assert (ex.counts.hits, ex.counts.misses) == (3 * T * k - 3, 3)
+    assert ex._chunk_layers == []

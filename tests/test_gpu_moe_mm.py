@@ -45,6 +45,66 @@ def test_tiles_and_pair_index_are_exact():
     assert not MM.supports(quants.F32.id) and not MM.supports(quants.BF16.id) and MM.supports(quants.QTYPES[12].id)
 
 
+def test_group_pairs_reference_is_the_host_sort_in_one_round():
+    """The device grouping's layout (group_layout) and values (group_pairs_reference) for 3 rows x 2 experts of 4
+    written out; on 300 rows x 8 of 128 skewed experts: src, starts, counts and tiles are those the host's
+    ChunkRouting + PairIndex give for one round of every expert id, inv inverts the sort, padding tiles are (-1, 0)."""
+    from strata.engine.chunk_routing import ChunkRouting
+
+    ids = np.array([[3, 1], [1, 0], [3, 2]])
+    got = MM.group_pairs_reference(ids, 4)
+    # NT = min(6, (6 + 4 * 63) // 64) = 4: src | tiles (0,0) (1,0) (2,0) (3,0) | starts | counts | inv
+    assert MM.group_layout(6, 4) == ((6, 4, 14, 4), 22)
+    assert got.tolist() == [1, 0, 1, 2, 0, 2] + [0, 0, 1, 0, 2, 0, 3, 0] + [0, 1, 3, 4] + [1, 2, 1, 2] + [4, 1, 2, 0, 5, 3]
+    assert got.dtype == np.int32
+    rng = np.random.default_rng(4)
+    E, T, k = 128, 300, 8
+    p = rng.dirichlet(np.full(E, 0.3))
+    sel = np.stack([rng.choice(E, size=k, replace=False, p=p) for _ in range(T)])
+    got = MM.group_pairs_reference(sel, E).astype(np.int64)
+    (t0, nt, s0, G), inv0 = MM.group_layout(T * k, E)
+    r = ChunkRouting.of(sel)
+    starts, counts = np.zeros(E, np.int64), np.zeros(E, np.int64)
+    starts[r.used], counts[r.used] = r.starts, r.counts
+    starts[counts == 0] = (np.cumsum(counts) - counts)[counts == 0]
+    pi = MM.PairIndex.build(r.perm // k, starts, counts, [np.arange(E)])
+    n = pi.rounds[0][1]
+    assert np.array_equal(got[: T * k], r.perm // k)
+    assert np.array_equal(got[t0 : t0 + 2 * n], pi.host[t0 : t0 + 2 * n])
+    assert np.all(got[t0 + 2 * n : s0].reshape(-1, 2) == [-1, 0]) and nt == MM.group_tiles(T * k, E) >= n
+    assert np.array_equal(got[s0 : s0 + G], starts) and np.array_equal(got[s0 + G : inv0], counts)
+    assert np.array_equal(got[inv0:][r.perm], np.arange(T * k))
+    with pytest.raises(ValueError, match="outside 0..3"):
+        MM.group_pairs_reference(np.array([[0, 4]]), 4)
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+@pytest.mark.parametrize(("E", "T", "k"), [(128, 512, 8), (512, 700, 10), (4, 3, 2), (60, 1, 4)])
+def test_cuda_group_pairs_equals_the_reference(E, T, k):
+    """rows_ops.group_pairs (one CTA: shared-memory counts, one warp placing the pairs in order) equals
+    group_pairs_reference value for value - skewed routings, a pair count past the kernel's 2,048-id staging segment
+    (7,000 pairs), few rows; weighted_rows reading the sorted outputs in place equals it on the gathered copy, bit for
+    bit."""
+    import cupy as cp
+
+    from strata.engine.gpu import rows_ops as RO
+
+    rng = np.random.default_rng(E + T)
+    p = rng.dirichlet(np.full(E, 0.2))
+    sel = np.stack([rng.choice(E, size=k, replace=False, p=p) for _ in range(T)])
+    want = MM.group_pairs_reference(sel, E)
+    (_t0, nt, _s0, _g), inv0 = MM.group_layout(T * k, E)
+    got = cp.asnumpy(RO.group_pairs(cp.asarray(sel, dtype=cp.int32), E, MM.TILE_PAIRS, nt))
+    assert np.array_equal(got, want)
+    D = cp.asarray(rng.standard_normal((T * k, 96)).astype(np.float32))
+    w = cp.asarray(rng.random((T, k)).astype(np.float32))
+    at = cp.asarray(want[inv0:])
+    assert np.array_equal(cp.asnumpy(RO.weighted_rows(D, w, at)), cp.asnumpy(RO.weighted_rows(D[at].reshape(T, k, 96), w)))
+    with pytest.raises(ValueError, match="tiles for"):
+        RO.group_pairs(cp.asarray(sel, dtype=cp.int32), E, MM.TILE_PAIRS, nt - 1)
+
+
 def test_row_scales_are_the_stated_power_of_two():
     X = np.array(
         [[1.0, -0.5], [1e6, 2.0], [3e-5, 0.0], [0.0, 0.0], [np.inf, 1.0], [-16383.9, 1.0], [16384.0, 0.0], [np.nan, 2]],

@@ -93,6 +93,10 @@ class ChunkPath:
         self.device_kernels = self.xp is not np
         self._tab_key: tuple | None = None
         self._tab: tuple = ({}, {})
+        self._bases: dict = {}
+        #: a layer whose experts are all in slots sorts its pairs on the device (:meth:`device_grouped`); False: on the
+        #: host, as a partly resident layer (the tests compare the two)
+        self.device_grouping = True
         #: the grouped f16 product (moe_mm) for the routed experts: block types, not --kernel exact
         self.mm = bool(tf32) and self.grouped and backend.mm_types(types)
 
@@ -109,8 +113,9 @@ class ChunkPath:
 
     def route_rows(self, logits, k: int, norm: bool):
         """:func:`strata.engine.layers.route_topk_rows` in one CUDA launch (:func:`strata.engine.gpu.rows_ops.
-        route_rows`); None for more experts than it takes."""
-        return RO.route_rows(logits, k, norm)
+        route_rows`): the ids ``cupy.int32 [T, k]`` stay on the device (:meth:`device_grouped` sorts them there; the
+        expert path copies them to the host for a layer that needs the host); None for more experts than it takes."""
+        return RO.route_rows(logits, k, norm, host=False)
 
     def rope_rows(self, rope, x, pos0: int):
         """:meth:`strata.engine.layers.Rope.rows` in one CUDA launch (:func:`strata.engine.gpu.rows_ops.rope_rows`)."""
@@ -198,6 +203,58 @@ class ChunkPath:
             assert lay is not None
             return tuple(self.xp.zeros((P, r), dtype=self.xp.float32) for r in (lay.n_ff, lay.n_ff, lay.n_embd))
         return tuple(b[:P] for b in self._mm_bufs)
+
+    def groups_on_device(self, path, il: int) -> bool:
+        """Whether layer ``il``'s chunk experts go through :meth:`device_grouped`: the grouped product (block types,
+        not ``--kernel exact``), :attr:`device_grouping` on, and every expert of the layer in a cache slot (then
+        nothing of the layer needs the host: no staging, no host tier)."""
+        if not (self.mm and self.device_grouping and self.n_expert):
+            return False
+        slots, _ = self.tables(path)
+        return bool((slots[il] >= 0).all())
+
+    def _all_bases(self, path, il: int) -> list[Any]:
+        """Layer ``il``'s (gate, up, down) weight references of every expert id in its slot (:meth:`Backend.refs`;
+        kept while the slot tables stand)."""
+        key = (self._tab_key, il)
+        got = self._bases.get(key)
+        if got is None:
+            assert self.layout is not None
+            slots, _ = self.tables(path)
+            sb = path.cache.slot_bytes
+            got = [self.bk.refs(path.cache.storage, slots[il] * sb + p.offset, p.nbytes) for p in self.layout.layouts[il]]
+            if len(self._bases) > 4 * len(self.layout.layouts):
+                self._bases.clear()
+            self._bases[key] = got
+        return got
+
+    def device_grouped(self, path, il: int, X, ids):
+        """Layer ``il``'s routed experts when :meth:`groups_on_device`: the pairs sorted by expert where the routing
+        is (the device: ``rows_ops.group_pairs``, one launch; the simulated device: :func:`strata.engine.gpu.moe_mm.
+        group_pairs_reference`), one round of every expert id (tiles past the last return at once), three launches
+        and ``silu_mul`` - no copy to the host, no host sort. ``X [T, n_embd]`` f32, ``ids`` ``[T, k]`` (device int32
+        or host ints). Returns ``(D, at)``: ``D [P, n_embd]`` the pairs' outputs sorted by expert and ``at`` int32
+        ``[T * k]`` pair ``t k + kk``'s row of ``D``. The same tiles, rows and kernels as :meth:`_grouped_mm`'s one
+        round of slot experts: the same bits (tests/test_gpu_chunk.py)."""
+        xp, bk, lay = self.xp, self.bk, self.layout
+        assert lay is not None
+        T, k = ids.shape
+        P, E = T * k, self.n_expert
+        rnd, inv0 = MM.group_layout(P, E)
+        if self.device_kernels:
+            index = RO.group_pairs(xp.ascontiguousarray(ids, dtype=xp.int32), E, MM.TILE_PAIRS, rnd[1])
+        else:
+            index = bk.index_array(MM.group_pairs_reference(ids, E))
+        gl, ul, dl = lay.layouts[il]
+        bases = bk.address_table(self._all_bases(path, il))  # [3][n_expert]: gate, up, down of every expert id
+        Xc = xp.ascontiguousarray(X, dtype=xp.float32)
+        Gm, Um, D = self._buffers(P)
+        xs = bk.row_scales(gl.type_id, Xc)
+        bk.expert_mm(gl.type_id, bases[0][0:E], gl.rows, gl.ne0, Xc, index, rnd, Gm, True, xs)
+        bk.expert_mm(ul.type_id, bases[1][0:E], ul.rows, ul.ne0, Xc, index, rnd, Um, True, xs)
+        H = bk.silu_mul(Gm.reshape(-1), Um.reshape(-1)).reshape(Gm.shape)
+        bk.expert_mm(dl.type_id, bases[2][0:E], dl.rows, dl.ne0, H, index, rnd, D, False)
+        return D, index[inv0:]
 
     def _grouped_mm(self, path, il: int, X, r):
         """:meth:`expert_outputs` by :func:`strata.engine.gpu.moe_mm.grouped_mm`: the chunk's pairs sorted by expert;

@@ -114,7 +114,7 @@ def row_f16_scales_reference(X: np.ndarray) -> np.ndarray:
 
 def grouped_mm_reference(weights: list[np.ndarray], X: np.ndarray, src, starts, counts, out: np.ndarray) -> None:
     """:func:`grouped_mm` in NumPy for the simulated device and the tests: ``weights[g]`` expert ``g``'s dequantized
-    weight ``float32 [rows, ne0]``; ``src`` the pairs' X rows (None: pair ``p`` reads row ``p``); ``starts`` /
+    weight ``float32 [rows, ne0]`` (None for an expert without pairs); ``src`` the pairs' X rows (None: pair ``p`` reads row ``p``); ``starts`` /
     ``counts`` per expert. The same f16 operands (each X row scaled by :func:`row_f16_scales_reference`), summed in
     float64 and rounded to f32 (the tensor cores' f32 sums differ from it by rounding only)."""
     X = np.asarray(X, dtype=np.float32)
@@ -169,6 +169,50 @@ class PairIndex:
         return PairIndex(host.astype(np.int32), tuple(info))
 
 
+def group_tiles(P: int, n_expert: int) -> int:
+    """The most CTA tiles (:func:`tiles_of`) ``P`` pairs spread over ``n_expert`` experts can need:
+    ``min(P, (P + n_expert (TILE_PAIRS - 1)) // TILE_PAIRS)`` (each expert's pairs in steps of :data:`TILE_PAIRS`,
+    every tile at least one pair). A grid sized by it covers any routing; :func:`group_pairs_reference` marks the
+    tiles past the last ``(-1, 0)``."""
+    return min(int(P), (int(P) + int(n_expert) * (TILE_PAIRS - 1)) // TILE_PAIRS)
+
+
+def group_layout(P: int, n_expert: int) -> tuple[tuple[int, int, int, int], int]:
+    """Where :func:`group_pairs_reference` (and ``rows_ops.group_pairs`` on the device) put things in their int32
+    index of ``2 P + 2 NT + 2 n_expert`` values (``NT`` = :func:`group_tiles`): ``(rnd, inv offset)``, ``rnd`` the
+    one round of every expert in :class:`PairIndex`'s ``rounds`` form (tiles at ``P``, ``NT`` of them, starts at
+    ``P + 2 NT``, ``n_expert`` experts: expert ``g`` is expert id ``g``), ``inv`` (pair ``q``'s place) the last ``P``."""
+    nt = group_tiles(P, n_expert)
+    return (int(P), nt, int(P) + 2 * nt, int(n_expert)), int(P) + 2 * nt + 2 * int(n_expert)
+
+
+def group_pairs_reference(ids, n_expert: int) -> np.ndarray:
+    """A chunk's pairs sorted by expert as one int32 index (layout :func:`group_layout`): ``ids`` int ``[T, k]``
+    (numpy order; pair ``q = t k + kk``) -> ``src`` (the X row of each sorted pair: pairs by expert, ``q`` ascending
+    within one), the tiles of every expert id ``0 .. n_expert - 1`` (:func:`tiles_of` of all ids' counts, then ``(-1,
+    0)`` up to :func:`group_tiles`), ``starts``, ``counts`` (per expert id), ``inv`` (pair ``q``'s place). What the
+    device's ``rows_ops.group_pairs`` computes; the same sort as :class:`strata.engine.chunk_routing.ChunkRouting`.
+
+    Raises:
+        ValueError: an id outside ``[0, n_expert)``.
+    """
+    sel = np.asarray(ids, dtype=np.int64)
+    flat = sel.reshape(-1)
+    P, k = flat.size, (sel.shape[1] if sel.ndim == 2 else 1)
+    if P and (flat.min() < 0 or flat.max() >= n_expert):
+        raise ValueError(f"group_pairs_reference: expert ids {flat.min()}..{flat.max()} outside 0..{n_expert - 1}")
+    perm = np.argsort(flat, kind="stable")
+    counts = np.bincount(flat, minlength=n_expert).astype(np.int64)
+    starts = np.cumsum(counts) - counts
+    nt = group_tiles(P, n_expert)
+    tiles = np.tile(np.array([-1, 0], dtype=np.int64), nt)
+    t = tiles_of(counts).reshape(-1)
+    tiles[: t.size] = t
+    inv = np.empty(P, dtype=np.int64)
+    inv[perm] = np.arange(P)
+    return np.concatenate([perm // max(k, 1), tiles, starts, counts, inv]).astype(np.int32)
+
+
 def grouped_mm(type_id: int, bases, rows: int, ne0: int, X, index, rnd, out, *, src: bool = True, xscale=None):
     """The grouped product (module docstring) of one round: for its ``G`` experts (``bases``: ``cupy.uint64[G]``,
     each an engine-form weight ``[rows, ne0]`` of ``type_id``), ``out[p] = X[src[p]] @ W_g.T`` for expert ``g``'s
@@ -219,6 +263,9 @@ def grouped_mm(type_id: int, bases, rows: int, ne0: int, X, index, rnd, out, *, 
 __all__ = [
     "MM_KERNEL_NAMES",
     "PairIndex",
+    "group_layout",
+    "group_pairs_reference",
+    "group_tiles",
     "grouped_mm",
     "grouped_mm_reference",
     "kernels",

@@ -15,7 +15,7 @@ from . import kernels as K
 
 #: Threads a CTA of the row kernels (``ROW_THREADS`` in the source).
 ROW_THREADS = 256
-KERNEL_NAMES = ("rms_norm_rows", "rope_rows", "weighted_rows", "route_rows")
+KERNEL_NAMES = ("rms_norm_rows", "rope_rows", "weighted_rows", "route_rows", "group_pairs")
 #: Experts a layer may have for :func:`route_rows` (``ROUTE_MAX_E``: the probabilities sit in shared memory).
 ROUTE_MAX_E = 1024
 
@@ -86,34 +86,69 @@ def rope_rows(x, cos_t, sin_t, n_rot: int, pos0: int, neox: bool):
     return out
 
 
-def weighted_rows(E, w):
+def weighted_rows(E, w, at=None):
     """``y[t] = sum_k w[t, k] * E[t, k]`` in ``k`` order (a chunk row's routed experts weighted and summed as
     :meth:`strata.engine.experts.ExpertPath.chunk` sums them): ``E [T, K, n]``, ``w [T, K]`` -> ``[T, n]``
-    (``cupy.float32``), one launch.
+    (``cupy.float32``), one launch. With ``at`` (int32 ``[T * K]``), ``E`` is ``[rows, n]`` and pair ``t * K + k``'s
+    output is its row ``at[t * K + k]`` (the outputs sorted by expert, :func:`group_pairs`): the same sums, no
+    gathered copy.
 
     Raises:
-        ValueError: ``w`` not ``[T, K]`` of ``E``.
+        ValueError: ``w`` not ``[T, K]`` of ``E``, or ``at`` not ``T * K`` int32 places.
     """
     import cupy as cp
 
-    T, Kk, n = E.shape
-    if w.shape != (T, Kk):
-        raise ValueError(f"weighted_rows: weights {w.shape} for outputs {E.shape}")
+    if at is None:
+        T, Kk, n = E.shape
+        if w.shape != (T, Kk):
+            raise ValueError(f"weighted_rows: weights {w.shape} for outputs {E.shape}")
+    else:
+        (T, Kk), n = w.shape, E.shape[-1]
+        if at.dtype != cp.int32 or at.size != T * Kk:
+            raise ValueError(f"weighted_rows: {at.size} places ({at.dtype}) for weights {w.shape}")
     out = cp.empty((T, n), dtype=cp.float32)
     if T and n and Kk:
         _kernels()["weighted_rows"](
             ((n + 255) // 256, T),
             (256,),
             (cp.ascontiguousarray(E, dtype=cp.float32), cp.ascontiguousarray(w, dtype=cp.float32), out, np.int32(Kk),
-             np.int32(n)),
+             np.int32(n), np.uint64(0) if at is None else cp.ascontiguousarray(at)),
         )  # fmt: skip
     return out
 
 
-def route_rows(logits, k: int, norm: bool):
+def group_pairs(ids, n_expert: int, tile_pairs: int, n_tiles: int):
+    """A chunk's (row, expert) pairs sorted by expert on the device, in one launch (``cuda/rows_ops.cu``
+    ``group_pairs``): ``ids`` ``cupy.int32 [T, k]`` (every id in ``[0, n_expert)``: what :func:`route_rows` gives) ->
+    ``cupy.int32 [2 P + 2 n_tiles + 2 n_expert]`` (``P = T k``): the layout
+    :func:`strata.engine.gpu.moe_mm.group_layout` describes, the values of
+    :func:`strata.engine.gpu.moe_mm.group_pairs_reference` (the same stable sort, tiles of ``tile_pairs``).
+
+    Raises:
+        ValueError: ``n_expert`` above :data:`ROUTE_MAX_E`, ``ids`` not int32 ``[T, k]``, ``n_tiles`` below the tiles
+            the pairs may need.
+    """
+    import cupy as cp
+
+    if ids.ndim != 2 or ids.dtype != cp.int32:
+        raise ValueError(f"group_pairs: ids {ids.shape} {ids.dtype} must be int32 [T, k]")
+    P = int(ids.size)
+    if not 0 < n_expert <= ROUTE_MAX_E or tile_pairs < 1:
+        raise ValueError(f"group_pairs: {n_expert} experts (at most {ROUTE_MAX_E}), tiles of {tile_pairs} pairs")
+    if n_tiles < min(P, (P + n_expert * (tile_pairs - 1)) // tile_pairs):
+        raise ValueError(f"group_pairs: {n_tiles} tiles for {P} pairs of {n_expert} experts")
+    index = cp.empty(2 * P + 2 * n_tiles + 2 * n_expert, dtype=cp.int32)
+    _kernels()["group_pairs"](
+        (1,), (ROW_THREADS,), (cp.ascontiguousarray(ids), np.int32(P), np.int32(ids.shape[1]), np.int32(n_expert),
+                               np.int32(tile_pairs), np.int32(n_tiles), index)
+    )  # fmt: skip
+    return index
+
+
+def route_rows(logits, k: int, norm: bool, host: bool = True):
     """:func:`strata.engine.layers.route_topk_rows` in one launch: ``logits [T, n_expert]`` (``cupy.float32``) ->
-    ``(ids, weights)``, ``ids`` a host ``int64 [T, k]`` array (the one copy to the host: the chunk's experts are
-    grouped there), ``weights`` ``cupy.float32 [T, k]``; None when ``n_expert`` is above :data:`ROUTE_MAX_E` or below
+    ``(ids, weights)``, ``ids`` a host ``int64 [T, k]`` array (one copy to the host), or with ``host=False`` the
+    device's ``cupy.int32 [T, k]`` (no copy: :func:`group_pairs` groups them there), ``weights`` ``cupy.float32 [T, k]``; None when ``n_expert`` is above :data:`ROUTE_MAX_E` or below
     ``k`` (the caller takes the array form). The same softmax formula and ties (lower id first); the sums in another
     order (rounding only). A row with NaN logits routes to valid experts (0..k-1 where nothing ranks) with weights 0
     or NaN, as the array form gives NaN weights: the logits then say so."""
@@ -129,7 +164,7 @@ def route_rows(logits, k: int, norm: bool):
             (T,), (ROW_THREADS,), (cp.ascontiguousarray(logits, dtype=cp.float32), ids, w, np.int32(E), np.int32(k),
                                    np.int32(bool(norm)))
         )  # fmt: skip
-    return cp.asnumpy(ids).astype(np.int64), w
+    return (cp.asnumpy(ids).astype(np.int64) if host else ids), w
 
 
-__all__ = ["KERNEL_NAMES", "ROUTE_MAX_E", "rms_norm_rows", "route_rows", "rope_rows", "source", "weighted_rows"]
+__all__ = ["KERNEL_NAMES", "ROUTE_MAX_E", "group_pairs", "rms_norm_rows", "route_rows", "rope_rows", "source", "weighted_rows"]

@@ -308,6 +308,26 @@ class GpuExpertPath(ExpertPath):
             return weighted_rows(E, weights)
         return super().combine(E, weights)
 
+    def chunk(self, il: int, X, ids, weights):
+        """:meth:`strata.engine.experts.ExpertPath.chunk`; a layer whose experts are all in cache slots
+        (:meth:`strata.engine.gpu.chunk.ChunkPath.groups_on_device`) stays on the device: its pairs sorted there
+        (``ids`` may be the device's), the grouped product, the weighted sum reading the sorted outputs in place; its
+        rows count ``k`` hits each and its ids come to the host with the chunk's others at :meth:`replay`. The same
+        bits as the host's grouping (tests/test_gpu_chunk.py)."""
+        path = self.chunk_path
+        if path is None or not path.groups_on_device(self, il):
+            return super().chunk(il, X, ids, weights)
+        D, at = path.device_grouped(self, il, X, ids)
+        T, k = ids.shape
+        z = np.zeros(T, dtype=np.int64)
+        self._chunk_layers.append((il, ids, np.full(T, k, dtype=np.int64), z, z, z))
+        self._chunk_stack = None
+        if path.device_kernels:
+            from .rows_ops import weighted_rows
+
+            return weighted_rows(D, weights, at)
+        return super().combine(D[np.asarray(at)].reshape(T, k, -1), weights)
+
     def chunk_outputs(self, il: int, X, r):
         """A prompt chunk's expert outputs ``[T, k, n_embd]`` on the device, grouped by expert
         (:meth:`strata.engine.gpu.chunk.ChunkPath.expert_outputs`: hits, host-tier and staged misses through the same

@@ -14,7 +14,8 @@
 // (MM_WARPS warps) computes a tile of BM pairs of one expert x BN weight rows, stepping K by BK values: each thread
 // dequantizes whole 32-value chunks of one weight row into shared memory as f16, the X rows are gathered and
 // converted likewise, then each warp multiplies its 32 x 32 (pairs x rows) part. The tile list (blockIdx.y) is
-// tiles[2 * i] = g, tiles[2 * i + 1] = the tile's first pair of that expert; blockIdx.x = the BN-row block.
+// tiles[2 * i] = g, tiles[2 * i + 1] = the tile's first pair of that expert (g = -1: no tile, the CTA returns);
+// blockIdx.x = the BN-row block.
 // BM, BN, BK and MM_WARPS are defined by gpu/moe_mm.py (TILE_PAIRS, TILE_ROWS, TILE_K, THREADS / 32).
 #define MT (BM / 16)  // m16 tiles a warp takes (every warp all BM pairs, its 32 of the BN rows)
 #define XT (32 * MM_WARPS / BM)  // threads loading one pair's BK inputs
@@ -43,6 +44,7 @@ extern "C" __global__ void __launch_bounds__(32 * MM_WARPS) mm_grouped(
     __shared__ __align__(16) unsigned short Ws[BN * LDH];
     __shared__ __align__(16) unsigned short Xs[BM * LDH];
     const int g = tiles[2 * blockIdx.y], m0 = tiles[2 * blockIdx.y + 1];
+    if (g < 0) return;  // a tile past the last of a list made on the device (rows_ops.cu group_pairs)
     const int cnt = counts[g] - m0 < BM ? counts[g] - m0 : BM;  // this tile's pairs
     const i64 p0 = (i64)starts[g] + m0;
     const int n0 = blockIdx.x * BN;

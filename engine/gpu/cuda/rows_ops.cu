@@ -54,17 +54,103 @@ extern "C" __global__ void rope_rows(const float* __restrict__ x, const float* _
     o[b] = x0 * s + x1 * c;
 }
 
-// out[t, j] = sum_k E[t, k, j] * w[t, k], summed in k order (y = E[t, 0, j] * w[t, 0], then y = y + E[t, k, j] * w[t, k]:
-// the array form's order); E [T, K, n], w [T, K], out [T, n] f32. grid (ceil(n / 256), T).
+// out[t, j] = sum_k E[r(t, k), j] * w[t, k], summed in k order (y = E[r(t, 0), j] * w[t, 0], then y = y + E[r(t, k),
+// j] * w[t, k]: the array form's order), r(t, k) = at[t * K + k] (at == null: t * K + k); E [rows, n] (numpy order: the
+// pairs' outputs [T, K, n], or sorted by expert with at their places), w [T, K], out [T, n] f32. grid (ceil(n / 256), T).
 extern "C" __global__ void weighted_rows(const float* __restrict__ E, const float* __restrict__ w,
-                                         float* __restrict__ out, const int K, const int n) {
+                                         float* __restrict__ out, const int K, const int n, const int* __restrict__ at) {
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= n) return;
     const i64 t = blockIdx.y;
-    const float* e = E + t * K * n + j;
-    float y = e[0] * w[t * K];
-    for (int k = 1; k < K; ++k) y = y + e[(i64)k * n] * w[t * K + k];
+    float y = E[(at ? (i64)at[t * K] : t * K) * n + j] * w[t * K];
+    for (int k = 1; k < K; ++k) y = y + E[(at ? (i64)at[t * K + k] : t * K + k) * n + j] * w[t * K + k];
     out[t * n + j] = y;
+}
+
+// A chunk's (row, expert) pairs sorted by expert on the device (gpu/chunk.py ChunkPath.device_grouped; moe_mm.py
+// group_layout and group_pairs_reference are the layout and the same computation in NumPy): ids [P] int32, pair
+// q = t * K + kk (row t's kk-th expert), every id in [0, E) (route_rows leaves none outside). Writes index
+// [2 P + 2 NT + 2 E] int32, moe_mm.PairIndex's layout for one round of all E experts: src [P] (sorted pair p's X row:
+// the pairs by expert, q ascending within one - a stable sort), NT tiles (g, first pair): each expert's pairs in
+// steps of TP, (-1, 0) past the last (the grouped product's CTAs for those return at once), starts [E], counts [E],
+// then inv [P] (pair q's place p). One CTA of ROW_THREADS threads; E at most ROUTE_MAX_E; the counts by shared-memory
+// atomics (integers: any order), the places by one warp in pair order (__match_any_sync ranks equal ids in a step).
+#define GROUP_SEG (8 * ROW_THREADS)
+extern "C" __global__ void __launch_bounds__(ROW_THREADS) group_pairs(const int* __restrict__ ids, const int P,
+                                                                      const int K, const int E, const int TP,
+                                                                      const int NT, int* __restrict__ index) {
+    __shared__ int cnt[ROUTE_MAX_E];
+    __shared__ int cur[ROUTE_MAX_E];
+    __shared__ int seg[GROUP_SEG];
+    __shared__ int n_tiles;
+    int* src = index;
+    int* tiles = index + P;
+    int* starts = tiles + 2 * NT;
+    int* counts = starts + E;
+    int* inv = counts + E;
+    const int tid = threadIdx.x, lane = tid & 31;
+    for (int e = tid; e < E; e += ROW_THREADS) cnt[e] = 0;
+    __syncthreads();
+    for (int q = tid; q < P; q += ROW_THREADS) atomicAdd(&cnt[ids[q]], 1);
+    __syncthreads();
+    if (tid < 32) {  // exclusive scans of the counts and the tile counts; lane l takes experts [l per, (l + 1) per)
+        const int per = (E + 31) / 32, e0 = min(lane * per, E), e1 = min(e0 + per, E);
+        int s = 0, t = 0;
+        for (int e = e0; e < e1; ++e) {
+            s += cnt[e];
+            t += (cnt[e] + TP - 1) / TP;
+        }
+        int si = s, ti = t;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a = __shfl_up_sync(0xffffffffu, si, o), b = __shfl_up_sync(0xffffffffu, ti, o);
+            if (lane >= o) {
+                si += a;
+                ti += b;
+            }
+        }
+        s = si - s;
+        t = ti - t;
+        for (int e = e0; e < e1; ++e) {
+            const int c = cnt[e], nt = (c + TP - 1) / TP;
+            starts[e] = s;
+            counts[e] = c;
+            cur[e] = s;
+            for (int j = 0; j < nt; ++j) {
+                tiles[2 * (t + j)] = e;
+                tiles[2 * (t + j) + 1] = j * TP;
+            }
+            s += c;
+            t += nt;
+        }
+        if (lane == 31) n_tiles = t;
+    }
+    __syncthreads();
+    for (int i = n_tiles + tid; i < NT; i += ROW_THREADS) {
+        tiles[2 * i] = -1;
+        tiles[2 * i + 1] = 0;
+    }
+    for (int b = 0; b < P; b += GROUP_SEG) {
+        const int n = min(GROUP_SEG, P - b);
+        for (int i = tid; i < n; i += ROW_THREADS) seg[i] = ids[b + i];
+        __syncthreads();
+        if (tid < 32) {
+            for (int i0 = 0; i0 < n; i0 += 32) {
+                const int i = i0 + lane;
+                const int e = i < n ? seg[i] : -1;
+                const unsigned same = __match_any_sync(0xffffffffu, e);
+                if (i < n) {
+                    const int p = cur[e] + __popc(same & ((1u << lane) - 1u));
+                    src[p] = (b + i) / K;
+                    inv[b + i] = p;
+                }
+                __syncwarp();
+                if (i < n && lane == __ffs(same) - 1) cur[e] += __popc(same);
+                __syncwarp();
+            }
+        }
+        __syncthreads();
+    }
 }
 
 // A chunk's routing (layers.route_topk_rows): per row t of logits [T, E], p = softmax (exp(l - max), divided by the
