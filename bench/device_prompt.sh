@@ -4,9 +4,9 @@
 #   bash bench/device_prompt.sh    # carry [".whl", ".lcp"]; LLAMA=0 skips llama.cpp (strata's rows only)
 #
 # 1. the llama.cpp CUDA build starts in the background (as bench/device_moe.sh), unless LLAMA=0;
-# 2. meanwhile the gpu-marked tests of the chunk path (TESTS=all: every gpu test that needs no real model; none: no
-#    tests), and the GGUFs and packs (bench_prompt_gpu.py --prepare-only: qwen2-7b pattern fill, 30B-A3B
-#    TokenRouting(0.5));
+# 2. meanwhile the gpu-marked tests (TESTS=chunk, the default: the chunk path's; all: every gpu test that needs no
+#    real model; none: no tests; or the files to run, e.g. TESTS="tests/test_gpu_chunk.py tests/test_gpu_moe_mm.py"),
+#    and the GGUFs and packs (bench_prompt_gpu.py --prepare-only: qwen2-7b pattern fill, 30B-A3B TokenRouting(0.5));
 # 3. once the build is done, per geometry bench_prompt_gpu.py: strata -ub 512 (and -ub 1 once) per case, then
 #    llama-bench -p 512 -n 0 on the same GGUF (-ncmoe 0,L/2,L; -fitt for a card).
 set -uo pipefail
@@ -18,7 +18,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 if [ "${TESTS:-chunk}" != none ]; then
     step "gpu tests (${TESTS:-chunk})"
-    if [ "${TESTS:-chunk}" = all ]; then SEL="tests/"; else SEL="tests/test_gpu_chunk.py"; fi
+    case ${TESTS:-chunk} in all) SEL="tests/";; chunk) SEL="tests/test_gpu_chunk.py";; *) SEL="$TESTS";; esac
     { echo "commit ${COMMIT:-unknown}, $(date -u +%FT%TZ)"
       timeout ${TEST_S:-300} python3 -m pytest -q -p no:cacheprovider -rfEs -m "gpu and not real" $SEL 2>&1; } \
         | tee "$OUT/gpu_tests.txt" | tail -15
