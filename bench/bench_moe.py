@@ -142,7 +142,41 @@ def geometries():
         },
         expert_types=[("Q4_K", "Q6_K")] * 4,
     )
-    return {"qwen3moe-30b-a3b": q30, "qwen2-7b": q7, "gemma3-270m": g270, "qwen2-0.5b": q05, "qwen3moe-small": small}
+    # Qwen3-Next-80B-A3B's shape (qwen3next: full attention every 4th layer, the others the gated delta net; 512
+    # experts of which 10 routed, a shared expert; IQ2_XS experts: ~22 GiB instead of ~50)
+    q80 = synth.qwen3next_spec(
+        name="synthetic Qwen3-Next-80B-A3B geometry",
+        n_layers=48,
+        fill="pattern",
+        seed=1,
+        dims={
+            "n_embd": 2048,
+            "n_head": 16,
+            "n_head_kv": 2,
+            "head_dim": 256,
+            "rope_dim": 64,
+            "n_expert": 512,
+            "n_expert_used": 10,
+            "n_ff_exp": 512,
+            "n_ff_shexp": 512,
+            "ssm_d_state": 128,
+            "ssm_n_group": 16,
+            "ssm_dt_rank": 32,
+            "ssm_d_conv": 4,
+            "full_attention_interval": 4,
+            "n_vocab": 151936,
+            "context_length": 262144,
+        },
+        expert_types=[("IQ2_XS", "IQ2_XS")] * 48,
+    )
+    return {
+        "qwen3moe-30b-a3b": q30,
+        "qwen2-7b": q7,
+        "gemma3-270m": g270,
+        "qwen2-0.5b": q05,
+        "qwen3moe-small": small,
+        "qwen3next-80b-a3b": q80,
+    }
 
 
 def _prompt_ids(n: int = 16) -> list[int]:

@@ -53,36 +53,9 @@ from bench_moe import geometries as moe_geometries
 
 
 def geometries() -> dict:
-    """name -> ModelSpec without routing (the written file adds ``TokenRouting``)."""
-    from strata import testing as synth
-
+    """name -> ModelSpec without routing (the written file adds ``TokenRouting``): bench_moe's MoE geometries."""
     g = moe_geometries()
-    q80 = synth.qwen3next_spec(
-        name="synthetic Qwen3-Next-80B-A3B geometry",
-        n_layers=48,
-        fill="pattern",
-        seed=1,
-        dims={
-            "n_embd": 2048,
-            "n_head": 16,
-            "n_head_kv": 2,
-            "head_dim": 256,
-            "rope_dim": 64,
-            "n_expert": 512,
-            "n_expert_used": 10,
-            "n_ff_exp": 512,
-            "n_ff_shexp": 512,
-            "ssm_d_state": 128,
-            "ssm_n_group": 16,
-            "ssm_dt_rank": 32,
-            "ssm_d_conv": 4,
-            "full_attention_interval": 4,
-            "n_vocab": 151936,
-            "context_length": 262144,
-        },
-        expert_types=[("IQ2_XS", "IQ2_XS")] * 48,
-    )
-    return {"qwen3moe-small": g["qwen3moe-small"], "qwen3moe-30b-a3b": g["qwen3moe-30b-a3b"], "qwen3next-80b-a3b": q80}
+    return {n: g[n] for n in ("qwen3moe-small", "qwen3moe-30b-a3b", "qwen3next-80b-a3b")}
 
 
 def concentration(trace, n_expert: int) -> dict:

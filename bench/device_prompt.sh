@@ -7,6 +7,8 @@
 # 2. meanwhile the gpu-marked tests (TESTS=chunk, the default: the chunk path's; all: every gpu test that needs no
 #    real model; none: no tests; or the files to run, e.g. TESTS="tests/test_gpu_chunk.py tests/test_gpu_moe_mm.py"),
 #    and the GGUFs and packs (bench_prompt_gpu.py --prepare-only: qwen2-7b pattern fill, 30B-A3B TokenRouting(0.5));
+#    GEOS: bench_moe's geometries (default "qwen2-7b qwen3moe-30b-a3b"; "qwen3next-80b-a3b" adds the 80B-A3B: cases
+#    CASES_80B, default all,half,none,24G - its equal-VRAM card; the 30B's CASES_MOE default all,half,none,16G);
 # 3. once the build is done, per geometry bench_prompt_gpu.py: strata -ub 512 (and -ub 1 once) per case, then
 #    llama-bench -p 512 -n 0 on the same GGUF (-ncmoe 0,L/2,L; -fitt for a card).
 set -uo pipefail
@@ -29,7 +31,7 @@ for g in $GEOS; do python3 bench/bench_prompt_gpu.py --work "$WORK/pp" --geometr
 LB=""
 if [ "${LLAMA:-1}" = 1 ]; then step "waiting for the llama.cpp build"; lcp_build_wait; LB="--llama-bench $LCP_BENCH"; fi
 for g in $GEOS; do
-    case $g in qwen2-7b) C=${CASES_DENSE:-all};; *) C=${CASES_MOE:-all,half,none,16G};; esac
+    case $g in qwen2-7b) C=${CASES_DENSE:-all};; qwen3next-*) C=${CASES_80B:-all,half,none,24G};; *) C=${CASES_MOE:-all,half,none,16G};; esac
     step "$g: strata ($C), then llama-bench"
     timeout ${GEO_S:-400} python3 bench/bench_prompt_gpu.py --work "$WORK/pp" --geometry $g --cases $C ${UB1:+--ub1} $LB \
         --json "$OUT/pp_$g.json" 2>&1 | tee -a "$OUT/pp.log"
