@@ -175,9 +175,9 @@ def test_device_grouping_equals_the_host_grouping(packs, name, backend):
         path.device_grouping = on
         calls = []
         real = path.device_grouped
-        path.device_grouped = lambda *a, _r=real: calls.append(1) or _r(*a)
+        path.device_grouped = lambda *a, _r=real, _c=calls: _c.append(1) or _r(*a)
         seen: list = []
-        ex.on_route = lambda il, sel: seen.append((il, tuple(sel)))
+        ex.on_route = lambda il, sel, _s=seen: _s.append((il, tuple(sel)))
         r = generate(eng, prompt_ids=ids, n_tokens=3, ignore_eos=True)
         runs.append((r.output_ids, r.top, seen, ex.counts.hits, ex.counts.misses, len(calls)))
     (o1, t1, s1, h1, m1, c1), (o2, t2, s2, h2, m2, c2) = runs

@@ -55,7 +55,14 @@ def test_group_pairs_reference_is_the_host_sort_in_one_round():
     got = MM.group_pairs_reference(ids, 4)
     # NT = min(6, (6 + 4 * 63) // 64) = 4: src | tiles (0,0) (1,0) (2,0) (3,0) | starts | counts | inv
     assert MM.group_layout(6, 4) == ((6, 4, 14, 4), 22)
-    assert got.tolist() == [1, 0, 1, 2, 0, 2] + [0, 0, 1, 0, 2, 0, 3, 0] + [0, 1, 3, 4] + [1, 2, 1, 2] + [4, 1, 2, 0, 5, 3]
+    assert got.tolist() == [1, 0, 1, 2, 0, 2] + [0, 0, 1, 0, 2, 0, 3, 0] + [0, 1, 3, 4] + [1, 2, 1, 2] + [
+        4,
+        1,
+        2,
+        0,
+        5,
+        3,
+    ]
     assert got.dtype == np.int32
     rng = np.random.default_rng(4)
     E, T, k = 128, 300, 8
@@ -100,7 +107,9 @@ def test_cuda_group_pairs_equals_the_reference(E, T, k):
     D = cp.asarray(rng.standard_normal((T * k, 96)).astype(np.float32))
     w = cp.asarray(rng.random((T, k)).astype(np.float32))
     at = cp.asarray(want[inv0:])
-    assert np.array_equal(cp.asnumpy(RO.weighted_rows(D, w, at)), cp.asnumpy(RO.weighted_rows(D[at].reshape(T, k, 96), w)))
+    assert np.array_equal(
+        cp.asnumpy(RO.weighted_rows(D, w, at)), cp.asnumpy(RO.weighted_rows(D[at].reshape(T, k, 96), w))
+    )
     with pytest.raises(ValueError, match="tiles for"):
         RO.group_pairs(cp.asarray(sel, dtype=cp.int32), E, MM.TILE_PAIRS, nt - 1)
 

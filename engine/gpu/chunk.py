@@ -222,7 +222,9 @@ class ChunkPath:
             assert self.layout is not None
             slots, _ = self.tables(path)
             sb = path.cache.slot_bytes
-            got = [self.bk.refs(path.cache.storage, slots[il] * sb + p.offset, p.nbytes) for p in self.layout.layouts[il]]
+            got = [
+                self.bk.refs(path.cache.storage, slots[il] * sb + p.offset, p.nbytes) for p in self.layout.layouts[il]
+            ]
             if len(self._bases) > 4 * len(self.layout.layouts):
                 self._bases.clear()
             self._bases[key] = got

@@ -114,9 +114,10 @@ def row_f16_scales_reference(X: np.ndarray) -> np.ndarray:
 
 def grouped_mm_reference(weights: list[np.ndarray], X: np.ndarray, src, starts, counts, out: np.ndarray) -> None:
     """:func:`grouped_mm` in NumPy for the simulated device and the tests: ``weights[g]`` expert ``g``'s dequantized
-    weight ``float32 [rows, ne0]`` (None for an expert without pairs); ``src`` the pairs' X rows (None: pair ``p`` reads row ``p``); ``starts`` /
-    ``counts`` per expert. The same f16 operands (each X row scaled by :func:`row_f16_scales_reference`), summed in
-    float64 and rounded to f32 (the tensor cores' f32 sums differ from it by rounding only)."""
+    weight ``float32 [rows, ne0]`` (None for an expert without pairs); ``src`` the pairs' X rows (None: pair ``p``
+    reads row ``p``); ``starts`` / ``counts`` per expert. The same f16 operands (each X row scaled by
+    :func:`row_f16_scales_reference`), summed in float64 and rounded to f32 (the tensor cores' f32 sums differ from
+    it by rounding only)."""
     X = np.asarray(X, dtype=np.float32)
     scale = row_f16_scales_reference(X)
     for g, w in enumerate(weights):
@@ -181,7 +182,8 @@ def group_layout(P: int, n_expert: int) -> tuple[tuple[int, int, int, int], int]
     """Where :func:`group_pairs_reference` (and ``rows_ops.group_pairs`` on the device) put things in their int32
     index of ``2 P + 2 NT + 2 n_expert`` values (``NT`` = :func:`group_tiles`): ``(rnd, inv offset)``, ``rnd`` the
     one round of every expert in :class:`PairIndex`'s ``rounds`` form (tiles at ``P``, ``NT`` of them, starts at
-    ``P + 2 NT``, ``n_expert`` experts: expert ``g`` is expert id ``g``), ``inv`` (pair ``q``'s place) the last ``P``."""
+    ``P + 2 NT``, ``n_expert`` experts: expert ``g`` is expert id ``g``), ``inv`` (pair ``q``'s place) the last
+    ``P``."""
     nt = group_tiles(P, n_expert)
     return (int(P), nt, int(P) + 2 * nt, int(n_expert)), int(P) + 2 * nt + 2 * int(n_expert)
 

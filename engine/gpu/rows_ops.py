@@ -148,10 +148,11 @@ def group_pairs(ids, n_expert: int, tile_pairs: int, n_tiles: int):
 def route_rows(logits, k: int, norm: bool, host: bool = True):
     """:func:`strata.engine.layers.route_topk_rows` in one launch: ``logits [T, n_expert]`` (``cupy.float32``) ->
     ``(ids, weights)``, ``ids`` a host ``int64 [T, k]`` array (one copy to the host), or with ``host=False`` the
-    device's ``cupy.int32 [T, k]`` (no copy: :func:`group_pairs` groups them there), ``weights`` ``cupy.float32 [T, k]``; None when ``n_expert`` is above :data:`ROUTE_MAX_E` or below
-    ``k`` (the caller takes the array form). The same softmax formula and ties (lower id first); the sums in another
-    order (rounding only). A row with NaN logits routes to valid experts (0..k-1 where nothing ranks) with weights 0
-    or NaN, as the array form gives NaN weights: the logits then say so."""
+    device's ``cupy.int32 [T, k]`` (no copy: :func:`group_pairs` groups them there), ``weights`` ``cupy.float32
+    [T, k]``; None when ``n_expert`` is above :data:`ROUTE_MAX_E` or below ``k`` (the caller takes the array
+    form). The same softmax formula and ties (lower id first); the sums in another order (rounding only). A row
+    with NaN logits routes to valid experts (0..k-1 where nothing ranks) with weights 0 or NaN, as the array form
+    gives NaN weights: the logits then say so."""
     import cupy as cp
 
     T, E = logits.shape
@@ -167,4 +168,13 @@ def route_rows(logits, k: int, norm: bool, host: bool = True):
     return (cp.asnumpy(ids).astype(np.int64) if host else ids), w
 
 
-__all__ = ["KERNEL_NAMES", "ROUTE_MAX_E", "group_pairs", "rms_norm_rows", "route_rows", "rope_rows", "source", "weighted_rows"]
+__all__ = [
+    "KERNEL_NAMES",
+    "ROUTE_MAX_E",
+    "group_pairs",
+    "rms_norm_rows",
+    "route_rows",
+    "rope_rows",
+    "source",
+    "weighted_rows",
+]
