@@ -47,6 +47,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .cache_policy import DEFAULT_DECAY, PAIR_KEY, DecayedFrequency, profile_seed_scores
+from .cache_policy import profile_steps as _profile_steps
 from .formulas import fill_profile
 from .trace import RoutingTrace, trace_counts
 
@@ -54,10 +56,7 @@ from .trace import RoutingTrace, trace_counts
 POLICIES = ("profile", "profile+admit", "lru", "class", "profile+lru", "profile+class", "belady", "opt")
 #: Policies that need a profile.
 PROFILE_POLICIES = frozenset({"profile", "profile+admit", "profile+lru", "profile+class"})
-#: The class policy's default decay per step (token): a counter halves in ~14 steps.
-DEFAULT_DECAY = 0.95
-
-_KEY = 1 << 20  # key = layer * _KEY + expert (expert ids < 2**20)
+_KEY = PAIR_KEY  # key = layer * _KEY + expert (expert ids < 2**20): cache_policy.pair_key
 
 
 @dataclass(frozen=True)
@@ -116,52 +115,18 @@ def _lru(keys: list[int], slots: int, initial: list[int]) -> tuple[int, int, int
     return hits, adm, ev
 
 
-def _logaddexp(a: float, b: float) -> float:
-    if a == -math.inf:
-        return b
-    hi, lo = (a, b) if a >= b else (b, a)
-    return hi + math.log1p(math.exp(lo - hi))
-
-
 def _class(
     keys: list[int], steps: list[int], slots: int, decay: float, initial: list[int], seed_scores: dict[int, float]
 ) -> tuple[int, int, int]:
-    """(hits, admissions, evictions) of the decayed-frequency policy (rule in :func:`replay`).
-
-    Scores are kept as ``log(s * decay**-t)`` (t = step): a uniform decay then changes no order, an access at
-    step t adds ``decay**-t``; log space keeps long traces finite. Residents sit in a heap keyed (score,
-    last access), stale entries skipped."""
-    lam = -math.log(decay)
-    logs: dict[int, float] = {k: math.log(s) for k, s in seed_scores.items() if s > 0}
-    resident: dict[int, tuple[float, int]] = {}
-    heap: list[tuple[float, int, int]] = []
-    for j, k in enumerate(initial):  # the fill, with its profile scores; ties: the first loaded first out
-        entry = (logs.get(k, -math.inf), -len(initial) + j)
-        resident[k] = entry
-        heap.append((*entry, k))
-    heapq.heapify(heap)
+    """(hits, admissions, evictions) of the decayed-frequency policy (:class:`strata.budget.cache_policy.
+    DecayedFrequency`, the rule in :func:`replay`)."""
+    pol = DecayedFrequency(slots, decay, initial, seed_scores)
     hits = adm = ev = 0
-    for i, (k, t) in enumerate(zip(keys, steps)):
-        score = _logaddexp(logs.get(k, -math.inf), t * lam)
-        logs[k] = score
-        if k in resident:
-            hits += 1
-        elif slots <= 0:
-            continue
-        else:
-            if len(resident) >= slots:
-                while True:
-                    s0, i0, k0 = heapq.heappop(heap)
-                    if resident.get(k0) == (s0, i0):
-                        break
-                del resident[k0]
-                ev += 1
-            adm += 1
-        resident[k] = (score, i)
-        heapq.heappush(heap, (score, i, k))
-        if len(heap) > 4 * max(len(resident), 1) + 1024:  # drop stale entries now and then
-            heap = [(s, j, kk) for kk, (s, j) in resident.items()]
-            heapq.heapify(heap)
+    for k, t in zip(keys, steps):
+        hit, victim, admitted = pol.access(k, t)
+        hits += hit
+        adm += admitted
+        ev += victim is not None
     return hits, adm, ev
 
 
@@ -215,14 +180,6 @@ def _belady(keys: list[int], slots: int, *, bypass: bool, warm: bool) -> tuple[i
         heapq.heappush(heap, (-n, k))
         adm += 1
     return hits, adm, ev
-
-
-def _profile_steps(profile: Sequence[tuple[int, int, int]], n_used: int) -> int:
-    """Steps a profile was counted over, when not given: its busiest layer's count / ``n_used``."""
-    per_layer: dict[int, int] = {}
-    for L, _e, c in profile:
-        per_layer[int(L)] = per_layer.get(int(L), 0) + int(c)
-    return max(1, -(-max(per_layer.values(), default=0) // max(n_used, 1)))
 
 
 def replay(
@@ -280,8 +237,7 @@ def replay(
         if policy == "profile+class":
             assert profile is not None
             p_steps = profile_steps or _profile_steps(profile, trace.n_expert_used())
-            for L, e, c in profile:
-                seed[int(L) * _KEY + int(e)] = float(c) if decay == 1.0 else (c / p_steps) / (1.0 - decay)
+            seed = profile_seed_scores(profile, p_steps, decay)
         hits, adm, ev = _class(keys, trace.steps().tolist(), slots, decay, fill, seed)
     else:
         hits, adm, ev = _belady(keys, slots, bypass=policy == "opt", warm=policy == "opt")

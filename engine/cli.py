@@ -41,8 +41,24 @@ from .clikit import REFUSALS, DevCommand, check_pack_dir, dev_option, fail, prin
 from .errors import GenerateError
 from .generate_cli import GenerateRequest, prompt_text
 from .numerics import DEFAULT_NUMERICS, NUMERICS_MODES
-from .options import MAX_THREADS, EngineOptions, options_from_cli
+from .options import CACHE_POLICIES, MAX_THREADS, EngineOptions, options_from_cli
 from .startup import load_engine
+
+
+def cache_policy_option(f):
+    """``--cache-policy`` (:data:`strata.engine.options.CACHE_POLICIES`) into ``cache_policy``."""
+    return click.option(
+        "--cache-policy",
+        "cache_policy",
+        type=click.Choice(list(CACHE_POLICIES)),
+        default="fill",
+        show_default=True,
+        help="cuda: what the expert cache does while decoding. fill: the start-up fill (a profile's, else layer "
+        "order) stays. class: after each token a miss read from the host tier is swapped into the slot of the "
+        "resident expert with the lowest decayed count (decay 0.95 a token; the offline replay's 'class' policy, "
+        "make bench-routing); needs the host tier (--miss-tier pcie / auto) and keeps one slot as the swap's "
+        "scratch. The tokens do not change either way.",
+    )(f)
 
 
 def _resident(value: str) -> str:
@@ -196,6 +212,7 @@ def main() -> None:
 @expert_cache_option
 @expert_profile_option
 @miss_tier_option
+@cache_policy_option
 @reserve_option
 @card_options(engine=True)
 @click.option(
@@ -259,6 +276,7 @@ def generate_cmd(pack, **kw):
 @expert_cache_option
 @expert_profile_option
 @miss_tier_option
+@cache_policy_option
 @reserve_option
 @kv_option(ENGINE_KV_TYPES)
 @card_options(engine=True)

@@ -395,8 +395,11 @@ class Decoder:
             raise ValueError("an empty prompt chunk")
         # on the CPU the kernels' threads own the cores: NumPy's BLAS (the attention's products) on one thread, the
         # NumPy work between the kernels split by rows over the same threads (strata.engine.rowpar)
-        if self.xp is not np:
-            return self._forward(tokens, pos0, state, logits)
+        if self.xp is not np:  # ended synchronised: a chunk's time is its device work (nothing else may wait for it)
+            y = self._forward(tokens, pos0, state, logits)
+            if hasattr(self.xp, "cuda"):
+                self.xp.cuda.get_current_stream().synchronize()
+            return y
         with blas_single_thread(), rowpar.row_threads(getattr(self.w, "threads", 1)):
             return self._forward(tokens, pos0, state, logits)
 

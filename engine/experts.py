@@ -493,7 +493,7 @@ class ExpertPath:
             return
         if self._chunk_stack is None:
             dev = [i for i, r in enumerate(rows) if not isinstance(r[1], np.ndarray)]
-            if dev:  # layers routed and grouped on the device: their ids come down once, together
+            if dev and self.on_route is not None:  # layers grouped on the device: their ids come down once, together
                 host = layers.to_host(self.xp.stack([rows[i][1] for i in dev])).astype(np.int64)
                 for n, i in enumerate(dev):
                     rows[i] = (rows[i][0], host[n], *rows[i][2:])

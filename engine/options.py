@@ -33,6 +33,8 @@ from .numerics import DEFAULT_NUMERICS
 DEVICES = ("cpu", "cuda", "sim")
 #: The most CPU kernel threads (ggml's GGML_MAX_N_THREADS); ``-t/--threads`` takes 1..MAX_THREADS.
 MAX_THREADS = 512
+#: ``--cache-policy`` values (:class:`EngineOptions`): the start-up fill kept, or the decayed-frequency rule.
+CACHE_POLICIES = ("fill", "class")
 #: Prompt positions per chunk by default (llama.cpp's ``n_ubatch`` default, ``-ub 512``).
 DEFAULT_UBATCH = LC.DEFAULT_UBATCH
 
@@ -59,6 +61,11 @@ class EngineOptions:
             and the GPU reads a miss from there with the kernel of a hit: the step never stops at the host),
             ``cpu`` (the host computes each layer's misses between graph segments), ``auto`` (``pcie`` where the
             host tier fits the host's available memory, else ``cpu``, said at start-up).
+        cache_policy: what the GPU expert cache does at decode time (``--cache-policy``, :data:`CACHE_POLICIES`):
+            ``fill`` (the start-up fill stays; first-come admission into free slots), ``class`` (the
+            decayed-frequency rule of :mod:`strata.budget.cache_policy`: a miss read from the host tier is swapped
+            into the slot of the resident pair with the lowest decayed count after the step; needs the host tier,
+            keeps one slot as the swap's scratch).
         cpu_kernel: the matvec kernels asked (``--kernel``), ``"q8"`` (llama.cpp's CPU numerics: activations
             quantized to Q8_0/Q8_K, integer dots), ``"exact"`` (the exact GPU kernels' summation order) or
             ``"f32"`` (CPU only) (:mod:`strata.engine.cpu.kernels`); None = the device's default
@@ -91,6 +98,7 @@ class EngineOptions:
     vram_reserve_mib: int = F.DEFAULT_RESERVE_MIB
     admit: bool | None = None
     miss_tier: str = "auto"
+    cache_policy: str = "fill"
     cpu_kernel: str | None = None
     threads: int | None = None
     ubatch: int = DEFAULT_UBATCH
@@ -150,7 +158,18 @@ class EngineOptions:
         check_mib("--vram-reserve-mib", self.vram_reserve_mib)
         if self.miss_tier not in MISS_TIERS:
             raise GenerateError(f"--miss-tier {self.miss_tier!r}: expected one of {', '.join(MISS_TIERS)}")
+        if self.cache_policy not in CACHE_POLICIES:
+            raise GenerateError(f"--cache-policy {self.cache_policy!r}: expected one of {', '.join(CACHE_POLICIES)}")
         gpu = self.device != "cpu"
+        if self.cache_policy != "fill" and not gpu:
+            raise GenerateError(
+                f"--cache-policy {self.cache_policy}: the expert cache is the GPU path's; add --device cuda"
+            )
+        if self.cache_policy != "fill" and self.miss_tier == "cpu":
+            raise GenerateError(
+                f"--cache-policy {self.cache_policy} swaps experts between the VRAM slots and the host tier: it needs "
+                "--miss-tier pcie or auto, not cpu"
+            )
         if self.stage_times and self.graph and gpu:
             raise StageTimesRefused(
                 "--stage-times: stage timers cannot measure inside a captured CUDA graph (events recorded between its "

@@ -185,7 +185,7 @@ def test_device_grouping_equals_the_host_grouping(packs, name, backend):
     assert s1 == s2 and len(s1) > 0
     assert (h1, m1) == (h2, m2) and m1 == 0 and h1 > 0
     n_moe = len(eng.experts.chunk_path.layout.layouts)
-    assert c2 == 0 and c1 == 3 * n_moe  # three chunks (16, 16, 13 positions), every MoE layer on the device
+    assert c2 == 0 and c1 == 3 * n_moe  # three chunks (16, 16, 12 positions), every MoE layer on the device
 
 
 def test_chunk_groups_never_pad_past_the_pairs(packs):
@@ -404,6 +404,7 @@ def test_replay_brings_device_ids_down_once_in_layer_order():
     sees each row's (layer, ids) in layer order and the counts are each row's."""
     from strata.engine.experts import ExpertPath
 
+    _StackXp.stacked = []
     ex = ExpertPath(source=None, cache=None, xp=_StackXp)
     seen: list = []
     ex.on_route = lambda il, sel: seen.append((il, tuple(sel)))

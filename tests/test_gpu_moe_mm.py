@@ -87,7 +87,9 @@ def test_group_pairs_reference_is_the_host_sort_in_one_round():
 
 @pytest.mark.gpu
 @skip_no_gpu
-@pytest.mark.parametrize(("E", "T", "k"), [(128, 512, 8), (512, 700, 10), (4, 3, 2), (60, 1, 4)])
+@pytest.mark.parametrize(
+    ("E", "T", "k"), [(128, 512, 8), (512, 700, 10), (4, 3, 2), (60, 1, 4), (1, 300, 1), (1024, 300, 8)]
+)
 def test_cuda_group_pairs_equals_the_reference(E, T, k):
     """rows_ops.group_pairs (one CTA: shared-memory counts, one warp placing the pairs in order) equals
     group_pairs_reference value for value - skewed routings, a pair count past the kernel's 2,048-id staging segment

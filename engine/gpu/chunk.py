@@ -176,10 +176,10 @@ class ChunkPath:
 
     def tables(self, path) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
         """Per MoE layer, ``int64 [n_expert]``: each expert's cache slot and its host-tier slot (-1: none), rebuilt
-        when the cache has admitted experts since (slots are only ever added)."""
+        when the cache or the tier changed since (an admission, a decode-time swap: their ``version``)."""
         cache, tier = path.cache, getattr(path, "tier", None)
         n_res = len(cache.where) if isinstance(cache, SlotCache) else 0
-        key = (id(cache), n_res, id(tier))
+        key = (id(cache), cache.version if n_res else 0, id(tier), getattr(tier, "version", 0))
         if self._tab_key != key:
             assert self.layout is not None
             slots = {il: np.full(self.n_expert, -1, np.int64) for il in self.layout.layouts}
@@ -206,9 +206,12 @@ class ChunkPath:
 
     def groups_on_device(self, path, il: int) -> bool:
         """Whether layer ``il``'s chunk experts go through :meth:`device_grouped`: the grouped product (block types,
-        not ``--kernel exact``), :attr:`device_grouping` on, and every expert of the layer in a cache slot (then
-        nothing of the layer needs the host: no staging, no host tier)."""
+        not ``--kernel exact``), :attr:`device_grouping` on, at most :data:`strata.engine.gpu.rows_ops.ROUTE_MAX_E`
+        experts on CUDA (the sort's shared table), and every expert of the layer in a cache slot (then nothing of
+        the layer needs the host: no staging, no host tier)."""
         if not (self.mm and self.device_grouping and self.n_expert):
+            return False
+        if self.device_kernels and self.n_expert > RO.ROUTE_MAX_E:  # (the routing then came to the host anyway)
             return False
         slots, _ = self.tables(path)
         return bool((slots[il] >= 0).all())
@@ -216,11 +219,11 @@ class ChunkPath:
     def _all_bases(self, path, il: int) -> list[Any]:
         """Layer ``il``'s (gate, up, down) weight references of every expert id in its slot (:meth:`Backend.refs`;
         kept while the slot tables stand)."""
+        slots, _ = self.tables(path)  # first: it renews the key when the cache changed (an admission, a swap)
         key = (self._tab_key, il)
         got = self._bases.get(key)
         if got is None:
             assert self.layout is not None
-            slots, _ = self.tables(path)
             sb = path.cache.slot_bytes
             got = [
                 self.bk.refs(path.cache.storage, slots[il] * sb + p.offset, p.nbytes) for p in self.layout.layouts[il]
@@ -244,7 +247,7 @@ class ChunkPath:
         P, E = T * k, self.n_expert
         rnd, inv0 = MM.group_layout(P, E)
         if self.device_kernels:
-            index = RO.group_pairs(xp.ascontiguousarray(ids, dtype=xp.int32), E, MM.TILE_PAIRS, rnd[1])
+            index = RO.group_pairs(xp.asarray(ids, dtype=xp.int32), E, MM.TILE_PAIRS, rnd[1])
         else:
             index = bk.index_array(MM.group_pairs_reference(ids, E))
         gl, ul, dl = lay.layouts[il]

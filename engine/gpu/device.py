@@ -43,6 +43,7 @@ from ..options import ResolvedOptions
 from .backend import Backend, make_backend
 from .chunk import ChunkPath
 from .fused import FusedDecoder, FusedUnsupported, StageTimes, describe, fused_unsupported
+from .fused_moe import check_policy
 from .slots import GpuExpertPath, GpuStepProbe, HostTier, HostTierError, SlotCache, SlotPlan
 from .weights import DeviceWeights, rows_of
 
@@ -369,6 +370,10 @@ class GpuDevice:
         slots = size.slots
         cache = SlotCache(source, bk, n_embd, n_ff, slots, bufs=experts.bufs)
         assert cache.slot_bytes == slot_bytes
+        learn = opts.cache_policy == "class" and slots < pairs  # something can miss: the policy has work
+        if learn:
+            check_policy(tier_on, slots, info.miss_tier)
+            cache.reserve_scratch()
         if opts.profile is not None:
             order = F.fill_profile(opts.profile, slots).order
             # the slots the profile leaves free take the other pairs now, in (layer, expert) order: where every
@@ -382,7 +387,7 @@ class GpuDevice:
             order = eligible
             info.fill = f"resident={opts.resident} (layer, expert order)"
         info.filled = cache.fill(order)
-        admit_on = True if opts.admit is None else bool(opts.admit)  # off only when asked (--no-admit)
+        admit_on = (True if opts.admit is None else bool(opts.admit)) and not learn  # the policy admits by its rule
         experts.cache = cache
         cache.admit_enabled = admit_on
         dec = self.decoder
@@ -393,6 +398,8 @@ class GpuDevice:
             note["miss tier"] = info.miss_tier or "none (every expert resident)"
             dec.moe.bind_cache(cache, tier)
             experts.tier = tier
+            if learn:
+                note["cache policy"] = dec.moe.start_policy(tier, opts.profile, info.miss_tier)
             info.host_tier_map_predicted_bytes = map_bytes if tier is not None else 0
             info.decode_path = describe(dec)
             info.launches_per_token = dec.launches_per_token(True)

@@ -38,11 +38,14 @@ from typing import Any
 
 import numpy as np
 
+from strata.budget import cache_policy as CP
+from strata.budget.cache_policy import DecayedFrequency, key_pair, pair_key
 from strata.layout import experts as LX
 from strata.layout import step as LS
 from strata.manifests.names import tensor_name
 
 from .. import layers
+from ..errors import ExpertCacheError
 from ..recipe import MoEFFN
 from . import reference as R
 from .fused_ops import Combine, MoeIO
@@ -50,6 +53,25 @@ from .slots import SIM_HOST_BASE
 
 #: Most experts one token may select (the routing kernel's shared table).
 MAX_EXPERTS_USED = 64
+
+
+def check_policy(tier_on: bool, slots: int, miss_tier: str) -> None:
+    """Refuse ``--cache-policy class`` where it cannot swap (before the cache is filled): misses going to the CPU
+    (``miss_tier``: the start-up's reason) or fewer than 2 slots (one is the swap's scratch).
+
+    Raises:
+        ExpertCacheError: either, naming the option and the numbers.
+    """
+    if not tier_on:
+        raise ExpertCacheError(
+            f"--cache-policy class swaps experts between the VRAM slots and the host tier, and misses here go to "
+            f"the CPU ({miss_tier or 'no host tier'}); refusing (--cache-policy fill keeps the fill)"
+        )
+    if slots < 2:
+        raise ExpertCacheError(
+            f"--cache-policy class keeps one of the cache's slots as its swap scratch: {slots} slot(s) leave none "
+            "for experts; refusing (--cache-policy fill)"
+        )
 
 
 class MoeStep:
@@ -136,6 +158,11 @@ class MoeStep:
         self.tier = None  # the host tier (strata.engine.gpu.slots.HostTier), when misses are read over PCIe
         self.n_pairs = len(self.layers) * E
         self._misses: list[tuple[int, int]] = []  # (k, expert) of the layer being run
+        #: the decode-time cache policy (``--cache-policy class``: :meth:`learn`), None: the fill stays
+        self.policy: DecayedFrequency | None = None
+        self.policy_steps = 0  # steps the policy has seen
+        self.swaps = 0  # decode-time swaps between the slots and the host tier, over the run
+        self.scratch_slot = -1  # the cache slot a swap passes through (SlotCache.reserve_scratch)
 
     # ------------------------------------------------------------ launches
 
@@ -310,11 +337,17 @@ class MoeStep:
 
     def _admitted(self, il: int, e: int, slot: int) -> None:
         """A miss admitted into a free slot at decode time: its table entry, on the device too."""
+        self._set_entry(il, e, slot)
+
+    def _set_entry(self, il: int, e: int, value: int) -> None:
+        """Slot-table entry of ``(il, e)`` (a slot >= 0, ``-2 - h`` for host slot ``h``, -1) on the host mirror and,
+        on CUDA, copied up on the step's stream (ordered before the next step; a copy still queued reads the mirror
+        when it runs - the newest value, which is the one wanted: nothing reads the table between the copies)."""
+        i = il * self.E + e
         if self.dec.cuda:
             import cupy as cp
 
-            i = il * self.E + e
-            self.slot_host[i] = slot
+            self.slot_host[i] = value
             cp.cuda.runtime.memcpyAsync(
                 self.slot_of.data.ptr + 4 * i,
                 self._slot_mem.ptr + 4 * i,
@@ -323,7 +356,90 @@ class MoeStep:
                 self.dec.stream.ptr,
             )
         else:
-            self.slot_of[il * self.E + e] = slot
+            self.slot_of[i] = value
+
+    def start_policy(self, tier: Any, profile: list[tuple[int, int, int]] | None, why_no_tier: str) -> str:
+        """``--cache-policy class`` at the expert-cache stage (after :meth:`bind_cache`): :meth:`learn` with the fill
+        in load order and, with a profile, counters at its steady state (:func:`strata.budget.cache_policy.
+        profile_seed_scores`). Returns the start-up note.
+
+        Raises:
+            ExpertCacheError: the host tier was not built (``why_no_tier``: the reason the start-up gives).
+        """
+        if tier is None:
+            raise ExpertCacheError(
+                f"--cache-policy class needs the host tier, and it was not built ({why_no_tier}); refusing "
+                "(--cache-policy fill keeps the fill)"
+            )
+        seed = CP.profile_seed_scores(profile, CP.profile_steps(profile, self.K), CP.DEFAULT_DECAY) if profile else None
+        self.learn(list(self.cache.where), seed, CP.DEFAULT_DECAY)
+        return (
+            f"class (decay {CP.DEFAULT_DECAY} a token{', counters from the profile' if seed else ''}): "
+            f"{self.cache.capacity} slots for experts, slot {self.scratch_slot} the swap scratch"
+        )
+
+    def learn(self, initial: list[tuple[int, int]], seed: dict[int, float] | None, decay: float) -> None:
+        """Turn on the decode-time cache policy (``--cache-policy class``): the decayed-frequency rule
+        (:class:`strata.budget.cache_policy.DecayedFrequency`, the offline replay's ``class`` policy) over the
+        cache's slots, started with ``initial`` (the start-up fill, in load order) and ``seed`` counters (a profile's
+        steady state, or None). Needs the host tier holding every other pair (:attr:`full`) and a scratch slot
+        (:meth:`strata.engine.gpu.slots.SlotCache.reserve_scratch`): :meth:`take_record` then swaps an admitted pair
+        in and its victim out after each step.
+
+        Raises:
+            ValueError: no host tier, a cache that is not full, or no scratch slot.
+        """
+        cache, tier = self.cache, self.tier
+        if cache is None or tier is None or not self.full:
+            raise ValueError("the decode-time cache policy needs the host tier holding every pair the cache does not")
+        if cache.capacity != cache.n_slots - 1 or len(cache) != cache.capacity:
+            raise ValueError(f"the cache policy needs a full cache and a scratch slot: {len(cache)} of {cache.n_slots}")
+        self.scratch_slot = cache.n_slots - 1
+        self.policy = DecayedFrequency(cache.capacity, decay, [pair_key(il, e) for il, e in initial], seed)
+
+    def swap(self, out: tuple[int, int], into: tuple[int, int]) -> None:
+        """Pair ``into`` (in the host tier) takes pair ``out``'s cache slot, ``out`` takes ``into``'s host slot:
+        three copies of a slot on the step's stream (the slot to the scratch slot, the host slot to the slot, the
+        scratch to the host slot) and the two table entries, all ordered before the next step's kernels read them.
+        The bytes are the same engine form wherever they sit: the tokens do not change (tests/test_gpu_cache_policy.py).
+        """
+        cache, tier = self.cache, self.tier
+        sb = cache.slot_bytes
+        s, h, x = cache.where[out], tier.where[into], self.scratch_slot
+        if self.dec.cuda:
+            import cupy as cp
+
+            rt, st = cp.cuda.runtime, self.dec.stream.ptr
+            dev, host = int(cache.storage.data.ptr), int(tier.storage.ctypes.data)
+            rt.memcpyAsync(dev + x * sb, dev + s * sb, sb, rt.memcpyDeviceToDevice, st)
+            rt.memcpyAsync(dev + s * sb, host + h * sb, sb, rt.memcpyHostToDevice, st)
+            rt.memcpyAsync(host + h * sb, dev + x * sb, sb, rt.memcpyDeviceToHost, st)
+        else:
+            c, t = cache.storage, tier.storage
+            c[x * sb : (x + 1) * sb] = c[s * sb : (s + 1) * sb]
+            c[s * sb : (s + 1) * sb] = t[h * sb : (h + 1) * sb]
+            t[h * sb : (h + 1) * sb] = c[x * sb : (x + 1) * sb]
+            self.bk.forget(c[s * sb : (s + 1) * sb])  # the sim's weights, cached by address, are stale there now
+            self.bk.forget(t[h * sb : (h + 1) * sb])
+        cache.replace(out, into)
+        tier.replace(into, out)
+        self._set_entry(*into, s)
+        self._set_entry(*out, -2 - h)
+        self.swaps += 1
+
+    def _learn_from(self, rec: np.ndarray) -> None:
+        """Feed one step's routing record (``[MoE layer, ids | slots, k]``) to :attr:`policy` in routing order
+        (layer, then selection order) and swap what it admits."""
+        pol = self.policy
+        assert pol is not None
+        self.policy_steps += 1
+        t = self.policy_steps
+        for j, il in enumerate(self.layers):
+            for e in rec[j, 0].tolist():
+                _hit, victim, admitted = pol.access(pair_key(il, e), t)
+                if admitted:
+                    assert victim is not None  # the cache is full (learn)
+                    self.swap(key_pair(victim), (il, int(e)))
 
     @property
     def full(self) -> bool:
@@ -346,6 +462,9 @@ class MoeStep:
         if ex.on_route is not None:
             for j, il in enumerate(self.layers):
                 ex.on_route(il, rec[j, 0].tolist())
+        if self.policy is not None:
+            self._learn_from(rec)
+            return
         admit = self.cache is not None and self.cache.admit_enabled and self.cache.free_slots > 0
         if admit:
             for j in np.flatnonzero(hits < K).tolist():

@@ -99,6 +99,10 @@ class SlotCache:
         self.n_slots = int(n_slots)
         self.storage = backend.empty_bytes(self.n_slots * self.slot_bytes) if self.n_slots else None
         self.where: dict[tuple[int, int], int] = {}
+        #: slots experts may take: all of them, or one less once :meth:`reserve_scratch` kept the last for swaps
+        self.capacity = self.n_slots
+        #: bumped on every change of :attr:`where` (a load, an admission, a swap): tables built from it are stale
+        self.version = 0
         self.n_embd, self.n_ff = n_embd, n_ff
         self.bufs = bufs
         self.admit_enabled = False
@@ -111,7 +115,33 @@ class SlotCache:
 
     @property
     def free_slots(self) -> int:
-        return self.n_slots - len(self.where)
+        return self.capacity - len(self.where)
+
+    def reserve_scratch(self) -> int:
+        """Keep the last slot out of the cache as the scratch of decode-time swaps (:meth:`strata.engine.gpu.
+        fused_moe.MoeStep.swap`): the budget's expert-cache bytes unchanged, one expert fewer resident. Returns its
+        slot index. Call before :meth:`fill`.
+
+        Raises:
+            ValueError: no slot, or slots already taken.
+        """
+        if self.n_slots < 1 or self.where:
+            raise ValueError(f"a swap scratch slot needs an empty cache of >= 1 slot ({self.n_slots} slots)")
+        self.capacity = self.n_slots - 1
+        return self.n_slots - 1
+
+    def replace(self, old: tuple[int, int], new: tuple[int, int]) -> int:
+        """Give ``old``'s slot to ``new`` in :attr:`where` (the bytes are the caller's to move); returns the slot.
+
+        Raises:
+            KeyError: ``old`` not resident; ValueError: ``new`` already resident.
+        """
+        if new in self.where:
+            raise ValueError(f"blk.{new[0]} expert {new[1]} is already in slot {self.where[new]}")
+        s = self.where.pop(old)
+        self.where[new] = s
+        self.version += 1
+        return s
 
     def engine_parts(self, il: int, e: int) -> Iterable[tuple[PartLayout, np.ndarray]]:
         """Expert ``e`` of layer ``il`` in engine form: ``(part layout, bytes)`` for gate, up, down, converted from
@@ -127,6 +157,7 @@ class SlotCache:
             dst = self.storage[base + part.offset : base + part.offset + part.nbytes]
             self.backend.copy_into(dst, ef)
         self.where[(il, e)] = s
+        self.version += 1
 
     def fill(self, pairs: Iterable[tuple[int, int]]) -> int:
         """Load ``pairs`` in order while slots are free; returns how many were loaded."""
@@ -223,9 +254,25 @@ class HostTier:
             for part, ef in cache.engine_parts(il, e):
                 self.storage[base + part.offset : base + part.offset + part.nbytes] = np.frombuffer(ef, np.uint8)
             self.where[(il, e)] = h
+        self.version = 0  # bumped on every change of where (a decode-time swap)
 
     def __len__(self) -> int:
         return len(self.pairs)
+
+    def replace(self, old: tuple[int, int], new: tuple[int, int]) -> int:
+        """Give ``old``'s host slot to ``new`` in :attr:`where` (the bytes are the caller's to move); returns the
+        host slot.
+
+        Raises:
+            KeyError: ``old`` not in the tier; ValueError: ``new`` already in it.
+        """
+        if new in self.where:
+            raise ValueError(f"blk.{new[0]} expert {new[1]} is already in host slot {self.where[new]}")
+        h = self.where.pop(old)
+        self.where[new] = h
+        self.pairs[h] = new
+        self.version += 1
+        return h
 
 
 class GpuExpertPath(ExpertPath):
@@ -317,6 +364,8 @@ class GpuExpertPath(ExpertPath):
         path = self.chunk_path
         if path is None or not path.groups_on_device(self, il):
             return super().chunk(il, X, ids, weights)
+        if isinstance(ids, list):
+            ids = np.asarray(ids, dtype=np.int64)
         D, at = path.device_grouped(self, il, X, ids)
         T, k = ids.shape
         z = np.zeros(T, dtype=np.int64)
