@@ -66,7 +66,9 @@ class DecayedFrequency:
     stale entries skipped.
 
     ``initial``: keys resident at the start (a start-up fill), in load order - the first loaded is the first out
-    among equal counters; ``seed``: starting counters by key (e.g. :func:`profile_seed_scores`).
+    among equal counters; ``seed``: starting counters by key (e.g. :func:`profile_seed_scores`); ``bypass``: a miss
+    whose counter is not above the coldest resident's is not admitted (the replay's ``class+bypass``, the engine's
+    rule: equally cold pairs do not churn over PCIe).
 
     Raises:
         ValueError: ``decay`` outside (0, 1], ``slots < 0``, or more initial keys than slots.
@@ -78,12 +80,14 @@ class DecayedFrequency:
         decay: float = DEFAULT_DECAY,
         initial: Sequence[int] = (),
         seed: dict[int, float] | None = None,
+        bypass: bool = False,
     ):
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay {decay} is outside (0, 1]")
         if slots < 0 or len(initial) > slots:
             raise ValueError(f"{len(initial)} initial keys for {slots} slots")
         self.slots = int(slots)
+        self.bypass = bool(bypass)
         self._lam = -math.log(decay)
         self._logs: dict[int, float] = {k: math.log(s) for k, s in (seed or {}).items() if s > 0}
         self._resident: dict[int, tuple[float, int]] = {}
@@ -115,9 +119,13 @@ class DecayedFrequency:
             hit, admitted = False, True
             if len(self._resident) >= self.slots:
                 while True:
-                    s0, i0, k0 = heapq.heappop(self._heap)
+                    s0, i0, k0 = self._heap[0]
                     if self._resident.get(k0) == (s0, i0):
                         break
+                    heapq.heappop(self._heap)
+                if self.bypass and score <= s0:  # not hotter than the coldest resident: it stays a miss
+                    return False, None, False
+                heapq.heappop(self._heap)
                 del self._resident[k0]
                 victim = k0
         self._resident[key] = (score, i)

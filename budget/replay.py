@@ -22,6 +22,9 @@ Policies (:data:`POLICIES`):
   (:func:`replay`'s rule below): a frequency-with-decay class policy, the idea of llama.cpp's
   ``--moe-cache-mib`` expert cache (per-expert counters decayed per token, the lowest evicted). Its
   source was not available here: this is our rule, stated, not a port.
+- ``class+bypass``: ``class`` except that a miss whose counter is not above the coldest resident's stays a miss
+  (nothing evicted): hot pairs replace cold ones, equally cold ones do not churn. The rule ``strata-engine
+  --cache-policy class`` runs (started from its fill), each admission a swap over PCIe.
 - ``profile+lru`` / ``profile+class``: the profile fill, then ``lru`` / ``class``; the fill's recency
   order is its rank (the most counted pair most recent), the class counters start at the profile's
   steady state (below).
@@ -53,7 +56,17 @@ from .formulas import fill_profile
 from .trace import RoutingTrace, trace_counts
 
 #: Every policy :func:`replay` runs, in the order the comparison table prints them.
-POLICIES = ("profile", "profile+admit", "lru", "class", "profile+lru", "profile+class", "belady", "opt")
+POLICIES = (
+    "profile",
+    "profile+admit",
+    "lru",
+    "class",
+    "class+bypass",
+    "profile+lru",
+    "profile+class",
+    "belady",
+    "opt",
+)
 #: Policies that need a profile.
 PROFILE_POLICIES = frozenset({"profile", "profile+admit", "profile+lru", "profile+class"})
 _KEY = PAIR_KEY  # key = layer * _KEY + expert (expert ids < 2**20): cache_policy.pair_key
@@ -116,11 +129,17 @@ def _lru(keys: list[int], slots: int, initial: list[int]) -> tuple[int, int, int
 
 
 def _class(
-    keys: list[int], steps: list[int], slots: int, decay: float, initial: list[int], seed_scores: dict[int, float]
+    keys: list[int],
+    steps: list[int],
+    slots: int,
+    decay: float,
+    initial: list[int],
+    seed_scores: dict[int, float],
+    bypass: bool = False,
 ) -> tuple[int, int, int]:
     """(hits, admissions, evictions) of the decayed-frequency policy (:class:`strata.budget.cache_policy.
-    DecayedFrequency`, the rule in :func:`replay`)."""
-    pol = DecayedFrequency(slots, decay, initial, seed_scores)
+    DecayedFrequency`, the rule in :func:`replay`; ``bypass``: ``class+bypass``)."""
+    pol = DecayedFrequency(slots, decay, initial, seed_scores, bypass=bypass)
     hits = adm = ev = 0
     for k, t in zip(keys, steps):
         hit, victim, admitted = pol.access(k, t)
@@ -232,13 +251,13 @@ def replay(
         ev = 0
     elif policy in ("lru", "profile+lru"):
         hits, adm, ev = _lru(keys, slots, fill[::-1])
-    elif policy in ("class", "profile+class"):
+    elif policy in ("class", "class+bypass", "profile+class"):
         seed: dict[int, float] = {}
         if policy == "profile+class":
             assert profile is not None
             p_steps = profile_steps or _profile_steps(profile, trace.n_expert_used())
             seed = profile_seed_scores(profile, p_steps, decay)
-        hits, adm, ev = _class(keys, trace.steps().tolist(), slots, decay, fill, seed)
+        hits, adm, ev = _class(keys, trace.steps().tolist(), slots, decay, fill, seed, policy == "class+bypass")
     else:
         hits, adm, ev = _belady(keys, slots, bypass=policy == "opt", warm=policy == "opt")
     return ReplayResult(policy, int(slots), int(hits), len(keys) - int(hits), int(adm), int(ev))

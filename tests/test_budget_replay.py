@@ -191,11 +191,11 @@ def test_replay_refusals_and_helpers():
         replay(tr, -1, "lru")
     with pytest.raises(ValueError, match="decay 0"):
         replay(tr, 1, "class", decay=0)
-    assert [r.policy for r in compare_policies(tr, [1])] == ["lru", "class", "belady", "opt"]
+    assert [r.policy for r in compare_policies(tr, [1])] == ["lru", "class", "class+bypass", "belady", "opt"]
     assert next_use([1, 2, 1, 1, 3]) == [2, 5, 3, 5, 5]
     assert slot_counts(100, [0.25, 0.5, 0.251, 0.9]) == [25, 50, 90]
     text = format_table(compare_policies(tr, [1, 2]), {1: "50%"})
-    assert text.splitlines()[0].split() == ["slots", "lru", "class", "belady", "opt"]
+    assert text.splitlines()[0].split() == ["slots", "lru", "class", "class+bypass", "belady", "opt"]
     assert "1 (50%)" in text
     t = trace_of([(0, 0)] * 8 + [(0, 1), (0, 2)])
     assert top_share(t, 10) == pytest.approx(0.8) and top_share(t, 20) == pytest.approx(0.9)
@@ -211,3 +211,12 @@ def test_trace_steps_concat_select():
     empty = RoutingTrace.concat([])
     assert len(empty) == 0 and empty.n_steps == 0 and trace_counts(empty) == []
     assert np.array_equal(trace_of([]).steps(), np.zeros(0))
+
+
+def test_class_bypass_keeps_a_cold_miss_out():
+    """``class+bypass``: with one slot held by a pair accessed three times, a pair seen once stays a miss (its counter
+    is not above the resident's); plain ``class`` admits it, evicting the hot one, which then misses and evicts it."""
+    tr = trace_of([(0, 1), (0, 1), (0, 1), (0, 2), (0, 1)])
+    assert (replay(tr, 1, "class", decay=1.0).hits, replay(tr, 1, "class", decay=1.0).evictions) == (2, 2)
+    r = replay(tr, 1, "class+bypass", decay=1.0)
+    assert (r.hits, r.misses, r.admissions, r.evictions) == (3, 2, 1, 0)

@@ -72,21 +72,23 @@ def test_decisions_on_a_written_trace():
 
 def test_engine_policy_decisions_are_the_replays():
     """The engine feeds the policy a step's routing record in routing order (layer, then selection): on a trace
-    whose steps are tokens, DecayedFrequency over those keys gives the replay's 'class' counts."""
+    whose steps are tokens, DecayedFrequency over those keys gives the replay's 'class' and 'class+bypass' counts."""
     rng = np.random.default_rng(2)
     L, E, k, n = 3, 16, 2, 60
     sel = np.stack([np.stack([rng.choice(E, size=k, replace=False, p=np.r_[[0.3] * 2, [0.4 / 14] * 14]) for _ in
                               range(L)]) for _ in range(n)])  # fmt: skip
     trace = RoutingTrace.from_rows([(0, t, il, int(e)) for t in range(n) for il in range(L) for e in sel[t, il]])
-    want = replay(trace, 10, "class")
-    pol = DecayedFrequency(10)
-    hits = adm = ev = 0
-    for t in range(n):
-        for il in range(L):
-            for e in sel[t, il].tolist():
-                h, v, a = pol.access(pair_key(il, e), t)
-                hits, adm, ev = hits + h, adm + a, ev + (v is not None)
-    assert (hits, adm, ev) == (want.hits, want.admissions, want.evictions)
+    for policy, bypass in (("class", False), ("class+bypass", True)):  # the engine runs the second
+        want = replay(trace, 10, policy)
+        pol = DecayedFrequency(10, bypass=bypass)
+        hits = adm = ev = 0
+        for t in range(n):
+            for il in range(L):
+                for e in sel[t, il].tolist():
+                    h, v, a = pol.access(pair_key(il, e), t)
+                    hits, adm, ev = hits + h, adm + a, ev + (v is not None)
+        assert (hits, adm, ev) == (want.hits, want.admissions, want.evictions)
+        assert ev > 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -395,7 +395,9 @@ class MoeStep:
         if cache.capacity != cache.n_slots - 1 or len(cache) != cache.capacity:
             raise ValueError(f"the cache policy needs a full cache and a scratch slot: {len(cache)} of {cache.n_slots}")
         self.scratch_slot = cache.n_slots - 1
-        self.policy = DecayedFrequency(cache.capacity, decay, [pair_key(il, e) for il, e in initial], seed)
+        self.policy = DecayedFrequency(
+            cache.capacity, decay, [pair_key(il, e) for il, e in initial], seed, bypass=True
+        )  # the replay's class+bypass (bench/bench_cache_policy.py: as many hits as plain class, fewer swaps)
 
     def swap(self, out: tuple[int, int], into: tuple[int, int]) -> None:
         """Pair ``into`` (in the host tier) takes pair ``out``'s cache slot, ``out`` takes ``into``'s host slot:
