@@ -163,6 +163,9 @@ def measure_pack(
     if n_tokens > 0:
         _generate(a, eng, prompt, n_tokens)
         if step_ms is not None:
+            if pcie_gbs is None and g.pcie_gbs_measured is not None:  # the link measured at start-up
+                pcie_gbs = g.pcie_gbs_measured
+                a.generation["pcie_gbs_basis"] = f"measured at start-up: {pcie_gbs} GB/s (host tier -> VRAM copies)"
             _speed(a, res.facts, step_ms, pcie_gbs)
     return a
 
@@ -480,7 +483,9 @@ def print_measurement(a: Measurement) -> None:
                 f"decode speed: measured {gn['decode_tok_s'] or 0:.2f} tok/s, predicted "
                 f"{gn['decode_tok_s_predicted']:.2f} tok/s at the predicted hit rate"
                 + (f", {at:.2f} tok/s at the measured one" if at is not None else "")
-                + " (strata.budget.speed)"
+                + " (strata.budget.speed"
+                + (f"; PCIe {gn['pcie_gbs_basis']}" if "pcie_gbs_basis" in gn else "")
+                + ")"
             )
     for c in a.pool_checks:
         click.echo(f"pool check: {c}")

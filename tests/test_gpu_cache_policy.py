@@ -138,3 +138,17 @@ def test_class_policy_refusals(pack):
         _engine(pack, "sim", n_ctx=64, expert_cache=1, miss_tier="pcie", cache_policy="class")
     eng = _engine(pack, "sim", n_ctx=64, cache_policy="class")  # every expert fits: nothing to learn, no scratch
     assert eng.decoder.moe.policy is None and eng.experts.cache.capacity == eng.experts.cache.n_slots
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_start_up_pcie_probe(pack, backend):
+    """With a host tier and the chunk path's staging slots the start-up times host tier -> VRAM copies: on CUDA a
+    rate between 1 and 1,000 GB/s, in the notes; on the simulated device no figure (it has no link to measure)."""
+    eng = _engine(pack, backend, n_ctx=64, ubatch=8, expert_cache=6, miss_tier="pcie")
+    got = eng.gpu.pcie_gbs_measured
+    if backend == "sim":
+        assert got is None
+    else:
+        assert 1.0 < got < 1000.0
+    one = _engine(pack, backend, n_ctx=64, ubatch=1, expert_cache=6, miss_tier="pcie")  # no staging: no probe
+    assert one.gpu.pcie_gbs_measured is None

@@ -44,7 +44,7 @@ from .backend import Backend, make_backend
 from .chunk import ChunkPath
 from .fused import FusedDecoder, FusedUnsupported, StageTimes, describe, fused_unsupported
 from .fused_moe import check_policy
-from .slots import GpuExpertPath, GpuStepProbe, HostTier, HostTierError, SlotCache, SlotPlan
+from .slots import PROBE_COPIES, GpuExpertPath, GpuStepProbe, HostTier, HostTierError, SlotCache, SlotPlan, probe_pcie
 from .weights import DeviceWeights, rows_of
 
 
@@ -98,6 +98,7 @@ class GpuInfo:
     host_tier_pairs: int = 0
     host_tier_map_bytes: int = 0  # device memory the driver took to map the host tier (measured: free before - after)
     host_tier_map_predicted_bytes: int = 0  # strata.layout.experts.host_tier_map_bytes of the tier
+    pcie_gbs_measured: float | None = None  # the host tier -> VRAM copy rate at start-up (slots.probe_pcie), GB/s
     chunk_bytes: int = 0  # the prompt chunk's tile and staging slots (strata.layout.chunk.chunk_buffer_bytes)
     chunk_ubatch: int = 1  # -ub: prompt positions per chunk (1: one position at a time, no chunk path)
     # the chunk path's GEMMs use cuBLAS (CUDA) and its first use in this thread happens at this start-up's warm-up
@@ -486,6 +487,10 @@ class GpuDevice:
         info.miss_tier, info.host_tier_bytes, info.host_tier_pairs = "pcie", tier.nbytes, len(tier)
         note["host_tier_bytes"] = tier.nbytes
         note["host_tier_pairs"] = len(tier)
+        got = probe_pcie(tier, getattr(self.experts and self.experts.chunk_path, "staging", None), bk.name == "cuda")
+        if got is not None and got[0] is not None:
+            info.pcie_gbs_measured = round(got[0], 2)
+            note["pcie"] = f"{info.pcie_gbs_measured} GB/s host tier -> VRAM (measured: {got[1]} B x {PROBE_COPIES})"
         return tier
 
     # ------------------------------------------------------------------ the reserve and the drafter

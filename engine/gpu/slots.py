@@ -198,6 +198,35 @@ class SlotCache:
         return bk.matvec(d_l.type_id, self._view(s, d_l), d_l.rows, d_l.ne0, h, out=yb)
 
 
+#: Copies the start-up PCIe probe times (after one untimed) and the most bytes one copies.
+PROBE_COPIES, PROBE_MAX_BYTES = 4, 64 * 2**20
+
+
+def probe_pcie(tier: HostTier, dst: Any, cuda: bool) -> tuple[float | None, int] | None:
+    """The host tier's link measured at start-up (issue 19 item 2, the documents' engine probes it the same way):
+    :data:`PROBE_COPIES` asynchronous copies of the tier's first ``n`` bytes (pinned host memory) into the device
+    buffer ``dst`` (scratch: staging slots or the swap's scratch slot; ``n`` = the smaller, at most
+    :data:`PROBE_MAX_BYTES`), timed by CUDA events after one untimed copy: ``(GB/s (1e9 B/s), n)``. None on the
+    simulated device (it has no link: no figure rather than a made-up one), without ``dst`` (None: no staging
+    slots, ``-ub 1``) or with nothing to copy."""
+    n = min(int(tier.nbytes), int(dst.nbytes), PROBE_MAX_BYTES) if dst is not None else 0
+    if not cuda or n <= 0:
+        return None
+    import cupy as cp
+
+    rt, st = cp.cuda.runtime, cp.cuda.get_current_stream()
+    src, d = int(tier.storage.ctypes.data), int(dst.data.ptr)
+    rt.memcpyAsync(d, src, n, rt.memcpyHostToDevice, st.ptr)
+    t0, t1 = cp.cuda.Event(), cp.cuda.Event()
+    t0.record(st)
+    for _ in range(PROBE_COPIES):
+        rt.memcpyAsync(d, src, n, rt.memcpyHostToDevice, st.ptr)
+    t1.record(st)
+    t1.synchronize()
+    ms = cp.cuda.get_elapsed_time(t0, t1)
+    return (PROBE_COPIES * n / (ms / 1000) / 1e9 if ms > 0 else None), n
+
+
 #: The sim's addresses of the host tier start here (the device slots' are 1 + offset; 0 is a miss).
 SIM_HOST_BASE = 1 << 48
 
