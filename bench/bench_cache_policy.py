@@ -58,7 +58,7 @@ def run_case(pack: Path, device: str, slots: int, policy: str, prompts: list[lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--work", default="/tmp/bench_cache_policy")
     ap.add_argument("--geometry", default="qwen3moe-small", help="bench_moe's MoE geometries")
     ap.add_argument("--device", default="sim", choices=["sim", "cuda"])
@@ -77,13 +77,32 @@ def main(argv: list[str] | None = None) -> int:
     from strata.testing.routing import TokenRouting, topic_prompts
 
     geos = geometries()
-    if args.geometry not in geos or not geos[args.geometry].dims.n_expert:
-        ap.error(f"--geometry {args.geometry}: one of bench_moe's MoE geometries")
+    moe = sorted(n for n, g in geos.items() if g.arch in ("qwen3moe", "qwen2moe", "qwen3next"))
+    if args.geometry not in moe:
+        ap.error(f"--geometry {args.geometry}: one of bench_moe's MoE geometries ({', '.join(moe)})")
+    try:
+        fractions = [float(x) for x in args.fractions.split(",")]
+    except ValueError:
+        ap.error(f"--fractions {args.fractions!r}: comma-separated numbers in (0, 1)")
+    if not fractions or any(not 0.0 < f < 1.0 for f in fractions):
+        ap.error(f"--fractions {args.fractions}: each in (0, 1) (at 1 every pair is resident: nothing to compare)")
+    for name in ("prompts", "prompt_len", "tokens"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
+    if args.skew < 0:
+        ap.error(f"--skew {args.skew}: must be >= 0")
+    if args.device == "cuda":
+        from strata.engine.gpu.kernels import gpu_available
+
+        ok, why = gpu_available()
+        if not ok:
+            ap.error(f"--device cuda: {why} (--device sim measures the hit rates anywhere)")
     base = geos[args.geometry]
     spec = base.model_copy(update={"routing": TokenRouting(skew=args.skew)})
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    gguf, pack = work / f"{args.geometry}.gguf", work / f"{args.geometry}-pack"
+    tag = f"{args.geometry}-skew{args.skew:g}"  # a file per router skew: another skew never reuses this one
+    gguf, pack = work / f"{tag}.gguf", work / f"{tag}-pack"
     if not gguf.exists():
         synth.write_model(gguf, spec)
     if not pack.exists():
@@ -99,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.prompt_len} ids x {args.tokens} tokens, one engine per row (the cache lives across the prompts), "
         f"device {args.device}; hit rate = hits / routed expert evaluations of the decode positions (counts)"
     )
-    for f in (float(x) for x in args.fractions.split(",")):
+    for f in fractions:
         slots = max(2, int(round(f * pairs)))
         for policy in ("fill", "class"):
             t0 = time.perf_counter()

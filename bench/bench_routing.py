@@ -14,7 +14,8 @@ Not a test: a benchmark (``make bench-routing``; issue 19 items 3 and 4). For on
 4. profiles the first trace (:func:`strata.budget.trace.trace_counts`: what ``strata-engine profile``
    writes) and replays the held-out trace through every policy of :mod:`strata.budget.replay`
    (profile-only (the engine's default with a profile), profile + first-come admission (``--admit``),
-   LRU, the decayed-frequency class policy, profile + LRU, profile + class, Belady's MIN, and the
+   LRU, the decayed-frequency class policy, class + bypass (the engine's ``--cache-policy class``), profile + LRU,
+   profile + class, Belady's MIN, and the
    optimum) at ``--fractions`` of all (layer, expert) pairs as slots (global slots, as the engine's cache);
 5. checks the budget's prediction: ``fill_profile``'s expected hit rate (what ``strata-budget check
    --expert-profile`` reports: in-sample, on the profile's own prompts) against the profile-only hit rate

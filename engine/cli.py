@@ -54,10 +54,10 @@ def cache_policy_option(f):
         default="fill",
         show_default=True,
         help="cuda: what the expert cache does while decoding. fill: the start-up fill (a profile's, else layer "
-        "order) stays. class: after each token a miss read from the host tier is swapped into the slot of the "
-        "resident expert with the lowest decayed count (decay 0.95 a token; the offline replay's 'class' policy, "
-        "make bench-routing); needs the host tier (--miss-tier pcie / auto) and keeps one slot as the swap's "
-        "scratch. The tokens do not change either way.",
+        "order) stays. class: after each token a miss read from the host tier whose decayed count (0.95 a token) is "
+        "above the coldest resident expert's is swapped into that expert's slot (the offline replay's "
+        "'class+bypass' policy, make bench-routing); needs the host tier (--miss-tier pcie / auto) and keeps one "
+        "slot as the swap's scratch. The tokens do not change either way.",
     )(f)
 
 

@@ -369,7 +369,8 @@ class ExpertCounts:
     per_layer_misses: dict[int, int] = field(default_factory=dict)
     #: of the misses, those the GPU read from the host tier over PCIe (the rest were computed on the CPU)
     pcie: int = 0
-    pcie_bytes: int = 0  # the bytes of those experts (engine form: gate + up + down), read over PCIe
+    pcie_bytes: int = 0  # the bytes over PCIe: those experts (engine form: gate + up + down) and the cache's swaps
+    swaps: int = 0  # decode-time swaps between the VRAM slots and the host tier (--cache-policy class)
 
 
 class ExpertPath:
@@ -535,6 +536,14 @@ class ExpertPath:
         step[0] += hits
         step[1] += misses
         step[2] += pcie
+
+    def count_swaps(self, n: int, nbytes: int) -> None:
+        """``n`` decode-time swaps of the cache (:meth:`strata.engine.gpu.fused_moe.MoeStep.swap`) that moved
+        ``nbytes`` bytes over PCIe (both directions): counted in :attr:`counts` and in this step's PCIe bytes
+        (:meth:`take_pcie`), so "MiB over PCIe" is every byte the link carried for the experts."""
+        self.counts.swaps += int(n)
+        self.counts.pcie_bytes += int(nbytes)
+        self._step_pcie_bytes += int(nbytes)
 
     def count_layers(self, layers: Sequence[int], hits, misses, pcie, pcie_bytes) -> None:
         """:meth:`count` of every layer in ``layers`` at once - one call per step for a path that routes a whole step

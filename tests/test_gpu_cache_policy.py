@@ -107,6 +107,11 @@ def test_swaps_keep_the_tokens_and_every_pair_in_one_place(pack, backend):
     got = generate(eng, prompt_ids=prompt, n_tokens=24, ignore_eos=True)
     assert got.output_ids == want.output_ids and got.top == want.top
     assert moe.swaps > 0 and moe.policy_steps == 24  # a step each: the last prompt position and 23 generated tokens
+    # every swap moved a slot each way over PCIe: in the counts and in the steps' "MiB over PCIe"
+    assert eng.experts.counts.swaps == moe.swaps
+    steps = [st for st in got.steps if st.phase != "prompt"]  # the fused steps (the prompt ran in chunks)
+    reads = sum(v[2] * moe.blob_bytes[il] for st in steps for il, v in st.expert_layers.items())
+    assert sum(st.pcie_bytes for st in steps) == reads + 2 * moe.swaps * cache.slot_bytes
     where, hosted = set(cache.where), set(tier.where)
     assert not where & hosted and len(where | hosted) == pairs and len(where) == cache.capacity
     table = np.asarray(moe.bk.to_host(moe.slot_of)).reshape(-1, moe.E)

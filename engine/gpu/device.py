@@ -371,9 +371,7 @@ class GpuDevice:
         slots = size.slots
         cache = SlotCache(source, bk, n_embd, n_ff, slots, bufs=experts.bufs)
         assert cache.slot_bytes == slot_bytes
-        learn = opts.cache_policy == "class" and slots < pairs  # something can miss: the policy has work
-        if learn:
-            check_policy(tier_on, slots, info.miss_tier)
+        if learn := check_policy(opts.cache_policy, tier_on, slots, pairs, info.miss_tier, note):
             cache.reserve_scratch()
         if opts.profile is not None:
             order = F.fill_profile(opts.profile, slots).order

@@ -55,13 +55,20 @@ from .slots import SIM_HOST_BASE
 MAX_EXPERTS_USED = 64
 
 
-def check_policy(tier_on: bool, slots: int, miss_tier: str) -> None:
-    """Refuse ``--cache-policy class`` where it cannot swap (before the cache is filled): misses going to the CPU
-    (``miss_tier``: the start-up's reason) or fewer than 2 slots (one is the swap's scratch).
+def check_policy(policy: str, tier_on: bool, slots: int, pairs: int, miss_tier: str, note: dict) -> bool:
+    """Whether the cache of ``slots`` slots (of ``pairs`` (layer, expert) pairs) learns at decode time
+    (``--cache-policy class`` where something can miss; ``note`` says so when nothing can), decided before the
+    cache is filled; refused where it cannot swap: misses going to the CPU (``miss_tier``: the start-up's reason) or
+    fewer than 2 slots (one is the swap's scratch).
 
     Raises:
         ExpertCacheError: either, naming the option and the numbers.
     """
+    if policy != "class":
+        return False
+    if slots >= pairs:
+        note["cache policy"] = f"class: nothing to learn ({slots} slots hold all {pairs} pairs)"
+        return False
     if not tier_on:
         raise ExpertCacheError(
             f"--cache-policy class swaps experts between the VRAM slots and the host tier, and misses here go to "
@@ -72,6 +79,7 @@ def check_policy(tier_on: bool, slots: int, miss_tier: str) -> None:
             f"--cache-policy class keeps one of the cache's slots as its swap scratch: {slots} slot(s) leave none "
             "for experts; refusing (--cache-policy fill)"
         )
+    return True
 
 
 class MoeStep:
@@ -436,12 +444,16 @@ class MoeStep:
         assert pol is not None
         self.policy_steps += 1
         t = self.policy_steps
+        before = self.swaps
         for j, il in enumerate(self.layers):
             for e in rec[j, 0].tolist():
                 _hit, victim, admitted = pol.access(pair_key(il, e), t)
                 if admitted:
                     assert victim is not None  # the cache is full (learn)
                     self.swap(key_pair(victim), (il, int(e)))
+        n = self.swaps - before
+        if n:  # a swap moves a slot each way over PCIe (the device-to-device copy stays on the card)
+            self.model.experts.count_swaps(n, 2 * n * self.cache.slot_bytes)
 
     @property
     def full(self) -> bool:
