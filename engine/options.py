@@ -63,9 +63,9 @@ class EngineOptions:
             host tier fits the host's available memory, else ``cpu``, said at start-up).
         cache_policy: what the GPU expert cache does at decode time (``--cache-policy``, :data:`CACHE_POLICIES`):
             ``fill`` (the start-up fill stays; first-come admission into free slots), ``class`` (the
-            decayed-frequency rule of :mod:`strata.budget.cache_policy`: a miss read from the host tier is swapped
-            into the slot of the resident pair with the lowest decayed count after the step; needs the host tier,
-            keeps one slot as the swap's scratch).
+            decayed-frequency rule of :mod:`strata.budget.cache_policy` with bypass: after the step a miss read from
+            the host tier whose decayed count is above the coldest resident pair's is swapped into that pair's slot;
+            needs the host tier, keeps one slot as the swap's scratch; a warning on the CPU, which has no cache).
         cpu_kernel: the matvec kernels asked (``--kernel``), ``"q8"`` (llama.cpp's CPU numerics: activations
             quantized to Q8_0/Q8_K, integer dots), ``"exact"`` (the exact GPU kernels' summation order) or
             ``"f32"`` (CPU only) (:mod:`strata.engine.cpu.kernels`); None = the device's default
@@ -161,11 +161,7 @@ class EngineOptions:
         if self.cache_policy not in CACHE_POLICIES:
             raise GenerateError(f"--cache-policy {self.cache_policy!r}: expected one of {', '.join(CACHE_POLICIES)}")
         gpu = self.device != "cpu"
-        if self.cache_policy != "fill" and not gpu:
-            raise GenerateError(
-                f"--cache-policy {self.cache_policy}: the expert cache is the GPU path's; add --device cuda"
-            )
-        if self.cache_policy != "fill" and self.miss_tier == "cpu":
+        if self.cache_policy != "fill" and self.miss_tier == "cpu" and gpu:
             raise GenerateError(
                 f"--cache-policy {self.cache_policy} swaps experts between the VRAM slots and the host tier: it needs "
                 "--miss-tier pcie or auto, not cpu"
@@ -304,6 +300,11 @@ def options_from_cli(
             on_warning(
                 f"--miss-tier {opts.miss_tier}: the CPU path has no expert cache, so no miss tier (it is the GPU "
                 "path's, --device cuda); not used"
+            )
+        if opts.cache_policy != "fill":
+            on_warning(
+                f"--cache-policy {opts.cache_policy}: the CPU path has no expert cache (it is the GPU path's, "
+                "--device cuda); not used"
             )
     return opts
 

@@ -515,11 +515,13 @@ def test_prompt_text_that_is_not_utf8_is_refused_with_the_byte(pack, tmp_path):
 
 
 def test_gpu_only_options_on_the_cpu_are_said_not_dropped(pack):
-    """--expert-cache, --miss-tier and --no-graph size / shape the GPU path; on the CPU each is a one-line warning
-    (the run goes on), as --expert-profile is; generate's --card names no 'measure' (it emulates named cards only)."""
+    """--expert-cache, --miss-tier, --cache-policy and --no-graph size / shape the GPU path; on the CPU each is a
+    one-line warning (the run goes on), as --expert-profile is; generate's --card names no 'measure' (it emulates
+    named cards only)."""
     args = ["generate", str(pack), "-p", "hi", "-n", "2", "--expert-cache", "3", "--no-graph", "--miss-tier", "pcie"]
-    r = CliRunner().invoke(main, args)
+    r = CliRunner().invoke(main, args + ["--cache-policy", "class"])
     assert r.exit_code == 0, r.output
+    assert "warning: --cache-policy class: the CPU path has no expert cache" in r.stderr
     assert "warning: --expert-cache 3: the CPU path has no expert cache" in r.stderr
     assert "warning: --miss-tier pcie: the CPU path has no expert cache, so no miss tier" in r.stderr
     assert "warning: --no-graph: the CPU path has no CUDA graphs (--device cuda); not used" in r.stderr
