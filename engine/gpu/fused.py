@@ -480,15 +480,11 @@ class FusedDecoder:
 
     def forward(self, tokens: list[int], pos0: int, state, logits: bool = True):
         """A prompt chunk through the wrapped model's :meth:`strata.engine.decoder.Decoder.forward` (the chunk path,
-        :mod:`strata.engine.gpu.chunk`, on the current stream), ended synchronised: the step's own stream then reads
-        the KV cache and recurrent state the chunk wrote; begun after the step's stream is done (a decode-time swap
-        of the cache policy, queued there, has moved its experts before the chunk reads them)."""
+        :mod:`strata.engine.gpu.chunk`, on the current stream), begun after the step's stream is done (a cache swap
+        queued there has moved its experts) and ended synchronised (the step's stream then reads the caches)."""
         if self.cuda:
             self.stream.synchronize()
-        y = self.model.forward(tokens, pos0, state, logits=logits)
-        if self.cuda:
-            self.backend.synchronize()
-        return y
+        return self.model.forward(tokens, pos0, state, logits=logits)  # (Decoder.forward ends synchronised on CUDA)
 
     def step(self, token: int, pos: int, state, logits: bool = True):
         """One position: ``pos`` and the embedding row of ``token`` into the staging buffer, then the
