@@ -26,14 +26,8 @@ BACKENDS = ["sim", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skip
 
 
 @pytest.fixture(scope="module")
-def pack(tmp_path_factory):
-    from strata import testing as synth
-    from strata.packer.build import build_pack
-
-    d = tmp_path_factory.mktemp("policy_pack")
-    paths = synth.write_model(d / "moe.gguf", synth.qwen3moe_spec())
-    build_pack(paths[0], d / "moe-pack", progress=False)
-    return d / "moe-pack"
+def pack(qwen3moe_pack):
+    return qwen3moe_pack  # tests/conftest.py: the qwen3moe preset (3 MoE layers, 8 experts)
 
 
 def _engine(pack, backend: str, **kw):
