@@ -69,6 +69,7 @@ class Measurement(BaseModel):
     #: the host tier (pinned host memory, bytes): the plan's at the engine's slots, and what the engine pinned
     #: (0 with ``--miss-tier cpu`` or where every expert is resident)
     host_tier_predicted_bytes: int = 0
+    scratch_slots: int = 0  # cache slots kept as --cache-policy class's swap scratch (their pairs in the host tier)
     host_tier_bytes: int = 0
     miss_tier: str = ""
 
@@ -170,6 +171,12 @@ def measure_pack(
     return a
 
 
+def _scratch_slots(eng) -> int:
+    """Cache slots the engine keeps out of the cache (``--cache-policy class``'s swap scratch), 0 or 1."""
+    cache = getattr(eng.experts, "cache", None)
+    return int(getattr(cache, "n_slots", 0) - getattr(cache, "capacity", getattr(cache, "n_slots", 0)))
+
+
 def _compare(pack, eng, facts) -> Measurement:
     g, marks, o = eng.gpu, eng.gpu.marks, eng.options
     card, n_ctx, kv = o.card, o.n_ctx, o.kv
@@ -216,7 +223,9 @@ def _compare(pack, eng, facts) -> Measurement:
         predicted_slots=auto.slots if auto is not None and o.expert_cache is None else None,
         reserve_bytes=g.reserve_bytes,
         free_after_bytes=g.free_after_bytes,
-        host_tier_predicted_bytes=plan.host_tier_bytes,
+        # --cache-policy class keeps one slot as its swap scratch: the pair it would have held is in the host tier
+        host_tier_predicted_bytes=plan.host_tier_bytes + _scratch_slots(eng) * (g.slot_plan.slot_bytes if slots else 0),
+        scratch_slots=_scratch_slots(eng),
         host_tier_bytes=g.host_tier_bytes,
         miss_tier=g.miss_tier,
     )
@@ -359,7 +368,9 @@ def _notes(a: Measurement, g, plan, auto, facts) -> None:
         same = "equal" if a.host_tier_bytes == a.host_tier_predicted_bytes else "DIFFERENT"
         a.notes.append(
             f"host tier (pinned host memory): the engine pinned {a.host_tier_bytes} B, strata-budget check plans "
-            f"{a.host_tier_predicted_bytes} B at {a.slots} slots ({same}; exact)"
+            f"{a.host_tier_predicted_bytes} B at {a.slots} slots ({same}; exact"
+            + ("; + the pair the cache policy's scratch slot leaves out" if a.scratch_slots else "")
+            + ")"
         )
     elif a.miss_tier:
         a.notes.append(f"misses: {a.miss_tier}")

@@ -151,3 +151,19 @@ def test_start_up_pcie_probe(pack, backend):
         assert 1.0 < got < 1000.0
     one = _engine(pack, backend, n_ctx=64, ubatch=1, expert_cache=6, miss_tier="pcie")  # no staging: no probe
     assert one.gpu.pcie_gbs_measured is None
+
+
+def test_measure_counts_the_scratch_slots_pair_in_the_host_tier(pack):
+    """``strata-engine measure`` with the learning cache: the host tier holds one pair more than the plan's tier at
+    the same slots (the scratch slot's), and measure predicts exactly that, saying why."""
+    from strata.engine.measure import measure_pack
+
+    a = measure_pack(
+        str(pack), backend=SimBackend(), device="cuda", n_ctx=64, expert_cache=6, miss_tier="pcie", cache_policy="class"
+    )
+    b = measure_pack(str(pack), backend=SimBackend(), device="cuda", n_ctx=64, expert_cache=6, miss_tier="pcie")
+    assert a.scratch_slots == 1 and b.scratch_slots == 0
+    slot = b.host_tier_bytes // 18  # 24 pairs, 6 slots: 18 pairs in the tier without the policy, 19 with it
+    assert b.host_tier_bytes == b.host_tier_predicted_bytes == 18 * slot
+    assert a.host_tier_bytes == a.host_tier_predicted_bytes == 19 * slot
+    assert any("scratch slot leaves out" in n for n in a.notes)

@@ -374,12 +374,12 @@ class GpuDevice:
         if learn := check_policy(opts.cache_policy, tier_on, slots, pairs, info.miss_tier, note):
             cache.reserve_scratch()
         if opts.profile is not None:
-            order = F.fill_profile(opts.profile, slots).order
+            order = F.fill_profile(opts.profile, cache.capacity).order  # (less a swap scratch slot)
             # the slots the profile leaves free take the other pairs now, in (layer, expert) order: where every
             # expert fits, every expert is resident (the one-graph path) whatever the profile saw
             have = set(order)
             rest = [(il, e) for il in source.layers for e in range(n_expert) if (il, e) not in have]
-            more = rest[: max(slots - len(order), 0)]
+            more = rest[: max(cache.capacity - len(order), 0)]
             order = order + more
             info.fill = f"profile ({len(opts.profile)} pairs)" + (f" + {len(more)} more in layer order" if more else "")
         else:
@@ -399,7 +399,7 @@ class GpuDevice:
             experts.tier = tier
             if learn:
                 note["cache policy"] = dec.moe.start_policy(tier, opts.profile, info.miss_tier)
-            info.host_tier_map_predicted_bytes = map_bytes if tier is not None else 0
+            info.host_tier_map_predicted_bytes = LX.host_tier_map_bytes(tier.nbytes) if tier is not None else 0
             info.decode_path = describe(dec)
             info.launches_per_token = dec.launches_per_token(True)
             note["decode path"] = info.decode_path

@@ -152,8 +152,8 @@ class MoeStep:
             self.info_host = np.frombuffer(self._info_mem, np.int32, 2 * K)
             self.xn_host = np.frombuffer(self._xn_mem, np.float32, n)
             self.miss_host = np.frombuffer(self._miss_mem, np.float32, K * n)
-            # host mirror of slot_of: an admitted pair's entry is copied up from here (entries never change
-            # once set - no eviction - so a copy still queued never reads a rewritten value)
+            # host mirror of slot_of: a changed entry (an admission, a swap) is copied up from here; a copy still
+            # queued reads the newest value when it runs, the one wanted (MoeStep._set_entry)
             self.slot_host = np.frombuffer(self._slot_mem, np.int32, h.n_layer * E)
             self.pinned_bytes = 4 * (2 * K + n + K * n + h.n_layer * E + 2 * K * h.n_layer)
         else:
@@ -415,7 +415,9 @@ class MoeStep:
         """
         cache, tier = self.cache, self.tier
         sb = cache.slot_bytes
-        s, h, x = cache.where[out], tier.where[into], self.scratch_slot
+        s = cache.replace(out, into)  # both maps first (they refuse a pair already placed) - then the bytes
+        h = tier.replace(into, out)
+        x = self.scratch_slot
         if self.dec.cuda:
             import cupy as cp
 
@@ -431,8 +433,6 @@ class MoeStep:
             t[h * sb : (h + 1) * sb] = c[x * sb : (x + 1) * sb]
             self.bk.forget(c[s * sb : (s + 1) * sb])  # the sim's weights, cached by address, are stale there now
             self.bk.forget(t[h * sb : (h + 1) * sb])
-        cache.replace(out, into)
-        tier.replace(into, out)
         self._set_entry(*into, s)
         self._set_entry(*out, -2 - h)
         self.swaps += 1

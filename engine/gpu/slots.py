@@ -205,8 +205,9 @@ PROBE_COPIES, PROBE_MAX_BYTES = 4, 64 * 2**20
 def probe_pcie(tier: HostTier, dst: Any, cuda: bool) -> tuple[float | None, int] | None:
     """The host tier's link measured at start-up (issue 19 item 2, the documents' engine probes it the same way):
     :data:`PROBE_COPIES` asynchronous copies of the tier's first ``n`` bytes (pinned host memory) into the device
-    buffer ``dst`` (scratch: staging slots or the swap's scratch slot; ``n`` = the smaller, at most
-    :data:`PROBE_MAX_BYTES`), timed by CUDA events after one untimed copy: ``(GB/s (1e9 B/s), n)``. None on the
+    buffer ``dst`` (scratch: the chunk path's staging slots; ``n`` = the smaller, at most
+    :data:`PROBE_MAX_BYTES`), timed by CUDA events after one untimed copy: ``(GB/s (1e9 B/s), n)``. A DMA copy's
+    rate: the decode step's kernels read a miss through the mapping, which may go slower. None on the
     simulated device (it has no link: no figure rather than a made-up one), without ``dst`` (None: no staging
     slots, ``-ub 1``) or with nothing to copy."""
     n = min(int(tier.nbytes), int(dst.nbytes), PROBE_MAX_BYTES) if dst is not None else 0
