@@ -7,7 +7,11 @@ tok/s (the swaps' cost over PCIe included). The cache lives across the prompts (
 prompts are topic prompts (``strata.testing.routing.topic_prompts``), each generating ``--tokens`` tokens.
 
     python bench/bench_cache_policy.py --work /tmp/bcp [--geometry qwen3moe-small] [--device sim]
-        [--fractions 0.25,0.5,0.75] [--prompts 8] [--prompt-len 16] [--tokens 32] [--json F]
+        [--fractions 0.25,0.5,0.75] [--prompts 8] [--prompt-len 16] [--tokens 32] [--pack P] [--json F]
+
+On the GPU machine after ``bench/device_prompt.sh`` (its 30B-A3B pack is this spec at skew 0.5):
+``python3 bench/bench_cache_policy.py --device cuda --geometry qwen3moe-30b-a3b --pack
+/tmp/device_pp_work/pp/qwen3moe-30b-a3b-pack``.
 """
 
 from __future__ import annotations
@@ -67,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument(
+        "--pack",
+        default=None,
+        help="a pack of --geometry written with TokenRouting(--skew) already (e.g. bench_prompt_gpu's "
+        "WORK/pp/qwen3moe-30b-a3b-pack: same spec): measured instead of writing one (saves the GGUF on a device call)",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -103,10 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     tag = f"{args.geometry}-skew{args.skew:g}"  # a file per router skew: another skew never reuses this one
     gguf, pack = work / f"{tag}.gguf", work / f"{tag}-pack"
-    if not gguf.exists():
-        synth.write_model(gguf, spec)
-    if not pack.exists():
-        build_pack(gguf, pack, progress=False)
+    if args.pack is not None:
+        pack = Path(args.pack)
+        if not (pack / "index.txt").is_file():
+            ap.error(f"--pack {pack}: not a pack (no index.txt)")
+    else:
+        if not gguf.exists():
+            synth.write_model(gguf, spec)
+        if not pack.exists():
+            build_pack(gguf, pack, progress=False)
     vocab = min(base.dims.n_vocab, 4096)
     tp = topic_prompts(args.prompts, args.prompt_len, seed=2, vocab=vocab, n_topics=8, topic_size=48, run_length=4,
                        topic_seed=0)  # fmt: skip
