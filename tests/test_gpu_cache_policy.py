@@ -64,25 +64,61 @@ def test_decisions_on_a_written_trace():
     assert 1 in pol and 2 in pol and 3 not in pol and len(pol) == 2
 
 
-def test_engine_policy_decisions_are_the_replays():
-    """The engine feeds the policy a step's routing record in routing order (layer, then selection): on a trace
-    whose steps are tokens, DecayedFrequency over those keys gives the replay's 'class' and 'class+bypass' counts."""
-    rng = np.random.default_rng(2)
-    L, E, k, n = 3, 16, 2, 60
-    sel = np.stack([np.stack([rng.choice(E, size=k, replace=False, p=np.r_[[0.3] * 2, [0.4 / 14] * 14]) for _ in
-                              range(L)]) for _ in range(n)])  # fmt: skip
-    trace = RoutingTrace.from_rows([(0, t, il, int(e)) for t in range(n) for il in range(L) for e in sel[t, il]])
-    for policy, bypass in (("class", False), ("class+bypass", True)):  # the engine runs the second
-        want = replay(trace, 10, policy)
-        pol = DecayedFrequency(10, bypass=bypass)
-        hits = adm = ev = 0
-        for t in range(n):
-            for il in range(L):
-                for e in sel[t, il].tolist():
-                    h, v, a = pol.access(pair_key(il, e), t)
-                    hits, adm, ev = hits + h, adm + a, ev + (v is not None)
-        assert (hits, adm, ev) == (want.hits, want.admissions, want.evictions)
-        assert ev > 0
+def _rule_reference(accesses, slots, decay, initial=(), seed=None, bypass=False):
+    """The decayed-frequency rule written out the plain way, independent of DecayedFrequency's log-space heap: float
+    counters multiplied by ``decay`` at each new step, +1 an access; the victim is the resident with the lowest
+    counter, ties to the least recent access (the initial fill: in load order, before any access); with ``bypass`` a
+    miss whose counter is not above the victim's stays a miss. ``accesses``: (key, step). Returns each access's
+    ``(hit, victim, admitted)``."""
+    counter = dict(seed or {})
+    last = {k: -len(initial) + j for j, k in enumerate(initial)}
+    resident, out, step = list(initial), [], 0
+    for i, (k, t) in enumerate(accesses):
+        while step < t:
+            counter = {kk: c * decay for kk, c in counter.items()}
+            step += 1
+        counter[k] = counter.get(k, 0.0) + 1.0
+        if k in resident:
+            last[k] = i
+            out.append((True, None, False))
+            continue
+        victim = None
+        if len(resident) >= slots:
+            victim = min(resident, key=lambda r: (counter.get(r, 0.0), last[r]))
+            if bypass and counter[k] <= counter.get(victim, 0.0):
+                out.append((False, None, False))
+                continue
+            resident.remove(victim)
+        resident.append(k)
+        last[k] = i
+        out.append((False, victim, True))
+    return out
+
+
+@pytest.mark.parametrize("bypass", [False, True])
+def test_policy_is_the_rule_written_out(bypass):
+    """DecayedFrequency (log-space counters, a heap of residents) against the rule written out plainly
+    (:func:`_rule_reference`) on 1,200 accesses of a skewed routing, with an initial fill and profile-seeded counters:
+    every decision the same; and the replay's 'class' / 'class+bypass' counts are those decisions'."""
+    rng = np.random.default_rng(5 + bypass)
+    L, E, k, n = 3, 16, 2, 200
+    p = rng.dirichlet(np.full(E, 0.3))
+    sel = [[rng.choice(E, size=k, replace=False, p=p) for _ in range(L)] for _ in range(n)]
+    acc = [(pair_key(il, int(e)), t) for t in range(n) for il in range(L) for e in sel[t][il]]
+    initial = [pair_key(0, e) for e in range(6)]
+    seed = {pair_key(1, 3): 4.0, pair_key(0, 2): 0.5}
+    want = _rule_reference(acc, 10, 0.9, initial, seed, bypass)
+    pol = DecayedFrequency(10, 0.9, initial, seed, bypass=bypass)
+    assert [pol.access(key, t) for key, t in acc] == want
+    assert sum(v is not None for _h, v, _a in want) > 20  # evictions happened
+    trace = RoutingTrace.from_rows([(0, t, il, int(e)) for t in range(n) for il in range(L) for e in sel[t][il]])
+    got = replay(trace, 10, "class+bypass" if bypass else "class", decay=0.9)
+    cold = _rule_reference(acc, 10, 0.9, bypass=bypass)
+    assert (got.hits, got.admissions, got.evictions) == (
+        sum(h for h, _v, _a in cold),
+        sum(a for _h, _v, a in cold),
+        sum(v is not None for _h, v, _a in cold),
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -98,7 +134,17 @@ def test_swaps_keep_the_tokens_and_every_pair_in_one_place(pack, backend):
     eng = _engine(pack, backend, n_ctx=96, ubatch=8, expert_cache=pairs // 3, miss_tier="pcie", cache_policy="class")
     moe, cache, tier = eng.decoder.moe, eng.experts.cache, eng.experts.tier
     assert moe.policy is not None and cache.capacity == cache.n_slots - 1 == pairs // 3 - 1
+    fill = list(cache.where)  # the start-up fill in load order: the rule's initial residents
+    records, swaps = [], []
+    learn, swap = moe._learn_from, moe.swap
+    moe._learn_from = lambda rec: records.append(rec.copy()) or learn(rec)
+    moe.swap = lambda out, into: swaps.append((out, into)) or swap(out, into)
     got = generate(eng, prompt_ids=prompt, n_tokens=24, ignore_eos=True)
+    # the engine's swaps are the rule's admissions, fed the steps' records in routing order (layer, selection)
+    acc = [(pair_key(il, int(e)), t + 1) for t, rec in enumerate(records) for j, il in enumerate(moe.layers)
+           for e in rec[j, 0]]  # fmt: skip
+    rule = _rule_reference(acc, cache.capacity, 0.95, [pair_key(*pr) for pr in fill], bypass=True)
+    assert swaps == [(key_pair(v), key_pair(key)) for (key, _t), (_h, v, a) in zip(acc, rule) if a]
     assert got.output_ids == want.output_ids and got.top == want.top
     assert moe.swaps > 0 and moe.policy_steps == 24  # a step each: the last prompt position and 23 generated tokens
     # every swap moved a slot each way over PCIe: in the counts and in the steps' "MiB over PCIe"
