@@ -213,3 +213,36 @@ def test_measure_counts_the_scratch_slots_pair_in_the_host_tier(pack):
     assert b.host_tier_bytes == b.host_tier_predicted_bytes == 18 * slot
     assert a.host_tier_bytes == a.host_tier_predicted_bytes == 19 * slot
     assert any("scratch slot leaves out" in n for n in a.notes)
+
+
+def test_refusals_name_the_numbers_and_a_refused_swap_moves_nothing(pack):
+    """check_policy's refusals name the option, the reason and the slots; SlotCache / HostTier.replace refuse a pair
+    already placed, naming it and where it is; MoeStep.swap refused that way leaves the maps, the table and the bytes
+    as they were (the checks come before any copy)."""
+    from strata.engine.gpu.fused_moe import check_policy
+
+    note: dict = {}
+    with pytest.raises(ExpertCacheError, match=r"misses here go to the CPU \(cpu \(no room\)\)"):
+        check_policy("class", False, 5, 24, "cpu (no room)", note)
+    with pytest.raises(ExpertCacheError, match=r"1 slot\(s\) leave none for experts"):
+        check_policy("class", True, 1, 24, "", note)
+    assert (
+        check_policy("class", True, 24, 24, "", note) is False and "nothing to learn (24 slots" in note["cache policy"]
+    )
+    assert check_policy("fill", False, 1, 24, "", {}) is False
+    eng = _engine(pack, "sim", n_ctx=64, ubatch=8, expert_cache=6, miss_tier="pcie", cache_policy="class")
+    moe, cache, tier = eng.decoder.moe, eng.experts.cache, eng.experts.tier
+    a, b = list(cache.where)[:2]
+    h, h2 = list(tier.where)[:2]
+    before = (dict(cache.where), dict(tier.where), bytes(cache.storage), bytes(tier.storage), moe.slot_of.copy())
+    with pytest.raises(KeyError, match=rf"blk\.{b[0]} expert {b[1]} in the host tier"):
+        moe.swap(a, b)  # b is resident: it cannot come in from the tier
+    with pytest.raises(KeyError, match=rf"blk\.{h[0]} expert {h[1]} must be in a slot"):
+        moe.swap(h, h2)  # h is not in a slot
+    after = (dict(cache.where), dict(tier.where), bytes(cache.storage), bytes(tier.storage), moe.slot_of.copy())
+    assert before[:4] == after[:4] and np.array_equal(before[4], after[4]) and moe.swaps == 0
+    with pytest.raises(ValueError, match=rf"blk\.{h[0]} expert {h[1]} is already in host slot {tier.where[h]}"):
+        tier.replace(a, h)
+    with pytest.raises(ValueError, match=rf"blk\.{b[0]} expert {b[1]} is already in slot {cache.where[b]}"):
+        cache.replace(a, b)
+    assert dict(cache.where) == before[0] and dict(tier.where) == before[1]

@@ -415,6 +415,9 @@ class MoeStep:
         """
         cache, tier = self.cache, self.tier
         sb = cache.slot_bytes
+        if out not in cache.where or into not in tier.where:  # checked before anything changes
+            raise KeyError(f"swap: blk.{out[0]} expert {out[1]} must be in a slot, blk.{into[0]} expert {into[1]} in "
+                           "the host tier")  # fmt: skip
         s = cache.replace(out, into)  # both maps first (they refuse a pair already placed) - then the bytes
         h = tier.replace(into, out)
         x = self.scratch_slot
