@@ -24,6 +24,7 @@ from .options import (
     ENGINE_ALIASES,
     AliasChoice,
     batch_size_option,
+    cache_policy_option,
     card_options,
     ctx_option,
     expert_cache_option,
@@ -169,6 +170,7 @@ def main() -> None:
 @expert_cache_option
 @expert_profile_option
 @miss_tier_option
+@cache_policy_option
 @ubatch_plan_option
 @batch_size_option
 @click.option(
@@ -196,6 +198,7 @@ def check(
     expert_cache,
     expert_profile,
     miss_tier,
+    cache_policy,
     ubatch,
     batch_size,
     bf16_scan,
@@ -261,6 +264,7 @@ def check(
             profile_path=expert_profile,
             engine=engine,
             miss_tier=miss_tier,
+            cache_policy=cache_policy,
             ubatch=min(ubatch, batch_size),  # as the engine's: a chunk is min(-b, -ub) positions
         )
         try:

@@ -228,6 +228,7 @@ def size_with_host_tier(
     pairs: int,
     *,
     cap_what: str = "",
+    scratch: bool = False,
 ) -> tuple[CacheSize | None, int, int]:
     """The expert cache size when the pairs it does not hold go to strata's host tier, whose mapping takes device
     memory (:func:`strata.layout.experts.host_tier_map_bytes` of ``(pairs - slots) x slot_bytes``): the cache is
@@ -238,9 +239,11 @@ def size_with_host_tier(
     reserved. Returns ``(size, reserved, map_bytes)``: the final size, the
     mapping bytes it was sized with (``size`` = :func:`size_expert_cache` with ``reserve_bytes + reserved``) and the
     mapping of its tier (``<= reserved``; bytes) - or ``(None, reserved, map_bytes)`` when the mapping does not fit
-    between the free bytes and the reserve even with no slot (no host tier then: its misses go to the CPU)."""
+    between the free bytes and the reserve even with no slot (no host tier then: its misses go to the CPU). With
+    ``scratch`` the tier holds :func:`strata.layout.experts.host_tier_pairs`' pair more (the cache policy's swap
+    scratch slot)."""
     if asked is not None:  # N slots asked: the tier, and so its mapping, is known
-        need = LX.host_tier_map_bytes(LX.host_tier_bytes(max(pairs - asked, 0), slot_bytes))
+        need = LX.host_tier_map_bytes(LX.host_tier_bytes(LX.host_tier_pairs(pairs, asked, scratch), slot_bytes))
         if need and free_bytes - reserve_bytes < need:
             return None, need, need
         size = size_expert_cache(free_bytes, reserve_bytes + need, slot_bytes, cap, asked, cap_what=cap_what)
@@ -250,7 +253,7 @@ def size_with_host_tier(
     for _ in range(16):
         if size.refused:
             return size, held, 0
-        need = LX.host_tier_map_bytes(LX.host_tier_bytes(max(pairs - size.slots, 0), slot_bytes))
+        need = LX.host_tier_map_bytes(LX.host_tier_bytes(LX.host_tier_pairs(pairs, size.slots, scratch), slot_bytes))
         if need and free_bytes - reserve_bytes < need:
             return None, need, need
         if need <= held:

@@ -151,6 +151,27 @@ def miss_tier_option(f):
     )(f)
 
 
+#: ``--cache-policy`` values (strata's engine): the start-up fill kept, or the decayed-frequency rule.
+CACHE_POLICIES = ("fill", "class")
+
+
+def cache_policy_option(f):
+    """``--cache-policy`` (:data:`CACHE_POLICIES`) into ``cache_policy``: ``strata-engine`` runs it, ``strata-budget
+    check --engine strata`` plans it (its scratch slot: :func:`strata.layout.experts.expert_capacity`)."""
+    return click.option(
+        "--cache-policy",
+        "cache_policy",
+        type=click.Choice(list(CACHE_POLICIES)),
+        default="fill",
+        show_default=True,
+        help="strata's engine on a GPU: what the expert cache does while decoding. fill: the start-up fill (a "
+        "profile's, else layer order) stays. class: after each token a miss read from the host tier whose decayed "
+        "count (0.95 a token) is above the coldest resident expert's is swapped into that expert's slot (the "
+        "offline replay's 'class+bypass' policy, make bench-routing); needs the host tier (--miss-tier pcie / auto) "
+        "and keeps one slot as the swap's scratch (its expert in the host tier). The tokens do not change either way.",
+    )(f)
+
+
 def _positions_option(short: str, long: str, dest: str, default: int, help_text: str):
     """A click option of prompt positions (>= 1, the default shown): ``-ub`` and ``-b`` alike."""
     return click.option(
@@ -265,6 +286,8 @@ class AliasChoice(click.Choice):
 
 
 __all__ = [
+    "CACHE_POLICIES",
+    "cache_policy_option",
     "MISS_TIERS",
     "MISS_TIER_HELP",
     "miss_tier_option",

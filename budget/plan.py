@@ -244,9 +244,10 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     tier_on = o.engine == "strata" and o.miss_tier != "cpu" and bool(facts.expert_layers)
     tier_on = tier_on and ET.decode_path(facts) == "fused"
     tier_size, map_bytes = None, 0
+    scratch = o.cache_policy == "class"  # its swap scratch slot (strata.layout.experts.host_tier_pairs)
     if tier_on:  # None: the mapping does not fit above the reserve - no tier, misses on the CPU (the engine's rule)
         tier_size, _reserved, map_bytes = F.size_with_host_tier(
-            free, reserve + bind, blob, cap, o.expert_cache, facts.expert_pairs, cap_what=cap_what
+            free, reserve + bind, blob, cap, o.expert_cache, facts.expert_pairs, cap_what=cap_what, scratch=scratch
         )
         tier_on = tier_size is not None
         map_bytes = map_bytes if tier_on else 0
@@ -255,7 +256,7 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     slots = size.slots if refused is None else o.expert_cache
     warnings: list[str] = []
     if o.profile_pairs is not None:
-        fill = F.fill_profile(o.profile_pairs, slots)
+        fill = F.fill_profile(o.profile_pairs, LX.expert_capacity(facts.expert_pairs, slots, scratch and tier_on))
         profile = ProfileReport(
             pairs=fill.pairs,
             slots=slots,
@@ -351,7 +352,9 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
         slots_fit=slots_fit,
         slots_cap=cap,
         expert_cache_bytes=cache,
-        host_tier_bytes=LX.host_tier_bytes(max(facts.expert_pairs - slots, 0), blob) if tier_on else 0,
+        host_tier_bytes=LX.host_tier_bytes(LX.host_tier_pairs(facts.expert_pairs, slots, scratch), blob)
+        if tier_on
+        else 0,
         used_bytes=used,
         left_bytes=card.total_bytes - used,
         fits=fits,

@@ -22,6 +22,7 @@ import click
 
 from strata.budget.options import (
     batch_size_option,
+    cache_policy_option,
     card_options,
     ctx_option,
     expert_cache_option,
@@ -41,24 +42,8 @@ from .clikit import REFUSALS, DevCommand, check_pack_dir, dev_option, fail, prin
 from .errors import GenerateError
 from .generate_cli import GenerateRequest, prompt_text
 from .numerics import DEFAULT_NUMERICS, NUMERICS_MODES
-from .options import CACHE_POLICIES, MAX_THREADS, EngineOptions, options_from_cli
+from .options import MAX_THREADS, EngineOptions, options_from_cli
 from .startup import load_engine
-
-
-def cache_policy_option(f):
-    """``--cache-policy`` (:data:`strata.engine.options.CACHE_POLICIES`) into ``cache_policy``."""
-    return click.option(
-        "--cache-policy",
-        "cache_policy",
-        type=click.Choice(list(CACHE_POLICIES)),
-        default="fill",
-        show_default=True,
-        help="cuda: what the expert cache does while decoding. fill: the start-up fill (a profile's, else layer "
-        "order) stays. class: after each token a miss read from the host tier whose decayed count (0.95 a token) is "
-        "above the coldest resident expert's is swapped into that expert's slot (the offline replay's "
-        "'class+bypass' policy, make bench-routing); needs the host tier (--miss-tier pcie / auto) and keeps one "
-        "slot as the swap's scratch. The tokens do not change either way.",
-    )(f)
 
 
 def _resident(value: str) -> str:

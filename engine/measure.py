@@ -223,8 +223,7 @@ def _compare(pack, eng, facts) -> Measurement:
         predicted_slots=auto.slots if auto is not None and o.expert_cache is None else None,
         reserve_bytes=g.reserve_bytes,
         free_after_bytes=g.free_after_bytes,
-        # --cache-policy class keeps one slot as its swap scratch: the pair it would have held is in the host tier
-        host_tier_predicted_bytes=plan.host_tier_bytes + _scratch_slots(eng) * (g.slot_plan.slot_bytes if slots else 0),
+        host_tier_predicted_bytes=plan.host_tier_bytes,  # (with --cache-policy class: its scratch slot's pair too)
         scratch_slots=_scratch_slots(eng),
         host_tier_bytes=g.host_tier_bytes,
         miss_tier=g.miss_tier,
@@ -369,7 +368,7 @@ def _notes(a: Measurement, g, plan, auto, facts) -> None:
         a.notes.append(
             f"host tier (pinned host memory): the engine pinned {a.host_tier_bytes} B, strata-budget check plans "
             f"{a.host_tier_predicted_bytes} B at {a.slots} slots ({same}; exact"
-            + ("; + the pair the cache policy's scratch slot leaves out" if a.scratch_slots else "")
+            + ("; with the pair the cache policy's scratch slot leaves out" if a.scratch_slots else "")
             + ")"
         )
     elif a.miss_tier:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from strata.budget import formulas as F
-from strata.budget.options import MISS_TIERS, parse_expert_cache, resolve_ctx
+from strata.budget.options import CACHE_POLICIES, MISS_TIERS, parse_expert_cache, resolve_ctx
 from strata.layout import chunk as LC
 from strata.layout import kv as LK
 
@@ -33,8 +33,6 @@ from .numerics import DEFAULT_NUMERICS
 DEVICES = ("cpu", "cuda", "sim")
 #: The most CPU kernel threads (ggml's GGML_MAX_N_THREADS); ``-t/--threads`` takes 1..MAX_THREADS.
 MAX_THREADS = 512
-#: ``--cache-policy`` values (:class:`EngineOptions`): the start-up fill kept, or the decayed-frequency rule.
-CACHE_POLICIES = ("fill", "class")
 #: Prompt positions per chunk by default (llama.cpp's ``n_ubatch`` default, ``-ub 512``).
 DEFAULT_UBATCH = LC.DEFAULT_UBATCH
 
@@ -241,6 +239,7 @@ class ResolvedOptions(EngineOptions):
             profile_pairs=self.profile,
             expert_cache=expert_cache,
             miss_tier=self.miss_tier,
+            cache_policy=self.cache_policy,
             ubatch=self.ubatch,
         )
 

@@ -81,6 +81,20 @@ def host_tier_bytes(n_pairs: int, slot_bytes: int) -> int:
     return n_pairs * slot_bytes
 
 
+def expert_capacity(pairs: int, slots: int, scratch: bool = False) -> int:
+    """Experts a VRAM cache of ``slots`` slots holds, of ``pairs`` (layer, expert) pairs: ``slots``, or with
+    ``scratch`` (``--cache-policy class``, which keeps one slot as its swap scratch wherever it has something to
+    learn: ``2 <= slots < pairs``) one fewer. One rule for the planner, the cache sizing and the engine
+    (:meth:`strata.engine.gpu.slots.SlotCache.reserve_scratch`)."""
+    return slots - (1 if scratch and 2 <= slots < pairs else 0)
+
+
+def host_tier_pairs(pairs: int, slots: int, scratch: bool = False) -> int:
+    """(layer, expert) pairs in strata's host tier beside a cache of ``slots`` slots: those it does not hold,
+    ``max(pairs - expert_capacity(pairs, slots, scratch), 0)``."""
+    return max(pairs - expert_capacity(pairs, slots, scratch), 0)
+
+
 #: The driver maps pinned host memory into the GPU's address space with one 8-byte page-table entry per 4 KiB
 #: page: device memory that grows with the host tier (measured on the H200, 2026-12-01, CUDA 12 driver: a
 #: 13,523,927,040 B tier took 25.7-28.6 MiB of device memory, 1/512 of it = 25.2 MiB; bench/results/h200-2026-12-01d-*).

@@ -9,6 +9,8 @@ decisions are the offline replay's. Refusals name the option.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -200,8 +202,9 @@ def test_start_up_pcie_probe(pack, backend):
 
 
 def test_measure_counts_the_scratch_slots_pair_in_the_host_tier(pack):
-    """``strata-engine measure`` with the learning cache: the host tier holds one pair more than the plan's tier at
-    the same slots (the scratch slot's), and measure predicts exactly that, saying why."""
+    """``strata-engine measure`` with the learning cache: the host tier holds one pair more than without it at the
+    same slots (the scratch slot's), and the plan (``--cache-policy class`` planned: layout.experts.host_tier_pairs)
+    predicts exactly that, saying why."""
     from strata.engine.measure import measure_pack
 
     a = measure_pack(
@@ -246,3 +249,26 @@ def test_refusals_name_the_numbers_and_a_refused_swap_moves_nothing(pack):
     with pytest.raises(ValueError, match=rf"blk\.{b[0]} expert {b[1]} is already in slot {cache.where[b]}"):
         cache.replace(a, b)
     assert dict(cache.where) == before[0] and dict(tier.where) == before[1]
+
+
+def test_capacity_rule_and_the_plan(pack):
+    """layout.experts.expert_capacity / host_tier_pairs: the scratch slot only where the policy has something to
+    learn (2 <= slots < pairs); ``strata-budget check --engine strata --cache-policy class`` plans the tier with the
+    scratch slot's pair (18 -> 19 of 24 at 6 slots), as the engine builds it."""
+    from click.testing import CliRunner
+
+    from strata.budget.cli import main as budget_main
+    from strata.layout import experts as LX
+
+    assert [LX.expert_capacity(24, s, True) for s in (0, 1, 2, 6, 23, 24, 30)] == [0, 1, 1, 5, 22, 24, 30]
+    assert [LX.host_tier_pairs(24, s, True) for s in (1, 2, 6, 24)] == [23, 23, 19, 0]
+    assert [LX.host_tier_pairs(24, s) for s in (1, 2, 6, 24, 30)] == [23, 22, 18, 0, 0]
+
+    def tier(*extra):
+        args = ["check", str(pack), "--engine", "strata", "--card", "24G", "--expert-cache", "6", "--json", *extra]
+        r = CliRunner().invoke(budget_main, args)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)["host_tier_bytes"]
+
+    fill, learn = tier(), tier("--cache-policy", "class")
+    assert fill % 18 == 0 and learn == fill // 18 * 19

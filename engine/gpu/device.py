@@ -352,7 +352,9 @@ class GpuDevice:
         tier_on = self._tier_wanted(opts, free, reserve, slot_bytes, cap, asked, pairs, what)
         size, held, map_bytes = None, 0, 0
         if tier_on:  # the host tier's device mapping is reserved beside the reserve (one rule with the budget)
-            size, held, map_bytes = F.size_with_host_tier(free, reserve, slot_bytes, cap, asked, pairs, cap_what=what)
+            size, held, map_bytes = F.size_with_host_tier(  # (--cache-policy class: its scratch's pair in the tier)
+                free, reserve, slot_bytes, cap, asked, pairs, cap_what=what, scratch=opts.cache_policy == "class"
+            )
             if size is None:  # the mapping alone does not fit above the reserve
                 why = (
                     f"the host tier's device mapping ({map_bytes} B) does not fit between the {free} B free and the "
@@ -399,7 +401,7 @@ class GpuDevice:
             experts.tier = tier
             if learn:
                 note["cache policy"] = dec.moe.start_policy(tier, opts.profile, info.miss_tier)
-            info.host_tier_map_predicted_bytes = LX.host_tier_map_bytes(tier.nbytes) if tier is not None else 0
+            info.host_tier_map_predicted_bytes = map_bytes if tier is not None else 0
             info.decode_path = describe(dec)
             info.launches_per_token = dec.launches_per_token(True)
             note["decode path"] = info.decode_path
@@ -439,7 +441,7 @@ class GpuDevice:
             return True
         first = F.size_expert_cache(free, reserve, slot_bytes, cap, asked, cap_what=what)
         avail, room = host_tier_room()
-        tier = LX.host_tier_bytes(max(pairs - first.slots, 0), slot_bytes)
+        tier = LX.host_tier_bytes(LX.host_tier_pairs(pairs, first.slots, opts.cache_policy == "class"), slot_bytes)
         if room is not None and tier > room:
             self.info.miss_tier = (
                 f"cpu (a host tier of {tier} B ({tier / 2**20:.1f} MiB) does not fit the {avail} B "
