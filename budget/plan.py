@@ -243,8 +243,7 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     # strata's engine on the fused path with a host tier: the tier's device mapping is reserved beside the reserve
     tier_on = o.engine == "strata" and o.miss_tier != "cpu" and bool(facts.expert_layers)
     tier_on = tier_on and ET.decode_path(facts) == "fused"
-    tier_size, map_bytes = None, 0
-    scratch = o.cache_policy == "class"  # its swap scratch slot (strata.layout.experts.host_tier_pairs)
+    tier_size, map_bytes, scratch = None, 0, o.cache_policy == "class"  # (its swap scratch: LX.host_tier_pairs)
     if tier_on:  # None: the mapping does not fit above the reserve - no tier, misses on the CPU (the engine's rule)
         tier_size, _reserved, map_bytes = F.size_with_host_tier(
             free, reserve + bind, blob, cap, o.expert_cache, facts.expert_pairs, cap_what=cap_what, scratch=scratch
