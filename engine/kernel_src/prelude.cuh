@@ -67,6 +67,39 @@ __device__ __forceinline__ void load_words(const u8* __restrict__ p, u32* w, con
     }
 }
 #endif
+// load_words for an address whose alignment (mod 16 when n is a multiple of 16, mod 8 otherwise) is THE SAME ON EVERY
+// LANE of the warp - blocks whose size is a multiple of 16 bytes (Q4_K's 144, Q5_K's 176) or of 8 in a plane that is,
+// and the q8 activation's 64-byte aligned planes: 128-bit loads when n is a multiple of 16 and p 16-aligned, 64-bit
+// when p is 8-aligned, else load_words - the same words either way (n: 8 or a multiple of 8). Why: a lane reading 16
+// contiguous bytes as 4 word loads makes 4 requests in which the warp's lanes, 16 bytes apart, each touch their own
+// sector, so the decode step's expert products were bound by L1 wavefronts, not DRAM (ncu,
+// bench/results/h200-2026-12-02e-ncu-sections.txt: L1/TEX 86%, DRAM 15%); one 128-bit load reads them in one request.
+__device__ __forceinline__ void load_words_v(const u8* __restrict__ p, u32* w, const int n) {
+#ifdef __CUDA_ARCH__
+    const unsigned long long a = (unsigned long long)p;
+    if (n % 16 == 0 && (a & 15ull) == 0) {
+#pragma unroll
+        for (int i = 0; i < n / 4; i += 4) {
+            const uint4 v = *(const uint4*)(p + 4 * i);
+            w[i] = v.x;
+            w[i + 1] = v.y;
+            w[i + 2] = v.z;
+            w[i + 3] = v.w;
+        }
+    } else if ((a & 7ull) == 0) {
+#pragma unroll
+        for (int i = 0; i < n / 4; i += 2) {
+            const uint2 v = *(const uint2*)(p + 4 * i);
+            w[i] = v.x;
+            w[i + 1] = v.y;
+        }
+    } else {
+        load_words(p, w, n);
+    }
+#else
+    load_words(p, w, n);
+#endif
+}
 #define byte_of(w, i) ((int)(((w)[(i) >> 2] >> (8 * ((i) & 3))) & 255u))
 // IEEE fp16 -> f32, exact for every finite pattern (subnormals included). On the device the
 // hardware conversion (cvt.f32.f16); the software version is its host twin for the CPU check.

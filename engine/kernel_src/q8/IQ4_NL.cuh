@@ -8,8 +8,8 @@ __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict_
                                           int* S, int* M) {
     (void)sc; (void)ys; (void)yt;
     u32 w[2], yv[2];
-    load_words(q + 8 * (p & 1), w, 8);
-    load_words((const u8*)(y + 8 * p), yv, 8);
+    load_words_v(q + 8 * (p & 1), w, 8);
+    load_words_v((const u8*)(y + 8 * p), yv, 8);
     const int sh = 4 * (p >> 1);
     u32 v[2] = {0u, 0u};
 #pragma unroll

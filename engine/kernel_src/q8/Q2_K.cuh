@@ -20,7 +20,7 @@ __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict_
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         u32 yv[2];
-        load_words((const u8*)(y + 128 * h + 32 * k + l0), yv, 8);
+        load_words_v((const u8*)(y + 128 * h + 32 * k + l0), yv, 8);
         const u32 v[2] = {(q[0] >> (2 * k)) & 0x03030303u, (q[1] >> (2 * k)) & 0x03030303u};
         const int b = (int)((scw >> (8 * (2 * k + sel))) & 0xffu);
         tot += (b & 15) * dot8(v, yv, 0);

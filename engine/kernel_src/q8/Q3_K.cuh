@@ -27,7 +27,7 @@ __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict_
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         u32 yv[2];
-        load_words((const u8*)(y + 128 * h + 32 * k + l0), yv, 8);
+        load_words_v((const u8*)(y + 128 * h + 32 * k + l0), yv, 8);
         u32 v[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) v[i] = ((q[i] >> (2 * k)) & 0x03030303u) | (((hm[i] >> (4 * h + k)) & 0x01010101u) << 2);

@@ -9,8 +9,8 @@ __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict_
                                           int* S, int* M) {
     (void)sc; (void)ys; (void)yt;
     u32 w[2], yv[2];
-    load_words(q + 8 * (p & 1), w, 8);
-    load_words((const u8*)(y + 8 * p), yv, 8);
+    load_words_v(q + 8 * (p & 1), w, 8);
+    load_words_v((const u8*)(y + 8 * p), yv, 8);
     const int sh = 4 * (p >> 1);
     const u32 v[2] = {(w[0] >> sh) & 0x0f0f0f0fu, (w[1] >> sh) & 0x0f0f0f0fu};
     *S = dot8(v, yv, 0) - 8 * sum8(yv);

@@ -12,7 +12,7 @@ __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict_
     u32 w[2], yv[2], qh;
     load_words(q, &qh, 4);
     load_words(q + 4 + 8 * (p & 1), w, 8);
-    load_words((const u8*)(y + 8 * p), yv, 8);
+    load_words_v((const u8*)(y + 8 * p), yv, 8);
     const int sh = 4 * (p >> 1);
     const u32 bits = (qh >> (8 * p)) & 0xffu;
     u32 v[2];

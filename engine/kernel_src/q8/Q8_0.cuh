@@ -8,8 +8,8 @@ __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict_
                                           int* S, int* M) {
     (void)sc; (void)ys; (void)yt;
     u32 w[2], yv[2];
-    load_words(q + 8 * p, w, 8);
-    load_words((const u8*)(y + 8 * p), yv, 8);
+    load_words_v(q + 8 * p, w, 8);
+    load_words_v((const u8*)(y + 8 * p), yv, 8);
     *S = dot8(w, yv, 0);
     *M = 0;
 }
