@@ -257,26 +257,14 @@ def unit_lower_inverse(xp, A):
     return inv.reshape(h, N, N)[:, :n, :n]
 
 
-def delta_rule_rows(xp, H, Z, BA, S, dt_bias, ssm_a, norm_w, d: DeltaNetDims, chunk: int = DELTA_CHUNK):
-    """:func:`delta_rule` of ``T`` consecutive positions (``H [T, conv_dim]``, ``Z [T, value_dim]``, ``BA``) in the
-    chunked form: the recurrence ``S_t = e^g_t S_{t-1} + beta_t (v_t - e^g_t S_{t-1} k_t) k_t^T`` unrolled over a
-    sub-chunk of ``chunk`` positions from its first state ``S_0`` (per v head; ``G_t`` = the sum of ``g`` over the
-    sub-chunk up to ``t``)::
-
-        S_t   = e^G_t S_0 + sum_{j<=t} e^(G_t - G_j) D_j k_j^T
-        D     = (I + A)^-1 B,  A[t, j] = beta_t e^(G_t - G_j) (k_t . k_j)  (j < t),  B_t = beta_t (v_t - e^G_t S_0 k_t)
-        o_t   = e^G_t S_0 q_t + sum_{j<=t} e^(G_t - G_j) (q_t . k_j) D_j
-
-    (the WY form of the Gated DeltaNet paper, Yang et al. 2024, and of llama.cpp ``src/models/delta-net-base.cpp``
-    ``build_delta_net_chunking``). Only ``G_t - G_j <= 0`` (``j <= t``) and ``G_t <= 0`` are exponentiated (``g <= 0``):
-    no overflow at any decay. Matrix products and one unit-lower-triangular solve (:func:`unit_lower_solve`) per
-    sub-chunk instead of a step per position; the values equal the recurrence's within float rounding
-    (tests/test_engine_deltanet.py), ``S`` ``[dt_rank, d_state, d_state]`` is updated in place to the last position's.
-    Returns ``[T, value_dim]`` f32 (the gated norm applied: step 6)."""
+def _sub_chunks_substituted(xp, beta, g, q, k, v, S, chunk: int):
+    """The chunked delta rule of :func:`delta_rule_rows` one sub-chunk of ``chunk`` positions after another, each
+    solved by row-by-row substitution (:func:`unit_lower_solve`): ``beta``, ``g`` ``[T, heads]``, ``q``, ``k``, ``v``
+    ``[T, heads, d_state]`` (numpy order); ``S`` ``[heads, d_state (v), d_state (k)]`` updated in place. Returns ``[T,
+    heads, d_state]`` f32 before the gated norm."""
     f32 = xp.float32
-    T = H.shape[0]
-    beta, g, q, k, v = _gates_heads(xp, H, BA, dt_bias, ssm_a, d)
-    out = xp.empty((T, d.dt_rank, d.d_state), dtype=f32)
+    T = g.shape[0]
+    out = xp.empty(v.shape, dtype=f32)
     for c0 in range(0, T, chunk):
         n = min(chunk, T - c0)
         sl = slice(c0, c0 + n)
@@ -290,12 +278,89 @@ def delta_rule_rows(xp, H, Z, BA, S, dt_bias, ssm_a, norm_w, d: DeltaNetDims, ch
         kk = kc @ kc.transpose(0, 2, 1)
         A = bc[:, :, None] * (kk * decay) * xp.tril(xp.ones((n, n), dtype=f32), -1)
         B = bc[:, :, None] * (vc - eG[:, :, None] * (kc @ St))
-        # the CPU substitutes row by row (its values checked against llama.cpp's fixtures); a GPU inverts by blocks
-        D = unit_lower_solve(xp, A, B) if xp is np else unit_lower_inverse(xp, A) @ B
+        D = unit_lower_solve(xp, A, B)
         oc = eG[:, :, None] * (qc @ St) + ((qc @ kc.transpose(0, 2, 1)) * decay) @ D
         wl = xp.exp(G[:, -1:] - G)  # e^(G_C - G_j)
         S[...] = eG[:, -1, None, None] * S + (D * wl[:, :, None]).transpose(0, 2, 1) @ kc
         out[sl] = oc.transpose(1, 0, 2)
+    return out
+
+
+def _sub_chunks_batched(xp, beta, g, q, k, v, S, chunk: int):
+    """:func:`_sub_chunks_substituted`'s result with every sub-chunk's state-free part computed at once - what a GPU
+    needs (a 512-position chunk of the 80B-A3B geometry spent 1.3 s in 288 sub-chunks' ~40 small launches each from
+    Python: bench/results/h200-2026-12-02t-pp_profile.log). With ``St = S_0^T`` the sub-chunk's first state, ``Inv =
+    (I + A)^-1`` (:func:`unit_lower_inverse`, batched over heads and sub-chunks) and ``M = (q k^T) o decay``, the
+    solution ``D = Inv B`` of :func:`delta_rule_rows` splits as ``D = W - U St`` with ``W = Inv (beta v)``, ``U = Inv
+    (beta e^G k)``, so (``wk`` = the rows ``e^(G_C - G_j) k_j``)::
+
+        o      = M W + (e^G q - M U) St              = P1 + P2 St
+        S_next = S (e^G_C I - U^T wk) + W^T wk       = S R + E
+
+    P1, P2, R and E depend only on the sub-chunk's own rows: they are computed for all sub-chunks together, and the
+    sequential part is two products per sub-chunk. The last sub-chunk is padded with zero rows (``beta = g = 0``,
+    ``q = k = v = 0``: they add nothing to ``A``, ``W``, ``U``, ``wk``, and leave ``G`` as it is), their outputs
+    dropped. Same shapes and in-place update of ``S`` as :func:`_sub_chunks_substituted`; equal to the recurrence
+    within float rounding (tests/test_engine_deltanet.py runs this form on NumPy)."""
+    f32 = xp.float32
+    T, h = g.shape
+    n = chunk
+    C = -(-T // n)
+    pad = C * n - T
+
+    def blocks(a):  # [T, h, x] -> [h, C, n, x], zero rows appended to fill the last sub-chunk
+        if pad:
+            a = xp.concatenate([a, xp.zeros((pad, *a.shape[1:]), dtype=a.dtype)])
+        return a.reshape(C, n, h, a.shape[2]).transpose(2, 0, 1, 3)
+
+    qc, kc, vc = blocks(q), blocks(k), blocks(v)  # [h, C, n, d_state]
+    bc = blocks(beta[:, :, None])[..., 0]  # [h, C, n]
+    G = xp.cumsum(blocks(g[:, :, None])[..., 0], axis=2)  # [h, C, n]
+    lower = xp.tril(xp.ones((n, n), dtype=bool))
+    decay = xp.exp(xp.where(lower, G[..., :, None] - G[..., None, :], f32(-xp.inf)))  # e^(G_t - G_j), 0 above
+    eG = xp.exp(G)
+    kT = kc.transpose(0, 1, 3, 2)
+    A = bc[..., None] * ((kc @ kT) * decay) * xp.tril(xp.ones((n, n), dtype=f32), -1)
+    Inv = unit_lower_inverse(xp, A.reshape(h * C, n, n)).reshape(h, C, n, n)
+    W = Inv @ (bc[..., None] * vc)
+    U = Inv @ ((bc * eG)[..., None] * kc)
+    M = (qc @ kT) * decay
+    P1 = M @ W
+    P2 = eG[..., None] * qc - M @ U
+    wk = xp.exp(G[..., -1:] - G)[..., None] * kc
+    R = eG[..., -1, None, None] * xp.eye(kc.shape[3], dtype=f32) - U.transpose(0, 1, 3, 2) @ wk
+    E = W.transpose(0, 1, 3, 2) @ wk
+    out = xp.empty((h, C, n, v.shape[2]), dtype=f32)
+    for c in range(C):
+        out[:, c] = P1[:, c] + P2[:, c] @ S.transpose(0, 2, 1)
+        S[...] = S @ R[:, c] + E[:, c]
+    return out.reshape(h, C * n, -1)[:, :T].transpose(1, 0, 2)
+
+
+def delta_rule_rows(xp, H, Z, BA, S, dt_bias, ssm_a, norm_w, d: DeltaNetDims, chunk: int = DELTA_CHUNK):
+    """:func:`delta_rule` of ``T`` consecutive positions (``H [T, conv_dim]``, ``Z [T, value_dim]``, ``BA``) in the
+    chunked form: the recurrence ``S_t = e^g_t S_{t-1} + beta_t (v_t - e^g_t S_{t-1} k_t) k_t^T`` unrolled over a
+    sub-chunk of ``chunk`` positions from its first state ``S_0`` (per v head; ``G_t`` = the sum of ``g`` over the
+    sub-chunk up to ``t``)::
+
+        S_t   = e^G_t S_0 + sum_{j<=t} e^(G_t - G_j) D_j k_j^T
+        D     = (I + A)^-1 B,  A[t, j] = beta_t e^(G_t - G_j) (k_t . k_j)  (j < t),  B_t = beta_t (v_t - e^G_t S_0 k_t)
+        o_t   = e^G_t S_0 q_t + sum_{j<=t} e^(G_t - G_j) (q_t . k_j) D_j
+
+    (the WY form of the Gated DeltaNet paper, Yang et al. 2024, and of llama.cpp ``src/models/delta-net-base.cpp``
+    ``build_delta_net_chunking``). Only ``G_t - G_j <= 0`` (``j <= t``) and ``G_t <= 0`` are exponentiated (``g <= 0``):
+    no overflow at any decay. Matrix products and one unit-lower-triangular solve per sub-chunk instead of a step per
+    position: on the CPU by substitution, sub-chunk after sub-chunk (:func:`_sub_chunks_substituted`), on a device
+    every sub-chunk's state-free part at once (:func:`_sub_chunks_batched`); the values equal the recurrence's within
+    float rounding
+    (tests/test_engine_deltanet.py), ``S`` ``[dt_rank, d_state, d_state]`` is updated in place to the last position's.
+    Returns ``[T, value_dim]`` f32 (the gated norm applied: step 6)."""
+    T = H.shape[0]
+    beta, g, q, k, v = _gates_heads(xp, H, BA, dt_bias, ssm_a, d)
+    # the CPU substitutes row by row, sub-chunk after sub-chunk (its values checked against llama.cpp's fixtures); a
+    # device takes every sub-chunk's state-free part at once (_sub_chunks_batched)
+    rows = _sub_chunks_substituted if xp is np else _sub_chunks_batched
+    out = rows(xp, beta, g, q, k, v, S, min(chunk, T))
     o = rms_norm(xp, out, norm_w, d.eps) * silu(xp, Z.reshape(T, d.dt_rank, d.d_state))
     return o.reshape(T, -1)
 
