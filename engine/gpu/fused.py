@@ -73,7 +73,7 @@ from ..recipe import DeltaNet, DenseFFN, MoEFFN
 from . import kernels as K
 from .fused_attn import build_attention_layer
 from .fused_gdn import GdnBuffers, build_delta_layer, gdn_unsupported
-from .fused_launch import Launch, MatvecLaunches
+from .fused_launch import Launch, MatvecLaunches, describe, graph_ms
 from .fused_moe import MAX_EXPERTS_USED, MoeStep
 from .fused_ops import TOP_K, TOP_WORDS, CudaOps
 from .fused_sim import SimOps
@@ -545,47 +545,6 @@ class FusedDecoder:
         if self.hybrid:
             raise GenerateError("replay_ms times the whole-step graph: experts must all be resident")
         return graph_ms(self.graphs[bool(logits)], self.stream, n, warmup)
-
-
-def graph_ms(graph, stream, n: int = 200, warmup: int = 10) -> float:
-    """Device milliseconds per replay of the captured CUDA ``graph`` on ``stream``: ``n`` replays back to back between
-    two CUDA events, after ``warmup`` (benchmarks: :meth:`FusedDecoder.replay_ms`, bench/profile_step.py)."""
-    import cupy as cp
-
-    for _ in range(warmup):
-        graph.launch(stream)
-    a, b = cp.cuda.Event(), cp.cuda.Event()
-    a.record(stream)
-    for _ in range(n):
-        graph.launch(stream)
-    b.record(stream)
-    b.synchronize()
-    return float(cp.cuda.get_elapsed_time(a, b)) / n
-
-
-def describe(dec: FusedDecoder) -> str:
-    """One line: which way the step runs and its launches per token."""
-    c = dec.launches_per_token(True)
-    graph = "CUDA graph" if dec.cuda else "graph (sim: the list replayed)"
-    if dec.moe is None:
-        what, how = "fused dense step", graph if dec.graph_on else "eager"
-    elif not dec.hybrid:
-        tier = dec.moe.tier
-        if tier is not None and len(tier):
-            what = (
-                f"fused MoE step, {len(dec.moe.cache)} experts in VRAM + {len(tier)} read over PCIe from the host tier"
-            )
-        else:
-            what = "fused MoE step, every expert resident"
-        how = graph if dec.graph_on else "eager"
-    else:
-        n = c["host"] // 2
-        what = f"fused MoE step, hybrid ({n} MoE layers: the host reads the routing and computes misses)"
-        how = f"{c['host'] + 1} {graph} segments" if dec.graph_on else "eager"
-    return (
-        f"{what}, {how}: {c['kernels']} kernels + {c['memcpy']} copies per token "
-        f"({dec.model.hp.n_layer} layers; {dec.kernel} matvecs)"
-    )
 
 
 __all__ = [
