@@ -169,14 +169,36 @@ def decode(
                     experts.replay(t)
                 finish(StepStat(position=pos, phase="prompt", token_in=ids[pos], forward_ms=ms, chunk=end - start))
             start = end
-    for pos in range(start, n_prompt + n_new - 1):
-        emit = pos >= n_prompt - 1  # the last prompt position and every generated one
+    # launch ahead (model.launch_ahead: the fused GPU step off the hybrid path, no probe): the next position's step is
+    # queued as soon as its token is known, before this one is counted and reported - the device runs meanwhile.
+    # Only a step the plain loop would run is queued (never past the last position or a stop token), and every
+    # count of a step is taken by its wait(), before the next is queued.
+    ahead = probe is None and getattr(model, "launch_ahead", False) is True
+    last = n_prompt + n_new - 1  # positions run: start .. last - 1
+    queued_at = None  # perf_counter when the step of position pos was queued ahead, else None
+
+    def queue(pos: int) -> float:
         if guard is not None:
             guard()
-        t0 = time.perf_counter()
-        if probe is not None:
-            probe.begin()
-        logits = model.step(ids[pos], pos, state, logits=emit)
+        t = time.perf_counter()
+        model.launch(ids[pos], pos, state, logits=pos >= n_prompt - 1)
+        return t
+
+    for pos in range(start, last):
+        emit = pos >= n_prompt - 1  # the last prompt position and every generated one
+        if queued_at is not None:
+            t0, queued_at = queued_at, None
+            logits = model.wait()
+        elif ahead:
+            t0 = queue(pos)
+            logits = model.wait()
+        else:
+            if guard is not None:
+                guard()
+            t0 = time.perf_counter()
+            if probe is not None:
+                probe.begin()
+            logits = model.step(ids[pos], pos, state, logits=emit)
         pairs = None
         if emit and summary is not None:
             bad, pairs = summary()
@@ -207,6 +229,8 @@ def decode(
             out.append(tok)
             st.token_out = tok
             st.sample_ms = (time.perf_counter() - t1) * 1000
+        if ahead and pos + 1 < last and not (emit and out[-1] in stop_ids):
+            queued_at = queue(pos + 1)
         finish(st)
         if emit and t_first is None:
             t_first = time.perf_counter()

@@ -175,6 +175,7 @@ class FusedDecoder:
         self.seg_graphs: dict[bool, list[tuple[Any, Launch | None]]] = {}  # hybrid: segments between host points
         self.stage_times = StageTimes()
         self.captured = False
+        self._queued: tuple[bool, bool] | None = None  # (logits, routing record) of the step launch() queued
         self._alloc()
         self._ops = CudaOps(self.stream) if self.cuda else SimOps(backend)
         self.moe = MoeStep(self, model, backend) if model.experts is not None else None
@@ -482,18 +483,40 @@ class FusedDecoder:
         """A prompt chunk through the wrapped model's :meth:`strata.engine.decoder.Decoder.forward` (the chunk path,
         :mod:`strata.engine.gpu.chunk`, on the current stream), begun after the step's stream is done (a cache swap
         queued there has moved its experts) and ended synchronised (the step's stream then reads the caches)."""
+        if self._queued is not None:
+            self.wait()
         if self.cuda:
             self.stream.synchronize()
         return self.model.forward(tokens, pos0, state, logits=logits)  # (Decoder.forward ends synchronised on CUDA)
 
     def step(self, token: int, pos: int, state, logits: bool = True):
-        """One position: ``pos`` and the embedding row of ``token`` into the staging buffer, then the
-        launch list (graph replay or eager). Returns the logits (host array, overwritten by the next
+        """One position: :meth:`launch` then :meth:`wait`. Returns the logits (host array, overwritten by the next
         step) when ``logits``, else None."""
+        self.launch(token, pos, state, logits)
+        return self.wait()
+
+    @property
+    def launch_ahead(self) -> bool:
+        """Whether the step's host side is done once it is queued (:meth:`launch` returns before the device ends and
+        :meth:`wait` holds every count): True unless the step is hybrid (its host points count and compute misses
+        inside :meth:`launch`). :func:`strata.engine.generate.decode` then queues the next position's step before
+        it counts and reports this one, so the device runs while the host does that work."""
+        return not self.hybrid
+
+    def launch(self, token: int, pos: int, state, logits: bool = True) -> None:
+        """Queue one position: ``pos`` and the embedding row of ``token`` into the staging buffer, then the launch
+        list (graph replay or eager; a hybrid step's host points run here, the host waiting for each). On CUDA it
+        returns once the work is queued; :meth:`wait` ends it. A step already queued is waited for first.
+
+        Raises:
+            GenerateError: another session's state, or ``pos`` outside the KV cache's positions.
+        """
         if state is not self.state:
             raise GenerateError("the fused decode step was built for another session state (KV cache)")
         if not 0 <= pos < state.n_ctx:
             raise GenerateError(f"position {pos} outside the KV cache's {state.n_ctx} positions")
+        if self._queued is not None:
+            self.wait()
         if self.cuda:
             self._done.synchronize()  # the previous step has read the staging buffer
         self.params_host[0] = pos
@@ -510,17 +533,25 @@ class FusedDecoder:
                         host.run()
         else:
             self._run_eager(bool(logits))
-        record = self.moe is not None and not hybrid  # the routing record is counted after the step
-        if not self.cuda:
-            if record:
-                self.moe.take_record()
-            return self.logits_host if logits else None
-        self._done.record(self.stream)
-        if not logits and not record:
-            return None
-        t0 = time.perf_counter()
-        self._done.synchronize()
-        layers.HostWait.ms += (time.perf_counter() - t0) * 1000
+        if self.cuda:
+            self._done.record(self.stream)
+        self._queued = (bool(logits), self.moe is not None and not hybrid)  # the routing record: counted in wait
+
+    def wait(self):
+        """End the step :meth:`launch` queued: wait for the device (when it has logits or a routing record to read;
+        the time goes to ``layers.HostWait``), count the routing record (one-graph MoE path). Returns the logits
+        (host array, overwritten by the next step) when the step was queued with ``logits``, else None.
+
+        Raises:
+            GenerateError: no step queued."""
+        if self._queued is None:
+            raise GenerateError("wait() without a queued step (launch() first)")
+        logits, record = self._queued
+        self._queued = None
+        if self.cuda and (logits or record):
+            t0 = time.perf_counter()
+            self._done.synchronize()
+            layers.HostWait.ms += (time.perf_counter() - t0) * 1000
         if record:
             self.moe.take_record()
         return self.logits_host if logits else None
