@@ -23,6 +23,18 @@ DEFAULT_DECAY = 0.95
 PAIR_KEY = 1 << 20
 
 
+def learns(policy: str, profile: bool) -> bool:
+    """Whether a run with ``--cache-policy policy`` (``auto``, ``fill`` or ``class``) runs the decayed-frequency
+    rule at decode time: ``class`` always (where it can swap), ``auto`` (the default) when no expert profile orders
+    the fill (``profile`` False), ``fill`` never. Why auto: without a profile the start-up fill is in layer order and
+    learning lifts the hit rate (30B-A3B, TokenRouting(0.5), H200: 25.0 -> 66.4% hits at 25% of the pairs in slots, 50.0
+    -> 89.3% at 50%, decode 46.8 -> 74.9 tok/s, bench/results/h200-2026-12-02r-cache_policy.log); with one, the
+    profile's fill alone hits more than profile + learning in the offline replay (make bench-routing: 87.0 vs 81.4%
+    at 25% on the 80B-A3B geometry, bench/results/h200-2026-12-01-bench_routing_qwen3next-80b-a3b.log). One rule for
+    the planner (the swap scratch: :func:`strata.layout.experts.expert_capacity`) and the engine."""
+    return policy == "class" or (policy == "auto" and not profile)
+
+
 def pair_key(layer: int, expert: int) -> int:
     """The key of ``(layer, expert)`` (:data:`PAIR_KEY`)."""
     return int(layer) * PAIR_KEY + int(expert)
@@ -141,6 +153,7 @@ __all__ = [
     "PAIR_KEY",
     "DecayedFrequency",
     "key_pair",
+    "learns",
     "pair_key",
     "profile_seed_scores",
     "profile_steps",

@@ -152,7 +152,7 @@ def miss_tier_option(f):
 
 
 #: ``--cache-policy`` values (strata's engine): the start-up fill kept, or the decayed-frequency rule.
-CACHE_POLICIES = ("fill", "class")
+CACHE_POLICIES = ("auto", "fill", "class")
 
 
 def cache_policy_option(f):
@@ -162,13 +162,15 @@ def cache_policy_option(f):
         "--cache-policy",
         "cache_policy",
         type=click.Choice(list(CACHE_POLICIES)),
-        default="fill",
+        default="auto",
         show_default=True,
         help="strata's engine on a GPU: what the expert cache does while decoding. fill: the start-up fill (a "
         "profile's, else layer order) stays. class: after each token a miss read from the host tier whose decayed "
         "count (0.95 a token) is above the coldest resident expert's is swapped into that expert's slot (the "
         "offline replay's 'class+bypass' policy, make bench-routing); needs the host tier (--miss-tier pcie / auto) "
-        "and keeps one slot as the swap's scratch (its expert in the host tier). The tokens do not change either way.",
+        "and keeps one slot as the swap's scratch (its expert in the host tier). auto: class without "
+        "--expert-profile where the host tier is on, else fill (measured: learning beats a layer-order fill, a "
+        "profile's fill beats learning). The tokens do not change either way.",
     )(f)
 
 

@@ -1,16 +1,15 @@
 """The VRAM plan: what a card holds when the engine has started, term by term, and how many expert
 slots are left - a model of what the engine allocates, built only from :mod:`strata.layout` and :mod:`.formulas`.
 
-Terms, in the engine's start-up order (docs/DESIGN.md "Start-up order"): CUDA context; the CUDA
-runtime's first-use memory (kernel modules: a measured constant, cards.toml); memory already in use
-(``--card measure`` only); dense weights in engine form; the output head (before the cache:
-docs/DESIGN.md "The head before the cache"); token embeddings (unless kept on the host or tied to the
-head); KV cache (attention layers only, sliding-window layers capped at their window); recurrent state
-(per sequence x batch); engine buffers (the f32 vectors strata's engine preallocates: GEMV outputs, f32
-copies of non-F32 vectors, rope tables, the embedding row, the expert hit path); prefill / activation
-buffers; then the expert cache gets ``floor((free - reserve) / max_blob)`` slots (docs/DESIGN.md "Slots
-after the weights and the session"), or the ``--expert-cache N`` asked, which is refused with both
-numbers when it does not fit. The reserve is never allocated.
+Terms, in the engine's start-up order (docs/DESIGN.md "Start-up order"): CUDA context; the CUDA runtime's first-use
+memory (kernel modules: a measured constant, cards.toml); memory already in use (``--card measure`` only); dense
+weights in engine form; the output head (before the cache: docs/DESIGN.md "The head before the cache"); token
+embeddings (unless kept on the host or tied to the head); KV cache (attention layers only, sliding-window layers capped
+at their window); recurrent state (per sequence x batch); engine buffers (the f32 vectors strata's engine preallocates:
+GEMV outputs, f32 copies of non-F32 vectors, rope tables, the embedding row, the expert hit path); prefill / activation
+buffers; then the expert cache gets ``floor((free - reserve) / max_blob)`` slots (docs/DESIGN.md "Slots after the
+weights and the session"), or the ``--expert-cache N`` asked, which is refused with both numbers when it does not fit.
+The reserve is never allocated.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from strata.layout import engine_form as LE
 from strata.layout import experts as LX
 from strata.layout import kv as LK
 
+from . import cache_policy as CP
 from . import engine_terms as ET
 from . import formulas as F
 from .cards import Card, check_mib
@@ -243,7 +243,7 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     # strata's engine on the fused path with a host tier: the tier's device mapping is reserved beside the reserve
     tier_on = o.engine == "strata" and o.miss_tier != "cpu" and bool(facts.expert_layers)
     tier_on = tier_on and ET.decode_path(facts) == "fused"
-    tier_size, map_bytes, scratch = None, 0, o.cache_policy == "class"  # (its swap scratch: LX.host_tier_pairs)
+    tier_size, map_bytes, scratch = None, 0, CP.learns(o.cache_policy, o.profile_pairs is not None)  # swap scratch
     if tier_on:  # None: the mapping does not fit above the reserve - no tier, misses on the CPU (the engine's rule)
         tier_size, _reserved, map_bytes = F.size_with_host_tier(
             free, reserve + bind, blob, cap, o.expert_cache, facts.expert_pairs, cap_what=cap_what, scratch=scratch

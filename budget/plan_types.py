@@ -47,9 +47,10 @@ class PlanOptions(BaseModel):
     # strata's engine: where cache misses run (strata-engine --miss-tier): "auto" / "pcie" plan the host tier
     # (pinned host memory, and its device mapping beside the reserve when the cache is sized), "cpu" does not
     miss_tier: Literal["auto", "pcie", "cpu"] = "auto"
-    # strata's engine: what its cache does at decode time (strata-engine --cache-policy): "class" keeps one slot as
-    # its swap scratch wherever something can miss (strata.layout.experts.host_tier_pairs: one pair more in the tier)
-    cache_policy: Literal["fill", "class"] = "fill"
+    # strata's engine: what its cache does at decode time (strata-engine --cache-policy): "class" (and "auto" without a
+    # profile: cache_policy.learns) keeps one slot as its swap scratch wherever something can miss
+    # (strata.layout.experts.host_tier_pairs: one pair more in the tier)
+    cache_policy: Literal["auto", "fill", "class"] = "auto"
     # strata's engine: prompt positions per chunk (strata-engine -ub); > 1 plans the GPU chunk path's tile and
     # staging slots ("prompt chunk", strata.layout.chunk), 1 plans none
     ubatch: int = Field(default=LC.DEFAULT_UBATCH, ge=1)

@@ -63,7 +63,9 @@ class EngineOptions:
             ``fill`` (the start-up fill stays; first-come admission into free slots), ``class`` (the
             decayed-frequency rule of :mod:`strata.budget.cache_policy` with bypass: after the step a miss read from
             the host tier whose decayed count is above the coldest resident pair's is swapped into that pair's slot;
-            needs the host tier, keeps one slot as the swap's scratch; a warning on the CPU, which has no cache).
+            needs the host tier, keeps one slot as the swap's scratch; a warning on the CPU, which has no cache),
+            ``auto`` (the default: ``class`` without a profile where the host tier is on, else ``fill``:
+            :func:`strata.budget.cache_policy.learns`).
         cpu_kernel: the matvec kernels asked (``--kernel``), ``"q8"`` (llama.cpp's CPU numerics: activations
             quantized to Q8_0/Q8_K, integer dots), ``"exact"`` (the exact GPU kernels' summation order) or
             ``"f32"`` (CPU only) (:mod:`strata.engine.cpu.kernels`); None = the device's default
@@ -96,7 +98,7 @@ class EngineOptions:
     vram_reserve_mib: int = F.DEFAULT_RESERVE_MIB
     admit: bool | None = None
     miss_tier: str = "auto"
-    cache_policy: str = "fill"
+    cache_policy: str = "auto"
     cpu_kernel: str | None = None
     threads: int | None = None
     ubatch: int = DEFAULT_UBATCH
@@ -159,7 +161,7 @@ class EngineOptions:
         if self.cache_policy not in CACHE_POLICIES:
             raise GenerateError(f"--cache-policy {self.cache_policy!r}: expected one of {', '.join(CACHE_POLICIES)}")
         gpu = self.device != "cpu"
-        if self.cache_policy != "fill" and self.miss_tier == "cpu" and gpu:
+        if self.cache_policy == "class" and self.miss_tier == "cpu" and gpu:
             raise GenerateError(
                 f"--cache-policy {self.cache_policy} swaps experts between the VRAM slots and the host tier: it needs "
                 "--miss-tier pcie or auto, not cpu"
@@ -224,6 +226,16 @@ class ResolvedOptions(EngineOptions):
     threads: int
     kernel: str
     miss_kernel: str
+
+    @property
+    def learns(self) -> bool:
+        """Whether the GPU expert cache runs the decayed-frequency rule at decode time (where it can swap):
+        :func:`strata.budget.cache_policy.learns` of ``cache_policy`` and whether a profile was given; ``auto`` also
+        keeps the fill where ``--resident`` pins which experts are resident (not ``all``)."""
+        from strata.budget.cache_policy import learns
+
+        pinned = self.cache_policy == "auto" and self.resident != "all"
+        return learns(self.cache_policy, self.profile is not None) and not pinned
 
     def plan_options(self, expert_cache: int | None):
         """The budget's options for this run: :class:`strata.budget.plan.PlanOptions` of ``strata-budget
@@ -300,7 +312,7 @@ def options_from_cli(
                 f"--miss-tier {opts.miss_tier}: the CPU path has no expert cache, so no miss tier (it is the GPU "
                 "path's, --device cuda); not used"
             )
-        if opts.cache_policy != "fill":
+        if opts.cache_policy == "class":
             on_warning(
                 f"--cache-policy {opts.cache_policy}: the CPU path has no expert cache (it is the GPU path's, "
                 "--device cuda); not used"

@@ -19,10 +19,12 @@ from strata.engine.startup import load_engine
 PROMPT = [int(i) for i in np.random.default_rng(11).integers(3, 500, size=6)]
 
 
-@pytest.fixture(scope="module")
-def engine(qwen3moe_pack):
-    # 3 MoE layers x 8 experts = 24 pairs; 10 slots: the rest in the host tier (misses over PCIe, one graph)
-    return load_engine(qwen3moe_pack, device="cuda", backend=SimBackend(), n_ctx=64, expert_cache=10, miss_tier="pcie")
+def _engine(pack, policy: str):
+    # 3 MoE layers x 8 experts = 24 pairs; 10 slots: the rest in the host tier (misses over PCIe, one graph); a new
+    # engine per run (the learning cache's swaps change what the next run would hit)
+    return load_engine(
+        pack, device="cuda", backend=SimBackend(), n_ctx=64, expert_cache=10, miss_tier="pcie", cache_policy=policy
+    )
 
 
 class _Spy:
@@ -53,7 +55,8 @@ class _Spy:
         return self.dec.step(token, pos, state, logits)
 
 
-def _run(engine, ahead: bool, n_new: int, stop_ids=frozenset()):
+def _run(pack, policy: str, ahead: bool, n_new: int, stop_ids=frozenset()):
+    engine = _engine(pack, policy)
     dec = engine.model
     assert isinstance(dec, FusedDecoder) and not dec.hybrid and dec.launch_ahead
     spy = _Spy(dec, ahead)
@@ -66,12 +69,15 @@ def _run(engine, ahead: bool, n_new: int, stop_ids=frozenset()):
         spy, engine.state, PROMPT, n_new, Sampler(), stop_ids=stop_ids, experts=engine.experts, on_step=on_step
     )
     counts = [(s.position, s.token_out, s.expert_hits, s.expert_misses, s.expert_pcie, s.expert_layers) for s in steps]
-    return out, top, counts, stop, spy.log
+    return out, top, counts, stop, spy.log, dec.moe.swaps
 
 
-def test_ahead_reports_what_the_plain_loop_reports(engine):
-    plain = _run(engine, ahead=False, n_new=10)
-    ahead = _run(engine, ahead=True, n_new=10)
+@pytest.mark.parametrize("policy", ["fill", "class"])
+def test_ahead_reports_what_the_plain_loop_reports(qwen3moe_pack, policy):
+    """``class``: the swaps a step's wait() queues come before the next step's launch (the same swaps, counts)."""
+    plain = _run(qwen3moe_pack, policy, ahead=False, n_new=10)
+    ahead = _run(qwen3moe_pack, policy, ahead=True, n_new=10)
+    assert ahead[5] == plain[5] and (ahead[5] > 0) == (policy == "class")  # swaps
     assert ahead[0] == plain[0] and len(ahead[0]) == 10  # tokens
     assert ahead[1] == plain[1]  # top (id, logit) pairs of every emitted step
     assert ahead[2] == plain[2]  # every position's expert counts, per layer
@@ -86,12 +92,12 @@ def test_ahead_reports_what_the_plain_loop_reports(engine):
     assert [e[0] for e in plain[4] if e[0] != "report"] == ["step"] * len(launches)
 
 
-def test_ahead_queues_nothing_past_a_stop_token(engine):
-    out, *_ = _run(engine, ahead=False, n_new=10)
+def test_ahead_queues_nothing_past_a_stop_token(qwen3moe_pack):
+    out, *_ = _run(qwen3moe_pack, "fill", ahead=False, n_new=10)
     stop_tok = out[4]
     k = out.index(stop_tok)  # the first time it comes
-    got, _top, counts, stop, log = _run(engine, ahead=True, n_new=10, stop_ids=frozenset({stop_tok}))
+    got, _top, _counts, stop, log, _swaps = _run(qwen3moe_pack, "fill", True, 10, stop_ids=frozenset({stop_tok}))
     assert stop == "eog" and got == out[: k + 1]
     launches = [e[1] for e in log if e[0] == "launch"]
     assert launches == list(range(len(PROMPT) + k))  # the step that made the stop token is the last one run
-    assert engine.model._queued is None
+    assert [e for e in log if e[0] != "report"][-1] == ("wait",)  # and it was waited for

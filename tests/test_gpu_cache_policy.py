@@ -10,11 +10,19 @@ decisions are the offline replay's. Refusals name the option.
 from __future__ import annotations
 
 import json
+import types
 
 import numpy as np
 import pytest
 
-from strata.budget.cache_policy import DecayedFrequency, key_pair, pair_key, profile_seed_scores, profile_steps
+from strata.budget.cache_policy import (
+    DecayedFrequency,
+    key_pair,
+    learns,
+    pair_key,
+    profile_seed_scores,
+    profile_steps,
+)
 from strata.budget.replay import replay
 from strata.budget.trace import RoutingTrace
 from strata.engine.errors import ExpertCacheError, GenerateError
@@ -179,7 +187,7 @@ def test_swaps_keep_the_tokens_and_every_pair_in_one_place(pack, backend):
 def test_class_policy_refusals(pack):
     with pytest.raises(GenerateError, match="--cache-policy class swaps experts .* not cpu"):
         _engine(pack, "sim", n_ctx=64, expert_cache=10, miss_tier="cpu", cache_policy="class")
-    with pytest.raises(GenerateError, match="--cache-policy 'lfu': expected one of fill, class"):
+    with pytest.raises(GenerateError, match="--cache-policy 'lfu': expected one of auto, fill, class"):
         _engine(pack, "sim", n_ctx=64, cache_policy="lfu")
     with pytest.raises(ExpertCacheError, match="keeps one of the cache's slots as its swap scratch: 1 slot"):
         _engine(pack, "sim", n_ctx=64, expert_cache=1, miss_tier="pcie", cache_policy="class")
@@ -210,11 +218,15 @@ def test_measure_counts_the_scratch_slots_pair_in_the_host_tier(pack):
     a = measure_pack(
         str(pack), backend=SimBackend(), device="cuda", n_ctx=64, expert_cache=6, miss_tier="pcie", cache_policy="class"
     )
-    b = measure_pack(str(pack), backend=SimBackend(), device="cuda", n_ctx=64, expert_cache=6, miss_tier="pcie")
-    assert a.scratch_slots == 1 and b.scratch_slots == 0
+    b = measure_pack(
+        str(pack), backend=SimBackend(), device="cuda", n_ctx=64, expert_cache=6, miss_tier="pcie", cache_policy="fill"
+    )
+    c = measure_pack(str(pack), backend=SimBackend(), device="cuda", n_ctx=64, expert_cache=6, miss_tier="pcie")
+    assert a.scratch_slots == 1 and b.scratch_slots == 0 and c.scratch_slots == 1  # c: the default, auto, learns
     slot = b.host_tier_bytes // 18  # 24 pairs, 6 slots: 18 pairs in the tier without the policy, 19 with it
     assert b.host_tier_bytes == b.host_tier_predicted_bytes == 18 * slot
     assert a.host_tier_bytes == a.host_tier_predicted_bytes == 19 * slot
+    assert c.host_tier_bytes == c.host_tier_predicted_bytes == 19 * slot
     assert any("scratch slot leaves out" in n for n in a.notes)
 
 
@@ -224,15 +236,29 @@ def test_refusals_name_the_numbers_and_a_refused_swap_moves_nothing(pack):
     as they were (the checks come before any copy)."""
     from strata.engine.gpu.fused_moe import check_policy
 
+    def asked(policy, profile=None):  # the options check_policy reads
+        return types.SimpleNamespace(
+            cache_policy=policy, learns=learns(policy, profile is not None), profile=profile, resident="all"
+        )
+
     note: dict = {}
     with pytest.raises(ExpertCacheError, match=r"misses here go to the CPU \(cpu \(no room\)\)"):
-        check_policy("class", False, 5, 24, "cpu (no room)", note)
+        check_policy(asked("class"), False, 5, 24, "cpu (no room)", note)
     with pytest.raises(ExpertCacheError, match=r"1 slot\(s\) leave none for experts"):
-        check_policy("class", True, 1, 24, "", note)
+        check_policy(asked("class"), True, 1, 24, "", note)
     assert (
-        check_policy("class", True, 24, 24, "", note) is False and "nothing to learn (24 slots" in note["cache policy"]
+        check_policy(asked("class"), True, 24, 24, "", note) is False
+        and "nothing to learn (24 slots" in note["cache policy"]
     )
-    assert check_policy("fill", False, 1, 24, "", {}) is False
+    assert check_policy(asked("fill"), False, 1, 24, "", {}) is False
+    # auto (the default): class without a profile where it can swap, else the fill, said - never a refusal
+    assert check_policy(asked("auto"), True, 6, 24, "", note) is True and note["cache policy"].startswith("auto: class")
+    assert check_policy(asked("auto", [(0, 1, 5)]), True, 6, 24, "", note) is False
+    assert note["cache policy"].startswith("auto: fill (the profile")
+    assert check_policy(asked("auto"), False, 6, 24, "cpu (no room)", note) is False
+    assert note["cache policy"] == "auto: fill (swaps experts between the VRAM slots and the host tier, and misses " \
+        "here go to the CPU (cpu (no room)))"  # fmt: skip
+    assert check_policy(asked("auto"), True, 1, 24, "", note) is False and "1 slot(s)" in note["cache policy"]
     eng = _engine(pack, "sim", n_ctx=64, ubatch=8, expert_cache=6, miss_tier="pcie", cache_policy="class")
     moe, cache, tier = eng.decoder.moe, eng.experts.cache, eng.experts.tier
     a, b = list(cache.where)[:2]
@@ -270,5 +296,5 @@ def test_capacity_rule_and_the_plan(pack):
         assert r.exit_code == 0, r.output
         return json.loads(r.output)["host_tier_bytes"]
 
-    fill, learn = tier(), tier("--cache-policy", "class")
-    assert fill % 18 == 0 and learn == fill // 18 * 19
+    fill, learn, auto = tier("--cache-policy", "fill"), tier("--cache-policy", "class"), tier()
+    assert fill % 18 == 0 and learn == fill // 18 * 19 == auto  # auto without a profile: the class policy's tier

@@ -106,7 +106,8 @@ def test_host_tier_mapping_is_reserved_when_the_cache_is_sized(packs):
     assert sp.tier_map_reserved == 2 << 20 == LX.host_tier_map_bytes(g.host_tier_bytes)
     assert sp.slots == F.expert_slots(sp.free_bytes, sp.reserve_bytes + (2 << 20), sp.slot_bytes, sp.cap)
     assert 0 < sp.slots < n < 24
-    assert g.host_tier_pairs == 24 - sp.slots and g.host_tier_bytes == (24 - sp.slots) * sp.slot_bytes
+    # the default --cache-policy auto learns here (no profile): the swap scratch slot's pair is in the tier too
+    assert g.host_tier_pairs == 24 - sp.slots + 1 and g.host_tier_bytes == (24 - sp.slots + 1) * sp.slot_bytes
     assert g.host_tier_map_bytes == g.host_tier_map_predicted_bytes == 2 << 20
     assert g.free_after_bytes >= g.reserve_bytes and g.miss_tier == "pcie"
 
@@ -195,7 +196,14 @@ def test_sim_stats_per_layer_counts_and_timers(packs, tier):
     """--stats per position: per-layer hits / misses / misses read over PCIe (counts), the misses read over PCIe
     (the host tier) or run on the CPU (cpu-experts ms > 0 only then); the window line sums the decode positions."""
     eng = load_engine(
-        packs["moe"], device="cuda", ubatch=1, n_ctx=64, backend=SimBackend(), expert_cache=12, miss_tier=tier
+        packs["moe"],
+        device="cuda",
+        ubatch=1,
+        n_ctx=64,
+        backend=SimBackend(),
+        expert_cache=12,
+        miss_tier=tier,
+        cache_policy="fill",  # the misses' bytes alone (a swap's are test_gpu_cache_policy.py's)
     )
     r = generate(eng, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True, stats=True)
     n_used = int(eng.geometry["n_expert_used"])
@@ -392,9 +400,10 @@ def test_sim_measure_host_tier_equals_the_plan(packs):
     bk = SimBackend(total_bytes=600 << 20, context_bytes=500 << 20)
     a = measure_pack(str(packs["moe"]), n_ctx=64, backend=bk, vram_reserve_mib=64, expert_cache=12)
     terms = {t.term: t for t in a.terms}
-    assert a.miss_tier == "pcie" and a.host_tier_bytes == a.host_tier_predicted_bytes == 12 * 156_672
+    # 24 pairs, 12 slots, the default --cache-policy auto learning (no profile): 12 + the scratch slot's pair
+    assert a.miss_tier == "pcie" and a.host_tier_bytes == a.host_tier_predicted_bytes == 13 * 156_672
     assert terms["host tier mapping"].measured_bytes == terms["host tier mapping"].predicted_bytes == 2 << 20
-    assert a.exact_ok and any("host tier (pinned host memory)" in n and "(equal; exact)" in n for n in a.notes)
+    assert a.exact_ok and any("host tier (pinned host memory)" in n and "(equal; exact" in n for n in a.notes)
 
 
 def test_host_tier_that_does_not_fit_host_memory(packs, monkeypatch):

@@ -353,7 +353,7 @@ class GpuDevice:
         size, held, map_bytes = None, 0, 0
         if tier_on:  # the host tier's device mapping is reserved beside the reserve (one rule with the budget)
             size, held, map_bytes = F.size_with_host_tier(  # (--cache-policy class: its scratch's pair in the tier)
-                free, reserve, slot_bytes, cap, asked, pairs, cap_what=what, scratch=opts.cache_policy == "class"
+                free, reserve, slot_bytes, cap, asked, pairs, cap_what=what, scratch=opts.learns
             )
             if size is None:  # the mapping alone does not fit above the reserve
                 why = (
@@ -373,7 +373,7 @@ class GpuDevice:
         slots = size.slots
         cache = SlotCache(source, bk, n_embd, n_ff, slots, bufs=experts.bufs)
         assert cache.slot_bytes == slot_bytes
-        if learn := check_policy(opts.cache_policy, tier_on, slots, pairs, info.miss_tier, note):
+        if learn := check_policy(opts, tier_on, slots, pairs, info.miss_tier, note):
             cache.reserve_scratch()
         if opts.profile is not None:
             order = F.fill_profile(opts.profile, cache.capacity).order  # (less a swap scratch slot)
@@ -400,7 +400,7 @@ class GpuDevice:
             dec.moe.bind_cache(cache, tier)
             experts.tier = tier
             if learn:
-                note["cache policy"] = dec.moe.start_policy(tier, opts.profile, info.miss_tier)
+                note["cache policy"] = dec.moe.start_policy(tier, opts, info.miss_tier)
             info.host_tier_map_predicted_bytes = map_bytes if tier is not None else 0
             info.decode_path = describe(dec)
             info.launches_per_token = dec.launches_per_token(True)
@@ -441,7 +441,7 @@ class GpuDevice:
             return True
         first = F.size_expert_cache(free, reserve, slot_bytes, cap, asked, cap_what=what)
         avail, room = host_tier_room()
-        tier = LX.host_tier_bytes(LX.host_tier_pairs(pairs, first.slots, opts.cache_policy == "class"), slot_bytes)
+        tier = LX.host_tier_bytes(LX.host_tier_pairs(pairs, first.slots, opts.learns), slot_bytes)
         if room is not None and tier > room:
             self.info.miss_tier = (
                 f"cpu (a host tier of {tier} B ({tier / 2**20:.1f} MiB) does not fit the {avail} B "

@@ -55,31 +55,45 @@ from .slots import SIM_HOST_BASE
 MAX_EXPERTS_USED = 64
 
 
-def check_policy(policy: str, tier_on: bool, slots: int, pairs: int, miss_tier: str, note: dict) -> bool:
-    """Whether the cache of ``slots`` slots (of ``pairs`` (layer, expert) pairs) learns at decode time
-    (``--cache-policy class`` where something can miss; ``note`` says so when nothing can), decided before the
-    cache is filled; refused where it cannot swap: misses going to the CPU (``miss_tier``: the start-up's reason) or
-    fewer than 2 slots (one is the swap's scratch).
+def check_policy(opts, tier_on: bool, slots: int, pairs: int, miss_tier: str, note: dict) -> bool:
+    """Whether the cache of ``slots`` slots (of ``pairs`` (layer, expert) pairs) learns at decode time, decided
+    before the cache is filled: ``opts`` (:class:`strata.engine.options.ResolvedOptions`) asks for it
+    (``opts.learns``: ``--cache-policy class``, or ``auto`` without a profile) and something can miss (``note`` says
+    so when nothing can). Where it cannot swap - misses going to the CPU (``miss_tier``: the start-up's reason) or
+    fewer than 2 slots (one is the swap's scratch) - ``class`` is refused and ``auto`` keeps the fill (``note``
+    says why).
 
     Raises:
-        ExpertCacheError: either, naming the option and the numbers.
+        ExpertCacheError: ``--cache-policy class`` where it cannot swap, naming the option and the numbers.
     """
-    if policy != "class":
+    if not opts.learns:
+        if opts.cache_policy == "auto":
+            why = "the profile's fill" if opts.profile is not None else f"--resident {opts.resident}"
+            note["cache policy"] = f"auto: fill ({why} stays: --cache-policy class learns anyway)"
         return False
+    policy = opts.cache_policy
     if slots >= pairs:
-        note["cache policy"] = f"class: nothing to learn ({slots} slots hold all {pairs} pairs)"
+        note["cache policy"] = f"{policy}: nothing to learn ({slots} slots hold all {pairs} pairs)"
         return False
+    why = None
     if not tier_on:
-        raise ExpertCacheError(
+        why = (
             f"--cache-policy class swaps experts between the VRAM slots and the host tier, and misses here go to "
-            f"the CPU ({miss_tier or 'no host tier'}); refusing (--cache-policy fill keeps the fill)"
+            f"the CPU ({miss_tier or 'no host tier'})"
         )
-    if slots < 2:
-        raise ExpertCacheError(
+    elif slots < 2:
+        why = (
             f"--cache-policy class keeps one of the cache's slots as its swap scratch: {slots} slot(s) leave none "
-            "for experts; refusing (--cache-policy fill)"
+            "for experts"
         )
-    return True
+    if why is None:
+        if policy == "auto":
+            note["cache policy"] = "auto: class (no profile: misses read over PCIe are swapped in as they get hot)"
+        return True
+    if policy == "auto":
+        note["cache policy"] = f"auto: fill ({why.removeprefix('--cache-policy class ')})"
+        return False
+    raise ExpertCacheError(f"{why}; refusing (--cache-policy fill keeps the fill)")
 
 
 class MoeStep:
@@ -366,24 +380,38 @@ class MoeStep:
         else:
             self.slot_of[i] = value
 
-    def start_policy(self, tier: Any, profile: list[tuple[int, int, int]] | None, why_no_tier: str) -> str:
-        """``--cache-policy class`` at the expert-cache stage (after :meth:`bind_cache`): :meth:`learn` with the fill
-        in load order and, with a profile, counters at its steady state (:func:`strata.budget.cache_policy.
-        profile_seed_scores`). Returns the start-up note.
+    def start_policy(self, tier: Any, opts, why_no_tier: str) -> str:
+        """The decode-time cache policy at the expert-cache stage (after :meth:`bind_cache`; ``opts``:
+        :class:`strata.engine.options.ResolvedOptions` whose ``learns``): :meth:`learn` with the fill in load order
+        and, with a profile, counters at its steady state (:func:`strata.budget.cache_policy.profile_seed_scores`).
+        Where it cannot learn - no host tier was built (``why_no_tier``: the reason the start-up gives), or the fill
+        left slots empty (``resident``) - ``--cache-policy auto`` keeps the fill (first-come admission as ``fill``;
+        the scratch slot stays unused, said) and ``class`` is refused. Returns the start-up note.
 
         Raises:
-            ExpertCacheError: the host tier was not built (``why_no_tier``: the reason the start-up gives).
+            ExpertCacheError: ``--cache-policy class`` where it cannot learn, naming the reason.
         """
+        cache = self.cache
+        why = None
         if tier is None:
-            raise ExpertCacheError(
-                f"--cache-policy class needs the host tier, and it was not built ({why_no_tier}); refusing "
-                "(--cache-policy fill keeps the fill)"
-            )
+            why = f"the host tier was not built ({why_no_tier})"
+        elif len(cache) != cache.capacity:
+            why = f"the fill left {cache.capacity - len(cache)} of {cache.capacity} slots empty (--resident)"
+        if why is not None:
+            if opts.cache_policy == "class":
+                raise ExpertCacheError(
+                    f"--cache-policy class needs the host tier and a full cache, and {why}; refusing (--cache-policy "
+                    "fill keeps the fill)"
+                )
+            cache.admit_enabled = opts.admit is None or bool(opts.admit)
+            return f"auto: fill ({why}; the swap scratch slot stays empty)"
+        profile = opts.profile
         seed = CP.profile_seed_scores(profile, CP.profile_steps(profile, self.K), CP.DEFAULT_DECAY) if profile else None
-        self.learn(list(self.cache.where), seed, CP.DEFAULT_DECAY)
+        self.learn(list(cache.where), seed, CP.DEFAULT_DECAY)
         return (
-            f"class (decay {CP.DEFAULT_DECAY} a token{', counters from the profile' if seed else ''}): "
-            f"{self.cache.capacity} slots for experts, slot {self.scratch_slot} the swap scratch"
+            f"{'auto: ' if opts.cache_policy == 'auto' else ''}class (decay {CP.DEFAULT_DECAY} a token"
+            f"{', counters from the profile' if seed else ''}): {cache.capacity} slots for experts, slot "
+            f"{self.scratch_slot} the swap scratch"
         )
 
     def learn(self, initial: list[tuple[int, int]], seed: dict[int, float] | None, decay: float) -> None:
