@@ -5,7 +5,7 @@
 #                     could not be installed (the caller reports it its own way).
 #   step TEXT       - "== [N s] TEXT", N seconds since T0 (set T0=$(date +%s) first).
 #   lcp_build_start - the llama.cpp CUDA build of llama-bench in the background (nice), from the carried
-#                     .lcp/llama.cpp.tar.xz into /tmp/lcp (log /tmp/lcp/build.log; skipped when already built)
+#                     .lcp/llama.cpp.tar.xz into /tmp/lcp (log /tmp/lcp/build.log; skipped when built or under way)
 #   lcp_build_wait  - wait up to 6 minutes for it; prints the log's last line
 #   LCP_BENCH       - the llama-bench it builds
 device_env() {
@@ -26,6 +26,7 @@ LCP_BENCH=/tmp/lcp/llama.cpp/build/bin/llama-bench
 
 lcp_build_start() {
     [ -x "$LCP_BENCH" ] && return 0
+    [ -f /tmp/lcp/build.log ] && ! grep -q "^exit [1-9]" /tmp/lcp/build.log && return 0  # a build under way
     mkdir -p /tmp/lcp && tar -xJf .lcp/llama.cpp.tar.xz -C /tmp/lcp
     setsid bash -c 'cd /tmp/lcp/llama.cpp && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
