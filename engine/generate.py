@@ -34,16 +34,15 @@ TOP_K_RECORDED = LS.LOGIT_TOP_K
 
 
 class StepStat(BaseModel):
-    """One position of the loop. Times in milliseconds; expert figures are counts of experts.
-
-    With a probe (the GPU path with stats): ``gpu_ms`` = device time between CUDA events recorded
-    at the start and the end of the step (the span on the device's clock, including time the device
-    sat idle waiting for the host); ``cpu_expert_ms`` = host wall time computing missed experts;
-    ``wait_ms`` = host wall time blocked in device->host copies (router choices, a missed expert's
-    input, the logits: each waits for the kernels queued before it). ``expert_layers``: per MoE
-    layer, ``[hits, misses, of the misses those read over PCIe]`` at this position (counts of routed experts);
-    ``expert_pcie``: of the misses, those
-    the GPU read from the host tier over PCIe (the rest ran on the CPU), ``pcie_bytes`` their bytes (engine form)."""
+    """One position of the loop. Times in milliseconds; expert figures are counts of experts. With a probe (the GPU path
+    with stats): ``gpu_ms`` = device time between CUDA events recorded at the start and the end of the step (the span
+    on the device's clock, including time the device sat idle waiting for the host); ``busy_ms`` = the device's own
+    work in that span (the floor with no host work: the span of a one-graph step, the sum of a hybrid step's graph
+    segments); ``cpu_expert_ms`` = host wall time computing missed experts; ``wait_ms`` = host wall time blocked in
+    device->host copies (router choices, a missed expert's input, the logits: each waits for the kernels queued
+    before it). ``expert_layers``: per MoE layer, ``[hits, misses, of the misses those read over PCIe]`` at this
+    position (counts of routed experts); ``expert_pcie``: of the misses, those the GPU read from the host tier over
+    PCIe (the rest ran on the CPU), ``pcie_bytes`` their bytes (engine form)."""
 
     position: int
     phase: str  # "prompt" (teacher-forced, no logits), "first" (last prompt position), "decode"
@@ -57,6 +56,7 @@ class StepStat(BaseModel):
     pcie_bytes: int = 0
     expert_layers: dict[int, list[int]] | None = None
     gpu_ms: float | None = None
+    busy_ms: float | None = None
     cpu_expert_ms: float | None = None
     wait_ms: float | None = None
     chunk: int = 1  # positions that went through the layers together (a prompt chunk); forward_ms is its share

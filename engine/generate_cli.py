@@ -191,8 +191,8 @@ def stats_line(s: StepStat, piece: Callable[[int], str] | None = None, gpu: bool
     )
     if gpu:
         line += (
-            f" | gpu {_ms(s.gpu_ms)} ms (event span) | cpu-experts {_ms(s.cpu_expert_ms)} ms (wall) | "
-            f"wait {_ms(s.wait_ms)} ms (wall)"
+            f" | gpu {_ms(s.gpu_ms)} ms (event span) | gpu floor {_ms(s.busy_ms)} ms (device work alone) | "
+            f"cpu-experts {_ms(s.cpu_expert_ms)} ms (wall) | wait {_ms(s.wait_ms)} ms (wall)"
         )
     if experts:
         per = " ".join(f"{il}:{v[0]}/{v[1] - v[2]}/{v[2]}" for il, v in sorted((s.expert_layers or {}).items()))
@@ -206,7 +206,8 @@ def stats_line(s: StepStat, piece: Callable[[int], str] | None = None, gpu: bool
 
 def window_summary(steps: list[StepStat]) -> dict | None:
     """The decode window summed over the decode positions (phase "decode"; None without one): ``positions``
-    (count); the means per position of ``forward_ms``, ``sample_ms``, ``gpu_ms``, ``wait_ms``, ``cpu_expert_ms``
+    (count); the means per position of ``forward_ms``, ``sample_ms``, ``gpu_ms``, ``busy_ms``, ``wait_ms``,
+    ``cpu_expert_ms``
     (milliseconds; None where a step did not measure it) and ``pcie_mib`` (MiB read over PCIe); ``hits``,
     ``cpu_misses``, ``pcie_misses`` summed (counts of routed experts) and ``layers``: per MoE layer ``[hits, CPU
     misses, PCIe misses]`` summed (counts; the ``--json --stats`` object's ``stats_window``)."""
@@ -228,7 +229,7 @@ def window_summary(steps: list[StepStat]) -> dict | None:
             acc[2] += v[2]
     return {
         "positions": n,
-        **{f: mean(f) for f in ("forward_ms", "sample_ms", "gpu_ms", "wait_ms", "cpu_expert_ms")},
+        **{f: mean(f) for f in ("forward_ms", "sample_ms", "gpu_ms", "busy_ms", "wait_ms", "cpu_expert_ms")},
         "pcie_mib": sum(s.pcie_bytes for s in dec) / n / 2**20,
         "hits": sum(s.expert_hits for s in dec),
         "cpu_misses": sum(s.expert_misses - s.expert_pcie for s in dec),
@@ -247,7 +248,8 @@ def window_line(w: dict, gpu: bool = False, experts: bool = False) -> str:
     )
     if gpu:
         line += (
-            f" | gpu {_ms(w['gpu_ms'])} ms (event span) | wait {_ms(w['wait_ms'])} ms (wall) | cpu-experts "
+            f" | gpu {_ms(w['gpu_ms'])} ms (event span) | gpu floor {_ms(w['busy_ms'])} ms (the device's own work: "
+            f"the step with no host work) | wait {_ms(w['wait_ms'])} ms (wall) | cpu-experts "
             f"{_ms(w['cpu_expert_ms'])} ms (wall)"
         )
     if experts:

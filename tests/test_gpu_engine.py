@@ -219,7 +219,8 @@ def test_sim_stats_per_layer_counts_and_timers(packs, tier):
         assert s.pcie_bytes == (
             sum(m * blobs[il] for il, (_h, m, _p) in s.expert_layers.items()) if tier == "pcie" else 0
         )
-        assert s.gpu_ms is None and s.cpu_expert_ms is not None and s.wait_ms is not None  # sim: no device clock
+        assert s.gpu_ms is None and s.busy_ms is None  # sim: no device clock, no floor
+        assert s.cpu_expert_ms is not None and s.wait_ms is not None
     assert r.expert_misses > 0 and r.expert_pcie == sum(s.expert_pcie for s in r.steps)
     cpu_ms = sum(s.cpu_expert_ms for s in r.steps)
     assert cpu_ms > 0 if tier == "cpu" else cpu_ms == 0  # misses ran on the CPU / none did
@@ -228,7 +229,7 @@ def test_sim_stats_per_layer_counts_and_timers(packs, tier):
     s = r.steps[-1]
     line = stats_line(s, None, gpu=True, experts=True)
     h0, m0, p0 = s.expert_layers[0]
-    assert "ms (wall)" in line and "gpu n/a ms (event span)" in line
+    assert "ms (wall)" in line and "gpu n/a ms (event span) | gpu floor n/a ms (device work alone)" in line
     assert f"per layer hits/CPU misses/PCIe misses (counts): 0:{h0}/{m0 - p0}/{p0} " in line
     dec = [x for x in r.steps if x.phase == "decode"]
     w = window_summary(r.steps)
@@ -477,3 +478,27 @@ def test_host_tier_mapping_that_does_not_fit_above_the_reserve(packs):
     p = make_plan(facts, card, o)
     assert p.fits and p.host_tier_bytes == 0 and "host tier mapping" not in {t.name for t in p.terms}
     assert p.slots == 6
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+@pytest.mark.parametrize("tier", ["cpu", "pcie"])
+def test_cuda_stats_gpu_floor_is_the_devices_own_work(packs, tier):
+    """--stats' gpu floor (issue 19 item 6): the one-graph step (misses over PCIe) never waits for the host, so its
+    floor is its event span; the hybrid step (misses on the CPU) waits at each MoE layer, so its floor - the sum of
+    its graph segments - is positive and below the span, by at least the time the host spent on the misses."""
+    from strata.engine.generate_cli import window_line, window_summary
+
+    eng = load_engine(
+        packs["moe"], device="cuda", ubatch=1, n_ctx=64, expert_cache=12, miss_tier=tier, cache_policy="fill"
+    )
+    r = generate(eng, prompt_ids=PROMPT, n_tokens=6, ignore_eos=True, stats=True)
+    for s in r.steps:
+        assert s.gpu_ms is not None and s.busy_ms is not None and 0 < s.busy_ms <= s.gpu_ms
+        if tier == "pcie":
+            assert s.busy_ms == s.gpu_ms
+        elif s.cpu_expert_ms > 0:
+            assert s.busy_ms < s.gpu_ms
+    w = window_summary(r.steps)
+    assert 0 < w["busy_ms"] <= w["gpu_ms"]
+    assert f"gpu floor {w['busy_ms']:.2f} ms (the device's own work" in window_line(w, True, True)

@@ -587,7 +587,7 @@ class GpuDevice:
         note["bind_bytes"] = self.info.draft_bind_bytes
 
     def finish(self, engine: Engine) -> None:
-        engine.probe = GpuStepProbe(self.bk, self.experts)
+        engine.probe = GpuStepProbe(self.bk, self.experts, self.decoder)
         engine.decoder = self.decoder
         engine.gpu = self.info
         self.bk.synchronize()

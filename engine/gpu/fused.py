@@ -58,7 +58,6 @@ checks the wiring (buffers, ring slots, the device-side position, launch counts)
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -73,7 +72,7 @@ from ..recipe import DeltaNet, DenseFFN, MoEFFN
 from . import kernels as K
 from .fused_attn import build_attention_layer
 from .fused_gdn import GdnBuffers, build_delta_layer, gdn_unsupported
-from .fused_launch import Launch, MatvecLaunches, describe, graph_ms
+from .fused_launch import Launch, MatvecLaunches, StageTimes, describe, graph_ms
 from .fused_moe import MAX_EXPERTS_USED, MoeStep
 from .fused_ops import TOP_K, TOP_WORDS, CudaOps
 from .fused_sim import SimOps
@@ -116,32 +115,6 @@ def fused_unsupported(model) -> str | None:
     return None
 
 
-@dataclass
-class StageTimes:
-    """Device milliseconds per stage, summed over the steps that ran it (eager path only; ``n`` counts
-    them: the head runs only on positions that produce logits)."""
-
-    ms: dict[str, float] = field(default_factory=dict)
-    n: dict[str, int] = field(default_factory=dict)
-    steps: int = 0
-
-    def add(self, stage: str, ms: float) -> None:
-        self.ms[stage] = self.ms.get(stage, 0.0) + ms
-        self.n[stage] = self.n.get(stage, 0) + 1
-
-    def per_token(self) -> dict[str, float]:
-        """Mean ms of each stage over the steps that ran it."""
-        return {k: v / self.n[k] for k, v in self.ms.items()}
-
-    def grouped(self) -> dict[str, float]:
-        """Per token: ``embed``, ``attn`` and ``ffn`` (summed over the layers), ``head``."""
-        out: dict[str, float] = {}
-        for k, v in self.per_token().items():
-            key = k.split(" ", 1)[1] if k.startswith("L") else k
-            out[key] = out.get(key, 0.0) + v
-        return out
-
-
 class FusedDecoder:
     """The dense model's ``step`` as a fixed launch list (see the module docstring).
 
@@ -176,6 +149,8 @@ class FusedDecoder:
         self.stage_times = StageTimes()
         self.captured = False
         self._queued: tuple[bool, bool] | None = None  # (logits, routing record) of the step launch() queued
+        self.busy_events: list | None = None  # --stats on the hybrid path: an event pair around each segment
+        self._last_logits = True
         self._alloc()
         self._ops = CudaOps(self.stream) if self.cuda else SimOps(backend)
         self.moe = MoeStep(self, model, backend) if model.experts is not None else None
@@ -526,9 +501,14 @@ class FusedDecoder:
             if not hybrid:
                 self.graphs[bool(logits)].launch(self.stream)
             else:
-                for g, host in self.seg_graphs[bool(logits)]:
+                ev = self.busy_events
+                for j, (g, host) in enumerate(self.seg_graphs[bool(logits)]):
                     if g is not None:
+                        if ev is not None:
+                            ev[2 * j].record(self.stream)
                         g.launch(self.stream)
+                        if ev is not None:
+                            ev[2 * j + 1].record(self.stream)
                     if host is not None:
                         host.run()
         else:
@@ -536,6 +516,7 @@ class FusedDecoder:
         if self.cuda:
             self._done.record(self.stream)
         self._queued = (bool(logits), self.moe is not None and not hybrid)  # the routing record: counted in wait
+        self._last_logits = bool(logits)
 
     def wait(self):
         """End the step :meth:`launch` queued: wait for the device (when it has logits or a routing record to read;
@@ -555,6 +536,35 @@ class FusedDecoder:
         if record:
             self.moe.take_record()
         return self.logits_host if logits else None
+
+    def busy_on(self) -> None:
+        """``--stats``: from now on the hybrid step records an event pair around each of its graph segments (CUDA
+        only), so :meth:`busy_ms` can sum the device's own work apart from the time it waits for the host."""
+        if self.cuda and self.busy_events is None and self.moe is not None:
+            import cupy as cp
+
+            n = max(len(self.seg_graphs.get(True, ())), len(self.seg_graphs.get(False, ())), len(self.segments(True)))
+            self.busy_events = [cp.cuda.Event() for _ in range(2 * n)]
+
+    def busy_ms(self, span_ms: float | None) -> float | None:
+        """After a step: the device's own work in it, milliseconds - the **floor** with no host work (issue 19 item 6).
+        The one-graph step never waits for the host: its event span ``span_ms``. The hybrid step: the sum of its
+        graph segments' spans (events recorded around each by :meth:`busy_on`), i.e. the span less the time the device
+        sat idle while the host read a layer's routing and computed or copied its misses. None where nothing is
+        timed (the sim; eager launches)."""
+        if span_ms is None or not self.cuda:
+            return None
+        if not self.hybrid:
+            return span_ms
+        ev = self.busy_events
+        if ev is None or not (self.captured and self.graph_on):
+            return None
+        import cupy as cp
+
+        segs = self.seg_graphs[bool(self._last_logits)]
+        return sum(
+            float(cp.cuda.get_elapsed_time(ev[2 * j], ev[2 * j + 1])) for j, (g, _h) in enumerate(segs) if g is not None
+        )
 
     def logit_summary(self) -> tuple[int, list[tuple[int, float]]]:
         """After a step with logits: ``(non-finite count, pairs)`` - the count of NaN / infinite logits and the

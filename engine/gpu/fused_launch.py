@@ -7,7 +7,7 @@ once per activation format). The launches themselves are bound by :mod:`strata.e
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .fused_ops import MAX_GROUP
 
@@ -20,6 +20,32 @@ class Launch:
     stage: str
     run: Callable[[], None]
     kind: str = "kernel"  # "kernel" | "memcpy" | "route" (host reads the routing) | "fill" (host fills misses)
+
+
+@dataclass
+class StageTimes:
+    """Device milliseconds per stage, summed over the steps that ran it (eager path only; ``n`` counts
+    them: the head runs only on positions that produce logits)."""
+
+    ms: dict[str, float] = field(default_factory=dict)
+    n: dict[str, int] = field(default_factory=dict)
+    steps: int = 0
+
+    def add(self, stage: str, ms: float) -> None:
+        self.ms[stage] = self.ms.get(stage, 0.0) + ms
+        self.n[stage] = self.n.get(stage, 0) + 1
+
+    def per_token(self) -> dict[str, float]:
+        """Mean ms of each stage over the steps that ran it."""
+        return {k: v / self.n[k] for k, v in self.ms.items()}
+
+    def grouped(self) -> dict[str, float]:
+        """Per token: ``embed``, ``attn`` and ``ffn`` (summed over the layers), ``head``."""
+        out: dict[str, float] = {}
+        for k, v in self.per_token().items():
+            key = k.split(" ", 1)[1] if k.startswith("L") else k
+            out[key] = out.get(key, 0.0) + v
+        return out
 
 
 class MatvecLaunches:
@@ -143,4 +169,4 @@ def describe(dec) -> str:
     )
 
 
-__all__ = ["Launch", "MatvecLaunches", "describe", "graph_ms"]
+__all__ = ["Launch", "MatvecLaunches", "StageTimes", "describe", "graph_ms"]

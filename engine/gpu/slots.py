@@ -422,12 +422,16 @@ class GpuExpertPath(ExpertPath):
 
 class GpuStepProbe:
     """``--stats`` timers of one step (:class:`strata.engine.generate.StepProbe`): device span
-    between CUDA events (``gpu_ms``; None on a simulated device), host time on missed experts
-    (``cpu_expert_ms``), host time blocked on device->host copies (``wait_ms``)."""
+    between CUDA events (``gpu_ms``; None on a simulated device), the device's own work in it (``busy_ms``: the floor
+    with no host work, :meth:`strata.engine.gpu.fused.FusedDecoder.busy_ms`; None without a fused step), host time on
+    missed experts (``cpu_expert_ms``), host time blocked on device->host copies (``wait_ms``)."""
 
-    def __init__(self, backend: Backend, experts: GpuExpertPath | None):
+    def __init__(self, backend: Backend, experts: GpuExpertPath | None, decoder=None):
         self.experts = experts
         self.span = backend.span_timer()
+        self.decoder = decoder
+        if decoder is not None:
+            decoder.busy_on()
 
     def begin(self) -> None:
         layers.HostWait.take()
@@ -439,7 +443,8 @@ class GpuStepProbe:
     def end(self) -> dict[str, float | None]:
         gpu = self.span.stop() if self.span is not None else None
         cpu = self.experts.take_cpu_ms() if self.experts is not None else 0.0
-        return {"gpu_ms": gpu, "cpu_expert_ms": cpu, "wait_ms": layers.HostWait.take()}
+        busy = self.decoder.busy_ms(gpu) if self.decoder is not None else None
+        return {"gpu_ms": gpu, "busy_ms": busy, "cpu_expert_ms": cpu, "wait_ms": layers.HostWait.take()}
 
 
 __all__ = [
