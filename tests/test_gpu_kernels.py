@@ -194,6 +194,10 @@ def test_matvec_batched_equals_single(type_id):
         assert cp.array_equal(Y[i].view(cp.uint32), want.view(cp.uint32)), f"{t.name}: item {i} (expert {e})"
         want0 = K.matvec(type_id, experts[e], rows, ne0, X[1])
         assert cp.array_equal(Y0[i].view(cp.uint32), want0.view(cp.uint32)), f"{t.name}: x_stride=0 item {i}"
+    # bit 0 set (fused.cu moe_route's host-tier tag) is cleared: the same products
+    tagged = cp.asarray(np.array([experts[e].data.ptr | 1 for e in items], dtype=np.uint64))
+    Yt = K.matvec_batched(type_id, tagged, rows, ne0, X)
+    assert cp.array_equal(Yt.view(cp.uint32), Y.view(cp.uint32)), f"{t.name}: tagged addresses"
 
 
 @pytest.mark.parametrize("type_id", TYPES, ids=IDS)

@@ -187,6 +187,12 @@ def test_batched_and_group_q8_equal_the_single_product(type_id):
     Y = cp.asnumpy(Y)
     assert _same(Y[0], want[0]) and _same(Y[1], want[1])
     assert (Y[2] == -1.0).all()  # a miss's rows are left for the host
+    # bit 0 of an address (fused.cu moe_route's host-tier tag): the same weight read word by word, the same bits
+    tagged = cp.asarray(np.array([b.data.ptr | 1 for _r, b in cases[:2]] + [0], dtype=np.uint64))
+    Yt = cp.full((3, rows), -1.0, dtype=cp.float32)
+    k8.matvec_batched((gx, 3), (nt,), (tagged, *args8[1:5], Yt, args8[6]), shared_mem=shmem)
+    Yt = cp.asnumpy(Yt)
+    assert _same(Yt[0], want[0]) and _same(Yt[1], want[1]) and (Yt[2] == -1.0).all()
     # group: three weights on ONE activation (xs[0])
     want0 = [cpukernels.matvec(type_id, raw, rows, ne0, xs[0], kernel="q8", threads=1) for raw, _b in cases]
     outs = [cp.zeros(rows, dtype=cp.float32) for _ in range(3)]

@@ -48,7 +48,7 @@ extern "C" void run_rows(const u8* base, i64 rows, int ne0, const u8* act, float
             for (int p = 0; p < LPB; ++p) {
                 int s, m;
                 lane_sums(scales + blk * NF, payload + blk * PB, aq + (i64)b * QK, as + (i64)b * (QK / 16),
-                          at + (i64)b * (QK / 32), p, &s, &m);
+                          at + (i64)b * (QK / 32), p, &s, &m, true);
                 S += s;
                 M += m;
             }

@@ -263,7 +263,9 @@ extern "C" __global__ void logit_post(float* __restrict__ y, const float* __rest
 // slot = slot_of[layer * n_expert + id]; the part addresses of expert k are bases[k] (gate), bases[K + k] (up),
 // bases[2K + k] (down) = storage + slot * slot_bytes + offset for a slot >= 0 (device memory), host + (-2 - slot) *
 // slot_bytes + offset for a slot <= -2 (the host tier: mapped pinned host memory the same kernels read over PCIe), 0
-// for -1 (a miss the host fills: matvec_batched skips a 0 base). info[k] = id, info[K + k] = slot. storage / host:
+// for -1 (a miss the host fills: matvec_batched skips a 0 base); a host-tier address has bit 0 set (the parts are
+// EXPERT_PART_ALIGN-aligned: the bit is free), which the batched kernels clear - matvec_q8_batched reads such a weight
+// with word loads (q8_lane.cuh load_weight_words). info[k] = id, info[K + k] = slot. storage / host:
 // device u64s at *storage_ptr / *host_ptr (written after capture, read at replay). A NaN probability ranks nowhere:
 // chosen[] starts as 0..K-1, so ids stay in range (the step's logit summary reports the non-finite logits).
 extern "C" __global__ void moe_route(const float* __restrict__ logits, const int n_expert, const int K,
@@ -317,9 +319,10 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, const int
         const unsigned long long b = slot >= 0    ? storage + (unsigned long long)slot * slot_bytes
                                      : slot <= -2 ? host + (unsigned long long)(-2 - slot) * slot_bytes
                                                   : 0ull;
-        bases[tid] = any ? b + off_g : 0ull;
-        bases[K + tid] = any ? b + off_u : 0ull;
-        bases[2 * K + tid] = any ? b + off_d : 0ull;
+        const unsigned long long tag = slot <= -2 ? 1ull : 0ull;  // the host tier's: read with word loads
+        bases[tid] = any ? (b + off_g) | tag : 0ull;
+        bases[K + tid] = any ? (b + off_u) | tag : 0ull;
+        bases[2 * K + tid] = any ? (b + off_d) | tag : 0ull;
         info[tid] = e;
         info[K + tid] = slot;
     }

@@ -30,7 +30,7 @@ extern "C" __global__ void MV_BOUNDS matvec_batched(const unsigned long long* __
     if (bases[item] == 0ull) return;  // uniform across the CTA
     const bool active = row0 < rows;
     float acc[RPW];
-    warp_dot((const u8*)bases[item], rows, ne0, row0, X + (i64)item * x_stride, xs, wb_all[warp], lane, acc, active);
+    warp_dot((const u8*)(bases[item] & ~1ull), rows, ne0, row0, X + (i64)item * x_stride, xs, wb_all[warp], lane, acc, active);
     if (active && lane == 0) {
 #pragma unroll
         for (int r = 0; r < RPW; ++r) if (row0 + r < rows) Y[(i64)item * rows + row0 + r] = acc[r];

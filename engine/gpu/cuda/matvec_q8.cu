@@ -60,7 +60,7 @@ __device__ __forceinline__ Q8Planes q8_planes(const u8* __restrict__ base, const
 // sums S, M of the block's LPB lanes (lane_sums, then an xor butterfly: integers, exact in any order), every lane of
 // the group holding them; all 0 when !on (b past the row: the lanes still take part in the shuffles).
 __device__ __forceinline__ void q8_block_sums(const Q8Planes& P, const i64 row, const int b, const int p,
-                                              const bool on, float* dw, float* dm, int* S, int* M) {
+                                              const bool on, float* dw, float* dm, int* S, int* M, const bool wide) {
     *dw = 0.0f;
     *dm = 0.0f;
     *S = 0;
@@ -69,7 +69,7 @@ __device__ __forceinline__ void q8_block_sums(const Q8Planes& P, const i64 row, 
         const i64 blk = row * P.nb + b;
         blk_scales(P.scales + blk * NF, P.payload + blk * PB, dw, dm);
         lane_sums(P.scales + blk * NF, P.payload + blk * PB, P.aq + (i64)b * QK, P.as + (i64)b * (QK / 16),
-                  P.at + (i64)b * (QK / 32), p, S, M);
+                  P.at + (i64)b * (QK / 32), p, S, M, wide);
     }
 #pragma unroll
     for (int o = LPB / 2; o > 0; o >>= 1) {
@@ -83,7 +83,7 @@ __device__ __forceinline__ void q8_block_sums(const Q8Planes& P, const i64 row, 
 // Part `part` of `split` of row `row`'s block terms into T[b] (and T[nb + b], the min terms).
 __device__ __forceinline__ void q8_row_terms(const u8* __restrict__ base, const i64 rows, const int ne0, const i64 row,
                                              const u8* __restrict__ act, const int lane, const int part,
-                                             const int split, float* T) {
+                                             const int split, float* T, const bool wide) {
     const Q8Planes P = q8_planes(base, rows, ne0, act);
     const int nb = P.nb;
     const int g = lane / LPB, p = lane % LPB;
@@ -93,7 +93,7 @@ __device__ __forceinline__ void q8_row_terms(const u8* __restrict__ base, const 
         const float dx = on ? P.ad[b] : 0.0f;
         float dw, dm;
         int S, M;
-        q8_block_sums(P, row, b, p, on, &dw, &dm, &S, &M);
+        q8_block_sums(P, row, b, p, on, &dw, &dm, &S, &M, wide);
         if (on && p == 0) {
 #if Q8_FMT == 1
             T[b] = (dw * dx) * (float)S;
@@ -136,7 +136,7 @@ __device__ __forceinline__ float q8_row_sum(const float* T, const int nb, const 
 // lane returns the same bits. (Two rows a warp sharing the activation loads was measured slower: docs/DESIGN.md
 // "Kernel launch shapes".)
 __device__ __forceinline__ float q8_row_direct(const u8* __restrict__ base, const i64 rows, const int ne0, const i64 row,
-                                               const u8* __restrict__ act, const int lane) {
+                                               const u8* __restrict__ act, const int lane, const bool wide) {
     const Q8Planes P = q8_planes(base, rows, ne0, act);
     const int nb = P.nb;
     const int g = lane / LPB, p = lane % LPB;
@@ -151,7 +151,7 @@ __device__ __forceinline__ float q8_row_direct(const u8* __restrict__ base, cons
         const float dx = on ? P.ad[b] : 0.0f;
         float dw, dm;
         int S, M;
-        q8_block_sums(P, row, b, p, on, &dw, &dm, &S, &M);
+        q8_block_sums(P, row, b, p, on, &dw, &dm, &S, &M, wide);
 #if Q8_FMT == 1
         if (on) acc = acc + (dw * dx) * (float)S;  // lane group g holds acc[g]: a step covers 8 blocks from a multiple of 8
 #else
@@ -186,14 +186,16 @@ __device__ __forceinline__ float q8_row_direct(const u8* __restrict__ base, cons
 #endif
 }
 
-// y[row] = W[row, :] . act for the row of this warp's group (rows past the end still reach the barrier).
+// y[row] = W[row, :] . act for the row of this warp's group (rows past the end still reach the barrier); wide: the
+// weight is in device memory (q8_lane.cuh load_weight_words: wide loads), else a host-tier expert read over PCIe.
 __device__ __forceinline__ void q8_row(const u8* __restrict__ base, const i64 rows, const int ne0,
-                                       const u8* __restrict__ act, float* __restrict__ y, const int split) {
+                                       const u8* __restrict__ act, float* __restrict__ y, const int split,
+                                       const bool wide) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (split == 1) {  // uniform across the CTA
         const i64 row = (i64)blockIdx.x * Q8_WARPS + warp;
         if (row >= rows) return;  // whole warp
-        const float r = q8_row_direct(base, rows, ne0, row, act, lane);
+        const float r = q8_row_direct(base, rows, ne0, row, act, lane, wide);
         if (lane == 0) y[row] = r;
         return;
     }
@@ -202,7 +204,7 @@ __device__ __forceinline__ void q8_row(const u8* __restrict__ base, const i64 ro
     const int nb = ne0 / QK;
     float* T = q8_terms + (i64)rl * Q8_TERMS * nb;
     const bool live = row < rows;
-    if (live) q8_row_terms(base, rows, ne0, row, act, lane, part, split, T);
+    if (live) q8_row_terms(base, rows, ne0, row, act, lane, part, split, T, wide);
     __syncthreads();
     if (live && part == 0) {
         const float r = q8_row_sum(T, nb, lane);
@@ -214,17 +216,20 @@ __device__ __forceinline__ void q8_row(const u8* __restrict__ base, const i64 ro
 extern "C" __global__ void __launch_bounds__(32 * Q8_WARPS) matvec_q8(const u8* __restrict__ base, const i64 rows,
                                                                        const int ne0, const u8* __restrict__ act,
                                                                        float* __restrict__ y, const int split) {
-    q8_row(base, rows, ne0, act, y, split);
+    q8_row(base, rows, ne0, act, y, split, true);
 }
 
 // Y[item, row] = W_item[row, :] . act_item, act_item = act + item * act_stride bytes (0: one activation for
-// all); W_item at bases[item] (engine form); base 0 = skipped (an expert-cache miss the host fills).
+// all); W_item at bases[item] (engine form); base 0 = skipped (an expert-cache miss the host fills); bit 0 set = a
+// host-tier expert read over PCIe (fused.cu moe_route tags it: the addresses are even), read with word loads.
 extern "C" __global__ void __launch_bounds__(32 * Q8_WARPS) matvec_q8_batched(
     const unsigned long long* __restrict__ bases, const i64 rows, const int ne0, const u8* __restrict__ act,
     const i64 act_stride, float* __restrict__ Y, const int split) {
     const int item = blockIdx.y;
-    if (bases[item] == 0ull) return;  // uniform across the CTA
-    q8_row((const u8*)bases[item], rows, ne0, act + (i64)item * act_stride, Y + (i64)item * rows, split);
+    const unsigned long long b = bases[item];
+    if (b == 0ull) return;  // uniform across the CTA
+    q8_row((const u8*)(b & ~1ull), rows, ne0, act + (i64)item * act_stride, Y + (i64)item * rows, split,
+           (b & 1ull) == 0ull);
 }
 
 // Y_item = W_item . act for up to 4 weights of one type and row length on one activation (q, k, v; gate, up):
@@ -239,5 +244,5 @@ extern "C" __global__ void __launch_bounds__(32 * Q8_WARPS) matvec_q8_group(
     const unsigned long long outp = item == 0 ? o0 : item == 1 ? o1 : item == 2 ? o2 : o3;
     const i64 n = item == 0 ? r0 : item == 1 ? r1 : item == 2 ? r2 : r3;
     if ((i64)blockIdx.x * (Q8_WARPS / split) >= n) return;  // uniform across the CTA
-    q8_row((const u8*)base, n, ne0, act, (float*)outp, split);
+    q8_row((const u8*)base, n, ne0, act, (float*)outp, split, true);
 }

@@ -5,10 +5,10 @@
 #define HAS_MIN 0
 __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict__ q, const i8* __restrict__ y,
                                           const i16* __restrict__ ys, const i16* __restrict__ yt, const int p,
-                                          int* S, int* M) {
+                                          int* S, int* M, const bool wide) {
     (void)sc; (void)ys; (void)yt;
     u32 w[2], yv[2];
-    load_words_v(q + 8 * (p & 1), w, 8);
+    load_weight_words(wide, q + 8 * (p & 1), w, 8);
     load_words_v((const u8*)(y + 8 * p), yv, 8);
     const int sh = 4 * (p >> 1);
     u32 v[2] = {0u, 0u};

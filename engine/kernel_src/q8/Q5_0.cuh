@@ -7,7 +7,8 @@
 #define HAS_MIN 0
 __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict__ q, const i8* __restrict__ y,
                                           const i16* __restrict__ ys, const i16* __restrict__ yt, const int p,
-                                          int* S, int* M) {
+                                          int* S, int* M, const bool wide) {
+    (void)wide;
     (void)sc; (void)ys; (void)yt;
     u32 w[2], yv[2], qh;
     load_words(q, &qh, 4);

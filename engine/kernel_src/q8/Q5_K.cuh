@@ -6,12 +6,12 @@
 #define HAS_MIN 1
 __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict__ blk, const i8* __restrict__ y,
                                           const i16* __restrict__ ys, const i16* __restrict__ yt, const int p,
-                                          int* S, int* M) {
+                                          int* S, int* M, const bool wide) {
     (void)sc; (void)ys;
     const int j = p >> 1, h = p & 1;
     u32 w[4], hb[4], s[3], yl[4], yh[4];
-    load_words_v(blk + 48 + 32 * j + 16 * h, w, 16);
-    load_words_v(blk + 16 + 16 * h, hb, 16);
+    load_weight_words(wide, blk + 48 + 32 * j + 16 * h, w, 16);
+    load_weight_words(wide, blk + 16 + 16 * h, hb, 16);
     load_words(blk + 4, s, 12);
     load_words_v((const u8*)(y + 64 * j + 16 * h), yl, 16);
     load_words_v((const u8*)(y + 64 * j + 32 + 16 * h), yh, 16);
@@ -31,8 +31,6 @@ __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict_
 }
 __device__ __forceinline__ void blk_scales(const float* sc, const u8* __restrict__ blk, float* dw, float* dm) {
     (void)sc;
-    u32 dd;
-    load_words(blk, &dd, 4);  // fp16 d and dmin in one word (every lane of the block reads the same one)
-    *dw = h2f(dd & 0xffffu);
-    *dm = h2f(dd >> 16);
+    *dw = h2f(ld16(blk));
+    *dm = h2f(ld16(blk + 2));
 }

@@ -8,7 +8,8 @@
 #define HAS_MIN 0
 __device__ __forceinline__ void lane_sums(const float* sc, const u8* __restrict__ blk, const i8* __restrict__ y,
                                           const i16* __restrict__ ys, const i16* __restrict__ yt, const int p,
-                                          int* S, int* M) {
+                                          int* S, int* M, const bool wide) {
+    (void)wide;
     (void)sc; (void)ys; (void)yt;
     const int h = p >> 2, l0 = 8 * (p & 3);
     u32 qa[2], qb[2], qh[2], sw[2];
