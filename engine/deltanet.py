@@ -356,6 +356,8 @@ def delta_rule_rows(xp, H, Z, BA, S, dt_bias, ssm_a, norm_w, d: DeltaNetDims, ch
     (tests/test_engine_deltanet.py), ``S`` ``[dt_rank, d_state, d_state]`` is updated in place to the last position's.
     Returns ``[T, value_dim]`` f32 (the gated norm applied: step 6)."""
     T = H.shape[0]
+    if T == 0:
+        return xp.zeros((0, d.value_dim), dtype=xp.float32)
     beta, g, q, k, v = _gates_heads(xp, H, BA, dt_bias, ssm_a, d)
     # the CPU substitutes row by row, sub-chunk after sub-chunk (its values checked against llama.cpp's fixtures); a
     # device takes every sub-chunk's state-free part at once (_sub_chunks_batched)

@@ -184,59 +184,67 @@ def decode(
         model.launch(ids[pos], pos, state, logits=pos >= n_prompt - 1)
         return t
 
-    for pos in range(start, last):
-        emit = pos >= n_prompt - 1  # the last prompt position and every generated one
-        if queued_at is not None:
-            t0, queued_at = queued_at, None
-            logits = model.wait()
-        elif ahead:
-            t0 = queue(pos)
-            logits = model.wait()
-        else:
-            if guard is not None:
-                guard()
-            t0 = time.perf_counter()
-            if probe is not None:
-                probe.begin()
-            logits = model.step(ids[pos], pos, state, logits=emit)
-        pairs = None
-        if emit and summary is not None:
-            bad, pairs = summary()
-            if bad:
-                raise NonFiniteLogits(pos, to_host(logits).astype(np.float32, copy=False))
-        elif emit:
-            row = to_host(logits).astype(np.float32, copy=False)
-            if not np.isfinite(row).all():
-                raise NonFiniteLogits(pos, row)
-        timers = probe.end() if probe is not None else {}
-        t1 = time.perf_counter()
-        st = StepStat(
-            position=pos,
-            phase="prompt" if not emit else ("first" if pos == n_prompt - 1 else "decode"),
-            token_in=ids[pos],
-            forward_ms=(t1 - t0) * 1000,
-            **timers,
-        )
-        if emit:
-            if pairs is not None:
-                tok = pairs[0][0]
+    try:
+        for pos in range(start, last):
+            emit = pos >= n_prompt - 1  # the last prompt position and every generated one
+            if queued_at is not None:
+                t0, queued_at = queued_at, None
+                logits = model.wait()
+            elif ahead:
+                t0 = queue(pos)
+                logits = model.wait()
             else:
-                # a sampler with penalties reads the history (the prompt and the tokens so far)
-                tok = pick(row, ids) if getattr(pick, "penalized", False) is True else pick(row)
-                pairs = top_k_pairs(row, TOP_K_RECORDED)
-            top.append(pairs)
-            ids.append(tok)
-            out.append(tok)
-            st.token_out = tok
-            st.sample_ms = (time.perf_counter() - t1) * 1000
-        if ahead and pos + 1 < last and not (emit and out[-1] in stop_ids):
-            queued_at = queue(pos + 1)
-        finish(st)
-        if emit and t_first is None:
-            t_first = time.perf_counter()
-        if emit and out[-1] in stop_ids:
-            stop = "eog"
-            break
+                if guard is not None:
+                    guard()
+                t0 = time.perf_counter()
+                if probe is not None:
+                    probe.begin()
+                logits = model.step(ids[pos], pos, state, logits=emit)
+            pairs = None
+            if emit and summary is not None:
+                bad, pairs = summary()
+                if bad:
+                    raise NonFiniteLogits(pos, to_host(logits).astype(np.float32, copy=False))
+            elif emit:
+                row = to_host(logits).astype(np.float32, copy=False)
+                if not np.isfinite(row).all():
+                    raise NonFiniteLogits(pos, row)
+            timers = probe.end() if probe is not None else {}
+            t1 = time.perf_counter()
+            st = StepStat(
+                position=pos,
+                phase="prompt" if not emit else ("first" if pos == n_prompt - 1 else "decode"),
+                token_in=ids[pos],
+                forward_ms=(t1 - t0) * 1000,
+                **timers,
+            )
+            if emit:
+                if pairs is not None:
+                    tok = pairs[0][0]
+                else:
+                    # a sampler with penalties reads the history (the prompt and the tokens so far)
+                    tok = pick(row, ids) if getattr(pick, "penalized", False) is True else pick(row)
+                    pairs = top_k_pairs(row, TOP_K_RECORDED)
+                top.append(pairs)
+                ids.append(tok)
+                out.append(tok)
+                st.token_out = tok
+                st.sample_ms = (time.perf_counter() - t1) * 1000
+            if ahead and pos + 1 < last and not (emit and out[-1] in stop_ids):
+                try:
+                    queued_at = queue(pos + 1)
+                except BaseException:  # guard() refused the next step: this one is still reported first
+                    finish(st)
+                    raise
+            finish(st)
+            if emit and t_first is None:
+                t_first = time.perf_counter()
+            if emit and out[-1] in stop_ids:
+                stop = "eog"
+                break
+    finally:  # an exception (a report that raised, ^C) leaves no step queued for the next run to count
+        if queued_at is not None:
+            model.wait()
     t_end = time.perf_counter()
     return out, top, steps, stop, t_first if t_first is not None else t_end, t_end
 

@@ -251,7 +251,7 @@ class ResolvedOptions(EngineOptions):
             profile_pairs=self.profile,
             expert_cache=expert_cache,
             miss_tier=self.miss_tier,
-            cache_policy=self.cache_policy,
+            cache_policy="class" if self.learns else "fill",  # auto as this run resolves it (--resident included)
             ubatch=self.ubatch,
         )
 

@@ -136,3 +136,12 @@ def test_device_sub_chunks_batched_equal_substitution(T, chunk):
     assert dev.shape == cpu.shape == (T, DIMS.value_dim)
     assert np.max(np.abs(dev - cpu)) <= 1e-5 * np.max(np.abs(cpu))
     assert np.max(np.abs(S_dev - S_cpu)) <= 1e-5 * max(1.0, float(np.max(np.abs(S_cpu))))
+
+
+@pytest.mark.parametrize("xp", [np, NP_AS_DEVICE], ids=["cpu-substitution", "device-batched"])
+def test_an_empty_chunk_leaves_the_state(xp):
+    rng = np.random.default_rng(1)
+    H, Z, BA, dt, ssm_a, nw, S0 = _inputs(0, rng)
+    S = S0.copy()
+    out = delta_rule_rows(xp, H, Z, BA, S, dt, ssm_a, nw, DIMS)
+    assert out.shape == (0, DIMS.value_dim) and np.array_equal(S, S0)

@@ -101,3 +101,46 @@ def test_ahead_queues_nothing_past_a_stop_token(qwen3moe_pack):
     launches = [e[1] for e in log if e[0] == "launch"]
     assert launches == list(range(len(PROMPT) + k))  # the step that made the stop token is the last one run
     assert [e for e in log if e[0] != "report"][-1] == ("wait",)  # and it was waited for
+
+
+def test_an_exception_in_a_report_leaves_no_step_queued(qwen3moe_pack):
+    """on_step raising (a broken pipe, ^C) while the next step is queued: that step is waited for before the exception
+    leaves decode(), so nothing is queued for the next run to count - whose counts are then a fresh run's."""
+    engine = _engine(qwen3moe_pack, "fill")
+    dec = engine.model
+
+    def boom(st):
+        if st.position == len(PROMPT) + 2:
+            raise KeyboardInterrupt
+
+    engine.experts.reset_counts()
+    with pytest.raises(KeyboardInterrupt):
+        decode(dec, engine.state, PROMPT, 10, Sampler(), experts=engine.experts, on_step=boom)
+    assert dec._queued is None
+    engine.experts.reset_counts()
+    *_, steps, _stop, _a, _b = decode(dec, engine.state, PROMPT, 4, Sampler(), experts=engine.experts)
+    K = engine.model.hp.n_expert_used
+    assert [s.expert_hits + s.expert_misses for s in steps] == [3 * K] * len(steps)  # 3 MoE layers, K each
+
+
+def test_a_refused_next_step_still_reports_this_one(qwen3moe_pack):
+    """guard() (a mapped file changed) refusing the step queued ahead: the position that ended is reported first, as
+    the plain loop reports it before its next guard()."""
+    from strata.engine.errors import GenerateError
+
+    def reported(ahead: bool) -> list[int]:
+        engine = _engine(qwen3moe_pack, "fill")
+        spy, calls, seen = _Spy(engine.model, ahead), [0], []
+
+        def guard():
+            calls[0] += 1
+            if calls[0] == len(PROMPT) + 3:
+                raise GenerateError("file changed")
+
+        with pytest.raises(GenerateError, match="file changed"):
+            decode(spy, engine.state, PROMPT, 10, Sampler(), experts=engine.experts, guard=guard,
+                   on_step=lambda st: seen.append(st.position))  # fmt: skip
+        assert engine.model._queued is None
+        return seen
+
+    assert reported(True) == reported(False) == list(range(len(PROMPT) + 2))

@@ -227,6 +227,11 @@ def test_measure_counts_the_scratch_slots_pair_in_the_host_tier(pack):
     assert b.host_tier_bytes == b.host_tier_predicted_bytes == 18 * slot
     assert a.host_tier_bytes == a.host_tier_predicted_bytes == 19 * slot
     assert c.host_tier_bytes == c.host_tier_predicted_bytes == 19 * slot
+    # auto with --resident pinning the fill keeps it (no scratch): the plan says the same
+    d = measure_pack(
+        str(pack), backend=SimBackend(), device="cuda", n_ctx=64, expert_cache=6, miss_tier="pcie", resident="half"
+    )
+    assert d.scratch_slots == 0 and d.host_tier_bytes == d.host_tier_predicted_bytes == 18 * slot
     assert any("scratch slot leaves out" in n for n in a.notes)
 
 

@@ -492,6 +492,8 @@ def test_cuda_stats_gpu_floor_is_the_devices_own_work(packs, tier):
     eng = load_engine(
         packs["moe"], device="cuda", ubatch=1, n_ctx=64, expert_cache=12, miss_tier=tier, cache_policy="fill"
     )
+    generate(eng, prompt_ids=PROMPT, n_tokens=3, ignore_eos=True)
+    assert eng.decoder.busy_events is None  # no segment events without --stats
     r = generate(eng, prompt_ids=PROMPT, n_tokens=6, ignore_eos=True, stats=True)
     for s in r.steps:
         assert s.gpu_ms is not None and s.busy_ms is not None and 0 < s.busy_ms <= s.gpu_ms

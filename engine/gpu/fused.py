@@ -550,8 +550,9 @@ class FusedDecoder:
         """After a step: the device's own work in it, milliseconds - the **floor** with no host work (issue 19 item 6).
         The one-graph step never waits for the host: its event span ``span_ms``. The hybrid step: the sum of its
         graph segments' spans (events recorded around each by :meth:`busy_on`), i.e. the span less the time the device
-        sat idle while the host read a layer's routing and computed or copied its misses. None where nothing is
-        timed (the sim; eager launches)."""
+        sat idle while the host read a layer's routing and computed or copied its misses (the one-graph span also
+        holds the embedding row's copy queued before the graph). None on the sim, and for a hybrid step launched
+        eagerly (``--no-graph``: no segment events)."""
         if span_ms is None or not self.cuda:
             return None
         if not self.hybrid:

@@ -430,10 +430,10 @@ class GpuStepProbe:
         self.experts = experts
         self.span = backend.span_timer()
         self.decoder = decoder
-        if decoder is not None:
-            decoder.busy_on()
 
     def begin(self) -> None:
+        if self.decoder is not None:
+            self.decoder.busy_on()  # (once: the hybrid step's segment events, only in runs with --stats)
         layers.HostWait.take()
         if self.experts is not None:
             self.experts.take_cpu_ms()
