@@ -35,6 +35,21 @@ def learns(policy: str, profile: bool) -> bool:
     return policy == "class" or (policy == "auto" and not profile)
 
 
+def class_refusal(tier_on: bool, slots: int, pairs: int, no_tier: str) -> str | None:
+    """Why the class rule cannot run on a cache of ``slots`` slots of ``pairs`` (layer, expert) pairs, or None (it
+    can, or has nothing to learn: ``slots >= pairs``): misses going to the CPU (``tier_on`` False; ``no_tier`` says
+    why) - it swaps with the host tier - or fewer than 2 slots - one is its swap scratch. The one rule of
+    ``strata-budget check`` (which refuses ``--cache-policy class`` there) and the engine (which refuses ``class`` and
+    keeps the fill under ``auto``: :func:`strata.engine.gpu.fused_moe.check_policy`)."""
+    if slots >= pairs:
+        return None
+    if not tier_on:
+        return f"needs the host tier to swap experts with, and misses here go to the CPU ({no_tier})"
+    if slots < 2:
+        return f"keeps one of the cache's slots as its swap scratch: {slots} slot(s) leave none for experts"
+    return None
+
+
 def pair_key(layer: int, expert: int) -> int:
     """The key of ``(layer, expert)`` (:data:`PAIR_KEY`)."""
     return int(layer) * PAIR_KEY + int(expert)
@@ -152,6 +167,7 @@ __all__ = [
     "DEFAULT_DECAY",
     "PAIR_KEY",
     "DecayedFrequency",
+    "class_refusal",
     "key_pair",
     "learns",
     "pair_key",

@@ -253,6 +253,10 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     size = tier_size or F.size_expert_cache(free, reserve + bind, blob, cap, o.expert_cache, cap_what=cap_what)
     slots_fit, refused = size.slots_fit, size.refused
     slots = size.slots if refused is None else o.expert_cache
+    why = CP.class_refusal(tier_on, slots, facts.expert_pairs, f"--miss-tier {o.miss_tier}" if o.miss_tier == "cpu"
+                           else "the host tier's mapping does not fit, or the decode path has none")  # fmt: skip
+    if o.engine == "strata" and o.cache_policy == "class" and refused is None and why is not None:  # as the engine
+        raise PlanInputError(f"--cache-policy class {why}", tensor="--cache-policy", found="class", required="fill")
     warnings: list[str] = []
     if o.profile_pairs is not None:
         fill = F.fill_profile(o.profile_pairs, LX.expert_capacity(facts.expert_pairs, slots, scratch and tier_on))
@@ -267,17 +271,8 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
             ],
         )
     cache = slots * blob
-    terms.append(
-        Term(
-            name="expert cache",
-            bytes=cache,
-            detail=(
-                f"{slots} slots x {blob} B (largest expert, engine form)"
-                if facts.expert_layers
-                else "no routed experts"
-            ),
-        )
-    )
+    detail = f"{slots} slots x {blob} B (largest expert, engine form)" if facts.expert_layers else "no routed experts"
+    terms.append(Term(name="expert cache", bytes=cache, detail=detail))
     if tier_on:
         terms.append(
             Term(

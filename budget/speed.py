@@ -35,6 +35,9 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
+from strata.layout import experts as LX
+
+from .cache_policy import learns
 from .errors import PlanInputError
 from .options import SPEED_RANGES, speed_value_error
 
@@ -130,8 +133,13 @@ def plan_decode_speed(plan, facts, step_ms: float, pcie_gbs: float | None) -> De
     pairs = len(layers) * facts.n_expert
     if plan.profile is not None:
         rate, basis = plan.profile.expected_hit_rate, "the profile's prediction, in-sample"
-    elif pairs:
-        rate, basis = min(plan.slots, pairs) / pairs, f"{min(plan.slots, pairs)} of {pairs} pairs resident, no profile"
+    elif pairs:  # the experts the slots hold: less the learning cache's swap scratch (a lower bound: it learns)
+        learning = plan.host_tier_bytes > 0 and learns(plan.options.cache_policy, False)
+        held = min(LX.expert_capacity(pairs, plan.slots, learning), pairs)
+        rate = held / pairs
+        basis = f"{held} of {pairs} pairs resident, no profile" + (
+            " (a lower bound: the cache learns while decoding)" if learning else ""
+        )
     else:
         rate, basis = 1.0, "no routed experts"
     if plan.options.engine != "strata":

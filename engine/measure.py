@@ -401,10 +401,11 @@ def _generate(a: Measurement, eng, prompt: str, n_tokens: int) -> None:
         "hit_rate_measured": r.expert_hits / sel if sel else None,
     }
     profile = eng.options.profile
-    if profile is not None and eng.gpu.slot_plan is not None:
-        gen["hit_rate_predicted_engine_slots"] = F.fill_profile(profile, eng.gpu.slot_plan.slots).hit_rate
+    if profile is not None and eng.gpu.slot_plan is not None:  # at the experts the slots hold (less a swap scratch)
+        held = eng.gpu.slot_plan.slots - a.scratch_slots
+        gen["hit_rate_predicted_engine_slots"] = F.fill_profile(profile, held).hit_rate
         if a.predicted_slots is not None:
-            gen["hit_rate_predicted_plan"] = F.fill_profile(profile, a.predicted_slots).hit_rate
+            gen["hit_rate_predicted_plan"] = F.fill_profile(profile, a.predicted_slots - a.scratch_slots).hit_rate
     a.generation = gen
 
 
@@ -430,7 +431,7 @@ def _speed(a: Measurement, facts, step_ms: float, pcie_gbs: float | None) -> Non
     pairs = len(layers) * facts.n_expert
     engine_rate = gn.get("hit_rate_predicted_engine_slots")
     if engine_rate is None:
-        engine_rate = min(a.slots, pairs) / pairs if pairs else 1.0
+        engine_rate = min(a.slots - a.scratch_slots, pairs) / pairs if pairs else 1.0
     blobs = [L.blob_engine_bytes for L in layers]
     try:
         for key, rate, basis in (

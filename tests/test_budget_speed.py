@@ -117,8 +117,9 @@ def test_budget_check_predicts_from_the_resident_fraction(moe_pack):
     assert code == 0 and d["slots"] == 24
     p = d["decode_prediction"]
     assert p["tok_s"] == 250.0 and p["hit_rate"] == 1.0 and p["hit_basis"] == "24 of 24 pairs resident, no profile"
-    # 3 of 24 pairs resident: 1/8 hits; the misses a token and their bytes from the plan's layers and K
-    code, out = _check(moe_pack, "--card", "24G", "--ctx", 64, "--expert-cache", 3, "--step-ms", 4, "--pcie-gbs", 25)
+    # 3 of 24 pairs resident (the fill): 1/8 hits; the misses a token and their bytes from the plan's layers and K
+    args = ("--card", "24G", "--ctx", 64, "--expert-cache", 3, "--step-ms", 4, "--pcie-gbs", 25)
+    code, out = _check(moe_pack, *args, "--cache-policy", "fill")
     assert code == 0
     k, blobs = _blobs(moe_pack)
     assert (k, len(blobs)) == (2, 3)  # the synthetic qwen3moe: 3 MoE layers of 8 experts, 2 a token
@@ -127,13 +128,17 @@ def test_budget_check_predicts_from_the_resident_fraction(moe_pack):
     line = " ".join(out.split())
     assert f"decode (predicted): {want.tok_s:.1f} tok/s = step 4.00 ms + {want.misses_per_token:.1f} misses" in line
     assert "hit rate 12.5% (3 of 24 pairs resident, no profile)" in line
+    # the default (auto, no profile: the cache learns) keeps a slot as its swap scratch: 2 experts held, a lower bound
+    code, out = _check(moe_pack, *args)
+    line = " ".join(out.split())
+    assert code == 0 and "hit rate 8.3% (2 of 24 pairs resident, no profile (a lower bound: the cache learns" in line
 
 
 @pytest.mark.parametrize(
     "args, msg",
     [
         (["--pcie-gbs", 50], "--pcie-gbs 50 without --step-ms"),
-        (["--expert-cache", 3, "--step-ms", 4], "misses a token at a 12.5% hit rate cross PCIe: give --pcie-gbs"),
+        (["--expert-cache", 3, "--step-ms", 4], "misses a token at a 8.3% hit rate cross PCIe: give --pcie-gbs"),
         (["--expert-cache", 3, "--step-ms", 4, "--pcie-gbs", 9, "--miss-tier", "cpu"], "--miss-tier cpu: the predic"),
         (["--step-ms", -2], "--step-ms -2: outside 0.001 to 1e+06 ms"),
         (["--step-ms", "inf"], "--step-ms inf: outside 0.001 to 1e+06 ms"),
@@ -168,7 +173,8 @@ def test_measure_sets_the_measured_rate_beside_the_prediction(moe_pack):
     k, blobs = _blobs(moe_pack)
     want = predict_decode(step_ms=4, pcie_gbs=50, hit_rate=rate, hit_basis="", n_expert_used=k, blob_bytes=blobs)
     assert g["decode_tok_s_predicted_at_measured_hits"] == want.tok_s
-    pred = predict_decode(step_ms=4, pcie_gbs=50, hit_rate=6 / 24, hit_basis="", n_expert_used=k, blob_bytes=blobs)
+    # 6 slots, the default policy learning: 5 experts held beside the swap scratch
+    pred = predict_decode(step_ms=4, pcie_gbs=50, hit_rate=5 / 24, hit_basis="", n_expert_used=k, blob_bytes=blobs)
     assert g["decode_tok_s_predicted"] == pred.tok_s
     r = CliRunner().invoke(engine_main, [*map(str, base), "--step-ms", "4", "--pcie-gbs", "50"])
     assert "decode speed: measured" in r.output and f"predicted {pred.tok_s:.2f} tok/s at the predicted hit rate" in (

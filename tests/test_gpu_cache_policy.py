@@ -243,7 +243,11 @@ def test_refusals_name_the_numbers_and_a_refused_swap_moves_nothing(pack):
 
     def asked(policy, profile=None):  # the options check_policy reads
         return types.SimpleNamespace(
-            cache_policy=policy, learns=learns(policy, profile is not None), profile=profile, resident="all"
+            cache_policy=policy,
+            learns=learns(policy, profile is not None),
+            profile=profile,
+            resident="all",
+            miss_tier="auto",
         )
 
     note: dict = {}
@@ -261,8 +265,10 @@ def test_refusals_name_the_numbers_and_a_refused_swap_moves_nothing(pack):
     assert check_policy(asked("auto", [(0, 1, 5)]), True, 6, 24, "", note) is False
     assert note["cache policy"].startswith("auto: fill (the profile")
     assert check_policy(asked("auto"), False, 6, 24, "cpu (no room)", note) is False
-    assert note["cache policy"] == "auto: fill (swaps experts between the VRAM slots and the host tier, and misses " \
-        "here go to the CPU (cpu (no room)))"  # fmt: skip
+    assert note["cache policy"] == (
+        "auto: fill (the class rule needs the host tier to swap experts with, and misses here go to the CPU (cpu "
+        "(no room)))"
+    )
     assert check_policy(asked("auto"), True, 1, 24, "", note) is False and "1 slot(s)" in note["cache policy"]
     eng = _engine(pack, "sim", n_ctx=64, ubatch=8, expert_cache=6, miss_tier="pcie", cache_policy="class")
     moe, cache, tier = eng.decoder.moe, eng.experts.cache, eng.experts.tier
@@ -303,3 +309,13 @@ def test_capacity_rule_and_the_plan(pack):
 
     fill, learn, auto = tier("--cache-policy", "fill"), tier("--cache-policy", "class"), tier()
     assert fill % 18 == 0 and learn == fill // 18 * 19 == auto  # auto without a profile: the class policy's tier
+    # refused where the engine refuses it (budget.cache_policy.class_refusal: one rule), with the reason; auto plans
+    for extra, why in (
+        (["--miss-tier", "cpu"], "misses here go to the CPU (--miss-tier cpu)"),
+        (["--expert-cache", "1"], "1 slot(s) leave none for experts"),
+    ):
+        args = ["check", str(pack), "--engine", "strata", "--card", "24G", "--expert-cache", "6", *extra]
+        r = CliRunner().invoke(budget_main, [*args, "--cache-policy", "class"])
+        assert r.exit_code == 2 and f"--cache-policy class {'needs' if 'CPU' in why else 'keeps'}" in r.output
+        assert why in r.output, r.output
+        assert CliRunner().invoke(budget_main, args).exit_code == 0  # auto: the fill there

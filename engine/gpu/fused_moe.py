@@ -75,25 +75,16 @@ def check_policy(opts, tier_on: bool, slots: int, pairs: int, miss_tier: str, no
     if slots >= pairs:
         note["cache policy"] = f"{policy}: nothing to learn ({slots} slots hold all {pairs} pairs)"
         return False
-    why = None
-    if not tier_on:
-        why = (
-            f"--cache-policy class swaps experts between the VRAM slots and the host tier, and misses here go to "
-            f"the CPU ({miss_tier or 'no host tier'})"
-        )
-    elif slots < 2:
-        why = (
-            f"--cache-policy class keeps one of the cache's slots as its swap scratch: {slots} slot(s) leave none "
-            "for experts"
-        )
+    no_tier = miss_tier or ("--miss-tier cpu" if opts.miss_tier == "cpu" else "no host tier")
+    why = CP.class_refusal(tier_on, slots, pairs, no_tier)
     if why is None:
         if policy == "auto":
             note["cache policy"] = "auto: class (no profile: misses read over PCIe are swapped in as they get hot)"
         return True
     if policy == "auto":
-        note["cache policy"] = f"auto: fill ({why.removeprefix('--cache-policy class ')})"
+        note["cache policy"] = f"auto: fill (the class rule {why})"
         return False
-    raise ExpertCacheError(f"{why}; refusing (--cache-policy fill keeps the fill)")
+    raise ExpertCacheError(f"--cache-policy class {why}; refusing (--cache-policy fill keeps the fill)")
 
 
 class MoeStep:
