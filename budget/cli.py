@@ -278,6 +278,12 @@ def check(
                 _fail(e if isinstance(e, BudgetInputError) else f"{pack}: cannot plan the pack: {e}", as_json, t0)
     if plan is not None:
         plan.warnings += host_ram_warnings(plan, host_ram_bytes())
+        if engine != "strata":  # strata's engine's options, asked of another engine's plan: said, not silently dropped
+            plan.warnings += [
+                f"{opt} {val}: an option of strata's engine (--engine strata); not used with --engine {engine}"
+                for opt, val in (("--miss-tier", miss_tier), ("--cache-policy", cache_policy))
+                if val != "auto"
+            ]
     if gguf is not None:
         audit.pack = str(gguf)
         audit.planned_from = "gguf header"

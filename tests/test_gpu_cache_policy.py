@@ -319,3 +319,9 @@ def test_capacity_rule_and_the_plan(pack):
         assert r.exit_code == 2 and f"--cache-policy class {'needs' if 'CPU' in why else 'keeps'}" in r.output
         assert why in r.output, r.output
         assert CliRunner().invoke(budget_main, args).exit_code == 0  # auto: the fill there
+    # another engine's plan: strata's options are said to be unused, not dropped silently
+    args = ["check", str(pack), "--engine", "cpp", "--card", "24G", "--cache-policy", "class", "--miss-tier", "cpu"]
+    r = CliRunner().invoke(budget_main, args)
+    text = " ".join(r.output.split())
+    assert r.exit_code == 0 and "--cache-policy class: an option of strata's engine (--engine strata); not used" in text
+    assert "--miss-tier cpu: an option of strata's engine" in text
