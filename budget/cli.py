@@ -37,6 +37,7 @@ from .options import (
     speed_option_error,
     speed_options,
     ubatch_plan_option,
+    unused_options,
 )
 from .plan import DEFAULT_PREFILL_CHUNK, Plan, PlanOptions, make_plan
 from .profile import check_profile_model, read_profile
@@ -277,13 +278,7 @@ def check(
             if audit.ok:
                 _fail(e if isinstance(e, BudgetInputError) else f"{pack}: cannot plan the pack: {e}", as_json, t0)
     if plan is not None:
-        plan.warnings += host_ram_warnings(plan, host_ram_bytes())
-        if engine != "strata":  # strata's engine's options, asked of another engine's plan: said, not silently dropped
-            plan.warnings += [
-                f"{opt} {val}: an option of strata's engine (--engine strata); not used with --engine {engine}"
-                for opt, val in (("--miss-tier", miss_tier), ("--cache-policy", cache_policy))
-                if val != "auto"
-            ]
+        plan.warnings += host_ram_warnings(plan, host_ram_bytes()) + unused_options(engine, miss_tier, cache_policy)
     if gguf is not None:
         audit.pack = str(gguf)
         audit.planned_from = "gguf header"

@@ -155,6 +155,19 @@ def miss_tier_option(f):
 CACHE_POLICIES = ("auto", "fill", "class")
 
 
+def unused_options(engine: str, miss_tier: str, cache_policy: str) -> list[str]:
+    """``strata-budget check``'s warnings for strata's engine's options asked of another engine's plan (``--engine
+    cpp``): one line each for ``--miss-tier`` / ``--cache-policy`` set to other than their default - said, not
+    dropped silently. Empty for ``--engine strata``."""
+    if engine == "strata":
+        return []
+    return [
+        f"{opt} {val}: an option of strata's engine (--engine strata); not used with --engine {engine}"
+        for opt, val in (("--miss-tier", miss_tier), ("--cache-policy", cache_policy))
+        if val != "auto"
+    ]
+
+
 def cache_policy_option(f):
     """``--cache-policy`` (:data:`CACHE_POLICIES`) into ``cache_policy``: ``strata-engine`` runs it, ``strata-budget
     check --engine strata`` plans it (its scratch slot: :func:`strata.layout.experts.expert_capacity`)."""
@@ -290,6 +303,7 @@ class AliasChoice(click.Choice):
 __all__ = [
     "CACHE_POLICIES",
     "cache_policy_option",
+    "unused_options",
     "MISS_TIERS",
     "MISS_TIER_HELP",
     "miss_tier_option",
