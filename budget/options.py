@@ -140,15 +140,13 @@ MISS_TIER_HELP = (
 )
 
 
+def _auto_choice_option(name: str, dest: str, choices, help_text: str):
+    """A click option of ``choices`` whose default, shown, is ``auto`` (``--miss-tier``, ``--cache-policy``)."""
+    return click.option(name, dest, type=click.Choice(list(choices)), default="auto", show_default=True, help=help_text)
+
+
 def miss_tier_option(f):
-    return click.option(
-        "--miss-tier",
-        "miss_tier",
-        type=click.Choice(list(MISS_TIERS)),
-        default="auto",
-        show_default=True,
-        help=MISS_TIER_HELP,
-    )(f)
+    return _auto_choice_option("--miss-tier", "miss_tier", MISS_TIERS, MISS_TIER_HELP)(f)
 
 
 #: ``--cache-policy`` values (strata's engine): the start-up fill kept, or the decayed-frequency rule.
@@ -171,13 +169,11 @@ def unused_options(engine: str, miss_tier: str, cache_policy: str) -> list[str]:
 def cache_policy_option(f):
     """``--cache-policy`` (:data:`CACHE_POLICIES`) into ``cache_policy``: ``strata-engine`` runs it, ``strata-budget
     check --engine strata`` plans it (its scratch slot: :func:`strata.layout.experts.expert_capacity`)."""
-    return click.option(
+    return _auto_choice_option(
         "--cache-policy",
         "cache_policy",
-        type=click.Choice(list(CACHE_POLICIES)),
-        default="auto",
-        show_default=True,
-        help="strata's engine on a GPU: what the expert cache does while decoding. fill: the start-up fill (a "
+        CACHE_POLICIES,
+        "strata's engine on a GPU: what the expert cache does while decoding. fill: the start-up fill (a "
         "profile's, else layer order) stays. class: after each token a miss read from the host tier whose decayed "
         "count (0.95 a token) is above the coldest resident expert's is swapped into that expert's slot (the "
         "offline replay's 'class+bypass' policy, make bench-routing); needs the host tier (--miss-tier pcie / auto) "
