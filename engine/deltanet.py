@@ -38,7 +38,7 @@ import numpy as np
 
 from strata.manifests.names import tensor_name
 
-from .layers import rms_norm, sigmoid, silu
+from .layers import chunk_op, rms_norm, sigmoid, silu
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,8 @@ class GatedDeltaNet:
         cw = w.get(self.conv_w).reshape(d.conv_dim, d.d_conv)
         h = conv_silu_rows(xp, qkv, state.conv[self.il], cw)
         args = (state.ssm[self.il], w.get(self.dt_bias), w.get(self.a), w.get(self.norm), d)
-        return w.matmul(self.out, delta_rule_rows(xp, h, z, ba, *args))
+        o = delta_rule_rows(xp, h, z, ba, *args, inverse=chunk_op(w, "unit_lower_inverse"))
+        return w.matmul(self.out, o)
 
 
 def conv_silu(xp, qkv, cs, cw):
@@ -286,27 +287,31 @@ def _sub_chunks_substituted(xp, beta, g, q, k, v, S, chunk: int):
     return out
 
 
-def _sub_chunks_batched(xp, beta, g, q, k, v, S, chunk: int):
+def _sub_chunks_batched(xp, beta, g, q, k, v, S, chunk: int, inverse=None):
     """:func:`_sub_chunks_substituted`'s result with every sub-chunk's state-free part computed at once - what a GPU
     needs (a 512-position chunk of the 80B-A3B geometry spent 1.3 s in 288 sub-chunks' ~40 small launches each from
     Python: bench/results/h200-2026-12-02t-pp_profile.log). With ``St = S_0^T`` the sub-chunk's first state, ``Inv =
-    (I + A)^-1`` (:func:`unit_lower_inverse`, batched over heads and sub-chunks) and ``M = (q k^T) o decay``, the
-    solution ``D = Inv B`` of :func:`delta_rule_rows` splits as ``D = W - U St`` with ``W = Inv (beta v)``, ``U = Inv
-    (beta e^G k)``, so (``wk`` = the rows ``e^(G_C - G_j) k_j``)::
+    (I + A)^-1`` (batched over heads and sub-chunks: ``inverse(A)`` when given - the device's one-launch kernel,
+    :meth:`strata.engine.gpu.chunk.ChunkPath.unit_lower_inverse` - else :func:`unit_lower_inverse`) and ``M = (q k^T)
+    o decay``, the solution ``D = Inv B`` of :func:`delta_rule_rows` splits as ``D = W - U St`` with ``W = Inv (beta
+    v)``, ``U = Inv (beta e^G k)``, so (``wk`` = the rows ``e^(G_C - G_j) k_j``)::
 
-        o      = M W + (e^G q - M U) St              = P1 + P2 St
-        S_next = S (e^G_C I - U^T wk) + W^T wk       = S R + E
+        o       = M W + (e^G q - M U) St               = [e^G q - M U | M W] [St; I]
+        St_next = (e^G_C I - wk^T U) St + wk^T W       = [e^G_C I - wk^T U | wk^T W] [St; I]
 
-    P1, P2, R and E depend only on the sub-chunk's own rows: they are computed for all sub-chunks together, and the
-    sequential part is two products per sub-chunk. The last sub-chunk is padded with zero rows (``beta = g = 0``,
-    ``q = k = v = 0``: they add nothing to ``A``, ``W``, ``U``, ``wk``, and leave ``G`` as it is), their outputs
-    dropped. Same shapes and in-place update of ``S`` as :func:`_sub_chunks_substituted`; equal to the recurrence
-    within float rounding (tests/test_engine_deltanet.py runs this form on NumPy)."""
+    Both are one product with the same right operand ``Z = [St; I]`` (``[d_k + d_v, d_v]``): the left operands
+    ``[M; wk^T] [U | W]``, signs and the ``e^G q`` / ``e^G_C I`` blocks added, depend only on the sub-chunk's own rows
+    and are computed for all sub-chunks together; the sequential part is one product and one copy per sub-chunk. The
+    last sub-chunk is padded with zero rows (``beta = g = 0``, ``q = k = v = 0``: they add nothing to ``A``, ``U``,
+    ``W``, ``wk``, and leave ``G`` as it is), their outputs dropped. Same shapes and in-place update of ``S`` as
+    :func:`_sub_chunks_substituted`; equal to the recurrence within float rounding (tests/test_engine_deltanet.py runs
+    this form on NumPy)."""
     f32 = xp.float32
     T, h = g.shape
     n = chunk
     C = -(-T // n)
     pad = C * n - T
+    dk, dv = k.shape[2], v.shape[2]
 
     def blocks(a):  # [T, h, x] -> [h, C, n, x], zero rows appended to fill the last sub-chunk
         if pad:
@@ -320,24 +325,32 @@ def _sub_chunks_batched(xp, beta, g, q, k, v, S, chunk: int):
     decay = xp.exp(xp.where(lower, G[..., :, None] - G[..., None, :], f32(-xp.inf)))  # e^(G_t - G_j), 0 above
     eG = xp.exp(G)
     kT = kc.transpose(0, 1, 3, 2)
-    A = bc[..., None] * ((kc @ kT) * decay) * xp.tril(xp.ones((n, n), dtype=f32), -1)
-    Inv = unit_lower_inverse(xp, A.reshape(h * C, n, n)).reshape(h, C, n, n)
-    W = Inv @ (bc[..., None] * vc)
-    U = Inv @ ((bc * eG)[..., None] * kc)
-    M = (qc @ kT) * decay
-    P1 = M @ W
-    P2 = eG[..., None] * qc - M @ U
-    wk = xp.exp(G[..., -1:] - G)[..., None] * kc
-    R = eG[..., -1, None, None] * xp.eye(kc.shape[3], dtype=f32) - U.transpose(0, 1, 3, 2) @ wk
-    E = W.transpose(0, 1, 3, 2) @ wk
-    out = xp.empty((h, C, n, v.shape[2]), dtype=f32)
+    A = (bc[..., None] * ((kc @ kT) * decay) * xp.tril(xp.ones((n, n), dtype=f32), -1)).reshape(h * C, n, n)
+    Inv = inverse(A) if inverse is not None else None
+    if Inv is None:
+        Inv = unit_lower_inverse(xp, A)
+    UW = Inv.reshape(h, C, n, n) @ xp.concatenate([(bc * eG)[..., None] * kc, bc[..., None] * vc], axis=3)
+    wkT = (xp.exp(G[..., -1:] - G)[..., None] * kc).transpose(0, 1, 3, 2)  # [h, C, d_k, n]
+    # [M; wk^T] [U | W] with the U columns negated, then e^G q and e^G_C I added in the U columns: [C, h, n + d_k, .]
+    Lm = xp.concatenate([(qc @ kT) * decay, wkT], axis=2) @ UW
+    Lm[..., :dk] *= f32(-1.0)
+    Lm[..., :n, :dk] += eG[..., None] * qc
+    Lm[..., n:, :dk] += eG[..., -1, None, None] * xp.eye(dk, dtype=f32)
+    Lm = xp.ascontiguousarray(Lm.transpose(1, 0, 2, 3))
+    Z = xp.zeros((h, dk + dv, dv), dtype=f32)
+    Z[:, :dk] = S.transpose(0, 2, 1)
+    Z[:, dk:] = xp.eye(dv, dtype=f32)
+    Y = xp.empty((C, h, n + dk, dv), dtype=f32)
     for c in range(C):
-        out[:, c] = P1[:, c] + P2[:, c] @ S.transpose(0, 2, 1)
-        S[...] = S @ R[:, c] + E[:, c]
-    return out.reshape(h, C * n, -1)[:, :T].transpose(1, 0, 2)
+        xp.matmul(Lm[c], Z, out=Y[c])
+        Z[:, :dk] = Y[c, :, n:]
+    S[...] = Z[:, :dk].transpose(0, 2, 1)
+    return Y[:, :, :n].transpose(0, 2, 1, 3).reshape(C * n, h, dv)[:T]
 
 
-def delta_rule_rows(xp, H, Z, BA, S, dt_bias, ssm_a, norm_w, d: DeltaNetDims, chunk: int = DELTA_CHUNK):
+def delta_rule_rows(
+    xp, H, Z, BA, S, dt_bias, ssm_a, norm_w, d: DeltaNetDims, chunk: int = DELTA_CHUNK, inverse=None
+):
     """:func:`delta_rule` of ``T`` consecutive positions (``H [T, conv_dim]``, ``Z [T, value_dim]``, ``BA``) in the
     chunked form: the recurrence ``S_t = e^g_t S_{t-1} + beta_t (v_t - e^g_t S_{t-1} k_t) k_t^T`` unrolled over a
     sub-chunk of ``chunk`` positions from its first state ``S_0`` (per v head; ``G_t`` = the sum of ``g`` over the
@@ -351,18 +364,20 @@ def delta_rule_rows(xp, H, Z, BA, S, dt_bias, ssm_a, norm_w, d: DeltaNetDims, ch
     ``build_delta_net_chunking``). Only ``G_t - G_j <= 0`` (``j <= t``) and ``G_t <= 0`` are exponentiated (``g <= 0``):
     no overflow at any decay. Matrix products and one unit-lower-triangular solve per sub-chunk instead of a step per
     position: on the CPU by substitution, sub-chunk after sub-chunk (:func:`_sub_chunks_substituted`), on a device
-    every sub-chunk's state-free part at once (:func:`_sub_chunks_batched`); the values equal the recurrence's within
-    float rounding
-    (tests/test_engine_deltanet.py), ``S`` ``[dt_rank, d_state, d_state]`` is updated in place to the last position's.
-    Returns ``[T, value_dim]`` f32 (the gated norm applied: step 6)."""
+    every sub-chunk's state-free part at once (:func:`_sub_chunks_batched`, with ``inverse`` - a one-launch ``(I +
+    A)^-1`` of a batch, or None for :func:`unit_lower_inverse`); the values equal the recurrence's within float
+    rounding (tests/test_engine_deltanet.py), ``S`` ``[dt_rank, d_state, d_state]`` is updated in place to the last
+    position's. Returns ``[T, value_dim]`` f32 (the gated norm applied: step 6)."""
     T = H.shape[0]
     if T == 0:
         return xp.zeros((0, d.value_dim), dtype=xp.float32)
     beta, g, q, k, v = _gates_heads(xp, H, BA, dt_bias, ssm_a, d)
     # the CPU substitutes row by row, sub-chunk after sub-chunk (its values checked against llama.cpp's fixtures); a
     # device takes every sub-chunk's state-free part at once (_sub_chunks_batched)
-    rows = _sub_chunks_substituted if xp is np else _sub_chunks_batched
-    out = rows(xp, beta, g, q, k, v, S, min(chunk, T))
+    if xp is np:
+        out = _sub_chunks_substituted(xp, beta, g, q, k, v, S, min(chunk, T))
+    else:
+        out = _sub_chunks_batched(xp, beta, g, q, k, v, S, min(chunk, T), inverse)
     o = rms_norm(xp, out, norm_w, d.eps) * silu(xp, Z.reshape(T, d.dt_rank, d.d_state))
     return o.reshape(T, -1)
 

@@ -30,8 +30,8 @@ from . import rowpar
 def chunk_op(w, name: str):
     """The device kernel ``name`` the weight store ``w``'s prompt-chunk path offers (the GPU's
     :class:`strata.engine.gpu.chunk.ChunkPath` on CUDA: ``attend_rows`` and ``route_rows`` - None for shapes they do
-    not take -, ``rms_norm_rows``, ``rope_rows``: each the array form's computation in one launch), or None (no chunk
-    path, or one without device kernels: the simulated device)."""
+    not take -, ``rms_norm_rows``, ``rope_rows``, ``unit_lower_inverse``: each the array form's computation in one
+    launch), or None (no chunk path, or one without device kernels: the simulated device)."""
     path = getattr(w, "chunk", None)
     return getattr(path, name, None) if getattr(path, "device_kernels", False) else None
 

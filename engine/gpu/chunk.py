@@ -117,6 +117,11 @@ class ChunkPath:
         expert path copies them to the host for a layer that needs the host); None for more experts than it takes."""
         return RO.route_rows(logits, k, norm, host=False)
 
+    def unit_lower_inverse(self, A):
+        """:func:`strata.engine.deltanet.unit_lower_inverse` in one CUDA launch (:func:`strata.engine.gpu.rows_ops.
+        unit_lower_inverse`); None for matrices larger than it takes."""
+        return RO.unit_lower_inverse(A)
+
     def rope_rows(self, rope, x, pos0: int):
         """:meth:`strata.engine.layers.Rope.rows` in one CUDA launch (:func:`strata.engine.gpu.rows_ops.rope_rows`)."""
         return RO.rope_rows(x, rope.cos, rope.sin, rope.n_rot, pos0, rope.mode == "neox")

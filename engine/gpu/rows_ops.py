@@ -15,9 +15,12 @@ from . import kernels as K
 
 #: Threads a CTA of the row kernels (``ROW_THREADS`` in the source).
 ROW_THREADS = 256
-KERNEL_NAMES = ("rms_norm_rows", "rope_rows", "weighted_rows", "route_rows", "group_pairs")
+KERNEL_NAMES = ("rms_norm_rows", "rope_rows", "weighted_rows", "route_rows", "group_pairs", "unit_lower_inverse")
 #: Experts a layer may have for :func:`route_rows` (``ROUTE_MAX_E``: the probabilities sit in shared memory).
 ROUTE_MAX_E = 1024
+#: The largest matrix :func:`unit_lower_inverse` takes (``ULI_MAX_N``: A and X sit in shared memory, 32 KiB): the
+#: delta rule's sub-chunk (:data:`strata.engine.deltanet.DELTA_CHUNK`).
+ULI_MAX_N = 64
 
 
 def source() -> str:
@@ -25,7 +28,7 @@ def source() -> str:
     from ..kernel_src import assembly as A
     from ..layers import ROUTE_WEIGHT_SUM_MIN
 
-    defs = f"#define ROW_THREADS {ROW_THREADS}\n#define ROUTE_MAX_E {ROUTE_MAX_E}\n"
+    defs = f"#define ROW_THREADS {ROW_THREADS}\n#define ROUTE_MAX_E {ROUTE_MAX_E}\n#define ULI_MAX_N {ULI_MAX_N}\n"
     defs += f"#define ROUTE_SUM_MIN {float(np.float32(ROUTE_WEIGHT_SUM_MIN))!r}f\n"
     return A.source_file("prelude.cuh") + defs + K.cuda_file("rows_ops.cu")
 
@@ -168,13 +171,40 @@ def route_rows(logits, k: int, norm: bool, host: bool = True):
     return (cp.asnumpy(ids).astype(np.int64) if host else ids), w
 
 
+def unit_lower_inverse(A):
+    """``(I + A)^-1`` for strictly lower-triangular ``A [batch, n, n]`` (``cupy.float32``, numpy order; the diagonal
+    and the upper part are not read) in one launch (``cuda/rows_ops.cu`` ``unit_lower_inverse``: a CTA per matrix,
+    forward substitution column by column: the substitution of :func:`strata.engine.deltanet.unit_lower_solve` of
+    ``(A, I)``, each sum in ascending ``j``). What :func:`strata.engine.deltanet.unit_lower_inverse` computes by block doubling in ~50
+    array launches; within float rounding of it. Returns ``cupy.float32 [batch, n, n]``, or None for ``n`` above
+    :data:`ULI_MAX_N` (the caller takes the array form).
+
+    Raises:
+        ValueError: ``A`` not ``[batch, n, n]``.
+    """
+    import cupy as cp
+
+    if A.ndim != 3 or A.shape[1] != A.shape[2]:
+        raise ValueError(f"unit_lower_inverse: {A.shape} is not a batch of square matrices")
+    b, n = A.shape[0], A.shape[1]
+    if n > ULI_MAX_N:
+        return None
+    Ac = cp.ascontiguousarray(A, dtype=cp.float32)
+    X = cp.empty_like(Ac)
+    if b and n:
+        _kernels()["unit_lower_inverse"]((b,), (ULI_MAX_N,), (Ac, X, np.int32(n)))
+    return X
+
+
 __all__ = [
     "KERNEL_NAMES",
     "ROUTE_MAX_E",
+    "ULI_MAX_N",
     "group_pairs",
     "rms_norm_rows",
     "route_rows",
     "rope_rows",
     "source",
+    "unit_lower_inverse",
     "weighted_rows",
 ]

@@ -205,3 +205,31 @@ extern "C" __global__ void __launch_bounds__(ROW_THREADS) route_rows(const float
         for (int k = 0; k < K; ++k) w[(i64)blockIdx.x * K + k] = w[(i64)blockIdx.x * K + k] / t;
     }
 }
+
+// X = (I + A)^-1 for strictly lower-triangular A [batch, n, n] (row-major f32; the diagonal and the upper part are
+// not read), n <= ULI_MAX_N: one CTA per matrix (blockIdx.x), thread c computes column c by forward substitution,
+// X[i, c] = (i == c) - sum_{c <= j < i} A[i, j] X[j, c] with j ascending - deltanet.unit_lower_solve(A, I)'s
+// arithmetic, one launch for every (head, sub-chunk) of a prompt chunk's delta rule instead of the array form's
+// ~50 (deltanet.unit_lower_inverse). Shared memory: A and X, ULI_MAX_N^2 floats each; thread c reads row i of A at
+// consecutive j and X at stride n + 1 (no bank conflicts for n = 64).
+extern "C" __global__ void unit_lower_inverse(const float* __restrict__ A, float* __restrict__ X, const int n) {
+    __shared__ float a[ULI_MAX_N * ULI_MAX_N];
+    __shared__ float x[ULI_MAX_N * ULI_MAX_N];
+    const i64 base = (i64)blockIdx.x * n * n;
+    for (int i = threadIdx.x; i < n * n; i += blockDim.x) a[i] = A[base + i];
+    __syncthreads();
+    const int c = threadIdx.x;
+    if (c < n) {
+        for (int i = 0; i < n; ++i) {
+            float v = i == c ? 1.0f : 0.0f;
+            if (i > c) {
+                float s = 0.0f;
+                for (int j = c; j < i; ++j) s = s + a[i * n + j] * x[j * n + c];
+                v = -s;
+            }
+            x[i * n + c] = v;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n * n; i += blockDim.x) X[base + i] = x[i];
+}
