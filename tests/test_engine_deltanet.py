@@ -190,7 +190,7 @@ def test_cuda_unit_lower_inverse_is_as_accurate_as_substitution(n, lo, hi):
 
     rng = np.random.default_rng(n)
     A = np.tril(rng.uniform(lo, hi, (40, n, n)), -1).astype(np.float32)
-    A += np.triu(rng.uniform(-9, 9, (40, n, n)), 0).astype(np.float32)  # not read: the kernel takes the strict lower part
+    A += np.triu(rng.uniform(-9, 9, (40, n, n)), 0).astype(np.float32)  # not read
     B = rng.standard_normal((40, n, 8)).astype(np.float32)
     L = np.tril(A, -1)
     ref = np.linalg.solve(np.eye(n) + L.astype(np.float64), B.astype(np.float64))
