@@ -176,8 +176,8 @@ def unit_lower_inverse(A):
     and the upper part are not read) in one launch (``cuda/rows_ops.cu`` ``unit_lower_inverse``: a CTA per matrix,
     forward substitution column by column: the substitution of :func:`strata.engine.deltanet.unit_lower_solve` of
     ``(A, I)``, each sum in ascending ``j``). What :func:`strata.engine.deltanet.unit_lower_inverse` computes by block
-    doubling in ~50 array launches; within float rounding of it. Returns ``cupy.float32 [batch, n, n]``, or None for ``n`` above
-    :data:`ULI_MAX_N` (the caller takes the array form).
+    doubling in ~50 array launches; within float rounding of it. Returns ``cupy.float32 [batch, n, n]``, or None
+    for ``n`` above :data:`ULI_MAX_N` (the caller takes the array form).
 
     Raises:
         ValueError: ``A`` not ``[batch, n, n]``.
