@@ -348,9 +348,7 @@ def _sub_chunks_batched(xp, beta, g, q, k, v, S, chunk: int, inverse=None):
     return Y[:, :, :n].transpose(0, 2, 1, 3).reshape(C * n, h, dv)[:T]
 
 
-def delta_rule_rows(
-    xp, H, Z, BA, S, dt_bias, ssm_a, norm_w, d: DeltaNetDims, chunk: int = DELTA_CHUNK, inverse=None
-):
+def delta_rule_rows(xp, H, Z, BA, S, dt_bias, ssm_a, norm_w, d: DeltaNetDims, chunk: int = DELTA_CHUNK, inverse=None):
     """:func:`delta_rule` of ``T`` consecutive positions (``H [T, conv_dim]``, ``Z [T, value_dim]``, ``BA``) in the
     chunked form: the recurrence ``S_t = e^g_t S_{t-1} + beta_t (v_t - e^g_t S_{t-1} k_t) k_t^T`` unrolled over a
     sub-chunk of ``chunk`` positions from its first state ``S_0`` (per v head; ``G_t`` = the sum of ``g`` over the
