@@ -142,7 +142,7 @@ def test_chunk_buffers_are_the_layout_and_the_plan(packs):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_grouped_product_rounds_and_tiers_do_not_change_a_bit(packs, backend):
-    """The grouped expert product through many staging rounds (2 staging slots), with slots, host-tier experts
+    """The grouped expert product through many staging rounds (1 staging slot a half), with slots, host-tier experts
     (copied into staging) and shard misses mixed in one layer: the same tokens and top logits, bit for bit, as every
     expert resident; the tier's experts are copied, the shard's staged, and each round reuses the staging slots."""
     ids = _ids(45, seed=8)
@@ -151,7 +151,7 @@ def test_grouped_product_rounds_and_tiers_do_not_change_a_bit(packs, backend):
         eng = _engine(packs["moe"], backend, n_ctx=64, ubatch=16, **kw)
         path = eng.experts.chunk_path
         assert path.mm
-        path.group = 2  # (the staging buffer holds more: rounds of 2 use its first two slots)
+        path.stage_cap = 1  # (the staging buffer holds more: rounds of 1 in two halves taking turns)
         r = generate(eng, prompt_ids=ids, n_tokens=3, ignore_eos=True)
         runs.append((r.output_ids, r.top, path.staged, path.tier_copied))
     assert all(o == runs[0][0] and t == runs[0][1] for o, t, _, _ in runs), [r[:2] for r in runs]
@@ -421,3 +421,36 @@ def test_replay_brings_device_ids_down_once_in_layer_order():
     assert seen == [(il, tuple(sel[il][t])) for t in range(T) for il in (0, 1, 2)]
     assert (ex.counts.hits, ex.counts.misses) == (3 * T * k - 3, 3)
     assert ex._chunk_layers == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cap", [1, None])
+def test_prefetched_experts_do_not_change_a_bit(packs, backend, cap, monkeypatch):
+    """Chunks of 16 rows x 8 experts (128 pairs, at least PREFETCH_PAIRS_PER_EXPERT per expert): each MoE layer copies
+    the next one's host-tier experts into the free staging half ahead (ChunkPath.prefetch_next), the next layer takes
+    those it uses from there - the same tokens and top logits, bit for bit, as every expert resident; a prefetch made
+    stale by a change of the slot tables (an admission, a swap) is not used, and still the same bits."""
+    from strata.engine.gpu import chunk as CH
+
+    ids = _ids(45, seed=9)
+    want = generate(_engine(packs["moe"], backend, n_ctx=64, ubatch=16), prompt_ids=ids, n_tokens=3, ignore_eos=True)
+    eng = _engine(packs["moe"], backend, n_ctx=64, ubatch=16, resident="0.34", miss_tier="pcie")
+    path = eng.experts.chunk_path
+    assert path.mm and path.halves == 2 and 16 * 8 >= CH.PREFETCH_PAIRS_PER_EXPERT * path.n_expert
+    if cap is not None:
+        path.stage_cap = cap
+    r = generate(eng, prompt_ids=ids, n_tokens=3, ignore_eos=True)
+    assert (r.output_ids, r.top) == (want.output_ids, want.top)
+    assert path.prefetched > 0 and 0 < path.prefetch_used <= path.prefetched and path.staged == 0
+    used = path.prefetch_used
+
+    original = CH.ChunkPath.prefetch_next
+
+    def stale(self, p, il, pairs):  # every prefetch made under other slot tables than its layer's
+        original(self, p, il, pairs)
+        self._prefetched = {j: (("stale",), *rest) for j, (_key, *rest) in self._prefetched.items()}
+
+    monkeypatch.setattr(CH.ChunkPath, "prefetch_next", stale)
+    r2 = generate(eng, prompt_ids=ids, n_tokens=3, ignore_eos=True)
+    assert (r2.output_ids, r2.top) == (want.output_ids, want.top)
+    assert path.prefetch_used == used  # none used

@@ -136,6 +136,25 @@ class Backend(abc.ABC):
         current stream)."""
         dst[dst_off : dst_off + nbytes] = src[src_off : src_off + nbytes]
 
+    def side_copies(self, dst: Any, src: Any, copies: list[tuple[int, int]], nbytes: int, after: Any = None) -> Any:
+        """``nbytes`` bytes from byte ``s`` of ``src`` (a device buffer or :meth:`tier_base`) to byte ``d`` of the
+        device buffer ``dst`` for each ``(d, s)`` of ``copies``, on a side stream beside the compute stream, after the
+        compute-stream point ``after`` (a :meth:`mark`, or None); returns a token for :meth:`wait`. Here: copied now,
+        token None. CUDA: asynchronous copies on a non-blocking stream (pinned host memory: the copy engine, under the
+        kernels), the token an event after them."""
+        for d, s_ in copies:
+            self.copy_bytes(dst, d, src, s_, nbytes)
+        return None
+
+    def mark(self) -> Any:
+        """A point on the compute stream after the work queued so far (CUDA: an event), for :meth:`side_copies`'s
+        ``after``; None here (nothing is queued)."""
+        return None
+
+    def wait(self, token: Any) -> None:
+        """The compute stream's later work waits for ``token`` (:meth:`side_copies`'s; None: nothing to wait for)."""
+        return None
+
     def tier_base(self, tier: Any) -> Any:
         """The base :meth:`ref` takes for a host tier (:class:`strata.engine.gpu.slots.HostTier`): its host bytes
         here, its device address on CUDA."""
@@ -210,6 +229,7 @@ class CudaBackend(Backend):
         self.xp = cp
         self.K = kernels
         self._why = why
+        self._side = None  # side_copies' stream, made at first use
         self.emulation: CardEmulation | None = None
         if card is not None:
             self.emulation = CardEmulation.start(card, cp, before)
@@ -290,6 +310,25 @@ class CudaBackend(Backend):
             int(dst.data.ptr) + int(dst_off), s + int(src_off), int(nbytes), cp.cuda.runtime.memcpyDefault,
             cp.cuda.get_current_stream().ptr,
         )  # fmt: skip
+
+    def side_copies(self, dst, src, copies, nbytes, after=None):
+        cp = self.cp
+        if self._side is None:
+            self._side = cp.cuda.Stream(non_blocking=True)
+        side = self._side
+        if after is not None:
+            side.wait_event(after)
+        d0, s0 = int(dst.data.ptr), src if isinstance(src, int) else int(src.data.ptr)
+        for d, s_ in copies:
+            cp.cuda.runtime.memcpyAsync(d0 + int(d), s0 + int(s_), int(nbytes), cp.cuda.runtime.memcpyDefault, side.ptr)
+        return side.record()
+
+    def mark(self):
+        return self.cp.cuda.get_current_stream().record()
+
+    def wait(self, token):
+        if token is not None:
+            self.cp.cuda.get_current_stream().wait_event(token)
 
     def mm_types(self, type_ids):
         from . import moe_mm

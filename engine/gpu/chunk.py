@@ -24,6 +24,7 @@ forward`) runs a chunk on the device through it:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,26 @@ from . import moe_mm as MM
 from . import rows_ops as RO
 from .backend import Backend
 from .slots import SlotCache
+
+
+@dataclass
+class StagingRound:
+    """One round of a chunk layer's experts through the staging slots (:meth:`ChunkPath._rounds`): ``members``
+    (indices into the layer's used experts), each one's byte ``offsets`` in the staging buffer, the ``half`` of the
+    buffer they fill, whether :meth:`ChunkPath.prefetch_next` already copied them (``prefetched``), and the token
+    of their copies (:meth:`strata.engine.gpu.backend.Backend.side_copies`; None: none, or not issued yet)."""
+
+    members: np.ndarray
+    offsets: np.ndarray
+    half: int
+    token: Any = None
+    prefetched: bool = False
+
+
+#: A chunk of at least this many (row, expert) pairs per expert copies the next layer's host-tier experts ahead
+#: (:meth:`ChunkPath.prefetch_next`): its layers then use nearly every expert (``1 - (1 - k / E)^T`` of them: 86% at
+#: two pairs an expert), so the copies are rarely wasted.
+PREFETCH_PAIRS_PER_EXPERT = 2
 
 
 class ChunkPath:
@@ -86,6 +107,15 @@ class ChunkPath:
             )
         self.nbytes = 4 * self.tile_elements + self.staging_bytes + pair_bytes
         assert self.nbytes == LC.chunk_buffer_bytes(ne0_max, dense_max, part, n_expert, slot, pair_bytes)
+        #: staging in two halves taking turns (a round's copies cross PCIe while the other half's round computes), each
+        #: of stage_cap experts; one half of all the slots when a group is one expert
+        self.halves = 2 if self.group >= 2 else 1
+        self.stage_cap = self.group // self.halves
+        self._half_read: list[Any] = [None, None]  # per half: the token of the last round that read it
+        self._last_half = 0
+        self._prefetched: dict[int, tuple] = {}  # next layer -> (tables key, half, expert ids, token)
+        self.prefetched = 0  # host-tier experts copied ahead of their layer (prefetch_next), over the run
+        self.prefetch_used = 0  # of them, those their layer's chunk used
         self.staged = 0  # experts copied into staging (misses outside the host tier), over the run
         self.tier_copied = 0  # host-tier experts copied into staging by the grouped product, over the run
         self.n_expert = n_expert
@@ -176,7 +206,9 @@ class ChunkPath:
         Block-type experts outside ``--kernel exact``: :meth:`_grouped_mm` (one launch a part); otherwise
         :meth:`_tiled_gemm` (f32 tiles and cuBLAS)."""
         if self.mm:
-            return self._grouped_mm(path, il, X, r)
+            out = self._grouped_mm(path, il, X, r)
+            self.prefetch_next(path, il, int(r.perm.size))
+            return out
         return self._tiled_gemm(path, il, X, r)
 
     def tables(self, path) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
@@ -264,15 +296,90 @@ class ChunkPath:
         bk.expert_mm(ul.type_id, bases[1][0:E], ul.rows, ul.ne0, Xc, index, rnd, Um, True, xs)
         H = bk.silu_mul(Gm.reshape(-1), Um.reshape(-1)).reshape(Gm.shape)
         bk.expert_mm(dl.type_id, bases[2][0:E], dl.rows, dl.ne0, H, index, rnd, D, False)
+        self.prefetch_next(path, il, P)
         return D, index[inv0:]
+
+    def _rounds(self, il: int, used, other, tl) -> list[StagingRound]:
+        """Layer ``il``'s staging rounds for the experts ``used[other]`` (not in slots): first the experts
+        :meth:`prefetch_next` already copied (those this chunk uses, where they are), then the rest in rounds of
+        :attr:`stage_cap`, the halves alternating from the one the prefetch did not take."""
+        lay = self.layout
+        assert lay is not None
+        sb, cap = lay.slot_bytes, self.stage_cap
+        pre = self._prefetched.pop(il, None)
+        for _k, _h, _i, t in self._prefetched.values():  # stale (a prefetch is for the next layer only): its half is
+            self.bk.wait(t)  # written below, after its copies
+        self._prefetched.clear()
+        out: list[StagingRound] = []
+        half = 0
+        if pre is not None:
+            key, half, ids, token = pre
+            self.bk.wait(token)  # (also when unused: the half is written again below)
+            pos = {e: j for j, e in enumerate(ids)} if key == self._tab_key else {}
+            got = np.array([int(e) in pos for e in used[other].tolist()], dtype=bool)
+            if got.any():
+                m = other[got]
+                self.prefetch_used += int(m.size)
+                offs = np.array([(half * cap + pos[int(e)]) * sb for e in used[m].tolist()], dtype=np.int64)
+                out.append(StagingRound(m, offs, half, token, True))
+                other = other[~got]
+            half = 1 - half if self.halves == 2 else 0
+        for a in range(0, other.size, cap):
+            m = other[a : a + cap]
+            out.append(StagingRound(m, (half * cap + np.arange(m.size, dtype=np.int64)) * sb, half))
+            half = 1 - half if self.halves == 2 else 0
+        return out
+
+    def _issue(self, used, tl, tier, rd: StagingRound) -> Any:
+        """Copy a staging round's host-tier experts (``tl``: the host-tier slots of ``used``) into their places on the
+        side stream, after the last round that read that half (:meth:`Backend.side_copies`); returns the copies'
+        token (None: nothing copied)."""
+        pairs = zip(rd.members.tolist(), rd.offsets.tolist())
+        copies = [(int(o), int(tl[i]) * tier.slot_bytes) for i, o in pairs if tl[i] >= 0]
+        if not copies:
+            return None
+        self.tier_copied += len(copies)
+        assert self.layout is not None
+        return self.bk.side_copies(self.staging, self.bk.tier_base(tier), copies, self.layout.slot_bytes,
+                                   after=self._half_read[rd.half])  # fmt: skip
+
+    def prefetch_next(self, path, il: int, pairs: int) -> None:
+        """After layer ``il``'s experts are queued: copy the next MoE layer's first :attr:`stage_cap` host-tier experts
+        not in slots (by id) into the staging half layer ``il`` did not read last, on the side stream - they cross
+        PCIe while that layer's attention runs. Only for chunks of at least :data:`PREFETCH_PAIRS_PER_EXPERT` pairs
+        per expert (then a layer uses nearly every expert: ``1 - (1 - k / E)^T``), the grouped product and two
+        halves; the next layer's :meth:`_rounds` takes what it uses (the rest was a wasted copy)."""
+        lay, tier = self.layout, getattr(path, "tier", None)
+        if not (self.mm and self.halves == 2 and tier is not None and lay is not None):
+            return
+        if pairs < PREFETCH_PAIRS_PER_EXPERT * self.n_expert:
+            return
+        nxt = [j for j in lay.layouts if j > il]
+        if not nxt:
+            return
+        il2 = min(nxt)
+        slots, tiers = self.tables(path)
+        ids = np.flatnonzero((slots[il2] < 0) & (tiers[il2] >= 0))[: self.stage_cap]
+        if not ids.size:
+            return
+        half = 1 - self._last_half
+        sb = lay.slot_bytes
+        offs = (half * self.stage_cap + np.arange(ids.size, dtype=np.int64)) * sb
+        copies = [(int(o), int(tiers[il2][e]) * tier.slot_bytes) for o, e in zip(offs.tolist(), ids.tolist())]
+        token = self.bk.side_copies(self.staging, self.bk.tier_base(tier), copies, sb, after=self._half_read[half])
+        self.tier_copied += len(copies)
+        self.prefetched += len(copies)
+        self._prefetched = {il2: (self._tab_key, half, ids.tolist(), token)}
+        self._last_half = half
 
     def _grouped_mm(self, path, il: int, X, r):
         """:meth:`expert_outputs` by :func:`strata.engine.gpu.moe_mm.grouped_mm`: the chunk's pairs sorted by expert;
-        the experts in cache slots in one round, the others in rounds of :attr:`group` through the staging slots
-        (a host-tier expert copied there whole by one asynchronous copy - the kernel then reads device memory, not
-        PCIe; a miss converted from the shard); per round three launches (gate, up, down) and ``silu_mul``. The pair
-        index and the weight addresses go to the device in two copies; every pair's output is the same whatever the
-        rounds (moe_mm's docstring)."""
+        the experts in cache slots in one round, the others in rounds through the staging slots (:meth:`_rounds`: two
+        halves taking turns, the first round possibly :meth:`prefetch_next`'s); a host-tier expert copied there whole
+        on the side stream (a round's copies issued before the previous round's launches, after the last reads of its
+        half: PCIe under compute), a miss converted from the shard on the compute stream. Per round three launches
+        (gate, up, down) and ``silu_mul``. The pair index and the weight addresses go to the device in two copies;
+        every pair's output is the same whatever the rounds (moe_mm's docstring)."""
         xp, bk, lay = self.xp, self.bk, self.layout
         assert lay is not None
         T, n_embd = X.shape
@@ -282,18 +389,14 @@ class ChunkPath:
         slots, tiers = self.tables(path)
         sl, tl = slots[il][used], tiers[il][used]
         dev = np.flatnonzero(sl >= 0)
-        other = np.flatnonzero(sl < 0)
-        rounds = ([dev] if dev.size else []) + [other[a : a + self.group] for a in range(0, other.size, self.group)]
-        # weight addresses in round order: a slot's, or staging slot j for the j-th expert of a later round
+        staged = self._rounds(il, used, np.flatnonzero(sl < 0), tl)
+        rounds = ([dev] if dev.size else []) + [rd.members for rd in staged]
         sb = path.cache.slot_bytes if dev.size else 0
-        where = [sl[dev] * sb] if dev.size else []
-        where += [np.arange(r.size, dtype=np.int64) * lay.slot_bytes for r in rounds[1 if dev.size else 0 :]]
         bases = []
         for p in parts:
-            row = []
-            for n, w in enumerate(where):
-                base = path.cache.storage if n == 0 and dev.size else self.staging
-                row.extend(bk.refs(base, w + p.offset, p.nbytes))
+            row = list(bk.refs(path.cache.storage, sl[dev] * sb + p.offset, p.nbytes)) if dev.size else []
+            for rd in staged:
+                row.extend(bk.refs(self.staging, rd.offsets + p.offset, p.nbytes))
             bases.append(row)
         inv = np.empty_like(perm)
         inv[perm] = np.arange(perm.size)
@@ -304,21 +407,37 @@ class ChunkPath:
         Gm, Um, D = self._buffers(perm.size)
         tier = getattr(path, "tier", None)
         xs = bk.row_scales(gl.type_id, Xc)  # (gate and up read the same rows)
+        # A round's copies are issued one round ahead with two halves (into the half the round before last read: its
+        # reads are queued and marked by then), at its own turn with one: never into a half a queued round still reads.
+        look = 1 if self.halves == 2 else 0
+        ahead = 0  # the next staging round whose copies are not issued yet (its token then set)
+
+        def issue_upto(j: int) -> None:
+            nonlocal ahead
+            while ahead <= min(j, len(staged) - 1):
+                if not staged[ahead].prefetched:
+                    staged[ahead].token = self._issue(used, tl, tier, staged[ahead])
+                ahead += 1
+
+        issue_upto(look)  # the first copies cross PCIe under the slot experts' launches
         a = 0
-        for members, rnd in zip(rounds, pi.rounds):
+        for n, (members, rnd) in enumerate(zip(rounds, pi.rounds)):
             G = members.size
-            if a or not dev.size:  # a staging round: each expert's bytes into staging slot j
-                for j, i in enumerate(members.tolist()):
-                    b = j * lay.slot_bytes
-                    if tl[i] >= 0:
-                        bk.copy_bytes(self.staging, b, bk.tier_base(tier), int(tl[i]) * tier.slot_bytes, lay.slot_bytes)
-                        self.tier_copied += 1
-                    else:
-                        self._stage(il, int(used[i]), [self.staging[b + p.offset :][: p.nbytes] for p in parts])
+            s = n - (1 if dev.size else 0)  # the staging round, or -1
+            if s >= 0:
+                issue_upto(s + look)  # this round's copies, and the next one's under this round's launches
+                bk.wait(staged[s].token)
+                half = staged[s].half
+                for i, o in zip(members.tolist(), staged[s].offsets.tolist()):
+                    if tl[i] < 0:  # a miss outside the host tier: converted from the shard, on the compute stream
+                        self._stage(il, int(used[i]), [self.staging[o + p.offset :][: p.nbytes] for p in parts])
             bk.expert_mm(gl.type_id, bases[0][a : a + G], gl.rows, gl.ne0, Xc, index, rnd, Gm, True, xs)
             bk.expert_mm(ul.type_id, bases[1][a : a + G], ul.rows, ul.ne0, Xc, index, rnd, Um, True, xs)
             H = bk.silu_mul(Gm.reshape(-1), Um.reshape(-1)).reshape(Gm.shape)
             bk.expert_mm(dl.type_id, bases[2][a : a + G], dl.rows, dl.ne0, H, index, rnd, D, False)
+            if s >= 0:
+                self._half_read[half] = bk.mark()
+                self._last_half = half
             a += G
         return D[index[pi.host.size :]].reshape(T, k, n_embd)
 
@@ -373,4 +492,4 @@ class ChunkPath:
         return E.reshape(T, k, n_embd)
 
 
-__all__ = ["ChunkPath"]
+__all__ = ["PREFETCH_PAIRS_PER_EXPERT", "ChunkPath"]
