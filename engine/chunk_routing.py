@@ -49,4 +49,30 @@ class ChunkRouting:
         return self.perm[self.starts]
 
 
-__all__ = ["ChunkRouting"]
+@dataclass(frozen=True)
+class DeferredCounts:
+    """A chunk layer's per-row counts not known yet (its ids are still on the device:
+    :meth:`strata.engine.experts.ExpertPath.replay` computes them with :func:`chunk_row_counts` once they come down):
+    the layer's residency when it ran, per expert id - ``resident`` bool ``[n_expert]``, ``tier_bytes`` int64
+    ``[n_expert]`` (bytes read over PCIe, 0 where resident or in no host tier)."""
+
+    resident: np.ndarray
+    tier_bytes: np.ndarray
+
+
+def chunk_row_counts(sel: np.ndarray, resident: np.ndarray, tier_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per row of a chunk layer's selection ``sel`` (int ``[T, k]``, expert ids): ``(hits, misses, PCIe misses,
+    bytes)`` (int64 ``[T]`` each, counts and bytes) given per expert id whether it is ``resident`` (bool) and the
+    ``tier_bytes`` a miss of it reads from a host tier (int64). A chunk reads each host-tier expert once: its bytes go
+    to the first row that routes to it, so the rows sum to the bytes the chunk read."""
+    sel = np.asarray(sel, dtype=np.int64)
+    T, k = sel.shape
+    hits = resident[sel].sum(axis=1).astype(np.int64)
+    pcie = (tier_bytes[sel] > 0).sum(axis=1).astype(np.int64)
+    flat = sel.reshape(-1)
+    _ids, first = np.unique(flat, return_index=True)
+    first_bytes = np.bincount(first // k, weights=tier_bytes[flat[first]], minlength=T).astype(np.int64)
+    return hits, k - hits, pcie, first_bytes
+
+
+__all__ = ["ChunkRouting", "DeferredCounts", "chunk_row_counts"]

@@ -32,7 +32,7 @@ from strata.packer.packfmt import ExpertLayer
 
 from . import layers
 from .checkpoints import proc_kib_bytes
-from .chunk_routing import ChunkRouting
+from .chunk_routing import ChunkRouting, DeferredCounts, chunk_row_counts
 from .cpu import kernels as cpukernels
 from .dequant import dequantize_rows
 from .loader import LoadPlan
@@ -452,14 +452,11 @@ class ExpertPath:
         if not isinstance(ids, (np.ndarray, list)):
             ids = layers.to_host(ids)
         r = ChunkRouting.of(ids)
-        sel, T, k = r.ids, r.ids.shape[0], r.k
         res, tb = self.residency(il, r.used)
-        at = np.searchsorted(r.used, sel)  # [T, k]: index into used
-        hits = res[at].sum(axis=1)
-        pcie = (tb[at] > 0).sum(axis=1)
-        # a chunk reads each host-tier expert once: its bytes go to the first row that routes to it
-        first_bytes = np.bincount(r.first // k, weights=tb, minlength=T).astype(np.int64)
-        self._chunk_layers.append((il, sel, hits, k - hits, pcie, first_bytes))
+        n = int(r.used.max()) + 1 if r.used.size else 0
+        res_e, tb_e = np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64)
+        res_e[r.used], tb_e[r.used] = res, tb
+        self._chunk_layers.append((il, r.ids, *chunk_row_counts(r.ids, res_e, tb_e)))
         self._chunk_stack = None
         return self.combine(self.chunk_outputs(il, X, r), weights)  # [T, k, n_embd] -> [T, n_embd]
 
@@ -494,10 +491,14 @@ class ExpertPath:
             return
         if self._chunk_stack is None:
             dev = [i for i, r in enumerate(rows) if not isinstance(r[1], np.ndarray)]
-            if dev and self.on_route is not None:  # layers grouped on the device: their ids come down once, together
-                host = layers.to_host(self.xp.stack([rows[i][1] for i in dev])).astype(np.int64)
+            deferred = any(isinstance(rows[i][2], DeferredCounts) for i in dev)
+            if dev and (self.on_route is not None or deferred):  # layers grouped on the device: their ids come down
+                host = layers.to_host(self.xp.stack([rows[i][1] for i in dev])).astype(np.int64)  # once, together
                 for n, i in enumerate(dev):
                     rows[i] = (rows[i][0], host[n], *rows[i][2:])
+            for i, (il, sel, c, *_rest) in enumerate(rows):  # counts that waited for the ids
+                if isinstance(c, DeferredCounts):
+                    rows[i] = (il, sel, *chunk_row_counts(sel, c.resident, c.tier_bytes))
             self._chunk_stack = ([r[0] for r in rows], *(np.stack([r[j] for r in rows]) for j in range(2, 6)))
         if self.on_route is not None:
             for il, sel, *_ in rows:

@@ -31,7 +31,7 @@ def packs(tmp_path_factory):
     return {n: synthetic_pack(tmp_path_factory, f"synthetic-{n}") for n in NAMES}
 
 
-def per_position_delta(xp, H, Z, BA, S, dt_bias, ssm_a, norm_w, d, chunk=None):
+def per_position_delta(xp, H, Z, BA, S, dt_bias, ssm_a, norm_w, d, chunk=None, inverse=None):
     """delta_rule_rows computed as the one-position path does: the recurrence, position by position."""
     return xp.stack([DN.delta_rule(xp, H[t], Z[t], BA[t], S, dt_bias, ssm_a, norm_w, d) for t in range(H.shape[0])])
 

@@ -425,7 +425,8 @@ def test_replay_brings_device_ids_down_once_in_layer_order():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("cap", [1, None])
-def test_prefetched_experts_do_not_change_a_bit(packs, backend, cap, monkeypatch):
+@pytest.mark.parametrize("on_device", [True, False], ids=["device-grouped", "host-rounds"])
+def test_prefetched_experts_do_not_change_a_bit(packs, backend, cap, on_device, monkeypatch):
     """Chunks of 16 rows x 8 experts (128 pairs, at least PREFETCH_PAIRS_PER_EXPERT per expert): each MoE layer copies
     the next one's host-tier experts into the free staging half ahead (ChunkPath.prefetch_next), the next layer takes
     those it uses from there - the same tokens and top logits, bit for bit, as every expert resident; a prefetch made
@@ -437,6 +438,7 @@ def test_prefetched_experts_do_not_change_a_bit(packs, backend, cap, monkeypatch
     eng = _engine(packs["moe"], backend, n_ctx=64, ubatch=16, resident="0.34", miss_tier="pcie")
     path = eng.experts.chunk_path
     assert path.mm and path.halves == 2 and 16 * 8 >= CH.PREFETCH_PAIRS_PER_EXPERT * path.n_expert
+    path.device_grouping_tier = on_device  # partly resident layers sorted on the device, or on the host in rounds
     if cap is not None:
         path.stage_cap = cap
     r = generate(eng, prompt_ids=ids, n_tokens=3, ignore_eos=True)
@@ -454,3 +456,36 @@ def test_prefetched_experts_do_not_change_a_bit(packs, backend, cap, monkeypatch
     r2 = generate(eng, prompt_ids=ids, n_tokens=3, ignore_eos=True)
     assert (r2.output_ids, r2.top) == (want.output_ids, want.top)
     assert path.prefetch_used == used  # none used
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["moe", "q3n"])
+def test_partly_resident_layers_grouped_on_the_device_equal_the_host(packs, name, backend):
+    """A third of the experts resident, the rest in the host tier: every layer's pairs sorted on the device, the tier's
+    experts read in place or from the prefetch (ChunkPath.device_grouped with device_grouping_tier) give the same
+    tokens and top logits, bit for bit, as the host's sort with staging rounds, and every run as every expert
+    resident; the same routing and the same hit / miss / PCIe-miss counts and bytes per prompt position."""
+    ids = _ids(45, seed=12)
+    full = generate(_engine(packs[name], backend, n_ctx=64, ubatch=16), prompt_ids=ids, n_tokens=3, ignore_eos=True)
+    runs = []
+    for on in (True, False):
+        eng = _engine(packs[name], backend, n_ctx=64, ubatch=16, resident="0.34", miss_tier="pcie")
+        path, ex = eng.experts.chunk_path, eng.experts
+        assert path.mm
+        path.device_grouping_tier = on
+        calls = []
+        real = path.device_grouped
+        path.device_grouped = lambda *a, _r=real, _c=calls: _c.append(1) or _r(*a)
+        seen: list = []
+        ex.on_route = lambda il, sel, _s=seen: _s.append((il, tuple(sel)))
+        r = generate(eng, prompt_ids=ids, n_tokens=3, ignore_eos=True)
+        prompt = [s for s in r.steps if s.phase == "prompt"]
+        per_pos = [(s.expert_hits, s.expert_misses, s.expert_pcie, s.pcie_bytes) for s in prompt]
+        runs.append((r.output_ids, r.top, seen, per_pos, len(calls), path.tier_copied))
+    (o1, t1, s1, p1, c1, k1), (o2, t2, s2, p2, c2, k2) = runs
+    assert (o1, t1) == (o2, t2) == (full.output_ids, full.top)
+    assert s1 == s2 and p1 == p2
+    assert sum(p[2] for p in p1) > 0 and sum(p[3] for p in p1) > 0  # PCIe misses and their bytes counted
+    n_moe = len(eng.experts.chunk_path.layout.layouts)
+    assert c2 == 0 and c1 == 3 * n_moe  # every layer of the three chunks on the device with device_grouping_tier
+    assert k2 > k1  # the host path copies every tier expert it uses; the device path only the prefetched ones

@@ -127,6 +127,9 @@ class ChunkPath:
         #: a layer whose experts are all in slots sorts its pairs on the device (:meth:`device_grouped`); False: on the
         #: host, as a partly resident layer (the tests compare the two)
         self.device_grouping = True
+        #: ... and so does a layer whose experts are each in a slot or the host tier (its tier experts read in place
+        #: or from a prefetch); False: on the host, with staging rounds (the tests compare the two)
+        self.device_grouping_tier = True
         #: the grouped f16 product (moe_mm) for the routed experts: block types, not --kernel exact
         self.mm = bool(tf32) and self.grouped and backend.mm_types(types)
 
@@ -244,31 +247,74 @@ class ChunkPath:
     def groups_on_device(self, path, il: int) -> bool:
         """Whether layer ``il``'s chunk experts go through :meth:`device_grouped`: the grouped product (block types,
         not ``--kernel exact``), :attr:`device_grouping` on, at most :data:`strata.engine.gpu.rows_ops.ROUTE_MAX_E`
-        experts on CUDA (the sort's shared table), and every expert of the layer in a cache slot (then nothing of
-        the layer needs the host: no staging, no host tier)."""
+        experts on CUDA (the sort's shared table), and every expert of the layer in a cache slot or (with
+        :attr:`device_grouping_tier`) in the host tier - then nothing of the layer needs the host: no host sort, no
+        round trip, no staging round (a shard miss does: that layer takes :meth:`_grouped_mm`)."""
         if not (self.mm and self.device_grouping and self.n_expert):
             return False
         if self.device_kernels and self.n_expert > RO.ROUTE_MAX_E:  # (the routing then came to the host anyway)
             return False
-        slots, _ = self.tables(path)
-        return bool((slots[il] >= 0).all())
+        slots, tiers = self.tables(path)
+        if (slots[il] >= 0).all():
+            return True
+        return self.device_grouping_tier and bool(((slots[il] >= 0) | (tiers[il] >= 0)).all())
+
+    def _take_prefetch(self, il: int) -> tuple[list[int], np.ndarray] | None:
+        """Layer ``il``'s prefetch (:meth:`prefetch_next`), waited for on the compute stream: ``(expert ids, their
+        byte offsets in staging)``, or None (none, or made under other slot tables); any other prefetch is stale and
+        waited for too (its half is written next)."""
+        pre = self._prefetched.pop(il, None)
+        for _k, _h, _i, t in self._prefetched.values():
+            self.bk.wait(t)
+        self._prefetched.clear()
+        if pre is None:
+            return None
+        key, half, ids, token = pre
+        self.bk.wait(token)
+        if key != self._tab_key:
+            return None
+        assert self.layout is not None
+        return ids, (half * self.stage_cap + np.arange(len(ids), dtype=np.int64)) * self.layout.slot_bytes
 
     def _all_bases(self, path, il: int) -> list[Any]:
-        """Layer ``il``'s (gate, up, down) weight references of every expert id in its slot (:meth:`Backend.refs`;
-        kept while the slot tables stand)."""
-        slots, _ = self.tables(path)  # first: it renews the key when the cache changed (an admission, a swap)
-        key = (self._tab_key, il)
-        got = self._bases.get(key)
-        if got is None:
-            assert self.layout is not None
-            sb = path.cache.slot_bytes
-            got = [
-                self.bk.refs(path.cache.storage, slots[il] * sb + p.offset, p.nbytes) for p in self.layout.layouts[il]
-            ]
-            if len(self._bases) > 4 * len(self.layout.layouts):
-                self._bases.clear()
-            self._bases[key] = got
-        return got
+        """Layer ``il``'s (gate, up, down) weight references of every expert id (:meth:`Backend.refs`): its cache slot,
+        else its place in staging where :meth:`prefetch_next` copied it, else its host-tier bytes (the kernels read
+        them over PCIe, in place). Kept while the slot tables stand when the layer is wholly in slots."""
+        slots, tiers = self.tables(path)  # first: it renews the key when the cache changed (an admission, a swap)
+        lay, bk = self.layout, self.bk
+        assert lay is not None
+        pre = self._take_prefetch(il)
+        sl = slots[il]
+        if (sl >= 0).all():
+            key = (self._tab_key, il)
+            got = self._bases.get(key)
+            if got is None:
+                sb = path.cache.slot_bytes
+                got = [bk.refs(path.cache.storage, sl * sb + p.offset, p.nbytes) for p in lay.layouts[il]]
+                if len(self._bases) > 4 * len(lay.layouts):
+                    self._bases.clear()
+                self._bases[key] = got
+            return got
+        tier = path.tier
+        tl = tiers[il]
+        res = np.flatnonzero(sl >= 0)
+        staged = np.asarray(pre[0] if pre is not None else [], dtype=np.int64)
+        in_tier = np.setdiff1d(np.flatnonzero(sl < 0), staged)
+        if pre is not None:
+            self.prefetch_used += int(staged.size)
+        out = []
+        for p in lay.layouts[il]:
+            row: list[Any] = [None] * self.n_expert
+            for ids_, base, offs in (
+                (res, path.cache.storage if res.size else None, sl[res] * (path.cache.slot_bytes if res.size else 0)),
+                (staged, self.staging, pre[1] if pre is not None else staged),
+                (in_tier, bk.tier_base(tier) if in_tier.size else None, tl[in_tier] * tier.slot_bytes),
+            ):
+                if ids_.size:
+                    for e, r in zip(ids_.tolist(), bk.refs(base, offs + p.offset, p.nbytes)):
+                        row[e] = r
+            out.append(row)
+        return out
 
     def device_grouped(self, path, il: int, X, ids):
         """Layer ``il``'s routed experts when :meth:`groups_on_device`: the pairs sorted by expert where the routing
@@ -306,22 +352,19 @@ class ChunkPath:
         lay = self.layout
         assert lay is not None
         sb, cap = lay.slot_bytes, self.stage_cap
-        pre = self._prefetched.pop(il, None)
-        for _k, _h, _i, t in self._prefetched.values():  # stale (a prefetch is for the next layer only): its half is
-            self.bk.wait(t)  # written below, after its copies
-        self._prefetched.clear()
+        pre = self._take_prefetch(il)
         out: list[StagingRound] = []
         half = 0
         if pre is not None:
-            key, half, ids, token = pre
-            self.bk.wait(token)  # (also when unused: the half is written again below)
-            pos = {e: j for j, e in enumerate(ids)} if key == self._tab_key else {}
+            ids, offs_all = pre
+            pos = {e: j for j, e in enumerate(ids)}
+            half = int(offs_all[0] // (cap * sb)) if len(ids) else 0
             got = np.array([int(e) in pos for e in used[other].tolist()], dtype=bool)
             if got.any():
                 m = other[got]
                 self.prefetch_used += int(m.size)
-                offs = np.array([(half * cap + pos[int(e)]) * sb for e in used[m].tolist()], dtype=np.int64)
-                out.append(StagingRound(m, offs, half, token, True))
+                offs = np.array([offs_all[pos[int(e)]] for e in used[m].tolist()], dtype=np.int64)
+                out.append(StagingRound(m, offs, half, None, True))
                 other = other[~got]
             half = 1 - half if self.halves == 2 else 0
         for a in range(0, other.size, cap):

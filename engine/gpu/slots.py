@@ -25,6 +25,7 @@ from strata.layout import experts as LX
 from strata.packer import quants
 
 from .. import layers
+from ..chunk_routing import DeferredCounts
 from ..experts import ExpertPath, ShardExperts
 from . import reference as R
 from .backend import Backend
@@ -355,6 +356,12 @@ class GpuExpertPath(ExpertPath):
             self.cache.admit(il, e)
         return out
 
+    def tier_bytes_of_layer(self, il: int) -> int:
+        """The engine-form bytes of one expert of layer ``il`` (gate + up + down): what a chunk reads over PCIe for
+        each of the layer's host-tier experts it uses (0 without a chunk path)."""
+        path = self.chunk_path
+        return sum(p.nbytes for p in path.layout.layouts[il]) if path is not None and path.layout is not None else 0
+
     def tier_bytes(self, il: int, e: int) -> int:
         """The engine-form bytes of expert ``e`` of layer ``il`` (gate + up + down) when the host tier holds it and
         the cache does not (a chunk reads it from there once: copied to staging, or in place on the f32-tile path),
@@ -362,7 +369,7 @@ class GpuExpertPath(ExpertPath):
         tier, path = self.tier, self.chunk_path
         if tier is None or path is None or (il, e) not in tier.where:
             return 0
-        return sum(p.nbytes for p in path.layout.layouts[il])
+        return self.tier_bytes_of_layer(il)
 
     def residency(self, il, experts):
         """:meth:`strata.engine.experts.ExpertPath.residency` from the chunk path's slot tables (no lookup per
@@ -396,10 +403,16 @@ class GpuExpertPath(ExpertPath):
             return super().chunk(il, X, ids, weights)
         if isinstance(ids, list):
             ids = np.asarray(ids, dtype=np.int64)
+        slots, tiers = path.tables(self)
+        resident = slots[il] >= 0
         D, at = path.device_grouped(self, il, X, ids)
         T, k = ids.shape
-        z = np.zeros(T, dtype=np.int64)
-        self._chunk_layers.append((il, ids, np.full(T, k, dtype=np.int64), z, z, z))
+        if resident.all():
+            z = np.zeros(T, dtype=np.int64)
+            self._chunk_layers.append((il, ids, np.full(T, k, dtype=np.int64), z, z, z))
+        else:  # host-tier experts read over PCIe: the rows' counts once the ids come down (replay)
+            tb = np.where(resident, 0, np.where(tiers[il] >= 0, self.tier_bytes_of_layer(il), 0)).astype(np.int64)
+            self._chunk_layers.append((il, ids, DeferredCounts(resident, tb), None, None, None))
         self._chunk_stack = None
         if path.device_kernels:
             from .rows_ops import weighted_rows
