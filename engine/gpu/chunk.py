@@ -24,6 +24,7 @@ forward`) runs a chunk on the device through it:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,8 +129,9 @@ class ChunkPath:
         #: host, as a partly resident layer (the tests compare the two)
         self.device_grouping = True
         #: ... and so does a layer whose experts are each in a slot or the host tier (its tier experts read in place
-        #: or from a prefetch); False: on the host, with staging rounds (the tests compare the two)
-        self.device_grouping_tier = True
+        #: or from a prefetch); False: on the host, with staging rounds (the tests compare the two; the environment's
+        #: STRATA_CHUNK_TIER_ON_DEVICE=0 for a benchmark's A/B)
+        self.device_grouping_tier = os.environ.get("STRATA_CHUNK_TIER_ON_DEVICE", "1") != "0"
         #: the grouped f16 product (moe_mm) for the routed experts: block types, not --kernel exact
         self.mm = bool(tf32) and self.grouped and backend.mm_types(types)
 
