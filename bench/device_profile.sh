@@ -30,6 +30,7 @@ GEOS=${GEOS:-"qwen3moe-30b-a3b"}
 for g in $GEOS; do
     step "$g: GGUF and pack"
     python3 bench/bench_prompt_gpu.py --work "$WORK/pp" --geometry $g --prepare-only 2>&1 | tail -2
+    sync  # the GGUF just written flushed before anything is timed
     step "$g: profile"
     timeout ${PROF_S:-200} python3 bench/profile_step.py "$WORK/pp/$g-pack" --json "$OUT/profile_$g.json" ${PROF_ARGS:-} 2>&1 \
         | tee -a "$OUT/profile.log"

@@ -28,6 +28,7 @@ fi
 GEOS=${GEOS:-"qwen2-7b qwen3moe-30b-a3b"}
 step "GGUFs and packs: $GEOS"
 for g in $GEOS; do python3 bench/bench_prompt_gpu.py --work "$WORK/pp" --geometry $g --prepare-only 2>&1 | tail -2; done
+sync  # the GGUFs just written flushed first: a 24G row measured during the flush ran ~30% slow (2026-12-02 calls x, y)
 LB=""
 if [ "${LLAMA:-1}" = 1 ]; then step "waiting for the llama.cpp build"; lcp_build_wait; LB="--llama-bench $LCP_BENCH"; fi
 for g in $GEOS; do

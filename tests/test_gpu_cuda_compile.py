@@ -49,17 +49,3 @@ def test_every_cuda_module_compiles(tmp_path):
     with ThreadPoolExecutor(2) as ex:
         errors = [e for e in ex.map(lambda kv: _compile(kv[0], *kv[1], tmp_path), mods.items()) if e]
     assert not errors, "\n".join(errors)
-
-
-def test_q8_batched_register_caps_name_q8_types_and_reach_the_source():
-    """launch_shape.Q8_BATCHED_MIN_BLOCKS names only types with q8 kernels, and each type's q8 module carries its
-    value as Q8_BATCHED_MIN_BLOCKS (0 for the types not listed): the __launch_bounds__ of matvec_q8_batched."""
-    from strata.engine.gpu import launch_shape as LS
-    from strata.packer import quants
-
-    names = {quants.qtype(t).name: t for t in K.Q8_GPU_TYPES}
-    assert set(LS.Q8_BATCHED_MIN_BLOCKS) <= set(names)
-    assert LS.Q8_BATCHED_MIN_BLOCKS["Q4_K"] == 10 and LS.Q8_BATCHED_MIN_BLOCKS["Q6_K"] == 11
-    for name, t in names.items():
-        want = LS.Q8_BATCHED_MIN_BLOCKS.get(name, 0) if LS.Q8_BATCHED_BOUNDS_ON else 0
-        assert f"#define Q8_BATCHED_MIN_BLOCKS {want}\n" in K.q8_source_for(t), name

@@ -128,10 +128,14 @@ class ChunkPath:
         #: a layer whose experts are all in slots sorts its pairs on the device (:meth:`device_grouped`); False: on the
         #: host, as a partly resident layer (the tests compare the two)
         self.device_grouping = True
-        #: ... and so does a layer whose experts are each in a slot or the host tier (its tier experts read in place
-        #: or from a prefetch); False: on the host, with staging rounds (the tests compare the two; the environment's
-        #: STRATA_CHUNK_TIER_ON_DEVICE=0 for a benchmark's A/B)
-        self.device_grouping_tier = os.environ.get("STRATA_CHUNK_TIER_ON_DEVICE", "1") != "0"
+        #: True: so does a layer whose experts are each in a slot or the host tier (its tier experts read in place by
+        #: the grouped kernel, or from a prefetch). Off by default (STRATA_CHUNK_TIER_ON_DEVICE=1 turns it on): such a
+        #: layer sorts its pairs on the host and copies its tier experts to staging on the side stream, under the
+        #: compute - 2,211 tok/s on the 80B-A3B at 24G (pp512, H200, bench/results/h200-2026-12-02y-*) against
+        #: 1,526 with the in-place reads (the same call, but that run came first, while the GGUF just written was still
+        #: being flushed); the grouped kernel's reads over PCIe are scattered 32-byte pieces (every expert so read took
+        #: 5.5 s a chunk on the 30B-A3B: docs/DESIGN.md). The tests compare the two.
+        self.device_grouping_tier = os.environ.get("STRATA_CHUNK_TIER_ON_DEVICE", "0") == "1"
         #: the grouped f16 product (moe_mm) for the routed experts: block types, not --kernel exact
         self.mm = bool(tf32) and self.grouped and backend.mm_types(types)
 

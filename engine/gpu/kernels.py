@@ -77,8 +77,6 @@ from strata.packer import quants
 
 from ..kernel_src import assembly as A
 from .launch_shape import (
-    Q8_BATCHED_BOUNDS_ON,
-    Q8_BATCHED_MIN_BLOCKS,
     Q8_GPU_TYPES,
     Q8_WARPS,
     Q8Kernels,
@@ -174,8 +172,7 @@ def q8_source_for(type_id: int, *, with_kernels: bool = True) -> str:
     Raises ValueError for a type without one."""
     q8_act_format(type_id)
     code = A.q8_type_source(type_id)
-    mb = Q8_BATCHED_MIN_BLOCKS.get(quants.qtype(type_id).name, 0) if Q8_BATCHED_BOUNDS_ON else 0
-    shape = f"#define Q8_WARPS {Q8_WARPS}\n#define Q8_BATCHED_MIN_BLOCKS {mb}\n"
+    shape = f"#define Q8_WARPS {Q8_WARPS}\n"
     return code + shape + cuda_file("matvec_q8.cu") if with_kernels else code
 
 

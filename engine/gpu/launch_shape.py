@@ -58,15 +58,6 @@ Q8_WARPS = int(os.environ.get("STRATA_Q8_WARPS", "4"))
 Q8_SPLIT = os.environ.get("STRATA_Q8_SPLIT", "auto")
 #: Warp steps from which ``auto`` splits a row over every warp of the CTA (``STRATA_Q8_SPLIT_STEPS``).
 Q8_SPLIT_STEPS = int(os.environ.get("STRATA_Q8_SPLIT_STEPS", "4"))
-#: ``matvec_q8_batched``'s minimum CTAs per SM (``__launch_bounds__``'s second argument, ``Q8_BATCHED_MIN_BLOCKS``
-#: in matvec_q8.cu) per ggml type: caps its registers at what the kernel used before the device-memory weights got
-#: wide loads (``-Xptxas -v``, sm_90, 128 threads: Q4_K 54 -> 48, Q5_K 52 -> 48, Q6_K 48 -> 40, Q2_K 56 -> 47, Q3_K
-#: 48 -> 40, Q4_0 44 -> 40; no spills), so the warps an SM holds - the PCIe reads in flight when the weights are
-#: host-tier experts - are what they were (the no-expert-resident decode step went 29.8 -> 34.4 ms with the extra
-#: registers: bench/results/h200-2026-12-02w-*). Types not listed keep the compiler's choice (they use fewer).
-#: ``STRATA_Q8_BATCHED_MIN_BLOCKS=0`` turns it off (the A/B of bench/device_profile.sh).
-Q8_BATCHED_MIN_BLOCKS = {"Q4_0": 11, "Q2_K": 10, "Q3_K": 11, "Q4_K": 10, "Q5_K": 10, "Q6_K": 11}
-Q8_BATCHED_BOUNDS_ON = os.environ.get("STRATA_Q8_BATCHED_MIN_BLOCKS", "1") != "0"
 #: Dynamic shared memory a q8 launch may take without opting in (CUDA's default per-CTA limit), bytes.
 Q8_SHMEM_MAX = 48 * 1024
 

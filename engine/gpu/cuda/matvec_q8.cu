@@ -222,12 +222,7 @@ extern "C" __global__ void __launch_bounds__(32 * Q8_WARPS) matvec_q8(const u8* 
 // Y[item, row] = W_item[row, :] . act_item, act_item = act + item * act_stride bytes (0: one activation for
 // all); W_item at bases[item] (engine form); base 0 = skipped (an expert-cache miss the host fills); bit 0 set = a
 // host-tier expert read over PCIe (fused.cu moe_route tags it: the addresses are even), read with word loads.
-#if Q8_BATCHED_MIN_BLOCKS > 0  // launch_shape.Q8_BATCHED_MIN_BLOCKS: the registers of the host-tier path's time
-#define Q8_BATCHED_BOUNDS __launch_bounds__(32 * Q8_WARPS, Q8_BATCHED_MIN_BLOCKS)
-#else
-#define Q8_BATCHED_BOUNDS __launch_bounds__(32 * Q8_WARPS)
-#endif
-extern "C" __global__ void Q8_BATCHED_BOUNDS matvec_q8_batched(
+extern "C" __global__ void __launch_bounds__(32 * Q8_WARPS) matvec_q8_batched(
     const unsigned long long* __restrict__ bases, const i64 rows, const int ne0, const u8* __restrict__ act,
     const i64 act_stride, float* __restrict__ Y, const int split) {
     const int item = blockIdx.y;
