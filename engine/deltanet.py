@@ -313,30 +313,29 @@ def _sub_chunks_batched(xp, beta, g, q, k, v, S, chunk: int, inverse=None):
     pad = C * n - T
     dk, dv = k.shape[2], v.shape[2]
 
-    def blocks(a):  # [T, h, x] -> [h, C, n, x], zero rows appended to fill the last sub-chunk
+    def blocks(a):  # [T, h, x] -> [C, h, n, x], zero rows appended to fill the last sub-chunk
         if pad:
             a = xp.concatenate([a, xp.zeros((pad, *a.shape[1:]), dtype=a.dtype)])
-        return a.reshape(C, n, h, a.shape[2]).transpose(2, 0, 1, 3)
+        return a.reshape(C, n, h, a.shape[2]).transpose(0, 2, 1, 3)
 
-    qc, kc, vc = blocks(q), blocks(k), blocks(v)  # [h, C, n, d_state]
-    bc = blocks(beta[:, :, None])[..., 0]  # [h, C, n]
-    G = xp.cumsum(blocks(g[:, :, None])[..., 0], axis=2)  # [h, C, n]
+    qc, kc, vc = blocks(q), blocks(k), blocks(v)  # [C, h, n, d_state]: sub-chunk first, so the products below come
+    bc = blocks(beta[:, :, None])[..., 0]  # [C, h, n]                   out in the order the sequence reads them
+    G = xp.cumsum(blocks(g[:, :, None])[..., 0], axis=2)  # [C, h, n]
     lower = xp.tril(xp.ones((n, n), dtype=bool))
     decay = xp.exp(xp.where(lower, G[..., :, None] - G[..., None, :], f32(-xp.inf)))  # e^(G_t - G_j), 0 above
     eG = xp.exp(G)
     kT = kc.transpose(0, 1, 3, 2)
-    A = (bc[..., None] * ((kc @ kT) * decay) * xp.tril(xp.ones((n, n), dtype=f32), -1)).reshape(h * C, n, n)
+    A = (bc[..., None] * ((kc @ kT) * decay) * xp.tril(xp.ones((n, n), dtype=f32), -1)).reshape(C * h, n, n)
     Inv = inverse(A) if inverse is not None else None
     if Inv is None:
         Inv = unit_lower_inverse(xp, A)
-    UW = Inv.reshape(h, C, n, n) @ xp.concatenate([(bc * eG)[..., None] * kc, bc[..., None] * vc], axis=3)
-    wkT = (xp.exp(G[..., -1:] - G)[..., None] * kc).transpose(0, 1, 3, 2)  # [h, C, d_k, n]
+    UW = Inv.reshape(C, h, n, n) @ xp.concatenate([(bc * eG)[..., None] * kc, bc[..., None] * vc], axis=3)
+    wkT = (xp.exp(G[..., -1:] - G)[..., None] * kc).transpose(0, 1, 3, 2)  # [C, h, d_k, n]
     # [M; wk^T] [U | W] with the U columns negated, then e^G q and e^G_C I added in the U columns: [C, h, n + d_k, .]
     Lm = xp.concatenate([(qc @ kT) * decay, wkT], axis=2) @ UW
     Lm[..., :dk] *= f32(-1.0)
     Lm[..., :n, :dk] += eG[..., None] * qc
     Lm[..., n:, :dk] += eG[..., -1, None, None] * xp.eye(dk, dtype=f32)
-    Lm = xp.ascontiguousarray(Lm.transpose(1, 0, 2, 3))
     Z = xp.zeros((h, dk + dv, dv), dtype=f32)
     Z[:, :dk] = S.transpose(0, 2, 1)
     Z[:, dk:] = xp.eye(dv, dtype=f32)

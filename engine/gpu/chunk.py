@@ -114,6 +114,7 @@ class ChunkPath:
         self.stage_cap = self.group // self.halves
         self._half_read: list[Any] = [None, None]  # per half: the token of the last round that read it
         self._last_half = 0
+        self._read_half: int | None = None  # the prefetched half device_grouped's table points at (see _all_bases)
         self._prefetched: dict[int, tuple] = {}  # next layer -> (tables key, half, expert ids, token)
         self.prefetched = 0  # host-tier experts copied ahead of their layer (prefetch_next), over the run
         self.prefetch_used = 0  # of them, those their layer's chunk used
@@ -307,7 +308,8 @@ class ChunkPath:
         staged = np.asarray(pre[0] if pre is not None else [], dtype=np.int64)
         in_tier = np.setdiff1d(np.flatnonzero(sl < 0), staged)
         if pre is not None:
-            self.prefetch_used += int(staged.size)
+            self.prefetch_used += int(staged.size)  # (in its table: the chunk may not route to all of them)
+            self._read_half = int(pre[1][0] // (self.stage_cap * lay.slot_bytes)) if staged.size else None
         out = []
         for p in lay.layouts[il]:
             row: list[Any] = [None] * self.n_expert
@@ -348,6 +350,9 @@ class ChunkPath:
         bk.expert_mm(ul.type_id, bases[1][0:E], ul.rows, ul.ne0, Xc, index, rnd, Um, True, xs)
         H = bk.silu_mul(Gm.reshape(-1), Um.reshape(-1)).reshape(Gm.shape)
         bk.expert_mm(dl.type_id, bases[2][0:E], dl.rows, dl.ne0, H, index, rnd, D, False)
+        if self._read_half is not None:  # its table read a prefetched half: the next copy there waits for these
+            self._half_read[self._read_half] = bk.mark()
+            self._last_half, self._read_half = self._read_half, None
         self.prefetch_next(path, il, P)
         return D, index[inv0:]
 
@@ -360,7 +365,7 @@ class ChunkPath:
         sb, cap = lay.slot_bytes, self.stage_cap
         pre = self._take_prefetch(il)
         out: list[StagingRound] = []
-        half = 0
+        half = 1 - self._last_half if self.halves == 2 else 0  # the half not read last: its copies need not wait
         if pre is not None:
             ids, offs_all = pre
             pos = {e: j for j, e in enumerate(ids)}
