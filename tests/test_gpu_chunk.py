@@ -160,6 +160,22 @@ def test_grouped_product_rounds_and_tiers_do_not_change_a_bit(packs, backend):
     assert runs[2][2] > 0 and runs[2][3] == 0  # no host tier: misses staged from the shard
 
 
+def _grouping_run(pack, backend: str, ids: list[int], switch: str, on: bool, **kw):
+    """A 3-token generation with the chunk path's ``switch`` (``device_grouping`` / ``device_grouping_tier``) set to
+    ``on``: ``(engine, result, the routing hook's (layer, ids) in order, ChunkPath.device_grouped calls)``."""
+    eng = _engine(pack, backend, n_ctx=64, ubatch=16, **kw)
+    path, ex = eng.experts.chunk_path, eng.experts
+    assert path.mm
+    setattr(path, switch, on)
+    calls: list = []
+    real = path.device_grouped
+    path.device_grouped = lambda *a, _r=real, _c=calls: _c.append(1) or _r(*a)
+    seen: list = []
+    ex.on_route = lambda il, sel, _s=seen: _s.append((il, tuple(sel)))
+    r = generate(eng, prompt_ids=ids, n_tokens=3, ignore_eos=True)
+    return eng, r, seen, len(calls)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["moe", "q3n"])
 def test_device_grouping_equals_the_host_grouping(packs, name, backend):
@@ -169,17 +185,8 @@ def test_device_grouping_equals_the_host_grouping(packs, name, backend):
     ids = _ids(45, seed=11)
     runs = []
     for on in (True, False):
-        eng = _engine(packs[name], backend, n_ctx=64, ubatch=16)
-        path, ex = eng.experts.chunk_path, eng.experts
-        assert path.mm
-        path.device_grouping = on
-        calls = []
-        real = path.device_grouped
-        path.device_grouped = lambda *a, _r=real, _c=calls: _c.append(1) or _r(*a)
-        seen: list = []
-        ex.on_route = lambda il, sel, _s=seen: _s.append((il, tuple(sel)))
-        r = generate(eng, prompt_ids=ids, n_tokens=3, ignore_eos=True)
-        runs.append((r.output_ids, r.top, seen, ex.counts.hits, ex.counts.misses, len(calls)))
+        eng, r, seen, calls = _grouping_run(packs[name], backend, ids, "device_grouping", on)
+        runs.append((r.output_ids, r.top, seen, eng.experts.counts.hits, eng.experts.counts.misses, calls))
     (o1, t1, s1, h1, m1, c1), (o2, t2, s2, h2, m2, c2) = runs
     assert o1 == o2 and t1 == t2
     assert s1 == s2 and len(s1) > 0
@@ -469,19 +476,12 @@ def test_partly_resident_layers_grouped_on_the_device_equal_the_host(packs, name
     full = generate(_engine(packs[name], backend, n_ctx=64, ubatch=16), prompt_ids=ids, n_tokens=3, ignore_eos=True)
     runs = []
     for on in (True, False):
-        eng = _engine(packs[name], backend, n_ctx=64, ubatch=16, resident="0.34", miss_tier="pcie")
-        path, ex = eng.experts.chunk_path, eng.experts
-        assert path.mm
-        path.device_grouping_tier = on
-        calls = []
-        real = path.device_grouped
-        path.device_grouped = lambda *a, _r=real, _c=calls: _c.append(1) or _r(*a)
-        seen: list = []
-        ex.on_route = lambda il, sel, _s=seen: _s.append((il, tuple(sel)))
-        r = generate(eng, prompt_ids=ids, n_tokens=3, ignore_eos=True)
+        eng, r, seen, calls = _grouping_run(
+            packs[name], backend, ids, "device_grouping_tier", on, resident="0.34", miss_tier="pcie"
+        )
         prompt = [s for s in r.steps if s.phase == "prompt"]
         per_pos = [(s.expert_hits, s.expert_misses, s.expert_pcie, s.pcie_bytes) for s in prompt]
-        runs.append((r.output_ids, r.top, seen, per_pos, len(calls), path.tier_copied))
+        runs.append((r.output_ids, r.top, seen, per_pos, calls, eng.experts.chunk_path.tier_copied))
     (o1, t1, s1, p1, c1, k1), (o2, t2, s2, p2, c2, k2) = runs
     assert (o1, t1) == (o2, t2) == (full.output_ids, full.top)
     assert s1 == s2 and p1 == p2
