@@ -17,6 +17,7 @@ from pathlib import Path
 
 from strata.packer.pack_plan import is_router_tensor
 from strata.packer.packfmt import GEOMETRY_FILE
+from strata.packer.parquet_io import read_parquet_table
 
 from .errors import PlanInputError
 
@@ -40,7 +41,7 @@ def read_parquet(path: str | Path, what: str, required: str, *, schema_only: boo
 
     try:
         with open(path, "rb") as f:  # a file object: pyarrow takes no path that is not UTF-8
-            return pq.read_schema(f) if schema_only else pq.read_table(f)
+            return pq.read_schema(f) if schema_only else read_parquet_table(f)
     except Exception as e:  # pyarrow raises several types for unreadable files
         raise PlanInputError(
             f"{what}: not a readable Parquet file ({e})", tensor=str(path), found="not Parquet", required=required

@@ -42,6 +42,7 @@ import numpy as np
 
 from strata.packer.pack import Pack
 from strata.packer.packfmt import MERGES_FILE, TOKENIZER_COLUMN_TYPES, VOCAB_FILE
+from strata.packer.parquet_io import read_parquet_table
 from strata.packer.tokenizer_rules import (
     MODEL_DEFAULTS,
     PRE_RULES,
@@ -317,13 +318,12 @@ class Tokenizer:
 def _read_parquet(path: Path):
     """``pyarrow.parquet.read_table`` that refuses a corrupt or empty file with its size (TokenizerError)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     if not path.is_file():
         raise TokenizerError(f"{path}: not a file")
     try:
         with open(path, "rb") as f:  # a file object: pyarrow takes no path that is not UTF-8
-            return pq.read_table(f)
+            return read_parquet_table(f)
     except (pa.ArrowException, OSError):
         raise TokenizerError(f"{path}: not a valid Parquet file ({path.stat().st_size} bytes)") from None
 

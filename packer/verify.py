@@ -38,6 +38,7 @@ from .packfmt import (
     read_kv_text,
     sources_modified,
 )
+from .parquet_io import read_parquet_table
 
 
 class VerifyError(ValueError):
@@ -73,7 +74,6 @@ def _verify_tokenizer(model, pack_dir: Path) -> None:
     Raises:
         VerifyError: naming the file and the first difference (or why it cannot be read).
     """
-    import pyarrow.parquet as pq
 
     from .packfmt import MERGES_FILE, TOKENIZER_COLUMN_TYPES, VOCAB_FILE
 
@@ -99,7 +99,7 @@ def _verify_tokenizer(model, pack_dir: Path) -> None:
             raise VerifyError(f"{path}: missing; the source has {key} (the pack's tokenizer)")
         try:
             with open(path, "rb") as f:  # a file object: pyarrow takes no path that is not UTF-8
-                table = pq.read_table(f)
+                table = read_parquet_table(f)
         except Exception as e:  # pyarrow raises its own types for a damaged file
             raise VerifyError(f"{path}: unreadable ({e})") from None
         want_cols = (["id"] if fname == VOCAB_FILE else []) + [c for c, k in cols if k in h.kv]
