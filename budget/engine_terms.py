@@ -141,7 +141,8 @@ def chunk_term(facts: ModelFacts, ubatch: int, n_ctx: int | None = None) -> tupl
     tile = LC.chunk_tile_elements(ne0_max, dense_max, part, n_expert)
     group = min(LC.chunk_group_experts(tile, part), n_expert)
     return nb, (
-        f"-ub {ubatch}: f32 weight tile of {tile} values ({4 * tile} B)"
+        f"a chunk of {pos} positions (the least of -ub, -b and the context): f32 weight tile of {tile} values "
+        f"({4 * tile} B)"
         + (f" + {group} staging slots of {slot} B (a chunk's missed experts)" if moe else "")
         + (f" + {pairs} B of grouped-product outputs ({pos} x {facts.n_expert_used} pairs)" if grouped else "")
     )

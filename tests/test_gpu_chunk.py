@@ -259,10 +259,13 @@ def test_budget_check_plans_the_chunk_at_its_ubatch(packs):
 
     from strata.budget.cli import main
 
+    details: dict = {}
+
     def terms(*extra):
         r = CliRunner().invoke(main, ["check", str(packs["moe"]), "--card", "6G", "--ctx", "64", "--json", *extra])
         assert r.exit_code == 0, r.output
         d = json.loads(r.output)
+        details[extra] = {t["name"]: t["detail"] for t in d["terms"]}["prompt chunk"]
         return {t["name"]: t["bytes"] for t in d["terms"]}, d["used_bytes"]
 
     (chunked, used), (one, used1) = terms(), terms("-ub", "1")
@@ -286,6 +289,9 @@ def test_budget_check_plans_the_chunk_at_its_ubatch(packs):
         big["prompt chunk"] == chunked["prompt chunk"]
         and chunked["prompt chunk"] - small["prompt chunk"] == 48 * per_pos
     )
+    # the label says the positions the bytes are for: the context's where it caps the chunk
+    assert details[("-ub", "4096")].startswith("a chunk of 64 positions (the least of -ub, -b and the context): ")
+    assert details[("-ub", "40", "-b", "16")].startswith("a chunk of 16 positions (")
     assert eng.experts.chunk_path.pair_capacity == 64 * h.n_expert_used
     e16 = _engine(packs["moe"], "sim", n_ctx=64, ubatch=16)
     assert e16.gpu.chunk_bytes == small["prompt chunk"]
