@@ -37,7 +37,7 @@ from pydantic import BaseModel
 
 from strata.layout import experts as LX
 
-from .cache_policy import learns
+from .cache_policy import class_refusal, learns
 from .errors import PlanInputError
 from .options import SPEED_RANGES, speed_value_error
 
@@ -134,7 +134,12 @@ def plan_decode_speed(plan, facts, step_ms: float, pcie_gbs: float | None) -> De
     if plan.profile is not None:
         rate, basis = plan.profile.expected_hit_rate, "the profile's prediction, in-sample"
     elif pairs:  # the experts the slots hold: less the learning cache's swap scratch (a lower bound: it learns)
-        learning = plan.host_tier_bytes > 0 and learns(plan.options.cache_policy, False)
+        learning = (  # the engine's rule (class_refusal): with fewer than 2 slots the fill stays, nothing learns
+            plan.host_tier_bytes > 0
+            and learns(plan.options.cache_policy, False)
+            and plan.slots < pairs
+            and class_refusal(True, plan.slots, pairs, "") is None
+        )
         held = min(LX.expert_capacity(pairs, plan.slots, learning), pairs)
         rate = held / pairs
         basis = f"{held} of {pairs} pairs resident, no profile" + (

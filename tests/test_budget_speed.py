@@ -132,6 +132,12 @@ def test_budget_check_predicts_from_the_resident_fraction(moe_pack):
     code, out = _check(moe_pack, *args)
     line = " ".join(out.split())
     assert code == 0 and "hit rate 8.3% (2 of 24 pairs resident, no profile (a lower bound: the cache learns" in line
+    # with fewer than 2 slots the engine keeps the fill (no swap scratch: budget.cache_policy.class_refusal), so
+    # nothing learns and the figure is no lower bound
+    for n, held in ((0, 0), (1, 1)):
+        code, out = _check(moe_pack, "--card", "24G", "--ctx", 64, "--expert-cache", n, *args[6:])
+        line = " ".join(out.split())
+        assert code == 0 and f"({held} of 24 pairs resident, no profile)" in line and "lower bound" not in line
 
 
 @pytest.mark.parametrize(
