@@ -440,3 +440,24 @@ def test_a_signal_while_the_tools_import_exits_quietly(sig, code):
     )
     r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60)
     assert r.returncode == code and r.stderr == f"error: interrupted by {sig} while starting; nothing was done\n"
+
+
+def test_no_gpu_reason_says_what_insufficient_driver_means(monkeypatch):
+    """CuPy installed on a machine without an NVIDIA driver reports cudaErrorInsufficientDriver, which reads like an
+    old driver: gpu_available's reason says there may be no GPU or driver at all (what the refusals print)."""
+    import sys
+    import types
+
+    class FakeError(Exception):
+        pass
+
+    def count():
+        raise FakeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version")
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=count)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    from strata.engine.gpu import kernels as K
+
+    ok, why = K.gpu_available()
+    assert not ok and why.startswith("no usable CUDA device (FakeError: cudaErrorInsufficientDriver")
+    assert "no NVIDIA GPU or driver here, or a driver older than CuPy's CUDA runtime" in why

@@ -368,7 +368,10 @@ def gpu_available() -> tuple[bool, str]:
         name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         return True, f"{name} (cc {props['major']}.{props['minor']}), CuPy {cp.__version__}"
     except Exception as e:
-        return False, f"no usable CUDA device ({type(e).__name__}: {e})"
+        hint = ""
+        if "InsufficientDriver" in str(e) or "NoDevice" in str(e):  # what CuPy reports on a machine without a GPU too
+            hint = " - no NVIDIA GPU or driver here, or a driver older than CuPy's CUDA runtime (nvidia-smi says)"
+        return False, f"no usable CUDA device ({type(e).__name__}: {e}){hint}"
 
 
 @dataclass(frozen=True)
