@@ -40,12 +40,16 @@ class NonFiniteLogits(GenerateError):
     def __init__(self, position: int, row):
         import numpy as np
 
+        from strata.packer.expert_samples import EXPERT_SAMPLE_BYTES
+
         bad = ~np.isfinite(row)
         self.position = position
         super().__init__(
             f"position {position}: {int(bad.sum())} of {row.size} logits are NaN or infinite (first at "
             f"token id {int(np.argmax(bad))}); the weights or the expert offsets this pack points at "
-            f"are damaged - run strata-pack verify and strata-budget check on it"
+            f"are damaged - run strata-pack verify and strata-budget check on it (verify reads every dense byte "
+            f"but only the first and last {EXPERT_SAMPLE_BYTES} B of each expert in the shards: if both pass, "
+            f"compare the shards' sha256 with the model's published one, or build the pack again from intact files)"
         )
 
 

@@ -43,8 +43,11 @@ def rms_norm(xp, x, w, eps: float):
 
 
 def silu(xp, x):
-    """``x / (1 + exp(-x))`` (ggml_silu)."""
-    return x / (xp.float32(1.0) + xp.exp(-x))
+    """``x / (1 + exp(-x))`` (ggml_silu). ``exp(-x)`` overflows to inf for ``x`` below about -88, and ``x / inf``
+    is the -0 the formula tends to: NumPy's overflow warning is silenced (damaged weights are caught as non-finite
+    logits, :class:`strata.engine.errors.NonFiniteLogits`, not as warnings)."""
+    with np.errstate(over="ignore"):
+        return x / (xp.float32(1.0) + xp.exp(-x))
 
 
 def sigmoid(xp, x):

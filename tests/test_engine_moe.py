@@ -205,8 +205,27 @@ def test_non_finite_logits_stop_generation_with_the_position(moe_pack, monkeypat
     monkeypatch.setattr(eng.model, "step", step)
     with pytest.raises(
         NonFiniteLogits, match=r"position 4: 1 of \d+ logits are NaN or infinite \(first at token id 7\)"
-    ):
+    ) as e:
         generate(eng, prompt_ids=[3, 4, 5], n_tokens=6, ignore_eos=True)
+    # the advice says what verify cannot see (a byte flipped mid-expert passed it: 2026-12-02) and what to do then
+    assert "only the first and last 256 B of each expert in the shards: if both pass, compare the shards' sha256" in (
+        str(e.value)
+    )
+
+
+def test_silu_overflow_is_the_limit_not_a_warning():
+    """silu of x below ~-88: exp(-x) overflows to inf and x / inf is -0, the formula's limit - no RuntimeWarning
+    (it leaked into a refusal's output before the NaN check spoke)."""
+    import warnings
+
+    from strata.engine.layers import silu
+
+    x = np.array([-1000.0, -100.0, -1.0, 0.0, 30.0], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = silu(np, x)
+    assert y[:2].tolist() == [0.0, 0.0] and np.signbit(y[:2]).all() and y[3] == 0.0
+    assert y[2] == np.float32(-1.0) / (np.float32(1.0) + np.exp(np.float32(1.0))) and y[4] == np.float32(30.0)
 
 
 def test_shard_prefetch_maps_the_shards_and_changes_nothing(moe_pack, monkeypatch):
