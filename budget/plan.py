@@ -258,6 +258,8 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     if o.engine == "strata" and o.cache_policy == "class" and refused is None and why is not None:  # as the engine
         raise PlanInputError(f"--cache-policy class {why}", tensor="--cache-policy", found="class", required="fill")
     warnings: list[str] = []
+    if o.engine == "strata" and o.cache_policy == "class" and facts.expert_layers and slots >= facts.expert_pairs:
+        warnings.append(f"--cache-policy class: nothing to learn ({slots} slots hold all {facts.expert_pairs} pairs)")
     if o.profile_pairs is not None:
         fill = F.fill_profile(o.profile_pairs, LX.expert_capacity(facts.expert_pairs, slots, scratch and tier_on))
         profile = ProfileReport(

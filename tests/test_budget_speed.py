@@ -192,3 +192,14 @@ def test_measure_sets_the_measured_rate_beside_the_prediction(moe_pack):
     assert r.exit_code == 2 and "--miss-tier cpu: the prediction charges misses to PCIe only" in r.output
     r = CliRunner().invoke(engine_main, [*map(str, base), "--step-ms", "inf"])
     assert r.exit_code == 2 and "--step-ms inf: outside" in r.output
+
+
+def test_class_policy_with_every_pair_resident_says_it_has_nothing_to_learn(moe_pack):
+    """--cache-policy class where the slots hold every pair (24 of 24): no refusal, no swap scratch (24 slots, no host
+    tier), and a warning that says so - the engine's start-up note, "nothing to learn"; with 3 slots no such warning."""
+    code, out = _check(moe_pack, "--card", "24G", "--ctx", 64, "--cache-policy", "class", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["slots"] == 24
+    assert "--cache-policy class: nothing to learn (24 slots hold all 24 pairs)" in d["warnings"]
+    code, out = _check(moe_pack, "--card", "24G", "--ctx", 64, "--cache-policy", "class", "--expert-cache", 3, "--json")
+    assert code == 0 and not any("nothing to learn" in w for w in json.loads(out)["warnings"])
