@@ -6,7 +6,7 @@ many experts as real text does) and its pack, then per case, each in a process o
 
 - strata ``--device cuda -ub 512``: a prompt of 513 token-dependent ids (``strata.testing.routing.topic_prompts``),
   one token generated; pp tok/s = 512 / the chunk's seconds (the last prompt position runs alone, as llama.cpp's
-  pp512 has no 513th position), best of ``--repeats``; ``-ub 1`` once on the first case (the one-position path);
+  pp512 has no 513th position), best of ``--repeats`` (each run's in ``runs_tok_s``); ``-ub 1`` once on the first case (the one-position path);
 - cases: ``all`` (every expert resident), ``half`` (layers L/2..L-1 resident: llama.cpp's ``-ncmoe L/2``),
   ``none`` (``--expert-cache 0``: llama.cpp's ``-ncmoe L``), ``16G`` / ``24G`` (``--card``, reserve 1024 MiB);
 - llama.cpp (``--llama-bench``): ``llama-bench -p 512 -n 0 -ngl 99 -ncmoe 0,L/2,L -ub 512``, and for a card
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -64,17 +65,17 @@ def one(pack: str, case: str, n_layer: int, n_expert: int, ubatch: int, repeats:
     t0 = time.perf_counter()
     eng = load_engine(pack, **kw)
     start_s = time.perf_counter() - t0
-    best = None
+    runs = []
     for _ in range(repeats):
         r = generate(eng, prompt_ids=ids, n_tokens=1, ignore_eos=True)
         chunk = [s for s in r.steps if s.phase == "prompt"]
         secs = sum(s.forward_ms for s in chunk) / 1000
-        tps = len(chunk) / secs
-        best = tps if best is None else max(best, tps)
+        runs.append(len(chunk) / secs)
     return {
         "case": case,
         "ubatch": ubatch,
-        "pp_tok_s": round(best, 1),
+        "pp_tok_s": round(max(runs), 1),
+        "runs_tok_s": [round(t, 1) for t in runs],  # in order: a first run slower than the rest shows here
         "positions": len(ids) - 1,
         "start_s": round(start_s, 1),
         "slots": eng.gpu.slot_plan.slots if eng.gpu.slot_plan else None,
@@ -174,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         synth.write_model(gguf, spec)
     if not pack.exists():
         build_pack(gguf, pack, progress=False)
+    os.sync()  # the files just written flushed before anything is timed (a 24G row measured during the flush of a
+    # 45 GB GGUF ran ~30% slow: bench/results/h200-2026-12-02x/y)
     if args.prepare_only:
         return 0
     n_layer = base.n_layers
