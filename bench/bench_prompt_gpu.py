@@ -6,7 +6,8 @@ many experts as real text does) and its pack, then per case, each in a process o
 
 - strata ``--device cuda -ub 512``: a prompt of 513 token-dependent ids (``strata.testing.routing.topic_prompts``),
   one token generated; pp tok/s = 512 / the chunk's seconds (the last prompt position runs alone, as llama.cpp's
-  pp512 has no 513th position), best of ``--repeats`` (each run's in ``runs_tok_s``); ``-ub 1`` once on the first case (the one-position path);
+  pp512 has no 513th position), best of ``--repeats`` (each run's in ``runs_tok_s``); ``-ub 1`` once on the first
+  case (the one-position path);
 - cases: ``all`` (every expert resident), ``half`` (layers L/2..L-1 resident: llama.cpp's ``-ncmoe L/2``),
   ``none`` (``--expert-cache 0``: llama.cpp's ``-ncmoe L``), ``16G`` / ``24G`` (``--card``, reserve 1024 MiB);
 - llama.cpp (``--llama-bench``): ``llama-bench -p 512 -n 0 -ngl 99 -ncmoe 0,L/2,L -ub 512``, and for a card
