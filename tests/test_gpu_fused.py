@@ -731,3 +731,50 @@ def test_sim_greedy_decode_reads_the_summary_and_agrees_with_the_row(packs):
         sampler=lambda row: int(np.argmax(row)),
     )
     assert a.output_ids == b.output_ids and a.top == b.top
+
+
+@pytest.mark.parametrize("share", ["0.5", "0.01"])
+def test_sim_split_misses_between_pcie_and_cpu_change_no_bit(packs, share, monkeypatch):
+    """STRATA_PCIE_SHARE (issue 19's split of a layer's misses): the host tier holds the first ceil(share x n) of each
+    layer's n non-resident experts, the CPU computes the rest in the hybrid step while the GPU reads the tier's -
+    the same tokens and top logits, bit for bit, as every expert resident and as every miss over PCIe; both kinds of
+    misses counted; the start-up notes say the split; nothing learns (the fill stays). A share outside (0, 1] is
+    refused by name."""
+    from strata.engine.errors import ExpertCacheError
+    from strata.engine.gpu.slots import split_tier_pairs
+
+    full = generate(_moe(packs, resident="all"), prompt_ids=PROMPT, n_tokens=6, ignore_eos=True)
+    pcie = generate(_moe(packs, expert_cache=0, miss_tier="pcie"), prompt_ids=PROMPT, n_tokens=6, ignore_eos=True)
+    monkeypatch.setenv("STRATA_PCIE_SHARE", share)
+    eng = _moe(packs, expert_cache=0, miss_tier="pcie")
+    r = generate(eng, prompt_ids=PROMPT, n_tokens=6, ignore_eos=True)
+    assert (r.output_ids, r.top) == (full.output_ids, full.top) == (pcie.output_ids, pcie.top)
+    assert eng.decoder.hybrid and 0 < r.expert_pcie < r.expert_misses == pcie.expert_misses
+    n_expert, layers = eng.decoder.moe.E, eng.experts.source.layers
+    tier, cpu = split_tier_pairs([(il, e) for il in layers for e in range(n_expert)], float(share))
+    assert len(eng.experts.tier) == len(tier) == len(layers) * -(-int(float(share) * 100 * n_expert) // 100)
+    notes = {k: v for cp in eng.checkpoints for k, v in cp.extra.items()}
+    want = f"{len(tier)} pairs in the host tier (PCIe), {len(cpu)} on the CPU (STRATA_PCIE_SHARE)"
+    assert notes["miss split"] == want and len(cpu) > 0
+    assert notes["cache policy"].startswith("auto: fill")
+    for bad in ("0", "1.5", "nan", "half"):
+        monkeypatch.setenv("STRATA_PCIE_SHARE", bad)
+        with pytest.raises(ExpertCacheError, match=rf"STRATA_PCIE_SHARE='{bad}': .* in \(0, 1\]"):
+            _moe(packs, expert_cache=0, miss_tier="pcie")
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+def test_cuda_split_misses_between_pcie_and_cpu_change_no_bit(packs, monkeypatch):
+    """The split on CUDA (captured hybrid segments reading host-tier addresses, the CPU computing the rest): the
+    same tokens and top logits, bit for bit, as every expert resident; both kinds of misses counted."""
+
+    def cuda(**kw):
+        eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=48, cpu_kernel="exact", **kw)
+        return eng, generate(eng, prompt_ids=PROMPT, n_tokens=6, ignore_eos=True)
+
+    _e, full = cuda(resident="all")
+    monkeypatch.setenv("STRATA_PCIE_SHARE", "0.5")
+    eng, r = cuda(expert_cache=0, miss_tier="pcie")
+    assert eng.decoder.hybrid and (r.output_ids, r.top) == (full.output_ids, full.top)
+    assert 0 < r.expert_pcie < r.expert_misses

@@ -37,22 +37,16 @@ from ..chunk_routing import ChunkRouting
 from ..core import Engine
 from ..decoder import Decoder, State
 from ..errors import ExpertCacheError, GenerateError, StageTimesRefused, StartupRefused
-from ..experts import ShardExperts, mem_available, resident_pairs
+from ..experts import ShardExperts, resident_pairs
 from ..loader import LoadPlan
 from ..options import ResolvedOptions
+from . import slots as SL
 from .backend import Backend, make_backend
 from .chunk import ChunkPath
 from .fused import FusedDecoder, FusedUnsupported, StageTimes, describe, fused_unsupported
 from .fused_moe import check_policy
 from .slots import PROBE_COPIES, GpuExpertPath, GpuStepProbe, HostTier, HostTierError, SlotCache, SlotPlan, probe_pcie
 from .weights import DeviceWeights, rows_of
-
-
-def host_tier_room() -> tuple[int | None, int | None]:
-    """``(MemAvailable, room)`` in bytes: the host's available memory and what a host tier may pin of it (less
-    :data:`strata.layout.experts.HOST_TIER_MARGIN_BYTES`, at least 0); ``(None, None)`` without /proc/meminfo."""
-    avail = mem_available()
-    return avail, None if avail is None else max(avail - LX.HOST_TIER_MARGIN_BYTES, 0)
 
 
 @dataclass
@@ -373,7 +367,10 @@ class GpuDevice:
         slots = size.slots
         cache = SlotCache(source, bk, n_embd, n_ff, slots, bufs=experts.bufs)
         assert cache.slot_bytes == slot_bytes
-        if learn := check_policy(opts, tier_on, slots, pairs, info.miss_tier, note):
+        split = tier_on and SL.pcie_share() < 1  # a share of the misses on the CPU: the hybrid step, nothing learns
+        if learn := check_policy(
+            opts, tier_on and not split, slots, pairs, info.miss_tier or "STRATA_PCIE_SHARE", note
+        ):
             cache.reserve_scratch()
         if opts.profile is not None:
             order = F.fill_profile(opts.profile, cache.capacity).order  # (less a swap scratch slot)
@@ -440,7 +437,7 @@ class GpuDevice:
         if opts.miss_tier == "pcie":
             return True
         first = F.size_expert_cache(free, reserve, slot_bytes, cap, asked, cap_what=what)
-        avail, room = host_tier_room()
+        avail, room = SL.host_tier_room()
         tier = LX.host_tier_bytes(LX.host_tier_pairs(pairs, first.slots, opts.learns), slot_bytes)
         if room is not None and tier > room:
             self.info.miss_tier = (
@@ -466,7 +463,10 @@ class GpuDevice:
         if opts.miss_tier == "cpu":
             info.miss_tier = "cpu"
             return None
-        _avail, room = host_tier_room()
+        rest, cpu = SL.split_tier_pairs(rest, SL.pcie_share())
+        if cpu:
+            note["miss split"] = f"{len(rest)} pairs in the host tier (PCIe), {len(cpu)} on the CPU (STRATA_PCIE_SHARE)"
+        _avail, room = SL.host_tier_room()
         bk = self.bk
         bk.synchronize()
         before = bk.mem_info().free

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from strata.packer import quants
 
 from .. import layers
 from ..chunk_routing import DeferredCounts
+from ..errors import ExpertCacheError
 from ..experts import ExpertPath, ShardExperts
 from . import reference as R
 from .backend import Backend
@@ -239,6 +241,48 @@ HOST_ALLOC_FLAGS = 1 | 2
 
 class HostTierError(MemoryError):
     """A host tier that does not fit the host's available memory (both numbers in the message)."""
+
+
+def host_tier_room() -> tuple[int | None, int | None]:
+    """``(MemAvailable, room)`` in bytes: the host's available memory and what a host tier may pin of it (less
+    :data:`strata.layout.experts.HOST_TIER_MARGIN_BYTES`, at least 0); ``(None, None)`` without /proc/meminfo."""
+    from ..experts import mem_available
+
+    avail = mem_available()
+    return avail, None if avail is None else max(avail - LX.HOST_TIER_MARGIN_BYTES, 0)
+
+
+def pcie_share() -> float:
+    """``STRATA_PCIE_SHARE`` (default 1): the share of each MoE layer's non-resident experts the host tier holds; the
+    rest are computed on the CPU by the hybrid step while the GPU reads the tier's over PCIe - issue 19's split of a
+    layer's misses between the two tiers, a benchmark knob until a start-up measurement picks the share (not measured
+    yet, 2026-12-02). 1: the tier holds them all (the one-graph step).
+
+    Raises:
+        ExpertCacheError: a value that is not a number in (0, 1], naming it.
+    """
+    import os
+
+    raw = os.environ.get("STRATA_PCIE_SHARE", "1")
+    try:
+        share = float(raw)
+    except ValueError:
+        share = float("nan")
+    if not 0.0 < share <= 1.0:  # (NaN fails too)
+        raise ExpertCacheError(f"STRATA_PCIE_SHARE={raw!r}: the host tier's share of a layer's misses: in (0, 1]")
+    return share
+
+
+def split_tier_pairs(rest: list[tuple[int, int]], share: float) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """``rest`` (the (layer, expert) pairs the VRAM cache does not hold) split into ``(tier, cpu)``: per layer the
+    first ``ceil(share x n)`` of its ``n`` pairs by expert id for the host tier, the others for the CPU (with
+    ``share`` 1 every pair in the tier). Order kept."""
+    by_layer: dict[int, list[int]] = {}
+    for il, e in rest:
+        by_layer.setdefault(il, []).append(e)
+    keep = {il: set(sorted(es)[: math.ceil(share * len(es) - 1e-9)]) for il, es in by_layer.items()}
+    tier = [(il, e) for il, e in rest if e in keep[il]]
+    return tier, [(il, e) for il, e in rest if e not in keep[il]]
 
 
 class HostTier:
@@ -467,6 +511,9 @@ __all__ = [
     "GpuStepProbe",
     "HostTier",
     "HostTierError",
+    "host_tier_room",
+    "pcie_share",
+    "split_tier_pairs",
     "PartLayout",
     "SlotCache",
     "SlotPlan",
