@@ -410,9 +410,9 @@ def test_sim_measure_host_tier_equals_the_plan(packs):
 def test_host_tier_that_does_not_fit_host_memory(packs, monkeypatch):
     """A host tier above the available host memory (MemAvailable less 4 GiB): ``--miss-tier pcie`` is refused with
     both numbers; ``auto`` keeps the misses on the CPU (the hybrid path) and says why; the tokens do not change."""
-    from strata.engine.gpu import device as D
+    from strata.engine.gpu import slots as SL
 
-    monkeypatch.setattr(D, "mem_available", lambda: (4 << 30) + 1000)  # 1000 B of room: no tier fits
+    monkeypatch.setattr(SL, "mem_available", lambda: (4 << 30) + 1000)  # 1000 B of room: no tier fits
     with pytest.raises(
         ExpertCacheError, match=r"--miss-tier pcie: host tier: \d+ experts x \d+ B = \d+ B .* above the 1000 B"
     ):

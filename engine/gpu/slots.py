@@ -28,7 +28,7 @@ from strata.packer import quants
 from .. import layers
 from ..chunk_routing import DeferredCounts
 from ..errors import ExpertCacheError
-from ..experts import ExpertPath, ShardExperts
+from ..experts import ExpertPath, ShardExperts, mem_available
 from . import reference as R
 from .backend import Backend
 
@@ -246,8 +246,6 @@ class HostTierError(MemoryError):
 def host_tier_room() -> tuple[int | None, int | None]:
     """``(MemAvailable, room)`` in bytes: the host's available memory and what a host tier may pin of it (less
     :data:`strata.layout.experts.HOST_TIER_MARGIN_BYTES`, at least 0); ``(None, None)`` without /proc/meminfo."""
-    from ..experts import mem_available
-
     avail = mem_available()
     return avail, None if avail is None else max(avail - LX.HOST_TIER_MARGIN_BYTES, 0)
 
