@@ -278,6 +278,15 @@ def load_engine(
                 if note.get("host_tier_pairs")
                 else experts.source.prefetch()
             )
+            moe = getattr(getattr(dev, "decoder", None), "moe", None)
+            if moe is not None and (dev.info.miss_tier.startswith("cpu") or "miss split" in note):  # misses on the CPU
+                from .gpu.slots import probe_cpu_experts
+
+                us, k, il = probe_cpu_experts(experts.source, moe.E, moe.miss_kernel(experts.kernel), experts.threads)
+                note["cpu experts"] = (
+                    f"{us:.0f} us an expert on the CPU (measured: {k} experts of layer {il} in one call, "
+                    f"{experts.threads or 'all'} threads; warm pages)"
+                )
         else:
             note["resident"] = "none (dense model)"
 

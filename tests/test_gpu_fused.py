@@ -778,3 +778,29 @@ def test_cuda_split_misses_between_pcie_and_cpu_change_no_bit(packs, monkeypatch
     eng, r = cuda(expert_cache=0, miss_tier="pcie")
     assert eng.decoder.hybrid and (r.output_ids, r.top) == (full.output_ids, full.top)
     assert 0 < r.expert_pcie < r.expert_misses
+
+
+def test_start_up_measures_the_cpu_experts_where_misses_run_there(packs, monkeypatch):
+    """Issue 19 item 2's CPU probe: where misses run on the CPU (``--miss-tier cpu``, or a share of them with
+    STRATA_PCIE_SHARE) the start-up notes give the CPU's microseconds an expert, measured with the step's miss kernel
+    and threads on the first MoE layer's first experts; not where every miss is read over PCIe or nothing misses."""
+    import re
+
+    from strata.engine.gpu import slots as SL
+
+    def notes(**kw):
+        eng = _moe(packs, **kw)
+        return eng, {k: v for cp in eng.checkpoints for k, v in cp.extra.items()}
+
+    eng, n = notes(resident="half", miss_tier="cpu")
+    layer, k = eng.experts.source.layers[0], min(SL.CPU_PROBE_EXPERTS, eng.decoder.moe.E)
+    m = re.fullmatch(
+        rf"(\d+) us an expert on the CPU \(measured: {k} experts of layer {layer} in one call, .*\)", n["cpu experts"]
+    )
+    assert m and int(m.group(1)) >= 0
+    assert "cpu experts" not in notes(resident="half", miss_tier="pcie")[1]
+    assert "cpu experts" not in notes(resident="all")[1]
+    monkeypatch.setenv("STRATA_PCIE_SHARE", "0.5")
+    assert "cpu experts" in notes(expert_cache=0, miss_tier="pcie")[1]
+    us, got_k, got_layer = SL.probe_cpu_experts(eng.experts.source, eng.decoder.moe.E, "exact", 1)
+    assert us > 0 and (got_k, got_layer) == (k, layer)

@@ -231,6 +231,29 @@ def probe_pcie(tier: HostTier, dst: Any, cuda: bool) -> tuple[float | None, int]
     return (PROBE_COPIES * n / (ms / 1000) / 1e9 if ms > 0 else None), n
 
 
+#: Experts the CPU probe computes at once (the first ones of the first MoE layer) and its timed runs.
+CPU_PROBE_EXPERTS, CPU_PROBE_RUNS = 8, 3
+
+
+def probe_cpu_experts(source: ShardExperts, n_expert: int, kernel: str, threads: int | None) -> tuple[float, int, int]:
+    """The CPU miss tier measured at start-up (issue 19 item 2: the CPU's expert throughput with the threads given,
+    beside :func:`probe_pcie`'s link): :meth:`strata.engine.experts.ShardExperts.ffn_many` of the first
+    ``min(CPU_PROBE_EXPERTS, n_expert)`` experts of the first MoE layer on one f32 input - the call the hybrid step
+    makes for a layer's misses, with its ``kernel`` and ``threads`` - timed :data:`CPU_PROBE_RUNS` times after one
+    untimed run (which touches the experts' pages): ``(microseconds per expert (the best run's wall time / experts),
+    experts, layer)``. A warm figure: a miss whose pages are cold costs more."""
+    il = source.layers[0]
+    experts = list(range(min(CPU_PROBE_EXPERTS, n_expert)))
+    x = np.full(source.shapes[il].gate[0], 0.01, dtype=np.float32)
+    best = None
+    for run in range(CPU_PROBE_RUNS + 1):
+        t0 = time.perf_counter()
+        source.ffn_many(il, experts, x, kernel=kernel, threads=threads)
+        dt = time.perf_counter() - t0
+        best = dt if run == 1 or (run > 1 and dt < best) else best
+    return best * 1e6 / len(experts), len(experts), il
+
+
 #: The sim's addresses of the host tier start here (the device slots' are 1 + offset; 0 is a miss).
 SIM_HOST_BASE = 1 << 48
 
@@ -511,6 +534,7 @@ __all__ = [
     "HostTierError",
     "host_tier_room",
     "pcie_share",
+    "probe_cpu_experts",
     "split_tier_pairs",
     "PartLayout",
     "SlotCache",
