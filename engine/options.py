@@ -312,7 +312,7 @@ def options_from_cli(
                 f"--miss-tier {opts.miss_tier}: the CPU path has no expert cache, so no miss tier (it is the GPU "
                 "path's, --device cuda); not used"
             )
-        if opts.cache_policy == "class":
+        if opts.cache_policy != "auto":  # fill or class, asked: said, as --miss-tier is
             on_warning(
                 f"--cache-policy {opts.cache_policy}: the CPU path has no expert cache (it is the GPU path's, "
                 "--device cuda); not used"

@@ -525,6 +525,10 @@ def test_gpu_only_options_on_the_cpu_are_said_not_dropped(pack):
     assert "warning: --expert-cache 3: the CPU path has no expert cache" in r.stderr
     assert "warning: --miss-tier pcie: the CPU path has no expert cache, so no miss tier" in r.stderr
     assert "warning: --no-graph: the CPU path has no CUDA graphs (--device cuda); not used" in r.stderr
+    r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "2", "--cache-policy", "fill"])
+    assert r.exit_code == 0 and "warning: --cache-policy fill: the CPU path has no expert cache" in r.stderr
+    r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "2"])  # the defaults: nothing said
+    assert r.exit_code == 0 and "warning:" not in r.stderr
     r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "2", "--device", "cuda", "--card", "99G"])
     assert r.exit_code == 2 and "unknown card '99G'" in r.stderr and "measure" not in r.stderr
 
