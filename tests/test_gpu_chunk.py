@@ -495,3 +495,20 @@ def test_partly_resident_layers_grouped_on_the_device_equal_the_host(packs, name
     n_moe = len(eng.experts.chunk_path.layout.layouts)
     assert c2 == 0 and c1 == 3 * n_moe  # every layer of the three chunks on the device with device_grouping_tier
     assert k2 > k1  # the host path copies every tier expert it uses; the device path only the prefetched ones
+
+
+@pytest.mark.parametrize("raw, want", [(None, False), ("0", False), ("1", True), ("yes", None), ("", None)])
+def test_tier_on_device_knob_takes_0_or_1_only(packs, monkeypatch, raw, want):
+    """STRATA_CHUNK_TIER_ON_DEVICE: unset or 0 -> partly resident layers on the host, 1 -> on the device; anything
+    else refused at start-up naming the value (a typo would otherwise measure the default under another label)."""
+    from strata.engine.errors import ExpertCacheError
+
+    if raw is None:
+        monkeypatch.delenv("STRATA_CHUNK_TIER_ON_DEVICE", raising=False)
+    else:
+        monkeypatch.setenv("STRATA_CHUNK_TIER_ON_DEVICE", raw)
+    if want is None:
+        with pytest.raises(ExpertCacheError, match=rf"STRATA_CHUNK_TIER_ON_DEVICE='{raw}': 0 \(the default\) or 1"):
+            _engine(packs["moe"], "sim", n_ctx=64, ubatch=16)
+    else:
+        assert _engine(packs["moe"], "sim", n_ctx=64, ubatch=16).experts.chunk_path.device_grouping_tier is want

@@ -794,10 +794,9 @@ def test_start_up_measures_the_cpu_experts_where_misses_run_there(packs, monkeyp
 
     eng, n = notes(resident="half", miss_tier="cpu")
     layer, k = eng.experts.source.layers[0], min(SL.CPU_PROBE_EXPERTS, eng.decoder.moe.E)
-    m = re.fullmatch(
-        rf"(\d+) us an expert on the CPU \(measured: {k} experts of layer {layer} in one call, .*\)", n["cpu experts"]
-    )
-    assert m and int(m.group(1)) >= 0
+    threads = eng.experts.threads or "all"
+    want = rf"\d+ us an expert on the CPU \(measured: {k} experts of layer {layer} in one call, {threads} threads; "
+    assert re.fullmatch(want + r"warm pages\)", n["cpu experts"]), n["cpu experts"]
     assert "cpu experts" not in notes(resident="half", miss_tier="pcie")[1]
     assert "cpu experts" not in notes(resident="all")[1]
     monkeypatch.setenv("STRATA_PCIE_SHARE", "0.5")

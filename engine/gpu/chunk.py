@@ -32,11 +32,25 @@ import numpy as np
 
 from strata.layout import chunk as LC
 
+from ..errors import ExpertCacheError
 from . import attn_rows as AR
 from . import moe_mm as MM
 from . import rows_ops as RO
 from .backend import Backend
 from .slots import SlotCache
+
+
+def tier_on_device() -> bool:
+    """``STRATA_CHUNK_TIER_ON_DEVICE`` (a benchmark knob: ``1`` sorts a partly resident layer's pairs on the device,
+    reading its host-tier experts in place; ``0``, the default, on the host with staging rounds).
+
+    Raises:
+        ExpertCacheError: any other value, naming it (a typo must not measure the default silently).
+    """
+    raw = os.environ.get("STRATA_CHUNK_TIER_ON_DEVICE", "0")
+    if raw not in ("0", "1"):
+        raise ExpertCacheError(f"STRATA_CHUNK_TIER_ON_DEVICE={raw!r}: 0 (the default) or 1")
+    return raw == "1"
 
 
 @dataclass
@@ -136,7 +150,7 @@ class ChunkPath:
         #: 1,526 with the in-place reads (the same call, but that run came first, while the GGUF just written was still
         #: being flushed); the grouped kernel's reads over PCIe are scattered 32-byte pieces (every expert so read took
         #: 5.5 s a chunk on the 30B-A3B: docs/DESIGN.md). The tests compare the two.
-        self.device_grouping_tier = os.environ.get("STRATA_CHUNK_TIER_ON_DEVICE", "0") == "1"
+        self.device_grouping_tier = tier_on_device()
         #: the grouped f16 product (moe_mm) for the routed experts: block types, not --kernel exact
         self.mm = bool(tf32) and self.grouped and backend.mm_types(types)
 
@@ -546,4 +560,4 @@ class ChunkPath:
         return E.reshape(T, k, n_embd)
 
 
-__all__ = ["PREFETCH_PAIRS_PER_EXPERT", "ChunkPath"]
+__all__ = ["PREFETCH_PAIRS_PER_EXPERT", "ChunkPath", "StagingRound", "tier_on_device"]
