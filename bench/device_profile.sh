@@ -10,6 +10,10 @@
 # Every profile_step run also decodes 64 tokens: decode ms per token = replay + the host's share (PROF_ARGS
 # "--host-profile" adds cProfile's top functions of that decode).
 #
+# LLAMA="-ncmoe 0,48 ..." builds llama-bench in the background from the carried .lcp (while the tests run), waits for it
+# before anything is timed, and runs `llama-bench -m GGUF -p 0 -n 32 -r 5 -t 16 -ngl 99 $LLAMA` on each geometry's
+# GGUF after strata's figures (one call: a comparison). VARIANT_ARGS (default --replay-only) are the VARIANTS' arguments
+# (a variant NAME=VALUE,--arg=v,... adds its own).
 # GEOS (default qwen3moe-30b-a3b): bench_prompt_gpu.py --prepare-only writes each GGUF + pack (MoE ones with
 # TokenRouting(0.5) routers), then profile_step.py per pack, every expert resident.
 set -uo pipefail
@@ -17,6 +21,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/device_prof}; WORK=${WORK:-/tmp/device_prof_work}; mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1
 . bench/device_env.sh; device_env "$WORK" || echo "!! wheel install failed"; T0=$(date +%s)
+[ -n "${LLAMA:-}" ] && lcp_build_start
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 which nsys ncu 2>/dev/null
 if [ -n "${TESTS:-}" ]; then
@@ -31,6 +36,7 @@ for g in $GEOS; do
     step "$g: GGUF and pack"
     python3 bench/bench_prompt_gpu.py --work "$WORK/pp" --geometry $g --prepare-only 2>&1 | tail -2
     sync  # the GGUF just written flushed before anything is timed
+    if [ -n "${LLAMA:-}" ]; then step "waiting for the llama-bench build (nothing is timed beside it)"; lcp_build_wait; fi
     step "$g: profile"
     timeout ${PROF_S:-200} python3 bench/profile_step.py "$WORK/pp/$g-pack" --json "$OUT/profile_$g.json" ${PROF_ARGS:-} 2>&1 \
         | tee -a "$OUT/profile.log"
@@ -46,10 +52,17 @@ for g in $GEOS; do
         PYTHONPATH=$PWD/.base/src:$PYTHONPATH timeout ${PROF_S:-200} python3 bench/profile_step.py "$WORK/pp/$g-pack" \
             ${BASE_ARGS:---replay-only} 2>&1 | tee -a "$OUT/profile.log"
     fi
-    for v in ${VARIANTS:-}; do
-        timeout ${PROF_S:-200} env $v python3 bench/profile_step.py "$WORK/pp/$g-pack" --replay-only 2>&1 | tail -3 \
-            | tee -a "$OUT/profile.log"
+    for v in ${VARIANTS:-}; do  # NAME=VALUE[,--arg=value,...]: the environment, then that variant's own arguments
+        va=""; [[ $v == *,* ]] && va=${v#*,} && va=${va//,/ } && v=${v%%,*}
+        echo "-- variant $v $va"
+        timeout ${PROF_S:-200} env $v python3 bench/profile_step.py "$WORK/pp/$g-pack" ${VARIANT_ARGS:---replay-only} $va 2>&1 \
+            | tail -4 | tee -a "$OUT/profile.log"
     done
+    if [ -n "${LLAMA:-}" ] && [ -x "$LCP_BENCH" ]; then
+        step "$g: llama-bench $LLAMA on the same GGUF"
+        timeout ${LLAMA_S:-240} "$LCP_BENCH" -m "$WORK/pp/$g.gguf" -p 0 -n 32 -r 5 -t 16 -ngl 99 $LLAMA 2>&1 \
+            | grep -E "^\|" | tee -a "$OUT/profile.log"
+    fi
     if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then
         step "$g: Nsight Compute, one eager step (gpu__time_duration per kernel)"
         timeout ${NCU_S:-180} ncu --nvtx --nvtx-include "strata_step/" --metrics gpu__time_duration.sum --csv \

@@ -56,17 +56,30 @@ def empty_node_us(n: int, reps: int = 50) -> float:
     return graph_us(g, s, reps, warmup=5) / n
 
 
-def decode_share(eng, n: int, replay_ms: float, profile: bool) -> dict:
+def decode_share(eng, n: int, replay_ms: float | None, profile: bool) -> dict:
     """Generate ``n`` tokens (greedy, after an 8-id prompt) and print the decode milliseconds per token beside the
-    graph replay's: the rest is the host's share of a step (the step's own Python, sampling, counting). With
-    ``profile``, cProfile's 15 costliest functions (own time) of a second such run. Returns the figures."""
+    graph replay's: the rest is the host's share of a step (the step's own Python, sampling, counting). A hybrid
+    step (``replay_ms`` None: misses stop at the host) prints instead the host's wait for the device and the CPU's
+    expert time per token (milliseconds, ``layers.HostWait`` / ``experts.cpu_expert_ms``). With ``profile``,
+    cProfile's 15 costliest functions (own time) of a second such run. Returns the figures."""
     import cProfile
     import pstats
 
+    from strata.engine import layers
     from strata.engine.generate import generate
 
+    ex = eng.model.experts
+    w0, c0 = layers.HostWait.ms, ex.cpu_expert_ms
     r = generate(eng, prompt_ids=[1, 2, 3, 4, 5, 6, 7, 8], n_tokens=n, ignore_eos=True)
     ms = 1000.0 / r.tokens_per_second
+    if replay_ms is None:
+        env = {k: v for k, v in os.environ.items() if k.startswith("STRATA_")}
+        print(
+            f"decode: {r.tokens_per_second:.1f} tok/s = {ms:.3f} ms per token ({n} tokens, greedy, hybrid step) = "
+            f"host waiting for the device {(layers.HostWait.ms - w0) / n:.3f} ms + CPU experts "
+            f"{(ex.cpu_expert_ms - c0) / n:.3f} ms + the rest; env {env}"
+        )
+        return {"tokens": n, "tok_s": r.tokens_per_second, "ms_per_token": ms}
     print(
         f"decode: {r.tokens_per_second:.1f} tok/s = {ms:.3f} ms per token ({n} tokens, greedy) = graph replay "
         f"{replay_ms:.3f} ms + host {ms - replay_ms:.3f} ms"
@@ -97,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also generate this many tokens (greedy) and set the step's host share beside the replay: decode ms per "
         "token less the replay's (0: skip); with --host-profile, cProfile's top functions of that decode",
     )
+    ap.add_argument("--miss-tier", default="auto", choices=["auto", "pcie", "cpu"], help="strata-engine's --miss-tier")
     ap.add_argument("--host-profile", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -108,14 +122,20 @@ def main(argv: list[str] | None = None) -> int:
     from strata.engine.startup import load_engine
 
     ec = args.expert_cache if args.expert_cache == "auto" else int(args.expert_cache)
-    eng = load_engine(args.pack, device="cuda", n_ctx=512, expert_cache=ec)
+    eng = load_engine(args.pack, device="cuda", n_ctx=512, expert_cache=ec, miss_tier=args.miss_tier)
     generate(eng, prompt_ids=[1, 2, 3, 4, 5, 6, 7, 8], n_tokens=8, ignore_eos=True)
     dec = eng.decoder
     ls = dec.launches(True)
     if dec is None:
         raise SystemExit(f"{args.pack}: no fused decode step on this path ({eng.gpu.decode_path}): nothing to profile")
-    if dec.hybrid:
-        raise SystemExit(f"{args.pack}: experts miss (hybrid segments): profile a cache that holds every expert")
+    if dec.hybrid:  # misses stop at the host: no single graph to replay; the decode figures only
+        if not args.decode:
+            raise SystemExit(f"{args.pack}: experts miss (hybrid segments): profile a cache that holds every expert")
+        for c in eng.checkpoints:  # the cache stage's notes: the split, the PCIe and CPU probes
+            if c.name == "expert cache":
+                print(c.line())
+        decode_share(eng, args.decode, None, args.host_profile)
+        return 0
     replay = dec.replay_ms(200) if not args.ncu_step else None
     host = None
     if args.decode and not args.ncu_step:
