@@ -47,6 +47,8 @@ def one(
         expert_cache=slots,
     )
     start_s = time.perf_counter() - t0
+    if eng.experts is not None:  # decode timed on warm page tables, as llama.cpp's populated mmap leaves them
+        eng.experts.source.prefetch_wait()
     toks = secs = hits = misses = pcie = 0
     for p in held:
         r = generate(eng, prompt_ids=list(p), n_tokens=tokens, ignore_eos=True)

@@ -60,6 +60,7 @@ class ShardExperts:
         # each shard's address in this process and size (bytes): the token path hands the C kernels addresses
         self._base = {k: (int(m.ctypes.data) if m.size else 0, int(m.size)) for k, m in self._maps.items()}
         self._addr: dict[tuple[int, int], tuple[int, int, int]] = {}  # (layer, expert) -> addresses, located once
+        self._prefetch = None  # the populate thread prefetch() started, if any
         for il, r in self.rows.items():  # a part's bytes are its rows x the row size of its type (checked once)
             shp = self.shapes[il]
             for part, t, (ne0, rows), nbytes in (
@@ -98,8 +99,18 @@ class ShardExperts:
             return "skipped: no /proc/meminfo"
         if need > avail:
             return f"skipped: the shards ({size(need)}) exceed available memory ({size(avail)})"
-        threading.Thread(target=self.populate, name="strata-expert-prefetch", daemon=True).start()
+        self._prefetch = threading.Thread(target=self.populate, name="strata-expert-prefetch", daemon=True)
+        self._prefetch.start()
         return f"started ({size(need)} of shards)"
+
+    def prefetch_wait(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: as long as it takes) for the :meth:`prefetch` thread; True when no
+        prefetch runs any more (done, or never started). For benchmarks that time decode with warm page tables,
+        as llama.cpp's ``MAP_POPULATE`` load leaves them."""
+        t = self._prefetch
+        if t is not None:
+            t.join(timeout)
+        return t is None or not t.is_alive()
 
     def populate(self) -> bool:
         """Map every page of the shards into this process's page tables now (``madvise(MADV_POPULATE_READ)``,

@@ -273,20 +273,17 @@ def load_engine(
             dev.open_expert_cache(experts, geom, opts, note)
             # the shards' page tables filled in the background (no page fault when a miss first reads an expert);
             # not with a host tier: the token path then reads no shard
+            on_cpu = dev.info.miss_tier.startswith("cpu") or "miss split" in note  # some misses on the CPU
             note["shard prefetch"] = (
                 "not needed (every miss is read from the host tier)"
-                if note.get("host_tier_pairs")
+                if note.get("host_tier_pairs") and not on_cpu
                 else experts.source.prefetch()
             )
             moe = getattr(getattr(dev, "decoder", None), "moe", None)
-            if moe is not None and (dev.info.miss_tier.startswith("cpu") or "miss split" in note):  # misses on the CPU
-                from .gpu.slots import probe_cpu_experts
+            if moe is not None and on_cpu and "cpu experts" not in note:  # (the split's choice may have measured)
+                from .gpu.slots import cpu_experts_note
 
-                us, k, il = probe_cpu_experts(experts.source, moe.E, moe.miss_kernel(experts.kernel), experts.threads)
-                note["cpu experts"] = (
-                    f"{us:.0f} us an expert on the CPU (measured: {k} experts of layer {il} in one call, "
-                    f"{experts.threads or 'all'} threads; warm pages)"
-                )
+                cpu_experts_note(experts, moe, note)
         else:
             note["resident"] = "none (dense model)"
 

@@ -741,7 +741,7 @@ def test_sim_split_misses_between_pcie_and_cpu_change_no_bit(packs, share, monke
     misses counted; the start-up notes say the split; nothing learns (the fill stays). A share outside (0, 1] is
     refused by name."""
     from strata.engine.errors import ExpertCacheError
-    from strata.engine.gpu.slots import split_tier_pairs
+    from strata.engine.gpu.miss_split import split_tier_pairs
 
     full = generate(_moe(packs, resident="all"), prompt_ids=PROMPT, n_tokens=6, ignore_eos=True)
     pcie = generate(_moe(packs, expert_cache=0, miss_tier="pcie"), prompt_ids=PROMPT, n_tokens=6, ignore_eos=True)
@@ -754,7 +754,7 @@ def test_sim_split_misses_between_pcie_and_cpu_change_no_bit(packs, share, monke
     tier, cpu = split_tier_pairs([(il, e) for il in layers for e in range(n_expert)], float(share))
     assert len(eng.experts.tier) == len(tier) == len(layers) * -(-int(float(share) * 100 * n_expert) // 100)
     notes = {k: v for cp in eng.checkpoints for k, v in cp.extra.items()}
-    want = f"{len(tier)} pairs in the host tier (PCIe), {len(cpu)} on the CPU (STRATA_PCIE_SHARE)"
+    want = f"{len(tier)} pairs in the host tier (PCIe), {len(cpu)} on the CPU (share {float(share)})"
     assert notes["miss split"] == want and len(cpu) > 0
     assert notes["cache policy"].startswith("auto: fill")
     for bad in ("0", "1.5", "nan", "half"):

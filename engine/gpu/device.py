@@ -40,6 +40,7 @@ from ..errors import ExpertCacheError, GenerateError, StageTimesRefused, Startup
 from ..experts import ShardExperts, resident_pairs
 from ..loader import LoadPlan
 from ..options import ResolvedOptions
+from . import miss_split as MS
 from . import slots as SL
 from .backend import Backend, make_backend
 from .chunk import ChunkPath
@@ -367,10 +368,9 @@ class GpuDevice:
         slots = size.slots
         cache = SlotCache(source, bk, n_embd, n_ff, slots, bufs=experts.bufs)
         assert cache.slot_bytes == slot_bytes
-        split = tier_on and SL.pcie_share() < 1  # a share of the misses on the CPU: the hybrid step, nothing learns
-        if learn := check_policy(
-            opts, tier_on and not split, slots, pairs, info.miss_tier or "STRATA_PCIE_SHARE", note
-        ):
+        self.share = MS.decide(self, experts, opts, slots, pairs, slot_bytes, note) if tier_on else 1.0
+        split = f"a share {1 - self.share:.2f} of them: the hybrid step"  # (when < 1 nothing learns)
+        if learn := check_policy(opts, tier_on and self.share == 1, slots, pairs, info.miss_tier or split, note):
             cache.reserve_scratch()
         if opts.profile is not None:
             order = F.fill_profile(opts.profile, cache.capacity).order  # (less a swap scratch slot)
@@ -463,9 +463,7 @@ class GpuDevice:
         if opts.miss_tier == "cpu":
             info.miss_tier = "cpu"
             return None
-        rest, cpu = SL.split_tier_pairs(rest, SL.pcie_share())
-        if cpu:
-            note["miss split"] = f"{len(rest)} pairs in the host tier (PCIe), {len(cpu)} on the CPU (STRATA_PCIE_SHARE)"
+        rest = MS.tier_pairs(rest, self.share, note)
         _avail, room = SL.host_tier_room()
         bk = self.bk
         bk.synchronize()

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,7 +26,6 @@ from strata.packer import quants
 
 from .. import layers
 from ..chunk_routing import DeferredCounts
-from ..errors import ExpertCacheError
 from ..experts import ExpertPath, ShardExperts, mem_available
 from . import reference as R
 from .backend import Backend
@@ -254,6 +252,17 @@ def probe_cpu_experts(source: ShardExperts, n_expert: int, kernel: str, threads:
     return best * 1e6 / len(experts), len(experts), il
 
 
+def cpu_experts_note(experts: GpuExpertPath, moe, note: dict) -> float:
+    """:func:`probe_cpu_experts` for the fused step's misses (``moe``: its :class:`~strata.engine.gpu.fused_moe.
+    MoeStep`, the miss kernel; ``experts``: the threads), said in ``note["cpu experts"]``; returns us an expert."""
+    us, k, il = probe_cpu_experts(experts.source, moe.E, moe.miss_kernel(experts.kernel), experts.threads)
+    note["cpu experts"] = (
+        f"{us:.0f} us an expert on the CPU (measured: {k} experts of layer {il} in one call, "
+        f"{experts.threads or 'all'} threads; warm pages)"
+    )
+    return us
+
+
 #: The sim's addresses of the host tier start here (the device slots' are 1 + offset; 0 is a miss).
 SIM_HOST_BASE = 1 << 48
 
@@ -271,39 +280,6 @@ def host_tier_room() -> tuple[int | None, int | None]:
     :data:`strata.layout.experts.HOST_TIER_MARGIN_BYTES`, at least 0); ``(None, None)`` without /proc/meminfo."""
     avail = mem_available()
     return avail, None if avail is None else max(avail - LX.HOST_TIER_MARGIN_BYTES, 0)
-
-
-def pcie_share() -> float:
-    """``STRATA_PCIE_SHARE`` (default 1): the share of each MoE layer's non-resident experts the host tier holds; the
-    rest are computed on the CPU by the hybrid step while the GPU reads the tier's over PCIe - issue 19's split of a
-    layer's misses between the two tiers, a benchmark knob until a start-up measurement picks the share (not measured
-    yet, 2026-12-02). 1: the tier holds them all (the one-graph step).
-
-    Raises:
-        ExpertCacheError: a value that is not a number in (0, 1], naming it.
-    """
-    import os
-
-    raw = os.environ.get("STRATA_PCIE_SHARE", "1")
-    try:
-        share = float(raw)
-    except ValueError:
-        share = float("nan")
-    if not 0.0 < share <= 1.0:  # (NaN fails too)
-        raise ExpertCacheError(f"STRATA_PCIE_SHARE={raw!r}: the host tier's share of a layer's misses: in (0, 1]")
-    return share
-
-
-def split_tier_pairs(rest: list[tuple[int, int]], share: float) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """``rest`` (the (layer, expert) pairs the VRAM cache does not hold) split into ``(tier, cpu)``: per layer the
-    first ``ceil(share x n)`` of its ``n`` pairs by expert id for the host tier, the others for the CPU (with
-    ``share`` 1 every pair in the tier). Order kept."""
-    by_layer: dict[int, list[int]] = {}
-    for il, e in rest:
-        by_layer.setdefault(il, []).append(e)
-    keep = {il: set(sorted(es)[: math.ceil(share * len(es) - 1e-9)]) for il, es in by_layer.items()}
-    tier = [(il, e) for il, e in rest if e in keep[il]]
-    return tier, [(il, e) for il, e in rest if e not in keep[il]]
 
 
 class HostTier:
@@ -533,9 +509,8 @@ __all__ = [
     "HostTier",
     "HostTierError",
     "host_tier_room",
-    "pcie_share",
     "probe_cpu_experts",
-    "split_tier_pairs",
+    "cpu_experts_note",
     "PartLayout",
     "SlotCache",
     "SlotPlan",
