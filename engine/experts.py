@@ -104,13 +104,10 @@ class ShardExperts:
         return f"started ({size(need)} of shards)"
 
     def prefetch_wait(self, timeout: float | None = None) -> bool:
-        """Wait up to ``timeout`` seconds (None: as long as it takes) for the :meth:`prefetch` thread; True when no
-        prefetch runs any more (done, or never started). For benchmarks that time decode with warm page tables,
-        as llama.cpp's ``MAP_POPULATE`` load leaves them."""
+        """Wait up to ``timeout`` s (None: no limit) for :meth:`prefetch`'s thread (benchmarks time decode on warm page
+        tables, as llama.cpp's ``MAP_POPULATE`` load leaves them); True when none runs any more."""
         t = self._prefetch
-        if t is not None:
-            t.join(timeout)
-        return t is None or not t.is_alive()
+        return t is None or (t.join(timeout) or not t.is_alive())
 
     def populate(self) -> bool:
         """Map every page of the shards into this process's page tables now (``madvise(MADV_POPULATE_READ)``,

@@ -272,8 +272,9 @@ def load_engine(
         if experts is not None:
             dev.open_expert_cache(experts, geom, opts, note)
             # the shards' page tables filled in the background (no page fault when a miss first reads an expert);
-            # not with a host tier: the token path then reads no shard
-            on_cpu = dev.info.miss_tier.startswith("cpu") or "miss split" in note  # some misses on the CPU
+            # not with a host tier holding every miss: the token path then reads no shard
+            info = getattr(dev, "info", None)  # (the GPU's: where its misses run; the CPU path has none)
+            on_cpu = info is not None and (info.miss_tier.startswith("cpu") or "miss split" in note)
             note["shard prefetch"] = (
                 "not needed (every miss is read from the host tier)"
                 if note.get("host_tier_pairs") and not on_cpu

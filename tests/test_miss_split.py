@@ -1,6 +1,6 @@
-"""Issue 19 item 2: the share of a layer's misses the host tier takes, the rest on the CPU (strata.engine.gpu.miss_split):
-the model's arithmetic in exact figures, the choice's wiring at start-up on the sim (its link given by the test), and
-the tokens unchanged by whichever split is chosen; the mapped-read probe on CUDA."""
+"""Issue 19 item 2: the share of a layer's misses the host tier takes, the rest on the CPU
+(strata.engine.gpu.miss_split): the model's arithmetic in exact figures, the choice's wiring at start-up on the sim
+(its link given by the test), and the tokens unchanged by whichever split is chosen; the mapped-read probe on CUDA."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ PROMPT = [1, 2, 3, 4, 5]
 
 
 def test_choose_splits_where_both_tiers_beat_one_and_says_the_figures():
-    """30B-A3B with no expert resident (384 misses a token, 48 MoE layers; the H200's 80 us over PCIe, 40 us on the CPU):
-    share round(40 / 120, 2) = 0.33; split 48 x 100 + 384 x max(0.33 x 80, 0.67 x 40) = 4,800 + 10,291.2 us against
-    384 x 80 = 30,720 us in one graph: split. 100 misses: 4,800 + 2,680 = 7,480 > 0.9 x 8,000: one graph."""
+    """30B-A3B with no expert resident (384 misses a token, 48 MoE layers; the H200's 80 us over PCIe, 40 us on the
+    CPU): share round(40 / 120, 2) = 0.33; split 48 x 100 + 384 x max(0.33 x 80, 0.67 x 40) = 4,800 + 10,291.2 us
+    against 384 x 80 = 30,720 us in one graph: split. 100 misses: 4,800 + 2,680 = 7,480 > 0.9 x 8,000: one graph."""
     c = MS.choose(80.0, 40.0, 384, 48)
     assert c.share == 0.33
     assert c.why == (
