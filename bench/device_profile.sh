@@ -13,7 +13,7 @@
 # LLAMA="-ncmoe 0,48 ..." builds llama-bench in the background from the carried .lcp (while the tests run), waits for it
 # before anything is timed, and runs `llama-bench -m GGUF -p 0 -n 32 -r 5 -t 16 -ngl 99 $LLAMA` on each geometry's
 # GGUF after strata's figures (one call: a comparison). VARIANT_ARGS (default --replay-only) are the VARIANTS' arguments
-# (a variant NAME=VALUE,--arg=v,... adds its own).
+# (a variant NAME=VALUE[+NAME=VALUE],--arg=v,... sets several variables and adds its own arguments).
 # GEOS (default qwen3moe-30b-a3b): bench_prompt_gpu.py --prepare-only writes each GGUF + pack (MoE ones with
 # TokenRouting(0.5) routers), then profile_step.py per pack, every expert resident.
 set -uo pipefail
@@ -53,7 +53,7 @@ for g in $GEOS; do
             ${BASE_ARGS:---replay-only} 2>&1 | tee -a "$OUT/profile.log"
     fi
     for v in ${VARIANTS:-}; do  # NAME=VALUE[,--arg=value,...]: the environment, then that variant's own arguments
-        va=""; [[ $v == *,* ]] && va=${v#*,} && va=${va//,/ } && v=${v%%,*}
+        va=""; [[ $v == *,* ]] && va=${v#*,} && va=${va//,/ } && v=${v%%,*}; v=${v//+/ }  # A=1+B=2: two variables
         echo "-- variant $v $va"
         timeout ${PROF_S:-200} env $v python3 bench/profile_step.py "$WORK/pp/$g-pack" ${VARIANT_ARGS:---replay-only} $va 2>&1 \
             | tail -4 | tee -a "$OUT/profile.log"

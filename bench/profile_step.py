@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "token less the replay's (0: skip); with --host-profile, cProfile's top functions of that decode",
     )
     ap.add_argument("--miss-tier", default="auto", choices=["auto", "pcie", "cpu"], help="strata-engine's --miss-tier")
+    ap.add_argument("--threads", type=int, default=None, help="strata-engine's --threads (CPU kernel threads)")
     ap.add_argument("--host-profile", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     from strata.engine.startup import load_engine
 
     ec = args.expert_cache if args.expert_cache == "auto" else int(args.expert_cache)
-    eng = load_engine(args.pack, device="cuda", n_ctx=512, expert_cache=ec, miss_tier=args.miss_tier)
+    eng = load_engine(args.pack, device="cuda", n_ctx=512, expert_cache=ec, miss_tier=args.miss_tier, threads=args.threads)
     if eng.experts is not None:  # decode timed on warm page tables (the start-up's shard prefetch done)
         eng.experts.source.prefetch_wait()
     generate(eng, prompt_ids=[1, 2, 3, 4, 5, 6, 7, 8], n_tokens=8, ignore_eos=True)
