@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     from strata.engine.startup import load_engine
 
     ec = args.expert_cache if args.expert_cache == "auto" else int(args.expert_cache)
-    eng = load_engine(args.pack, device="cuda", n_ctx=512, expert_cache=ec, miss_tier=args.miss_tier, threads=args.threads)
+    kw = {"expert_cache": ec, "miss_tier": args.miss_tier, "threads": args.threads}
+    eng = load_engine(args.pack, device="cuda", n_ctx=512, **kw)
     if eng.experts is not None:  # decode timed on warm page tables (the start-up's shard prefetch done)
         eng.experts.source.prefetch_wait()
     generate(eng, prompt_ids=[1, 2, 3, 4, 5, 6, 7, 8], n_tokens=8, ignore_eos=True)

@@ -783,7 +783,8 @@ def test_cuda_split_misses_between_pcie_and_cpu_change_no_bit(packs, monkeypatch
 def test_start_up_measures_the_cpu_experts_where_misses_run_there(packs, monkeypatch):
     """Issue 19 item 2's CPU probe: where misses run on the CPU (``--miss-tier cpu``, or a share of them with
     STRATA_PCIE_SHARE) the start-up notes give the CPU's microseconds an expert, measured with the step's miss kernel
-    and threads on the first experts of MoE layers spread over the model; not where every miss is read over PCIe or nothing misses."""
+    and threads on the first experts of MoE layers spread over the model; not where every miss is read over PCIe or
+    nothing misses."""
     import re
 
     from strata.engine.gpu import slots as SL
