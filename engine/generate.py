@@ -174,6 +174,9 @@ def decode(
     # Only a step the plain loop would run is queued (never past the last position or a stop token), and every
     # count of a step is taken by its wait(), before the next is queued.
     ahead = probe is None and getattr(model, "launch_ahead", False) is True
+    # a step's routing record counted after the next step is queued (off the device's critical path), before its report
+    settle = getattr(model, "settle", None) if ahead else None
+    held = {"settle": False} if settle is not None else {}
     last = n_prompt + n_new - 1  # positions run: start .. last - 1
     queued_at = None  # perf_counter when the step of position pos was queued ahead, else None
 
@@ -189,10 +192,10 @@ def decode(
             emit = pos >= n_prompt - 1  # the last prompt position and every generated one
             if queued_at is not None:
                 t0, queued_at = queued_at, None
-                logits = model.wait()
+                logits = model.wait(**held)
             elif ahead:
                 t0 = queue(pos)
-                logits = model.wait()
+                logits = model.wait(**held)
             else:
                 if guard is not None:
                     guard()
@@ -234,8 +237,12 @@ def decode(
                 try:
                     queued_at = queue(pos + 1)
                 except BaseException:  # guard() refused the next step: this one is still reported first
+                    if settle is not None:
+                        settle()
                     finish(st)
                     raise
+            if settle is not None:
+                settle()
             finish(st)
             if emit and t_first is None:
                 t_first = time.perf_counter()
@@ -245,6 +252,8 @@ def decode(
     finally:  # an exception (a report that raised, ^C) leaves no step queued for the next run to count
         if queued_at is not None:
             model.wait()
+        if settle is not None:
+            settle()
     t_end = time.perf_counter()
     return out, top, steps, stop, t_first if t_first is not None else t_end, t_end
 

@@ -46,9 +46,9 @@ class _Spy:
         self.log.append(("launch", pos))
         return self.dec.launch(token, pos, state, logits)
 
-    def wait(self):
+    def wait(self, **kw):
         self.log.append(("wait",))
-        return self.dec.wait()
+        return self.dec.wait(**kw)
 
     def step(self, token, pos, state, logits=True):
         self.log.append(("step", pos))
@@ -144,3 +144,41 @@ def test_a_refused_next_step_still_reports_this_one(qwen3moe_pack):
         return seen
 
     assert reported(True) == reported(False) == list(range(len(PROMPT) + 2))
+
+
+@pytest.mark.parametrize("cache", ["resident", "tier, no free slot", "admits"])
+def test_a_step_is_counted_after_the_next_is_queued_where_nothing_can_change_residency(qwen3moe_pack, cache):
+    """The routing record's counting (take_record: ~125 us a token on the 30B-A3B) runs after the next step is queued
+    - off the device's critical path - where no admission or swap can follow from it (every expert resident; a full
+    cache with its misses in the host tier and nothing learning); where one can (free slots admitting), it runs before,
+    as the plain loop's. Either way every position's counts are the plain loop's."""
+    kw = {
+        "resident": {"resident": "all"},
+        "tier, no free slot": {"expert_cache": 10, "miss_tier": "pcie", "cache_policy": "fill"},
+        "admits": {"expert_cache": 20, "resident": "half", "miss_tier": "pcie", "cache_policy": "fill", "admit": True},
+    }[cache]
+
+    def run(ahead: bool):
+        engine = load_engine(qwen3moe_pack, device="cuda", backend=SimBackend(), n_ctx=64, **kw)
+        dec, moe, log = engine.model, engine.model.moe, []
+        settle = moe.settle
+
+        def spy_settle():
+            if moe._held is not None:
+                log.append(dec._queued is not None)  # a held record counted: was the next step queued?
+            settle()
+
+        moe.settle = spy_settle
+        engine.experts.reset_counts()
+        spy = _Spy(dec, ahead)
+        *_, steps, _stop, _a, _b = decode(spy, engine.state, PROMPT, 8, Sampler(), experts=engine.experts)
+        return [(s.expert_hits, s.expert_misses, s.expert_pcie, s.expert_layers) for s in steps], log, dec
+
+    plain, _log, _dec = run(False)
+    ahead, log, dec = run(True)
+    assert ahead == plain and sum(c[0] for c in plain) > 0
+    assert not dec.hybrid
+    if cache == "admits":  # counted before the next launch while a slot is free, after it once none is
+        assert log[0] is False and dec.moe.cache.free_slots == 0 and log[-2] is True, log
+    else:
+        assert log == [True] * (len(PROMPT) + 8 - 2) + [False], log

@@ -57,6 +57,7 @@ checks the wiring (buffers, ring slots, the device-side position, launch counts)
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -344,13 +345,10 @@ class FusedDecoder:
         """True when the host computes a routed expert (it reads each MoE layer's routing and computes the
         misses); False for dense models and when every expert is in a device slot or in the host tier (one graph:
         the host reads the step's routing record after it)."""
-        if self.moe is None:
-            return False
-        return not self.moe.full
+        return self.moe is not None and not self.moe.full
 
     def launches(self, logits: bool = True, hybrid: bool | None = None) -> list[Launch]:
-        """The step's launch list (without the head's entries when ``logits`` is False). The hybrid
-        list has the host's entries (routing copies, ``route``, ``fill``); the full list does not."""
+        """The launch list (no head entries when not ``logits``); hybrid: with the host's (``route``, ``fill``)."""
         hybrid = self.hybrid if hybrid is None else hybrid
         ls = self.plan if logits else [L for L in self.plan if L.stage != "head"]
         return ls if hybrid else [L for L in ls if L.kind in ("kernel", "memcpy")]
@@ -377,11 +375,7 @@ class FusedDecoder:
         return {"kernels": k, "memcpy": len(ls) - k - h, "total": len(ls) - h, "host": h}
 
     def stages(self, logits: bool = True) -> list[str]:
-        out: list[str] = []
-        for L in self.launches(logits):
-            if not out or out[-1] != L.stage:
-                out.append(L.stage)
-        return out
+        return [stage for stage, _run in itertools.groupby(L.stage for L in self.launches(logits))]
 
     # ------------------------------------------------------------ running
 
@@ -518,10 +512,11 @@ class FusedDecoder:
         self._queued = (bool(logits), self.moe is not None and not hybrid)  # the routing record: counted in wait
         self._last_logits = bool(logits)
 
-    def wait(self):
+    def wait(self, settle: bool = True):
         """End the step :meth:`launch` queued: wait for the device (when it has logits or a routing record to read;
-        the time goes to ``layers.HostWait``), count the routing record (one-graph MoE path). Returns the logits
-        (host array, overwritten by the next step) when the step was queued with ``logits``, else None.
+        the time goes to ``layers.HostWait``), count the routing record (one-graph MoE path; ``settle`` False: a copy
+        is held and counted by :meth:`settle`, after the next step is queued). Returns the logits (host array,
+        overwritten by the next step) when the step was queued with ``logits``, else None.
 
         Raises:
             GenerateError: no step queued."""
@@ -534,8 +529,13 @@ class FusedDecoder:
             self._done.synchronize()
             layers.HostWait.ms += (time.perf_counter() - t0) * 1000
         if record:
-            self.moe.take_record()
+            self.moe.take_record(settle)
         return self.logits_host if logits else None
+
+    def settle(self) -> None:
+        """Count the routing record a ``wait(settle=False)`` held (nothing when none is held)."""
+        if self.moe is not None:
+            self.moe.settle()
 
     def busy_on(self) -> None:
         """``--stats``: from now on the hybrid step records an event pair around each of its graph segments (CUDA

@@ -175,6 +175,7 @@ class MoeStep:
         self.policy: DecayedFrequency | None = None
         self.policy_steps = 0  # steps the policy has seen
         self.swaps = 0  # decode-time swaps between the slots and the host tier, over the run
+        self._held: np.ndarray | None = None  # a step's routing record held for settle() (take_record(now=False))
         self.scratch_slot = -1  # the cache slot a swap passes through (SlotCache.reserve_scratch)
 
     # ------------------------------------------------------------ launches
@@ -486,11 +487,25 @@ class MoeStep:
         n = len(self.cache.where) + (len(self.tier) if self.tier is not None else 0)
         return n >= self.n_pairs
 
-    def take_record(self) -> None:
+    def take_record(self, now: bool = True) -> None:
         """After a step of the one-graph path has finished: count its routing record (hits, misses read over
-        PCIe: counts of experts), feed the routing hook, and admit host-tier misses into free slots."""
+        PCIe: counts of experts), feed the routing hook, and admit host-tier misses into free slots (or swap them
+        in: the policy). ``now`` False, where nothing can change what is resident (no policy, no admission into a
+        free slot): only a copy of the record is taken (the next step overwrites the pinned one) and :meth:`settle`
+        counts it - after the next step was queued, so that the counting (~125 us a token on the 30B-A3B, H200
+        host) runs while the device works; every count stays the step's. A record still held is counted first."""
+        self.settle()
+        self._held = self.record_host.reshape(-1, 2, self.K)[self.layer_rows]  # [MoE layer, ids | slots, k]: a copy
+        cache = self.cache
+        if now or self.policy is not None or (cache is not None and cache.admit_enabled and cache.free_slots > 0):
+            self.settle()
+
+    def settle(self) -> None:
+        """Count the routing record :meth:`take_record` holds, if any (its docstring)."""
+        rec, self._held = self._held, None
+        if rec is None:
+            return
         ex, K = self.model.experts, self.K
-        rec = self.record_host.reshape(-1, 2, K)[self.layer_rows]  # [MoE layer, ids | slots, k]
         slots = rec[:, 1, :]
         hits = (slots >= 0).sum(axis=1)  # whole-record array operations: this runs every token (~4 us a layer
         pcie = (slots <= -2).sum(axis=1)  # as a Python loop over 48 layers)
