@@ -54,12 +54,12 @@ for g in $GEOS; do
         free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
         M=$(( free - (total - 527) + 1024 ))
         step "$g: llama-bench -fitt $M ($name: free now $free MiB, card $total MiB - 527 MiB context, + 1024 MiB margin)"
-        $LB -m "$G" -p 0 -n 32 -ngl 99 -fitt $M -r 5 -t 16 -o md 2>&1 | tee -a "$OUT/equal_vram.log" | grep -E "\| tg|error"
+        $LB -m "$G" -p 0 -n 32 -ngl 99 -fitt $M -r 5 -t 16 -o md 2>&1 | tee -a "$OUT/equal_vram.log" | grep -E "tg[0-9]+ |error"
     done
     [ "${NCMOE:-}" = none ] && continue
     L=$(python3 -c "import sys; sys.path.insert(0, 'bench'); from bench_routing import geometries; print(geometries()['$g'].n_layers)")
     step "$g: llama-bench -ncmoe ${NCMOE:-0,$((L / 2)),$L}"
     $LB -m "$G" -p 0 -n 32 -ngl 99 -ncmoe ${NCMOE:-0,$((L / 2)),$L} -r 5 -t 16 -o md 2>&1 | tee -a "$OUT/equal_vram.log" \
-        | grep -E "\| tg|error"
+        | grep -E "tg[0-9]+ |error"
 done
 step done
