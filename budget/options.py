@@ -136,7 +136,8 @@ MISS_TIER_HELP = (
     "into pinned host memory (the host tier, a host-memory figure of strata-budget check; its device mapping is a "
     "VRAM term) and the GPU reads a miss from there with the kernel of a hit, so the decode step is one CUDA graph; "
     "cpu: the host computes each layer's misses; auto: pcie where the host tier fits the available host memory "
-    "(less 4 GiB), else cpu."
+    "(less 4 GiB), else cpu - and where many experts miss a token (none resident, say), each layer's misses split "
+    "between the two, the share from start-up probes of both (said in --verbose's notes)."
 )
 
 
