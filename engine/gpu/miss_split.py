@@ -10,8 +10,9 @@ pairs, the CPU computes the rest while the GPU reads the tier's.
 The share is chosen at start-up from two measurements and a model of the step (no tuning run), all times per token:
 
 - ``t_pcie`` (us an expert): the slot's bytes over the rate of :func:`probe_mapped_read` (a kernel reading pinned,
-  mapped host memory as the expert matvecs do); ``t_cpu`` (us an expert): :func:`strata.engine.gpu.slots.
-  probe_cpu_experts` (the hybrid step's miss call, its kernel and threads, warm pages);
+  mapped host memory as the expert matvecs do) times :data:`KERNEL_READ_SHARE` (what the expert kernels reach of it);
+  ``t_cpu`` (us an expert): :func:`strata.engine.gpu.slots.probe_cpu_experts` (the hybrid step's miss call, its
+  kernel and threads, on other layers' experts, the median);
 - ``m``: misses a token, ``k x layers x (1 - hit rate)``: the profile fill's hit rate with ``--expert-profile``,
   else the resident fraction ``slots / pairs`` (routing taken as uniform - a profile, or the skew, does better);
 - one graph: ``m x t_pcie``; split: ``layers x HYBRID_LAYER_US + m x t_pcie x t_cpu / (t_pcie + t_cpu)`` (both
@@ -33,6 +34,11 @@ from dataclasses import dataclass
 #: geometry, no expert resident): the hybrid step's time less its CPU expert time, 7.5-7.8 ms over 48 layers, less
 #: the one-graph step's non-expert ~3.4 ms, rounded up.
 HYBRID_LAYER_US = 100.0
+#: The expert kernels' reads of the host tier over the probe kernel's rate: the one-graph step with no expert resident
+#: read 384 x 3,059,712 B a token in 30.7 ms more than every expert resident (38.3 GB/s) where
+#: :func:`probe_mapped_read` measured 48.6-51.2 GB/s (H200, 30B-A3B, 2026-12-02, calls z and z2). With the probe's
+#: rate alone the start-up chose 0.55-0.61 and the GPU's own work became the step's floor (23.8 ms of 30.7, --stats).
+KERNEL_READ_SHARE = 0.77
 #: The split is taken when its predicted miss time is at most this fraction of the one graph's.
 SPLIT_GAIN = 0.9
 #: Bytes and timed launches of the mapped-read probe (after one untimed launch).
@@ -184,7 +190,7 @@ def decide(dev, experts, opts, slots: int, pairs: int, slot_bytes: int, note: di
         gbs, nbytes = probe_mapped_read()
         note["pcie read"] = f"{gbs:.1f} GB/s read by a kernel from mapped host memory (measured: {nbytes} B x 4)"
     us = cpu_experts_note(experts, moe, note)
-    c = choose(slot_bytes / (gbs * 1e3), us, m, len(layers))
+    c = choose(slot_bytes / (gbs * KERNEL_READ_SHARE * 1e3), us, m, len(layers))
     note["miss split choice"] = c.why
     return c.share
 
@@ -198,6 +204,7 @@ def expected_misses(k: int, moe_layers: int, slots: int, pairs: int, profile_hit
 
 __all__ = [
     "HYBRID_LAYER_US",
+    "KERNEL_READ_SHARE",
     "PROBE_READ_BYTES",
     "PROBE_READ_RUNS",
     "SIM_LINK_GBS",
