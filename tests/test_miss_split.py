@@ -52,17 +52,6 @@ def test_split_tier_pairs_per_layer_by_expert_id():
     assert note == {"miss split": "2 pairs in the host tier (PCIe), 3 on the CPU (share 0.01)"}
 
 
-@pytest.fixture(scope="module")
-def moe_pack(tmp_path_factory):
-    from strata import testing as synth
-    from strata.packer.build import build_pack
-
-    d = tmp_path_factory.mktemp("split_pack")
-    paths = synth.write_model(d / "moe.gguf", synth.qwen3moe_spec())
-    build_pack(paths[0], d / "pack", progress=False)
-    return d / "pack"
-
-
 def _eng(pack, **kw):
     return load_engine(pack, device="cuda", ubatch=1, n_ctx=48, backend=SimBackend(), cpu_kernel="exact", **kw)
 
@@ -71,17 +60,17 @@ def _notes(eng) -> dict:
     return {k: v for cp in eng.checkpoints for k, v in cp.extra.items()}
 
 
-def test_start_up_chooses_the_split_on_its_probes_and_the_tokens_do_not_change(moe_pack, monkeypatch):
+def test_start_up_chooses_the_split_on_its_probes_and_the_tokens_do_not_change(qwen3moe_pack, monkeypatch):
     """No expert resident, ``--miss-tier auto``: on a slow link (the sim's, given: 0.001 GB/s) the start-up measures
     the CPU and splits each layer's misses (the hybrid step, notes with both figures and the model's), on a fast one
     (1e6 GB/s) keeps every miss in one graph; ``--miss-tier pcie`` and ``--cache-policy class`` keep them all over
     PCIe whatever the link; the sim without a link figure never splits. Tokens and top logits bit for bit the same as
     every expert resident in every case; shard pages prefetched where the CPU computes some."""
-    full = generate(_eng(moe_pack, resident="all"), prompt_ids=PROMPT, n_tokens=6, ignore_eos=True)
+    full = generate(_eng(qwen3moe_pack, resident="all"), prompt_ids=PROMPT, n_tokens=6, ignore_eos=True)
     monkeypatch.delenv("STRATA_PCIE_SHARE", raising=False)
-    assert not _eng(moe_pack, expert_cache=0).decoder.hybrid  # SIM_LINK_GBS None: no link, no split
+    assert not _eng(qwen3moe_pack, expert_cache=0).decoder.hybrid  # SIM_LINK_GBS None: no link, no split
     monkeypatch.setattr(MS, "SIM_LINK_GBS", 0.001)
-    eng = _eng(moe_pack, expert_cache=0)
+    eng = _eng(qwen3moe_pack, expert_cache=0)
     n = _notes(eng)
     assert eng.decoder.hybrid, n
     assert n["miss split choice"].startswith("split 0.01 PCIe / 0.99 CPU: ")
@@ -92,10 +81,10 @@ def test_start_up_chooses_the_split_on_its_probes_and_the_tokens_do_not_change(m
     assert (r.output_ids, r.top) == (full.output_ids, full.top)
     assert 0 < r.expert_pcie < r.expert_misses
     for kw in ({"miss_tier": "pcie"}, {"cache_policy": "class", "expert_cache": 2}):
-        e = _eng(moe_pack, **{"expert_cache": 0, **kw})
+        e = _eng(qwen3moe_pack, **{"expert_cache": 0, **kw})
         assert not e.decoder.hybrid and "miss split choice" not in _notes(e), kw
     monkeypatch.setattr(MS, "SIM_LINK_GBS", 1e6)
-    eng = _eng(moe_pack, expert_cache=0)
+    eng = _eng(qwen3moe_pack, expert_cache=0)
     assert not eng.decoder.hybrid
     assert _notes(eng)["miss split choice"].startswith("all over PCIe: ")
     r = generate(eng, prompt_ids=PROMPT, n_tokens=6, ignore_eos=True)
