@@ -10,8 +10,8 @@ the CUDA engine (graph on), generates a few tokens (the step captured, the pool 
   events would be the host's), so the device runs the window back to back as it runs a stream, and the time
   between two events is that launch's share. Summed by kind (the launch name with the layer number taken out),
   microseconds per step;
-- ``empty_node_us``: a graph of ``--nodes`` launches of an empty kernel replayed - what a graph node costs with
-  no work (the floor under the launch count).
+- ``empty_node_us``: a graph of as many launches of an empty kernel as the step has, replayed - what a graph node
+  costs with no work (the floor under the launch count).
 
 The sum of the launches minus ``replay_ms`` is what the graph saves by issuing back to back; ``replay_ms`` minus
 ``nodes x empty_node_us`` is roughly the kernels' own work.
@@ -115,36 +115,47 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-profile", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-
-    import cupy as cp
+    if args.expert_cache != "auto" and not args.expert_cache.isdigit():
+        ap.error(f"--expert-cache {args.expert_cache!r}: auto or a slot count (0, 1, ...)")
+    try:
+        import cupy as cp
+    except ImportError:
+        ap.error("needs CuPy and a CUDA GPU (pip install -e '.[cuda]'): a profile of the GPU's decode step")
     import numpy as np
 
+    from strata.engine.errors import GenerateError
     from strata.engine.generate import generate
     from strata.engine.startup import load_engine
 
     ec = args.expert_cache if args.expert_cache == "auto" else int(args.expert_cache)
     kw = {"expert_cache": ec, "miss_tier": args.miss_tier, "threads": args.threads}
-    eng = load_engine(args.pack, device="cuda", n_ctx=512, **kw)
+    try:
+        eng = load_engine(args.pack, device="cuda", n_ctx=512, **kw)
+    except (GenerateError, OSError, ValueError) as e:  # a missing pack, no GPU, a refused option: the engine's words
+        ap.error(f"{args.pack}: {e}")
     if eng.experts is not None:  # decode timed on warm page tables (the start-up's shard prefetch done)
         eng.experts.source.prefetch_wait()
     generate(eng, prompt_ids=[1, 2, 3, 4, 5, 6, 7, 8], n_tokens=8, ignore_eos=True)
     dec = eng.decoder
-    ls = dec.launches(True)
     if dec is None:
-        raise SystemExit(f"{args.pack}: no fused decode step on this path ({eng.gpu.decode_path}): nothing to profile")
+        raise SystemExit(f"{args.pack}: no fused decode step on this path: nothing to profile")
+    ls = dec.launches(True)
     if dec.hybrid:  # misses stop at the host: no single graph to replay; the decode figures only
-        if not args.decode:
+        if not args.decode or args.ncu_step:
             raise SystemExit(f"{args.pack}: experts miss (hybrid segments): profile a cache that holds every expert")
         for c in eng.checkpoints:  # the cache stage's notes: the split, the PCIe and CPU probes
             if c.name == "expert cache":
                 print(c.line())
-        decode_share(eng, args.decode, None, args.host_profile)
+        got = decode_share(eng, args.decode, None, args.host_profile)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"pack": args.pack, "hybrid": True, "decode": got}, f, indent=1)
         return 0
     replay = dec.replay_ms(200) if not args.ncu_step else None
     host = None
     if args.decode and not args.ncu_step:
         host = decode_share(eng, args.decode, replay, args.host_profile)
-    if args.replay_only:
+    if args.replay_only and not args.ncu_step:
         env = {k: v for k, v in os.environ.items() if k.startswith("STRATA_")}
         print(f"{args.pack}: graph replay {replay:.3f} ms per step ({len(ls)} launches), env {env}")
         return 0

@@ -35,6 +35,18 @@ def learns(policy: str, profile: bool) -> bool:
     return policy == "class" or (policy == "auto" and not profile)
 
 
+def option_refusal(cache_policy: str, miss_tier: str) -> str | None:
+    """Why ``--cache-policy`` cannot go with ``--miss-tier`` whatever the card, or None: ``class`` swaps experts between
+    the VRAM slots and the host tier, which ``--miss-tier cpu`` never builds. The one rule of ``strata-engine`` (its
+    options, on a GPU) and ``strata-budget check`` (its plan for strata's engine)."""
+    if cache_policy == "class" and miss_tier == "cpu":
+        return (
+            f"--cache-policy {cache_policy} swaps experts between the VRAM slots and the host tier: it needs "
+            "--miss-tier pcie or auto, not cpu"
+        )
+    return None
+
+
 def class_refusal(tier_on: bool, slots: int, pairs: int, no_tier: str) -> str | None:
     """Why the class rule cannot run on a cache of ``slots`` slots of ``pairs`` (layer, expert) pairs, or None (it
     can, or has nothing to learn: ``slots >= pairs``): misses going to the CPU (``tier_on`` False; ``no_tier`` says
@@ -168,6 +180,7 @@ __all__ = [
     "PAIR_KEY",
     "DecayedFrequency",
     "class_refusal",
+    "option_refusal",
     "key_pair",
     "learns",
     "pair_key",

@@ -253,6 +253,8 @@ def make_plan(facts: ModelFacts, card: Card, options: PlanOptions, *, suggest: b
     size = tier_size or F.size_expert_cache(free, reserve + bind, blob, cap, o.expert_cache, cap_what=cap_what)
     slots_fit, refused = size.slots_fit, size.refused
     slots = size.slots if refused is None else o.expert_cache
+    if o.engine == "strata" and (why := CP.option_refusal(o.cache_policy, o.miss_tier)):  # as the engine's options
+        raise PlanInputError(why, tensor="--cache-policy", found=o.cache_policy, required="fill")
     why = CP.class_refusal(tier_on, slots, facts.expert_pairs, f"--miss-tier {o.miss_tier}" if o.miss_tier == "cpu"
                            else "the host tier's mapping does not fit, or the decode path has none")  # fmt: skip
     if o.engine == "strata" and o.cache_policy == "class" and refused is None and why is not None:  # as the engine

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from strata.budget import formulas as F
+from strata.budget.cache_policy import option_refusal
 from strata.budget.options import CACHE_POLICIES, MISS_TIERS, parse_expert_cache, resolve_ctx
 from strata.layout import chunk as LC
 from strata.layout import kv as LK
@@ -161,11 +162,8 @@ class EngineOptions:
         if self.cache_policy not in CACHE_POLICIES:
             raise GenerateError(f"--cache-policy {self.cache_policy!r}: expected one of {', '.join(CACHE_POLICIES)}")
         gpu = self.device != "cpu"
-        if self.cache_policy == "class" and self.miss_tier == "cpu" and gpu:
-            raise GenerateError(
-                f"--cache-policy {self.cache_policy} swaps experts between the VRAM slots and the host tier: it needs "
-                "--miss-tier pcie or auto, not cpu"
-            )
+        if gpu and (why := option_refusal(self.cache_policy, self.miss_tier)):
+            raise GenerateError(why)
         if self.stage_times and self.graph and gpu:
             raise StageTimesRefused(
                 "--stage-times: stage timers cannot measure inside a captured CUDA graph (events recorded between its "
@@ -196,12 +194,18 @@ class EngineOptions:
           fused q8 step picks its own, :meth:`strata.engine.gpu.fused_moe.MoeStep.miss_kernel`);
         - ``threads``: as asked, else the cores this process may use
           (:func:`strata.engine.cpu.kernels.default_threads`).
+
+        Raises:
+            ExpertCacheError: on a GPU, a bad ``STRATA_PCIE_SHARE`` (:func:`strata.engine.gpu.miss_split.asked_share`).
         """
         from .cpu.kernels import default_threads
 
         if self.device == "cpu":
             kernel = miss = self.cpu_kernel or "q8"
         else:
+            from .gpu.miss_split import asked_share
+
+            asked_share()  # a bad STRATA_PCIE_SHARE refused here, before any weight is read
             kernel, miss = ("exact" if self.cpu_kernel == "exact" else "q8"), self.cpu_kernel or "exact"
         asked = {f.name: getattr(self, f.name) for f in fields(EngineOptions)}
         return ResolvedOptions(

@@ -203,3 +203,16 @@ def test_class_policy_with_every_pair_resident_says_it_has_nothing_to_learn(moe_
     assert "--cache-policy class: nothing to learn (24 slots hold all 24 pairs)" in d["warnings"]
     code, out = _check(moe_pack, "--card", "24G", "--ctx", 64, "--cache-policy", "class", "--expert-cache", 3, "--json")
     assert code == 0 and not any("nothing to learn" in w for w in json.loads(out)["warnings"])
+
+
+def test_class_policy_with_the_cpu_miss_tier_is_refused_as_the_engine_refuses_it(moe_pack):
+    """--cache-policy class --miss-tier cpu: refused whatever the card (the engine's options refuse the pair before
+    sizing anything: budget.cache_policy.option_refusal, one rule) - also where every pair fits, where the plan alone
+    would only have said "nothing to learn"."""
+    for card in ("24G", "6G"):
+        code, out = _check(moe_pack, "--card", card, "--ctx", 64, "--cache-policy", "class", "--miss-tier", "cpu")
+        assert code == 2, out
+        assert "--cache-policy class swaps experts between the VRAM slots and the host tier: it needs" in out
+    code, _out = _check(moe_pack, "--card", "24G", "--ctx", 64, "--cache-policy", "class", "--miss-tier", "cpu",
+                        "--engine", "cpp")  # fmt: skip
+    assert code == 0  # (another engine: the options are strata's, unused)

@@ -757,10 +757,12 @@ def test_sim_split_misses_between_pcie_and_cpu_change_no_bit(packs, share, monke
     want = f"{len(tier)} pairs in the host tier (PCIe), {len(cpu)} on the CPU (share {float(share)})"
     assert notes["miss split"] == want and len(cpu) > 0
     assert notes["cache policy"].startswith("auto: fill")
-    for bad in ("0", "1.5", "nan", "half"):
+    for bad in ("0", "0.001", "1e-300", "1.5", "nan", "half"):  # refused at the options, before any weight is read
         monkeypatch.setenv("STRATA_PCIE_SHARE", bad)
-        with pytest.raises(ExpertCacheError, match=rf"STRATA_PCIE_SHARE='{bad}': .* in \(0, 1\]"):
+        with pytest.raises(ExpertCacheError, match=rf"STRATA_PCIE_SHARE='{bad}': .* in \[0.01, 1\] \(it overrides"):
             _moe(packs, expert_cache=0, miss_tier="pcie")
+    monkeypatch.setenv("STRATA_PCIE_SHARE", " ")  # empty: unset (every miss in the tier, one graph)
+    assert not _moe(packs, expert_cache=0, miss_tier="pcie").decoder.hybrid
 
 
 @pytest.mark.gpu

@@ -83,6 +83,8 @@ def test_start_up_chooses_the_split_on_its_probes_and_the_tokens_do_not_change(q
     for kw in ({"miss_tier": "pcie"}, {"cache_policy": "class", "expert_cache": 2}):
         e = _eng(qwen3moe_pack, **{"expert_cache": 0, **kw})
         assert not e.decoder.hybrid and "miss split choice" not in _notes(e), kw
+    n = _notes(_eng(qwen3moe_pack, expert_cache=10, miss_tier="cpu"))  # every miss on the CPU: said so, no share
+    assert "miss split choice" not in n and n["cache policy"].endswith("misses here go to the CPU (--miss-tier cpu))")
     monkeypatch.setattr(MS, "SIM_LINK_GBS", 1e6)
     eng = _eng(qwen3moe_pack, expert_cache=0)
     assert not eng.decoder.hybrid

@@ -369,7 +369,7 @@ class GpuDevice:
         cache = SlotCache(source, bk, n_embd, n_ff, slots, bufs=experts.bufs)
         assert cache.slot_bytes == slot_bytes
         self.share = MS.decide(self, experts, opts, slots, pairs, slot_bytes, note) if tier_on else 1.0
-        split = f"a share {1 - self.share:.2f} of them: the hybrid step"  # (when < 1 nothing learns)
+        split = f"a share {1 - self.share:.2f} of them: the hybrid step" if self.share < 1 else ""  # (nothing learns)
         if learn := check_policy(opts, tier_on and self.share == 1, slots, pairs, info.miss_tier or split, note):
             cache.reserve_scratch()
         if opts.profile is not None:

@@ -55,8 +55,9 @@ class MissSplit:
 
 
 def asked_share() -> float | None:
-    """``STRATA_PCIE_SHARE`` when set (the host tier's share of each MoE layer's non-resident experts), else None
-    (chosen at start-up, :func:`choose`).
+    """``STRATA_PCIE_SHARE`` when set and not empty (the host tier's share of each MoE layer's non-resident experts, in
+    [0.01, 1]; a benchmark knob that overrides ``--miss-tier pcie`` and the start-up's choice), else None (chosen at
+    start-up, :func:`choose`).
 
     Raises:
         ExpertCacheError: a value that is not a number in (0, 1], naming it.
@@ -65,15 +66,18 @@ def asked_share() -> float | None:
 
     from ..errors import ExpertCacheError
 
-    raw = os.environ.get("STRATA_PCIE_SHARE")
-    if raw is None:
+    raw = os.environ.get("STRATA_PCIE_SHARE", "")
+    if not raw.strip():  # unset or empty: unset, as a shell's VAR= means
         return None
     try:
         share = float(raw)
     except ValueError:
         share = float("nan")
-    if not 0.0 < share <= 1.0:  # (NaN fails too)
-        raise ExpertCacheError(f"STRATA_PCIE_SHARE={raw!r}: the host tier's share of a layer's misses: in (0, 1]")
+    if not 0.01 <= share <= 1.0:  # (NaN fails too; below 0.01 a layer's tier part rounds to nothing)
+        raise ExpertCacheError(
+            f"STRATA_PCIE_SHARE={raw!r}: the host tier's share of a layer's misses: in [0.01, 1] (it overrides "
+            f"--miss-tier pcie and the start-up's choice; unset it for those)"
+        )
     return share
 
 
