@@ -68,16 +68,25 @@ def decode_share(eng, n: int, replay_ms: float | None, profile: bool) -> dict:
     from strata.engine import layers
     from strata.engine.generate import generate
 
-    ex = eng.model.experts
-    w0, c0 = layers.HostWait.ms, ex.cpu_expert_ms
-    r = generate(eng, prompt_ids=[1, 2, 3, 4, 5, 6, 7, 8], n_tokens=n, ignore_eos=True)
+    ex = eng.model.experts  # None for a dense model
+    at = {"w0": 0.0, "c0": 0.0, "decode": 0}  # the host wait and CPU time once the prompt is done; decode steps
+
+    def on_step(st) -> None:
+        if st.phase == "prompt":
+            at["w0"], at["c0"] = layers.HostWait.ms, ex.cpu_expert_ms if ex is not None else 0.0
+        else:
+            at["decode"] += 1
+
+    r = generate(eng, prompt_ids=[1, 2, 3, 4, 5, 6, 7, 8], n_tokens=n, ignore_eos=True, on_step=on_step)
     ms = 1000.0 / r.tokens_per_second
     if replay_ms is None:
         env = {k: v for k, v in os.environ.items() if k.startswith("STRATA_")}
+        k = max(at["decode"], 1)  # the decode steps' own host wait and CPU expert time, a step
+        cpu = ex.cpu_expert_ms - at["c0"] if ex is not None else 0.0
         print(
             f"decode: {r.tokens_per_second:.1f} tok/s = {ms:.3f} ms per token ({n} tokens, greedy, hybrid step) = "
-            f"host waiting for the device {(layers.HostWait.ms - w0) / n:.3f} ms + CPU experts "
-            f"{(ex.cpu_expert_ms - c0) / n:.3f} ms + the rest; env {env}"
+            f"host waiting for the device {(layers.HostWait.ms - at['w0']) / k:.3f} ms + CPU experts "
+            f"{cpu / k:.3f} ms + the rest; env {env}"
         )
         return {"tokens": n, "tok_s": r.tokens_per_second, "ms_per_token": ms}
     print(

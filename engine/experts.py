@@ -35,6 +35,7 @@ from .checkpoints import proc_kib_bytes
 from .chunk_routing import ChunkRouting, DeferredCounts, chunk_row_counts
 from .cpu import kernels as cpukernels
 from .dequant import dequantize_rows
+from .gpu.reference import silu_mul as gpu_silu_mul
 from .loader import LoadPlan
 from .mapped import MappedFile
 
@@ -173,23 +174,10 @@ class ShardExperts:
             out.append(dequantize_rows(raw.reshape(ne1, -1), t, ne0, name=f"blk.{il} expert {e}"))
         return out[0], out[1], out[2]
 
-    def ffn(
-        self,
-        il: int,
-        e: int,
-        x: np.ndarray,
-        *,
-        exact: bool = False,
-        threads: int | None = None,
-        act_quant: bool = False,
-        silu_mul=None,
-        kernel: str | None = None,
-    ) -> np.ndarray:
+    def ffn(self, il: int, e: int, x: np.ndarray, **kw: Any) -> np.ndarray:
         """Expert ``e`` of layer ``il`` on ``x`` (f32 ``[n_embd]``): ``down @ (silu(gate @ x) * (up @ x))``,
-        f32 ``[n_embd]``; :meth:`ffn_many` of one expert (the same bits)."""
-        return self.ffn_many(
-            il, [e], x, exact=exact, threads=threads, act_quant=act_quant, silu_mul=silu_mul, kernel=kernel
-        )[0]
+        f32 ``[n_embd]``; :meth:`ffn_many` of one expert (the same bits; its keyword arguments and errors)."""
+        return self.ffn_many(il, [e], x, **kw)[0]
 
     def ffn_many(
         self,
@@ -209,8 +197,10 @@ class ShardExperts:
 
         Two C calls when gate and up share a type and shape (else three): ONE OpenMP region over all
         (expert, row) pairs of the gate and up products (``x`` quantized / laid out once), then ONE over the
-        down products - so the threads spread over experts x rows. Row ``k`` is bit-identical to
-        :meth:`ffn` of expert ``experts[k]`` alone (the same per-row code; the activation is elementwise).
+        down products (with ``silu_mul=strata.engine.gpu.reference.silu_mul`` and a ``"q8"`` down the activation
+        is made in that region: the same bits) - the threads spread over experts x rows. Row ``k`` is
+        bit-identical to :meth:`ffn` of expert ``experts[k]`` alone (the same per-row code; the activation is
+        elementwise).
 
         ``kernel`` (default ``"exact"`` if ``exact`` else ``"q8"``, :data:`strata.engine.cpu.kernels.KERNELS`):
         ``"exact"`` is the GPU kernels' summation order (with ``silu_mul=strata.engine.gpu.reference.silu_mul``
@@ -261,10 +251,16 @@ class ShardExperts:
             g, u = gu[:n], gu[n:]
         else:
             g, u = products(gt, ga, gr, ge0, same(xg, n)), products(ut, ua, ur, ue0, same(xu, n))
-        h = silu_mul(g, u) if silu_mul is not None else layers.silu(np, g) * u
-        h = np.ascontiguousarray(h, dtype=np.float32)
-        if h.shape != (n, de0):
+        fuse = silu_mul is gpu_silu_mul and cpukernels.kernel_for(dt, kernel) == "q8"  # the activation made in C
+        h = np.empty((n, de0), np.float32) if fuse else silu_mul(g, u) if silu_mul else layers.silu(np, g) * u
+        if (g.shape if fuse else h.shape) != (n, de0):
             raise ValueError(f"blk.{il} experts: the activation has shape {h.shape}, the down rows have {de0} values")
+        if fuse:  # silu_mul in the down products' OpenMP region, the same bits (cpukernels.call_many_silu)
+            out, rb = np.empty(n * dr, dtype=np.float32), quants.row_nbytes(dt, de0)
+            g, u = np.ascontiguousarray(g), np.ascontiguousarray(u)
+            cpukernels.call_many_silu(dt, np.array(da, dtype=np.uint64), dr, de0, rb, g, u, h, out, threads)
+            return out.reshape(n, dr)
+        h = np.ascontiguousarray(h, dtype=np.float32)
         if act_quant and cpukernels.kernel_for(dt, kernel) != "q8":
             h = np.ascontiguousarray(np.stack([prep(h[k], dt) for k in range(n)]), dtype=np.float32)
         # row k of h at its address (rows are distinct inputs: each quantized / laid out by itself)

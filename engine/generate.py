@@ -171,8 +171,9 @@ def decode(
             start = end
     # launch ahead (model.launch_ahead: the fused GPU step off the hybrid path, no probe): the next position's step is
     # queued as soon as its token is known, before this one is counted and reported - the device runs meanwhile.
-    # Only a step the plain loop would run is queued (never past the last position or a stop token), and every
-    # count of a step is taken by its wait(), before the next is queued.
+    # Only a step the plain loop would run is queued (never past the last position or a stop token); a step's counts
+    # are taken by its wait(), or - its routing record, where settle() exists - after the next step is queued and
+    # before the step is reported, so each step's report holds its own counts.
     ahead = probe is None and getattr(model, "launch_ahead", False) is True
     # a step's routing record counted after the next step is queued (off the device's critical path), before its report
     settle = getattr(model, "settle", None) if ahead else None

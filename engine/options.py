@@ -196,16 +196,17 @@ class EngineOptions:
           (:func:`strata.engine.cpu.kernels.default_threads`).
 
         Raises:
-            ExpertCacheError: on a GPU, a bad ``STRATA_PCIE_SHARE`` (:func:`strata.engine.gpu.miss_split.asked_share`).
+            ExpertCacheError: on a GPU, a bad ``STRATA_PCIE_SHARE``, or one below 1 with ``--miss-tier cpu`` or
+            ``--cache-policy class`` (:func:`strata.engine.gpu.miss_split.refuse_share`).
         """
         from .cpu.kernels import default_threads
 
         if self.device == "cpu":
             kernel = miss = self.cpu_kernel or "q8"
         else:
-            from .gpu.miss_split import asked_share
+            from .gpu.miss_split import asked_share, refuse_share
 
-            asked_share()  # a bad STRATA_PCIE_SHARE refused here, before any weight is read
+            refuse_share(asked_share(), self.miss_tier, self.cache_policy)  # refused before any weight is read
             kernel, miss = ("exact" if self.cpu_kernel == "exact" else "q8"), self.cpu_kernel or "exact"
         asked = {f.name: getattr(self, f.name) for f in fields(EngineOptions)}
         return ResolvedOptions(

@@ -275,16 +275,16 @@ def load_engine(
             # not with a host tier holding every miss: the token path then reads no shard
             info = getattr(dev, "info", None)  # (the GPU's: where its misses run; the CPU path has none)
             on_cpu = info is not None and (info.miss_tier.startswith("cpu") or "miss split" in note)
+            moe = getattr(getattr(dev, "decoder", None), "moe", None)
+            if moe is not None and on_cpu and "cpu experts" not in note:  # (the split's choice may have measured)
+                from .gpu.slots import cpu_experts_note
+
+                cpu_experts_note(experts, moe, note)  # before the prefetch: its reads would slow the probe's
             note["shard prefetch"] = (
                 "not needed (every miss is read from the host tier)"
                 if note.get("host_tier_pairs") and not on_cpu
                 else experts.source.prefetch()
             )
-            moe = getattr(getattr(dev, "decoder", None), "moe", None)
-            if moe is not None and on_cpu and "cpu experts" not in note:  # (the split's choice may have measured)
-                from .gpu.slots import cpu_experts_note
-
-                cpu_experts_note(experts, moe, note)
         else:
             note["resident"] = "none (dense model)"
 

@@ -408,3 +408,25 @@ def test_q8_keeps_a_non_finite_activation_visible(name, bad):
     assert np.isfinite(C.matvec(t.id, w, 4, 256, x, kernel="q8")).all()
     x[5] = bad
     assert np.isnan(C.matvec(t.id, w, 4, 256, x, kernel="q8")).all()
+
+
+@pytest.mark.parametrize("scalar", [False, True])
+def test_c_silu_mul_is_the_gpu_activation_bit_for_bit(scalar):
+    """The experts' activation in C (cpu_q8.c silu_mul_row: AVX2 lanes, or the scalar silu_mul1 of silu.cuh) equals
+    strata.engine.gpu.reference.silu_mul - the GPU kernel's bits - on wide random values, the clamps' edges, zeros,
+    subnormals, infinities and NaN (NaN where the reference has NaN)."""
+    from strata.engine.gpu import reference as R
+
+    rng = np.random.default_rng(3)
+    edges = [0.0, -0.0, 1e-40, -1e-40, 80.0, -80.0, 88.0, -88.0, 88.5, -89.0, 1e30, -1e30, np.inf, -np.inf, np.nan]
+    g = np.concatenate([(rng.standard_normal(20011) * 25).astype(np.float32), np.array(edges, np.float32)])
+    u = rng.standard_normal(g.size).astype(np.float32)
+    lib = CK.library(sorted(CK.Q8_TYPES)[0], scalar=scalar)
+    out = np.empty_like(g)
+    lib.silu_mul_f32(g.ctypes.data, u.ctypes.data, out.ctypes.data, g.size)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = R.silu_mul(g, u)
+    same = (out.view(np.uint32) == want.view(np.uint32)) | (np.isnan(out) & np.isnan(want))
+    assert same.all(), (g[~same][:4], out[~same][:4], want[~same][:4])
+    if not scalar:
+        assert np.array_equal(CK.silu_mul(g[:100], u[:100]).view(np.uint32), out[:100].view(np.uint32))

@@ -9,6 +9,7 @@ import pytest
 from strata.engine.generate import generate
 from strata.engine.gpu import kernels as K
 from strata.engine.gpu import miss_split as MS
+from strata.engine.gpu import slots as SL
 from strata.engine.gpu.backend import SimBackend
 from strata.engine.startup import load_engine
 
@@ -49,7 +50,7 @@ def test_split_tier_pairs_per_layer_by_expert_id():
     assert MS.split_tier_pairs(rest, 1.0) == (rest, [])
     note: dict = {}
     assert MS.tier_pairs(rest, 0.01, note) == [(1, 2), (3, 0)]
-    assert note == {"miss split": "2 pairs in the host tier (PCIe), 3 on the CPU (share 0.01)"}
+    assert note == {"miss split": "2 pairs in the host tier (PCIe), 3 on the CPU (share 0.01 asked, 0.40 of the pairs)"}
 
 
 def _eng(pack, **kw):
@@ -70,11 +71,20 @@ def test_start_up_chooses_the_split_on_its_probes_and_the_tokens_do_not_change(q
     monkeypatch.delenv("STRATA_PCIE_SHARE", raising=False)
     assert not _eng(qwen3moe_pack, expert_cache=0).decoder.hybrid  # SIM_LINK_GBS None: no link, no split
     monkeypatch.setattr(MS, "SIM_LINK_GBS", 0.001)
+    monkeypatch.setattr(SL, "probe_cpu_experts", lambda *a: (50.0, 4, 1, 5))  # the CPU's figure given: no timing
     eng = _eng(qwen3moe_pack, expert_cache=0)
     n = _notes(eng)
     assert eng.decoder.hybrid, n
-    assert n["miss split choice"].startswith("split 0.01 PCIe / 0.99 CPU: ")
-    assert "us an expert on the CPU" in n["cpu experts"] and n["miss split"].endswith("(share 0.01)")
+    assert (
+        n["miss split choice"].startswith("split 0.01 PCIe / 0.99 CPU: ")
+        and "CPU's 50 us an expert" in n["miss split choice"]
+    )
+    assert n["cpu experts"].startswith("50 us an expert on the CPU (measured: 4 experts a call from layer 1 on, ")
+    pairs = 3 * 8  # the preset's 3 MoE layers x 8 experts: ceil(0.01 x 8) = 1 a layer in the tier
+    assert (
+        n["miss split"]
+        == f"3 pairs in the host tier (PCIe), 21 on the CPU (share 0.01 asked, {3 / pairs:.2f} of the pairs)"
+    )
     assert n["shard prefetch"] != "not needed (every miss is read from the host tier)"
     assert n["cache policy"].startswith("auto: fill") and "a share 0.99 of them" in n["cache policy"]
     r = generate(eng, prompt_ids=PROMPT, n_tokens=6, ignore_eos=True)
@@ -96,6 +106,45 @@ def test_start_up_chooses_the_split_on_its_probes_and_the_tokens_do_not_change(q
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU_OK, reason=f"needs CuPy and a CUDA GPU: {GPU_WHY}")
 def test_cuda_mapped_read_probe_measures_a_rate():
-    """The probe reads 64 MiB of mapped host memory: a positive rate below 1 TB/s (PCIe: tens of GB/s), the bytes."""
+    """The probe reads at least 64 MiB and 4 L2 caches of mapped host memory: a positive rate below 1 TB/s (PCIe: tens
+    of GB/s), the bytes."""
+    import cupy as cp
+
+    l2 = int(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["l2CacheSize"])
     gbs, n = MS.probe_mapped_read()
-    assert n == MS.PROBE_READ_BYTES and 1.0 < gbs < 1000.0
+    assert n == max(MS.PROBE_READ_BYTES, -(-4 * l2 // 16) * 16) and 1.0 < gbs < 1000.0
+
+
+def test_no_split_where_the_cache_learns_or_a_probe_fails(qwen3moe_pack, monkeypatch):
+    """``auto`` without a profile on a cache the class rule can run (2+ slots, fewer than all pairs): no split - the
+    rule swaps misses in from the host tier, and the split's miss count would be the fill's - said in the notes; a
+    probe that raises leaves every miss over PCIe with the error in the note (no figure rather than a guess)."""
+    monkeypatch.delenv("STRATA_PCIE_SHARE", raising=False)
+    monkeypatch.setattr(MS, "SIM_LINK_GBS", 0.001)
+    eng = _eng(qwen3moe_pack, expert_cache=4)
+    n = _notes(eng)
+    assert not eng.decoder.hybrid and n["cache policy"].startswith("auto: class"), n
+    assert n["miss split choice"] == "none: the cache learns (the class rule swaps misses in from the host tier)"
+
+    def broken(*a):
+        raise RuntimeError("probe: 0 ms")
+
+    monkeypatch.setattr(SL, "probe_cpu_experts", broken)
+    eng = _eng(qwen3moe_pack, expert_cache=0)
+    assert not eng.decoder.hybrid
+    assert _notes(eng)["miss split choice"] == (
+        "all over PCIe (a probe failed, no split chosen: RuntimeError: probe: 0 ms)"
+    )
+
+
+@pytest.mark.parametrize("opts", [{"miss_tier": "cpu"}, {"cache_policy": "class", "expert_cache": 2}])
+def test_a_share_the_options_leave_nothing_to_split_is_refused_before_the_weights(qwen3moe_pack, monkeypatch, opts):
+    from strata.engine.errors import ExpertCacheError
+
+    monkeypatch.setenv("STRATA_PCIE_SHARE", "0.5")
+    opt = "--miss-tier cpu" if "miss_tier" in opts else "--cache-policy class"
+    with pytest.raises(ExpertCacheError, match=f"STRATA_PCIE_SHARE=0.5: .* but {opt} leaves nothing to split"):
+        _eng(qwen3moe_pack, **opts)
+    monkeypatch.setenv("STRATA_PCIE_SHARE", "1")  # every miss in the tier: nothing to refuse under class
+    if "cache_policy" in opts:
+        assert not _eng(qwen3moe_pack, **opts).decoder.hybrid

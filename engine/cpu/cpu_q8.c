@@ -276,6 +276,43 @@ static inline __m256i dp_s8s8(__m256i acc, __m256i w, __m256i y) {
 }
 #endif
 
+// ------------------------------------------------------------------ the experts' activation
+
+// out[i] = silu_mul1(g[i], u[i]) (silu.cuh, its constants defined before this file: the op sequence of
+// strata.engine.gpu.reference.silu_mul, every step one rounded f32 op), 8 lanes at a time with AVX2: the same ops
+// (min / max against the finite clamps, floor, separate multiplies and adds, 2^n from bits, IEEE division), so the
+// same bits as the scalar form and the GPU's (tests/test_engine_cpu_q8.py).
+static void silu_mul_row(const float* g, const float* u, float* out, i64 n) {
+    i64 i = 0;
+#ifdef Q8_AVX2
+    const __m256 lo = _mm256_set1_ps(LO), hi = _mm256_set1_ps(HI), log2e = _mm256_set1_ps(LOG2E);
+    const __m256 half = _mm256_set1_ps(HALF), l2h = _mm256_set1_ps(LN2_HI), l2l = _mm256_set1_ps(LN2_LO);
+    const __m256 one = _mm256_set1_ps(ONE), sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gi = _mm256_loadu_ps(g + i);
+        // fminf(fmaxf(-g, LO), HI): max_ps / min_ps return their second operand for a NaN first, as fmaxf / fminf do
+        const __m256 t = _mm256_min_ps(_mm256_max_ps(_mm256_xor_ps(gi, sign), lo), hi);
+        const __m256 nf = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(t, log2e), half));
+        const __m256 r = _mm256_sub_ps(_mm256_sub_ps(t, _mm256_mul_ps(nf, l2h)), _mm256_mul_ps(nf, l2l));
+        __m256 p = _mm256_mul_ps(r, _mm256_set1_ps(C7));
+        p = _mm256_mul_ps(_mm256_add_ps(p, _mm256_set1_ps(C6)), r);
+        p = _mm256_mul_ps(_mm256_add_ps(p, _mm256_set1_ps(C5)), r);
+        p = _mm256_mul_ps(_mm256_add_ps(p, _mm256_set1_ps(C4)), r);
+        p = _mm256_mul_ps(_mm256_add_ps(p, _mm256_set1_ps(C3)), r);
+        p = _mm256_mul_ps(_mm256_add_ps(p, _mm256_set1_ps(C2)), r);
+        p = _mm256_mul_ps(_mm256_add_ps(p, one), r);
+        p = _mm256_add_ps(p, one);
+        const __m256i e2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(nf), _mm256_set1_epi32(127)), 23);
+        const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(e2));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(gi, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < n; ++i) out[i] = silu_mul1(g[i], u[i]);
+}
+
+// out[i] = silu_mul1(g[i], u[i]) for i < n (silu_mul_row), exported for the tests.
+void silu_mul_f32(const float* g, const float* u, float* out, i64 n) { silu_mul_row(g, u, out, n); }
+
 static inline float hsum8_f32(const float* a) {
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }

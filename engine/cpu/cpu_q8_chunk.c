@@ -213,9 +213,25 @@ static void panel_dot(const u8* P, int nb, const Act* A, float* out) {
 #if Q8_ACT
 // ------------------------------------------------------------------ entry points
 
+// Units of Q8_ROWS_W rows of one matrix split over the threads of the caller's OpenMP region (dot_rows_w: the same
+// bits as dot_row per row): y[m * rows + r] = row r of matrix m . the activation at scratch + slot[m] * ab.
+static inline void rows_units(const u8* const* bases, int nmat, i64 rows, int ne0, i64 row_bytes, const int* slot,
+                              float* y, const u8* scratch, i64 ab) {
+    const i64 groups = (rows + Q8_ROWS_W - 1) / Q8_ROWS_W;
+    #pragma omp for collapse(2) schedule(static)
+    for (int m = 0; m < nmat; ++m)
+    for (i64 g = 0; g < groups; ++g) {
+        const i64 r0 = g * Q8_ROWS_W;
+        const Act A = act_view(scratch + (i64)slot[m] * ab, ne0);
+        dot_rows_w(bases[m] + r0 * row_bytes, row_bytes, rows - r0 < Q8_ROWS_W ? (int)(rows - r0) : Q8_ROWS_W, &A,
+                   ne0, y + (i64)m * rows + r0);
+    }
+}
+
 // y[m * rows + r] = row r of matrix m (native blocks at bases[m], row_bytes apart) . x_m quantized as llama.cpp
 // does for this type (xs[m]: ne0 f32 each; consecutive equal pointers are quantized once). scratch: nmat *
-// act_nbytes(ne0) bytes. One OpenMP region: the quantizations, then all (m, r) pairs split over the threads.
+// act_nbytes(ne0) bytes. One OpenMP region: the quantizations, then units of Q8_ROWS_W rows of one matrix
+// (rows_units) split over the threads.
 void matvec_q8_many(const u8* const* bases, int nmat, i64 rows, int ne0, i64 row_bytes, const float* const* xs,
                     float* y, int nthreads, u8* scratch) {
     const i64 ab = act_nbytes(ne0);
@@ -226,13 +242,30 @@ void matvec_q8_many(const u8* const* bases, int nmat, i64 rows, int ne0, i64 row
         #pragma omp for schedule(static)
         for (int m = 0; m < nmat; ++m)
             if (slot[m] == m) act_quantize(xs[m], ne0, scratch + (i64)m * ab);
-        #pragma omp for collapse(2) schedule(static)
-        for (int m = 0; m < nmat; ++m)
-        for (i64 r = 0; r < rows; ++r) {
-            const i64 i = (i64)m * rows + r;
-            const Act A = act_view(scratch + (i64)slot[m] * ab, ne0);
-            y[i] = dot_row(bases[m] + r * row_bytes, &A, ne0);
+        rows_units(bases, nmat, rows, ne0, row_bytes, slot, y, scratch, ab);
+    }
+}
+
+// The experts' down products with their inputs made in the same region: h[m * ne0 + i] = silu_mul1(g[m * ne0 + i],
+// u[m * ne0 + i]) (cpu_q8.c silu_mul_row: silu.cuh's op sequence, the GPU's bits), quantized as matvec_q8_many
+// quantizes x_m, then y as matvec_q8_many(bases, nmat, rows, ne0, row_bytes, {h_m}, ...) - the same bits as the
+// activation made apart (strata.engine.gpu.reference.silu_mul) and passed in. g, u, h: nmat x ne0 f32 each (h is
+// written). scratch: nmat * act_nbytes(ne0) bytes. Saves a token's MoE layer the activation's round trip through
+// NumPy and one OpenMP region.
+void matvec_q8_many_silu(const u8* const* bases, int nmat, i64 rows, int ne0, i64 row_bytes, const float* g,
+                         const float* u, float* h, float* y, int nthreads, u8* scratch) {
+    const i64 ab = act_nbytes(ne0);
+    int slot[nmat > 0 ? nmat : 1];
+    for (int m = 0; m < nmat; ++m) slot[m] = m;
+    #pragma omp parallel num_threads(nthreads)
+    {
+        #pragma omp for schedule(static)
+        for (int m = 0; m < nmat; ++m) {
+            const i64 o = (i64)m * ne0;
+            silu_mul_row(g + o, u + o, h + o, ne0);
+            act_quantize(h + o, ne0, scratch + (i64)m * ab);
         }
+        rows_units(bases, nmat, rows, ne0, row_bytes, slot, y, scratch, ab);
     }
 }
 

@@ -99,7 +99,7 @@ _STUBS = r"""
 #endif
 #define __device__
 #define __global__
-#define __forceinline__ inline
+#define __forceinline__ inline __attribute__((always_inline))
 #define __restrict__ __restrict
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
@@ -149,8 +149,9 @@ def _writable_cache() -> Path:
 
 def source(type_id: int, scalar: bool = False) -> str:
     """The host C source of ``type_id``'s library: the type's define (``STRATA_T_<NAME>``), stubs, the
-    type's device code (as the GPU compiles it, without the GPU kernels), the CPU driver and the
-    quantized-activation kernels. ``scalar``: ``STRATA_SCALAR`` - the portable code without SIMD
+    type's device code (as the GPU compiles it, without the GPU kernels), the CPU driver, the experts'
+    activation (``silu_mul1``, ``kernel_src/silu.cuh`` as the GPU compiles it) and the quantized-activation
+    kernels. ``scalar``: ``STRATA_SCALAR`` - the portable code without SIMD
     intrinsics (the same results; tests compare the two)."""
     t = quants.qtype(type_id)
     head = f"#define STRATA_T_{t.name} 1\n" + ("#define STRATA_SCALAR 1\n" if scalar else "")
@@ -164,6 +165,7 @@ def source(type_id: int, scalar: bool = False) -> str:
         + DRIVER.read_text()
         + "\n"
         + A.q8_layout_source("static inline")
+        + A.silu_defines()
         + "\n".join(p.read_text() for p in Q8_SOURCES)
     )
 
@@ -210,11 +212,13 @@ def library(type_id: int, scalar: bool = False) -> ctypes.CDLL:
         "q8_panel_rows": [],
         "act_nbytes": [ci],
         "f16_round": [vp, i64, vp],
+        "silu_mul_f32": [vp, vp, vp, i64],
     }
     if type_id in Q8_TYPES:
         sigs.update(
             matvec_q8=[vp, i64, ci, i64, vp, vp, ci, vp],
             matvec_q8_many=many,
+            matvec_q8_many_silu=[vp, ci, i64, ci, i64, vp, vp, vp, vp, ci, vp],  # ... g, u, h, y, threads, scratch
             matmat_q8_many=[vp, ci, i64, ci, i64, vp, vp, vp, ci, vp],  # ... xs, ts (int32), ys, threads, scratch
         )
     for name, args in sigs.items():
@@ -312,6 +316,43 @@ def call_many(
     native blocks, f32 inputs of ``ne0``), ``out`` f32 ``[nmat * rows]`` C-contiguous."""
     sc = _scratch(scratch_bytes(type_id, kernel, ne0, bases.size, threads))
     entry_point(type_id, kernel)(_ptr(bases), bases.size, rows, ne0, row_bytes, _ptr(xs), _ptr(out), threads, sc)
+
+
+def call_many_silu(
+    type_id: int,
+    bases: np.ndarray,
+    rows: int,
+    ne0: int,
+    row_bytes: int,
+    g: np.ndarray,
+    u: np.ndarray,
+    h: np.ndarray,
+    out: np.ndarray,
+    threads: int,
+) -> None:
+    """The experts' down products with their input made in the same OpenMP region (the token path; no checks):
+    ``h[m] = silu_mul(g[m], u[m])`` (:func:`strata.engine.gpu.reference.silu_mul`, bit for bit: the GPU's
+    ``silu_mul1``), then ``out[m * rows + r] = W_m[r] . h[m]`` with the ``"q8"`` kernel - the same bits as
+    :func:`call_many` on ``h``. ``g``, ``u``, ``h``: f32 numpy ``[nmat, ne0]`` C-contiguous (``h`` written);
+    ``bases``: uint64 ``[nmat]``; ``out`` f32 ``[nmat * rows]``. Only for :data:`Q8_TYPES` (engine/cpu/cpu_q8_chunk.c
+    ``matvec_q8_many_silu``)."""
+    sc = _scratch(scratch_bytes(type_id, "q8", ne0, bases.size, threads))
+    library(type_id).matvec_q8_many_silu(
+        _ptr(bases), bases.size, rows, ne0, row_bytes, _ptr(g), _ptr(u), _ptr(h), _ptr(out), threads, sc
+    )
+
+
+def silu_mul(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """``silu_mul1(g, u)`` elementwise in C (engine/cpu/cpu_q8.c ``silu_mul_row``, AVX2 where built with it): f32
+    numpy of ``g``'s shape, bit-identical to :func:`strata.engine.gpu.reference.silu_mul` (the tests check).
+    Raises ValueError when ``g`` and ``u`` differ in shape."""
+    g = np.ascontiguousarray(g, dtype=np.float32)
+    u = np.ascontiguousarray(u, dtype=np.float32)
+    if g.shape != u.shape:
+        raise ValueError(f"silu_mul: g has shape {g.shape}, u {u.shape}")
+    out = np.empty_like(g)
+    library(next(iter(sorted(Q8_TYPES)))).silu_mul_f32(_ptr(g), _ptr(u), _ptr(out), g.size)
+    return out
 
 
 def call_matmat(

@@ -19,7 +19,7 @@ concatenation of files installed with the package, in this order:
 
 :data:`strata.engine.kernel_src.assembly.SUPPORTED_TYPES` is the registry rows with ``gpu_kernel=True``.
 ``cuda/silu.cu`` holds ``silu_mul`` (its constants generated from
-:data:`strata.engine.gpu.reference.EXP_CONSTANTS`), ``cuda/fused.cu`` the fused decode-step kernels
+:data:`strata.engine.kernel_src.assembly.EXP_CONSTANTS`), ``cuda/fused.cu`` the fused decode-step kernels
 of :mod:`strata.engine.gpu.fused`.
 
 **Bit-exactness.** Each type's ``deq_chunk`` produces 32 consecutive values of a block with the
@@ -108,7 +108,6 @@ __all__ = [
     "module_sources",
     "quantize_source",
     "silu_source",
-    "silu_defines",
     "quantize_kernel",
     "quantize_q8",
     "matvec_q8",
@@ -211,9 +210,10 @@ def q8_kernels_for(type_id: int) -> Q8Kernels:
 
 
 def quantize_source() -> str:
-    """The CUDA source of the ``quantize_q8`` module (prelude, the q8 quantizer, :func:`silu_defines` for its silu
+    """The CUDA source of the ``quantize_q8`` module (prelude, the q8 quantizer,
+    :func:`~strata.engine.kernel_src.assembly.silu_defines` for its silu
     pre-op, ``cuda/q8_act.cu``)."""
-    return A.source_file("prelude.cuh") + q8_quant_source() + silu_defines() + cuda_file("q8_act.cu")
+    return A.source_file("prelude.cuh") + q8_quant_source() + A.silu_defines() + cuda_file("q8_act.cu")
 
 
 @functools.lru_cache(maxsize=1)
@@ -318,20 +318,10 @@ def source_for(type_id: int, *, with_kernels: bool = True) -> str:
     return code + shape + cuda_file("matvec_plain.cu" if plain else "matvec_block.cu") + cuda_file("matvec.cu")
 
 
-def silu_defines() -> str:
-    """``cuda/silu.cuh`` (``silu_mul1(g, u)`` = (g / (1 + exp_portable(-g))) * u, the exact op sequence of
-    :func:`strata.engine.gpu.reference.silu_mul`) with its constants prepended as defines of their f32 bits."""
-    from strata.engine.gpu.reference import EXP_CONSTANTS
-
-    consts = "".join(
-        f"#define {k} __uint_as_float(0x{int(np.float32(v).view(np.uint32)):08x}u)\n" for k, v in EXP_CONSTANTS.items()
-    )
-    return consts + cuda_file("silu.cuh")
-
-
 def silu_source() -> str:
-    """``silu_mul``: out = silu_mul1(g, u) elementwise (:func:`silu_defines`, ``cuda/silu.cu``)."""
-    return silu_defines() + cuda_file("silu.cu")
+    """``silu_mul``: out = silu_mul1(g, u) elementwise
+    (:func:`strata.engine.kernel_src.assembly.silu_defines`, ``cuda/silu.cu``)."""
+    return A.silu_defines() + cuda_file("silu.cu")
 
 
 @functools.lru_cache(maxsize=1)

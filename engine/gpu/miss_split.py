@@ -19,7 +19,7 @@ The share is chosen at start-up from two measurements and a model of the step (n
   tiers busy at once, each given the share that makes them end together: ``share = t_cpu / (t_pcie + t_cpu)``);
 - the split is taken when it predicts at most :data:`SPLIT_GAIN` of the one graph's time.
 
-``STRATA_PCIE_SHARE`` (a number in (0, 1]) overrides the choice (a benchmark knob). The budget plans the whole host
+``STRATA_PCIE_SHARE`` (a number in [0.01, 1]) overrides the choice (a benchmark knob). The budget plans the whole host
 tier's pinned bytes either way (a bound: a split pins less).
 """
 
@@ -41,7 +41,8 @@ HYBRID_LAYER_US = 100.0
 KERNEL_READ_SHARE = 0.77
 #: The split is taken when its predicted miss time is at most this fraction of the one graph's.
 SPLIT_GAIN = 0.9
-#: Bytes and timed launches of the mapped-read probe (after one untimed launch).
+#: Least bytes and timed launches of the mapped-read probe (after one untimed launch); it reads at least 4 times the
+#: GPU's L2 cache, so no pass can be served from it.
 PROBE_READ_BYTES, PROBE_READ_RUNS = 64 * 2**20, 4
 
 
@@ -60,7 +61,7 @@ def asked_share() -> float | None:
     start-up, :func:`choose`).
 
     Raises:
-        ExpertCacheError: a value that is not a number in (0, 1], naming it.
+        ExpertCacheError: a value that is not a number in [0.01, 1], naming it.
     """
     import os
 
@@ -73,7 +74,7 @@ def asked_share() -> float | None:
         share = float(raw)
     except ValueError:
         share = float("nan")
-    if not 0.01 <= share <= 1.0:  # (NaN fails too; below 0.01 a layer's tier part rounds to nothing)
+    if not 0.01 <= share <= 1.0:  # (NaN fails too)
         raise ExpertCacheError(
             f"STRATA_PCIE_SHARE={raw!r}: the host tier's share of a layer's misses: in [0.01, 1] (it overrides "
             f"--miss-tier pcie and the start-up's choice; unset it for those)"
@@ -81,10 +82,29 @@ def asked_share() -> float | None:
     return share
 
 
+def refuse_share(share: float | None, miss_tier: str, cache_policy: str) -> None:
+    """Refuse a ``STRATA_PCIE_SHARE`` below 1 (``share``, :func:`asked_share`) that the options leave nothing to split:
+    ``--miss-tier cpu`` (no host tier) or ``--cache-policy class`` (it swaps experts with the tier: every miss there).
+
+    Raises:
+        ExpertCacheError: naming the variable, its value and the option."""
+    from ..errors import ExpertCacheError
+
+    if share is None or share >= 1:
+        return
+    opt = "--miss-tier cpu" if miss_tier == "cpu" else "--cache-policy class" if cache_policy == "class" else None
+    if opt is not None:
+        raise ExpertCacheError(
+            f"STRATA_PCIE_SHARE={share}: a split of each layer's misses between the host tier and the CPU, but {opt} "
+            f"leaves nothing to split ({'no host tier' if opt.startswith('--miss') else 'every miss in the tier'})"
+        )
+
+
 def split_tier_pairs(rest: list[tuple[int, int]], share: float) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """``rest`` (the (layer, expert) pairs the VRAM cache does not hold) split into ``(tier, cpu)``: per layer the
-    first ``ceil(share x n)`` of its ``n`` pairs by expert id for the host tier, the others for the CPU (with
-    ``share`` 1 every pair in the tier). Order kept."""
+    first ``ceil(share x n)`` of its ``n`` pairs by expert id for the host tier (at least one where ``share`` > 0:
+    with few pairs a layer the pairs' share exceeds ``share``, :func:`tier_pairs` says by how much), the others for
+    the CPU (with ``share`` 1 every pair in the tier). Order kept."""
     by_layer: dict[int, list[int]] = {}
     for il, e in rest:
         by_layer.setdefault(il, []).append(e)
@@ -95,10 +115,13 @@ def split_tier_pairs(rest: list[tuple[int, int]], share: float) -> tuple[list[tu
 
 def tier_pairs(rest: list[tuple[int, int]], share: float, note: dict) -> list[tuple[int, int]]:
     """The host tier's part of :func:`split_tier_pairs`; where the CPU keeps some, ``note["miss split"]`` says how
-    many each tier holds."""
+    many each tier holds (the share asked, and the share of the pairs that holds: per-layer counts are whole)."""
     tier, cpu = split_tier_pairs(rest, share)
     if cpu:
-        note["miss split"] = f"{len(tier)} pairs in the host tier (PCIe), {len(cpu)} on the CPU (share {share})"
+        note["miss split"] = (
+            f"{len(tier)} pairs in the host tier (PCIe), {len(cpu)} on the CPU (share {share} asked, "
+            f"{len(tier) / len(rest):.2f} of the pairs)"
+        )
     return tier
 
 
@@ -126,9 +149,10 @@ def choose(t_pcie_us: float, t_cpu_us: float, misses: float, moe_layers: int) ->
 
 
 def probe_mapped_read(nbytes: int = PROBE_READ_BYTES) -> tuple[float, int]:
-    """The host tier's link as the decode kernels read it (``cuda/probe.cu``'s ``read_mapped`` over ``nbytes`` of
-    pinned, mapped host memory: cudaHostAlloc with :data:`strata.engine.gpu.slots.HOST_ALLOC_FLAGS`), timed by
-    CUDA events over :data:`PROBE_READ_RUNS` launches after one untimed: ``(GB/s (1e9 B/s), nbytes)``. CUDA only.
+    """The host tier's link as the decode kernels read it (``cuda/probe.cu``'s ``read_mapped`` over ``nbytes`` - at
+    least 4 times the GPU's L2 cache - of pinned, mapped host memory: cudaHostAlloc with
+    :data:`strata.engine.gpu.slots.HOST_ALLOC_FLAGS`), timed by CUDA events over :data:`PROBE_READ_RUNS` launches
+    after one untimed: ``(GB/s (1e9 B/s), the bytes read a launch)``. CUDA only.
 
     Raises:
         RuntimeError: the launches took no measurable time (no figure rather than a made-up one)."""
@@ -139,12 +163,14 @@ def probe_mapped_read(nbytes: int = PROBE_READ_BYTES) -> tuple[float, int]:
     from .slots import HOST_ALLOC_FLAGS
 
     kern = K.load_module(K.cuda_file("probe.cu"), ("read_mapped",))["read_mapped"]
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    nbytes = max(nbytes, -(-4 * int(props.get("l2CacheSize", 0)) // 16) * 16)
     mem = cp.cuda.PinnedMemory(nbytes, HOST_ALLOC_FLAGS)
     host = np.frombuffer(cp.cuda.PinnedMemoryPointer(mem, 0), np.uint8, nbytes)
     host[:] = 1  # touched: the pages exist before they are read
     dev = int(cp.cuda.runtime.pointerGetAttributes(mem.ptr).devicePointer)
     out = cp.zeros(1, cp.uint32)
-    sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
+    sms = props["multiProcessorCount"]
     st = cp.cuda.get_current_stream()
     args = (np.uint64(dev), np.int64(nbytes // 16), out)
     kern((4 * sms,), (256,), args)
@@ -169,12 +195,15 @@ def decide(dev, experts, opts, slots: int, pairs: int, slot_bytes: int, note: di
     """The host tier's share for the cache being opened (``dev``: the :class:`~strata.engine.gpu.device.GpuDevice`,
     ``experts`` its :class:`~strata.engine.gpu.slots.GpuExpertPath`, ``slots`` VRAM slots of ``slot_bytes`` B for
     ``pairs`` (layer, expert) pairs): ``STRATA_PCIE_SHARE`` when set; 1 with ``--miss-tier pcie`` (every miss over
-    PCIe, as asked), ``--cache-policy class`` (it needs every miss in the tier), fewer expected misses a token than
-    MoE layers, or no link to measure (the sim); else :func:`choose` on the two probes, each said in ``note``
-    (``pcie read``, ``cpu experts``, ``miss split choice``).
+    PCIe, as asked), a cache that learns (``--cache-policy class``, or ``auto`` without a profile where the class rule
+    can run: it swaps experts with the tier, and the split's miss count would be the fill's, before any learning),
+    fewer expected misses a token than MoE layers, no link to measure (the sim), or a probe that fails (said in
+    ``note``); else :func:`choose` on the two probes, each said in ``note`` (``pcie read``, ``cpu experts``,
+    ``miss split choice``).
 
     Raises:
         ExpertCacheError: a bad ``STRATA_PCIE_SHARE`` (:func:`asked_share`)."""
+    from strata.budget import cache_policy as CP
     from strata.budget import formulas as F
 
     from .slots import cpu_experts_note
@@ -185,16 +214,24 @@ def decide(dev, experts, opts, slots: int, pairs: int, slot_bytes: int, note: di
     moe, layers = dev.decoder.moe, experts.source.layers
     if opts.miss_tier != "auto" or opts.cache_policy == "class":
         return 1.0
+    if opts.learns and slots < pairs and CP.class_refusal(True, slots, pairs, "") is None:
+        note["miss split choice"] = "none: the cache learns (the class rule swaps misses in from the host tier)"
+        return 1.0
     hit = F.fill_profile(opts.profile, slots).hit_rate if opts.profile is not None else None
     m = expected_misses(moe.K, len(layers), slots, pairs, hit)
     gbs = SIM_LINK_GBS if dev.bk.name != "cuda" else None
     if m < len(layers) or (dev.bk.name != "cuda" and gbs is None):
         return 1.0
-    if gbs is None:
-        gbs, nbytes = probe_mapped_read()
-        note["pcie read"] = f"{gbs:.1f} GB/s read by a kernel from mapped host memory (measured: {nbytes} B x 4)"
-    us = cpu_experts_note(experts, moe, note)
-    c = choose(slot_bytes / (gbs * KERNEL_READ_SHARE * 1e3), us, m, len(layers))
+    try:
+        if gbs is None:
+            gbs, nbytes = probe_mapped_read()
+            note["pcie read"] = (
+                f"{gbs:.1f} GB/s read by a kernel from mapped host memory (measured: {nbytes} B x {PROBE_READ_RUNS})"
+            )
+        c = choose(slot_bytes / (gbs * KERNEL_READ_SHARE * 1e3), cpu_experts_note(experts, moe, note), m, len(layers))
+    except Exception as e:  # a probe that cannot measure (CUDA, memory, a zero time): no split rather than a guess
+        note["miss split choice"] = f"all over PCIe (a probe failed, no split chosen: {type(e).__name__}: {e})"
+        return 1.0
     note["miss split choice"] = c.why
     return c.share
 
@@ -219,6 +256,7 @@ __all__ = [
     "decide",
     "expected_misses",
     "probe_mapped_read",
+    "refuse_share",
     "split_tier_pairs",
     "tier_pairs",
 ]

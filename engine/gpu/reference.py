@@ -24,26 +24,11 @@ import numpy as np
 
 from strata.packer import quants
 
+from ..kernel_src.assembly import EXP_CONSTANTS  # the one definition (the kernels embed its bits)
+
 __all__ = ["matvec", "silu_mul", "exp_portable", "EXP_CONSTANTS", "expert_ffn"]
 
 _F = np.float32
-
-#: Constants of :func:`exp_portable` as float32 (the CUDA source embeds their exact bits).
-EXP_CONSTANTS: dict[str, np.float32] = {
-    "LO": _F(-80.0),
-    "HI": _F(88.0),
-    "LOG2E": _F(1.4426950408889634),
-    "HALF": _F(0.5),
-    "LN2_HI": _F(0.693145751953125),
-    "LN2_LO": _F(1.4286068203094172e-06),
-    "C7": _F(1.0 / 5040.0),
-    "C6": _F(1.0 / 720.0),
-    "C5": _F(1.0 / 120.0),
-    "C4": _F(1.0 / 24.0),
-    "C3": _F(1.0 / 6.0),
-    "C2": _F(0.5),
-    "ONE": _F(1.0),
-}
 
 
 def exp_portable(t: np.ndarray) -> np.ndarray:

@@ -233,19 +233,22 @@ def probe_pcie(tier: HostTier, dst: Any, cuda: bool) -> tuple[float | None, int]
 CPU_PROBE_EXPERTS, CPU_PROBE_RUNS, CPU_PROBE_PAUSE_S = 4, 5, 0.0005
 
 
-def probe_cpu_experts(source: ShardExperts, n_expert: int, kernel: str, threads: int | None) -> tuple[float, int, int]:
+def probe_cpu_experts(
+    source: ShardExperts, n_expert: int, kernel: str, threads: int | None
+) -> tuple[float, int, int, int]:
     """The CPU miss tier measured at start-up (issue 19 item 2: the CPU's expert throughput with the threads given,
     beside the host tier's link): :meth:`strata.engine.experts.ShardExperts.ffn_many` of
     ``min(CPU_PROBE_EXPERTS, n_expert)`` experts on one f32 input - the call the hybrid step makes for a layer's
-    misses, with its ``kernel`` and ``threads`` - once untimed, then :data:`CPU_PROBE_RUNS` times, each run on
+    misses, with its ``kernel``, ``threads`` and activation - once untimed, then :data:`CPU_PROBE_RUNS` times, each on
     another MoE layer's experts (layers spread over the model: weights not in the CPU's caches, as in decode, where
     each layer's misses come once a token; the first call with best-of runs on one layer's 24 MB measured the L3
     cache: 32-42 us an expert against 66-90 in decode, H200 host, 2026-12-02) after a pause of
     :data:`CPU_PROBE_PAUSE_S` (the worker threads idle as between two layers). Every page is touched first (one
     byte a 4 KiB page: page faults are not timed). Returns ``(microseconds an expert (the median run's wall time /
-    experts), experts, the first timed run's layer)``."""
-    layers = source.layers
-    picks = [layers[i * len(layers) // (CPU_PROBE_RUNS + 1)] for i in range(CPU_PROBE_RUNS + 1)]
+    experts), experts, the first timed run's layer, timed runs)``."""
+    layers = source.layers  # runs on distinct layers: a model of fewer MoE layers than runs times fewer
+    picks = list(dict.fromkeys(layers[i * len(layers) // (CPU_PROBE_RUNS + 1)] for i in range(CPU_PROBE_RUNS + 1)))
+    picks = picks if len(picks) > 1 else picks * 2  # one MoE layer: its second call is timed
     experts = list(range(min(CPU_PROBE_EXPERTS, n_expert)))
     for il in picks:
         for e in experts:
@@ -256,19 +259,19 @@ def probe_cpu_experts(source: ShardExperts, n_expert: int, kernel: str, threads:
     for run, il in enumerate(picks):
         time.sleep(CPU_PROBE_PAUSE_S)
         t0 = time.perf_counter()
-        source.ffn_many(il, experts, x, kernel=kernel, threads=threads)
+        source.ffn_many(il, experts, x, kernel=kernel, threads=threads, silu_mul=R.silu_mul)
         if run:
             times.append(time.perf_counter() - t0)
-    return float(np.median(times)) * 1e6 / len(experts), len(experts), picks[1]
+    return float(np.median(times)) * 1e6 / len(experts), len(experts), picks[1], len(times)
 
 
 def cpu_experts_note(experts: GpuExpertPath, moe, note: dict) -> float:
     """:func:`probe_cpu_experts` for the fused step's misses (``moe``: its :class:`~strata.engine.gpu.fused_moe.
     MoeStep`, the miss kernel; ``experts``: the threads), said in ``note["cpu experts"]``; returns us an expert."""
-    us, k, il = probe_cpu_experts(experts.source, moe.E, moe.miss_kernel(experts.kernel), experts.threads)
+    us, k, il, runs = probe_cpu_experts(experts.source, moe.E, moe.miss_kernel(experts.kernel), experts.threads)
     note["cpu experts"] = (
         f"{us:.0f} us an expert on the CPU (measured: {k} experts a call from layer {il} on, "
-        f"{experts.threads or 'all'} threads; median of {CPU_PROBE_RUNS} layers)"
+        f"{experts.threads or 'all'} threads; median of {runs} calls)"
     )
     return us
 

@@ -46,6 +46,35 @@ SUPPORTED_TYPES: frozenset[int] = frozenset(t.id for t in quants.QTYPES.values()
 DEVICE_FN = "__device__ __forceinline__"
 
 
+#: Constants of the experts' activation's exp (:func:`strata.engine.gpu.reference.exp_portable`) as float32: one
+#: definition for the NumPy replica, the CUDA kernels and the CPU kernels (:func:`silu_defines` embeds their bits).
+EXP_CONSTANTS: dict[str, np.float32] = {
+    "LO": np.float32(-80.0),
+    "HI": np.float32(88.0),
+    "LOG2E": np.float32(1.4426950408889634),
+    "HALF": np.float32(0.5),
+    "LN2_HI": np.float32(0.693145751953125),
+    "LN2_LO": np.float32(1.4286068203094172e-06),
+    "C7": np.float32(1.0 / 5040.0),
+    "C6": np.float32(1.0 / 720.0),
+    "C5": np.float32(1.0 / 120.0),
+    "C4": np.float32(1.0 / 24.0),
+    "C3": np.float32(1.0 / 6.0),
+    "C2": np.float32(0.5),
+    "ONE": np.float32(1.0),
+}
+
+
+def silu_defines() -> str:
+    """``silu.cuh`` (``silu_mul1(g, u)`` = (g / (1 + exp_portable(-g))) * u, the exact op sequence of
+    :func:`strata.engine.gpu.reference.silu_mul`) with :data:`EXP_CONSTANTS` prepended as defines of their f32 bits:
+    the GPU's ``silu_mul`` / ``quantize_q8`` modules and the CPU kernels (engine/cpu/cpu_q8.c) compile this text."""
+    consts = "".join(
+        f"#define {k} __uint_as_float(0x{int(np.float32(v).view(np.uint32)):08x}u)\n" for k, v in EXP_CONSTANTS.items()
+    )
+    return consts + source_file("silu.cuh")
+
+
 @functools.cache
 def source_file(relpath: str) -> str:
     """The text of ``<this folder>/<relpath>`` (e.g. ``"prelude.cuh"``, ``"types/Q4_K.cuh"``)."""
