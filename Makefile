@@ -15,18 +15,18 @@ install:
 demo: install
 	@mkdir -p $(DEMO_DIR)
 	$(PYTHON) -m strata.packer.fetch $(DEMO_MODEL) > $(DEMO_DIR)/model-path.txt
-	strata-pack build "$$(cat $(DEMO_DIR)/model-path.txt)" -o $(DEMO_DIR)/pack --force
-	strata-pack verify $(DEMO_DIR)/pack
-	strata-budget check $(DEMO_DIR)/pack --card 24G --max-context 8192
-	strata-engine generate $(DEMO_DIR)/pack --prompt "The capital of France is" -n 32
+	$(PYTHON) -m strata.packer build "$$(cat $(DEMO_DIR)/model-path.txt)" -o $(DEMO_DIR)/pack --force
+	$(PYTHON) -m strata.packer verify $(DEMO_DIR)/pack
+	$(PYTHON) -m strata.budget check $(DEMO_DIR)/pack --card 24G --max-context 8192
+	$(PYTHON) -m strata.engine generate $(DEMO_DIR)/pack --prompt "The capital of France is" -n 32
 	@echo "--- a Mixture-of-Experts on real weights: Qwen2.5 0.5B upcycled to 4 experts per layer, 2 used (strata.testing.upcycle)"
 	$(PYTHON) -m strata.packer.fetch $(MOE_BASE) > $(DEMO_DIR)/moe-base-path.txt
 	@test -f $(DEMO_DIR)/qwen-moe-00002-of-00002.gguf || \
 	    $(PYTHON) -m strata.testing.upcycle "$$(cat $(DEMO_DIR)/moe-base-path.txt)" $(DEMO_DIR)/qwen-moe.gguf
-	strata-pack build $(DEMO_DIR)/qwen-moe-00001-of-00002.gguf -o $(DEMO_DIR)/moe-pack --force
-	strata-pack verify $(DEMO_DIR)/moe-pack
-	strata-budget check $(DEMO_DIR)/moe-pack --card 6G --max-context 8192
-	strata-engine generate $(DEMO_DIR)/moe-pack --prompt "The capital of France is" -n 32
+	$(PYTHON) -m strata.packer build $(DEMO_DIR)/qwen-moe-00001-of-00002.gguf -o $(DEMO_DIR)/moe-pack --force
+	$(PYTHON) -m strata.packer verify $(DEMO_DIR)/moe-pack
+	$(PYTHON) -m strata.budget check $(DEMO_DIR)/moe-pack --card 6G --max-context 8192
+	$(PYTHON) -m strata.engine generate $(DEMO_DIR)/moe-pack --prompt "The capital of France is" -n 32
 
 # The test extras and the reference extra: llama-cpp-python 0.3.36 for the live llama.cpp tests (marker llama_cpp;
 # their count ends the run). It is an sdist: pip builds it once with cmake (a native CPU build, ~5-10 minutes on

@@ -461,3 +461,18 @@ def test_no_gpu_reason_says_what_insufficient_driver_means(monkeypatch):
     ok, why = K.gpu_available()
     assert not ok and why.startswith("no usable CUDA device (FakeError: cudaErrorInsufficientDriver")
     assert "no NVIDIA GPU or driver here, or a driver older than CuPy's CUDA runtime" in why
+
+
+@pytest.mark.parametrize(
+    "pkg,cmd", [("packer", "strata-pack"), ("budget", "strata-budget"), ("engine", "strata-engine")]
+)
+def test_python_dash_m_runs_each_command_line(pkg, cmd, tmp_path):
+    """``python -m strata.<pkg>`` is ``<cmd>`` (the Makefile's demo calls it so: an environment whose scripts are not on
+    PATH): its --help exits 0 naming the module, and bad input exits 2 as the script does."""
+    r = subprocess.run([sys.executable, "-m", f"strata.{pkg}", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and f"python -m strata.{pkg}" in r.stdout, r.stderr
+    sub = {"packer": ["verify"], "budget": ["check", "--card", "24G"], "engine": ["generate", "-p", "hi"]}[pkg]
+    missing = tmp_path / "no-such-pack"
+    args = [sys.executable, "-m", f"strata.{pkg}", sub[0], str(missing), *sub[1:]]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no-such-pack" in r.stderr, (cmd, r.returncode, r.stderr)
