@@ -22,12 +22,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("pack")
     ap.add_argument("--kernel", action="append", default=None, choices=["q8", "exact", "f32"])
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--used", type=int, default=8, help="experts per layer (default 8)")
+    ap.add_argument("--used", type=int, default=None, help="experts per layer (default: the model's experts used)")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.json:  # refused before the run, not after it
+        d = os.path.dirname(os.path.abspath(args.json))
+        if not os.path.isdir(d) or not os.access(d, os.W_OK):
+            ap.error(f"--json {args.json}: {d} is not a writable directory")
     for name in ("threads", "used", "passes"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name} {getattr(args, name)}: must be at least 1")
     from strata.engine.experts import ShardExperts
     from strata.engine.startup import open_checked
@@ -35,9 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _, geom, plan = open_checked(args.pack)
     except Exception as e:  # a missing or broken pack: the engine's own message
-        ap.error(f"{args.pack}: {e}")
+        ap.error(str(e) if args.pack in str(e) else f"{args.pack}: {e}")
     if not plan.experts:
         ap.error(f"{args.pack}: a {geom.manifest.arch} model without routed experts: nothing to time")
+    args.used = args.used or int(geom.env["n_expert_used"])
     if args.used > int(geom.env["n_expert"]):
         ap.error(f"--used {args.used}: the model has {geom.env['n_expert']} experts per layer")
     rng = np.random.default_rng(0)

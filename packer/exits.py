@@ -74,7 +74,8 @@ REFUSED: dict[str, str] = {
     "profile",
     "strata-engine generate": "not a pack, a pack the engine cannot load, a refused request (`--chat` without a chat "
     "template, prompt + tokens beyond `--ctx`, ...), a start that does not fit the card "
-    "(`--card`: the numbers), a pack file or shard truncated or rewritten while it runs (before the next step)",
+    "(`--card`: the numbers), a pack file or shard truncated or rewritten while it runs (found between steps; cut "
+    "while a step reads it: 135, below)",
     "strata-engine measure": "no CUDA GPU, not a pack, a pack that cannot load, an option out of range",
     "strata-engine profile": "not a pack, a missing prompts file, an `-o` that cannot be written",
 }
@@ -93,7 +94,11 @@ SIGNALS_NOTE = (
     "number; 129 for SIGHUP), after its cleanup: one `error: interrupted by SIG...` line, no traceback, "
     "nothing half-written (outputs are written under a temporary name and renamed when complete; "
     "`generate` keeps the tokens it printed). **141** when the reader of stdout goes away (`| head`), "
-    "silently."
+    "silently.\n"
+    '**135** (SIGBUS, "Bus error", no message): a pack file or shard truncated in place while a step of `generate` '
+    "reads it - the engine maps its files and checks their sizes between steps (engine/mapped.py), and a step usually "
+    "reads the cut pages first (a new-user test truncated `pool.bin` mid-run: 5 times 135, once the clean exit 2). "
+    "Replace files by rename (a running engine keeps the old inode); never truncate a file an engine has open."
 )
 
 
