@@ -145,7 +145,7 @@ def test_ffn_many_rows_are_each_expert_alone_bit_for_bit(moe_pack, kernel):
 
 
 @pytest.mark.parametrize("kernel", ["q8", "q8-exact"])
-def test_ffn_many_activation_made_in_c_equals_numpys(moe_pack, kernel):
+def test_ffn_many_activation_made_in_c_equals_numpys(moe_pack, kernel, monkeypatch):
     """With the GPU's activation (reference.silu_mul) and a q8 down type, ffn_many makes the activation inside the
     down products' C region (cpukernels.call_many_silu): the same bits as NumPy's silu_mul passed to the kernels,
     on every MoE layer of the fixture (down types Q8_0, IQ4_NL, Q5_0: the fused call where a q8 kernel exists)."""
@@ -153,6 +153,14 @@ def test_ffn_many_activation_made_in_c_equals_numpys(moe_pack, kernel):
     from strata.engine.gpu import reference as R
 
     src = load_engine(moe_pack, n_ctx=32).experts.source
+    calls: list[int] = []
+    real = CK.call_many_silu
+
+    def counted(t, *a):  # the C activation really taken (not NumPy's twice)
+        calls.append(t)
+        return real(t, *a)
+
+    monkeypatch.setattr(CK, "call_many_silu", counted)
     fused = 0
     for il in src.layers:
         x = np.random.default_rng(il).standard_normal(src.shapes[il].gate[0]).astype(np.float32) * 4
@@ -161,7 +169,7 @@ def test_ffn_many_activation_made_in_c_equals_numpys(moe_pack, kernel):
         Z = src.ffn_many(il, ids, x, kernel=kernel, silu_mul=lambda g, u: R.silu_mul(g, u), threads=2)
         assert np.array_equal(Y.view(np.uint32), Z.view(np.uint32)), il
         fused += CK.kernel_for(src.types(il)[2], kernel) == "q8"
-    assert fused >= 2  # the fixture's Q8_0 and Q5_0 downs take the C activation
+    assert fused >= 2 and len(calls) == fused  # the fixture's Q8_0 and Q5_0 downs: the C activation, once a call
 
 
 @pytest.mark.parametrize("numerics", ["f32", "llamacpp"])
