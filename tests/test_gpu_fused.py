@@ -388,9 +388,9 @@ def test_sim_fused_moe_launches_hybrid_and_full(packs):
     """Per MoE layer: q/k/v (one matvec_group launch), qk_prep, attn, out, norm; router, moe_route,
     gate + up of the selected experts (one batched launch; the preset's types agree per layer), silu_mul, down, norm
     (which also sums the experts: moe_combine fused into it) = 11 kernels (the step's head: 4 kernels and 3 copies,
-    test_fused_launch_count; the routing record: 1 copy). The hybrid path (``--miss-tier cpu``) adds 2 copies (routing,
-    input) and 2 host points per layer; with every expert resident, or the rest in the host tier (``pcie``), the step is
-    the full list: no host point."""
+    test_fused_launch_count; the routing record: 1 copy). The hybrid path (``--miss-tier cpu``) adds 3 copies (routing,
+    input, the flag), one host point and one kernel (``moe_take_rows``: the CPU's rows) per layer; with every expert
+    resident, or the rest in the host tier (``pcie``), the step is the full list: no host point."""
     full = _moe(packs, expert_cache="auto", resident="all")
     hyb = _moe(packs, expert_cache="auto", resident="half", miss_tier="cpu")
     tier = _moe(packs, expert_cache="auto", resident="half", miss_tier="pcie")
@@ -398,15 +398,15 @@ def test_sim_fused_moe_launches_hybrid_and_full(packs):
     one = {"kernels": 11 * L + 4, "memcpy": 4, "total": 11 * L + 8, "host": 0}
     assert full.decoder.launches_per_token(True) == one == tier.decoder.launches_per_token(True)
     assert hyb.decoder.launches_per_token(True) == {
-        "kernels": 11 * L + 4,
-        "memcpy": 4 + 2 * L,
-        "total": 13 * L + 8,
-        "host": 2 * L,
+        "kernels": 12 * L + 4,
+        "memcpy": 4 + 3 * L,
+        "total": 15 * L + 8,
+        "host": L,
     }
     assert "every expert resident" in full.gpu.decode_path and "hybrid" in hyb.gpu.decode_path
     n_tier = tier.decoder.moe.n_pairs - len(tier.experts.cache)
     assert f"+ {n_tier} read over PCIe from the host tier" in tier.gpu.decode_path and n_tier > 0
-    assert len(hyb.decoder.segments(True)) == 2 * L + 1
+    assert len(hyb.decoder.segments(True)) == L + 1
     K = full.model.hp.n_expert_used
     r = generate(full, prompt_ids=PROMPT, n_tokens=4, ignore_eos=True)
     assert r.expert_misses == 0 and r.expert_hits == (len(PROMPT) + 3) * L * K
@@ -812,3 +812,19 @@ def test_start_up_measures_the_cpu_experts_where_misses_run_there(packs, monkeyp
     assert "cpu experts" in notes(expert_cache=0, miss_tier="pcie")[1]
     us, got_k, got_layer, runs = SL.probe_cpu_experts(eng.experts.source, eng.decoder.moe.E, "exact", 1)
     assert us > 0 and (got_k, got_layer, runs) == (k, layer, len(picks) - 1)
+
+
+def test_sim_hybrid_host_point_refuses_a_routing_that_never_arrived(packs):
+    """The hybrid step's host point spins on a flag the layer's last copy writes (engine/gpu/moe_host.py); a flag
+    still -1 when the host gets there is refused with the layer named (on CUDA once the stream has ended), never
+    waited for forever or read as stale routing."""
+    from strata.engine.errors import GenerateError
+
+    hyb = _moe(packs, expert_cache="auto", resident="half", miss_tier="cpu")
+    generate(hyb, prompt_ids=PROMPT, n_tokens=2, ignore_eos=True)
+    moe = hyb.decoder.moe
+    il = moe.layers[-1]
+    assert moe.flag_host[il] >= 0  # the last step wrote every MoE layer's flag (its position)
+    moe.reset_flags()
+    with pytest.raises(GenerateError, match=f"layer {il}'s routing flag was not written"):
+        moe.on_fill(il)

@@ -19,16 +19,16 @@ PROMPT = [1, 2, 3, 4, 5]
 
 def test_choose_splits_where_both_tiers_beat_one_and_says_the_figures():
     """30B-A3B with no expert resident (384 misses a token, 48 MoE layers; the H200's 80 us over PCIe, 40 us on the
-    CPU): share round(40 / 120, 2) = 0.33; split 48 x 100 + 384 x max(0.33 x 80, 0.67 x 40) = 4,800 + 10,291.2 us
-    against 384 x 80 = 30,720 us in one graph: split. 100 misses: 4,800 + 2,680 = 7,480 > 0.9 x 8,000: one graph."""
+    CPU): share round(40 / 120, 2) = 0.33; split 48 x 50 + 384 x max(0.33 x 80, 0.67 x 40) = 2,400 + 10,291.2 us
+    against 384 x 80 = 30,720 us in one graph: split. 50 misses: 2,400 + 1,340 = 3,740 > 0.9 x 4,000: one graph."""
     c = MS.choose(80.0, 40.0, 384, 48)
     assert c.share == 0.33
     assert c.why == (
         "split 0.33 PCIe / 0.67 CPU: 384 misses a token x 80 us over PCIe = 30.7 ms in one graph; split 0.33 with the "
-        "CPU's 40 us an expert: 15.1 ms (+ 100 us a layer for the hybrid step)"
+        "CPU's 40 us an expert: 12.7 ms (+ 50 us a layer for the hybrid step)"
     )
-    one = MS.choose(80.0, 40.0, 100, 48)
-    assert one.share == 1.0 and one.why.startswith("all over PCIe: 100 misses a token x 80 us over PCIe = 8.0 ms")
+    one = MS.choose(80.0, 40.0, 50, 48)
+    assert one.share == 1.0 and one.why.startswith("all over PCIe: 50 misses a token x 80 us over PCIe = 4.0 ms")
     assert MS.choose(80.0, 40.0, 0, 48).share == 1.0  # nothing misses: nothing to split
     assert MS.choose(1.0, 1e6, 384, 48).share == 1.0  # a CPU that cannot help: one graph
     assert MS.choose(1e6, 1.0, 384, 48).share == 0.01  # a link that cannot: the tier keeps 1% (clamped, not 0)

@@ -47,8 +47,8 @@ between launches records nothing, so asking for stage times with the graph on is
 **Routed experts** (qwen3moe and every attention + MoE recipe) are built into the same list by
 :mod:`strata.engine.gpu.fused_moe`: routing on the device, one batched matvec per projection over
 the selected experts read from the expert cache's slots. With every expert resident the step is
-one graph; otherwise (the hybrid path) the host reads each MoE layer's routing, computes the misses
-on the CPU bit-identically and copies them up, and the segments between those points are graphs.
+one graph; otherwise (the hybrid path: :mod:`strata.engine.gpu.moe_host`) the host computes each MoE layer's
+CPU misses at one point a layer, and the segments between those points are graphs.
 
 The ``sim`` backend (:class:`strata.engine.gpu.backend.SimBackend`) runs the same launch list with
 NumPy stand-ins for the fused kernels, written with the CPU path's own layer functions, so CI
@@ -348,7 +348,8 @@ class FusedDecoder:
         return self.moe is not None and not self.moe.full
 
     def launches(self, logits: bool = True, hybrid: bool | None = None) -> list[Launch]:
-        """The launch list (no head entries when not ``logits``); hybrid: with the host's (``route``, ``fill``)."""
+        """The launch list (no head entries when not ``logits``); hybrid: with the host points (``fill``) and the
+        entries only the hybrid step has (``host``: copies for the host point; ``host-kernel``: ``moe_take_rows``)."""
         hybrid = self.hybrid if hybrid is None else hybrid
         ls = self.plan if logits else [L for L in self.plan if L.stage != "head"]
         return ls if hybrid else [L for L in ls if L.kind in ("kernel", "memcpy")]
@@ -358,7 +359,7 @@ class FusedDecoder:
         out: list[tuple[list[Launch], Launch | None]] = []
         cur: list[Launch] = []
         for L in self.launches(logits, hybrid=True):
-            if L.kind in ("route", "fill"):
+            if L.kind == "fill":
                 out.append((cur, L))
                 cur = []
             else:
@@ -368,10 +369,10 @@ class FusedDecoder:
 
     def launches_per_token(self, logits: bool = True, hybrid: bool | None = None) -> dict[str, int]:
         """Counts of the step's device entries: ``kernels``, ``memcpy`` and ``total`` (graph nodes when
-        captured), and ``host`` (points where the host waits and works: 2 per MoE layer when hybrid)."""
+        captured), and ``host`` (points where the host waits and works: 1 per MoE layer when hybrid)."""
         ls = self.launches(logits, hybrid)
-        k = sum(1 for L in ls if L.kind == "kernel")
-        h = sum(1 for L in ls if L.kind in ("route", "fill"))
+        k = sum(1 for L in ls if L.kind in ("kernel", "host-kernel"))
+        h = sum(1 for L in ls if L.kind == "fill")
         return {"kernels": k, "memcpy": len(ls) - k - h, "total": len(ls) - h, "host": h}
 
     def stages(self, logits: bool = True) -> list[str]:
@@ -491,6 +492,8 @@ class FusedDecoder:
         self.params_host[0] = pos
         self.model.w.host_row("token_embd.weight", int(token), self.row_host)
         hybrid = self.hybrid
+        if hybrid:
+            self.moe.reset_flags()
         if self.captured and self.graph_on and self.cuda:
             if not hybrid:
                 self.graphs[bool(logits)].launch(self.stream)
@@ -509,7 +512,7 @@ class FusedDecoder:
             self._run_eager(bool(logits))
         if self.cuda:
             self._done.record(self.stream)
-        self._queued = (bool(logits), self.moe is not None and not hybrid)  # the routing record: counted in wait
+        self._queued = (bool(logits), self.moe is not None)  # the routing record: counted in wait
         self._last_logits = bool(logits)
 
     def wait(self, settle: bool = True):
@@ -538,8 +541,7 @@ class FusedDecoder:
             self.moe.settle()
 
     def busy_on(self) -> None:
-        """``--stats``: from now on the hybrid step records an event pair around each of its graph segments (CUDA
-        only), so :meth:`busy_ms` can sum the device's own work apart from the time it waits for the host."""
+        """``--stats``: from now on the hybrid step records an event pair around each graph segment (CUDA only)."""
         if self.cuda and self.busy_events is None and self.moe is not None:
             import cupy as cp
 
@@ -547,12 +549,10 @@ class FusedDecoder:
             self.busy_events = [cp.cuda.Event() for _ in range(2 * n)]
 
     def busy_ms(self, span_ms: float | None) -> float | None:
-        """After a step: the device's own work in it, milliseconds - the **floor** with no host work (issue 19 item 6).
-        The one-graph step never waits for the host: its event span ``span_ms``. The hybrid step: the sum of its
-        graph segments' spans (events recorded around each by :meth:`busy_on`), i.e. the span less the time the device
-        sat idle while the host read a layer's routing and computed or copied its misses (the one-graph span also
-        holds the embedding row's copy queued before the graph). None on the sim, and for a hybrid step launched
-        eagerly (``--no-graph``: no segment events)."""
+        """After a step: the device's own work in it, milliseconds - the **floor** with no host work (issue 19 item 6):
+        the one-graph step's event span ``span_ms``; the hybrid step's graph segments' spans summed (:meth:`busy_on`),
+        i.e. less the time the device sat idle while the host computed a layer's CPU misses. None on the sim, and
+        for a hybrid step launched eagerly (``--no-graph``: no segment events)."""
         if span_ms is None or not self.cuda:
             return None
         if not self.hybrid:

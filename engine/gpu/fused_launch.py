@@ -19,7 +19,9 @@ class Launch:
     name: str
     stage: str
     run: Callable[[], None]
-    kind: str = "kernel"  # "kernel" | "memcpy" | "route" (host reads the routing) | "fill" (host fills misses)
+    # "kernel" | "memcpy" | "fill" (the host point: CPU misses) | "host" / "host-kernel" (hybrid only: copies for the
+    # host point, moe_take_rows)
+    kind: str = "kernel"
 
 
 @dataclass

@@ -17,14 +17,15 @@ Per MoE layer the step runs, on the device, with no host value in between:
 **All experts resident** (every (layer, expert) pair in a slot): nothing can miss, so the whole
 step - every layer, the head - is one captured CUDA graph, like the dense step.
 
-**Some resident (the hybrid path)**: the step is cut after each layer's routing. The host waits for
-the routing (the ids and slots, and the layer's input, copied to pinned memory: one round trip per
-MoE layer), launches the batched matvecs for the hits, computes the misses on the CPU meanwhile
-(:meth:`strata.engine.experts.ShardExperts.ffn_many` with the step's numerics - :meth:`MoeStep.miss_kernel`:
-the CPU q8 kernel for the types the GPU runs ``matvec_q8``, the exact kernels' order for the rest - and the
-GPU's silu replica, so a miss is bit-identical to what a hit would give), copies their
-rows into the expert outputs, and launches the rest of the layer. The segments between those points
-are captured as CUDA graphs too. Nothing is allocated on the token path: every device and pinned
+**Some resident (the hybrid path)**: some (layer, expert) pair is in neither a slot nor the host tier, so the CPU
+computes it. The device work still runs on without the host: after ``moe_route`` each MoE layer copies its routing
+row, its input and then a flag to pinned memory, and the batched matvecs of the hits (and host-tier misses) follow at
+once; the host's one point a layer (:mod:`strata.engine.gpu.moe_host`) spins on the flag, computes the CPU misses
+(:class:`strata.engine.cpu.miss_calls.LayerMisses`, with the step's numerics - :meth:`MoeStep.miss_kernel`: the
+CPU q8 kernel for the types the GPU runs ``matvec_q8``, the exact kernels' order for the rest - and the GPU's silu
+replica, so a miss is bit-identical to what a hit would give) into pinned, mapped rows, and launches the next
+segment, whose first kernel (``moe_take_rows``) reads those rows into the experts' outputs. The segments between
+those points are captured as CUDA graphs too. Nothing is allocated on the token path: every device and pinned
 buffer is made once, at start-up.
 
 The slot table and the cache's device address live in device memory and are written when the cache
@@ -33,7 +34,6 @@ is opened (after the graphs were captured): the graphs read them at replay.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -44,11 +44,10 @@ from strata.layout import experts as LX
 from strata.layout import step as LS
 from strata.manifests.names import tensor_name
 
-from .. import layers
 from ..errors import ExpertCacheError
 from ..recipe import MoEFFN
-from . import reference as R
 from .fused_ops import Combine, MoeIO
+from .moe_host import HybridHost
 from .slots import SIM_HOST_BASE
 
 #: Most experts one token may select (the routing kernel's shared table).
@@ -87,7 +86,7 @@ def check_policy(opts, tier_on: bool, slots: int, pairs: int, miss_tier: str, no
     raise ExpertCacheError(f"--cache-policy class {why}; refusing (--cache-policy fill keeps the fill)")
 
 
-class MoeStep:
+class MoeStep(HybridHost):
     """The MoE part of one fused decoder: its buffers, its launches, the host side of the hybrid path.
 
     Built at the prompt-path checkpoint (buffers allocated before the expert cache measures what is
@@ -150,27 +149,24 @@ class MoeStep:
 
             self._info_mem = cp.cuda.alloc_pinned_memory(4 * 2 * K)
             self._xn_mem = cp.cuda.alloc_pinned_memory(4 * n)
-            self._miss_mem = cp.cuda.alloc_pinned_memory(4 * K * n)
             self._slot_mem = cp.cuda.alloc_pinned_memory(4 * h.n_layer * E)
             self._record_mem = cp.cuda.alloc_pinned_memory(4 * 2 * K * h.n_layer)
             self.record_host = np.frombuffer(self._record_mem, np.int32, 2 * K * h.n_layer)
             self.info_host = np.frombuffer(self._info_mem, np.int32, 2 * K)
             self.xn_host = np.frombuffer(self._xn_mem, np.float32, n)
-            self.miss_host = np.frombuffer(self._miss_mem, np.float32, K * n)
             # host mirror of slot_of: a changed entry (an admission, a swap) is copied up from here; a copy still
             # queued reads the newest value when it runs, the one wanted (MoeStep._set_entry)
             self.slot_host = np.frombuffer(self._slot_mem, np.int32, h.n_layer * E)
-            self.pinned_bytes = 4 * (2 * K + n + K * n + h.n_layer * E + 2 * K * h.n_layer)
+            self.pinned_bytes = 4 * (2 * K + n + h.n_layer * E + 2 * K * h.n_layer)
         else:
             self.record_host = np.zeros(2 * K * h.n_layer, np.int32)
             self.info_host = np.zeros(2 * K, np.int32)
             self.xn_host = np.zeros(n, np.float32)
-            self.miss_host = np.zeros(K * n, np.float32)
             self.pinned_bytes = 0
+        self.pinned_bytes += self.init_host(dec.cuda, h.n_layer)  # the hybrid point's flags and CPU rows
         self.cache = None
         self.tier = None  # the host tier (strata.engine.gpu.slots.HostTier), when misses are read over PCIe
         self.n_pairs = len(self.layers) * E
-        self._misses: list[tuple[int, int]] = []  # (k, expert) of the layer being run
         #: the decode-time cache policy (``--cache-policy class``: :meth:`learn`), None: the fill stays
         self.policy: DecayedFrequency | None = None
         self.policy_steps = 0  # steps the policy has seen
@@ -205,13 +201,16 @@ class MoeStep:
             info=info,
         )
         add(f"moe_route L{il}", sf, ops.moe_route(M))
+        # the hybrid step's copies for the host point (moe_host): routing row, input, then the flag (the position)
+        pos = dec.params_dev[:1]
         if dec.cuda:
             add(f"copy routing L{il} to host", sf, ops.d2h(self._info_mem.ptr, info, 4 * 2 * K), "host")
             add(f"copy x L{il} to host", sf, ops.d2h(self._xn_mem.ptr, dec.xn, 4 * n), "host")
+            add(f"copy flag L{il} to host", sf, ops.d2h(self.flag_mem.ptr + 4 * il, pos, 4), "host")
         else:
             add(f"copy routing L{il} to host", sf, ops.d2h(self.info_host, info, 4 * 2 * K), "host")
             add(f"copy x L{il} to host", sf, ops.d2h(self.xn_host, dec.xn, 4 * n), "host")
-        add(f"route L{il}", sf, lambda: self.on_route(il), "route")
+            add(f"copy flag L{il} to host", sf, ops.d2h(self.flag_host[il : il + 1], pos, 4), "host")
         gt, ut, dt = self.source.types(il)
         pb = self.part_bytes[il]
         store = self._bytes_at
@@ -289,6 +288,8 @@ class MoeStep:
             ),
         )
         add(f"fill misses L{il}", sf, lambda: self.on_fill(il), "fill")
+        rows = self.rows_dev if dec.cuda else self.miss_host
+        add(f"take CPU rows L{il}", sf, ops.take_rows(self.D, rows, info, K, n), "host-kernel")
         S = gdot = None
         if ffn.shared_expert:
             g, u = mv_group(
@@ -522,73 +523,6 @@ class MoeStep:
                 for k in range(K):
                     if slots[j, k] < 0:
                         self.cache.admit(self.layers[j], int(rec[j, 0, k]))
-
-    # ------------------------------------------------------------ the host side of the hybrid path
-
-    def on_route(self, il: int) -> None:
-        """Wait for layer ``il``'s routing to reach pinned memory; note the misses and count."""
-        dec = self.dec
-        if dec.cuda:
-            t0 = time.perf_counter()
-            dec._done.record(dec.stream)
-            dec._done.synchronize()
-            layers.HostWait.ms += (time.perf_counter() - t0) * 1000
-        K = self.K
-        ids = [int(i) for i in self.info_host[:K]]
-        slots = self.info_host[K : 2 * K]
-        self._misses = [(k, ids[k]) for k in range(K) if slots[k] == -1]  # <= -2: the kernels read the host tier
-        ex = self.model.experts
-        if ex.on_route is not None:
-            ex.on_route(il, ids)
-        hits = int((slots >= 0).sum())
-        pcie = K - hits - len(self._misses)
-        ex.count(il, hits, K - hits, pcie=pcie, pcie_bytes=pcie * self.blob_bytes[il])
-
-    def miss_kernel(self, asked: str) -> str:
-        """The CPU kernel of a miss: with the step's q8 numerics ``"q8-exact"`` (q8 for the types the GPU runs q8,
-        exact for the rest: a miss is bit-identical to a hit either way); else the one asked (``"exact"`` by
-        default, bit-identical to the exact GPU kernels)."""
-        return "q8-exact" if self.dec.kernel == "q8" else asked
-
-    def on_fill(self, il: int) -> None:
-        """Compute layer ``il``'s missed experts on the CPU (bit-identical to hits with the default
-        ``"exact"`` miss kernel, :class:`~strata.engine.gpu.slots.GpuExpertPath`; all of them in one
-        :meth:`~strata.engine.experts.ShardExperts.ffn_many`, i.e. two OpenMP regions) and copy their rows
-        into the expert outputs; admit them into free slots (first come, no eviction)."""
-        if not self._misses:
-            return
-        dec, ex, n = self.dec, self.model.experts, self.n_embd
-        t0 = time.perf_counter()
-        ks = [k for k, _e in self._misses]
-        ys = self.source.ffn_many(
-            il,
-            [e for _k, e in self._misses],
-            self.xn_host,
-            kernel=self.miss_kernel(ex.kernel),
-            threads=ex.threads,
-            silu_mul=R.silu_mul,
-        )
-        for j, k in enumerate(ks):
-            self.miss_host[k * n : (k + 1) * n] = ys[j]
-        ex.cpu_expert_ms += (time.perf_counter() - t0) * 1000
-        if dec.cuda:
-            import cupy as cp
-
-            rt = cp.cuda.runtime
-            for k, _e in self._misses:
-                rt.memcpyAsync(
-                    self.D.data.ptr + 4 * k * n,
-                    self._miss_mem.ptr + 4 * k * n,
-                    4 * n,
-                    rt.memcpyHostToDevice,
-                    dec.stream.ptr,
-                )
-        else:
-            for k, _e in self._misses:
-                self.D[k * n : (k + 1) * n] = self.miss_host[k * n : (k + 1) * n]
-        if self.cache is not None:
-            for _k, e in self._misses:
-                self.cache.admit(il, e)
 
 
 __all__ = ["MAX_EXPERTS_USED", "MoeStep"]

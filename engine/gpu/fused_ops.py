@@ -30,6 +30,7 @@ FUSED_KERNEL_NAMES = (
     "act_mul",
     "logit_post",
     "moe_route",
+    "moe_take_rows",
     "gate_mul",
     "gdn_conv",
     "gdn_step",
@@ -442,6 +443,16 @@ class CudaOps:
                 M.info,
             ),
             4 * M.n_expert,  # the probabilities in shared memory
+        )
+
+    def take_rows(self, D, host_ptr: int, info, k: int, n: int):
+        """``moe_take_rows``: the CPU's rows (packed f32 rows of ``n`` at the mapped address ``host_ptr``) into the
+        rows of ``D`` (f32 ``[k, n]``) whose slot in ``info`` (int32 ``[2k]``: ids, slots) is -1."""
+        return self._call(
+            self.k["moe_take_rows"],
+            (max(1, min(8, -(-n // 1024))), k),
+            (256,),
+            (D, np.uint64(host_ptr), info, np.int32(k), np.int32(n)),
         )
 
     def matvec_batched(self, type_id, bases, rows, ne0, X, x_stride, out, storage=None, nbytes=0, xq=None, xq_stride=0):

@@ -164,6 +164,18 @@ class SimOps:
 
         return run
 
+    def take_rows(self, D, host, info, k: int, n: int):
+        """cuda/fused.cu ``moe_take_rows`` on host arrays (``host``: the packed rows, f32)."""
+
+        def run():
+            m = 0
+            for j in range(k):
+                if int(info[k + j]) == -1:
+                    D[j * n : (j + 1) * n] = host[m * n : (m + 1) * n]
+                    m += 1
+
+        return run
+
     def silu_mul(self, g, u, out):
         bk = self.bk
         return lambda: out.__setitem__(Ellipsis, bk.silu_mul(g, u))

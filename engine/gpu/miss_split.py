@@ -28,12 +28,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-#: The hybrid step's own cost per MoE layer beyond the one-graph step's (microseconds): the host's round trip for
-#: the routing, the launches of the layer's two graph segments, the CPU rows' copy up, and the GPU's non-expert work
-#: that can no longer overlap the experts. Measured on the H200 with 16 cores (2026-12-02, call z, the 30B-A3B
-#: geometry, no expert resident): the hybrid step's time less its CPU expert time, 7.5-7.8 ms over 48 layers, less
-#: the one-graph step's non-expert ~3.4 ms, rounded up.
-HYBRID_LAYER_US = 100.0
+#: The hybrid step's own cost per MoE layer beyond the one-graph step's (microseconds): the host's spin on the
+#: layer's flag, the launch of its next graph segment, ``moe_take_rows``, and the GPU's non-expert work that can no
+#: longer overlap the experts. Measured on the H200 with 16 cores (2026-12-03, call g, the 30B-A3B geometry, no
+#: expert resident, ``--miss-tier cpu``): 34.0 ms a token less 28.3 ms of CPU experts less the one-graph step's
+#: non-expert ~3.4 ms = 2.3 ms over 48 layers, rounded up (100 us with the round trip a layer before, call z).
+HYBRID_LAYER_US = 50.0
 #: The expert kernels' reads of the host tier over the probe kernel's rate: the one-graph step with no expert resident
 #: read 384 x 3,059,712 B a token in 30.7 ms more than every expert resident (38.3 GB/s) where
 #: :func:`probe_mapped_read` measured 48.6-51.2 GB/s (H200, 30B-A3B, 2026-12-02, calls z and z2). With the probe's

@@ -1,0 +1,132 @@
+"""The host side of the hybrid decode step (:mod:`strata.engine.gpu.fused_moe`): one point per MoE layer.
+
+Where some routed expert is in neither a VRAM slot nor the host tier, the CPU computes it. Per MoE layer the step's
+device work runs on without the host: ``moe_route`` (ids, weights, slots, part addresses), the copies of the routing
+row and of the layer's input to pinned host memory, then a copy of the step's position to the layer's **flag** (the
+last copy: the host sees it only once the two before it have landed), and the batched expert matvecs of the hits and
+of the host tier's misses. The host point of the layer (:meth:`HybridHost.on_fill`, run between two graph segments)
+spins on that flag instead of a stream synchronisation (no event, no round trip before the hits start), computes the
+layer's CPU misses in two C calls (:class:`strata.engine.cpu.miss_calls.LayerMisses`, bit-identical to a hit) into
+pinned, mapped host memory packed in selection order, and returns; the next segment's first kernel
+(``moe_take_rows``, cuda/fused.cu) reads those rows over PCIe into the experts' outputs. No copy is queued per miss
+and nothing is counted per layer: hits, CPU misses and misses over PCIe are counted from the step's routing record
+after the step (:meth:`strata.engine.gpu.fused_moe.MoeStep.settle`), as on the one-graph path.
+
+The flags are reset to -1 before each hybrid step is launched (:meth:`HybridHost.reset_flags`; the position copied in
+is >= 0). A flag that never arrives (the stream ended, or failed, without writing it) is refused with the layer
+named, never waited for forever.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .. import layers
+from ..errors import GenerateError
+
+#: Polls of a layer's flag between two checks that the stream is still running (cudaStreamQuery).
+POLLS_PER_QUERY = 4096
+
+
+class HybridHost:
+    """Mixin of :class:`strata.engine.gpu.fused_moe.MoeStep`: the hybrid step's host point (module docstring).
+
+    Uses the step's ``K``, ``n_embd``, ``layers``, ``info_host`` (int32 ``[2K]``: the layer's ids then slots),
+    ``xn_host`` (f32 ``[n_embd]``), ``source`` and ``model.experts``; :meth:`init_host` adds the flags and the
+    CPU rows' buffer."""
+
+    def init_host(self, cuda: bool, n_layer: int) -> int:
+        """Allocate the flags (int32 ``[n_layer]``, pinned) and the CPU rows (f32 ``[K * n_embd]``, pinned and mapped:
+        ``moe_take_rows`` reads them over PCIe); the sim's are NumPy arrays. Returns the pinned bytes."""
+        K, n = self.K, self.n_embd
+        self.miss_calls: dict = {}  # layer -> LayerMisses, made at the layer's first miss
+        if cuda:
+            import cupy as cp
+
+            from .slots import HOST_ALLOC_FLAGS
+
+            self.flag_mem = cp.cuda.alloc_pinned_memory(4 * n_layer)
+            self.flag_host = np.frombuffer(self.flag_mem, np.int32, n_layer)
+            self.rows_mem = cp.cuda.PinnedMemoryPointer(cp.cuda.PinnedMemory(4 * K * n, HOST_ALLOC_FLAGS), 0)
+            self.miss_host = np.frombuffer(self.rows_mem, np.float32, K * n)
+            # the device's address of the mapped rows (cudaPointerGetAttributes; with UVA the host address)
+            self.rows_dev = int(cp.cuda.runtime.pointerGetAttributes(self.rows_mem.ptr).devicePointer)
+            pinned = 4 * (n_layer + K * n)
+        else:
+            self.flag_host = np.zeros(n_layer, np.int32)
+            self.miss_host = np.zeros(K * n, np.float32)
+            self.rows_dev = 0
+            pinned = 0
+        self.flag_host[...] = -1
+        return pinned
+
+    def reset_flags(self) -> None:
+        """Before a hybrid step is launched (the previous one has ended): every layer's flag to -1."""
+        self.flag_host[...] = -1
+
+    def await_routing(self, il: int) -> None:
+        """Spin until layer ``il``'s flag has landed (its routing row and input are then in pinned memory); the time
+        goes to ``layers.HostWait``.
+
+        Raises:
+            GenerateError: the flag did not land and the stream has ended (CUDA), or at once on the sim (its launches
+                run in order: a missing flag there is a wiring error)."""
+        f = self.flag_host
+        if f[il] >= 0:
+            return
+        dec = self.dec
+        if not dec.cuda:
+            raise GenerateError(f"hybrid step: layer {il}'s routing flag was not written before its host point")
+        t0, n = time.perf_counter(), 0
+        while f[il] < 0:
+            n += 1
+            if n % POLLS_PER_QUERY == 0 and dec.stream.done and f[il] < 0:
+                raise GenerateError(
+                    f"hybrid step: layer {il}'s routing never reached the host (the stream ended without writing its "
+                    f"flag after {(time.perf_counter() - t0) * 1000:.1f} ms)"
+                )
+        layers.HostWait.ms += (time.perf_counter() - t0) * 1000
+
+    def miss_kernel(self, asked: str) -> str:
+        """The CPU kernel of a miss: with the step's q8 numerics ``"q8-exact"`` (q8 for the types the GPU runs q8,
+        exact for the rest: a miss is bit-identical to a hit either way); else the one asked (``"exact"`` by
+        default, bit-identical to the exact GPU kernels)."""
+        return "q8-exact" if self.dec.kernel == "q8" else asked
+
+    def layer_misses(self, il: int):
+        """Layer ``il``'s :class:`~strata.engine.cpu.miss_calls.LayerMisses` (made once, on the pinned input)."""
+        got = self.miss_calls.get(il)
+        if got is None:
+            from ..cpu import kernels as CK
+            from ..cpu.miss_calls import LayerMisses
+
+            ex = self.model.experts
+            got = self.miss_calls[il] = LayerMisses(
+                self.source,
+                il,
+                self.E,
+                self.xn_host,
+                kernel=self.miss_kernel(ex.kernel),
+                threads=ex.threads or CK.default_threads(),
+            )
+        return got
+
+    def on_fill(self, il: int) -> None:
+        """Layer ``il``'s host point: wait for its routing (:meth:`await_routing`), compute the experts whose slot is
+        -1 on the CPU into the packed rows ``moe_take_rows`` reads (bit-identical to hits with the default ``"exact"``
+        miss kernel, :class:`~strata.engine.gpu.slots.GpuExpertPath`). Counting and admission happen after the step,
+        from its routing record."""
+        self.await_routing(il)
+        K = self.K
+        ks = np.flatnonzero(self.info_host[K : 2 * K] == -1)
+        if not ks.size:
+            return
+        ex = self.model.experts
+        t0 = time.perf_counter()
+        self.layer_misses(il).run(self.info_host[ks], self.miss_host)
+        ex.cpu_expert_ms += (time.perf_counter() - t0) * 1000
+
+
+__all__ = ["POLLS_PER_QUERY", "HybridHost"]

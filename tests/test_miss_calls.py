@@ -1,0 +1,45 @@
+"""The hybrid step's CPU misses (engine/cpu/miss_calls.py LayerMisses): the same bits as ShardExperts.ffn_many with the
+GPU's activation, on every MoE layer of the synthetic qwen3moe fixture (down types Q8_0, IQ4_NL, Q5_0: the two-call
+fast path where the down type has a q8 kernel, ffn_many itself otherwise), written packed into the output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_engine_reference import synthetic_pack
+
+from strata.engine.cpu import kernels as CK
+from strata.engine.cpu.miss_calls import LayerMisses
+from strata.engine.gpu import reference as R
+from strata.engine.startup import load_engine
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    return load_engine(synthetic_pack(tmp_path_factory, "synthetic-qwen3moe"), n_ctx=32).experts.source
+
+
+@pytest.mark.parametrize("kernel", ["q8", "q8-exact", "exact"])
+def test_layer_misses_equal_ffn_many_bit_for_bit(src, kernel):
+    fast = 0
+    for il in src.layers:
+        n_embd, E = src.shapes[il].gate[0], 8
+        x = np.zeros(n_embd, np.float32)  # the step's pinned input: filled in place before each call
+        lm = LayerMisses(src, il, E, x, kernel=kernel, threads=3)
+        fast += lm.fast
+        out = np.full(E * n_embd, np.nan, np.float32)
+        for seed, ids in enumerate(([6, 1, 1, 4], [2], [7, 6, 5, 4, 3, 2, 1, 0])):
+            x[...] = np.random.default_rng(seed + 10 * il).standard_normal(n_embd).astype(np.float32) * 3
+            lm.run(np.array(ids, np.int32), out)
+            want = src.ffn_many(il, ids, x.copy(), kernel=kernel, silu_mul=R.silu_mul, threads=2)
+            got = out[: len(ids) * n_embd].reshape(len(ids), n_embd)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (il, ids, lm.fast)
+    # the q8 down types (Q8_0, Q5_0) take the two C calls; "exact" never does (no fused activation there)
+    assert fast == (sum(CK.kernel_for(src.types(il)[2], kernel) == "q8" for il in src.layers))
+    assert fast >= (2 if kernel != "exact" else 0)
+
+
+def test_layer_misses_refuse_an_input_they_cannot_read_in_place(src):
+    il = src.layers[0]
+    with pytest.raises(ValueError, match=f"blk.{il} CPU misses: x must be C-contiguous f32"):
+        LayerMisses(src, il, 8, np.zeros(src.shapes[il].gate[0], np.float64), kernel="q8", threads=1)
