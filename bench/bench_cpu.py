@@ -5,7 +5,8 @@ Not a test (``make bench-cpu``; README "On a GPU" has its rows). For each model 
 
 - strata (``strata.engine.startup.load_engine`` with ``cpu_kernel`` = each of ``--kernels``, default ``q8``:
   llama.cpp's CPU numerics; ``exact`` and ``f32`` on request): greedy decode of ``--tokens`` tokens after an
-  8-token prompt (ids 10, 17, ..., 59, EOS ignored; ``--decode-after N``: after an N-id prompt, a long context),
+  8-token prompt (the model's BOS, then ids 17, ..., 59, EOS ignored; ``--decode-after N``: after an N-id prompt, a
+  long context), the first 8 greedy tokens compared with llama.cpp's (``same tokens``),
   ``tokens_per_second`` of strata.engine.generate (decode
   steps after the first), best of ``--reps`` runs after one warm-up run; in the same process the peak and
   final RssAnon (/proc/self/status, sampled every 5 ms) and the pool.bin pages resident right after start-up
@@ -55,8 +56,20 @@ def long_prompt(n: int) -> list[int]:
 
 def decode_prompt(a) -> list[int]:
     """The prompt the decode figure generates after: the 8 ids of ``PROMPT``, or with ``--decode-after N`` a prompt of
-    N ids (the decode then reads N earlier positions: a long context)."""
-    return PROMPT if a.decode_after <= len(PROMPT) else long_prompt(a.decode_after)
+    N ids (the decode then reads N earlier positions: a long context); its first id replaced by the model's BOS
+    (``a.bos`` >= 0) - a BOS-led prompt, as both engines see in use, whose greedy streams can be compared (without
+    one, strata's and llama.cpp's streams differed from the first token on near-ties)."""
+    p = PROMPT if a.decode_after <= len(PROMPT) else long_prompt(a.decode_after)
+    return [a.bos] + p[1:] if getattr(a, "bos", -1) >= 0 else p
+
+
+def bos_id(gguf: Path) -> int:
+    """``tokenizer.ggml.bos_token_id`` of ``gguf`` (the first shard of a split model holds the metadata; gguf-py's
+    reader), or -1 where the file has none."""
+    from gguf import GGUFReader
+
+    f = GGUFReader(str(gguf)).fields.get("tokenizer.ggml.bos_token_id")
+    return int(f.parts[f.data[0]][0]) if f is not None else -1
 
 
 def n_ctx(a) -> int:
@@ -295,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pack", help=argparse.SUPPRESS)
     ap.add_argument("--gguf", help=argparse.SUPPRESS)
     ap.add_argument("--kernel", default="q8", help=argparse.SUPPRESS)
+    ap.add_argument("--bos", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--models", default=",".join(REAL))
     ap.add_argument("--q7b", action="store_true", help="also the synthetic Qwen2.5-7B geometry (~4.4 GiB)")
     ap.add_argument(
@@ -347,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     table = []
     for name, gguf, pack in _models(args, work):
         for t in threads:
-            row = {"model": name, "threads": t, "gguf": str(gguf), "strata": {}}
+            bos = bos_id(gguf)
+            row = {"model": name, "threads": t, "gguf": str(gguf), "bos": bos, "strata": {}}
             for k in args.kernels.split(","):
                 r = _run_worker(
                     "strata",
@@ -360,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                     prompt_len=args.prompt_len,
                     ubatch=args.ubatch,
                     decode_after=args.decode_after,
+                    bos=bos,
                 )
                 row["strata"][k] = r
                 print(f"  [{name}, {t} threads] strata {k}: {r}", flush=True)
@@ -372,11 +388,14 @@ def main(argv: list[str] | None = None) -> int:
                 reps=args.reps,
                 prompt_len=args.prompt_len,
                 decode_after=args.decode_after,
+                bos=bos,
             )
             row["llama.cpp"] = r
             print(f"  [{name}, {t} threads] llama.cpp: {r}", flush=True)
             results["rows"].append(row)
             for k, s in row["strata"].items():
+                # the first 8 greedy tokens of both engines on the same BOS-led prompt (q8: llama.cpp's numerics)
+                s["same_tokens_as_llama"] = s.get("tokens") is not None and s.get("tokens") == r.get("tokens")
                 table.append(
                     (
                         name,
@@ -388,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
                         r.get("pp_tok_s"),
                         s.get("rss_anon_peak_mib"),
                         max(s.get("load_before", [0])[0], s.get("load_after", [0])[0]),
+                        s["same_tokens_as_llama"],
                     )
                 )
     results["uptime_end"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
@@ -399,14 +419,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nresults: {path}\nuptime at the end: {results['uptime_end']}")
     print(
         f"\n{'model':<34} {'thr':>3} {'kernel':<6} {'decode tok/s':>12} {'llama.cpp':>10} {'ratio':>6} "
-        f"{'pp tok/s':>9} {'llama.cpp':>10} {'ratio':>6} {'RssAnon MiB':>11} {'load':>5}"
+        f"{'pp tok/s':>9} {'llama.cpp':>10} {'ratio':>6} {'RssAnon MiB':>11} {'load':>5} {'same tokens':>11}"
     )
-    for name, t, k, s, ll, ps, pl, rss, load in table:
+    for name, t, k, s, ll, ps, pl, rss, load, same in table:
         ratio = f"{s / ll:.2f}" if s and ll else "-"
         pratio = f"{ps / pl:.2f}" if ps and pl else "-"
         print(
             f"{name:<34} {t:>3} {k:<6} {s if s else '-':>12} {ll if ll else '-':>10} {ratio:>6} "
-            f"{ps if ps else '-':>9} {pl if pl else '-':>10} {pratio:>6} {rss if rss else '-':>11} {load:>5.1f}"
+            f"{ps if ps else '-':>9} {pl if pl else '-':>10} {pratio:>6} {rss if rss else '-':>11} {load:>5.1f} "
+            f"{'yes' if same else 'no':>11}"
         )
     return 0
 
