@@ -72,8 +72,9 @@ def strata_decode_path(
 
 def fused_graph_count(n_moe_layers: int) -> int:
     """CUDA graphs the fused step captures and uploads: the step with and without the head, and with
-    routed experts each of those cut at the two host points of every MoE layer (``2 n + 1`` segments)."""
-    return 2 + (2 * (2 * n_moe_layers + 1) if n_moe_layers else 0)
+    routed experts each of those cut at the host point of every MoE layer (``n + 1`` segments; two points a layer
+    until 2026-12-03: ``2 n + 1``). ``strata.engine.gpu.fused.FusedDecoder.capture``; tests check the two agree."""
+    return 2 + (2 * (n_moe_layers + 1) if n_moe_layers else 0)
 
 
 def cuda_runtime_bytes(

@@ -86,6 +86,37 @@ def softmax(xp, x, axis: int = -1):
 ROPE_MODES = ("neox", "norm")
 
 
+#: Positions a thread computes at a time when the rope tables are made (:func:`_rope_table`).
+ROPE_CHUNK = 1 << 16
+
+
+def _rope_table(n_ctx: int, inv: np.ndarray, freq_scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """``cos`` and ``sin`` of ``theta[p, i] = (freq_scale * p) * inv[i]`` (float64, then rounded to f32: numpy
+    ``[n_ctx, inv.size]``), computed in chunks of :data:`ROPE_CHUNK` positions on the CPU's cores (NumPy's ufuncs
+    release the GIL; elementwise, so the same bits as one call). Large angles make ``np.cos`` slow (its range
+    reduction): one table of 1,000,000 positions x 128 took 42 s on one core of a 2-core VM - Gemma 3 has two."""
+    h = int(inv.size)
+    cos, sin = np.empty((n_ctx, h), np.float32), np.empty((n_ctx, h), np.float32)
+
+    def fill(lo: int) -> None:
+        hi = min(n_ctx, lo + ROPE_CHUNK)
+        ang = (freq_scale * np.arange(lo, hi, dtype=np.float64))[:, None] * inv[None, :]
+        cos[lo:hi], sin[lo:hi] = np.cos(ang), np.sin(ang)
+
+    starts = range(0, n_ctx, ROPE_CHUNK)
+    if len(starts) <= 1:
+        for lo in starts:
+            fill(lo)
+    else:
+        import os
+        from concurrent.futures import ThreadPoolExecutor
+
+        workers = min(len(starts), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            list(pool.map(fill, starts))
+    return cos, sin
+
+
 class Rope:
     """Rotary embedding with a precomputed table for positions ``0..n_ctx-1`` (ggml ``rope_f32``).
 
@@ -111,10 +142,9 @@ class Rope:
             if f.size != n_rot // 2:
                 raise ValueError(f"rope_freqs: {f.size} factors, the rope rotates {n_rot} dims (needs {n_rot // 2})")
             inv = inv / f
-        ang = (float(freq_scale) * np.arange(n_ctx, dtype=np.float64))[:, None] * inv[None, :]
         self.n_rot, self.mode, self.freq_scale = n_rot, mode, float(freq_scale)
-        self.cos = xp.asarray(np.cos(ang).astype(np.float32))
-        self.sin = xp.asarray(np.sin(ang).astype(np.float32))
+        cos, sin = _rope_table(n_ctx, inv, float(freq_scale))
+        self.cos, self.sin = xp.asarray(cos), xp.asarray(sin)
 
     def __call__(self, xp, x, pos: int):
         """Rotate ``x [n_head, head_dim]`` (numpy order) for position ``pos``."""

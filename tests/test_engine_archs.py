@@ -100,3 +100,21 @@ def test_engine_refuses_unimplemented_architectures_by_name(tmp_path, preset, ar
         r"supported: .*llama.*qwen3",
     ):
         load_engine(pk, n_ctx=32)
+
+
+@pytest.mark.parametrize("n_ctx", [1, 40, 41, 97])
+def test_rope_table_in_chunks_on_threads_is_the_one_call_bit_for_bit(monkeypatch, n_ctx):
+    """The rope tables are made in chunks of ROPE_CHUNK positions on a thread pool (a 1,000,000-position table took
+    42 s in one call): cos / sin of theta = (freq_scale * p) * inv[i] in float64 rounded to f32, the same bits as one
+    NumPy call over every position, across chunk edges (chunks of 8 here: 41 = 5 x 8 + 1) and with a scale."""
+
+    from strata.engine import layers as L
+
+    monkeypatch.setattr(L, "ROPE_CHUNK", 8)
+    inv = 1e6 ** (-np.arange(0, 64, 2, dtype=np.float64) / 64) / np.linspace(1, 4, 32)
+    for scale in (1.0, 0.25):
+        ang = (scale * np.arange(n_ctx, dtype=np.float64))[:, None] * inv[None, :]
+        c, s = L._rope_table(n_ctx, inv, scale)
+        assert c.dtype == s.dtype == np.float32 and c.shape == (n_ctx, 32)
+        assert np.array_equal(c.view(np.uint32), np.cos(ang).astype(np.float32).view(np.uint32))
+        assert np.array_equal(s.view(np.uint32), np.sin(ang).astype(np.float32).view(np.uint32))

@@ -80,7 +80,7 @@ def test_start_up_chooses_the_split_on_its_probes_and_the_tokens_do_not_change(q
         and "CPU's 50 us an expert" in n["miss split choice"]
     )
     assert n["cpu experts"].startswith("50 us an expert on the CPU (measured: 4 experts a call, ")
-    assert n["cpu experts"].endswith("medians of 5 calls, each call another layer's, from layer 1)")
+    assert n["cpu experts"].endswith("medians (5 calls, on layers spread over the model, from layer 1))")
     pairs = 3 * 8  # the preset's 3 MoE layers x 8 experts: ceil(0.01 x 8) = 1 a layer in the tier
     assert (
         n["miss split"]

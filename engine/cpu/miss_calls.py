@@ -32,13 +32,17 @@ class LayerMisses:
     (the tests compare them). The activation is :func:`strata.engine.gpu.reference.silu_mul`'s (the GPU's
     ``silu_mul1``): a miss equals a hit.
 
+    ``max_ids``: the most experts one call takes (the buffers - gate / up outputs, down inputs, scratch - are sized
+    for it: the step's ``n_expert_used``, not ``n_expert``).
+
     Raises:
         KeyError: ``il`` is not an MoE layer of ``source``. ValueError: an unknown ``kernel``; an expert whose
-        bytes are not inside its shard (``source.addresses``).
+        bytes are not inside its shard (``source.addresses``); an ``x`` that is not C-contiguous f32.
     """
 
-    def __init__(self, source, il: int, n_expert: int, x: np.ndarray, *, kernel: str, threads: int):
+    def __init__(self, source, il: int, n_expert: int, x: np.ndarray, *, kernel: str, threads: int, max_ids: int):
         self.source, self.il, self.kernel, self.threads = source, il, kernel, threads
+        self.max_ids = int(max_ids)  # the most ids a call takes (the step's n_expert_used): the buffers' size
         if x.dtype != np.float32 or not x.flags.c_contiguous:
             raise ValueError(f"blk.{il} CPU misses: x must be C-contiguous f32, got {x.dtype}")
         self.x = x
@@ -56,13 +60,12 @@ class LayerMisses:
         a = np.array([source.addresses(il, e) for e in range(n_expert)], dtype=np.uint64)  # [n_expert, 3]
         self.g, self.u, self.d = (np.ascontiguousarray(a[:, p]) for p in range(3))
         self.gu_bytes, self.d_bytes = quants.row_nbytes(gt, ge0), quants.row_nbytes(dt, de0)
-        self.xs = np.full(2 * n_expert, _ptr(x), dtype=np.uint64)  # gate and up read the same input
-        self.gu = np.empty(2 * n_expert * gr, dtype=np.float32)  # gate rows then up rows of the experts asked
-        self.h = np.empty(n_expert * de0, dtype=np.float32)  # their down inputs (written by the C call)
+        mx = self.max_ids
+        self.xs = np.full(2 * mx, _ptr(x), dtype=np.uint64)  # gate and up read the same input
+        self.gu = np.empty(2 * mx * gr, dtype=np.float32)  # gate rows then up rows of the experts asked
+        self.h = np.empty(mx * de0, dtype=np.float32)  # their down inputs (written by the C call)
         self.gu_kernel = CK.entry_point(gt, kernel)
-        sc = max(
-            CK.scratch_bytes(gt, kernel, ge0, 2 * n_expert, threads), CK.scratch_bytes(dt, "q8", de0, n_expert, threads)
-        )
+        sc = max(CK.scratch_bytes(gt, kernel, ge0, 2 * mx, threads), CK.scratch_bytes(dt, "q8", de0, mx, threads))
         self._scratch = np.zeros(sc + 64, dtype=np.uint8)
         p = self._scratch.__array_interface__["data"][0]
         self.sc = p + (-p % 64)
@@ -70,8 +73,13 @@ class LayerMisses:
 
     def run(self, ids: np.ndarray, out: np.ndarray) -> None:
         """Experts ``ids`` (int, numpy ``[m]``, m >= 1) into ``out`` (f32, at least ``m * n_embd`` values, packed in
-        ``ids``' order); see the class docstring. ``out`` may be pinned host memory (the step's, read by the GPU)."""
+        ``ids``' order); see the class docstring. ``out`` may be pinned host memory (the step's, read by the GPU).
+
+        Raises:
+            ValueError: more ids than ``max_ids``, or none."""
         m = int(ids.size)
+        if not 0 < m <= self.max_ids:
+            raise ValueError(f"blk.{self.il} CPU misses: {m} experts asked, 1..{self.max_ids} per call")
         if not self.fast:
             from ..gpu import reference as R
 

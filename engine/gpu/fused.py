@@ -342,9 +342,8 @@ class FusedDecoder:
 
     @property
     def hybrid(self) -> bool:
-        """True when the host computes a routed expert (it reads each MoE layer's routing and computes the
-        misses); False for dense models and when every expert is in a device slot or in the host tier (one graph:
-        the host reads the step's routing record after it)."""
+        """True when the CPU computes a routed expert (a host point a MoE layer); False for dense models and when
+        every expert is in a device slot or in the host tier (one graph)."""
         return self.moe is not None and not self.moe.full
 
     def launches(self, logits: bool = True, hybrid: bool | None = None) -> list[Launch]:
@@ -468,7 +467,7 @@ class FusedDecoder:
     @property
     def launch_ahead(self) -> bool:
         """Whether the step's host side is done once it is queued (:meth:`launch` returns before the device ends and
-        :meth:`wait` holds every count): True unless the step is hybrid (its host points count and compute misses
+        :meth:`wait` holds every count): True unless the step is hybrid (its host points compute the CPU's misses
         inside :meth:`launch`). :func:`strata.engine.generate.decode` then queues the next position's step before
         it counts and reports this one, so the device runs while the host does that work."""
         return not self.hybrid
@@ -494,10 +493,10 @@ class FusedDecoder:
         hybrid = self.hybrid
         if hybrid:
             self.moe.reset_flags()
-        if self.captured and self.graph_on and self.cuda:
-            if not hybrid:
+        try:
+            if self.captured and self.graph_on and self.cuda and not hybrid:
                 self.graphs[bool(logits)].launch(self.stream)
-            else:
+            elif self.captured and self.graph_on and self.cuda:
                 ev = self.busy_events
                 for j, (g, host) in enumerate(self.seg_graphs[bool(logits)]):
                     if g is not None:
@@ -508,16 +507,17 @@ class FusedDecoder:
                             ev[2 * j + 1].record(self.stream)
                     if host is not None:
                         host.run()
-        else:
-            self._run_eager(bool(logits))
-        if self.cuda:
-            self._done.record(self.stream)
+            else:
+                self._run_eager(bool(logits))
+        finally:  # also after a host point that raised: the next launch then waits for what was queued
+            if self.cuda:
+                self._done.record(self.stream)
         self._queued = (bool(logits), self.moe is not None)  # the routing record: counted in wait
         self._last_logits = bool(logits)
 
     def wait(self, settle: bool = True):
         """End the step :meth:`launch` queued: wait for the device (when it has logits or a routing record to read;
-        the time goes to ``layers.HostWait``), count the routing record (one-graph MoE path; ``settle`` False: a copy
+        the time goes to ``layers.HostWait``), count the routing record (MoE steps; ``settle`` False: a copy
         is held and counted by :meth:`settle`, after the next step is queued). Returns the logits (host array,
         overwritten by the next step) when the step was queued with ``logits``, else None.
 

@@ -162,8 +162,8 @@ def describe(dec) -> str:
             what = "fused MoE step, every expert resident"
         how = graph if dec.graph_on else "eager"
     else:
-        n = c["host"] // 2
-        what = f"fused MoE step, hybrid ({n} MoE layers: the host reads the routing and computes misses)"
+        n = c["host"]  # one host point a MoE layer
+        what = f"fused MoE step, hybrid ({n} MoE layers: the host computes the CPU's misses at one point a layer)"
         how = f"{c['host'] + 1} {graph} segments" if dec.graph_on else "eager"
     return (
         f"{what}, {how}: {c['kernels']} kernels + {c['memcpy']} copies per token "

@@ -489,12 +489,13 @@ class MoeStep(HybridHost):
         return n >= self.n_pairs
 
     def take_record(self, now: bool = True) -> None:
-        """After a step of the one-graph path has finished: count its routing record (hits, misses read over
-        PCIe: counts of experts), feed the routing hook, and admit host-tier misses into free slots (or swap them
-        in: the policy). ``now`` False, where nothing can change what is resident (no policy, no admission into a
-        free slot): only a copy of the record is taken (the next step overwrites the pinned one) and :meth:`settle`
-        counts it - after the next step was queued, so that the counting (~125 us a token on the 30B-A3B, H200
-        host) runs while the device works; every count stays the step's. A record still held is counted first."""
+        """After a step has finished (one graph or hybrid): count its routing record (hits, CPU misses, misses read
+        over PCIe: counts of experts), feed the routing hook, and admit misses into free slots - on the hybrid path
+        the CPU's only (:meth:`settle`) - or swap them in (the policy). ``now`` False, where nothing can change what
+        is resident (no policy, no admission into a free slot): only a copy of the record is taken (the next step
+        overwrites the pinned one) and :meth:`settle` counts it - after the next step was queued, so that the
+        counting (~125 us a token on the 30B-A3B, H200 host) runs while the device works; every count stays the
+        step's. A record still held is counted first."""
         self.settle()
         self._held = self.record_host.reshape(-1, 2, self.K)[self.layer_rows]  # [MoE layer, ids | slots, k]: a copy
         cache = self.cache
@@ -519,9 +520,12 @@ class MoeStep(HybridHost):
             return
         admit = self.cache is not None and self.cache.admit_enabled and self.cache.free_slots > 0
         if admit:
+            # the hybrid step admits its CPU misses only (-1): a host-tier pair admitted there would stay in the
+            # tier too, and :attr:`full` (slots + tier pairs) would say every pair is readable while -1 pairs remain
+            cpu_only = not self.full
             for j in np.flatnonzero(hits < K).tolist():
                 for k in range(K):
-                    if slots[j, k] < 0:
+                    if slots[j, k] == -1 or (slots[j, k] < 0 and not cpu_only):
                         self.cache.admit(self.layers[j], int(rec[j, 0, k]))
 
 

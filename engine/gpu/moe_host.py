@@ -13,8 +13,13 @@ and nothing is counted per layer: hits, CPU misses and misses over PCIe are coun
 after the step (:meth:`strata.engine.gpu.fused_moe.MoeStep.settle`), as on the one-graph path.
 
 The flags are reset to -1 before each hybrid step is launched (:meth:`HybridHost.reset_flags`; the position copied in
-is >= 0). A flag that never arrives (the stream ended, or failed, without writing it) is refused with the layer
-named, never waited for forever.
+is >= 0). A flag that never arrives is not waited for forever: the stream ending without writing it is refused with
+the layer named (:class:`~strata.engine.errors.GenerateError`), a stream that failed raises CUDA's own error.
+
+What the flag relies on: the three copies are consecutive nodes of one stream (one graph segment), so the flag's copy
+starts after the routing row's and the input's have completed, and the host (x86: loads are not reordered with other
+loads) reads them after it has seen the flag. Measured on the H200's x86 host; a host with a weaker memory order
+(aarch64) would need an acquire fence between the flag and the reads - not built.
 """
 
 from __future__ import annotations
@@ -110,6 +115,7 @@ class HybridHost:
                 self.xn_host,
                 kernel=self.miss_kernel(ex.kernel),
                 threads=ex.threads or CK.default_threads(),
+                max_ids=self.K,
             )
         return got
 

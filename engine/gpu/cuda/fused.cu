@@ -330,7 +330,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, const int
 
 // The hybrid step's CPU rows into the experts' outputs, inside the segment after the host's fill (no copy per miss
 // queued by the host): D[k] = host[m] (f32 rows of n) for each selected k whose slot info[K + k] is -1, m being the
-// number of -1 slots before k (the host writes its misses' rows in selection order, packed: MoeStep.on_fill). host:
+// number of -1 slots before k (the host writes its misses' rows in selection order, packed: HybridHost.on_fill). host:
 // pinned, mapped host memory read over PCIe. Grid (x, K), any block: rows whose slot is not -1 are left alone.
 extern "C" __global__ void moe_take_rows(float* __restrict__ D, const float* __restrict__ host,
                                          const int* __restrict__ info, const int K, const int n) {
