@@ -142,7 +142,11 @@ def _check_shards(pack: Pack, plan: LoadPlan) -> None:
                 f"{where}: expert shard {k} {p}: first 4 bytes are {magic!r}, a GGUF file starts with b'GGUF'"
             )
         if name in recorded and recorded[name] != sizes[k]:
-            raise LoadError(f"{where}: shard {p} is {sizes[k]} bytes, index.txt recorded {recorded[name]} at pack time")
+            raise LoadError(
+                f"{p}: expert shard {k} is {sizes[k]} bytes, the pack was built from {recorded[name]} (index.txt's "
+                f"sources): the file was changed or truncated since; restore it or rebuild the pack (the experts are "
+                f"read in place at the offsets of {where})"
+            )
         plan.shard_paths[k] = p
     n_expert = table.n_expert
     for il, row in sorted(plan.experts.items()):
