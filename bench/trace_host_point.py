@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "sim"])
     ap.add_argument("--tokens", type=int, default=32)
     args = ap.parse_args(argv)
+    if args.tokens < 1 or args.expert_cache < 0:
+        ap.error(f"--tokens {args.tokens} / --expert-cache {args.expert_cache}: at least 1 / 0")
     from strata.engine import layers
     from strata.engine.errors import GenerateError
     from strata.engine.generate import generate
@@ -35,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
             args.pack, device=args.device, n_ctx=512, expert_cache=args.expert_cache, miss_tier=args.miss_tier
         )
     except (GenerateError, OSError, ValueError) as e:
-        ap.error(f"{args.pack}: {e}")
+        ap.error(str(e) if args.pack in str(e) else f"{args.pack}: {e}")
     if eng.experts is None or eng.decoder is None or eng.decoder.moe is None:
         ap.error(f"{args.pack}: no fused MoE step here: nothing to trace")
     eng.experts.source.prefetch_wait()

@@ -25,7 +25,7 @@ def test_layer_misses_equal_ffn_many_bit_for_bit(src, kernel):
     for il in src.layers:
         n_embd, E = src.shapes[il].gate[0], 8
         x = np.zeros(n_embd, np.float32)  # the step's pinned input: filled in place before each call
-        lm = LayerMisses(src, il, E, x, kernel=kernel, threads=3, max_ids=E)
+        lm = LayerMisses(src, il, E, x, kernel=kernel, threads=3, max_ids=E, silu_mul=R.silu_mul)
         fast += lm.fast
         out = np.full(E * n_embd, np.nan, np.float32)
         for seed, ids in enumerate(([6, 1, 1, 4], [2], [7, 6, 5, 4, 3, 2, 1, 0])):
@@ -42,8 +42,19 @@ def test_layer_misses_equal_ffn_many_bit_for_bit(src, kernel):
 def test_layer_misses_refuse_an_input_they_cannot_read_in_place_and_too_many_ids(src):
     il = src.layers[0]
     with pytest.raises(ValueError, match=f"blk.{il} CPU misses: x must be C-contiguous f32"):
-        LayerMisses(src, il, 8, np.zeros(src.shapes[il].gate[0], np.float64), kernel="q8", threads=1, max_ids=2)
-    lm = LayerMisses(src, il, 8, np.zeros(src.shapes[il].gate[0], np.float32), kernel="q8", threads=1, max_ids=2)
+        LayerMisses(
+            src,
+            il,
+            8,
+            np.zeros(src.shapes[il].gate[0], np.float64),
+            kernel="q8",
+            threads=1,
+            max_ids=2,
+            silu_mul=R.silu_mul,
+        )
+    lm = LayerMisses(
+        src, il, 8, np.zeros(src.shapes[il].gate[0], np.float32), kernel="q8", threads=1, max_ids=2, silu_mul=R.silu_mul
+    )
     out = np.zeros(3 * src.shapes[il].down[1], np.float32)
     for ids in ([1, 2, 3], []):  # the buffers hold max_ids experts: more is refused, not written past
         with pytest.raises(ValueError, match=rf"blk.{il} CPU misses: {len(ids)} experts asked, 1..2 per call"):

@@ -32,6 +32,8 @@ class LayerMisses:
     (the tests compare them). The activation is :func:`strata.engine.gpu.reference.silu_mul`'s (the GPU's
     ``silu_mul1``): a miss equals a hit.
 
+    ``silu_mul``: :func:`strata.engine.gpu.reference.silu_mul`, passed in (engine.cpu does not import engine.gpu);
+    the fast path makes the same activation in C, the fallback hands it to ``ffn_many``.
     ``max_ids``: the most experts one call takes (the buffers - gate / up outputs, down inputs, scratch - are sized
     for it: the step's ``n_expert_used``, not ``n_expert``).
 
@@ -40,8 +42,10 @@ class LayerMisses:
         bytes are not inside its shard (``source.addresses``); an ``x`` that is not C-contiguous f32.
     """
 
-    def __init__(self, source, il: int, n_expert: int, x: np.ndarray, *, kernel: str, threads: int, max_ids: int):
-        self.source, self.il, self.kernel, self.threads = source, il, kernel, threads
+    def __init__(
+        self, source, il: int, n_expert: int, x: np.ndarray, *, kernel: str, threads: int, max_ids: int, silu_mul
+    ):
+        self.source, self.il, self.kernel, self.threads, self.silu_mul = source, il, kernel, threads, silu_mul
         self.max_ids = int(max_ids)  # the most ids a call takes (the step's n_expert_used): the buffers' size
         if x.dtype != np.float32 or not x.flags.c_contiguous:
             raise ValueError(f"blk.{il} CPU misses: x must be C-contiguous f32, got {x.dtype}")
@@ -81,10 +85,8 @@ class LayerMisses:
         if not 0 < m <= self.max_ids:
             raise ValueError(f"blk.{self.il} CPU misses: {m} experts asked, 1..{self.max_ids} per call")
         if not self.fast:
-            from ..gpu import reference as R
-
             ys = self.source.ffn_many(
-                self.il, [int(e) for e in ids], self.x, kernel=self.kernel, threads=self.threads, silu_mul=R.silu_mul
+                self.il, [int(e) for e in ids], self.x, kernel=self.kernel, threads=self.threads, silu_mul=self.silu_mul
             )
             out[: ys.size] = ys.reshape(-1)
             return

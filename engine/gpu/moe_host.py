@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import layers
 from ..errors import GenerateError
+from . import reference as R
 
 #: Polls of a layer's flag between two checks that the stream is still running (cudaStreamQuery).
 POLLS_PER_QUERY = 4096
@@ -116,6 +117,7 @@ class HybridHost:
                 kernel=self.miss_kernel(ex.kernel),
                 threads=ex.threads or CK.default_threads(),
                 max_ids=self.K,
+                silu_mul=R.silu_mul,
             )
         return got
 

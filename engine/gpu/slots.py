@@ -270,7 +270,9 @@ def probe_cpu_experts(
     best: tuple[float, int] | None = None
     for r, picks in enumerate(rounds):
         calls = {
-            il: LayerMisses(source, il, n_expert, x, kernel=kernel, threads=threads, max_ids=int(experts.size))
+            il: LayerMisses(
+                source, il, n_expert, x, kernel=kernel, threads=threads, max_ids=int(experts.size), silu_mul=R.silu_mul
+            )
             for il in picks
         }
         for il in picks:
