@@ -44,9 +44,14 @@ MADV_POPULATE_READ = 22
 
 
 def mem_available() -> int | None:
-    """The host's available memory in bytes (``MemAvailable`` of /proc/meminfo, kB x 1024); None where there
-    is no /proc/meminfo or no such line."""
+    """The host's available memory in bytes (/proc/meminfo ``MemAvailable``, kB x 1024), or None without it."""
     return proc_kib_bytes("/proc/meminfo", "MemAvailable")
+
+
+def activation_in_c(silu_mul, down_type: int, kernel: str) -> bool:
+    """Whether the experts' activation is made in C inside the down products' region (cpukernels.call_many_silu, the
+    same bits): ``silu_mul`` is the GPU's (reference.silu_mul) and ``kernel`` runs q8 for ``down_type``."""
+    return silu_mul is gpu_silu_mul and cpukernels.kernel_for(down_type, kernel) == "q8"
 
 
 class ShardExperts:
@@ -105,8 +110,7 @@ class ShardExperts:
         return f"started ({size(need)} of shards)"
 
     def prefetch_wait(self, timeout: float | None = None) -> bool:
-        """Wait up to ``timeout`` s (None: no limit) for :meth:`prefetch`'s thread (benchmarks time decode on warm page
-        tables, as llama.cpp's ``MAP_POPULATE`` load leaves them); True when none runs any more."""
+        """Wait up to ``timeout`` s (None: no limit) for :meth:`prefetch`'s thread; True when none runs any more."""
         t = self._prefetch
         return t is None or (t.join(timeout) or not t.is_alive())
 
@@ -251,7 +255,7 @@ class ShardExperts:
             g, u = gu[:n], gu[n:]
         else:
             g, u = products(gt, ga, gr, ge0, same(xg, n)), products(ut, ua, ur, ue0, same(xu, n))
-        fuse = silu_mul is gpu_silu_mul and cpukernels.kernel_for(dt, kernel) == "q8"  # the activation made in C
+        fuse = activation_in_c(silu_mul, dt, kernel)
         h = np.empty((n, de0), np.float32) if fuse else silu_mul(g, u) if silu_mul else layers.silu(np, g) * u
         if (g.shape if fuse else h.shape) != (n, de0):
             raise ValueError(f"blk.{il} experts: the activation has shape {h.shape}, the down rows have {de0} values")

@@ -59,3 +59,22 @@ def test_layer_misses_refuse_an_input_they_cannot_read_in_place_and_too_many_ids
     for ids in ([1, 2, 3], []):  # the buffers hold max_ids experts: more is refused, not written past
         with pytest.raises(ValueError, match=rf"blk.{il} CPU misses: {len(ids)} experts asked, 1..2 per call"):
             lm.run(np.array(ids, np.int32), out)
+
+
+def test_layer_misses_with_another_activation_take_ffn_many_with_it(src):
+    """The C activation is the GPU's silu_mul1 only (strata.engine.experts.activation_in_c, ffn_many's rule): given
+    another activation, LayerMisses does not take its fast path (which would make silu_mul1 regardless) but hands
+    that activation to ffn_many - the rows are ffn_many's with it, bit for bit."""
+
+    def other(g, u):  # not the GPU's: a plain silu(g) * u
+        return (g / (1 + np.exp(-g))) * u
+
+    for il in src.layers:
+        n_embd = src.shapes[il].gate[0]
+        x = np.random.default_rng(il).standard_normal(n_embd).astype(np.float32)
+        lm = LayerMisses(src, il, 8, x, kernel="q8", threads=2, max_ids=4, silu_mul=other)
+        assert not lm.fast
+        out = np.zeros(4 * n_embd, np.float32)
+        lm.run(np.array([3, 1], np.int32), out)
+        want = src.ffn_many(il, [3, 1], x, kernel="q8", silu_mul=other, threads=2)
+        assert np.array_equal(out[: 2 * n_embd].view(np.uint32), want.reshape(-1).view(np.uint32))

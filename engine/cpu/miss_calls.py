@@ -32,8 +32,9 @@ class LayerMisses:
     (the tests compare them). The activation is :func:`strata.engine.gpu.reference.silu_mul`'s (the GPU's
     ``silu_mul1``): a miss equals a hit.
 
-    ``silu_mul``: :func:`strata.engine.gpu.reference.silu_mul`, passed in (engine.cpu does not import engine.gpu);
-    the fast path makes the same activation in C, the fallback hands it to ``ffn_many``.
+    ``silu_mul``: the activation, passed in (engine.cpu does not import engine.gpu): with the GPU's
+    (:func:`strata.engine.gpu.reference.silu_mul`) and a q8 down kernel the fast path makes it in C
+    (:func:`strata.engine.experts.activation_in_c`, the rule ``ffn_many`` follows); any other goes to ``ffn_many``.
     ``max_ids``: the most experts one call takes (the buffers - gate / up outputs, down inputs, scratch - are sized
     for it: the step's ``n_expert_used``, not ``n_expert``).
 
@@ -53,12 +54,10 @@ class LayerMisses:
         (gt, ut, dt), shp = source.types(il), source.shapes[il]
         (ge0, gr), (ue0, ur), (de0, dr) = shp.gate, shp.up, shp.down
         self.types, self.rows, self.ne0 = (gt, ut, dt), (gr, dr), (ge0, de0)
-        self.fast = (
-            (gt, ge0, gr) == (ut, ue0, ur)
-            and CK.kernel_for(gt, kernel) in ("q8", "exact", "f32")
-            and CK.kernel_for(dt, kernel) == "q8"
-            and de0 == gr
-        )
+        from ..experts import activation_in_c
+
+        # ffn_many's fused path: gate and up in one call, the activation made in C with the down products
+        self.fast = (gt, ge0, gr) == (ut, ue0, ur) and activation_in_c(silu_mul, dt, kernel) and de0 == gr
         if not self.fast:
             return
         a = np.array([source.addresses(il, e) for e in range(n_expert)], dtype=np.uint64)  # [n_expert, 3]
