@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from pydantic import BaseModel, Field
 
 from strata.layout import engine_form as LE
@@ -45,18 +44,16 @@ from strata.manifests.contract import (
     ManifestError,
     StateSpec,
     evaluate,
-    geometry_from_metadata,
-    geometry_from_params,
-    load_manifest,
 )
-from strata.manifests.keys import KeysRefusedError, Refusal, key_refusals
+from strata.manifests.keys import Refusal
 from strata.manifests.names import is_per_layer, tensor_name
 from strata.packer import quants
 from strata.packer.conformance import check_conformance, expert_tensors
 from strata.packer.findings import Finding, pad4, trim_ne
 from strata.packer.gguf_file import GGUFError, GGUFHeader, TensorInfo, read_header
 from strata.packer.pack import Pack, not_a_pack, pool_layout_findings, read_pack
-from strata.packer.packfmt import GEOMETRY_FILE, METADATA_FILE, POOL_FILE, VOCAB_FILE, NotAPackError, PackFormatError
+from strata.packer.pack_geometry import pack_geometry
+from strata.packer.packfmt import METADATA_FILE, POOL_FILE, NotAPackError
 
 from .audit_bf16 import bf16_values
 from .plan import DenseTensor, ExpertLayerFacts, ModelFacts
@@ -148,76 +145,17 @@ class _Auditor:
 
     # ------------------------------------------------------------------ 2. geometry
     def geometry(self, pack: Pack) -> Geometry | None:
-        arch = pack.metadata.get("general.architecture")
-        if arch != pack.arch:
-            self.err(
-                f"{METADATA_FILE}:general.architecture",
-                arch,
-                pack.arch,
-                "metadata.txt and geometry.txt name different architectures",
-            )
-        m = load_manifest(pack.arch)
-        arrays: dict[str, list] = {}
-        lengths: dict[str, int] = {}
-        for name, p in m.params.items():
-            key = p.key[1:] if p.key.startswith("/") else f"{pack.arch}.{p.key}"
-            if p.array_len:
-                n = self._array_len(pack, key)
-                if n is not None:
-                    lengths[key] = n
-            elif (
-                p.kind in ("int_array", "bool_array")
-                and key not in pack.metadata
-                and pack.geometry_params.get(name, "none") not in ("none",)
-            ):
-                # a pack whose metadata.txt predates its per-layer arrays: the array from geometry.txt
-                v = pack.geometry_params[name]
-                if "," in v or v == "-" or p.kind == "bool_array":
-                    arrays[key] = [] if v == "-" else [int(x) for x in v.split(",")]
-        refused: list[Refusal] = []
-        try:
-            g = geometry_from_metadata(pack.arch, pack.metadata, lengths, arrays)
-        except KeysRefusedError as e:  # listed below with every other refused key
-            refused, g = e.refusals, None
-        except ManifestError as e:
-            self.err(METADATA_FILE, "metadata that does not resolve", f"the {pack.arch} contract", str(e))
-            g = None
-        try:
-            gp = geometry_from_params(pack.arch, pack.geometry_params)
-        except ManifestError as e:
-            self.err(GEOMETRY_FILE, "unreadable params", f"the {pack.arch} contract", str(e))
-            gp = None
-        # every key llama.cpp reads, honoured or refused (the manifest's [keys]), each refusal an error
-        self.refused(key_refusals(g or gp, pack.metadata) if (g or gp) is not None else refused)
-        if gp is None:
-            return g
-        if g is None:
-            return gp
-        for name in m.params:
-            a, b = g.values.get(name), gp.values.get(name)
-            if a != b and not (isinstance(a, float) and isinstance(b, float) and np.float32(a) == np.float32(b)):
-                self.err(
-                    f"{GEOMETRY_FILE}:{name}",
-                    b,
-                    f"{a} (from metadata.txt through the manifest)",
-                    f"geometry.txt param {name} disagrees with the metadata",
-                )
-        return g
+        """Both resolutions of the geometry compared (:func:`strata.packer.pack_geometry.pack_geometry`, the rule
+        the engine's load applies): every finding and every refused key an error; the metadata's geometry."""
+        pg = pack_geometry(pack)
+        self.findings(pg.findings)
+        self.refused(pg.refusals)
+        return pg.geometry
 
     def refused(self, refusals: list[Refusal]) -> None:
         """One error per refused metadata key (:func:`strata.manifests.keys.key_refusals`)."""
         for r in refusals:
             self.err(f"{METADATA_FILE}:{r.key}", r.value, r.implements, r.message)
-
-    def _array_len(self, pack: Pack, key: str) -> int | None:
-        if key == "tokenizer.ggml.tokens" and (self.path / VOCAB_FILE).exists():
-            import pyarrow.parquet as pq
-
-            try:
-                return pq.read_metadata(self.path / VOCAB_FILE).num_rows
-            except Exception as e:  # pyarrow's own error types for a damaged file
-                raise PackFormatError(f"{self.path / VOCAB_FILE}: unreadable ({e})") from None
-        return None  # geometry_from_metadata then names the missing key
 
     # ------------------------------------------------------------------ shards
     def shards(self, pack: Pack) -> tuple[list[GGUFHeader | None], dict[str, tuple[int, TensorInfo]]]:
@@ -236,7 +174,7 @@ class _Auditor:
                     "the GGUF shard the experts live in",
                     f"cannot re-read expert shard {k} at {p}"
                     + (
-                        ""
+                        f": {str(e).removeprefix(f'{p}: ')}"
                         if p.exists()
                         else " (--source-dir names the directory it is in now)"
                         if pack.source_dir_override is not None
@@ -268,8 +206,13 @@ class _Auditor:
             )
 
     # ------------------------------------------------------------------ 5. terms twice
-    def terms(self, g: Geometry, present: dict[str, tuple[tuple[int, ...], int]], expected) -> dict[str, list[int]]:
-        """Evaluate every [state] term per layer both ways; returns the metadata values per layer."""
+    def terms(
+        self, g: Geometry, present: dict[str, tuple[tuple[int, ...], int]], expected, shards_read: bool = True
+    ) -> dict[str, list[int]]:
+        """Evaluate every [state] term per layer both ways; returns the metadata values per layer. ``shards_read``
+        False: an expert shard was unreadable (its own error says why), so a tensor that index.txt does not hold is
+        not reported missing again for every term and layer (a dense tensor missing from index.txt is reported by the
+        conformance check)."""
         m = g.manifest
 
         def at(role: str) -> str:
@@ -307,6 +250,9 @@ class _Auditor:
                 try:
                     b = int(evaluate(e_tens, {**env, "ne": ne, "has": has}))
                 except _MissingTensor as x:
+                    if not shards_read:
+                        continue  # an expert tensor of an unreadable shard (said once, by shards()); a dense one
+                        # missing from index.txt is the conformance check's error
                     self.err(
                         str(x),
                         "absent",
@@ -515,7 +461,7 @@ def audit_pack(
     present.update({name: (tuple(ti.ne), ti.type_id) for name, (_k, ti) in shard_tensors.items()})
     a.engine_types(expected, present)
     t = a.timed("shapes", t)
-    values = a.terms(g, present, expected)
+    values = a.terms(g, present, expected, shards_ok)
     t = a.timed("terms twice", t)
     expert_facts = a.expert_facts(pack, g, conf.expert_blob_from_tensors)
     t = a.timed("experts", t)

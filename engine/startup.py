@@ -37,6 +37,7 @@ from strata.layout import kv as LK
 from strata.manifests.contract import Geometry, geometry_from_params
 from strata.manifests.keys import KeysRefusedError, check_metadata_keys
 from strata.packer.pack import Pack, open_pack
+from strata.packer.pack_geometry import pack_geometry
 from strata.packer.packfmt import METADATA_FILE, POOL_FILE, sources_modified, sources_retargeted
 
 from .checkpoints import Checkpoint, Checkpoints
@@ -63,7 +64,9 @@ def open_checked(
     (:meth:`strata.packer.pack.Pack.source_path`).
 
     Raises:
-        PackFormatError, ManifestError, LoadError: as the callees do, before any weight is read.
+        PackFormatError, ManifestError, LoadError: as the callees do, before any weight is read; LoadError
+            also for a geometry.txt that disagrees with metadata.txt (every param named with both values:
+            :func:`strata.packer.pack_geometry.pack_geometry`, the rule ``strata-budget check`` applies).
         UnsupportedModel: ``runnable`` and no model file for the pack's architecture; a metadata key
             whose value strata does not implement (metadata.txt, the key, the value and what strata
             implements named).
@@ -82,6 +85,10 @@ def open_checked(
         check_metadata_keys(geom, pack.metadata)
     except KeysRefusedError as e:
         raise UnsupportedModel(str(e.with_file(pack.path / METADATA_FILE))) from None
+    # the rule strata-budget check applies: geometry.txt (what the engine runs) agrees with metadata.txt
+    wrong = pack_geometry(pack).findings
+    if wrong:
+        raise LoadError("; ".join(f"{pack.path / f.file}: {f.message}" for f in wrong))
     return pack, geom, check_pack(pack, geom)
 
 

@@ -409,3 +409,31 @@ def test_a_pack_from_an_older_strata_missing_a_geometry_param_says_to_rebuild(tm
         load_engine(pack, n_ctx=32)
     r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "1"])
     assert r.exit_code == 2 and want in r.stderr
+
+
+@pytest.mark.parametrize(
+    "param, edited, held",
+    [("rope_base", "500000.0", "1000000.0"), ("n_expert_used", "1", "2")],
+)
+def test_geometry_txt_that_disagrees_with_metadata_is_refused_at_load(packs, tmp_path, param, edited, held):
+    """The engine runs from geometry.txt: an edited value there (another rope base, fewer experts a token) would
+    generate other tokens with exit 0 while strata-budget check refuses the same pack. Both apply one rule
+    (strata.packer.pack_geometry): the load is refused naming the file, the param and both values, and the CLI
+    exits 2 with that line; the budget's audit names the same param with the same two values."""
+    from strata.budget.audit import audit_pack
+
+    pack = _copy(packs["moe"], tmp_path / "p")
+    g = pack / "geometry.txt"
+    text = g.read_text()
+    assert f"\n{param} {held}\n" in text
+    g.write_text(text.replace(f"\n{param} {held}\n", f"\n{param} {edited}\n"))
+    want = (
+        f"{pack / 'geometry.txt'}: geometry.txt param {param} disagrees with the metadata: geometry.txt holds "
+        f"{edited if param != 'n_expert_used' else int(edited)}, metadata.txt gives {held}"
+    )
+    with pytest.raises(LoadError, match=re.escape(want)):
+        load_engine(pack, n_ctx=32)
+    r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "1"])
+    assert r.exit_code == 2 and want in r.stderr
+    errs = [e for e in audit_pack(pack).errors if e.tensor == f"geometry.txt:{param}"]
+    assert [(e.found, e.required.split(" ")[0]) for e in errs] == [(edited, held)]

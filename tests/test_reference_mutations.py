@@ -19,7 +19,9 @@ Every one of them keeps each tensor's shape, so the pack loads and the numerics 
 and asserted): ``argmax`` - a greedy step whose reference margin is clear picks another token; ``logit`` -
 the max |d logit| bound of the strictly checked steps; ``top`` - llama.cpp's top-1 is not in our top 5 at
 the last prompt position. Errors that change a shape are refused at load instead
-(``test_shape_changing_geometry_is_refused_at_load``).
+(``test_shape_changing_geometry_is_refused_at_load``). An edit of geometry.txt alone is refused at load before
+either (geometry.txt disagrees with metadata.txt: :mod:`strata.packer.pack_geometry`); each test asserts that refusal,
+then sets the comparison aside, standing for an error both files carry (a converter's or a builder's bug).
 
 Measured 2026-12-01, max |d logit| of the strictly checked steps, unmutated -> mutated, for the errors
 nearest a bound (the others move the logits by 0.1-2 or change a clear greedy token): qwen2 rope x100
@@ -57,6 +59,7 @@ from strata.engine.loader import LoadError
 from strata.engine.models import recipe_for
 from strata.engine.recipe import Attention, Block, MoEFFN, Recipe
 from strata.engine.startup import load_engine
+from strata.packer.pack_geometry import PackGeometry
 
 # ------------------------------------------------------------------ the mutations
 
@@ -230,9 +233,18 @@ def mutated_copy(src: Path, dst: Path, edit: Edit | None) -> Path:
 
 
 def load_mutated(monkeypatch, pack: Path, edit: Edit | None, n_ctx: int):
-    """The engine of ``pack`` with the default settings, built from the edited recipe where ``edit`` is one."""
+    """The engine of ``pack`` with the default settings, built from the edited recipe where ``edit`` is one. A
+    geometry.txt edit is first refused at load as it is (geometry.txt disagrees with metadata.txt:
+    strata.packer.pack_geometry, the rule the budget applies, names the param); the engine is then loaded with that
+    comparison set aside, standing for a geometry error that both files carry (a converter's or a builder's bug),
+    which only the numerics row can catch."""
     if callable(edit):
         monkeypatch.setattr(startup, "recipe_for", lambda arch: edit(recipe_for(arch)))
+    elif edit:
+        said = "|".join(f"geometry.txt param {k} disagrees with the metadata" for k in edit)
+        with pytest.raises(LoadError, match=said):
+            load_engine(pack, n_ctx=n_ctx)
+        monkeypatch.setattr(startup, "pack_geometry", lambda _pack: PackGeometry(None, None))
     return load_engine(pack, n_ctx=n_ctx)
 
 
@@ -276,8 +288,13 @@ def test_a_realistic_error_fails_the_default_row(packs, tmp_path, monkeypatch, n
         ("gemma3", "n_head_kv", "2", "tensor blk.0.attn_k.weight has shape [256, 64], the gemma3 contract requires"),
     ],
 )
-def test_shape_changing_geometry_is_refused_at_load(packs, tmp_path, name, key, value, message):
+def test_shape_changing_geometry_is_refused_at_load(packs, tmp_path, monkeypatch, name, key, value, message):
+    """Refused first because geometry.txt disagrees with metadata.txt; with that comparison set aside (an error both
+    files carry), by the shape it makes wrong."""
     pack = mutated_copy(packs[name], tmp_path / "pack", {key: to(value)})
+    with pytest.raises(LoadError, match=re.escape(f"geometry.txt param {key} disagrees with the metadata")):
+        load_engine(pack, n_ctx=256)
+    monkeypatch.setattr(startup, "pack_geometry", lambda _pack: PackGeometry(None, None))
     with pytest.raises(LoadError, match=re.escape(message)):
         load_engine(pack, n_ctx=256)
 
