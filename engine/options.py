@@ -17,6 +17,7 @@ destination is the field's name (engine/cli.py): :func:`options_from_cli` hands 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -299,7 +300,22 @@ def options_from_cli(
     card = emulated_card(card_name, card_mib)
     profile = read_profile(expert_profile) if expert_profile else None
     opts = EngineOptions(card=card, profile=profile, profile_source=expert_profile, graph=not no_graph, **asked)
+    if opts.threads is not None and on_warning is not None:
+        from .cpu.kernels import default_threads
+
+        cores = default_threads()
+        if opts.threads > cores:
+            on_warning(
+                f"--threads {opts.threads}: more than the {cores} cores this process may run on "
+                "(os.sched_getaffinity); the kernels' threads will share cores, which is usually slower"
+            )
     if opts.device == "cpu" and on_warning is not None:
+        share = os.environ.get("STRATA_PCIE_SHARE", "")
+        if share.strip():
+            on_warning(
+                f"STRATA_PCIE_SHARE={share!r}: the CPU path has no expert cache, so no split of misses (it is the "
+                "GPU path's, --device cuda); not used"
+            )
         if profile is not None:
             on_warning(
                 f"--expert-profile {expert_profile}: the CPU path has no expert cache; the profile was read and "

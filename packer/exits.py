@@ -81,7 +81,10 @@ REFUSED: dict[str, str] = {
 }
 OK: dict[str, str] = {
     "strata-pack build": "the pack is written and re-read",
-    "strata-pack verify": "identical to its sources",
+    "strata-pack verify": (
+        "identical to its sources: dense tensors byte for byte; routed experts (read in place from the shards) "
+        "by the build record's samples, the first and last 256 B of each expert"
+    ),
     "strata-pack inspect": "the table is printed",
     "strata-pack fetch": "the verified model's path is printed",
     "strata-budget check": "the audit passes and the plan fits",

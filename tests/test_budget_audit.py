@@ -8,6 +8,7 @@ calling strata.budget.formulas.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -420,3 +421,23 @@ def test_llama_cpp_refuses_a_tensor_without_a_role(llama_cpp, tmp_path):
     llama_cpp.Llama(model_path=str(ok), verbose=False, n_ctx=32)
     with pytest.raises(ValueError):
         llama_cpp.Llama(model_path=str(bad), verbose=False, n_ctx=32)
+
+
+def test_a_truncated_expert_shard_is_one_error_with_both_sizes(q3n, tmp_path):
+    """A source shard cut short (a copy interrupted): one error naming the shard, the tensor that runs past its end,
+    where it ends and the file's size, not one more 'tensor missing' per state term and layer for the experts that
+    shard holds (the audit could not read them; it did not find them absent)."""
+    src = q3n.parent / "q3n.gguf"
+    size = src.stat().st_size
+    cut = tmp_path / "q3n.gguf"
+    with open(src, "rb") as f:
+        cut.write_bytes(f.read(size - 4096))
+    res = audit_pack(q3n, source_dir=tmp_path)
+    assert len(res.errors) == 1, [e.message for e in res.errors]
+    e = res.errors[0]
+    assert e.tensor == "shard 0 q3n.gguf"
+    assert re.search(
+        rf"cannot re-read expert shard 0 at {re.escape(str(cut))}: tensor '[^']+' \([^)]+\) ends at \d+, beyond the "
+        rf"end of the file \({size - 4096} bytes\): truncated data",
+        e.message,
+    ), e.message
