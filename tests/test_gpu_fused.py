@@ -869,3 +869,47 @@ def test_sim_hybrid_with_a_host_tier_admits_cpu_misses_only_until_none_is_left(p
     r = generate(eng, prompt_ids=PROMPT, n_tokens=12, ignore_eos=True)
     assert r.output_ids == ref.output_ids
     assert seen[0] > seen[-1] and len(eng.experts.cache) > 0  # misses were admitted on the way
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+def test_cuda_moe_route_chooses_as_a_stable_argsort():
+    """moe_route's two-step choice (each warp's chunk first, then the candidates among themselves) picks exactly the
+    experts a stable argsort of -p picks, in its order (ties: lower id first), with weights p[id] / sum in k order,
+    bit for bit, on the kernel's own probabilities: expert counts around and past a chunk (32) and a CTA (1,024), k
+    from 1 to past a chunk, random logits and logits with ties everywhere (3 distinct values, or all equal)."""
+    import cupy as cp
+
+    from strata.engine.gpu.fused_ops import CudaOps, MoeIO
+
+    stream = cp.cuda.Stream(non_blocking=False)
+    ops = CudaOps(stream)
+    rng = np.random.default_rng(5)
+    for n in (8, 31, 100, 128, 512, 1100):
+        for k in sorted({1, 2, min(8, n), min(10, n), min(33, n)}):
+            for kind in ("random", "ties", "equal"):
+                x = {
+                    "random": rng.standard_normal(n),
+                    "ties": rng.integers(0, 3, n),
+                    "equal": np.zeros(n),
+                }[kind].astype(np.float32)
+                slot_of = cp.asarray(rng.integers(-3, 5, 2 * n).astype(np.int32))
+                ptrs = [cp.asarray(np.array([v], np.uint64)) for v in (1 << 20, 1 << 40)]
+                M = MoeIO(
+                    il=1, logits=cp.asarray(x), n_expert=n, k=k, norm=True, slot_of=slot_of,
+                    storage_ptr=ptrs[0], host_ptr=ptrs[1],
+                    slot_bytes=4096, offsets=(0, 1024, 2048), probs=cp.zeros(n, cp.float32),
+                    weights=cp.zeros(k, cp.float32), bases=cp.zeros(3 * k, cp.uint64), info=cp.zeros(2 * k, cp.int32),
+                )  # fmt: skip
+                ops.moe_route(M)()
+                stream.synchronize()
+                p = M.probs.get()
+                want = np.argsort(-p, kind="stable")[:k]
+                info = M.info.get()
+                assert info[:k].tolist() == want.tolist(), (n, k, kind)
+                assert info[k:].tolist() == slot_of.get()[n + want].tolist(), (n, k, kind)
+                s = np.float32(0)
+                for e in want:
+                    s = np.float32(s + p[e])
+                w = p[want] / np.maximum(s, np.float32(6.103515625e-5))
+                assert M.weights.get().tobytes() == w.astype(np.float32).tobytes(), (n, k, kind)

@@ -65,6 +65,13 @@ def fused_kernels() -> dict:
     return K.load_module(fused_source(), FUSED_KERNEL_NAMES)
 
 
+def route_shared_bytes(n_expert: int) -> int:
+    """``moe_route``'s dynamic shared memory, bytes: the ``n_expert`` probabilities (f32), then room for the
+    candidates of its first step, an id (int32) and a probability (f32) for each of ``32 * ceil(n_expert / 32)``
+    (cuda/fused.cu)."""
+    return 4 * n_expert + 8 * 32 * -(-n_expert // 32)
+
+
 def _threads(n: int, cap: int = 1024) -> int:
     """A multiple of 32 covering ``n`` items, at most ``cap``."""
     return max(32, min(cap, -(-int(n) // 32) * 32))
@@ -442,7 +449,7 @@ class CudaOps:
                 M.bases,
                 M.info,
             ),
-            4 * M.n_expert,  # the probabilities in shared memory
+            route_shared_bytes(M.n_expert),
         )
 
     def take_rows(self, D, host_ptr: int, info, k: int, n: int):
@@ -506,6 +513,7 @@ __all__ = [
     "Combine",
     "CudaOps",
     "FUSED_KERNEL_NAMES",
+    "route_shared_bytes",
     "GdnIO",
     "MoeIO",
     "fused_kernels",

@@ -253,12 +253,19 @@ extern "C" __global__ void logit_post(float* __restrict__ y, const float* __rest
 
 // ---------------------------------------------------------------- routed experts (one token)
 
-// One CTA (blockDim.x a multiple of 32, <= 1024; dynamic shared memory: n_expert floats). The routing of
+// One CTA (blockDim.x a multiple of 32, <= 1024; dynamic shared memory: n_expert floats, then 32 * ceil(n_expert / 32)
+// ints and as many floats: ROUTE_SHARED_BYTES in fused_ops.py). The routing of
 // strata.engine.layers.route_topk (llama.cpp build_moe_ffn, softmax gating): p = softmax(logits) (block max, exp,
 // block sum, divide), kept in shared memory (and written to probs); the K most probable experts: expert e's rank is
 // the count of experts f with p[f] > p[e] or p[f] == p[e] and f < e (most probable first, lowest id on ties: the
-// order of a stable argsort of -p), and the expert of rank k < K is chosen k - every thread ranks its experts at
-// once (no K rounds of block argmax: those were ~10 us a layer, a latency chain of barriers); their weights p[id],
+// order of a stable argsort of -p), and the expert of rank k < K is chosen k - in two steps, with no K rounds of block
+// argmax (those were ~10 us a layer, a latency chain of barriers) and no rank over all n_expert per expert (16.7 us a
+// layer at n_expert 512: the 80B-A3B step, 2026-12-03): (1) each warp ranks the 32 experts of a chunk among themselves
+// (shuffles) and keeps those of chunk rank < Kc = min(K, 32) as candidates; (2) each candidate is ranked among the
+// candidates alone. Exact: an expert f that beats a chosen e (rank < K) is a candidate (else the K experts of f's
+// chunk that beat f beat e too); and a candidate of rank >= K has >= K candidates beating it (a chunk's experts that
+// beat it are that chunk's best ones: min(that count, Kc) of them are candidates). So rank among candidates < K
+// exactly when the rank is, and then they are equal. Their weights p[id],
 // divided by their sum (k order, clamped below at 6.103515625e-5) when norm, by thread k. Then the cache lookup:
 // slot = slot_of[layer * n_expert + id]; the part addresses of expert k are bases[k] (gate), bases[K + k] (up),
 // bases[2K + k] (down) = storage + slot * slot_bytes + offset for a slot >= 0 (device memory), host + (-2 - slot) *
@@ -275,11 +282,15 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, const int
                                      const long long off_g, const long long off_u, const long long off_d,
                                      float* __restrict__ probs, float* __restrict__ weights,
                                      unsigned long long* __restrict__ bases, int* __restrict__ info) {
-    extern __shared__ float sp[];  // n_expert probabilities
+    extern __shared__ float sp[];  // n_expert probabilities, then the candidates' ids and probabilities
     __shared__ float red[32];
     __shared__ int chosen[64];
-    const int tid = threadIdx.x, nt = blockDim.x;
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    const int W = (n_expert + 31) >> 5, Kc = K < 32 ? K : 32, nc = W * Kc;
+    int* cid = (int*)(sp + n_expert);
+    float* cp = (float*)(cid + 32 * W);
     if (tid < K) chosen[tid] = tid;
+    for (int i = tid; i < nc; i += nt) cid[i] = -1;  // a short last chunk leaves some empty
     float m = __int_as_float(0xff800000);
     for (int e = tid; e < n_expert; e += nt) m = fmaxf(m, logits[e]);
     m = block_max(m, red);
@@ -296,12 +307,31 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, const int
         probs[e] = p;
     }
     __syncthreads();
-    for (int e = tid; e < n_expert; e += nt) {
-        const float v = sp[e];
+    for (int c = warp; c < W; c += nw) {  // (1) chunk c: experts 32c..32c+31, ranked among themselves
+        const int e = 32 * c + lane;
+        const bool on = e < n_expert;
+        const float v = on ? sp[e] : 0.0f;
         int r = 0;
-        for (int f = 0; f < n_expert; ++f) {
-            const float u = sp[f];
-            r += (u > v) || (u == v && f < e);
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            const float u = __shfl_sync(0xffffffffu, v, j);
+            r += (32 * c + j < n_expert) && ((u > v) || (u == v && j < lane));
+        }
+        if (on && r < Kc) {
+            cid[c * Kc + r] = e;
+            cp[c * Kc + r] = v;
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < nc; i += nt) {  // (2) a candidate ranked among the candidates
+        const int e = cid[i];
+        if (e < 0) continue;
+        const float v = cp[i];
+        int r = 0;
+        for (int j = 0; j < nc; ++j) {
+            const int f = cid[j];
+            const float u = cp[j];
+            r += (f >= 0) && ((u > v) || (u == v && f < e));
         }
         if (r < K) chosen[r] = e;
     }
