@@ -35,7 +35,7 @@ from pathlib import Path
 from strata.budget import formulas as F
 from strata.layout import kv as LK
 from strata.manifests.contract import Geometry, geometry_from_params
-from strata.manifests.keys import KeysRefusedError, check_metadata_keys
+from strata.manifests.keys import KeysRefusedError
 from strata.packer.pack import Pack, open_pack
 from strata.packer.pack_geometry import pack_geometry
 from strata.packer.packfmt import METADATA_FILE, POOL_FILE, sources_modified, sources_retargeted
@@ -57,7 +57,7 @@ def open_checked(
 ) -> tuple[Pack, Geometry, LoadPlan]:
     """The ``pack`` stage: open the pack with the strict readers, rebuild its geometry through the
     manifest, honour or refuse every metadata key of ``metadata.txt`` that llama.cpp reads for the
-    architecture (the manifest's ``[keys]``: :func:`strata.manifests.keys.check_metadata_keys`, the rule
+    architecture (the manifest's ``[keys]``: :func:`strata.packer.pack_geometry.pack_geometry`, the rule
     ``strata-pack build`` and ``strata-budget check`` apply) and assert every tensor's shape
     (:func:`loader.check_pack`). ``runnable``: first refuse an architecture the engine has no forward
     pass for (named, before any type or shape check). ``source_dir``: where the source shards are now
@@ -65,8 +65,9 @@ def open_checked(
 
     Raises:
         PackFormatError, ManifestError, LoadError: as the callees do, before any weight is read; LoadError
-            also for a geometry.txt that disagrees with metadata.txt (every param named with both values:
-            :func:`strata.packer.pack_geometry.pack_geometry`, the rule ``strata-budget check`` applies).
+            also for what :func:`strata.packer.pack_geometry.pack_geometry` finds (the rule ``strata-budget check``
+            applies): a geometry.txt that disagrees with metadata.txt (every param named with both values),
+            metadata.txt that does not resolve or names another architecture, a missing vocab.parquet.
         UnsupportedModel: ``runnable`` and no model file for the pack's architecture; a metadata key
             whose value strata does not implement (metadata.txt, the key, the value and what strata
             implements named).
@@ -80,15 +81,16 @@ def open_checked(
     pack = open_pack(pack_dir, source_dir)
     if runnable:
         recipe_for(pack.arch)
-    geom = geometry_from_params(pack.arch, pack.geometry_params)
-    try:
-        check_metadata_keys(geom, pack.metadata)
-    except KeysRefusedError as e:
-        raise UnsupportedModel(str(e.with_file(pack.path / METADATA_FILE))) from None
-    # the rule strata-budget check applies: geometry.txt (what the engine runs) agrees with metadata.txt
-    wrong = pack_geometry(pack).findings
-    if wrong:
-        raise LoadError("; ".join(f"{pack.path / f.file}: {f.message}" for f in wrong))
+    # the rule strata-budget check applies: geometry.txt (what the engine runs) agrees with metadata.txt, and every
+    # metadata key llama.cpp reads is honoured or refused - the disagreements first (an edited geometry.txt names its
+    # param, not a key refusal it causes)
+    geom = geometry_from_params(pack.arch, pack.geometry_params)  # unreadable params: its ManifestError, as it is
+    pg = pack_geometry(pack)
+    if pg.findings:
+        raise LoadError("; ".join(f"{pack.path / f.file}: {f.message}" for f in pg.findings))
+    if pg.refusals:
+        e = KeysRefusedError("; ".join(r.message for r in pg.refusals), pg.refusals)
+        raise UnsupportedModel(str(e.with_file(pack.path / METADATA_FILE)))
     return pack, geom, check_pack(pack, geom)
 
 

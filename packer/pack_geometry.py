@@ -15,6 +15,7 @@ there and the value the metadata gives.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -43,9 +44,9 @@ class PackGeometry:
         refusals: every metadata key llama.cpp reads whose value strata does not implement
             (:func:`strata.manifests.keys.key_refusals`), each with its key, value and what strata implements.
         findings: the architecture named differently by the two files, metadata that does not resolve,
-            unreadable params, and one finding per param on which the two disagree (file ``geometry.txt``,
-            tensor ``geometry.txt:<param>``, found: geometry.txt's value, required: the metadata's). Floats
-            are compared as float32 (the precision geometry.txt and the kernels hold).
+            unreadable params, a missing vocab.parquet, and one finding per param on which the two disagree (file
+            ``geometry.txt``, tensor ``geometry.txt:<param>``, found: geometry.txt's value, required: the
+            metadata's). Floats are compared as float32 (:func:`same_value`).
     """
 
     from_metadata: Geometry | None
@@ -57,6 +58,12 @@ class PackGeometry:
     def geometry(self) -> Geometry | None:
         """The metadata's resolution where there is one, else geometry.txt's (None: neither resolves)."""
         return self.from_metadata if self.from_metadata is not None else self.from_params
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """``a == b``, or both floats equal once rounded to float32 (the precision the kernels compute in; metadata.txt
+    and geometry.txt write a float's repr, which may carry a float64 the GGUF's float32 never held)."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and bool(np.float32(a) == np.float32(b)))
 
 
 def vocab_rows(pack: Pack) -> int | None:
@@ -82,10 +89,12 @@ def vocab_rows(pack: Pack) -> int | None:
 def pack_geometry(pack: Pack) -> PackGeometry:
     """Resolve ``pack``'s geometry from metadata.txt and from geometry.txt and compare them param by param.
 
-    A param with ``array_len`` (the vocabulary size) takes its length from vocab.parquet. A per-layer array
-    param (``int_array`` / ``bool_array``) missing from metadata.txt (a pack built before metadata.txt held
-    the per-layer arrays) takes geometry.txt's list, so it is not reported as a disagreement of a file with
-    itself.
+    A param with ``array_len`` (the vocabulary size) takes its length from vocab.parquet (missing: a finding
+    naming it, and geometry.txt's value to compare the rest). A per-layer array param (``int_array`` /
+    ``bool_array``) whose key metadata.txt lacks (a pack built before metadata.txt held the per-layer arrays)
+    takes geometry.txt's list, so it is not reported as a disagreement of a file with itself; any other param
+    metadata.txt lacks takes the manifest's default, and a disagreement then says so (an older pack: rebuild it).
+    Metadata whose defaults do not evaluate (a key they read is missing) is a finding, not an exception.
 
     Raises:
         PackFormatError: vocab.parquet unreadable.
@@ -103,51 +112,84 @@ def pack_geometry(pack: Pack) -> PackGeometry:
                 METADATA_FILE,
             )
         )
-    lengths: dict[str, int] = {}
-    arrays: dict[str, list] = {}
-    for name, p in m.params.items():
-        key = gguf_key(pack.arch, p.key)
-        if p.array_len:
-            n = vocab_rows(pack) if key == "tokenizer.ggml.tokens" else None
-            if n is not None:
-                lengths[key] = n
-        elif p.kind in ("int_array", "bool_array") and key not in pack.metadata:
-            v = pack.geometry_params.get(name, "none")
-            if v != "none" and ("," in v or v == "-" or p.kind == "bool_array"):
-                arrays[key] = [] if v == "-" else [int(x) for x in v.split(",")]
-    refusals: list[Refusal] = []
-    g: Geometry | None = None
-    try:
-        g = geometry_from_metadata(pack.arch, pack.metadata, lengths, arrays)
-    except KeysRefusedError as e:
-        refusals = e.refusals
-    except ManifestError as e:
-        findings.append(
-            Finding(METADATA_FILE, "metadata that does not resolve", f"the {pack.arch} contract", str(e), METADATA_FILE)
-        )
     gp: Geometry | None = None
     try:
         gp = geometry_from_params(pack.arch, pack.geometry_params)
     except ManifestError as e:
         findings.append(Finding(GEOMETRY_FILE, "unreadable params", f"the {pack.arch} contract", str(e), GEOMETRY_FILE))
-    if g is not None or gp is not None:
-        refusals = key_refusals(g or gp, pack.metadata)
+    kv = dict(pack.metadata)
+    lengths: dict[str, int] = {}
+    for name, p in m.params.items():
+        key = gguf_key(pack.arch, p.key)
+        held = gp.values.get(name) if gp is not None else None
+        if p.array_len:
+            n = vocab_rows(pack) if key == "tokenizer.ggml.tokens" else None
+            if n is not None:
+                lengths[key] = n
+            elif key == "tokenizer.ggml.tokens":
+                findings.append(
+                    Finding(
+                        VOCAB_FILE,
+                        "missing",
+                        f"the vocabulary, whose row count is {name}",
+                        f"missing: the pack has no tokenizer (its row count is the vocabulary size, {name})",
+                        VOCAB_FILE,
+                    )
+                )
+                if held is not None:
+                    lengths[key] = int(held)  # to go on comparing the rest
+        elif p.kind in ("int_array", "bool_array") and key not in kv:
+            # a pack whose metadata.txt predates its per-layer arrays (they were left out then): geometry.txt's list
+            v = pack.geometry_params.get(name, "none")
+            if v != "none" and ("," in v or v == "-" or p.kind == "bool_array"):
+                kv[key] = [] if v == "-" else [int(x) for x in v.split(",")]
+    refusals: list[Refusal] = []
+    g: Geometry | None = None
+    try:
+        g = geometry_from_metadata(pack.arch, kv, lengths)
+    except KeysRefusedError as e:
+        refusals = list(e.refusals)
+    except (ManifestError, TypeError, ValueError, ZeroDivisionError) as e:  # a default over a missing key, say
+        findings.append(
+            Finding(
+                METADATA_FILE,
+                "metadata that does not resolve",
+                f"the {pack.arch} contract",
+                (
+                    str(e)
+                    if isinstance(e, ManifestError)
+                    else f"a default of the {pack.arch} manifest does not evaluate "
+                    f"(a key it reads is missing from metadata.txt): {e}"
+                )
+                + " (a pack built by an older strata, or metadata.txt edited? rebuild it with strata-pack build)",
+                METADATA_FILE,
+            )
+        )
+    if g is not None or gp is not None:  # every key llama.cpp reads, honoured or refused (the manifest's [keys])
+        said = {r.key for r in refusals}
+        refusals += [r for r in key_refusals(g or gp, pack.metadata) if r.key not in said]
     if g is not None and gp is not None:
         for name in m.params:
             a, b = g.values.get(name), gp.values.get(name)
-            if a != b and not (isinstance(a, float) and isinstance(b, float) and np.float32(a) == np.float32(b)):
+            if not same_value(a, b):
+                key = gguf_key(pack.arch, m.params[name].key)
+                why = (
+                    "the pack's two records of the model differ: edited or damaged"
+                    if key in pack.metadata
+                    else f"metadata.txt has no {key}, so that is its default: a pack built by an older strata, which "
+                    "left per-layer arrays out of metadata.txt, or one edited"
+                )
                 findings.append(
                     Finding(
                         f"{GEOMETRY_FILE}:{name}",
                         str(b),
                         f"{a} (from metadata.txt through the manifest)",
                         f"geometry.txt param {name} disagrees with the metadata: geometry.txt holds {b}, metadata.txt "
-                        f"gives {a} (the pack's two records of the model differ: edited or damaged; rebuild it "
-                        f"with strata-pack build)",
+                        f"gives {a} ({why}; rebuild it with strata-pack build)",
                         GEOMETRY_FILE,
                     )
                 )
     return PackGeometry(g, gp, refusals, findings)
 
 
-__all__ = ["PackGeometry", "pack_geometry", "vocab_rows"]
+__all__ = ["PackGeometry", "pack_geometry", "same_value", "vocab_rows"]

@@ -27,6 +27,7 @@ from .build import CHUNK_BYTES, check_tokenizer
 from .expert_samples import EXPERT_SAMPLE_BYTES, expert_sample_digests
 from .gguf_file import GGUFError, open_model, read_array
 from .pack import check_pool_layout, read_pack
+from .pack_geometry import same_value
 from .pack_plan import BuildError, layout_pool, metadata_items, resolve_geometry, tabulate_experts
 from .packfmt import (
     GEOMETRY_VERSION_LINE,
@@ -299,8 +300,7 @@ def verify_pack(
         if k == "strata.source_dir":
             continue
         a, b = pack.metadata.get(k), want_meta.get(k)
-        same = a == b or (isinstance(a, float) and isinstance(b, float) and np.float32(a) == np.float32(b))
-        if not same:
+        if not same_value(a, b):
             raise VerifyError(f"metadata.txt key {k}: pack {a!r} source {b!r}")
 
     n_layers = 0

@@ -437,3 +437,36 @@ def test_geometry_txt_that_disagrees_with_metadata_is_refused_at_load(packs, tmp
     assert r.exit_code == 2 and want in r.stderr
     errs = [e for e in audit_pack(pack).errors if e.tensor == f"geometry.txt:{param}"]
     assert [(e.found, e.required.split(" ")[0]) for e in errs] == [(edited, held)]
+
+
+def test_metadata_txt_whose_defaults_do_not_evaluate_is_refused_not_a_traceback(packs, tmp_path):
+    """metadata.txt without qwen3moe's feed_forward_length keys: the manifest's default over the missing value cannot
+    evaluate; the load is a LoadError naming metadata.txt and the way out (was a TypeError traceback, exit 1)."""
+    pack = _copy(packs["moe"], tmp_path / "p")
+    m = pack / "metadata.txt"
+    text = m.read_text()
+    assert "qwen3moe.feed_forward_length int 512\n" in text
+    m.write_text("".join(ln for ln in text.splitlines(keepends=True) if "feed_forward_length" not in ln))
+    want = f"{m}: a default of the qwen3moe manifest does not evaluate (a key it reads is missing from metadata.txt)"
+    with pytest.raises(LoadError, match=re.escape(want)):
+        load_engine(pack, n_ctx=32)
+    r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "1"])
+    assert r.exit_code == 2 and want in r.stderr and "rebuild it with strata-pack build" in r.stderr
+
+
+def test_missing_vocab_parquet_is_named_not_blamed_on_metadata(packs, tmp_path):
+    pack = _copy(packs["moe"], tmp_path / "p")
+    (pack / "vocab.parquet").unlink()
+    with pytest.raises(LoadError, match=re.escape(f"{pack / 'vocab.parquet'}: missing: the pack has no tokenizer")):
+        load_engine(pack, n_ctx=32)
+
+
+def test_an_edited_n_layer_names_the_param_before_the_key_refusal_it_causes(packs, tmp_path):
+    """geometry.txt n_layer 3 -> 2 on the MoE pack: refused naming n_layer with both values (the disagreement is
+    reported before any metadata key refusal it could cause)."""
+    pack = _copy(packs["moe"], tmp_path / "p")
+    g = pack / "geometry.txt"
+    g.write_text(g.read_text().replace("\nn_layer 3\n", "\nn_layer 2\n"))
+    want = "geometry.txt param n_layer disagrees with the metadata: geometry.txt holds 2, metadata.txt gives 3"
+    with pytest.raises(LoadError, match=re.escape(want)):
+        load_engine(pack, n_ctx=32)

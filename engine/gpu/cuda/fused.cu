@@ -262,7 +262,7 @@ extern "C" __global__ void logit_post(float* __restrict__ y, const float* __rest
 // argmax (those were ~10 us a layer, a latency chain of barriers) and no rank over all n_expert per expert (16.7 us a
 // layer at n_expert 512: the 80B-A3B step, 2026-12-03): (1) each warp ranks the 32 experts of a chunk among themselves
 // (shuffles) and keeps those of chunk rank < Kc = min(K, 32) as candidates; (2) each candidate is ranked among the
-// candidates alone. Exact: an expert f that beats a chosen e (rank < K) is a candidate (else the K experts of f's
+// candidates alone. Exact: an expert f that beats a chosen e (rank < K) is a candidate (else the Kc experts of f's
 // chunk that beat f beat e too); and a candidate of rank >= K has >= K candidates beating it (a chunk's experts that
 // beat it are that chunk's best ones: min(that count, Kc) of them are candidates). So rank among candidates < K
 // exactly when the rank is, and then they are equal. Their weights p[id],
