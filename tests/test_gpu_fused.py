@@ -913,3 +913,52 @@ def test_cuda_moe_route_chooses_as_a_stable_argsort():
                     s = np.float32(s + p[e])
                 w = p[want] / np.maximum(s, np.float32(6.103515625e-5))
                 assert M.weights.get().tobytes() == w.astype(np.float32).tobytes(), (n, k, kind)
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+@pytest.mark.parametrize("ds,nk,nv", [(128, 16, 32), (32, 2, 4), (256, 2, 6)])
+def test_cuda_gdn_step_equals_the_numpy_delta_rule(ds, nk, nv):
+    """gdn_step (16 warps a v head, rows in groups, columns over the lanes) against deltanet.delta_rule, the CPU
+    path's arithmetic, over 6 positions from a new sequence: the state and the gated-normed output within float
+    rounding (5e-5 of the largest |value|: the two add a row's products in different orders) at every position; the
+    Qwen3-Next-80B-A3B head shape (128, 16 k heads, 32 v heads), the smallest head the kernel takes and one wider
+    than a lane's registers (256: the chunked two-pass form); a second sequence (position 0 again) starts from zero."""
+    import cupy as cp
+
+    from strata.engine.deltanet import DeltaNetDims, delta_rule
+    from strata.engine.gpu.fused_ops import CudaOps, GdnIO
+
+    d = DeltaNetDims(
+        d_conv=4, d_state=ds, n_group=nk, dt_rank=nv, eps=1e-6, key_dim=nk * ds, value_dim=nv * ds,
+        conv_dim=2 * nk * ds + nv * ds,
+    )  # fmt: skip
+    rng = np.random.default_rng(ds + nv)
+    stream = cp.cuda.Stream(non_blocking=False)
+    ops = CudaOps(stream)
+    f32 = np.float32
+    dt_bias, ssm_a = rng.standard_normal(nv).astype(f32), -np.abs(rng.standard_normal(nv)).astype(f32)
+    norm_w = (1 + 0.1 * rng.standard_normal(ds)).astype(f32)
+    S_ref = np.zeros((nv, ds, ds), f32)
+    dev = {k: cp.zeros(n, cp.float32) for k, n in (("h", d.conv_dim), ("z", d.value_dim), ("ba", 2 * nv))}
+    params = cp.zeros(4, cp.int32)
+    G = GdnIO(
+        il=0, qkv=None, z=dev["z"], ba=dev["ba"], cs=None, S=cp.full((nv, ds, ds), 7.0, cp.float32), cw=None,
+        dt_bias=cp.asarray(dt_bias), ssm_a=cp.asarray(ssm_a), norm_w=cp.asarray(norm_w), h=dev["h"],
+        o=cp.zeros(d.value_dim, cp.float32), params=params, dims=d,
+    )  # fmt: skip
+    run = ops.gdn_step(G)
+    for seq in range(2):
+        S_ref[...] = 0
+        for pos in range(6):
+            h, z = rng.standard_normal(d.conv_dim).astype(f32), rng.standard_normal(d.value_dim).astype(f32)
+            ba = rng.standard_normal(2 * nv).astype(f32)
+            for k, v in (("h", h), ("z", z), ("ba", ba)):
+                dev[k][...] = cp.asarray(v)
+            params[0] = pos
+            run()
+            stream.synchronize()
+            want = delta_rule(np, h, z, ba, S_ref, dt_bias, ssm_a, norm_w, d)
+            got_o, got_S = G.o.get(), G.S.get()
+            assert np.abs(got_o - want).max() <= 5e-5 * np.abs(want).max(), (seq, pos)
+            assert np.abs(got_S - S_ref).max() <= 5e-5 * np.abs(S_ref).max(), (seq, pos)

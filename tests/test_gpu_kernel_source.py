@@ -33,6 +33,7 @@ _PRELUDE = r"""
 #define __device__
 #define __global__
 #define __forceinline__ inline
+#define __align__(n) __attribute__((aligned(n)))
 #define __restrict__
 struct dim3_ { unsigned x, y, z; };
 static dim3_ blockIdx, threadIdx, blockDim;

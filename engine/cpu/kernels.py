@@ -101,6 +101,7 @@ _STUBS = r"""
 #define __global__
 #define __forceinline__ inline __attribute__((always_inline))
 #define __restrict__ __restrict
+#define __align__(n) __attribute__((aligned(n)))
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 """

@@ -42,6 +42,8 @@ FUSED_KERNEL_NAMES = (
 #: TOP_K pairs, from TOP_PARTS CTAs of TOP_THREADS threads, into TOP_WORDS words.
 TOP_K, TOP_PARTS, TOP_WORDS = LS.LOGIT_TOP_K, LS.LOGIT_TOP_PARTS, LS.LOGIT_TOP_WORDS
 TOP_THREADS = 256
+#: ``gdn_step``'s CTA (cuda/fused.cu ``GDN_THREADS``): one a v head, 16 warps sharing its rows.
+GDN_THREADS = 512
 
 
 def fused_source() -> str:
@@ -346,7 +348,7 @@ class CudaOps:
         return self._call(
             self.k["gdn_step"],
             (d.dt_rank,),
-            (d.d_state,),
+            (GDN_THREADS,),
             (
                 G.h,
                 G.z,
@@ -363,7 +365,7 @@ class CudaOps:
                 np.float32(1.0 / d.d_state**0.5),
                 G.o,
             ),
-            shmem=8 * d.d_state,
+            shmem=12 * d.d_state,  # q, k and o of the head (f32)
         )
 
     def attn(self, L: AttnIO):

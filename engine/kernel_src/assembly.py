@@ -96,9 +96,10 @@ def q8_layout_source(fn: str = DEVICE_FN) -> str:
     return f"#define Q8_FN {fn}\n" + source_file("q8_layout.h") + "\n"
 
 
-def _c_array(ctype: str, name: str, values) -> str:
+def _c_array(ctype: str, name: str, values, align: int = 0) -> str:
     vals = ",".join(str(int(v)) for v in values)
-    return f"__device__ const {ctype} {name}[{len(values)}] = {{{vals}}};\n"
+    al = f"__align__({align}) " if align else ""
+    return f"__device__ {al}const {ctype} {name}[{len(values)}] = {{{vals}}};\n"
 
 
 @functools.cache
@@ -127,8 +128,40 @@ def _tables_source(code: str) -> str:
         g = np.asarray(cls.grid, dtype=np.float32).reshape(-1)
         gi = g.astype(np.uint8)
         assert np.array_equal(gi.astype(np.float32), g), name  # small non-negative integers
-        src.append(_c_array("u8", name, gi))
+        # a grid entry is read as ONE word (8 bytes; iq3xxs_grid's 4): aligned to its entry size
+        src.append(_c_array("u8", name, gi, align=4 if name == "iq3xxs_grid" else 8))
+    if any(name in code for name in GRID_NAMES):
+        src.append(_GRID_ENTRY)
     return "".join(src)
+
+
+#: The grid tables :func:`_tables_source` emits (``u8``, 8 bytes an entry; ``iq3xxs_grid`` 4).
+GRID_NAMES = ("iq2xxs_grid", "iq2xs_grid", "iq2s_grid", "iq3xxs_grid")
+
+# A grid entry as one word: one load a lane on the device, where 8 byte loads of lanes gathering from different
+# lines of the table were serialized; memcpy on the host (no aliasing of the u8 table). Byte j of the entry
+# (little-endian, as the table's bytes are laid out) is grid_byte(entry, j): the same value as table[8 i + j].
+_GRID_ENTRY = """#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ unsigned long long grid_entry8(const u8* t, const u32 i) {
+    return *(const unsigned long long*)(t + 8 * i);
+}
+__device__ __forceinline__ u32 grid_entry4(const u8* t, const u32 i) { return *(const u32*)(t + 4 * i); }
+#else
+static inline unsigned long long grid_entry8(const u8* t, const u32 i) {
+    unsigned long long v;
+    __builtin_memcpy(&v, t + 8 * i, 8);
+    return v;
+}
+static inline u32 grid_entry4(const u8* t, const u32 i) {
+    u32 v;
+    __builtin_memcpy(&v, t + 4 * i, 4);
+    return v;
+}
+#endif
+__device__ __forceinline__ int grid_byte(const unsigned long long g, const int j) {
+    return (int)((g >> (8 * j)) & 255ull);
+}
+"""
 
 
 def type_source(type_id: int) -> str:

@@ -404,27 +404,41 @@ extern "C" __global__ void gdn_conv(const float* __restrict__ qkv, float* __rest
     h[c] = acc / (1.0f + expf(-acc));
 }
 
-// One token of the delta rule for v head blockIdx.x (strata.engine.deltanet.delta_rule); blockDim.x
-// == ds (a multiple of 32, <= 1024): thread j owns row j of the head's state S [ds (v), ds (k)].
-// q, k: l2-normalised (x * (1 / sqrt(sum(x^2) / ds + eps / ds)) * (1 / sqrt(ds))), k head vh / r,
-// q also scaled by 1 / sqrt(ds); beta = sigmoid(b), g = softplus(a + dt_bias) * ssm_a (ggml's
-// softplus: x above 20); S = S * exp(g); d = (v - S k) * beta; S = S + d k^T; o = S q; then
-// o * (1 / sqrt(sum(o^2) / ds + eps)) * norm_w * silu(z). At position 0 S starts at zero.
-extern "C" __global__ void gdn_step(const float* __restrict__ h, const float* __restrict__ z,
-                                    const float* __restrict__ ba, float* __restrict__ S,
-                                    const float* __restrict__ dt_bias, const float* __restrict__ ssm_a,
-                                    const float* __restrict__ norm_w, const int* __restrict__ params, const int nk,
-                                    const int nv, const int ds, const float eps, const float inv_sqrt_ds,
-                                    float* __restrict__ out) {
-    extern __shared__ float qk[];  // q[ds] then k[ds]
+// One token of the delta rule for v head blockIdx.x (strata.engine.deltanet.delta_rule), GDN_THREADS threads (16 warps).
+// q, k: l2-normalised (x * (1 / sqrt(sum(x^2) / ds + eps / ds)) * (1 / sqrt(ds))), k head vh / r, q also scaled by
+// 1 / sqrt(ds); beta = sigmoid(b), g = softplus(a + dt_bias) * ssm_a (ggml's softplus: x above 20);
+// S = S * exp(g); d = (v - S k) * beta; S = S + d k^T; o = S q; then o * (1 / sqrt(sum(o^2) / ds + eps)) * norm_w *
+// silu(z). At position 0 S starts at zero. The head's state S [ds (v rows), ds (k columns)] is row-major: warp w takes
+// rows w * ds / 16 .. (w + 1) * ds / 16, GDN_RB rows at a time, and lane l columns l, l + 32, ... of each (every load
+// and store a warp makes covers 128 consecutive bytes; all GDN_RB x GDN_C of a lane's values are in flight at once).
+// A row's dot products S k and S q: each lane's columns in ascending order, then a warp butterfly (the NumPy oracle
+// sums in its own order: the two agree within float rounding, tests/test_gpu_fused.py). Rows past ds/32 * 32 columns
+// per lane (ds > 32 * GDN_C) go in chunks of GDN_C columns, the second pass reading back what the first wrote.
+#define GDN_THREADS 512
+#define GDN_RB 8
+#define GDN_C 4
+extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_step(
+    const float* __restrict__ h, const float* __restrict__ z, const float* __restrict__ ba, float* __restrict__ S,
+    const float* __restrict__ dt_bias, const float* __restrict__ ssm_a, const float* __restrict__ norm_w,
+    const int* __restrict__ params, const int nk, const int nv, const int ds, const float eps, const float inv_sqrt_ds,
+    float* __restrict__ out) {
+    extern __shared__ float qk[];  // q[ds], k[ds], o[ds]
     __shared__ float red[32];
-    const int vh = blockIdx.x, j = threadIdx.x;
+    const int vh = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int r = nv / nk, kh = vh / r, kd = nk * ds;
-    const float qv = h[(i64)kh * ds + j], kv = h[(i64)kd + kh * ds + j], vv = h[(i64)2 * kd + vh * ds + j];
-    const float qs = block_sum(qv * qv, red) / (float)ds;
-    const float ks = block_sum(kv * kv, red) / (float)ds;
-    qk[j] = ((qv * (1.0f / sqrtf(qs + eps / (float)ds))) * inv_sqrt_ds) * inv_sqrt_ds;
-    qk[ds + j] = (kv * (1.0f / sqrtf(ks + eps / (float)ds))) * inv_sqrt_ds;
+    float qs = 0.0f, ks = 0.0f;
+    for (int i = tid; i < ds; i += blockDim.x) {
+        const float qv = h[(i64)kh * ds + i], kv = h[(i64)kd + kh * ds + i];
+        qs = qs + qv * qv;
+        ks = ks + kv * kv;
+    }
+    qs = block_sum(qs, red) / (float)ds;
+    ks = block_sum(ks, red) / (float)ds;
+    for (int i = tid; i < ds; i += blockDim.x) {
+        const float qv = h[(i64)kh * ds + i], kv = h[(i64)kd + kh * ds + i];
+        qk[i] = ((qv * (1.0f / sqrtf(qs + eps / (float)ds))) * inv_sqrt_ds) * inv_sqrt_ds;
+        qk[ds + i] = (kv * (1.0f / sqrtf(ks + eps / (float)ds))) * inv_sqrt_ds;
+    }
     const float b = ba[(i64)kh * 2 * r + (vh % r)], a = ba[(i64)kh * 2 * r + r + (vh % r)];
     const float beta = 1.0f / (1.0f + expf(-b));
     const float x = a + dt_bias[vh];
@@ -432,21 +446,67 @@ extern "C" __global__ void gdn_step(const float* __restrict__ h, const float* __
     const float eg = expf(sp * ssm_a[vh]);
     __syncthreads();
     const bool reset = params[0] == 0;
-    float* row = S + ((i64)vh * ds + j) * ds;
-    float sk = 0.0f;
-    for (int i = 0; i < ds; ++i) {
-        const float s = (reset ? 0.0f : row[i]) * eg;
-        row[i] = s;
-        sk = sk + s * qk[ds + i];
+    const int C = ds >> 5, R = ds / nw;  // columns a lane holds in a row; rows a warp owns
+    float* Sh = S + (i64)vh * ds * ds;
+    for (int j0 = warp * R; j0 < (warp + 1) * R; j0 += GDN_RB) {
+        const int nr = min(GDN_RB, (warp + 1) * R - j0);
+        float sk[GDN_RB], o[GDN_RB], s[GDN_RB][GDN_C];
+#pragma unroll
+        for (int rr = 0; rr < GDN_RB; ++rr) sk[rr] = o[rr] = 0.0f;
+        for (int c0 = 0; c0 < C; c0 += GDN_C) {  // pass 1: S *= exp(g), S k
+#pragma unroll
+            for (int rr = 0; rr < GDN_RB; ++rr)
+#pragma unroll
+                for (int cc = 0; cc < GDN_C; ++cc)
+                    if (rr < nr && c0 + cc < C)
+                        s[rr][cc] = reset ? 0.0f : Sh[(i64)(j0 + rr) * ds + (c0 + cc) * 32 + lane];
+#pragma unroll
+            for (int rr = 0; rr < GDN_RB; ++rr)
+#pragma unroll
+                for (int cc = 0; cc < GDN_C; ++cc)
+                    if (rr < nr && c0 + cc < C) {
+                        s[rr][cc] = s[rr][cc] * eg;
+                        sk[rr] = sk[rr] + s[rr][cc] * qk[ds + (c0 + cc) * 32 + lane];
+                        if (C > GDN_C) Sh[(i64)(j0 + rr) * ds + (c0 + cc) * 32 + lane] = s[rr][cc];
+                    }
+        }
+        float d[GDN_RB];
+#pragma unroll
+        for (int rr = 0; rr < GDN_RB; ++rr) {
+            const float t = warp_sum(sk[rr]);
+            d[rr] = rr < nr ? (h[(i64)2 * kd + vh * ds + j0 + rr] - t) * beta : 0.0f;
+        }
+        for (int c0 = 0; c0 < C; c0 += GDN_C) {  // pass 2: S += d k^T, S q
+            if (C > GDN_C) {
+#pragma unroll
+                for (int rr = 0; rr < GDN_RB; ++rr)
+#pragma unroll
+                    for (int cc = 0; cc < GDN_C; ++cc)
+                        if (rr < nr && c0 + cc < C) s[rr][cc] = Sh[(i64)(j0 + rr) * ds + (c0 + cc) * 32 + lane];
+            }
+#pragma unroll
+            for (int rr = 0; rr < GDN_RB; ++rr)
+#pragma unroll
+                for (int cc = 0; cc < GDN_C; ++cc)
+                    if (rr < nr && c0 + cc < C) {
+                        const int col = (c0 + cc) * 32 + lane;
+                        const float v = s[rr][cc] + d[rr] * qk[ds + col];
+                        Sh[(i64)(j0 + rr) * ds + col] = v;
+                        o[rr] = o[rr] + v * qk[col];
+                    }
+        }
+#pragma unroll
+        for (int rr = 0; rr < GDN_RB; ++rr) {
+            const float t = warp_sum(o[rr]);
+            if (rr < nr && lane == 0) qk[2 * ds + j0 + rr] = t;
+        }
     }
-    const float d = (vv - sk) * beta;
-    float o = 0.0f;
-    for (int i = 0; i < ds; ++i) {
-        const float s = row[i] + d * qk[ds + i];
-        row[i] = s;
-        o = o + s * qk[i];
+    __syncthreads();
+    float os = 0.0f;
+    for (int i = tid; i < ds; i += blockDim.x) os = os + qk[2 * ds + i] * qk[2 * ds + i];
+    os = block_sum(os, red) / (float)ds;
+    for (int i = tid; i < ds; i += blockDim.x) {
+        const float zz = z[(i64)vh * ds + i];
+        out[(i64)vh * ds + i] = ((qk[2 * ds + i] * (1.0f / sqrtf(os + eps))) * norm_w[i]) * (zz / (1.0f + expf(-zz)));
     }
-    const float os = block_sum(o * o, red) / (float)ds;
-    const float zz = z[(i64)vh * ds + j];
-    out[(i64)vh * ds + j] = ((o * (1.0f / sqrtf(os + eps))) * norm_w[j]) * (zz / (1.0f + expf(-zz)));
 }

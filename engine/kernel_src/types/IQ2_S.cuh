@@ -17,11 +17,11 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
         for (int m = 0; m < 2; ++m) {
             const int l = 4 * sub + 2 * half + m;
             const u32 idx = (u32)qs[l] | ((((u32)qh[l >> 2] >> (2 * (l & 3))) & 3u) << 8);
-            const u8* g = iq2s_grid + 8 * idx;
+            const unsigned long long g = grid_entry8(iq2s_grid, idx);
             const u32 sg = signs[l];
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                const float w = db * i2f(g[j]);
+                const float w = db * i2f(grid_byte(g, j));
                 y[16 * half + 8 * m + j] = ((sg >> j) & 1u) ? -w : w;
             }
         }

@@ -14,11 +14,11 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
             const u32 v = ld16(qs + 2 * (2 * s + m));
-            const u8* g = iq2xs_grid + 8 * (v & 511u);
+            const unsigned long long g = grid_entry8(iq2xs_grid, v & 511u);
             const u32 sg = ksigns_iq2xs[v >> 9];
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                const float w = db * i2f(g[j]);
+                const float w = db * i2f(grid_byte(g, j));
                 y[16 * half + 8 * m + j] = ((sg >> j) & 1u) ? -w : w;
             }
         }

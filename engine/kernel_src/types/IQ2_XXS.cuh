@@ -10,11 +10,11 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
     db = db * 0.25f;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u8* g = iq2xxs_grid + 8 * ((a0 >> (8 * l)) & 255u);
+        const unsigned long long g = grid_entry8(iq2xxs_grid, (a0 >> (8 * l)) & 255u);
         const u32 sg = ksigns_iq2xs[(a1 >> (7 * l)) & 127u];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            const float v = db * i2f(g[j]);
+            const float v = db * i2f(grid_byte(g, j));
             y[8 * l + j] = ((sg >> j) & 1u) ? -v : v;
         }
     }

@@ -10,12 +10,11 @@ __device__ __forceinline__ void deq_chunk(const float* __restrict__ sc, const u8
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const u32 sg = ksigns_iq2xs[(a >> (7 * l)) & 127u];
-        const u8* g1 = iq3xxs_grid + 4 * qs[2 * l];
-        const u8* g2 = iq3xxs_grid + 4 * qs[2 * l + 1];
+        const u32 g1 = grid_entry4(iq3xxs_grid, qs[2 * l]), g2 = grid_entry4(iq3xxs_grid, qs[2 * l + 1]);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const float v1 = db * i2f(g1[j]);
-            const float v2 = db * i2f(g2[j]);
+            const float v1 = db * i2f((int)((g1 >> (8 * j)) & 255u));
+            const float v2 = db * i2f((int)((g2 >> (8 * j)) & 255u));
             y[8 * l + j] = ((sg >> j) & 1u) ? -v1 : v1;
             y[8 * l + 4 + j] = ((sg >> (j + 4)) & 1u) ? -v2 : v2;
         }
