@@ -38,15 +38,24 @@ __device__ float block_max(float v, float* red) {
     return warp_max(lane < nw ? red[lane] : __int_as_float(0xff800000));
 }
 
+#define RN_K 8   // routed experts whose values branch_in loads together (registers: 1,024 threads leave 64 a thread)
+#define RN_E 4   // values of x a resid_norm thread keeps in registers (n <= RN_E * blockDim.x; else it reads x back)
 // The residual branch's value i: a[i] (+ ab[i]), or with D (routed experts) moe_combine's sum: D[0, i] * w[0] +
 // D[1, i] * w[1] + ... in selection order (as strata.engine.experts.ExpertPath combines the selected experts), plus,
 // with a shared expert, S[i] * sg (sg = 1 / (1 + exp(-gdot[0])), the caller's).
 __device__ __forceinline__ float branch_in(const float* __restrict__ a, const float* __restrict__ ab,
                                            const float* __restrict__ D, const float* __restrict__ cw, const int K,
                                            const int n, const float* __restrict__ S, const float sg, const int i) {
-    if (D) {
-        float acc = D[i] * cw[0];
-        for (int k = 1; k < K; ++k) acc = acc + D[(long long)k * n + i] * cw[k];
+    if (D) {  // the first RN_K experts' values loaded before the first add (all in flight at once), then added in order
+        float dv[RN_K];
+#pragma unroll
+        for (int k = 0; k < RN_K; ++k)
+            if (k < K) dv[k] = D[(long long)k * n + i];
+        float acc = dv[0] * cw[0];
+#pragma unroll
+        for (int k = 1; k < RN_K; ++k)
+            if (k < K) acc = acc + dv[k] * cw[k];
+        for (int k = RN_K; k < K; ++k) acc = acc + D[(long long)k * n + i] * cw[k];
         if (S) acc = acc + S[i] * sg;
         return acc;
     }
@@ -79,20 +88,44 @@ extern "C" __global__ void resid_norm(float* __restrict__ x, const float* __rest
         const float ms = block_sum(s, red) / (float)n;
         inv_a = 1.0f / sqrtf(ms + eps);
     }
-    float s2 = 0.0f;
-    for (int i = tid; i < n; i += nt) {
-        const float v = branch_in(a, ab, D, cw, K, n, S, sg, i);
-        float xi;
-        if (mode == 0) xi = v * scale;
-        else if (mode == 1) xi = x[i] + v;
-        else xi = x[i] + (v * inv_a) * wa[i];
-        x[i] = xi;
-        s2 = s2 + xi * xi;
+    float s2 = 0.0f, xr[RN_E];  // thread tid's values i = tid, tid + nt, ... in order (the same order either way)
+    const bool in_regs = n <= RN_E * nt;
+    if (in_regs) {
+#pragma unroll
+        for (int t = 0; t < RN_E; ++t) {
+            const int i = tid + t * nt;
+            if (i < n) {
+                const float v = branch_in(a, ab, D, cw, K, n, S, sg, i);
+                float xi;
+                if (mode == 0) xi = v * scale;
+                else if (mode == 1) xi = x[i] + v;
+                else xi = x[i] + (v * inv_a) * wa[i];
+                x[i] = xi;
+                xr[t] = xi;
+                s2 = s2 + xi * xi;
+            }
+        }
+    } else {
+        for (int i = tid; i < n; i += nt) {
+            const float v = branch_in(a, ab, D, cw, K, n, S, sg, i);
+            float xi;
+            if (mode == 0) xi = v * scale;
+            else if (mode == 1) xi = x[i] + v;
+            else xi = x[i] + (v * inv_a) * wa[i];
+            x[i] = xi;
+            s2 = s2 + xi * xi;
+        }
     }
     if (w) {
         const float ms = block_sum(s2, red) / (float)n;
         const float r = 1.0f / sqrtf(ms + eps);
-        for (int i = tid; i < n; i += nt) xn[i] = (x[i] * r) * w[i];
+        if (in_regs) {
+#pragma unroll
+            for (int t = 0; t < RN_E; ++t)
+                if (tid + t * nt < n) xn[tid + t * nt] = (xr[t] * r) * w[tid + t * nt];
+        } else {
+            for (int i = tid; i < n; i += nt) xn[i] = (x[i] * r) * w[i];
+        }
         if (qfmt) {
             __syncthreads();  // every thread's xn values are visible to the CTA
             const int lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
