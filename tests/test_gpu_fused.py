@@ -15,6 +15,8 @@ same computation as the GPU's.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -262,6 +264,24 @@ def test_stage_times_eager_sim(packs):
     grouped = st.grouped()
     assert set(grouped) == {"embed", "attn", "ffn", "head"} and all(v > 0 for v in grouped.values())
     assert st.n["head"] == 3 and st.n["L0 attn"] == st.steps  # the head runs on positions with logits only
+
+
+def test_fused_refuses_a_routing_kernel_past_its_shared_memory(packs, monkeypatch):
+    """moe_route keeps every expert's probability and 32 candidates a chunk of 32 experts in shared memory: 4,096
+    experts take exactly the 49,152 B a CTA gets without opting in; one more is refused by name with both numbers
+    (a launch failure inside graph capture otherwise), and the engine takes the generic path, said so."""
+    from strata.engine.gpu.fused import fused_unsupported
+    from strata.engine.gpu.fused_ops import ROUTE_SHMEM_MAX, route_shared_bytes
+
+    assert route_shared_bytes(4096) == 4 * 4096 + 8 * 32 * 128 == ROUTE_SHMEM_MAX == 49152
+    eng = load_engine(packs["moe"], device="cuda", ubatch=1, n_ctx=32, backend=SimBackend())
+    m = eng.decoder.model
+    assert fused_unsupported(m) is None
+    monkeypatch.setattr(m, "hp", dataclasses.replace(m.hp, n_expert=4097))
+    assert fused_unsupported(m) == (
+        "n_expert 4097: the fused routing kernel's shared memory (49412 B) exceeds the 49152 B a CTA takes without "
+        "opting in"
+    )
 
 
 def test_fused_on_legacy_ssm_in_is_refused_not_ignored(packs):

@@ -67,6 +67,11 @@ def fused_kernels() -> dict:
     return K.load_module(fused_source(), FUSED_KERNEL_NAMES)
 
 
+#: Dynamic shared memory a CTA may take without opting in (CUDA's default per-CTA limit), bytes: ``moe_route``'s
+#: bound (:func:`strata.engine.gpu.fused.fused_unsupported` refuses a model past it: ~4,000 experts).
+ROUTE_SHMEM_MAX = 48 * 1024
+
+
 def route_shared_bytes(n_expert: int) -> int:
     """``moe_route``'s dynamic shared memory, bytes: the ``n_expert`` probabilities (f32), then room for the
     candidates of its first step, an id (int32) and a probability (f32) for each of ``32 * ceil(n_expert / 32)``
@@ -515,6 +520,8 @@ __all__ = [
     "Combine",
     "CudaOps",
     "FUSED_KERNEL_NAMES",
+    "GDN_THREADS",
+    "ROUTE_SHMEM_MAX",
     "route_shared_bytes",
     "GdnIO",
     "MoeIO",
