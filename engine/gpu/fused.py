@@ -75,7 +75,7 @@ from .fused_attn import build_attention_layer
 from .fused_gdn import GdnBuffers, build_delta_layer, gdn_unsupported
 from .fused_launch import Launch, MatvecLaunches, StageTimes, describe, graph_ms
 from .fused_moe import MAX_EXPERTS_USED, MoeStep
-from .fused_ops import ROUTE_SHMEM_MAX, TOP_K, TOP_WORDS, CudaOps, route_shared_bytes
+from .fused_ops import TOP_K, TOP_WORDS, CudaOps, route_unsupported
 from .fused_sim import SimOps
 
 
@@ -113,12 +113,7 @@ def fused_unsupported(model) -> str | None:
         return f"n_head {h.n_head} is not a multiple of n_head_kv {h.n_head_kv}"
     if model.experts is not None and not 0 < h.n_expert_used <= MAX_EXPERTS_USED:
         return f"n_expert_used {h.n_expert_used}: the fused routing kernel selects 1..{MAX_EXPERTS_USED} experts"
-    if model.experts is not None and route_shared_bytes(h.n_expert) > ROUTE_SHMEM_MAX:
-        return (
-            f"n_expert {h.n_expert}: the fused routing kernel's shared memory ({route_shared_bytes(h.n_expert)} B) "
-            f"exceeds the {ROUTE_SHMEM_MAX} B a CTA takes without opting in"
-        )
-    return None
+    return route_unsupported(h.n_expert) if model.experts is not None else None
 
 
 class FusedDecoder:

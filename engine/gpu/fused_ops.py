@@ -79,6 +79,18 @@ def route_shared_bytes(n_expert: int) -> int:
     return 4 * n_expert + 8 * 32 * -(-n_expert // 32)
 
 
+def route_unsupported(n_expert: int) -> str | None:
+    """Why ``moe_route`` cannot rank ``n_expert`` experts (None if it can): its shared memory
+    (:func:`route_shared_bytes`) past :data:`ROUTE_SHMEM_MAX` - more than 4,096 experts."""
+    need = route_shared_bytes(n_expert)
+    if need <= ROUTE_SHMEM_MAX:
+        return None
+    return (
+        f"n_expert {n_expert}: the fused routing kernel's shared memory ({need} B) exceeds the {ROUTE_SHMEM_MAX} B "
+        "a CTA takes without opting in"
+    )
+
+
 def _threads(n: int, cap: int = 1024) -> int:
     """A multiple of 32 covering ``n`` items, at most ``cap``."""
     return max(32, min(cap, -(-int(n) // 32) * 32))
@@ -523,6 +535,7 @@ __all__ = [
     "GDN_THREADS",
     "ROUTE_SHMEM_MAX",
     "route_shared_bytes",
+    "route_unsupported",
     "GdnIO",
     "MoeIO",
     "fused_kernels",

@@ -64,6 +64,17 @@ __device__ __forceinline__ float branch_in(const float* __restrict__ a, const fl
     return v;
 }
 
+// x[i] from the branch's value v (resid_norm's mode, below), stored; returns it.
+__device__ __forceinline__ float resid_x(float* __restrict__ x, const float v, const float* __restrict__ wa,
+                                        const float scale, const int mode, const float inv_a, const int i) {
+    float xi;
+    if (mode == 0) xi = v * scale;
+    else if (mode == 1) xi = x[i] + v;
+    else xi = x[i] + (v * inv_a) * wa[i];
+    x[i] = xi;
+    return xi;
+}
+
 // One CTA. The branch v = branch_in(i) (a + ab, or the routed experts' weighted sum: moe_combine fused here, one
 // launch less per MoE layer). mode 0: x = v * scale (the embedding row); 1: x = x + v; 2: x = x + rms_norm(v) * wa
 // (gemma's post-norms). Then, if w: xn = rms_norm(x) * w, and if qfmt (1 = Q8_0, 2 = Q8_K): xn quantized into xq for
@@ -95,24 +106,13 @@ extern "C" __global__ void resid_norm(float* __restrict__ x, const float* __rest
         for (int t = 0; t < RN_E; ++t) {
             const int i = tid + t * nt;
             if (i < n) {
-                const float v = branch_in(a, ab, D, cw, K, n, S, sg, i);
-                float xi;
-                if (mode == 0) xi = v * scale;
-                else if (mode == 1) xi = x[i] + v;
-                else xi = x[i] + (v * inv_a) * wa[i];
-                x[i] = xi;
-                xr[t] = xi;
-                s2 = s2 + xi * xi;
+                xr[t] = resid_x(x, branch_in(a, ab, D, cw, K, n, S, sg, i), wa, scale, mode, inv_a, i);
+                s2 = s2 + xr[t] * xr[t];
             }
         }
     } else {
         for (int i = tid; i < n; i += nt) {
-            const float v = branch_in(a, ab, D, cw, K, n, S, sg, i);
-            float xi;
-            if (mode == 0) xi = v * scale;
-            else if (mode == 1) xi = x[i] + v;
-            else xi = x[i] + (v * inv_a) * wa[i];
-            x[i] = xi;
+            const float xi = resid_x(x, branch_in(a, ab, D, cw, K, n, S, sg, i), wa, scale, mode, inv_a, i);
             s2 = s2 + xi * xi;
         }
     }
