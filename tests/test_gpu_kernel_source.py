@@ -114,3 +114,54 @@ def test_tables_come_from_gguf():
     src = K.source_for(quants.by_name("IQ3_XXS").id)
     assert "iq3xxs_grid[1024]" in src
     assert ",".join(str(v) for v in gq.IQ4_NL.kvalues) in K.source_for(quants.by_name("IQ4_NL").id)
+
+
+# The fused step's kernels (cuda/fused.cu + its prelude and quantizers) parsed as C++ behind stubs of the CUDA
+# intrinsics they call: a typo, an undeclared name or a wrong argument count in device code fails in CI, where
+# NVRTC is not installed (tests/test_gpu_cuda_compile.py compiles the real thing where it is).
+_FUSED_STUBS = r"""
+#include <cmath>
+#include <cstring>
+#include <algorithm>
+using std::min; using std::max;
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __restrict__
+#define __shared__
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+struct dim3_ { unsigned x, y, z; };
+static dim3_ threadIdx, blockIdx, blockDim, gridDim;
+static inline void __syncthreads() {}
+template <class T> static inline T __shfl_xor_sync(unsigned, T v, int, int = 32) { return v; }
+template <class T> static inline T __shfl_sync(unsigned, T v, int, int = 32) { return v; }
+static inline int __any_sync(unsigned, int p) { return p; }
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
+static inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
+static inline int __float2int_rn(float f) { return (int)std::nearbyint(f); }
+static inline unsigned short f2h(float) { return 0; }
+template <class T> static inline T atomicAdd(T* p, T v) { T o = *p; *p += v; return o; }
+"""
+
+
+def test_fused_source_parses_as_cpp_on_the_host(tmp_path):
+    """g++ -fsyntax-only over the stubs + :func:`strata.engine.gpu.fused_ops.fused_source`; the same with one
+    undeclared name put into ``gdn_step`` fails (so the check can fail)."""
+    from strata.engine.gpu.fused_ops import fused_source
+
+    src = fused_source()
+
+    def parse(code: str) -> subprocess.CompletedProcess:
+        f = tmp_path / "fused.cpp"
+        f.write_text(_FUSED_STUBS + code)
+        return subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-w", str(f)], capture_output=True, text=True)
+
+    r = parse(src)
+    assert r.returncode == 0, f"cuda/fused.cu does not parse as C++:\n{r.stderr[:4000]}"
+    broken = src.replace("const bool reset = params[0] == 0;", "const bool reset = params[0] == no_such_name;", 1)
+    assert broken != src
+    bad = parse(broken)
+    assert bad.returncode != 0 and "no_such_name" in bad.stderr
