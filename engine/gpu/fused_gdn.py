@@ -28,8 +28,8 @@ from .fused_ops import GdnIO
 
 def gdn_unsupported(model) -> str | None:
     """Why the fused step cannot build ``model``'s delta-net layers (None if it can): the legacy
-    fused ``ssm_in`` projection, or a head dim the per-head kernel cannot take (a multiple of 32,
-    at most 1024 threads)."""
+    fused ``ssm_in`` projection, or a head dim the per-head kernel cannot take (a multiple of 32 in
+    32..1024: lanes over columns, 16 warps over rows; cuda/fused.cu ``gdn_step``)."""
     dims = model.delta_dims
     if dims is None:
         return None

@@ -139,8 +139,8 @@ def _tables_source(code: str) -> str:
 GRID_NAMES = ("iq2xxs_grid", "iq2xs_grid", "iq2s_grid", "iq3xxs_grid")
 
 # A grid entry as one word: one load a lane on the device, where 8 byte loads of lanes gathering from different
-# lines of the table were serialized; memcpy on the host (no aliasing of the u8 table). Byte j of the entry
-# (little-endian, as the table's bytes are laid out) is grid_byte(entry, j): the same value as table[8 i + j].
+# lines of the table were serialized; byte by byte on the host (any byte order). Byte j of the entry
+# (the device is little-endian, as the table's bytes are laid out) is grid_byte(entry, j): table[8 i + j].
 _GRID_ENTRY = """#if defined(__CUDA_ARCH__)
 __device__ __forceinline__ unsigned long long grid_entry8(const u8* t, const u32 i) {
     return *(const unsigned long long*)(t + 8 * i);
@@ -148,14 +148,12 @@ __device__ __forceinline__ unsigned long long grid_entry8(const u8* t, const u32
 __device__ __forceinline__ u32 grid_entry4(const u8* t, const u32 i) { return *(const u32*)(t + 4 * i); }
 #else
 static inline unsigned long long grid_entry8(const u8* t, const u32 i) {
-    unsigned long long v;
-    __builtin_memcpy(&v, t + 8 * i, 8);
+    unsigned long long v = 0;
+    for (int j = 7; j >= 0; --j) v = (v << 8) | t[8 * i + j];
     return v;
 }
 static inline u32 grid_entry4(const u8* t, const u32 i) {
-    u32 v;
-    __builtin_memcpy(&v, t + 4 * i, 4);
-    return v;
+    return (u32)t[4 * i] | ((u32)t[4 * i + 1] << 8) | ((u32)t[4 * i + 2] << 16) | ((u32)t[4 * i + 3] << 24);
 }
 #endif
 __device__ __forceinline__ int grid_byte(const unsigned long long g, const int j) {
