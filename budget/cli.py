@@ -289,6 +289,8 @@ def check(
         click.echo(json.dumps(to_json(audit, plan, verdict, seconds), indent=1))
     else:
         _print(audit, plan, verdict, seconds)
+        if not audit.ok:  # the plan above was computed from a broken pack: the failure also as one stderr line
+            click.echo(f"error: {verdict}", err=True)
     sys.exit(code)
 
 

@@ -250,6 +250,8 @@ def test_semantic_error_exits_2_with_json_errors(pack, tmp_path):
     assert code == 2 and d["verdict"] == "semantic error"
     e = next(x for x in d["errors"] if x["tensor"] == "geometry.txt:n_expert")
     assert e["found"] == "65" and e["required"].startswith("64 ")
+    r = CliRunner().invoke(main, ["check", str(bad), "--card", "24G"])  # the terminal form: one error line on stderr
+    assert r.exit_code == 2 and r.stderr.startswith("error: semantic error: ") and "in " + str(bad) in r.stderr
 
 
 def test_cpp_prefill_model(pack):
