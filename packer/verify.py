@@ -287,8 +287,10 @@ def verify_pack(
     want_geo = dict(geometry_params_text(geom))
     got_geo = read_kv_text(pack.path / "geometry.txt", GEOMETRY_VERSION_LINE)
     # a pack of an older (or newer) strata - params its manifest lacks or does not have - is refused with the
-    # message budget and the engine's load give (ManifestError: "rebuild it"), not reported as a corrupt pack
-    geometry_from_params(str(got_geo.get("arch", geom.arch)), got_geo)
+    # message budget and the engine's load give (ManifestError: "rebuild it"), not reported as a corrupt pack; the
+    # same params with other values (one edited, even to one the manifest's rules refuse) are a corrupt pack
+    if set(want_geo) != set(got_geo):
+        geometry_from_params(str(got_geo.get("arch", geom.arch)), got_geo)
     if want_geo != got_geo:
         keys = sorted(k for k in set(want_geo) | set(got_geo) if want_geo.get(k) != got_geo.get(k))
         raise VerifyError(

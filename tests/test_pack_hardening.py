@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -285,6 +286,20 @@ def test_verify_catches_geometry_and_metadata_edits(pack):
     _edit(pack / "geometry.txt", b"n_ctx_train 4096", b"n_ctx_train 2048")
     with pytest.raises(VerifyError, match="metadata.txt key qwen3moe.context_length: pack 4096 source 2048"):
         verify_pack(pack)
+
+
+def test_verify_a_geometry_value_its_manifest_refuses_is_a_corrupt_pack(pack):
+    """One geometry.txt number edited to a value the manifest's rules refuse (n_head_kv 4 -> 3: n_head % n_head_kv)
+    is a corrupt pack - exit 1, both numbers - like any other edited number, not exit 2 "not a pack" (the new user's
+    finding: the exit code depended on which number was edited); a key the manifest lacks stays a refusal (exit 2)."""
+    g = (pack / "geometry.txt").read_text()
+    kv = re.search(r"^n_head_kv (\d+)$", g, re.M).group(1)
+    (pack / "geometry.txt").write_text(g.replace(f"\nn_head_kv {kv}\n", "\nn_head_kv 3\n"))
+    r = cli("verify", pack)
+    assert r.returncode == 1 and f"geometry.txt differs from the source: n_head_kv: pack 3 source {kv}" in r.stderr
+    (pack / "geometry.txt").write_text(g + "foo 1\n")
+    r = cli("verify", pack)
+    assert r.returncode == 2 and "keys ['foo'] are not params" in r.stderr
 
 
 def test_verify_truncated_pool_is_a_mismatch(pack):
