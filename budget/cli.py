@@ -44,11 +44,9 @@ from .profile import check_profile_model, read_profile
 from .speed import plan_decode_speed
 
 EXIT_FITS, EXIT_NO_FIT, EXIT_SEMANTIC = 0, 1, 2
-#: Errors a pack's geometry or numbers can raise while they are evaluated (every strata reader and
-#: registry error is a ValueError): reported as one ``error:`` line, exit 2, never a traceback.
+#: Errors a pack's geometry or numbers raise when evaluated (strata's readers raise ValueError): one ``error:``, exit 2.
 EVALUATION_ERRORS = (ValueError, ArithmeticError, OSError)
-#: Every key of the --json object, in order: a success, a semantic error and an input error all
-#: carry every key (null where it does not apply).
+#: Every key of the --json object, in order: a success, a semantic error and an input error carry each (or null).
 JSON_KEYS = (
     "verdict",
     "verdict_line",
