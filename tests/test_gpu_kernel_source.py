@@ -119,32 +119,26 @@ def test_tables_come_from_gguf():
 # The fused step's kernels (cuda/fused.cu + its prelude and quantizers) parsed as C++ behind stubs of the CUDA
 # intrinsics they call: a typo, an undeclared name or a wrong argument count in device code fails in CI, where
 # NVRTC is not installed (tests/test_gpu_cuda_compile.py compiles the real thing where it is).
-_FUSED_STUBS = r"""
-#include <cmath>
-#include <cstring>
+_FUSED_STUBS = (
+    _PRELUDE
+    + r"""
 #include <algorithm>
 using std::min; using std::max;
-#define __device__
-#define __global__
-#define __forceinline__ inline
-#define __restrict__
 #define __shared__
 #define __launch_bounds__(...)
-#define __align__(n) __attribute__((aligned(n)))
-struct dim3_ { unsigned x, y, z; };
-static dim3_ threadIdx, blockIdx, blockDim, gridDim;
+static dim3_ gridDim;
 static inline void __syncthreads() {}
 template <class T> static inline T __shfl_xor_sync(unsigned, T v, int, int = 32) { return v; }
 template <class T> static inline T __shfl_sync(unsigned, T v, int, int = 32) { return v; }
 static inline int __any_sync(unsigned, int p) { return p; }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
-static inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
 static inline int __float2int_rn(float f) { return (int)std::nearbyint(f); }
 static inline unsigned short f2h(float) { return 0; }
 template <class T> static inline T atomicAdd(T* p, T v) { T o = *p; *p += v; return o; }
 """
+)
 
 
 def test_fused_source_parses_as_cpp_on_the_host(tmp_path):
