@@ -83,10 +83,11 @@ def decode_share(eng, n: int, replay_ms: float | None, profile: bool) -> dict:
         env = {k: v for k, v in os.environ.items() if k.startswith("STRATA_")}
         k = max(at["decode"], 1)  # the decode steps' own host wait and CPU expert time, a step
         cpu = ex.cpu_expert_ms - at["c0"] if ex is not None else 0.0
+        tuner = getattr(getattr(eng.decoder, "moe", None), "tuner", None)  # the split's search, where it runs
         print(
             f"decode: {r.tokens_per_second:.1f} tok/s = {ms:.3f} ms per token ({n} tokens, greedy, hybrid step) = "
             f"host waiting for the device {(layers.HostWait.ms - at['w0']) / k:.3f} ms + CPU experts "
-            f"{cpu / k:.3f} ms + the rest; env {env}"
+            f"{cpu / k:.3f} ms + the rest; env {env}" + (f"; split {tuner.describe()}" if tuner is not None else "")
         )
         return {"tokens": n, "tok_s": r.tokens_per_second, "ms_per_token": ms}
     print(

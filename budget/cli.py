@@ -204,6 +204,7 @@ def check(
     source_dir,
     step_ms,
     pcie_gbs,
+    cpu_expert_us,
     as_json,
 ):
     """Audit PACK and plan its VRAM on a card. PACK may also be a GGUF file (any shard of a split model): the
@@ -215,14 +216,13 @@ def check(
       1  the plan does not fit (the output says which terms to shrink and by how much),
          or --expert-cache N does not fit (refused with N and the most that fits)
       2  semantic error in the pack (every failure listed: tensor, found, required),
-         or bad input (unknown, zero or > 16 TiB card size, no GPU for --card measure,
-         a --step-ms / --pcie-gbs out of range or that cannot be predicted from,
-         unreadable pack, bad expert profile, one for a model without routed experts,
-         a --kv type the model's K/V heads cannot be stored in): one line `error: ...`
+         or bad input (unknown, zero or > 16 TiB card size, no GPU for --card measure, a speed option out of
+         range or that cannot be predicted from, unreadable pack, bad expert profile, one for a model without
+         routed experts, a --kv type the model's K/V heads cannot be stored in): one line `error: ...`
     """
     t0 = time.perf_counter()
     expert_cache, bad = parse_expert_cache(expert_cache)
-    bad = bad or speed_option_error(step_ms, pcie_gbs)
+    bad = bad or speed_option_error(step_ms, pcie_gbs, cpu_expert_us)
     if bad:
         _fail(bad, as_json, t0)
     try:
@@ -269,7 +269,7 @@ def check(
         try:
             plan = make_plan(audit.facts, card, opts)
             if step_ms is not None and audit.ok and plan.fits:  # no speed for a plan that does not run
-                plan.decode = plan_decode_speed(plan, audit.facts, step_ms, pcie_gbs)
+                plan.decode = plan_decode_speed(plan, audit.facts, step_ms, pcie_gbs, cpu_expert_us)
         except EVALUATION_ERRORS as e:
             # a pack that failed the audit is reported by its failures (its numbers may not plan);
             # a pack that passed cannot be planned only for bad input

@@ -10,7 +10,7 @@ does with the same value).
 | expert-cache slots | ``--expert-cache`` | automatic |
 | expert profile (Parquet) | ``--expert-profile`` (``--profile``: the engine's earlier name) | none |
 | the card | ``--card PRESET`` or ``--card-mib N`` (the budget also ``--card measure``) | budget: required; engine: the local GPU |
-| decode speed inputs (``strata-budget check``, ``strata-engine measure``) | ``--step-ms``, ``--pcie-gbs`` | none: no prediction |
+| decode speed inputs (``strata-budget check``, ``strata-engine measure``) | ``--step-ms``, ``--pcie-gbs``, ``--cpu-expert-us`` | none: no prediction |
 """  # noqa: E501 - a Markdown table: a row cannot be wrapped
 
 from __future__ import annotations
@@ -235,41 +235,56 @@ PCIE_GBS_HELP = (
     "Decode speed: the GB/s (1e9 B/s) the GPU reads missed experts over PCIe at (e.g. 50 for PCIe 5.0 x16, 25 for "
     "4.0 x16); needed with --step-ms when any expert misses. 0.001 to 10000."
 )
-#: The accepted ranges of ``--step-ms`` (ms) and ``--pcie-gbs`` (GB/s): a step under 1 us or over 1,000 s a token,
-#: a link under 1 MB/s or over 10 TB/s is a typo, not a card (refused: a prediction from it would be a plausible
-#: number from nothing).
+CPU_EXPERT_US_HELP = (
+    "Decode speed: the CPU's microseconds an expert with the engine's miss kernel and threads (the 'cpu experts' "
+    "note of strata-engine generate --verbose, where misses run on the CPU); with it the misses are charged as the "
+    "engine serves them - split between PCIe and the CPU where --miss-tier auto splits, all on the CPU with "
+    "--miss-tier cpu. 0.01 to 1e6."
+)
+#: The accepted ranges of ``--step-ms`` (ms), ``--pcie-gbs`` (GB/s) and ``--cpu-expert-us`` (us): a step under 1 us
+#: or over 1,000 s a token, a link under 1 MB/s or over 10 TB/s, an expert under 10 ns or over a second on the CPU is
+#: a typo, not a machine (refused: a prediction from it would be a plausible number from nothing).
 STEP_MS_RANGE = (1e-3, 1e6)
 PCIE_GBS_RANGE = (1e-3, 1e4)
+CPU_EXPERT_US_RANGE = (1e-2, 1e6)
 
 
 def speed_options(f):
-    """``--step-ms`` and ``--pcie-gbs`` (``step_ms``, ``pcie_gbs``; floats, None when not given): the inputs of
-    :func:`strata.budget.speed.plan_decode_speed`, on ``strata-budget check`` and ``strata-engine measure``."""
+    """``--step-ms``, ``--pcie-gbs`` and ``--cpu-expert-us`` (``step_ms``, ``pcie_gbs``, ``cpu_expert_us``; floats,
+    None when not given): the inputs of :func:`strata.budget.speed.plan_decode_speed`, on ``strata-budget check`` and
+    ``strata-engine measure``."""
+    f = click.option("--cpu-expert-us", "cpu_expert_us", type=float, default=None, help=CPU_EXPERT_US_HELP)(f)
     f = click.option("--pcie-gbs", "pcie_gbs", type=float, default=None, help=PCIE_GBS_HELP)(f)
     return click.option("--step-ms", "step_ms", type=float, default=None, help=STEP_MS_HELP)(f)
 
 
 #: The decode-speed inputs: option -> (lowest, highest, unit).
-SPEED_RANGES = {"--step-ms": (*STEP_MS_RANGE, "ms"), "--pcie-gbs": (*PCIE_GBS_RANGE, "GB/s")}
+SPEED_RANGES = {
+    "--step-ms": (*STEP_MS_RANGE, "ms"),
+    "--pcie-gbs": (*PCIE_GBS_RANGE, "GB/s"),
+    "--cpu-expert-us": (*CPU_EXPERT_US_RANGE, "us"),
+}
 
 
 def speed_value_error(option: str, value: float) -> str | None:
-    """The refusal of ``value`` for ``option`` (``--step-ms`` or ``--pcie-gbs``) outside its :data:`SPEED_RANGES`
+    """The refusal of ``value`` for ``option`` (a key of :data:`SPEED_RANGES`) outside its :data:`SPEED_RANGES`
     range (nan and inf included), naming the option, the value and the range; None when it is inside. The one check
     of both the command lines (:func:`speed_option_error`) and :func:`strata.budget.speed.predict_decode`."""
     lo, hi, unit = SPEED_RANGES[option]
     return None if lo <= value <= hi else f"{option} {value:g}: outside {lo:g} to {hi:g} {unit}"
 
 
-def speed_option_error(step_ms: float | None, pcie_gbs: float | None) -> str | None:
-    """The refusal of a ``--step-ms`` / ``--pcie-gbs`` outside its range (:func:`speed_value_error`) or of
-    ``--pcie-gbs`` without ``--step-ms`` (nothing to predict from), else None - checked before anything is planned,
-    whatever the plan."""
-    for name, v in (("--step-ms", step_ms), ("--pcie-gbs", pcie_gbs)):
+def speed_option_error(step_ms: float | None, pcie_gbs: float | None, cpu_expert_us: float | None = None) -> str | None:
+    """The refusal of a ``--step-ms`` / ``--pcie-gbs`` / ``--cpu-expert-us`` outside its range
+    (:func:`speed_value_error`) or of either rate without ``--step-ms`` (nothing to predict from), else None - checked
+    before anything is planned, whatever the plan."""
+    given = (("--step-ms", step_ms), ("--pcie-gbs", pcie_gbs), ("--cpu-expert-us", cpu_expert_us))
+    for name, v in given:
         if v is not None and (bad := speed_value_error(name, v)):
             return bad
-    if pcie_gbs is not None and step_ms is None:
-        return f"--pcie-gbs {pcie_gbs:g} without --step-ms: the prediction needs the card's every-resident step"
+    for name, v in given[1:]:
+        if v is not None and step_ms is None:
+            return f"{name} {v:g} without --step-ms: the prediction needs the card's every-resident step"
     return None
 
 
@@ -312,6 +327,7 @@ __all__ = [
     "STEP_MS_HELP",
     "STEP_MS_RANGE",
     "SPEED_RANGES",
+    "CPU_EXPERT_US_HELP",
     "speed_option_error",
     "speed_value_error",
     "speed_options",

@@ -287,7 +287,7 @@ def generate_cmd(pack, **kw):
 )
 @speed_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
-def measure_cmd(pack, n_tokens, prompt, as_json, step_ms, pcie_gbs, **kw):
+def measure_cmd(pack, n_tokens, prompt, as_json, step_ms, pcie_gbs, cpu_expert_us, **kw):
     """Load PACK on the GPU (on an emulated card with --card) and print, per budget term, the bytes
     strata.budget predicts for strata's engine (the plan of strata-budget check --card ...) next to the
     bytes this engine allocated; the plan's slot count beside the engine's; the reserve measured free
@@ -301,15 +301,10 @@ def measure_cmd(pack, n_tokens, prompt, as_json, step_ms, pcie_gbs, **kw):
         if bad := (
             check_pack_dir(pack)
             or (f"-n/--n-tokens {n_tokens}: must be >= 0" if n_tokens < 0 else None)
-            or speed_option_error(step_ms, pcie_gbs)
+            or speed_option_error(step_ms, pcie_gbs, cpu_expert_us)
             or (
                 "--step-ms needs -n N: the decode rate is measured while generating"
                 if step_ms and not n_tokens
-                else None
-            )
-            or (
-                "--miss-tier cpu: the prediction charges misses to PCIe only (the host tier); it has no CPU expert rate"
-                if step_ms and kw.get("miss_tier") == "cpu"
                 else None
             )
         ):
@@ -322,6 +317,7 @@ def measure_cmd(pack, n_tokens, prompt, as_json, step_ms, pcie_gbs, **kw):
             n_tokens=n_tokens,
             step_ms=step_ms,
             pcie_gbs=pcie_gbs,
+            cpu_expert_us=cpu_expert_us,
         )
     except REFUSALS as e:
         fail(str(e), as_json=as_json)

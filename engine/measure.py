@@ -118,13 +118,15 @@ def measure_pack(
     n_tokens: int = 0,
     step_ms: float | None = None,
     pcie_gbs: float | None = None,
+    cpu_expert_us: float | None = None,
     **kw,
 ) -> Measurement:
     """Load ``pack`` on the GPU path (on the emulated ``card`` when given) and compare every budget term with what was
     allocated; with ``n_tokens`` > 0 then generate that many tokens after ``prompt`` (greedy, end-of-generation ignored)
-    and report the expert hit rate measured beside the prediction, and with ``step_ms`` (and ``pcie_gbs``) the decode
-    rate measured beside :mod:`strata.budget.speed`'s prediction - at the predicted hit rate and at the measured one
-    (the speed model alone). The engine's options come as ``options`` or as :class:`strata.engine.options.EngineOptions`
+    and report the expert hit rate measured beside the prediction, and with ``step_ms`` (and ``pcie_gbs``,
+    ``cpu_expert_us``: else the rates the start-up measured) the decode rate measured beside
+    :mod:`strata.budget.speed`'s prediction - at the predicted hit rate and at the measured one (the speed model
+    alone). The engine's options come as ``options`` or as :class:`strata.engine.options.EngineOptions`
     keywords (``n_ctx``, ``kv``, ``vram_reserve_mib``, ``expert_cache``, ``card``, ``profile``, ...; ``device`` defaults
     to ``cuda`` here).
 
@@ -167,7 +169,10 @@ def measure_pack(
             if pcie_gbs is None and g.pcie_gbs_measured is not None:  # the link measured at start-up
                 pcie_gbs = g.pcie_gbs_measured
                 a.generation["pcie_gbs_basis"] = f"measured at start-up: {pcie_gbs} GB/s (host tier -> VRAM copies)"
-            _speed(a, res.facts, step_ms, pcie_gbs)
+            if cpu_expert_us is None and (us := _cpu_probe_us(eng)) is not None:  # the CPU measured at start-up
+                cpu_expert_us = us
+                a.generation["cpu_expert_us_basis"] = f"measured at start-up: {us:g} us an expert (cpu experts)"
+            _speed(a, res.facts, step_ms, pcie_gbs, cpu_expert_us, _engine_tier(eng))
     return a
 
 
@@ -409,10 +414,31 @@ def _generate(a: Measurement, eng, prompt: str, n_tokens: int) -> None:
     a.generation = gen
 
 
-def _speed(a: Measurement, facts, step_ms: float, pcie_gbs: float | None) -> None:
+def _cpu_probe_us(eng) -> float | None:
+    """The start-up's ``cpu experts`` figure (us an expert, :func:`strata.engine.gpu.slots.cpu_experts_note`), or
+    None where it measured none."""
+    for c in eng.checkpoints:
+        got = c.extra.get("cpu experts")
+        if isinstance(got, str) and " us an expert" in got:
+            return float(got.split(" us an expert")[0])
+    return None
+
+
+def _engine_tier(eng) -> str:
+    """Where the engine serves misses, as :func:`strata.budget.speed.predict_decode` takes it: ``cpu`` (its host tier
+    not built), ``auto`` (split with the CPU), else ``pcie``."""
+    if (eng.gpu.miss_tier or "").startswith("cpu"):
+        return "cpu"
+    return "auto" if getattr(getattr(eng.decoder, "moe", None), "share", 1.0) < 1 else "pcie"
+
+
+def _speed(
+    a: Measurement, facts, step_ms: float, pcie_gbs: float | None, cpu_expert_us: float | None, tier: str
+) -> None:
     """The decode rate :func:`strata.budget.speed.predict_decode` gives at the predicted hit rate (the profile's at
-    the engine's slots, else the resident fraction) and at the measured one, set beside the measured rate. Misses
-    computed on the CPU are not in the model (it charges PCIe): with any, a note says so and no figure is set.
+    the engine's slots, else the resident fraction) and at the measured one, set beside the measured rate; misses
+    served as the engine serves them (``tier``: :func:`_engine_tier`). Misses computed on the CPU with no CPU rate
+    (``cpu_expert_us`` None) are not in the model: with any, a note says so and no figure is set.
 
     Raises:
         GenerateError: the speed options are out of range, or misses to charge with no ``pcie_gbs``.
@@ -421,10 +447,10 @@ def _speed(a: Measurement, facts, step_ms: float, pcie_gbs: float | None) -> Non
     from strata.budget.speed import predict_decode
 
     gn = a.generation
-    if gn["cpu_misses_per_token"]:
+    if gn["cpu_misses_per_token"] and cpu_expert_us is None:
         a.notes.append(
-            f"decode speed: {gn['cpu_misses_per_token']} misses a token ran on the CPU: the prediction charges misses "
-            "to PCIe (the host tier) only, so none is given"
+            f"decode speed: {gn['cpu_misses_per_token']} misses a token ran on the CPU and no CPU rate was measured or "
+            "given (--cpu-expert-us), so no prediction is given"
         )
         return
     layers = facts.trunk_experts
@@ -446,6 +472,8 @@ def _speed(a: Measurement, facts, step_ms: float, pcie_gbs: float | None) -> Non
                     hit_basis=basis,
                     n_expert_used=facts.n_expert_used,
                     blob_bytes=blobs,
+                    cpu_expert_us=cpu_expert_us,
+                    miss_tier=tier,
                 ).tok_s
     except BudgetInputError as e:
         raise GenerateError(str(e)) from None
@@ -496,6 +524,7 @@ def print_measurement(a: Measurement) -> None:
                 + (f", {at:.2f} tok/s at the measured one" if at is not None else "")
                 + " (strata.budget.speed"
                 + (f"; PCIe {gn['pcie_gbs_basis']}" if "pcie_gbs_basis" in gn else "")
+                + (f"; CPU {gn['cpu_expert_us_basis']}" if "cpu_expert_us_basis" in gn else "")
                 + ")"
             )
     for c in a.pool_checks:

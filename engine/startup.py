@@ -281,17 +281,20 @@ def load_engine(
         if experts is not None:
             dev.open_expert_cache(experts, geom, opts, note)
             # the shards' page tables filled in the background (no page fault when a miss first reads an expert);
-            # not with a host tier holding every miss: the token path then reads no shard
+            # not with a host tier holding every miss that the token path reads (a split's CPU reads it too, where
+            # the tier holds native bytes): then no shard is read
             info = getattr(dev, "info", None)  # (the GPU's: where its misses run; the CPU path has none)
-            on_cpu = info is not None and (info.miss_tier.startswith("cpu") or "miss split" in note)
             moe = getattr(getattr(dev, "decoder", None), "moe", None)
+            cpu_tier = info is not None and info.miss_tier.startswith("cpu")
+            on_cpu = cpu_tier or (info is not None and "miss split" in note)
             if moe is not None and on_cpu and "cpu experts" not in note:  # (the split's choice may have measured)
                 from .gpu.slots import cpu_experts_note
 
                 cpu_experts_note(experts, moe, note)  # before the prefetch: its reads would slow the probe's
+            shards = cpu_tier or (on_cpu and (moe is None or moe.cpu_reads_shards))
             note["shard prefetch"] = (
-                "not needed (every miss is read from the host tier)"
-                if note.get("host_tier_pairs") and not on_cpu
+                "not needed (every miss is read from the host tier" + (", the CPU's too)" if on_cpu else ")")
+                if note.get("host_tier_pairs") and not shards
                 else experts.source.prefetch()
             )
         else:

@@ -71,7 +71,8 @@ def fused_step_bytes(
     experts (``3 x n_expert_used x n_ff_exp``), their outputs (``n_expert_used x n_embd``; their weighted sum is made
     inside the next ``resid_norm``: no row of its own), the shared gate (1) and the slot table (``n_layer x n_expert``)
     in f32 / int32, the three part addresses per selected expert (u64), the routing record (every layer's ids and slots:
-    ``n_layer x 2 x n_expert_used`` int32), the cache's and the host tier's addresses (u64 each) and the selected
+    ``n_layer x 2 x n_expert_used`` int32), the split's keep table (``n_expert_used + 1`` int32:
+    ``strata.engine.gpu.miss_split.keep_table``), the cache's and the host tier's addresses (u64 each) and the selected
     experts' quantized down-projection inputs (``n_expert_used x q8_act_bytes(n_ff_exp)``). The one definition of the
     budget's "prefill/activations" term on the fused path; tests check it against the engine's."""
     dense = (
@@ -88,7 +89,7 @@ def fused_step_bytes(
     E, K, n = n_expert, n_expert_used, n_embd
     return (
         dense
-        + 4 * (E + K + 3 * K * n_ff_exp + K * n + 1 + n_layer * E)
+        + 4 * (E + K + 3 * K * n_ff_exp + K * n + 1 + n_layer * E + K + 1)
         + 8 * 3 * K
         + 4 * 2 * K * n_layer
         + 8

@@ -145,7 +145,13 @@ def test_budget_check_predicts_from_the_resident_fraction(moe_pack):
     [
         (["--pcie-gbs", 50], "--pcie-gbs 50 without --step-ms"),
         (["--expert-cache", 3, "--step-ms", 4], "misses a token at a 8.3% hit rate cross PCIe: give --pcie-gbs"),
-        (["--expert-cache", 3, "--step-ms", 4, "--pcie-gbs", 9, "--miss-tier", "cpu"], "--miss-tier cpu: the predic"),
+        (
+            ["--expert-cache", 3, "--step-ms", 4, "--pcie-gbs", 9, "--miss-tier", "cpu"],
+            "--miss-tier cpu: 5.2 expert misses a token run on the CPU: give --cpu-expert-us",
+        ),
+        (["--cpu-expert-us", 50], "--cpu-expert-us 50 without --step-ms"),
+        (["--step-ms", 4, "--cpu-expert-us", 0], "--cpu-expert-us 0: outside 0.01 to 1e+06 us"),
+        (["--step-ms", 4, "--cpu-expert-us", "nan"], "--cpu-expert-us nan: outside"),
         (["--step-ms", -2], "--step-ms -2: outside 0.001 to 1e+06 ms"),
         (["--step-ms", "inf"], "--step-ms inf: outside 0.001 to 1e+06 ms"),
         (["--step-ms", "nan"], "--step-ms nan: outside"),
@@ -160,6 +166,73 @@ def test_budget_check_predicts_from_the_resident_fraction(moe_pack):
 def test_budget_check_refuses_what_it_cannot_predict(moe_pack, args, msg):
     code, out = _check(moe_pack, "--card", "24G", "--ctx", 64, *args)
     assert code == 2 and msg in out, out
+
+
+def test_the_split_is_charged_as_the_engine_serves_it():
+    """With the CPU's rate, misses are charged as the engine serves them (strata.budget.speed.split_misses, the rule
+    of the engine's start-up): the 30B-A3B geometry with no expert resident (384 misses a token over 48 layers,
+    3,059,712 B an expert), 50 GB/s and 60 us an expert on the CPU: t_pcie = 61.19 us, share round(60 / 121.19, 2) =
+    0.5, 4 of a layer's 8 over PCIe: split = 48 x 50 + 48 x max(4 x 61.19, 4 x 60) us = 14.15 ms against 23.50 ms
+    in one graph: taken;
+    ``--miss-tier pcie`` keeps the one graph, ``cpu`` charges 48 x 50 + 384 x 60 us; 1% misses (3.8 a token, fewer
+    than the 48 layers) stay in one graph whatever the rates."""
+    from strata.budget.speed import HYBRID_LAYER_US, split_misses
+
+    blob, kw = 3_059_712, dict(step_ms=4.0, pcie_gbs=50.0, hit_basis="x", n_expert_used=8)
+    d = predict_decode(**kw, hit_rate=0.0, blob_bytes=[blob] * 48, cpu_expert_us=60.0)
+    t_pcie = blob / 50e3
+    assert d.share == 0.5 and HYBRID_LAYER_US == 50.0
+    assert d.miss_ms == pytest.approx((48 * 50 + 48 * max(4 * t_pcie, 4 * 60)) / 1000, rel=1e-12)
+    assert round(d.miss_ms, 2) == 14.15 and round(d.tok_s, 1) == 55.1
+    assert "384.0 misses a token = 1120.5 MiB split 0.50 over PCIe at 50 GB/s / 0.50 on the CPU at 60 us an expert" in (
+        d.text()
+    )
+    one = predict_decode(**kw, hit_rate=0.0, blob_bytes=[blob] * 48, cpu_expert_us=60.0, miss_tier="pcie")
+    assert one.share == 1 and one.miss_ms == pytest.approx(384 * blob / 50e6, rel=1e-12)
+    cpu = predict_decode(**kw, hit_rate=0.0, blob_bytes=[blob] * 48, cpu_expert_us=60.0, miss_tier="cpu")
+    assert cpu.share == 0 and cpu.miss_ms == pytest.approx(25.44, rel=1e-12) and " on the CPU at 60 us" in cpu.text()
+    few = predict_decode(**kw, hit_rate=0.99, blob_bytes=[blob] * 48, cpu_expert_us=60.0)
+    assert few.share == 1 and not split_misses(t_pcie, 60.0, few.misses_per_token, 48, 8).taken
+
+
+def test_budget_check_charges_the_split_with_the_cpu_rate(moe_pack):
+    """strata-budget check --cpu-expert-us: no expert resident on the synthetic qwen3moe (2 a token x 3 layers = 6
+    misses, one a layer or more) over a slow link (0.05 GB/s): split with the CPU, the line says both tiers; the same
+    plan with --miss-tier pcie keeps every miss over PCIe, and so does a cache that learns (3 slots, the default
+    policy)."""
+    k, blobs = _blobs(moe_pack)
+    args = (
+        "--card",
+        "24G",
+        "--ctx",
+        64,
+        "--expert-cache",
+        0,
+        "--step-ms",
+        4,
+        "--pcie-gbs",
+        0.05,
+        "--cpu-expert-us",
+        30,
+    )
+    code, out = _check(moe_pack, *args, "--json")
+    assert code == 0, out
+    p = json.loads(out)["decode_prediction"]
+    want = predict_decode(
+        step_ms=4, pcie_gbs=0.05, hit_rate=0.0, hit_basis="", n_expert_used=k, blob_bytes=blobs, cpu_expert_us=30
+    )
+    assert 0 < want.share < 1 and p["tok_s"] == want.tok_s and p["share"] == want.share
+    code, out = _check(moe_pack, *args)
+    assert code == 0 and f"split {want.share:.2f} over PCIe at 0.05 GB/s" in " ".join(out.split())
+    code, out = _check(moe_pack, *args, "--miss-tier", "pcie", "--json")
+    assert code == 0 and json.loads(out)["decode_prediction"]["share"] == 1.0
+    # 3 slots: the default policy learns there (the engine never splits a learning cache); the fill kept: split
+    shares = []
+    for policy in ("auto", "fill"):
+        code, out = _check(moe_pack, *args[:5], 3, *args[6:], "--cache-policy", policy, "--json")
+        assert code == 0, out
+        shares.append(json.loads(out)["decode_prediction"]["share"])
+    assert shares[0] == 1.0 and 0 < shares[1] < 1
 
 
 def test_no_prediction_for_a_plan_that_does_not_fit(moe_pack):
@@ -188,8 +261,18 @@ def test_measure_sets_the_measured_rate_beside_the_prediction(moe_pack):
     )
     r = CliRunner().invoke(engine_main, ["measure", str(moe_pack), "--device", "sim", "--step-ms", "4"])
     assert r.exit_code == 2 and "--step-ms needs -n N" in r.output
-    r = CliRunner().invoke(engine_main, [*map(str, base), "--step-ms", "4", "--pcie-gbs", "50", "--miss-tier", "cpu"])
-    assert r.exit_code == 2 and "--miss-tier cpu: the prediction charges misses to PCIe only" in r.output
+    # every miss on the CPU: charged at the CPU's rate given (the start-up's own figure where none is given)
+    args = [*map(str, base), "--step-ms", "4", "--miss-tier", "cpu", "--cache-policy", "fill", "--json"]
+    r = CliRunner().invoke(engine_main, [*args, "--cpu-expert-us", "100"])
+    assert r.exit_code == 0, r.output
+    g = json.loads(r.output)["generation"]
+    want = predict_decode(
+        step_ms=4, pcie_gbs=None, hit_rate=g["hit_rate_measured"], hit_basis="", n_expert_used=k, blob_bytes=blobs,
+        cpu_expert_us=100, miss_tier="cpu",
+    )  # fmt: skip
+    assert g["decode_tok_s_predicted_at_measured_hits"] == want.tok_s and "cpu_expert_us_basis" not in g
+    g = json.loads(CliRunner().invoke(engine_main, args).output)["generation"]
+    assert g["cpu_expert_us_basis"].startswith("measured at start-up: ") and g["decode_tok_s_predicted"] > 0
     r = CliRunner().invoke(engine_main, [*map(str, base), "--step-ms", "inf"])
     assert r.exit_code == 2 and "--step-ms inf: outside" in r.output
 

@@ -760,32 +760,40 @@ def test_sim_greedy_decode_reads_the_summary_and_agrees_with_the_row(packs):
     assert a.output_ids == b.output_ids and a.top == b.top
 
 
-@pytest.mark.parametrize("share", ["0.5", "0.01"])
+@pytest.mark.parametrize("share", ["0.5", "0.3", "0.01"])
 def test_sim_split_misses_between_pcie_and_cpu_change_no_bit(packs, share, monkeypatch):
-    """STRATA_PCIE_SHARE (issue 19's split of a layer's misses): the host tier holds the first ceil(share x n) of each
-    layer's n non-resident experts, the CPU computes the rest in the hybrid step while the GPU reads the tier's -
-    the same tokens and top logits, bit for bit, as every expert resident and as every miss over PCIe; both kinds of
-    misses counted; the start-up notes say the split; nothing learns (the fill stays). A share outside (0, 1] is
-    refused by name."""
+    """STRATA_PCIE_SHARE (issue 19's split of a layer's misses): the host tier holds every non-resident pair and
+    ``moe_route`` splits each token's - of a layer's c selected experts in the tier the first keep[c] are read over
+    PCIe, the CPU computes the rest in the hybrid step - the same tokens and top logits, bit for bit, as every expert
+    resident and as every miss over PCIe; every layer of every step split exactly by the table (the routing record);
+    the start-up notes say the rule; nothing learns (the fill stays). A share outside (0, 1] is refused by name."""
     from strata.engine.errors import ExpertCacheError
-    from strata.engine.gpu.miss_split import split_tier_pairs
+    from strata.engine.gpu import miss_split as MS
 
     full = generate(_moe(packs, resident="all"), prompt_ids=PROMPT, n_tokens=6, ignore_eos=True)
     pcie = generate(_moe(packs, expert_cache=0, miss_tier="pcie"), prompt_ids=PROMPT, n_tokens=6, ignore_eos=True)
     monkeypatch.setenv("STRATA_PCIE_SHARE", share)
     eng = _moe(packs, expert_cache=0, miss_tier="pcie")
+    moe = eng.decoder.moe
+    steps: list[np.ndarray] = []
+    take = moe.take_record
+
+    def record(now=True):  # every step's routing record, as the host counts it
+        steps.append(moe.record_host.reshape(-1, 2, moe.K)[moe.layer_rows, 1].copy())
+        take(now)
+
+    moe.take_record = record
     r = generate(eng, prompt_ids=PROMPT, n_tokens=6, ignore_eos=True)
     assert (r.output_ids, r.top) == (full.output_ids, full.top) == (pcie.output_ids, pcie.top)
-    assert eng.decoder.hybrid and 0 < r.expert_pcie < r.expert_misses == pcie.expert_misses
-    n_expert, layers = eng.decoder.moe.E, eng.experts.source.layers
-    tier, cpu = split_tier_pairs([(il, e) for il in layers for e in range(n_expert)], float(share))
-    assert len(eng.experts.tier) == len(tier) == len(layers) * -(-int(float(share) * 100 * n_expert) // 100)
+    keep = MS.keep_table(float(share), moe.K)
+    assert steps and all(((s <= -2).sum(axis=1) == keep[moe.K]).all() for s in steps), keep
+    assert all(((s == -1).sum(axis=1) == moe.K - keep[moe.K]).all() for s in steps)
+    assert eng.decoder.hybrid and r.expert_misses == pcie.expert_misses and 0 < r.expert_misses
+    assert r.expert_pcie == len(steps) * len(moe.layers) * keep[moe.K]
+    n_expert, layers = moe.E, eng.experts.source.layers
+    assert len(eng.experts.tier) == len(layers) * n_expert  # the tier holds every pair
     notes = {k: v for cp in eng.checkpoints for k, v in cp.extra.items()}
-    want = (
-        f"{len(tier)} pairs in the host tier (PCIe), {len(cpu)} on the CPU (share {float(share)} asked, "
-        f"{len(tier) / (len(tier) + len(cpu)):.2f} of the pairs)"
-    )
-    assert notes["miss split"] == want and len(cpu) > 0
+    assert notes["miss split"] == MS.split_note(float(share), moe.K, len(layers) * n_expert)
     assert notes["cache policy"].startswith("auto: fill")
     for bad in ("0", "0.001", "1e-300", "1.5", "nan", "half"):  # refused at the options, before any weight is read
         monkeypatch.setenv("STRATA_PCIE_SHARE", bad)
@@ -865,23 +873,60 @@ def test_sim_hybrid_host_point_refuses_a_routing_that_never_arrived(packs):
         moe.on_fill(il)
 
 
-def test_sim_hybrid_with_a_host_tier_admits_cpu_misses_only_until_none_is_left(packs, monkeypatch):
-    """A hybrid step with a host tier (a split: STRATA_PCIE_SHARE 0.5) and admission (``--admit``): after each step
-    the CPU's misses (-1) are admitted into free slots, not the tier's (a tier pair admitted there would be counted
-    in the slots and in the tier, and the step would turn one graph while -1 pairs remain: their rows never computed,
-    wrong tokens with no error - a review of 6035c90 found it). The step stays hybrid exactly while a -1 pair is
-    left, and the tokens are those of every expert resident."""
+@pytest.mark.parametrize("share", ["0.3", "0.5", "0.8"])
+@pytest.mark.parametrize("slots", [3, 12])
+def test_sim_split_with_some_experts_resident_follows_the_table_for_every_count(packs, share, slots, monkeypatch):
+    """Some experts in slots and a split (a fixed cache: --cache-policy fill): a layer's selected experts in the host
+    tier number c = 0..K by token, and in every layer of every step the first keep[c] of them stay in the tier (slot
+    <= -2), the others go to the CPU (-1) and the resident ones keep their slots - against the slot table; the tokens
+    and top logits are those of every expert resident. (A review's test, 2026-12-04.)"""
+    from strata.engine.gpu import miss_split as MS
+
+    full = generate(_moe(packs, resident="all"), prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    monkeypatch.setenv("STRATA_PCIE_SHARE", share)
+    eng = _moe(packs, expert_cache=slots, miss_tier="pcie", cache_policy="fill")
+    moe = eng.decoder.moe
+    keep = MS.keep_table(float(share), moe.K)
+    recs = []
+    take = moe.take_record
+
+    def record(now=True):
+        recs.append(moe.record_host.reshape(-1, 2, moe.K)[moe.layer_rows].copy())
+        take(now)
+
+    moe.take_record = record
+    r = generate(eng, prompt_ids=PROMPT, n_tokens=8, ignore_eos=True)
+    assert (r.output_ids, r.top) == (full.output_ids, full.top)
+    table = np.asarray(moe.slot_of).reshape(-1, moe.E)
+    counts = set()
+    for rec in recs:
+        for j, il in enumerate(moe.layers):
+            ids, got = rec[j, 0], rec[j, 1]
+            want = table[il, ids].copy()
+            tier = np.flatnonzero(want <= -2)
+            counts.add(tier.size)
+            want[tier[keep[tier.size] :]] = -1
+            assert got.tolist() == want.tolist(), (il, keep)
+    assert len(counts) > 1  # more than one count of tier experts seen (c < K included)
+    assert eng.decoder.hybrid == (keep != list(range(moe.K + 1)))  # a table that sends the CPU nothing: one graph
+
+
+def test_sim_hybrid_split_admits_misses_until_every_pair_is_in_a_slot(packs, monkeypatch):
+    """A hybrid step with a split (STRATA_PCIE_SHARE 0.5: the host tier holds every pair, moe_route sends part of each
+    layer's to the CPU) and admission (``--admit``): after each step its misses, the CPU's (-1) and the tier's, are
+    admitted into free slots (the tier keeps its copy: every pair stays readable); the step stays hybrid exactly while
+    some pair is not in a slot, then runs as one graph; the tokens are those of every expert resident."""
     monkeypatch.setenv("STRATA_PCIE_SHARE", "0.5")
     ref = generate(_moe(packs, resident="all"), prompt_ids=PROMPT, n_tokens=12, ignore_eos=True)
     eng = _moe(packs, expert_cache="auto", resident="none", admit=True)
     moe = eng.decoder.moe
-    assert eng.decoder.hybrid and moe.tier is not None and len(moe.tier) > 0
+    assert eng.decoder.hybrid and moe.tier is not None and len(moe.tier) == moe.n_pairs
     seen = []
     settle = moe.settle
 
     def checked():
         settle()
-        left = int((moe.slot_of == -1).sum())
+        left = moe.n_pairs - len(eng.experts.cache)
         seen.append(left)
         assert eng.decoder.hybrid == (left > 0), (left, len(eng.experts.cache))
 
@@ -897,7 +942,9 @@ def test_cuda_moe_route_chooses_as_a_stable_argsort():
     """moe_route's two-step choice (each warp's chunk first, then the candidates among themselves) picks exactly the
     experts a stable argsort of -p picks, in its order (ties: lower id first), with weights p[id] / sum in k order,
     bit for bit, on the kernel's own probabilities: expert counts around and past a chunk (32) and a CTA (1,024), k
-    from 1 to past a chunk, random logits and logits with ties everywhere (3 distinct values, or all equal)."""
+    from 1 to past a chunk, random logits and logits with ties everywhere (3 distinct values, or all equal). The
+    slots: the table's, except that of the c selected in the host tier those past the first keep[c] become -1 (a
+    random split table each case), with a 0 address; the tier's addresses tagged (bit 0)."""
     import cupy as cp
 
     from strata.engine.gpu.fused_ops import CudaOps, MoeIO
@@ -915,9 +962,10 @@ def test_cuda_moe_route_chooses_as_a_stable_argsort():
                 }[kind].astype(np.float32)
                 slot_of = cp.asarray(rng.integers(-3, 5, 2 * n).astype(np.int32))
                 ptrs = [cp.asarray(np.array([v], np.uint64)) for v in (1 << 20, 1 << 40)]
+                keep = np.array([rng.integers(0, c + 1) for c in range(k + 1)], np.int32)  # any split table
                 M = MoeIO(
                     il=1, logits=cp.asarray(x), n_expert=n, k=k, norm=True, slot_of=slot_of,
-                    storage_ptr=ptrs[0], host_ptr=ptrs[1],
+                    storage_ptr=ptrs[0], host_ptr=ptrs[1], keep=cp.asarray(keep),
                     slot_bytes=4096, offsets=(0, 1024, 2048), probs=cp.zeros(n, cp.float32),
                     weights=cp.zeros(k, cp.float32), bases=cp.zeros(3 * k, cp.uint64), info=cp.zeros(2 * k, cp.int32),
                 )  # fmt: skip
@@ -927,7 +975,12 @@ def test_cuda_moe_route_chooses_as_a_stable_argsort():
                 want = np.argsort(-p, kind="stable")[:k]
                 info = M.info.get()
                 assert info[:k].tolist() == want.tolist(), (n, k, kind)
-                assert info[k:].tolist() == slot_of.get()[n + want].tolist(), (n, k, kind)
+                slots = slot_of.get()[n + want]
+                tier = np.flatnonzero(slots <= -2)  # the split: the first keep[c] of the c in the tier stay there
+                slots[tier[keep[tier.size] :]] = -1
+                assert info[k:].tolist() == slots.tolist(), (n, k, kind, keep)
+                b = M.bases.get().reshape(3, k)
+                assert ((b == 0) == (slots == -1)[None, :]).all() and ((b & 1) == (slots <= -2)[None, :]).all()
                 s = np.float32(0)
                 for e in want:
                     s = np.float32(s + p[e])
@@ -937,13 +990,14 @@ def test_cuda_moe_route_chooses_as_a_stable_argsort():
 
 @pytest.mark.gpu
 @skip_no_gpu
-@pytest.mark.parametrize("ds,nk,nv", [(128, 16, 32), (32, 2, 4), (256, 2, 6)])
+@pytest.mark.parametrize("ds,nk,nv", [(128, 16, 32), (32, 2, 4), (160, 2, 4), (256, 2, 6), (1024, 1, 2)])
 def test_cuda_gdn_step_equals_the_numpy_delta_rule(ds, nk, nv):
     """gdn_step (16 warps a v head, rows in groups, columns over the lanes) against deltanet.delta_rule, the CPU
     path's arithmetic, over 6 positions from a new sequence: the state and the gated-normed output within float
     rounding (5e-5 of the largest |value|: the two add a row's products in different orders) at every position; the
-    Qwen3-Next-80B-A3B head shape (128, 16 k heads, 32 v heads), the smallest head the kernel takes and one wider
-    than a lane's registers (256: the chunked two-pass form); a second sequence (position 0 again) starts from zero."""
+    Qwen3-Next-80B-A3B head shape (128, 16 k heads, 32 v heads), the smallest head the kernel takes, one not a power
+    of two (160), one wider than a lane's registers (256: the chunked two-pass form) and the widest it takes (1024); a
+    second sequence (position 0 again) starts from zero."""
     import cupy as cp
 
     from strata.engine.deltanet import DeltaNetDims, delta_rule

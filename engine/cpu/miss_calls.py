@@ -36,7 +36,9 @@ class LayerMisses:
     (:func:`strata.engine.gpu.reference.silu_mul`) and a q8 down kernel the fast path makes it in C
     (:func:`strata.engine.experts.activation_in_c`, the rule ``ffn_many`` follows); any other goes to ``ffn_many``.
     ``max_ids``: the most experts one call takes (the buffers - gate / up outputs, down inputs, scratch - are sized
-    for it: the step's ``n_expert_used``, not ``n_expert``).
+    for it: the step's ``n_expert_used``, not ``n_expert``). ``addresses``: ``(il, e) -> (gate, up, down)`` host
+    addresses of the expert's native bytes (default ``source.addresses``, the mapped shards; the hybrid step passes
+    its host tier's copy where the tier holds the pair in native form: the same bytes, no second copy kept hot).
 
     Raises:
         KeyError: ``il`` is not an MoE layer of ``source``. ValueError: an unknown ``kernel``; an expert whose
@@ -44,7 +46,17 @@ class LayerMisses:
     """
 
     def __init__(
-        self, source, il: int, n_expert: int, x: np.ndarray, *, kernel: str, threads: int, max_ids: int, silu_mul
+        self,
+        source,
+        il: int,
+        n_expert: int,
+        x: np.ndarray,
+        *,
+        kernel: str,
+        threads: int,
+        max_ids: int,
+        silu_mul,
+        addresses=None,
     ):
         self.source, self.il, self.kernel, self.threads, self.silu_mul = source, il, kernel, threads, silu_mul
         self.max_ids = int(max_ids)  # the most ids a call takes (the step's n_expert_used): the buffers' size
@@ -60,7 +72,8 @@ class LayerMisses:
         self.fast = (gt, ge0, gr) == (ut, ue0, ur) and activation_in_c(silu_mul, dt, kernel) and de0 == gr
         if not self.fast:
             return
-        a = np.array([source.addresses(il, e) for e in range(n_expert)], dtype=np.uint64)  # [n_expert, 3]
+        where = addresses or source.addresses
+        a = np.array([where(il, e) for e in range(n_expert)], dtype=np.uint64)  # [n_expert, 3]
         self.g, self.u, self.d = (np.ascontiguousarray(a[:, p]) for p in range(3))
         self.gu_bytes, self.d_bytes = quants.row_nbytes(gt, ge0), quants.row_nbytes(dt, de0)
         mx = self.max_ids

@@ -394,7 +394,7 @@ class GpuDevice:
             if tier is None and not info.miss_tier.startswith("cpu"):
                 info.miss_tier = "cpu" if len(cache) < pairs else ""
             note["miss tier"] = info.miss_tier or "none (every expert resident)"
-            dec.moe.bind_cache(cache, tier)
+            dec.moe.bind_cache(cache, tier, self.share if tier is not None else 1.0)
             experts.tier = tier
             if learn:
                 note["cache policy"] = dec.moe.start_policy(tier, opts, info.miss_tier)
@@ -463,7 +463,6 @@ class GpuDevice:
         if opts.miss_tier == "cpu":
             info.miss_tier = "cpu"
             return None
-        rest = MS.tier_pairs(rest, self.share, note)
         _avail, room = SL.host_tier_room()
         bk = self.bk
         bk.synchronize()
@@ -483,6 +482,8 @@ class GpuDevice:
         bk.synchronize()
         info.host_tier_map_bytes = before - bk.mem_info().free  # measured: device memory the mapping took
         info.miss_tier, info.host_tier_bytes, info.host_tier_pairs = "pcie", tier.nbytes, len(tier)
+        if self.share < 1:  # the tier holds every pair; moe_route splits each token's (dec.moe.set_split)
+            note["miss split"] = MS.split_note(self.share, self.decoder.moe.K, len(rest))
         note["host_tier_bytes"] = tier.nbytes
         note["host_tier_pairs"] = len(tier)
         got = probe_pcie(tier, getattr(self.experts and self.experts.chunk_path, "staging", None), bk.name == "cuda")

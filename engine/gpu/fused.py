@@ -343,7 +343,7 @@ class FusedDecoder:
     @property
     def hybrid(self) -> bool:
         """True when the CPU computes a routed expert (a host point a MoE layer); False for dense models and when
-        every expert is in a device slot or in the host tier (one graph)."""
+        every expert is in a device slot or in the host tier with no split asked (one graph: MoeStep.full)."""
         return self.moe is not None and not self.moe.full
 
     def launches(self, logits: bool = True, hybrid: bool | None = None) -> list[Launch]:

@@ -4,7 +4,8 @@ Per MoE layer the step runs, on the device, with no host value in between:
 
 1. the router GEMV and ``moe_route`` (softmax, the ``n_expert_used`` best experts, renormalised
    weights, and the cache lookup: the device slot table ``slot_of[layer, expert]`` gives each
-   selected expert's slot, hence the addresses of its gate, up and down parts; -1 = a miss);
+   selected expert's slot, hence the addresses of its gate, up and down parts; -1 = a miss the CPU computes,
+   also a host-tier pair past the split's ``keep`` table);
 2. one batched matvec per part over the selected experts (``matvec_batched`` or, with the q8 kernels,
    ``matvec_q8_batched`` on the layer's input quantized by its norm kernel (or one ``quantize_q8``) and on the
    K down inputs made (``silu(gate) * up``) and quantized by one ``quantize_q8``, on the part addresses; a miss's
@@ -17,16 +18,18 @@ Per MoE layer the step runs, on the device, with no host value in between:
 **All experts resident** (every (layer, expert) pair in a slot): nothing can miss, so the whole
 step - every layer, the head - is one captured CUDA graph, like the dense step.
 
-**Some resident (the hybrid path)**: some (layer, expert) pair is in neither a slot nor the host tier, so the CPU
-computes it. The device work still runs on without the host: after ``moe_route`` each MoE layer copies its routing
-row, its input and then a flag to pinned memory, and the batched matvecs of the hits (and host-tier misses) follow at
-once; the host's one point a layer (:mod:`strata.engine.gpu.moe_host`) spins on the flag, computes the CPU misses
-(:class:`strata.engine.cpu.miss_calls.LayerMisses`, with the step's numerics - :meth:`MoeStep.miss_kernel`: the
-CPU q8 kernel for the types the GPU runs ``matvec_q8``, the exact kernels' order for the rest - and the GPU's silu
-replica, so a miss is bit-identical to what a hit would give) into pinned, mapped rows, and launches the next
-segment, whose first kernel (``moe_take_rows``) reads those rows into the experts' outputs. The segments between
-those points are captured as CUDA graphs too. Nothing is allocated on the token path: every device and pinned
-buffer is made once, at start-up.
+**Some resident (the hybrid path)**: some (layer, expert) pair is in neither a slot nor the host tier, or the misses
+are split between the tier and the CPU (:mod:`strata.engine.gpu.miss_split`: the tier holds every pair and
+``moe_route`` marks part of each layer's -1 by the ``keep`` table), so the CPU computes some. The device work still
+runs on without the host: after ``moe_route`` each MoE layer copies its routing row, its input and then a flag to
+pinned memory, and the batched matvecs of the hits (and host-tier misses) follow at once; the host's one point a layer
+(:mod:`strata.engine.gpu.moe_host`) spins on the flag, computes the CPU misses
+(:class:`strata.engine.cpu.miss_calls.LayerMisses`, with the step's numerics - :meth:`MoeStep.miss_kernel`: the CPU q8
+kernel for the types the GPU runs ``matvec_q8``, the exact kernels' order for the rest - and the GPU's silu replica,
+so a miss is bit-identical to what a hit would give) into pinned, mapped rows, and launches the next segment, whose
+first kernel (``moe_take_rows``) reads those rows into the experts' outputs. The segments between those points are
+captured as CUDA graphs too. Nothing is allocated on the token path: every device and pinned buffer is made once, at
+start-up.
 
 The slot table and the cache's device address live in device memory and are written when the cache
 is opened (after the graphs were captured): the graphs read them at replay.
@@ -46,6 +49,7 @@ from strata.manifests.names import tensor_name
 
 from ..errors import ExpertCacheError
 from ..recipe import MoEFFN
+from . import miss_split as MS
 from .fused_ops import Combine, MoeIO
 from .moe_host import HybridHost
 from .slots import SIM_HOST_BASE
@@ -134,10 +138,14 @@ class MoeStep(HybridHost):
         self.storage_ptr[...] = 0
         self.host_ptr = bk.empty_bytes(8).view(np.uint64)  # the host tier's mapped address (0: none)
         self.host_ptr[...] = 0
+        # the split of a layer's misses between the host tier and the CPU (miss_split.keep_table): none until set
+        self.keep = bk.empty_bytes(4 * (K + 1)).view(np.int32)
+        self._write_keep(np.arange(K + 1, dtype=np.int32))
+        self.share = 1.0
         self.hq_stride = LS.q8_act_bytes(self.n_ff)  # the selected experts' quantized down inputs (q8 kernel)
         self.Hq = bk.empty_bytes(K * self.hq_stride)
         self.nbytes = (
-            4 * (E + K + 3 * K * self.n_ff + K * n + 1 + h.n_layer * E)
+            4 * (E + K + 3 * K * self.n_ff + K * n + 1 + h.n_layer * E + K + 1)
             + 8 * 3 * K
             + 4 * 2 * K * h.n_layer
             + 8
@@ -193,6 +201,7 @@ class MoeStep(HybridHost):
             slot_of=self.slot_of,
             storage_ptr=self.storage_ptr,
             host_ptr=self.host_ptr,
+            keep=self.keep,
             slot_bytes=self.slot_bytes,
             offsets=self.offsets[il],
             probs=self.probs,
@@ -322,11 +331,13 @@ class MoeStep(HybridHost):
 
     # ------------------------------------------------------------ the expert cache
 
-    def bind_cache(self, cache, tier=None) -> None:
+    def bind_cache(self, cache, tier=None, share: float = 1.0) -> None:
         """Connect the expert cache and the host tier (:class:`~strata.engine.gpu.slots.HostTier`, or None): the
         device address of each and the slot table: a resident pair's slot (>= 0), a host-tier pair's ``-2 - h``,
-        -1 for the rest (computed by the host)."""
+        -1 for the rest (computed by the host); a ``share`` below 1 splits the tier's misses with the CPU
+        (:meth:`set_split`)."""
         self.cache, self.tier = cache, tier
+        self.miss_calls = {}  # made anew: a layer's CPU misses may now read the tier (moe_host.HybridHost.layer_misses)
         table = np.full(self.model.hp.n_layer * self.E, -1, dtype=np.int32)
         if tier is not None:
             for (il, e), h in tier.where.items():
@@ -349,6 +360,33 @@ class MoeStep(HybridHost):
         if cache.slot_bytes != self.slot_bytes:
             raise AssertionError(f"slot stride {cache.slot_bytes} B != the fused step's {self.slot_bytes} B")
         cache.on_admit = self._admitted
+        if share < 1:
+            self.set_split(share)
+            if self.dec.cuda and MS.asked_share() is None and self.K > 1:  # chosen at start-up: timed as it runs
+                self.tuner = MS.SplitTuner(self.K, MS.keep_table(share, self.K)[self.K])
+                self.apply_keep(self.tuner.t)  # the table the tuner times from its first step
+
+    def set_split(self, share: float) -> None:
+        """Split each layer's misses in the host tier between the tier and the CPU at ``share`` (in [0, 1]; 1: every
+        one over PCIe): ``moe_route``'s keep table (:func:`strata.engine.gpu.miss_split.keep_table`). With a share
+        below 1 the step is hybrid (:attr:`full` False) even where every pair is readable.
+
+        Raises:
+            ValueError: ``share`` outside [0, 1]."""
+        self._write_keep(np.array(MS.keep_table(share, self.K), dtype=np.int32))
+        self.share = float(share)
+
+    def apply_keep(self, t: int) -> None:
+        """The split's table for ``t`` of ``K`` selected experts in the tier kept there (:class:`~strata.engine.gpu.
+        miss_split.SplitTuner`): :func:`~strata.engine.gpu.miss_split.keep_table` of ``t / K``, between steps."""
+        self._write_keep(np.array(MS.keep_table(t / self.K, self.K), dtype=np.int32))
+
+    def _write_keep(self, keep: np.ndarray) -> None:
+        if self.dec.cuda:
+            self.keep.set(keep)
+            self.bk.synchronize()
+        else:
+            self.keep[...] = keep
 
     def _admitted(self, il: int, e: int, slot: int) -> None:
         """A miss admitted into a free slot at decode time: its table entry, on the device too."""
@@ -480,22 +518,29 @@ class MoeStep(HybridHost):
             self.model.experts.count_swaps(n, 2 * n * self.cache.slot_bytes)
 
     @property
-    def full(self) -> bool:
-        """Every (layer, expert) pair readable by the kernels (in a device slot or in the host tier): the step
-        never stops at the host."""
+    def readable(self) -> bool:
+        """Every (layer, expert) pair readable by the kernels (in a device slot or in the host tier)."""
         if self.cache is None:
             return False
         n = len(self.cache.where) + (len(self.tier) if self.tier is not None else 0)
         return n >= self.n_pairs
 
+    @property
+    def full(self) -> bool:
+        """Every pair in a device slot, or every pair :attr:`readable` and no split of the misses asked
+        (:meth:`set_split`): the step never stops at the host."""
+        if self.cache is None:
+            return False
+        return len(self.cache.where) >= self.n_pairs or (self.readable and self.share >= 1)
+
     def take_record(self, now: bool = True) -> None:
         """After a step has finished (one graph or hybrid): count its routing record (hits, CPU misses, misses read
-        over PCIe: counts of experts), feed the routing hook, and admit misses into free slots - on the hybrid path
-        the CPU's only (:meth:`settle`) - or swap them in (the policy). ``now`` False, where nothing can change what
-        is resident (no policy, no admission into a free slot): only a copy of the record is taken (the next step
-        overwrites the pinned one) and :meth:`settle` counts it - after the next step was queued, so that the
-        counting (~125 us a token on the 30B-A3B, H200 host) runs while the device works; every count stays the
-        step's. A record still held is counted first."""
+        over PCIe: counts of experts), feed the routing hook, and admit misses into free slots - the CPU's only where
+        the host tier does not hold every pair (:meth:`settle`) - or swap them in (the policy). ``now`` False, where
+        nothing can change what is resident (no policy, no admission into a free slot): only a copy of the record is
+        taken (the next step overwrites the pinned one) and :meth:`settle` counts it - after the next step was queued,
+        so that the counting (~125 us a token on the 30B-A3B, H200 host) runs while the device works; every count
+        stays the step's. A record still held is counted first."""
         self.settle()
         self._held = self.record_host.reshape(-1, 2, self.K)[self.layer_rows]  # [MoE layer, ids | slots, k]: a copy
         cache = self.cache
@@ -520,9 +565,10 @@ class MoeStep(HybridHost):
             return
         admit = self.cache is not None and self.cache.admit_enabled and self.cache.free_slots > 0
         if admit:
-            # the hybrid step admits its CPU misses only (-1): a host-tier pair admitted there would stay in the
-            # tier too, and :attr:`full` (slots + tier pairs) would say every pair is readable while -1 pairs remain
-            cpu_only = not self.full
+            # where the tier does not hold every pair, the CPU's misses only (-1): a tier pair admitted would stay in
+            # the tier too, and :attr:`readable` (slots + tier pairs) would say every pair is readable while some
+            # pair is in neither; with a split the tier holds every pair, and both kinds are admitted
+            cpu_only = not self.readable
             for j in np.flatnonzero(hits < K).tolist():
                 for k in range(K):
                     if slots[j, k] == -1 or (slots[j, k] < 0 and not cpu_only):

@@ -107,7 +107,9 @@ class MoeIO:
     ``slot_of``: int32 ``[n_layer * n_expert]`` (>= 0: a device slot; <= -2: host-tier slot ``-2 - v``; -1: not
     resident anywhere the kernels read, the host computes it); ``storage_ptr`` / ``host_ptr``: one u64 each, the
     expert cache's device address and the host tier's mapped address (written when they exist, so a graph captured
-    before reads them at replay); ``offsets``: the layer's gate/up/down offsets inside a slot (bytes); ``info``:
+    before reads them at replay); ``keep``: int32 ``[k + 1]``, of ``c`` selected experts in the host tier the first
+    ``keep[c]`` stay there, the others go to the CPU (:func:`strata.engine.gpu.miss_split.keep_table`; ``keep[c] = c``:
+    no split); ``offsets``: the layer's gate/up/down offsets inside a slot (bytes); ``info``:
     int32 ``[2 * k]``, the selected ids then their ``slot_of`` values (the layer's row of the step's routing record)."""
 
     il: int
@@ -118,6 +120,7 @@ class MoeIO:
     slot_of: Any
     storage_ptr: Any
     host_ptr: Any
+    keep: Any
     slot_bytes: int
     offsets: tuple[int, int, int]
     probs: Any
@@ -459,6 +462,7 @@ class CudaOps:
                 np.int32(M.il),
                 M.storage_ptr,
                 M.host_ptr,
+                M.keep,
                 np.int64(M.slot_bytes),
                 np.int64(M.offsets[0]),
                 np.int64(M.offsets[1]),

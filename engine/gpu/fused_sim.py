@@ -140,8 +140,12 @@ class SimOps:
             ids, w = layers.route_topk(np, M.logits, M.k, norm=M.norm)
             M.weights[...] = w
             base, host = int(M.storage_ptr[0]), int(M.host_ptr[0])
+            row = [int(M.slot_of[M.il * M.n_expert + e]) for e in ids]
+            tier = [k for k, s in enumerate(row) if s <= -2]  # the split: the first keep[c] of them stay in the tier
+            for k in tier[int(M.keep[len(tier)]) :]:
+                row[k] = -1
             for k, e in enumerate(ids):
-                slot = int(M.slot_of[M.il * M.n_expert + e])
+                slot = row[k]
                 b = base + slot * M.slot_bytes if slot >= 0 else host + (-2 - slot) * M.slot_bytes if slot <= -2 else 0
                 for j in range(3):
                     M.bases[j * M.k + k] = b + M.offsets[j] if slot != -1 else 0

@@ -1,6 +1,8 @@
 """The host side of the hybrid decode step (:mod:`strata.engine.gpu.fused_moe`): one point per MoE layer.
 
-Where some routed expert is in neither a VRAM slot nor the host tier, the CPU computes it. Per MoE layer the step's
+Where some routed expert is in neither a VRAM slot nor the host tier, or the step splits the tier's misses with the
+CPU (:mod:`strata.engine.gpu.miss_split`), the CPU computes it - from the host tier's pinned copy where that holds
+the layer's native bytes, else from the mapped shard (:meth:`HybridHost.cpu_reads_tier`). Per MoE layer the step's
 device work runs on without the host: ``moe_route`` (ids, weights, slots, part addresses), the copies of the routing
 row and of the layer's input to pinned host memory, then a copy of the step's position to the layer's **flag** (the
 last copy: the host sees it only once the two before it have landed), and the batched expert matvecs of the hits and
@@ -66,11 +68,21 @@ class HybridHost:
             self.rows_dev = 0
             pinned = 0
         self.flag_host[...] = -1
+        self.tuner = None  # the split's online choice (MoeStep.set_split), None: the table stays
+        self._tune_to: int | None = None
+        self._t0 = 0.0
         return pinned
 
     def reset_flags(self) -> None:
-        """Before a hybrid step is launched (the previous one has ended): every layer's flag to -1."""
+        """Before a hybrid step is launched (the previous one has ended): every layer's flag to -1; the split's table
+        the tuner asked for after the last step written (:class:`~strata.engine.gpu.miss_split.SplitTuner`), and the
+        step's clock started."""
         self.flag_host[...] = -1
+        if self.tuner is not None:
+            if self._tune_to is not None:
+                self.apply_keep(self._tune_to)
+                self._tune_to = None
+            self._t0 = time.perf_counter()
 
     def await_routing(self, il: int) -> None:
         """Spin until layer ``il``'s flag has landed (its routing row and input are then in pinned memory); the time
@@ -118,23 +130,57 @@ class HybridHost:
                 threads=ex.threads or CK.default_threads(),
                 max_ids=self.K,
                 silu_mul=R.silu_mul,
+                addresses=self.tier_addresses if self._tier_native(il) else None,
             )
         return got
+
+    def _tier_native(self, il: int) -> bool:
+        from ..engine_form import engine_layout
+
+        parts = getattr(self.cache, "layouts", {}).get(il)
+        return (
+            self.tier is not None
+            and parts is not None
+            and all(engine_layout(p.type_id, p.type_id, (p.ne0, p.rows)).kind == "native" for p in parts)
+        )
+
+    def cpu_reads_tier(self, il: int) -> bool:
+        """Whether the CPU reads layer ``il``'s misses from the host tier rather than the mapped shards: the tier
+        holds them, the layer's three parts are native there (:func:`strata.engine.engine_form.engine_layout` kind
+        ``native``: the shard's bytes), and its miss call takes addresses (:attr:`strata.engine.cpu.miss_calls.
+        LayerMisses.fast`; the other path reads the shards)."""
+        return self._tier_native(il) and self.layer_misses(il).fast
+
+    @property
+    def cpu_reads_shards(self) -> bool:
+        """Whether any CPU miss reads the mapped shards (their pages then prefetched at start-up)."""
+        return not all(self.cpu_reads_tier(il) for il in self.layers)
+
+    def tier_addresses(self, il: int, e: int) -> tuple[int, int, int]:
+        """Host addresses of expert ``e``'s gate, up and down in the host tier (its pinned storage, slot layout
+        ``cache.layouts[il]``), or in the shards where the tier does not hold the pair (a resident one)."""
+        h = self.tier.where.get((il, e))
+        if h is None:
+            return self.source.addresses(il, e)
+        b = self.tier.storage.__array_interface__["data"][0] + h * self.tier.slot_bytes
+        g, u, d = (b + p.offset for p in self.cache.layouts[il])
+        return g, u, d
 
     def on_fill(self, il: int) -> None:
         """Layer ``il``'s host point: wait for its routing (:meth:`await_routing`), compute the experts whose slot is
         -1 on the CPU into the packed rows ``moe_take_rows`` reads (bit-identical to hits with the default ``"exact"``
         miss kernel, :class:`~strata.engine.gpu.slots.GpuExpertPath`). Counting and admission happen after the step,
-        from its routing record."""
+        from its routing record. At the last MoE layer the split's tuner is given the step's time so far."""
         self.await_routing(il)
         K = self.K
         ks = np.flatnonzero(self.info_host[K : 2 * K] == -1)
-        if not ks.size:
-            return
-        ex = self.model.experts
-        t0 = time.perf_counter()
-        self.layer_misses(il).run(self.info_host[ks], self.miss_host)
-        ex.cpu_expert_ms += (time.perf_counter() - t0) * 1000
+        if ks.size:
+            ex = self.model.experts
+            t0 = time.perf_counter()
+            self.layer_misses(il).run(self.info_host[ks], self.miss_host)
+            ex.cpu_expert_ms += (time.perf_counter() - t0) * 1000
+        if self.tuner is not None and il == self.layers[-1]:  # the step up to its last host point, timed
+            self._tune_to = self.tuner.observe(time.perf_counter() - self._t0)
 
 
 __all__ = ["POLLS_PER_QUERY", "HybridHost"]

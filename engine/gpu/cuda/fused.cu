@@ -305,15 +305,17 @@ extern "C" __global__ void logit_post(float* __restrict__ y, const float* __rest
 // slot_bytes + offset for a slot <= -2 (the host tier: mapped pinned host memory the same kernels read over PCIe), 0
 // for -1 (a miss the host fills: matvec_batched skips a 0 base); a host-tier address has bit 0 set (the parts are
 // EXPERT_PART_ALIGN-aligned: the bit is free), which the batched kernels clear - matvec_q8_batched reads such a weight
-// with word loads (q8_lane.cuh load_weight_words). info[k] = id, info[K + k] = slot. storage / host:
+// with word loads (q8_lane.cuh load_weight_words). The split of a layer's misses (miss_split.py keep_table): of the
+// c selected experts whose slot is <= -2, the first keep[c] in k order stay in the host tier, the others become -1
+// (the CPU computes them in the hybrid step); keep[c] = c: no split. info[k] = id, info[K + k] = slot. storage / host:
 // device u64s at *storage_ptr / *host_ptr (written after capture, read at replay). A NaN probability ranks nowhere:
 // chosen[] starts as 0..K-1, so ids stay in range (the step's logit summary reports the non-finite logits).
 extern "C" __global__ void moe_route(const float* __restrict__ logits, const int n_expert, const int K,
                                      const int norm, const int* __restrict__ slot_of, const int layer,
                                      const unsigned long long* __restrict__ storage_ptr,
-                                     const unsigned long long* __restrict__ host_ptr, const long long slot_bytes,
-                                     const long long off_g, const long long off_u, const long long off_d,
-                                     float* __restrict__ probs, float* __restrict__ weights,
+                                     const unsigned long long* __restrict__ host_ptr, const int* __restrict__ keep,
+                                     const long long slot_bytes, const long long off_g, const long long off_u,
+                                     const long long off_d, float* __restrict__ probs, float* __restrict__ weights,
                                      unsigned long long* __restrict__ bases, int* __restrict__ info) {
     extern __shared__ float sp[];  // n_expert probabilities, then the candidates' ids and probabilities
     __shared__ float red[32];
@@ -376,7 +378,17 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, const int
         const int e = chosen[tid];
         const float p = sp[e];
         weights[tid] = norm ? p / s : p;
-        const int slot = slot_of[(long long)layer * n_expert + e];
+        const int* row = slot_of + (long long)layer * n_expert;
+        int slot = row[e];
+        if (slot <= -2) {  // the split: this expert's rank among the selected in the tier, and their count
+            int c = 0, r = 0;
+            for (int j = 0; j < K; ++j) {
+                const int t = row[chosen[j]] <= -2;
+                c += t;
+                r += t & (j < tid);
+            }
+            if (r >= keep[c]) slot = -1;
+        }
         const bool any = slot != -1;
         const unsigned long long storage = *storage_ptr, host = *host_ptr;
         const unsigned long long b = slot >= 0    ? storage + (unsigned long long)slot * slot_bytes
