@@ -431,7 +431,8 @@ def host_ram_warnings(plan, ram: int) -> list[str]:
     if plan.host_tier_bytes > ram - HOST_TIER_MARGIN_BYTES:
         out.append(
             f"host tier: {plan.host_tier_bytes / gib:.2f} GiB of pinned memory do not fit this machine's "
-            f"{ram / gib:.2f} GiB of RAM less 4 GiB: strata-engine (--miss-tier auto) computes the misses on the CPU"
+            f"{ram / gib:.2f} GiB of RAM less 4 GiB: strata-engine computes the misses on the CPU (--miss-tier auto; "
+            f"it refuses --miss-tier pcie)"
         )
     if plan.host_ram_bytes > ram:
         out.append(

@@ -228,18 +228,20 @@ ubatch_plan_option = ubatch_option(
 STEP_MS_HELP = (
     "Decode speed: the decode step with every expert resident on this card, in ms per token, measured with "
     "--device cuda on that card (1000 / the decode tok/s of strata-engine generate on a run where every expert "
-    "fits); with it the speed the plan buys is predicted for strata's engine (strata.budget.speed: + the misses' "
-    f"bytes over PCIe at --pcie-gbs). {1e-3:g} to {1e6:g}."
+    "fits); with it the speed the plan buys is predicted for strata's engine (strata.budget.speed: + the misses over "
+    f"PCIe at --pcie-gbs and, with --cpu-expert-us, on the CPU where the engine puts them). {1e-3:g} to {1e6:g}."
 )
 PCIE_GBS_HELP = (
-    "Decode speed: the GB/s (1e9 B/s) the GPU reads missed experts over PCIe at (e.g. 50 for PCIe 5.0 x16, 25 for "
-    "4.0 x16); needed with --step-ms when any expert misses. 0.001 to 10000."
+    "Decode speed: the GB/s (1e9 B/s) the expert kernels read missed experts at over PCIe (e.g. 50 for PCIe 5.0 x16, "
+    "25 for 4.0 x16, nominal; the engine's own start-up takes its mapped-read probe x 0.77); needed with --step-ms "
+    "when misses cross PCIe (strata-engine measure: the rate its start-up measured when not given). 0.001 to 10000."
 )
 CPU_EXPERT_US_HELP = (
     "Decode speed: the CPU's microseconds an expert with the engine's miss kernel and threads (the 'cpu experts' "
-    "note of strata-engine generate --verbose, where misses run on the CPU); with it the misses are charged as the "
-    "engine serves them - split between PCIe and the CPU where --miss-tier auto splits, all on the CPU with "
-    "--miss-tier cpu. 0.01 to 1e6."
+    "note of strata-engine generate --verbose, where misses run on the CPU; strata-engine measure: the figure its "
+    "start-up measured when not given); with it the misses are charged as the engine serves them - split between "
+    "PCIe and the CPU where --miss-tier auto splits (in whole experts a layer), all on the CPU with --miss-tier cpu or "
+    f"where the host tier does not fit RAM. {1e-2:g} to {1e6:g}."
 )
 #: The accepted ranges of ``--step-ms`` (ms), ``--pcie-gbs`` (GB/s) and ``--cpu-expert-us`` (us): a step under 1 us
 #: or over 1,000 s a token, a link under 1 MB/s or over 10 TB/s, an expert under 10 ns or over a second on the CPU is
@@ -266,12 +268,18 @@ SPEED_RANGES = {
 }
 
 
+def shown_number(v: float) -> str:
+    """``v`` as ``:g`` writes it where that is exact, else in full (a refused 1000000.5 is not shown as 1e+06)."""
+    short, full = f"{v:g}", repr(float(v))
+    return short if float(short) == v else full.removesuffix(".0")
+
+
 def speed_value_error(option: str, value: float) -> str | None:
     """The refusal of ``value`` for ``option`` (a key of :data:`SPEED_RANGES`) outside its :data:`SPEED_RANGES`
     range (nan and inf included), naming the option, the value and the range; None when it is inside. The one check
     of both the command lines (:func:`speed_option_error`) and :func:`strata.budget.speed.predict_decode`."""
     lo, hi, unit = SPEED_RANGES[option]
-    return None if lo <= value <= hi else f"{option} {value:g}: outside {lo:g} to {hi:g} {unit}"
+    return None if lo <= value <= hi else f"{option} {shown_number(value)}: outside {lo:g} to {hi:g} {unit}"
 
 
 def speed_option_error(step_ms: float | None, pcie_gbs: float | None, cpu_expert_us: float | None = None) -> str | None:
@@ -284,7 +292,7 @@ def speed_option_error(step_ms: float | None, pcie_gbs: float | None, cpu_expert
             return bad
     for name, v in given[1:]:
         if v is not None and step_ms is None:
-            return f"{name} {v:g} without --step-ms: the prediction needs the card's every-resident step"
+            return f"{name} {shown_number(v)} without --step-ms: the prediction needs the card's every-resident step"
     return None
 
 
@@ -327,6 +335,7 @@ __all__ = [
     "STEP_MS_HELP",
     "STEP_MS_RANGE",
     "SPEED_RANGES",
+    "shown_number",
     "CPU_EXPERT_US_HELP",
     "speed_option_error",
     "speed_value_error",

@@ -11,16 +11,17 @@ The model (one definition, used by ``strata-budget check --step-ms --pcie-gbs`` 
 
 The hit rate is one figure for every layer (the profile's prediction, or the resident fraction): a layer that misses
 more than the mean moves the bytes by its blob's share. ``--miss-tier auto`` plans the host tier; where the machine's
-RAM cannot hold it (the plan's warning says so) the engine computes the misses on the CPU and the prediction does not
-apply. ``step_ms`` is the decode step with every expert resident ON THIS CARD - measured, not derived: the step is
-bound by kernel latencies, not by VRAM bandwidth (the Qwen3-30B-A3B geometry's step on an H200 is 4.3 ms where its ~2
-GB of active weights take 0.4 ms at the card's 4.8 TB/s: a bandwidth model would be ~10x fast). ``strata-engine
-generate`` on a card where every expert fits gives it (1000 / its decode tok/s). Misses are charged to PCIe only: the
-engine's host tier (``--miss-tier pcie``, the default where the tier fits host memory) reads a missed expert over PCIe
-inside the step - unless the CPU's rate is given (``cpu_expert_us``, ``--cpu-expert-us``: microseconds an expert on
-the CPU with the engine's miss kernel and threads, as ``strata-engine generate --verbose`` says it measured at
-start-up, ``cpu experts``). Then the misses are charged as the engine serves them (:func:`split_misses`, the rule of
-``engine/gpu/miss_split.py`` at start-up, one definition):
+RAM cannot hold it (the plan's warning says so) the engine computes the misses on the CPU, and so does the prediction
+(with ``--cpu-expert-us``; ``--miss-tier pcie`` is refused there, as the engine refuses it). ``step_ms`` is the decode
+step with every expert resident ON THIS CARD - measured, not derived: the step is bound by kernel latencies, not by
+VRAM bandwidth (the Qwen3-30B-A3B geometry's step on an H200 is 4.3 ms where its ~2 GB of active weights take 0.4 ms at
+the card's 4.8 TB/s: a bandwidth model would be ~10x fast). ``strata-engine generate`` on a card where every expert
+fits gives it (1000 / its decode tok/s). Misses are charged to PCIe only: the engine's host tier (``--miss-tier pcie``,
+the default where the tier fits host memory) reads a missed expert over PCIe inside the step - unless the CPU's rate is
+given (``cpu_expert_us``, ``--cpu-expert-us``: microseconds an expert on the CPU with the engine's miss kernel and
+threads, as ``strata-engine generate --verbose`` says it measured at start-up, ``cpu experts``). Then the misses are
+charged as the engine serves them (:func:`split_misses`, the rule of ``engine/gpu/miss_split.py`` at start-up, one
+definition):
 
     t_pcie          = miss bytes / misses / pcie_gbs          (us an expert over PCIe)
     one graph       = misses x t_pcie
@@ -57,7 +58,7 @@ from strata.layout import experts as LX
 
 from .cache_policy import class_refusal, learns
 from .errors import PlanInputError
-from .options import SPEED_RANGES, speed_value_error
+from .options import SPEED_RANGES, shown_number, speed_value_error
 
 #: The hybrid step's own cost per MoE layer beyond the one-graph step's (microseconds): the host's spin on the
 #: layer's flag, the launch of its next graph segment, ``moe_take_rows``, and the GPU's non-expert work that can no
@@ -71,12 +72,15 @@ SPLIT_GAIN = 0.9
 
 class TierSplit(BaseModel):
     """:func:`split_misses`' figures: ``share`` (the host tier's share of a layer's misses at the model's balance),
-    ``one_us`` / ``split_us`` (microseconds a token of misses in one graph / split with the CPU), ``taken``."""
+    ``one_us`` / ``split_us`` (microseconds a token of misses in one graph / split with the CPU), ``taken``, and
+    the whole-expert split it charges: ``keep`` of ``per_layer`` misses a layer over PCIe."""
 
     share: float
     one_us: float
     split_us: float
     taken: bool
+    keep: int = 0  # of ``per_layer`` misses a layer, how many the split reads over PCIe (whole experts)
+    per_layer: int = 1
 
 
 def keep_table(share: float, k: int) -> list[int]:
@@ -118,12 +122,14 @@ def split_misses(t_pcie_us: float, t_cpu_us: float, misses: float, moe_layers: i
     t = keep_table(share, k)[c]
     split = moe_layers * HYBRID_LAYER_US + misses / c * max(t * t_pcie_us, (c - t) * t_cpu_us)
     taken = 0 < misses and moe_layers <= misses and t < c and split <= SPLIT_GAIN * one
-    return TierSplit(share=share, one_us=one, split_us=split, taken=taken)
+    return TierSplit(share=share, one_us=one, split_us=split, taken=taken, keep=t, per_layer=c)
 
 
 class DecodeSpeed(BaseModel):
     """One prediction (the module docstring's model). Times in milliseconds, bandwidth in GB/s (1e9 B/s), bytes in
-    bytes, ``misses_per_token`` a count of experts (fractional: an expectation)."""
+    bytes, ``misses_per_token`` a count of experts (fractional: an expectation), ``cpu_expert_us`` microseconds an
+    expert on the CPU. ``share``: the misses' share charged over PCIe (1: every one, 0: every one on the CPU; a
+    split's ``keep`` of ``per_layer`` a layer); ``note``: why a given ``--cpu-expert-us`` was not used, or empty."""
 
     tok_s: float
     ms_per_token: float
@@ -135,7 +141,10 @@ class DecodeSpeed(BaseModel):
     hit_rate: float
     hit_basis: str  # where the hit rate comes from (the profile's prediction, the resident fraction, measured)
     cpu_expert_us: float | None = None
-    share: float = 1.0  # the misses' share read over PCIe (1: every one; 0: every one on the CPU)
+    share: float = 1.0
+    keep: int = 0
+    per_layer: int = 0
+    note: str = ""
 
     def text(self) -> str:
         """One line for the terminal, every figure with its unit."""
@@ -148,17 +157,19 @@ class DecodeSpeed(BaseModel):
             )
         else:
             how = (
-                f"split {self.share:.2f} over PCIe at {self.pcie_gbs:g} GB/s / {1 - self.share:.2f} on the CPU"
-                if self.share > 0
+                f"split {self.keep} of {self.per_layer} a layer over PCIe at {self.pcie_gbs:g} GB/s, "
+                f"{self.per_layer - self.keep} on the CPU"
+                if self.per_layer
                 else "on the CPU"
             )
             misses = (
-                f" + {m:.1f} misses a token = {mib:.1f} MiB {how} at {self.cpu_expert_us:g} us an expert "
+                f" + {m:.1f} misses a token = {mib:.1f} MiB, {how} at {self.cpu_expert_us:g} us an expert "
                 f"({self.miss_ms:.2f} ms with {HYBRID_LAYER_US:g} us a layer for the hybrid step)"
             )
+        rate = f"{self.tok_s:.1f}" if self.tok_s >= 0.1 else f"{self.tok_s:.3g}"
         return (
-            f"decode (predicted): {self.tok_s:.1f} tok/s = step {self.step_ms:.2f} ms{misses}; hit rate "
-            f"{self.hit_rate:.1%} ({self.hit_basis})"
+            f"decode (predicted): {rate} tok/s = step {self.step_ms:.2f} ms{misses}; hit rate "
+            f"{self.hit_rate:.1%} ({self.hit_basis})" + (f"; {self.note}" if self.note else "")
         )
 
 
@@ -172,11 +183,14 @@ def predict_decode(
     blob_bytes: Sequence[int],
     cpu_expert_us: float | None = None,
     miss_tier: str = "auto",
+    cpu_why: str = "--miss-tier cpu",
 ) -> DecodeSpeed:
     """The decode rate of the module docstring's model. ``blob_bytes``: one expert's engine-form bytes per MoE layer
     (what a miss reads); empty for a model without routed experts (then the step alone). ``cpu_expert_us``: the CPU's
-    microseconds an expert (None: misses charged to PCIe only); ``miss_tier``: the engine's ``--miss-tier`` (``auto``
-    splits where :func:`split_misses` takes it, ``pcie`` never, ``cpu`` puts every miss on the CPU).
+    microseconds an expert (None: misses charged to PCIe only); ``miss_tier``: where the engine serves misses
+    (``auto`` splits where :func:`split_misses` takes it, ``cpu`` puts every miss on the CPU, anything else - e.g.
+    ``--miss-tier pcie``, said in the note where a CPU rate goes unused - keeps every miss over PCIe; ``cpu_why``:
+    why the CPU, for the refusal).
 
     Raises:
         PlanInputError: ``step_ms``, (given) ``pcie_gbs`` or ``cpu_expert_us`` outside its range
@@ -186,7 +200,7 @@ def predict_decode(
     for option, value in (("--step-ms", step_ms), ("--pcie-gbs", pcie_gbs), ("--cpu-expert-us", cpu_expert_us)):
         if value is not None and (bad := speed_value_error(option, value)):
             lo, hi, unit = SPEED_RANGES[option]
-            raise PlanInputError(bad, tensor=option, found=f"{value:g}", required=f"{lo:g} to {hi:g} {unit}")
+            raise PlanInputError(bad, tensor=option, found=shown_number(value), required=f"{lo:g} to {hi:g} {unit}")
     if not 0.0 <= hit_rate <= 1.0:
         raise PlanInputError(f"hit rate {hit_rate}: outside [0, 1]", tensor="hit rate", found=str(hit_rate))
     miss_frac = (1.0 - hit_rate) * n_expert_used if blob_bytes else 0.0
@@ -195,7 +209,7 @@ def predict_decode(
     on_cpu = miss_tier == "cpu"
     if nbytes and on_cpu and cpu_expert_us is None:
         raise PlanInputError(
-            f"--miss-tier cpu: {misses:.1f} expert misses a token run on the CPU: give --cpu-expert-us (the CPU's "
+            f"{cpu_why}: {misses:.1f} expert misses a token run on the CPU: give --cpu-expert-us (the CPU's "
             f"microseconds an expert: the 'cpu experts' note of strata-engine generate --verbose) to predict the rate",
             tensor="--cpu-expert-us",
             found="not given",
@@ -209,7 +223,7 @@ def predict_decode(
             found="not given",
             required="a bandwidth in GB/s",
         )
-    share, miss_ms = 1.0, 0.0
+    share, miss_ms, keep, per_layer, note = 1.0, 0.0, 0, 0, ""
     if nbytes and on_cpu:
         share, miss_ms = 0.0, (len(blob_bytes) * HYBRID_LAYER_US + misses * cpu_expert_us) / 1000.0
     elif nbytes:
@@ -218,7 +232,13 @@ def predict_decode(
             t_pcie = nbytes / misses / (pcie_gbs * 1e3)
             sp = split_misses(t_pcie, cpu_expert_us, misses, len(blob_bytes), n_expert_used)
             if sp.taken:
-                share, miss_ms = sp.share, sp.split_us / 1000.0
+                share, miss_ms, keep, per_layer = sp.keep / sp.per_layer, sp.split_us / 1000.0, sp.keep, sp.per_layer
+            else:
+                note = "--cpu-expert-us unused: the split does not pay here (the engine keeps every miss over PCIe)"
+        elif cpu_expert_us is not None:
+            note = f"--cpu-expert-us unused: {miss_tier} keeps every miss over PCIe"
+    elif cpu_expert_us is not None:
+        note = "--cpu-expert-us unused: " + ("no routed experts" if not blob_bytes else "no expert misses")
     ms = step_ms + miss_ms
     return DecodeSpeed(
         tok_s=1000.0 / ms,
@@ -232,6 +252,9 @@ def predict_decode(
         hit_basis=hit_basis,
         cpu_expert_us=cpu_expert_us,
         share=share,
+        keep=keep,
+        per_layer=per_layer,
+        note=note,
     )
 
 
@@ -273,9 +296,22 @@ def plan_decode_speed(
             found=plan.options.engine,
             required="strata",
         )
-    tier = plan.options.miss_tier
+    tier, why = plan.options.miss_tier, "--miss-tier cpu"
+    tier = "--miss-tier pcie" if tier == "pcie" else tier
+    if rate < 1.0 and tier != "cpu" and not host_tier_fits(plan):  # the engine builds no tier (cards.host_ram_warnings)
+        what = (
+            f"the host tier ({plan.host_tier_bytes / 2**30:.2f} GiB pinned) does not fit this machine's RAM less 4 GiB"
+        )
+        if tier != "auto":
+            raise PlanInputError(
+                f"--miss-tier pcie: {what}: strata-engine refuses it (--miss-tier auto computes the misses on the CPU)",
+                tensor="--miss-tier",
+                found="pcie",
+                required="auto or cpu",
+            )
+        tier, why = "cpu", f"--miss-tier auto: {what}"
     if tier == "auto" and (learning or plan.options.cache_policy == "class"):  # a learning cache is never split
-        tier = "pcie"
+        tier = "a cache that learns"
     return predict_decode(
         step_ms=step_ms,
         pcie_gbs=pcie_gbs,
@@ -285,7 +321,16 @@ def plan_decode_speed(
         blob_bytes=[L.blob_engine_bytes for L in layers],
         cpu_expert_us=cpu_expert_us,
         miss_tier=tier,
+        cpu_why=why,
     )
+
+
+def host_tier_fits(plan) -> bool:
+    """Whether the plan's host tier fits this machine's RAM less :data:`strata.layout.experts.HOST_TIER_MARGIN_BYTES`
+    (the rule :func:`strata.budget.cards.host_ram_warnings` warns by and the engine builds the tier by)."""
+    from .cards import host_ram_bytes
+
+    return plan.host_tier_bytes <= host_ram_bytes() - LX.HOST_TIER_MARGIN_BYTES
 
 
 __all__ = [

@@ -426,10 +426,10 @@ def _cpu_probe_us(eng) -> float | None:
 
 def _engine_tier(eng) -> str:
     """Where the engine serves misses, as :func:`strata.budget.speed.predict_decode` takes it: ``cpu`` (its host tier
-    not built), ``auto`` (split with the CPU), else ``pcie``."""
+    not built), ``auto`` (split with the CPU), else every miss over PCIe (named for the note)."""
     if (eng.gpu.miss_tier or "").startswith("cpu"):
         return "cpu"
-    return "auto" if getattr(getattr(eng.decoder, "moe", None), "share", 1.0) < 1 else "pcie"
+    return "auto" if getattr(getattr(eng.decoder, "moe", None), "share", 1.0) < 1 else "the engine's one graph"
 
 
 def _speed(

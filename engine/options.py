@@ -257,7 +257,9 @@ class ResolvedOptions(EngineOptions):
             profile_pairs=self.profile,
             expert_cache=expert_cache,
             miss_tier=self.miss_tier,
-            cache_policy="class" if self.learns else "fill",  # auto as this run resolves it (--resident included)
+            # auto as this run resolves it (--resident pins the fill); auto stays auto where the class rule may run:
+            # the budget then applies the engine's rule (no learning without 2 slots and a tier), as the engine does
+            cache_policy=self.cache_policy if self.learns else "fill",
             ubatch=self.ubatch,
         )
 

@@ -184,46 +184,47 @@ def test_the_split_is_charged_as_the_engine_serves_it():
     assert d.share == 0.5 and HYBRID_LAYER_US == 50.0
     assert d.miss_ms == pytest.approx((48 * 50 + 48 * max(4 * t_pcie, 4 * 60)) / 1000, rel=1e-12)
     assert round(d.miss_ms, 2) == 14.15 and round(d.tok_s, 1) == 55.1
-    assert "384.0 misses a token = 1120.5 MiB split 0.50 over PCIe at 50 GB/s / 0.50 on the CPU at 60 us an expert" in (
-        d.text()
-    )
-    one = predict_decode(**kw, hit_rate=0.0, blob_bytes=[blob] * 48, cpu_expert_us=60.0, miss_tier="pcie")
+    assert (d.keep, d.per_layer, d.note) == (4, 8, "")
+    assert (
+        "384.0 misses a token = 1120.5 MiB, split 4 of 8 a layer over PCIe at 50 GB/s, 4 on the CPU at 60 us an expert "
+        "(14.15 ms with 50 us a layer for the hybrid step)"
+    ) in d.text()
+    one = predict_decode(**kw, hit_rate=0.0, blob_bytes=[blob] * 48, cpu_expert_us=60.0, miss_tier="--miss-tier pcie")
     assert one.share == 1 and one.miss_ms == pytest.approx(384 * blob / 50e6, rel=1e-12)
+    assert one.note == "--cpu-expert-us unused: --miss-tier pcie keeps every miss over PCIe" and one.note in one.text()
     cpu = predict_decode(**kw, hit_rate=0.0, blob_bytes=[blob] * 48, cpu_expert_us=60.0, miss_tier="cpu")
     assert cpu.share == 0 and cpu.miss_ms == pytest.approx(25.44, rel=1e-12) and " on the CPU at 60 us" in cpu.text()
     few = predict_decode(**kw, hit_rate=0.99, blob_bytes=[blob] * 48, cpu_expert_us=60.0)
     assert few.share == 1 and not split_misses(t_pcie, 60.0, few.misses_per_token, 48, 8).taken
+    assert few.note.startswith("--cpu-expert-us unused: the split does not pay here")
+    # two experts a token at 1 GB/s (3,059 us over PCIe) and 60 us on the CPU: the split keeps 0 of 2 on PCIe - the
+    # charged share is 0, not the model's continuous 0.02
+    two = predict_decode(**kw | {"pcie_gbs": 1.0, "n_expert_used": 2}, hit_rate=0.0, blob_bytes=[blob] * 48,
+                         cpu_expert_us=60.0)  # fmt: skip
+    assert (two.keep, two.per_layer, two.share) == (0, 2, 0.0) and "split 0 of 2 a layer over PCIe" in two.text()
+    dense = predict_decode(**kw | {"n_expert_used": 0}, hit_rate=1.0, blob_bytes=[], cpu_expert_us=60.0)
+    assert dense.note == "--cpu-expert-us unused: no routed experts" and dense.tok_s == 250.0
+    slow = predict_decode(**kw | {"step_ms": 1e6}, hit_rate=1.0, blob_bytes=[blob])
+    assert "decode (predicted): 0.001 tok/s" in slow.text()  # not "0.0 tok/s"
 
 
 def test_budget_check_charges_the_split_with_the_cpu_rate(moe_pack):
     """strata-budget check --cpu-expert-us: no expert resident on the synthetic qwen3moe (2 a token x 3 layers = 6
-    misses, one a layer or more) over a slow link (0.05 GB/s): split with the CPU, the line says both tiers; the same
+    misses, one a layer or more) at 1 GB/s and 100 us on the CPU: 1 of 2 a layer over PCIe, the line says both; the same
     plan with --miss-tier pcie keeps every miss over PCIe, and so does a cache that learns (3 slots, the default
     policy)."""
     k, blobs = _blobs(moe_pack)
-    args = (
-        "--card",
-        "24G",
-        "--ctx",
-        64,
-        "--expert-cache",
-        0,
-        "--step-ms",
-        4,
-        "--pcie-gbs",
-        0.05,
-        "--cpu-expert-us",
-        30,
-    )
+    args = ["--card", "24G", "--ctx", 64, "--expert-cache", 0, "--step-ms", 4, "--pcie-gbs", 1]
+    args += ["--cpu-expert-us", 100]
     code, out = _check(moe_pack, *args, "--json")
     assert code == 0, out
     p = json.loads(out)["decode_prediction"]
     want = predict_decode(
-        step_ms=4, pcie_gbs=0.05, hit_rate=0.0, hit_basis="", n_expert_used=k, blob_bytes=blobs, cpu_expert_us=30
+        step_ms=4, pcie_gbs=1, hit_rate=0.0, hit_basis="", n_expert_used=k, blob_bytes=blobs, cpu_expert_us=100
     )
-    assert 0 < want.share < 1 and p["tok_s"] == want.tok_s and p["share"] == want.share
+    assert (want.keep, want.per_layer) == (1, 2) and p["tok_s"] == want.tok_s and p["share"] == 0.5 == want.share
     code, out = _check(moe_pack, *args)
-    assert code == 0 and f"split {want.share:.2f} over PCIe at 0.05 GB/s" in " ".join(out.split())
+    assert code == 0 and "split 1 of 2 a layer over PCIe at 1 GB/s, 1 on the CPU at 100 us" in " ".join(out.split())
     code, out = _check(moe_pack, *args, "--miss-tier", "pcie", "--json")
     assert code == 0 and json.loads(out)["decode_prediction"]["share"] == 1.0
     # 3 slots: the default policy learns there (the engine never splits a learning cache); the fill kept: split
@@ -299,3 +300,56 @@ def test_class_policy_with_the_cpu_miss_tier_is_refused_as_the_engine_refuses_it
     code, _out = _check(moe_pack, "--card", "24G", "--ctx", 64, "--cache-policy", "class", "--miss-tier", "cpu",
                         "--engine", "cpp")  # fmt: skip
     assert code == 0  # (another engine: the options are strata's, unused)
+
+
+def test_a_host_tier_the_ram_cannot_hold_is_charged_to_the_cpu_or_refused(moe_pack, monkeypatch):
+    """Where the plan's host tier does not fit this machine's RAM less 4 GiB the engine builds none: under --miss-tier
+    auto its misses run on the CPU, so the prediction charges them there (--cpu-expert-us, refused by name without
+    it), and --miss-tier pcie - which the engine refuses then - is refused (exit 2), not predicted. (A new user's
+    finding: it printed a split figure beside the warning that no tier would be built.)"""
+    from strata.budget import cards
+    from strata.budget import cli as budget_cli
+    from strata.layout.experts import HOST_TIER_MARGIN_BYTES
+
+    for mod in (cards, budget_cli):  # the prediction's rule and the warning's: no room for any tier
+        monkeypatch.setattr(mod, "host_ram_bytes", lambda: HOST_TIER_MARGIN_BYTES + 1)
+    k, blobs = _blobs(moe_pack)
+    base = ["--card", "24G", "--ctx", 64, "--expert-cache", 0, "--step-ms", 4, "--pcie-gbs", 1]
+    code, out = _check(moe_pack, *base, "--cpu-expert-us", 100, "--json")
+    assert code == 0, out
+    d = json.loads(out)
+    want = predict_decode(
+        step_ms=4, pcie_gbs=1, hit_rate=0.0, hit_basis="", n_expert_used=k, blob_bytes=blobs, cpu_expert_us=100,
+        miss_tier="cpu",
+    )  # fmt: skip
+    assert d["decode_prediction"]["share"] == 0.0 and d["decode_prediction"]["tok_s"] == want.tok_s
+    assert any(
+        "computes the misses on the CPU (--miss-tier auto; it refuses --miss-tier pcie)" in w for w in d["warnings"]
+    )
+    code, out = _check(moe_pack, *base)
+    assert code == 2 and "--miss-tier auto: the host tier (" in out and "give --cpu-expert-us" in out
+    code, out = _check(moe_pack, *base, "--miss-tier", "pcie")
+    assert code == 2 and "--miss-tier pcie: the host tier (" in out and "strata-engine refuses it" in out
+
+
+def test_refused_numbers_are_shown_as_given():
+    """A refused value is written in full where ``:g`` would round it into the range (1000000.5 ms is not "1e+06")."""
+    for kw, text in (
+        (dict(step_ms=1000000.5), "--step-ms 1000000.5: outside"),
+        (dict(pcie_gbs=10000.01), "--pcie-gbs 10000.01: outside"),
+        (dict(cpu_expert_us=1000001.0), "--cpu-expert-us 1000001: outside"),
+    ):
+        args = dict(step_ms=4.0, pcie_gbs=50.0, hit_rate=0.5, hit_basis="x", n_expert_used=8, blob_bytes=[10]) | kw
+        with pytest.raises(PlanInputError, match=re.escape(text)):
+            predict_decode(**args)
+
+
+def test_measure_plans_the_default_policy_where_it_cannot_learn(moe_pack):
+    """strata-engine measure with no expert resident and the default --cache-policy auto: the engine keeps the fill
+    (the class rule needs 2 slots), and the plan beside it now resolves auto the same way (it was handed "class"
+    and refused a 0-slot plan - a new user's finding)."""
+    from strata.engine.cli import main as engine_main
+
+    args = ["measure", str(moe_pack), "--device", "sim", "--card", "24G", "--expert-cache", "0", "--json"]
+    r = CliRunner().invoke(engine_main, args)
+    assert r.exit_code in (0, 1) and "error" not in json.loads(r.output), r.output
