@@ -87,6 +87,7 @@ def main() -> None:
     "--file",
     "prompt_file",
     default=None,
+    metavar="FILE",
     help="Read the prompt from FILE instead (- for standard input): UTF-8, one trailing newline removed, "
     "as llama-cli's -f; for prompts longer than a command line can hold.",
 )
@@ -248,6 +249,8 @@ def generate_cmd(pack, **kw):
         req.check_positions(opts.n_ctx)
         on_checkpoint = print_checkpoint if req.verbose else None
         engine = load_engine(pack, options=opts, on_checkpoint=on_checkpoint, on_warning=warn)
+        if engine.experts is None and str(opts.resident) != "all":  # refused by name, as an --expert-profile is
+            raise GenerateError(f"--resident {opts.resident}: this model has no routed experts to hold some of")
         text = req.text(engine)
     except REFUSALS as e:
         fail(str(e), as_json=req.as_json)

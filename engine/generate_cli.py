@@ -371,7 +371,8 @@ class GenerateRequest:
         if n_ctx is not None and self.n_tokens > n_ctx:  # 1 + n - 1 positions (-1: what the context leaves)
             raise GenerateError(
                 f"-n/--n-tokens {self.n_tokens} needs at least {self.n_tokens} positions (even a one-token prompt + "
-                f"{self.n_tokens} new tokens - 1), more than --ctx {n_ctx}"
+                f"{self.n_tokens} new tokens - 1), more than --ctx {n_ctx}: raise --ctx to {self.n_tokens} or more, "
+                f"or lower -n"
             )
 
     def text(self, engine: Engine) -> str:

@@ -255,6 +255,7 @@ def test_n_tokens_and_ctx_checked_before_loading(pack, monkeypatch):
     monkeypatch.setattr(C, "load_engine", lambda *a, **k: pytest.fail("loaded"))
     r = _gen(pack, "-n", "100", "--ctx", "64")
     assert r.exit_code == 2 and "-n/--n-tokens 100 needs at least 100 positions" in r.stderr and "--ctx 64" in r.stderr
+    assert "raise --ctx to 100 or more, or lower -n" in r.stderr
     r = _gen(pack, "-n", "0")
     assert r.exit_code == 2 and "-n/--n-tokens 0: must be >= 1" in r.stderr
     r = _gen(pack, "--ctx", "0")
@@ -470,6 +471,16 @@ def test_cpu_path_checks_the_expert_profile_too(pack, tmp_path):
         r.exit_code == 2
         and "has no routed experts, so there is no expert cache for its 1 (layer, expert) pairs" in r.stderr
     )
+
+
+def test_resident_on_a_dense_model_is_refused_by_name(pack):
+    """--resident other than all on a model without routed experts is refused (exit 2, the option, the value and the
+    architecture), as --expert-profile is, rather than accepted and ignored (a new user's finding); all still runs."""
+    r = CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "1", "--resident", "half"])
+    assert r.exit_code == 2 and "--resident half: this model has no routed experts to hold some of" in r.stderr
+    assert CliRunner().invoke(main, ["generate", str(pack), "-p", "hi", "-n", "1", "--resident", "all"]).exit_code == 0
+    r = CliRunner().invoke(main, ["generate", "--help"])
+    assert "-f, --file FILE" in r.output
 
 
 def test_engine_checks_profile_rows_as_the_budget_does(tmp_path_factory):
