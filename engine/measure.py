@@ -169,7 +169,8 @@ def measure_pack(
             if pcie_gbs is None and g.pcie_gbs_measured is not None:  # the link measured at start-up
                 pcie_gbs = g.pcie_gbs_measured
                 a.generation["pcie_gbs_basis"] = f"measured at start-up: {pcie_gbs} GB/s (host tier -> VRAM copies)"
-            if cpu_expert_us is None and (us := _cpu_probe_us(eng)) is not None:  # the CPU measured at start-up
+            us = getattr(getattr(eng.decoder, "moe", None), "cpu_probe_us", None)  # the CPU measured at start-up
+            if cpu_expert_us is None and us is not None:
                 cpu_expert_us = us
                 a.generation["cpu_expert_us_basis"] = f"measured at start-up: {us:g} us an expert (cpu experts)"
             _speed(a, res.facts, step_ms, pcie_gbs, cpu_expert_us, _engine_tier(eng))
@@ -412,16 +413,6 @@ def _generate(a: Measurement, eng, prompt: str, n_tokens: int) -> None:
         if a.predicted_slots is not None:
             gen["hit_rate_predicted_plan"] = F.fill_profile(profile, a.predicted_slots - a.scratch_slots).hit_rate
     a.generation = gen
-
-
-def _cpu_probe_us(eng) -> float | None:
-    """The start-up's ``cpu experts`` figure (us an expert, :func:`strata.engine.gpu.slots.cpu_experts_note`), or
-    None where it measured none."""
-    for c in eng.checkpoints:
-        got = c.extra.get("cpu experts")
-        if isinstance(got, str) and " us an expert" in got:
-            return float(got.split(" us an expert")[0])
-    return None
 
 
 def _engine_tier(eng) -> str:

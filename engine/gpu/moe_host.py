@@ -69,6 +69,7 @@ class HybridHost:
             pinned = 0
         self.flag_host[...] = -1
         self.tuner = None  # the split's online choice (MoeStep.set_split), None: the table stays
+        self.cpu_probe_us: float | None = None  # the start-up's CPU figure, us an expert (slots.cpu_experts_note)
         self._tune_to: int | None = None
         self._t0 = 0.0
         return pinned

@@ -297,8 +297,11 @@ def probe_cpu_experts(
 
 def cpu_experts_note(experts: GpuExpertPath, moe, note: dict) -> float:
     """:func:`probe_cpu_experts` for the fused step's misses (``moe``: its :class:`~strata.engine.gpu.fused_moe.
-    MoeStep`, the miss kernel; ``experts``: the threads), said in ``note["cpu experts"]``; returns us an expert."""
+    MoeStep`, the miss kernel; ``experts``: the threads), said in ``note["cpu experts"]`` and kept as the figure the
+    note shows (``moe.cpu_probe_us``, whole microseconds: what ``strata-engine measure`` predicts from); returns us an
+    expert."""
     us, k, il, runs = probe_cpu_experts(experts.source, moe.E, moe.miss_kernel(experts.kernel), experts.threads)
+    moe.cpu_probe_us = float(round(us))
     note["cpu experts"] = (
         f"{us:.0f} us an expert on the CPU (measured: {k} experts a call, {experts.threads or 'all'} threads; the "
         f"least of {CPU_PROBE_ROUNDS} rounds' medians ({runs} calls, on layers spread over the model, from layer {il}))"
