@@ -908,7 +908,11 @@ def test_sim_split_with_some_experts_resident_follows_the_table_for_every_count(
             want[tier[keep[tier.size] :]] = -1
             assert got.tolist() == want.tolist(), (il, keep)
     assert len(counts) > 1  # more than one count of tier experts seen (c < K included)
-    assert eng.decoder.hybrid == (keep != list(range(moe.K + 1)))  # a table that sends the CPU nothing: one graph
+    identity = keep == list(range(moe.K + 1))  # a table that sends the CPU nothing: no split, one graph, said so
+    assert eng.decoder.hybrid == (not identity)
+    choice = {k: v for cp in eng.checkpoints for k, v in cp.extra.items()}.get("miss split choice")
+    want = f"none: STRATA_PCIE_SHARE={float(share)} keeps every one of {moe.K} experts in the tier"
+    assert (choice == want) == identity, choice
 
 
 def test_sim_hybrid_split_admits_misses_until_every_pair_is_in_a_slot(packs, monkeypatch):
