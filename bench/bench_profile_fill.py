@@ -49,6 +49,9 @@ def one(
     start_s = time.perf_counter() - t0
     if eng.experts is not None:  # decode timed on warm page tables, as llama.cpp's populated mmap leaves them
         eng.experts.source.prefetch_wait()
+    pf = eng.decoder.moe.prefetch if eng.decoder is not None and eng.decoder.moe is not None else None
+    if pf is not None:
+        pf.reset_counts()
     toks = secs = hits = misses = pcie = 0
     for p in held:
         r = generate(eng, prompt_ids=list(p), n_tokens=tokens, ignore_eos=True)
@@ -72,6 +75,10 @@ def one(
         "expert_hits": hits,
         "expert_misses": misses,
         "hit_rate": round(hits / max(hits + misses, 1), 4),
+        # the prefetch (strata.engine.gpu.prefetch): experts copied ahead, and of those read by the layer they were for
+        "prefetch": ("on" if pf.active else "off") if pf is not None else "-",
+        "prefetch_staged": pf.counts()[0] if pf is not None else 0,
+        "prefetch_read": pf.counts()[1] if pf is not None else 0,
     }
 
 
@@ -163,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             f"  {card:>4} {name:<10} misses on {row['miss_tier']:<4} slots {row['slots']:>6}  "
             f"decode {row['decode_tok_s']:7.2f} tok/s  hits {row['expert_hits']} / misses {row['expert_misses']} "
             f"({row['expert_pcie']} over PCIe) (counts) = {100 * row['hit_rate']:.1f}%  "
+            f"prefetch {row.get('prefetch', '-')}: {row.get('prefetch_read', 0)} read of "
+            f"{row.get('prefetch_staged', 0)} staged (counts)  "
             f"start-up {row['start_s']} s, "
             f"host tier {row['host_tier_bytes'] / 2**30:.2f} GiB, its mapping {row['host_tier_map_bytes']} B "
             f"(planned {row['host_tier_map_predicted_bytes']} B), {row['free_after_bytes'] / 2**20:.1f} MiB free after",

@@ -102,6 +102,7 @@ def activation_term(facts: ModelFacts, n_ctx: int) -> tuple[int, str, bool]:
             n_expert_used=facts.n_expert_used if moe else 0,
             n_ff_exp=facts.n_ff_exp if moe else 0,
             value_dim=value_dim,
+            slot_bytes=facts.max_slot_bytes if moe else 0,
         )
         nb += LS.gdn_step_bytes(conv_dim, value_dim, conv_el)
         return nb, f"fused decode step's device buffers (exact; scores over {pos} positions)", True
@@ -230,7 +231,8 @@ def runtime_term(facts: ModelFacts, card: Card, n_ctx: int, kv: str, cublas: boo
     q8 = [t for t in types if quants.qtype(t).q8_kernel]
     if path == "fused" and q8:  # the default q8 numerics: the q8 modules of those types and the quantizer
         n_mod += len(q8) + 1
-    graphs = FG.fused_graph_count(len(facts.trunk_experts)) if path == "fused" else 0
+    pf = any(L.layer >= 1 for L in facts.trunk_experts)  # the prefetch's graphs (a MoE layer after the first)
+    graphs = FG.fused_graph_count(len(facts.trunk_experts), pf) if path == "fused" else 0
     allocs = allocations(facts, n_ctx, kv)
     nb = FG.cuda_runtime_bytes(
         n_mod,

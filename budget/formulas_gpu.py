@@ -70,11 +70,13 @@ def strata_decode_path(
     return "fused"
 
 
-def fused_graph_count(n_moe_layers: int) -> int:
+def fused_graph_count(n_moe_layers: int, prefetch: bool = False) -> int:
     """CUDA graphs the fused step captures and uploads: the step with and without the head, and with
     routed experts each of those cut at the host point of every MoE layer (``n + 1`` segments; two points a layer
-    until 2026-12-03: ``2 n + 1``). ``strata.engine.gpu.fused.FusedDecoder.capture``; tests check the two agree."""
-    return 2 + (2 * (n_moe_layers + 1) if n_moe_layers else 0)
+    until 2026-12-03: ``2 n + 1``), and where the expert prefetch is built (``prefetch``: a MoE layer after the
+    first layer, ``strata.engine.gpu.prefetch``) the whole step with its launches, with and without the head (2
+    more). ``strata.engine.gpu.fused.FusedDecoder.capture``; tests check the two agree."""
+    return 2 + (2 * (n_moe_layers + 1) if n_moe_layers else 0) + (2 if prefetch else 0)
 
 
 def cuda_runtime_bytes(

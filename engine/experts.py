@@ -375,10 +375,11 @@ class ExpertCounts:
     hits: int = 0
     misses: int = 0
     per_layer_misses: dict[int, int] = field(default_factory=dict)
-    #: of the misses, those the GPU read from the host tier over PCIe (the rest were computed on the CPU)
-    pcie: int = 0
+    pcie: int = 0  # of the misses, those the GPU read from the host tier over PCIe (the rest ran on the CPU)
     pcie_bytes: int = 0  # the bytes over PCIe: those experts (engine form: gate + up + down) and the cache's swaps
     swaps: int = 0  # decode-time swaps between the VRAM slots and the host tier (--cache-policy class)
+    prefetched: int = 0  # experts the fused step's prefetch copied ahead (strata.engine.gpu.prefetch)
+    prefetch_read: int = 0  # of those, the ones their layer read
 
 
 class ExpertPath:
@@ -401,17 +402,13 @@ class ExpertPath:
         threads: int | None = None,
         kernel: str | None = None,
     ):
-        self.source = source
-        self.cache = cache
-        self.xp = xp
-        self.act_quant = act_quant
+        self.source, self.cache, self.xp, self.act_quant = source, cache, xp, act_quant
         self.kernel = kernel or ("exact" if exact else "q8")
         self.exact, self.threads = self.kernel == "exact", threads
         self.counts = ExpertCounts()
         self._step: dict[int, list[int]] = {}  # layer -> [hits, misses, of them over PCIe] this step
         self._step_pcie = self._step_pcie_bytes = 0
-        # the last chunk's routing per layer: (layer, ids [T, k], hits [T], misses [T], pcie [T], pcie bytes [T]), and
-        # the same stacked over the layers once its rows are replayed
+        # the last chunk's routing a layer: (layer, ids [T, k], hits, misses, pcie, pcie bytes [T]), stacked later
         self._chunk_layers: list[tuple] = []
         self._chunk_stack: tuple | None = None
         self.on_route: Callable[[int, list[int]], None] | None = None
@@ -546,12 +543,15 @@ class ExpertPath:
         step[1] += misses
         step[2] += pcie
 
-    def count_swaps(self, n: int, nbytes: int) -> None:
-        """``n`` decode-time swaps of the cache (:meth:`strata.engine.gpu.fused_moe.MoeStep.swap`) that moved
-        ``nbytes`` bytes over PCIe (both directions): counted in :attr:`counts` and in this step's PCIe bytes
-        (:meth:`take_pcie`), so "MiB over PCIe" is every byte the link carried for the experts."""
-        self.counts.swaps += int(n)
-        self.counts.pcie_bytes += int(nbytes)
+    def count_link(self, nbytes: int, swaps: int = 0, prefetched: int = 0, prefetch_read: int = 0) -> None:
+        """``nbytes`` the link carried beside the misses' reads (in :attr:`counts` and :meth:`take_pcie`: "MiB over
+        PCIe" is every expert byte it carried): ``swaps`` of the cache (``MoeStep.swap``, a slot each way) or a step's
+        prefetch (``prefetched`` copied ahead, ``prefetch_read`` of them read: ``strata.engine.gpu.prefetch``)."""
+        c = self.counts
+        c.swaps += swaps
+        c.prefetched += prefetched
+        c.prefetch_read += prefetch_read
+        c.pcie_bytes += int(nbytes)
         self._step_pcie_bytes += int(nbytes)
 
     def count_layers(self, layers: Sequence[int], hits, misses, pcie, pcie_bytes) -> None:

@@ -96,6 +96,9 @@ class GenerationResult(BaseModel):
     expert_misses: int = 0
     expert_pcie: int = 0
     pcie_bytes: int = 0
+    #: the fused step's prefetch (strata.engine.gpu.prefetch): experts copied ahead, and of those read (counts)
+    prefetched: int = 0
+    prefetch_read: int = 0
     steps: list[StepStat] = Field(default_factory=list)
     checkpoints: list[Checkpoint] = Field(default_factory=list)
 
@@ -353,6 +356,8 @@ def generate(
         expert_misses=sum(s.expert_misses for s in steps),
         expert_pcie=sum(s.expert_pcie for s in steps),
         pcie_bytes=sum(s.pcie_bytes for s in steps),
+        prefetched=engine.experts.counts.prefetched if engine.experts is not None else 0,
+        prefetch_read=engine.experts.counts.prefetch_read if engine.experts is not None else 0,
         steps=steps,
         checkpoints=list(engine.checkpoints),
     )

@@ -273,6 +273,8 @@ def _summary(r: GenerationResult) -> str:
     )
     if r.expert_hits or r.expert_misses:
         line += f" | experts: {r.expert_hits} hits / {r.expert_misses} misses, {r.expert_pcie} of them over PCIe"
+        if r.prefetched:
+            line += f" ({r.prefetch_read} copied ahead by the prefetch, which copied {r.prefetched})"
         line += " (counts)"
     return line
 

@@ -404,6 +404,8 @@ def _generate(a: Measurement, eng, prompt: str, n_tokens: int) -> None:
         "expert_pcie": r.expert_pcie,
         "cpu_misses_per_token": round((r.expert_misses - r.expert_pcie) / steps, 2),
         "pcie_misses_per_token": round(r.expert_pcie / steps, 2),
+        "prefetched": r.prefetched,
+        "prefetch_read": r.prefetch_read,
         "hit_rate_measured": r.expert_hits / sel if sel else None,
     }
     profile = eng.options.profile

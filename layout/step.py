@@ -21,6 +21,22 @@ LOGIT_TOP_K, LOGIT_TOP_PARTS, LOGIT_TOP_WORDS = 5, 64, 16
 FUSED_TOP_BYTES = 4 * (LOGIT_TOP_PARTS * (2 * LOGIT_TOP_K + 1) + LOGIT_TOP_WORDS)
 
 
+#: The fused step's expert prefetch (``strata.engine.gpu.prefetch``): staging slots a MoE layer (its predicted
+#: host-tier experts copied ahead, the most probable first) and sets of them (layer ``j`` writes set ``j % 2`` while
+#: the layer before reads the other).
+PREFETCH_SLOTS, PREFETCH_SETS = 2, 2
+
+
+def prefetch_bytes(n_embd: int, n_expert: int, slot_bytes: int, n_layer: int) -> int:
+    """Device bytes of the fused step's expert prefetch (``strata.engine.gpu.prefetch.Prefetch.nbytes``): the next
+    layer's router input (``n_embd`` f32) and predicted logits (``n_expert`` f32), per staging entry
+    (:data:`PREFETCH_SETS` x :data:`PREFETCH_SLOTS`) a tag (int32) and a source address (u64), two counters a layer
+    (int32: experts staged and read in the step) and the staging slots themselves (one expert-cache slot,
+    ``slot_bytes``, each: the largest engine-form blob)."""
+    S = PREFETCH_SETS * PREFETCH_SLOTS
+    return 4 * (n_embd + n_expert) + S * (4 + 8) + 8 * int(n_layer) + S * int(slot_bytes)
+
+
 def q8_act_bytes(n: int) -> int:
     """Bytes of one quantized activation vector of ``n`` values (``n`` a multiple of 32) as strata's q8 kernels lay
     it out on both devices (engine/kernel_src/q8_layout.h ``act_nbytes_of``): int8 values, f32 block scales (one per 32
@@ -56,6 +72,7 @@ def fused_step_bytes(
     n_expert_used: int = 0,
     n_ff_exp: int = 0,
     value_dim: int = 0,
+    slot_bytes: int = 0,
 ) -> int:
     """Device buffers of strata's fused GPU decode step (bytes; ``strata.engine.gpu.fused.FusedDecoder.nbytes``,
     allocated at the "prompt path" checkpoint, before the expert cache): the residual and normed rows
@@ -73,7 +90,8 @@ def fused_step_bytes(
     in f32 / int32, the three part addresses per selected expert (u64), the routing record (every layer's ids and slots:
     ``n_layer x 2 x n_expert_used`` int32), the split's keep table (``n_expert_used + 1`` int32:
     ``strata.engine.gpu.miss_split.keep_table``), the cache's and the host tier's addresses (u64 each) and the selected
-    experts' quantized down-projection inputs (``n_expert_used x q8_act_bytes(n_ff_exp)``). The one definition of the
+    experts' quantized down-projection inputs (``n_expert_used x q8_act_bytes(n_ff_exp)``), and the expert prefetch's
+    buffers (:func:`prefetch_bytes`, ``slot_bytes``: one expert-cache slot). The one definition of the
     budget's "prefill/activations" term on the fused path; tests check it against the engine's."""
     dense = (
         F32_BYTES
@@ -95,6 +113,7 @@ def fused_step_bytes(
         + 8
         + 8
         + K * q8_act_bytes(n_ff_exp)
+        + prefetch_bytes(n, E, slot_bytes, n_layer)
     )
 
 

@@ -795,13 +795,19 @@ def test_options_strata_s_engine_does_not_have_are_refused_by_name(pack):
 
 
 #: A 4 MiB card with no context, runtime or chunk buffers and a 1 MiB reserve: no expert gets a slot.
-TINY_CARD = ("--card-mib", 4, "--cuda-context-mib", 0, "--cuda-runtime-mib", 0, "--vram-reserve-mib", 1, "-ub", 1)
+# a 5 MiB card and no expert slot asked: every pair in the host tier (at 4 MiB its 2 MiB mapping no longer fits beside
+# the expert prefetch's staging slots, 4 x 156,672 B)
+TINY_CARD = (
+    "--card-mib", 5, "--cuda-context-mib", 0, "--cuda-runtime-mib", 0, "--vram-reserve-mib", 1, "-ub", 1,
+    "--expert-cache", 0,
+)  # fmt: skip
 
 
 def test_host_tier_is_planned_for_strata_and_not_for_cpu_misses_or_the_cpp_engine(small_moe_pack):
-    """A 4 MiB card where no expert gets a slot: strata's engine with misses over PCIe (``--miss-tier auto``, the
-    default) plans the 24 pairs in a host tier of 24 x 156,672 B (pinned host memory, named in the verdict) and its
-    device mapping (one 2 MiB unit) as a VRAM term; ``--miss-tier cpu`` and ``--engine cpp`` plan neither."""
+    """A 5 MiB card and no expert slot asked (``--expert-cache 0``): strata's engine with misses over PCIe
+    (``--miss-tier auto``, the default) plans the 24 pairs in a host tier of 24 x 156,672 B (pinned host memory, named
+    in the verdict) and its device mapping (one 2 MiB unit) as a VRAM term; ``--miss-tier cpu`` and ``--engine cpp``
+    plan neither."""
     args = (small_moe_pack, *TINY_CARD)
     args += ("--max-context", 64, "--no-bf16-scan")
     code, d = run_json(*args)

@@ -161,7 +161,11 @@ def test_swaps_keep_the_tokens_and_every_pair_in_one_place(pack, backend):
     assert eng.experts.counts.swaps == moe.swaps
     steps = [st for st in got.steps if st.phase != "prompt"]  # the fused steps (the prompt ran in chunks)
     reads = sum(v[2] * moe.blob_bytes[il] for st in steps for il, v in st.expert_layers.items())
-    assert sum(st.pcie_bytes for st in steps) == reads + 2 * moe.swaps * cache.slot_bytes
+    # and the prefetch's copies (each a blob span) less the misses they served (each its parts: counted in reads)
+    pf = moe.prefetch
+    ahead = int((pf.totals[:, 0] * pf.span - pf.totals[:, 1] * pf.blob).sum())
+    assert pf.active and eng.experts.counts.prefetched == int(pf.totals[:, 0].sum()) > 0
+    assert sum(st.pcie_bytes for st in steps) == reads + 2 * moe.swaps * cache.slot_bytes + ahead
     where, hosted = set(cache.where), set(tier.where)
     assert not where & hosted and len(where | hosted) == pairs and len(where) == cache.capacity
     table = np.asarray(moe.bk.to_host(moe.slot_of)).reshape(-1, moe.E)

@@ -192,9 +192,11 @@ def test_sim_new_expert_types_hit_and_miss_identical(packs):
 
 
 @pytest.mark.parametrize("tier", ["cpu", "pcie"])
-def test_sim_stats_per_layer_counts_and_timers(packs, tier):
+def test_sim_stats_per_layer_counts_and_timers(packs, tier, monkeypatch):
     """--stats per position: per-layer hits / misses / misses read over PCIe (counts), the misses read over PCIe
-    (the host tier) or run on the CPU (cpu-experts ms > 0 only then); the window line sums the decode positions."""
+    (the host tier) or run on the CPU (cpu-experts ms > 0 only then); the window line sums the decode positions.
+    The prefetch off: the misses' bytes alone (its copies' are tests/test_prefetch.py's)."""
+    monkeypatch.setenv("STRATA_PREFETCH", "0")
     eng = load_engine(
         packs["moe"],
         device="cuda",

@@ -416,7 +416,14 @@ def test_sim_fused_moe_launches_hybrid_and_full(packs):
     tier = _moe(packs, expert_cache="auto", resident="half", miss_tier="pcie")
     L = full.model.hp.n_layer
     one = {"kernels": 11 * L + 4, "memcpy": 4, "total": 11 * L + 8, "host": 0}
-    assert full.decoder.launches_per_token(True) == one == tier.decoder.launches_per_token(True)
+    assert full.decoder.launches_per_token(True) == one
+    # the host tier's step adds the prefetch of every MoE layer but the first (router, plan, copy on the side stream;
+    # the fork and join are edges, no node) and the copy of its counters with the routing record
+    pf = {"kernels": one["kernels"] + 3 * (L - 1), "memcpy": 5, "total": one["total"] + 3 * (L - 1) + 1, "host": 0}
+    assert tier.decoder.launches_per_token(True) == pf and tier.decoder.moe.prefetch.active
+    edges = [x.name for x in tier.decoder.launches(True) if x.kind == "edge"]
+    assert edges == [f"{w} prefetch L{j}" for j in range(1, L) for w in ("fork", "join")]
+    assert not full.decoder.moe.prefetch.active and not hyb.decoder.moe.prefetch.active
     assert hyb.decoder.launches_per_token(True) == {
         "kernels": 12 * L + 4,
         "memcpy": 4 + 3 * L,
@@ -426,11 +433,13 @@ def test_sim_fused_moe_launches_hybrid_and_full(packs):
     assert "every expert resident" in full.gpu.decode_path
     assert f"hybrid ({L} MoE layers: the host computes the CPU's misses at one point a layer)" in hyb.gpu.decode_path
     # the budget's count of captured graphs (its CUDA runtime term) is the engine's: 2 whole steps + the segments
+    # + 2 whole steps with the prefetch (built on every MoE layer but the first, whatever the cache: chosen at bind)
     from strata.budget.formulas_gpu import fused_graph_count
 
     hyb.decoder.capture()
     segs = sum(1 for lg in (True, False) for ls, _h in hyb.decoder.segments(lg) if ls)
-    assert fused_graph_count(L) == 2 + segs == 2 + 2 * (L + 1)
+    assert hyb.decoder.moe.prefetch.built == set(range(1, L)) == full.decoder.moe.prefetch.built
+    assert fused_graph_count(L, True) == 4 + segs == 4 + 2 * (L + 1) and fused_graph_count(L) == 2 + segs
     n_tier = tier.decoder.moe.n_pairs - len(tier.experts.cache)
     assert f"+ {n_tier} read over PCIe from the host tier" in tier.gpu.decode_path and n_tier > 0
     assert len(hyb.decoder.segments(True)) == L + 1

@@ -123,7 +123,9 @@ _FUSED_STUBS = (
     _PRELUDE
     + r"""
 #include <algorithm>
-using std::min; using std::max;
+#include <cmath>
+using std::min; using std::max; using std::isnan;
+struct uint4 { unsigned x, y, z, w; };
 #define __shared__
 #define __launch_bounds__(...)
 static dim3_ gridDim;

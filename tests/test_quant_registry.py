@@ -161,7 +161,12 @@ def test_fused_source_is_prelude_fused_file_and_logit_summary():
     src = fused.fused_source()
     top = f"#define TOPK {fused.TOP_K}\n#define TOP_THREADS {fused.TOP_THREADS}\n"
     assert src == (
-        A.source_file("prelude.cuh") + K.q8_quant_source() + K.cuda_file("fused.cu") + top + K.cuda_file("logit_top.cu")
+        A.source_file("prelude.cuh")
+        + K.q8_quant_source()
+        + K.cuda_file("fused.cu")
+        + top
+        + K.cuda_file("logit_top.cu")
+        + K.cuda_file("prefetch.cu")
     )
     for name in fused.FUSED_KERNEL_NAMES:  # a kernel may declare its launch bounds (gdn_step's 512 threads)
         assert re.search(rf'extern "C" __global__ void (__launch_bounds__\(\w+\) )?{name}\(', src), name

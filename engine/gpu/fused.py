@@ -73,7 +73,7 @@ from ..recipe import DeltaNet, DenseFFN, MoEFFN
 from . import kernels as K
 from .fused_attn import build_attention_layer
 from .fused_gdn import GdnBuffers, build_delta_layer, gdn_unsupported
-from .fused_launch import Launch, MatvecLaunches, StageTimes, describe, graph_ms
+from .fused_launch import KINDS, PREFETCH_KINDS, Launch, MatvecLaunches, StageTimes, describe, graph_ms, run_timed
 from .fused_moe import MAX_EXPERTS_USED, MoeStep
 from .fused_ops import TOP_K, TOP_WORDS, CudaOps, route_unsupported
 from .fused_sim import SimOps
@@ -146,6 +146,7 @@ class FusedDecoder:
         self.cuda = backend.name == "cuda"
         self.stream = None
         self.graphs: dict[bool, Any] = {}  # the whole step (dense, or every expert resident)
+        self.graphs_pf: dict[bool, Any] = {}  # the whole step with the expert prefetch (strata.engine.gpu.prefetch)
         self.seg_graphs: dict[bool, list[tuple[Any, Launch | None]]] = {}  # hybrid: segments between host points
         self.stage_times = StageTimes()
         self.captured = False
@@ -257,11 +258,12 @@ class FusedDecoder:
         mvs = self.matvecs = MatvecLaunches(ops, w, add, self.q8_format, self.xq, self.xq_cap, plan, self.xn, self.xnq)
         mv, mv_group = mvs.mv, mvs.group
 
-        def norm(name, stage, a, ab, wa, wn, scale, mode):
-            """``resid_norm`` into ``xn``; the first q8 reader of that ``xn`` makes it write the quantized row too."""
+        def norm(name, stage, a, ab, wa, wn, scale, mode, **pf):
+            """``resid_norm`` into ``xn``; the first q8 reader of that ``xn`` makes it write the quantized row too;
+            ``pf``: the prefetch's second normed row (:meth:`strata.engine.gpu.prefetch.Prefetch.norm_args`)."""
             args = (self.x, a, ab, wa, wn, self.xn, h.rms_eps, scale, mode)
-            add(name, stage, ops.resid_norm(*args))
-            mvs.normed(len(plan) - 1, lambda fmt: ops.resid_norm(*args, xq=self.xnq, qfmt=fmt))
+            add(name, stage, ops.resid_norm(*args, **pf))
+            mvs.normed(len(plan) - 1, lambda fmt: ops.resid_norm(*args, xq=self.xnq, qfmt=fmt, **pf))
 
         def opt(name):
             return w.get(name) if name and w.has(name) else None
@@ -307,16 +309,11 @@ class FusedDecoder:
                 else norm_of("output_norm.weight", None)
             )
             post = norm_of(b.ffn_post_norm, il) if b.ffn_post_norm else None
-            norm(
-                f"resid_norm L{il} +ffn{' post-norm' if post is not None else ''}, next norm",
-                sf,
-                f,
-                None,
-                post,
-                nxt,
-                1.0,
-                2 if post is not None else 1,
-            )
+            pf = self.moe.prefetch.norm_args(il + 1) if self.moe is not None else {}
+            name = f"resid_norm L{il} +ffn{' post-norm' if post is not None else ''}, next norm"
+            norm(name, sf, f, None, post, nxt, 1.0, 2 if post is not None else 1, **pf)
+            if pf:  # the next layer's predicted misses copied ahead, on the side stream (prefetch)
+                self.moe.prefetch.build(il + 1, add)
         if self.moe is not None:
             self.moe.build_readback(add)
         y = mv(m.head, self.xn, "head")
@@ -348,10 +345,15 @@ class FusedDecoder:
 
     def launches(self, logits: bool = True, hybrid: bool | None = None) -> list[Launch]:
         """The launch list (no head entries when not ``logits``); hybrid: with the host points (``fill``) and the
-        entries only the hybrid step has (``host``: copies for the host point; ``host-kernel``: ``moe_take_rows``)."""
+        entries only the hybrid step has (``host``: copies for the host point; ``host-kernel``: ``moe_take_rows``);
+        else with the prefetch's (``side``: its kernels; ``edge``: fork and join; ``side-memcpy``: its counters'
+        copy) where it is active."""
         hybrid = self.hybrid if hybrid is None else hybrid
         ls = self.plan if logits else [L for L in self.plan if L.stage != "head"]
-        return ls if hybrid else [L for L in ls if L.kind in ("kernel", "memcpy")]
+        side = PREFETCH_KINDS if self.moe is not None and self.moe.prefetch.active else ()  # the prefetch's
+        if hybrid:
+            return [L for L in ls if L.kind not in PREFETCH_KINDS]
+        return [L for L in ls if L.kind in KINDS + side]
 
     def segments(self, logits: bool = True) -> list[tuple[list[Launch], Launch | None]]:
         """The hybrid list cut at its host points: ``(device launches, host entry after them or None)``."""
@@ -370,9 +372,10 @@ class FusedDecoder:
         """Counts of the step's device entries: ``kernels``, ``memcpy`` and ``total`` (graph nodes when
         captured), and ``host`` (points where the host waits and works: 1 per MoE layer when hybrid)."""
         ls = self.launches(logits, hybrid)
-        k = sum(1 for L in ls if L.kind in ("kernel", "host-kernel"))
+        k = sum(1 for L in ls if L.kind in ("kernel", "host-kernel", "side"))
         h = sum(1 for L in ls if L.kind == "fill")
-        return {"kernels": k, "memcpy": len(ls) - k - h, "total": len(ls) - h, "host": h}
+        e = sum(1 for L in ls if L.kind == "edge")  # a fork or join orders two streams: no node of its own
+        return {"kernels": k, "memcpy": len(ls) - k - h - e, "total": len(ls) - h - e, "host": h}
 
     def stages(self, logits: bool = True) -> list[str]:
         return [stage for stage, _run in itertools.groupby(L.stage for L in self.launches(logits))]
@@ -380,15 +383,22 @@ class FusedDecoder:
     # ------------------------------------------------------------ running
 
     def capture(self) -> None:
-        """Capture the step (with and without the head) as CUDA graphs. Raises GenerateError with
-        CUDA's message if the capture fails (the engine then does not start: use ``--no-graph``)."""
+        """Capture the step (with and without the head) as CUDA graphs - with routed experts also the hybrid step's
+        segments and, where the prefetch is built, the whole step with its launches (before the expert cache is
+        sized: their memory is the "prompt path"'s). Raises GenerateError with CUDA's message if the capture fails
+        (the engine then does not start: use ``--no-graph``)."""
         if not self.graph_on:
             return
         if not self.cuda:  # the sim has no graphs: the launch list is the "graph"
             self.captured = True
             return
+        pf = self.moe.prefetch if self.moe is not None else None
         for logits in (True, False):
             self.graphs[logits] = self._capture(self.launches(logits, hybrid=False))
+            if pf is not None and pf.built:  # the whole step with the prefetch's launches: chosen at bind_cache
+                pf.active, was = True, pf.active
+                self.graphs_pf[logits] = self._capture(self.launches(logits, hybrid=False))
+                pf.active = was
             if self.moe is not None:
                 self.seg_graphs[logits] = [
                     (self._capture(ls) if ls else None, host) for ls, host in self.segments(logits)
@@ -420,33 +430,7 @@ class FusedDecoder:
             for L in ls:
                 L.run()
             return
-        # stage timers: an event before each stage and after the last (CUDA); host clock on the sim
-        if self.cuda:
-            ev, i, cur = self._events, 0, None
-            for L in ls:
-                if L.stage != cur:
-                    ev[i].record(self.stream)
-                    i, cur = i + 1, L.stage
-                L.run()
-            ev[i].record(self.stream)
-            ev[i].synchronize()
-            import cupy as cp
-
-            names = self.stages(logits)
-            for j, name in enumerate(names):
-                self.stage_times.add(name, float(cp.cuda.get_elapsed_time(ev[j], ev[j + 1])))
-        else:
-            cur, t0 = None, time.perf_counter()
-            for L in ls + [None]:
-                if L is None or L.stage != cur:
-                    t1 = time.perf_counter()
-                    if cur is not None:
-                        self.stage_times.add(cur, (t1 - t0) * 1000)
-                    t0 = t1
-                    cur = L.stage if L is not None else None
-                if L is not None:
-                    L.run()
-        self.stage_times.steps += 1
+        run_timed(ls, self.stage_times, self._events if self.cuda else None, self.stream, self.stages(logits))
 
     def forward(self, tokens: list[int], pos0: int, state, logits: bool = True):
         """A prompt chunk through the wrapped model's :meth:`strata.engine.decoder.Decoder.forward` (the chunk path,
@@ -495,7 +479,8 @@ class FusedDecoder:
             self.moe.reset_flags()
         try:
             if self.captured and self.graph_on and self.cuda and not hybrid:
-                self.graphs[bool(logits)].launch(self.stream)
+                pf = self.moe is not None and self.moe.prefetch.active
+                (self.graphs_pf if pf else self.graphs)[bool(logits)].launch(self.stream)
             elif self.captured and self.graph_on and self.cuda:
                 ev = self.busy_events
                 for j, (g, host) in enumerate(self.seg_graphs[bool(logits)]):
@@ -586,7 +571,8 @@ class FusedDecoder:
             raise GenerateError("replay_ms needs a captured CUDA graph")
         if self.hybrid:
             raise GenerateError("replay_ms times the whole-step graph: experts must all be resident")
-        return graph_ms(self.graphs[bool(logits)], self.stream, n, warmup)
+        pf = self.moe is not None and self.moe.prefetch.active
+        return graph_ms((self.graphs_pf if pf else self.graphs)[bool(logits)], self.stream, n, warmup)
 
 
 __all__ = [

@@ -6,6 +6,7 @@ once per activation format). The launches themselves are bound by :mod:`strata.e
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,7 +21,8 @@ class Launch:
     stage: str
     run: Callable[[], None]
     # "kernel" | "memcpy" | "fill" (the host point: CPU misses) | "host" / "host-kernel" (hybrid only: copies for the
-    # host point, moe_take_rows)
+    # host point, moe_take_rows) | "side" / "edge" / "side-memcpy" (the whole step's prefetch only: its kernels on the
+    # side stream, the fork onto it and the join back, its counters' copy: strata.engine.gpu.prefetch)
     kind: str = "kernel"
 
 
@@ -129,6 +131,43 @@ class MatvecLaunches:
         return [a[4] for a in args]
 
 
+#: The kinds of entry every whole-step list holds (others: the hybrid step's or the prefetch's, :class:`Launch`).
+KINDS = ("kernel", "memcpy")
+#: The kinds of the prefetch's entries (strata.engine.gpu.prefetch): in its whole step only.
+PREFETCH_KINDS = ("side", "edge", "side-memcpy")
+
+
+def run_timed(ls: list, times: StageTimes, events, stream, names: list[str]) -> None:
+    """Run the launch list ``ls`` eagerly with stage timers into ``times``: a CUDA event (``events``, one more than
+    the stages ``names``) before each stage and after the last, on ``stream``; the host clock where ``events`` is
+    None (the sim). Milliseconds per stage."""
+    if events is not None:
+        i, cur = 0, None
+        for L in ls:
+            if L.stage != cur:
+                events[i].record(stream)
+                i, cur = i + 1, L.stage
+            L.run()
+        events[i].record(stream)
+        events[i].synchronize()
+        import cupy as cp
+
+        for j, name in enumerate(names):
+            times.add(name, float(cp.cuda.get_elapsed_time(events[j], events[j + 1])))
+    else:
+        cur, t0 = None, time.perf_counter()
+        for L in ls + [None]:
+            if L is None or L.stage != cur:
+                t1 = time.perf_counter()
+                if cur is not None:
+                    times.add(cur, (t1 - t0) * 1000)
+                t0 = t1
+                cur = L.stage if L is not None else None
+            if L is not None:
+                L.run()
+    times.steps += 1
+
+
 def graph_ms(graph, stream, n: int = 200, warmup: int = 10) -> float:
     """Device milliseconds per replay of the captured CUDA ``graph`` on ``stream``: ``n`` replays back to back between
     two CUDA events, after ``warmup`` (benchmarks: :meth:`FusedDecoder.replay_ms`, bench/profile_step.py)."""
@@ -158,6 +197,8 @@ def describe(dec) -> str:
             what = (
                 f"fused MoE step, {len(dec.moe.cache)} experts in VRAM + {len(tier)} read over PCIe from the host tier"
             )
+            if dec.moe.prefetch.active:
+                what += ", the next layer's predicted misses copied ahead on a side stream"
         else:
             what = "fused MoE step, every expert resident"
         how = graph if dec.graph_on else "eager"
@@ -171,4 +212,4 @@ def describe(dec) -> str:
     )
 
 
-__all__ = ["Launch", "MatvecLaunches", "StageTimes", "describe", "graph_ms"]
+__all__ = ["KINDS", "PREFETCH_KINDS", "Launch", "MatvecLaunches", "StageTimes", "describe", "graph_ms", "run_timed"]

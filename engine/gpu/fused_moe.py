@@ -52,6 +52,7 @@ from ..recipe import MoEFFN
 from . import miss_split as MS
 from .fused_ops import Combine, MoeIO
 from .moe_host import HybridHost
+from .prefetch import SIM_STAGE_BASE, Prefetch
 from .slots import SIM_HOST_BASE
 
 #: Most experts one token may select (the routing kernel's shared table).
@@ -172,6 +173,10 @@ class MoeStep(HybridHost):
             self.xn_host = np.zeros(n, np.float32)
             self.pinned_bytes = 0
         self.pinned_bytes += self.init_host(dec.cuda, h.n_layer)  # the hybrid point's flags and CPU rows
+        self.prefetch = Prefetch(self, dec, backend)  # the next layer's predicted misses copied ahead (full graph)
+        self.nbytes += self.prefetch.nbytes
+        self.pinned_bytes += self.prefetch.pinned_bytes
+        self._held_pf: np.ndarray | None = None  # the prefetch's counters held with the record
         self.cache = None
         self.tier = None  # the host tier (strata.engine.gpu.slots.HostTier), when misses are read over PCIe
         self.n_pairs = len(self.layers) * E
@@ -192,6 +197,7 @@ class MoeStep(HybridHost):
         K, n, nff = self.K, self.n_embd, self.n_ff
         logits = mv(tensor_name("ffn_gate_inp.weight", il), dec.xn, sf)
         info = self.info_all[il * 2 * K : (il + 1) * 2 * K]
+        self.prefetch.join(il, add)
         M = MoeIO(
             il=il,
             logits=logits,
@@ -208,6 +214,7 @@ class MoeStep(HybridHost):
             weights=self.weights,
             bases=self.bases,
             info=info,
+            stage=self.prefetch.stage_of(il),
         )
         add(f"moe_route L{il}", sf, ops.moe_route(M))
         # the hybrid step's copies for the host point (moe_host): routing row, input, then the flag (the position)
@@ -320,13 +327,17 @@ class MoeStep(HybridHost):
         ops, nb = self.dec._ops, 4 * int(self.info_all.size)
         dst = self._record_mem.ptr if self.dec.cuda else self.record_host
         add("copy routing record to host", "routing record", ops.d2h(dst, self.info_all, nb), "memcpy")
+        self.prefetch.build_readback(add)
 
     def _bytes_at(self, address: int, nbytes: int):
-        """The sim's memory at a sim address (1 + offset: the slot storage; from :data:`SIM_HOST_BASE`: the host
-        tier): what its batched matvec reads."""
+        """The sim's memory at a sim address (1 + offset: the slot storage; from :data:`SIM_STAGE_BASE`: the
+        prefetch's staging slots; from :data:`SIM_HOST_BASE`: the host tier): what its batched matvec reads."""
         if address >= SIM_HOST_BASE:
             o = address - SIM_HOST_BASE
             return self.tier.storage[o : o + nbytes]
+        if address >= SIM_STAGE_BASE:  # the prefetch's staging slots
+            o = address - SIM_STAGE_BASE
+            return self.prefetch.storage[o : o + nbytes]
         return self.cache.storage[address - 1 : address - 1 + nbytes]
 
     # ------------------------------------------------------------ the expert cache
@@ -360,6 +371,7 @@ class MoeStep(HybridHost):
         if cache.slot_bytes != self.slot_bytes:
             raise AssertionError(f"slot stride {cache.slot_bytes} B != the fused step's {self.slot_bytes} B")
         cache.on_admit = self._admitted
+        self.prefetch.bind(tier, share)  # the whole-step graph with or without its launches
         if share < 1:
             self.set_split(share)
             if self.dec.cuda and MS.asked_share() is None and self.K > 1:  # chosen at start-up: timed as it runs
@@ -515,7 +527,7 @@ class MoeStep(HybridHost):
                     self.swap(key_pair(victim), (il, int(e)))
         n = self.swaps - before
         if n:  # a swap moves a slot each way over PCIe (the device-to-device copy stays on the card)
-            self.model.experts.count_swaps(n, 2 * n * self.cache.slot_bytes)
+            self.model.experts.count_link(2 * n * self.cache.slot_bytes, swaps=n)
 
     @property
     def readable(self) -> bool:
@@ -543,6 +555,7 @@ class MoeStep(HybridHost):
         stays the step's. A record still held is counted first."""
         self.settle()
         self._held = self.record_host.reshape(-1, 2, self.K)[self.layer_rows]  # [MoE layer, ids | slots, k]: a copy
+        self._held_pf = self.prefetch.counters_host.copy() if self.prefetch.active else None
         cache = self.cache
         if now or self.policy is not None or (cache is not None and cache.admit_enabled and cache.free_slots > 0):
             self.settle()
@@ -557,6 +570,10 @@ class MoeStep(HybridHost):
         hits = (slots >= 0).sum(axis=1)  # whole-record array operations: this runs every token (~4 us a layer
         pcie = (slots <= -2).sum(axis=1)  # as a Python loop over 48 layers)
         ex.count_layers(self.layers, hits, K - hits, pcie, pcie * self.blob_row)
+        pf, self._held_pf = self._held_pf, None
+        if pf is not None:  # the staged experts no layer read crossed PCIe too
+            staged, read, nbytes = self.prefetch.take(pf, self.layer_rows)
+            ex.count_link(nbytes, prefetched=staged, prefetch_read=read)
         if ex.on_route is not None:
             for j, il in enumerate(self.layers):
                 ex.on_route(il, rec[j, 0].tolist())

@@ -36,6 +36,8 @@ FUSED_KERNEL_NAMES = (
     "gdn_step",
     "logit_top_part",
     "logit_top_final",
+    "moe_stage",
+    "moe_stage_copy",
 )
 
 #: The logits' summary (cuda/logit_top.cu; sizes from strata.layout.step, which counts its bytes): the best
@@ -48,14 +50,19 @@ GDN_THREADS = 512
 
 def fused_source() -> str:
     """The CUDA source of the fused kernels: ``kernel_src/prelude.cuh`` + the q8 quantizers (``resid_norm`` quantizes
-    the row it normalizes) + ``cuda/fused.cu`` + ``cuda/logit_top.cu``
+    the row it normalizes) + ``cuda/fused.cu`` + ``cuda/logit_top.cu`` + ``cuda/prefetch.cu``
     (compiled with :data:`strata.engine.gpu.kernels.NVRTC_OPTIONS`)."""
     from ..kernel_src import assembly as A
     from . import kernels as K
 
     top = f"#define TOPK {TOP_K}\n#define TOP_THREADS {TOP_THREADS}\n"
     return (
-        A.source_file("prelude.cuh") + K.q8_quant_source() + K.cuda_file("fused.cu") + top + K.cuda_file("logit_top.cu")
+        A.source_file("prelude.cuh")
+        + K.q8_quant_source()
+        + K.cuda_file("fused.cu")
+        + top
+        + K.cuda_file("logit_top.cu")
+        + K.cuda_file("prefetch.cu")
     )
 
 
@@ -96,6 +103,9 @@ def _threads(n: int, cap: int = 1024) -> int:
     return max(32, min(cap, -(-int(n) // 32) * 32))
 
 
+#: CTAs per staged expert of ``moe_stage_copy`` (256 threads each; cuda/probe.cu's read rate needs ~100 in flight).
+STAGE_COPY_CTAS = 64
+
 #: Most weights one ``matvec_group`` launch takes (its parameters carry 4 addresses).
 MAX_GROUP = 4
 
@@ -110,7 +120,8 @@ class MoeIO:
     before reads them at replay); ``keep``: int32 ``[k + 1]``, of ``c`` selected experts in the host tier the first
     ``keep[c]`` stay there, the others go to the CPU (:func:`strata.engine.gpu.miss_split.keep_table`; ``keep[c] = c``:
     no split); ``offsets``: the layer's gate/up/down offsets inside a slot (bytes); ``info``:
-    int32 ``[2 * k]``, the selected ids then their ``slot_of`` values (the layer's row of the step's routing record)."""
+    int32 ``[2 * k]``, the selected ids then their ``slot_of`` values (the layer's row of the step's routing record);
+    ``stage``: the layer's prefetch staging set (:class:`strata.engine.gpu.prefetch.StageSet`), or None."""
 
     il: int
     logits: Any
@@ -127,6 +138,7 @@ class MoeIO:
     weights: Any
     bases: Any
     info: Any
+    stage: Any = None
 
 
 @dataclass(frozen=True)
@@ -283,9 +295,10 @@ class CudaOps:
             (*bases, *rows, np.int32(ne0), x, *outs),
         )
 
-    def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode, xq=None, qfmt=0):
-        """``resid_norm``; with ``xq``/``qfmt`` it also writes ``xn`` quantized (q8 layout) for the q8 matvecs. ``a`` a
-        :class:`Combine`: the branch is the routed experts' weighted sum, computed in the launch."""
+    def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode, xq=None, qfmt=0, w2=None, xn2=None):
+        """``resid_norm``; with ``xq``/``qfmt`` it also writes ``xn`` quantized (q8 layout) for the q8 matvecs; with
+        ``w2``/``xn2`` also ``xn2 = rms_norm(x) * w2`` (the prefetch's router input). ``a`` a :class:`Combine`: the
+        branch is the routed experts' weighted sum, computed in the launch."""
         n = int(x.size)
         c = a if isinstance(a, Combine) else None
         return self._call(
@@ -310,6 +323,8 @@ class CudaOps:
                 np.int32(c.k if c else 0),
                 self._p(c.S if c else None),
                 self._p(c.gdot if c else None),
+                self._p(w2),
+                self._p(xn2),
             ),
         )
 
@@ -449,6 +464,7 @@ class CudaOps:
         return self._call(self.k["logit_top_final"], (1,), (TOP_PARTS,), (part, out))
 
     def moe_route(self, M: MoeIO):
+        st = M.stage
         return self._call(
             self.k["moe_route"],
             (1,),
@@ -471,8 +487,45 @@ class CudaOps:
                 M.weights,
                 M.bases,
                 M.info,
+                self._p(st.staged if st else None),
+                np.uint64(st.base if st else 0),
+                np.int32(st.n if st else 0),
+                self._p(st.counts if st else None),
             ),
             route_shared_bytes(M.n_expert),
+        )
+
+    def moe_stage(self, logits, n_expert: int, k: int, slot_of, il: int, host_ptr, slot_bytes: int, st):
+        """``moe_stage`` (cuda/prefetch.cu): layer ``il``'s staging plan from its predicted ``logits`` (f32
+        ``[n_expert]``) into ``st`` (:class:`strata.engine.gpu.prefetch.StageSet`: ``staged``, ``src``, ``counts``)."""
+        return self._call(
+            self.k["moe_stage"],
+            (1,),
+            (_threads(min(n_expert, 1024)),),
+            (
+                logits,
+                np.int32(n_expert),
+                np.int32(k),
+                slot_of,
+                np.int32(il),
+                np.int32(st.n),
+                host_ptr,
+                np.int64(slot_bytes),
+                st.staged,
+                st.src,
+                st.counts,
+            ),
+            4 * n_expert,
+        )
+
+    def moe_stage_copy(self, st, slot_bytes: int, nbytes: int, read=None, dest=None):
+        """``moe_stage_copy`` (cuda/prefetch.cu): the ``nbytes`` (a multiple of 16) of each entry of ``st`` with a
+        source into its staging slot (``read`` / ``dest``: the sim's)."""
+        return self._call(
+            self.k["moe_stage_copy"],
+            (STAGE_COPY_CTAS, st.n),
+            (256,),
+            (st.src, np.uint64(st.base), np.int64(slot_bytes), np.int64(nbytes // 16)),
         )
 
     def take_rows(self, D, host_ptr: int, info, k: int, n: int):

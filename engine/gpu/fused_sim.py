@@ -31,7 +31,7 @@ class SimOps:
             return lambda: bk.matvec_q8(type_id, buf, rows, ne0, x, out=out)
         return lambda: bk.matvec(type_id, buf, rows, ne0, x, out=out)
 
-    def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode, xq=None, qfmt=0):
+    def resid_norm(self, x, a, ab, wa, w, xn, eps, scale, mode, xq=None, qfmt=0, w2=None, xn2=None):
         def run():  # xq / qfmt: nothing to write (the sim's q8 matvec quantizes its f32 input itself)
             if isinstance(a, Combine):  # the routed experts' weighted sum, in selection order (CudaOps.resid_norm)
                 v = a.D[: a.n] * a.w[0]
@@ -49,6 +49,8 @@ class SimOps:
                 x[...] = x + layers.rms_norm(np, v, wa, eps)
             if w is not None:
                 xn[...] = layers.rms_norm(np, x, w, eps)
+            if w2 is not None:
+                xn2[...] = layers.rms_norm(np, x, w2, eps)
 
         return run
 
@@ -144,9 +146,15 @@ class SimOps:
             tier = [k for k, s in enumerate(row) if s <= -2]  # the split: the first keep[c] of them stay in the tier
             for k in tier[int(M.keep[len(tier)]) :]:
                 row[k] = -1
+            st = M.stage
+            staged = [int(t) for t in st.staged] if st is not None else []
             for k, e in enumerate(ids):
                 slot = row[k]
                 b = base + slot * M.slot_bytes if slot >= 0 else host + (-2 - slot) * M.slot_bytes if slot <= -2 else 0
+                tag = M.il * M.n_expert + int(e)
+                if slot <= -2 and tag in staged:  # copied ahead (cuda/prefetch.cu): its staging slot
+                    b = st.base + staged.index(tag) * M.slot_bytes
+                    st.counts[2 * M.il + 1] += 1
                 for j in range(3):
                     M.bases[j * M.k + k] = b + M.offsets[j] if slot != -1 else 0
                 M.info[k], M.info[M.k + k] = e, slot
@@ -165,6 +173,38 @@ class SimOps:
                     continue
                 x = X[item * x_stride : item * x_stride + ne0] if x_stride else X[:ne0]
                 out[item * rows : (item + 1) * rows] = mv(type_id, storage(b, nbytes), rows, ne0, x)
+
+        return run
+
+    def moe_stage(self, logits, n_expert: int, k: int, slot_of, il: int, host_ptr, slot_bytes: int, st):
+        """cuda/prefetch.cu ``moe_stage`` on host arrays: the ``k`` best of ``logits`` (higher first, lower id on
+        ties, NaN last), of those in the host tier the first ``st.n`` staged."""
+
+        def run():
+            v = np.where(np.isnan(logits), -np.inf, logits)
+            best = np.lexsort((np.arange(n_expert), -v))[:k]
+            host, p = int(host_ptr[0]), 0
+            for e in best:
+                s = int(slot_of[il * n_expert + int(e)])
+                if p < st.n and host and s <= -2:
+                    st.staged[p], st.src[p] = il * n_expert + int(e), host + (-2 - s) * slot_bytes
+                    p += 1
+            st.counts[2 * il], st.counts[2 * il + 1] = p, 0  # this step's, of this layer
+            st.staged[p:], st.src[p:] = -1, 0
+
+        return run
+
+    def moe_stage_copy(self, st, slot_bytes: int, nbytes: int, read=None, dest=None):
+        """cuda/prefetch.cu ``moe_stage_copy``: ``read(src, nbytes)`` (the sim's memory) into ``dest`` = (array,
+        its sim address) at the set's staging slots (the backend's dequantized copies of a slot forgotten)."""
+        arr, base = dest
+
+        def run():
+            for p in range(st.n):
+                if int(st.src[p]):
+                    o = st.base - base + p * slot_bytes
+                    arr[o : o + nbytes] = read(int(st.src[p]), nbytes)
+                    self.bk.forget(arr[o : o + slot_bytes])
 
         return run
 

@@ -77,7 +77,8 @@ __device__ __forceinline__ float resid_x(float* __restrict__ x, const float v, c
 
 // One CTA. The branch v = branch_in(i) (a + ab, or the routed experts' weighted sum: moe_combine fused here, one
 // launch less per MoE layer). mode 0: x = v * scale (the embedding row); 1: x = x + v; 2: x = x + rms_norm(v) * wa
-// (gemma's post-norms). Then, if w: xn = rms_norm(x) * w, and if qfmt (1 = Q8_0, 2 = Q8_K): xn quantized into xq for
+// (gemma's post-norms). Then, if w: xn = rms_norm(x) * w (and, if w2, xn2 = rms_norm(x) * w2: the next layer's
+// router input as its ffn_norm would make it, for the prefetch's prediction, cuda/prefetch.cu), and if qfmt (1 = Q8_0, 2 = Q8_K): xn quantized into xq for
 // the q8 matvecs that read it (q8_quant.cuh; the bits of quantize_q8's, one launch less per normed row).
 // rms_norm(v) = v * (1 / sqrt(sum(v*v) / n + eps)), as strata.engine.layers.rms_norm.
 extern "C" __global__ void resid_norm(float* __restrict__ x, const float* __restrict__ a, const float* __restrict__ ab,
@@ -85,7 +86,8 @@ extern "C" __global__ void resid_norm(float* __restrict__ x, const float* __rest
                                       const int n, const float eps, const float scale, const int mode,
                                       u8* __restrict__ xq, const int qfmt, const float* __restrict__ D,
                                       const float* __restrict__ cw, const int K, const float* __restrict__ S,
-                                      const float* __restrict__ gdot) {
+                                      const float* __restrict__ gdot, const float* __restrict__ w2,
+                                      float* __restrict__ xn2) {
     __shared__ float red[32];
     const int tid = threadIdx.x, nt = blockDim.x;
     const float sg = (D && S) ? 1.0f / (1.0f + expf(-gdot[0])) : 0.0f;
@@ -122,9 +124,15 @@ extern "C" __global__ void resid_norm(float* __restrict__ x, const float* __rest
         if (in_regs) {
 #pragma unroll
             for (int t = 0; t < RN_E; ++t)
-                if (tid + t * nt < n) xn[tid + t * nt] = (xr[t] * r) * w[tid + t * nt];
+                if (tid + t * nt < n) {
+                    xn[tid + t * nt] = (xr[t] * r) * w[tid + t * nt];
+                    if (w2) xn2[tid + t * nt] = (xr[t] * r) * w2[tid + t * nt];
+                }
         } else {
-            for (int i = tid; i < n; i += nt) xn[i] = (x[i] * r) * w[i];
+            for (int i = tid; i < n; i += nt) {
+                xn[i] = (x[i] * r) * w[i];
+                if (w2) xn2[i] = (x[i] * r) * w2[i];
+            }
         }
         if (qfmt) {
             __syncthreads();  // every thread's xn values are visible to the CTA
@@ -308,7 +316,10 @@ extern "C" __global__ void logit_post(float* __restrict__ y, const float* __rest
 // with word loads (q8_lane.cuh load_weight_words). The split of a layer's misses (miss_split.py keep_table): of the
 // c selected experts whose slot is <= -2, the first keep[c] in k order stay in the host tier, the others become -1
 // (the CPU computes them in the hybrid step); keep[c] = c: no split. info[k] = id, info[K + k] = slot. storage / host:
-// device u64s at *storage_ptr / *host_ptr (written after capture, read at replay). A NaN probability ranks nowhere:
+// device u64s at *storage_ptr / *host_ptr (written after capture, read at replay). A host-tier expert whose tag
+// layer * n_expert + id is among the P entries of staged (the prefetch's staging set of this layer: cuda/prefetch.cu)
+// is read from stage_base + p * slot_bytes instead (device memory, the same bytes; counts[2 layer + 1] += 1); info keeps its
+// host-tier slot (it was a miss: counted as one, its bytes crossed PCIe). P = 0: no prefetch. A NaN probability ranks nowhere:
 // chosen[] starts as 0..K-1, so ids stay in range (the step's logit summary reports the non-finite logits).
 extern "C" __global__ void moe_route(const float* __restrict__ logits, const int n_expert, const int K,
                                      const int norm, const int* __restrict__ slot_of, const int layer,
@@ -316,7 +327,9 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, const int
                                      const unsigned long long* __restrict__ host_ptr, const int* __restrict__ keep,
                                      const long long slot_bytes, const long long off_g, const long long off_u,
                                      const long long off_d, float* __restrict__ probs, float* __restrict__ weights,
-                                     unsigned long long* __restrict__ bases, int* __restrict__ info) {
+                                     unsigned long long* __restrict__ bases, int* __restrict__ info,
+                                     const int* __restrict__ staged, const unsigned long long stage_base,
+                                     const int P, int* __restrict__ counts) {
     extern __shared__ float sp[];  // n_expert probabilities, then the candidates' ids and probabilities
     __shared__ float red[32];
     __shared__ int chosen[64];
@@ -391,10 +404,17 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, const int
         }
         const bool any = slot != -1;
         const unsigned long long storage = *storage_ptr, host = *host_ptr;
-        const unsigned long long b = slot >= 0    ? storage + (unsigned long long)slot * slot_bytes
-                                     : slot <= -2 ? host + (unsigned long long)(-2 - slot) * slot_bytes
-                                                  : 0ull;
-        const unsigned long long tag = slot <= -2 ? 1ull : 0ull;  // the host tier's: read with word loads
+        unsigned long long b = slot >= 0    ? storage + (unsigned long long)slot * slot_bytes
+                               : slot <= -2 ? host + (unsigned long long)(-2 - slot) * slot_bytes
+                                            : 0ull;
+        unsigned long long tag = slot <= -2 ? 1ull : 0ull;  // the host tier's: read with word loads
+        for (int p = 0; p < P && slot <= -2; ++p)  // copied ahead into staging slot p (cuda/prefetch.cu)
+            if (staged[p] == layer * n_expert + e) {
+                b = stage_base + (unsigned long long)p * slot_bytes;
+                tag = 0ull;
+                atomicAdd(counts + 2 * layer + 1, 1);
+                break;
+            }
         bases[tid] = any ? (b + off_g) | tag : 0ull;
         bases[K + tid] = any ? (b + off_u) | tag : 0ull;
         bases[2 * K + tid] = any ? (b + off_d) | tag : 0ull;
