@@ -49,7 +49,8 @@ def one(
     start_s = time.perf_counter() - t0
     if eng.experts is not None:  # decode timed on warm page tables, as llama.cpp's populated mmap leaves them
         eng.experts.source.prefetch_wait()
-    pf = eng.decoder.moe.prefetch if eng.decoder is not None and eng.decoder.moe is not None else None
+    moe = eng.decoder.moe if eng.decoder is not None else None
+    pf = getattr(moe, "prefetch", None)  # (None: no MoE step, or a checkout before the prefetch: A/B runs)
     if pf is not None:
         pf.reset_counts()
     toks = secs = hits = misses = pcie = 0
