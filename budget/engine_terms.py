@@ -105,7 +105,11 @@ def activation_term(facts: ModelFacts, n_ctx: int) -> tuple[int, str, bool]:
             slot_bytes=facts.max_slot_bytes if moe else 0,
         )
         nb += LS.gdn_step_bytes(conv_dim, value_dim, conv_el)
-        return nb, f"fused decode step's device buffers (exact; scores over {pos} positions)", True
+        detail = f"fused decode step's device buffers (exact; scores over {pos} positions"
+        if moe:  # the expert prefetch's staging slots: a figure of their own, never a silent cap
+            n_stage = LS.PREFETCH_SETS * LS.PREFETCH_SLOTS
+            detail += f"; the expert prefetch's {n_stage} staging slots, {n_stage * facts.max_slot_bytes} B"
+        return nb, detail + ")", True
     kv_el = max((L.k + L.v for L in facts.kv_layers), default=0)
     ssm = max((L.ssm for L in facts.recurrent_layers), default=0)
     nb = LS.generic_step_bytes(facts.act_per_token, facts.logits_per_token, pos, kv_el, facts.n_head, ssm)
