@@ -46,6 +46,13 @@ rates 98.5% / 70.3% / 0% (16G with and without a profile, no expert resident) ag
 (h200-2026-12-02g-*; IQ2_XS experts, 909,312 B a blob, 10 a token): its every-resident step was not measured in that
 run; taking the 99.7%-hit row (113.2 tok/s) less its own misses as the step, the model puts the 93.6% row at 106.8 tok/s
 against 107.7 measured (-0.9%).
+
+The model does not count the engine's prefetch (``strata.engine.gpu.prefetch``: the next layer's predicted misses
+copied while the layer before runs, 62% of the misses at 98.5% hits): with it the 30B-A3B 16G row with a profile
+(2026-12-04 call s18c, 2,106 misses over 376 tokens: 5.60 a token, 17.1 MB) is predicted at 241.8 tok/s from the
+same call's 24G step (3.79 ms) at ``--pcie-gbs`` 50 and measured 240.8 (+0.4%); without it (call s18b,
+``STRATA_PREFETCH=0``) 240.2 against 232.3 (+3.4%). At lower hit rates the misses a layer outrun the 2 staging
+slots and the figure is the one above.
 """
 
 from __future__ import annotations
