@@ -194,8 +194,8 @@ def draft_bind(facts: ModelFacts, n_ctx: int, kv: str) -> int:
 def allocations(facts: ModelFacts, n_ctx: int, kv: str) -> list[int]:
     """The engine's device allocations larger than a few KiB before the expert cache (bytes): each stage's
     arenas, every attention layer's K and V arrays and indexer key store, the rope tables, the recurrent
-    state, the draft head's arena and bind buffers (the cache's own allocation is not known before the
-    slots are; its rounding is inside the reserve)."""
+    state, the draft head's arena and bind buffers, the expert prefetch's staging slots (the cache's own allocation
+    is not known before the slots are; its rounding is inside the reserve)."""
     w, h, d = _split(facts)
     out = _arenas(w) + _arenas(h)
     if d:
@@ -208,6 +208,8 @@ def allocations(facts: ModelFacts, n_ctx: int, kv: str) -> list[int]:
         out += [n_ctx * (facts.rope_dim // 2) * LB.F32_BYTES] * (2 * facts.rope_tables)
     if facts.recurrent_layers:
         out.append(LK.recurrent_state_bytes(facts.recurrent_layers, 1))
+    if decode_path(facts) == "fused" and facts.trunk_experts:  # the expert prefetch's staging slots (one allocation)
+        out.append(LS.PREFETCH_SETS * LS.PREFETCH_SLOTS * facts.max_slot_bytes)
     return out
 
 

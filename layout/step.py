@@ -22,9 +22,11 @@ FUSED_TOP_BYTES = 4 * (LOGIT_TOP_PARTS * (2 * LOGIT_TOP_K + 1) + LOGIT_TOP_WORDS
 
 
 #: The fused step's expert prefetch (``strata.engine.gpu.prefetch``): staging slots a MoE layer (its predicted
-#: host-tier experts copied ahead, the most probable first) and sets of them (layer ``j`` writes set ``j % 2`` while
-#: the layer before reads the other).
-PREFETCH_SLOTS, PREFETCH_SETS = 2, 2
+#: host-tier experts copied ahead, the most probable first) and sets of them (layer ``j`` writes set
+#: ``j % PREFETCH_SETS``). One set: layer ``j``'s copy is forked after the ``resid_norm`` that follows layer ``j - 1``'s
+#: experts, the set's last readers, so no copy ever runs beside a reader (a second set was 2 slots of VRAM for
+#: nothing: session 18's review).
+PREFETCH_SLOTS, PREFETCH_SETS = 2, 1
 
 
 def prefetch_bytes(n_embd: int, n_expert: int, slot_bytes: int, n_layer: int) -> int:

@@ -85,12 +85,19 @@ def test_sim_prefetch_changes_no_bit_and_is_used(packs, name, monkeypatch):
     assert staged > 0 and 0 < read <= staged, (staged, read)
 
 
-def test_sim_prefetch_is_off_in_the_hybrid_step(packs):
-    """Misses on the CPU (hybrid): no prefetch launch runs and nothing is staged."""
-    eng, _ = _run(packs["moe"], True, resident="half", miss_tier="cpu")
-    assert eng.decoder.hybrid and not eng.decoder.moe.prefetch.active
-    assert not [x for x in eng.decoder.launches(True) if x.kind in ("side", "edge")]
-    assert eng.decoder.moe.prefetch.counts() == (0, 0)
+@pytest.mark.parametrize("how", ["cpu tier", "split"])
+def test_sim_prefetch_is_off_in_the_hybrid_step(packs, how, monkeypatch):
+    """Misses on the CPU (hybrid): ``--miss-tier cpu`` (no host tier), or a host tier whose misses are split with
+    the CPU (``STRATA_PCIE_SHARE``): the prefetch is off, nothing is staged (the tags stay -1), no count."""
+    if how == "split":
+        monkeypatch.setenv("STRATA_PCIE_SHARE", "0.5")
+        eng, _ = _run(packs["moe"], True, expert_cache=0, miss_tier="pcie")
+        assert eng.decoder.moe.tier is not None and len(eng.decoder.moe.tier) > 0
+    else:
+        eng, _ = _run(packs["moe"], True, resident="half", miss_tier="cpu")
+    pf = eng.decoder.moe.prefetch
+    assert eng.decoder.hybrid and not pf.active and pf.built  # built (its graphs exist), not run
+    assert pf.counts() == (0, 0) and (pf.staged == -1).all() and eng.experts.counts.prefetched == 0
 
 
 def test_sim_prefetch_plans_by_its_rule_and_copies_the_tier_bytes(packs):
@@ -137,9 +144,9 @@ def test_sim_prefetch_plans_by_its_rule_and_copies_the_tier_bytes(packs):
 def test_prefetch_bytes_are_the_budgets_term(packs):
     """The prefetch's device bytes by hand on the 30B-A3B figures, and the engine's MoE step counts them."""
     P, S = LS.PREFETCH_SLOTS, LS.PREFETCH_SETS
-    assert (P, S) == (2, 2)
+    assert (P, S) == (2, 1)
     slot = 3_059_712  # Q4_K gate/up + Q6_K down of 2048 x 768, parts 256-aligned
-    assert LS.prefetch_bytes(2048, 128, slot, 48) == 4 * (2048 + 128) + 4 * 12 + 8 * 48 + 4 * slot == 12_247_984
+    assert LS.prefetch_bytes(2048, 128, slot, 48) == 4 * (2048 + 128) + 2 * 12 + 8 * 48 + 2 * slot == 6_128_536
     eng, _ = _run(packs["moe"], True, resident="half", miss_tier="pcie")
     m = eng.decoder.moe
     assert m.prefetch.nbytes == LS.prefetch_bytes(m.n_embd, m.E, m.slot_bytes, eng.model.hp.n_layer)
@@ -155,6 +162,26 @@ def test_cuda_prefetch_changes_no_bit_and_is_used(packs, name, monkeypatch):
     assert staged > 0 and 0 < read <= staged, (staged, read)
 
 
+def test_sim_prefetch_with_stage_timers(packs):
+    """Eager with stage timers (``--no-graph --stage-times``) and the prefetch on: its launches are a stage of their
+    own a layer, timed; the decoder's timers were sized for that list before the cache was bound."""
+    eng, _ = _run(packs["moe"], True, resident="half", miss_tier="pcie", graph=False, stage_times=True)
+    dec = eng.decoder
+    assert dec.moe.prefetch.active and dec.stage_times.steps > 0
+    assert "L1 prefetch" in dec.stage_times.ms and dec._most_stages() == len(dec.stages(True))
+
+
+@pytest.mark.gpu
+@skip_no_gpu
+def test_cuda_prefetch_eager_with_stage_timers(packs):
+    """The same on CUDA, where each stage takes an event (the first version sized them before the prefetch's
+    stages were in the list: an IndexError at the first step, session 18's review); the logits equal the graph's."""
+    eng, eager = _run(packs["moe"], False, resident="half", miss_tier="pcie", graph=False, stage_times=True)
+    assert eng.decoder.moe.prefetch.active and eng.decoder.stage_times.ms["L1 prefetch"] >= 0
+    _g, graph = _run(packs["moe"], False, resident="half", miss_tier="pcie")
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(eager, graph))
+
+
 @pytest.mark.gpu
 @skip_no_gpu
 def test_cuda_moe_stage_and_copy_follow_the_rule():
@@ -168,7 +195,9 @@ def test_cuda_moe_stage_and_copy_follow_the_rule():
     stream = cp.cuda.Stream(non_blocking=True)
     ops = CudaOps(stream)
     rng = np.random.default_rng(11)
-    slot_bytes, P = 4096, LS.PREFETCH_SLOTS
+    # through the copy's unrolled loop (4 x 64 CTAs x 256 threads x 16 B = 1 MiB a round) and its remainder loop
+    slot_bytes, P = 1_200_128, LS.PREFETCH_SLOTS
+    copy_bytes = slot_bytes - 16 * 5
     mem = cp.cuda.alloc_pinned_memory(64 * slot_bytes)
     host = np.frombuffer(mem, np.uint8, 64 * slot_bytes)
     host[:] = rng.integers(0, 256, host.size, dtype=np.uint8)
@@ -188,7 +217,7 @@ def test_cuda_moe_stage_and_copy_follow_the_rule():
                     P, cp.full(P, -7, cp.int32), cp.zeros(P, cp.uint64), cp.full(4, 9, cp.int32), int(dst.data.ptr)
                 )
                 ops.moe_stage(cp.asarray(x), n, k, cp.asarray(table), layer, host_ptr, slot_bytes, st)()
-                ops.moe_stage_copy(st, slot_bytes, 1024)()
+                ops.moe_stage_copy(st, slot_bytes, copy_bytes)()
                 stream.synchronize()
                 v = np.where(np.isnan(x), -np.inf, x)
                 best = np.lexsort((np.arange(n), -v))[:k]
@@ -200,6 +229,8 @@ def test_cuda_moe_stage_and_copy_follow_the_rule():
                 for p, e in enumerate(tier):
                     h = -2 - int(table[n + e])
                     assert int(st.src.get()[p]) == mem.ptr + h * slot_bytes
-                    assert np.array_equal(got[p * slot_bytes : p * slot_bytes + 1024], host[h * slot_bytes :][:1024])
+                    a = got[p * slot_bytes : (p + 1) * slot_bytes]
+                    assert np.array_equal(a[:copy_bytes], host[h * slot_bytes :][:copy_bytes]), (n, k, kind, p)
+                    assert not a[copy_bytes:].any()  # nothing past the span
                 for p in range(len(tier), P):
                     assert not got[p * slot_bytes : (p + 1) * slot_bytes].any() and int(st.src.get()[p]) == 0

@@ -169,7 +169,7 @@ class FusedDecoder:
 
             self._done = cp.cuda.Event(disable_timing=True)
             if self.stage_times_on:
-                self._events = [cp.cuda.Event() for _ in range(len(self.stages(True)) + 1)]
+                self._events = [cp.cuda.Event() for _ in range(self._most_stages() + 1)]
 
     def __getattr__(self, name):  # the wrapped model's attributes (hp, arch, new_state, ...)
         if name == "model":
@@ -376,6 +376,17 @@ class FusedDecoder:
         h = sum(1 for L in ls if L.kind == "fill")
         e = sum(1 for L in ls if L.kind == "edge")  # a fork or join orders two streams: no node of its own
         return {"kernels": k, "memcpy": len(ls) - k - h - e, "total": len(ls) - h - e, "host": h}
+
+    def _most_stages(self) -> int:
+        """Stages of the longest list the step may run: with the prefetch's (its own stage a layer), decided only
+        when the cache is bound - the stage timers' events are made before."""
+        pf, n = self.moe.prefetch if self.moe is not None else None, len(self.stages(True))
+        if pf is None or not pf.built:
+            return n
+        pf.active, was = True, pf.active
+        m = sum(1 for _ in itertools.groupby(L.stage for L in self.launches(True, hybrid=False)))
+        pf.active = was
+        return max(n, m)
 
     def stages(self, logits: bool = True) -> list[str]:
         return [stage for stage, _run in itertools.groupby(L.stage for L in self.launches(logits))]

@@ -15,7 +15,8 @@ So, per MoE layer ``j >= 1`` of the full graph (cuda/prefetch.cu):
 1. the ``resid_norm`` after layer ``j - 1`` also writes that row normed with layer ``j``'s ``ffn_norm`` (``xn2``);
 2. on a side stream (forked there, in the same CUDA graph): layer ``j``'s router on ``xn2`` (the exact ``matvec``),
    ``moe_stage`` (of the ``K`` best predicted experts, those in the host tier, most probable first, at most
-   :data:`strata.layout.step.PREFETCH_SLOTS`) and ``moe_stage_copy`` (their bytes into staging set ``j % 2``);
+   :data:`strata.layout.step.PREFETCH_SLOTS`) and ``moe_stage_copy`` (their bytes into the staging slots; no reader
+   of them is left in the main stream: layer ``j - 1``'s experts ran before the fork);
 3. the main stream joins the side stream before layer ``j``'s ``moe_route``, which reads a selected host-tier expert
    from its staging slot when it was staged.
 
@@ -106,6 +107,7 @@ class Prefetch:
             self.counters.set(np.zeros(2 * n_layer, np.int32))
             self._counters_mem = cp.cuda.alloc_pinned_memory(8 * n_layer)
             self.counters_host = np.frombuffer(self._counters_mem, np.int32, 2 * n_layer)
+            self.counters_host[:] = 0
             self.pinned_bytes = 8 * n_layer
             self.side = cp.cuda.Stream(non_blocking=True)
             self.ops = CudaOps(self.side)
@@ -182,8 +184,15 @@ class Prefetch:
 
     def bind(self, tier, share: float) -> None:
         """Decide :attr:`active` when the cache is bound: a host tier holding pairs, no split of its misses with
-        the CPU (``share`` 1), staging launches built and not ``STRATA_PREFETCH=0``."""
+        the CPU (``share`` 1), staging launches built and not ``STRATA_PREFETCH=0``. Off, the staged tags are
+        cleared (-1): the other graphs' ``moe_route`` (which reads them too) then finds none, whatever ran before."""
         self.active = bool(self.built) and tier is not None and len(tier) > 0 and share >= 1 and not asked_off()
+        if not self.active:
+            if self.dec.cuda:
+                self.staged.set(np.full(self.staged.size, -1, np.int32))
+                self.dec.stream.synchronize()
+            else:
+                self.staged[...] = -1
 
     def _span(self, il: int) -> int:
         """Bytes ``moe_stage_copy`` copies for a layer-``il`` expert: its slot from byte 0 to the end of the down
