@@ -105,11 +105,14 @@ def activation_term(facts: ModelFacts, n_ctx: int) -> tuple[int, str, bool]:
             slot_bytes=facts.max_slot_bytes if moe else 0,
         )
         nb += LS.gdn_step_bytes(conv_dim, value_dim, conv_el)
-        detail = f"fused decode step's device buffers (exact; scores over {pos} positions"
-        if moe:  # the expert prefetch's staging slots: a figure of their own, never a silent cap
-            n_stage = LS.PREFETCH_SETS * LS.PREFETCH_SLOTS
-            detail += f"; the expert prefetch's {n_stage} staging slots, {n_stage * facts.max_slot_bytes} B"
-        return nb, detail + ")", True
+        detail = f"fused decode step's device buffers (exact; scores over {pos} positions)"
+        n_stage = LS.prefetch_entries(facts.max_slot_bytes) if moe else 0
+        if n_stage:  # the expert prefetch's staging slots: a figure of their own, first (the table cuts details)
+            detail = (
+                f"fused decode step's buffers with the expert prefetch's {n_stage} staging slots "
+                f"({n_stage * facts.max_slot_bytes} B) (exact; scores over {pos} positions)"
+            )
+        return nb, detail, True
     kv_el = max((L.k + L.v for L in facts.kv_layers), default=0)
     ssm = max((L.ssm for L in facts.recurrent_layers), default=0)
     nb = LS.generic_step_bytes(facts.act_per_token, facts.logits_per_token, pos, kv_el, facts.n_head, ssm)
@@ -209,7 +212,7 @@ def allocations(facts: ModelFacts, n_ctx: int, kv: str) -> list[int]:
     if facts.recurrent_layers:
         out.append(LK.recurrent_state_bytes(facts.recurrent_layers, 1))
     if decode_path(facts) == "fused" and facts.trunk_experts:  # the expert prefetch's staging slots (one allocation)
-        out.append(LS.PREFETCH_SETS * LS.PREFETCH_SLOTS * facts.max_slot_bytes)
+        out.append(LS.prefetch_entries(facts.max_slot_bytes) * facts.max_slot_bytes)
     return out
 
 
@@ -237,7 +240,8 @@ def runtime_term(facts: ModelFacts, card: Card, n_ctx: int, kv: str, cublas: boo
     q8 = [t for t in types if quants.qtype(t).q8_kernel]
     if path == "fused" and q8:  # the default q8 numerics: the q8 modules of those types and the quantizer
         n_mod += len(q8) + 1
-    pf = any(L.layer >= 1 for L in facts.trunk_experts)  # the prefetch's graphs (a MoE layer after the first)
+    # the prefetch's graphs: a MoE layer after the first, experts small enough to stage
+    pf = any(L.layer >= 1 for L in facts.trunk_experts) and LS.prefetch_entries(facts.max_slot_bytes) > 0
     graphs = FG.fused_graph_count(len(facts.trunk_experts), pf) if path == "fused" else 0
     allocs = allocations(facts, n_ctx, kv)
     nb = FG.cuda_runtime_bytes(

@@ -27,15 +27,27 @@ FUSED_TOP_BYTES = 4 * (LOGIT_TOP_PARTS * (2 * LOGIT_TOP_K + 1) + LOGIT_TOP_WORDS
 #: experts, the set's last readers, so no copy ever runs beside a reader (a second set was 2 slots of VRAM for
 #: nothing: session 18's review).
 PREFETCH_SLOTS, PREFETCH_SETS = 2, 1
+#: Most bytes the staging slots may take: past it the model gets none and no prefetch (a 64 MiB copy at PCIe 5.0's
+#: ~50 GB/s takes 1.3 ms, far longer than the layer it would hide behind: Mixtral-8x7B's 114 MB experts would have
+#: taken 218 MiB of VRAM for nothing - session 18's new-user run).
+PREFETCH_MAX_BYTES = 64 << 20
+
+
+def prefetch_entries(slot_bytes: int) -> int:
+    """Staging slots of the fused step's expert prefetch for experts of ``slot_bytes`` (one expert-cache slot):
+    :data:`PREFETCH_SETS` x :data:`PREFETCH_SLOTS` where they take at most :data:`PREFETCH_MAX_BYTES`, else 0 (no
+    prefetch). The engine and the budget both ask here."""
+    n = PREFETCH_SETS * PREFETCH_SLOTS
+    return n if 0 < n * int(slot_bytes) <= PREFETCH_MAX_BYTES else 0
 
 
 def prefetch_bytes(n_embd: int, n_expert: int, slot_bytes: int, n_layer: int) -> int:
     """Device bytes of the fused step's expert prefetch (``strata.engine.gpu.prefetch.Prefetch.nbytes``): the next
     layer's router input (``n_embd`` f32) and predicted logits (``n_expert`` f32), per staging entry
-    (:data:`PREFETCH_SETS` x :data:`PREFETCH_SLOTS`) a tag (int32) and a source address (u64), two counters a layer
-    (int32: experts staged and read in the step) and the staging slots themselves (one expert-cache slot,
-    ``slot_bytes``, each: the largest engine-form blob)."""
-    S = PREFETCH_SETS * PREFETCH_SLOTS
+    (:func:`prefetch_entries`) a tag (int32) and a source address (u64), two counters a layer (int32: experts staged
+    and read in the step) and the staging slots themselves (one expert-cache slot, ``slot_bytes``, each: the largest
+    engine-form blob)."""
+    S = prefetch_entries(slot_bytes)
     return 4 * (n_embd + n_expert) + S * (4 + 8) + 8 * int(n_layer) + S * int(slot_bytes)
 
 

@@ -347,8 +347,9 @@ def _lines(path: Path) -> list[str]:
     try:
         with open(path, encoding="utf-8", newline="") as f:
             return _check_text(path, f.read())
-    except FileNotFoundError:
-        raise PackFormatError(f"{path}: missing") from None
+    except (FileNotFoundError, IsADirectoryError) as e:
+        why = "missing" if isinstance(e, FileNotFoundError) else "a directory, not the pack's text file"
+        raise PackFormatError(f"{path}: {why}") from None
     except UnicodeDecodeError as e:
         raise PackFormatError(f"{path}: not UTF-8 text ({e})") from None
 

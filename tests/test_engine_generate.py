@@ -719,3 +719,17 @@ def test_temp_is_llama_clis_spelling_of_temperature(pack):
     assert json.loads(a.stdout)["output_ids"] == json.loads(b.stdout)["output_ids"]
     r = _gen(pack, "-n", "2", "--temp", "-1")
     assert r.exit_code == 2 and "--temperature -1" in r.stderr
+
+
+def test_a_pack_file_that_is_a_directory_is_refused_by_name(pack, tmp_path):
+    """A pack whose index.txt is a directory (found by session 18's new-user run: a traceback, exit 1): one line
+    naming the path, exit 2, from generate as from strata-pack verify."""
+    import shutil
+
+    bad = tmp_path / "pack"
+    shutil.copytree(pack, bad)
+    (bad / "index.txt").unlink()
+    (bad / "index.txt").mkdir()
+    r = CliRunner().invoke(main, ["generate", str(bad), "-p", "hi", "-n", "1"])
+    assert r.exit_code == 2 and f"{bad / 'index.txt'}: a directory, not the pack's text file" in r.output
+    assert "Traceback" not in r.output

@@ -234,3 +234,47 @@ def test_cuda_moe_stage_and_copy_follow_the_rule():
                     assert not a[copy_bytes:].any()  # nothing past the span
                 for p in range(len(tier), P):
                     assert not got[p * slot_bytes : (p + 1) * slot_bytes].any() and int(st.src.get()[p]) == 0
+
+
+def test_experts_too_large_to_stage_get_no_prefetch(packs, monkeypatch):
+    """Where the staging slots would take more than PREFETCH_MAX_BYTES (Mixtral-size experts: 2 x 114 MB), the model
+    gets none: no buffer, no launch, no graph - and the budget says the same (its bytes, its allocations, its graph
+    count, its detail), against the same engine; the tokens are those of every expert resident."""
+    from strata.budget import engine_terms as ET
+    from strata.budget import formulas_gpu as FG
+    from strata.budget.audit import audit_pack
+
+    facts = audit_pack(packs["moe"], bf16_scan=False).facts
+    act_on, detail_on, _ = ET.activation_term(facts, 48)
+    assert "staging slots" in detail_on and LS.prefetch_entries(facts.max_slot_bytes) == 2
+    monkeypatch.setattr(LS, "PREFETCH_MAX_BYTES", 2 * facts.max_slot_bytes - 1)
+    assert LS.prefetch_entries(facts.max_slot_bytes) == 0
+    eng, got = _run(packs["moe"], True, resident="half", miss_tier="pcie")
+    pf = eng.decoder.moe.prefetch
+    assert pf.entries == 0 and not pf.built and not pf.active and pf.storage.nbytes == 0
+    assert not [x for x in eng.decoder.launches(True, hybrid=False) if x.kind in ("side", "edge", "side-memcpy")]
+    act, detail, exact = ET.activation_term(facts, 48)
+    assert exact and act == eng.gpu.fused_buffer_bytes == act_on - 2 * facts.max_slot_bytes - 2 * 12
+    assert "staging" not in detail and 0 in ET.allocations(facts, 48, "f16")
+    L = len(facts.trunk_experts)
+    assert FG.fused_graph_count(L, False) == FG.fused_graph_count(L, True) - 2
+    _e, full = _run(packs["moe"], True)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(got, full))
+
+
+@pytest.mark.parametrize("value,off", [("0", True), ("off", True), ("False", True), (" no ", True), ("", False),
+                                       ("1", False), ("on", False), ("YES", False)])  # fmt: skip
+def test_strata_prefetch_values(value, off, monkeypatch):
+    from strata.engine.gpu.prefetch import asked_off
+
+    monkeypatch.setenv("STRATA_PREFETCH", value)
+    assert asked_off() is off
+
+
+def test_strata_prefetch_typo_is_refused_at_load(packs, monkeypatch):
+    """A value that is neither on nor off is refused by name at start-up, not taken as on."""
+    from strata.engine.errors import ExpertCacheError
+
+    monkeypatch.setenv("STRATA_PREFETCH", "of")
+    with pytest.raises(ExpertCacheError, match=r"STRATA_PREFETCH='of': expected 0, off, false or no"):
+        _run(packs["moe"], True, resident="half", miss_tier="pcie")

@@ -29,6 +29,7 @@ record's copy: :meth:`Prefetch.build_readback`).
 
 It runs where the step is one graph and reads misses from the host tier (:attr:`Prefetch.active`, decided when the
 cache is bound): not with every pair in a slot (nothing can miss), nor in the hybrid step (its misses go to the CPU).
+Experts whose staging slots would pass :data:`strata.layout.step.PREFETCH_MAX_BYTES` get none (nothing is built).
 ``STRATA_PREFETCH=0`` turns it off (an A/B switch: the buffers and graphs stay, so the budget's plan does not change).
 Its device bytes are :func:`strata.layout.step.prefetch_bytes`, part of the budget's "prefill/activations" term; its
 two graphs (the whole step with its launches, with and without the head) are captured with the others, before the
@@ -46,14 +47,27 @@ import numpy as np
 from strata.layout import step as LS
 from strata.manifests.names import tensor_name
 
+from ..errors import ExpertCacheError
+
 #: The sim's addresses of the staging slots start here (the device slots' are 1 + offset, the host tier's from
 #: :data:`strata.engine.gpu.slots.SIM_HOST_BASE` = 1 << 48).
 SIM_STAGE_BASE = 1 << 47
 
 
 def asked_off() -> bool:
-    """``STRATA_PREFETCH=0`` in the environment: no prefetch (anything else, or unset: on where it applies)."""
-    return os.environ.get("STRATA_PREFETCH", "").strip() == "0"
+    """``STRATA_PREFETCH`` in the environment: ``0`` / ``off`` / ``false`` / ``no`` turn the prefetch off; unset,
+    empty, ``1`` / ``on`` / ``true`` / ``yes`` leave it on where it applies.
+
+    Raises:
+        ExpertCacheError: any other value, named (a typo is not silently taken as on).
+    """
+    raw = os.environ.get("STRATA_PREFETCH", "")
+    v = raw.strip().lower()
+    if v in ("", "1", "on", "true", "yes"):
+        return False
+    if v in ("0", "off", "false", "no"):
+        return True
+    raise ExpertCacheError(f"STRATA_PREFETCH={raw!r}: expected 0, off, false or no (no prefetch) or 1, on, true, yes")
 
 
 @dataclass
@@ -79,8 +93,9 @@ class Prefetch:
 
     def __init__(self, moe, dec, backend):
         self.moe, self.dec = moe, dec
-        P, S = LS.PREFETCH_SLOTS, LS.PREFETCH_SETS
         n, E, sb = moe.n_embd, moe.E, moe.slot_bytes
+        self.entries = LS.prefetch_entries(sb)  # 0: experts too large to stage (no prefetch, nothing built)
+        P, S = (LS.PREFETCH_SLOTS, LS.PREFETCH_SETS) if self.entries else (0, 0)
         bk = backend
         self.xn2 = bk.empty_f32(n)
         self.logits = bk.empty_f32(E)
@@ -102,8 +117,9 @@ class Prefetch:
 
             from .fused_ops import CudaOps
 
-            self.staged.set(np.full(S * P, -1, np.int32))
-            self.src.set(np.zeros(S * P, np.uint64))
+            if S * P:
+                self.staged.set(np.full(S * P, -1, np.int32))
+                self.src.set(np.zeros(S * P, np.uint64))
             self.counters.set(np.zeros(2 * n_layer, np.int32))
             self._counters_mem = cp.cuda.alloc_pinned_memory(8 * n_layer)
             self.counters_host = np.frombuffer(self._counters_mem, np.int32, 2 * n_layer)
@@ -127,7 +143,7 @@ class Prefetch:
     def norm_args(self, j: int) -> dict:
         """The extra arguments of the ``resid_norm`` after layer ``j - 1`` when layer ``j`` is prefetched (``w2`` =
         layer ``j``'s ``ffn_norm``, ``xn2``), else ``{}``."""
-        if j not in self.layers or j < 1:
+        if j not in self.layers or j < 1 or not self.entries:
             return {}
         ffn_norm = self.dec.model.blocks[j].ffn_norm
         return {"w2": self.dec.model.w.get(tensor_name(ffn_norm, j)), "xn2": self.xn2}
@@ -186,8 +202,9 @@ class Prefetch:
         """Decide :attr:`active` when the cache is bound: a host tier holding pairs, no split of its misses with
         the CPU (``share`` 1), staging launches built and not ``STRATA_PREFETCH=0``. Off, the staged tags are
         cleared (-1): the other graphs' ``moe_route`` (which reads them too) then finds none, whatever ran before."""
-        self.active = bool(self.built) and tier is not None and len(tier) > 0 and share >= 1 and not asked_off()
-        if not self.active:
+        off = asked_off()  # (a bad value is refused wherever the cache is bound)
+        self.active = bool(self.built) and tier is not None and len(tier) > 0 and share >= 1 and not off
+        if not self.active and self.entries:
             if self.dec.cuda:
                 self.staged.set(np.full(self.staged.size, -1, np.int32))
                 self.dec.stream.synchronize()
