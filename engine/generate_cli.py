@@ -255,8 +255,8 @@ def window_line(w: dict, gpu: bool = False, experts: bool = False) -> str:
     if experts:
         per = " ".join(f"{il}:{h}/{c}/{p}" for il, (h, c, p) in w["layers"].items())
         line += (
-            f" | {w['pcie_mib']:.2f} MiB over PCIe (misses read and cache swaps); summed: experts {w['hits']} hits / "
-            f"{w['cpu_misses']} CPU misses / "
+            f" | {w['pcie_mib']:.2f} MiB over PCIe (misses read, cache swaps, prefetch copies); summed: experts "
+            f"{w['hits']} hits / {w['cpu_misses']} CPU misses / "
             f"{w['pcie_misses']} PCIe misses (counts); per layer hits/CPU misses/PCIe misses (counts): {per}"
         )
     return line
