@@ -383,9 +383,8 @@ class FusedDecoder:
         pf, n = self.moe.prefetch if self.moe is not None else None, len(self.stages(True))
         if pf is None or not pf.built:
             return n
-        pf.active, was = True, pf.active
-        m = sum(1 for _ in itertools.groupby(L.stage for L in self.launches(True, hybrid=False)))
-        pf.active = was
+        with pf.forced_on():
+            m = sum(1 for _ in itertools.groupby(L.stage for L in self.launches(True, hybrid=False)))
         return max(n, m)
 
     def stages(self, logits: bool = True) -> list[str]:
@@ -407,9 +406,8 @@ class FusedDecoder:
         for logits in (True, False):
             self.graphs[logits] = self._capture(self.launches(logits, hybrid=False))
             if pf is not None and pf.built:  # the whole step with the prefetch's launches: chosen at bind_cache
-                pf.active, was = True, pf.active
-                self.graphs_pf[logits] = self._capture(self.launches(logits, hybrid=False))
-                pf.active = was
+                with pf.forced_on():
+                    self.graphs_pf[logits] = self._capture(self.launches(logits, hybrid=False))
             if self.moe is not None:
                 self.seg_graphs[logits] = [
                     (self._capture(ls) if ls else None, host) for ls, host in self.segments(logits)

@@ -38,6 +38,7 @@ expert cache is sized (:func:`strata.budget.formulas_gpu.fused_graph_count`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -197,6 +198,16 @@ class Prefetch:
             self.dec.stream.wait_event(ev)
 
         return run
+
+    @contextlib.contextmanager
+    def forced_on(self):
+        """:attr:`active` True inside the block, restored after (the decoder's list with the prefetch's launches,
+        before the cache is bound: its graphs' capture, its stage timers' count)."""
+        was, self.active = self.active, True
+        try:
+            yield
+        finally:
+            self.active = was
 
     def bind(self, tier, share: float) -> None:
         """Decide :attr:`active` when the cache is bound: a host tier holding pairs, no split of its misses with
